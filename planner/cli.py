@@ -1,0 +1,108 @@
+"""The ``planner`` command line: a thin click shell over the library.
+
+Commands are loaded lazily from ``planner.commands.<name>``, so ``planner search`` never
+imports torch. Every :class:`~planner.errors.PlannerError` becomes a one-line cause and a
+hint on stderr and the error's exit code (1 error, 2 usage, 3 no feasible plan); no
+traceback reaches the user unless ``PLANNER_DEBUG=1``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import click
+
+from planner import __version__
+from planner.errors import PlannerError
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "profile": ("planner.commands.profile", "Trace a PyTorch model and write its per-layer costs."),
+    "clusters": ("planner.commands.clusters", "List the shipped cluster presets."),
+    "search": ("planner.commands.search", "Find the fastest plan that fits: HPP and SP dynamic programs."),
+    "simulate": ("planner.commands.simulate", "Play a plan's pipeline schedule event by event."),
+    "compare": ("planner.commands.compare", "Set the planner's plan against the usual baselines."),
+    "export": ("planner.commands.export", "Turn a plan into a runnable DeepSpeed or torch program."),
+    "run": ("planner.commands.run", "Train a plan for real and compare with the prediction."),
+    "calibrate": ("planner.commands.calibrate", "Measure this machine as a cluster JSON."),
+}
+
+
+def fail(exc: PlannerError) -> None:
+    """Print a PlannerError as cause and hint on stderr and exit with its code."""
+    click.echo(f"error: {exc.cause}", err=True)
+    if exc.hint:
+        click.echo(f"hint: {exc.hint}", err=True)
+    sys.exit(exc.exit_code)
+
+
+def emit_json(doc: Mapping[str, Any]) -> None:
+    """Print exactly one JSON document on stdout (the ``--json`` contract)."""
+    click.echo(json.dumps(doc, indent=2, allow_nan=False))
+
+
+class LazyGroup(click.Group):
+    """A click group that imports a command's module only when it is invoked."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMANDS:
+            return None
+        module_name, help_text = COMMANDS[cmd_name]
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name and exc.name.startswith("planner"):
+                return _missing_command(cmd_name, help_text)
+            raise
+        command = getattr(module, cmd_name.replace("-", "_"))
+        assert isinstance(command, click.Command), f"{module_name}.{cmd_name} is not a click command"
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, help_text) for name, (_, help_text) in COMMANDS.items()]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except PlannerError as exc:
+            fail(exc)
+        except KeyboardInterrupt:
+            click.echo("error: interrupted", err=True)
+            sys.exit(130)
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort, SystemExit):
+            raise
+        except Exception as exc:  # an unexpected failure: one line, not a traceback
+            if os.environ.get("PLANNER_DEBUG"):
+                raise
+            click.echo(f"error: internal error: {type(exc).__name__}: {exc}", err=True)
+            click.echo("hint: rerun with PLANNER_DEBUG=1 for the traceback, and report it", err=True)
+            sys.exit(1)
+
+
+def _missing_command(name: str, help_text: str) -> click.Command:
+    def run() -> None:
+        raise PlannerError(f"command {name!r} is not available in this build", "upgrade planner")
+
+    return click.Command(name, callback=run, help=help_text)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="planner")
+def main() -> None:
+    """Plan how to train a PyTorch model across a GPU cluster, then run the plan.
+
+    Typical flow: planner profile -> planner search -> planner simulate / compare -> planner run.
+    """
+
+
+if __name__ == "__main__":
+    main()

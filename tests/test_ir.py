@@ -1,0 +1,83 @@
+"""ir: contract JSON round trips and field validation."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from planner.errors import FormatError
+from planner.ir import Cluster, Link, ModelProfile, Plan, Prediction, Stage
+from tests.conftest import make_cluster_dict, make_profile_dict
+
+
+def test_contract_only_profile_loads_and_round_trips() -> None:
+    profile = ModelProfile.from_dict(make_profile_dict())
+    assert len(profile.layers) == 4 and not profile.layers[0].splittable
+    again = ModelProfile.from_dict(profile.to_dict())
+    assert again == profile
+    assert profile.param_count == 1_000_000
+
+
+@pytest.mark.parametrize(
+    ("mutate", "needle"),
+    [
+        (lambda d: d.update(kind="plan"), "'kind' is 'plan'"),
+        (lambda d: d.update(version=2), "'version' is 2"),
+        (lambda d: d.pop("layers"), "missing field 'layers'"),
+        (lambda d: d["layers"][1].update(forward_s=-1.0), "layers[1].forward_s"),
+        (lambda d: d["layers"][0].update(param_bytes=math.nan), "param_bytes"),
+        (lambda d: d.update(batch_size=0), "batch_size must be a positive"),
+        (lambda d: d.update(layers=[]), "non-empty list"),
+    ],
+)
+def test_bad_profile_names_field_and_value(mutate: Any, needle: str) -> None:
+    doc = make_profile_dict()
+    mutate(doc)
+    with pytest.raises(FormatError) as info:
+        ModelProfile.from_dict(doc)
+    assert needle in str(info.value)
+
+
+def test_cluster_round_trip_and_duplicate_names() -> None:
+    cluster = Cluster.from_dict(make_cluster_dict())
+    assert Cluster.from_dict(cluster.to_dict()) == cluster
+    assert len(cluster.gpus) == 4
+    assert cluster.link("inter_node").bandwidth_Bps == 1e9
+    doc = make_cluster_dict()
+    doc["nodes"][1]["gpus"][0]["name"] = "n0.g0"
+    with pytest.raises(FormatError, match="unique"):
+        Cluster.from_dict(doc)
+
+
+def test_cluster_zero_bandwidth_is_refused() -> None:
+    doc = make_cluster_dict()
+    doc["links"]["inter_node"]["bandwidth_Bps"] = 0
+    with pytest.raises(FormatError, match="bandwidth_Bps must be a positive"):
+        Cluster.from_dict(doc)
+
+
+def test_link_alpha_beta() -> None:
+    link = Link(bandwidth_Bps=1e9, latency_s=1e-4)
+    assert link.transfer_s(0) == 0.0
+    assert link.transfer_s(1e9) == pytest.approx(1.0001)
+
+
+def test_plan_round_trip_and_config() -> None:
+    profile = ModelProfile.from_dict(make_profile_dict())
+    cluster = Cluster.from_dict(make_cluster_dict())
+    stages = (Stage((0, 1), ("n0.g0", "n0.g1"), ("dp",), 123), Stage((1, 4), ("n1.g0",), ("dp",) * 3, 456))
+    plan = Plan(profile, cluster, "1f1b", 4, "adam", stages, Prediction(1.0, 8.0, 0.2, 456), 2.0, 2.0)
+    assert plan.config == "2-1"
+    assert plan.world_size == 3
+    doc = plan.to_dict()
+    assert doc["config"] == "2-1" and doc["model"] == "toy" and doc["batch_size"] == 8
+    assert Plan.from_dict(doc) == plan
+
+
+def test_stage_forms_must_match_layers() -> None:
+    with pytest.raises(FormatError, match="2 forms for 3 layers"):
+        Stage.from_dict({"layers": [0, 3], "devices": ["a"], "forms": ["dp", "dp"], "memory_bytes": 1}, "s")
+    with pytest.raises(FormatError, match="unknown form"):
+        Stage.from_dict({"layers": [0, 1], "devices": ["a"], "forms": ["tp"], "memory_bytes": 1}, "s")
