@@ -102,7 +102,7 @@ def test_balance_by_time_uses_forward_times_in_microseconds() -> None:
 
 def test_pipedream_single_level_is_pure_data_parallel_when_communication_is_free() -> None:
     stages = bl.pipedream_partition([1.0] * 6, [0.0] * 6, [(4, 1e12)])
-    assert stages == [bl.PipeDreamStage(0, 6, 4)]
+    assert stages == [bl.PipeDreamStage(0, 6, ((0,), (1,), (2,), (3,)))]
 
 
 def test_pipedream_puts_weight_heavy_layers_on_few_replicas() -> None:
@@ -111,7 +111,7 @@ def test_pipedream_puts_weight_heavy_layers_on_few_replicas() -> None:
     times = [1.0, 1.0, 1.0, 0.01]
     params = [1e3, 1e3, 1e3, 4e8]
     stages = bl.pipedream_partition(times, params, [(4, 1.25e8)])
-    assert stages[-1] == bl.PipeDreamStage(3, 4, 1)
+    assert (stages[-1].first, stages[-1].end, stages[-1].replicas) == (3, 4, 1)
     assert sum(s.replicas for s in stages) == 4
     assert stages[0].first == 0 and stages[-1].end == 4
 
@@ -120,7 +120,8 @@ def test_pipedream_hierarchy_multiplies_replicas_across_servers() -> None:
     times = [1.0] * 8
     stages = bl.pipedream_partition(times, [0.0] * 8, [(2, 1e10), (4, 1e9)])
     # free weight sync: data parallel everywhere, 2 GPUs per server x 4 servers
-    assert stages == [bl.PipeDreamStage(0, 8, 8)]
+    assert len(stages) == 1 and stages[0].replicas == 8
+    assert stages[0].devices == tuple((srv, gpu) for srv in range(4) for gpu in range(2))
 
 
 @given(st.lists(st.floats(1e-3, 1.0), min_size=1, max_size=10), st.integers(1, 4), st.integers(1, 3))
@@ -130,3 +131,57 @@ def test_pipedream_stages_cover_the_layers_and_use_every_device(times: list[floa
     assert stages[0].first == 0 and stages[-1].end == len(times)
     assert all(a.end == b.first for a, b in itertools.pairwise(stages))
     assert sum(s.replicas for s in stages) == per * servers
+    used = [d for s in stages for d in s.devices]
+    assert sorted(used) == [(a, b) for a in range(servers) for b in range(per)]
+
+
+# ----------------------------------------------------------------------------- layouts
+
+
+def _pc(n_layers: int = 16, nodes: int = 4, per: int = 2) -> tuple[ir.ModelProfile, ir.Cluster]:
+    from tests.conftest import make_cluster_dict
+
+    return (ir.ModelProfile.from_dict(make_profile_dict(n_layers, batch_size=16)),
+            ir.Cluster.from_dict(make_cluster_dict(nodes, per)))
+
+
+def test_dp_layout_is_one_stage_on_every_gpu() -> None:
+    profile, cluster = _pc()
+    layout = bl.dp_layout(profile, cluster)
+    assert layout.config == "8" and layout.microbatches == (1,)
+    assert layout.stages[0][2] == ("dp",) * 16
+
+
+def test_gpipe_uniform_gives_equal_layer_counts_one_gpu_each() -> None:
+    profile, cluster = _pc(18)
+    layout = bl.gpipe_uniform_layout(profile, cluster, (1, 2))
+    assert isinstance(layout, bl.Layout)
+    assert [b - a for (a, b), _, _ in layout.stages] == [3, 3, 2, 2, 2, 2, 2, 2]
+    assert layout.config == "1-1-1-1-1-1-1-1" and layout.schedule == "gpipe"
+    plan = layout.plan(profile, cluster, 2, "sgd")
+    assert plan.microbatches == 2 and plan.stages[-1].layers == (16, 18)
+
+
+@pytest.mark.parametrize("builder", [bl.gpipe_uniform_layout, bl.torchgpipe_layout])
+def test_more_stages_than_layers_is_not_fitting_with_the_reason(builder) -> None:  # type: ignore[no-untyped-def]
+    profile, cluster = _pc(5)
+    result = builder(profile, cluster, (1,))
+    assert isinstance(result, bl.NotFitting)
+    assert "8 stages" in result.reason and "5 layers" in result.reason
+
+
+def test_deepspeed_layouts_cover_every_pipeline_depth_of_the_grid() -> None:
+    profile, cluster = _pc(16)
+    layouts = bl.deepspeed_layouts(profile, cluster, "parameters", (1, 4))
+    assert isinstance(layouts, list)
+    assert [layout.config for layout in layouts] == ["8", "4-4", "2-2-2-2", "1-1-1-1-1-1-1-1"]
+    # stage s holds ranks [s*D, (s+1)*D): consecutive GPUs, data axis innermost
+    assert layouts[1].stages[1][1] == ("n2.g0", "n2.g1", "n3.g0", "n3.g1")
+
+
+def test_pipedream_layout_names_real_devices_and_uses_each_once() -> None:
+    profile, cluster = _pc(16)
+    layout = bl.pipedream_layout(profile, cluster, (1,))
+    used = [d for _, devices, _ in layout.stages for d in devices]
+    assert sorted(used) == sorted(g.name for g in cluster.gpus)
+    assert all(form == "dp" for _, _, forms in layout.stages for form in forms)
