@@ -1,0 +1,70 @@
+"""``planner compare PROFILE --cluster C``: every baseline and the planner's plan side by side."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from planner import ir
+from planner.errors import PlannerError
+from planner.jsonio import read_json
+from planner.schedule import SCHEDULES
+
+STRATEGY_HELP = "comma-separated subset of: dp, accpar, gpipe-uniform, torchgpipe, deepspeed-uniform, " \
+                "deepspeed-parameters, pipedream, planner (default: all)"
+
+
+def parse_microbatches(value: str) -> int | str:
+    """``N`` (a positive integer) or ``auto``."""
+    if value == "auto":
+        return value
+    try:
+        n = int(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is neither a positive integer nor 'auto'") from None
+    if n < 1:
+        raise click.BadParameter(f"{value!r} must be a positive integer or 'auto'")
+    return n
+
+
+@click.command("compare")
+@click.argument("profile_path", metavar="PROFILE", type=click.Path(dir_okay=False))
+@click.option("--cluster", "cluster_name", required=True, help="A preset name (planner clusters) or a cluster JSON.")
+@click.option("--microbatches", default="auto", show_default=True, help="N (dividing the batch) or auto.")
+@click.option("--schedule", type=click.Choice(SCHEDULES), default="1f1b", show_default=True,
+              help="The planner's pipeline schedule (each baseline runs its own system's schedule).")
+@click.option("--optimizer", type=click.Choice(ir.OPTIMIZERS), default="sgd", show_default=True,
+              help="Optimizer state counted in memory, the same for every strategy.")
+@click.option("--strategies", default=None, help=STRATEGY_HELP)
+@click.option("--json", "as_json", is_flag=True, help="Print the comparison as one JSON document on stdout.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+              help="Write a bar chart of the strategies to this PNG file.")
+def compare(profile_path: str, cluster_name: str, microbatches: str, schedule: str, optimizer: str,
+            strategies: str | None, as_json: bool, plot_path: str | None) -> None:
+    """Set the planner's plan against dp, AccPar, GPipe, torchgpipe, DeepSpeed and PipeDream.
+
+    Every strategy is judged by the same cost model and simulator on the same cluster: a
+    table of iteration time, samples/s, speedup over dp, memory per GPU, whether it fits
+    (and why not), and the config in PipeDream notation.
+    """
+    from planner.cluster import load_cluster
+    from planner.compare import compare as run_compare
+    from planner.render.compare import plot_comparison, print_comparison
+
+    mb = parse_microbatches(microbatches)
+    if plot_path and not Path(plot_path).resolve().parent.is_dir():
+        raise PlannerError(f"cannot write {plot_path}: folder {Path(plot_path).parent} does not exist",
+                           "create the folder or choose another path")
+    names = None if strategies is None else [s.strip() for s in strategies.split(",") if s.strip()]
+    profile = ir.ModelProfile.from_dict(read_json(profile_path, "profile"), profile_path)
+    cluster = load_cluster(cluster_name)
+    kwargs = {} if names is None else {"strategies": names}
+    result = run_compare(profile, cluster, microbatches=mb, schedule=schedule, optimizer=optimizer, **kwargs)
+    if plot_path:
+        plot_comparison(result, plot_path)
+    print_comparison(result)
+    if as_json:
+        from planner.cli import emit_json
+
+        emit_json(result.to_dict())

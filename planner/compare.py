@@ -1,0 +1,227 @@
+"""``planner compare``: every baseline and the planner's plan, judged on the same footing.
+
+Pure (no torch, click, rich or matplotlib). Each strategy of
+:mod:`planner.search.baselines` becomes one or more candidate plans on the same cluster; the
+same cost model (:func:`planner.costmodel.stage_costs`) and the same simulator
+(:func:`planner.simulate.simulate`) judge every one of them: iteration time and the peak
+memory of every device. The planner's own plan is judged by the same simulator, not by
+its search's prediction.
+
+Rules of the judge, the same for every strategy:
+
+* A candidate fits when every device's simulated peak memory is within its capacity. A
+  stage that overflows gets GPipe re-materialisation (``recompute``), as the search would
+  do, and the candidate is simulated again; if it still overflows it does not fit, and
+  the reason names the device, the memory it needs and the memory it has.
+* Where a strategy leaves a choice to its user (the micro-batch count when ``auto``, the
+  pipeline depth of DeepSpeed's grid), every choice is simulated and the fastest that
+  fits is kept: each baseline is shown at its best.
+* A strategy that cannot run at all (more stages than layers, no fitting choice) is a
+  :class:`StrategyResult` with ``fits=False`` and a reason; it never stops the comparison.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from planner import ir
+from planner.errors import PlannerError, UsageError
+from planner.jsonio import SUPPORTED_VERSION
+from planner.search import baselines as bl
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class StrategyResult:
+    """One strategy judged: its time and memory, or why it does not fit.
+
+    ``plan`` is the judged plan (stages with memory, prediction from the simulator); for
+    a strategy that does not fit it is the closest candidate, or None when none could
+    even be built.
+    """
+
+    name: str
+    fits: bool
+    iteration_s: float | None
+    samples_per_s: float | None
+    config: str | None
+    schedule: str | None
+    microbatches: int | None
+    peak_memory_bytes: int | None
+    speedup_over_dp: float | None
+    reason: str | None
+    plan: ir.Plan | None = dataclasses.field(default=None, compare=False, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "iteration_s": self.iteration_s, "samples_per_s": self.samples_per_s,
+                "fits": self.fits, "config": self.config, "speedup_over_dp": self.speedup_over_dp,
+                "peak_memory_bytes": self.peak_memory_bytes, "schedule": self.schedule,
+                "microbatches": self.microbatches, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Every strategy on one profile and cluster (the ``compare`` JSON)."""
+
+    model: str
+    batch_size: int
+    cluster: str
+    optimizer: str
+    strategies: tuple[StrategyResult, ...]
+
+    def get(self, name: str) -> StrategyResult:
+        for s in self.strategies:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "comparison", "version": SUPPORTED_VERSION, "model": self.model,
+                "batch_size": self.batch_size, "cluster": self.cluster, "optimizer": self.optimizer,
+                "strategies": [s.to_dict() for s in self.strategies]}
+
+
+# ----------------------------------------------------------------------------- the judge
+
+
+@dataclass(frozen=True)
+class Judged:
+    """A candidate plan after simulation: the plan with memory and prediction filled in."""
+
+    plan: ir.Plan
+    fits: bool
+    reason: str | None
+
+
+def _over(plan: ir.Plan, peaks: dict[str, int]) -> list[tuple[str, int, int]]:
+    capacity = {g.name: g.memory_bytes for g in plan.cluster.gpus}
+    return [(d, peaks[d], capacity[d]) for d in sorted(peaks, key=lambda x: -peaks[x] / capacity[x])
+            if peaks[d] > capacity[d]]
+
+
+def judge(plan: ir.Plan) -> Judged:
+    """Simulate ``plan``; recompute overflowing stages once; fill memory and prediction."""
+    from planner.simulate import simulate
+
+    result = simulate(plan)
+    peaks = {d.device: int(d.peak_memory_bytes) for d in result.devices}
+    over = _over(plan, peaks)
+    if over:
+        bad = {d for d, _, _ in over}
+        stages = tuple(dataclasses.replace(s, recompute=True) if bad & set(s.devices) else s for s in plan.stages)
+        if stages != plan.stages:
+            retry = dataclasses.replace(plan, stages=stages)
+            result = simulate(retry)
+            peaks = {d.device: int(d.peak_memory_bytes) for d in result.devices}
+            over = _over(retry, peaks)
+            plan = retry
+    stages = tuple(dataclasses.replace(s, memory_bytes=max(peaks.get(d, 0) for d in s.devices))
+                   for s in plan.stages)
+    peak = max(peaks.values()) if peaks else 0
+    predicted = ir.Prediction(result.iteration_s, plan.batch_size / result.iteration_s,
+                              result.bubble_fraction, peak)
+    plan = dataclasses.replace(plan, stages=stages, predicted=predicted)
+    if not over:
+        return Judged(plan, True, None)
+    device, need, have = over[0]
+    return Judged(plan, False, f"needs {need / GIB:.2f} GiB on {device}, which has {have / GIB:.2f} GiB"
+                               + (" (with recomputation)" if any(s.recompute for s in plan.stages) else ""))
+
+
+def best_of(candidates: Sequence[ir.Plan]) -> Judged | None:
+    """The fastest candidate that fits; if none fits, the one needing the least memory over."""
+    judged = [judge(p) for p in candidates]
+    fitting = [j for j in judged if j.fits]
+    if fitting:
+        return min(fitting, key=lambda j: j.plan.predicted.iteration_s)
+    if not judged:
+        return None
+    return min(judged, key=lambda j: j.plan.predicted.peak_memory_bytes)
+
+
+# ----------------------------------------------------------------------------- strategies
+
+
+def microbatch_choices(batch_size: int, microbatches: int | str) -> tuple[int, ...]:
+    """``auto``: every divisor of the batch; a number: that number (it must divide the batch)."""
+    if microbatches == "auto":
+        return bl.divisors(batch_size)
+    if not isinstance(microbatches, int) or microbatches < 1 or batch_size % microbatches:
+        raise UsageError(f"--microbatches {microbatches} does not divide the batch size {batch_size}",
+                         f"choose a divisor of {batch_size}, or auto")
+    return (microbatches,)
+
+
+def _layouts(name: str, profile: ir.ModelProfile, cluster: ir.Cluster,
+             choices: tuple[int, ...]) -> list[bl.Layout] | bl.NotFitting:
+    if name == "dp":
+        return [bl.dp_layout(profile, cluster)]
+    if name == "accpar":
+        from planner.search import accpar_forms
+
+        return [bl.accpar_layout(profile, cluster, accpar_forms(profile, cluster))]
+    if name.startswith("deepspeed-"):
+        return bl.deepspeed_layouts(profile, cluster, name.split("-", 1)[1], choices)
+    builders: dict[str, Callable[..., bl.Layout | bl.NotFitting]] = {
+        "gpipe-uniform": bl.gpipe_uniform_layout, "torchgpipe": bl.torchgpipe_layout,
+        "pipedream": bl.pipedream_layout,
+    }
+    one = builders[name](profile, cluster, choices)
+    return one if isinstance(one, bl.NotFitting) else [one]
+
+
+def _result(name: str, judged: Judged | None, reason: str | None = None) -> StrategyResult:
+    if judged is None:
+        return StrategyResult(name, False, None, None, None, None, None, None, None, reason)
+    p = judged.plan
+    return StrategyResult(
+        name=name, fits=judged.fits, iteration_s=p.predicted.iteration_s if judged.fits else None,
+        samples_per_s=p.predicted.samples_per_s if judged.fits else None, config=p.config,
+        schedule=p.schedule, microbatches=p.microbatches, peak_memory_bytes=p.predicted.peak_memory_bytes,
+        speedup_over_dp=None, reason=judged.reason, plan=p,
+    )
+
+
+def run_strategy(name: str, profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int | str,
+                 schedule: str, optimizer: str) -> StrategyResult:
+    """Build and judge one strategy; a strategy that cannot run comes back with its reason."""
+    choices = microbatch_choices(profile.batch_size, microbatches)
+    try:
+        if name == "planner":
+            from planner.search import search
+
+            plan = search(profile, cluster, microbatches=microbatches, schedule=schedule, optimizer=optimizer)
+            return _result(name, judge(plan))
+        layouts = _layouts(name, profile, cluster, choices)
+        if isinstance(layouts, bl.NotFitting):
+            return _result(name, None, layouts.reason)
+        candidates = [layout.plan(profile, cluster, m, optimizer) for layout in layouts
+                      for m in layout.microbatches]
+        return _result(name, best_of(candidates))
+    except PlannerError as exc:  # infeasible, or a layout the engine cannot run: listed, never fatal
+        return _result(name, None, exc.cause)
+
+
+def compare(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int | str = "auto",
+            schedule: str = "1f1b", optimizer: str = "sgd",
+            strategies: Sequence[str] = bl.STRATEGIES) -> Comparison:
+    """Run every strategy on ``profile`` and ``cluster``; speedups are over ``dp`` when it fits."""
+    unknown = [s for s in strategies if s not in bl.STRATEGIES]
+    if unknown:
+        raise UsageError(f"unknown strategy {unknown[0]!r}", f"choose from {', '.join(bl.STRATEGIES)}")
+    microbatch_choices(profile.batch_size, microbatches)  # a bad value is a usage error, not a row
+    names = list(dict.fromkeys(["dp", *strategies]))  # dp is always judged: it is the yardstick
+    results = {n: run_strategy(n, profile, cluster, microbatches=microbatches, schedule=schedule,
+                               optimizer=optimizer) for n in names}
+    base = results["dp"].iteration_s
+
+    def speedup(r: StrategyResult) -> float | None:
+        return base / r.iteration_s if base and r.iteration_s else None
+
+    rows = tuple(dataclasses.replace(r, speedup_over_dp=speedup(r))
+                 for n, r in ((n, results[n]) for n in bl.STRATEGIES if n in results))
+    return Comparison(profile.model, profile.batch_size, cluster.name, optimizer, rows)
