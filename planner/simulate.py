@@ -1,0 +1,612 @@
+"""Event-driven simulation of a plan's pipeline schedule (pure: no torch, click or rich).
+
+The simulator plays a :class:`planner.schedule.Schedule` over per-stage costs
+(:class:`planner.ir.StageCost`, from :func:`planner.costmodel.stage_costs`) step by step:
+
+* **Devices.** The K pipeline ranks ("lanes") each run their actions in the schedule's
+  order, one at a time; an action starts when the lane is free and its inputs have
+  arrived. All devices of a stage's group do the same work at the same time (the cost
+  model gives per-device times, split-form collectives included), so a lane stands for
+  every device of its group. Under ``interleaved`` a lane hosts the chunks c with
+  c mod K equal to it.
+* **Links.** Activations (after F) go to the next chunk over that chunk boundary's link
+  (``send_link``), gradients (after B) come back over the same link, same size. A
+  transfer waits the link latency, then its bytes flow; transfers on the same link id in
+  the same direction share its bandwidth equally (processor sharing), so two at once take
+  twice as long. ``SimOptions.duplex=False`` makes both directions share. Transfers overlap
+  compute. A boundary with no link or no bytes, or between chunks on the same lane, is free.
+* **Gradient all-reduce.** After a stage's last backward (B, or W under ``zb-h1``) its
+  ``allreduce_s`` runs on the lane and blocks it (the default; what the analytic cost model
+  adds). With ``SimOptions.overlap_allreduce`` it runs as DDP does: gradients in buckets of
+  ``bucket_bytes``, bucket i ready at (i+1)/n of the last backward, all-reduced one after
+  another on the lane's communication stream, overlapping compute.
+* **Memory** per lane over time: static bytes (weights, gradients, optimizer state) of its
+  chunks; + ``activation_bytes`` of a chunk from the start of a micro-batch's F until the
+  end of its B (its W under ``zb-h1``); + ``workspace_bytes`` during B and W; under
+  ``pipedream`` + ``weight_bytes`` per stashed weight version: a stage with n micro-batches
+  in flight keeps n versions, one of which is the live weights (so n - 1 extra).
+
+Times and the bubble:
+
+* ``iteration_s``: for the synchronous schedules, from 0 to the end of the last action,
+  transfer or all-reduce. For ``pipedream`` (no flush) the schedule runs ``blocks``
+  iterations of M micro-batches back to back (default ceil(2K/M) + 2, so the warm-up is
+  over) and ``iteration_s`` is the steady-state time per M micro-batches: the time between
+  the ends of the last two iterations, where an iteration ends when every stage has
+  finished the backward of its last micro-batch (and that iteration's all-reduce).
+* ``busy_s`` of a device: its compute (F, B, W) for one iteration of M micro-batches plus
+  the all-reduce time it is blocked for. ``bubble_fraction`` = 1 - sum(busy) / (K *
+  iteration_s): the share of device time spent idle (waiting for inputs or transfers).
+  Uniform stages and free communication give (K-1)/(M+K-1) under gpipe and 1f1b.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from planner import ir
+from planner.errors import PlanError, ScheduleError
+from planner.schedule import SCHEDULES, Action, Schedule, make_schedule
+
+# ----------------------------------------------------------------------------- values
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    """Knobs of the simulation (defaults match the analytic cost model)."""
+
+    overlap_allreduce: bool = False
+    bucket_bytes: float = 25 * 2**20
+    duplex: bool = True
+    pipedream_blocks: int | None = None
+    record_events: bool = True
+
+
+class Event(NamedTuple):
+    """One interval on a track: a lane's compute or all-reduce, or a link's transfer.
+
+    ``track`` is ``lane:<k>`` (a pipeline rank), ``comm:<k>`` (its overlapped
+    all-reduce stream) or ``link:<id>``; ``op`` is F, B, W, AR, act or grad.
+    """
+
+    track: str
+    name: str
+    op: str
+    stage: int
+    mb: int
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class DeviceResult:
+    """One device: what it did in one iteration and its memory over the run."""
+
+    device: str
+    lane: int
+    busy_s: float
+    compute_s: float
+    peak_memory_bytes: int
+    peak_in_flight: int
+    capacity_bytes: int
+    memory: tuple[tuple[float, int], ...] = field(repr=False, compare=False)
+
+    @property
+    def fits(self) -> bool:
+        return self.capacity_bytes <= 0 or self.peak_memory_bytes <= self.capacity_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"device": self.device, "busy_s": self.busy_s, "peak_memory_bytes": self.peak_memory_bytes,
+                "lane": self.lane, "compute_s": self.compute_s, "peak_in_flight": self.peak_in_flight,
+                "capacity_bytes": self.capacity_bytes, "fits": self.fits}
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """The outcome of one simulation (see the module docstring for the definitions)."""
+
+    schedule: str
+    stages: int
+    microbatches: int
+    virtual_stages: int
+    iteration_s: float
+    bubble_fraction: float
+    makespan_s: float
+    window: tuple[float, float]
+    devices: tuple[DeviceResult, ...]
+    lanes: tuple[tuple[str, ...], ...]
+    links: tuple[str, ...]
+    events: tuple[Event, ...] = field(repr=False, compare=False)
+    actions: tuple[tuple[str, ...], ...] = field(repr=False, compare=False, default=())
+
+    @property
+    def peak_memory_bytes(self) -> int:
+        return max((d.peak_memory_bytes for d in self.devices), default=0)
+
+    def device(self, name: str) -> DeviceResult:
+        for d in self.devices:
+            if d.device == name:
+                return d
+        raise KeyError(name)
+
+    def lane_result(self, lane: int) -> DeviceResult:
+        return next(d for d in self.devices if d.lane == lane)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The simulate JSON contract (``iteration_s``, ``bubble_fraction``, ``devices``) and more."""
+        return {
+            "kind": "simulation", "version": 1,
+            "iteration_s": self.iteration_s, "bubble_fraction": self.bubble_fraction,
+            "devices": [d.to_dict() for d in self.devices],
+            "schedule": self.schedule, "stages": self.stages, "microbatches": self.microbatches,
+            "virtual_stages": self.virtual_stages, "makespan_s": self.makespan_s,
+            "window_s": list(self.window), "peak_memory_bytes": self.peak_memory_bytes,
+            "links": list(self.links),
+        }
+
+    def to_chrome_trace(self) -> dict[str, Any]:
+        """Chrome trace event JSON (opens in Perfetto): one track per device and per link.
+
+        Complete events (``"ph": "X"``, microseconds); process 1 holds the devices (and
+        their overlapped all-reduce streams), process 2 the links; metadata events name them.
+        """
+        trace: list[dict[str, Any]] = [
+            {"ph": "M", "pid": 1, "tid": 0, "name": "process_name", "args": {"name": "devices"}},
+            {"ph": "M", "pid": 2, "tid": 0, "name": "process_name", "args": {"name": "links"}},
+            {"ph": "M", "pid": 1, "tid": 0, "name": "process_sort_index", "args": {"sort_index": 1}},
+            {"ph": "M", "pid": 2, "tid": 0, "name": "process_sort_index", "args": {"sort_index": 2}},
+        ]
+        tids: dict[str, list[tuple[int, int]]] = {}
+        tid = 0
+        for lane, devs in enumerate(self.lanes):
+            for dev in devs:
+                tid += 1
+                tids.setdefault(f"lane:{lane}", []).append((1, tid))
+                trace.append({"ph": "M", "pid": 1, "tid": tid, "name": "thread_name", "args": {"name": dev}})
+                trace.append({"ph": "M", "pid": 1, "tid": tid, "name": "thread_sort_index",
+                              "args": {"sort_index": tid}})
+        comm_tracks = sorted({e.track for e in self.events if e.track.startswith("comm:")})
+        for track in comm_tracks:
+            lane = int(track.split(":", 1)[1])
+            for dev in self.lanes[lane]:
+                tid += 1
+                tids.setdefault(track, []).append((1, tid))
+                trace.append({"ph": "M", "pid": 1, "tid": tid, "name": "thread_name",
+                              "args": {"name": f"{dev} all-reduce"}})
+        for i, link in enumerate(self.links, start=1):
+            tids[f"link:{link}"] = [(2, i)]
+            trace.append({"ph": "M", "pid": 2, "tid": i, "name": "thread_name", "args": {"name": link}})
+        for e in self.events:
+            for pid, t in tids.get(e.track, ()):
+                trace.append({"ph": "X", "pid": pid, "tid": t, "name": e.name, "cat": e.op,
+                              "ts": e.start * 1e6, "dur": max(0.0, e.end - e.start) * 1e6,
+                              "args": {"stage": e.stage, "microbatch": e.mb}})
+        return {"traceEvents": trace, "displayTimeUnit": "ms",
+                "otherData": {"schedule": self.schedule, "iteration_s": self.iteration_s,
+                              "bubble_fraction": self.bubble_fraction}}
+
+
+# ----------------------------------------------------------------------------- the engine
+
+
+class _Link:
+    """Processor sharing on one link (and direction): active transfers split the bandwidth."""
+
+    __slots__ = ("active", "bandwidth", "last", "version")
+
+    def __init__(self, bandwidth: float) -> None:
+        self.bandwidth = bandwidth
+        self.active: dict[int, float] = {}
+        self.last = 0.0
+        self.version = 0
+
+    def progress(self, now: float) -> None:
+        n = len(self.active)
+        if n and now > self.last:
+            done = (now - self.last) * self.bandwidth / n
+            for x in self.active:
+                self.active[x] -= done
+        self.last = now
+
+    def next_finish(self, now: float) -> float:
+        return now + min(self.active.values()) * len(self.active) / self.bandwidth
+
+
+_COMPUTE, _LATENCY, _LINK = 0, 1, 2
+
+
+def simulate_costs(costs: Sequence[ir.StageCost], schedule: str | Schedule, microbatches: int,
+                   virtual_stages: int = 1, options: SimOptions | None = None) -> SimResult:
+    """Simulate ``schedule`` over per-chunk ``costs`` (K*v of them, in model order).
+
+    ``schedule`` is a name from :data:`planner.schedule.SCHEDULES` or a ready Schedule.
+    """
+    opts = options or SimOptions()
+    n_chunks = len(costs)
+    if n_chunks == 0:
+        raise PlanError("no stages to simulate", "a plan needs at least one stage")
+    v = virtual_stages
+    if n_chunks % v:
+        raise PlanError(f"{n_chunks} stages do not split into {v} virtual stages per device",
+                        "interleaved plans list K*v chunks")
+    k = n_chunks // v
+    if isinstance(schedule, Schedule):
+        sched = schedule
+        if sched.chunks != n_chunks:
+            raise ScheduleError(f"schedule has {sched.chunks} stages, the costs {n_chunks}", "match them")
+    else:
+        sched = make_schedule(schedule, k, microbatches, v, pipedream_blocks=opts.pipedream_blocks)
+    name = sched.name
+    m = sched.microbatches
+    n = sched.total_microbatches or m
+    split = sched.split_backward
+    blocks = sched.blocks
+    lanes_devices = []
+    for lane in range(k):
+        devs = tuple(costs[lane].devices)
+        for c in range(lane + k, n_chunks, k):
+            if tuple(costs[c].devices) != devs:
+                raise PlanError(f"stage {c} runs on {list(costs[c].devices)}, but chunk {c} belongs to device "
+                                f"group {lane} {list(devs)}", "chunk c runs on the devices of chunk c mod K")
+        lanes_devices.append(devs)
+
+    fwd = [c.forward_s for c in costs]
+    if split:
+        bwd = [c.backward_s - c.backward_weight_s for c in costs]
+        wgt = [c.backward_weight_s for c in costs]
+    else:
+        bwd = [c.backward_s for c in costs]
+        wgt = [0.0] * n_chunks
+    act = [c.activation_bytes for c in costs]
+    wsp = [c.workspace_bytes for c in costs]
+    stash = [c.weight_bytes if name == "pipedream" else 0 for c in costs]
+    last_kind = "W" if split else "B"
+    record = opts.record_events
+
+    # Per lane: which chunks all-reduce after which action (position in the lane's order).
+    ar_after: list[dict[int, list[tuple[int, int]]]] = []
+    for acts in sched.actions:
+        last_pos: dict[tuple[int, int], int] = {}
+        for at, a in enumerate(acts):
+            if a.kind == last_kind:
+                last_pos[(a.stage, a.mb // m)] = at
+        table: dict[int, list[tuple[int, int]]] = {}
+        for (c, blk), at in last_pos.items():
+            if costs[c].allreduce_s > 0:
+                table.setdefault(at, []).append((c, blk))
+        ar_after.append(table)
+
+    # Links: one per (id, direction) unless half-duplex.
+    links: dict[str, _Link] = {}
+    link_names: list[str] = []
+
+    def link_key(c: int, direction: str) -> str | None:
+        cost = costs[c]
+        if cost.send_link is None or cost.send_bytes <= 0 or (c + 1) % k == c % k:
+            return None
+        base = cost.send_link_id or f"{c}->{c + 1}"
+        key = f"{base} {direction}" if opts.duplex else base
+        if key not in links:
+            links[key] = _Link(cost.send_link.bandwidth_Bps)
+            link_names.append(key)
+        return key
+
+    link_of_fwd = [link_key(c, "fwd") if c < n_chunks - 1 else None for c in range(n_chunks)]
+    link_of_bwd = [link_key(c, "bwd") if c < n_chunks - 1 else None for c in range(n_chunks)]
+
+    # State. Arrival times of inputs: act_in[c*n+mb] (activations into chunk c),
+    # grad_in[c*n+mb] (gradients into chunk c); None until they arrive.
+    act_in: list[float | None] = [None] * (n_chunks * n)
+    grad_in: list[float | None] = [None] * (n_chunks * n)
+    for mb in range(n):
+        act_in[mb] = 0.0
+    for mb in range(n):
+        grad_in[(n_chunks - 1) * n + mb] = 0.0
+    pos = [0] * k
+    busy = [False] * k
+    lane_end = [0.0] * k
+    comm_free = [0.0] * k
+    mem = [sum(costs[c].static_bytes for c in range(lane, n_chunks, k)) for lane in range(k)]
+    peak_mem = list(mem)
+    timeline: list[list[tuple[float, int]]] = [[(0.0, mem[lane])] for lane in range(k)]
+    in_flight = [0] * k
+    peak_in_flight = [0] * k
+    chunk_flight = [0] * n_chunks
+    block_end = [0.0] * blocks
+    events: list[Event] = []
+    heap: list[tuple[float, int, int, Any]] = []
+    seq = 0
+    xfers: dict[int, tuple[str, int, int, float, str, float]] = {}  # id -> (link, chunk_to, mb, bytes, op, t0)
+    n_x = 0
+
+    def set_mem(lane: int, now: float, delta: int) -> None:
+        mem[lane] += delta
+        if mem[lane] > peak_mem[lane]:
+            peak_mem[lane] = mem[lane]
+        tl = timeline[lane]
+        if tl[-1][0] == now:
+            tl[-1] = (now, mem[lane])
+        else:
+            tl.append((now, mem[lane]))
+
+    def try_start(lane: int, now: float) -> None:
+        nonlocal seq
+        if busy[lane]:
+            return
+        acts = sched.actions[lane]
+        p = pos[lane]
+        if p >= len(acts):
+            return
+        a = acts[p]
+        c, kind, mb = a
+        i = c * n + mb
+        if kind == "F":
+            if act_in[i] is None:
+                return
+            dur = fwd[c]
+            delta = act[c]
+            chunk_flight[c] += 1
+            if stash[c] and chunk_flight[c] > 1:
+                delta += stash[c]
+            in_flight[lane] += 1
+            if in_flight[lane] > peak_in_flight[lane]:
+                peak_in_flight[lane] = in_flight[lane]
+        elif kind == "B":
+            if grad_in[i] is None:
+                return
+            dur = bwd[c]
+            delta = wsp[c]
+        else:
+            dur = wgt[c]
+            delta = wsp[c]
+        if delta:
+            set_mem(lane, now, delta)
+        busy[lane] = True
+        end = now + dur
+        if record:
+            events.append(Event(f"lane:{lane}", str(a), kind, c, mb, now, end))
+        if opts.overlap_allreduce and p in ar_after[lane]:
+            for ch, blk in ar_after[lane][p]:
+                _overlapped_ar(lane, ch, blk, now, dur)
+        seq += 1
+        heapq.heappush(heap, (end, seq, _COMPUTE, (lane, a)))
+
+    def _overlapped_ar(lane: int, c: int, blk: int, t0: float, dur: float) -> None:
+        cost = costs[c]
+        nb = max(1, math.ceil(cost.allreduce_bytes / opts.bucket_bytes)) if opts.bucket_bytes > 0 else 1
+        per = cost.allreduce_s / nb
+        t = comm_free[lane]
+        first = None
+        for b in range(nb):
+            ready = t0 + dur * (b + 1) / nb
+            start = max(ready, t)
+            if first is None:
+                first = start
+            t = start + per
+        comm_free[lane] = t
+        block_end[blk] = max(block_end[blk], t)
+        if record and first is not None:
+            events.append(Event(f"comm:{lane}", f"AR {c}", "AR", c, -1, first, t))
+
+    def send(c_from: int, c_to: int, mb: int, now: float, fwd_dir: bool) -> None:
+        nonlocal seq, n_x
+        boundary = min(c_from, c_to)
+        key = link_of_fwd[boundary] if fwd_dir else link_of_bwd[boundary]
+        target = act_in if fwd_dir else grad_in
+        if key is None:
+            target[c_to * n + mb] = now
+            try_start(c_to % k, now)
+            return
+        cost = costs[boundary]
+        assert cost.send_link is not None
+        n_x += 1
+        xfers[n_x] = (key, c_to, mb, cost.send_bytes, "act" if fwd_dir else "grad", now)
+        seq += 1
+        heapq.heappush(heap, (now + cost.send_link.latency_s, seq, _LATENCY, n_x))
+
+    def finish_lane_action(lane: int, a: Action, now: float) -> None:
+        nonlocal seq
+        c, kind, mb = a
+        busy[lane] = False
+        p = pos[lane]
+        pos[lane] = p + 1
+        lane_end[lane] = now
+        if kind == "F":
+            if c < n_chunks - 1:
+                send(c, c + 1, mb, now, True)
+        else:
+            delta = -wsp[c]
+            if kind == last_kind:
+                delta -= act[c]
+                chunk_flight[c] -= 1
+                in_flight[lane] -= 1
+                if stash[c] and chunk_flight[c] >= 1:
+                    delta -= stash[c]
+                blk = mb // m
+                if now > block_end[blk]:
+                    block_end[blk] = now
+            if delta:
+                set_mem(lane, now, delta)
+            if kind == "B" and c > 0:
+                send(c, c - 1, mb, now, False)
+        if not opts.overlap_allreduce and p in ar_after[lane]:
+            total = sum(costs[ch].allreduce_s for ch, _ in ar_after[lane][p])
+            end = now + total
+            t = now
+            for ch, blk in ar_after[lane][p]:
+                if record:
+                    events.append(Event(f"lane:{lane}", f"AR {ch}", "AR", ch, -1, t, t + costs[ch].allreduce_s))
+                t += costs[ch].allreduce_s
+                block_end[blk] = max(block_end[blk], t)
+            busy[lane] = True
+            seq += 1
+            heapq.heappush(heap, (end, seq, _COMPUTE, (lane, None)))
+            return
+        try_start(lane, now)
+
+    def link_finish(key: str, now: float) -> None:
+        nonlocal seq
+        link = links[key]
+        link.progress(now)
+        if not link.active:
+            return
+        # Finish every transfer whose bytes are (numerically) gone.
+        eps = 1e-12 * max(1.0, max(abs(r) for r in link.active.values()))
+        eps = max(eps, 1e-9 * link.bandwidth * 1e-12)
+        done = [x for x, r in link.active.items() if r <= eps + 1e-9 * xfers[x][3]]
+        for x in done:
+            del link.active[x]
+        link.version += 1
+        if link.active:
+            seq += 1
+            heapq.heappush(heap, (link.next_finish(now), seq, _LINK, (key, link.version)))
+        for x in done:
+            _, c_to, mb, _, op, t0 = xfers.pop(x)
+            if record:
+                c_from = c_to - 1 if op == "act" else c_to + 1
+                events.append(Event(f"link:{key}", f"{op} {c_from}->{c_to} #{mb}", op, min(c_from, c_to), mb,
+                                    t0, now))
+            (act_in if op == "act" else grad_in)[c_to * n + mb] = now
+            try_start(c_to % k, now)
+
+    for lane in range(k):
+        try_start(lane, 0.0)
+    now = 0.0
+    while heap:
+        now, _, typ, payload = heapq.heappop(heap)
+        if typ == _COMPUTE:
+            lane, a = payload
+            if a is None:  # a blocking all-reduce ended
+                busy[lane] = False
+                lane_end[lane] = now
+                try_start(lane, now)
+            else:
+                finish_lane_action(lane, a, now)
+        elif typ == _LATENCY:
+            key = xfers[payload][0]
+            link = links[key]
+            link.progress(now)
+            link.active[payload] = xfers[payload][3]
+            link.version += 1
+            seq += 1
+            heapq.heappush(heap, (link.next_finish(now), seq, _LINK, (key, link.version)))
+        else:
+            key, version = payload
+            if links[key].version == version:
+                link_finish(key, now)
+
+    stuck = [f"device group {lane} at {sched.actions[lane][pos[lane]]}" for lane in range(k)
+             if pos[lane] < len(sched.actions[lane])]
+    if stuck:  # cannot happen for a validated schedule; a guard against engine bugs
+        raise ScheduleError(f"simulation stalled: {', '.join(stuck[:4])}", "this is a bug in planner; report it")
+
+    makespan = max([now, *lane_end, *comm_free])
+    window = (block_end[-2], block_end[-1]) if name == "pipedream" and blocks >= 2 else (0.0, makespan)
+    iteration = window[1] - window[0]
+
+    # Work per iteration of M micro-batches, per lane.
+    devices: list[DeviceResult] = []
+    total_busy = 0.0
+    for lane in range(k):
+        chunks = range(lane, n_chunks, k)
+        compute = m * sum(fwd[c] + bwd[c] + wgt[c] for c in chunks)
+        ar = 0.0 if opts.overlap_allreduce else sum(costs[c].allreduce_s for c in chunks)
+        lane_busy = compute + ar
+        total_busy += lane_busy
+        cap = min((costs[c].capacity_bytes for c in chunks), default=0)
+        for dev in lanes_devices[lane]:
+            devices.append(DeviceResult(dev, lane, lane_busy, compute, peak_mem[lane], peak_in_flight[lane], cap,
+                                        tuple(timeline[lane])))
+    bubble = 1.0 - total_busy / (k * iteration) if iteration > 0 else 0.0
+    bubble = min(max(bubble, 0.0), 1.0)
+    if record:
+        events.sort(key=lambda e: (e.start, e.track))
+    return SimResult(
+        schedule=name, stages=k, microbatches=m, virtual_stages=v, iteration_s=iteration, bubble_fraction=bubble,
+        makespan_s=makespan, window=window, devices=tuple(devices), lanes=tuple(lanes_devices),
+        links=tuple(link_names), events=tuple(events), actions=tuple(tuple(r) for r in sched.text()),
+    )
+
+
+# ----------------------------------------------------------------------------- plans
+
+
+def validate_plan(plan: ir.Plan) -> None:
+    """Raise PlanError unless ``plan`` is consistent: a known schedule, stages that cover every
+    layer exactly once in order, one form per layer, devices that exist in its cluster and are
+    not shared between pipeline ranks, and micro-batches that divide the batch."""
+    if plan.schedule not in SCHEDULES:
+        raise PlanError(f"plan asks for unknown schedule {plan.schedule!r}", f"use one of {', '.join(SCHEDULES)}")
+    v = plan.virtual_stages
+    if not isinstance(v, int) or v < 1:
+        raise PlanError(f"plan.virtual_stages must be a positive integer, got {v!r}", "fix virtual_stages")
+    if v != 1 and plan.schedule != "interleaved":
+        raise PlanError(f"plan has virtual_stages={v} under schedule {plan.schedule!r}",
+                        "virtual stages need --schedule interleaved")
+    stages = plan.stages
+    if not stages:
+        raise PlanError("plan has no stages", "re-create the plan with planner search")
+    if len(stages) % v:
+        raise PlanError(f"plan lists {len(stages)} stages, not a multiple of virtual_stages={v}",
+                        "an interleaved plan lists K*v model chunks")
+    if plan.microbatches < 1:
+        raise PlanError(f"plan.microbatches must be positive, got {plan.microbatches}", "fix microbatches")
+    if plan.batch_size % plan.microbatches:
+        raise PlanError(f"{plan.microbatches} micro-batches do not divide the batch size {plan.batch_size}",
+                        "choose a divisor of the batch size")
+    n_layers = len(plan.profile.layers)
+    expect = 0
+    for i, s in enumerate(stages):
+        first, end = s.layers
+        if first > expect:
+            missing = f"layer {expect}" if first == expect + 1 else f"layers {expect}..{first - 1}"
+            raise PlanError(f"stage {i} starts at layer {first}: {missing} in no stage",
+                            "stages must cover every layer exactly once, in order")
+        if first < expect:
+            raise PlanError(f"stage {i} starts at layer {first}: layer {first} is in two stages",
+                            "stages must cover every layer exactly once, in order")
+        if end <= first:
+            raise PlanError(f"stage {i} has an empty layer range {list(s.layers)}", "give each stage a layer")
+        if len(s.forms) != end - first:
+            raise PlanError(f"stage {i}: {len(s.forms)} forms for {end - first} layers", "give one form per layer")
+        expect = end
+    if expect != n_layers:
+        if expect < n_layers:
+            raise PlanError(f"layers {expect}..{n_layers - 1} are in no stage (the model has {n_layers})",
+                            "stages must cover every layer exactly once")
+        raise PlanError(f"stages cover layers up to {expect}, the model has only {n_layers}",
+                        "the plan does not match its profile")
+    known = {g.name for g in plan.cluster.gpus}
+    k = len(stages) // v
+    owner: dict[str, int] = {}
+    for i, s in enumerate(stages):
+        if not s.devices:
+            raise PlanError(f"stage {i} has no devices", "give each stage at least one device")
+        for d in s.devices:
+            if d not in known:
+                raise PlanError(f"stage {i} uses device {d!r}, which is not in cluster {plan.cluster.name!r}",
+                                "use device names from the plan's cluster")
+        if len(set(s.devices)) != len(s.devices):
+            raise PlanError(f"stage {i} lists a device twice: {list(s.devices)}", "list each device once")
+        if i >= k and tuple(s.devices) != tuple(stages[i % k].devices):
+            raise PlanError(f"stage {i} (chunk of device group {i % k}) runs on {list(s.devices)}, not on "
+                            f"{list(stages[i % k].devices)}", "chunk c runs on the devices of chunk c mod K")
+        if i < k:
+            for d in s.devices:
+                if d in owner:
+                    raise PlanError(f"device {d!r} is in stage {owner[d]} and stage {i}",
+                                    "each device belongs to one pipeline stage")
+                owner[d] = i
+
+
+def simulate(plan: ir.Plan, options: SimOptions | None = None) -> SimResult:
+    """Simulate one training iteration of ``plan`` (checked with :func:`validate_plan`)."""
+    from planner.costmodel import stage_costs  # type: ignore[import-not-found,unused-ignore]
+
+    validate_plan(plan)
+    costs = stage_costs(plan)
+    return simulate_costs(costs, plan.schedule, plan.microbatches, plan.virtual_stages, options)
