@@ -1,0 +1,198 @@
+"""``profile_model``: a loaded model -> a ModelProfile (measured on this machine, or analytic)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from typing import Any, Literal
+
+import torch
+
+from planner.errors import ProfileError, UsageError
+from planner.ir import LayerProfile, ModelProfile, Tie
+from planner.profiler.analytic import ANALYTIC_EFFICIENCY, analytic_time, resolve_device_flops
+from planner.profiler.flops import FLOP_COUNTER
+from planner.profiler.layers import LayeredModel, _rejects, split_model
+from planner.profiler.loader import LoadedModel, dtype_name
+from planner.profiler.measure import instrumented_pass, make_sync, median, timed_pass, whole_model_pass
+
+Progress = Callable[[int, int, str], None]
+"""progress(done, total, what): called as profiling advances."""
+
+DEFAULT_REPEATS = 3
+DEFAULT_WARMUP = 1
+
+
+@contextmanager
+def _threads(n: int | None) -> Any:
+    if n is None:
+        yield
+        return
+    if n < 1:
+        raise UsageError(f"--threads must be 1 or more, got {n}", "e.g. --threads 1")
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def _weight_share(facts_fwd: float, facts_bwd: float, params: int, input_grad: bool) -> float:
+    """Share of a layer's backward that computes weight gradients (zero-bubble schedules' W)."""
+    if params == 0 or facts_bwd <= 0:
+        return 0.0 if params == 0 else 0.5
+    if not input_grad:
+        return 1.0
+    return max(0.0, min(1.0, (facts_bwd - facts_fwd) / facts_bwd))
+
+
+def profile_model(
+    loaded: LoadedModel,
+    *,
+    mode: Literal["measured", "analytic"] | str = "measured",
+    device: str | None = None,
+    dtype: str | torch.dtype | None = None,
+    threads: int | None = None,
+    repeats: int = DEFAULT_REPEATS,
+    warmup: int = DEFAULT_WARMUP,
+    device_flops: str | float | None = None,
+    efficiency: float = ANALYTIC_EFFICIENCY,
+    progress: Progress | None = None,
+    layered: LayeredModel | None = None,
+) -> ModelProfile:
+    """Profile ``loaded`` layer by layer.
+
+    ``mode="measured"`` times every layer's forward and backward on the model's device
+    (``warmup`` passes, then the median of ``repeats``); ``device_flops`` defaults to the
+    FLOP/s achieved there. ``mode="analytic"`` computes times as FLOPs / (``device_flops``
+    x ``efficiency``) (default device: the RTX 2080Ti); load the model on ``device="meta"``
+    to make it without memory or compute. ``device``/``dtype`` only move/cast the model if
+    given. ``layered`` reuses a split already made.
+    """
+    if mode not in ("measured", "analytic"):
+        raise UsageError(f"unknown mode {mode!r}", "use --mode measured or --mode analytic")
+    if repeats < 1 or warmup < 0:
+        raise UsageError(f"--repeats must be 1 or more (got {repeats})", "e.g. --repeats 3")
+    if not 0 < efficiency <= 1:
+        raise UsageError(f"efficiency must be in (0, 1], got {efficiency}", "e.g. 0.5")
+    module, x = loaded.module, loaded.example_input
+    if device is not None and torch.device(device) != x.device:
+        module, x = module.to(device), x.to(device)
+    if dtype is not None:
+        from planner.profiler.loader import parse_dtype
+
+        tdtype = parse_dtype(dtype)
+        module = module.to(dtype=tdtype)
+        if x.is_floating_point():
+            x = x.to(tdtype)
+    dev = x.device
+    on_meta = dev.type == "meta"
+    if mode == "measured" and on_meta:
+        raise UsageError("measured mode needs a real device, the model is on 'meta'", "use --mode analytic")
+    flops_value, flops_label = resolve_device_flops(device_flops, default="rtx2080ti" if mode == "analytic" else None)
+    params = list(module.parameters())
+    sync = make_sync(dev)
+    start = time.perf_counter()
+    passes = (1 + warmup - 1 + repeats + 2) if mode == "measured" else 1
+    done = 0
+
+    def tick(what: str) -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, passes + 1, what)
+
+    with _threads(threads):
+        if progress is not None:
+            progress(0, passes + 1, "tracing")
+        lm = layered if layered is not None else split_model(module, x)
+        tick("traced")
+        try:
+            facts = instrumented_pass(lm.layers, x, params)
+        except ProfileError:
+            raise
+        except (RuntimeError, ValueError, IndexError, TypeError) as exc:
+            raise _rejects(x, exc) from None
+        tick("counted FLOPs and bytes")
+        n = len(lm)
+        fwd_times: list[list[float]] = [[] for _ in range(n)]
+        bwd_times: list[list[float]] = [[] for _ in range(n)]
+        whole: list[float] = []
+        if mode == "measured":
+            for _ in range(max(0, warmup - 1)):
+                timed_pass(lm.layers, x, params, sync)
+                tick("warm-up")
+            for _ in range(repeats):
+                f, b = timed_pass(lm.layers, x, params, sync)
+                for i in range(n):
+                    fwd_times[i].append(f[i])
+                    bwd_times[i].append(b[i])
+                tick("timing layers")
+            for _ in range(2):
+                whole.append(whole_model_pass(module, x, params, sync))
+                tick("timing the whole model")
+    elapsed = time.perf_counter() - start
+
+    total_flops = sum(f.forward_flops + f.backward_flops for f in facts)
+    if mode == "measured":
+        fwd_s = [median(t) for t in fwd_times]
+        bwd_s = [median(t) for t in bwd_times]
+        layer_sum = sum(fwd_s) + sum(bwd_s)
+        if flops_value is None:
+            flops_value = max(total_flops / layer_sum, 1.0) if layer_sum > 0 else 1.0
+            flops_label = "achieved"
+        device_name = "cpu" if dev.type == "cpu" else (
+            torch.cuda.get_device_name(dev) if dev.type == "cuda" else str(dev))
+    else:
+        assert flops_value is not None
+        fwd_s = [analytic_time(f.forward_flops, flops_value, efficiency) for f in facts]
+        bwd_s = [analytic_time(f.backward_flops, flops_value, efficiency) for f in facts]
+        layer_sum = sum(fwd_s) + sum(bwd_s)
+        device_name = flops_label
+    assert flops_value is not None
+
+    layers = []
+    for i, f in enumerate(facts):
+        share = _weight_share(f.forward_flops, f.backward_flops, lm.param_counts[i], f.input_requires_grad)
+        layers.append(LayerProfile(
+            name=lm.names[i], type=lm.types[i], forward_s=fwd_s[i], backward_s=bwd_s[i],
+            forward_flops=f.forward_flops, backward_flops=f.backward_flops,
+            param_count=lm.param_counts[i], param_bytes=lm.param_bytes[i],
+            output_bytes=f.output_bytes, saved_bytes=f.saved_bytes,
+            in_features=lm.in_features[i], out_features=lm.out_features[i],
+            backward_weight_s=bwd_s[i] * share, output_shape=f.output_shape,
+        ))
+    ties = tuple(Tie(t.name, t.layers, t.param_count, t.param_bytes) for t in lm.ties)
+    whole_s = median(whole) if whole else None
+    meta: dict[str, Any] = {
+        "tool": "planner profile",
+        "torch_version": torch.__version__,
+        "split_method": lm.method,
+        "flop_counter": FLOP_COUNTER,
+        "device_flops_source": flops_label,
+        "threads": torch.get_num_threads() if threads is None else threads,
+        "profiling_s": elapsed,
+    }
+    if mode == "measured":
+        meta.update({
+            "device_name": device_name,
+            "warmup": warmup,
+            "repeats": repeats,
+            "timing": "median of repeats; per-layer passes; CUDA synchronised" if dev.type == "cuda"
+            else "median of repeats; per-layer passes",
+            "whole_model_fwd_bwd_s": whole_s,
+            "sum_layers_fwd_bwd_s": layer_sum,
+            "profiling_cost_iterations": elapsed / whole_s if whole_s else None,
+        })
+    else:
+        meta.update({"efficiency": efficiency, "time_formula": "flops / (device_flops * efficiency)"})
+    return ModelProfile(
+        model=loaded.name, batch_size=int(x.shape[0]), dtype=dtype_name(x.dtype if x.is_floating_point()
+                                                                         else next(iter(params)).dtype
+                                                                         if params else torch.float32),
+        mode=mode, device=device_name if mode == "analytic" else ("cpu" if dev.type == "cpu" else str(dev.type)),
+        device_flops=float(flops_value), layers=tuple(layers), input_shape=tuple(x.shape[1:]),
+        input_bytes=x.numel() * x.element_size(), ties=ties, meta=meta,
+    )

@@ -1,0 +1,47 @@
+"""FLOP counting: ``torch.utils.flop_counter.FlopCounterMode`` plus the ops it misses.
+
+Which counter and why: fvcore's ``FlopCountAnalysis`` traces the forward only (no backward
+FLOPs) and has no handle for ``scaled_dot_product_attention``; torch's ``FlopCounterMode``
+counts forward and backward at the aten level (mm, addmm, bmm, baddbmm, convolution and its
+backward, the CUDA SDPA kernels) but misses the CPU SDPA kernel
+(``aten._scaled_dot_product_flash_attention_for_cpu`` and its backward), which we add with
+torch's own SDPA formulas. So the counts here cover convolutions, linear layers, matmuls and
+attention, forward and backward, on CPU, CUDA and the meta device. Like both counters,
+element-wise ops (ReLU, batch and layer norm, softmax outside SDPA, pooling) count zero:
+they are a small share of the FLOPs of the zoo models (well under 1%) but not of their time,
+which is why measured times, not FLOPs, are the reference. Attention is counted without
+causal masking (full S x S), as torch does. One multiply-add is 2 FLOPs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+
+FLOP_COUNTER = "torch.utils.flop_counter.FlopCounterMode + CPU SDPA formulas"
+
+
+def _cpu_sdpa(query: Any, key: Any, value: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    return int(sdpa_flop_count(query, key, value))
+
+
+def _cpu_sdpa_backward(grad_out: Any, query: Any, key: Any, value: Any, *args: Any, out_shape: Any = None,
+                       **kwargs: Any) -> int:
+    return int(sdpa_backward_flop_count(grad_out, query, key, value))
+
+
+def _custom_mapping() -> dict[Any, Any]:
+    aten = torch.ops.aten
+    mapping: dict[Any, Any] = {}
+    if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
+        mapping[aten._scaled_dot_product_flash_attention_for_cpu] = _cpu_sdpa
+    if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward"):
+        mapping[aten._scaled_dot_product_flash_attention_for_cpu_backward] = _cpu_sdpa_backward
+    return mapping
+
+
+def flop_counter() -> FlopCounterMode:
+    """A silent FlopCounterMode that also counts the CPU SDPA kernels."""
+    return FlopCounterMode(display=False, custom_mapping=_custom_mapping())

@@ -1,0 +1,97 @@
+"""Terminal output of ``planner profile``: a progress bar while measuring, a summary table after."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from rich.console import Console
+
+from planner.ir import ModelProfile
+
+
+def stderr_console() -> Console:
+    """A console on stderr, wide enough for the layer table even when stderr is not a terminal."""
+    console = Console(stderr=True, highlight=False)
+    if not console.is_terminal:
+        console = Console(stderr=True, highlight=False, width=160)
+    return console
+
+
+@contextmanager
+def progress_bar(title: str) -> Iterator[Callable[[int, int, str], None]]:
+    """A rich progress bar on stderr; yields the ``progress(done, total, what)`` callback."""
+    console = stderr_console()
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TaskProgressColumn(),
+                  TextColumn("{task.fields[what]}"), TimeElapsedColumn(), console=console,
+                  transient=True) as bar:
+        task = bar.add_task(title, total=1, what="")
+
+        def update(done: int, total: int, what: str) -> None:
+            bar.update(task, completed=done, total=total, what=what)
+
+        yield update
+
+
+def _si(value: float, unit: str) -> str:
+    for factor, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.2f} {prefix}{unit}"
+    return f"{value:.0f} {unit}"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f}"
+
+
+def summary_table(profile: ModelProfile, max_rows: int = 60) -> Table:
+    """One row per layer (elided in the middle past ``max_rows``) and a total row."""
+    mode = profile.mode
+    table = Table(title=f"{profile.model}: {len(profile.layers)} layers, batch {profile.batch_size}, "
+                        f"{profile.dtype}, {mode} on {profile.device} ({_si(profile.device_flops, 'FLOP/s')})",
+                  title_justify="left")
+    for col, justify in (("#", "right"), ("layer", "left"), ("type", "left"), ("fwd ms", "right"),
+                         ("bwd ms", "right"), ("FLOPs f+b", "right"), ("params", "right"), ("output", "right"),
+                         ("saved", "right"), ("in→out", "right")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    rows = list(enumerate(profile.layers))
+    if len(rows) > max_rows:
+        half = max_rows // 2
+        rows = rows[:half] + [(-1, None)] + rows[-half:]  # type: ignore[list-item]
+    for i, layer in rows:
+        if layer is None:
+            table.add_row("…", "…", "", "", "", "", "", "", "", "")
+            continue
+        shape = "" if layer.in_features is None else f"{layer.in_features}→{layer.out_features}"
+        table.add_row(str(i), layer.name, layer.type, _ms(layer.forward_s), _ms(layer.backward_s),
+                      _si(layer.forward_flops + layer.backward_flops, ""), f"{layer.param_count:,}",
+                      _si(layer.output_bytes, "B"), _si(layer.saved_bytes, "B"), shape)
+    ls = profile.layers
+    table.add_section()
+    table.add_row("", "total", "", _ms(sum(x.forward_s for x in ls)), _ms(sum(x.backward_s for x in ls)),
+                  _si(sum(x.forward_flops + x.backward_flops for x in ls), ""), f"{profile.param_count:,}",
+                  "", _si(sum(x.saved_bytes for x in ls), "B"), "")
+    return table
+
+
+def print_summary(profile: ModelProfile, output: str | None) -> None:
+    console = stderr_console()
+    console.print(summary_table(profile))
+    meta = profile.meta
+    notes = []
+    if profile.ties:
+        notes.append("tied: " + ", ".join(f"{t.name} (layers {', '.join(map(str, t.layers))})" for t in profile.ties))
+    whole = meta.get("whole_model_fwd_bwd_s")
+    if whole:
+        total = sum(x.forward_s + x.backward_s for x in profile.layers)
+        notes.append(f"whole model fwd+bwd {whole * 1e3:.1f} ms; layers sum {total * 1e3:.1f} ms "
+                     f"({total / whole:.2f}x); profiling took {meta.get('profiling_s', 0):.1f} s")
+    if profile.mode == "analytic":
+        notes.append(f"times = FLOPs / ({_si(profile.device_flops, 'FLOP/s')} x efficiency {meta.get('efficiency')})")
+    if output:
+        notes.append(f"wrote {output}")
+    for note in notes:
+        console.print(note)
