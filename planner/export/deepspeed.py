@@ -1,0 +1,296 @@
+"""Plan -> DeepSpeed: a ``PipelineModule`` with exactly the plan's stages, and its config.
+
+DeepSpeed's ``PipelineModule`` picks stage boundaries itself (``partition_method``:
+``uniform``, ``parameters``, ``type:regex``); none can express an explicit split. We
+subclass it and override ``_partition_layers`` so that ``parts`` are the plan's boundaries
+(pinned by tests/test_export_deepspeed.py, which checks each rank's layer range).
+
+Topology: ``PipeDataParallelTopology(num_pp=K, num_dp=W)``; DeepSpeed orders ranks with
+the data axis fastest, so stage ``s``'s devices ``stage.devices[j]`` are global ranks
+``s * W + j``. What DeepSpeed can run: every stage the same width ``W``, every layer in the
+``dp`` form (DeepSpeed's pipeline has no tensor-split layers), schedule ``gpipe`` or
+``1f1b`` (DeepSpeed runs its own 1F1B ``TrainSchedule``; losses and gradients are the same
+as GPipe's, only the order of work differs). Anything else is refused with ExportError.
+
+Tied weights (a parameter object used by several layers, GPT-2's ``wte``/``lm_head``) go
+through ``TiedLayerSpec``: the layers of one tie group live in one holder module that every
+stage owning one of them builds; each position runs its own member, and DeepSpeed
+broadcasts the tied weights at start and all-reduces their gradients between the stages
+(``allreduce_tied_weight_gradients``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+
+from planner import ir
+from planner.errors import ExportError
+from planner.export import common
+
+SCHEDULES = ("gpipe", "1f1b")
+
+
+def check_plan(plan: ir.Plan) -> int:
+    """Refuse what DeepSpeed cannot run; return the data-parallel width."""
+    width = common.check_common(plan, "deepspeed")
+    for i, st in enumerate(plan.stages):
+        for j, form in enumerate(st.forms):
+            if form != "dp":
+                raise ExportError(
+                    f"stage {i} runs layer {st.layers[0] + j} in the {form} form, which DeepSpeed's pipeline "
+                    "cannot run (data parallel only)",
+                    "search a runnable plan with `planner search --engine deepspeed`, or export --to torch")
+    if plan.schedule not in SCHEDULES or plan.virtual_stages != 1:
+        raise ExportError(f"schedule {plan.schedule!r} has no DeepSpeed equivalent (DeepSpeed runs 1F1B)",
+                          "search with `planner search --engine deepspeed --schedule 1f1b`")
+    return width
+
+
+def ds_config(plan: ir.Plan, lr: float | None = None) -> dict[str, Any]:
+    """The DeepSpeed config: micro-batch per GPU, accumulation = micro-batches, a torch optimizer.
+
+    FusedAdam is never built: Adam is selected with ``torch_adam`` (and ``adam_w_mode``
+    off, so it is ``torch.optim.Adam``); the other optimizers are torch.optim classes.
+    """
+    width = check_plan(plan)
+    lr = common.DEFAULT_LR[plan.optimizer] if lr is None else lr
+    optimizers: dict[str, dict[str, Any]] = {
+        "sgd": {"type": "SGD", "params": {"lr": lr}},
+        "momentum": {"type": "SGD", "params": {"lr": lr, "momentum": 0.9}},
+        "adam": {"type": "Adam", "params": {"lr": lr, "torch_adam": True, "adam_w_mode": False}},
+        "rmsprop": {"type": "RMSprop", "params": {"lr": lr}},
+    }
+    return {
+        "train_batch_size": plan.batch_size,
+        "train_micro_batch_size_per_gpu": common.micro_batch_size(plan, width),
+        "gradient_accumulation_steps": plan.microbatches,
+        "optimizer": optimizers[plan.optimizer],
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+        "zero_optimization": {"stage": 0},
+    }
+
+
+class TieHolder(nn.Module):
+    """The layers of one tie group, built as one DeepSpeed tied module."""
+
+    def __init__(self, members: Sequence[nn.Module]) -> None:
+        super().__init__()
+        self.members = nn.ModuleList(members)
+
+
+class _RunMember:
+    """DeepSpeed calls ``forward_fn(tied_module, x)``: run member ``j`` of the holder."""
+
+    def __init__(self, j: int) -> None:
+        self.j = j
+        self.__name__ = f"tied_member_{j}"
+
+    def __call__(self, holder: TieHolder, x: Any) -> Any:
+        return holder.members[self.j](x)
+
+
+def tie_groups(layers: Sequence[nn.Module]) -> list[tuple[list[int], list[str]]]:
+    """Connected groups of layers that share parameters, and the shared names in a holder."""
+    ties = common.find_ties(layers)
+    parent: dict[int, int] = {}
+
+    def find(i: int) -> int:
+        while parent.setdefault(i, i) != i:
+            i = parent[i]
+        return i
+
+    for t in ties:
+        for i in t.layers[1:]:
+            parent[find(i)] = find(t.layers[0])
+    groups: dict[int, list[int]] = {}
+    for t in ties:
+        for i in t.layers:
+            members = groups.setdefault(find(i), [])
+            if i not in members:
+                members.append(i)
+    out = []
+    for root, members in sorted(groups.items()):
+        members.sort()
+        attrs = [f"members.{members.index(t.layers[0])}.{t.paths[0]}" for t in ties if find(t.layers[0]) == root]
+        out.append((members, attrs))
+    return out
+
+
+def layer_specs(layers: Sequence[nn.Module]) -> list[Any]:
+    """Layers as DeepSpeed sees them: plain modules, and TiedLayerSpec for tied ones."""
+    from deepspeed.pipe import TiedLayerSpec
+
+    specs: list[Any] = list(layers)
+    for g, (members, attrs) in enumerate(tie_groups(layers)):
+        group = [layers[i] for i in members]
+        for j, i in enumerate(members):
+            specs[i] = TiedLayerSpec(f"tie{g}", TieHolder, group, forward_fn=_RunMember(j), tied_weight_attr=attrs)
+    return specs
+
+
+def _explicit_class() -> type:
+    from deepspeed.pipe import PipelineModule
+
+    class ExplicitPipelineModule(PipelineModule):  # type: ignore[misc]
+        """A PipelineModule whose stage boundaries are given, not computed."""
+
+        def __init__(self, layers: Sequence[Any], parts: Sequence[int], **kwargs: Any) -> None:
+            object.__setattr__(self, "_explicit_parts", list(parts))
+            super().__init__(layers, partition_method="uniform", **kwargs)
+
+        def _partition_layers(self, method: str = "uniform") -> None:
+            parts = object.__getattribute__(self, "_explicit_parts")
+            if len(parts) != self.num_stages + 1 or parts[-1] != len(self._layer_specs):
+                raise ExportError(f"stage boundaries {parts} do not fit {self.num_stages} stages of "
+                                  f"{len(self._layer_specs)} layers", "re-run planner search")
+            self.parts = list(parts)
+            stage_id = self._topo.get_coord(self.global_rank).pipe
+            self._set_bounds(start=self.parts[stage_id], stop=self.parts[stage_id + 1])
+
+    return ExplicitPipelineModule
+
+
+_CLASS: list[type] = []
+
+
+def build_pipeline_module(model_or_layers: Any, plan: ir.Plan,
+                          loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | str = "cross_entropy",
+                          example_input: torch.Tensor | None = None) -> Any:
+    """A DeepSpeed ``PipelineModule`` over exactly the profile's layers and the plan's stages.
+
+    Needs ``torch.distributed`` initialised with ``len(plan.stages) * width`` processes.
+    A stage with ``recompute`` checkpoints its layers' activations.
+    """
+    from deepspeed.runtime.pipe.topology import PipeDataParallelTopology
+
+    width = check_plan(plan)
+    layers = common.as_layers(model_or_layers, example_input)
+    common.check_layers_match(layers, plan.profile, ExportError)
+    if isinstance(loss_fn, str):
+        loss_fn = common.make_loss(loss_fn)
+    if not _CLASS:
+        _CLASS.append(_explicit_class())
+    topo = PipeDataParallelTopology(num_pp=len(plan.stages), num_dp=width)
+    rank = torch.distributed.get_rank()
+    stage = plan.stages[topo.get_coord(rank).pipe]
+    interval = (stage.layers[1] - stage.layers[0]) if stage.recompute else 0
+    ckpt = partial(torch.utils.checkpoint.checkpoint, use_reentrant=False)
+    return _CLASS[0](layer_specs(layers), common.boundaries(plan), topology=topo, loss_fn=loss_fn,
+                     activation_checkpoint_interval=interval, activation_checkpoint_func=ckpt)
+
+
+SCRIPT = '''\
+#!/usr/bin/env python
+"""Train the plan in plan.json on DeepSpeed's pipeline engine (written by `planner export`).
+
+Plan: {model}, {stages} stages x {width} data-parallel = {world} processes, config {config},
+schedule {schedule} (DeepSpeed runs 1F1B), {micro} micro-batches of {mb} samples per process,
+batch {batch}. Stage boundaries (layer index ranges): {ranges}.
+
+Run with either launcher (CPU: gloo; GPU: nccl):
+    torchrun --standalone --nproc_per_node {world} train.py [--model MODEL] [--steps N]
+    deepspeed --num_gpus {world} train.py [--model MODEL] [--steps N]
+
+What it does:
+  1. builds the model MODEL (default: the profiled one, {model!r}) and splits it into exactly
+     the layers that were profiled (planner.profiler.layers.split_model);
+  2. wraps them in a DeepSpeed PipelineModule whose stage boundaries are the plan's
+     (planner.export.deepspeed.build_pipeline_module overrides DeepSpeed's partitioning),
+     on a PipeDataParallelTopology(num_pp={stages}, num_dp={width});
+  3. trains with ds_config.json (micro-batch size, gradient accumulation = micro-batches,
+     the plan's optimizer) on synthetic data of the profiled input shape.
+Replace `batches()` with your data loader: each process yields (inputs, labels) per micro-batch.
+"""
+import argparse
+import json
+import os
+from pathlib import Path
+
+import deepspeed
+import torch
+
+from planner import ir
+from planner.export import common
+from planner.export.deepspeed import build_pipeline_module
+from planner.runner import load_layers
+
+HERE = Path(__file__).resolve().parent
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default={model!r})
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--loss", default="cross_entropy", choices=common.LOSSES)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--local_rank", type=int, default=-1)  # set by the deepspeed launcher
+    args = ap.parse_args()
+    plan = ir.Plan.from_dict(json.loads((HERE / "plan.json").read_text()))
+    config = json.loads((HERE / "ds_config.json").read_text())
+    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+    torch.manual_seed(args.seed)
+    layers, example = load_layers(args.model, plan)
+    spec = common.data_spec(layers, example, args.loss)
+    module = build_pipeline_module(layers, plan, args.loss)
+    engine, _, _, _ = deepspeed.initialize(model=module, config=config,
+                                           model_parameters=[p for p in module.parameters() if p.requires_grad])
+    replica, width = engine.grid.get_data_parallel_rank(), engine.grid.get_data_parallel_world_size()
+
+    def batches(step: int):
+        x, y = spec.batch(step, plan.batch_size, args.seed)
+        for m in range(plan.microbatches):
+            yield (common.sub_batch(x, m, replica, plan.microbatches, width),
+                   common.sub_batch(y, m, replica, plan.microbatches, width))
+
+    for step in range(args.steps):
+        loss = engine.train_batch(data_iter=batches(step))
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"step {{step}} loss {{float(loss):.6f}}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def script_text(plan: ir.Plan) -> str:
+    width = check_plan(plan)
+    return SCRIPT.format(model=plan.model, stages=len(plan.stages), width=width, world=plan.world_size,
+                         config=plan.config, schedule=plan.schedule, micro=plan.microbatches,
+                         mb=common.micro_batch_size(plan, width), batch=plan.batch_size,
+                         ranges=", ".join(f"[{a}, {b})" for a, b in common.ranges(plan)))
+
+
+def make_trainer(layers: Sequence[nn.Module], plan: ir.Plan, loss: str,
+                 lr: float | None = None) -> Callable[[torch.Tensor, torch.Tensor], float]:
+    """A DeepSpeed pipeline engine for ``plan``; returns ``step(x, y) -> mean loss`` on the global batch.
+
+    Each data-parallel replica takes its share of every micro-batch (common.sub_batch);
+    ``train_batch`` returns the loss averaged over micro-batches and replicas.
+    """
+    import logging
+
+    import deepspeed
+    from deepspeed.utils import logger
+
+    logger.setLevel(logging.WARNING)
+    module = build_pipeline_module(list(layers), plan, loss)
+    engine, _, _, _ = deepspeed.initialize(model=module, config=ds_config(plan, lr),
+                                           model_parameters=[p for p in module.parameters() if p.requires_grad])
+    replica = engine.grid.get_data_parallel_rank()
+    width = engine.grid.get_data_parallel_world_size()
+    m = plan.microbatches
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> float:
+        dev = engine.device
+        batches = [(common.sub_batch(x, i, replica, m, width).to(dev), common.sub_batch(y, i, replica, m, width).to(dev))
+                   for i in range(m)]
+        return float(engine.train_batch(data_iter=iter(batches)))
+
+    return step

@@ -1,0 +1,321 @@
+"""`planner run`: train a plan for real under torchrun, measure it, compare with the prediction.
+
+The parent (:func:`run_plan`) checks everything it can before starting processes (engine
+installed, plan runnable on it, model matching the plan's profile, world size startable),
+then launches ``torchrun --standalone --nproc_per_node W -m planner.runner`` in its own
+process group (gloo on CPU, nccl on CUDA). Each worker builds the model from the same seed,
+splits it into the profiled layers, builds the engine's pipeline (planner.export.deepspeed or
+planner.export.torch), trains ``steps`` steps on synthetic data of the profile's input shape
+(the same data on every process: a seeded generator per step) and times every step between
+barriers (the slowest rank counts). Rank 0 writes the losses and times as JSON.
+
+On error or timeout the whole process group is killed, and the cause is the worker's own
+message (each worker writes ``error-rank<N>.txt`` before it exits; else the last error line
+of the workers' output). ``--check`` trains the unsplit model in this process on the same data
+with the same initial weights, micro-batch by micro-batch (so that batch-norm sees the same
+samples), and reports the largest relative difference of the per-step losses.
+
+Dropout is switched off in every run (synthetic data; equivalence needs a deterministic
+forward).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from planner import ir
+from planner.errors import PlannerError, RunError
+from planner.export import common
+
+DEFAULT_TIMEOUT_S = 900
+
+
+# ----------------------------------------------------------------------------- model
+
+
+def load_layers(spec: str, plan: ir.Plan, seed: int | None = None) -> tuple[tuple[nn.Module, ...], torch.Tensor]:
+    """Build ``spec`` (zoo name or package.module:factory) and split it into the profiled layers.
+
+    The layers are checked against the plan's profile (count and parameters per layer).
+    """
+    if seed is not None:
+        torch.manual_seed(seed)
+    loader = importlib.import_module("planner.profiler.loader")
+    loaded = loader.load_model(spec, plan.batch_size, plan.profile.input_shape)
+    layers = common.as_layers(loaded.module, loaded.example_input)
+    common.check_layers_match(layers, plan.profile, RunError)
+    return layers, loaded.example_input
+
+
+def engine_available(engine: str) -> None:
+    if engine not in common.ENGINES:
+        raise RunError(f"unknown engine {engine!r}", f"use one of {', '.join(common.ENGINES)}")
+    if engine == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
+        raise RunError("engine deepspeed is not installed", "pip install 'planner[deepspeed]', or use --engine torch")
+    if engine == "torch" and importlib.util.find_spec("torch.distributed.pipelining") is None:
+        raise RunError(f"torch {torch.__version__} has no torch.distributed.pipelining",
+                       "install torch 2.4 or newer, or use --engine deepspeed")
+
+
+def engine_module(engine: str) -> Any:
+    return importlib.import_module(f"planner.export.{engine}")
+
+
+def max_world_size() -> int:
+    """Processes this machine can start: one per GPU on CUDA, four per core on CPU (gloo)."""
+    if torch.cuda.is_available():
+        return torch.cuda.device_count()
+    return 4 * (os.cpu_count() or 1)
+
+
+# ----------------------------------------------------------------------------- reference
+
+
+def reference_losses(layers: tuple[nn.Module, ...], plan: ir.Plan, spec: common.DataSpec, steps: int, seed: int,
+                     width: int, lr: float | None = None) -> list[float]:
+    """Train the unsplit model in this process: the same micro-batches, mean loss, one step per batch."""
+    common.disable_dropout(nn.Sequential(*layers))
+    model = nn.Sequential(*layers).train()
+    loss_fn = common.make_loss(spec.loss)
+    params = list({id(p): p for p in model.parameters()}.values())
+    opt = common.torch_optimizer(plan.optimizer, params, common.DEFAULT_LR[plan.optimizer] if lr is None else lr)
+    m, pieces = plan.microbatches, plan.microbatches * width
+    out = []
+    for step in range(steps):
+        x, y = spec.batch(step, plan.batch_size, seed)
+        opt.zero_grad()
+        total = 0.0
+        for mb in range(m):
+            for w in range(width):
+                loss = loss_fn(model(common.sub_batch(x, mb, w, m, width)), common.sub_batch(y, mb, w, m, width))
+                (loss / pieces).backward()
+                total += float(loss.detach())
+        opt.step()
+        out.append(total / pieces)
+    return out
+
+
+def max_rel_diff(a: list[float], b: list[float]) -> float:
+    return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b, strict=True))
+
+
+# ----------------------------------------------------------------------------- parent
+
+
+def run_plan(plan: ir.Plan, model: str, *, engine: str = "deepspeed", steps: int = 10, warmup: int = 2,
+             loss: str = "cross_entropy", check: bool = False, seed: int = 0, threads: int | None = None,
+             timeout_s: float = DEFAULT_TIMEOUT_S, log: Any = None) -> dict[str, Any]:
+    """Train ``plan`` for real with ``engine``; the run JSON of DESIGN.md section 4."""
+    if steps < 1 or warmup < 0 or warmup >= steps:
+        raise RunError(f"--steps {steps} with {warmup} warm-up steps leaves nothing to measure",
+                       "use more steps than warm-up steps")
+    if loss not in common.LOSSES:
+        raise RunError(f"unknown loss {loss!r}", f"use one of {', '.join(common.LOSSES)}")
+    engine_available(engine)
+    width = engine_module(engine).check_plan(plan)
+    world = plan.world_size
+    limit = max_world_size()
+    if world > limit:
+        where = f"{limit} CUDA devices" if torch.cuda.is_available() else f"{os.cpu_count()} cores (limit {limit})"
+        raise RunError(f"the plan needs {world} processes; this machine can start {limit} ({where})",
+                       "search a plan for a smaller cluster (planner calibrate --nproc N)")
+    threads = threads or max(1, (os.cpu_count() or 1) // world)
+    torch.set_num_threads(max(1, threads))
+    layers, example = load_layers(model, plan, seed)
+    spec = common.data_spec(layers, example, loss)
+
+    with tempfile.TemporaryDirectory(prefix="planner-run-") as tmp:
+        plan_path = Path(tmp) / "plan.json"
+        plan_path.write_text(json.dumps(plan.to_dict()))
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
+               "-m", "planner.runner", "--plan", str(plan_path), "--model", model, "--engine", engine,
+               "--steps", str(steps), "--loss", loss, "--seed", str(seed), "--threads", str(threads),
+               "--out", tmp]
+        env = dict(os.environ)
+        env["OMP_NUM_THREADS"] = str(threads)
+        env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), *filter(None, [env.get("PYTHONPATH")])])
+        env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "torch_extensions"))
+        env.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
+        env.setdefault("TORCHELASTIC_ERROR_FILE", str(Path(tmp) / "elastic-error.json"))
+        log_path = Path(tmp) / "workers.log"
+        with open(log_path, "wb") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=env, start_new_session=True)
+            try:
+                rc = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                _kill_group(proc)
+                raise RunError(f"the workers did not finish within {timeout_s:.0f} s "
+                               f"({_last_lines(log_path)})", "use fewer --steps or a smaller model") from None
+            except BaseException:
+                _kill_group(proc)
+                raise
+            finally:
+                _kill_group(proc)
+        text = log_path.read_text(errors="replace")
+        if log is not None:
+            log.write(text)
+        if rc != 0:
+            raise RunError(f"a worker failed: {_worker_cause(Path(tmp), text)}",
+                           "the cause is the worker's own message; fix it, or rerun with PLANNER_DEBUG=1 "
+                           "to see the workers' output")
+        result_path = Path(tmp) / "result.json"
+        if not result_path.exists():
+            raise RunError(f"the workers exited without a result ({_last_lines(log_path)})", "report this")
+        res = json.loads(result_path.read_text())
+
+    times = res["iteration_s"]
+    doc: dict[str, Any] = {
+        "engine": engine, "world_size": world, "model": model, "config": plan.config, "schedule": plan.schedule,
+        "microbatches": plan.microbatches, "batch_size": plan.batch_size, "steps": steps, "warmup": warmup,
+        "threads": threads, "measured_iteration_s": statistics.median(times[warmup:]),
+        "predicted_iteration_s": plan.predicted.iteration_s, "iteration_times_s": times,
+        "losses": res["losses"],
+    }
+    doc["ratio"] = doc["measured_iteration_s"] / doc["predicted_iteration_s"] if plan.predicted.iteration_s else None
+    if check:
+        ref = reference_losses(layers, plan, spec, steps, seed, width)
+        doc["reference_losses"] = ref
+        doc["max_rel_loss_diff"] = max_rel_diff(res["losses"], ref)
+    return doc
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """Terminate the workers' process group (torchrun and every worker), then make sure."""
+    try:
+        pgid = os.getpgid(proc.pid)
+    except ProcessLookupError:
+        pgid = proc.pid
+    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            break
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pgid, 0)
+            except (ProcessLookupError, PermissionError):
+                break
+            if proc.poll() is not None:
+                # the leader is reaped; members of the group may remain: probe again shortly
+                time.sleep(0.05)
+            else:
+                time.sleep(0.05)
+        else:
+            continue
+        break
+    if proc.poll() is None:
+        proc.wait()
+
+
+def _last_lines(path: Path, n: int = 3) -> str:
+    try:
+        lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return "no output"
+    return " | ".join(lines[-n:]) if lines else "no output"
+
+
+def _worker_cause(tmp: Path, text: str) -> str:
+    errors = sorted(tmp.glob("error-rank*.txt"), key=lambda p: int(p.stem.split("rank")[1]))
+    if errors:
+        first = errors[0]
+        return f"rank {first.stem.split('rank')[1]}: {first.read_text().strip()}"
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if ("Error" in ln or "error" in ln) and not ln.startswith(("File ", "[")):
+            return ln
+    for ln in reversed(lines):
+        if "Signal" in ln or "signal" in ln or "exitcode" in ln:
+            return ln
+    return lines[-1] if lines else "no output"
+
+
+# ----------------------------------------------------------------------------- worker
+
+
+def _worker(args: argparse.Namespace) -> None:
+    rank = int(os.environ.get("RANK", "0"))
+    torch.set_num_threads(args.threads)
+    plan = ir.Plan.from_dict(json.loads(Path(args.plan).read_text()))
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if args.engine == "deepspeed":
+        import deepspeed
+        import deepspeed.comm.torch  # noqa: F401  (the name is shadowed by torch in deepspeed.comm)
+
+        # DeepSpeed's CPU accelerator JIT-builds a shared-memory all-reduce op (~35 s) at its
+        # first init_distributed; it only speeds up inference collectives, so skip it.
+        sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
+        deepspeed.init_distributed(dist_backend=backend)
+    else:
+        torch.distributed.init_process_group(backend)
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    layers, example = load_layers(args.model, plan, args.seed)
+    for layer in layers:
+        common.disable_dropout(layer)
+    spec = common.data_spec(layers, example, args.loss)
+    step_fn = engine_module(args.engine).make_trainer(layers, plan, spec.loss)
+    data = [spec.batch(s, plan.batch_size, args.seed) for s in range(args.steps)]
+    losses, times = [], []
+    for s in range(args.steps):
+        torch.distributed.barrier()
+        t0 = time.perf_counter()
+        loss = step_fn(*data[s])
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        losses.append(loss)
+    t = torch.tensor(times, dtype=torch.float64)
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    if rank == 0:
+        (Path(args.out) / "result.json").write_text(json.dumps({"losses": losses, "iteration_s": t.tolist()}))
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m planner.runner", description="planner run's worker (torchrun)")
+    ap.add_argument("--plan", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--engine", choices=common.ENGINES, required=True)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--loss", default="cross_entropy")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    rank = os.environ.get("RANK", "0")
+    try:
+        _worker(args)
+    except BaseException as exc:
+        cause = exc.cause if isinstance(exc, PlannerError) else f"{type(exc).__name__}: {exc}".strip()
+        first = cause.splitlines()[0] if cause else type(exc).__name__
+        try:
+            (Path(args.out) / f"error-rank{rank}.txt").write_text(first)
+        except OSError:
+            pass
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+
+
+if __name__ == "__main__":
+    main()
