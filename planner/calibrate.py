@@ -1,0 +1,169 @@
+"""`planner calibrate`: measure this machine as a cluster of P processes (one "GPU" each).
+
+* Compute: ``flops`` per device is the FLOP/s one process reaches with ``threads`` threads
+  on a matmul and a convolution benchmark (the median of the two). A measured profile's
+  ``device_flops`` is the FLOP/s its model reached; ``--match-profile PROFILE`` takes that
+  figure instead, so that the cost model's scale ``device_flops / flops`` is exactly 1 and a
+  plan's prediction uses the profile's measured times unchanged.
+* Links: point-to-point latency (half the round trip of a 4-byte message) and bandwidth
+  (a 16 MiB message one way, latency removed) between ranks 0 and 1 over gloo, with all P
+  processes running; and an all-reduce of 4 MiB over all P, reported with the bandwidth a
+  ring all-reduce ``2(n-1)/n * S/B + 2(n-1) * alpha`` would need to match it (``meta``).
+* Memory: the machine's memory divided among the P processes.
+
+The result is a cluster JSON (kind cluster, version 1) with one node ``cpu`` of P devices
+``cpu0..cpu{P-1}``; ``inter_node`` repeats ``intra_node`` (there is one node).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from planner import ir
+from planner.errors import PlannerError, UsageError
+
+
+def _median_time(fn: Any, repeats: int = 7, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure_flops(threads: int = 1) -> dict[str, float]:
+    """FLOP/s of a 512x512 fp32 matmul and of a 3x3 convolution at ``threads`` threads."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.no_grad():
+            a, b = torch.randn(512, 512), torch.randn(512, 512)
+            mm = 2 * 512**3 / _median_time(lambda: a @ b)
+            x, w = torch.randn(8, 64, 32, 32), torch.randn(64, 64, 3, 3)
+            conv_flops = 2 * 8 * 64 * 32 * 32 * 64 * 9
+            conv = conv_flops / _median_time(lambda: torch.nn.functional.conv2d(x, w, padding=1))
+    finally:
+        torch.set_num_threads(old)
+    return {"matmul_flops": mm, "conv_flops": conv, "flops": statistics.median([mm, conv])}
+
+
+def _worker(rank: int, world: int, init: str, threads: int, out: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(threads)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    res: dict[str, float] = {}
+    small = torch.zeros(1)
+    big = torch.zeros(4 * 1024 * 1024)  # 16 MiB
+
+    def pingpong(t: torch.Tensor) -> None:
+        if rank == 0:
+            dist.send(t, 1)
+            dist.recv(t, 1)
+        elif rank == 1:
+            dist.recv(t, 0)
+            dist.send(t, 0)
+
+    for _ in range(3):
+        pingpong(small)
+        pingpong(big)
+    dist.barrier()
+    lat, bw = [], []
+    for _ in range(20):
+        t0 = time.perf_counter()
+        pingpong(small)
+        lat.append((time.perf_counter() - t0) / 2)
+    for _ in range(5):
+        t0 = time.perf_counter()
+        pingpong(big)
+        bw.append((time.perf_counter() - t0) / 2)
+    latency = statistics.median(lat)
+    one_way = statistics.median(bw)
+    res["latency_s"] = latency
+    res["bandwidth_Bps"] = big.numel() * 4 / max(one_way - latency, 1e-9)
+    dist.barrier()
+    ar = torch.zeros(1024 * 1024)  # 4 MiB
+    for _ in range(2):
+        dist.all_reduce(ar)
+    times = []
+    for _ in range(5):
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(ar)
+        times.append(time.perf_counter() - t0)
+    t_ar = statistics.median(times)
+    n, size = world, ar.numel() * 4
+    res["allreduce_bytes"] = size
+    res["allreduce_s"] = t_ar
+    beta_time = max(t_ar - 2 * (n - 1) * latency, 1e-9)
+    res["allreduce_ring_bandwidth_Bps"] = 2 * (n - 1) / n * size / beta_time
+    if rank == 0:
+        import json
+
+        Path(out).write_text(json.dumps(res))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def measure_links(nproc: int, threads: int) -> dict[str, float]:
+    """p2p latency/bandwidth and all-reduce over gloo with ``nproc`` processes."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory(prefix="planner-calibrate-") as tmp:
+        out = os.path.join(tmp, "links.json")
+        init = "file://" + os.path.join(tmp, "store")
+        try:
+            mp.start_processes(_worker, args=(nproc, init, threads, out), nprocs=nproc, join=True,
+                               start_method="spawn")
+        except Exception as exc:
+            raise PlannerError(f"calibration workers failed: {str(exc).strip().splitlines()[-1]}",
+                               "try fewer --nproc") from None
+        import json
+
+        return json.loads(Path(out).read_text())  # type: ignore[no-any-return]
+
+
+def machine_memory_bytes() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def calibrate(nproc: int, threads: int = 1, name: str | None = None,
+              profile: ir.ModelProfile | None = None) -> tuple[ir.Cluster, dict[str, Any]]:
+    """Measure this machine as ``nproc`` devices; ``profile`` pins ``flops`` to its device_flops."""
+    if nproc < 2:
+        raise UsageError(f"--nproc must be 2 or more to measure links, got {nproc}", "use --nproc 2")
+    if threads < 1:
+        raise UsageError(f"--threads must be positive, got {threads}", "use --threads 1")
+    compute = measure_flops(threads)
+    links = measure_links(nproc, threads)
+    flops = profile.device_flops if profile is not None else compute["flops"]
+    memory = machine_memory_bytes() // nproc
+    link = ir.Link(links["bandwidth_Bps"], links["latency_s"])
+    cluster = ir.Cluster(name or f"calibrated-cpu-{nproc}x{threads}t",
+                         (ir.Node("cpu", tuple(ir.GPU(f"cpu{i}", float(flops), memory) for i in range(nproc))),),
+                         (("intra_node", link), ("inter_node", link)))
+    meta = {**compute, **links, "threads": threads, "nproc": nproc,
+            "flops_source": "profile" if profile is not None else "benchmark"}
+    return cluster, meta
+
+
+def cluster_doc(cluster: ir.Cluster, meta: dict[str, Any]) -> dict[str, Any]:
+    doc = cluster.to_dict()
+    doc["meta"] = meta
+    return doc
