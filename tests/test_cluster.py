@@ -1,0 +1,103 @@
+"""Clusters: presets, validation, the hierarchy graph, groups and links."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from planner import ir
+from planner.cluster import (
+    cluster_from_dict,
+    group_of,
+    hierarchy_graph,
+    link_between,
+    list_presets,
+    load_cluster,
+    path_link,
+    preset_names,
+)
+from planner.errors import ClusterError, FormatError
+from tests.conftest import make_cluster_dict
+
+
+def test_presets_load_and_include_the_contract_names() -> None:
+    names = preset_names()
+    for name in ("pipepar-4x2-2080ti", "pipedream-4x4-10g", "a100-8x8-nvlink-ib", "h100-8x8-nvlink-ib",
+                 "mixed-a100-v100-2080ti"):
+        assert name in names
+    assert len(list_presets()) == len(names)
+
+
+def test_pipepar_preset_matches_the_paper() -> None:
+    c = load_cluster("pipepar-4x2-2080ti")
+    assert [len(n.gpus) for n in c.nodes] == [2, 2, 2, 2]
+    assert all(g.flops == 13.4e12 for g in c.gpus)
+    assert c.link("inter_node").bandwidth_Bps == 1.25e8
+    assert c.link("intra_node").bandwidth_Bps == 1.25e9
+
+
+def test_mixed_preset_has_different_gpus() -> None:
+    c = load_cluster("mixed-a100-v100-2080ti")
+    assert len({g.flops for g in c.gpus}) > 1
+    assert len({len(n.gpus) for n in c.nodes}) > 1
+
+
+def test_unknown_preset_lists_presets() -> None:
+    with pytest.raises(ClusterError) as exc:
+        load_cluster("nope")
+    assert "pipepar-4x2-2080ti" in exc.value.hint
+
+
+def test_load_from_file(tmp_path) -> None:
+    p = tmp_path / "c.json"
+    p.write_text(json.dumps(make_cluster_dict(3, 2)))
+    c = load_cluster(str(p))
+    assert len(c.gpus) == 6
+
+
+@pytest.mark.parametrize("mutate, word", [
+    (lambda d: d["nodes"].clear(), "nodes"),
+    (lambda d: d["nodes"][0]["gpus"].clear(), "gpus"),
+    (lambda d: d["links"]["inter_node"].update(bandwidth_Bps=0), "bandwidth_Bps"),
+    (lambda d: d["links"]["intra_node"].update(bandwidth_Bps=math.nan), "bandwidth_Bps"),
+    (lambda d: d["links"]["intra_node"].update(latency_s=-1), "latency_s"),
+    (lambda d: d["nodes"][0]["gpus"][0].update(flops=-3), "flops"),
+    (lambda d: d.pop("links"), "links"),
+    (lambda d: d.update(kind="plan"), "kind"),
+    (lambda d: d.update(version=7), "version"),
+])
+def test_bad_clusters_name_the_field(mutate, word) -> None:
+    d = make_cluster_dict()
+    mutate(d)
+    with pytest.raises((ClusterError, FormatError)) as exc:
+        cluster_from_dict(d)
+    assert word in str(exc.value)
+
+
+def test_hierarchy_graph_levels_and_slowest_link() -> None:
+    c = cluster_from_dict(make_cluster_dict(2, 2))
+    g = hierarchy_graph(c)
+    assert g.nodes["n0.g0"]["level"] == "gpu"
+    assert g.nodes["node:n0"]["level"] == "node"
+    assert path_link(g, "n0.g0", "n0.g1").bandwidth_Bps == 1e10
+    assert path_link(g, "n0.g0", "n1.g1").bandwidth_Bps == 1e9
+    assert path_link(g, "n0.g0", "n0.g0") is None
+
+
+def test_groups_and_links() -> None:
+    d = make_cluster_dict(2, 2)
+    d["nodes"][1]["gpus"][0]["flops"] = 5e11
+    c = cluster_from_dict(d)
+    g = group_of(c, ["n0.g0", "n0.g1"])
+    assert (g.n, g.nodes, g.link.bandwidth_Bps) == (2, 1, 1e10)
+    g = group_of(c, ["n0.g0", "n0.g1", "n1.g0"])
+    assert (g.nodes, g.per_node, g.link.bandwidth_Bps, g.flops) == (2, 1, 1e9, 5e11)
+    link, lid = link_between(c, ["n0.g0"], ["n0.g1"])
+    assert link.bandwidth_Bps == 1e10 and lid == "intra_node:n0"
+    link, lid = link_between(c, ["n0.g1"], ["n1.g0", "n1.g1"])
+    assert link.bandwidth_Bps == 1e9 and lid == "inter_node:n0->n1"
+    with pytest.raises(ClusterError):
+        group_of(c, ["zz"])
+    assert isinstance(c, ir.Cluster)

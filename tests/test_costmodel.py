@@ -1,0 +1,133 @@
+"""The cost model: collectives, forms, memory, stage costs and the analytic iteration time."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from planner import costmodel as cm
+from planner import ir
+from planner.cluster import cluster_from_dict, group_of
+from planner.errors import PlanError
+from tests.conftest import make_cluster_dict, make_profile_dict
+
+
+def _profile(n=4, **kw) -> ir.ModelProfile:
+    return ir.ModelProfile.from_dict(make_profile_dict(n, **kw))
+
+
+def _cluster(nodes=2, gpus=2, mem=10**10) -> ir.Cluster:
+    return cluster_from_dict(make_cluster_dict(nodes, gpus, mem))
+
+
+def _plan(profile, cluster, stages, m=2, schedule="1f1b", optimizer="sgd") -> ir.Plan:
+    return ir.Plan(profile, cluster, schedule, m, optimizer, tuple(stages), ir.Prediction(1, 1, 0, 0))
+
+
+def test_ring_allreduce_formula() -> None:
+    link = ir.Link(1e9, 1e-5)
+    assert cm.ring_allreduce_s(1e9, 4, link) == pytest.approx(2 * 3 / 4 * 1.0 + 2 * 3 * 1e-5)
+    assert cm.ring_allreduce_s(1e9, 1, link) == 0.0
+    assert cm.ring_allgather_s(1e9, 4, link) == pytest.approx(3 / 4 + 3e-5)
+    assert cm.p2p_s(1e9, link) == pytest.approx(1 + 1e-5)
+
+
+def test_hierarchical_allreduce_across_servers() -> None:
+    c = _cluster(2, 2)
+    g = group_of(c, [x.name for x in c.gpus])
+    s = 4e8
+    want = (2 * 1 / 2 * s / 1e10 + 2 * 1 * 1e-5) + (2 * 1 / 2 * (s / 2) / 1e9 + 2 * 1e-4)
+    assert cm.allreduce_s(s, g) == pytest.approx(want)
+    # cheaper than a flat ring over the slow link
+    assert cm.allreduce_s(s, g) < cm.ring_allreduce_s(s, 4, c.link("inter_node"))
+
+
+def test_rmsprop_is_12_bytes_per_fp32_param() -> None:
+    p, c = _profile(1), _cluster(1, 1)
+    stage = ir.Stage((0, 1), ("n0.g0",), ("dp",), 0)
+    cost = cm.stage_cost_values(p, c, stage, 1, "rmsprop", None)
+    assert cost.static_bytes == 12 * 250_000
+    assert cm.stage_cost_values(p, c, stage, 1, "adam", None).static_bytes == 16 * 250_000
+    assert cm.stage_cost_values(p, c, stage, 1, "sgd", None).static_bytes == 8 * 250_000
+
+
+def test_stage_costs_one_per_stage_with_compute_scaling() -> None:
+    p = _profile(4)
+    d = make_cluster_dict(2, 2)
+    d["nodes"][1]["gpus"][0]["flops"] = 5e11  # half as fast as the profile's device
+    c = cluster_from_dict(d)
+    stages = [ir.Stage((0, 2), ("n0.g0",), ("dp", "dp"), 0), ir.Stage((2, 4), ("n1.g0",), ("dp", "dp"), 0)]
+    costs = cm.stage_costs(_plan(p, c, stages, m=2))
+    assert len(costs) == 2
+    assert costs[0].forward_s == pytest.approx(2 * 0.01 / 2)
+    assert costs[1].forward_s == pytest.approx(2 * 0.01 / 2 * 2)  # slower GPU
+    assert costs[0].send_bytes == pytest.approx(100_000 / 2)
+    assert costs[0].send_link == c.link("inter_node") and costs[1].send_link is None
+    assert costs[0].allreduce_s == 0.0
+    assert costs[0].capacity_bytes == 10**10
+
+
+def test_dp_on_two_devices_halves_compute_and_allreduces() -> None:
+    p, c = _profile(2), _cluster(1, 2)
+    stage = ir.Stage((0, 2), ("n0.g0", "n0.g1"), ("dp", "dp"), 0)
+    cost = cm.stage_cost_values(p, c, stage, 1, "sgd", None)
+    assert cost.forward_s == pytest.approx(0.01)
+    assert cost.allreduce_bytes == 2_000_000
+    assert cost.allreduce_s == pytest.approx(cm.ring_allreduce_s(2e6, 2, c.link("intra_node")))
+    assert cost.activation_bytes == 200_000  # 2 layers x 200k / 2 devices
+
+
+def test_split_forms_need_shapes_and_shard_weights() -> None:
+    d = make_profile_dict(2)
+    p_noshape = ir.ModelProfile.from_dict(d)
+    c = _cluster(1, 2)
+    stage = ir.Stage((0, 2), ("n0.g0", "n0.g1"), ("split_out", "split_in"), 0)
+    with pytest.raises(PlanError):
+        cm.stage_cost_values(p_noshape, c, stage, 1, "sgd", None)
+    for layer in d["layers"]:
+        layer.update(in_features=500, out_features=500)
+    p = ir.ModelProfile.from_dict(d)
+    cost = cm.stage_cost_values(p, c, stage, 1, "sgd", None)
+    assert cost.allreduce_s == 0.0  # split weights need no gradient all-reduce
+    assert cost.static_bytes == 2 * 2 * 1_000_000 // 2
+    link = c.link("intra_node")
+    # fwd: enter split_out (all-gather input 0 = 0 bytes), split_out all-gathers its output, split_in all-reduces
+    want_f = 0.005 + cm.ring_allgather_s(1e5, 2, link) + 0.005 + cm.ring_allreduce_s(1e5, 2, link)
+    assert cost.forward_s == pytest.approx(want_f)
+
+
+def test_recompute_keeps_stage_input_and_adds_a_forward() -> None:
+    p = _profile(2, input_bytes=50_000)
+    c = _cluster(1, 1)
+    plain = cm.stage_cost_values(p, c, ir.Stage((0, 2), ("n0.g0",), ("dp", "dp"), 0), 1, "sgd", None)
+    rc = cm.stage_cost_values(p, c, ir.Stage((0, 2), ("n0.g0",), ("dp", "dp"), 0, True), 1, "sgd", None)
+    assert rc.backward_s == pytest.approx(plain.backward_s + plain.forward_s)
+    assert rc.activation_bytes == 50_000 and rc.workspace_bytes == plain.activation_bytes
+
+
+def test_closed_form_uniform_free_comm() -> None:
+    k, m, tf, tb = 4, 8, 0.01, 0.02
+    costs = [ir.StageCost(("d",), tf, tb, tb / 2, 0, None, None, 0, 0, 0, 0, 0, 0, 1) for _ in range(k)]
+    for sched in ("gpipe", "1f1b"):
+        t, bubble = cm.analytic_iteration(costs, sched, m)
+        assert t == pytest.approx((m + k - 1) * (tf + tb))
+        assert bubble == pytest.approx((k - 1) / (m + k - 1))
+
+
+def test_memory_in_flight_by_schedule() -> None:
+    cost = ir.StageCost(("d",), 0, 0, 0, 0, None, None, 0, 0, 100, 10, 7, 0, 1)
+    assert cm.stage_peak_memory(cost, "gpipe", 4, 8, 0) == 100 + 8 * 7
+    assert cm.stage_peak_memory(cost, "1f1b", 4, 8, 1) == 100 + 3 * 7
+    assert cm.stage_peak_memory(cost, "pipedream", 4, 8, 0) == 100 + 4 * 7 + 3 * 10
+
+
+def test_dp_iteration_and_predict() -> None:
+    p, c = _profile(4), _cluster(2, 2)
+    t, mem, fits = cm.dp_iteration(p, c)
+    assert fits and mem > 0
+    assert t > (0.01 + 0.02) * 4 / 4
+    stage = cm.dp_stage(p, c)
+    plan = _plan(p, c, [stage], m=1, schedule="gpipe")
+    assert cm.predict(plan).iteration_s == pytest.approx(t)
+    assert not math.isnan(cm.predict(plan).bubble_fraction)
