@@ -125,10 +125,10 @@ def profile_model(
                 timed_pass(lm.layers, x, params, sync)
                 tick("warm-up")
             for _ in range(repeats):
-                f, b = timed_pass(lm.layers, x, params, sync)
+                fw, bw = timed_pass(lm.layers, x, params, sync)
                 for i in range(n):
-                    fwd_times[i].append(f[i])
-                    bwd_times[i].append(b[i])
+                    fwd_times[i].append(fw[i])
+                    bwd_times[i].append(bw[i])
                 tick("timing layers")
             for _ in range(2):
                 whole.append(whole_model_pass(module, x, params, sync))

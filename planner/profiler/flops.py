@@ -10,7 +10,9 @@ attention, forward and backward, on CPU, CUDA and the meta device. Like both cou
 element-wise ops (ReLU, batch and layer norm, softmax outside SDPA, pooling) count zero:
 they are a small share of the FLOPs of the zoo models (well under 1%) but not of their time,
 which is why measured times, not FLOPs, are the reference. Attention is counted without
-causal masking (full S x S), as torch does. One multiply-add is 2 FLOPs.
+causal masking (full S x S), as torch does; the fused CPU/CUDA kernels' backward counts 5
+matmuls (torch's formula, QK^T recomputed), the math path used on the meta device 4. One
+multiply-add is 2 FLOPs.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ model's own parameter objects (no copies): ``x = layer(x)`` in order equals ``mo
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -172,7 +173,7 @@ def _param_accounting(model: nn.Module, layer_params: Sequence[list[tuple[str, n
 # ----------------------------------------------------------------------------- fx path
 
 
-class _Tracer(fx.Tracer):
+class _Tracer(fx.Tracer):  # type: ignore[misc]
     def __init__(self, leaves: Sequence[nn.Module] = ()) -> None:
         super().__init__()
         self._leaves = {id(m) for m in leaves}
@@ -201,24 +202,50 @@ def _trace(module: nn.Module) -> tuple[fx.GraphModule, str]:
     )
 
 
-def _shape_prop(gm: fx.GraphModule, example_input: torch.Tensor) -> None:
-    from torch.fx.passes.shape_prop import ShapeProp
+class _ShapeRecorder(fx.Interpreter):  # type: ignore[misc]
+    """Runs the traced graph and records each tensor-valued node's shape in ``node.meta``."""
 
+    def run_node(self, n: fx.Node) -> Any:
+        result = super().run_node(n)
+        if isinstance(result, torch.Tensor):
+            n.meta[_SHAPE] = tuple(result.shape)
+        return result
+
+
+_SHAPE = "planner_shape"
+
+
+def _shape_prop(gm: fx.GraphModule, example_input: torch.Tensor) -> None:
+    """Record every node's output shape; on fake tensors first (no compute), for real if that fails."""
+    import logging
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    if example_input.device.type != "meta":
+        log = logging.getLogger("torch._subclasses.fake_tensor")
+        level = log.level
+        log.setLevel(logging.CRITICAL)
+        try:
+            fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+            fake_x = fake_mode.from_tensor(example_input)
+            with torch.no_grad(), fake_mode:
+                _ShapeRecorder(gm).run(fake_x)
+            return
+        except Exception:
+            pass  # run it for real: the model's own error message, or an op fake tensors lack
+        finally:
+            log.setLevel(level)
     try:
         with torch.no_grad():
-            ShapeProp(gm).propagate(example_input)
+            _ShapeRecorder(gm).run(example_input)
     except Exception as exc:
         raise _rejects(example_input, exc) from None
 
 
 def _rejects(example_input: torch.Tensor, exc: BaseException) -> ProfileError:
-    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
-    msg = lines[0] if lines else type(exc).__name__
-    # fx's interpreter prefixes "While executing %x ..." and appends the original error.
-    for line in lines:
-        if line.startswith(("RuntimeError:", "ValueError:", "IndexError:", "TypeError:")) or "shape" in line:
-            msg = line
-            break
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    lines = [line for line in lines if not line.startswith("While executing")] or [type(exc).__name__]
+    msg = lines[0]
     shape = tuple(example_input.shape[1:])
     return ProfileError(f"the model rejects input of shape {shape} (batch {example_input.shape[0]}): {msg[:300]}",
                         "pass the --input-shape (without batch) the model expects")
@@ -243,7 +270,7 @@ def _split_fx(module: nn.Module, example_input: torch.Tensor) -> LayeredModel:
     _shape_prop(gm, example_input)
     (out_node,) = [n for n in nodes if n.op == "output"]
     result = out_node.args[0]
-    if not isinstance(result, fx.Node) or "tensor_meta" not in result.meta:
+    if not isinstance(result, fx.Node) or _SHAPE not in result.meta:
         raise TraceError(f"{type(module).__name__}.forward returns {type(result).__name__}, not one tensor",
                          "wrap the model so forward() returns the tensor the loss is computed from")
     graph = _data_graph(gm)
@@ -259,7 +286,7 @@ def _split_fx(module: nn.Module, example_input: torch.Tensor) -> LayeredModel:
         if n not in dep:
             continue
         live = [u for u in dep if index[u] <= k < last_use[u]]
-        if len(live) == 1 and hasattr(live[0].meta.get("tensor_meta"), "shape"):
+        if len(live) == 1 and _SHAPE in live[0].meta:
             cuts.append((k, live[0]))
     if not cuts or cuts[0][1] is not ph:
         raise TraceError("the model's input is not used as a single tensor", "check the model's forward()")
@@ -268,7 +295,7 @@ def _split_fx(module: nn.Module, example_input: torch.Tensor) -> LayeredModel:
 
     # Pieces between consecutive cuts.
     pieces: list[tuple[fx.Node, fx.Node, list[fx.Node]]] = []
-    for (k0, n0), (k1, n1) in zip(cuts, cuts[1:], strict=False):
+    for (k0, n0), (k1, n1) in itertools.pairwise(cuts):
         body = [n for n in nodes[k0 + 1:k1 + 1] if n in dep]
         if body:
             pieces.append((n0, n1, body))
@@ -292,7 +319,7 @@ def _split_fx(module: nn.Module, example_input: torch.Tensor) -> LayeredModel:
     pending: list[int] = []
     for i, (_, _, body) in enumerate(pieces):
         if heavy_targets(body):
-            groups.append(pending + [i])
+            groups.append([*pending, i])
             pending = []
         elif groups:
             groups[-1].append(i)
@@ -405,7 +432,7 @@ def _params_of(root: fx.GraphModule, layer: fx.GraphModule) -> list[tuple[str, n
 # ----------------------------------------------------------------------------- HF transformers
 
 
-class GPT2Embedding(nn.Module):
+class GPT2Embedding(nn.Module):  # type: ignore[misc]
     """Token plus position embeddings, then dropout; position ids rebuilt from the sequence length."""
 
     def __init__(self, wte: nn.Embedding, wpe: nn.Embedding, drop: nn.Module) -> None:
@@ -417,7 +444,7 @@ class GPT2Embedding(nn.Module):
         return self.drop(self.wte(input_ids) + self.wpe(pos))
 
 
-class TransformerBlock(nn.Module):
+class TransformerBlock(nn.Module):  # type: ignore[misc]
     """One HF transformer block on hidden states only (causal masking by SDPA's ``is_causal``)."""
 
     def __init__(self, block: nn.Module, post: nn.Module | None = None) -> None:
@@ -432,7 +459,7 @@ class TransformerBlock(nn.Module):
         return out if self.post is None else self.post(out)
 
 
-class Chain(nn.Module):
+class Chain(nn.Module):  # type: ignore[misc]
     """Modules applied one after the other (e.g. final norm then LM head)."""
 
     def __init__(self, *mods: nn.Module) -> None:
@@ -445,7 +472,7 @@ class Chain(nn.Module):
         return x
 
 
-class BertEmbedding(nn.Module):
+class BertEmbedding(nn.Module):  # type: ignore[misc]
     """BERT's embeddings (word, position, token type, norm, dropout) from token ids alone."""
 
     def __init__(self, embeddings: nn.Module) -> None:

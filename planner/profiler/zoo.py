@@ -55,7 +55,7 @@ VGG_CFGS: dict[str, list[int | str]] = {
 }
 
 
-class VGG(nn.Module):
+class VGG(nn.Module):  # type: ignore[misc]
     """torchvision's VGG: features, adaptive 7x7 average pool, flatten, 3-layer classifier."""
 
     def __init__(self, cfg: list[int | str], batch_norm: bool = False, num_classes: int = 1000,
@@ -107,7 +107,7 @@ def _conv1x1(cin: int, cout: int, stride: int = 1) -> nn.Conv2d:
     return nn.Conv2d(cin, cout, kernel_size=1, stride=stride, bias=False)
 
 
-class BasicBlock(nn.Module):
+class BasicBlock(nn.Module):  # type: ignore[misc]
     expansion = 1
 
     def __init__(self, cin: int, planes: int, stride: int = 1, downsample: nn.Module | None = None) -> None:
@@ -129,7 +129,7 @@ class BasicBlock(nn.Module):
         return self.relu(out)
 
 
-class Bottleneck(nn.Module):
+class Bottleneck(nn.Module):  # type: ignore[misc]
     expansion = 4
 
     def __init__(self, cin: int, planes: int, stride: int = 1, downsample: nn.Module | None = None) -> None:
@@ -154,7 +154,7 @@ class Bottleneck(nn.Module):
         return self.relu(out)
 
 
-class ResNet(nn.Module):
+class ResNet(nn.Module):  # type: ignore[misc]
     """torchvision's ResNet (v1.5: stride in the 3x3 convolution of a bottleneck)."""
 
     def __init__(self, block: type[BasicBlock] | type[Bottleneck], counts: list[int], num_classes: int = 1000,

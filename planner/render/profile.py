@@ -5,12 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from rich.console import Console
-
-from planner.ir import ModelProfile
+from planner.ir import LayerProfile, ModelProfile
 
 
 def stderr_console() -> Console:
@@ -25,6 +24,9 @@ def stderr_console() -> Console:
 def progress_bar(title: str) -> Iterator[Callable[[int, int, str], None]]:
     """A rich progress bar on stderr; yields the ``progress(done, total, what)`` callback."""
     console = stderr_console()
+    if not console.is_terminal:  # a log file or a pipe: no bar, no stray blank lines
+        yield lambda done, total, what: None
+        return
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TaskProgressColumn(),
                   TextColumn("{task.fields[what]}"), TimeElapsedColumn(), console=console,
                   transient=True) as bar:
@@ -57,10 +59,10 @@ def summary_table(profile: ModelProfile, max_rows: int = 60) -> Table:
                          ("bwd ms", "right"), ("FLOPs f+b", "right"), ("params", "right"), ("output", "right"),
                          ("saved", "right"), ("in→out", "right")):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
-    rows = list(enumerate(profile.layers))
+    rows: list[tuple[int, LayerProfile | None]] = list(enumerate(profile.layers))
     if len(rows) > max_rows:
         half = max_rows // 2
-        rows = rows[:half] + [(-1, None)] + rows[-half:]  # type: ignore[list-item]
+        rows = [*rows[:half], (-1, None), *rows[-half:]]
     for i, layer in rows:
         if layer is None:
             table.add_row("…", "…", "", "", "", "", "", "", "", "")

@@ -1,0 +1,121 @@
+"""planner profile: the command end to end, and every bad input as a one-line error with no file left."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from torch import nn
+
+from planner.cli import main
+from planner.ir import ModelProfile
+
+
+def fixed_linear() -> nn.Module:
+    return nn.Sequential(nn.Linear(10, 4))
+
+
+def raising_factory() -> nn.Module:
+    raise RuntimeError("checkpoint shards missing: cannot build")
+
+
+class _Branchy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) if x.mean() > 0 else -self.fc(x)
+
+
+def untraceable() -> nn.Module:
+    return _Branchy()
+
+
+def _run(args: list[str]) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, args)
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_analytic_profile_written_and_loadable(tmp_path: Path) -> None:
+    out = tmp_path / "vgg.json"
+    code, stdout, stderr = _run(["profile", "vgg11", "--batch-size", "8", "--mode", "analytic",
+                                 "--device-flops", "v100", "-o", str(out)])
+    assert code == 0, stderr
+    prof = ModelProfile.from_dict(json.loads(out.read_text()))
+    assert prof.model == "vgg11" and prof.batch_size == 8 and prof.mode == "analytic"
+    assert prof.device_flops == 15.7e12 and len(prof.layers) == 11
+    assert "features.0" in stderr and "total" in stderr  # the summary table, on stderr
+    assert stdout == ""
+
+
+def test_measured_json_is_one_document_on_stdout(tmp_path: Path) -> None:
+    out = tmp_path / "mlp.json"
+    code, stdout, stderr = _run(["profile", "mlp", "--batch-size", "4", "--threads", "1", "--repeats", "1",
+                                 "--json", "-o", str(out)])
+    assert code == 0, stderr
+    doc = json.loads(stdout)
+    assert doc["kind"] == "profile" and doc["mode"] == "measured" and doc == json.loads(out.read_text())
+
+
+def test_factory_model_with_input_shape(tmp_path: Path) -> None:
+    out = tmp_path / "f.json"
+    code, _, stderr = _run(["profile", "tests.test_cmd_profile:fixed_linear", "--input-shape", "10",
+                            "--mode", "analytic", "-o", str(out)])
+    assert code == 0, stderr
+    assert json.loads(out.read_text())["layers"][0]["in_features"] == 10
+
+
+BAD_INPUTS = [
+    (["profile", "vgg17"], 1, "built-in models: mlp"),
+    (["profile", "no_such_pkg.nets:build", "--input-shape", "4"], 1, "cannot import"),
+    (["profile", "tests.test_cmd_profile:raising_factory", "--input-shape", "4"], 1, "checkpoint shards missing"),
+    (["profile", "tests.test_cmd_profile:fixed_linear", "--input-shape", "7"], 1, "rejects input of shape (7,)"),
+    (["profile", "tests.test_cmd_profile:untraceable", "--input-shape", "4"], 1, "cannot trace"),
+    (["profile", "mlp", "--batch-size", "0"], 2, "--batch-size"),
+    (["profile", "mlp", "--input-shape", "3,-1"], 2, "--input-shape"),
+    (["profile", "mlp", "--mode", "analytic", "--device-flops", "tpu9"], 2, "--device-flops"),
+]
+
+
+@pytest.mark.parametrize(("args", "code", "needle"), BAD_INPUTS)
+def test_bad_input_is_one_line_no_traceback_no_file(tmp_path: Path, args: list[str], code: int,
+                                                     needle: str) -> None:
+    out = tmp_path / "p.json"
+    got, stdout, stderr = _run([*args, "-o", str(out)])
+    assert got == code, stderr
+    assert needle in stderr
+    assert "Traceback" not in stderr and stdout == ""
+    assert stderr.startswith("error: ") and len(stderr.strip().splitlines()) <= 2  # cause and hint
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unwritable_output_path(tmp_path: Path) -> None:
+    for target in (tmp_path / "missing" / "p.json", tmp_path):
+        code, _, stderr = _run(["profile", "mlp", "--mode", "analytic", "-o", str(target)])
+        assert code == 1 and "cannot write" in stderr and "Traceback" not in stderr
+    assert list(tmp_path.iterdir()) == []
+    if os.geteuid() != 0:  # root can write anywhere
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        code, _, stderr = _run(["profile", "mlp", "--mode", "analytic", "-o", str(locked / "p.json")])
+        assert code == 1 and list(locked.iterdir()) == []
+
+
+def test_missing_output_is_a_usage_error() -> None:
+    code, _, stderr = _run(["profile", "mlp"])
+    assert code == 2 and "-o FILE" in stderr
+
+
+def test_console_script_runs_as_a_process(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    proc = subprocess.run([sys.executable, "-m", "planner", "profile", "resnet18", "--batch-size", "2",
+                           "--mode", "analytic", "-o", str(out)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert len(json.loads(out.read_text())["layers"]) == 10

@@ -1,0 +1,70 @@
+"""profiler.flops and profiler.analytic: FLOPs of convolutions, linears and attention; analytic times."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from planner.errors import UsageError
+from planner.profiler import load_model, profile_model
+from planner.profiler.analytic import GPU_PEAK_FLOPS, analytic_time, resolve_device_flops
+from planner.profiler.flops import flop_counter
+
+
+def _count(fn: object) -> int:
+    with flop_counter() as counter:
+        fn()  # type: ignore[operator]
+    return int(counter.get_total_flops())
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_linear_and_conv_forward_and_backward(device: str) -> None:
+    lin = nn.Linear(32, 16, device=device)
+    x = torch.randn(8, 32, device=device, requires_grad=True)
+    assert _count(lambda: lin(x)) == 2 * 8 * 32 * 16
+    out = lin(x)
+    assert _count(lambda: out.backward(torch.ones_like(out))) == 2 * 2 * 8 * 32 * 16
+    conv = nn.Conv2d(3, 8, 3, padding=1, device=device)
+    img = torch.randn(2, 3, 10, 10, device=device)
+    assert _count(lambda: conv(img)) == 2 * 2 * 8 * 10 * 10 * 3 * 9
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_attention_is_counted_on_cpu_and_meta(device: str) -> None:
+    q = torch.randn(2, 4, 16, 8, device=device, requires_grad=True)
+    fwd = _count(lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True))
+    assert fwd == 2 * (2 * 2 * 4 * 16 * 16 * 8)  # QK^T and PV
+    out = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+    bwd = _count(lambda: out.backward(torch.ones_like(out)))
+    # CPU runs the fused kernel (torch's formula: 5 matmuls, recomputing QK^T); meta runs the math path (4)
+    assert bwd == (fwd * 5 // 2 if device == "cpu" else 2 * fwd)
+
+
+def test_vgg16_and_resnet152_forward_flops_per_image() -> None:
+    for name, gflops in (("vgg16", 30.94), ("resnet152", 23.03)):
+        prof = profile_model(load_model(name, 2, device="meta"), mode="analytic")
+        per_image = sum(layer.forward_flops for layer in prof.layers) / 2 / 1e9
+        assert per_image == pytest.approx(gflops, rel=1e-3)
+        for layer in prof.layers:
+            assert layer.backward_flops == pytest.approx(2 * layer.forward_flops, rel=0.01) or layer is prof.layers[0]
+
+
+def test_analytic_times_follow_flops_and_device() -> None:
+    prof = profile_model(load_model("resnet18", 4, device="meta"), mode="analytic", device_flops="v100",
+                         efficiency=0.25)
+    assert prof.device_flops == GPU_PEAK_FLOPS["v100"] and prof.device == "v100"
+    for layer in prof.layers:
+        assert layer.forward_s == pytest.approx(analytic_time(layer.forward_flops, 15.7e12, 0.25))
+        assert layer.backward_s == pytest.approx(layer.backward_flops / (15.7e12 * 0.25))
+    assert prof.meta["efficiency"] == 0.25
+
+
+def test_device_flops_names_and_numbers() -> None:
+    assert resolve_device_flops("rtx2080ti") == (13.4e12, "rtx2080ti")
+    assert resolve_device_flops("2e12")[0] == 2e12
+    assert resolve_device_flops(None)[0] == 13.4e12
+    for bad in ("tpu9", "-1", "0"):
+        with pytest.raises(UsageError):
+            resolve_device_flops(bad)

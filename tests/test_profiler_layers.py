@@ -1,0 +1,108 @@
+"""profiler.layers: cut points, runnable layers equal to the model, ties, clear trace errors."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+from torch import nn
+
+from planner.errors import TraceError
+from planner.profiler.layers import primary_output, split_model
+from planner.profiler.loader import load_model
+from planner.profiler.zoo import bert, gpt2
+
+
+def _check_exact(module: nn.Module, x: torch.Tensor) -> None:
+    lm = split_model(module, x)
+    module.eval()
+    with torch.no_grad():
+        want = primary_output(module(x))
+        got = lm.run(x)
+    assert torch.equal(want, got)
+    # the layers use the model's own parameter objects, not copies
+    model_params = {id(p) for p in module.parameters()}
+    layer_params = {id(p) for layer in lm.layers for p in layer.parameters()}
+    assert layer_params == model_params
+    assert sum(lm.param_counts) == sum(p.numel() for p in module.parameters())
+
+
+@pytest.mark.parametrize("name", ["mlp", "vgg11", "vgg11_bn", "resnet18", "resnet50"])
+def test_split_runs_equal_the_whole_model(name: str) -> None:
+    torch.manual_seed(0)
+    shape = None if name == "mlp" else (3, 32, 32)
+    loaded = load_model(name, 2, shape)
+    _check_exact(loaded.module, loaded.example_input)
+
+
+def test_gpt2_tiny_split_is_exact_and_ties_wte_and_lm_head() -> None:
+    torch.manual_seed(0)
+    model = gpt2(n_layer=2, n_embd=64, n_head=4, vocab_size=101)
+    x = torch.randint(0, 101, (2, 12))
+    _check_exact(model, x)
+    lm = split_model(model, x)
+    assert lm.names[0] == "transformer.wte" and lm.names[-1] == "lm_head" and len(lm) == 4
+    assert len(lm.ties) == 1
+    tie = lm.ties[0]
+    assert tie.name == "transformer.wte.weight" and tie.layers == (0, 3) and tie.param_count == 101 * 64
+    assert lm.param_counts[-1] == 64 * 2  # ln_f only: lm_head.weight counted in layer 0
+
+
+def test_bert_tiny_split_is_exact() -> None:
+    torch.manual_seed(0)
+    model = bert(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128, vocab_size=99)
+    _check_exact(model, torch.randint(0, 99, (2, 10)))
+
+
+@pytest.mark.parametrize(("name", "count"), [("vgg16", 16), ("vgg19", 19), ("resnet34", 18), ("resnet50", 18),
+                                             ("resnet152", 52), ("gpt2", 14)])
+def test_layer_counts(name: str, count: int) -> None:
+    loaded = load_model(name, 2, device="meta")
+    lm = split_model(loaded.module, loaded.example_input)
+    assert len(lm) == count
+
+
+def test_residual_block_is_one_layer_with_weight_facts() -> None:
+    loaded = load_model("resnet50", 2, device="meta")
+    lm = split_model(loaded.module, loaded.example_input)
+    assert lm.names[:3] == ("conv1", "layer1.0", "layer1.1")
+    assert lm.types[:2] == ("Conv2d", "Bottleneck")
+    assert (lm.in_features[0], lm.out_features[0]) == (3, 64)
+    assert (lm.in_features[-1], lm.out_features[-1]) == (2048, 1000)
+
+
+class _Branchy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > 0:  # input-dependent control flow: fx cannot trace it
+            return self.fc(x)
+        return -self.fc(x)
+
+
+def test_untraceable_model_says_why_and_what_to_do() -> None:
+    with pytest.raises(TraceError) as err:
+        split_model(_Branchy(), torch.randn(2, 4))
+    assert "control flow" in err.value.cause or "control flow" in err.value.hint
+    assert "nn.Sequential" in err.value.hint
+
+
+def test_sequential_of_untraceable_blocks_splits_at_the_blocks() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(_Branchy(), nn.ReLU(), _Branchy())
+    x = torch.randn(3, 4)
+    lm = split_model(model, x)
+    assert lm.method == "fx-children" and len(lm) == 2
+    with torch.no_grad():
+        assert torch.equal(lm.run(x), model(x))
+
+
+def test_fx_layers_pickle() -> None:
+    loaded = load_model("mlp", 2)
+    lm = split_model(loaded.module, loaded.example_input)
+    clone = pickle.loads(pickle.dumps(lm.layers[0]))
+    with torch.no_grad():
+        assert torch.equal(clone(loaded.example_input), lm.layers[0](loaded.example_input))

@@ -1,0 +1,67 @@
+"""profiler.measure and profile_model: saved bytes, output bytes, measured profiles."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from planner.ir import ModelProfile
+from planner.profiler import load_model, profile_model, split_model
+from planner.profiler.loader import LoadedModel
+from planner.profiler.measure import instrumented_pass
+
+
+def test_saved_bytes_count_each_storage_once_and_exclude_parameters() -> None:
+    model = nn.Sequential(nn.Linear(10, 20), nn.ReLU(), nn.Linear(20, 5))
+    x = torch.randn(4, 10)
+    lm = split_model(model, x)
+    facts = instrumented_pass(lm.layers, x, list(model.parameters()))
+    # layer 0 (Linear+ReLU) keeps its input (4x10) and the ReLU result (4x20); the weight is excluded.
+    assert facts[0].saved_bytes == 4 * 10 * 4 + 4 * 20 * 4
+    # layer 1's Linear keeps its input: the same storage as the ReLU result, counted once already.
+    assert facts[1].saved_bytes == 0
+    assert [f.output_bytes for f in facts] == [4 * 20 * 4, 4 * 5 * 4]
+
+
+def test_measured_profile_of_a_small_model() -> None:
+    loaded = load_model("mlp", 16)
+    calls: list[tuple[int, int]] = []
+    prof = profile_model(loaded, mode="measured", threads=1, repeats=2,
+                         progress=lambda done, total, what: calls.append((done, total)))
+    assert prof.mode == "measured" and prof.device == "cpu" and prof.batch_size == 16
+    assert prof.param_count == sum(p.numel() for p in loaded.module.parameters())
+    assert all(layer.forward_s > 0 and layer.backward_s > 0 for layer in prof.layers)
+    assert prof.device_flops > 0 and prof.meta["device_flops_source"] == "achieved"
+    assert prof.meta["threads"] == 1 and prof.meta["repeats"] == 2 and prof.meta["whole_model_fwd_bwd_s"] > 0
+    assert calls and calls[-1][0] == calls[-1][1]
+    with torch.no_grad():
+        out = loaded.module(loaded.example_input)
+    assert prof.layers[-1].output_bytes == out.numel() * out.element_size()
+    assert prof.layers[-1].output_shape == tuple(out.shape)
+    again = ModelProfile.from_dict(prof.to_dict())
+    assert again == prof
+
+
+def test_output_bytes_are_real_sizes_in_half_precision() -> None:
+    prof = profile_model(load_model("vgg11", 2, (3, 32, 32), dtype="float16", device="meta"), mode="analytic")
+    assert prof.dtype == "float16"
+    assert prof.layers[0].output_bytes == 2 * 64 * 16 * 16 * 2  # conv + relu + 2x2 max-pool
+    assert prof.layers[0].param_bytes == (64 * 3 * 9 + 64) * 2
+    assert prof.input_bytes == 2 * 3 * 32 * 32 * 2
+
+
+def test_gpt2_profile_records_the_tie_once() -> None:
+    prof = profile_model(load_model("gpt2", 1, (8,), device="meta"), mode="analytic")
+    assert prof.param_count == 124_439_808
+    assert [t.name for t in prof.ties] == ["transformer.wte.weight"]
+    assert prof.ties[0].layers == (0, len(prof.layers) - 1)
+    assert all(layer.forward_flops > 0 for layer in prof.layers[1:])
+
+
+def test_model_that_rejects_the_input_shape_shows_its_message() -> None:
+    from planner.errors import ProfileError
+
+    model = nn.Sequential(nn.Linear(10, 4))
+    with pytest.raises(ProfileError, match="rejects input of shape"):
+        profile_model(LoadedModel("m", model, torch.randn(2, 7), (7,)), mode="measured")

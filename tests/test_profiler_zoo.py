@@ -1,0 +1,71 @@
+"""profiler.zoo and profiler.loader: the built-in models and how a model spec is loaded."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from planner.errors import ModelLoadError, UsageError
+from planner.profiler.loader import load_model
+from planner.profiler.zoo import ZOO_NAMES
+
+
+def test_zoo_names_cover_the_contract() -> None:
+    for name in ("mlp", "vgg11", "vgg13", "vgg16", "vgg19", "vgg11_bn", "vgg19_bn", "resnet18", "resnet34",
+                 "resnet50", "resnet101", "resnet152", "gpt2", "gpt2-medium", "bert-base"):
+        assert name in ZOO_NAMES
+
+
+@pytest.mark.parametrize(("name", "params"), [
+    ("vgg16", 138_357_544), ("vgg19", 143_667_240), ("vgg16_bn", 138_365_992), ("resnet18", 11_689_512),
+    ("resnet50", 25_557_032), ("resnet152", 60_192_808), ("gpt2", 124_439_808), ("bert-base", 109_514_298),
+])
+def test_parameter_counts_match_the_reference_models(name: str, params: int) -> None:
+    loaded = load_model(name, 2, device="meta")
+    assert sum(p.numel() for p in loaded.module.parameters()) == params
+
+
+def test_example_input_shapes_and_kinds() -> None:
+    cnn = load_model("resnet18", 3, (3, 32, 32), device="meta")
+    assert tuple(cnn.example_input.shape) == (3, 3, 32, 32) and cnn.input_shape == (3, 32, 32)
+    lm = load_model("gpt2", 2, (16,), device="meta")
+    assert tuple(lm.example_input.shape) == (2, 16) and lm.example_input.dtype == torch.long
+    half = load_model("mlp", 4, dtype="bfloat16", device="meta")
+    assert half.example_input.dtype == torch.bfloat16
+    assert all(p.dtype == torch.bfloat16 for p in half.module.parameters())
+
+
+def test_unknown_zoo_name_lists_the_names() -> None:
+    with pytest.raises(ModelLoadError) as err:
+        load_model("vgg17", 2)
+    assert "vgg16" in err.value.cause and "resnet50" in err.value.cause
+
+
+def test_bad_import_path() -> None:
+    with pytest.raises(ModelLoadError, match="cannot import"):
+        load_model("no_such_pkg.models:build", 2, (4,))
+    with pytest.raises(ModelLoadError, match="no attribute"):
+        load_model("tests.test_profiler_zoo:nothing_here", 2, (4,))
+
+
+def _raising_factory() -> torch.nn.Module:
+    raise ValueError("hidden size must be even")
+
+
+def _pair_factory() -> tuple[torch.nn.Module, torch.Tensor]:
+    return torch.nn.Linear(6, 3), torch.randn(5, 6)
+
+
+def test_factory_that_raises_shows_its_message() -> None:
+    with pytest.raises(ModelLoadError, match="hidden size must be even"):
+        load_model("tests.test_profiler_zoo:_raising_factory", 2, (4,))
+
+
+def test_factory_returning_module_and_example_input() -> None:
+    loaded = load_model("tests.test_profiler_zoo:_pair_factory", 7)
+    assert tuple(loaded.example_input.shape) == (7, 6) and loaded.input_shape == (6,)
+
+
+def test_batch_size_zero_is_a_usage_error() -> None:
+    with pytest.raises(UsageError):
+        load_model("mlp", 0)
