@@ -1,0 +1,106 @@
+"""Exhaustive search over the same space and cost model as the stage DP (small inputs only).
+
+Enumerates every sequence of stages the DP's space allows (layer ranges between block
+boundaries, groups from the same moves, skips of unused devices, recomputation or not per
+stage), keeps those that fit each device's memory given the micro-batches in flight for
+their position, and scores them with the same objective. It reads the same tables as
+:mod:`planner.search.sp`, so ``dp == brute`` checks the DP's optimisation, not a second
+cost model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+from planner.errors import UsageError
+from planner.search.sp import Problem, Solution, StageChoice, _solution
+
+MAX_PLANS = 200_000
+"""Inputs whose space holds more (partition, groups) sequences than this are refused."""
+
+
+def count_plans(prob: Problem) -> int:
+    """How many (layer partition, group sequence) plans the space holds (recompute aside)."""
+    nb, g_total = prob.nb, prob.devices
+    memo: dict[tuple[int, int], int] = {}
+
+    def count(d: int, a: int) -> int:
+        if a == nb:
+            return 1
+        if d >= g_total:
+            return 0
+        key = (d, a)
+        if key in memo:
+            return memo[key]
+        total = count(prob.skip[d], a)
+        for mv in prob.moves[d]:
+            for b in range(a + 1, nb + 1):
+                total += count(mv.next, b)
+                if total > 10 * MAX_PLANS:
+                    break
+        memo[key] = total
+        return total
+
+    return count(0, 0)
+
+
+def _sequences(prob: Problem, d: int, a: int) -> Iterator[list[tuple[int, int, object]]]:
+    """Every stage sequence from free device d and block a: lists of (a, b, move)."""
+    if a == prob.nb:
+        yield []
+        return
+    if d >= prob.devices:
+        return
+    yield from _sequences(prob, prob.skip[d], a)
+    for mv in prob.moves[d]:
+        for b in range(a + 1, prob.nb + 1):
+            for rest in _sequences(prob, mv.next, b):
+                yield [(a, b, mv), *rest]
+
+
+def brute(prob: Problem) -> Solution | None:
+    """The best plan by enumeration (None: nothing fits); UsageError when the space is too big."""
+    n = count_plans(prob)
+    if n > MAX_PLANS:
+        raise UsageError(f"--solver brute: the search space holds more than {MAX_PLANS} plans (about {n})",
+                         "use --solver dp, or fewer layers/GPUs")
+    best: Solution | None = None
+    seen_sequences: set[tuple] = set()
+    for seq in _sequences(prob, 0, 0):
+        k = len(seq)
+        if prob.stages_exact is not None and (k != prob.stages_exact or any(
+                len(mv.devices) != prob.config[s] for s, (_, _, mv) in enumerate(seq))):  # type: ignore[attr-defined,index]
+            continue
+        sig = tuple((a, b, mv.devices) for a, b, mv in seq)  # type: ignore[attr-defined]
+        if sig in seen_sequences:  # skips reaching the same groups twice
+            continue
+        seen_sequences.add(sig)
+        options: list[list[StageChoice]] = []
+        for s, (a, b, mv) in enumerate(seq):
+            c = prob.cand[(mv.key, mv.link)]  # type: ignore[attr-defined]
+            r = k - s
+            r_a = min(r, prob.r_eff) if prob.stages_exact is None else r
+            opts = []
+            if c.rmax_a[a, b] >= r_a and math.isfinite(c.l_a[a, b]):
+                opts.append(StageChoice(a, b, mv, False, float(c.l_a[a, b]), float(c.term_a[a, b])))  # type: ignore[arg-type]
+            if c.rmax_b[a, b] >= r_a and math.isfinite(c.l_b[a, b]):
+                opts.append(StageChoice(a, b, mv, True, float(c.l_b[a, b]), float(c.term_b[a, b])))  # type: ignore[arg-type]
+            if not opts:
+                break
+            options.append(opts)
+        else:
+            for choice in _product(options):
+                sol = _solution(prob, choice)
+                if best is None or sol.objective < best.objective:
+                    best = sol
+    return best
+
+
+def _product(options: list[list[StageChoice]]) -> Iterator[list[StageChoice]]:
+    if not options:
+        yield []
+        return
+    for first in options[0]:
+        for rest in _product(options[1:]):
+            yield [first, *rest]

@@ -1,0 +1,90 @@
+"""HPP (Algorithm 1): the chain DP over forms equals brute force over 3^n form sequences."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from planner import ir
+from planner.cluster import cluster_from_dict, group_of
+from planner.costmodel import FORM_INDEX, layer_table, summarise
+from planner.search.hpp import hpp, stage_tables
+from tests.conftest import make_cluster_dict, make_profile_dict
+
+
+def _objective(table, first, end, forms, m) -> float:
+    s = summarise(table, first, end, [FORM_INDEX[f] for f in forms])
+    return m * (s.forward_s + s.backward_s) + table.ar_coef * s.allreduce_bytes
+
+
+@st.composite
+def tables(draw):
+    n = draw(st.integers(1, 6))
+    d = make_profile_dict(n, batch_size=8)
+    for layer in d["layers"]:
+        layer["forward_s"] = draw(st.floats(1e-5, 0.05))
+        layer["param_bytes"] = draw(st.sampled_from([0, 1_000, 100_000_000]))
+        layer["param_count"] = layer["param_bytes"] // 4
+        layer["output_bytes"] = draw(st.sampled_from([1_000, 1_000_000, 100_000_000]))
+        if layer["param_count"] and draw(st.booleans()):
+            layer["in_features"], layer["out_features"] = 64, 64
+    profile = ir.ModelProfile.from_dict(d)
+    c = make_cluster_dict(2, 2)
+    c["links"]["inter_node"]["bandwidth_Bps"] = draw(st.sampled_from([1e8, 1e10]))
+    cluster = cluster_from_dict(c)
+    devices = draw(st.sampled_from([["n0.g0"], ["n0.g0", "n0.g1"], [g.name for g in cluster.gpus]]))
+    m = draw(st.sampled_from([1, 4]))
+    return layer_table(profile, group_of(cluster, devices), m, "sgd"), n, m
+
+
+@given(tables())
+def test_hpp_equals_brute_force_over_forms(arg) -> None:
+    table, n, m = arg
+    for first in range(n):
+        for end in range(first + 1, n + 1):
+            forms, cost = hpp(table, first, end, m)
+            best = min(
+                (_objective(table, first, end, fs, m) for fs in itertools.product(ir.FORMS, repeat=end - first)
+                 if all(table.allowed[first + k, FORM_INDEX[f]] for k, f in enumerate(fs))),
+            )
+            assert cost == pytest.approx(best, rel=1e-9)
+            assert _objective(table, first, end, forms, m) == pytest.approx(cost, rel=1e-9)
+
+
+@given(tables())
+def test_stage_tables_agree_with_hpp(arg) -> None:
+    table, n, m = arg
+    t = stage_tables(table, list(range(n + 1)), m)
+    for first in range(n):
+        for end in range(first + 1, n + 1):
+            forms, _ = hpp(table, first, end, m)
+            s = summarise(table, first, end, [FORM_INDEX[f] for f in forms])
+            assert t.time[first, end] == pytest.approx(s.forward_s + s.backward_s, rel=1e-9)
+            assert t.fwd[first, end] == pytest.approx(s.forward_s, rel=1e-9)
+            assert t.static[first, end] == pytest.approx(s.static_bytes, rel=1e-9)
+            assert t.act[first, end] == pytest.approx(s.activation_bytes, rel=1e-9)
+    assert np.isinf(t.time[1, 0]) or n == 0
+
+
+def test_big_fc_layer_splits_on_slow_link() -> None:
+    d = make_profile_dict(1, batch_size=8)
+    d["layers"][0].update(param_bytes=400_000_000, param_count=100_000_000, output_bytes=1000,
+                          in_features=10000, out_features=10000)
+    profile = ir.ModelProfile.from_dict(d)
+    c = make_cluster_dict(2, 1)
+    c["links"]["inter_node"]["bandwidth_Bps"] = 1.25e8
+    cluster = cluster_from_dict(c)
+    table = layer_table(profile, group_of(cluster, ["n0.g0", "n1.g0"]), 1, "sgd")
+    forms, _ = hpp(table, 0, 1, 1)
+    assert forms[0] != "dp"
+
+
+def test_no_shapes_means_dp_only() -> None:
+    profile = ir.ModelProfile.from_dict(make_profile_dict(3))
+    cluster = cluster_from_dict(make_cluster_dict(1, 2))
+    table = layer_table(profile, group_of(cluster, ["n0.g0", "n0.g1"]), 1, "sgd")
+    assert hpp(table, 0, 3, 1)[0] == ("dp", "dp", "dp")

@@ -1,0 +1,127 @@
+"""SP (Algorithm 2): the stage DP equals brute force on small inputs, and its plans are valid."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from planner import ir
+from planner.cluster import cluster_from_dict
+from planner.costmodel import plan_memory, stage_costs
+from planner.errors import InfeasibleError
+from planner.search import search
+from planner.search.brute import brute
+from planner.search.sp import build_problem, coarse_bounds, solve
+from tests.conftest import make_cluster_dict, make_profile_dict
+
+
+@st.composite
+def instances(draw, max_layers=5, max_nodes=2, max_gpus=2):
+    n = draw(st.integers(1, max_layers))
+    d = make_profile_dict(n, batch_size=8)
+    for layer in d["layers"]:
+        layer["forward_s"] = draw(st.floats(1e-4, 0.05))
+        layer["backward_s"] = 2 * layer["forward_s"] * draw(st.floats(0.5, 1.5))
+        layer["param_bytes"] = draw(st.sampled_from([0, 4_000, 400_000, 40_000_000]))
+        layer["param_count"] = layer["param_bytes"] // 4
+        layer["output_bytes"] = draw(st.sampled_from([1_000, 100_000, 10_000_000]))
+        layer["saved_bytes"] = draw(st.sampled_from([1_000, 1_000_000, 50_000_000]))
+        if layer["param_count"] and draw(st.booleans()):
+            layer["in_features"], layer["out_features"] = 256, 256
+    profile = ir.ModelProfile.from_dict(d)
+    nodes, gpus = draw(st.integers(1, max_nodes)), draw(st.integers(1, max_gpus))
+    mem = draw(st.sampled_from([10**8, 3 * 10**8, 10**10]))
+    c = make_cluster_dict(nodes, gpus, mem)
+    if draw(st.booleans()):
+        c["nodes"][-1]["gpus"][0]["flops"] = 4e11
+    c["links"]["inter_node"]["bandwidth_Bps"] = draw(st.sampled_from([1e8, 1e9, 1e10]))
+    cluster = cluster_from_dict(c)
+    m = draw(st.sampled_from([1, 2, 4, 8]))
+    schedule = draw(st.sampled_from(["gpipe", "1f1b", "pipedream", "zb-h1", "interleaved"]))
+    optimizer = draw(st.sampled_from(["sgd", "adam"]))
+    return profile, cluster, m, schedule, optimizer
+
+
+@given(instances())
+def test_dp_equals_brute(inst) -> None:
+    profile, cluster, m, schedule, optimizer = inst
+    prob = build_problem(profile, cluster, microbatches=m, schedule=schedule, optimizer=optimizer)
+    a, b = solve(prob), brute(prob)
+    assert (a is None) == (b is None)
+    if a is not None and b is not None:
+        assert a.objective == pytest.approx(b.objective, rel=1e-9, abs=1e-15)
+
+
+@given(instances(max_layers=4), st.sampled_from([(1,), (1, 1), (2, 1), (1, 2)]))
+def test_dp_equals_brute_with_config(inst, config) -> None:
+    profile, cluster, m, schedule, optimizer = inst
+    if sum(config) > len(cluster.gpus) or len(config) > len(profile.layers):
+        return
+    prob = build_problem(profile, cluster, microbatches=m, schedule=schedule, optimizer=optimizer, config=config)
+    a, b = solve(prob), brute(prob)
+    assert (a is None) == (b is None)
+    if a is not None and b is not None:
+        assert a.objective == pytest.approx(b.objective, rel=1e-9, abs=1e-15)
+        assert tuple(len(s.move.devices) for s in a.stages) == config
+
+
+@given(instances(max_layers=12, max_nodes=3, max_gpus=4))
+def test_plan_invariants(inst) -> None:
+    profile, cluster, m, schedule, optimizer = inst
+    try:
+        plan = search(profile, cluster, microbatches=m, schedule=schedule, optimizer=optimizer)
+    except InfeasibleError as exc:
+        assert exc.exit_code == 3
+        return
+    n = len(profile.layers)
+    covered = [i for s in plan.stages for i in range(*s.layers)]
+    assert covered == list(range(n))  # every layer once, stages contiguous and in order
+    names = [d for s in plan.stages for d in s.devices]
+    assert len(names) == len(set(names))
+    assert set(names) <= {g.name for g in cluster.gpus}
+    caps = {g.name: g.memory_bytes for g in cluster.gpus}
+    mem = plan_memory(plan, stage_costs(plan))
+    for s, peak in zip(plan.stages, mem, strict=True):
+        assert s.memory_bytes == peak
+        assert all(peak <= caps[d] for d in s.devices)
+    assert plan.predicted.iteration_s > 0 and math.isfinite(plan.predicted.iteration_s)
+
+
+def test_prediction_matches_dp_objective() -> None:
+    profile = ir.ModelProfile.from_dict(make_profile_dict(8, batch_size=8))
+    cluster = cluster_from_dict(make_cluster_dict(2, 2))
+    prob = build_problem(profile, cluster, microbatches=4, schedule="1f1b", optimizer="sgd")
+    sol = solve(prob)
+    plan = search(profile, cluster, microbatches=4, schedule="1f1b")
+    assert plan.predicted.iteration_s == pytest.approx(sol.objective, rel=1e-9)
+
+
+def test_infeasible_reports_needed_memory() -> None:
+    profile = ir.ModelProfile.from_dict(make_profile_dict(3, batch_size=8))
+    cluster = cluster_from_dict(make_cluster_dict(1, 2, memory_bytes=1_000))
+    with pytest.raises(InfeasibleError) as exc:
+        search(profile, cluster, microbatches=2)
+    assert exc.value.needed_bytes and exc.value.needed_bytes > 1_000
+    assert "micro-batches" in exc.value.hint
+
+
+def test_pipeline_beats_dp_on_slow_network() -> None:
+    d = make_profile_dict(8, batch_size=64)
+    for layer in d["layers"]:
+        layer["param_bytes"], layer["param_count"] = 100_000_000, 25_000_000
+    profile = ir.ModelProfile.from_dict(d)
+    c = make_cluster_dict(4, 2)
+    c["links"]["inter_node"]["bandwidth_Bps"] = 1.25e8
+    plan = search(profile, cluster_from_dict(c), microbatches="auto")
+    assert plan.speedup_over_dp is not None and plan.speedup_over_dp > 1.5
+    assert len(plan.stages) > 1
+
+
+def test_coarse_bounds_balance() -> None:
+    profile = ir.ModelProfile.from_dict(make_profile_dict(100))
+    b = coarse_bounds(profile, 10)
+    assert b[0] == 0 and b[-1] == 100 and len(b) <= 12
+    assert list(coarse_bounds(profile, 200)) == list(range(101))
