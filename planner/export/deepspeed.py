@@ -54,7 +54,7 @@ def check_plan(plan: ir.Plan) -> int:
 def ds_config(plan: ir.Plan, lr: float | None = None) -> dict[str, Any]:
     """The DeepSpeed config: micro-batch per GPU, accumulation = micro-batches, a torch optimizer.
 
-    FusedAdam is never built: Adam is selected with ``torch_adam`` (and ``adam_w_mode``
+    Gradient clipping is off (DeepSpeed's default clips to 1.0). FusedAdam is never built: Adam is selected with ``torch_adam`` (and ``adam_w_mode``
     off, so it is ``torch.optim.Adam``); the other optimizers are torch.optim classes.
     """
     width = check_plan(plan)
@@ -70,6 +70,9 @@ def ds_config(plan: ir.Plan, lr: float | None = None) -> dict[str, Any]:
         "train_micro_batch_size_per_gpu": common.micro_batch_size(plan, width),
         "gradient_accumulation_steps": plan.microbatches,
         "optimizer": optimizers[plan.optimizer],
+        # DeepSpeed 0.19 clips gradients to norm 1.0 unless told otherwise; a plan trains
+        # exactly like the unsplit model, so clipping is off (set it here if you want it).
+        "gradient_clipping": 0.0,
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
         "zero_optimization": {"stage": 0},
@@ -152,6 +155,12 @@ def _explicit_class() -> type:
             self.parts = list(parts)
             stage_id = self._topo.get_coord(self.global_rank).pipe
             self._set_bounds(start=self.parts[stage_id], stop=self.parts[stage_id + 1])
+
+        def _synchronize_tied_weights(self) -> None:
+            # DeepSpeed broadcasts the tied parameters in place with autograd on: c10d's
+            # broadcast_ then enters the graph and the tied weights' gradients go wrong.
+            with torch.no_grad():
+                super()._synchronize_tied_weights()
 
     return ExplicitPipelineModule
 

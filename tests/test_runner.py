@@ -1,0 +1,180 @@
+"""runner: real training of plans under torchrun, checked against single-process training.
+
+The factories below are the tiny models the slow tests (and tests of the export and CLI)
+train; workers import them as ``tests.test_runner:<name>``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from planner import ir
+from planner.errors import ExportError, RunError
+from planner.export import common
+from planner.runner import max_rel_diff, run_plan
+from tests.conftest import make_cluster_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tiny_mlp() -> tuple[nn.Module, torch.Tensor]:
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
+                         nn.Linear(32, 10)), torch.randn(8, 16)
+
+
+def tiny_mlp_wide() -> tuple[nn.Module, torch.Tensor]:
+    """The same layer count as tiny_mlp but other shapes: must not run tiny_mlp's plan."""
+    return nn.Sequential(nn.Linear(16, 48), nn.ReLU(), nn.Linear(48, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
+                         nn.Linear(32, 10)), torch.randn(8, 16)
+
+
+class _Tied(nn.Module):
+    def __init__(self, emb: nn.Embedding) -> None:
+        super().__init__()
+        self.emb = emb
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.emb(x)
+
+
+class _Head(nn.Module):
+    def __init__(self, emb: nn.Embedding) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(emb.embedding_dim)
+        self.emb = emb
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x) @ self.emb.weight.t()
+
+
+def tiny_tied() -> tuple[nn.Module, torch.Tensor]:
+    """A token model whose first and last layers share the embedding (like GPT-2's wte/lm_head)."""
+    emb = nn.Embedding(20, 16)
+    return nn.Sequential(_Tied(emb), nn.Linear(16, 16), nn.Tanh(), _Head(emb)), torch.randint(0, 20, (8, 6))
+
+
+class _Boom(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if "RANK" in os.environ:
+            raise ValueError("boom from the worker")
+        return x
+
+
+def tiny_crash() -> tuple[nn.Module, torch.Tensor]:
+    """Runs in the parent, raises in every worker."""
+    m, ex = tiny_mlp()
+    return nn.Sequential(*m, _Boom()), ex
+
+
+def tiny_plan(factory: str, parts: list[int], width: int = 1, *, microbatches: int = 2, batch: int = 8,
+              schedule: str = "1f1b", forms: list[list[str]] | None = None, optimizer: str = "sgd") -> ir.Plan:
+    """A hand-made plan over the profiled layers of ``factory`` (a function in this module)."""
+    from planner.profiler.layers import split_model
+
+    torch.manual_seed(0)
+    module, example = globals()[factory]()
+    layers = split_model(module, example).layers
+    counts = common.layer_param_counts(layers)
+    doc: dict[str, Any] = {
+        "kind": "profile", "version": 1, "model": f"tests.test_runner:{factory}", "batch_size": batch,
+        "dtype": "float32", "mode": "measured", "device": "cpu", "device_flops": 1e10,
+        "input_shape": list(example.shape[1:]),
+        "layers": [{"name": f"l{i}", "type": type(layer).__name__, "forward_s": 1e-4, "backward_s": 2e-4,
+                    "forward_flops": 1e6, "backward_flops": 2e6, "param_count": c, "param_bytes": 4 * c,
+                    "output_bytes": 1, "saved_bytes": 1} for i, (layer, c) in enumerate(zip(layers, counts))],
+    }
+    parts = [p if p >= 0 else len(layers) + 1 + p for p in parts]
+    cluster = ir.Cluster.from_dict(make_cluster_dict(1, 8))
+    return common.manual_plan(ir.ModelProfile.from_dict(doc), cluster, parts, width, microbatches=microbatches,
+                              schedule=schedule, optimizer=optimizer, forms=forms,
+                              predicted=ir.Prediction(0.01, batch / 0.01, 0.1, 0))
+
+
+@pytest.fixture(autouse=True)
+def _cwd(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+
+
+def _stray(marker: str) -> list[str]:
+    out = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if "planner.runner" in cmd and marker in cmd:
+                out.append(cmd)
+    return out
+
+
+def test_max_rel_diff() -> None:
+    assert max_rel_diff([1.0, 2.0], [1.0, 2.0]) == 0.0
+    assert max_rel_diff([1.1], [1.0]) == pytest.approx(0.1)
+
+
+def test_model_that_does_not_match_the_profile_is_refused_before_launch() -> None:
+    plan = tiny_plan("tiny_mlp", [0, 2, -1])
+    with pytest.raises(RunError, match="parameters"):
+        run_plan(plan, "tests.test_runner:tiny_mlp_wide", engine="torch", steps=2, warmup=1)
+
+
+def test_world_size_the_machine_cannot_start() -> None:
+    plan = tiny_plan("tiny_mlp", [0, 1, 2, 3, 4], width=2)  # 8 processes
+    import planner.runner as runner
+
+    old = runner.max_world_size
+    runner.max_world_size = lambda: 4  # type: ignore[assignment]
+    try:
+        with pytest.raises(RunError, match="8 processes"):
+            run_plan(plan, "tests.test_runner:tiny_mlp", engine="torch", steps=2, warmup=1)
+    finally:
+        runner.max_world_size = old  # type: ignore[assignment]
+
+
+def test_engine_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real(name, *a))
+    with pytest.raises(RunError, match="deepspeed is not installed"):
+        run_plan(tiny_plan("tiny_mlp", [0, 2, -1]), "tests.test_runner:tiny_mlp", engine="deepspeed", steps=2,
+                 warmup=1)
+
+
+def test_plan_the_engine_cannot_run_is_refused() -> None:
+    plan = tiny_plan("tiny_mlp", [0, 2, -1], width=2, forms=[["split_out", "dp"], ["dp", "dp"]])
+    with pytest.raises(ExportError, match="engine deepspeed"):
+        run_plan(plan, "tests.test_runner:tiny_mlp", engine="deepspeed", steps=2, warmup=1)
+
+
+@pytest.mark.slow
+def test_deepspeed_two_stages_matches_single_process() -> None:
+    plan = tiny_plan("tiny_mlp", [0, 2, -1], microbatches=4)
+    doc = run_plan(plan, "tests.test_runner:tiny_mlp", engine="deepspeed", steps=4, warmup=1, check=True)
+    assert doc["engine"] == "deepspeed" and doc["world_size"] == 2
+    assert len(doc["losses"]) == 4 and doc["measured_iteration_s"] > 0
+    assert doc["predicted_iteration_s"] == pytest.approx(0.01)
+    assert doc["max_rel_loss_diff"] < 1e-5
+
+
+@pytest.mark.slow
+def test_deepspeed_two_by_two_with_tied_weights() -> None:
+    plan = tiny_plan("tiny_tied", [0, 1, -1], width=2, microbatches=2)
+    doc = run_plan(plan, "tests.test_runner:tiny_tied", engine="deepspeed", steps=3, warmup=1, check=True)
+    assert doc["world_size"] == 4
+    assert doc["max_rel_loss_diff"] < 1e-5
+
+
+@pytest.mark.slow
+def test_worker_crash_reports_the_workers_cause_and_leaves_no_process() -> None:
+    plan = tiny_plan("tiny_crash", [0, 2, -1])
+    with pytest.raises(RunError, match="boom from the worker"):
+        run_plan(plan, "tests.test_runner:tiny_crash", engine="torch", steps=2, warmup=1)
+    assert not _stray("tiny_crash")
