@@ -41,6 +41,18 @@ def preset_names() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.json"))
 
 
+def preset_description(name: str) -> str:
+    """The ``description`` a preset file carries (empty when none)."""
+    import json
+
+    try:
+        doc = json.loads((PRESET_DIR / f"{name}.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return ""
+    desc = doc.get("description", "") if isinstance(doc, dict) else ""
+    return desc if isinstance(desc, str) else ""
+
+
 def list_presets() -> list[ir.Cluster]:
     """Every shipped preset, loaded and validated, sorted by name."""
     return [load_cluster(name) for name in preset_names()]

@@ -46,11 +46,13 @@ Sources of each formula are cited where it is defined:
   micro-batch crosses ``link_between`` forward and its gradient (same size) backward,
   ``alpha + S/B`` each.
 - Iteration time (:func:`analytic_iteration`): with ``l_s`` a stage's per-micro-batch
-  forward+backward plus the transfers it receives and ``ar_s`` its gradient all-reduce,
-  flush schedules take ``T = sum_s l_s + max_s((M-1) l_s + ar_s)`` -- exactly
+  forward+backward plus the transfers it receives (fill and drain), ``c_s`` its compute,
+  ``x_s`` its incoming transfer and ``ar_s`` its gradient all-reduce, flush schedules take
+  ``T = sum_s l_s + max_s((M-1) max(c_s, x_s) + ar_s)`` (transfers overlap compute in
+  steady state) -- exactly
   ``(M+K-1)(t_f+t_b)`` for uniform stages with free communication (GPipe section 2.2;
   the bottleneck stage runs all M micro-batches while the others fill and drain
-  once); asynchronous pipedream has no flush: ``T = max_s(M l_s + ar_s)`` (PipeDream's
+  once); asynchronous pipedream has no flush: ``T = max_s(M max(c_s, x_s) + ar_s)`` (PipeDream's
   steady state, one mini-batch of M micro-batches per bottleneck-stage period).
 """
 
@@ -359,8 +361,8 @@ def schedule_weights(schedule: str, microbatches: int) -> tuple[float, float]:
 def stage_period(costs: Sequence[ir.StageCost]) -> list[float]:
     """``l_s``: forward + backward per micro-batch plus the transfers the stage receives.
 
-    A stage receives its input from the previous stage (forward) and sends the gradient
-    back over the same link (backward): ``2 * (alpha + S/B)``.
+    The first micro-batch's activation crosses each stage boundary once on the way in and
+    the last one's gradient once on the way out, so fill and drain see ``2 * (alpha + S/B)``.
     """
     periods = []
     for s, c in enumerate(costs):
@@ -369,20 +371,36 @@ def stage_period(costs: Sequence[ir.StageCost]) -> list[float]:
     return periods
 
 
+def stage_terms(costs: Sequence[ir.StageCost], schedule: str, microbatches: int) -> list[float]:
+    """The steady-state term of each stage: ``b * max(compute, transfer in) + ar_s``.
+
+    Transfers overlap compute (the link works while the device computes, and activations
+    and gradients travel in opposite directions of a full-duplex link), so in steady state
+    a stage delivers one micro-batch per ``max(t_f + t_b, alpha + S/B)``.
+    """
+    _, b = schedule_weights(schedule, microbatches)
+    out = []
+    for s, c in enumerate(costs):
+        recv = costs[s - 1].send_s if s > 0 else 0.0
+        out.append(b * max(c.forward_s + c.backward_s, recv) + c.allreduce_s)
+    return out
+
+
 def analytic_iteration(costs: Sequence[ir.StageCost], schedule: str, microbatches: int) -> tuple[float, float]:
     """Predicted iteration time and bubble fraction of stages under a schedule.
 
-    ``T = a sum_s l_s + max_s(b l_s + ar_s)`` with ``(a, b)`` from :func:`schedule_weights`;
-    bubble = 1 - (mean stage busy time M*l_s) / T.
+    ``T = a sum_s l_s + max_s(b max(c_s, x_s) + ar_s)`` with ``(a, b)`` from
+    :func:`schedule_weights`, ``l_s`` from :func:`stage_period`, ``c_s`` the stage's
+    compute and ``x_s`` its incoming transfer per micro-batch; bubble = 1 - (mean stage
+    compute M*c_s) / T.
     """
-    a, b = schedule_weights(schedule, microbatches)
+    a, _ = schedule_weights(schedule, microbatches)
     periods = stage_period(costs)
     total = 0.0
-    for p in periods:
-        total += p
-    top = max(b * p + c.allreduce_s for p, c in zip(periods, costs, strict=True))
-    t = a * total + top
-    busy = sum(microbatches * p for p in periods) / len(periods)
+    for p in reversed(periods):
+        total = p + total
+    t = a * total + max(stage_terms(costs, schedule, microbatches))
+    busy = sum(microbatches * (c.forward_s + c.backward_s) for c in costs) / len(costs)
     bubble = 0.0 if t <= 0 else min(max(1.0 - busy / t, 0.0), 1.0)
     return t, bubble
 

@@ -87,7 +87,7 @@ def _engine_widths(cluster: ir.Cluster) -> list[int]:
 
 
 def _problems(profile: ir.ModelProfile, cluster: ir.Cluster, m: int, schedule: str, optimizer: str, engine: str,
-              config: Sequence[int] | None, max_blocks: int) -> list[Problem]:
+              config: Sequence[int] | None, max_blocks: int | None) -> list[Problem]:
     forms = ("dp",) if engine == "deepspeed" else ir.FORMS
     if config is not None:
         return [build_problem(profile, cluster, microbatches=m, schedule=schedule, optimizer=optimizer, forms=forms,
@@ -101,7 +101,7 @@ def _problems(profile: ir.ModelProfile, cluster: ir.Cluster, m: int, schedule: s
 
 def search(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int | str = "auto",
            schedule: str = "1f1b", optimizer: str = "sgd", solver: str = "dp", engine: str = "any",
-           config: Sequence[int] | None = None, max_blocks: int = 256,
+           config: Sequence[int] | None = None, max_blocks: int | None = None,
            progress: Callable[[str], None] | None = None) -> ir.Plan:
     """The fastest plan that fits (see the module doc); InfeasibleError when none does."""
     _check(profile, cluster, schedule, optimizer, solver, engine, config)

@@ -94,49 +94,50 @@ def stage_tables(table: LayerTable, bounds: Sequence[int] | np.ndarray, microbat
     m = microbatches
     keys = ("time", "fwd", "ar_bytes", "static", "weight", "act")
     cost = np.full((nb, 3), np.inf)
-    agg = {k: np.zeros((nb, 3)) for k in keys}
+    agg = np.zeros((len(keys), nb, 3))  # aggregates of the best chain per (start, last form)
+    res = np.zeros((len(keys), nb + 1, nb + 1))
+    res[0] = np.inf
     start_of = {int(x): a for a, x in enumerate(b[:nb])}
     end_of = {int(x): j for j, x in enumerate(b) if j > 0}
     active = 0  # starts [0, active) have begun
     split = np.array([0.0, 1.0, 1.0])
+    cols3 = np.arange(3)[None, :]
+    all_rows = np.arange(nb)[:, None]
     for layer in range(n_layers):
         lc = _layer_cost(table, layer, m)
         f_, b_ = table.fwd[layer], table.bwd[layer]
-        add = {"time": f_ + b_, "fwd": f_, "ar_bytes": table.ar_bytes[layer], "static": table.static[layer],
-               "weight": table.weight[layer], "act": table.act[layer]}
+        add = np.stack([f_ + b_, f_, table.ar_bytes[layer], table.static[layer], table.weight[layer],
+                        table.act[layer]])
         enter = table.enter[layer]
         if active:
+            rows = all_rows[:active]
             trans = cost[:active, :, None] + m * enter * _CHANGE[None]  # [start, from, to]
             arg = np.argmin(trans, axis=1)  # [start, to]
-            new_cost = np.take_along_axis(trans, arg[:, None, :], axis=1)[:, 0, :] + lc
-            ef = _ENTER_FWD[arg, np.arange(3)[None, :]] * enter
-            eb = _ENTER_BWD[arg, np.arange(3)[None, :]] * enter
-            for k in keys:
-                prev = np.take_along_axis(agg[k][:active], arg, axis=1)
-                agg[k][:active] = prev + add[k]
-            agg["time"][:active] += ef + eb
-            agg["fwd"][:active] += ef
+            new_cost = trans[rows, arg, cols3] + lc
+            ef = _ENTER_FWD[arg, cols3] * enter
+            eb = _ENTER_BWD[arg, cols3] * enter
+            agg[:, :active] = agg[:, rows, arg] + add[:, None, :]
+            agg[0, :active] += ef + eb
+            agg[1, :active] += ef
             cost[:active] = new_cost
         if layer in start_of:
             a = start_of[layer]
             cost[a] = m * enter * split + lc
-            for k in keys:
-                agg[k][a] = add[k]
-            agg["time"][a] += enter * split
-            agg["fwd"][a] += enter * split
+            agg[:, a] = add
+            agg[0, a] += enter * split
+            agg[1, a] += enter * split
             active = a + 1
         if layer + 1 in end_of:
             j = end_of[layer + 1]
             leave = table.leave[layer] * split
             last = cost[:j] + m * leave
-            arg = np.argmin(last, axis=1)
-            rows = np.arange(j)
-            ok = np.isfinite(last[rows, arg])
-            for k in keys:
-                out[k][:j, j] = agg[k][rows, arg]
-            out["time"][:j, j] += leave[arg]
-            out["time"][:j, j] = np.where(ok, out["time"][:j, j], np.inf)
-    return StageTables(in_bytes=in_b, **out)
+            arg1 = np.argmin(last, axis=1)
+            r1 = np.arange(j)
+            ok = np.isfinite(last[r1, arg1])
+            res[:, :j, j] = agg[:, r1, arg1]
+            res[0, :j, j] += leave[arg1]
+            res[0, :j, j] = np.where(ok, res[0, :j, j], np.inf)
+    return StageTables(in_bytes=in_b, **{k: res[i] for i, k in enumerate(keys)})
 
 
 def _dp_only(table: LayerTable, b: np.ndarray, out: dict[str, np.ndarray]) -> None:

@@ -7,7 +7,8 @@ The search space (the same for ``--solver dp`` and ``--solver brute``)
 - ``hierarchy`` groups (the default: "split across servers first, then inside a
   server"): a stage's group is either ``w`` consecutive GPUs inside one server, with
   ``w`` a power of two or the whole server, or ``k >= 2`` whole consecutive servers
-  (every ``k`` up to 16 servers, beyond that powers of two and "all the rest"). A stage
+  (every ``k`` when the cluster has at most 16 servers, beyond that powers of two, and
+  all servers). A stage
   starts at the next free GPU; before it, the rest of the current server (or a whole
   server) may be skipped.
 - ``contiguous`` groups (``--config`` and ``--engine``): ``w`` consecutive GPUs in
@@ -17,13 +18,14 @@ The search space (the same for ``--solver dp`` and ``--solver brute``)
   smallest device memory is excluded. Memory depends on the micro-batches in flight,
   which for 1f1b-like schedules depend on how many stages follow (K - s): the DP
   tracks that count (capped where it stops mattering).
-- Large inputs: above ``max_blocks`` layers, stage boundaries are restricted to block
-  boundaries that balance compute (as Alpa clusters operators into layers); brute only
-  runs on inputs below that size, so the two spaces agree whenever both run.
+- Large inputs: above ``max_blocks`` layers (default 256, or 128 beyond 64 GPUs), stage
+  boundaries are restricted to block boundaries that balance compute (as Alpa clusters
+  operators into layers); brute only runs on inputs below that size, so the two spaces
+  agree whenever both run.
 
 Objective and exactness
 -----------------------
-``T = a * sum_s l_s + max_s(b * l_s + ar_s)`` (planner.costmodel.schedule_weights). For a
+``T = a * sum_s l_s + max_s(b * max(c_s, x_s) + ar_s)`` (planner.costmodel.analytic_iteration). For a
 cap C on the max term, a backward DP over (stages left, next free device, first layer)
 gives the least ``sum_s l_s`` of plans whose every term is <= C (Alpa, Zheng et al.
 OSDI'22, section 5.2). Starting from C = inf, if the best plan has max term m, any better
@@ -71,6 +73,19 @@ class Candidate:
     term_b: np.ndarray
     rmax_a: np.ndarray  # largest stages-left count the stage fits with (0: never)
     rmax_b: np.ndarray
+    band: dict[str, np.ndarray] = field(default_factory=dict)
+    """The same arrays in band layout: ``band[x][a, k] = x[a, a + 1 + k]`` (inf/0 past the end)."""
+
+    def make_band(self) -> None:
+        nb1 = self.l_a.shape[0]
+        rows = np.arange(nb1)[:, None]
+        cols = rows + 1 + np.arange(nb1)[None, :]
+        inside = cols < nb1
+        cols = np.where(inside, cols, 0)
+        for name in ("l_a", "l_b", "term_a", "term_b", "rmax_a", "rmax_b"):
+            arr = getattr(self, name)
+            fill = 0 if name.startswith("rmax") else np.inf
+            self.band[name] = np.where(inside, arr[rows, cols], fill)
 
 
 @dataclass
@@ -156,7 +171,7 @@ def build_moves(cluster: ir.Cluster, mode: str, widths: Sequence[int] | None) ->
             if u == 0:
                 ks = list(range(2, s_total - c + 1))
                 if s_total > 16:
-                    ks = sorted({k for k in _pow2_upto(s_total) if k >= 2} | {s_total - c})
+                    ks = sorted({k for k in _pow2_upto(s_total) if k >= 2} | ({s_total} if c == 0 else set()))
                 opts += [(starts[c + k] - d, starts[c + k]) for k in ks if c + k <= s_total]
         else:
             ws = sorted(allowed) if allowed is not None else list(range(1, g_total + 1))
@@ -183,11 +198,13 @@ def _group_key(g: Group) -> tuple:
 
 def build_problem(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int, schedule: str, optimizer: str,
                   forms: Sequence[str] = ir.FORMS, mode: str = "hierarchy", widths: Sequence[int] | None = None,
-                  config: Sequence[int] | None = None, max_blocks: int = 256) -> Problem:
+                  config: Sequence[int] | None = None, max_blocks: int | None = None) -> Problem:
     """Tabulate everything the stage DP and brute force read (see the module doc)."""
     if config is not None:
         mode, widths = "contiguous", sorted(set(config))
     moves, skip, _ = build_moves(cluster, mode, widths)
+    if max_blocks is None:
+        max_blocks = 256 if len(cluster.gpus) <= 64 else 128
     bounds = coarse_bounds(profile, max_blocks)
     key_of: dict[tuple, int] = {}
     groups: list[Group] = []
@@ -231,13 +248,14 @@ def _build_candidates(prob: Problem) -> None:
     for key, link in sorted(used):
         t = prob.tables[key]
         g = prob.groups[key]
-        recv = np.array([2.0 * p2p_s(x, links[link]) for x in recv_bytes])
-        l_a = t.time + recv[:, None]
-        l_b = l_a + t.fwd
+        recv = np.array([p2p_s(x, links[link]) for x in recv_bytes])[:, None]
+        time_b = t.time + t.fwd
+        l_a = t.time + 2.0 * recv
+        l_b = time_b + 2.0 * recv
         ar = _ar(prob, key, t)
         with np.errstate(invalid="ignore"):
-            term_a = np.where(np.isfinite(l_a), prob.b * l_a + ar, np.inf)
-            term_b = np.where(np.isfinite(l_b), prob.b * l_b + ar, np.inf)
+            term_a = np.where(np.isfinite(l_a), prob.b * np.maximum(t.time, recv) + ar, np.inf)
+            term_b = np.where(np.isfinite(l_b), prob.b * np.maximum(time_b, recv) + ar, np.inf)
         cap = g.memory_bytes if prob.capacity_override is None else prob.capacity_override
         static, act, wt = np.ceil(t.static), np.ceil(t.act), np.ceil(t.weight)
         inr = np.ceil(t.in_bytes)[:, None]
@@ -254,7 +272,9 @@ def _build_candidates(prob: Problem) -> None:
         finite = np.isfinite(t.time)
         rmax_a = np.where(finite, rmax_a, 0)
         rmax_b = np.where(finite, rmax_b, 0)
-        prob.cand[(key, link)] = Candidate(l_a, l_b, term_a, term_b, rmax_a, rmax_b)
+        cand = Candidate(l_a, l_b, term_a, term_b, rmax_a, rmax_b)
+        cand.make_band()
+        prob.cand[(key, link)] = cand
     # the stages-left count matters only up to 1 + the largest limit below the cap
     limits = [int(x) for c in prob.cand.values() for arr in (c.rmax_a, c.rmax_b)
               for x in np.unique(arr) if 1 <= x < r_hi]
@@ -293,85 +313,132 @@ class Solution:
     objective: float
 
 
-def _cost_matrix(prob: Problem, key: int, link: int, r: int, cap: float) -> np.ndarray:
-    c = prob.cand[(key, link)]
-    ok_a = (c.rmax_a >= r) & (c.term_a <= cap)
-    ok_b = (c.rmax_b >= r) & (c.term_b <= cap)
-    return np.where(ok_a, c.l_a, np.where(ok_b, c.l_b, np.inf))
+def _cost_band(prob: Problem, key: int, link: int, r_top: int, cap: float) -> np.ndarray:
+    """Periods of stages allowed at cap ``cap``, per stages-left count 1..r_top, in band layout.
+
+    Shape (r_top, nb+1, W): ``out[r-1, a, k]`` is the period of stage [a, a+1+k) when r
+    stages are left (r_top meaning r_top or more), inf where it does not fit or exceeds
+    the cap; W is trimmed to the widest stage allowed.
+    """
+    c = prob.cand[(key, link)].band
+    under_a = c["term_a"] <= cap
+    under_b = c["term_b"] <= cap
+    any_ok = (under_a & (c["rmax_a"] >= 1)) | (under_b & (c["rmax_b"] >= 1))
+    cols = np.flatnonzero(any_ok.any(axis=0))
+    width = int(cols[-1]) + 1 if cols.size else 0
+    rs = np.arange(1, r_top + 1)[:, None, None]
+    ok_a = (c["rmax_a"][None, :, :width] >= rs) & under_a[None, :, :width]
+    ok_b = (c["rmax_b"][None, :, :width] >= rs) & under_b[None, :, :width]
+    return np.where(ok_a, c["l_a"][None, :, :width], np.where(ok_b, c["l_b"][None, :, :width], np.inf))
+
+
+def _windows(nxt: np.ndarray, width: int) -> np.ndarray:
+    """``out[..., a, k] = nxt[..., a + 1 + k]`` (inf past the end), shape (..., nb+1, width)."""
+    nb1 = nxt.shape[-1]
+    padded = np.full((*nxt.shape[:-1], nb1 - 1 + width + 1), np.inf)
+    padded[..., :nb1 - 1] = nxt[..., 1:]
+    st = padded.strides
+    return np.lib.stride_tricks.as_strided(padded, shape=(*nxt.shape[:-1], nb1, width),
+                                           strides=(*st[:-1], st[-1], st[-1]), writeable=False)
+
+
+def _next_rows(h: list[np.ndarray], nxt: int, r_top: int, exact: bool) -> np.ndarray:
+    """Suffix values a stage with r = 1..r_top stages left continues into: rows r-1 (and r_top)."""
+    rows = h[nxt][:r_top].copy()
+    if not exact:
+        np.minimum(rows[r_top - 1], h[nxt][r_top], out=rows[r_top - 1])
+    return rows
+
+
+def _rho_mask(prob: Problem, mv: Move, r_top: int) -> np.ndarray | None:
+    """For a fixed config: which stages-left counts may use this move's width (None: all)."""
+    if prob.config is None:
+        return None
+    k = len(prob.config)
+    return np.array([len(mv.devices) == prob.config[k - r] for r in range(1, r_top + 1)])
 
 
 def solve_cap(prob: Problem, cap: float) -> Solution | None:
-    """Least sum of periods over plans whose every term is <= ``cap`` (None: no plan)."""
+    """Least sum of periods over plans whose every term is <= ``cap`` (None: no plan).
+
+    ``h[d][r, a]``: least sum of periods placing layers from block a on the devices from
+    position d with exactly r stages (r = r_top: r_top or more; exact when K is fixed).
+    """
     nb, g_total = prob.nb, prob.devices
     exact = prob.stages_exact is not None
     r_top = max(prob.r_eff, 1)
-    # H[rho][d]: arrays over start block a
-    inf = np.full(nb + 1, np.inf)
-    term = inf.copy()
-    term[nb] = 0.0
-    h: list[list[np.ndarray]] = [[term] * (g_total + 1)] + [[inf] * (g_total + 1) for _ in range(r_top)]
-    mats: dict[tuple[int, int, int], np.ndarray] = {}
+    empty = np.full((r_top + 1, nb + 1), np.inf)
+    empty[0, nb] = 0.0
+    h: list[np.ndarray] = [empty] * (g_total + 1)
+    bands: dict[tuple[int, int], np.ndarray] = {}
+    masks: dict[int, np.ndarray | None] = {}
     for d in range(g_total - 1, -1, -1):
-        for rho in range(1, r_top + 1):
-            best = h[rho][prob.skip[d]].copy() if prob.skip[d] <= g_total else inf.copy()
-            for mv in prob.moves[d]:
-                if exact and len(mv.devices) != prob.config[(prob.stages_exact or 0) - rho]:  # type: ignore[index]
-                    continue
-                nxt = _next_h(h, rho, mv.next, r_top, exact)
-                r_eff = rho
-                mk = (mv.key, mv.link, r_eff)
-                mat = mats.get(mk)
-                if mat is None:
-                    mat = _cost_matrix(prob, mv.key, mv.link, r_eff, cap)
-                    mats[mk] = mat
-                cand = np.min(mat + nxt[None, :], axis=1)
-                np.minimum(best, cand, out=best)
-            h[rho][d] = best
-    starts = range(1, r_top + 1) if not exact else [r_top]
-    vals = [(h[rho][0][0], rho) for rho in starts]
-    value, rho0 = min(vals, key=lambda x: x[0])
+        best = h[prob.skip[d]].copy()
+        for mv in prob.moves[d]:
+            bk = (mv.key, mv.link)
+            band = bands.get(bk)
+            if band is None:
+                band = bands[bk] = _cost_band(prob, mv.key, mv.link, r_top, cap)
+            if band.shape[2] == 0:
+                continue
+            nxt = _next_rows(h, mv.next, r_top, exact)
+            finite = np.flatnonzero(np.isfinite(nxt).any(axis=0))
+            if finite.size == 0:
+                continue
+            width = band.shape[2]
+            # rows a that can reach a finite suffix value at b in (a, a + width]
+            lo_row, hi_row = max(int(finite[0]) - width, 0), int(finite[-1])
+            cand = np.full((r_top, nb + 1), np.inf)
+            win = _windows(nxt, width)[:, lo_row:hi_row]
+            cand[:, lo_row:hi_row] = np.min(band[:, lo_row:hi_row] + win, axis=2)
+            if exact:
+                w = len(mv.devices)
+                if w not in masks:
+                    masks[w] = _rho_mask(prob, mv, r_top)
+                mask = masks[w]
+                if mask is not None:
+                    cand[~mask] = np.inf
+            np.minimum(best[1:], cand, out=best[1:])
+        h[d] = best
+    rows = [r_top] if exact else list(range(1, r_top + 1))
+    value, rho0 = min((float(h[0][r, 0]), r) for r in rows)
     if not math.isfinite(value):
         return None
-    return _backtrack(prob, h, mats, rho0, cap, r_top, exact)
+    return _backtrack(prob, h, bands, masks, rho0, cap, r_top, exact)
 
 
-def _next_h(h: list[list[np.ndarray]], rho: int, nxt: int, r_top: int, exact: bool) -> np.ndarray:
-    if rho == r_top and not exact:
-        return np.minimum(h[rho - 1][nxt], h[rho][nxt])
-    return h[rho - 1][nxt]
-
-
-def _backtrack(prob: Problem, h: list[list[np.ndarray]], mats: dict, rho: int, cap: float, r_top: int,
+def _backtrack(prob: Problem, h: list[np.ndarray], bands: dict, masks: dict, rho: int, cap: float, r_top: int,
                exact: bool) -> Solution:
     d, a = 0, 0
     stages: list[StageChoice] = []
     while a < prob.nb:
-        target = h[rho][d][a]
-        if prob.skip[d] <= prob.devices and h[rho][prob.skip[d]][a] == target:
-            d = prob.skip[d]
-            continue
+        target = h[d][rho, a]
         found = False
         for mv in prob.moves[d]:
-            if exact and len(mv.devices) != prob.config[(prob.stages_exact or 0) - rho]:  # type: ignore[index]
+            band = bands.get((mv.key, mv.link))
+            if band is None or band.shape[2] == 0:
                 continue
-            mat = mats.get((mv.key, mv.link, rho))
-            if mat is None:
+            if exact and not masks[len(mv.devices)][rho - 1]:
                 continue
-            nxt = _next_h(h, rho, mv.next, r_top, exact)
-            vals = mat[a] + nxt
-            b = int(np.argmin(vals))
-            if vals[b] == target and math.isfinite(target):
+            nxt = _next_rows(h, mv.next, r_top, exact)
+            vals = band[rho - 1, a] + _windows(nxt[rho - 1], band.shape[2])[a]
+            k = int(np.argmin(vals))
+            if vals[k] == target:
+                b = a + 1 + k
                 c = prob.cand[(mv.key, mv.link)]
                 use_a = c.rmax_a[a, b] >= rho and c.term_a[a, b] <= cap
                 period = float(c.l_a[a, b] if use_a else c.l_b[a, b])
                 term_v = float(c.term_a[a, b] if use_a else c.term_b[a, b])
                 stages.append(StageChoice(a, b, mv, not use_a, period, term_v))
-                rho = rho if rho == r_top and not exact and h[rho][mv.next][b] <= h[rho - 1][mv.next][b] else rho - 1
+                if exact or rho < r_top or h[mv.next][rho - 1, b] <= h[mv.next][rho, b]:
+                    rho -= 1
                 d, a = mv.next, b
                 found = True
                 break
-        if not found:  # pragma: no cover - the DP values always come from a move
-            raise PlanError("internal error: stage DP backtrack failed", "report this with the inputs")
+        if not found:
+            if h[prob.skip[d]][rho, a] != target:  # pragma: no cover - every DP value comes from a move or skip
+                raise PlanError("internal error: stage DP backtrack failed", "report this with the inputs")
+            d = prob.skip[d]
     return _solution(prob, stages)
 
 
@@ -399,49 +466,62 @@ def lower_bound_top(prob: Problem) -> float:
     return lb
 
 
-def solve(prob: Problem, max_rounds: int = 400, progress: Callable[[int, float], None] | None = None
+def candidate_terms(prob: Problem) -> np.ndarray:
+    """Every value a stage's max term can take in this problem, sorted and unique."""
+    parts = []
+    for c in prob.cand.values():
+        parts.append(c.term_a[(c.rmax_a >= 1) & np.isfinite(c.term_a)])
+        parts.append(c.term_b[(c.rmax_b >= 1) & np.isfinite(c.term_b)])
+    return np.unique(np.concatenate(parts)) if parts else np.zeros(0)
+
+
+def solve(prob: Problem, max_solves: int = 10_000, progress: Callable[[int, float], None] | None = None
           ) -> Solution | None:
-    """The exact optimum of the objective over the problem's space (None: nothing fits)."""
+    """The exact optimum of the objective over the problem's space (None: nothing fits).
+
+    Branch and bound over the sorted candidate values of the max term. An open interval
+    [lo, hi] of candidate indices carries S, a lower bound on the sum of periods of any
+    plan whose max term lies in it, so every such plan costs at least ``a*S + vals[lo]``.
+    Intervals are opened best bound first; solving at cap vals[mid] gives the least sum
+    S' of plans with max <= vals[mid] and a plan whose max is vals[t] (t <= mid): plans
+    with max in [t, mid] cost at least the plan's own objective, [lo, t-1] gets bound S',
+    [mid+1, hi] keeps S. It stops when the smallest bound cannot beat the best plan, so
+    the result is exact.
+    """
+    import heapq
+
     first = solve_cap(prob, math.inf)
     if first is None:
         return None
-    if prob.a == 0.0:
-        return _bisect(prob, first)
+    vals = candidate_terms(prob)
     best = first
     lb = lower_bound_top(prob)
-    cur = first
-    for rnd in range(max_rounds):
+    top_idx = int(np.searchsorted(vals, first.top))
+    lo0 = int(np.searchsorted(vals, lb))
+    heap: list[tuple[float, int, int, float]] = []
+    if lo0 <= top_idx - 1:
+        heapq.heappush(heap, (prob.a * first.total + float(vals[lo0]), lo0, top_idx - 1, first.total))
+    solves = 1
+    while heap and solves < max_solves:
+        bound, lo, hi, s_lo = heapq.heappop(heap)
+        if bound >= best.objective:
+            break
         if progress:
-            progress(rnd, best.objective)
-        if cur.total * prob.a + lb >= best.objective:
-            break
-        cap = math.nextafter(cur.top, -math.inf)
-        nxt = solve_cap(prob, cap)
-        if nxt is None:
-            break
-        if nxt.objective < best.objective:
-            best = nxt
-        cur = nxt
-    return best
-
-
-def _bisect(prob: Problem, first: Solution) -> Solution:
-    values: set[float] = set()
-    for c in prob.cand.values():
-        values.update(c.term_a[(c.rmax_a >= 1) & np.isfinite(c.term_a)].tolist())
-        values.update(c.term_b[(c.rmax_b >= 1) & np.isfinite(c.term_b)].tolist())
-    vals = sorted(v for v in values if v <= first.top)
-    lo, hi = 0, len(vals) - 1
-    best = first
-    while lo <= hi:
+            progress(solves, best.objective)
         mid = (lo + hi) // 2
-        sol = solve_cap(prob, vals[mid])
+        sol = solve_cap(prob, float(vals[mid]))
+        solves += 1
         if sol is None:
-            lo = mid + 1
-        else:
-            if sol.objective <= best.objective:
-                best = sol
-            hi = mid - 1
+            if mid + 1 <= hi:
+                heapq.heappush(heap, (prob.a * s_lo + float(vals[mid + 1]), mid + 1, hi, s_lo))
+            continue
+        if sol.objective < best.objective:
+            best = sol
+        t = int(np.searchsorted(vals, sol.top))
+        if lo <= t - 1:
+            heapq.heappush(heap, (prob.a * sol.total + float(vals[lo]), lo, t - 1, sol.total))
+        if mid + 1 <= hi:
+            heapq.heappush(heap, (prob.a * s_lo + float(vals[mid + 1]), mid + 1, hi, s_lo))
     return best
 
 

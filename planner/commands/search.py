@@ -1,0 +1,80 @@
+"""``planner search PROFILE --cluster C -o PLAN``: the fastest plan that fits (HPP inside SP)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+
+from planner import ir
+from planner.errors import PlannerError, UsageError
+from planner.jsonio import read_json
+from planner.schedule import SCHEDULES
+
+
+def _microbatches(value: str) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        n = int(value)
+    except ValueError:
+        raise UsageError(f"--microbatches {value!r} is neither a positive integer nor 'auto'",
+                         "e.g. --microbatches 4 or --microbatches auto") from None
+    if n < 1:
+        raise UsageError(f"--microbatches {value!r} must be a positive integer", "e.g. --microbatches 4")
+    return n
+
+
+@click.command("search")
+@click.argument("profile_path", metavar="PROFILE", type=click.Path(dir_okay=False))
+@click.option("--cluster", "cluster_name", required=True,
+              help="A preset name (see planner clusters) or a cluster JSON.")
+@click.option("-o", "--output", "output", type=click.Path(dir_okay=False), default=None,
+              help="Write the plan JSON here (self-contained: it embeds the profile and cluster).")
+@click.option("--microbatches", default="auto", show_default=True,
+              help="Micro-batches per iteration: N (must divide the batch size) or auto (try every divisor).")
+@click.option("--schedule", type=click.Choice(SCHEDULES), default="1f1b", show_default=True,
+              help="Pipeline schedule the plan is made for.")
+@click.option("--optimizer", type=click.Choice(ir.OPTIMIZERS), default="sgd", show_default=True,
+              help="Optimizer whose state counts in memory (fp32 RMSProp: 12 bytes per parameter).")
+@click.option("--solver", type=click.Choice(["dp", "brute"]), default="dp", show_default=True,
+              help="dp: the exact dynamic programs; brute: exhaustive over the same space (small inputs).")
+@click.option("--engine", type=click.Choice(["any", "deepspeed", "torch"]), default="any", show_default=True,
+              help="Restrict to plans an engine can run: deepspeed (same widths, dp forms), torch (same widths).")
+@click.option("--config", "config", default=None, help="Fix the devices per stage in PipeDream notation, e.g. 2-1-1.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON document on stdout.")
+def search(profile_path: str, cluster_name: str, output: str | None, microbatches: str, schedule: str,
+           optimizer: str, solver: str, engine: str, config: str | None, as_json: bool) -> None:
+    """Find the fastest plan that fits: stages, device groups and per-layer forms.
+
+    The stage DP (PipePar Algorithm 2) splits the layers into pipeline stages over device
+    groups that follow the cluster's hierarchy; inside each stage HPP (Algorithm 1) picks
+    each layer's form (dp, split_in, split_out). The objective is the iteration time of
+    the schedule with its bubble, transfers and gradient all-reduce; every device must fit.
+    """
+    from planner.cluster import load_cluster
+    from planner.jsonio import write_json
+    from planner.render.search import print_plan
+    from planner.search import parse_config
+    from planner.search import search as run_search
+
+    mb = _microbatches(microbatches)
+    widths = parse_config(config) if config else None
+    if output and not Path(output).resolve().parent.is_dir():
+        raise PlannerError(f"cannot write {output}: folder {Path(output).parent} does not exist",
+                           "create the folder or choose another path")
+    profile = ir.ModelProfile.from_dict(read_json(profile_path, "profile"), profile_path)
+    cluster = load_cluster(cluster_name)
+    t0 = time.perf_counter()
+    plan = run_search(profile, cluster, microbatches=mb, schedule=schedule, optimizer=optimizer, solver=solver,
+                      engine=engine, config=widths)
+    elapsed = time.perf_counter() - t0
+    doc = plan.to_dict()
+    if output:
+        write_json(output, doc)
+    print_plan(plan, elapsed_s=elapsed, output=output)
+    if as_json:
+        from planner.cli import emit_json
+
+        emit_json(doc)
