@@ -49,9 +49,10 @@ def _storage_key(t: torch.Tensor) -> int:
     return int(t.untyped_storage()._cdata)
 
 
-def _leaf(x: torch.Tensor) -> torch.Tensor:
+def _leaf(x: torch.Tensor, first: bool = False) -> torch.Tensor:
+    """A detached copy (same storage) that collects the gradient; the model input needs none."""
     leaf = x.detach()
-    if leaf.is_floating_point():
+    if leaf.is_floating_point() and not (first and not x.requires_grad):
         leaf.requires_grad_(True)
     return leaf
 
@@ -97,7 +98,7 @@ def instrumented_pass(layers: Sequence[nn.Module], x: torch.Tensor, params: Sequ
     with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         for i, layer in enumerate(layers):
             current[0] = i
-            inp = _leaf(cur)
+            inp = _leaf(cur, first=i == 0)
             counter = flop_counter()
             if count_flops:
                 with counter:
@@ -143,8 +144,8 @@ def timed_pass(layers: Sequence[nn.Module], x: torch.Tensor, params: Sequence[to
     cur = x
     clock = time.perf_counter
     sync()
-    for layer in layers:
-        inp = _leaf(cur)
+    for i, layer in enumerate(layers):
+        inp = _leaf(cur, first=i == 0)
         t0 = clock()
         out = primary_output(_call(layer, inp))
         sync()
