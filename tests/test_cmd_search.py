@@ -1,0 +1,179 @@
+"""``planner search`` on the command line: plans, JSON, and every kind of bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from planner.cli import main
+from tests.conftest import make_cluster_dict, make_profile_dict
+
+
+def _write(tmp_path: Path, name: str, doc) -> str:
+    p = tmp_path / name
+    p.write_text(doc if isinstance(doc, str) else json.dumps(doc))
+    return str(p)
+
+
+def _run(*args: str):
+    return CliRunner().invoke(main, list(args))
+
+
+@pytest.fixture
+def files(tmp_path):
+    return (_write(tmp_path, "p.json", make_profile_dict(6, batch_size=8)),
+            _write(tmp_path, "c.json", make_cluster_dict(2, 2)), tmp_path)
+
+
+def test_search_writes_plan_and_json(files) -> None:
+    prof, clus, tmp = files
+    out = tmp / "plan.json"
+    r = _run("search", prof, "--cluster", clus, "-o", str(out), "--json", "--microbatches", "4")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["kind"] == "plan" and doc["version"] == 1
+    for key in ("model", "cluster", "schedule", "microbatches", "batch_size", "optimizer", "config", "stages",
+                "predicted", "dp_iteration_s", "speedup_over_dp", "profile"):
+        assert key in doc
+    for key in ("iteration_s", "samples_per_s", "bubble_fraction", "peak_memory_bytes"):
+        assert key in doc["predicted"]
+    assert doc["microbatches"] == 4
+    assert json.loads(out.read_text()) == doc
+    stage = doc["stages"][0]
+    assert {"layers", "devices", "forms", "memory_bytes"} <= set(stage)
+
+
+def test_search_with_preset_and_config(files) -> None:
+    prof, _, _ = files
+    r = _run("search", prof, "--cluster", "pipepar-4x2-2080ti", "--config", "2-1", "--json", "--microbatches", "2")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["config"] == "2-1"
+
+
+@pytest.mark.parametrize("engine", ["deepspeed", "torch"])
+def test_search_engine_same_widths(files, engine) -> None:
+    prof, clus, _ = files
+    r = _run("search", prof, "--cluster", clus, "--engine", engine, "--json", "--microbatches", "2")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert len({len(s["devices"]) for s in doc["stages"]}) == 1
+    if engine == "deepspeed":
+        assert all(f == "dp" for s in doc["stages"] for f in s["forms"])
+
+
+def test_brute_solver_and_schedules(files) -> None:
+    prof, clus, _ = files
+    for schedule in ("gpipe", "1f1b", "interleaved", "pipedream", "zb-h1"):
+        r = _run("search", prof, "--cluster", clus, "--schedule", schedule, "--json", "--microbatches", "2")
+        assert r.exit_code == 0, (schedule, r.output)
+    a = json.loads(_run("search", prof, "--cluster", clus, "--json", "--microbatches", "2", "--solver", "dp").stdout)
+    b = json.loads(_run("search", prof, "--cluster", clus, "--json", "--microbatches", "2",
+                        "--solver", "brute").stdout)
+    assert a["predicted"]["iteration_s"] == pytest.approx(b["predicted"]["iteration_s"], rel=1e-9)
+
+
+def _bad_profile(mutate):
+    d = make_profile_dict(3, batch_size=8)
+    mutate(d)
+    return d
+
+
+@pytest.mark.parametrize("doc, words", [
+    ("{not json", ["not valid JSON"]),
+    (_bad_profile(lambda d: d.update(kind="plan")), ["kind"]),
+    (_bad_profile(lambda d: d.update(version=9)), ["version"]),
+    (_bad_profile(lambda d: d.pop("layers")), ["layers"]),
+    (_bad_profile(lambda d: d["layers"][0].pop("forward_s")), ["forward_s"]),
+    (_bad_profile(lambda d: d["layers"][1].update(forward_s=-1.0)), ["forward_s", "-1.0"]),
+    (_bad_profile(lambda d: d["layers"][1].update(output_bytes=-5)), ["output_bytes"]),
+])
+def test_bad_profiles(tmp_path, doc, words) -> None:
+    prof = _write(tmp_path, "p.json", doc)
+    clus = _write(tmp_path, "c.json", make_cluster_dict())
+    r = _run("search", prof, "--cluster", clus)
+    assert r.exit_code in (1, 2), r.output
+    assert "Traceback" not in r.output
+    for w in words:
+        assert w in r.output
+
+
+def test_nan_in_profile(tmp_path) -> None:
+    text = json.dumps(make_profile_dict(2)).replace('"forward_s": 0.01', '"forward_s": NaN', 1)
+    r = _run("search", _write(tmp_path, "p.json", text), "--cluster", _write(tmp_path, "c.json", make_cluster_dict()))
+    assert r.exit_code in (1, 2) and "forward_s" in r.output
+
+
+def _bad_cluster(mutate):
+    d = make_cluster_dict()
+    mutate(d)
+    return d
+
+
+@pytest.mark.parametrize("doc, word", [
+    (_bad_cluster(lambda d: d.update(nodes=[])), "nodes"),
+    (_bad_cluster(lambda d: d["links"]["inter_node"].update(bandwidth_Bps=0)), "bandwidth_Bps"),
+    (_bad_cluster(lambda d: d["nodes"][0]["gpus"][0].update(memory_bytes=-1)), "memory_bytes"),
+    (_bad_cluster(lambda d: d.update(kind="profile")), "kind"),
+])
+def test_bad_clusters(tmp_path, doc, word) -> None:
+    r = _run("search", _write(tmp_path, "p.json", make_profile_dict(3)), "--cluster", _write(tmp_path, "c.json", doc))
+    assert r.exit_code in (1, 2), r.output
+    assert word in r.output
+
+
+def test_unknown_preset(files) -> None:
+    prof, _, _ = files
+    r = _run("search", prof, "--cluster", "nope")
+    assert r.exit_code == 1 and "pipepar-4x2-2080ti" in r.output
+
+
+@pytest.mark.parametrize("args, word", [
+    (["--microbatches", "3"], "does not divide"),
+    (["--microbatches", "zero"], "--microbatches"),
+    (["--config", "2-2-2"], "needs 6 devices"),
+    (["--config", "1-1-1-1"], "stages"),
+    (["--config", "2-x"], "PipeDream notation"),
+    (["--config", "2-1", "--engine", "deepspeed"], "one width"),
+])
+def test_bad_options(tmp_path, args, word) -> None:
+    prof = _write(tmp_path, "p.json", make_profile_dict(3, batch_size=8))
+    clus = _write(tmp_path, "c.json", make_cluster_dict(2, 2))
+    r = _run("search", prof, "--cluster", clus, *args)
+    assert r.exit_code in (1, 2), r.output
+    assert word in r.output
+
+
+def test_no_plan_fits_exits_3(tmp_path) -> None:
+    prof = _write(tmp_path, "p.json", make_profile_dict(3, batch_size=8))
+    clus = _write(tmp_path, "c.json", make_cluster_dict(1, 2, memory_bytes=1000))
+    out = tmp_path / "plan.json"
+    r = _run("search", prof, "--cluster", clus, "-o", str(out))
+    assert r.exit_code == 3, r.output
+    assert "needs" in r.output and "GiB" in r.output
+    assert not out.exists()
+
+
+def test_search_needs_no_torch(tmp_path) -> None:
+    prof = _write(tmp_path, "p.json", make_profile_dict(4, batch_size=8))
+    code = ("import sys, json\nfrom planner import ir\nfrom planner.cluster import load_cluster\n"
+            "from planner.search import search\n"
+            f"p = ir.ModelProfile.from_dict(json.load(open({prof!r})))\n"
+            "plan = search(p, load_cluster('pipepar-4x2-2080ti'), microbatches=2)\n"
+            "assert not any(m.split('.')[0] in ('torch', 'click', 'rich') for m in sys.modules), 'imported'\n"
+            "print(plan.config)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parent.parent)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip()
+
+
+def test_speedup_over_dp_is_consistent(files) -> None:
+    prof, clus, _ = files
+    doc = json.loads(_run("search", prof, "--cluster", clus, "--json", "--microbatches", "2").stdout)
+    assert math.isclose(doc["speedup_over_dp"], doc["dp_iteration_s"] / doc["predicted"]["iteration_s"], rel_tol=1e-9)
