@@ -28,6 +28,7 @@ Generators (pure functions of K devices, M micro-batches and v chunks per device
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -192,52 +193,59 @@ def interleaved(k: int, m: int, v: int) -> Schedule:
     if v == 1:
         sched = one_f_one_b(k, m)
         return Schedule("interleaved", k, m, 1, sched.actions, total_microbatches=m)
+    return _build_interleaved(k, m, v, interleaved_extra_warmup(k, m, v))
+
+
+def _build_interleaved(k: int, m: int, v: int, extra: int) -> Schedule:
     fwd: list[tuple[int, int]] = []
+    bwd: list[tuple[int, int]] = []
     for g in range(0, m, k):
         group = range(g, min(g + k, m))
         for c in range(v):
             fwd.extend((c, i) for i in group)
-    bwd: list[tuple[int, int]] = []
-    for g in range(0, m, k):
-        group = range(g, min(g + k, m))
         for c in reversed(range(v)):
             bwd.extend((c, i) for i in group)
     total = m * v
+    out = []
+    for d in range(k):
+        warmup = min((k - d - 1) * 2 + (v - 1) * k + extra, total)
+        acts = [Action(c * k + d, "F", i) for c, i in fwd[:warmup]]
+        for j in range(total - warmup):
+            c, i = fwd[warmup + j]
+            acts.append(Action(c * k + d, "F", i))
+            c, i = bwd[j]
+            acts.append(Action(c * k + d, "B", i))
+        acts.extend(Action(c * k + d, "B", i) for c, i in bwd[total - warmup:])
+        out.append(tuple(acts))
+    return Schedule("interleaved", k, m, v, tuple(out), total_microbatches=m)
 
-    def build(extra: int) -> Schedule:
-        out = []
-        for d in range(k):
-            warmup = min((k - d - 1) * 2 + (v - 1) * k + extra, total)
-            acts = [Action(c * k + d, "F", i) for c, i in fwd[:warmup]]
-            for j in range(total - warmup):
-                c, i = fwd[warmup + j]
-                acts.append(Action(c * k + d, "F", i))
-                c, i = bwd[j]
-                acts.append(Action(c * k + d, "B", i))
-            acts.extend(Action(c * k + d, "B", i) for c, i in bwd[total - warmup:])
-            out.append(tuple(acts))
-        return Schedule("interleaved", k, m, v, tuple(out), total_microbatches=m)
 
-    def runs(sched: Schedule) -> bool:
+@functools.lru_cache(maxsize=4096)
+def interleaved_extra_warmup(k: int, m: int, v: int) -> int:
+    """Extra warm-up forwards every device of the interleaved schedule needs beyond
+    Megatron's count: 0 when M is a multiple of K, else the fewest that avoid a deadlock."""
+    if v == 1 or m % k == 0:
+        return 0
+
+    def runs(extra: int) -> bool:
         try:
-            unit_slots(sched)
+            unit_slots(_build_interleaved(k, m, v, extra))
         except ScheduleError:
             return False
         return True
 
-    sched = build(0)
-    if m % k == 0 or runs(sched):
-        return sched
-    # Binary search for the fewest extra warm-up forwards that run; ``hi`` always runs
-    # (extra = total is F-then-B), so the result is valid even if runnability is not monotone.
-    lo, hi = 0, total
+    if runs(0):
+        return 0
+    # Binary search; ``hi`` always runs (extra = M*v is F-then-B), so the answer is valid
+    # even if runnability were not monotone in the warm-up.
+    lo, hi = 0, m * v
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if runs(build(mid)):
+        if runs(mid):
             hi = mid
         else:
             lo = mid
-    return build(hi)
+    return hi
 
 
 def make_schedule(name: str, devices: int, microbatches: int, virtual_stages: int = 1,
@@ -367,7 +375,8 @@ def in_flight_microbatches(schedule: str, stages: int, microbatches: int, stage:
     activations until its deferred W pass, min(K, M) on every stage (1F1B's peak, now on
     every stage; checked against the simulator); interleaved (Megatron, Narayanan et al.
     2021, section 2.2) counts chunk micro-batches on the device: device d warms up with
-    (K - d - 1) * 2 + (v - 1) * K forwards plus the one in steady state (v = 1: 1f1b).
+    (K - d - 1) * 2 + (v - 1) * K forwards (plus :func:`interleaved_extra_warmup` when M is
+    not a multiple of K) plus the one in steady state (v = 1: 1f1b).
     """
     k, m, s, v = stages, microbatches, stage, virtual_stages
     if schedule == "gpipe":
@@ -382,5 +391,6 @@ def in_flight_microbatches(schedule: str, stages: int, microbatches: int, stage:
         device = s % k
         if v == 1:
             return min(k - device, m)
-        return min((k - device - 1) * 2 + (v - 1) * k + 1, m * v)
+        extra = interleaved_extra_warmup(k, m, v)
+        return min((k - device - 1) * 2 + (v - 1) * k + extra + 1, m * v)
     raise ScheduleError(f"unknown schedule {schedule!r}", f"choose one of {', '.join(SCHEDULES)}")

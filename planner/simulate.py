@@ -13,7 +13,8 @@ The simulator plays a :class:`planner.schedule.Schedule` over per-stage costs
   (``send_link``), gradients (after B) come back over the same link, same size. A
   transfer waits the link latency, then its bytes flow; transfers on the same link id in
   the same direction share its bandwidth equally (processor sharing), so two at once take
-  twice as long. ``SimOptions.duplex=False`` makes both directions share. Transfers overlap
+  twice as long. ``SimOptions.duplex=False`` makes both directions share;
+  ``share_links=False`` gives every transfer the whole link (alpha + n/beta). Transfers overlap
   compute. A boundary with no link or no bytes, or between chunks on the same lane, is free.
 * **Gradient all-reduce.** After a stage's last backward (B, or W under ``zb-h1``) its
   ``allreduce_s`` runs on the lane and blocks it (the default; what the analytic cost model
@@ -29,11 +30,14 @@ The simulator plays a :class:`planner.schedule.Schedule` over per-stage costs
 Times and the bubble:
 
 * ``iteration_s``: for the synchronous schedules, from 0 to the end of the last action,
-  transfer or all-reduce. For ``pipedream`` (no flush) the schedule runs ``blocks``
-  iterations of M micro-batches back to back (default ceil(2K/M) + 2, so the warm-up is
-  over) and ``iteration_s`` is the steady-state time per M micro-batches: the time between
-  the ends of the last two iterations, where an iteration ends when every stage has
-  finished the backward of its last micro-batch (and that iteration's all-reduce).
+  transfer or all-reduce. For ``pipedream`` (no flush) the schedule runs iterations of M
+  micro-batches back to back: S = ceil(K/M) + 1 to fill the pipeline, ``pipedream_blocks``
+  (default 2) measured ones, and S more so that the final drain does not touch the measured
+  ones. ``iteration_s`` is the steady-state time per M micro-batches: the time between the
+  end of the last warm-up iteration and the end of the last measured one, divided by the
+  measured count, where an iteration ends when every stage has finished the backward of
+  its last micro-batch (and that iteration's all-reduce). With free communication this is
+  M times the slowest stage's F + B.
 * ``busy_s`` of a device: its compute (F, B, W) for one iteration of M micro-batches plus
   the all-reduce time it is blocked for. ``bubble_fraction`` = 1 - sum(busy) / (K *
   iteration_s): the share of device time spent idle (waiting for inputs or transfers).
@@ -62,7 +66,8 @@ class SimOptions:
     overlap_allreduce: bool = False
     bucket_bytes: float = 25 * 2**20
     duplex: bool = True
-    pipedream_blocks: int | None = None
+    share_links: bool = True
+    pipedream_blocks: int | None = None  # measured steady-state iterations (default 2)
     record_events: bool = True
 
 
@@ -193,6 +198,12 @@ class SimResult:
 # ----------------------------------------------------------------------------- the engine
 
 
+def pipedream_settle_blocks(stages: int, microbatches: int) -> int:
+    """Iterations of M micro-batches that the asynchronous pipeline needs to fill (warm-up),
+    and that its final drain disturbs: ceil(K/M) + 1 each side of the measured window."""
+    return -(-stages // microbatches) + 1
+
+
 class _Link:
     """Processor sharing on one link (and direction): active transfers split the bandwidth."""
 
@@ -216,7 +227,7 @@ class _Link:
         return now + min(self.active.values()) * len(self.active) / self.bandwidth
 
 
-_COMPUTE, _LATENCY, _LINK = 0, 1, 2
+_COMPUTE, _LATENCY, _LINK, _ARRIVE = 0, 1, 2, 3
 
 
 def simulate_costs(costs: Sequence[ir.StageCost], schedule: str | Schedule, microbatches: int,
@@ -239,7 +250,10 @@ def simulate_costs(costs: Sequence[ir.StageCost], schedule: str | Schedule, micr
         if sched.chunks != n_chunks:
             raise ScheduleError(f"schedule has {sched.chunks} stages, the costs {n_chunks}", "match them")
     else:
-        sched = make_schedule(schedule, k, microbatches, v, pipedream_blocks=opts.pipedream_blocks)
+        pd_blocks = None
+        if schedule == "pipedream":
+            pd_blocks = 2 * pipedream_settle_blocks(k, microbatches) + max(1, opts.pipedream_blocks or 2)
+        sched = make_schedule(schedule, k, microbatches, v, pipedream_blocks=pd_blocks)
     name = sched.name
     m = sched.microbatches
     n = sched.total_microbatches or m
@@ -328,7 +342,7 @@ def simulate_costs(costs: Sequence[ir.StageCost], schedule: str | Schedule, micr
         if mem[lane] > peak_mem[lane]:
             peak_mem[lane] = mem[lane]
         tl = timeline[lane]
-        if tl[-1][0] == now:
+        if tl[-1][0] == now and len(tl) > 1:
             tl[-1] = (now, mem[lane])
         else:
             tl.append((now, mem[lane]))
@@ -406,7 +420,10 @@ def simulate_costs(costs: Sequence[ir.StageCost], schedule: str | Schedule, micr
         n_x += 1
         xfers[n_x] = (key, c_to, mb, cost.send_bytes, "act" if fwd_dir else "grad", now)
         seq += 1
-        heapq.heappush(heap, (now + cost.send_link.latency_s, seq, _LATENCY, n_x))
+        if opts.share_links:
+            heapq.heappush(heap, (now + cost.send_link.latency_s, seq, _LATENCY, n_x))
+        else:
+            heapq.heappush(heap, (now + cost.send_link.transfer_s(cost.send_bytes), seq, _ARRIVE, n_x))
 
     def finish_lane_action(lane: int, a: Action, now: float) -> None:
         nonlocal seq
@@ -415,6 +432,17 @@ def simulate_costs(costs: Sequence[ir.StageCost], schedule: str | Schedule, micr
         p = pos[lane]
         pos[lane] = p + 1
         lane_end[lane] = now
+        blocked = not opts.overlap_allreduce and p in ar_after[lane]
+        if blocked:  # the lane all-reduces before anything else (even a local transfer's consumer) runs
+            t = now
+            for ch, blk in ar_after[lane][p]:
+                if record:
+                    events.append(Event(f"lane:{lane}", f"AR {ch}", "AR", ch, -1, t, t + costs[ch].allreduce_s))
+                t += costs[ch].allreduce_s
+                block_end[blk] = max(block_end[blk], t)
+            busy[lane] = True
+            seq += 1
+            heapq.heappush(heap, (t, seq, _COMPUTE, (lane, None)))
         if kind == "F":
             if c < n_chunks - 1:
                 send(c, c + 1, mb, now, True)
@@ -433,20 +461,8 @@ def simulate_costs(costs: Sequence[ir.StageCost], schedule: str | Schedule, micr
                 set_mem(lane, now, delta)
             if kind == "B" and c > 0:
                 send(c, c - 1, mb, now, False)
-        if not opts.overlap_allreduce and p in ar_after[lane]:
-            total = sum(costs[ch].allreduce_s for ch, _ in ar_after[lane][p])
-            end = now + total
-            t = now
-            for ch, blk in ar_after[lane][p]:
-                if record:
-                    events.append(Event(f"lane:{lane}", f"AR {ch}", "AR", ch, -1, t, t + costs[ch].allreduce_s))
-                t += costs[ch].allreduce_s
-                block_end[blk] = max(block_end[blk], t)
-            busy[lane] = True
-            seq += 1
-            heapq.heappush(heap, (end, seq, _COMPUTE, (lane, None)))
-            return
-        try_start(lane, now)
+        if not blocked:
+            try_start(lane, now)
 
     def link_finish(key: str, now: float) -> None:
         nonlocal seq
@@ -454,10 +470,10 @@ def simulate_costs(costs: Sequence[ir.StageCost], schedule: str | Schedule, micr
         link.progress(now)
         if not link.active:
             return
-        # Finish every transfer whose bytes are (numerically) gone.
-        eps = 1e-12 * max(1.0, max(abs(r) for r in link.active.values()))
-        eps = max(eps, 1e-9 * link.bandwidth * 1e-12)
-        done = [x for x, r in link.active.items() if r <= eps + 1e-9 * xfers[x][3]]
+        # This event was set for the transfer(s) with the fewest bytes left: finish them (and
+        # any within rounding of them), whatever float residue is left, so time always moves on.
+        least = min(link.active.values())
+        done = [x for x, r in link.active.items() if r <= least + 1e-9 * xfers[x][3]]
         for x in done:
             del link.active[x]
         link.version += 1
@@ -465,18 +481,24 @@ def simulate_costs(costs: Sequence[ir.StageCost], schedule: str | Schedule, micr
             seq += 1
             heapq.heappush(heap, (link.next_finish(now), seq, _LINK, (key, link.version)))
         for x in done:
-            _, c_to, mb, _, op, t0 = xfers.pop(x)
-            if record:
-                c_from = c_to - 1 if op == "act" else c_to + 1
-                events.append(Event(f"link:{key}", f"{op} {c_from}->{c_to} #{mb}", op, min(c_from, c_to), mb,
-                                    t0, now))
-            (act_in if op == "act" else grad_in)[c_to * n + mb] = now
-            try_start(c_to % k, now)
+            arrive(x, now)
+
+    def arrive(x: int, now: float) -> None:
+        key, c_to, mb, _, op, t0 = xfers.pop(x)
+        if record:
+            c_from = c_to - 1 if op == "act" else c_to + 1
+            events.append(Event(f"link:{key}", f"{op} {c_from}->{c_to} #{mb}", op, min(c_from, c_to), mb, t0, now))
+        (act_in if op == "act" else grad_in)[c_to * n + mb] = now
+        try_start(c_to % k, now)
 
     for lane in range(k):
         try_start(lane, 0.0)
     now = 0.0
+    budget = 64 * sum(len(a) for a in sched.actions) + 1024  # a guard against engine bugs, never hit
     while heap:
+        budget -= 1
+        if budget < 0:
+            raise ScheduleError("simulation does not converge", "this is a bug in planner; report it")
         now, _, typ, payload = heapq.heappop(heap)
         if typ == _COMPUTE:
             lane, a = payload
@@ -494,10 +516,12 @@ def simulate_costs(costs: Sequence[ir.StageCost], schedule: str | Schedule, micr
             link.version += 1
             seq += 1
             heapq.heappush(heap, (link.next_finish(now), seq, _LINK, (key, link.version)))
-        else:
+        elif typ == _LINK:
             key, version = payload
             if links[key].version == version:
                 link_finish(key, now)
+        else:
+            arrive(payload, now)
 
     stuck = [f"device group {lane} at {sched.actions[lane][pos[lane]]}" for lane in range(k)
              if pos[lane] < len(sched.actions[lane])]
@@ -505,8 +529,14 @@ def simulate_costs(costs: Sequence[ir.StageCost], schedule: str | Schedule, micr
         raise ScheduleError(f"simulation stalled: {', '.join(stuck[:4])}", "this is a bug in planner; report it")
 
     makespan = max([now, *lane_end, *comm_free])
-    window = (block_end[-2], block_end[-1]) if name == "pipedream" and blocks >= 2 else (0.0, makespan)
-    iteration = window[1] - window[0]
+    settle = pipedream_settle_blocks(k, m)
+    if name == "pipedream" and blocks > 2 * settle:
+        measured = blocks - 2 * settle
+        window = (block_end[settle - 1], block_end[settle - 1 + measured])
+        iteration = (window[1] - window[0]) / measured
+    else:
+        window = (0.0, makespan)
+        iteration = makespan
 
     # Work per iteration of M micro-batches, per lane.
     devices: list[DeviceResult] = []

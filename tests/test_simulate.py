@@ -1,0 +1,414 @@
+"""The simulator: closed forms, an independent reference, link sharing, all-reduce, memory, plans."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from planner import ir
+from planner.errors import PlanError, ScheduleError
+from planner.schedule import SCHEDULES, in_flight_microbatches, make_schedule
+from planner.simulate import SimOptions, SimResult, simulate_costs, validate_plan
+from tests.conftest import make_cluster_dict, make_profile_dict
+
+REL = 1e-9
+
+
+def cost(dev: str | tuple[str, ...], tf: float = 1.0, tb: float = 2.0, tw: float = 0.0, *,
+         link: ir.Link | None = None, nbytes: float = 0.0, link_id: str | None = None, ar: float = 0.0,
+         ar_bytes: float = 0.0, static: int = 0, weight: int = 0, act: int = 1, workspace: int = 0,
+         capacity: int = 10**12) -> ir.StageCost:
+    devices = (dev,) if isinstance(dev, str) else dev
+    return ir.StageCost(devices=devices, forward_s=tf, backward_s=tb, backward_weight_s=tw, send_bytes=nbytes,
+                        send_link=link, send_link_id=link_id, allreduce_s=ar, allreduce_bytes=ar_bytes,
+                        static_bytes=static, weight_bytes=weight, activation_bytes=act, workspace_bytes=workspace,
+                        capacity_bytes=capacity)
+
+
+def uniform(k: int, tf: float = 1.0, tb: float = 2.0, tw: float = 0.0, v: int = 1) -> list[ir.StageCost]:
+    return [cost(f"g{c % k}", tf / v, tb / v, tw / v) for c in range(k * v)]
+
+
+def close(a: float, b: float, rel: float = REL) -> bool:
+    return math.isclose(a, b, rel_tol=rel, abs_tol=1e-12)
+
+
+# ----------------------------------------------------------------------------- closed forms
+
+times = st.floats(0.01, 10.0, allow_nan=False)
+
+
+@given(st.integers(1, 10), st.integers(1, 40), times, times, st.sampled_from(["gpipe", "1f1b"]))
+def test_gpipe_and_1f1b_closed_form(k: int, m: int, tf: float, tb: float, name: str) -> None:
+    r = simulate_costs(uniform(k, tf, tb), name, m)
+    assert close(r.iteration_s, (m + k - 1) * (tf + tb))
+    assert close(r.bubble_fraction, (k - 1) / (m + k - 1))
+    for d in r.devices:
+        assert close(d.busy_s, m * (tf + tb))
+
+
+@given(st.integers(1, 10), st.integers(1, 40))
+def test_peak_in_flight_gpipe_m_1f1b_k_minus_s(k: int, m: int) -> None:
+    g = simulate_costs(uniform(k), "gpipe", m)
+    assert [d.peak_in_flight for d in g.devices] == [m] * k
+    o = simulate_costs(uniform(k), "1f1b", m)
+    assert [d.peak_in_flight for d in o.devices] == [min(k - s, m) for s in range(k)]
+
+
+@given(st.sampled_from(SCHEDULES), st.integers(1, 8), st.integers(1, 16), st.integers(1, 3))
+def test_in_flight_microbatches_matches_simulation(name: str, k: int, m: int, v: int) -> None:
+    v = v if name == "interleaved" else 1
+    r = simulate_costs(uniform(k, tw=0.5 if name == "zb-h1" else 0.0, v=v), name, m, v)
+    for d in r.devices:
+        assert d.peak_in_flight == in_flight_microbatches(name, k, m, d.lane, v)
+
+
+@given(st.integers(1, 8), st.integers(1, 5), st.integers(1, 4), times, times)
+def test_interleaved_bubble_is_k_minus_1_over_vm_of_ideal(k: int, groups: int, v: int, tf: float, tb: float) -> None:
+    m = k * groups  # Megatron's interleaving needs M a multiple of K for its bubble formula
+    r = simulate_costs(uniform(k, tf, tb, v=v), "interleaved", m, v)
+    ideal = m * (tf + tb)
+    assert close((r.iteration_s - ideal) / ideal, (k - 1) / (v * m), 1e-8)
+
+
+@given(st.integers(1, 8), st.integers(0, 20), times, st.floats(0.1, 1.0), st.floats(0.1, 1.0))
+def test_zb_h1_bubble(k: int, extra: int, t: float, fb: float, fw: float) -> None:
+    """ZB-H1 (Qi et al. 2023, section 3.1): with M >= K and T_W <= min(T_F, T_B) (T_B the
+    input-gradient pass; the paper takes T_F = T_B = T_W) the bubble is (K-1)(T_F + T_B - T_W):
+    iteration = M (T_F + T_B + T_W) + (K-1)(T_F + T_B - T_W)."""
+    m = k + extra
+    tf, tbi = t, t * (0.5 + fb)
+    tw = min(tf, tbi) * fw
+    r = simulate_costs(uniform(k, tf, tbi + tw, tw), "zb-h1", m)
+    assert close(r.iteration_s, m * (tf + tbi + tw) + (k - 1) * (tf + tbi - tw))
+
+
+def test_zb_h1_paper_case_one_third_of_1f1b_bubble() -> None:
+    k, m = 4, 8
+    zb = simulate_costs(uniform(k, 1.0, 2.0, 1.0), "zb-h1", m)
+    ofob = simulate_costs(uniform(k, 1.0, 2.0, 1.0), "1f1b", m)
+    assert close(zb.iteration_s - m * 3, (ofob.iteration_s - m * 3) / 3)
+
+
+@given(st.integers(1, 8), st.integers(1, 12), st.lists(times, min_size=8, max_size=8))
+def test_pipedream_steady_state_is_bottleneck_stage(k: int, m: int, ts: list[float]) -> None:
+    """Asynchronous 1F1B with free communication settles at the slowest stage's pace:
+    iteration (time per M micro-batches) = M * max_s (tf_s + tb_s)."""
+    costs = [cost(f"g{s}", ts[s], 2 * ts[(s + 3) % 8]) for s in range(k)]
+    r = simulate_costs(costs, "pipedream", m)
+    assert close(r.iteration_s, m * max(c.forward_s + c.backward_s for c in costs), 1e-8)
+    assert r.window[1] > r.window[0] > 0
+
+
+def test_pipedream_uniform_has_no_bubble_and_stashes_weights() -> None:
+    k, m = 4, 8
+    costs = [cost(f"g{s}", static=1000, weight=100, act=10) for s in range(k)]
+    r = simulate_costs(costs, "pipedream", m)
+    assert close(r.iteration_s, m * 3.0) and r.bubble_fraction == pytest.approx(0.0, abs=1e-12)
+    # stage s keeps K - s micro-batches in flight and K - s weight versions (one of them live)
+    assert [d.peak_memory_bytes for d in r.devices] == [1000 + (k - s) * 10 + (k - s - 1) * 100 for s in range(k)]
+
+
+# ----------------------------------------------------------------------------- an independent reference
+
+
+def reference(costs: Sequence[ir.StageCost], name: str, m: int, v: int) -> float:
+    """List scheduling of the same schedule with every transfer alpha + n/beta (no sharing)."""
+    sched = make_schedule(name, len(costs) // v, m, v)
+    k, n_chunks = sched.devices, sched.chunks
+    split = sched.split_backward
+    dur = {"F": [c.forward_s for c in costs],
+           "B": [c.backward_s - (c.backward_weight_s if split else 0.0) for c in costs],
+           "W": [c.backward_weight_s for c in costs]}
+
+    def xfer(c: int) -> float:  # boundary c -> c+1
+        cc = costs[c]
+        if cc.send_link is None or c % k == (c + 1) % k:
+            return 0.0
+        return cc.send_link.transfer_s(cc.send_bytes)
+
+    last = {}
+    for d, acts in enumerate(sched.actions):
+        for i, a in enumerate(acts):
+            if a.kind == ("W" if split else "B"):
+                last[a.stage] = (d, i)
+    end: dict[tuple[int, str, int], float] = {}
+    free = [0.0] * k
+    pos = [0] * k
+    todo = sum(len(a) for a in sched.actions)
+    while todo:
+        for d, acts in enumerate(sched.actions):
+            while pos[d] < len(acts):
+                c, kind, mb = acts[pos[d]]
+                if kind == "F":
+                    deps = [] if c == 0 else [((c - 1, "F", mb), xfer(c - 1))]
+                elif kind == "B":
+                    deps = [((c, "F", mb), 0.0)] + ([] if c == n_chunks - 1 else [((c + 1, "B", mb), xfer(c))])
+                else:
+                    deps = [((c, "B", mb), 0.0)]
+                if any(dep not in end for dep, _ in deps):
+                    break
+                start = max([free[d]] + [end[dep] + x for dep, x in deps])
+                end[(c, kind, mb)] = free[d] = start + dur[kind][c]
+                if last.get(c) == (d, pos[d]):
+                    free[d] += costs[c].allreduce_s
+                pos[d] += 1
+                todo -= 1
+    return max(free)
+
+
+stage_costs_strategy = st.lists(
+    st.tuples(times, times, st.floats(0.0, 1.0), st.floats(0.0, 3.0), st.floats(0.0, 2.0), st.booleans()),
+    min_size=1, max_size=6)
+
+
+@given(stage_costs_strategy, st.integers(1, 10), st.sampled_from(["gpipe", "1f1b", "interleaved", "zb-h1"]),
+       st.integers(1, 3))
+def test_engine_matches_reference_without_link_sharing(spec: list[tuple[float, float, float, float, float, bool]],
+                                                       m: int, name: str, v: int) -> None:
+    v = v if name == "interleaved" else 1
+    k = len(spec)
+    costs = []
+    for c in range(k * v):
+        tf, tb, wshare, xs, ar, has_link = spec[c % k]
+        link = ir.Link(1e6, 1e-3) if has_link else None
+        costs.append(cost(f"g{c % k}", tf / v, tb / v, tb / v * wshare, link=link, nbytes=xs * 1e6,
+                          ar=ar if c < k else ar / 2))
+    r = simulate_costs(costs, name, m, v, SimOptions(share_links=False))
+    assert close(r.iteration_s, reference(costs, name, m, v), 1e-9)
+
+
+@given(stage_costs_strategy, st.integers(1, 10), st.sampled_from(SCHEDULES), st.integers(1, 3), st.booleans())
+def test_properties_on_random_pipelines(spec: list[tuple[float, float, float, float, float, bool]], m: int,
+                                        name: str, v: int, overlap: bool) -> None:
+    """Time >= every device's busy time and >= one micro-batch's critical path; bubble in [0, 1)."""
+    v = v if name == "interleaved" else 1
+    k = len(spec)
+    link = ir.Link(1e6, 1e-3)
+    costs = [cost(f"g{c % k}", spec[c % k][0] / v, spec[c % k][1] / v, spec[c % k][1] / v * spec[c % k][2],
+                  link=link if spec[c % k][5] else None, nbytes=spec[c % k][3] * 1e6, link_id="shared",
+                  ar=spec[c % k][4], ar_bytes=1e8) for c in range(k * v)]
+    r = simulate_costs(costs, name, m, v, SimOptions(overlap_allreduce=overlap))
+    assert 0.0 <= r.bubble_fraction < 1.0
+    tol = 1e-9 * r.iteration_s
+    assert r.iteration_s + tol >= max(d.busy_s for d in r.devices)
+    if name != "pipedream":
+        split = name == "zb-h1"
+        path = sum(c.forward_s + c.backward_s - (c.backward_weight_s if split else 0.0) for c in costs)
+        path += 2 * sum(c.send_s for i, c in enumerate(costs[:-1]) if (i + 1) % k != i % k)
+        assert r.iteration_s + tol >= path
+
+
+# ----------------------------------------------------------------------------- links and all-reduce
+
+
+def test_transfers_on_one_link_share_bandwidth() -> None:
+    # Stage 0 forwards instantly; its M activations leave together over one link of T seconds each.
+    link = ir.Link(1e6, 0.0)
+    costs = [cost("a", 0.0, 0.0, link=link, nbytes=1e6), cost("b", 1.0, 0.0)]
+    shared = simulate_costs(costs, "gpipe", 4)
+    alone = simulate_costs(costs, "gpipe", 4, options=SimOptions(share_links=False))
+    # shared: all four activations arrive together at 4 s, stage 1 forwards until 8 s, its instant
+    # backwards send four gradients that share the link back until 12 s. Alone: 1 s each.
+    assert close(shared.iteration_s, 12.0) and close(alone.iteration_s, 6.0)
+    fwd_starts = sorted(e.start for e in shared.events if e.track == "lane:1" and e.op == "F")
+    assert fwd_starts == pytest.approx([4.0, 5.0, 6.0, 7.0])
+    fwd_alone = sorted(e.start for e in alone.events if e.track == "lane:1" and e.op == "F")
+    assert fwd_alone == pytest.approx([1.0, 2.0, 3.0, 4.0])
+    assert shared.links == ("0->1 fwd", "0->1 bwd")
+
+
+def test_duplex_links_keep_directions_apart() -> None:
+    link = ir.Link(1e6, 0.0)
+    costs = [cost("a", 1.0, 1.0, link=link, nbytes=5e5, link_id="L"), cost("b", 1.0, 1.0)]
+    half = simulate_costs(costs, "1f1b", 6, options=SimOptions(duplex=False))
+    full = simulate_costs(costs, "1f1b", 6)
+    assert half.links == ("L",) and full.links == ("L fwd", "L bwd")
+    assert half.iteration_s >= full.iteration_s
+
+
+def test_latency_and_bandwidth_of_a_transfer() -> None:
+    link = ir.Link(2e6, 0.25)
+    costs = [cost("a", 1.0, 1.0, link=link, nbytes=1e6), cost("b", 1.0, 1.0)]
+    r = simulate_costs(costs, "gpipe", 1)
+    assert close(r.iteration_s, 4.0 + 2 * (0.25 + 0.5))
+    acts = [e for e in r.events if e.op == "act"]
+    assert len(acts) == 1 and close(acts[0].end - acts[0].start, 0.75)
+
+
+def test_blocking_allreduce_after_last_backward() -> None:
+    r = simulate_costs([cost("a", 1.0, 2.0, ar=0.5)], "1f1b", 3)
+    assert close(r.iteration_s, 3 * 3.0 + 0.5)
+    assert close(r.devices[0].busy_s, 9.5) and r.bubble_fraction == pytest.approx(0.0, abs=1e-12)
+    ar = [e for e in r.events if e.op == "AR"]
+    assert len(ar) == 1 and close(ar[0].start, 9.0)
+
+
+def test_overlapped_allreduce_in_ddp_buckets() -> None:
+    # 4 buckets of 0.1 s; bucket i ready at 1 + 2 (i+1)/4 during the last backward (which starts at 1 s).
+    r = simulate_costs([cost("a", 1.0, 2.0, ar=0.4, ar_bytes=100 * 2**20)], "gpipe", 1,
+                       options=SimOptions(overlap_allreduce=True))
+    assert close(r.iteration_s, 3.0 + 0.1)
+    slow = simulate_costs([cost("a", 1.0, 2.0, ar=8.0, ar_bytes=100 * 2**20)], "gpipe", 1,
+                          options=SimOptions(overlap_allreduce=True))
+    assert close(slow.iteration_s, 1.0 + 0.5 + 8.0)  # first bucket ready at 1.5 s, then 4 x 2 s back to back
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+def test_memory_timeline_and_peak() -> None:
+    costs = [cost("a", static=1000, act=10, workspace=5), cost("b", static=2000, act=20, workspace=7)]
+    r = simulate_costs(costs, "gpipe", 3)
+    a, b = r.device("a"), r.device("b")
+    assert a.peak_memory_bytes == 1000 + 3 * 10 + 5
+    assert b.peak_memory_bytes == 2000 + 3 * 20 + 7
+    assert a.memory[0] == (0.0, 1000) and a.memory[-1][1] == 1000  # all activations freed at the end
+    assert r.peak_memory_bytes == b.peak_memory_bytes
+    one = simulate_costs(costs, "1f1b", 3)
+    assert one.device("a").peak_memory_bytes == 1000 + 2 * 10 + 5
+
+
+def test_zb_h1_holds_activations_until_w() -> None:
+    costs = [cost(f"g{s}", 1.0, 2.0, 1.0, act=10) for s in range(3)]
+    r = simulate_costs(costs, "zb-h1", 6)
+    assert [d.peak_memory_bytes for d in r.devices] == [30, 30, 30]
+
+
+def test_group_devices_share_one_lane_and_interleaved_chunks_add_up() -> None:
+    costs = [cost(("a", "b"), static=100), cost(("c",), static=10), cost(("a", "b"), static=1), cost("c", static=2)]
+    r = simulate_costs(costs, "interleaved", 4, 2)
+    assert [d.device for d in r.devices] == ["a", "b", "c"]
+    assert r.device("a").memory[0] == (0.0, 101) and r.lanes == (("a", "b"), ("c",))
+    with pytest.raises(PlanError, match="chunk c runs on the devices"):
+        simulate_costs([cost("a"), cost("b"), cost("c"), cost("b")], "interleaved", 4, 2)
+
+
+def test_fits_against_capacity() -> None:
+    r = simulate_costs([cost("a", static=100, act=10, capacity=115)], "gpipe", 2)
+    assert r.devices[0].peak_memory_bytes == 120 and not r.devices[0].fits
+
+
+# ----------------------------------------------------------------------------- outputs
+
+
+def test_to_dict_contract() -> None:
+    r = simulate_costs(uniform(2), "1f1b", 4)
+    doc = r.to_dict()
+    assert doc["kind"] == "simulation" and doc["version"] == 1
+    assert close(doc["iteration_s"], 15.0) and close(doc["bubble_fraction"], 1 / 5)
+    assert [set(d) >= {"device", "busy_s", "peak_memory_bytes"} for d in doc["devices"]] == [True, True]
+    json.dumps(doc, allow_nan=False)
+
+
+def test_chrome_trace_is_perfetto_shaped() -> None:
+    link = ir.Link(1e6, 1e-4)
+    costs = [cost(("a", "b"), link=link, nbytes=1e5, link_id="n0-n1"), cost("c")]
+    trace = simulate_costs(costs, "1f1b", 3).to_chrome_trace()
+    events = trace["traceEvents"]
+    json.dumps(trace, allow_nan=False)
+    names = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert names == {"a", "b", "c", "n0-n1 fwd", "n0-n1 bwd"}
+    xs = [e for e in events if e["ph"] == "X"]
+    assert all({"pid", "tid", "ts", "dur", "name"} <= set(e) and e["dur"] >= 0 for e in xs)
+    per_track: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for e in xs:
+        per_track.setdefault((e["pid"], e["tid"]), []).append(e)
+    lane_tracks = [t for t in per_track if t[0] == 1]
+    assert len(lane_tracks) == 3
+    for t in lane_tracks:  # compute on one device never overlaps
+        evs = sorted(per_track[t], key=lambda e: e["ts"])
+        assert all(a["ts"] + a["dur"] <= b["ts"] + 1e-6 for a, b in itertools.pairwise(evs))
+
+
+def test_record_events_off_gives_the_same_numbers() -> None:
+    costs = uniform(3)
+    a = simulate_costs(costs, "1f1b", 5)
+    b = simulate_costs(costs, "1f1b", 5, options=SimOptions(record_events=False))
+    assert a.iteration_s == b.iteration_s and b.events == ()
+
+
+def test_bad_inputs() -> None:
+    with pytest.raises(PlanError):
+        simulate_costs([], "1f1b", 2)
+    with pytest.raises(ScheduleError, match="unknown schedule"):
+        simulate_costs(uniform(2), "bogus", 2)
+    with pytest.raises(PlanError, match="virtual stages"):
+        simulate_costs(uniform(3), "interleaved", 2, 2)
+
+
+def test_result_is_frozen() -> None:
+    r = simulate_costs(uniform(2), "gpipe", 2)
+    assert isinstance(r, SimResult)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.iteration_s = 0.0  # type: ignore[misc]
+
+
+# ----------------------------------------------------------------------------- plans
+
+
+def make_plan(schedule: str = "1f1b", microbatches: int = 4, n_layers: int = 4, virtual_stages: int = 1,
+              stages: Sequence[tuple[tuple[int, int], tuple[str, ...]]] | None = None) -> ir.Plan:
+    """A small self-contained plan on the conftest profile and 2 x 2 cluster."""
+    profile = ir.ModelProfile.from_dict(make_profile_dict(n_layers))
+    cluster = ir.Cluster.from_dict(make_cluster_dict())
+    if stages is None:
+        stages = [((0, n_layers // 2), ("n0.g0",)), ((n_layers // 2, n_layers), ("n1.g0",))]
+    return ir.Plan(
+        profile=profile, cluster=cluster, schedule=schedule, microbatches=microbatches, optimizer="sgd",
+        stages=tuple(ir.Stage(layers, devs, ("dp",) * (layers[1] - layers[0]), 0) for layers, devs in stages),
+        predicted=ir.Prediction(1.0, 8.0, 0.0, 0), virtual_stages=virtual_stages,
+    )
+
+
+def test_validate_plan_accepts_good_plans() -> None:
+    validate_plan(make_plan())
+    validate_plan(make_plan("interleaved", 4, 4, 2, [((0, 1), ("n0.g0",)), ((1, 2), ("n1.g0",)),
+                                                      ((2, 3), ("n0.g0",)), ((3, 4), ("n1.g0",))]))
+
+
+@pytest.mark.parametrize(("plan", "message"), [
+    (make_plan(stages=[((0, 1), ("n0.g0",)), ((2, 4), ("n1.g0",))]), "layer 1 in no stage"),
+    (make_plan(stages=[((0, 3), ("n0.g0",)), ((2, 4), ("n1.g0",))]), "layer 2 is in two stages"),
+    (make_plan(stages=[((0, 2), ("n0.g0",)), ((2, 3), ("n1.g0",))]), "layers 3..3 are in no stage"),
+    (make_plan(stages=[((0, 2), ("n0.g0",)), ((2, 4), ("n9.g9",))]), "device 'n9.g9', which is not in cluster"),
+    (make_plan(stages=[((0, 2), ("n0.g0",)), ((2, 4), ("n0.g0",))]), "is in stage 0 and stage 1"),
+    (make_plan(stages=[((0, 2), ("n0.g0", "n0.g0")), ((2, 4), ("n1.g0",))]), "lists a device twice"),
+    (make_plan(schedule="zigzag"), "unknown schedule 'zigzag'"),
+    (make_plan(microbatches=3), "do not divide the batch size 8"),
+    (make_plan(virtual_stages=2), "virtual_stages=2 under schedule '1f1b'"),
+    (make_plan("interleaved", 4, 4, 2, [((0, 1), ("n0.g0",)), ((1, 2), ("n1.g0",)), ((2, 3), ("n1.g0",)),
+                                        ((3, 4), ("n0.g0",))]), "chunk c runs on the devices"),
+])
+def test_validate_plan_names_what_is_wrong(plan: ir.Plan, message: str) -> None:
+    with pytest.raises(PlanError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        validate_plan(plan)
+
+
+def test_validate_plan_forms_count() -> None:
+    plan = make_plan()
+    bad = dataclasses.replace(plan, stages=(dataclasses.replace(plan.stages[0], forms=("dp",)), plan.stages[1]))
+    with pytest.raises(PlanError, match="1 forms for 2 layers"):
+        validate_plan(bad)
+
+
+def test_simulate_plan_uses_the_cost_model() -> None:
+    costmodel = pytest.importorskip("planner.costmodel")
+    if not hasattr(costmodel, "stage_costs"):
+        pytest.skip("planner.costmodel.stage_costs not there yet")
+    from planner.simulate import simulate
+
+    plan = make_plan()
+    r = simulate(plan)
+    costs = costmodel.stage_costs(plan)
+    assert r.iteration_s == simulate_costs(costs, plan.schedule, plan.microbatches).iteration_s
+    assert [d.device for d in r.devices] == ["n0.g0", "n1.g0"]
+    assert r.iteration_s > 0 and all(d.peak_memory_bytes > 0 for d in r.devices)
