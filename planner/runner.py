@@ -22,6 +22,7 @@ forward).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
 import json
@@ -258,11 +259,10 @@ def _worker(args: argparse.Namespace) -> None:
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if args.engine == "deepspeed":
         import deepspeed
-        import deepspeed.comm.torch  # noqa: F401  (the name is shadowed by torch in deepspeed.comm)
 
-        # DeepSpeed's CPU accelerator JIT-builds a shared-memory all-reduce op (~35 s) at its
-        # first init_distributed; it only speeds up inference collectives, so skip it.
-        sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
+        from planner.export.deepspeed import skip_shm_build
+
+        skip_shm_build()
         deepspeed.init_distributed(dist_backend=backend)
     else:
         torch.distributed.init_process_group(backend)
@@ -308,10 +308,8 @@ def main(argv: list[str] | None = None) -> None:
     except BaseException as exc:
         cause = exc.cause if isinstance(exc, PlannerError) else f"{type(exc).__name__}: {exc}".strip()
         first = cause.splitlines()[0] if cause else type(exc).__name__
-        try:
+        with contextlib.suppress(OSError):
             (Path(args.out) / f"error-rank{rank}.txt").write_text(first)
-        except OSError:
-            pass
         traceback.print_exc()
         sys.stderr.flush()
         os._exit(1)

@@ -87,7 +87,8 @@ def tiny_plan(factory: str, parts: list[int], width: int = 1, *, microbatches: i
         "input_shape": list(example.shape[1:]),
         "layers": [{"name": f"l{i}", "type": type(layer).__name__, "forward_s": 1e-4, "backward_s": 2e-4,
                     "forward_flops": 1e6, "backward_flops": 2e6, "param_count": c, "param_bytes": 4 * c,
-                    "output_bytes": 1, "saved_bytes": 1} for i, (layer, c) in enumerate(zip(layers, counts))],
+                    "output_bytes": 1, "saved_bytes": 1}
+                   for i, (layer, c) in enumerate(zip(layers, counts, strict=True))],
     }
     parts = [p if p >= 0 else len(layers) + 1 + p for p in parts]
     cluster = ir.Cluster.from_dict(make_cluster_dict(1, 8))

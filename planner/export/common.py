@@ -104,7 +104,7 @@ def check_layers_match(layers: Sequence[nn.Module], profile: ir.ModelProfile, er
                     f"{len(profile.layers)}", "run the plan with the model it was profiled from, or "
                     "profile and search this model again")
     counts = layer_param_counts(layers)
-    for i, (n, lp) in enumerate(zip(counts, profile.layers)):
+    for i, (n, lp) in enumerate(zip(counts, profile.layers, strict=False)):
         if n != lp.param_count:
             raise error(f"layer {i} ({lp.name}) has {n} parameters in the model but {lp.param_count} in the "
                         f"plan's profile", "the model's shapes differ from the profiled one: profile it again")
@@ -239,7 +239,7 @@ def data_spec(layers: Sequence[nn.Module], example_input: torch.Tensor, loss: st
         raise RunError(f"the model's layers fail on its example input: {type(exc).__name__}: {exc}",
                        "check --model and the plan's input shape") from None
     finally:
-        for layer, mode in zip(layers, modes):
+        for layer, mode in zip(layers, modes, strict=False):
             layer.train(mode)
     if isinstance(y, (tuple, list)):
         y = y[0]

@@ -35,6 +35,22 @@ from planner.export import common
 SCHEDULES = ("gpipe", "1f1b")
 
 
+def skip_shm_build() -> None:
+    """Skip the C++ op DeepSpeed's CPU accelerator JIT-builds at its first init_distributed (~35 s).
+
+    The op (``deepspeed_shm_comm``) only speeds up inference all-reduce on CPU; training
+    collectives go through torch.distributed either way. Call before ``init_distributed``.
+    (``import deepspeed.comm.torch`` binds the name to torch itself: deepspeed.comm
+    re-exports torch, so the module is taken from sys.modules.)
+    """
+    import sys
+
+    import deepspeed.comm.torch  # noqa: F401
+
+    ds_comm: Any = sys.modules["deepspeed.comm.torch"]
+    ds_comm.build_shm_op = lambda: None
+
+
 def check_plan(plan: ir.Plan) -> int:
     """Refuse what DeepSpeed cannot run; return the data-parallel width."""
     width = common.check_common(plan, "deepspeed")
@@ -54,8 +70,9 @@ def check_plan(plan: ir.Plan) -> int:
 def ds_config(plan: ir.Plan, lr: float | None = None) -> dict[str, Any]:
     """The DeepSpeed config: micro-batch per GPU, accumulation = micro-batches, a torch optimizer.
 
-    Gradient clipping is off (DeepSpeed's default clips to 1.0). FusedAdam is never built: Adam is selected with ``torch_adam`` (and ``adam_w_mode``
-    off, so it is ``torch.optim.Adam``); the other optimizers are torch.optim classes.
+    Gradient clipping is off (DeepSpeed's default clips to 1.0). FusedAdam is never built:
+    Adam is selected with ``torch_adam`` (and ``adam_w_mode`` off, so it is
+    ``torch.optim.Adam``); the other optimizers are torch.optim classes.
     """
     width = check_plan(plan)
     lr = common.DEFAULT_LR[plan.optimizer] if lr is None else lr
@@ -79,7 +96,7 @@ def ds_config(plan: ir.Plan, lr: float | None = None) -> dict[str, Any]:
     }
 
 
-class TieHolder(nn.Module):
+class TieHolder(nn.Module):  # type: ignore[misc]
     """The layers of one tie group, built as one DeepSpeed tied module."""
 
     def __init__(self, members: Sequence[nn.Module]) -> None:
@@ -226,7 +243,7 @@ import torch
 
 from planner import ir
 from planner.export import common
-from planner.export.deepspeed import build_pipeline_module
+from planner.export.deepspeed import build_pipeline_module, skip_shm_build
 from planner.runner import load_layers
 
 HERE = Path(__file__).resolve().parent
@@ -242,6 +259,7 @@ def main() -> None:
     args = ap.parse_args()
     plan = ir.Plan.from_dict(json.loads((HERE / "plan.json").read_text()))
     config = json.loads((HERE / "ds_config.json").read_text())
+    skip_shm_build()  # a CPU-only C++ op DeepSpeed would JIT-build (~35 s); training does not use it
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
     torch.manual_seed(args.seed)
     layers, example = load_layers(args.model, plan)
@@ -298,8 +316,8 @@ def make_trainer(layers: Sequence[nn.Module], plan: ir.Plan, loss: str,
 
     def step(x: torch.Tensor, y: torch.Tensor) -> float:
         dev = engine.device
-        batches = [(common.sub_batch(x, i, replica, m, width).to(dev), common.sub_batch(y, i, replica, m, width).to(dev))
-                   for i in range(m)]
+        batches = [(common.sub_batch(x, i, replica, m, width).to(dev),
+                    common.sub_batch(y, i, replica, m, width).to(dev)) for i in range(m)]
         return float(engine.train_batch(data_iter=iter(batches)))
 
     return step

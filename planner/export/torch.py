@@ -120,7 +120,7 @@ def device() -> torch.device:
     return torch.device("cpu")
 
 
-class _Checkpointed(nn.Module):
+class _Checkpointed(nn.Module):  # type: ignore[misc]
     """A stage that keeps only its input and recomputes its forward in backward (GPipe)."""
 
     def __init__(self, inner: nn.Module) -> None:

@@ -1,0 +1,52 @@
+"""planner export: writes a runnable program, refuses what the engine cannot run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from planner.cli import main
+from tests.test_runner import tiny_plan
+
+
+def _write(tmp_path: Path, **kw: object) -> str:
+    plan = tiny_plan("tiny_mlp", [0, 2, -1], **kw)  # type: ignore[arg-type]
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan.to_dict()))
+    return str(path)
+
+
+def test_export_deepspeed_writes_script_config_and_plan(tmp_path: Path) -> None:
+    out = tmp_path / "ds"
+    res = CliRunner().invoke(main, ["export", _write(tmp_path, width=2), "--to", "deepspeed", "-o", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["world_size"] == 4
+    assert {p.name for p in out.iterdir()} == {"train.py", "ds_config.json", "plan.json", "README.md"}
+    cfg = json.loads((out / "ds_config.json").read_text())
+    assert cfg["gradient_accumulation_steps"] == 2
+    assert json.loads((out / "plan.json").read_text())["kind"] == "plan"
+
+
+def test_export_torch(tmp_path: Path) -> None:
+    out = tmp_path / "t"
+    res = CliRunner().invoke(main, ["export", _write(tmp_path, schedule="gpipe"), "--to", "torch", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "ScheduleGPipe" in (out / "train.py").read_text()
+
+
+def test_deepspeed_refuses_split_forms_with_a_hint(tmp_path: Path) -> None:
+    path = _write(tmp_path, width=2, forms=[["split_out", "dp"], ["dp", "dp"]])
+    res = CliRunner().invoke(main, ["export", path, "--to", "deepspeed", "-o", str(tmp_path / "x")])
+    assert res.exit_code == 1
+    assert "stage 0" in res.stderr and "--engine deepspeed" in res.stderr
+    assert not (tmp_path / "x").exists()
+
+
+def test_not_a_plan(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"kind": "profile", "version": 1}')
+    res = CliRunner().invoke(main, ["export", str(bad), "--to", "torch", "-o", str(tmp_path / "y")])
+    assert res.exit_code == 1 and "kind" in res.stderr

@@ -1,0 +1,90 @@
+"""export.torch: pipelining stages, schedule classes, DTensor split forms, refusals."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+
+from planner import ir
+from planner.errors import ExportError
+from planner.export import torch as tx
+from planner.runner import run_plan
+from tests.test_runner import tiny_plan
+
+
+def test_schedule_classes_exist_in_this_torch() -> None:
+    from torch.distributed import pipelining
+
+    for name in tx.SCHEDULES.values():
+        assert hasattr(pipelining, name)
+
+
+def test_pipedream_has_no_torch_equivalent() -> None:
+    with pytest.raises(ExportError) as err:
+        tx.check_plan(tiny_plan("tiny_mlp", [0, 2, -1], schedule="pipedream"))
+    assert "--engine torch" in err.value.hint
+
+
+def test_unequal_widths_are_refused() -> None:
+    plan = tiny_plan("tiny_mlp", [0, 2, -1])
+    stages = (plan.stages[0], ir.Stage(plan.stages[1].layers, ("n0.g1", "n0.g2"), plan.stages[1].forms, 0))
+    with pytest.raises(ExportError, match="stage 1 has 2 devices"):
+        tx.check_plan(dataclasses.replace(plan, stages=stages))
+
+
+def test_split_form_on_a_convolution_is_refused_naming_stage_and_layer() -> None:
+    plan = tiny_plan("tiny_mlp", [0, 2, -1], width=2, forms=[["dp", "dp"], ["split_out", "dp"]])
+    layers = [nn.Linear(16, 32), nn.Linear(32, 32), nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()), nn.Linear(4, 10)]
+    with pytest.raises(ExportError) as err:
+        tx.check_plan(plan, layers)
+    assert "stage 1: layer 2" in err.value.cause and "Conv2d" in err.value.cause
+
+
+def test_split_needs_features_divisible_by_width() -> None:
+    plan = tiny_plan("tiny_mlp", [0, 2, -1], width=2, forms=[["split_out", "dp"], ["dp", "dp"]])
+    layers = [nn.Linear(16, 33), nn.Linear(33, 32), nn.Linear(32, 32), nn.Linear(32, 10)]
+    with pytest.raises(ExportError, match="33 output features"):
+        tx.check_plan(plan, layers)
+
+
+def test_data_parallel_width_is_one_when_layers_are_split() -> None:
+    assert tx.check_plan(tiny_plan("tiny_mlp", [0, 2, -1], width=2)) == 2
+    split = tiny_plan("tiny_mlp", [0, 2, -1], width=2, forms=[["split_out", "split_in"], ["dp", "dp"]])
+    assert tx.check_plan(split) == 1 and tx.tensor_parallel(split)
+
+
+def test_script_names_the_schedule_class() -> None:
+    text = tx.script_text(tiny_plan("tiny_mlp", [0, 2, -1], schedule="gpipe"))
+    assert "ScheduleGPipe" in text and "torchrun --standalone --nproc_per_node 2" in text
+    compile(text, "train.py", "exec")
+
+
+@pytest.mark.slow
+def test_torch_split_forms_match_single_process() -> None:
+    """2 stages x 2 devices; Colwise/Rowwise sharded Linears (DTensor), GPipe schedule; losses equal."""
+    plan = tiny_plan("tiny_mlp", [0, 2, -1], width=2, schedule="gpipe",
+                     forms=[["split_out", "split_in"], ["split_out", "dp"]])
+    doc = run_plan(plan, "tests.test_runner:tiny_mlp", engine="torch", steps=3, warmup=1, check=True)
+    assert doc["world_size"] == 4 and doc["max_rel_loss_diff"] < 1e-5
+
+
+@pytest.mark.slow
+def test_torch_data_parallel_pipelines_with_tied_weights_match_single_process() -> None:
+    plan = tiny_plan("tiny_tied", [0, 1, -1], width=2, schedule="1f1b")
+    doc = run_plan(plan, "tests.test_runner:tiny_tied", engine="torch", steps=3, warmup=1, check=True)
+    assert doc["engine"] == "torch" and doc["max_rel_loss_diff"] < 1e-5
+    assert torch.isfinite(torch.tensor(doc["losses"])).all()
+
+
+@pytest.mark.slow
+def test_interleaved_virtual_stages_match_single_process() -> None:
+    """4 chunks on 2 devices (chunk c on device c mod 2) with ScheduleInterleaved1F1B."""
+    p = tiny_plan("tiny_mlp", [0, 1, 2, 3, 4], microbatches=4)
+    stages = tuple(dataclasses.replace(s, devices=("n0.g0",) if i % 2 == 0 else ("n0.g1",))
+                   for i, s in enumerate(p.stages))
+    plan = dataclasses.replace(p, stages=stages, virtual_stages=2, schedule="interleaved")
+    doc = run_plan(plan, "tests.test_runner:tiny_mlp", engine="torch", steps=3, warmup=1, check=True)
+    assert doc["world_size"] == 2 and doc["max_rel_loss_diff"] < 1e-5
