@@ -11,11 +11,14 @@ The simulator plays a :class:`planner.schedule.Schedule` over per-stage costs
   c mod K equal to it.
 * **Links.** Activations (after F) go to the next chunk over that chunk boundary's link
   (``send_link``), gradients (after B) come back over the same link, same size. A
-  transfer waits the link latency, then its bytes flow; transfers on the same link id in
-  the same direction share its bandwidth equally (processor sharing), so two at once take
-  twice as long. ``SimOptions.duplex=False`` makes both directions share;
-  ``share_links=False`` gives every transfer the whole link (alpha + n/beta). Transfers overlap
-  compute. A boundary with no link or no bytes, or between chunks on the same lane, is free.
+  transfer waits the link latency, then its bytes flow. Transfers of one flow (a stage
+  boundary and direction) go one after another, in order, as sends on one channel do in
+  NCCL and gloo; flows on the same link id in the same direction (towards later or
+  earlier device groups: ``<id> fwd`` / ``<id> bwd``) share its bandwidth equally
+  (processor sharing), so two flows at once each take twice as long.
+  ``SimOptions.duplex=False`` makes both directions share; ``share_links=False`` gives
+  every transfer the whole link at once (alpha + n/beta). Transfers overlap compute. A
+  boundary with no link or no bytes, or between chunks on the same lane, is free.
 * **Gradient all-reduce.** After a stage's last backward (B, or W under ``zb-h1``) its
   ``allreduce_s`` runs on the lane and blocks it (the default; what the analytic cost model
   adds). With ``SimOptions.overlap_allreduce`` it runs as DDP does: gradients in buckets of
@@ -205,13 +208,18 @@ def pipedream_settle_blocks(stages: int, microbatches: int) -> int:
 
 
 class _Link:
-    """Processor sharing on one link (and direction): active transfers split the bandwidth."""
+    """Processor sharing on one link (and direction): the active transfers split the bandwidth.
 
-    __slots__ = ("active", "bandwidth", "last", "version")
+    Transfers of one flow (one stage boundary and direction) go one after another: only a
+    flow's head is active, the rest wait in ``queues``.
+    """
+
+    __slots__ = ("active", "bandwidth", "last", "queues", "version")
 
     def __init__(self, bandwidth: float) -> None:
         self.bandwidth = bandwidth
         self.active: dict[int, float] = {}
+        self.queues: dict[int, list[int]] = {}
         self.last = 0.0
         self.version = 0
 
@@ -298,19 +306,23 @@ def simulate_costs(costs: Sequence[ir.StageCost], schedule: str | Schedule, micr
     links: dict[str, _Link] = {}
     link_names: list[str] = []
 
-    def link_key(c: int, direction: str) -> str | None:
+    def link_key(c: int, activations: bool) -> str | None:
+        """The pool that carries boundary c's activations (or gradients); None if free."""
         cost = costs[c]
-        if cost.send_link is None or cost.send_bytes <= 0 or (c + 1) % k == c % k:
+        src, dst = c % k, (c + 1) % k
+        if cost.send_link is None or cost.send_bytes <= 0 or src == dst:
             return None
+        if not activations:
+            src, dst = dst, src
         base = cost.send_link_id or f"{c}->{c + 1}"
-        key = f"{base} {direction}" if opts.duplex else base
+        key = f"{base} {'fwd' if src < dst else 'bwd'}" if opts.duplex else base
         if key not in links:
             links[key] = _Link(cost.send_link.bandwidth_Bps)
             link_names.append(key)
         return key
 
-    link_of_fwd = [link_key(c, "fwd") if c < n_chunks - 1 else None for c in range(n_chunks)]
-    link_of_bwd = [link_key(c, "bwd") if c < n_chunks - 1 else None for c in range(n_chunks)]
+    link_of_fwd = [link_key(c, True) if c < n_chunks - 1 else None for c in range(n_chunks)]
+    link_of_bwd = [link_key(c, False) if c < n_chunks - 1 else None for c in range(n_chunks)]
 
     # State. Arrival times of inputs: act_in[c*n+mb] (activations into chunk c),
     # grad_in[c*n+mb] (gradients into chunk c); None until they arrive.
@@ -336,6 +348,7 @@ def simulate_costs(costs: Sequence[ir.StageCost], schedule: str | Schedule, micr
     seq = 0
     xfers: dict[int, tuple[str, int, int, float, str, float]] = {}  # id -> (link, chunk_to, mb, bytes, op, t0)
     n_x = 0
+    flow_of: dict[int, int] = {}
 
     def set_mem(lane: int, now: float, delta: int) -> None:
         mem[lane] += delta
@@ -419,6 +432,7 @@ def simulate_costs(costs: Sequence[ir.StageCost], schedule: str | Schedule, micr
         assert cost.send_link is not None
         n_x += 1
         xfers[n_x] = (key, c_to, mb, cost.send_bytes, "act" if fwd_dir else "grad", now)
+        flow_of[n_x] = 2 * boundary + (0 if fwd_dir else 1)
         seq += 1
         if opts.share_links:
             heapq.heappush(heap, (now + cost.send_link.latency_s, seq, _LATENCY, n_x))
@@ -476,6 +490,10 @@ def simulate_costs(costs: Sequence[ir.StageCost], schedule: str | Schedule, micr
         done = [x for x, r in link.active.items() if r <= least + 1e-9 * xfers[x][3]]
         for x in done:
             del link.active[x]
+            queue = link.queues[flow_of[x]]
+            queue.pop(0)
+            if queue:  # the flow's next transfer starts now
+                link.active[queue[0]] = xfers[queue[0]][3]
         link.version += 1
         if link.active:
             seq += 1
@@ -485,6 +503,7 @@ def simulate_costs(costs: Sequence[ir.StageCost], schedule: str | Schedule, micr
 
     def arrive(x: int, now: float) -> None:
         key, c_to, mb, _, op, t0 = xfers.pop(x)
+        flow_of.pop(x, None)
         if record:
             c_from = c_to - 1 if op == "act" else c_to + 1
             events.append(Event(f"link:{key}", f"{op} {c_from}->{c_to} #{mb}", op, min(c_from, c_to), mb, t0, now))
@@ -511,11 +530,14 @@ def simulate_costs(costs: Sequence[ir.StageCost], schedule: str | Schedule, micr
         elif typ == _LATENCY:
             key = xfers[payload][0]
             link = links[key]
-            link.progress(now)
-            link.active[payload] = xfers[payload][3]
-            link.version += 1
-            seq += 1
-            heapq.heappush(heap, (link.next_finish(now), seq, _LINK, (key, link.version)))
+            queue = link.queues.setdefault(flow_of[payload], [])
+            queue.append(payload)
+            if len(queue) == 1:  # the flow is idle: the transfer joins the link now
+                link.progress(now)
+                link.active[payload] = xfers[payload][3]
+                link.version += 1
+                seq += 1
+                heapq.heappush(heap, (link.next_finish(now), seq, _LINK, (key, link.version)))
         elif typ == _LINK:
             key, version = payload
             if links[key].version == version:

@@ -210,20 +210,31 @@ def test_properties_on_random_pipelines(spec: list[tuple[float, float, float, fl
 # ----------------------------------------------------------------------------- links and all-reduce
 
 
-def test_transfers_on_one_link_share_bandwidth() -> None:
-    # Stage 0 forwards instantly; its M activations leave together over one link of T seconds each.
+def test_transfers_of_one_flow_go_in_order() -> None:
+    # Stage 0 forwards instantly; its M activations leave together over one link of 1 s each.
     link = ir.Link(1e6, 0.0)
     costs = [cost("a", 0.0, 0.0, link=link, nbytes=1e6), cost("b", 1.0, 0.0)]
-    shared = simulate_costs(costs, "gpipe", 4)
+    fifo = simulate_costs(costs, "gpipe", 4)
     alone = simulate_costs(costs, "gpipe", 4, options=SimOptions(share_links=False))
-    # shared: all four activations arrive together at 4 s, stage 1 forwards until 8 s, its instant
-    # backwards send four gradients that share the link back until 12 s. Alone: 1 s each.
-    assert close(shared.iteration_s, 12.0) and close(alone.iteration_s, 6.0)
-    fwd_starts = sorted(e.start for e in shared.events if e.track == "lane:1" and e.op == "F")
-    assert fwd_starts == pytest.approx([4.0, 5.0, 6.0, 7.0])
-    fwd_alone = sorted(e.start for e in alone.events if e.track == "lane:1" and e.op == "F")
-    assert fwd_alone == pytest.approx([1.0, 2.0, 3.0, 4.0])
-    assert shared.links == ("0->1 fwd", "0->1 bwd")
+    # one after another: stage 1 forwards at 1, 2, 3, 4 s; its instant backwards send four
+    # gradients back, arriving at 6, 7, 8, 9 s. Unshared transfers all take 1 s from when they start.
+    assert [e.start for e in fifo.events if e.track == "lane:1" and e.op == "F"] == pytest.approx([1, 2, 3, 4])
+    assert close(fifo.iteration_s, 9.0) and close(alone.iteration_s, 6.0)
+    assert fifo.links == ("0->1 fwd", "0->1 bwd")
+
+
+def test_flows_on_one_link_share_bandwidth() -> None:
+    # Boundaries 0->1 and 1->2 both use link "L": from 1 s, mb1's 0->1 and mb0's 1->2 share it.
+    link = ir.Link(1e6, 0.0)
+    costs = [cost("a", 0.0, 0.0, link=link, nbytes=1e6, link_id="L"),
+             cost("b", 0.0, 0.0, link=link, nbytes=1e6, link_id="L"), cost("c", 0.0, 0.0)]
+    r = simulate_costs(costs, "gpipe", 2)
+    acts = {e.name: (e.start, e.end) for e in r.events if e.op == "act"}
+    assert acts["act 0->1 #0"] == pytest.approx((0.0, 1.0))
+    assert acts["act 0->1 #1"] == pytest.approx((0.0, 3.0))  # queued behind #0, then shared
+    assert acts["act 1->2 #0"] == pytest.approx((1.0, 3.0))
+    assert acts["act 1->2 #1"] == pytest.approx((3.0, 4.0))
+    assert r.links == ("L fwd", "L bwd")
 
 
 def test_duplex_links_keep_directions_apart() -> None:

@@ -1,0 +1,91 @@
+"""``planner simulate PLAN``: play a plan's pipeline schedule event by event."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from planner import ir
+from planner.errors import PlannerError
+from planner.jsonio import dumps, read_json, write_text_atomic
+
+
+def _check_folder(path: str | None) -> None:
+    if path and not Path(path).resolve().parent.is_dir():
+        raise PlannerError(f"cannot write {path}: folder {Path(path).parent} does not exist",
+                           "create the folder or choose another path")
+
+
+@click.command("simulate")
+@click.argument("plan_path", metavar="PLAN", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the simulation as one JSON document on stdout.")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None,
+              help="Write a Chrome trace event JSON (open it in https://ui.perfetto.dev).")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+              help="Write a Gantt chart with memory over time to this PNG file.")
+@click.option("--overlap-allreduce", is_flag=True,
+              help="All-reduce gradients in DDP buckets overlapped with the last backward (default: after it).")
+@click.option("--bucket-mb", type=click.FloatRange(min=0.001), default=25.0, show_default=True,
+              help="DDP bucket size in MiB for --overlap-allreduce.")
+@click.option("--half-duplex", is_flag=True, help="Activations and gradients share a link's bandwidth.")
+@click.option("--width", type=click.IntRange(min=16, max=1000), default=None,
+              help="Columns of the text Gantt (default: fit the terminal).")
+@click.option("--table", "show_table", is_flag=True,
+              help="Also print the schedule as a device x time-slot table (torch.distributed.pipelining style).")
+@click.option("--quiet", "-q", is_flag=True, help="Print nothing on stderr.")
+def simulate(plan_path: str, as_json: bool, trace_path: str | None, plot_path: str | None, overlap_allreduce: bool,
+             bucket_mb: float, half_duplex: bool, width: int | None, show_table: bool, quiet: bool) -> None:
+    """Simulate one training iteration of PLAN: iteration time, bubble, busy time and memory per device.
+
+    Devices run their schedule's actions one at a time; activations and gradients cross
+    links with latency and bandwidth (shared by transfers on one link), overlapping
+    compute; gradients are all-reduced after each stage's last backward. Prints a text
+    Gantt and a summary on stderr; --json, --trace and --plot as documented.
+    """
+    from planner.schedule import make_schedule
+    from planner.simulate import SimOptions
+    from planner.simulate import simulate as run_simulation
+
+    _check_folder(trace_path)
+    _check_folder(plot_path)
+    plan = ir.Plan.from_dict(read_json(plan_path, "plan"), plan_path)
+    options = SimOptions(overlap_allreduce=overlap_allreduce, bucket_bytes=bucket_mb * 2**20,
+                         duplex=not half_duplex)
+    result = run_simulation(plan, options)
+    trace_text = dumps(result.to_chrome_trace()) if trace_path else None
+    if plot_path:
+        from planner.render.simulate import plot_simulation
+
+        plot_simulation(result, plot_path, title=f"{plan.model} on {plan.cluster.name}: {plan.schedule}, "
+                                                 f"config {plan.config}, M={plan.microbatches}, "
+                                                 f"iteration {result.iteration_s * 1000:.3f} ms, "
+                                                 f"bubble {result.bubble_fraction:.1%}")
+    if trace_path and trace_text is not None:
+        write_text_atomic(trace_path, trace_text)
+    if not quiet:
+        from planner.render import stderr_console
+        from planner.render.simulate import print_simulation
+
+        print_simulation(result, plan.batch_size, width)
+        console = stderr_console()
+        if show_table:
+            k = len(plan.stages) // plan.virtual_stages
+            console.print(make_schedule(plan.schedule, k, plan.microbatches, plan.virtual_stages).table(),
+                          highlight=False, markup=False)
+        predicted = plan.predicted.iteration_s
+        if predicted > 0:
+            console.print(f"plan's prediction {predicted * 1000:.3f} ms; simulated "
+                          f"{result.iteration_s * 1000:.3f} ms ({result.iteration_s / predicted:.3f}x)",
+                          highlight=False)
+        for path, what in ((trace_path, "trace"), (plot_path, "picture")):
+            if path:
+                console.print(f"wrote {what} {path}", highlight=False)
+    if as_json:
+        from planner.cli import emit_json
+
+        doc = result.to_dict()
+        doc.update({"model": plan.model, "config": plan.config, "batch_size": plan.batch_size,
+                    "samples_per_s": plan.batch_size / result.iteration_s if result.iteration_s > 0 else None,
+                    "predicted_iteration_s": plan.predicted.iteration_s})
+        emit_json(doc)
