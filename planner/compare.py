@@ -105,9 +105,10 @@ def _over(plan: ir.Plan, peaks: dict[str, int]) -> list[tuple[str, int, int]]:
 
 def judge(plan: ir.Plan) -> Judged:
     """Simulate ``plan``; recompute overflowing stages once; fill memory and prediction."""
-    from planner.simulate import simulate
+    from planner.simulate import SimOptions, simulate
 
-    result = simulate(plan)
+    options = SimOptions(record_events=False)
+    result = simulate(plan, options)
     peaks = {d.device: int(d.peak_memory_bytes) for d in result.devices}
     over = _over(plan, peaks)
     if over:
@@ -115,7 +116,7 @@ def judge(plan: ir.Plan) -> Judged:
         stages = tuple(dataclasses.replace(s, recompute=True) if bad & set(s.devices) else s for s in plan.stages)
         if stages != plan.stages:
             retry = dataclasses.replace(plan, stages=stages)
-            result = simulate(retry)
+            result = simulate(retry, options)
             peaks = {d.device: int(d.peak_memory_bytes) for d in result.devices}
             over = _over(retry, peaks)
             plan = retry
@@ -156,14 +157,12 @@ def microbatch_choices(batch_size: int, microbatches: int | str) -> tuple[int, .
     return (microbatches,)
 
 
-def _layouts(name: str, profile: ir.ModelProfile, cluster: ir.Cluster,
-             choices: tuple[int, ...]) -> list[bl.Layout] | bl.NotFitting:
+def _layouts(name: str, profile: ir.ModelProfile, cluster: ir.Cluster, choices: tuple[int, ...],
+             optimizer: str) -> list[bl.Layout] | bl.NotFitting:
     if name == "dp":
         return [bl.dp_layout(profile, cluster)]
     if name == "accpar":
-        from planner.search import accpar_forms
-
-        return [bl.accpar_layout(profile, cluster, accpar_forms(profile, cluster))]
+        return [bl.accpar_layout(profile, cluster, optimizer)]
     if name.startswith("deepspeed-"):
         return bl.deepspeed_layouts(profile, cluster, name.split("-", 1)[1], choices)
     builders: dict[str, Callable[..., bl.Layout | bl.NotFitting]] = {
@@ -196,7 +195,7 @@ def run_strategy(name: str, profile: ir.ModelProfile, cluster: ir.Cluster, *, mi
 
             plan = search(profile, cluster, microbatches=microbatches, schedule=schedule, optimizer=optimizer)
             return _result(name, judge(plan))
-        layouts = _layouts(name, profile, cluster, choices)
+        layouts = _layouts(name, profile, cluster, choices, optimizer)
         if isinstance(layouts, bl.NotFitting):
             return _result(name, None, layouts.reason)
         candidates = [layout.plan(profile, cluster, m, optimizer) for layout in layouts

@@ -364,10 +364,21 @@ def dp_layout(profile: ir.ModelProfile, cluster: ir.Cluster) -> Layout:
     return Layout("dp", (((0, n), devices, _dp_forms(0, n)),), "1f1b", (1,))
 
 
-def accpar_layout(profile: ir.ModelProfile, cluster: ir.Cluster, forms: Sequence[str]) -> Layout:
-    """``accpar``: AccPar's per-layer forms (the HPP chain DP) over every GPU, no pipeline."""
+def accpar_layout(profile: ir.ModelProfile, cluster: ir.Cluster, optimizer: str) -> Layout:
+    """``accpar``: AccPar's per-layer forms over every GPU, no pipeline (one stage, M = 1).
+
+    AccPar (Song et al., HPCA'20) picks, layer by layer, between batch (data) parallel and
+    the two weight partitions with a chain search over the layer sequence; that is the
+    HPP chain DP (:func:`planner.search.hpp.hpp`) on the group of every GPU.
+    """
+    from planner.cluster import group_of
+    from planner.costmodel import layer_table
+    from planner.search.hpp import hpp
+
     n = len(profile.layers)
     devices = tuple(g.name for g in cluster.gpus)
+    table = layer_table(profile, group_of(cluster, devices), 1, optimizer)
+    forms, _ = hpp(table, 0, n, 1)
     return Layout("accpar", (((0, n), devices, tuple(forms)),), "1f1b", (1,))
 
 
