@@ -376,13 +376,19 @@ def stage_terms(costs: Sequence[ir.StageCost], schedule: str, microbatches: int)
 
     Transfers overlap compute (the link works while the device computes, and activations
     and gradients travel in opposite directions of a full-duplex link), so in steady state
-    a stage delivers one micro-batch per ``max(t_f + t_b, alpha + S/B)``.
+    a stage delivers one micro-batch per ``max(t_f + t_b, alpha + S/B)``. Under gpipe
+    (F-then-B: all forwards, then all backwards) the two phases stream separately, so a
+    stage takes ``max(t_f, x) + max(t_b, x)`` per micro-batch (GPipe section 2.2).
     """
     _, b = schedule_weights(schedule, microbatches)
     out = []
     for s, c in enumerate(costs):
         recv = costs[s - 1].send_s if s > 0 else 0.0
-        out.append(b * max(c.forward_s + c.backward_s, recv) + c.allreduce_s)
+        if schedule == "gpipe":
+            busy = max(c.forward_s, recv) + max(c.backward_s, recv)
+        else:
+            busy = max(c.forward_s + c.backward_s, recv)
+        out.append(b * busy + c.allreduce_s)
     return out
 
 

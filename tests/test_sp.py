@@ -12,7 +12,7 @@ from planner import ir
 from planner.cluster import cluster_from_dict
 from planner.costmodel import plan_memory, stage_costs
 from planner.errors import InfeasibleError
-from planner.search import search
+from planner.search import _solve, search
 from planner.search.brute import brute
 from planner.search.sp import build_problem, coarse_bounds, solve
 from tests.conftest import make_cluster_dict, make_profile_dict
@@ -49,7 +49,7 @@ def instances(draw, max_layers=5, max_nodes=2, max_gpus=2):
 def test_dp_equals_brute(inst) -> None:
     profile, cluster, m, schedule, optimizer = inst
     prob = build_problem(profile, cluster, microbatches=m, schedule=schedule, optimizer=optimizer)
-    a, b = solve(prob), brute(prob)
+    a, b = _solve(prob, "dp"), _solve(prob, "brute")
     assert (a is None) == (b is None)
     if a is not None and b is not None:
         assert a.objective == pytest.approx(b.objective, rel=1e-9, abs=1e-15)
@@ -125,3 +125,27 @@ def test_coarse_bounds_balance() -> None:
     b = coarse_bounds(profile, 10)
     assert b[0] == 0 and b[-1] == 100 and len(b) <= 12
     assert list(coarse_bounds(profile, 200)) == list(range(101))
+
+
+@given(instances(max_layers=4), st.sampled_from([1, 2]), st.sampled_from([("dp",), ("dp", "split_in", "split_out")]))
+def test_dp_equals_brute_with_width_and_forms_constraints(inst, width, forms) -> None:
+    profile, cluster, m, schedule, optimizer = inst
+    prob = build_problem(profile, cluster, microbatches=m, schedule=schedule, optimizer=optimizer, forms=forms,
+                         mode="contiguous", widths=[width])
+    a, b = _solve(prob, "dp"), _solve(prob, "brute")
+    assert (a is None) == (b is None)
+    if a is not None and b is not None:
+        assert a.objective == pytest.approx(b.objective, rel=1e-9, abs=1e-15)
+        assert all(len(s.move.devices) == width for s in a.stages)
+
+
+def test_mixed_cluster_plans_fit_and_use_fast_gpus() -> None:
+    from planner.cluster import load_cluster
+
+    d = make_profile_dict(12, batch_size=64)
+    profile = ir.ModelProfile.from_dict(d)
+    plan = search(profile, load_cluster("mixed-a100-v100-2080ti"), microbatches=8)
+    mem = plan_memory(plan)
+    caps = {g.name: g.memory_bytes for g in plan.cluster.gpus}
+    assert all(m <= caps[x] for s, m in zip(plan.stages, mem, strict=True) for x in s.devices)
+    assert plan.predicted.iteration_s > 0

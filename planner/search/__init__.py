@@ -22,7 +22,7 @@ from planner.costmodel import dp_iteration as _dp_iteration
 from planner.errors import UsageError
 from planner.schedule import SCHEDULES
 from planner.search.hpp import hpp
-from planner.search.sp import Problem, Solution, build_problem, infeasible, solve
+from planner.search.sp import Problem, Solution, build_problem, infeasible, memory_depends_on_k, solve, with_stages
 
 SOLVERS = ("dp", "brute")
 ENGINES = ("any", "deepspeed", "torch")
@@ -111,12 +111,7 @@ def search(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int |
     for m in cands:
         for prob in _problems(profile, cluster, m, schedule, optimizer, engine, config, max_blocks):
             last_problem = prob
-            if solver == "brute":
-                from planner.search.brute import brute
-
-                sol = brute(prob)
-            else:
-                sol = solve(prob)
+            sol = _solve(prob, solver)
             if progress:
                 progress(f"M={m}: " + ("no plan fits" if sol is None else f"{sol.objective:.6g} s"))
             if sol is not None and (best is None or sol.objective < best[0]):
@@ -126,6 +121,21 @@ def search(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int |
         raise infeasible(last_problem)
     _, prob, sol = best
     return solution_plan(prob, sol, engine=engine, solver=solver)
+
+
+def _solve(prob: Problem, solver: str) -> Solution | None:
+    """Solve with the chosen solver; once per stage count K when memory depends on K."""
+    from planner.search.brute import brute
+
+    run = brute if solver == "brute" else solve
+    if prob.stages_exact is not None or not memory_depends_on_k(prob.schedule, prob.microbatches, prob.r_cap):
+        return run(prob)
+    best: Solution | None = None
+    for k in range(1, prob.r_cap + 1):
+        sol = run(with_stages(prob, k))
+        if sol is not None and (best is None or sol.objective < best.objective):
+            best = sol
+    return best
 
 
 def solution_plan(prob: Problem, sol: Solution, *, engine: str = "any", solver: str = "dp") -> ir.Plan:

@@ -69,8 +69,10 @@ def brute(prob: Problem) -> Solution | None:
     seen_sequences: set[tuple] = set()
     for seq in _sequences(prob, 0, 0):
         k = len(seq)
-        if prob.stages_exact is not None and (k != prob.stages_exact or any(
-                len(mv.devices) != prob.config[s] for s, (_, _, mv) in enumerate(seq))):  # type: ignore[attr-defined,index]
+        if prob.stages_exact is not None and k != prob.stages_exact:
+            continue
+        if prob.config is not None and any(len(mv.devices) != prob.config[s]  # type: ignore[attr-defined]
+                                           for s, (_, _, mv) in enumerate(seq)):
             continue
         sig = tuple((a, b, mv.devices) for a, b, mv in seq)  # type: ignore[attr-defined]
         if sig in seen_sequences:  # skips reaching the same groups twice

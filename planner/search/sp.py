@@ -103,7 +103,7 @@ class Problem:
     skip: list[int]
     groups: list[Group]
     tables: list[StageTables]
-    stages_exact: int | None  # K fixed (config): moves depend on the stage index
+    stages_exact: int | None  # K fixed (config, or schedules whose memory depends on K)
     config: tuple[int, ...] | None
     r_cap: int
     a: float
@@ -198,7 +198,8 @@ def _group_key(g: Group) -> tuple:
 
 def build_problem(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int, schedule: str, optimizer: str,
                   forms: Sequence[str] = ir.FORMS, mode: str = "hierarchy", widths: Sequence[int] | None = None,
-                  config: Sequence[int] | None = None, max_blocks: int | None = None) -> Problem:
+                  config: Sequence[int] | None = None, max_blocks: int | None = None,
+                  stages: int | None = None) -> Problem:
     """Tabulate everything the stage DP and brute force read (see the module doc)."""
     if config is not None:
         mode, widths = "contiguous", sorted(set(config))
@@ -221,17 +222,35 @@ def build_problem(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches
             row[i] = Move(key_of[k], mv.devices, mv.next, mv.link)
         moves[d] = row
     a, b = schedule_weights(schedule, microbatches)
-    r_cap = 1
-    values = [in_flight_microbatches(schedule, r, microbatches, 0) for r in range(1, 2 * microbatches + 3)]
-    for r in range(len(values), 0, -1):
-        if values[r - 1] != values[-1]:
-            r_cap = r + 1
-            break
+    r_cap = max(1, min(len(bounds) - 1, len(skip)))  # the most stages a plan can have
+    exact_k = len(config) if config is not None else stages
     prob = Problem(profile, cluster, microbatches, schedule, optimizer, tuple(forms), bounds, moves, skip, groups,
-                   tables, len(config) if config is not None else None,
-                   tuple(config) if config is not None else None, r_cap, a, b)
+                   tables, exact_k, tuple(config) if config is not None else None, r_cap, a, b)
     _build_candidates(prob)
     return prob
+
+
+def memory_depends_on_k(schedule: str, microbatches: int, max_stages: int) -> bool:
+    """Whether a stage's micro-batches in flight depend on more than the stages after it.
+
+    The free-K DP tracks K - s only; schedules whose in-flight count depends on K itself
+    (zb-h1 keeps min(K, M) on every stage) are solved once per K instead.
+    """
+    for k in range(1, max_stages + 1):
+        for s in range(k):
+            if in_flight_microbatches(schedule, k, microbatches, s) != \
+                    in_flight_microbatches(schedule, k - s, microbatches, 0):
+                return True
+    return False
+
+
+def with_stages(prob: Problem, stages: int) -> Problem:
+    """The same problem with exactly ``stages`` stages (any widths)."""
+    import dataclasses
+
+    out = dataclasses.replace(prob, stages_exact=stages, cand={})
+    _build_candidates(out)
+    return out
 
 
 def _build_candidates(prob: Problem) -> None:
@@ -242,8 +261,13 @@ def _build_candidates(prob: Problem) -> None:
     recv_bytes = np.zeros(prob.nb + 1)
     recv_bytes[1:prob.nb] = inb[start_layer[1:] - 1]
     links = {INTRA: prob.cluster.link("intra_node"), INTER: prob.cluster.link("inter_node")}
-    r_hi = prob.stages_exact if prob.stages_exact is not None else prob.r_cap
-    in_fl = [in_flight_microbatches(prob.schedule, r, prob.microbatches, 0) for r in range(1, r_hi + 1)]
+    k_fixed = prob.stages_exact
+    r_hi = k_fixed if k_fixed is not None else prob.r_cap
+    if k_fixed is not None:  # exact: stage s = K - r of K
+        in_fl = [in_flight_microbatches(prob.schedule, k_fixed, prob.microbatches, k_fixed - r)
+                 for r in range(1, r_hi + 1)]
+    else:
+        in_fl = [in_flight_microbatches(prob.schedule, r, prob.microbatches, 0) for r in range(1, r_hi + 1)]
     used = {(mv.key, mv.link) for row in prob.moves for mv in row}
     for key, link in sorted(used):
         t = prob.tables[key]
@@ -254,8 +278,14 @@ def _build_candidates(prob: Problem) -> None:
         l_b = time_b + 2.0 * recv
         ar = _ar(prob, key, t)
         with np.errstate(invalid="ignore"):
-            term_a = np.where(np.isfinite(l_a), prob.b * np.maximum(t.time, recv) + ar, np.inf)
-            term_b = np.where(np.isfinite(l_b), prob.b * np.maximum(time_b, recv) + ar, np.inf)
+            if prob.schedule == "gpipe":  # forward phase, then backward phase (F-then-B)
+                bwd_a = t.time - t.fwd
+                busy_a = np.maximum(t.fwd, recv) + np.maximum(bwd_a, recv)
+                busy_b = np.maximum(t.fwd, recv) + np.maximum(bwd_a + t.fwd, recv)
+            else:
+                busy_a, busy_b = np.maximum(t.time, recv), np.maximum(time_b, recv)
+            term_a = np.where(np.isfinite(l_a), prob.b * busy_a + ar, np.inf)
+            term_b = np.where(np.isfinite(l_b), prob.b * busy_b + ar, np.inf)
         cap = g.memory_bytes if prob.capacity_override is None else prob.capacity_override
         static, act, wt = np.ceil(t.static), np.ceil(t.act), np.ceil(t.weight)
         inr = np.ceil(t.in_bytes)[:, None]
@@ -418,7 +448,8 @@ def _backtrack(prob: Problem, h: list[np.ndarray], bands: dict, masks: dict, rho
             band = bands.get((mv.key, mv.link))
             if band is None or band.shape[2] == 0:
                 continue
-            if exact and not masks[len(mv.devices)][rho - 1]:
+            mask = masks.get(len(mv.devices)) if exact else None
+            if mask is not None and not mask[rho - 1]:
                 continue
             nxt = _next_rows(h, mv.next, r_top, exact)
             vals = band[rho - 1, a] + _windows(nxt[rho - 1], band.shape[2])[a]
