@@ -177,3 +177,10 @@ def test_speedup_over_dp_is_consistent(files) -> None:
     prof, clus, _ = files
     doc = json.loads(_run("search", prof, "--cluster", clus, "--json", "--microbatches", "2").stdout)
     assert math.isclose(doc["speedup_over_dp"], doc["dp_iteration_s"] / doc["predicted"]["iteration_s"], rel_tol=1e-9)
+
+
+def test_rerank_with_simulator(files) -> None:
+    prof, clus, _ = files
+    r = _run("search", prof, "--cluster", clus, "--json", "--rerank", "4")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["kind"] == "plan"

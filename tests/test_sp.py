@@ -149,3 +149,21 @@ def test_mixed_cluster_plans_fit_and_use_fast_gpus() -> None:
     caps = {g.name: g.memory_bytes for g in plan.cluster.gpus}
     assert all(m <= caps[x] for s, m in zip(plan.stages, mem, strict=True) for x in s.devices)
     assert plan.predicted.iteration_s > 0
+
+
+@given(instances(max_layers=8, max_nodes=3, max_gpus=4))
+def test_never_slower_than_pure_data_parallel(inst) -> None:
+    from planner.costmodel import dp_iteration
+
+    profile, cluster, _, schedule, optimizer = inst
+    if schedule not in ("gpipe", "1f1b"):
+        return
+    t_dp, _, fits = dp_iteration(profile, cluster, optimizer)
+    try:
+        plan = search(profile, cluster, microbatches="auto", schedule=schedule, optimizer=optimizer)
+    except InfeasibleError:
+        assert not fits
+        return
+    if fits:
+        assert plan.predicted.iteration_s <= t_dp * (1 + 1e-9)
+        assert plan.speedup_over_dp is not None and plan.speedup_over_dp >= 1 - 1e-9

@@ -43,9 +43,12 @@ def _microbatches(value: str) -> int | str:
 @click.option("--engine", type=click.Choice(["any", "deepspeed", "torch"]), default="any", show_default=True,
               help="Restrict to plans an engine can run: deepspeed (same widths, dp forms), torch (same widths).")
 @click.option("--config", "config", default=None, help="Fix the devices per stage in PipeDream notation, e.g. 2-1-1.")
+@click.option("--rerank", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Judge the N best distinct plans the search met with the event-driven simulator and keep the "
+                   "fastest (0: the exact optimum of the analytic objective).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON document on stdout.")
 def search(profile_path: str, cluster_name: str, output: str | None, microbatches: str, schedule: str,
-           optimizer: str, solver: str, engine: str, config: str | None, as_json: bool) -> None:
+           optimizer: str, solver: str, engine: str, config: str | None, rerank: int, as_json: bool) -> None:
     """Find the fastest plan that fits: stages, device groups and per-layer forms.
 
     The stage DP (PipePar Algorithm 2) splits the layers into pipeline stages over device
@@ -66,9 +69,16 @@ def search(profile_path: str, cluster_name: str, output: str | None, microbatche
                            "create the folder or choose another path")
     profile = ir.ModelProfile.from_dict(read_json(profile_path, "profile"), profile_path)
     cluster = load_cluster(cluster_name)
+    evaluate = None
+    if rerank:
+        from planner.simulate import simulate
+
+        def evaluate(plan: ir.Plan) -> float:
+            return simulate(plan).iteration_s
+
     t0 = time.perf_counter()
     plan = run_search(profile, cluster, microbatches=mb, schedule=schedule, optimizer=optimizer, solver=solver,
-                      engine=engine, config=widths)
+                      engine=engine, config=widths, evaluate=evaluate, candidates=max(rerank, 1))
     elapsed = time.perf_counter() - t0
     doc = plan.to_dict()
     if output:

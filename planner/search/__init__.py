@@ -102,32 +102,59 @@ def _problems(profile: ir.ModelProfile, cluster: ir.Cluster, m: int, schedule: s
 def search(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int | str = "auto",
            schedule: str = "1f1b", optimizer: str = "sgd", solver: str = "dp", engine: str = "any",
            config: Sequence[int] | None = None, max_blocks: int | None = None,
-           progress: Callable[[str], None] | None = None) -> ir.Plan:
-    """The fastest plan that fits (see the module doc); InfeasibleError when none does."""
+           progress: Callable[[str], None] | None = None,
+           evaluate: Callable[[ir.Plan], float] | None = None, candidates: int = 8) -> ir.Plan:
+    """The fastest plan that fits (see the module doc); InfeasibleError when none does.
+
+    Without ``evaluate`` the plan is the exact optimum of the analytic objective. With it
+    (e.g. ``lambda p: simulate(p).iteration_s``), the ``candidates`` best distinct plans
+    the search met (the optimum of every micro-batch count, and the plans the branch and
+    bound visited) are judged by ``evaluate`` and the lowest wins.
+    """
     _check(profile, cluster, schedule, optimizer, solver, engine, config)
     cands = microbatch_candidates(profile.batch_size, microbatches)
-    best: tuple[float, Problem, Solution] | None = None
+    found: list[tuple[float, int, Problem, Solution]] = []
     last_problem: Problem | None = None
     for m in cands:
         for prob in _problems(profile, cluster, m, schedule, optimizer, engine, config, max_blocks):
             last_problem = prob
-            sol = _solve(prob, solver)
+            pool: list[Solution] = []
+            sol = _solve(prob, solver, pool)
             if progress:
                 progress(f"M={m}: " + ("no plan fits" if sol is None else f"{sol.objective:.6g} s"))
-            if sol is not None and (best is None or sol.objective < best[0]):
-                best = (sol.objective, prob, sol)
-    if best is None:
+            for x in ([sol] if sol is not None else []) + pool:
+                found.append((x.objective, len(found), prob, x))
+    if not found:
         assert last_problem is not None
         raise infeasible(last_problem)
-    _, prob, sol = best
-    return solution_plan(prob, sol, engine=engine, solver=solver)
+    found.sort(key=lambda t: (t[0], t[1]))
+    if evaluate is None:
+        _, _, prob, sol = found[0]
+        return solution_plan(prob, sol, engine=engine, solver=solver)
+    seen: set[tuple] = set()
+    best: tuple[float, ir.Plan] | None = None
+    for _, _, prob, sol in found:
+        key = (prob.microbatches, tuple((s.a, s.b, s.move.devices, s.recompute) for s in sol.stages))
+        if key in seen:
+            continue
+        seen.add(key)
+        plan = solution_plan(prob, sol, engine=engine, solver=solver)
+        score = evaluate(plan)
+        if best is None or score < best[0]:
+            best = (score, plan)
+        if len(seen) >= candidates:
+            break
+    assert best is not None
+    return best[1]
 
 
-def _solve(prob: Problem, solver: str) -> Solution | None:
+def _solve(prob: Problem, solver: str, pool: list[Solution] | None = None) -> Solution | None:
     """Solve with the chosen solver; once per stage count K when memory depends on K."""
     from planner.search.brute import brute
 
-    run = brute if solver == "brute" else solve
+    def run(p: Problem) -> Solution | None:
+        return brute(p) if solver == "brute" else solve(p, pool=pool)
+
     if prob.stages_exact is not None or not memory_depends_on_k(prob.schedule, prob.microbatches, prob.r_cap):
         return run(prob)
     best: Solution | None = None

@@ -506,8 +506,8 @@ def candidate_terms(prob: Problem) -> np.ndarray:
     return np.unique(np.concatenate(parts)) if parts else np.zeros(0)
 
 
-def solve(prob: Problem, max_solves: int = 10_000, progress: Callable[[int, float], None] | None = None
-          ) -> Solution | None:
+def solve(prob: Problem, max_solves: int = 10_000, progress: Callable[[int, float], None] | None = None,
+          pool: list[Solution] | None = None) -> Solution | None:
     """The exact optimum of the objective over the problem's space (None: nothing fits).
 
     Branch and bound over the sorted candidate values of the max term. An open interval
@@ -517,13 +517,16 @@ def solve(prob: Problem, max_solves: int = 10_000, progress: Callable[[int, floa
     S' of plans with max <= vals[mid] and a plan whose max is vals[t] (t <= mid): plans
     with max in [t, mid] cost at least the plan's own objective, [lo, t-1] gets bound S',
     [mid+1, hi] keeps S. It stops when the smallest bound cannot beat the best plan, so
-    the result is exact.
+    the result is exact. Every plan met on the way is appended to ``pool`` when given
+    (candidates for a finer judge, such as the simulator).
     """
     import heapq
 
     first = solve_cap(prob, math.inf)
     if first is None:
         return None
+    if pool is not None:
+        pool.append(first)
     vals = candidate_terms(prob)
     best = first
     lb = lower_bound_top(prob)
@@ -546,6 +549,8 @@ def solve(prob: Problem, max_solves: int = 10_000, progress: Callable[[int, floa
             if mid + 1 <= hi:
                 heapq.heappush(heap, (prob.a * s_lo + float(vals[mid + 1]), mid + 1, hi, s_lo))
             continue
+        if pool is not None:
+            pool.append(sol)
         if sol.objective < best.objective:
             best = sol
         t = int(np.searchsorted(vals, sol.top))
