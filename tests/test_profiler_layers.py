@@ -106,3 +106,19 @@ def test_fx_layers_pickle() -> None:
     clone = pickle.loads(pickle.dumps(lm.layers[0]))
     with torch.no_grad():
         assert torch.equal(clone(loaded.example_input), lm.layers[0](loaded.example_input))
+
+
+@pytest.mark.parametrize("name", ["vgg11", "resnet18", "gpt2"])
+def test_layers_run_on_other_batch_sizes(name: str) -> None:
+    """Pipeline engines run the layers on micro-batches: nothing is specialised to the traced batch."""
+    torch.manual_seed(0)
+    if name == "gpt2":
+        model: nn.Module = gpt2(n_layer=1, n_embd=32, n_head=2, vocab_size=50)
+        x, micro = torch.randint(0, 50, (4, 8)), torch.randint(0, 50, (1, 8))
+    else:
+        loaded = load_model(name, 4, (3, 32, 32))
+        model, x, micro = loaded.module, loaded.example_input, torch.randn(1, 3, 32, 32)
+    lm = split_model(model, x)
+    model.eval()
+    with torch.no_grad():
+        assert torch.equal(lm.run(micro), primary_output(model(micro)))

@@ -61,6 +61,7 @@ def profile_model(
     efficiency: float = ANALYTIC_EFFICIENCY,
     progress: Progress | None = None,
     layered: LayeredModel | None = None,
+    whole_repeats: int = 1,
 ) -> ModelProfile:
     """Profile ``loaded`` layer by layer.
 
@@ -69,7 +70,10 @@ def profile_model(
     FLOP/s achieved there. ``mode="analytic"`` computes times as FLOPs / (``device_flops``
     x ``efficiency``) (default device: the RTX 2080Ti); load the model on ``device="meta"``
     to make it without memory or compute. ``device``/``dtype`` only move/cast the model if
-    given. ``layered`` reuses a split already made.
+    given. ``layered`` reuses a split already made. Measured mode also times ``whole_repeats``
+    whole-model iterations (``meta.whole_model_fwd_bwd_s``). At the defaults that is 1
+    instrumented pass (the warm-up: FLOPs, saved and output bytes), 3 timed passes and 1
+    whole-model pass: 5 forward+backward iterations of the model in all.
     """
     if mode not in ("measured", "analytic"):
         raise UsageError(f"unknown mode {mode!r}", "use --mode measured or --mode analytic")
@@ -95,7 +99,7 @@ def profile_model(
     params = list(module.parameters())
     sync = make_sync(dev)
     start = time.perf_counter()
-    passes = (1 + warmup - 1 + repeats + 2) if mode == "measured" else 1
+    passes = (max(warmup, 1) + repeats + whole_repeats) if mode == "measured" else 1
     done = 0
 
     def tick(what: str) -> None:
@@ -130,7 +134,7 @@ def profile_model(
                     fwd_times[i].append(fw[i])
                     bwd_times[i].append(bw[i])
                 tick("timing layers")
-            for _ in range(2):
+            for _ in range(whole_repeats):
                 whole.append(whole_model_pass(module, x, params, sync))
                 tick("timing the whole model")
     elapsed = time.perf_counter() - start
