@@ -34,13 +34,16 @@ Times and the bubble:
 
 * ``iteration_s``: for the synchronous schedules, from 0 to the end of the last action,
   transfer or all-reduce. For ``pipedream`` (no flush) the schedule runs iterations of M
-  micro-batches back to back: S = ceil(K/M) + 1 to fill the pipeline, ``pipedream_blocks``
-  (default 2) measured ones, and S more so that the final drain does not touch the measured
-  ones. ``iteration_s`` is the steady-state time per M micro-batches: the time between the
-  end of the last warm-up iteration and the end of the last measured one, divided by the
-  measured count, where an iteration ends when every stage has finished the backward of
-  its last micro-batch (and that iteration's all-reduce). With free communication this is
-  M times the slowest stage's F + B.
+  micro-batches back to back: S = ceil(2K/M) to fill the pipeline, ``pipedream_blocks``
+  (default 2) measured ones, and S more so that the final drain does not touch them. An
+  iteration ends when every stage has finished the backward of its last micro-batch (and
+  that iteration's all-reduce). ``iteration_s`` is the steady-state time per M
+  micro-batches: the mean time of the measured iterations; while they still differ (a
+  pipeline whose backlog builds up slowly) S is doubled, up to 3 times. A slow build-up
+  can still look steady for a while, so the result is never less than the busiest
+  resource's work per iteration (a device group's compute and all-reduce, one flow's
+  transfers, or a link's), which bounds every steady state from below. With free
+  communication this is exactly M times the slowest stage's F + B.
 * ``busy_s`` of a device: its compute (F, B, W) for one iteration of M micro-batches plus
   the all-reduce time it is blocked for. ``bubble_fraction`` = 1 - sum(busy) / (K *
   iteration_s): the share of device time spent idle (waiting for inputs or transfers).
@@ -202,9 +205,9 @@ class SimResult:
 
 
 def pipedream_settle_blocks(stages: int, microbatches: int) -> int:
-    """Iterations of M micro-batches that the asynchronous pipeline needs to fill (warm-up),
-    and that its final drain disturbs: ceil(K/M) + 1 each side of the measured window."""
-    return -(-stages // microbatches) + 1
+    """Iterations of M micro-batches run before the measured ones (warm-up), and after them
+    (so that the final drain does not touch them): at first ceil(2K/M)."""
+    return -(-2 * stages // microbatches)
 
 
 class _Link:
@@ -254,14 +257,33 @@ def simulate_costs(costs: Sequence[ir.StageCost], schedule: str | Schedule, micr
                         "interleaved plans list K*v chunks")
     k = n_chunks // v
     if isinstance(schedule, Schedule):
-        sched = schedule
-        if sched.chunks != n_chunks:
-            raise ScheduleError(f"schedule has {sched.chunks} stages, the costs {n_chunks}", "match them")
-    else:
-        pd_blocks = None
-        if schedule == "pipedream":
-            pd_blocks = 2 * pipedream_settle_blocks(k, microbatches) + max(1, opts.pipedream_blocks or 2)
-        sched = make_schedule(schedule, k, microbatches, v, pipedream_blocks=pd_blocks)
+        if schedule.chunks != n_chunks:
+            raise ScheduleError(f"schedule has {schedule.chunks} stages, the costs {n_chunks}", "match them")
+        return _simulate(costs, schedule, v, opts, pipedream_settle_blocks(k, schedule.microbatches))
+    if schedule != "pipedream":
+        return _simulate(costs, make_schedule(schedule, k, microbatches, v), v, opts, 0)
+    # Asynchronous: lengthen the warm-up until the measured iterations take equal times.
+    measured = max(2, opts.pipedream_blocks or 2)
+    settle = pipedream_settle_blocks(k, microbatches)
+    for _ in range(4):
+        sched = make_schedule(schedule, k, microbatches, v, pipedream_blocks=2 * settle + measured)
+        result, stable = _simulate_window(costs, sched, v, opts, settle)
+        if stable:
+            break
+        settle *= 2
+    return result
+
+
+def _simulate(costs: Sequence[ir.StageCost], sched: Schedule, v: int, opts: SimOptions, settle: int) -> SimResult:
+    return _simulate_window(costs, sched, v, opts, settle)[0]
+
+
+def _simulate_window(costs: Sequence[ir.StageCost], sched: Schedule, v: int, opts: SimOptions,
+                     settle: int) -> tuple[SimResult, bool]:
+    """Run the engine; for pipedream measure the iterations after ``settle`` warm-up ones
+    and before the last ``settle`` (returns whether they all took the same time)."""
+    n_chunks = len(costs)
+    k = n_chunks // v
     name = sched.name
     m = sched.microbatches
     n = sched.total_microbatches or m
@@ -551,11 +573,28 @@ def simulate_costs(costs: Sequence[ir.StageCost], schedule: str | Schedule, micr
         raise ScheduleError(f"simulation stalled: {', '.join(stuck[:4])}", "this is a bug in planner; report it")
 
     makespan = max([now, *lane_end, *comm_free])
-    settle = pipedream_settle_blocks(k, m)
-    if name == "pipedream" and blocks > 2 * settle:
+    stable = True
+    if name == "pipedream" and settle >= 1 and blocks > 2 * settle:
         measured = blocks - 2 * settle
         window = (block_end[settle - 1], block_end[settle - 1 + measured])
         iteration = (window[1] - window[0]) / measured
+        steps = [block_end[settle + j] - block_end[settle + j - 1] for j in range(measured)]
+        stable = max(steps) - min(steps) <= 1e-9 * max(max(steps), 1e-300)
+        # No steady state is faster than its busiest resource: a lane's work, one flow's
+        # transfers (in order), or a link's transfers (its bandwidth shared), per iteration.
+        bound = max(m * sum(fwd[c] + bwd[c] + wgt[c] for c in range(lane, n_chunks, k))
+                    + (0.0 if opts.overlap_allreduce else sum(costs[c].allreduce_s for c in range(lane, n_chunks, k)))
+                    for lane in range(k))
+        per_link: dict[str, float] = {}
+        for c in range(n_chunks - 1):
+            for pool in (link_of_fwd[c], link_of_bwd[c]):
+                if pool is not None:
+                    link_s = costs[c].send_bytes / links[pool].bandwidth
+                    bound = max(bound, m * link_s)
+                    per_link[pool] = per_link.get(pool, 0.0) + m * link_s
+        bound = max([bound, *per_link.values()])
+        if iteration < bound:
+            iteration = bound
     else:
         window = (0.0, makespan)
         iteration = makespan
@@ -581,7 +620,7 @@ def simulate_costs(costs: Sequence[ir.StageCost], schedule: str | Schedule, micr
         schedule=name, stages=k, microbatches=m, virtual_stages=v, iteration_s=iteration, bubble_fraction=bubble,
         makespan_s=makespan, window=window, devices=tuple(devices), lanes=tuple(lanes_devices),
         links=tuple(link_names), events=tuple(events), actions=tuple(tuple(r) for r in sched.text()),
-    )
+    ), stable
 
 
 # ----------------------------------------------------------------------------- plans
