@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from planner import ir
@@ -37,3 +40,16 @@ def test_match_profile_takes_the_profiles_flops() -> None:
 def test_one_process_is_refused() -> None:
     with pytest.raises(UsageError, match="--nproc"):
         calibrate(1)
+
+
+@pytest.mark.slow
+def test_cli_writes_a_cluster_file(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from planner.cli import main
+
+    out = tmp_path / "cluster.json"
+    res = CliRunner().invoke(main, ["calibrate", "-o", str(out), "--nproc", "2", "--threads", "1"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(out.read_text())
+    assert doc["kind"] == "cluster" and len(doc["nodes"][0]["gpus"]) == 2

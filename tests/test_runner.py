@@ -179,3 +179,11 @@ def test_worker_crash_reports_the_workers_cause_and_leaves_no_process() -> None:
     with pytest.raises(RunError, match="boom from the worker"):
         run_plan(plan, "tests.test_runner:tiny_crash", engine="torch", steps=2, warmup=1)
     assert not _stray("tiny_crash")
+
+
+@pytest.mark.slow
+def test_timeout_kills_every_worker() -> None:
+    plan = tiny_plan("tiny_mlp", [0, 2, -1])
+    with pytest.raises(RunError, match="did not finish"):
+        run_plan(plan, "tests.test_runner:tiny_mlp", engine="torch", steps=200, warmup=1, timeout_s=1.5)
+    assert not _stray(str(plan.model))
