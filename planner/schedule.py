@@ -330,32 +330,45 @@ def unit_slots(sched: Schedule) -> list[list[int]]:
     Returns each action's slot per device; raises ScheduleError on a deadlock (a device
     whose next action waits for one that can never run), naming the stuck actions.
     """
-    done: dict[Action, int] = {}
+    done: dict[tuple[int, str, int], int] = {}
     pos = [0] * sched.devices
     slots: list[list[int]] = [[] for _ in range(sched.devices)]
     free = [0] * sched.devices
+    last = sched.chunks - 1
     remaining = sum(len(a) for a in sched.actions)
+    get = done.get
     while remaining:
         progressed = False
         for d, acts in enumerate(sched.actions):
-            while pos[d] < len(acts):
-                a = acts[pos[d]]
-                start = free[d]
-                ok = True
-                for dep in dependencies(sched, a):
-                    t = done.get(dep)
-                    if t is None:
-                        ok = False
+            p = pos[d]
+            start = free[d]
+            row = slots[d]
+            while p < len(acts):
+                a = acts[p]
+                c, kind, mb = a
+                if kind == "F":
+                    t = get((c - 1, "F", mb), -1) if c else 0
+                    if t < 0:
                         break
-                    start = max(start, t)
-                if not ok:
-                    break
-                slots[d].append(start)
-                done[a] = start + 1
-                free[d] = start + 1
-                pos[d] += 1
+                else:
+                    t = get((c, "F" if kind == "B" else "B", mb), -1)
+                    if t < 0:
+                        break
+                    if kind == "B" and c < last:
+                        t2 = get((c + 1, "B", mb), -1)
+                        if t2 < 0:
+                            break
+                        t = max(t, t2)
+                if t > start:
+                    start = t
+                row.append(start)
+                start += 1
+                done[a] = start
+                p += 1
                 remaining -= 1
                 progressed = True
+            pos[d] = p
+            free[d] = start
         if not progressed:
             stuck = [str(acts[pos[d]]) for d, acts in enumerate(sched.actions) if pos[d] < len(acts)]
             raise ScheduleError(f"schedule {sched.name!r} deadlocks: devices wait on {', '.join(stuck[:6])}",

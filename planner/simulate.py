@@ -508,8 +508,11 @@ def _simulate_window(costs: Sequence[ir.StageCost], sched: Schedule, v: int, opt
             return
         # This event was set for the transfer(s) with the fewest bytes left: finish them (and
         # any within rounding of them), whatever float residue is left, so time always moves on.
-        least = min(link.active.values())
-        done = [x for x, r in link.active.items() if r <= least + 1e-9 * xfers[x][3]]
+        if len(link.active) == 1:
+            done = list(link.active)
+        else:
+            least = min(link.active.values())
+            done = [x for x, r in link.active.items() if r <= least + 1e-9 * xfers[x][3]]
         for x in done:
             del link.active[x]
             queue = link.queues[flow_of[x]]
