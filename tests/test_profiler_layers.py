@@ -122,3 +122,31 @@ def test_layers_run_on_other_batch_sizes(name: str) -> None:
     model.eval()
     with torch.no_grad():
         assert torch.equal(lm.run(micro), primary_output(model(micro)))
+
+
+def test_structural_splits_match_the_exported_data_flow() -> None:
+    """torch.export (non-strict) + networkx: exactly one input-derived tensor crosses every cut."""
+    from planner.profiler.layers import verify_cuts
+
+    torch.manual_seed(0)
+    for model in (gpt2(n_layer=2, n_embd=32, n_head=2, vocab_size=50, bos_token_id=0, eos_token_id=0),
+                  bert(num_hidden_layers=2, hidden_size=32, num_attention_heads=2, intermediate_size=64,
+                       vocab_size=50)):
+        x = torch.randint(0, 50, (2, 8))
+        lm = split_model(model, x)
+        assert verify_cuts(model, x, lm) == [1] * (len(lm) - 1)
+
+
+def test_verify_cuts_catches_a_cut_inside_a_residual_block() -> None:
+    import dataclasses
+
+    from planner.profiler.layers import verify_cuts
+
+    model = gpt2(n_layer=1, n_embd=32, n_head=2, vocab_size=50, bos_token_id=0, eos_token_id=0)
+    x = torch.randint(0, 50, (2, 8))
+    lm = split_model(model, x)
+    bad = dataclasses.replace(
+        lm, layers=(*lm.layers, lm.layers[-1]), names=("emb", "ln_1", "rest", "head"),
+        scopes=(lm.scopes[0], ("transformer.h.0.ln_1",), ("transformer.h.0",), lm.scopes[-1]))
+    with pytest.raises(TraceError, match="2 tensors cross the cut after layer 1"):
+        verify_cuts(model, x, bad)

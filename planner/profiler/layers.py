@@ -17,7 +17,11 @@ which a pipeline engine cannot run on micro-batches. For those the split follows
 model's own structure, the only one-tensor cuts there are: embeddings, each transformer
 block, final norm and head. The position ids are rebuilt inside the embedding layer from
 the sequence length and the causal mask inside each block by SDPA's ``is_causal``, so
-only the hidden states cross a cut.
+only the hidden states cross a cut. ``verify_cuts`` checks such a split against the
+model's real data flow: ``torch.export`` (non-strict) traces the model to aten ops, the
+ops go into a ``networkx`` graph, each is attributed to a layer by its module path, and
+every cut must be crossed by exactly one value computed from the input (the tests run it
+on GPT-2 and BERT; it takes seconds, so profiling does not).
 
 Every layer is a plain ``nn.Module`` taking one tensor and returning one tensor, using the
 model's own parameter objects (no copies): ``x = layer(x)`` in order equals ``module(x)``.
@@ -73,6 +77,8 @@ class LayeredModel:
     ties: tuple[LayerTie, ...]
     method: str
     """How the split was found: ``fx``, ``fx-children`` or ``structure:<architecture>``."""
+    scopes: tuple[tuple[str, ...], ...] = ()
+    """For structural splits: the model's module paths each layer runs (for ``verify_cuts``)."""
 
     def __len__(self) -> int:
         return len(self.layers)
@@ -495,18 +501,22 @@ def _split_hf(model: nn.Module) -> LayeredModel | None:
     if not type(model).__module__.startswith("transformers."):
         return None
     mods: list[tuple[str, str, nn.Module, nn.Module | None]] = []  # name, type, layer, dominant
+    scopes: list[tuple[str, ...]] = []
     if cls in ("GPT2LMHeadModel", "GPT2Model"):
         _check_sdpa(model)
         tr: Any = model.transformer if cls == "GPT2LMHeadModel" else model
         pre = "transformer." if cls == "GPT2LMHeadModel" else ""
         mods.append((f"{pre}wte", "Embedding", GPT2Embedding(tr.wte, tr.wpe, tr.drop), tr.wte))
+        scopes.append((f"{pre}wte", f"{pre}wpe", f"{pre}drop"))
         blocks = list(tr.h)
         for i, block in enumerate(blocks):
             last = i == len(blocks) - 1 and cls == "GPT2Model"
             mods.append((f"{pre}h.{i}", type(block).__name__,
                          TransformerBlock(block, tr.ln_f if last else None), _dominant([block])))
+            scopes.append((f"{pre}h.{i}", f"{pre}ln_f") if last else (f"{pre}h.{i}",))
         if cls == "GPT2LMHeadModel":
             mods.append(("lm_head", "Linear", Chain(tr.ln_f, model.lm_head), model.lm_head))
+            scopes.append((f"{pre}ln_f", "lm_head"))
         arch = "gpt2"
     elif cls in ("BertForMaskedLM", "BertModel"):
         _check_sdpa(model)
@@ -514,11 +524,14 @@ def _split_hf(model: nn.Module) -> LayeredModel | None:
         pre = "bert." if cls == "BertForMaskedLM" else ""
         mods.append((f"{pre}embeddings", "BertEmbeddings", BertEmbedding(bert.embeddings),
                      bert.embeddings.word_embeddings))
+        scopes.append((f"{pre}embeddings",))
         for i, block in enumerate(bert.encoder.layer):
             mods.append((f"{pre}encoder.layer.{i}", type(block).__name__, TransformerBlock(block),
                          _dominant([block])))
+            scopes.append((f"{pre}encoder.layer.{i}",))
         if cls == "BertForMaskedLM":
             mods.append(("cls", type(model.cls).__name__, model.cls, model.cls.predictions.decoder))
+            scopes.append(("cls",))
         arch = "bert"
     else:
         return None
@@ -528,7 +541,82 @@ def _split_hf(model: nn.Module) -> LayeredModel | None:
     feats = [weight_features(d) if d is not None else (None, None) for *_, d in mods]
     return LayeredModel(tuple(m[2] for m in mods), tuple(m[0] for m in mods), tuple(m[1] for m in mods),
                         tuple(f[0] for f in feats), tuple(f[1] for f in feats), counts, nbytes, ties,
-                        f"structure:{arch}")
+                        f"structure:{arch}", tuple(scopes))
+
+
+class _OneOutput(nn.Module):  # type: ignore[misc]
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        kwargs = {"use_cache": False} if type(self.model).__module__.startswith("transformers.") else {}
+        return primary_output(self.model(x, **kwargs))
+
+
+def verify_cuts(module: nn.Module, example_input: torch.Tensor, layered: LayeredModel) -> list[int]:
+    """Check a structural split against the model's data flow, traced by ``torch.export`` (non-strict).
+
+    Every aten node is attributed to the layer whose module paths (``layered.scopes``) run
+    it; code outside those modules goes with the layer its data comes from. Returns, per
+    cut, how many values computed from the input cross it; raises TraceError unless every
+    count is 1 (values built from static shapes, like position ids and the causal mask, are
+    not computed from the input and never count). Slow (seconds): tests and checks only.
+    """
+    if not layered.scopes:
+        raise TraceError("verify_cuts needs a structural split (fx splits are valid by construction)", "")
+    try:
+        ep = torch.export.export(_OneOutput(module), (example_input,), strict=False)
+    except Exception as exc:
+        raise TraceError(f"torch.export failed: {str(exc).splitlines()[0][:200]}", "") from None
+    graph = ep.graph
+    user_inputs = set(ep.graph_signature.user_inputs)
+    nodes = list(graph.nodes)
+    (inp,) = [n for n in nodes if n.op == "placeholder" and n.name in user_inputs]
+    g = nx.DiGraph()
+    for n in nodes:
+        g.add_node(n)
+        for a in n.all_input_nodes:
+            g.add_edge(a, n)
+    dep = nx.descendants(g, inp)
+
+    def scope_of(n: fx.Node) -> int | None:
+        stack = n.meta.get("nn_module_stack") or {}
+        best: tuple[int, int] | None = None
+        for path, _ in stack.values():
+            path = str(path).removeprefix("model.")
+            for i, prefixes in enumerate(layered.scopes):
+                for p in prefixes:
+                    if (path == p or path.startswith(p + ".")) and (best is None or len(p) >= best[1]):
+                        best = (i, len(p))
+        return None if best is None else best[0]
+
+    layer: dict[fx.Node, int] = {inp: -1}
+    for n in nodes:
+        if n not in dep or n.op == "output":
+            continue
+        own = scope_of(n)
+        ins = [layer[a] for a in n.all_input_nodes if a in layer]
+        layer[n] = own if own is not None else max(ins, default=-1)
+    for n in reversed(nodes):  # code on the raw input alone joins the first layer that uses it
+        if n in dep and layer.get(n) == -1 and n.op != "output":
+            users = [layer[u] for u in n.users if u in layer and layer[u] >= 0]
+            layer[n] = min(users, default=len(layered) - 1)
+    out_node = nodes[-1]
+    for a in out_node.all_input_nodes:
+        layer.setdefault(a, len(layered) - 1)
+    counts = []
+    for k in range(len(layered) - 1):
+        crossing = {v for v, lv in layer.items() if v in dep and lv <= k
+                    and any(layer.get(u, len(layered)) > k for u in v.users if u is not out_node)}
+        crossing |= {v for v in out_node.all_input_nodes if v in dep and layer[v] <= k}
+        counts.append(len(crossing))
+    bad = [(k, c) for k, c in enumerate(counts) if c != 1]
+    if bad:
+        k, c = bad[0]
+        raise TraceError(f"{c} tensors cross the cut after layer {k} ({layered.names[k]})",
+                         "this model's structure differs from the known one; give it as an nn.Sequential")
+    return counts
 
 
 # ----------------------------------------------------------------------------- entry point
