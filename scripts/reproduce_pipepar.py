@@ -80,6 +80,28 @@ def config_detail(c: Comparison, name: str) -> str:
             f"{s.speedup_over_dp:.2f}x over dp; stages: {stages}")
 
 
+def reported_config(c: Comparison, args: argparse.Namespace) -> str:
+    """PipeDream's own answer, 9-5-1-1, with the planner's best layers and forms for it."""
+    from planner.compare import judge
+    from planner.errors import PlannerError
+    from planner.search import search
+
+    dp = c.get("dp")
+    s = c.get("planner")
+    assert s.plan is not None
+    try:
+        plan = search(s.plan.profile, s.plan.cluster, config=(9, 5, 1, 1), schedule=args.schedule,
+                      optimizer=args.optimizer)
+    except PlannerError as exc:
+        return f"does not fit: {exc.cause}"
+    j = judge(plan)
+    t = j.plan.predicted.iteration_s
+    speed = f", {dp.iteration_s / t:.2f}x over dp" if dp.iteration_s else ""
+    layers = ", ".join(f"L{st.layers[0]}-{st.layers[1] - 1}" for st in j.plan.stages)
+    return (f"M={j.plan.microbatches}, {t * 1000:.1f} ms/iteration{speed}; stages {layers}"
+            + ("" if j.fits else f" (does not fit: {j.reason})"))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=str(ROOT / "docs" / "pipepar"))
@@ -119,6 +141,8 @@ def main() -> int:
         pd_lines.append(f"\n## batch {batch}\n")
         for name in ("dp", "pipedream", "deepspeed-parameters", "accpar", "planner"):
             pd_lines.append(f"- **{name}**: {config_detail(c, name)}\n")
+        pd_lines.append(f"- **PipeDream's reported 9-5-1-1**, its layers and forms searched by the planner "
+                        f"(`--config 9-5-1-1`), judged by the same simulator: {reported_config(c, args)}\n")
         print(f"vgg16 b{batch} on {PIPEDREAM_CLUSTER}: planner {config_detail(c, 'planner')}; "
               f"pipedream {config_detail(c, 'pipedream')}", flush=True)
     write_text_atomic(out / "pipedream-vgg16.md", "".join(pd_lines))

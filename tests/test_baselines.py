@@ -87,7 +87,20 @@ def test_block_partition_is_a_partition(seq: list[int], parts: int) -> None:
         return
     balance = bl.block_partition(seq, parts)
     assert len(balance) == parts and sum(balance) == len(seq)
-    assert all(b >= 1 for b in balance)
+
+
+def test_block_partition_keeps_torchgpipes_empty_block_on_ties_at_zero() -> None:
+    # torchgpipe takes the first smallest block, not the one closest to the largest as the
+    # paper says, so elements normalised to 0 can leave a block empty; GPipe then refuses
+    # the balance, and so does the torchgpipe baseline
+    assert bl.block_partition([0, 0, 1, 1], 3) == [3, 0, 1]
+    doc = make_profile_dict(4)
+    for layer, t in zip(doc["layers"], [5e-6, 5e-6, 6e-6, 6e-6], strict=True):
+        layer["forward_s"] = t
+    from tests.conftest import make_cluster_dict
+
+    result = bl.torchgpipe_layout(ir.ModelProfile.from_dict(doc), ir.Cluster.from_dict(make_cluster_dict(1, 3)), (1,))
+    assert isinstance(result, bl.NotFitting) and "[3, 0, 1]" in result.reason
 
 
 def test_balance_by_time_uses_forward_times_in_microseconds() -> None:

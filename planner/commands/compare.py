@@ -37,11 +37,13 @@ def parse_microbatches(value: str) -> int | str:
 @click.option("--optimizer", type=click.Choice(ir.OPTIMIZERS), default="sgd", show_default=True,
               help="Optimizer state counted in memory, the same for every strategy.")
 @click.option("--strategies", default=None, help=STRATEGY_HELP)
+@click.option("--rerank", type=click.IntRange(min=0), default=8, show_default=True,
+              help="The planner row: the search's N best plans re-ranked by the simulator (0: analytic optimum).")
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as one JSON document on stdout.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="Write a bar chart of the strategies to this PNG file.")
 def compare(profile_path: str, cluster_name: str, microbatches: str, schedule: str, optimizer: str,
-            strategies: str | None, as_json: bool, plot_path: str | None) -> None:
+            strategies: str | None, rerank: int, as_json: bool, plot_path: str | None) -> None:
     """Set the planner's plan against dp, AccPar, GPipe, torchgpipe, DeepSpeed and PipeDream.
 
     Every strategy is judged by the same cost model and simulator on the same cluster: a
@@ -60,7 +62,8 @@ def compare(profile_path: str, cluster_name: str, microbatches: str, schedule: s
     profile = ir.ModelProfile.from_dict(read_json(profile_path, "profile"), profile_path)
     cluster = load_cluster(cluster_name)
     kwargs = {} if names is None else {"strategies": names}
-    result = run_compare(profile, cluster, microbatches=mb, schedule=schedule, optimizer=optimizer, **kwargs)
+    result = run_compare(profile, cluster, microbatches=mb, schedule=schedule, optimizer=optimizer, rerank=rerank,
+                         **kwargs)
     if plot_path:
         plot_comparison(result, plot_path)
     print_comparison(result)

@@ -399,7 +399,11 @@ def torchgpipe_layout(profile: ir.ModelProfile, cluster: ir.Cluster,
     n, k = len(profile.layers), len(cluster.gpus)
     if k > n:
         return _too_many_stages("torchgpipe", k, n)
-    return _one_gpu_per_stage("torchgpipe", profile, cluster, balance_by_time(profile, k), microbatches)
+    balance = balance_by_time(profile, k)
+    if min(balance) < 1:
+        return NotFitting("torchgpipe", f"balance_by_time gives balance {balance}, which GPipe refuses "
+                                        "(an empty partition)")
+    return _one_gpu_per_stage("torchgpipe", profile, cluster, balance, microbatches)
 
 
 def deepspeed_layouts(profile: ir.ModelProfile, cluster: ir.Cluster, method: str,
