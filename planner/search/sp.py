@@ -402,6 +402,8 @@ def solve_cap(prob: Problem, cap: float) -> Solution | None:
     h: list[np.ndarray] = [empty] * (g_total + 1)
     bands: dict[tuple[int, int], np.ndarray] = {}
     masks: dict[int, np.ndarray | None] = {}
+    wins: dict[tuple[int, int], tuple[np.ndarray | None, int, int]] = {}
+    buf = np.empty(0)
     for d in range(g_total - 1, -1, -1):
         best = h[prob.skip[d]].copy()
         for mv in prob.moves[d]:
@@ -411,16 +413,27 @@ def solve_cap(prob: Problem, cap: float) -> Solution | None:
                 band = bands[bk] = _cost_band(prob, mv.key, mv.link, r_top, cap)
             if band.shape[2] == 0:
                 continue
-            nxt = _next_rows(h, mv.next, r_top, exact)
-            finite = np.flatnonzero(np.isfinite(nxt).any(axis=0))
-            if finite.size == 0:
-                continue
             width = band.shape[2]
+            wk = (mv.next, width)
+            cached = wins.get(wk)
+            if cached is None:
+                nxt = _next_rows(h, mv.next, r_top, exact)
+                finite = np.flatnonzero(np.isfinite(nxt).any(axis=0))
+                cached = wins[wk] = (None, 0, 0) if finite.size == 0 else \
+                    (_windows(nxt, width), max(int(finite[0]) - width, 0), int(finite[-1]))
+            full_win, lo_row, hi_row = cached
+            if full_win is None:
+                continue
             # rows a that can reach a finite suffix value at b in (a, a + width]
-            lo_row, hi_row = max(int(finite[0]) - width, 0), int(finite[-1])
             cand = np.full((r_top, nb + 1), np.inf)
-            win = _windows(nxt, width)[:, lo_row:hi_row]
-            cand[:, lo_row:hi_row] = np.min(band[:, lo_row:hi_row] + win, axis=2)
+            win = full_win[:, lo_row:hi_row]
+            part = band[:, lo_row:hi_row]
+            need = part.size
+            if buf.size < need:
+                buf = np.empty(need)
+            tmp = buf[:need].reshape(part.shape)
+            np.add(part, win, out=tmp)
+            np.min(tmp, axis=2, out=cand[:, lo_row:hi_row])
             if exact:
                 w = len(mv.devices)
                 if w not in masks:
