@@ -150,3 +150,24 @@ def test_verify_cuts_catches_a_cut_inside_a_residual_block() -> None:
         scopes=(lm.scopes[0], ("transformer.h.0.ln_1",), ("transformer.h.0",), lm.scopes[-1]))
     with pytest.raises(TraceError, match="2 tensors cross the cut after layer 1"):
         verify_cuts(model, x, bad)
+
+
+class _TiedLM(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(30, 8)
+        self.body = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 30, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.body(self.emb(x))))
+
+
+def test_fx_split_finds_tied_weights_and_counts_them_once() -> None:
+    model = _TiedLM()
+    lm = split_model(model, torch.randint(0, 30, (2, 5)))
+    assert lm.names == ("emb", "body", "head")
+    assert len(lm.ties) == 1 and lm.ties[0].name == "emb.weight" and lm.ties[0].layers == (0, 2)
+    assert lm.param_counts == (240, 72, 0)
+    assert sum(lm.param_counts) == sum(p.numel() for p in model.parameters())

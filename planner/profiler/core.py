@@ -118,6 +118,9 @@ def profile_model(
         except ProfileError:
             raise
         except (RuntimeError, ValueError, IndexError, TypeError) as exc:
+            if "out of memory" in str(exc).lower():
+                raise ProfileError(f"out of memory running {loaded.name} at batch {x.shape[0]} on {dev}",
+                                   "use a smaller --batch-size, or --mode analytic (no memory needed)") from None
             raise _rejects(x, exc) from None
         tick("counted FLOPs and bytes")
         n = len(lm)
