@@ -54,8 +54,8 @@ def gantt_rows(result: SimResult, width: int = 96) -> list[tuple[str, list[tuple
                 continue
             j0 = max(0, int((e.start - t0) / dt + 0.5))
             j1 = min(width, int((e.end - t0) / dt + 0.5))
-            if j1 <= j0 and e.end > e.start:  # too short for a column: show it at its start
-                j0 = min(width - 1, int((e.start - t0) / dt))
+            if j1 <= j0 and e.end > e.start:  # too short for a column: give it the one it starts in
+                j0 = min(width - 1, j0)
                 j1 = j0 + 1
             if e.op in ("F", "B", "W"):
                 char = str(e.mb % 10)
@@ -80,8 +80,8 @@ def gantt_text(result: SimResult, width: int = 96) -> Text:
             out.append(char, style=MARK.get(op, "dim"))
         out.append("│\n")
     t0, t1 = (result.window if result.schedule == "pipedream" else (0.0, result.makespan_s))
-    out.append(" " * (label_w + 2) + f"{t0 * 1000:.3g} ms".ljust(max(8, width) - 10) + f"{t1 * 1000:.4g} ms\n",
-               style="dim")
+    end = f"{t1 * 1000:.4g} ms"
+    out.append(" " * (label_w + 2) + f"{t0 * 1000:.4g} ms".ljust(max(8, width) - len(end)) + end + "\n", style="dim")
     out.append(" " * (label_w + 2) + "digits: micro-batch of ", style="dim")
     for op, name in (("F", "forward"), ("B", "backward"), ("W", "weight grad")):
         out.append(name + " ", style=MARK[op])
@@ -99,16 +99,21 @@ def gantt_plain(result: SimResult, width: int = 96) -> str:
     return "\n".join(label.ljust(label_w) + " │" + "".join(c for c, _ in cells) + "│" for label, cells in rows)
 
 
-def summary_table(result: SimResult, batch_size: int | None = None) -> Table:
-    """One row per device: group, busy time and share, peak memory against capacity."""
-    title = (f"{result.schedule}: {result.stages} stages x {result.microbatches} micro-batches"
-             + (f" x {result.virtual_stages} chunks" if result.virtual_stages > 1 else "")
-             + f", iteration {result.iteration_s * 1000:.3f} ms, bubble {result.bubble_fraction:.1%}")
+def headline(result: SimResult, batch_size: int | None = None) -> str:
+    """One line: schedule, shape, iteration time, bubble (and throughput)."""
+    line = (f"{result.schedule}: {result.stages} stages x {result.microbatches} micro-batches"
+            + (f" x {result.virtual_stages} chunks" if result.virtual_stages > 1 else "")
+            + f", iteration {result.iteration_s * 1000:.3f} ms, bubble {result.bubble_fraction:.1%}")
     if batch_size:
-        title += f", {batch_size / result.iteration_s:.1f} samples/s"
+        line += f", {batch_size / result.iteration_s:.1f} samples/s"
     if result.schedule == "pipedream":
-        title += " (steady state)"
-    table = Table(title=title, title_justify="left")
+        line += " (steady state)"
+    return line
+
+
+def summary_table(result: SimResult, batch_size: int | None = None, title: bool = True) -> Table:
+    """One row per device: group, busy time and share, peak memory against capacity."""
+    table = Table(title=headline(result, batch_size) if title else None, title_justify="left")
     for col, justify in (("device", "left"), ("stage", "right"), ("busy ms", "right"), ("busy", "right"),
                          ("in flight", "right"), ("peak GiB", "right"), ("capacity GiB", "right"), ("fits", "left")):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
@@ -126,8 +131,9 @@ def print_simulation(result: SimResult, batch_size: int | None = None, width: in
     console = stderr_console()
     w = width if width is not None else max(24, min(160, console.width) - 4 - max(
         (len(lane_label(d)) for d in result.lanes), default=8) - 4)
-    console.print(gantt_text(result, w))
-    console.print(summary_table(result, batch_size))
+    console.print(gantt_text(result, w), soft_wrap=True)
+    console.print(headline(result, batch_size), soft_wrap=True, style="bold")
+    console.print(summary_table(result, batch_size, title=False))
 
 
 # ----------------------------------------------------------------------------- picture
