@@ -45,5 +45,5 @@ def run(plan_path: str, model: str, engine: str, steps: int, warmup: int, loss: 
                + (f"  (measured/predicted {ratio:.2f})" if ratio else ""))
     click.echo("losses    " + " ".join(f"{x:.5f}" for x in doc["losses"]))
     if check:
-        click.echo(f"reference " + " ".join(f"{x:.5f}" for x in doc["reference_losses"]))
+        click.echo("reference " + " ".join(f"{x:.5f}" for x in doc["reference_losses"]))
         click.echo(f"max relative loss difference {doc['max_rel_loss_diff']:.3g}")
