@@ -188,12 +188,32 @@ class SimResult:
                 tids.setdefault(track, []).append((1, tid))
                 trace.append({"ph": "M", "pid": 1, "tid": tid, "name": "thread_name",
                               "args": {"name": f"{dev} all-reduce"}})
-        for i, link in enumerate(self.links, start=1):
-            tids[f"link:{link}"] = [(2, i)]
-            trace.append({"ph": "M", "pid": 2, "tid": i, "name": "thread_name", "args": {"name": link}})
-        for e in self.events:
-            for pid, t in tids.get(e.track, ()):
-                trace.append({"ph": "X", "pid": pid, "tid": t, "name": e.name, "cat": e.op,
+        # A link carries several flows at once when they share it: complete events on one
+        # thread must not overlap, so overlapping transfers go to extra rows "<link> (2)", ...
+        rows: dict[str, list[float]] = {}
+        row_of: dict[int, int] = {}
+        for i, e in enumerate(self.events):
+            if e.track.startswith("link:"):
+                ends = rows.setdefault(e.track, [])
+                r = next((j for j, end in enumerate(ends) if end <= e.start + 1e-12), len(ends))
+                if r == len(ends):
+                    ends.append(e.end)
+                else:
+                    ends[r] = e.end
+                row_of[i] = r
+        link_tid: dict[tuple[str, int], int] = {}
+        t = 0
+        for link in self.links:
+            for r in range(max(1, len(rows.get(f"link:{link}", ())))):
+                t += 1
+                link_tid[(f"link:{link}", r)] = t
+                name = link if r == 0 else f"{link} ({r + 1})"
+                trace.append({"ph": "M", "pid": 2, "tid": t, "name": "thread_name", "args": {"name": name}})
+                trace.append({"ph": "M", "pid": 2, "tid": t, "name": "thread_sort_index", "args": {"sort_index": t}})
+        for i, e in enumerate(self.events):
+            where = [(2, link_tid[(e.track, row_of[i])])] if i in row_of else tids.get(e.track, [])
+            for pid, tid_ in where:
+                trace.append({"ph": "X", "pid": pid, "tid": tid_, "name": e.name, "cat": e.op,
                               "ts": e.start * 1e6, "dur": max(0.0, e.end - e.start) * 1e6,
                               "args": {"stage": e.stage, "microbatch": e.mb}})
         return {"traceEvents": trace, "displayTimeUnit": "ms",
@@ -371,6 +391,7 @@ def _simulate_window(costs: Sequence[ir.StageCost], sched: Schedule, v: int, opt
     xfers: dict[int, tuple[str, int, int, float, str, float]] = {}  # id -> (link, chunk_to, mb, bytes, op, t0)
     n_x = 0
     flow_of: dict[int, int] = {}
+    flow_end: dict[tuple[str, int], float] = {}
 
     def set_mem(lane: int, now: float, delta: int) -> None:
         mem[lane] += delta
@@ -528,10 +549,14 @@ def _simulate_window(costs: Sequence[ir.StageCost], sched: Schedule, v: int, opt
 
     def arrive(x: int, now: float) -> None:
         key, c_to, mb, _, op, t0 = xfers.pop(x)
-        flow_of.pop(x, None)
+        flow = flow_of.pop(x, -1)
         if record:
+            # Shown from when the flow is free for it (it waits in order behind the previous one).
+            start = max(t0, flow_end.get((key, flow), t0))
+            flow_end[(key, flow)] = now
             c_from = c_to - 1 if op == "act" else c_to + 1
-            events.append(Event(f"link:{key}", f"{op} {c_from}->{c_to} #{mb}", op, min(c_from, c_to), mb, t0, now))
+            events.append(Event(f"link:{key}", f"{op} {c_from}->{c_to} #{mb}", op, min(c_from, c_to), mb, start,
+                                now))
         (act_in if op == "act" else grad_in)[c_to * n + mb] = now
         try_start(c_to % k, now)
 

@@ -231,7 +231,7 @@ def test_flows_on_one_link_share_bandwidth() -> None:
     r = simulate_costs(costs, "gpipe", 2)
     acts = {e.name: (e.start, e.end) for e in r.events if e.op == "act"}
     assert acts["act 0->1 #0"] == pytest.approx((0.0, 1.0))
-    assert acts["act 0->1 #1"] == pytest.approx((0.0, 3.0))  # queued behind #0, then shared
+    assert acts["act 0->1 #1"] == pytest.approx((1.0, 3.0))  # queued behind #0 (shown from 1 s), then shared
     assert acts["act 1->2 #0"] == pytest.approx((1.0, 3.0))
     assert acts["act 1->2 #1"] == pytest.approx((3.0, 4.0))
     assert r.links == ("L fwd", "L bwd")
@@ -330,14 +330,28 @@ def test_chrome_trace_is_perfetto_shaped() -> None:
     assert names == {"a", "b", "c", "n0-n1 fwd", "n0-n1 bwd"}
     xs = [e for e in events if e["ph"] == "X"]
     assert all({"pid", "tid", "ts", "dur", "name"} <= set(e) and e["dur"] >= 0 for e in xs)
-    per_track: dict[tuple[int, int], list[dict[str, Any]]] = {}
-    for e in xs:
-        per_track.setdefault((e["pid"], e["tid"]), []).append(e)
-    lane_tracks = [t for t in per_track if t[0] == 1]
+    lane_tracks = {(e["pid"], e["tid"]) for e in xs if e["pid"] == 1}
     assert len(lane_tracks) == 3
-    for t in lane_tracks:  # compute on one device never overlaps
-        evs = sorted(per_track[t], key=lambda e: e["ts"])
-        assert all(a["ts"] + a["dur"] <= b["ts"] + 1e-6 for a, b in itertools.pairwise(evs))
+
+
+@given(stage_costs_strategy, st.integers(1, 8), st.sampled_from(SCHEDULES), st.booleans())
+def test_trace_tracks_never_overlap(spec: list[tuple[float, float, float, float, float, bool]], m: int, name: str,
+                                    overlap: bool) -> None:
+    """Complete events on one Perfetto thread must not overlap (they would not nest)."""
+    link = ir.Link(1e6, 1e-3)
+    costs = [cost(f"g{s}", tf, tb, tb * w if name == "zb-h1" else 0.0, link=link if has else None,
+                  nbytes=xs * 1e6, link_id="one", ar=ar, ar_bytes=1e8)
+             for s, (tf, tb, w, xs, ar, has) in enumerate(spec)]
+    trace = simulate_costs(costs, name, m, options=SimOptions(overlap_allreduce=overlap)).to_chrome_trace()
+    per_track: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for e in trace["traceEvents"]:
+        if e["ph"] == "X":
+            per_track.setdefault((e["pid"], e["tid"]), []).append(e)
+    named = {(e["pid"], e["tid"]) for e in trace["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert set(per_track) <= named
+    for evs in per_track.values():
+        evs.sort(key=lambda e: e["ts"])
+        assert all(a["ts"] + a["dur"] <= b["ts"] + 1e-3 for a, b in itertools.pairwise(evs))
 
 
 def test_record_events_off_gives_the_same_numbers() -> None:
