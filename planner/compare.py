@@ -16,7 +16,7 @@ Rules of the judge, the same for every strategy:
 * Where a strategy leaves a choice to its user (the micro-batch count when ``auto``, the
   pipeline depth of DeepSpeed's grid), every choice is simulated and the fastest that
   fits is kept: each baseline is shown at its best.
-* The ``planner`` row is ``planner search --rerank 8``: the search's eight best distinct
+* The ``planner`` row is ``planner search --rerank 32``: the search's 32 best distinct
   plans under its analytic objective, re-ranked by this same simulator. The analytic
   objective and the simulator disagree on some plans (docs/reproduction.md, "Where the
   search and the simulator disagree"); re-ranking the planner's own candidates, never the
@@ -39,7 +39,7 @@ from planner.search import baselines as bl
 
 GIB = 1024**3
 
-RERANK = 8
+RERANK = 32
 """How many of the search's best plans the simulator re-ranks for the ``planner`` row."""
 
 

@@ -37,7 +37,7 @@ def parse_microbatches(value: str) -> int | str:
 @click.option("--optimizer", type=click.Choice(ir.OPTIMIZERS), default="sgd", show_default=True,
               help="Optimizer state counted in memory, the same for every strategy.")
 @click.option("--strategies", default=None, help=STRATEGY_HELP)
-@click.option("--rerank", type=click.IntRange(min=0), default=8, show_default=True,
+@click.option("--rerank", type=click.IntRange(min=0), default=32, show_default=True,
               help="The planner row: the search's N best plans re-ranked by the simulator (0: analytic optimum).")
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as one JSON document on stdout.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
