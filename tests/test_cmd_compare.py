@@ -93,6 +93,23 @@ def test_bad_files_exit_1_with_one_line(tmp_path: Path, files: tuple[str, str]) 
         assert needle in result.output and "Traceback" not in result.output
 
 
+def test_rerank_zero_shows_the_analytic_optimum(files: tuple[str, str]) -> None:
+    profile, cluster = files
+    result = _run(profile, "--cluster", cluster, "--json", "--rerank", "0", "--strategies", "planner")
+    assert result.exit_code == 0, result.output
+    names = [s["name"] for s in json.loads(result.stdout)["strategies"]]
+    assert names == ["dp", "planner"]  # dp is always there: it is the yardstick
+
+
+def test_bad_cluster_values_exit_1_naming_the_field(tmp_path: Path, files: tuple[str, str]) -> None:
+    profile, _ = files
+    doc = make_cluster_dict(2, 2)
+    doc["links"]["inter_node"]["bandwidth_Bps"] = 0
+    result = _run(profile, "--cluster", _write(tmp_path, "zero.json", doc))
+    assert result.exit_code == 1, result.output
+    assert "bandwidth_Bps" in result.output and "Traceback" not in result.output
+
+
 def test_unwritable_plot_leaves_nothing_behind(files: tuple[str, str], tmp_path: Path) -> None:
     profile, cluster = files
     result = _run(profile, "--cluster", cluster, "--plot", str(tmp_path / "nope" / "x.png"))
