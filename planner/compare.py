@@ -157,12 +157,9 @@ def best_of(candidates: Sequence[ir.Plan]) -> Judged | None:
 
 def microbatch_choices(batch_size: int, microbatches: int | str) -> tuple[int, ...]:
     """``auto``: every divisor of the batch; a number: that number (it must divide the batch)."""
-    if microbatches == "auto":
-        return bl.divisors(batch_size)
-    if not isinstance(microbatches, int) or microbatches < 1 or batch_size % microbatches:
-        raise UsageError(f"--microbatches {microbatches} does not divide the batch size {batch_size}",
-                         f"choose a divisor of {batch_size}, or auto")
-    return (microbatches,)
+    from planner.search import microbatch_candidates
+
+    return tuple(microbatch_candidates(batch_size, microbatches))
 
 
 def _layouts(name: str, profile: ir.ModelProfile, cluster: ir.Cluster, choices: tuple[int, ...],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import Any
 
 from rich.table import Table
 
@@ -63,22 +64,18 @@ COLORS = {"dp": "#7f7f7f", "accpar": "#8c564b", "gpipe-uniform": "#1f77b4", "tor
           "planner": "#d62728"}
 
 
-def write_png(path: str | os.PathLike[str], draw: object) -> None:
-    """Save a matplotlib figure atomically (a temporary sibling renamed into place)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
+def write_png(path: str | os.PathLike[str], fig: Any) -> None:
+    """Save a matplotlib figure atomically (a temporary sibling renamed into place), then close it."""
     import matplotlib.pyplot as plt
 
-    fig = draw  # a matplotlib Figure
     try:
         with atomic_path(path) as tmp:
             try:
-                fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")  # type: ignore[attr-defined]
+                fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
             except OSError as exc:
                 raise PlannerError(f"cannot write {path}: {exc.strerror}", "choose a writable output path") from None
     finally:
-        plt.close(fig)  # type: ignore[arg-type]
+        plt.close(fig)
 
 
 def plot_comparison(comparison: Comparison, path: str | os.PathLike[str]) -> None:
