@@ -85,13 +85,34 @@ def spec(name: str) -> str:
     return f"validate_fidelity:{MODELS[name][0].__name__}"
 
 
-def profile(name: str) -> object:
+def profile(name: str, at_microbatch: bool = True) -> object:
+    """Measured profile at --threads 1 for the model's batch.
+
+    ``at_microbatch``: measure at the micro-batch size B/M and scale times, FLOPs and
+    activation bytes by M (as PipeDream profiles), so that the cost model's ``1/M`` share
+    per micro-batch is exactly what one micro-batch costs. Profiled at the whole batch, a
+    layer's time is not M times its micro-batch time: every pass also reads the weights and
+    pays per-call costs, which the ``1/M`` scaling drops (see ``decompose``).
+    """
+    import dataclasses
+
     from planner.profiler import profile_model
     from planner.profiler.loader import load_model
 
     torch.manual_seed(0)
-    loaded = load_model(spec(name), MODELS[name][1])
-    return profile_model(loaded, mode="measured", threads=1)
+    batch = MODELS[name][1]
+    m = MICROBATCHES if at_microbatch else 1
+    loaded = load_model(spec(name), batch // m)
+    prof = profile_model(loaded, mode="measured", threads=1, repeats=9)
+    if m == 1:
+        return prof
+    layers = tuple(dataclasses.replace(
+        lp, forward_s=lp.forward_s * m, backward_s=lp.backward_s * m, forward_flops=lp.forward_flops * m,
+        backward_flops=lp.backward_flops * m, output_bytes=lp.output_bytes * m, saved_bytes=lp.saved_bytes * m,
+        backward_weight_s=None if lp.backward_weight_s is None else lp.backward_weight_s * m)
+        for lp in prof.layers)
+    return dataclasses.replace(prof, batch_size=batch, layers=layers, input_bytes=prof.input_bytes * m,
+                               meta={**prof.meta, "profiled_at_microbatch": batch // m})
 
 
 def plan_for(prof: object, links: object) -> object:
@@ -202,6 +223,8 @@ def main() -> None:
     ap.add_argument("--models", default="cnn,mlp,gpt2")
     ap.add_argument("--engines", default="deepspeed,torch")
     ap.add_argument("--no-quality", action="store_true")
+    ap.add_argument("--whole-batch-profile", action="store_true",
+                    help="profile at the whole batch (the cost model then misses the per-micro-batch costs)")
     args = ap.parse_args()
     os.chdir(ROOT)
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "scripts"), *filter(None, [os.environ.get("PYTHONPATH")])])
@@ -218,7 +241,7 @@ def main() -> None:
 
     rows = []
     for name in args.models.split(","):
-        prof = profile(name)
+        prof = profile(name, not args.whole_batch_profile)
         plan = plan_for(prof, link)
         pred = predicted(plan)
         parts = decompose(plan, name)
@@ -246,7 +269,7 @@ def main() -> None:
               f"{ok} / {ok2} with terms")
 
     if not args.no_quality:
-        prof = profile("vgg")
+        prof = profile("vgg", not args.whole_batch_profile)
         plan = plan_for(prof, link)
         base = deepspeed_parameters_plan(plan)
         ours = float(measure(plan, "vgg", "deepspeed", args.steps)["measured_iteration_s"])  # type: ignore[arg-type]
