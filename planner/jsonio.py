@@ -93,6 +93,9 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         ) from None
     os.close(fd)
     tmp = Path(tmp_name)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the usual mode of a new file
     try:
         yield tmp
         os.replace(tmp, target)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -37,3 +38,11 @@ def test_nan_is_refused(tmp_path: Path) -> None:
     with pytest.raises(PlannerError, match="cannot write JSON"):
         write_json(tmp_path / "x.json", {"x": float("nan")})
     assert list(tmp_path.iterdir()) == []
+
+
+def test_written_files_get_the_usual_mode(tmp_path: Path) -> None:
+    target = tmp_path / "mode.json"
+    write_json(target, {"kind": "plan", "version": 1})
+    umask = os.umask(0)
+    os.umask(umask)
+    assert target.stat().st_mode & 0o777 == 0o666 & ~umask
