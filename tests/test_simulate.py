@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from planner import ir
@@ -437,3 +437,27 @@ def test_simulate_plan_uses_the_cost_model() -> None:
     assert r.iteration_s == simulate_costs(costs, plan.schedule, plan.microbatches).iteration_s
     assert [d.device for d in r.devices] == ["n0.g0", "n1.g0"]
     assert r.iteration_s > 0 and all(d.peak_memory_bytes > 0 for d in r.devices)
+
+
+@pytest.mark.xfail(reason="the search's analytic objective ignores 1F1B's in-flight round trips and GPipe's "
+                          "F-then-B link phases; passes once plan.predicted comes from the simulator", strict=False)
+@given(st.lists(st.tuples(st.floats(0.001, 0.05), st.floats(1.0, 3.0), st.integers(10**4, 10**7)),
+                min_size=2, max_size=6),
+       st.sampled_from(["gpipe", "1f1b", "pipedream", "zb-h1"]), st.sampled_from([1, 2, 4, 8]))
+@settings(max_examples=15, deadline=None, phases=[Phase.generate], derandomize=True)
+def test_search_prediction_equals_simulation(layers: list[tuple[float, float, int]], schedule: str, m: int) -> None:
+    """Issue 4: the search's predicted iteration time for its plan equals the simulator's (within 1%)."""
+    from planner.search import search
+    from planner.simulate import simulate
+
+    doc = make_profile_dict(len(layers))
+    for layer, (tf, ratio, out) in zip(doc["layers"], layers, strict=True):
+        layer.update(forward_s=tf, backward_s=tf * ratio, output_bytes=out)
+    profile = ir.ModelProfile.from_dict(doc)
+    cluster_doc = make_cluster_dict()  # the paper's links: 10 Gbit/s in a server, 1 Gbit/s between
+    cluster_doc["links"]["intra_node"]["bandwidth_Bps"] = 1.25e9
+    cluster_doc["links"]["inter_node"]["bandwidth_Bps"] = 1.25e8
+    cluster = ir.Cluster.from_dict(cluster_doc)
+    plan = search(profile, cluster, microbatches=m, schedule=schedule, optimizer="sgd")
+    simulated = simulate(plan, SimOptions(record_events=False)).iteration_s
+    assert simulated == pytest.approx(plan.predicted.iteration_s, rel=0.01)
