@@ -135,8 +135,8 @@ def judge(plan: ir.Plan) -> Judged:
     stages = tuple(dataclasses.replace(s, memory_bytes=max(peaks.get(d, 0) for d in s.devices))
                    for s in plan.stages)
     peak = max(peaks.values()) if peaks else 0
-    predicted = ir.Prediction(result.iteration_s, plan.batch_size / result.iteration_s,
-                              result.bubble_fraction, peak)
+    t = result.iteration_s
+    predicted = ir.Prediction(t, plan.batch_size / t if t > 0 else 0.0, result.bubble_fraction, peak)
     plan = dataclasses.replace(plan, stages=stages, predicted=predicted)
     if not over:
         return Judged(plan, True, None)
