@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from planner.cli import main
 from tests.test_runner import tiny_plan
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _write(tmp_path: Path, **kw: object) -> str:
@@ -50,3 +56,17 @@ def test_not_a_plan(tmp_path: Path) -> None:
     bad.write_text('{"kind": "profile", "version": 1}')
     res = CliRunner().invoke(main, ["export", str(bad), "--to", "torch", "-o", str(tmp_path / "y")])
     assert res.exit_code == 1 and "kind" in res.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["deepspeed", "torch"])
+def test_exported_script_trains_under_torchrun(tmp_path: Path, engine: str) -> None:
+    out = tmp_path / engine
+    res = CliRunner().invoke(main, ["export", _write(tmp_path), "--to", engine, "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DS_ACCELERATOR": "cpu"}
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          "train.py", "--model", "tests.test_runner:tiny_mlp", "--steps", "2"], cwd=out, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "step 1 loss" in run.stdout
