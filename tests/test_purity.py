@@ -1,4 +1,4 @@
-"""The algorithm modules stay pure: importing them pulls in no torch, click or rich."""
+"""The algorithm modules stay pure: importing them pulls in no torch, click, rich or matplotlib."""
 
 from __future__ import annotations
 
@@ -6,22 +6,30 @@ import subprocess
 import sys
 
 PURE_MODULES = [
-    "planner.errors", "planner.ir", "planner.jsonio", "planner.schedule",
+    "planner", "planner.errors", "planner.ir", "planner.jsonio", "planner.schedule",
     "planner.cluster", "planner.costmodel", "planner.search", "planner.search.hpp", "planner.search.sp",
-    "planner.search.brute", "planner.search.baselines", "planner.simulate",
+    "planner.search.brute", "planner.search.baselines", "planner.simulate", "planner.compare",
 ]
 
 
-def test_algorithm_modules_import_no_torch_click_or_rich() -> None:
+def test_algorithm_modules_import_no_torch_click_rich_or_matplotlib() -> None:
     code = (
         "import importlib, sys\n"
         f"for name in {PURE_MODULES!r}:\n"
-        "    try:\n"
-        "        importlib.import_module(name)\n"
-        "    except ModuleNotFoundError as exc:\n"
-        "        if not (exc.name or '').startswith('planner'): raise\n"
+        "    importlib.import_module(name)\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'click', 'rich', 'matplotlib'))\n"
         "print(','.join(bad))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "", f"pure modules imported: {out.stdout.strip()}"
+
+
+def test_search_command_does_not_import_torch() -> None:
+    code = (
+        "import sys\n"
+        "from planner.cli import main\n"
+        "main.get_command(None, 'search'); main.get_command(None, 'simulate'); main.get_command(None, 'compare')\n"
+        "print(','.join(sorted(m for m in sys.modules if m.split('.')[0] == 'torch')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "", f"search/simulate/compare commands import torch: {out.stdout.strip()[:200]}"
