@@ -5,8 +5,9 @@ objective are described in :mod:`planner.search.sp`; HPP in :mod:`planner.search
 the exhaustive oracle in :mod:`planner.search.brute`.
 
 Schedules: ``gpipe`` and ``1f1b`` are planned with their own objective and in-flight
-memory; ``zb-h1`` is planned like 1f1b (same in-flight memory; its smaller bubble is
-left to the simulator); ``pipedream`` with the asynchronous steady state and weight
+memory; ``zb-h1`` is planned like 1f1b in time (its smaller bubble is left to the
+simulator) with each stage held to the most micro-batches in flight it could have
+(min(K, M) for every K it could be part of); ``pipedream`` with the asynchronous steady state and weight
 stashes; ``interleaved`` is planned with one model chunk per device (v = 1, which is
 1f1b's timeline with interleaved's in-flight memory). The simulator is the final judge.
 """
@@ -22,7 +23,7 @@ from planner.costmodel import dp_iteration as _dp_iteration
 from planner.errors import UsageError
 from planner.schedule import SCHEDULES
 from planner.search.hpp import hpp
-from planner.search.sp import Problem, Solution, build_problem, infeasible, memory_depends_on_k, solve, with_stages
+from planner.search.sp import Problem, Solution, build_problem, infeasible, solve
 
 SOLVERS = ("dp", "brute")
 ENGINES = ("any", "deepspeed", "torch")
@@ -149,20 +150,10 @@ def search(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int |
 
 
 def _solve(prob: Problem, solver: str, pool: list[Solution] | None = None) -> Solution | None:
-    """Solve with the chosen solver; once per stage count K when memory depends on K."""
+    """Solve with the chosen solver (the DP, or brute force over the same space)."""
     from planner.search.brute import brute
 
-    def run(p: Problem) -> Solution | None:
-        return brute(p) if solver == "brute" else solve(p, pool=pool)
-
-    if prob.stages_exact is not None or not memory_depends_on_k(prob.schedule, prob.microbatches, prob.r_cap):
-        return run(prob)
-    best: Solution | None = None
-    for k in range(1, prob.r_cap + 1):
-        sol = run(with_stages(prob, k))
-        if sol is not None and (best is None or sol.objective < best.objective):
-            best = sol
-    return best
+    return brute(prob) if solver == "brute" else solve(prob, pool=pool)
 
 
 def solution_plan(prob: Problem, sol: Solution, *, engine: str = "any", solver: str = "dp") -> ir.Plan:

@@ -17,7 +17,10 @@ The search space (the same for ``--solver dp`` and ``--solver brute``)
   or recomputes them (GPipe re-materialisation); a stage that fits neither way in its
   smallest device memory is excluded. Memory depends on the micro-batches in flight,
   which for 1f1b-like schedules depend on how many stages follow (K - s): the DP
-  tracks that count (capped where it stops mattering).
+  tracks that count (capped where it stops mattering). For zb-h1, whose count
+  (min(K, M) on every stage) depends on K itself, a stage is held to the largest count
+  over every K it could be part of: plans always fit, the memory test may be
+  conservative (a documented approximation).
 - Large inputs: above ``max_blocks`` layers (default 256, or 128 beyond 64 GPUs), stage
   boundaries are restricted to block boundaries that balance compute (as Alpa clusters
   operators into layers); brute only runs on inputs below that size, so the two spaces
@@ -233,8 +236,9 @@ def build_problem(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches
 def memory_depends_on_k(schedule: str, microbatches: int, max_stages: int) -> bool:
     """Whether a stage's micro-batches in flight depend on more than the stages after it.
 
-    The free-K DP tracks K - s only; schedules whose in-flight count depends on K itself
-    (zb-h1 keeps min(K, M) on every stage) are solved once per K instead.
+    The free-K DP tracks K - s only; for schedules whose in-flight count depends on K
+    itself (zb-h1 keeps min(K, M) on every stage) each stage is given the largest count
+    over the K it could belong to (see ``_build_candidates``).
     """
     for k in range(1, max_stages + 1):
         for s in range(k):
@@ -266,6 +270,11 @@ def _build_candidates(prob: Problem) -> None:
     if k_fixed is not None:  # exact: stage s = K - r of K
         in_fl = [in_flight_microbatches(prob.schedule, k_fixed, prob.microbatches, k_fixed - r)
                  for r in range(1, r_hi + 1)]
+    elif memory_depends_on_k(prob.schedule, prob.microbatches, min(r_hi, 16)):
+        # the count depends on K itself (zb-h1): take the largest over every K the stage
+        # could be part of -- safe (plans always fit), possibly conservative
+        in_fl = [max(in_flight_microbatches(prob.schedule, k, prob.microbatches, k - r)
+                     for k in range(r, r_hi + 1)) for r in range(1, r_hi + 1)]
     else:
         in_fl = [in_flight_microbatches(prob.schedule, r, prob.microbatches, 0) for r in range(1, r_hi + 1)]
     used = {(mv.key, mv.link) for row in prob.moves for mv in row}
