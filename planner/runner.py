@@ -187,6 +187,9 @@ def run_plan(plan: ir.Plan, model: str, *, engine: str = "deepspeed", steps: int
         "microbatches": plan.microbatches, "batch_size": plan.batch_size, "steps": steps, "warmup": warmup,
         "threads": threads, "measured_iteration_s": statistics.median(times[warmup:]),
         "predicted_iteration_s": plan.predicted.iteration_s, "iteration_times_s": times,
+        # CPU seconds of the busiest process per step (wall time well above it: waiting or
+        # a machine shared with other work)
+        "cpu_iteration_s": statistics.median(res["cpu_s"][warmup:]),
         "losses": res["losses"],
     }
     doc["ratio"] = doc["measured_iteration_s"] / doc["predicted_iteration_s"] if plan.predicted.iteration_s else None
@@ -274,19 +277,21 @@ def _worker(args: argparse.Namespace) -> None:
     spec = common.data_spec(layers, example, args.loss)
     step_fn = engine_module(args.engine).make_trainer(layers, plan, spec.loss)
     data = [spec.batch(s, plan.batch_size, args.seed) for s in range(args.steps)]
-    losses, times = [], []
+    losses, times, cpu = [], [], []
     for s in range(args.steps):
         torch.distributed.barrier()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         loss = step_fn(*data[s])
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
         losses.append(loss)
-    t = torch.tensor(times, dtype=torch.float64)
+    t = torch.tensor([times, cpu], dtype=torch.float64)
     torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
     if rank == 0:
-        (Path(args.out) / "result.json").write_text(json.dumps({"losses": losses, "iteration_s": t.tolist()}))
+        (Path(args.out) / "result.json").write_text(json.dumps(
+            {"losses": losses, "iteration_s": t[0].tolist(), "cpu_s": t[1].tolist()}))
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
