@@ -43,7 +43,13 @@ Times and the bubble:
   can still look steady for a while, so the result is never less than the busiest
   resource's work per iteration (a device group's compute and all-reduce, one flow's
   transfers, or a link's), which bounds every steady state from below. With free
-  communication this is exactly M times the slowest stage's F + B.
+  communication this is exactly M times the slowest stage's F + B. The run stops as soon
+  as the last measured iteration has ended (later events cannot move it), so a pipedream
+  run's ``makespan_s``, events and memory timeline end there (the trailing S iterations
+  only fix the schedule's order up to that point).
+* **Shortcuts** (``SimOptions.shortcuts``, on by default, same times): a link pool that
+  carries one flow is first in, first out at full bandwidth, computed directly instead of
+  through the sharing code; and the pipedream stop above. Off, every event is played.
 * ``busy_s`` of a device: its compute (F, B, W) for one iteration of M micro-batches plus
   the all-reduce time it is blocked for. ``bubble_fraction`` = 1 - sum(busy) / (K *
   iteration_s): the share of device time spent idle (waiting for inputs or transfers).
@@ -79,6 +85,9 @@ class SimOptions:
 
 class Event(NamedTuple):
     """One interval on a track: a lane's compute or all-reduce, or a link's transfer.
+    # False: play every transfer through the link-sharing code and pipedream's trailing
+    # iterations to the end (the reference definition; the shortcuts give the same times).
+    shortcuts: bool = True
 
     ``track`` is ``lane:<k>`` (a pipeline rank), ``comm:<k>`` (its overlapped
     all-reduce stream) or ``link:<id>``; ``op`` is F, B, W, AR, act or grad.
@@ -265,6 +274,37 @@ def simulate_costs(costs: Sequence[ir.StageCost], schedule: str | Schedule, micr
                    virtual_stages: int = 1, options: SimOptions | None = None) -> SimResult:
     """Simulate ``schedule`` over per-chunk ``costs`` (K*v of them, in model order).
 
+def _solo_links(link_of_fwd: Sequence[str | None], link_of_bwd: Sequence[str | None]) -> dict[str, float]:
+    """Link pools that carry a single flow (one boundary, one direction), each with the time
+    it is free from (0). Processor sharing with one flow is first in, first out at the full
+    bandwidth (a transfer ends at max(its arrival, the previous end) + bytes / bandwidth, the
+    same float the sharing code computes), so the engine takes that shortcut for them."""
+    flows: dict[str, set[tuple[int, bool]]] = {}
+    for fwd_dir, keys in ((True, link_of_fwd), (False, link_of_bwd)):
+        for c, key in enumerate(keys):
+            if key is not None:
+                flows.setdefault(key, set()).add((c, fwd_dir))
+    return {key: 0.0 for key, f in flows.items() if len(f) == 1}
+
+
+def _pipedream_stop(sched: Schedule, last_kind: str, settle: int) -> tuple[list[int], int]:
+    """Where a pipedream run may stop: per lane, the position of its last ``last_kind`` action
+    of the last measured iteration (block ``blocks - settle - 1``), and the number of lanes.
+
+    Once every lane has finished that action (and queued its all-reduce), every measured
+    iteration's end is known, and nothing that happens later can move it (an event only
+    affects later ones), so the run stops there instead of playing the trailing warm-down
+    iterations; ``iteration_s`` is unchanged. Empty for the synchronous schedules."""
+    if sched.name != "pipedream" or settle < 1 or sched.blocks <= 2 * settle:
+        return [], 0
+    last_blk = sched.blocks - settle - 1
+    m = sched.microbatches
+    stop = []
+    for acts in sched.actions:
+        stop.append(max(at for at, a in enumerate(acts) if a.kind == last_kind and a.mb // m == last_blk))
+    return stop, len(stop)
+
+
     ``schedule`` is a name from :data:`planner.schedule.SCHEDULES` or a ready Schedule.
     """
     opts = options or SimOptions()
@@ -369,6 +409,8 @@ def _simulate_window(costs: Sequence[ir.StageCost], sched: Schedule, v: int, opt
     # State. Arrival times of inputs: act_in[c*n+mb] (activations into chunk c),
     # grad_in[c*n+mb] (gradients into chunk c); None until they arrive.
     act_in: list[float | None] = [None] * (n_chunks * n)
+    fifo_free = _solo_links(link_of_fwd, link_of_bwd) if opts.shortcuts else {}
+    stop_pos, lanes_left = _pipedream_stop(sched, last_kind, settle) if opts.shortcuts else ([], 0)
     grad_in: list[float | None] = [None] * (n_chunks * n)
     for mb in range(n):
         act_in[mb] = 0.0
@@ -592,11 +634,21 @@ def _simulate_window(costs: Sequence[ir.StageCost], sched: Schedule, v: int, opt
             key, version = payload
             if links[key].version == version:
                 link_finish(key, now)
+                if stop_pos and pos[lane] == stop_pos[lane] + 1:
+                    lanes_left -= 1
+                    if not lanes_left:  # the measured iterations have ended: later events cannot change them
+                        break
         else:
             arrive(payload, now)
+            if key in fifo_free:  # the link's only flow: first in, first out at the full bandwidth
+                done_at = max(now, fifo_free[key]) + xfers[payload][3] / links[key].bandwidth
+                fifo_free[key] = done_at
+                seq += 1
+                heapq.heappush(heap, (done_at, seq, _ARRIVE, payload))
+                continue
 
     stuck = [f"device group {lane} at {sched.actions[lane][pos[lane]]}" for lane in range(k)
-             if pos[lane] < len(sched.actions[lane])]
+             if pos[lane] < len(sched.actions[lane])] if not (stop_pos and not lanes_left) else []
     if stuck:  # cannot happen for a validated schedule; a guard against engine bugs
         raise ScheduleError(f"simulation stalled: {', '.join(stuck[:4])}", "this is a bug in planner; report it")
 

@@ -207,6 +207,43 @@ def test_properties_on_random_pipelines(spec: list[tuple[float, float, float, fl
         assert r.iteration_s + tol >= path
 
 
+@settings(max_examples=60)
+@given(stage_costs_strategy, st.integers(1, 10), st.sampled_from(SCHEDULES), st.integers(1, 3), st.booleans(),
+       st.booleans(), st.sampled_from([None, "shared"]))
+def test_shortcuts_give_the_reference_results(spec: list[tuple[float, float, float, float, float, bool]], m: int,
+                                              name: str, v: int, overlap: bool, duplex: bool,
+                                              link_id: str | None) -> None:
+    """The single-flow FIFO link and pipedream's early stop change no number but the run's
+    length: every event played (shortcuts off) is the old definition."""
+    v = v if name == "interleaved" else 1
+    k = len(spec)
+    link = ir.Link(1e6, 1e-3)
+    costs = [cost(f"g{c % k}", spec[c % k][0] / v, spec[c % k][1] / v, spec[c % k][1] / v * spec[c % k][2],
+                  link=link if spec[c % k][5] else None, nbytes=spec[c % k][3] * 1e6, link_id=link_id,
+                  ar=spec[c % k][4], ar_bytes=1e8, act=3, weight=5, workspace=2) for c in range(k * v)]
+    fast = simulate_costs(costs, name, m, v, SimOptions(overlap_allreduce=overlap, duplex=duplex))
+    slow = simulate_costs(costs, name, m, v, SimOptions(overlap_allreduce=overlap, duplex=duplex, shortcuts=False))
+    assert close(fast.iteration_s, slow.iteration_s)
+    assert close(fast.bubble_fraction, slow.bubble_fraction)
+    assert fast.window == pytest.approx(slow.window, rel=REL, abs=1e-12)
+    for a, b in zip(fast.devices, slow.devices, strict=True):
+        assert (a.peak_memory_bytes, a.peak_in_flight, a.busy_s) == (b.peak_memory_bytes, b.peak_in_flight, b.busy_s)
+    if name != "pipedream":
+        assert close(fast.makespan_s, slow.makespan_s)
+        assert len(fast.events) == len(slow.events)
+    else:
+        assert fast.makespan_s <= slow.makespan_s + 1e-12
+
+
+def test_pipedream_stops_after_the_measured_iterations() -> None:
+    costs = uniform(4)
+    fast = simulate_costs(costs, "pipedream", 8)
+    slow = simulate_costs(costs, "pipedream", 8, options=SimOptions(shortcuts=False))
+    assert fast.iteration_s == slow.iteration_s == 8 * 3.0
+    assert fast.window == slow.window
+    assert len(fast.events) < len(slow.events) and fast.makespan_s < slow.makespan_s
+
+
 # ----------------------------------------------------------------------------- links and all-reduce
 
 
@@ -461,3 +498,28 @@ def test_search_prediction_equals_simulation(layers: list[tuple[float, float, in
     plan = search(profile, cluster, microbatches=m, schedule=schedule, optimizer="sgd")
     simulated = simulate(plan, SimOptions(record_events=False)).iteration_s
     assert simulated == pytest.approx(plan.predicted.iteration_s, rel=0.01)
+
+
+def test_optimizer_step_runs_after_the_allreduce_and_is_busy() -> None:
+    c = dataclasses.replace(cost("a", 1.0, 2.0, ar=0.5), optimizer_step_s=0.25)
+    r = simulate_costs([c], "1f1b", 3)
+    assert close(r.iteration_s, 9.0 + 0.5 + 0.25)
+    assert close(r.devices[0].busy_s, 9.75) and r.bubble_fraction == pytest.approx(0.0, abs=1e-12)
+    opt = [e for e in r.events if e.op == "OPT"]
+    assert len(opt) == 1 and close(opt[0].start, 9.5) and close(opt[0].end, 9.75)
+    # without an all-reduce it follows the last backward; overlapped, it waits for the last bucket
+    r = simulate_costs([dataclasses.replace(cost("a", 1.0, 2.0), optimizer_step_s=0.25)], "1f1b", 3)
+    assert close(r.iteration_s, 9.25)
+    over = simulate_costs([dataclasses.replace(cost("a", 1.0, 2.0, ar=8.0, ar_bytes=100 * 2**20),
+                                               optimizer_step_s=0.25)], "gpipe", 1,
+                          options=SimOptions(overlap_allreduce=True))
+    assert close(over.iteration_s, 1.0 + 0.5 + 8.0 + 0.25)
+
+
+def test_optimizer_step_in_a_pipelined_two_stage_plan() -> None:
+    costs = [dataclasses.replace(c, optimizer_step_s=0.5 * (i + 1)) for i, c in enumerate(uniform(2))]
+    base = simulate_costs(uniform(2), "1f1b", 4)
+    r = simulate_costs(costs, "1f1b", 4)
+    # stage 0 ends last (its last backward follows stage 1's); its step adds to the end
+    assert close(r.iteration_s, base.iteration_s + 0.5)
+    assert close(r.devices[1].busy_s, base.devices[1].busy_s + 1.0)
