@@ -6,7 +6,19 @@ Sources of each formula are cited where it is defined:
 - Compute (PipePar section III.A, eq. 3): a layer's profiled time is scaled by
   ``profile.device_flops / gpu.flops`` (the group's slowest GPU: data parallel waits for
   it) and by the micro-batch's share ``1/M`` of the batch; ``n`` devices each do ``1/n``
-  of the work in every form (dp splits the batch, split forms split the weight).
+  of the work in every form (dp splits the batch, split forms split the weight). Where
+  the profile measured a layer's fixed part (``forward_fixed_s``/``backward_fixed_s``:
+  per-call costs and weight reads that do not shrink with the batch), only the rest
+  scales: ``fixed + (b/B)(t - fixed)`` per micro-batch of ``b`` of ``B`` samples, on
+  each of the ``n`` devices ``fixed + (b/B)(t - fixed)/n`` -- the time at the
+  micro-batch size, which PipeDream (Narayanan et al. SOSP'19, section 3.1) and Alpa
+  (Zheng et al. OSDI'22, section 5.2) get by profiling at that size.
+- Optimizer step (``StageCost.optimizer_step_s``): once per iteration after the stage's
+  gradient all-reduce, a memory-bound element-wise update (as in ZeRO-Offload, Ren et al.
+  ATC'21, section 4.1, which sizes the CPU Adam step by memory traffic): the bytes it
+  reads and writes (``OPTIMIZER_TRAFFIC`` per parameter) / the slowest device's
+  ``memory_bandwidth_Bps``; 0 when a device's bandwidth is unknown. Split forms update
+  1/n of the parameters per device.
 - Alpha-beta communication (Hockney 1994; PipePar eq. 4): ``alpha + S/B`` on the slowest
   link a group spans.
 - Ring all-reduce (Patarasuk & Yuan 2009; Thakur, Rabenseifner & Gropp 2005):
@@ -47,7 +59,8 @@ Sources of each formula are cited where it is defined:
   ``alpha + S/B`` each.
 - Iteration time (:func:`analytic_iteration`): with ``l_s`` a stage's per-micro-batch
   forward+backward plus the transfers it receives (fill and drain), ``c_s`` its compute,
-  ``x_s`` its incoming transfer and ``ar_s`` its gradient all-reduce, flush schedules take
+  ``x_s`` its incoming transfer and ``ar_s`` its gradient all-reduce followed by its
+  optimizer step, flush schedules take
   ``T = sum_s l_s + max_s((M-1) max(c_s, x_s) + ar_s)`` (transfers overlap compute in
   steady state) -- exactly
   ``(M+K-1)(t_f+t_b)`` for uniform stages with free communication (GPipe section 2.2;
@@ -71,6 +84,13 @@ from planner.schedule import in_flight_microbatches
 
 OPTIMIZER_BYTES_PER_PARAM = {"sgd": 0, "momentum": 4, "adam": 8, "rmsprop": 4}
 """Optimizer state in fp32 bytes per parameter beyond weight and gradient."""
+
+OPTIMIZER_TRAFFIC = {"sgd": (3, 0), "momentum": (3, 2), "adam": (3, 2), "rmsprop": (3, 2)}
+"""Memory traffic of one optimizer step per parameter: (passes over the parameter's own
+bytes, passes over its fp32 state bytes of ``OPTIMIZER_BYTES_PER_PARAM``). Every update reads
+the weight and the gradient and writes the weight (3); momentum/adam/rmsprop also read and
+write their state (2). E.g. fp32 adam: 3 * 4 + 2 * 8 = 28 bytes per parameter (torch.optim's
+element-wise update, ZeRO-Offload section 4.1)."""
 
 DP, SPLIT_IN, SPLIT_OUT = 0, 1, 2
 FORM_INDEX = {f: i for i, f in enumerate(ir.FORMS)}
@@ -177,8 +197,11 @@ def layer_table(profile: ir.ModelProfile, group: Group, microbatches: int, optim
     nl, n, share = len(layers), group.n, 1.0 / microbatches
     scale = profile.device_flops / group.flops * share
     link = group.link
-    fwd_full = np.array([x.forward_s for x in layers]) * scale
-    bwd_full = np.array([x.backward_s for x in layers]) * scale
+    flop_scale = profile.device_flops / group.flops
+    fwd_fixed = np.array([x.forward_fixed_s or 0.0 for x in layers]) * flop_scale
+    bwd_fixed = np.array([x.backward_fixed_s or 0.0 for x in layers]) * flop_scale
+    fwd_full = np.array([x.forward_s for x in layers]) * scale - fwd_fixed * share
+    bwd_full = np.array([x.backward_s for x in layers]) * scale - bwd_fixed * share
     bww_full = np.array([ZERO_BUBBLE_W_SHARE * x.backward_s if x.backward_weight_s is None else x.backward_weight_s
                          for x in layers]) * scale
     out_b = np.array([float(x.output_bytes) for x in layers]) * share
@@ -192,15 +215,16 @@ def layer_table(profile: ir.ModelProfile, group: Group, microbatches: int, optim
     fwd = np.empty((nl, 3))
     bwd = np.empty((nl, 3))
     bww = np.empty((nl, 3))
-    fwd[:, DP], bwd[:, DP], bww[:, DP] = fwd_full / n, bwd_full / n, bww_full / n
+    # fwd_full/bwd_full: the part that scales with the work; the fixed part is paid whole
+    fwd[:, DP], bwd[:, DP], bww[:, DP] = fwd_full / n + fwd_fixed, bwd_full / n + bwd_fixed, bww_full / n
     ag = np.vectorize(lambda s: ring_allgather_s(s, n, link), otypes=[float])
     ar = np.vectorize(lambda s: ring_allreduce_s(s, n, link), otypes=[float])
     ag_out, ar_out, ag_in, ar_in = ag(out_b), ar(out_b), ag(in_b), ar(in_b)
     # split_out: column parallel; split_in: row parallel (Megatron-LM section 3)
-    fwd[:, SPLIT_OUT] = np.where(weightless, fwd_full, fwd_full / n + ag_out)
-    bwd[:, SPLIT_OUT] = np.where(weightless, bwd_full, bwd_full / n + ar_in)
-    fwd[:, SPLIT_IN] = np.where(weightless, fwd_full, fwd_full / n + ar_out)
-    bwd[:, SPLIT_IN] = np.where(weightless, bwd_full, bwd_full / n + ag_in)
+    fwd[:, SPLIT_OUT] = fwd_fixed + np.where(weightless, fwd_full, fwd_full / n + ag_out)
+    bwd[:, SPLIT_OUT] = bwd_fixed + np.where(weightless, bwd_full, bwd_full / n + ar_in)
+    fwd[:, SPLIT_IN] = fwd_fixed + np.where(weightless, fwd_full, fwd_full / n + ar_out)
+    bwd[:, SPLIT_IN] = bwd_fixed + np.where(weightless, bwd_full, bwd_full / n + ag_in)
     for f in (SPLIT_IN, SPLIT_OUT):
         bww[:, f] = np.where(weightless, bww_full, bww_full / n)
 
@@ -281,6 +305,28 @@ def summarise(table: LayerTable, first: int, end: int, forms: Sequence[int]) -> 
                         float(table.in_bytes[first]) / table.n)
 
 
+def memory_bandwidth_Bps(cluster: ir.Cluster, devices: Sequence[str]) -> float | None:
+    """The slowest memory bandwidth among ``devices``; None when any of them does not give one."""
+    wanted = set(devices)
+    values = [g.memory_bandwidth_Bps for g in cluster.gpus if g.name in wanted]
+    if not values or any(v is None for v in values):
+        return None
+    return min(v for v in values if v is not None)
+
+
+def optimizer_step_s(weight_bytes: float, static_bytes: float, optimizer: str, bandwidth_Bps: float | None) -> float:
+    """One optimizer step over a device's share of a stage's parameters (module doc).
+
+    ``weight_bytes`` is one copy of the parameters, ``static_bytes`` weights + gradients +
+    state (so the state is ``static - 2 * weight``); the traffic of ``OPTIMIZER_TRAFFIC``
+    over ``bandwidth_Bps``, 0 when the bandwidth is unknown.
+    """
+    if bandwidth_Bps is None or weight_bytes <= 0:
+        return 0.0
+    own, state = OPTIMIZER_TRAFFIC[optimizer]
+    return (own * weight_bytes + state * max(static_bytes - 2 * weight_bytes, 0.0)) / bandwidth_Bps
+
+
 def stage_cost_values(profile: ir.ModelProfile, cluster: ir.Cluster, stage: ir.Stage, microbatches: int,
                       optimizer: str, next_devices: Sequence[str] | None) -> ir.StageCost:
     """The :class:`ir.StageCost` of one stage given the next stage's devices (None: last)."""
@@ -308,7 +354,9 @@ def stage_cost_values(profile: ir.ModelProfile, cluster: ir.Cluster, stage: ir.S
         send_link_id=link_id, allreduce_s=s.allreduce_s, allreduce_bytes=s.allreduce_bytes,
         static_bytes=math.ceil(s.static_bytes), weight_bytes=math.ceil(s.weight_bytes),
         activation_bytes=math.ceil(activation), workspace_bytes=math.ceil(workspace),
-        capacity_bytes=group.memory_bytes)
+        capacity_bytes=group.memory_bytes,
+        optimizer_step_s=optimizer_step_s(s.weight_bytes, s.static_bytes, optimizer,
+                                          memory_bandwidth_Bps(cluster, stage.devices)))
 
 
 def stage_costs_for(profile: ir.ModelProfile, cluster: ir.Cluster, stages: Sequence[ir.Stage], microbatches: int,
@@ -388,7 +436,7 @@ def stage_terms(costs: Sequence[ir.StageCost], schedule: str, microbatches: int)
             busy = max(c.forward_s, recv) + max(c.backward_s, recv)
         else:
             busy = max(c.forward_s + c.backward_s, recv)
-        out.append(b * busy + c.allreduce_s)
+        out.append(b * busy + c.allreduce_s + c.optimizer_step_s)
     return out
 
 

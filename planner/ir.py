@@ -91,6 +91,12 @@ class LayerProfile:
     convolution) of the layer's dominant weight; the split forms need them, and a layer
     without them runs ``dp`` only. ``backward_weight_s`` is the weight-gradient share of
     ``backward_s`` (zero-bubble schedules split it off); None means unknown.
+
+    ``forward_fixed_s``/``backward_fixed_s``: the part of ``forward_s``/``backward_s`` that
+    does not shrink with the batch (per-call costs, reading the weights), from the fit
+    ``t(b) = fixed + b * per_sample`` of times measured at two batch sizes; a micro-batch
+    of ``b`` samples then costs ``fixed + b / batch_size * (t - fixed)``. None means unknown
+    (treated as 0: time proportional to the batch, as analytic profiles assume).
     """
 
     name: str
@@ -107,6 +113,8 @@ class LayerProfile:
     out_features: int | None = None
     backward_weight_s: float | None = None
     output_shape: tuple[int, ...] | None = None
+    forward_fixed_s: float | None = None
+    backward_fixed_s: float | None = None
 
     @property
     def splittable(self) -> bool:
@@ -126,7 +134,7 @@ class LayerProfile:
             "output_bytes": self.output_bytes,
             "saved_bytes": self.saved_bytes,
         }
-        for key in ("in_features", "out_features", "backward_weight_s"):
+        for key in ("in_features", "out_features", "backward_weight_s", "forward_fixed_s", "backward_fixed_s"):
             if getattr(self, key) is not None:
                 d[key] = getattr(self, key)
         if self.output_shape is not None:
@@ -151,7 +159,14 @@ class LayerProfile:
             out_features=_opt_int(d, "out_features", where),
             backward_weight_s=_opt_num(d, "backward_weight_s", where),
             output_shape=None if shape is None else _shape(shape, f"{where}.output_shape"),
+            forward_fixed_s=_opt_num(d, "forward_fixed_s", where),
+            backward_fixed_s=_opt_num(d, "backward_fixed_s", where),
         )
+        for key, total in (("forward_fixed_s", layer.forward_s), ("backward_fixed_s", layer.backward_s)):
+            fixed = getattr(layer, key)
+            if fixed is not None and not 0 <= fixed <= total:
+                raise FormatError(f"{where}.{key} ({fixed}) must lie in [0, {key.replace('fixed_', '')}={total}]",
+                                  "the fixed part of a layer's time is at most its whole time")
         if layer.backward_weight_s is not None and layer.backward_weight_s > layer.backward_s:
             raise FormatError(
                 f"{where}.backward_weight_s ({layer.backward_weight_s}) exceeds backward_s ({layer.backward_s})",
@@ -267,19 +282,32 @@ class ModelProfile:
 
 @dataclass(frozen=True)
 class GPU:
-    """One device: its name (unique in the cluster), peak FLOP/s and memory."""
+    """One device: its name (unique in the cluster), peak FLOP/s and memory.
+
+    ``memory_bandwidth_Bps``: the device memory bandwidth (optional); the cost model's
+    optimizer-step term (parameter and optimizer-state bytes read and written / this
+    bandwidth) is 0 when it is None.
+    """
 
     name: str
     flops: float
     memory_bytes: int
+    memory_bandwidth_Bps: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "flops": self.flops, "memory_bytes": self.memory_bytes}
+        d: dict[str, Any] = {"name": self.name, "flops": self.flops, "memory_bytes": self.memory_bytes}
+        if self.memory_bandwidth_Bps is not None:
+            d["memory_bandwidth_Bps"] = self.memory_bandwidth_Bps
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str) -> GPU:
+        bw = _opt_num(d, "memory_bandwidth_Bps", where)
+        if bw is not None and bw <= 0:
+            raise FormatError(f"{where}.memory_bandwidth_Bps must be positive, got {bw!r}",
+                              "e.g. 9e11, or leave it out")
         return cls(_str(d, "name", where), _num(d, "flops", where, positive=True),
-                   _int(d, "memory_bytes", where, positive=True))
+                   _int(d, "memory_bytes", where, positive=True), bw)
 
 
 @dataclass(frozen=True)
@@ -520,7 +548,9 @@ class StageCost:
     Memory per device: ``static_bytes`` (weights, gradients, optimizer state),
     ``weight_bytes`` (one weight version, for stashing), ``activation_bytes`` kept per
     micro-batch in flight, ``workspace_bytes`` transient during one backward,
-    ``capacity_bytes`` the smallest memory in the group.
+    ``capacity_bytes`` the smallest memory in the group. ``optimizer_step_s`` is the
+    optimizer step of the stage's parameters, run once per iteration after its all-reduce
+    (0 when the devices' memory bandwidth is unknown).
     """
 
     devices: tuple[str, ...]
@@ -537,6 +567,7 @@ class StageCost:
     activation_bytes: int
     workspace_bytes: int
     capacity_bytes: int
+    optimizer_step_s: float = 0.0
 
     @property
     def send_s(self) -> float:

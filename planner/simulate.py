@@ -24,6 +24,10 @@ The simulator plays a :class:`planner.schedule.Schedule` over per-stage costs
   adds). With ``SimOptions.overlap_allreduce`` it runs as DDP does: gradients in buckets of
   ``bucket_bytes``, bucket i ready at (i+1)/n of the last backward, all-reduced one after
   another on the lane's communication stream, overlapping compute.
+* **Optimizer step.** ``optimizer_step_s`` of a stage runs on its lane right after its
+  all-reduce (after the last backward when it has none; with ``overlap_allreduce``, once
+  the lane's last all-reduce bucket is done), blocks the lane, and counts as busy time:
+  it is part of the iteration.
 * **Memory** per lane over time: static bytes (weights, gradients, optimizer state) of its
   chunks; + ``activation_bytes`` of a chunk from the start of a micro-batch's F until the
   end of its B (its W under ``zb-h1``); + ``workspace_bytes`` during B and W; under
@@ -81,16 +85,16 @@ class SimOptions:
     share_links: bool = True
     pipedream_blocks: int | None = None  # measured steady-state iterations (default 2)
     record_events: bool = True
-
-
-class Event(NamedTuple):
-    """One interval on a track: a lane's compute or all-reduce, or a link's transfer.
     # False: play every transfer through the link-sharing code and pipedream's trailing
     # iterations to the end (the reference definition; the shortcuts give the same times).
     shortcuts: bool = True
 
+
+class Event(NamedTuple):
+    """One interval on a track: a lane's compute or all-reduce, or a link's transfer.
+
     ``track`` is ``lane:<k>`` (a pipeline rank), ``comm:<k>`` (its overlapped
-    all-reduce stream) or ``link:<id>``; ``op`` is F, B, W, AR, act or grad.
+    all-reduce stream) or ``link:<id>``; ``op`` is F, B, W, AR, OPT (optimizer step), act or grad.
     """
 
     track: str
@@ -270,10 +274,6 @@ class _Link:
 _COMPUTE, _LATENCY, _LINK, _ARRIVE = 0, 1, 2, 3
 
 
-def simulate_costs(costs: Sequence[ir.StageCost], schedule: str | Schedule, microbatches: int,
-                   virtual_stages: int = 1, options: SimOptions | None = None) -> SimResult:
-    """Simulate ``schedule`` over per-chunk ``costs`` (K*v of them, in model order).
-
 def _solo_links(link_of_fwd: Sequence[str | None], link_of_bwd: Sequence[str | None]) -> dict[str, float]:
     """Link pools that carry a single flow (one boundary, one direction), each with the time
     it is free from (0). Processor sharing with one flow is first in, first out at the full
@@ -304,6 +304,10 @@ def _pipedream_stop(sched: Schedule, last_kind: str, settle: int) -> tuple[list[
         stop.append(max(at for at, a in enumerate(acts) if a.kind == last_kind and a.mb // m == last_blk))
     return stop, len(stop)
 
+
+def simulate_costs(costs: Sequence[ir.StageCost], schedule: str | Schedule, microbatches: int,
+                   virtual_stages: int = 1, options: SimOptions | None = None) -> SimResult:
+    """Simulate ``schedule`` over per-chunk ``costs`` (K*v of them, in model order).
 
     ``schedule`` is a name from :data:`planner.schedule.SCHEDULES` or a ready Schedule.
     """
@@ -380,7 +384,7 @@ def _simulate_window(costs: Sequence[ir.StageCost], sched: Schedule, v: int, opt
                 last_pos[(a.stage, a.mb // m)] = at
         table: dict[int, list[tuple[int, int]]] = {}
         for (c, blk), at in last_pos.items():
-            if costs[c].allreduce_s > 0:
+            if costs[c].allreduce_s > 0 or costs[c].optimizer_step_s > 0:
                 table.setdefault(at, []).append((c, blk))
         ar_after.append(table)
 
@@ -405,12 +409,12 @@ def _simulate_window(costs: Sequence[ir.StageCost], sched: Schedule, v: int, opt
 
     link_of_fwd = [link_key(c, True) if c < n_chunks - 1 else None for c in range(n_chunks)]
     link_of_bwd = [link_key(c, False) if c < n_chunks - 1 else None for c in range(n_chunks)]
+    fifo_free = _solo_links(link_of_fwd, link_of_bwd) if opts.shortcuts else {}
+    stop_pos, lanes_left = _pipedream_stop(sched, last_kind, settle) if opts.shortcuts else ([], 0)
 
     # State. Arrival times of inputs: act_in[c*n+mb] (activations into chunk c),
     # grad_in[c*n+mb] (gradients into chunk c); None until they arrive.
     act_in: list[float | None] = [None] * (n_chunks * n)
-    fifo_free = _solo_links(link_of_fwd, link_of_bwd) if opts.shortcuts else {}
-    stop_pos, lanes_left = _pipedream_stop(sched, last_kind, settle) if opts.shortcuts else ([], 0)
     grad_in: list[float | None] = [None] * (n_chunks * n)
     for mb in range(n):
         act_in[mb] = 0.0
@@ -531,14 +535,12 @@ def _simulate_window(costs: Sequence[ir.StageCost], sched: Schedule, v: int, opt
         p = pos[lane]
         pos[lane] = p + 1
         lane_end[lane] = now
-        blocked = not opts.overlap_allreduce and p in ar_after[lane]
-        if blocked:  # the lane all-reduces before anything else (even a local transfer's consumer) runs
-            t = now
+        blocked = p in ar_after[lane] and (not opts.overlap_allreduce
+                                           or any(costs[ch].optimizer_step_s > 0 for ch, _ in ar_after[lane][p]))
+        if blocked:  # the lane all-reduces and steps before anything else (even a local transfer's consumer) runs
+            t = now if not opts.overlap_allreduce else max(now, comm_free[lane])
             for ch, blk in ar_after[lane][p]:
-                if record:
-                    events.append(Event(f"lane:{lane}", f"AR {ch}", "AR", ch, -1, t, t + costs[ch].allreduce_s))
-                t += costs[ch].allreduce_s
-                block_end[blk] = max(block_end[blk], t)
+                t = _blocking_tail(lane, ch, blk, t)
             busy[lane] = True
             seq += 1
             heapq.heappush(heap, (t, seq, _COMPUTE, (lane, None)))
@@ -562,6 +564,19 @@ def _simulate_window(costs: Sequence[ir.StageCost], sched: Schedule, v: int, opt
                 send(c, c - 1, mb, now, False)
         if not blocked:
             try_start(lane, now)
+
+    def _blocking_tail(lane: int, ch: int, blk: int, t: float) -> float:
+        """Chunk ch's all-reduce (unless overlapped) then its optimizer step, on the lane from t."""
+        steps = [] if opts.overlap_allreduce else [("AR", costs[ch].allreduce_s)]
+        steps.append(("OPT", costs[ch].optimizer_step_s))
+        for kind, dur in steps:
+            if dur <= 0:
+                continue
+            if record:
+                events.append(Event(f"lane:{lane}", f"{kind} {ch}", kind, ch, -1, t, t + dur))
+            t += dur
+        block_end[blk] = max(block_end[blk], t)
+        return t
 
     def link_finish(key: str, now: float) -> None:
         nonlocal seq
@@ -619,8 +634,18 @@ def _simulate_window(costs: Sequence[ir.StageCost], sched: Schedule, v: int, opt
                 try_start(lane, now)
             else:
                 finish_lane_action(lane, a, now)
+                if stop_pos and pos[lane] == stop_pos[lane] + 1:
+                    lanes_left -= 1
+                    if not lanes_left:  # the measured iterations have ended: later events cannot change them
+                        break
         elif typ == _LATENCY:
             key = xfers[payload][0]
+            if key in fifo_free:  # the link's only flow: first in, first out at the full bandwidth
+                done_at = max(now, fifo_free[key]) + xfers[payload][3] / links[key].bandwidth
+                fifo_free[key] = done_at
+                seq += 1
+                heapq.heappush(heap, (done_at, seq, _ARRIVE, payload))
+                continue
             link = links[key]
             queue = link.queues.setdefault(flow_of[payload], [])
             queue.append(payload)
@@ -634,18 +659,8 @@ def _simulate_window(costs: Sequence[ir.StageCost], sched: Schedule, v: int, opt
             key, version = payload
             if links[key].version == version:
                 link_finish(key, now)
-                if stop_pos and pos[lane] == stop_pos[lane] + 1:
-                    lanes_left -= 1
-                    if not lanes_left:  # the measured iterations have ended: later events cannot change them
-                        break
         else:
             arrive(payload, now)
-            if key in fifo_free:  # the link's only flow: first in, first out at the full bandwidth
-                done_at = max(now, fifo_free[key]) + xfers[payload][3] / links[key].bandwidth
-                fifo_free[key] = done_at
-                seq += 1
-                heapq.heappush(heap, (done_at, seq, _ARRIVE, payload))
-                continue
 
     stuck = [f"device group {lane} at {sched.actions[lane][pos[lane]]}" for lane in range(k)
              if pos[lane] < len(sched.actions[lane])] if not (stop_pos and not lanes_left) else []
@@ -664,6 +679,7 @@ def _simulate_window(costs: Sequence[ir.StageCost], sched: Schedule, v: int, opt
         # transfers (in order), or a link's transfers (its bandwidth shared), per iteration.
         bound = max(m * sum(fwd[c] + bwd[c] + wgt[c] for c in range(lane, n_chunks, k))
                     + (0.0 if opts.overlap_allreduce else sum(costs[c].allreduce_s for c in range(lane, n_chunks, k)))
+                    + sum(costs[c].optimizer_step_s for c in range(lane, n_chunks, k))
                     for lane in range(k))
         per_link: dict[str, float] = {}
         for c in range(n_chunks - 1):
@@ -686,7 +702,7 @@ def _simulate_window(costs: Sequence[ir.StageCost], sched: Schedule, v: int, opt
         chunks = range(lane, n_chunks, k)
         compute = m * sum(fwd[c] + bwd[c] + wgt[c] for c in chunks)
         ar = 0.0 if opts.overlap_allreduce else sum(costs[c].allreduce_s for c in chunks)
-        lane_busy = compute + ar
+        lane_busy = compute + ar + sum(costs[c].optimizer_step_s for c in chunks)
         total_busy += lane_busy
         cap = min((costs[c].capacity_bytes for c in chunks), default=0)
         for dev in lanes_devices[lane]:

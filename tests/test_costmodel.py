@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -131,3 +132,35 @@ def test_dp_iteration_and_predict() -> None:
     plan = _plan(p, c, [stage], m=1, schedule="gpipe")
     assert cm.predict(plan).iteration_s == pytest.approx(t)
     assert not math.isnan(cm.predict(plan).bubble_fraction)
+
+
+def test_fixed_part_is_paid_whole_by_every_micro_batch() -> None:
+    d = make_profile_dict(1)
+    d["layers"][0].update(forward_fixed_s=0.004, backward_fixed_s=0.008)  # of 0.01 and 0.02
+    p, c = ir.ModelProfile.from_dict(d), _cluster(1, 2)
+    cost = cm.stage_cost_values(p, c, ir.Stage((0, 1), ("n0.g0",), ("dp",), 0), 4, "sgd", None)
+    assert cost.forward_s == pytest.approx(0.004 + 0.006 / 4)
+    assert cost.backward_s == pytest.approx(0.008 + 0.012 / 4)
+    # dp on 2 devices halves only the part that scales with the batch
+    two = cm.stage_cost_values(p, c, ir.Stage((0, 1), ("n0.g0", "n0.g1"), ("dp",), 0), 4, "sgd", None)
+    assert two.forward_s == pytest.approx(0.004 + 0.006 / 8)
+    # M micro-batches cost more than the whole batch once, by (M-1) fixed parts
+    plain = cm.stage_cost_values(_profile(1), c, ir.Stage((0, 1), ("n0.g0",), ("dp",), 0), 4, "sgd", None)
+    assert plain.forward_s == pytest.approx(0.01 / 4)
+
+
+@pytest.mark.parametrize(("optimizer", "per_param"), [("sgd", 12), ("momentum", 20), ("adam", 28), ("rmsprop", 20)])
+def test_optimizer_step_is_traffic_over_memory_bandwidth(optimizer: str, per_param: int) -> None:
+    d = make_cluster_dict(1, 2)
+    for g in d["nodes"][0]["gpus"]:
+        g["memory_bandwidth_Bps"] = 1e9
+    d["nodes"][0]["gpus"][1]["memory_bandwidth_Bps"] = 5e8  # the slower device sets the pace
+    c, p = cluster_from_dict(d), _profile(2)
+    stage = ir.Stage((0, 2), ("n0.g0", "n0.g1"), ("dp", "dp"), 0)
+    cost = cm.stage_cost_values(p, c, stage, 2, optimizer, None)
+    assert cost.optimizer_step_s == pytest.approx(per_param * 500_000 / 5e8)
+    # unknown bandwidth: no term
+    assert cm.stage_cost_values(p, _cluster(1, 2), stage, 2, optimizer, None).optimizer_step_s == 0.0
+    t, _ = cm.analytic_iteration([cost], "1f1b", 2)
+    t0, _ = cm.analytic_iteration([dataclasses.replace(cost, optimizer_step_s=0.0)], "1f1b", 2)
+    assert t == pytest.approx(t0 + cost.optimizer_step_s)

@@ -81,3 +81,33 @@ def test_stage_forms_must_match_layers() -> None:
         Stage.from_dict({"layers": [0, 3], "devices": ["a"], "forms": ["dp", "dp"], "memory_bytes": 1}, "s")
     with pytest.raises(FormatError, match="unknown form"):
         Stage.from_dict({"layers": [0, 1], "devices": ["a"], "forms": ["tp"], "memory_bytes": 1}, "s")
+
+
+def test_fixed_parts_and_memory_bandwidth_round_trip() -> None:
+    d = make_profile_dict(2)
+    d["layers"][0].update(forward_fixed_s=0.004, backward_fixed_s=0.0)
+    prof = ModelProfile.from_dict(d)
+    assert (prof.layers[0].forward_fixed_s, prof.layers[0].backward_fixed_s) == (0.004, 0.0)
+    assert prof.layers[1].forward_fixed_s is None and "forward_fixed_s" not in prof.layers[1].to_dict()
+    assert ModelProfile.from_dict(prof.to_dict()) == prof
+    c = make_cluster_dict(1, 2)
+    c["nodes"][0]["gpus"][0]["memory_bandwidth_Bps"] = 9e11
+    cluster = Cluster.from_dict(c)
+    assert cluster.gpus[0].memory_bandwidth_Bps == 9e11 and cluster.gpus[1].memory_bandwidth_Bps is None
+    assert "memory_bandwidth_Bps" not in cluster.to_dict()["nodes"][0]["gpus"][1]
+    assert Cluster.from_dict(cluster.to_dict()) == cluster
+
+
+@pytest.mark.parametrize("fixed", [-0.001, 0.5])
+def test_fixed_part_outside_the_whole_time_is_refused(fixed: float) -> None:
+    d = make_profile_dict(1)
+    d["layers"][0]["forward_fixed_s"] = fixed
+    with pytest.raises(FormatError, match="forward_fixed_s"):
+        ModelProfile.from_dict(d)
+
+
+def test_zero_memory_bandwidth_is_refused() -> None:
+    c = make_cluster_dict(1, 1)
+    c["nodes"][0]["gpus"][0]["memory_bandwidth_Bps"] = 0
+    with pytest.raises(FormatError, match="memory_bandwidth_Bps"):
+        Cluster.from_dict(c)

@@ -22,7 +22,7 @@ from planner.render import stderr_console
 from planner.simulate import Event, SimResult
 
 GIB = 1024**3
-MARK = {"F": "blue", "B": "green", "W": "yellow", "AR": "red", "act": "cyan", "grad": "magenta"}
+MARK = {"F": "blue", "B": "green", "W": "yellow", "AR": "red", "OPT": "bright_red", "act": "cyan", "grad": "magenta"}
 IDLE = "·"
 
 
@@ -61,6 +61,8 @@ def gantt_rows(result: SimResult, width: int = 96) -> list[tuple[str, list[tuple
                 char = str(e.mb % 10)
             elif e.op == "AR":
                 char = "#"
+            elif e.op == "OPT":
+                char = "o"
             else:
                 char = "="
             for j in range(j0, j1):
@@ -87,6 +89,8 @@ def gantt_text(result: SimResult, width: int = 96) -> Text:
         out.append(name + " ", style=MARK[op])
     out.append("#", style=MARK["AR"])
     out.append(" all-reduce  ", style="dim")
+    out.append("o", style=MARK["OPT"])
+    out.append(" optimizer step  ", style="dim")
     out.append("=", style=MARK["act"])
     out.append(" transfer  · idle\n", style="dim")
     return out
@@ -181,8 +185,8 @@ def plot_simulation(result: SimResult, path: str | os.PathLike[str], title: str 
                 style = {"facecolor": color, "alpha": 1.0, "edgecolor": "white", "linewidth": 0.3}
             elif op == "W":
                 style = {"facecolor": color, "alpha": 0.8, "hatch": "///", "edgecolor": "white", "linewidth": 0.3}
-            elif op == "AR":
-                style = {"facecolor": "0.35", "alpha": 0.9}
+            elif op in ("AR", "OPT"):
+                style = {"facecolor": "0.35" if op == "AR" else "0.2", "alpha": 0.9}
             else:
                 style = {"facecolor": "0.6" if op == "act" else "0.8", "alpha": 0.9}
             height = 0.8 if row < len(lanes) else 0.5
