@@ -9,7 +9,10 @@
   (a 16 MiB message one way, latency removed) between ranks 0 and 1 over gloo, with all P
   processes running; and an all-reduce of 4 MiB over all P, reported with the bandwidth a
   ring all-reduce ``2(n-1)/n * S/B + 2(n-1) * alpha`` would need to match it (``meta``).
-* Memory: the machine's memory divided among the P processes.
+* Memory: the machine's memory divided among the P processes; ``memory_bandwidth_Bps``
+  per device is what one process reaches with ``threads`` threads adding two 32 MiB
+  tensors into a third (STREAM "add", McCalpin 1995: 3 x 32 MiB moved per call), the
+  kind of element-wise pass an optimizer step is (the cost model's optimizer term).
 
 The result is a cluster JSON (kind cluster, version 1) with one node ``cpu`` of P devices
 ``cpu0..cpu{P-1}``; ``inter_node`` repeats ``intra_node`` (there is one node).
@@ -55,6 +58,19 @@ def measure_flops(threads: int = 1) -> dict[str, float]:
     finally:
         torch.set_num_threads(old)
     return {"matmul_flops": mm, "conv_flops": conv, "flops": statistics.median([mm, conv])}
+
+
+def measure_memory_bandwidth(threads: int = 1, mib: int = 32) -> float:
+    """Bytes/s of ``c = a + b`` on fp32 tensors of ``mib`` MiB each (read a, b; write c)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        n = mib * 2**20 // 4
+        a, b, c = torch.rand(n), torch.rand(n), torch.empty(n)
+        t = _median_time(lambda: torch.add(a, b, out=c), repeats=9)
+    finally:
+        torch.set_num_threads(old)
+    return 3 * n * 4 / t
 
 
 def _worker(rank: int, world: int, init: str, threads: int, out: str) -> None:
@@ -151,12 +167,14 @@ def calibrate(nproc: int, threads: int = 1, name: str | None = None,
     if threads < 1:
         raise UsageError(f"--threads must be positive, got {threads}", "use --threads 1")
     compute = measure_flops(threads)
+    compute["memory_bandwidth_Bps"] = measure_memory_bandwidth(threads)
     links = measure_links(nproc, threads)
     flops = profile.device_flops if profile is not None else compute["flops"]
     memory = machine_memory_bytes() // nproc
     link = ir.Link(links["bandwidth_Bps"], links["latency_s"])
     cluster = ir.Cluster(name or f"calibrated-cpu-{nproc}x{threads}t",
-                         (ir.Node("cpu", tuple(ir.GPU(f"cpu{i}", float(flops), memory) for i in range(nproc))),),
+                         (ir.Node("cpu", tuple(ir.GPU(f"cpu{i}", float(flops), memory, compute["memory_bandwidth_Bps"])
+                                           for i in range(nproc))),),
                          (("intra_node", link), ("inter_node", link)))
     meta = {**compute, **links, "threads": threads, "nproc": nproc,
             "flops_source": "profile" if profile is not None else "benchmark"}

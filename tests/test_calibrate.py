@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from planner import ir
-from planner.calibrate import calibrate, cluster_doc, measure_flops
+from planner.calibrate import calibrate, cluster_doc, measure_flops, measure_memory_bandwidth
 from planner.errors import UsageError
 from tests.conftest import make_profile_dict
 
@@ -28,6 +28,11 @@ def test_calibrated_cluster_is_a_valid_cluster_of_p_devices() -> None:
     link = back.link("intra_node")
     assert link.bandwidth_Bps > 1e6 and 0 < link.latency_s < 0.1
     assert meta["allreduce_s"] > 0 and meta["flops_source"] == "benchmark"
+    assert {g.memory_bandwidth_Bps for g in back.gpus} == {meta["memory_bandwidth_Bps"]}
+
+
+def test_memory_bandwidth_benchmark_is_plausible() -> None:
+    assert 1e8 < measure_memory_bandwidth(1, mib=8) < 1e13
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ from torch import nn
 from planner.ir import ModelProfile
 from planner.profiler import load_model, profile_model, split_model
 from planner.profiler.loader import LoadedModel
+from planner.profiler.core import fit_fixed, small_batch_of
 from planner.profiler.measure import instrumented_pass
 
 
@@ -41,6 +42,27 @@ def test_measured_profile_of_a_small_model() -> None:
     assert prof.layers[-1].output_shape == tuple(out.shape)
     again = ModelProfile.from_dict(prof.to_dict())
     assert again == prof
+    assert prof.meta["fixed_cost_fit_batch"] == 4
+    for layer in prof.layers:
+        assert layer.forward_fixed_s is not None and 0 <= layer.forward_fixed_s <= layer.forward_s
+        assert layer.backward_fixed_s is not None and 0 <= layer.backward_fixed_s <= layer.backward_s
+
+
+def test_fixed_part_fit_through_two_batch_sizes() -> None:
+    assert fit_fixed(1.0 + 64 * 0.5, 1.0 + 16 * 0.5, 64, 16) == pytest.approx(1.0)
+    assert fit_fixed(2.0, 0.1, 64, 16) == 0.0  # super-linear noise: no negative fixed part
+    assert fit_fixed(2.0, 3.0, 64, 16) == 2.0  # slower at the small batch: all of it is fixed
+    assert small_batch_of(64) == 16 and small_batch_of(3) == 1 and small_batch_of(1) is None
+    with pytest.raises(ValueError):
+        fit_fixed(1.0, 1.0, 4, 4)
+
+
+def test_batch_one_and_analytic_profiles_have_no_fixed_part() -> None:
+    one = profile_model(load_model("mlp", 1), mode="measured", threads=1, repeats=1)
+    assert all(layer.forward_fixed_s is None for layer in one.layers)
+    assert one.meta["fixed_cost_fit_batch"] is None
+    analytic = profile_model(load_model("mlp", 8), mode="analytic")
+    assert all(layer.backward_fixed_s is None for layer in analytic.layers)
 
 
 def test_output_bytes_are_real_sizes_in_half_precision() -> None:

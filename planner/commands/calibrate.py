@@ -28,7 +28,8 @@ def calibrate(out: str, nproc: int, threads: int, name: str | None, profile_path
     doc = cluster_doc(cluster, meta)
     write_json(out, doc)
     link = cluster.link("intra_node")
-    click.echo(f"flops {cluster.gpus[0].flops:.3g}/s per device ({meta['flops_source']}), p2p "
+    click.echo(f"flops {cluster.gpus[0].flops:.3g}/s per device ({meta['flops_source']}), memory "
+               f"{meta['memory_bandwidth_Bps'] / 1e9:.1f} GB/s, p2p "
                f"{link.bandwidth_Bps / 1e9:.2f} GB/s, latency {link.latency_s * 1e6:.0f} us, all-reduce "
                f"{meta['allreduce_s'] * 1e3:.2f} ms for {meta['allreduce_bytes'] / 2**20:.0f} MiB; wrote {out}",
                err=True)

@@ -48,6 +48,42 @@ def _weight_share(facts_fwd: float, facts_bwd: float, params: int, input_grad: b
     return max(0.0, min(1.0, (facts_bwd - facts_fwd) / facts_bwd))
 
 
+def fit_fixed(t_big: float, t_small: float, big: int, small: int) -> float:
+    """The fixed part of ``t(b) = fixed + b * per_sample`` through two measurements.
+
+    ``(big * t_small - small * t_big) / (big - small)``, clamped to ``[0, t_big]`` (noise can
+    push a straight line through two points below 0 or above the whole time).
+    """
+    if big <= small:
+        raise ValueError(f"need two batch sizes big > small, got {big} and {small}")
+    fixed = (big * t_small - small * t_big) / (big - small)
+    return min(max(fixed, 0.0), max(t_big, 0.0))
+
+
+def small_batch_of(batch: int) -> int | None:
+    """The smaller batch the fixed-cost fit measures at: a quarter of the batch (None below 2)."""
+    return max(1, batch // 4) if batch >= 2 else None
+
+
+def _small_pass_times(lm: LayeredModel, x: torch.Tensor, params: list[torch.Tensor], sync: Any, small: int,
+                      repeats: int, tick: Callable[[str], None]) -> tuple[list[float], list[float]] | None:
+    """Median per-layer times at batch ``small`` (one warm-up pass), or None if the layers refuse it."""
+    xs = x[:small]
+    fwd: list[list[float]] = [[] for _ in range(len(lm))]
+    bwd: list[list[float]] = [[] for _ in range(len(lm))]
+    try:
+        timed_pass(lm.layers, xs, params, sync)
+        for _ in range(repeats):
+            fw, bw = timed_pass(lm.layers, xs, params, sync)
+            for i in range(len(lm)):
+                fwd[i].append(fw[i])
+                bwd[i].append(bw[i])
+            tick("timing layers at a small batch")
+    except (RuntimeError, ValueError, IndexError, TypeError):  # a traced shape fixed to the batch
+        return None
+    return [median(t) for t in fwd], [median(t) for t in bwd]
+
+
 def profile_model(
     loaded: LoadedModel,
     *,
@@ -73,7 +109,11 @@ def profile_model(
     given. ``layered`` reuses a split already made. Measured mode also times ``whole_repeats``
     whole-model iterations (``meta.whole_model_fwd_bwd_s``). At the defaults that is 1
     instrumented pass (the warm-up: FLOPs, saved and output bytes), 3 timed passes and 1
-    whole-model pass: 5 forward+backward iterations of the model in all.
+    whole-model pass: 5 forward+backward iterations of the model in all. Measured mode
+    also times 1 + ``repeats`` passes at a quarter of the batch (:func:`small_batch_of`;
+    each costs about a quarter of an iteration plus the per-call costs) and fits every
+    layer's ``forward_fixed_s``/``backward_fixed_s`` (:func:`fit_fixed`; None where the
+    batch is 1 or the layers refuse a smaller batch); analytic mode leaves them None.
     """
     if mode not in ("measured", "analytic"):
         raise UsageError(f"unknown mode {mode!r}", "use --mode measured or --mode analytic")
@@ -99,7 +139,8 @@ def profile_model(
     params = list(module.parameters())
     sync = make_sync(dev)
     start = time.perf_counter()
-    passes = (max(warmup, 1) + repeats + whole_repeats) if mode == "measured" else 1
+    small = small_batch_of(int(x.shape[0])) if mode == "measured" else None
+    passes = (max(warmup, 1) + repeats + whole_repeats + (repeats if small else 0)) if mode == "measured" else 1
     done = 0
 
     def tick(what: str) -> None:
@@ -140,6 +181,7 @@ def profile_model(
             for _ in range(whole_repeats):
                 whole.append(whole_model_pass(module, x, params, sync))
                 tick("timing the whole model")
+            small_times = _small_pass_times(lm, x, params, sync, small, repeats, tick) if small else None
     elapsed = time.perf_counter() - start
 
     total_flops = sum(f.forward_flops + f.backward_flops for f in facts)
@@ -158,7 +200,13 @@ def profile_model(
         bwd_s = [analytic_time(f.backward_flops, flops_value, efficiency) for f in facts]
         layer_sum = sum(fwd_s) + sum(bwd_s)
         device_name = flops_label
+        small_times = None
     assert flops_value is not None
+    batch = int(x.shape[0])
+    fixed: list[tuple[float | None, float | None]] = [(None, None)] * len(facts)
+    if small_times is not None and small is not None:
+        fixed = [(fit_fixed(fwd_s[i], small_times[0][i], batch, small),
+                  fit_fixed(bwd_s[i], small_times[1][i], batch, small)) for i in range(len(facts))]
 
     layers = []
     for i, f in enumerate(facts):
@@ -170,6 +218,7 @@ def profile_model(
             output_bytes=f.output_bytes, saved_bytes=f.saved_bytes,
             in_features=lm.in_features[i], out_features=lm.out_features[i],
             backward_weight_s=bwd_s[i] * share, output_shape=f.output_shape,
+            forward_fixed_s=fixed[i][0], backward_fixed_s=fixed[i][1],
         ))
     ties = tuple(Tie(t.name, t.layers, t.param_count, t.param_bytes) for t in lm.ties)
     whole_s = median(whole) if whole else None
@@ -192,6 +241,7 @@ def profile_model(
             "whole_model_fwd_bwd_s": whole_s,
             "sum_layers_fwd_bwd_s": layer_sum,
             "profiling_cost_iterations": elapsed / whole_s if whole_s else None,
+            "fixed_cost_fit_batch": small if small_times is not None else None,
         })
     else:
         meta.update({"efficiency": efficiency, "time_formula": "flops / (device_flops * efficiency)"})
