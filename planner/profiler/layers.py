@@ -266,7 +266,38 @@ def _data_graph(gm: fx.GraphModule) -> nx.DiGraph:
     return g
 
 
-def _split_fx(module: nn.Module, example_input: torch.Tensor) -> LayeredModel:
+@dataclass(frozen=True)
+class _Traced:
+    """A model traced to one fx graph taking and returning one tensor, with its data flow."""
+
+    gm: fx.GraphModule
+    method: str
+    nodes: list[fx.Node]
+    index: dict[fx.Node, int]
+    """Each node's position in ``nodes``."""
+    dep: set[fx.Node]
+    """Nodes computed from the input (the input included, the output node not)."""
+    inp: fx.Node
+    result: fx.Node
+
+
+_Piece = tuple[fx.Node, fx.Node, list[fx.Node]]
+"""What runs between two consecutive cuts: (value crossing in, value crossing out, nodes computing it)."""
+
+
+@dataclass(frozen=True)
+class _FxLayer:
+    """One layer of an fx split with its name, type and dominant weight's features."""
+
+    module: fx.GraphModule
+    name: str
+    type: str
+    in_features: int | None
+    out_features: int | None
+
+
+def _trace_one_tensor(module: nn.Module, example_input: torch.Tensor) -> _Traced:
+    """Trace ``module``, record shapes, check it maps one tensor to one tensor."""
     gm, method = _trace(module)
     nodes = list(gm.graph.nodes)
     placeholders = [n for n in nodes if n.op == "placeholder"]
@@ -279,52 +310,61 @@ def _split_fx(module: nn.Module, example_input: torch.Tensor) -> LayeredModel:
     if not isinstance(result, fx.Node) or _SHAPE not in result.meta:
         raise TraceError(f"{type(module).__name__}.forward returns {type(result).__name__}, not one tensor",
                          "wrap the model so forward() returns the tensor the loss is computed from")
-    graph = _data_graph(gm)
     ph = placeholders[0]
-    dep = nx.descendants(graph, ph) | {ph}
+    dep = nx.descendants(_data_graph(gm), ph) | {ph}
     dep.discard(out_node)
-    index = {n: i for i, n in enumerate(nodes)}
-    last_use = {n: max((index[u] for u in n.users), default=index[n]) for n in dep}
+    return _Traced(gm, method, nodes, {n: i for i, n in enumerate(nodes)}, dep, ph, result)
 
-    # Sweep: live values after each data node; a cut is valid when exactly one tensor is live.
+
+def _valid_cuts(t: _Traced) -> list[tuple[int, fx.Node]]:
+    """(position, crossing value) of every cut: after the nodes where exactly one tensor is live."""
+    last_use = {n: max((t.index[u] for u in n.users), default=t.index[n]) for n in t.dep}
     cuts: list[tuple[int, fx.Node]] = []
-    for k, n in enumerate(nodes):
-        if n not in dep:
+    for k, n in enumerate(t.nodes):
+        if n not in t.dep:
             continue
-        live = [u for u in dep if index[u] <= k < last_use[u]]
+        live = [u for u in t.dep if t.index[u] <= k < last_use[u]]
         if len(live) == 1 and _SHAPE in live[0].meta:
             cuts.append((k, live[0]))
-    if not cuts or cuts[0][1] is not ph:
+    if not cuts or cuts[0][1] is not t.inp:
         raise TraceError("the model's input is not used as a single tensor", "check the model's forward()")
-    if cuts[-1][1] is not result:
-        cuts.append((index[result], result))
+    if cuts[-1][1] is not t.result:
+        cuts.append((t.index[t.result], t.result))
+    return cuts
 
-    # Pieces between consecutive cuts.
-    pieces: list[tuple[fx.Node, fx.Node, list[fx.Node]]] = []
+
+def _pieces(t: _Traced, cuts: list[tuple[int, fx.Node]]) -> list[_Piece]:
+    """The non-empty pieces between consecutive cuts."""
+    pieces: list[_Piece] = []
     for (k0, n0), (k1, n1) in itertools.pairwise(cuts):
-        body = [n for n in nodes[k0 + 1:k1 + 1] if n in dep]
+        body = [n for n in t.nodes[k0 + 1:k1 + 1] if n in t.dep]
         if body:
             pieces.append((n0, n1, body))
+    return pieces
 
-    def heavy_targets(body: list[fx.Node]) -> list[str]:
-        out = []
-        for n in body:
-            if n.op == "call_module":
-                sub = gm.get_submodule(str(n.target))
-                if _is_heavy(sub) or (method == "fx-children" and any(True for _ in sub.parameters())
-                                      and _dominant([sub]) is not None):
-                    out.append(str(n.target))
-            for a in n.all_input_nodes:
-                if a.op == "get_attr" and isinstance(_get_attr(gm, str(a.target)), nn.Parameter) \
-                        and n.op in ("call_function", "call_method"):
-                    out.append(str(a.target).rsplit(".", 1)[0])
-        return out
 
-    # Merge light pieces (no weighted op) into the layer before them (the first ones into the next).
+def _heavy_targets(t: _Traced, body: list[fx.Node]) -> list[str]:
+    """Module paths of the weighted operations among ``body`` (empty for a light piece)."""
+    out = []
+    for n in body:
+        if n.op == "call_module":
+            sub = t.gm.get_submodule(str(n.target))
+            if _is_heavy(sub) or (t.method == "fx-children" and any(True for _ in sub.parameters())
+                                  and _dominant([sub]) is not None):
+                out.append(str(n.target))
+        for a in n.all_input_nodes:
+            if a.op == "get_attr" and isinstance(_get_attr(t.gm, str(a.target)), nn.Parameter) \
+                    and n.op in ("call_function", "call_method"):
+                out.append(str(a.target).rsplit(".", 1)[0])
+    return out
+
+
+def _merge_light(t: _Traced, pieces: list[_Piece]) -> list[list[int]]:
+    """Group piece indices: light pieces (no weighted op) join the layer before them (the first ones the next)."""
     groups: list[list[int]] = []
     pending: list[int] = []
     for i, (_, _, body) in enumerate(pieces):
-        if heavy_targets(body):
+        if _heavy_targets(t, body):
             groups.append([*pending, i])
             pending = []
         elif groups:
@@ -336,31 +376,30 @@ def _split_fx(module: nn.Module, example_input: torch.Tensor) -> LayeredModel:
             groups[-1].extend(pending)
         else:
             groups = [[i] for i in pending]
+    return groups
 
-    layers: list[nn.Module] = []
-    names: list[str] = []
-    types: list[str] = []
-    ins: list[int | None] = []
-    outs: list[int | None] = []
-    layer_params: list[list[tuple[str, nn.Parameter]]] = []
-    for group in groups:
-        first_in = pieces[group[0]][0]
-        last_out = pieces[group[-1]][1]
-        body = [n for i in group for n in pieces[i][2]]
-        layer = _segment(gm, nodes, index, dep, first_in, last_out, body, f"Layer{len(layers)}")
-        targets = heavy_targets(body) or [str(n.target) for n in body if n.op == "call_module"]
-        name, type_ = _name_and_type(module, targets, body)
-        dom = _dominant([module.get_submodule(t) for t in dict.fromkeys(targets) if _has_submodule(module, t)])
-        fin, fout = weight_features(dom) if dom is not None else (None, None)
-        layers.append(layer)
-        names.append(name)
-        types.append(type_)
-        ins.append(fin)
-        outs.append(fout)
-        layer_params.append(_params_of(gm, layer))
-    counts, nbytes, ties = _param_accounting(module, layer_params)
-    return LayeredModel(tuple(layers), tuple(names), tuple(types), tuple(ins), tuple(outs), counts, nbytes,
-                        ties, method)
+
+def _fx_layer(module: nn.Module, t: _Traced, group: list[_Piece], class_name: str) -> _FxLayer:
+    """The runnable layer for consecutive pieces, named after its weighted modules."""
+    body = [n for piece in group for n in piece[2]]
+    layer = _segment(t.gm, t.nodes, t.index, t.dep, group[0][0], group[-1][1], body, class_name)
+    targets = _heavy_targets(t, body) or [str(n.target) for n in body if n.op == "call_module"]
+    name, type_ = _name_and_type(module, targets, body)
+    dom = _dominant([module.get_submodule(x) for x in dict.fromkeys(targets) if _has_submodule(module, x)])
+    fin, fout = weight_features(dom) if dom is not None else (None, None)
+    return _FxLayer(layer, name, type_, fin, fout)
+
+
+def _split_fx(module: nn.Module, example_input: torch.Tensor) -> LayeredModel:
+    t = _trace_one_tensor(module, example_input)
+    pieces = _pieces(t, _valid_cuts(t))
+    built = [_fx_layer(module, t, [pieces[i] for i in group], f"Layer{k}")
+             for k, group in enumerate(_merge_light(t, pieces))]
+    layers = tuple(b.module for b in built)
+    counts, nbytes, ties = _param_accounting(module, [_params_of(t.gm, layer) for layer in layers])
+    return LayeredModel(layers, tuple(b.name for b in built), tuple(b.type for b in built),
+                        tuple(b.in_features for b in built), tuple(b.out_features for b in built), counts, nbytes,
+                        ties, t.method)
 
 
 def _has_submodule(gm: nn.Module, target: str) -> bool:
