@@ -593,6 +593,66 @@ class _OneOutput(nn.Module):  # type: ignore[misc]
         return primary_output(self.model(x, **kwargs))
 
 
+def _export_data_flow(module: nn.Module, example_input: torch.Tensor) -> tuple[list[fx.Node], fx.Node, set[fx.Node]]:
+    """The model's aten nodes (``torch.export``, non-strict), its input node, and the nodes computed from it."""
+    try:
+        ep = torch.export.export(_OneOutput(module), (example_input,), strict=False)
+    except Exception as exc:
+        raise TraceError(f"torch.export failed: {str(exc).splitlines()[0][:200]}", "") from None
+    user_inputs = set(ep.graph_signature.user_inputs)
+    nodes = list(ep.graph.nodes)
+    (inp,) = [n for n in nodes if n.op == "placeholder" and n.name in user_inputs]
+    g = nx.DiGraph()
+    for n in nodes:
+        g.add_node(n)
+        for a in n.all_input_nodes:
+            g.add_edge(a, n)
+    return nodes, inp, nx.descendants(g, inp)
+
+
+def _scope_of(n: fx.Node, scopes: tuple[tuple[str, ...], ...]) -> int | None:
+    """The layer whose module paths run node ``n`` (longest matching path), or None."""
+    stack = n.meta.get("nn_module_stack") or {}
+    best: tuple[int, int] | None = None
+    for path, _ in stack.values():
+        path = str(path).removeprefix("model.")
+        for i, prefixes in enumerate(scopes):
+            for p in prefixes:
+                if (path == p or path.startswith(p + ".")) and (best is None or len(p) >= best[1]):
+                    best = (i, len(p))
+    return None if best is None else best[0]
+
+
+def _attribute_layers(nodes: list[fx.Node], inp: fx.Node, dep: set[fx.Node], layered: LayeredModel
+                      ) -> dict[fx.Node, int]:
+    """Each input-dependent node's layer (-1: the input); code outside every scope follows its data."""
+    layer: dict[fx.Node, int] = {inp: -1}
+    for n in nodes:
+        if n not in dep or n.op == "output":
+            continue
+        own = _scope_of(n, layered.scopes)
+        ins = [layer[a] for a in n.all_input_nodes if a in layer]
+        layer[n] = own if own is not None else max(ins, default=-1)
+    for n in reversed(nodes):  # code on the raw input alone joins the first layer that uses it
+        if n in dep and layer.get(n) == -1 and n.op != "output":
+            users = [layer[u] for u in n.users if u in layer and layer[u] >= 0]
+            layer[n] = min(users, default=len(layered) - 1)
+    for a in nodes[-1].all_input_nodes:
+        layer.setdefault(a, len(layered) - 1)
+    return layer
+
+
+def _crossing_counts(layer: dict[fx.Node, int], dep: set[fx.Node], out_node: fx.Node, n_layers: int) -> list[int]:
+    """Per cut (after layer k), how many input-dependent values made at or before k are used after it."""
+    counts = []
+    for k in range(n_layers - 1):
+        crossing = {v for v, lv in layer.items() if v in dep and lv <= k
+                    and any(layer.get(u, n_layers) > k for u in v.users if u is not out_node)}
+        crossing |= {v for v in out_node.all_input_nodes if v in dep and layer[v] <= k}
+        counts.append(len(crossing))
+    return counts
+
+
 def verify_cuts(module: nn.Module, example_input: torch.Tensor, layered: LayeredModel) -> list[int]:
     """Check a structural split against the model's data flow, traced by ``torch.export`` (non-strict).
 
@@ -604,52 +664,9 @@ def verify_cuts(module: nn.Module, example_input: torch.Tensor, layered: Layered
     """
     if not layered.scopes:
         raise TraceError("verify_cuts needs a structural split (fx splits are valid by construction)", "")
-    try:
-        ep = torch.export.export(_OneOutput(module), (example_input,), strict=False)
-    except Exception as exc:
-        raise TraceError(f"torch.export failed: {str(exc).splitlines()[0][:200]}", "") from None
-    graph = ep.graph
-    user_inputs = set(ep.graph_signature.user_inputs)
-    nodes = list(graph.nodes)
-    (inp,) = [n for n in nodes if n.op == "placeholder" and n.name in user_inputs]
-    g = nx.DiGraph()
-    for n in nodes:
-        g.add_node(n)
-        for a in n.all_input_nodes:
-            g.add_edge(a, n)
-    dep = nx.descendants(g, inp)
-
-    def scope_of(n: fx.Node) -> int | None:
-        stack = n.meta.get("nn_module_stack") or {}
-        best: tuple[int, int] | None = None
-        for path, _ in stack.values():
-            path = str(path).removeprefix("model.")
-            for i, prefixes in enumerate(layered.scopes):
-                for p in prefixes:
-                    if (path == p or path.startswith(p + ".")) and (best is None or len(p) >= best[1]):
-                        best = (i, len(p))
-        return None if best is None else best[0]
-
-    layer: dict[fx.Node, int] = {inp: -1}
-    for n in nodes:
-        if n not in dep or n.op == "output":
-            continue
-        own = scope_of(n)
-        ins = [layer[a] for a in n.all_input_nodes if a in layer]
-        layer[n] = own if own is not None else max(ins, default=-1)
-    for n in reversed(nodes):  # code on the raw input alone joins the first layer that uses it
-        if n in dep and layer.get(n) == -1 and n.op != "output":
-            users = [layer[u] for u in n.users if u in layer and layer[u] >= 0]
-            layer[n] = min(users, default=len(layered) - 1)
-    out_node = nodes[-1]
-    for a in out_node.all_input_nodes:
-        layer.setdefault(a, len(layered) - 1)
-    counts = []
-    for k in range(len(layered) - 1):
-        crossing = {v for v, lv in layer.items() if v in dep and lv <= k
-                    and any(layer.get(u, len(layered)) > k for u in v.users if u is not out_node)}
-        crossing |= {v for v in out_node.all_input_nodes if v in dep and layer[v] <= k}
-        counts.append(len(crossing))
+    nodes, inp, dep = _export_data_flow(module, example_input)
+    layer = _attribute_layers(nodes, inp, dep, layered)
+    counts = _crossing_counts(layer, dep, nodes[-1], len(layered))
     bad = [(k, c) for k, c in enumerate(counts) if c != 1]
     if bad:
         k, c = bad[0]
