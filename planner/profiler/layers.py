@@ -535,43 +535,57 @@ def _check_sdpa(model: nn.Module) -> None:
                          "outside the blocks", "build the model with attn_implementation='sdpa'")
 
 
+_HfLayer = tuple[str, str, nn.Module, nn.Module | None]
+"""One layer of a structural split: (name, type, runnable layer, dominant weighted module)."""
+
+
+def _gpt2_layers(model: nn.Module) -> tuple[list[_HfLayer], list[tuple[str, ...]]]:
+    """GPT-2's layers (embeddings, blocks, final norm with the LM head) and each one's module paths."""
+    cls = type(model).__name__
+    _check_sdpa(model)
+    tr: Any = model.transformer if cls == "GPT2LMHeadModel" else model
+    pre = "transformer." if cls == "GPT2LMHeadModel" else ""
+    mods: list[_HfLayer] = [(f"{pre}wte", "Embedding", GPT2Embedding(tr.wte, tr.wpe, tr.drop), tr.wte)]
+    scopes: list[tuple[str, ...]] = [(f"{pre}wte", f"{pre}wpe", f"{pre}drop")]
+    blocks = list(tr.h)
+    for i, block in enumerate(blocks):
+        last = i == len(blocks) - 1 and cls == "GPT2Model"
+        mods.append((f"{pre}h.{i}", type(block).__name__,
+                     TransformerBlock(block, tr.ln_f if last else None), _dominant([block])))
+        scopes.append((f"{pre}h.{i}", f"{pre}ln_f") if last else (f"{pre}h.{i}",))
+    if cls == "GPT2LMHeadModel":
+        mods.append(("lm_head", "Linear", Chain(tr.ln_f, model.lm_head), model.lm_head))
+        scopes.append((f"{pre}ln_f", "lm_head"))
+    return mods, scopes
+
+
+def _bert_layers(model: nn.Module) -> tuple[list[_HfLayer], list[tuple[str, ...]]]:
+    """BERT's layers (embeddings, encoder blocks, MLM head) and each one's module paths."""
+    cls = type(model).__name__
+    _check_sdpa(model)
+    bert: Any = model.bert if cls == "BertForMaskedLM" else model
+    pre = "bert." if cls == "BertForMaskedLM" else ""
+    mods: list[_HfLayer] = [(f"{pre}embeddings", "BertEmbeddings", BertEmbedding(bert.embeddings),
+                             bert.embeddings.word_embeddings)]
+    scopes: list[tuple[str, ...]] = [(f"{pre}embeddings",)]
+    for i, block in enumerate(bert.encoder.layer):
+        mods.append((f"{pre}encoder.layer.{i}", type(block).__name__, TransformerBlock(block),
+                     _dominant([block])))
+        scopes.append((f"{pre}encoder.layer.{i}",))
+    if cls == "BertForMaskedLM":
+        mods.append(("cls", type(model.cls).__name__, model.cls, model.cls.predictions.decoder))
+        scopes.append(("cls",))
+    return mods, scopes
+
+
 def _split_hf(model: nn.Module) -> LayeredModel | None:
     cls = type(model).__name__
     if not type(model).__module__.startswith("transformers."):
         return None
-    mods: list[tuple[str, str, nn.Module, nn.Module | None]] = []  # name, type, layer, dominant
-    scopes: list[tuple[str, ...]] = []
     if cls in ("GPT2LMHeadModel", "GPT2Model"):
-        _check_sdpa(model)
-        tr: Any = model.transformer if cls == "GPT2LMHeadModel" else model
-        pre = "transformer." if cls == "GPT2LMHeadModel" else ""
-        mods.append((f"{pre}wte", "Embedding", GPT2Embedding(tr.wte, tr.wpe, tr.drop), tr.wte))
-        scopes.append((f"{pre}wte", f"{pre}wpe", f"{pre}drop"))
-        blocks = list(tr.h)
-        for i, block in enumerate(blocks):
-            last = i == len(blocks) - 1 and cls == "GPT2Model"
-            mods.append((f"{pre}h.{i}", type(block).__name__,
-                         TransformerBlock(block, tr.ln_f if last else None), _dominant([block])))
-            scopes.append((f"{pre}h.{i}", f"{pre}ln_f") if last else (f"{pre}h.{i}",))
-        if cls == "GPT2LMHeadModel":
-            mods.append(("lm_head", "Linear", Chain(tr.ln_f, model.lm_head), model.lm_head))
-            scopes.append((f"{pre}ln_f", "lm_head"))
-        arch = "gpt2"
+        arch, (mods, scopes) = "gpt2", _gpt2_layers(model)
     elif cls in ("BertForMaskedLM", "BertModel"):
-        _check_sdpa(model)
-        bert: Any = model.bert if cls == "BertForMaskedLM" else model
-        pre = "bert." if cls == "BertForMaskedLM" else ""
-        mods.append((f"{pre}embeddings", "BertEmbeddings", BertEmbedding(bert.embeddings),
-                     bert.embeddings.word_embeddings))
-        scopes.append((f"{pre}embeddings",))
-        for i, block in enumerate(bert.encoder.layer):
-            mods.append((f"{pre}encoder.layer.{i}", type(block).__name__, TransformerBlock(block),
-                         _dominant([block])))
-            scopes.append((f"{pre}encoder.layer.{i}",))
-        if cls == "BertForMaskedLM":
-            mods.append(("cls", type(model.cls).__name__, model.cls, model.cls.predictions.decoder))
-            scopes.append(("cls",))
-        arch = "bert"
+        arch, (mods, scopes) = "bert", _bert_layers(model)
     else:
         return None
     layer_params = [[(f"{name}.{k}", p) for k, p in layer.named_parameters(remove_duplicate=False)]
