@@ -140,6 +140,9 @@ def test_unknown_preset(files) -> None:
     (["--config", "1-1-1-1"], "stages"),
     (["--config", "2-x"], "PipeDream notation"),
     (["--config", "2-1", "--engine", "deepspeed"], "one width"),
+    (["--virtual-stages", "2"], "needs --schedule interleaved"),
+    (["--virtual-stages", "0", "--schedule", "interleaved"], "--virtual-stages"),
+    (["--schedule", "interleaved", "--engine", "deepspeed"], "DeepSpeed"),
 ])
 def test_bad_options(tmp_path, args, word) -> None:
     prof = _write(tmp_path, "p.json", make_profile_dict(3, batch_size=8))
@@ -184,3 +187,45 @@ def test_rerank_with_simulator(files) -> None:
     r = _run("search", prof, "--cluster", clus, "--json", "--rerank", "4")
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["kind"] == "plan"
+
+
+@pytest.mark.parametrize("v", [None, 3])
+def test_interleaved_plan_with_virtual_stages(tmp_path, v) -> None:
+    """--schedule interleaved plans v chunks per group (default 2): K*v chunks in model order,
+    chunk c on the devices of chunk c mod K; the plan validates, simulates to its prediction,
+    and each device holds the in-flight chunk micro-batches of the closed form."""
+    from planner import ir
+    from planner.schedule import in_flight_microbatches
+    from planner.simulate import simulate, validate_plan
+
+    prof = _write(tmp_path, "p.json", make_profile_dict(12, batch_size=8))
+    clus = _write(tmp_path, "c.json", make_cluster_dict(2, 2))
+    out = tmp_path / "plan.json"
+    extra = [] if v is None else ["--virtual-stages", str(v)]
+    r = _run("search", prof, "--cluster", clus, "--schedule", "interleaved", "--config", "1-1", "--microbatches",
+             "4", "-o", str(out), "--json", *extra)
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    v = v or 2
+    assert doc["schedule"] == "interleaved" and doc["virtual_stages"] == v and len(doc["stages"]) == 2 * v
+    assert [s["layers"][0] for s in doc["stages"]] == sorted(s["layers"][0] for s in doc["stages"])
+    for c, s in enumerate(doc["stages"]):
+        assert s["devices"] == doc["stages"][c % 2]["devices"]
+    plan = ir.Plan.from_dict(json.loads(out.read_text()))
+    validate_plan(plan)
+    result = simulate(plan)
+    assert result.iteration_s == pytest.approx(doc["predicted"]["iteration_s"], rel=1e-9)
+    for d in result.devices:
+        assert d.peak_in_flight == in_flight_microbatches("interleaved", 2, 4, d.lane, v)
+    sim = _run("simulate", str(out), "--json")
+    assert sim.exit_code == 0, sim.output
+    assert json.loads(sim.stdout)["iteration_s"] == pytest.approx(doc["predicted"]["iteration_s"], rel=1e-9)
+
+
+def test_interleaved_virtual_stages_1_is_one_chunk_per_group(files) -> None:
+    prof, clus, _ = files
+    r = _run("search", prof, "--cluster", clus, "--schedule", "interleaved", "--virtual-stages", "1", "--json",
+             "--microbatches", "2")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["virtual_stages"] == 1 and doc["schedule"] == "interleaved"

@@ -70,6 +70,24 @@ def test_pipedream_runs_blocks_without_flush() -> None:
     assert sched.text()[0][:4] == ["0F0", "0F1", "0F2", "0B0"]  # warm-up once, then 1F1B across iterations
 
 
+@given(ks, ms, st.integers(1, 4), st.integers(1, 3))
+def test_pipedream_order_before_the_drain_does_not_depend_on_blocks(k: int, m: int, blocks: int, more: int) -> None:
+    """The simulator stops a pipedream run after its measured iterations: that is exact
+    because the trailing iterations only append to each device's order, never reorder it."""
+    short = make_schedule("pipedream", k, m, pipedream_blocks=blocks)
+    long = make_schedule("pipedream", k, m, pipedream_blocks=blocks + more)
+    for a, b in zip(short.actions, long.actions, strict=True):
+        last_f = max(i for i, x in enumerate(a) if x.kind == "F")
+        assert a[:last_f + 1] == b[:last_f + 1]
+
+
+def test_interleaved_with_fewer_microbatches_than_devices() -> None:
+    sched = make_schedule("interleaved", 4, 2, 2)  # M < K: one short group of micro-batches
+    assert sched.chunks == 8
+    assert sched.text()[0][:4] == ["0F0", "0F1", "4F0", "4F1"]
+    assert in_flight_microbatches("interleaved", 4, 2, 0, 2) == 4  # capped at M * v chunk micro-batches
+
+
 @given(st.sampled_from(SCHEDULES), ks, ms, vs)
 def test_every_generated_schedule_is_valid(name: str, k: int, m: int, v: int) -> None:
     sched = make_schedule(name, k, m, v if name == "interleaved" else 1)

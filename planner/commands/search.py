@@ -26,6 +26,18 @@ def _microbatches(value: str) -> int | str:
     return n
 
 
+def _virtual_stages(value: int | None, schedule: str) -> int:
+    """--virtual-stages: default 2 under interleaved, 1 otherwise; v > 1 needs interleaved."""
+    if value is None:
+        from planner.search.interleave import DEFAULT_VIRTUAL_STAGES
+
+        return DEFAULT_VIRTUAL_STAGES if schedule == "interleaved" else 1
+    if value > 1 and schedule != "interleaved":
+        raise UsageError(f"--virtual-stages {value} needs --schedule interleaved, not {schedule}",
+                         "add --schedule interleaved, or drop --virtual-stages")
+    return value
+
+
 @click.command("search")
 @click.argument("profile_path", metavar="PROFILE", type=click.Path(dir_okay=False))
 @click.option("--cluster", "cluster_name", required=True,
@@ -46,9 +58,13 @@ def _microbatches(value: str) -> int | str:
 @click.option("--rerank", type=click.IntRange(min=0), default=0, show_default=True,
               help="Judge the N best distinct plans the search met with the event-driven simulator and keep the "
                    "fastest (0: the exact optimum of the analytic objective).")
+@click.option("--virtual-stages", "virtual_stages", type=click.IntRange(min=1), default=None,
+              help="Model chunks per device group under --schedule interleaved (Megatron's virtual stages; "
+                   "default 2 with interleaved, else 1): K*v chunks, chunk c on group c mod K.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON document on stdout.")
 def search(profile_path: str, cluster_name: str, output: str | None, microbatches: str, schedule: str,
-           optimizer: str, solver: str, engine: str, config: str | None, rerank: int, as_json: bool) -> None:
+           optimizer: str, solver: str, engine: str, config: str | None, rerank: int, virtual_stages: int | None,
+           as_json: bool) -> None:
     """Find the fastest plan that fits: stages, device groups and per-layer forms.
 
     The stage DP (PipePar Algorithm 2) splits the layers into pipeline stages over device
@@ -63,6 +79,7 @@ def search(profile_path: str, cluster_name: str, output: str | None, microbatche
     from planner.search import search as run_search
 
     mb = _microbatches(microbatches)
+    v = _virtual_stages(virtual_stages, schedule)
     widths = parse_config(config) if config else None
     if output and not Path(output).resolve().parent.is_dir():
         raise PlannerError(f"cannot write {output}: folder {Path(output).parent} does not exist",
@@ -77,8 +94,14 @@ def search(profile_path: str, cluster_name: str, output: str | None, microbatche
             return simulate(plan).iteration_s
 
     t0 = time.perf_counter()
-    plan = run_search(profile, cluster, microbatches=mb, schedule=schedule, optimizer=optimizer, solver=solver,
-                      engine=engine, config=widths, evaluate=evaluate, candidates=max(rerank, 1))
+    if v > 1:
+        from planner.search.interleave import search_interleaved
+
+        plan = search_interleaved(profile, cluster, v, microbatches=mb, optimizer=optimizer, solver=solver,
+                                  engine=engine, config=widths, candidates=max(rerank, 1))
+    else:
+        plan = run_search(profile, cluster, microbatches=mb, schedule=schedule, optimizer=optimizer, solver=solver,
+                          engine=engine, config=widths, evaluate=evaluate, candidates=max(rerank, 1))
     elapsed = time.perf_counter() - t0
     doc = plan.to_dict()
     if output:

@@ -1,0 +1,171 @@
+"""Interleaved plans with v > 1 model chunks per device group (Megatron's virtual stages).
+
+Owns how ``planner search --schedule interleaved --virtual-stages V`` turns the stage DP's
+K-stage plans into K*v-chunk plans, and how it judges them. Pure: no torch, click or rich.
+
+Method (a documented heuristic, not an exact optimum over the interleaved space):
+
+1. The stage DP (:func:`planner.search.search`, schedule ``interleaved``) finds K-stage
+   plans: the device groups, their order, widths and recomputation.
+2. :func:`chunk_plan` keeps those K groups and re-cuts the N layers into K*v contiguous
+   chunks in model order, chunk c on group c mod K (chunk 0 on group 0, ..., chunk K on
+   group 0 again), as Megatron-LM assigns virtual stages (Narayanan et al., SC'21,
+   section 2.2). The layer boundaries are a balanced contiguous partition: the one that
+   minimises the slowest chunk, a chunk's time being its forward + backward per
+   micro-batch on its own group under its HPP forms (:func:`planner.search.hpp.stage_tables`;
+   a faster or wider group takes more layers). The all-reduce, paid once per iteration,
+   is left out of the balance. Each chunk's forms are HPP's on its group.
+3. The simulator judges (:func:`judge`): every candidate the DP met is chunked and played
+   under the interleaved schedule with v chunks (memory: static bytes of the group's
+   chunks plus the activations of the chunk micro-batches in flight,
+   :func:`planner.schedule.in_flight_microbatches`); the fastest candidate whose devices
+   all fit wins, and its ``predicted`` is that simulation. The DP's own memory check is the
+   v = 1 one, so a K-stage plan that fits may not fit once interleaved (more micro-batches
+   in flight): such candidates are skipped, and none fitting is an InfeasibleError.
+
+M need not be a multiple of K: the schedule adds the warm-up forwards that avoid a
+deadlock (:func:`planner.schedule.interleaved_extra_warmup`). For ``--engine torch``,
+``ScheduleInterleaved1F1B`` needs M divisible by max(1, M // K); other M are skipped.
+``--engine deepspeed`` runs no interleaved schedule (UsageError).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from planner import ir
+from planner.cluster import group_of
+from planner.costmodel import layer_table, stage_costs
+from planner.errors import InfeasibleError, UsageError
+from planner.search.hpp import hpp, stage_tables
+
+DEFAULT_VIRTUAL_STAGES = 2
+"""Chunks per device group when ``--schedule interleaved`` is given without ``--virtual-stages``."""
+
+
+def balanced_bounds(chunk_time: Sequence[np.ndarray], n_layers: int, v: int) -> list[int]:
+    """Layer boundaries [0, b1, ..., N] of K*v contiguous chunks, chunk c timed by
+    ``chunk_time[c % K][a, b]`` (layers [a, b)), minimising the slowest chunk.
+
+    A min-max chain DP over (chunk, end layer), O(K v N^2); ties go to the earliest cut.
+    ValueError when N < K*v (every chunk needs a layer).
+    """
+    k = len(chunk_time)
+    n_chunks = k * v
+    if n_layers < n_chunks:
+        raise ValueError(f"{n_layers} layers cannot make {n_chunks} chunks")
+    best = np.full((n_chunks + 1, n_layers + 1), np.inf)
+    cut = np.zeros((n_chunks + 1, n_layers + 1), dtype=int)
+    best[0, 0] = 0.0
+    for c in range(1, n_chunks + 1):
+        t = np.asarray(chunk_time[(c - 1) % k])
+        for j in range(c, n_layers - (n_chunks - c) + 1):
+            starts = np.arange(c - 1, j)
+            cand = np.maximum(best[c - 1, starts], t[starts, j])
+            i = int(np.argmin(cand))
+            best[c, j] = cand[i]
+            cut[c, j] = starts[i]
+    bounds = [n_layers]
+    for c in range(n_chunks, 0, -1):
+        bounds.append(int(cut[c, bounds[-1]]))
+    return bounds[::-1]
+
+
+def chunk_plan(plan: ir.Plan, v: int) -> ir.Plan:
+    """The K-stage ``plan`` re-cut into K*v chunks on its K device groups (module doc, step 2).
+
+    The result has ``schedule="interleaved"``, ``virtual_stages=v``, stage memory 0 and the
+    K-stage prediction (see :func:`judge` for both); ValueError when the model has fewer
+    than K*v layers.
+    """
+    profile, cluster, m = plan.profile, plan.cluster, plan.microbatches
+    groups = [s.devices for s in plan.stages]
+    n_layers = len(profile.layers)
+    tables = [layer_table(profile, group_of(cluster, devs), m, plan.optimizer) for devs in groups]
+    times = [stage_tables(t, np.arange(n_layers + 1), m).time for t in tables]
+    bounds = balanced_bounds(times, n_layers, v)
+    k = len(groups)
+    stages = []
+    for c in range(k * v):
+        first, end = bounds[c], bounds[c + 1]
+        forms, _ = hpp(tables[c % k], first, end, m)
+        base = plan.stages[c % k]
+        stages.append(ir.Stage((first, end), base.devices, forms, 0, base.recompute))
+    return dataclasses.replace(plan, schedule="interleaved", virtual_stages=v, stages=tuple(stages))
+
+
+def torch_runs(microbatches: int, groups: int) -> bool:
+    """Whether torch's ScheduleInterleaved1F1B accepts M micro-batches on K ranks."""
+    return microbatches % max(1, microbatches // groups) == 0
+
+
+def judge(plan: ir.Plan) -> tuple[ir.Plan, bool]:
+    """Simulate a chunked plan; return it with each chunk's ``memory_bytes`` (the simulated
+    peak of the device group holding it, all its chunks together), the simulated
+    ``predicted``, and whether every device fits."""
+    from planner.simulate import SimOptions, simulate_costs
+
+    result = simulate_costs(stage_costs(plan), "interleaved", plan.microbatches, plan.virtual_stages,
+                            SimOptions(record_events=False))
+    k = len(plan.stages) // plan.virtual_stages
+    peaks = [result.lane_result(lane).peak_memory_bytes for lane in range(k)]
+    stages = tuple(dataclasses.replace(s, memory_bytes=peaks[c % k]) for c, s in enumerate(plan.stages))
+    t = result.iteration_s
+    pred = ir.Prediction(t, plan.batch_size / t if t > 0 else 0.0, result.bubble_fraction, result.peak_memory_bytes)
+    dp_s = plan.dp_iteration_s
+    speedup = dp_s / t if dp_s is not None and t > 0 else None
+    judged = dataclasses.replace(plan, stages=stages, predicted=pred, speedup_over_dp=speedup)
+    return judged, all(d.fits for d in result.devices)
+
+
+def search_interleaved(profile: ir.ModelProfile, cluster: ir.Cluster, virtual_stages: int, *,
+                       microbatches: int | str = "auto", optimizer: str = "sgd", solver: str = "dp",
+                       engine: str = "any", config: Sequence[int] | None = None, candidates: int = 16,
+                       progress: Callable[[str], None] | None = None) -> ir.Plan:
+    """The fastest interleaved plan with ``virtual_stages`` chunks per group that fits (module doc).
+
+    ``virtual_stages=1`` is the plain search under ``interleaved``.
+    """
+    from planner.search import search
+
+    v = virtual_stages
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise UsageError(f"--virtual-stages must be a positive integer, got {v!r}", "e.g. --virtual-stages 2")
+    if v > 1 and engine == "deepspeed":
+        raise UsageError("DeepSpeed's pipeline engine runs no interleaved schedule",
+                         "use --engine torch or any, or --virtual-stages 1")
+    if v == 1:
+        return search(profile, cluster, microbatches=microbatches, schedule="interleaved", optimizer=optimizer,
+                      solver=solver, engine=engine, config=config, progress=progress, candidates=candidates)
+    judged: dict[tuple, tuple[ir.Plan, bool]] = {}
+
+    def evaluate(base: ir.Plan) -> float:
+        key = (base.microbatches, tuple((s.layers, s.devices, s.recompute) for s in base.stages))
+        if key not in judged:
+            judged[key] = _judge_base(base, v, engine)
+        plan, fits = judged[key]
+        return plan.predicted.iteration_s if fits else math.inf
+
+    base = search(profile, cluster, microbatches=microbatches, schedule="interleaved", optimizer=optimizer,
+                  solver=solver, engine=engine, config=config, progress=progress, evaluate=evaluate,
+                  candidates=candidates)
+    score = evaluate(base)
+    plan, fits = judged[(base.microbatches, tuple((s.layers, s.devices, s.recompute) for s in base.stages))]
+    if not fits or not math.isfinite(score):
+        raise InfeasibleError(
+            f"no plan the search met runs interleaved with {v} chunks per device group: too few layers for "
+            f"K*{v} chunks, or the extra micro-batches in flight do not fit in memory",
+            "try --virtual-stages 1, more micro-batches, a smaller batch, or a larger cluster")
+    return plan
+
+
+def _judge_base(base: ir.Plan, v: int, engine: str) -> tuple[ir.Plan, bool]:
+    """Chunk and judge one K-stage candidate; (plan, False) when it cannot run interleaved."""
+    k = len(base.stages)
+    if len(base.profile.layers) < k * v or (engine == "torch" and not torch_runs(base.microbatches, k)):
+        return base, False
+    return judge(chunk_plan(base, v))

@@ -1,0 +1,128 @@
+"""Interleaved plans with v > 1 chunks per device group: the balanced partition, chunking, judging."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from planner import ir
+from planner.errors import InfeasibleError, UsageError
+from planner.schedule import in_flight_microbatches
+from planner.search.interleave import balanced_bounds, chunk_plan, judge, search_interleaved, torch_runs
+from planner.simulate import simulate, validate_plan
+from tests.conftest import make_cluster_dict, make_profile_dict
+
+
+def _range_times(per_layer: list[float]) -> np.ndarray:
+    pre = np.concatenate([[0.0], np.cumsum(per_layer)])
+    t = pre[None, :] - pre[:, None]
+    return np.where(np.triu(np.ones_like(t, dtype=bool), k=1), t, np.inf)
+
+
+def _brute(times: list[np.ndarray], n: int, v: int) -> float:
+    k = len(times)
+    best = np.inf
+    for cuts in itertools.combinations(range(1, n), k * v - 1):
+        b = (0, *cuts, n)
+        best = min(best, max(times[c % k][b[c], b[c + 1]] for c in range(k * v)))
+    return float(best)
+
+
+@given(st.lists(st.floats(0.1, 5.0), min_size=2, max_size=8), st.lists(st.floats(0.5, 3.0), min_size=1, max_size=3),
+       st.integers(1, 3))
+def test_balanced_bounds_is_the_min_max_partition(layers: list[float], speeds: list[float], v: int) -> None:
+    k = len(speeds)
+    if len(layers) < k * v:
+        with pytest.raises(ValueError, match="cannot make"):
+            balanced_bounds([_range_times(layers)] * k, len(layers), v)
+        return
+    times = [_range_times([x / s for x in layers]) for s in speeds]
+    b = balanced_bounds(times, len(layers), v)
+    assert b[0] == 0 and b[-1] == len(layers) and len(b) == k * v + 1
+    assert all(x < y for x, y in itertools.pairwise(b))  # every chunk has a layer, model order
+    worst = max(times[c % k][b[c], b[c + 1]] for c in range(k * v))
+    assert worst == pytest.approx(_brute(times, len(layers), v), rel=1e-12)
+
+
+def test_faster_group_gets_more_layers() -> None:
+    slow, fast = _range_times([1.0] * 12), _range_times([0.5] * 12)
+    b = balanced_bounds([slow, fast], 12, 2)
+    sizes = [y - x for x, y in itertools.pairwise(b)]
+    assert sizes == [2, 4, 2, 4]
+
+
+def _base(n_layers: int = 8, batch: int = 8, m: int = 4, memory: int = 10**10) -> ir.Plan:
+    from planner.search import search
+
+    profile = ir.ModelProfile.from_dict(make_profile_dict(n_layers, batch_size=batch))
+    cluster = ir.Cluster.from_dict(make_cluster_dict(2, 2, memory_bytes=memory))
+    return search(profile, cluster, microbatches=m, schedule="interleaved", config=(1, 1))
+
+
+def test_chunk_plan_keeps_groups_in_model_order() -> None:
+    base = _base()
+    plan = chunk_plan(base, 2)
+    assert plan.schedule == "interleaved" and plan.virtual_stages == 2 and len(plan.stages) == 4
+    assert [s.layers for s in plan.stages] == [(0, 2), (2, 4), (4, 6), (6, 8)]
+    for c, s in enumerate(plan.stages):
+        assert s.devices == base.stages[c % 2].devices
+        assert len(s.forms) == s.layers[1] - s.layers[0]
+    validate_plan(plan)
+
+
+@pytest.mark.parametrize("m", [1, 2, 4, 8])
+def test_judged_plan_is_its_simulation_and_in_flight_matches(m: int) -> None:
+    base = _base(m=m)
+    plan, fits = judge(chunk_plan(base, 2))
+    assert fits
+    r = simulate(plan)
+    assert plan.predicted.iteration_s == pytest.approx(r.iteration_s, rel=1e-12)
+    assert plan.predicted.peak_memory_bytes == r.peak_memory_bytes
+    for d in r.devices:
+        assert d.peak_in_flight == in_flight_microbatches("interleaved", 2, m, d.lane, 2)
+    for c, s in enumerate(plan.stages):
+        assert s.memory_bytes == r.lane_result(c % 2).peak_memory_bytes
+
+
+def test_search_interleaved_round_trips_and_validates() -> None:
+    profile = ir.ModelProfile.from_dict(make_profile_dict(8, batch_size=8))
+    cluster = ir.Cluster.from_dict(make_cluster_dict(2, 2))
+    plan = search_interleaved(profile, cluster, 2, microbatches=4, config=(1, 1))
+    assert plan.virtual_stages == 2 and len(plan.stages) == 4
+    assert ir.Plan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
+    assert simulate(plan).iteration_s == pytest.approx(plan.predicted.iteration_s, rel=1e-12)
+    one = search_interleaved(profile, cluster, 1, microbatches=4, config=(1, 1))
+    assert one.virtual_stages == 1 and len(one.stages) == 2
+
+
+def test_search_interleaved_refuses_what_cannot_run() -> None:
+    profile = ir.ModelProfile.from_dict(make_profile_dict(3, batch_size=8))
+    cluster = ir.Cluster.from_dict(make_cluster_dict(2, 2))
+    with pytest.raises(InfeasibleError, match="interleaved with 2 chunks"):
+        search_interleaved(profile, cluster, 2, microbatches=4, config=(1, 1))  # 3 layers, 4 chunks
+    with pytest.raises(UsageError, match="DeepSpeed"):
+        search_interleaved(profile, cluster, 2, engine="deepspeed")
+    with pytest.raises(UsageError, match="positive integer"):
+        search_interleaved(profile, cluster, 0)
+
+
+def test_interleaving_that_does_not_fit_is_infeasible() -> None:
+    # Just too little memory: the K-stage plan fits with 1f1b's in-flight count, not with v = 2's.
+    profile = ir.ModelProfile.from_dict(make_profile_dict(8, batch_size=8))
+    base = _base(memory=10**10)
+    chunked, _ = judge(chunk_plan(base, 2))
+    need = chunked.predicted.peak_memory_bytes
+    tight = ir.Cluster.from_dict(make_cluster_dict(2, 2, memory_bytes=need - 1))
+    assert search_interleaved(profile, tight, 1, microbatches=4, config=(1, 1)).virtual_stages == 1
+    with pytest.raises(InfeasibleError, match="do not fit in memory"):
+        search_interleaved(profile, tight, 2, microbatches=4, config=(1, 1))
+
+
+def test_torch_interleaved_microbatch_rule() -> None:
+    assert torch_runs(8, 4) and torch_runs(3, 4) and torch_runs(10, 4)
+    assert not torch_runs(7, 2)  # 3 rounds of 2 do not make 7
