@@ -8,8 +8,10 @@ Schedules: ``gpipe`` and ``1f1b`` are planned with their own objective and in-fl
 memory; ``zb-h1`` is planned like 1f1b in time (its smaller bubble is left to the
 simulator) with each stage held to the most micro-batches in flight it could have
 (min(K, M) for every K it could be part of); ``pipedream`` with the asynchronous steady state and weight
-stashes; ``interleaved`` is planned with one model chunk per device (v = 1, which is
-1f1b's timeline with interleaved's in-flight memory). The simulator is the final judge.
+stashes; ``interleaved`` is planned here with one model chunk per device (v = 1, which is
+1f1b's timeline with interleaved's in-flight memory); with v > 1 chunks per device group,
+:mod:`planner.search.interleave` re-cuts these K-stage plans into K*v chunks and judges them
+by the simulator. The simulator is the final judge.
 """
 
 from __future__ import annotations
