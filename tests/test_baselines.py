@@ -68,6 +68,16 @@ def test_partition_balanced_equals_deepspeed_on_floats(weights: list[float], par
     assert bl.partition_balanced(weights, parts) == [int(x) for x in ds_utils.partition_balanced(weights, parts)]
 
 
+@given(st.lists(st.one_of(st.integers(0, 10**8), st.sampled_from([0, 1, 2])), max_size=24), st.integers(1, 9))
+def test_partition_balanced_fast_equals_the_loop(weights: list[int], parts: int) -> None:
+    assert bl.partition_balanced_fast(weights, parts) == bl.partition_balanced(weights, parts)
+
+
+@given(st.lists(st.floats(0, 1e3, allow_nan=False), max_size=16), st.integers(1, 6))
+def test_partition_balanced_fast_equals_the_loop_on_floats(weights: list[float], parts: int) -> None:
+    assert bl.partition_balanced_fast(weights, parts) == bl.partition_balanced(weights, parts)
+
+
 # ----------------------------------------------------------------------------- torchgpipe
 
 

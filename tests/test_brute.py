@@ -23,10 +23,25 @@ def test_brute_refuses_big_inputs() -> None:
 def test_brute_matches_dp_plan_time() -> None:
     profile = ir.ModelProfile.from_dict(make_profile_dict(5, batch_size=8))
     cluster = cluster_from_dict(make_cluster_dict(2, 2))
-    a = search(profile, cluster, microbatches=4, solver="dp")
-    b = search(profile, cluster, microbatches=4, solver="brute")
+    a = search(profile, cluster, microbatches=4, solver="dp", candidates=0)
+    b = search(profile, cluster, microbatches=4, solver="brute", candidates=0)
     assert a.predicted.iteration_s == pytest.approx(b.predicted.iteration_s, rel=1e-9)
     assert b.solver == "brute"
+
+
+def test_brute_runs_the_same_rerank_pipeline() -> None:
+    # brute's enumerated plans are re-ranked by the simulator as the DP's are: never worse than
+    # its analytic optimum judged by the simulator, and the prediction is the simulator's
+    from planner.simulate import SimOptions, simulate
+
+    profile = ir.ModelProfile.from_dict(make_profile_dict(5, batch_size=8))
+    cluster = cluster_from_dict(make_cluster_dict(2, 2))
+    exact = search(profile, cluster, microbatches=4, solver="brute", candidates=0)
+    plan = search(profile, cluster, microbatches=4, solver="brute")
+    options = SimOptions(record_events=False)
+    assert plan.solver == "brute"
+    assert plan.predicted.iteration_s == simulate(plan, options).iteration_s
+    assert plan.predicted.iteration_s <= simulate(exact, options).iteration_s
 
 
 def test_count_plans_small() -> None:

@@ -16,21 +16,23 @@ by the simulator. The simulator is the final judge.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 
 from planner import ir
 from planner.cluster import group_of
-from planner.costmodel import OPTIMIZER_BYTES_PER_PARAM, layer_table, predict
+from planner.costmodel import OPTIMIZER_BYTES_PER_PARAM, LayerTable, layer_table, predict
 from planner.costmodel import dp_iteration as _dp_iteration
 from planner.errors import UsageError
 from planner.schedule import SCHEDULES
+from planner.search import rerank
 from planner.search.hpp import hpp
 from planner.search.sp import Problem, Solution, build_problem, infeasible, solve
 
 SOLVERS = ("dp", "brute")
 ENGINES = ("any", "deepspeed", "torch")
 
-__all__ = ["ENGINES", "SOLVERS", "build_problem", "hpp", "microbatch_candidates", "parse_config", "search",
+__all__ = ["ENGINES", "RERANK", "SOLVERS", "build_problem", "hpp", "microbatch_candidates", "parse_config", "search",
            "solution_plan"]
 
 
@@ -102,25 +104,52 @@ def _problems(profile: ir.ModelProfile, cluster: ir.Cluster, m: int, schedule: s
                           mode="contiguous", widths=[w], max_blocks=max_blocks) for w in _engine_widths(cluster)]
 
 
+RERANK = 16
+"""How many of the DP's best distinct plans the simulator re-ranks by default (``--rerank``)."""
+
+
 def search(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int | str = "auto",
            schedule: str = "1f1b", optimizer: str = "sgd", solver: str = "dp", engine: str = "any",
            config: Sequence[int] | None = None, max_blocks: int | None = None,
            progress: Callable[[str], None] | None = None,
-           evaluate: Callable[[ir.Plan], float] | None = None, candidates: int = 8) -> ir.Plan:
+           evaluate: Callable[[ir.Plan], float] | None = None, candidates: int = RERANK) -> ir.Plan:
     """The fastest plan that fits (see the module doc); InfeasibleError when none does.
 
-    Without ``evaluate`` the plan is the exact optimum of the analytic objective. With it
-    (e.g. ``lambda p: simulate(p).iteration_s``), the ``candidates`` best distinct plans
-    the search met (the optimum of every micro-batch count, and the plans the branch and
-    bound visited) are judged by ``evaluate`` and the lowest wins.
+    By default the ``candidates`` best distinct plans of the analytic objective (the optimum
+    of every micro-batch count and the plans the branch and bound visited, or brute's best)
+    and the grid seeds are simulated, and the fastest wins; its ``predicted``,
+    ``dp_iteration_s`` and ``speedup_over_dp`` come from the simulator. ``evaluate`` replaces
+    the simulator as the ranking (the prediction is still simulated). ``candidates=0``: the
+    exact optimum of the analytic objective, with its analytic prediction, and no seeds.
     """
     _check(profile, cluster, schedule, optimizer, solver, engine, config)
-    cands = microbatch_candidates(profile.batch_size, microbatches)
+    found, problems = _collect(profile, cluster, schedule, optimizer, solver, engine, config, max_blocks,
+                               microbatch_candidates(profile.batch_size, microbatches), progress)
+    if candidates <= 0:
+        _, _, prob, sol = found[0]
+        return solution_plan(prob, sol, engine=engine, solver=solver)
+    plans = _distinct(found, candidates, engine, solver)
+    split_cache: dict[int, list[list[int]]] = {}
+    for prob in problems:
+        plans += rerank.seed_plans(prob, engine=engine, solver=solver, split_cache=split_cache)
+    if evaluate is None:
+        best = rerank.best_simulated(plans)
+    else:
+        best = rerank.simulated(*min(plans, key=lambda pc: evaluate(pc[0])))
+    return _with_prediction(best.plan, best.predicted)
+
+
+def _collect(profile: ir.ModelProfile, cluster: ir.Cluster, schedule: str, optimizer: str, solver: str,
+             engine: str, config: Sequence[int] | None, max_blocks: int | None, cands: list[int],
+             progress: Callable[[str], None] | None) -> tuple[list[tuple[float, int, Problem, Solution]],
+                                                              list[Problem]]:
+    """Every problem (one per micro-batch count, or per engine width) and the solutions met,
+    best objective first; InfeasibleError when no plan fits at all."""
     found: list[tuple[float, int, Problem, Solution]] = []
-    last_problem: Problem | None = None
+    problems: list[Problem] = []
     for m in cands:
         for prob in _problems(profile, cluster, m, schedule, optimizer, engine, config, max_blocks):
-            last_problem = prob
+            problems.append(prob)
             pool: list[Solution] = []
             sol = _solve(prob, solver, pool)
             if progress:
@@ -128,60 +157,79 @@ def search(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int |
             for x in ([sol] if sol is not None else []) + pool:
                 found.append((x.objective, len(found), prob, x))
     if not found:
-        assert last_problem is not None
-        raise infeasible(last_problem)
+        raise infeasible(problems[-1])
     found.sort(key=lambda t: (t[0], t[1]))
-    if evaluate is None:
-        _, _, prob, sol = found[0]
-        return solution_plan(prob, sol, engine=engine, solver=solver)
+    return found, problems
+
+
+def _distinct(found: list[tuple[float, int, Problem, Solution]], n: int, engine: str, solver: str
+              ) -> list[rerank.Costed]:
+    """The ``n`` best distinct plans among the solutions met (as plans with memory, and costs)."""
     seen: set[tuple] = set()
-    best: tuple[float, ir.Plan] | None = None
+    plans: list[rerank.Costed] = []
+    tables: dict[tuple[int, int], LayerTable] = {}
     for _, _, prob, sol in found:
         key = (prob.microbatches, tuple((s.a, s.b, s.move.devices, s.recompute) for s in sol.stages))
         if key in seen:
             continue
         seen.add(key)
-        plan = solution_plan(prob, sol, engine=engine, solver=solver)
-        score = evaluate(plan)
-        if best is None or score < best[0]:
-            best = (score, plan)
-        if len(seen) >= candidates:
+        plans.append(_memory_plan(prob, sol, engine=engine, solver=solver, tables=tables))
+        if len(plans) >= n:
             break
-    assert best is not None
-    return best[1]
+    return plans
+
+
+def _with_prediction(plan: ir.Plan, predicted: ir.Prediction) -> ir.Plan:
+    """``plan`` with a simulated prediction, and the simulated data-parallel time beside it."""
+    _, _, dp_fits = _dp_iteration(plan.profile, plan.cluster, plan.optimizer)
+    dp_s = rerank.dp_simulated_s(plan.profile, plan.cluster, plan.optimizer) if dp_fits else None
+    speedup = dp_s / predicted.iteration_s if dp_s is not None and predicted.iteration_s > 0 else None
+    return dataclasses.replace(plan, predicted=predicted, dp_iteration_s=dp_s, speedup_over_dp=speedup)
 
 
 def _solve(prob: Problem, solver: str, pool: list[Solution] | None = None) -> Solution | None:
     """Solve with the chosen solver (the DP, or brute force over the same space)."""
     from planner.search.brute import brute
 
-    return brute(prob) if solver == "brute" else solve(prob, pool=pool)
+    return brute(prob, pool) if solver == "brute" else solve(prob, pool=pool)
 
 
-def solution_plan(prob: Problem, sol: Solution, *, engine: str = "any", solver: str = "dp") -> ir.Plan:
-    """Turn a DP solution into an ``ir.Plan`` with forms, memory, prediction and dp speed-up."""
+def _memory_plan(prob: Problem, sol: Solution, *, engine: str, solver: str,
+                 tables: dict[tuple[int, int], LayerTable] | None = None) -> rerank.Costed:
+    """A DP solution as a plan: HPP forms per stage, memory filled in; and its stage costs.
+
+    ``tables`` caches layer tables by (problem, group shape) across calls of one search.
+    """
+    from planner.costmodel import plan_memory, stage_costs
+
     profile, cluster = prob.profile, prob.cluster
+    cache = {} if tables is None else tables
     stages = []
     for ch in sol.stages:
         first, end = int(prob.bounds[ch.a]), int(prob.bounds[ch.b])
-        group = group_of(cluster, ch.move.devices)
-        table = layer_table(profile, group, prob.microbatches, prob.optimizer, prob.forms)
+        key = (id(prob), ch.move.key)
+        if key not in cache:
+            group = group_of(cluster, ch.move.devices)
+            cache[key] = layer_table(profile, group, prob.microbatches, prob.optimizer, prob.forms)
+        table = cache[key]
         forms, _ = hpp(table, first, end, prob.microbatches)
         stages.append(ir.Stage((first, end), ch.move.devices, forms, 0, ch.recompute))
     draft = ir.Plan(profile, cluster, prob.schedule, prob.microbatches, prob.optimizer, tuple(stages),
                     ir.Prediction(0.0, 0.0, 0.0, 0), engine=engine, solver=solver)
-    from planner.costmodel import plan_memory, stage_costs
-
-    mem = plan_memory(draft, stage_costs(draft))
+    costs = stage_costs(draft)
+    mem = plan_memory(draft, costs)
     stages = [ir.Stage(s.layers, s.devices, s.forms, m, s.recompute) for s, m in zip(stages, mem, strict=True)]
-    draft = ir.Plan(profile, cluster, prob.schedule, prob.microbatches, prob.optimizer, tuple(stages),
-                    ir.Prediction(0.0, 0.0, 0.0, 0), engine=engine, solver=solver)
+    return dataclasses.replace(draft, stages=tuple(stages)), costs
+
+
+def solution_plan(prob: Problem, sol: Solution, *, engine: str = "any", solver: str = "dp") -> ir.Plan:
+    """Turn a DP solution into an ``ir.Plan`` with forms, memory, analytic prediction and dp speed-up."""
+    draft, _ = _memory_plan(prob, sol, engine=engine, solver=solver)
     pred = predict(draft)
-    dp_t, _, dp_fits = _dp_iteration(profile, cluster, prob.optimizer)
+    dp_t, _, dp_fits = _dp_iteration(prob.profile, prob.cluster, prob.optimizer)
     dp_s = dp_t if dp_fits else None
     speedup = dp_t / pred.iteration_s if dp_fits and pred.iteration_s > 0 else None
-    return ir.Plan(profile, cluster, prob.schedule, prob.microbatches, prob.optimizer, tuple(stages), pred,
-                   dp_iteration_s=dp_s, speedup_over_dp=speedup, engine=engine, solver=solver)
+    return dataclasses.replace(draft, predicted=pred, dp_iteration_s=dp_s, speedup_over_dp=speedup)
 
 
 def objective_of_plan(plan: ir.Plan) -> float:

@@ -78,6 +78,48 @@ def partition_balanced(weights: Sequence[float], num_parts: int) -> list[int]:
     return parts
 
 
+def partition_balanced_fast(weights: Sequence[float], num_parts: int) -> list[int]:
+    """:func:`partition_balanced`, vectorised over (i, k) with numpy: the same boundaries.
+
+    Same recurrence and the same tie rule (the last split point of least cost wins, as the
+    sequential ``>=`` does), one (n+1) x (n+1) array step per part instead of n^2 Python
+    steps; tested equal to the loop (tests/test_baselines.py).
+    """
+    import numpy as np
+
+    n, m = len(weights), num_parts
+    if n <= m:
+        return partition_uniform(n, m)
+    prefix = [0.0] * (n + 1)
+    for i, w in enumerate(weights):
+        prefix[i + 1] = prefix[i] + w
+    pre = np.array(prefix)
+    part = pre[:, None] - pre[None, :]  # part[i, k] = prefix[i] - prefix[k]
+    ks = np.arange(n + 1)
+    valid = ks[None, :] < ks[:, None]  # k < i
+    dp_max = np.full(n + 1, np.inf)
+    dp_max[0] = 0.0
+    dp_min = np.full(n + 1, np.inf)
+    positions = np.zeros((m + 1, n + 1), dtype=np.int64)
+    for j in range(1, m + 1):
+        max_sum = np.maximum(dp_max[None, :], part)
+        min_sum = np.minimum(dp_min[None, :], part)
+        with np.errstate(invalid="ignore"):
+            cost = np.where(valid, max_sum - min_sum, np.nan)
+        best = np.nanmin(np.where(valid, cost, np.inf), axis=1)
+        pos = np.where(valid & (cost == best[:, None]), ks[None, :], -1).max(axis=1)
+        rows = ks >= j
+        take = np.clip(pos, 0, n)
+        positions[j] = np.where(rows, take, 0)
+        dp_max = np.where(rows, max_sum[ks, take], np.inf)
+        dp_min = np.where(rows, min_sum[ks, take], np.inf)
+    parts = [n]
+    for j in range(m, 0, -1):
+        parts.append(int(positions[j][parts[-1]]))
+    parts.reverse()
+    return parts
+
+
 def deepspeed_layer_weights(profile: ir.ModelProfile) -> list[int]:
     """The weights of DeepSpeed's ``partition_method='parameters'``: trainable parameters per layer.
 
@@ -97,7 +139,7 @@ def deepspeed_parts(profile: ir.ModelProfile, num_stages: int, method: str) -> l
     if method == "uniform":
         return partition_uniform(len(profile.layers), num_stages)
     if method == "parameters":
-        return partition_balanced(deepspeed_layer_weights(profile), num_stages)
+        return partition_balanced_fast(deepspeed_layer_weights(profile), num_stages)
     raise ValueError(f"unknown DeepSpeed partition method {method!r} (uniform, parameters)")
 
 

@@ -59,8 +59,12 @@ def _sequences(prob: Problem, d: int, a: int) -> Iterator[list[tuple[int, int, o
                 yield [(a, b, mv), *rest]
 
 
-def brute(prob: Problem) -> Solution | None:
-    """The best plan by enumeration (None: nothing fits); UsageError when the space is too big."""
+def brute(prob: Problem, pool: list[Solution] | None = None) -> Solution | None:
+    """The best plan by enumeration (None: nothing fits); UsageError when the space is too big.
+
+    ``pool`` receives every other plan enumerated, for re-ranking by the simulator (as the
+    DP's branch-and-bound visits do).
+    """
     n = count_plans(prob)
     if n > MAX_PLANS:
         raise UsageError(f"--solver brute: the search space holds more than {MAX_PLANS} plans (about {n})",
@@ -94,6 +98,8 @@ def brute(prob: Problem) -> Solution | None:
         else:
             for choice in _product(options):
                 sol = _solution(prob, choice)
+                if pool is not None:
+                    pool.append(sol)
                 if best is None or sol.objective < best.objective:
                     best = sol
     return best
