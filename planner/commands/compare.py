@@ -11,6 +11,8 @@ from planner.errors import InfeasibleError, PlannerError
 from planner.jsonio import read_json
 from planner.schedule import SCHEDULES
 
+RERANK = 16  # planner.search.RERANK, repeated so that --help loads no algorithm module
+
 STRATEGY_HELP = "comma-separated subset of: dp, accpar, gpipe-uniform, torchgpipe, deepspeed-uniform, " \
                 "deepspeed-parameters, pipedream, planner (default: all)"
 
@@ -32,17 +34,19 @@ def parse_microbatches(value: str) -> int | str:
 @click.argument("profile_path", metavar="PROFILE", type=click.Path(dir_okay=False))
 @click.option("--cluster", "cluster_name", required=True, help="A preset name (planner clusters) or a cluster JSON.")
 @click.option("--microbatches", default="auto", show_default=True, help="N (dividing the batch) or auto.")
-@click.option("--schedule", type=click.Choice(SCHEDULES), default="1f1b", show_default=True,
-              help="The planner's pipeline schedule (each baseline runs its own system's schedule).")
+@click.option("--schedule", type=click.Choice(SCHEDULES), default=None,
+              help="The planner's pipeline schedule (each baseline runs its own system's schedule); "
+                   "default: the faster of 1f1b and gpipe.")
 @click.option("--optimizer", type=click.Choice(ir.OPTIMIZERS), default="sgd", show_default=True,
               help="Optimizer state counted in memory, the same for every strategy.")
 @click.option("--strategies", default=None, help=STRATEGY_HELP)
-@click.option("--rerank", type=click.IntRange(min=0), default=32, show_default=True,
-              help="The planner row: the search's N best plans re-ranked by the simulator (0: analytic optimum).")
+@click.option("--rerank", type=click.IntRange(min=0), default=RERANK, show_default=True,
+              help="The planner row: the search's N best plans and its grid seeds re-ranked by the simulator "
+                   "(0: the analytic optimum alone).")
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as one JSON document on stdout.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="Write a bar chart of the strategies to this PNG file.")
-def compare(profile_path: str, cluster_name: str, microbatches: str, schedule: str, optimizer: str,
+def compare(profile_path: str, cluster_name: str, microbatches: str, schedule: str | None, optimizer: str,
             strategies: str | None, rerank: int, as_json: bool, plot_path: str | None) -> None:
     """Set the planner's plan against dp, AccPar, GPipe, torchgpipe, DeepSpeed and PipeDream.
 
