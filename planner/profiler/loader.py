@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,78 +78,111 @@ def _unknown(spec: str) -> ModelLoadError:
                           "or give your own as package.module:factory")
 
 
+_Built = tuple[nn.Module, torch.Tensor | None, tuple[int, ...]]
+"""A built model, the example input its source fixes (None: random floats of the shape), its input shape."""
+
+
+def _check_sizes(batch_size: int, input_shape: tuple[int, ...] | None) -> None:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise UsageError(f"batch size must be a positive integer, got {batch_size!r}", "use --batch-size 1 or more")
+    if input_shape is not None and (not input_shape or any(int(d) < 1 for d in input_shape)):
+        raise UsageError(f"input shape must be positive sizes, got {input_shape!r}", "e.g. --input-shape 3,224,224")
+
+
+def _torch_device(device: str | torch.device) -> torch.device:
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda asked for, but torch sees no CUDA device", "use --device cpu")
+    return dev
+
+
+def _check_tokens(spec: str, shape: tuple[int, ...]) -> None:
+    """A token model's input shape: (sequence length,), within the model's positions."""
+    if len(shape) != 1:
+        raise UsageError(f"{spec} takes token ids of shape (sequence length,), got {shape}", "e.g. --input-shape 128")
+    if shape[0] > 512 and spec == "bert-base":
+        raise UsageError(f"bert-base takes at most 512 tokens, got {shape[0]}", "use --input-shape 512 or less")
+    if shape[0] > 1024 and spec.startswith("gpt2"):
+        raise UsageError(f"{spec} takes at most 1024 tokens, got {shape[0]}", "use --input-shape 1024 or less")
+
+
+def _zoo_kwargs(spec: str, shape: tuple[int, ...]) -> dict[str, object]:
+    """Factory arguments fitting the input shape: the MLP's input features, a CNN's input channels."""
+    if spec == "mlp":
+        return {"in_features": math.prod(shape)}
+    if len(shape) == 3:
+        return {"in_channels": shape[0]}
+    return {}
+
+
+def _from_zoo(spec: str, batch_size: int, input_shape: tuple[int, ...] | None, dev: torch.device) -> _Built:
+    entry = ZOO[spec]
+    shape = tuple(int(d) for d in (input_shape or entry.input_shape))
+    if entry.tokens:
+        _check_tokens(spec, shape)
+    with dev:
+        module = entry.factory(**_zoo_kwargs(spec, shape))
+    if not entry.tokens:
+        return module, None, shape
+    return module, torch.randint(0, entry.vocab_size, (batch_size, *shape), device=dev), shape
+
+
+def _call_factory(spec: str, dev: torch.device) -> object:
+    factory = _import_factory(spec)
+    try:
+        with dev:
+            return factory()  # type: ignore[operator]
+    except Exception as exc:
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise ModelLoadError(f"model factory {spec!r} raised {type(exc).__name__}: {msg}",
+                             "fix the factory; it must return an nn.Module or (module, example_input)") from None
+
+
+def _factory_example(ex: torch.Tensor, batch_size: int, input_shape: tuple[int, ...] | None, dev: torch.device,
+                     tdtype: torch.dtype) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """The factory's example cut or repeated to ``batch_size``; with ``input_shape``, random values like it."""
+    if input_shape is None:
+        reps = [batch_size] + [1] * (ex.dim() - 1)
+        example = ex[:1].repeat(*reps) if ex.shape[0] != batch_size else ex
+        return example.to(dev), tuple(ex.shape[1:])
+    shape = tuple(int(d) for d in input_shape)
+    if ex.is_floating_point():
+        return torch.randn(batch_size, *shape, device=dev, dtype=tdtype), shape
+    high = max(int(ex.max()) + 1, 2) if dev.type != "meta" else 2
+    return torch.randint(0, high, (batch_size, *shape), device=dev), shape
+
+
+def _from_factory(spec: str, batch_size: int, input_shape: tuple[int, ...] | None, dev: torch.device,
+                  tdtype: torch.dtype) -> _Built:
+    made = _call_factory(spec, dev)
+    if isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], nn.Module):
+        module, ex = made
+        if not isinstance(ex, torch.Tensor):
+            raise ModelLoadError(f"{spec!r} returned an example input of type {type(ex).__name__}",
+                                 "return (module, example_tensor)")
+        return (module, *_factory_example(ex, batch_size, input_shape, dev, tdtype))
+    if isinstance(made, nn.Module):
+        if input_shape is None:
+            raise UsageError(f"{spec!r} returned only a module, so its input shape is unknown",
+                             "pass --input-shape (without batch), or return (module, example_input)")
+        return made, None, tuple(int(d) for d in input_shape)
+    raise ModelLoadError(f"{spec!r} returned {type(made).__name__}, not an nn.Module",
+                         "return an nn.Module or (module, example_input)")
+
+
 def load_model(spec: str, batch_size: int, input_shape: tuple[int, ...] | None = None,
                dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu") -> LoadedModel:
     """Build the model ``spec`` and a random example input of ``batch_size`` on ``device``.
 
     ``device="meta"`` builds it without memory or compute (for analytic profiles).
     """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise UsageError(f"batch size must be a positive integer, got {batch_size!r}", "use --batch-size 1 or more")
-    if input_shape is not None and (not input_shape or any(int(d) < 1 for d in input_shape)):
-        raise UsageError(f"input shape must be positive sizes, got {input_shape!r}", "e.g. --input-shape 3,224,224")
+    _check_sizes(batch_size, input_shape)
     tdtype = parse_dtype(dtype)
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda asked for, but torch sees no CUDA device", "use --device cpu")
-    example: torch.Tensor | None = None
+    dev = _torch_device(device)
     if spec in ZOO:
-        entry = ZOO[spec]
-        shape = tuple(int(d) for d in (input_shape or entry.input_shape))
-        kwargs: dict[str, object] = {}
-        if entry.tokens:
-            if len(shape) != 1:
-                raise UsageError(f"{spec} takes token ids of shape (sequence length,), got {shape}",
-                                 "e.g. --input-shape 128")
-        elif spec != "mlp" and len(shape) == 3:
-            kwargs["in_channels"] = shape[0]
-        elif spec == "mlp":
-            n = 1
-            for d in shape:
-                n *= d
-            kwargs["in_features"] = n
-        with dev:
-            module = entry.factory(**kwargs)
-        if entry.tokens:
-            if shape[0] > 512 and spec == "bert-base":
-                raise UsageError(f"bert-base takes at most 512 tokens, got {shape[0]}", "use --input-shape 512 or less")
-            if shape[0] > 1024 and spec.startswith("gpt2"):
-                raise UsageError(f"{spec} takes at most 1024 tokens, got {shape[0]}", "use --input-shape 1024 or less")
-            example = torch.randint(0, entry.vocab_size, (batch_size, *shape), device=dev)
+        module, example, shape = _from_zoo(spec, batch_size, input_shape, dev)
     elif ":" in spec:
-        factory = _import_factory(spec)
-        try:
-            with dev:
-                made = factory()  # type: ignore[operator]
-        except Exception as exc:
-            msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            raise ModelLoadError(f"model factory {spec!r} raised {type(exc).__name__}: {msg}",
-                                 "fix the factory; it must return an nn.Module or (module, example_input)") from None
-        if isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], nn.Module):
-            module, ex = made
-            if not isinstance(ex, torch.Tensor):
-                raise ModelLoadError(f"{spec!r} returned an example input of type {type(ex).__name__}",
-                                     "return (module, example_tensor)")
-            if input_shape is None:
-                shape = tuple(ex.shape[1:])
-                reps = [batch_size] + [1] * (ex.dim() - 1)
-                example = ex[:1].repeat(*reps) if ex.shape[0] != batch_size else ex
-                example = example.to(dev)
-            else:
-                shape = tuple(int(d) for d in input_shape)
-                example = None if ex.is_floating_point() else torch.randint(
-                    0, max(int(ex.max()) + 1, 2) if dev.type != "meta" else 2, (batch_size, *shape), device=dev)
-                if ex.is_floating_point():
-                    example = torch.randn(batch_size, *shape, device=dev, dtype=tdtype)
-        elif isinstance(made, nn.Module):
-            module = made
-            if input_shape is None:
-                raise UsageError(f"{spec!r} returned only a module, so its input shape is unknown",
-                                 "pass --input-shape (without batch), or return (module, example_input)")
-            shape = tuple(int(d) for d in input_shape)
-        else:
-            raise ModelLoadError(f"{spec!r} returned {type(made).__name__}, not an nn.Module",
-                                 "return an nn.Module or (module, example_input)")
+        module, example, shape = _from_factory(spec, batch_size, input_shape, dev, tdtype)
     else:
         raise _unknown(spec)
     module = module.to(device=dev)
@@ -160,4 +194,3 @@ def load_model(spec: str, batch_size: int, input_shape: tuple[int, ...] | None =
     elif example.is_floating_point():
         example = example.to(dtype=tdtype)
     return LoadedModel(name=spec, module=module, example_input=example, input_shape=tuple(shape))
-
