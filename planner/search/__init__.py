@@ -4,6 +4,28 @@
 objective are described in :mod:`planner.search.sp`; HPP in :mod:`planner.search.hpp`;
 the exhaustive oracle in :mod:`planner.search.brute`.
 
+Two layers (planner.search.rerank):
+
+1. The solver (``dp`` or ``brute``, the same space) minimises the analytic objective
+   (planner.costmodel.analytic_iteration) exactly, per micro-batch count; dp == brute is a
+   property of this layer (``candidates=0`` returns its optimum with its analytic
+   prediction, for exactness studies).
+2. By default the event simulator (planner.simulate) judges the :data:`RERANK` best
+   distinct plans the solver met (``--rerank N``) and the structured seeds, and the
+   fastest wins; ``predicted``, ``dp_iteration_s`` and ``speedup_over_dp`` are then the
+   simulator's. The analytic objective is 30-100% optimistic on slow links (1f1b holds
+   only K - s micro-batches in flight on stage s, so a slow boundary is not hidden;
+   stage 0's all-reduce follows the iteration's last backward), so its ranking alone
+   can miss the simulator's best plan. The seeds, for every micro-batch count: the
+   equal-width pipeline x data-parallel grids (K stages of GPUs/K consecutive GPUs, every
+   K dividing the GPU count; DeepSpeed's space) with DeepSpeed's uniform and
+   parameter-balanced splits and torchgpipe's time-balanced split, ``dp`` forms; K = 1
+   is pure data parallel, also seeded under HPP's forms (AccPar's layout). A seed is
+   kept only when its groups are ones the solver may form (and its widths obey
+   ``--config``/``--engine``) and it fits in memory (recomputation where a stage
+   overflows, as the solver does). So the planner is never slower, under the simulator,
+   than a baseline whose plan lies in its space and schedule (tests/test_compare.py).
+
 Schedules: ``gpipe`` and ``1f1b`` are planned with their own objective and in-flight
 memory; ``zb-h1`` is planned like 1f1b in time (its smaller bubble is left to the
 simulator) with each stage held to the most micro-batches in flight it could have
