@@ -330,13 +330,15 @@ def unit_slots(sched: Schedule) -> list[list[int]]:
     Returns each action's slot per device; raises ScheduleError on a deadlock (a device
     whose next action waits for one that can never run), naming the stuck actions.
     """
-    done: dict[tuple[int, str, int], int] = {}
+    n = sched.total_microbatches or sched.microbatches
+    size = sched.chunks * n
+    f_end = [-1] * size  # end slot of chunk c's forward of micro-batch mb at c * n + mb (-1: not yet)
+    b_end = [-1] * size
     pos = [0] * sched.devices
     slots: list[list[int]] = [[] for _ in range(sched.devices)]
     free = [0] * sched.devices
     last = sched.chunks - 1
     remaining = sum(len(a) for a in sched.actions)
-    get = done.get
     while remaining:
         progressed = False
         for d, acts in enumerate(sched.actions):
@@ -344,18 +346,18 @@ def unit_slots(sched: Schedule) -> list[list[int]]:
             start = free[d]
             row = slots[d]
             while p < len(acts):
-                a = acts[p]
-                c, kind, mb = a
+                c, kind, mb = acts[p]
+                i = c * n + mb
                 if kind == "F":
-                    t = get((c - 1, "F", mb), -1) if c else 0
+                    t = f_end[i - n] if c else 0
                     if t < 0:
                         break
                 else:
-                    t = get((c, "F" if kind == "B" else "B", mb), -1)
+                    t = f_end[i] if kind == "B" else b_end[i]
                     if t < 0:
                         break
                     if kind == "B" and c < last:
-                        t2 = get((c + 1, "B", mb), -1)
+                        t2 = b_end[i + n]
                         if t2 < 0:
                             break
                         t = max(t, t2)
@@ -363,7 +365,10 @@ def unit_slots(sched: Schedule) -> list[list[int]]:
                     start = t
                 row.append(start)
                 start += 1
-                done[a] = start
+                if kind == "F":
+                    f_end[i] = start
+                elif kind == "B":
+                    b_end[i] = start
                 p += 1
                 remaining -= 1
                 progressed = True

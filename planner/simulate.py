@@ -272,6 +272,7 @@ class _Link:
 
 
 _COMPUTE, _LATENCY, _LINK, _ARRIVE = 0, 1, 2, 3
+_new_event = tuple.__new__  # Event(*fields) without NamedTuple's Python-level __new__ (the hot path)
 
 
 def _solo_links(link_of_fwd: Sequence[str | None], link_of_bwd: Sequence[str | None]) -> dict[str, float]:
@@ -374,6 +375,9 @@ def _simulate_window(costs: Sequence[ir.StageCost], sched: Schedule, v: int, opt
     stash = [c.weight_bytes if name == "pipedream" else 0 for c in costs]
     last_kind = "W" if split else "B"
     record = opts.record_events
+    overlap = opts.overlap_allreduce
+    texts = sched.text()  # action names, once (events and the result share them)
+    lane_track = [f"lane:{lane}" for lane in range(k)]
 
     # Per lane: which chunks all-reduce after which action (position in the lane's order).
     ar_after: list[dict[int, list[tuple[int, int]]]] = []
@@ -484,8 +488,8 @@ def _simulate_window(costs: Sequence[ir.StageCost], sched: Schedule, v: int, opt
         busy[lane] = True
         end = now + dur
         if record:
-            events.append(Event(f"lane:{lane}", str(a), kind, c, mb, now, end))
-        if opts.overlap_allreduce and p in ar_after[lane]:
+            events.append(_new_event(Event, (lane_track[lane], texts[lane][p], kind, c, mb, now, end)))
+        if overlap and p in ar_after[lane]:
             for ch, blk in ar_after[lane][p]:
                 _overlapped_ar(lane, ch, blk, now, dur)
         seq += 1
@@ -524,7 +528,13 @@ def _simulate_window(costs: Sequence[ir.StageCost], sched: Schedule, v: int, opt
         flow_of[n_x] = 2 * boundary + (0 if fwd_dir else 1)
         seq += 1
         if opts.share_links:
-            heapq.heappush(heap, (now + cost.send_link.latency_s, seq, _LATENCY, n_x))
+            t = now + cost.send_link.latency_s
+            if key in fifo_free:  # the link's only flow: first in, first out at the full bandwidth
+                t = max(t, fifo_free[key]) + cost.send_bytes / links[key].bandwidth
+                fifo_free[key] = t
+                heapq.heappush(heap, (t, seq, _ARRIVE, n_x))
+            else:
+                heapq.heappush(heap, (t, seq, _LATENCY, n_x))
         else:
             heapq.heappush(heap, (now + cost.send_link.transfer_s(cost.send_bytes), seq, _ARRIVE, n_x))
 
@@ -612,8 +622,8 @@ def _simulate_window(costs: Sequence[ir.StageCost], sched: Schedule, v: int, opt
             start = max(t0, flow_end.get((key, flow), t0))
             flow_end[(key, flow)] = now
             c_from = c_to - 1 if op == "act" else c_to + 1
-            events.append(Event(f"link:{key}", f"{op} {c_from}->{c_to} #{mb}", op, min(c_from, c_to), mb, start,
-                                now))
+            events.append(_new_event(Event, ("link:" + key, f"{op} {c_from}->{c_to} #{mb}", op, min(c_from, c_to),
+                                             mb, start, now)))
         (act_in if op == "act" else grad_in)[c_to * n + mb] = now
         try_start(c_to % k, now)
 
@@ -640,12 +650,6 @@ def _simulate_window(costs: Sequence[ir.StageCost], sched: Schedule, v: int, opt
                         break
         elif typ == _LATENCY:
             key = xfers[payload][0]
-            if key in fifo_free:  # the link's only flow: first in, first out at the full bandwidth
-                done_at = max(now, fifo_free[key]) + xfers[payload][3] / links[key].bandwidth
-                fifo_free[key] = done_at
-                seq += 1
-                heapq.heappush(heap, (done_at, seq, _ARRIVE, payload))
-                continue
             link = links[key]
             queue = link.queues.setdefault(flow_of[payload], [])
             queue.append(payload)
@@ -715,7 +719,7 @@ def _simulate_window(costs: Sequence[ir.StageCost], sched: Schedule, v: int, opt
     return SimResult(
         schedule=name, stages=k, microbatches=m, virtual_stages=v, iteration_s=iteration, bubble_fraction=bubble,
         makespan_s=makespan, window=window, devices=tuple(devices), lanes=tuple(lanes_devices),
-        links=tuple(link_names), events=tuple(events), actions=tuple(tuple(r) for r in sched.text()),
+        links=tuple(link_names), events=tuple(events), actions=tuple(tuple(r) for r in texts),
     ), stable
 
 
