@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -272,6 +273,7 @@ class _Link:
 
 
 _COMPUTE, _LATENCY, _LINK, _ARRIVE = 0, 1, 2, 3
+_BY_START_TRACK = operator.itemgetter(5, 0)  # Event (start, track), a C-level sort key
 _new_event = tuple.__new__  # Event(*fields) without NamedTuple's Python-level __new__ (the hot path)
 
 
@@ -715,7 +717,7 @@ def _simulate_window(costs: Sequence[ir.StageCost], sched: Schedule, v: int, opt
     bubble = 1.0 - total_busy / (k * iteration) if iteration > 0 else 0.0
     bubble = min(max(bubble, 0.0), 1.0)
     if record:
-        events.sort(key=lambda e: (e.start, e.track))
+        events.sort(key=_BY_START_TRACK)
     return SimResult(
         schedule=name, stages=k, microbatches=m, virtual_stages=v, iteration_s=iteration, bubble_fraction=bubble,
         makespan_s=makespan, window=window, devices=tuple(devices), lanes=tuple(lanes_devices),
