@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -119,56 +120,77 @@ def max_rel_diff(a: list[float], b: list[float]) -> float:
 # ----------------------------------------------------------------------------- parent
 
 
-def run_plan(plan: ir.Plan, model: str, *, engine: str = "deepspeed", steps: int = 10, warmup: int = 2,
-             loss: str = "cross_entropy", check: bool = False, seed: int = 0, threads: int | None = None,
-             timeout_s: float = DEFAULT_TIMEOUT_S, log: Any = None) -> dict[str, Any]:
-    """Train ``plan`` for real with ``engine``; the run JSON of DESIGN.md section 4."""
+@dataclass(frozen=True)
+class _Launch:
+    """What every torchrun worker is started with."""
+
+    model: str
+    engine: str
+    world_size: int
+    steps: int
+    loss: str
+    seed: int
+    threads: int
+
+    def command(self, plan_path: Path, out_dir: str) -> list[str]:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={self.world_size}",
+                "-m", "planner.runner", "--plan", str(plan_path), "--model", self.model, "--engine", self.engine,
+                "--steps", str(self.steps), "--loss", self.loss, "--seed", str(self.seed), "--threads",
+                str(self.threads), "--out", out_dir]
+
+
+def _check_run_args(steps: int, warmup: int, loss: str) -> None:
     if steps < 1 or warmup < 0 or warmup >= steps:
         raise RunError(f"--steps {steps} with {warmup} warm-up steps leaves nothing to measure",
                        "use more steps than warm-up steps")
     if loss not in common.LOSSES:
         raise RunError(f"unknown loss {loss!r}", f"use one of {', '.join(common.LOSSES)}")
-    engine_available(engine)
-    width = engine_module(engine).check_plan(plan)
-    world = plan.world_size
+
+
+def _check_world_size(world: int) -> None:
     limit = max_world_size()
     if world > limit:
         where = f"{limit} CUDA devices" if torch.cuda.is_available() else f"{os.cpu_count()} cores (limit {limit})"
         raise RunError(f"the plan needs {world} processes; this machine can start {limit} ({where})",
                        "search a plan for a smaller cluster (planner calibrate --nproc N)")
-    threads = threads or max(1, (os.cpu_count() or 1) // world)
-    torch.set_num_threads(max(1, threads))
-    layers, example = load_layers(model, plan, seed)
-    spec = common.data_spec(layers, example, loss)
 
+
+def _worker_env(threads: int, tmp: str) -> dict[str, str]:
+    """This process's environment with the workers' threads, import path and engine settings."""
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = str(threads)
+    env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), *filter(None, [env.get("PYTHONPATH")])])
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "torch_extensions"))
+    env.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
+    env.setdefault("TORCHELASTIC_ERROR_FILE", str(Path(tmp) / "elastic-error.json"))
+    return env
+
+
+def _wait_workers(cmd: list[str], env: dict[str, str], log_path: Path, timeout_s: float) -> int:
+    """Run ``cmd`` in its own process group, output to ``log_path``; the group is killed however it ends."""
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env, start_new_session=True)
+        try:
+            return proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            raise RunError(f"the workers did not finish within {timeout_s:.0f} s "
+                           f"({_last_lines(log_path)})", "use fewer --steps or a smaller model") from None
+        except BaseException:
+            _kill_group(proc)
+            raise
+        finally:
+            _kill_group(proc)
+
+
+def _run_workers(plan: ir.Plan, launch: _Launch, timeout_s: float, log: Any) -> dict[str, Any]:
+    """Launch the workers under torchrun and return rank 0's result (losses, wall and CPU times per step)."""
     with tempfile.TemporaryDirectory(prefix="planner-run-") as tmp:
         plan_path = Path(tmp) / "plan.json"
         plan_path.write_text(json.dumps(plan.to_dict()))
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
-               "-m", "planner.runner", "--plan", str(plan_path), "--model", model, "--engine", engine,
-               "--steps", str(steps), "--loss", loss, "--seed", str(seed), "--threads", str(threads),
-               "--out", tmp]
-        env = dict(os.environ)
-        env["OMP_NUM_THREADS"] = str(threads)
-        env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), *filter(None, [env.get("PYTHONPATH")])])
-        env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "torch_extensions"))
-        env.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
-        env.setdefault("TORCHELASTIC_ERROR_FILE", str(Path(tmp) / "elastic-error.json"))
         log_path = Path(tmp) / "workers.log"
-        with open(log_path, "wb") as out:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=env, start_new_session=True)
-            try:
-                rc = proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                _kill_group(proc)
-                raise RunError(f"the workers did not finish within {timeout_s:.0f} s "
-                               f"({_last_lines(log_path)})", "use fewer --steps or a smaller model") from None
-            except BaseException:
-                _kill_group(proc)
-                raise
-            finally:
-                _kill_group(proc)
+        rc = _wait_workers(launch.command(plan_path, tmp), _worker_env(launch.threads, tmp), log_path, timeout_s)
         text = log_path.read_text(errors="replace")
         if log is not None:
             log.write(text)
@@ -179,13 +201,18 @@ def run_plan(plan: ir.Plan, model: str, *, engine: str = "deepspeed", steps: int
         result_path = Path(tmp) / "result.json"
         if not result_path.exists():
             raise RunError(f"the workers exited without a result ({_last_lines(log_path)})", "report this")
-        res = json.loads(result_path.read_text())
+        res: dict[str, Any] = json.loads(result_path.read_text())
+        return res
 
+
+def _run_doc(plan: ir.Plan, launch: _Launch, warmup: int, res: dict[str, Any]) -> dict[str, Any]:
+    """The run JSON (without the reference losses) from the workers' result."""
     times = res["iteration_s"]
     doc: dict[str, Any] = {
-        "engine": engine, "world_size": world, "model": model, "config": plan.config, "schedule": plan.schedule,
-        "microbatches": plan.microbatches, "batch_size": plan.batch_size, "steps": steps, "warmup": warmup,
-        "threads": threads, "measured_iteration_s": statistics.median(times[warmup:]),
+        "engine": launch.engine, "world_size": launch.world_size, "model": launch.model, "config": plan.config,
+        "schedule": plan.schedule, "microbatches": plan.microbatches, "batch_size": plan.batch_size,
+        "steps": launch.steps, "warmup": warmup, "threads": launch.threads,
+        "measured_iteration_s": statistics.median(times[warmup:]),
         "predicted_iteration_s": plan.predicted.iteration_s, "iteration_times_s": times,
         # CPU seconds of the busiest process per step (wall time well above it: waiting or
         # a machine shared with other work)
@@ -193,10 +220,28 @@ def run_plan(plan: ir.Plan, model: str, *, engine: str = "deepspeed", steps: int
         "losses": res["losses"],
     }
     doc["ratio"] = doc["measured_iteration_s"] / doc["predicted_iteration_s"] if plan.predicted.iteration_s else None
+    return doc
+
+
+def run_plan(plan: ir.Plan, model: str, *, engine: str = "deepspeed", steps: int = 10, warmup: int = 2,
+             loss: str = "cross_entropy", check: bool = False, seed: int = 0, threads: int | None = None,
+             timeout_s: float = DEFAULT_TIMEOUT_S, log: Any = None) -> dict[str, Any]:
+    """Train ``plan`` for real with ``engine``; the run JSON of DESIGN.md section 4."""
+    _check_run_args(steps, warmup, loss)
+    engine_available(engine)
+    width = engine_module(engine).check_plan(plan)
+    world = plan.world_size
+    _check_world_size(world)
+    threads = threads or max(1, (os.cpu_count() or 1) // world)
+    torch.set_num_threads(max(1, threads))
+    layers, example = load_layers(model, plan, seed)
+    spec = common.data_spec(layers, example, loss)
+    launch = _Launch(model, engine, world, steps, loss, seed, threads)
+    doc = _run_doc(plan, launch, warmup, _run_workers(plan, launch, timeout_s, log))
     if check:
         ref = reference_losses(layers, plan, spec, steps, seed, width)
         doc["reference_losses"] = ref
-        doc["max_rel_loss_diff"] = max_rel_diff(res["losses"], ref)
+        doc["max_rel_loss_diff"] = max_rel_diff(doc["losses"], ref)
     return doc
 
 
