@@ -24,29 +24,34 @@ def _range_times(per_layer: list[float]) -> np.ndarray:
     return np.where(np.triu(np.ones_like(t, dtype=bool), k=1), t, np.inf)
 
 
-def _brute(times: list[np.ndarray], n: int, v: int) -> float:
+def _brute(times: list[np.ndarray], n: int, v: int, recv: list[np.ndarray] | None = None) -> float:
     k = len(times)
     best = np.inf
     for cuts in itertools.combinations(range(1, n), k * v - 1):
         b = (0, *cuts, n)
-        best = min(best, max(times[c % k][b[c], b[c + 1]] for c in range(k * v)))
+        worst = max(max(times[c % k][b[c], b[c + 1]], recv[c % k][b[c]] if recv is not None and c else 0.0)
+                    for c in range(k * v))
+        best = min(best, worst)
     return float(best)
 
 
 @given(st.lists(st.floats(0.1, 5.0), min_size=2, max_size=8), st.lists(st.floats(0.5, 3.0), min_size=1, max_size=3),
-       st.integers(1, 3))
-def test_balanced_bounds_is_the_min_max_partition(layers: list[float], speeds: list[float], v: int) -> None:
+       st.integers(1, 3), st.lists(st.floats(0.0, 6.0), min_size=8, max_size=8) | st.none())
+def test_balanced_bounds_is_the_min_max_partition(layers: list[float], speeds: list[float], v: int,
+                                                  inputs: list[float] | None) -> None:
     k = len(speeds)
     if len(layers) < k * v:
         with pytest.raises(ValueError, match="cannot make"):
             balanced_bounds([_range_times(layers)] * k, len(layers), v)
         return
     times = [_range_times([x / s for x in layers]) for s in speeds]
-    b = balanced_bounds(times, len(layers), v)
+    recv = None if inputs is None else [np.array([0.0, *inputs[:len(layers) - 1]]) * s for s in speeds]
+    b = balanced_bounds(times, len(layers), v, recv)
     assert b[0] == 0 and b[-1] == len(layers) and len(b) == k * v + 1
     assert all(x < y for x, y in itertools.pairwise(b))  # every chunk has a layer, model order
-    worst = max(times[c % k][b[c], b[c + 1]] for c in range(k * v))
-    assert worst == pytest.approx(_brute(times, len(layers), v), rel=1e-12)
+    worst = max(max(times[c % k][b[c], b[c + 1]], recv[c % k][b[c]] if recv is not None and c else 0.0)
+                for c in range(k * v))
+    assert worst == pytest.approx(_brute(times, len(layers), v, recv), rel=1e-12)
 
 
 def test_faster_group_gets_more_layers() -> None:
@@ -54,6 +59,13 @@ def test_faster_group_gets_more_layers() -> None:
     b = balanced_bounds([slow, fast], 12, 2)
     sizes = [y - x for x, y in itertools.pairwise(b)]
     assert sizes == [2, 4, 2, 4]
+
+
+def test_cuts_avoid_slow_transfers() -> None:
+    even = _range_times([1.0] * 8)
+    recv = np.array([0.0, 9.0, 9.0, 0.5, 9.0, 9.0, 9.0, 9.0])  # only layer 3's input is cheap to send
+    assert balanced_bounds([even, even], 8, 1) == [0, 4, 8]
+    assert balanced_bounds([even, even], 8, 1, [recv, recv]) == [0, 3, 8]  # 5 s per chunk beats 9 s
 
 
 def _base(n_layers: int = 8, batch: int = 8, m: int = 4, memory: int = 10**10) -> ir.Plan:

@@ -11,10 +11,13 @@ Method (a documented heuristic, not an exact optimum over the interleaved space)
    chunks in model order, chunk c on group c mod K (chunk 0 on group 0, ..., chunk K on
    group 0 again), as Megatron-LM assigns virtual stages (Narayanan et al., SC'21,
    section 2.2). The layer boundaries are a balanced contiguous partition: the one that
-   minimises the slowest chunk, a chunk's time being its forward + backward per
-   micro-batch on its own group under its HPP forms (:func:`planner.search.hpp.stage_tables`;
-   a faster or wider group takes more layers). The all-reduce, paid once per iteration,
-   is left out of the balance. Each chunk's forms are HPP's on its group.
+   minimises the slowest chunk, a chunk's time per micro-batch being
+   ``max(forward + backward on its own group under its HPP forms, receiving its input)``
+   (:func:`planner.search.hpp.stage_tables`; the transfer, alpha + S/B from the previous
+   chunk's group, overlaps compute in steady state as in planner.costmodel.stage_terms).
+   So a faster or wider group takes more layers, and cuts avoid large activations on slow
+   links. The all-reduce, paid once per iteration, is left out of the balance. Each
+   chunk's forms are HPP's on its group.
 3. The simulator judges (:func:`judge`): every candidate the DP met is chunked and played
    under the interleaved schedule with v chunks (memory: static bytes of the group's
    chunks plus the activations of the chunk micro-batches in flight,
@@ -38,8 +41,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from planner import ir
-from planner.cluster import group_of
-from planner.costmodel import layer_table, stage_costs
+from planner.cluster import group_of, link_between
+from planner.costmodel import layer_table, p2p_s, stage_costs
 from planner.errors import InfeasibleError, UsageError
 from planner.search.hpp import hpp, stage_tables
 
@@ -47,12 +50,15 @@ DEFAULT_VIRTUAL_STAGES = 2
 """Chunks per device group when ``--schedule interleaved`` is given without ``--virtual-stages``."""
 
 
-def balanced_bounds(chunk_time: Sequence[np.ndarray], n_layers: int, v: int) -> list[int]:
-    """Layer boundaries [0, b1, ..., N] of K*v contiguous chunks, chunk c timed by
-    ``chunk_time[c % K][a, b]`` (layers [a, b)), minimising the slowest chunk.
+def balanced_bounds(chunk_time: Sequence[np.ndarray], n_layers: int, v: int,
+                    recv_time: Sequence[np.ndarray] | None = None) -> list[int]:
+    """Layer boundaries [0, b1, ..., N] of K*v contiguous chunks, minimising the slowest chunk.
 
-    A min-max chain DP over (chunk, end layer), O(K v N^2); ties go to the earliest cut.
-    ValueError when N < K*v (every chunk needs a layer).
+    Chunk c > 0 starting at layer a and ending before b takes ``max(chunk_time[c % K][a, b],
+    recv_time[c % K][a])`` (its compute, and receiving its input from the previous chunk's
+    group; no receive when ``recv_time`` is None), chunk 0 ``chunk_time[0][0, b]``. A min-max
+    chain DP over (chunk, end layer), O(K v N^2); ties go to the earliest cut. ValueError
+    when N < K*v (every chunk needs a layer).
     """
     k = len(chunk_time)
     n_chunks = k * v
@@ -65,7 +71,10 @@ def balanced_bounds(chunk_time: Sequence[np.ndarray], n_layers: int, v: int) -> 
         t = np.asarray(chunk_time[(c - 1) % k])
         for j in range(c, n_layers - (n_chunks - c) + 1):
             starts = np.arange(c - 1, j)
-            cand = np.maximum(best[c - 1, starts], t[starts, j])
+            own = t[starts, j]
+            if recv_time is not None and c > 1:
+                own = np.maximum(own, np.asarray(recv_time[(c - 1) % k])[starts])
+            cand = np.maximum(best[c - 1, starts], own)
             i = int(np.argmin(cand))
             best[c, j] = cand[i]
             cut[c, j] = starts[i]
@@ -87,8 +96,8 @@ def chunk_plan(plan: ir.Plan, v: int) -> ir.Plan:
     n_layers = len(profile.layers)
     tables = [layer_table(profile, group_of(cluster, devs), m, plan.optimizer) for devs in groups]
     times = [stage_tables(t, np.arange(n_layers + 1), m).time for t in tables]
-    bounds = balanced_bounds(times, n_layers, v)
     k = len(groups)
+    bounds = balanced_bounds(times, n_layers, v, _receive_times(plan, tables[0].out_bytes))
     stages = []
     for c in range(k * v):
         first, end = bounds[c], bounds[c + 1]
@@ -96,6 +105,20 @@ def chunk_plan(plan: ir.Plan, v: int) -> ir.Plan:
         base = plan.stages[c % k]
         stages.append(ir.Stage((first, end), base.devices, forms, 0, base.recompute))
     return dataclasses.replace(plan, schedule="interleaved", virtual_stages=v, stages=tuple(stages))
+
+
+def _receive_times(plan: ir.Plan, out_bytes: np.ndarray) -> list[np.ndarray] | None:
+    """Per group g, receiving layer a's input from group g-1 mod K per micro-batch (alpha + S/B,
+    planner.costmodel.p2p_s; index a, 0 at a = 0); None with one group (chunks share devices)."""
+    groups = [s.devices for s in plan.stages]
+    if len(groups) == 1:
+        return None
+    out = []
+    for g, devs in enumerate(groups):
+        link, _ = link_between(plan.cluster, groups[g - 1], devs)
+        recv = np.array([0.0] + [p2p_s(float(b), link) for b in out_bytes[:-1]])
+        out.append(recv)
+    return out
 
 
 def torch_runs(microbatches: int, groups: int) -> bool:
