@@ -23,10 +23,6 @@ from planner.costmodel import plan_memory, stage_costs
 from planner.search import baselines as bl
 from planner.search.sp import Problem
 
-SEED_SPLITS = ("uniform", "parameters", "time")
-"""Layer splits of the grid seeds: DeepSpeed's ``partition_uniform`` (layer counts) and
-``partition_balanced`` on parameters, and torchgpipe's ``balance_by_time`` (forward times)."""
-
 
 @dataclass(frozen=True)
 class Judged:
@@ -90,7 +86,10 @@ def _bounds(balance: Sequence[int]) -> list[int]:
 
 
 def splits(profile: ir.ModelProfile, k: int) -> list[list[int]]:
-    """Layer boundaries (k + 1 of them) of every seed split into k non-empty stages."""
+    """Layer boundaries (k + 1 of them) of every seed split into k non-empty stages:
+    DeepSpeed's ``partition_uniform`` (layer counts), torchgpipe's ``balance_by_time``
+    (forward times) and DeepSpeed's ``partition_balanced`` on parameters (below
+    :data:`PARAMETER_SPLIT_WORK`); duplicates once."""
     n = len(profile.layers)
     found = [bl.deepspeed_parts(profile, k, "uniform"), _bounds(bl.balance_by_time(profile, k))]
     if (n + 1) ** 2 * k <= PARAMETER_SPLIT_WORK:

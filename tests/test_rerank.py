@@ -1,0 +1,88 @@
+"""search.rerank: grid seeds inside the search space, the memory rule, simulated predictions."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from planner import ir
+from planner.cluster import cluster_from_dict
+from planner.search import baselines as bl
+from planner.search import rerank, search
+from planner.search.sp import build_problem
+from planner.simulate import SimOptions, simulate
+from tests.conftest import make_cluster_dict, make_profile_dict
+
+
+def _problem(nodes: int, per: int, *, n_layers: int = 8, memory_bytes: int = 10**10, **kw: object):  # type: ignore[no-untyped-def]
+    profile = ir.ModelProfile.from_dict(make_profile_dict(n_layers, batch_size=8))
+    cluster = cluster_from_dict(make_cluster_dict(nodes, per, memory_bytes))
+    return build_problem(profile, cluster, microbatches=4, schedule="1f1b", optimizer="sgd", **kw)
+
+
+def _configs(plans: list[rerank.Costed]) -> set[str]:
+    return {p.config for p, _ in plans}
+
+
+def test_seeds_are_the_deepspeed_grids_and_pure_data_parallel() -> None:
+    prob = _problem(2, 2)
+    seeds = rerank.seed_plans(prob, engine="any", solver="dp")
+    assert _configs(seeds) == {"4", "2-2", "1-1-1-1"}
+    for k in (2, 4):  # DeepSpeed's own layouts are among them, stage for stage
+        for method in ("uniform", "parameters"):
+            layout = next(x for x in bl.deepspeed_layouts(prob.profile, prob.cluster, method, (4,))
+                          if len(x.stages) == k)
+            want = tuple((layers, devices) for layers, devices, _ in layout.stages)
+            assert any(tuple((s.layers, s.devices) for s in p.stages) == want for p, _ in seeds)
+    one = [p for p, _ in seeds if p.config == "4"]
+    assert any(p.stages[0].forms == ("dp",) * 8 for p in one)  # pure data parallel
+
+
+def test_seeds_leave_out_groups_the_search_cannot_form() -> None:
+    # 2 servers x 3 GPUs: 3 stages of 2 consecutive GPUs cross a server; 2-of-3 is no power of two
+    prob = _problem(2, 3)
+    assert _configs(rerank.seed_plans(prob, engine="any", solver="dp")) <= {"6", "3-3", "1-1-1-1-1-1"}
+    fixed = _problem(2, 2, config=(2, 2))  # --config keeps only the grid of its widths
+    assert _configs(rerank.seed_plans(fixed, engine="any", solver="dp")) == {"2-2"}
+
+
+def test_a_seed_that_overflows_gets_recomputation_or_is_dropped() -> None:
+    from planner.costmodel import plan_memory
+
+    prob = _problem(2, 2)  # 1f1b: stage 0 of 1-1-1-1 holds 4 micro-batches in flight
+    plan = next(p for p, _ in rerank.seed_plans(prob, engine="any", solver="dp") if p.config == "1-1-1-1")
+    need = max(s.memory_bytes for s in plan.stages)
+    recomputing = dataclasses.replace(plan, stages=tuple(dataclasses.replace(s, recompute=True) for s in plan.stages))
+    cap = max(plan_memory(recomputing))
+    assert cap < need  # the profile's activations are worth recomputing
+    tight = dataclasses.replace(plan, cluster=cluster_from_dict(make_cluster_dict(2, 2, cap)))
+    fitted = rerank.with_memory(tight)
+    assert fitted is not None
+    assert fitted[0].stages[0].recompute and not fitted[0].stages[-1].recompute  # only where it overflows
+    assert all(s.memory_bytes <= cap for s in fitted[0].stages)
+    hopeless = dataclasses.replace(tight, cluster=cluster_from_dict(make_cluster_dict(2, 2, cap - 1)))
+    assert rerank.with_memory(hopeless) is None
+
+
+def test_the_returned_plan_is_the_fastest_simulated_candidate() -> None:
+    profile = ir.ModelProfile.from_dict(make_profile_dict(6, batch_size=8))
+    doc = make_cluster_dict(2, 2)
+    doc["links"]["inter_node"]["bandwidth_Bps"] = 1.25e8
+    cluster = cluster_from_dict(doc)
+    plan = search(profile, cluster, microbatches=4)
+    options = SimOptions(record_events=False)
+    prob = build_problem(profile, cluster, microbatches=4, schedule="1f1b", optimizer="sgd")
+    for seed, _ in rerank.seed_plans(prob, engine="any", solver="dp"):
+        assert plan.predicted.iteration_s <= simulate(seed, options).iteration_s * (1 + 1e-12)
+    analytic = search(profile, cluster, microbatches=4, candidates=0)
+    assert plan.predicted.iteration_s <= simulate(analytic, options).iteration_s * (1 + 1e-12)
+    assert plan.predicted == rerank.simulated(plan).predicted
+
+
+def test_evaluate_replaces_the_ranking_but_the_prediction_is_simulated() -> None:
+    profile = ir.ModelProfile.from_dict(make_profile_dict(6, batch_size=8))
+    cluster = cluster_from_dict(make_cluster_dict(2, 2))
+    most_stages = search(profile, cluster, microbatches=4, evaluate=lambda p: -len(p.stages))
+    assert len(most_stages.stages) == 4
+    assert most_stages.predicted.iteration_s == pytest.approx(simulate(most_stages).iteration_s)
