@@ -195,11 +195,64 @@ def _tie_groups(layers: Sequence[nn.Module], plan: ir.Plan, rank: int, width: in
     return out
 
 
+def _make_schedule(stages: list[Any], plan: ir.Plan, loss: str) -> Any:
+    """The torch pipelining schedule for ``plan.schedule`` over this rank's stages."""
+    from torch.distributed import pipelining
+
+    cls = getattr(pipelining, SCHEDULES[plan.schedule])
+    return cls(stages if plan.virtual_stages > 1 or plan.schedule == "zb-h1" else stages[0],
+               plan.microbatches, loss_fn=common.make_loss(loss))
+
+
+def _run_schedule(schedule: Any, first: bool, last: bool, xs: torch.Tensor, ys: torch.Tensor) -> list[torch.Tensor]:
+    """One pipelined step: the first stage feeds inputs, the last targets; the last stage's micro-batch losses."""
+    losses: list[torch.Tensor] = []
+    if first and last:
+        schedule.step(xs, target=ys, losses=losses)
+    elif first:
+        schedule.step(xs)
+    elif last:
+        schedule.step(target=ys, losses=losses)
+    else:
+        schedule.step()
+    return losses
+
+
+def _sum_tie_grads(ties: list[tuple[Any, nn.Parameter]]) -> None:
+    """Sum each tied parameter's gradient over the stages holding it."""
+    import torch.distributed as dist
+
+    for group, param in ties:
+        if param.grad is None:
+            param.grad = torch.zeros_like(param)
+        dist.all_reduce(param.grad, group=group)
+
+
+def _average_grads(params: list[nn.Parameter], group: Any, dp_width: int) -> None:
+    """Average gradients over the ``dp_width`` pipeline replicas (what DDP would do)."""
+    import torch.distributed as dist
+
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        dist.all_reduce(p.grad, group=group)
+        p.grad /= dp_width
+
+
+def _global_mean_loss(losses: list[torch.Tensor], dev: torch.device, width: int) -> float:
+    """The step's mean loss on the global batch: the last stages' means summed over all ranks, over W."""
+    import torch.distributed as dist
+
+    mean = torch.stack([t.detach().float() for t in losses]).mean() if losses else torch.zeros(())
+    total = mean.reshape(1).to(dev)
+    dist.all_reduce(total)
+    return float(total) / width
+
+
 def make_trainer(layers: Sequence[nn.Module], plan: ir.Plan, loss: str,
                  lr: float | None = None) -> Callable[[torch.Tensor, torch.Tensor], float]:
     """Build this rank's stages and schedule; returns ``step(x, y) -> mean loss`` on the global batch."""
     import torch.distributed as dist
-    from torch.distributed import pipelining
 
     check_plan(plan, layers)
     common.check_layers_match(layers, plan.profile, ExportError)
@@ -210,10 +263,7 @@ def make_trainer(layers: Sequence[nn.Module], plan: ir.Plan, loss: str,
     ties = _tie_groups(layers, plan, rank, width)
     for group, param in ties:  # same seed already; broadcast guards against drift
         dist.broadcast(param.data, src=dist.get_global_rank(group, 0), group=group)
-    loss_fn = common.make_loss(loss)
-    cls = getattr(pipelining, SCHEDULES[plan.schedule])
-    schedule = cls(stages if plan.virtual_stages > 1 or plan.schedule == "zb-h1" else stages[0],
-                   plan.microbatches, loss_fn=loss_fn)
+    schedule = _make_schedule(stages, plan, loss)
     params = list({id(p): p for s in stages for p in s.submod.parameters()}.values())
     opt = common.torch_optimizer(plan.optimizer, params, common.DEFAULT_LR[plan.optimizer] if lr is None else lr)
     dp_group = mesh["w"].get_group()
@@ -228,30 +278,12 @@ def make_trainer(layers: Sequence[nn.Module], plan: ir.Plan, loss: str,
         xs = torch.cat([common.sub_batch(x, i, replica, m, dp_width) for i in range(m)]).to(dev)
         ys = torch.cat([common.sub_batch(y, i, replica, m, dp_width) for i in range(m)]).to(dev)
         opt.zero_grad()
-        losses: list[torch.Tensor] = []
-        if first and last:
-            schedule.step(xs, target=ys, losses=losses)
-        elif first:
-            schedule.step(xs)
-        elif last:
-            schedule.step(target=ys, losses=losses)
-        else:
-            schedule.step()
-        for group, param in ties:
-            if param.grad is None:
-                param.grad = torch.zeros_like(param)
-            dist.all_reduce(param.grad, group=group)
+        losses = _run_schedule(schedule, first, last, xs, ys)
+        _sum_tie_grads(ties)
         if dp_width > 1:
-            for p in params:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                dist.all_reduce(p.grad, group=dp_group)
-                p.grad /= dp_width
+            _average_grads(params, dp_group, dp_width)
         opt.step()
-        mean = torch.stack([t.detach().float() for t in losses]).mean() if losses else torch.zeros(())
-        total = mean.reshape(1).to(dev)
-        dist.all_reduce(total)
-        return float(total) / width
+        return _global_mean_loss(losses, dev, width)
 
     return step
 
