@@ -67,12 +67,14 @@ def small_batch_of(batch: int) -> int | None:
 
 def _small_pass_times(lm: LayeredModel, x: torch.Tensor, params: list[torch.Tensor], sync: Any, small: int,
                       repeats: int, tick: Callable[[str], None]) -> tuple[list[float], list[float]] | None:
-    """Median per-layer times at batch ``small`` (one warm-up pass), or None if the layers refuse it."""
+    """Median per-layer times at batch ``small``, or None if the layers refuse it.
+
+    No warm-up pass (the passes at the whole batch warmed the layers up): the median of
+    ``repeats`` passes (3 by default) drops a first pass slowed by new-shape set-up."""
     xs = x[:small]
     fwd: list[list[float]] = [[] for _ in range(len(lm))]
     bwd: list[list[float]] = [[] for _ in range(len(lm))]
     try:
-        timed_pass(lm.layers, xs, params, sync)
         for _ in range(repeats):
             fw, bw = timed_pass(lm.layers, xs, params, sync)
             for i in range(len(lm)):
@@ -110,7 +112,7 @@ def profile_model(
     whole-model iterations (``meta.whole_model_fwd_bwd_s``). At the defaults that is 1
     instrumented pass (the warm-up: FLOPs, saved and output bytes), 3 timed passes and 1
     whole-model pass: 5 forward+backward iterations of the model in all. Measured mode
-    also times 1 + ``repeats`` passes at a quarter of the batch (:func:`small_batch_of`;
+    also times ``repeats`` passes at a quarter of the batch (:func:`small_batch_of`;
     each costs about a quarter of an iteration plus the per-call costs) and fits every
     layer's ``forward_fixed_s``/``backward_fixed_s`` (:func:`fit_fixed`; None where the
     batch is 1 or the layers refuse a smaller batch); analytic mode leaves them None.
