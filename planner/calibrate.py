@@ -73,41 +73,46 @@ def measure_memory_bandwidth(threads: int = 1, mib: int = 32) -> float:
     return 3 * n * 4 / t
 
 
-def _worker(rank: int, world: int, init: str, threads: int, out: str) -> None:
+def _pingpong(t: torch.Tensor, rank: int) -> None:
+    """Rank 0 sends ``t`` to rank 1 and receives it back; other ranks do nothing."""
     import torch.distributed as dist
 
-    torch.set_num_threads(threads)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    res: dict[str, float] = {}
+    if rank == 0:
+        dist.send(t, 1)
+        dist.recv(t, 1)
+    elif rank == 1:
+        dist.recv(t, 0)
+        dist.send(t, 0)
+
+
+def _measure_p2p(rank: int) -> dict[str, float]:
+    """Latency (half a 4-byte round trip) and bandwidth (16 MiB one way, latency removed), ranks 0 and 1."""
+    import torch.distributed as dist
+
     small = torch.zeros(1)
     big = torch.zeros(4 * 1024 * 1024)  # 16 MiB
-
-    def pingpong(t: torch.Tensor) -> None:
-        if rank == 0:
-            dist.send(t, 1)
-            dist.recv(t, 1)
-        elif rank == 1:
-            dist.recv(t, 0)
-            dist.send(t, 0)
-
     for _ in range(3):
-        pingpong(small)
-        pingpong(big)
+        _pingpong(small, rank)
+        _pingpong(big, rank)
     dist.barrier()
     lat, bw = [], []
     for _ in range(20):
         t0 = time.perf_counter()
-        pingpong(small)
+        _pingpong(small, rank)
         lat.append((time.perf_counter() - t0) / 2)
     for _ in range(5):
         t0 = time.perf_counter()
-        pingpong(big)
+        _pingpong(big, rank)
         bw.append((time.perf_counter() - t0) / 2)
     latency = statistics.median(lat)
     one_way = statistics.median(bw)
-    res["latency_s"] = latency
-    res["bandwidth_Bps"] = big.numel() * 4 / max(one_way - latency, 1e-9)
-    dist.barrier()
+    return {"latency_s": latency, "bandwidth_Bps": big.numel() * 4 / max(one_way - latency, 1e-9)}
+
+
+def _measure_allreduce(world: int, latency_s: float) -> dict[str, float]:
+    """A 4 MiB all-reduce over every rank, and the bandwidth a ring all-reduce would need to match it."""
+    import torch.distributed as dist
+
     ar = torch.zeros(1024 * 1024)  # 4 MiB
     for _ in range(2):
         dist.all_reduce(ar)
@@ -119,10 +124,19 @@ def _worker(rank: int, world: int, init: str, threads: int, out: str) -> None:
         times.append(time.perf_counter() - t0)
     t_ar = statistics.median(times)
     n, size = world, ar.numel() * 4
-    res["allreduce_bytes"] = size
-    res["allreduce_s"] = t_ar
-    beta_time = max(t_ar - 2 * (n - 1) * latency, 1e-9)
-    res["allreduce_ring_bandwidth_Bps"] = 2 * (n - 1) / n * size / beta_time
+    beta_time = max(t_ar - 2 * (n - 1) * latency_s, 1e-9)
+    return {"allreduce_bytes": size, "allreduce_s": t_ar,
+            "allreduce_ring_bandwidth_Bps": 2 * (n - 1) / n * size / beta_time}
+
+
+def _worker(rank: int, world: int, init: str, threads: int, out: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(threads)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    res = _measure_p2p(rank)
+    dist.barrier()
+    res.update(_measure_allreduce(world, res["latency_s"]))
     if rank == 0:
         import json
 
