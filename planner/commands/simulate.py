@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -10,11 +11,55 @@ from planner import ir
 from planner.errors import PlannerError
 from planner.jsonio import dumps, read_json, write_text_atomic
 
+if TYPE_CHECKING:
+    from planner.simulate import SimResult
+
 
 def _check_folder(path: str | None) -> None:
     if path and not Path(path).resolve().parent.is_dir():
         raise PlannerError(f"cannot write {path}: folder {Path(path).parent} does not exist",
                            "create the folder or choose another path")
+
+
+def _plot(result: SimResult, plan: ir.Plan, plot_path: str) -> None:
+    from planner.render.simulate import plot_simulation
+
+    plot_simulation(result, plot_path, title=f"{plan.model} on {plan.cluster.name}: {plan.schedule}, "
+                                             f"config {plan.config}, M={plan.microbatches}, "
+                                             f"iteration {result.iteration_s * 1000:.3f} ms, "
+                                             f"bubble {result.bubble_fraction:.1%}")
+
+
+def _report(result: SimResult, plan: ir.Plan, width: int | None, show_table: bool,
+            written: tuple[tuple[str | None, str], ...]) -> None:
+    """Gantt, summary, optional schedule table, prediction against simulation and files written, on stderr."""
+    from planner.render import stderr_console
+    from planner.render.simulate import print_simulation
+    from planner.schedule import make_schedule
+
+    print_simulation(result, plan.batch_size, width)
+    console = stderr_console()
+    if show_table:
+        k = len(plan.stages) // plan.virtual_stages
+        console.print(make_schedule(plan.schedule, k, plan.microbatches, plan.virtual_stages).table(),
+                      highlight=False, markup=False)
+    predicted = plan.predicted.iteration_s
+    if predicted > 0:
+        console.print(f"plan's prediction {predicted * 1000:.3f} ms; simulated "
+                      f"{result.iteration_s * 1000:.3f} ms ({result.iteration_s / predicted:.3f}x)",
+                      highlight=False)
+    for path, what in written:
+        if path:
+            console.print(f"wrote {what} {path}", highlight=False)
+
+
+def _json_doc(result: SimResult, plan: ir.Plan) -> dict[str, Any]:
+    """The simulate JSON: the simulation with the plan's model, config, throughput and prediction."""
+    doc: dict[str, Any] = result.to_dict()
+    doc.update({"model": plan.model, "config": plan.config, "batch_size": plan.batch_size,
+                "samples_per_s": plan.batch_size / result.iteration_s if result.iteration_s > 0 else None,
+                "predicted_iteration_s": plan.predicted.iteration_s})
+    return doc
 
 
 @click.command("simulate")
@@ -43,7 +88,6 @@ def simulate(plan_path: str, as_json: bool, trace_path: str | None, plot_path: s
     compute; gradients are all-reduced after each stage's last backward. Prints a text
     Gantt and a summary on stderr; --json, --trace and --plot as documented.
     """
-    from planner.schedule import make_schedule
     from planner.simulate import SimOptions
     from planner.simulate import simulate as run_simulation
 
@@ -55,37 +99,12 @@ def simulate(plan_path: str, as_json: bool, trace_path: str | None, plot_path: s
     result = run_simulation(plan, options)
     trace_text = dumps(result.to_chrome_trace()) if trace_path else None
     if plot_path:
-        from planner.render.simulate import plot_simulation
-
-        plot_simulation(result, plot_path, title=f"{plan.model} on {plan.cluster.name}: {plan.schedule}, "
-                                                 f"config {plan.config}, M={plan.microbatches}, "
-                                                 f"iteration {result.iteration_s * 1000:.3f} ms, "
-                                                 f"bubble {result.bubble_fraction:.1%}")
+        _plot(result, plan, plot_path)
     if trace_path and trace_text is not None:
         write_text_atomic(trace_path, trace_text)
     if not quiet:
-        from planner.render import stderr_console
-        from planner.render.simulate import print_simulation
-
-        print_simulation(result, plan.batch_size, width)
-        console = stderr_console()
-        if show_table:
-            k = len(plan.stages) // plan.virtual_stages
-            console.print(make_schedule(plan.schedule, k, plan.microbatches, plan.virtual_stages).table(),
-                          highlight=False, markup=False)
-        predicted = plan.predicted.iteration_s
-        if predicted > 0:
-            console.print(f"plan's prediction {predicted * 1000:.3f} ms; simulated "
-                          f"{result.iteration_s * 1000:.3f} ms ({result.iteration_s / predicted:.3f}x)",
-                          highlight=False)
-        for path, what in ((trace_path, "trace"), (plot_path, "picture")):
-            if path:
-                console.print(f"wrote {what} {path}", highlight=False)
+        _report(result, plan, width, show_table, ((trace_path, "trace"), (plot_path, "picture")))
     if as_json:
         from planner.cli import emit_json
 
-        doc = result.to_dict()
-        doc.update({"model": plan.model, "config": plan.config, "batch_size": plan.batch_size,
-                    "samples_per_s": plan.batch_size / result.iteration_s if result.iteration_s > 0 else None,
-                    "predicted_iteration_s": plan.predicted.iteration_s})
-        emit_json(doc)
+        emit_json(_json_doc(result, plan))
