@@ -78,66 +78,87 @@ class StageTables:
     in_bytes: np.ndarray
 
 
+_KEYS = ("time", "fwd", "ar_bytes", "static", "weight", "act")
+"""The aggregates of StageTables other than ``in_bytes``, in the order of the sweep's arrays."""
+_SPLIT = np.array([0.0, 1.0, 1.0])
+"""1 for the split forms: their re-layout at a stage's ends (the stage's input and output are batch-sharded)."""
+
+
 def stage_tables(table: LayerTable, bounds: Sequence[int] | np.ndarray, microbatches: int) -> StageTables:
     """HPP for every range between ``bounds`` at once (vectorised over the start)."""
     b = np.asarray(bounds)
     nb = len(b) - 1
-    n_layers = int(b[-1])
-    shape = (nb + 1, nb + 1)
-    out = {k: np.zeros(shape) for k in ("time", "fwd", "ar_bytes", "static", "weight", "act")}
-    out["time"][:] = np.inf
     in_b = np.zeros(nb + 1)
     in_b[:nb] = table.in_bytes[b[:nb]] / table.n
     if not table.allowed[:, 1:].any():  # every layer dp: prefix sums
+        out = {k: np.zeros((nb + 1, nb + 1)) for k in _KEYS}
+        out["time"][:] = np.inf
         _dp_only(table, b, out)
         return StageTables(in_bytes=in_b, **out)
-    m = microbatches
-    keys = ("time", "fwd", "ar_bytes", "static", "weight", "act")
+    res = _chain_sweep(table, b, microbatches)
+    return StageTables(in_bytes=in_b, **{k: res[i] for i, k in enumerate(_KEYS)})
+
+
+def _chain_sweep(table: LayerTable, b: np.ndarray, m: int) -> np.ndarray:
+    """``res[key, a, j]``: the aggregates of stage [b[a], b[j]) under its best forms (time inf where none).
+
+    One pass over the layers carries, per start ``a`` begun so far and per form of the last
+    layer, the cheapest chain's cost (``cost[a, form]``) and its aggregates (``agg[:, a, form]``).
+    """
+    nb = len(b) - 1
     cost = np.full((nb, 3), np.inf)
-    agg = np.zeros((len(keys), nb, 3))  # aggregates of the best chain per (start, last form)
-    res = np.zeros((len(keys), nb + 1, nb + 1))
+    agg = np.zeros((len(_KEYS), nb, 3))  # aggregates of the best chain per (start, last form)
+    res = np.zeros((len(_KEYS), nb + 1, nb + 1))
     res[0] = np.inf
     start_of = {int(x): a for a, x in enumerate(b[:nb])}
     end_of = {int(x): j for j, x in enumerate(b) if j > 0}
     active = 0  # starts [0, active) have begun
-    split = np.array([0.0, 1.0, 1.0])
-    cols3 = np.arange(3)[None, :]
-    all_rows = np.arange(nb)[:, None]
-    for layer in range(n_layers):
+    for layer in range(int(b[-1])):
         lc = _layer_cost(table, layer, m)
         f_, b_ = table.fwd[layer], table.bwd[layer]
         add = np.stack([f_ + b_, f_, table.ar_bytes[layer], table.static[layer], table.weight[layer],
                         table.act[layer]])
         enter = table.enter[layer]
         if active:
-            rows = all_rows[:active]
-            trans = cost[:active, :, None] + m * enter * _CHANGE[None]  # [start, from, to]
-            arg = np.argmin(trans, axis=1)  # [start, to]
-            new_cost = trans[rows, arg, cols3] + lc
-            ef = _ENTER_FWD[arg, cols3] * enter
-            eb = _ENTER_BWD[arg, cols3] * enter
-            agg[:, :active] = agg[:, rows, arg] + add[:, None, :]
-            agg[0, :active] += ef + eb
-            agg[1, :active] += ef
-            cost[:active] = new_cost
+            _extend_chains(cost[:active], agg[:, :active], m, enter, lc, add)
         if layer in start_of:
             a = start_of[layer]
-            cost[a] = m * enter * split + lc
+            cost[a] = m * enter * _SPLIT + lc
             agg[:, a] = add
-            agg[0, a] += enter * split
-            agg[1, a] += enter * split
+            agg[0, a] += enter * _SPLIT
+            agg[1, a] += enter * _SPLIT
             active = a + 1
         if layer + 1 in end_of:
             j = end_of[layer + 1]
-            leave = table.leave[layer] * split
-            last = cost[:j] + m * leave
-            arg1 = np.argmin(last, axis=1)
-            r1 = np.arange(j)
-            ok = np.isfinite(last[r1, arg1])
-            res[:, :j, j] = agg[:, r1, arg1]
-            res[0, :j, j] += leave[arg1]
-            res[0, :j, j] = np.where(ok, res[0, :j, j], np.inf)
-    return StageTables(in_bytes=in_b, **{k: res[i] for i, k in enumerate(keys)})
+            _close_stages(res[:, :j, j], cost[:j], agg[:, :j], m, table.leave[layer] * _SPLIT)
+    return res
+
+
+def _extend_chains(cost: np.ndarray, agg: np.ndarray, m: int, enter: float, lc: np.ndarray,
+                   add: np.ndarray) -> None:
+    """Add one layer to every begun chain (in place): best previous form per form, re-layout if it changes."""
+    rows = np.arange(len(cost))[:, None]
+    cols3 = np.arange(3)[None, :]
+    trans = cost[:, :, None] + m * enter * _CHANGE[None]  # [start, from, to]
+    arg = np.argmin(trans, axis=1)  # [start, to]
+    new_cost = trans[rows, arg, cols3] + lc
+    ef = _ENTER_FWD[arg, cols3] * enter
+    eb = _ENTER_BWD[arg, cols3] * enter
+    agg[:] = agg[:, rows, arg] + add[:, None, :]
+    agg[0] += ef + eb
+    agg[1] += ef
+    cost[:] = new_cost
+
+
+def _close_stages(res: np.ndarray, cost: np.ndarray, agg: np.ndarray, m: int, leave: np.ndarray) -> None:
+    """Write ``res[:, a]`` (in place) for every stage ending here: the best last form with its re-layout out."""
+    last = cost + m * leave
+    arg1 = np.argmin(last, axis=1)
+    r1 = np.arange(len(cost))
+    ok = np.isfinite(last[r1, arg1])
+    res[:] = agg[:, r1, arg1]
+    res[0] += leave[arg1]
+    res[0] = np.where(ok, res[0], np.inf)
 
 
 def _dp_only(table: LayerTable, b: np.ndarray, out: dict[str, np.ndarray]) -> None:
