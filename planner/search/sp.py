@@ -257,6 +257,57 @@ def with_stages(prob: Problem, stages: int) -> Problem:
     return out
 
 
+def _in_flight_counts(prob: Problem, r_hi: int) -> list[int]:
+    """Micro-batches in flight on a stage with r = 1..r_hi stages left (its own included)."""
+    k_fixed = prob.stages_exact
+    if k_fixed is not None:  # exact: stage s = K - r of K
+        return [in_flight_microbatches(prob.schedule, k_fixed, prob.microbatches, k_fixed - r)
+                for r in range(1, r_hi + 1)]
+    if memory_depends_on_k(prob.schedule, prob.microbatches, min(r_hi, 16)):
+        # the count depends on K itself (zb-h1): take the largest over every K the stage
+        # could be part of -- safe (plans always fit), possibly conservative
+        return [max(in_flight_microbatches(prob.schedule, k, prob.microbatches, k - r)
+                    for k in range(r, r_hi + 1)) for r in range(1, r_hi + 1)]
+    return [in_flight_microbatches(prob.schedule, r, prob.microbatches, 0) for r in range(1, r_hi + 1)]
+
+
+def _periods_and_terms(prob: Problem, key: int, t: StageTables, recv: np.ndarray
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per stage range: period without and with recomputation (l_a, l_b) and the matching max terms."""
+    time_b = t.time + t.fwd
+    l_a = t.time + 2.0 * recv
+    l_b = time_b + 2.0 * recv
+    ar = _ar(prob, key, t)
+    with np.errstate(invalid="ignore"):
+        if prob.schedule == "gpipe":  # forward phase, then backward phase (F-then-B)
+            bwd_a = t.time - t.fwd
+            busy_a = np.maximum(t.fwd, recv) + np.maximum(bwd_a, recv)
+            busy_b = np.maximum(t.fwd, recv) + np.maximum(bwd_a + t.fwd, recv)
+        else:
+            busy_a, busy_b = np.maximum(t.time, recv), np.maximum(time_b, recv)
+        term_a = np.where(np.isfinite(l_a), prob.b * busy_a + ar, np.inf)
+        term_b = np.where(np.isfinite(l_b), prob.b * busy_b + ar, np.inf)
+    return l_a, l_b, term_a, term_b
+
+
+def _fit_limits(prob: Problem, t: StageTables, cap: float, in_fl: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Per stage range: the largest stages-left count it fits ``cap`` bytes with, without/with recomputation."""
+    static, act, wt = np.ceil(t.static), np.ceil(t.act), np.ceil(t.weight)
+    inr = np.ceil(t.in_bytes)[:, None]
+    rmax_a = np.zeros(t.time.shape, dtype=np.int64)
+    rmax_b = np.zeros(t.time.shape, dtype=np.int64)
+    for r, k in enumerate(in_fl, start=1):
+        stash = (k - 1) * wt if prob.schedule == "pipedream" else 0.0
+        mem_a = static + k * act + stash
+        mem_b = static + k * inr + act + stash
+        rmax_a = np.where(mem_a <= cap, r, rmax_a) if r == 1 else np.where((rmax_a == r - 1) & (mem_a <= cap),
+                                                                            r, rmax_a)
+        rmax_b = np.where(mem_b <= cap, r, rmax_b) if r == 1 else np.where((rmax_b == r - 1) & (mem_b <= cap),
+                                                                            r, rmax_b)
+    finite = np.isfinite(t.time)
+    return np.where(finite, rmax_a, 0), np.where(finite, rmax_b, 0)
+
+
 def _build_candidates(prob: Problem) -> None:
     """Per (group, link): periods, terms and memory limits of every stage range."""
     prob.cand.clear()
@@ -265,53 +316,14 @@ def _build_candidates(prob: Problem) -> None:
     recv_bytes = np.zeros(prob.nb + 1)
     recv_bytes[1:prob.nb] = inb[start_layer[1:] - 1]
     links = {INTRA: prob.cluster.link("intra_node"), INTER: prob.cluster.link("inter_node")}
-    k_fixed = prob.stages_exact
-    r_hi = k_fixed if k_fixed is not None else prob.r_cap
-    if k_fixed is not None:  # exact: stage s = K - r of K
-        in_fl = [in_flight_microbatches(prob.schedule, k_fixed, prob.microbatches, k_fixed - r)
-                 for r in range(1, r_hi + 1)]
-    elif memory_depends_on_k(prob.schedule, prob.microbatches, min(r_hi, 16)):
-        # the count depends on K itself (zb-h1): take the largest over every K the stage
-        # could be part of -- safe (plans always fit), possibly conservative
-        in_fl = [max(in_flight_microbatches(prob.schedule, k, prob.microbatches, k - r)
-                     for k in range(r, r_hi + 1)) for r in range(1, r_hi + 1)]
-    else:
-        in_fl = [in_flight_microbatches(prob.schedule, r, prob.microbatches, 0) for r in range(1, r_hi + 1)]
+    r_hi = prob.stages_exact if prob.stages_exact is not None else prob.r_cap
+    in_fl = _in_flight_counts(prob, r_hi)
     used = {(mv.key, mv.link) for row in prob.moves for mv in row}
     for key, link in sorted(used):
         t = prob.tables[key]
-        g = prob.groups[key]
         recv = np.array([p2p_s(x, links[link]) for x in recv_bytes])[:, None]
-        time_b = t.time + t.fwd
-        l_a = t.time + 2.0 * recv
-        l_b = time_b + 2.0 * recv
-        ar = _ar(prob, key, t)
-        with np.errstate(invalid="ignore"):
-            if prob.schedule == "gpipe":  # forward phase, then backward phase (F-then-B)
-                bwd_a = t.time - t.fwd
-                busy_a = np.maximum(t.fwd, recv) + np.maximum(bwd_a, recv)
-                busy_b = np.maximum(t.fwd, recv) + np.maximum(bwd_a + t.fwd, recv)
-            else:
-                busy_a, busy_b = np.maximum(t.time, recv), np.maximum(time_b, recv)
-            term_a = np.where(np.isfinite(l_a), prob.b * busy_a + ar, np.inf)
-            term_b = np.where(np.isfinite(l_b), prob.b * busy_b + ar, np.inf)
-        cap = g.memory_bytes if prob.capacity_override is None else prob.capacity_override
-        static, act, wt = np.ceil(t.static), np.ceil(t.act), np.ceil(t.weight)
-        inr = np.ceil(t.in_bytes)[:, None]
-        rmax_a = np.zeros(t.time.shape, dtype=np.int64)
-        rmax_b = np.zeros(t.time.shape, dtype=np.int64)
-        for r, k in enumerate(in_fl, start=1):
-            stash = (k - 1) * wt if prob.schedule == "pipedream" else 0.0
-            mem_a = static + k * act + stash
-            mem_b = static + k * inr + act + stash
-            rmax_a = np.where(mem_a <= cap, r, rmax_a) if r == 1 else np.where((rmax_a == r - 1) & (mem_a <= cap),
-                                                                                r, rmax_a)
-            rmax_b = np.where(mem_b <= cap, r, rmax_b) if r == 1 else np.where((rmax_b == r - 1) & (mem_b <= cap),
-                                                                                r, rmax_b)
-        finite = np.isfinite(t.time)
-        rmax_a = np.where(finite, rmax_a, 0)
-        rmax_b = np.where(finite, rmax_b, 0)
-        cand = Candidate(l_a, l_b, term_a, term_b, rmax_a, rmax_b)
+        cap = prob.groups[key].memory_bytes if prob.capacity_override is None else prob.capacity_override
+        cand = Candidate(*_periods_and_terms(prob, key, t, recv), *_fit_limits(prob, t, cap, in_fl))
         cand.make_band()
         prob.cand[(key, link)] = cand
     # the stages-left count matters only up to 1 + the largest limit below the cap
