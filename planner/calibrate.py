@@ -7,7 +7,9 @@
   plan's prediction uses the profile's measured times unchanged.
 * Links: point-to-point latency (half the round trip of a 4-byte message) and bandwidth
   (a 16 MiB message one way, latency removed) between ranks 0 and 1 over gloo, with all P
-  processes running; and an all-reduce of 4 MiB over all P, reported with the bandwidth a
+  processes running; the fastest of 20 (latency) and of 5 (bandwidth) round trips: the
+  link's own cost, not the time a process waited for a core on a machine shared with other
+  work (on an idle machine the fastest and the median differ by a few microseconds); and an all-reduce of 4 MiB over all P, reported with the bandwidth a
   ring all-reduce ``2(n-1)/n * S/B + 2(n-1) * alpha`` would need to match it (``meta``).
 * Memory: the machine's memory divided among the P processes; ``memory_bandwidth_Bps``
   per device is what one process reaches with ``threads`` threads adding two 32 MiB
@@ -104,8 +106,8 @@ def _measure_p2p(rank: int) -> dict[str, float]:
         t0 = time.perf_counter()
         _pingpong(big, rank)
         bw.append((time.perf_counter() - t0) / 2)
-    latency = statistics.median(lat)
-    one_way = statistics.median(bw)
+    latency = min(lat)
+    one_way = min(bw)
     return {"latency_s": latency, "bandwidth_Bps": big.numel() * 4 / max(one_way - latency, 1e-9)}
 
 
