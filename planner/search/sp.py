@@ -409,6 +409,65 @@ def _rho_mask(prob: Problem, mv: Move, r_top: int) -> np.ndarray | None:
     return np.array([len(mv.devices) == prob.config[k - r] for r in range(1, r_top + 1)])
 
 
+class _CapSweep:
+    """The caches of one :func:`solve_cap`: stage bands per (group, link), windows of suffix values per
+    (next position, width), config masks per width, and a scratch buffer for the min-plus step."""
+
+    def __init__(self, prob: Problem, cap: float, r_top: int, exact: bool) -> None:
+        self.prob, self.cap, self.r_top, self.exact = prob, cap, r_top, exact
+        self.bands: dict[tuple[int, int], np.ndarray] = {}
+        self.masks: dict[int, np.ndarray | None] = {}
+        self.wins: dict[tuple[int, int], tuple[np.ndarray | None, int, int]] = {}
+        self.buf = np.empty(0)
+
+    def band(self, mv: Move) -> np.ndarray:
+        bk = (mv.key, mv.link)
+        band = self.bands.get(bk)
+        if band is None:
+            band = self.bands[bk] = _cost_band(self.prob, mv.key, mv.link, self.r_top, self.cap)
+        return band
+
+    def window(self, h: list[np.ndarray], nxt: int, width: int) -> tuple[np.ndarray | None, int, int]:
+        """Suffix values from position ``nxt`` in windows of ``width``, and the rows [lo, hi) that can reach one."""
+        wk = (nxt, width)
+        cached = self.wins.get(wk)
+        if cached is None:
+            rows = _next_rows(h, nxt, self.r_top, self.exact)
+            finite = np.flatnonzero(np.isfinite(rows).any(axis=0))
+            cached = self.wins[wk] = (None, 0, 0) if finite.size == 0 else \
+                (_windows(rows, width), max(int(finite[0]) - width, 0), int(finite[-1]))
+        return cached
+
+    def mask(self, mv: Move) -> np.ndarray | None:
+        w = len(mv.devices)
+        if w not in self.masks:
+            self.masks[w] = _rho_mask(self.prob, mv, self.r_top)
+        return self.masks[w]
+
+    def values(self, mv: Move, h: list[np.ndarray]) -> np.ndarray | None:
+        """Least sums of plans whose first stage runs on ``mv``, per stages-left count and first block."""
+        band = self.band(mv)
+        if band.shape[2] == 0:
+            return None
+        full_win, lo_row, hi_row = self.window(h, mv.next, band.shape[2])
+        if full_win is None:
+            return None
+        # rows a that can reach a finite suffix value at b in (a, a + width]
+        cand = np.full((self.r_top, self.prob.nb + 1), np.inf)
+        part = band[:, lo_row:hi_row]
+        need = part.size
+        if self.buf.size < need:
+            self.buf = np.empty(need)
+        tmp = self.buf[:need].reshape(part.shape)
+        np.add(part, full_win[:, lo_row:hi_row], out=tmp)
+        np.min(tmp, axis=2, out=cand[:, lo_row:hi_row])
+        if self.exact:
+            mask = self.mask(mv)
+            if mask is not None:
+                cand[~mask] = np.inf
+        return cand
+
+
 def solve_cap(prob: Problem, cap: float) -> Solution | None:
     """Least sum of periods over plans whose every term is <= ``cap`` (None: no plan).
 
@@ -421,54 +480,19 @@ def solve_cap(prob: Problem, cap: float) -> Solution | None:
     empty = np.full((r_top + 1, nb + 1), np.inf)
     empty[0, nb] = 0.0
     h: list[np.ndarray] = [empty] * (g_total + 1)
-    bands: dict[tuple[int, int], np.ndarray] = {}
-    masks: dict[int, np.ndarray | None] = {}
-    wins: dict[tuple[int, int], tuple[np.ndarray | None, int, int]] = {}
-    buf = np.empty(0)
+    sweep = _CapSweep(prob, cap, r_top, exact)
     for d in range(g_total - 1, -1, -1):
         best = h[prob.skip[d]].copy()
         for mv in prob.moves[d]:
-            bk = (mv.key, mv.link)
-            band = bands.get(bk)
-            if band is None:
-                band = bands[bk] = _cost_band(prob, mv.key, mv.link, r_top, cap)
-            if band.shape[2] == 0:
-                continue
-            width = band.shape[2]
-            wk = (mv.next, width)
-            cached = wins.get(wk)
-            if cached is None:
-                nxt = _next_rows(h, mv.next, r_top, exact)
-                finite = np.flatnonzero(np.isfinite(nxt).any(axis=0))
-                cached = wins[wk] = (None, 0, 0) if finite.size == 0 else \
-                    (_windows(nxt, width), max(int(finite[0]) - width, 0), int(finite[-1]))
-            full_win, lo_row, hi_row = cached
-            if full_win is None:
-                continue
-            # rows a that can reach a finite suffix value at b in (a, a + width]
-            cand = np.full((r_top, nb + 1), np.inf)
-            win = full_win[:, lo_row:hi_row]
-            part = band[:, lo_row:hi_row]
-            need = part.size
-            if buf.size < need:
-                buf = np.empty(need)
-            tmp = buf[:need].reshape(part.shape)
-            np.add(part, win, out=tmp)
-            np.min(tmp, axis=2, out=cand[:, lo_row:hi_row])
-            if exact:
-                w = len(mv.devices)
-                if w not in masks:
-                    masks[w] = _rho_mask(prob, mv, r_top)
-                mask = masks[w]
-                if mask is not None:
-                    cand[~mask] = np.inf
-            np.minimum(best[1:], cand, out=best[1:])
+            cand = sweep.values(mv, h)
+            if cand is not None:
+                np.minimum(best[1:], cand, out=best[1:])
         h[d] = best
     rows = [r_top] if exact else list(range(1, r_top + 1))
     value, rho0 = min((float(h[0][r, 0]), r) for r in rows)
     if not math.isfinite(value):
         return None
-    return _backtrack(prob, h, bands, masks, rho0, cap, r_top, exact)
+    return _backtrack(prob, h, sweep.bands, sweep.masks, rho0, cap, r_top, exact)
 
 
 def _backtrack(prob: Problem, h: list[np.ndarray], bands: dict, masks: dict, rho: int, cap: float, r_top: int,
