@@ -9,8 +9,9 @@
   (a 16 MiB message one way, latency removed) between ranks 0 and 1 over gloo, with all P
   processes running; the fastest of 20 (latency) and of 5 (bandwidth) round trips: the
   link's own cost, not the time a process waited for a core on a machine shared with other
-  work (on an idle machine the fastest and the median differ by a few microseconds); and an all-reduce of 4 MiB over all P, reported with the bandwidth a
-  ring all-reduce ``2(n-1)/n * S/B + 2(n-1) * alpha`` would need to match it (``meta``).
+  work (on an idle machine the fastest and the median differ by a few microseconds); and
+  an all-reduce of 4 MiB over all P, reported with the bandwidth a ring all-reduce
+  ``2(n-1)/n * S/B + 2(n-1) * alpha`` would need to match it (``meta``).
 * Memory: the machine's memory divided among the P processes; ``memory_bandwidth_Bps``
   per device is what one process reaches with ``threads`` threads adding two 32 MiB
   tensors into a third (STREAM "add", McCalpin 1995: 3 x 32 MiB moved per call), the

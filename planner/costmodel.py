@@ -13,6 +13,8 @@ Sources of each formula are cited where it is defined:
   each of the ``n`` devices ``fixed + (b/B)(t - fixed)/n`` -- the time at the
   micro-batch size, which PipeDream (Narayanan et al. SOSP'19, section 3.1) and Alpa
   (Zheng et al. OSDI'22, section 5.2) get by profiling at that size.
+- Loss: the profile's ``loss_s`` (cross-entropy forward+backward on the last layer's
+  output) is charged to the last stage's backward per micro-batch, fixed part whole.
 - Optimizer step (``StageCost.optimizer_step_s``): once per iteration after the stage's
   gradient all-reduce, a memory-bound element-wise update (as in ZeRO-Offload, Ren et al.
   ATC'21, section 4.1, which sizes the CPU Adam step by memory traffic): the bytes it
@@ -327,6 +329,19 @@ def optimizer_step_s(weight_bytes: float, static_bytes: float, optimizer: str, b
     return (own * weight_bytes + state * max(static_bytes - 2 * weight_bytes, 0.0)) / bandwidth_Bps
 
 
+def loss_s(profile: ir.ModelProfile, group: Group, microbatches: int) -> float:
+    """The training loss's forward+backward per micro-batch on each device of the last stage.
+
+    ``fixed + (b/B)(t - fixed)/n`` of the profile's ``loss_s`` (fixed part as for layers),
+    scaled like compute; charged at the start of the last stage's backward. 0 when unknown.
+    """
+    if profile.loss_s is None:
+        return 0.0
+    fixed = profile.loss_fixed_s or 0.0
+    scaled = (profile.loss_s - fixed) / microbatches / group.n
+    return (fixed + scaled) * profile.device_flops / group.flops
+
+
 def stage_cost_values(profile: ir.ModelProfile, cluster: ir.Cluster, stage: ir.Stage, microbatches: int,
                       optimizer: str, next_devices: Sequence[str] | None) -> ir.StageCost:
     """The :class:`ir.StageCost` of one stage given the next stage's devices (None: last)."""
@@ -339,6 +354,8 @@ def stage_cost_values(profile: ir.ModelProfile, cluster: ir.Cluster, stage: ir.S
     forms = [FORM_INDEX[f] for f in stage.forms]
     s = summarise(table, first, end, forms)
     backward = s.backward_s + (s.forward_s if stage.recompute else 0.0)
+    if end == len(profile.layers):
+        backward += loss_s(profile, group, microbatches)
     if stage.recompute:
         activation, workspace = s.input_bytes, s.activation_bytes
     else:

@@ -207,6 +207,10 @@ class ModelProfile:
     Times hold for a device of ``device_flops`` peak FLOP/s. ``input_shape`` is the model
     input without the batch dimension; ``input_bytes`` the whole batch's input size.
     ``meta`` holds facts about how the profile was made (not used by the algorithms).
+    ``loss_s``: forward+backward of the training loss (cross-entropy over the last
+    dimension) on the last layer's output for the whole batch, with ``loss_fixed_s`` its
+    part that does not shrink with the batch; the last stage pays it per micro-batch. None
+    means unknown (treated as 0).
     """
 
     model: str
@@ -220,6 +224,8 @@ class ModelProfile:
     input_bytes: int = 0
     ties: tuple[Tie, ...] = ()
     meta: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    loss_s: float | None = None
+    loss_fixed_s: float | None = None
 
     @property
     def param_count(self) -> int:
@@ -246,6 +252,9 @@ class ModelProfile:
         }
         if self.input_shape is not None:
             d["input_shape"] = list(self.input_shape)
+        for key in ("loss_s", "loss_fixed_s"):
+            if getattr(self, key) is not None:
+                d[key] = getattr(self, key)
         return d
 
     @classmethod
@@ -274,6 +283,8 @@ class ModelProfile:
             input_bytes=_int(doc, "input_bytes", source) if "input_bytes" in doc else 0,
             ties=ties,
             meta=dict(meta) if isinstance(meta, Mapping) else {},
+            loss_s=_opt_num(doc, "loss_s", source),
+            loss_fixed_s=_opt_num(doc, "loss_fixed_s", source),
         )
 
 

@@ -164,3 +164,13 @@ def test_optimizer_step_is_traffic_over_memory_bandwidth(optimizer: str, per_par
     t, _ = cm.analytic_iteration([cost], "1f1b", 2)
     t0, _ = cm.analytic_iteration([dataclasses.replace(cost, optimizer_step_s=0.0)], "1f1b", 2)
     assert t == pytest.approx(t0 + cost.optimizer_step_s)
+
+
+def test_loss_is_paid_by_the_last_stage_per_micro_batch() -> None:
+    p = _profile(2, loss_s=0.004, loss_fixed_s=0.002)
+    c = _cluster(1, 2)
+    first = cm.stage_cost_values(p, c, ir.Stage((0, 1), ("n0.g0",), ("dp",), 0), 2, "sgd", ("n0.g1",))
+    last = cm.stage_cost_values(p, c, ir.Stage((1, 2), ("n0.g1",), ("dp",), 0), 2, "sgd", None)
+    assert first.backward_s == pytest.approx(0.02 / 2)
+    assert last.backward_s == pytest.approx(0.02 / 2 + 0.002 + 0.002 / 2)
+    assert last.forward_s == pytest.approx(0.01 / 2)

@@ -111,3 +111,11 @@ def test_zero_memory_bandwidth_is_refused() -> None:
     c["nodes"][0]["gpus"][0]["memory_bandwidth_Bps"] = 0
     with pytest.raises(FormatError, match="memory_bandwidth_Bps"):
         Cluster.from_dict(c)
+
+
+def test_loss_time_round_trips_and_is_optional() -> None:
+    prof = ModelProfile.from_dict(make_profile_dict(2, loss_s=0.003, loss_fixed_s=0.001))
+    assert (prof.loss_s, prof.loss_fixed_s) == (0.003, 0.001)
+    assert ModelProfile.from_dict(prof.to_dict()) == prof
+    plain = ModelProfile.from_dict(make_profile_dict(2))
+    assert plain.loss_s is None and "loss_s" not in plain.to_dict()

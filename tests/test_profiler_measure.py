@@ -8,8 +8,8 @@ from torch import nn
 
 from planner.ir import ModelProfile
 from planner.profiler import load_model, profile_model, split_model
-from planner.profiler.loader import LoadedModel
 from planner.profiler.core import fit_fixed, small_batch_of
+from planner.profiler.loader import LoadedModel
 from planner.profiler.measure import instrumented_pass
 
 
@@ -43,6 +43,8 @@ def test_measured_profile_of_a_small_model() -> None:
     again = ModelProfile.from_dict(prof.to_dict())
     assert again == prof
     assert prof.meta["fixed_cost_fit_batch"] == 4
+    assert prof.loss_s is not None and prof.loss_s > 0
+    assert prof.loss_fixed_s is not None and 0 <= prof.loss_fixed_s <= prof.loss_s
     for layer in prof.layers:
         assert layer.forward_fixed_s is not None and 0 <= layer.forward_fixed_s <= layer.forward_s
         assert layer.backward_fixed_s is not None and 0 <= layer.backward_fixed_s <= layer.backward_s
@@ -63,6 +65,7 @@ def test_batch_one_and_analytic_profiles_have_no_fixed_part() -> None:
     assert one.meta["fixed_cost_fit_batch"] is None
     analytic = profile_model(load_model("mlp", 8), mode="analytic")
     assert all(layer.backward_fixed_s is None for layer in analytic.layers)
+    assert analytic.loss_s is None and one.loss_fixed_s is None
 
 
 def test_output_bytes_are_real_sizes_in_half_precision() -> None:

@@ -86,6 +86,35 @@ def _small_pass_times(lm: LayeredModel, x: torch.Tensor, params: list[torch.Tens
     return [median(t) for t in fwd], [median(t) for t in bwd]
 
 
+def loss_time(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, sync: Any, repeats: int) -> float:
+    """Median seconds of a cross-entropy forward+backward over the last dimension of ``shape``
+    (the training loss the runner and the exported scripts use on the last stage's output)."""
+    logits = torch.randn(shape, dtype=dtype, device=device, requires_grad=True)
+    target = torch.randint(0, shape[-1], shape[:-1], device=device)
+    times = []
+    for _ in range(repeats + 1):
+        sync()
+        t0 = time.perf_counter()
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, shape[-1]).float(), target.reshape(-1))
+        loss.backward()
+        sync()
+        times.append(time.perf_counter() - t0)
+        logits.grad = None
+    return median(times[1:])
+
+
+def _loss_fit(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, sync: Any, repeats: int,
+              small: int | None) -> tuple[float | None, float | None]:
+    """(loss_s, loss_fixed_s) for an output of ``shape``; (None, None) when it is no float logits."""
+    if len(shape) < 2 or not dtype.is_floating_point or shape[-1] < 2:
+        return None, None
+    whole = loss_time(shape, dtype, device, sync, repeats)
+    if not small:
+        return whole, None
+    part = loss_time((small, *shape[1:]), dtype, device, sync, repeats)
+    return whole, fit_fixed(whole, part, shape[0], small)
+
+
 def profile_model(
     loaded: LoadedModel,
     *,
@@ -115,7 +144,9 @@ def profile_model(
     also times ``repeats`` passes at a quarter of the batch (:func:`small_batch_of`;
     each costs about a quarter of an iteration plus the per-call costs) and fits every
     layer's ``forward_fixed_s``/``backward_fixed_s`` (:func:`fit_fixed`; None where the
-    batch is 1 or the layers refuse a smaller batch); analytic mode leaves them None.
+    batch is 1 or the layers refuse a smaller batch); analytic mode leaves them None. It
+    also times a cross-entropy loss on the last layer's output at both sizes (``loss_s``,
+    ``loss_fixed_s``; a few milliseconds).
     """
     if mode not in ("measured", "analytic"):
         raise UsageError(f"unknown mode {mode!r}", "use --mode measured or --mode analytic")
@@ -184,6 +215,8 @@ def profile_model(
                 whole.append(whole_model_pass(module, x, params, sync))
                 tick("timing the whole model")
             small_times = _small_pass_times(lm, x, params, sync, small, repeats, tick) if small else None
+            loss = _loss_fit(facts[-1].output_shape, next(iter(params)).dtype if params else torch.float32, dev,
+                             sync, repeats, small if small_times is not None else None)
     elapsed = time.perf_counter() - start
 
     total_flops = sum(f.forward_flops + f.backward_flops for f in facts)
@@ -202,7 +235,7 @@ def profile_model(
         bwd_s = [analytic_time(f.backward_flops, flops_value, efficiency) for f in facts]
         layer_sum = sum(fwd_s) + sum(bwd_s)
         device_name = flops_label
-        small_times = None
+        small_times, loss = None, (None, None)
     assert flops_value is not None
     batch = int(x.shape[0])
     fixed: list[tuple[float | None, float | None]] = [(None, None)] * len(facts)
@@ -253,5 +286,5 @@ def profile_model(
                                                                          if params else torch.float32),
         mode=mode, device=device_name if mode == "analytic" else ("cpu" if dev.type == "cpu" else str(dev.type)),
         device_flops=float(flops_value), layers=tuple(layers), input_shape=tuple(x.shape[1:]),
-        input_bytes=x.numel() * x.element_size(), ties=ties, meta=meta,
+        input_bytes=x.numel() * x.element_size(), ties=ties, meta=meta, loss_s=loss[0], loss_fixed_s=loss[1],
     )
