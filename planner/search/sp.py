@@ -40,6 +40,7 @@ candidate terms.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -564,6 +565,22 @@ def candidate_terms(prob: Problem) -> np.ndarray:
     return np.unique(np.concatenate(parts)) if parts else np.zeros(0)
 
 
+_Interval = tuple[float, int, int, float]
+"""An open interval of candidate max-term indices: (bound on the objective, lo, hi, bound S on the sum)."""
+
+
+def _push_intervals(heap: list[_Interval], prob: Problem, vals: np.ndarray, lo: int, mid: int, hi: int,
+                    s_lo: float, sol: Solution | None) -> None:
+    """After solving [lo, hi] at cap vals[mid]: [lo, t-1] bounded by the plan's sum (its max is vals[t]),
+    [mid+1, hi] keeping the interval's bound."""
+    if sol is not None:
+        t = int(np.searchsorted(vals, sol.top))
+        if lo <= t - 1:
+            heapq.heappush(heap, (prob.a * sol.total + float(vals[lo]), lo, t - 1, sol.total))
+    if mid + 1 <= hi:
+        heapq.heappush(heap, (prob.a * s_lo + float(vals[mid + 1]), mid + 1, hi, s_lo))
+
+
 def solve(prob: Problem, max_solves: int = 10_000, progress: Callable[[int, float], None] | None = None,
           pool: list[Solution] | None = None) -> Solution | None:
     """The exact optimum of the objective over the problem's space (None: nothing fits).
@@ -578,8 +595,6 @@ def solve(prob: Problem, max_solves: int = 10_000, progress: Callable[[int, floa
     the result is exact. Every plan met on the way is appended to ``pool`` when given
     (candidates for a finer judge, such as the simulator).
     """
-    import heapq
-
     first = solve_cap(prob, math.inf)
     if first is None:
         return None
@@ -587,10 +602,9 @@ def solve(prob: Problem, max_solves: int = 10_000, progress: Callable[[int, floa
         pool.append(first)
     vals = candidate_terms(prob)
     best = first
-    lb = lower_bound_top(prob)
+    lo0 = int(np.searchsorted(vals, lower_bound_top(prob)))
     top_idx = int(np.searchsorted(vals, first.top))
-    lo0 = int(np.searchsorted(vals, lb))
-    heap: list[tuple[float, int, int, float]] = []
+    heap: list[_Interval] = []
     if lo0 <= top_idx - 1:
         heapq.heappush(heap, (prob.a * first.total + float(vals[lo0]), lo0, top_idx - 1, first.total))
     solves = 1
@@ -603,19 +617,12 @@ def solve(prob: Problem, max_solves: int = 10_000, progress: Callable[[int, floa
         mid = (lo + hi) // 2
         sol = solve_cap(prob, float(vals[mid]))
         solves += 1
-        if sol is None:
-            if mid + 1 <= hi:
-                heapq.heappush(heap, (prob.a * s_lo + float(vals[mid + 1]), mid + 1, hi, s_lo))
-            continue
-        if pool is not None:
-            pool.append(sol)
-        if sol.objective < best.objective:
-            best = sol
-        t = int(np.searchsorted(vals, sol.top))
-        if lo <= t - 1:
-            heapq.heappush(heap, (prob.a * sol.total + float(vals[lo]), lo, t - 1, sol.total))
-        if mid + 1 <= hi:
-            heapq.heappush(heap, (prob.a * s_lo + float(vals[mid + 1]), mid + 1, hi, s_lo))
+        if sol is not None:
+            if pool is not None:
+                pool.append(sol)
+            if sol.objective < best.objective:
+                best = sol
+        _push_intervals(heap, prob, vals, lo, mid, hi, s_lo, sol)
     return best
 
 
