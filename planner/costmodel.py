@@ -13,6 +13,10 @@ Sources of each formula are cited where it is defined:
   each of the ``n`` devices ``fixed + (b/B)(t - fixed)/n`` -- the time at the
   micro-batch size, which PipeDream (Narayanan et al. SOSP'19, section 3.1) and Alpa
   (Zheng et al. OSDI'22, section 5.2) get by profiling at that size.
+- Gradient accumulation (:func:`grad_accumulation_s`): with M > 1 micro-batches, every
+  micro-batch after the first adds its weight gradient into the stored one in place
+  (PyTorch's AccumulateGrad), 3 x the gradient's bytes of memory traffic / the device's
+  ``memory_bandwidth_Bps`` (0 when unknown), added to backward (its weight part).
 - Loss: the profile's ``loss_s`` (cross-entropy forward+backward on the last layer's
   output) is charged to the last stage's backward per micro-batch, fixed part whole.
 - Optimizer step (``StageCost.optimizer_step_s``): once per iteration after the stage's
@@ -342,6 +346,20 @@ def loss_s(profile: ir.ModelProfile, group: Group, microbatches: int) -> float:
     return (fixed + scaled) * profile.device_flops / group.flops
 
 
+def grad_accumulation_s(weight_bytes: float, microbatches: int, bandwidth_Bps: float | None) -> float:
+    """Adding each micro-batch's weight gradient into ``.grad``, per micro-batch on average.
+
+    The first micro-batch's gradient is stored as it is; each of the other ``M-1`` is added
+    in place (PyTorch autograd's AccumulateGrad, ``grad += new``: read both, write one,
+    3 x the gradient's bytes of memory traffic), so ``(M-1)/M * 3 * weight_bytes / bandwidth``
+    per micro-batch. A profile's backward holds none of it (each of its passes starts from
+    no gradient). 0 when the bandwidth is unknown.
+    """
+    if bandwidth_Bps is None or weight_bytes <= 0 or microbatches <= 1:
+        return 0.0
+    return (microbatches - 1) / microbatches * 3 * weight_bytes / bandwidth_Bps
+
+
 def stage_cost_values(profile: ir.ModelProfile, cluster: ir.Cluster, stage: ir.Stage, microbatches: int,
                       optimizer: str, next_devices: Sequence[str] | None) -> ir.StageCost:
     """The :class:`ir.StageCost` of one stage given the next stage's devices (None: last)."""
@@ -356,6 +374,9 @@ def stage_cost_values(profile: ir.ModelProfile, cluster: ir.Cluster, stage: ir.S
     backward = s.backward_s + (s.forward_s if stage.recompute else 0.0)
     if end == len(profile.layers):
         backward += loss_s(profile, group, microbatches)
+    bandwidth = memory_bandwidth_Bps(cluster, stage.devices)
+    accumulate = grad_accumulation_s(s.weight_bytes, microbatches, bandwidth)
+    backward += accumulate
     if stage.recompute:
         activation, workspace = s.input_bytes, s.activation_bytes
     else:
@@ -367,13 +388,12 @@ def stage_cost_values(profile: ir.ModelProfile, cluster: ir.Cluster, stage: ir.S
         send_link, link_id = link_between(cluster, stage.devices, next_devices)
     return ir.StageCost(
         devices=tuple(stage.devices), forward_s=s.forward_s, backward_s=backward,
-        backward_weight_s=min(s.backward_weight_s, backward), send_bytes=send_bytes, send_link=send_link,
+        backward_weight_s=min(s.backward_weight_s + accumulate, backward), send_bytes=send_bytes, send_link=send_link,
         send_link_id=link_id, allreduce_s=s.allreduce_s, allreduce_bytes=s.allreduce_bytes,
         static_bytes=math.ceil(s.static_bytes), weight_bytes=math.ceil(s.weight_bytes),
         activation_bytes=math.ceil(activation), workspace_bytes=math.ceil(workspace),
         capacity_bytes=group.memory_bytes,
-        optimizer_step_s=optimizer_step_s(s.weight_bytes, s.static_bytes, optimizer,
-                                          memory_bandwidth_Bps(cluster, stage.devices)))
+        optimizer_step_s=optimizer_step_s(s.weight_bytes, s.static_bytes, optimizer, bandwidth))
 
 
 def stage_costs_for(profile: ir.ModelProfile, cluster: ir.Cluster, stages: Sequence[ir.Stage], microbatches: int,

@@ -174,3 +174,17 @@ def test_loss_is_paid_by_the_last_stage_per_micro_batch() -> None:
     assert first.backward_s == pytest.approx(0.02 / 2)
     assert last.backward_s == pytest.approx(0.02 / 2 + 0.002 + 0.002 / 2)
     assert last.forward_s == pytest.approx(0.01 / 2)
+
+
+def test_gradient_accumulation_adds_to_backward_when_bandwidth_is_known() -> None:
+    d = make_cluster_dict(1, 1)
+    d["nodes"][0]["gpus"][0]["memory_bandwidth_Bps"] = 1e9
+    c, p = cluster_from_dict(d), _profile(1)
+    stage = ir.Stage((0, 1), ("n0.g0",), ("dp",), 0)
+    four = cm.stage_cost_values(p, c, stage, 4, "sgd", None)
+    # 3 of 4 micro-batches add 1 MB of gradient in place: 3 x 1 MB of traffic each, averaged
+    extra = 3 / 4 * 3 * 1_000_000 / 1e9
+    assert four.backward_s == pytest.approx(0.02 / 4 + extra)
+    assert four.backward_weight_s == pytest.approx(0.5 * 0.02 / 4 + extra)
+    assert cm.stage_cost_values(p, c, stage, 1, "sgd", None).backward_s == pytest.approx(0.02)
+    assert cm.grad_accumulation_s(1e6, 4, None) == 0.0
