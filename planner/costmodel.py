@@ -79,7 +79,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -407,6 +407,30 @@ def stage_costs_for(profile: ir.ModelProfile, cluster: ir.Cluster, stages: Seque
     for s, stage in enumerate(stages):
         nxt = stages[s + 1].devices if s + 1 < len(stages) else None
         out.append(stage_cost_values(profile, cluster, stage, microbatches, optimizer, nxt))
+    return with_tied_allreduce(profile, cluster, stages, out)
+
+
+def with_tied_allreduce(profile: ir.ModelProfile, cluster: ir.Cluster, stages: Sequence[ir.Stage],
+                        costs: Sequence[ir.StageCost]) -> tuple[ir.StageCost, ...]:
+    """Add each tie's gradient all-reduce between the stages that hold its layers.
+
+    A weight shared by layers in different stages (GPT-2's ``wte``/``lm_head``) has a copy
+    on each; their gradients are summed once per iteration before the optimizer step
+    (Megatron-LM, Shoeybi et al. 2019, section 3, the embedding all-reduce; DeepSpeed's
+    ``TiedLayerSpec``): a ring all-reduce of the tie's ``param_bytes`` over the k stages
+    (slowest link between the first and the last of them), added to each one's
+    ``allreduce_s``. Stages on the same devices (interleaved chunks) share one copy.
+    """
+    out = list(costs)
+    for tie in profile.ties:
+        holders = sorted({s for s, st in enumerate(stages) for layer in tie.layers
+                          if st.layers[0] <= layer < st.layers[1]})
+        if len({tuple(stages[s].devices) for s in holders}) < 2:
+            continue
+        link, _ = link_between(cluster, stages[holders[0]].devices, stages[holders[-1]].devices)
+        extra = ring_allreduce_s(float(tie.param_bytes), len(holders), link)
+        for s in holders:
+            out[s] = replace(out[s], allreduce_s=out[s].allreduce_s + extra)
     return tuple(out)
 
 

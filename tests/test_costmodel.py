@@ -188,3 +188,14 @@ def test_gradient_accumulation_adds_to_backward_when_bandwidth_is_known() -> Non
     assert four.backward_weight_s == pytest.approx(0.5 * 0.02 / 4 + extra)
     assert cm.stage_cost_values(p, c, stage, 1, "sgd", None).backward_s == pytest.approx(0.02)
     assert cm.grad_accumulation_s(1e6, 4, None) == 0.0
+
+
+def test_tied_weight_gradients_are_all_reduced_between_the_stages_holding_them() -> None:
+    tie = {"name": "wte", "layers": [0, 3], "param_count": 250_000, "param_bytes": 1_000_000}
+    p, c = _profile(4, ties=[tie]), _cluster(1, 2)
+    split = [ir.Stage((0, 2), ("n0.g0",), ("dp", "dp"), 0), ir.Stage((2, 4), ("n0.g1",), ("dp", "dp"), 0)]
+    costs = cm.stage_costs_for(p, c, split, 2, "sgd")
+    want = cm.ring_allreduce_s(1_000_000, 2, c.link("intra_node"))
+    assert [x.allreduce_s for x in costs] == pytest.approx([want, want])
+    one = cm.stage_costs_for(p, c, [ir.Stage((0, 4), ("n0.g0",), ("dp",) * 4, 0)], 2, "sgd")
+    assert one[0].allreduce_s == 0.0
