@@ -256,8 +256,8 @@ def main() -> None:
               f"{busy:7.4f} {cpu:7.4f} {cpu / busy:6.3f}  {ok}{goal}")
     print("measured_s: median step after 3 warm-up steps (ratio: the target); fastest_s: the fastest of those "
           "steps, the least disturbed by other work on a shared machine")
-    print("busy_s: the simulator's busiest device (compute, all-reduce, optimizer step); cpu_s / busy_s compares it with "
-          "the CPU seconds the busiest process used, which waiting for a core does not inflate")
+    print("busy_s: the simulator's busiest device (compute, all-reduce, optimizer step); cpu_s / busy_s compares it "
+          "with the CPU seconds the busiest process used, which waiting for a core does not inflate")
     print("cpu_s: CPU seconds of the busiest process per iteration; measured_s well above it means the "
           "processes waited for a core (another load on this machine), which no cost model term covers")
 
