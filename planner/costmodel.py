@@ -360,11 +360,33 @@ def grad_accumulation_s(weight_bytes: float, microbatches: int, bandwidth_Bps: f
     return (microbatches - 1) / microbatches * 3 * weight_bytes / bandwidth_Bps
 
 
+_TABLES: dict[tuple[int, Group, int, str], tuple[ir.ModelProfile, LayerTable]] = {}
+_TABLES_MAX = 256
+
+
+def cached_layer_table(profile: ir.ModelProfile, group: Group, microbatches: int, optimizer: str) -> LayerTable:
+    """:func:`layer_table` with all forms open, memoised per (profile object, group shape, M, optimizer).
+
+    Judging many candidate plans (the search's re-ranking) asks for the same few group
+    shapes again and again; the profile object is kept with its table, so an id is never
+    confused with a later object's.
+    """
+    key = (id(profile), group, microbatches, optimizer)
+    hit = _TABLES.get(key)
+    if hit is not None and hit[0] is profile:
+        return hit[1]
+    table = layer_table(profile, group, microbatches, optimizer)
+    if len(_TABLES) >= _TABLES_MAX:
+        _TABLES.pop(next(iter(_TABLES)))
+    _TABLES[key] = (profile, table)
+    return table
+
+
 def stage_cost_values(profile: ir.ModelProfile, cluster: ir.Cluster, stage: ir.Stage, microbatches: int,
                       optimizer: str, next_devices: Sequence[str] | None) -> ir.StageCost:
     """The :class:`ir.StageCost` of one stage given the next stage's devices (None: last)."""
     group = group_of(cluster, stage.devices)
-    table = layer_table(profile, group, microbatches, optimizer)
+    table = cached_layer_table(profile, group, microbatches, optimizer)
     first, end = stage.layers
     if end > len(profile.layers) or len(stage.forms) != end - first:
         raise PlanError(f"stage layers {list(stage.layers)} do not fit the profile's {len(profile.layers)} layers",

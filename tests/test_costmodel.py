@@ -199,3 +199,21 @@ def test_tied_weight_gradients_are_all_reduced_between_the_stages_holding_them()
     assert [x.allreduce_s for x in costs] == pytest.approx([want, want])
     one = cm.stage_costs_for(p, c, [ir.Stage((0, 4), ("n0.g0",), ("dp",) * 4, 0)], 2, "sgd")
     assert one[0].allreduce_s == 0.0
+
+
+def test_cached_layer_table_is_the_same_table_and_keyed_by_profile_object() -> None:
+    import numpy as np
+
+    from planner.costmodel import cached_layer_table, layer_table
+
+    cluster = ir.Cluster.from_dict(make_cluster_dict())
+    first = ir.ModelProfile.from_dict(make_profile_dict())
+    group = group_of(cluster, ("n0.g0", "n0.g1"))
+    table = cached_layer_table(first, group, 2, "adam")
+    assert cached_layer_table(first, group, 2, "adam") is table
+    fresh = layer_table(first, group, 2, "adam")
+    assert all(np.array_equal(getattr(table, f), getattr(fresh, f)) for f in ("fwd", "bwd", "static", "act"))
+    doc = make_profile_dict()
+    doc["layers"][0]["forward_s"] = 1.0
+    second = ir.ModelProfile.from_dict(doc)
+    assert cached_layer_table(second, group, 2, "adam").fwd[0, 0] != table.fwd[0, 0]

@@ -86,3 +86,17 @@ def test_evaluate_replaces_the_ranking_but_the_prediction_is_simulated() -> None
     most_stages = search(profile, cluster, microbatches=4, evaluate=lambda p: -len(p.stages))
     assert len(most_stages.stages) == 4
     assert most_stages.predicted.iteration_s == pytest.approx(simulate(most_stages).iteration_s)
+
+
+def test_pruned_re_ranking_equals_simulating_every_candidate() -> None:
+    for nodes, per, n_layers in ((1, 4, 6), (2, 2, 8), (2, 4, 10)):
+        prob = _problem(nodes, per, n_layers=n_layers)
+        plans = rerank.seed_plans(prob, engine="any", solver="dp")
+        assert plans
+        times = [rerank.simulated(plan, costs).predicted.iteration_s for plan, costs in plans]
+        for (plan, costs), t in zip(plans, times, strict=True):
+            assert rerank.busy_lower_bound_s(plan, costs) <= t * (1 + 1e-12)
+        best = rerank.best_simulated(plans)
+        first_best = min(range(len(plans)), key=lambda i: (times[i], i))
+        assert best.predicted.iteration_s == times[first_best]
+        assert rerank.plan_key(best.plan) == rerank.plan_key(plans[first_best][0])

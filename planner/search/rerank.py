@@ -161,20 +161,42 @@ def _fitting(prob: Problem, groups: Sequence[tuple[str, ...]], parts: Sequence[i
     return [] if fitted is None else [fitted]
 
 
+def busy_lower_bound_s(plan: ir.Plan, costs: Sequence[ir.StageCost]) -> float:
+    """A lower bound on the simulated iteration: the busiest device's own work.
+
+    Every device runs its micro-batches' forwards and backwards, then its blocking
+    gradient all-reduce and optimizer step, one at a time (planner.simulate's device
+    model), so no schedule finishes an iteration sooner; chunks sharing devices
+    (interleaved) add up.
+    """
+    busy: dict[tuple[str, ...], float] = {}
+    for cost in costs:
+        work_s = plan.microbatches * (cost.forward_s + cost.backward_s) + cost.allreduce_s + cost.optimizer_step_s
+        busy[cost.devices] = busy.get(cost.devices, 0.0) + work_s
+    return max(busy.values(), default=0.0)
+
+
 def best_simulated(plans: Sequence[Costed]) -> Judged:
-    """The plan with the least simulated iteration time (first wins ties), its prediction set."""
-    best: Judged | None = None
-    seen: set[tuple] = set()
-    for plan, costs in plans:
-        key = plan_key(plan)
-        if key in seen:
-            continue
-        seen.add(key)
+    """The plan with the least simulated iteration time (first wins ties), its prediction set.
+
+    Candidates are simulated in order of :func:`busy_lower_bound_s`; one whose bound
+    already exceeds the best simulated time cannot win and is not simulated (branch and
+    bound: the answer is the same as simulating every candidate).
+    """
+    unique: dict[tuple, tuple[int, Costed]] = {}
+    for i, costed in enumerate(plans):
+        unique.setdefault(plan_key(costed[0]), (i, costed))
+    order = sorted((busy_lower_bound_s(plan, costs), i, plan, costs) for i, (plan, costs) in unique.values())
+    best: tuple[float, int, Judged] | None = None
+    for bound_s, i, plan, costs in order:
+        if best is not None and bound_s > best[0]:
+            break
         judged = simulated(plan, costs)
-        if best is None or judged.predicted.iteration_s < best.predicted.iteration_s:
-            best = judged
+        t = judged.predicted.iteration_s
+        if best is None or (t, i) < (best[0], best[1]):
+            best = (t, i, judged)
     assert best is not None, "best_simulated needs at least one plan"
-    return best
+    return best[2]
 
 
 def dp_simulated_s(profile: ir.ModelProfile, cluster: ir.Cluster, optimizer: str) -> float:
