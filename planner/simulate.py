@@ -349,39 +349,29 @@ def _simulate_window(costs: Sequence[ir.StageCost], sched: Schedule, v: int, opt
                      settle: int) -> tuple[SimResult, bool]:
     """Run the engine; for pipedream measure the iterations after ``settle`` warm-up ones
     and before the last ``settle`` (returns whether they all took the same time)."""
-    n_chunks = len(costs)
-    k = n_chunks // v
-    name = sched.name
-    m = sched.microbatches
-    n = sched.total_microbatches or m
-    split = sched.split_backward
-    blocks = sched.blocks
+    engine = _Engine(costs, sched, v, opts, settle)
+    engine.run()
+    return engine.result()
+
+
+def _lane_devices(costs: Sequence[ir.StageCost], k: int) -> list[tuple[str, ...]]:
+    """The devices of each lane; raises PlanError unless chunk c runs on the devices of chunk c mod K."""
     lanes_devices = []
     for lane in range(k):
         devs = tuple(costs[lane].devices)
-        for c in range(lane + k, n_chunks, k):
+        for c in range(lane + k, len(costs), k):
             if tuple(costs[c].devices) != devs:
                 raise PlanError(f"stage {c} runs on {list(costs[c].devices)}, but chunk {c} belongs to device "
                                 f"group {lane} {list(devs)}", "chunk c runs on the devices of chunk c mod K")
         lanes_devices.append(devs)
+    return lanes_devices
 
-    fwd = [c.forward_s for c in costs]
-    if split:
-        bwd = [c.backward_s - c.backward_weight_s for c in costs]
-        wgt = [c.backward_weight_s for c in costs]
-    else:
-        bwd = [c.backward_s for c in costs]
-        wgt = [0.0] * n_chunks
-    act = [c.activation_bytes for c in costs]
-    wsp = [c.workspace_bytes for c in costs]
-    stash = [c.weight_bytes if name == "pipedream" else 0 for c in costs]
-    last_kind = "W" if split else "B"
-    record = opts.record_events
-    overlap = opts.overlap_allreduce
-    texts = sched.text()  # action names, once (events and the result share them)
-    lane_track = [f"lane:{lane}" for lane in range(k)]
 
-    # Per lane: which chunks all-reduce after which action (position in the lane's order).
+def _allreduce_after(costs: Sequence[ir.StageCost], sched: Schedule,
+                     last_kind: str) -> list[dict[int, list[tuple[int, int]]]]:
+    """Per lane: which (chunk, block)s all-reduce and step after which action (its position in
+    the lane's order): the chunk's last ``last_kind`` action of the block."""
+    m = sched.microbatches
     ar_after: list[dict[int, list[tuple[int, int]]]] = []
     for acts in sched.actions:
         last_pos: dict[tuple[int, int], int] = {}
@@ -393,115 +383,180 @@ def _simulate_window(costs: Sequence[ir.StageCost], sched: Schedule, v: int, opt
             if costs[c].allreduce_s > 0 or costs[c].optimizer_step_s > 0:
                 table.setdefault(at, []).append((c, blk))
         ar_after.append(table)
+    return ar_after
 
-    # Links: one per (id, direction) unless half-duplex.
-    links: dict[str, _Link] = {}
-    link_names: list[str] = []
 
-    def link_key(c: int, activations: bool) -> str | None:
+class _Engine:
+    """One run of the event-driven simulation: the lanes', links' and memory's state as
+    attributes, the event handlers as methods (see the module docstring for the model)."""
+
+    __slots__ = ("act", "act_in", "actions", "ar_after", "block_end", "busy", "bwd", "chunk_flight", "comm_free",
+                 "costs", "events", "fifo_free", "flow_end", "flow_of", "fwd", "grad_in", "heap", "in_flight", "k",
+                 "lane_end", "lane_track", "lanes_devices", "lanes_left", "last_kind", "link_names", "link_of_bwd",
+                 "link_of_fwd", "links", "m", "mem", "n", "n_chunks", "n_x", "name", "now", "opts", "overlap",
+                 "peak_in_flight", "peak_mem", "pos", "record", "sched", "seq", "settle", "stash", "stop_pos",
+                 "texts", "timeline", "v", "wgt", "wsp", "xfers")
+
+    def __init__(self, costs: Sequence[ir.StageCost], sched: Schedule, v: int, opts: SimOptions,
+                 settle: int) -> None:
+        self.costs = costs
+        self.sched = sched
+        self.actions = sched.actions
+        self.v = v
+        self.opts = opts
+        self.settle = settle
+        self.n_chunks = len(costs)
+        self.k = self.n_chunks // v
+        self.name = sched.name
+        self.m = sched.microbatches
+        self.n = sched.total_microbatches or self.m
+        self.lanes_devices = _lane_devices(costs, self.k)
+        self._init_chunks()
+        self.record = opts.record_events
+        self.overlap = opts.overlap_allreduce
+        self.texts = sched.text()  # action names, once (events and the result share them)
+        self.lane_track = [f"lane:{lane}" for lane in range(self.k)]
+        self.ar_after = _allreduce_after(costs, sched, self.last_kind)
+        self._init_links()
+        self._init_state()
+
+    def _init_chunks(self) -> None:
+        """Per chunk: the F, B and W times and the memory each action adds or frees."""
+        costs = self.costs
+        self.fwd = [c.forward_s for c in costs]
+        if self.sched.split_backward:
+            self.bwd = [c.backward_s - c.backward_weight_s for c in costs]
+            self.wgt = [c.backward_weight_s for c in costs]
+        else:
+            self.bwd = [c.backward_s for c in costs]
+            self.wgt = [0.0] * self.n_chunks
+        self.act = [c.activation_bytes for c in costs]
+        self.wsp = [c.workspace_bytes for c in costs]
+        self.stash = [c.weight_bytes if self.name == "pipedream" else 0 for c in costs]
+        self.last_kind = "W" if self.sched.split_backward else "B"
+
+    def _init_links(self) -> None:
+        """Links: one pool per (id, direction) unless half-duplex; the shortcuts' tables."""
+        self.links: dict[str, _Link] = {}
+        self.link_names: list[str] = []
+        last = self.n_chunks - 1
+        self.link_of_fwd = [self.link_key(c, True) if c < last else None for c in range(self.n_chunks)]
+        self.link_of_bwd = [self.link_key(c, False) if c < last else None for c in range(self.n_chunks)]
+        shortcuts = self.opts.shortcuts
+        self.fifo_free = _solo_links(self.link_of_fwd, self.link_of_bwd) if shortcuts else {}
+        self.stop_pos, self.lanes_left = (_pipedream_stop(self.sched, self.last_kind, self.settle) if shortcuts
+                                          else ([], 0))
+
+    def _init_state(self) -> None:
+        """Arrival times of inputs: act_in[c*n+mb] (activations into chunk c), grad_in[c*n+mb]
+        (gradients into chunk c), None until they arrive; the lanes, memory and event queue."""
+        n_chunks, n, k = self.n_chunks, self.n, self.k
+        self.act_in: list[float | None] = [None] * (n_chunks * n)
+        self.grad_in: list[float | None] = [None] * (n_chunks * n)
+        for mb in range(n):
+            self.act_in[mb] = 0.0
+        for mb in range(n):
+            self.grad_in[(n_chunks - 1) * n + mb] = 0.0
+        self.pos = [0] * k
+        self.busy = [False] * k
+        self.lane_end = [0.0] * k
+        self.comm_free = [0.0] * k
+        self.mem = [sum(self.costs[c].static_bytes for c in range(lane, n_chunks, k)) for lane in range(k)]
+        self.peak_mem = list(self.mem)
+        self.timeline: list[list[tuple[float, int]]] = [[(0.0, self.mem[lane])] for lane in range(k)]
+        self.in_flight = [0] * k
+        self.peak_in_flight = [0] * k
+        self.chunk_flight = [0] * n_chunks
+        self.block_end = [0.0] * self.sched.blocks
+        self.events: list[Event] = []
+        self.heap: list[tuple[float, int, int, Any]] = []
+        self.seq = 0
+        self.xfers: dict[int, tuple[str, int, int, float, str, float]] = {}  # id -> (link, chunk_to, mb, bytes, op, t0)
+        self.n_x = 0
+        self.flow_of: dict[int, int] = {}
+        self.flow_end: dict[tuple[str, int], float] = {}
+        self.now = 0.0
+
+    def link_key(self, c: int, activations: bool) -> str | None:
         """The pool that carries boundary c's activations (or gradients); None if free."""
-        cost = costs[c]
+        cost = self.costs[c]
+        k = self.k
         src, dst = c % k, (c + 1) % k
         if cost.send_link is None or cost.send_bytes <= 0 or src == dst:
             return None
         if not activations:
             src, dst = dst, src
         base = cost.send_link_id or f"{c}->{c + 1}"
-        key = f"{base} {'fwd' if src < dst else 'bwd'}" if opts.duplex else base
-        if key not in links:
-            links[key] = _Link(cost.send_link.bandwidth_Bps)
-            link_names.append(key)
+        key = f"{base} {'fwd' if src < dst else 'bwd'}" if self.opts.duplex else base
+        if key not in self.links:
+            self.links[key] = _Link(cost.send_link.bandwidth_Bps)
+            self.link_names.append(key)
         return key
 
-    link_of_fwd = [link_key(c, True) if c < n_chunks - 1 else None for c in range(n_chunks)]
-    link_of_bwd = [link_key(c, False) if c < n_chunks - 1 else None for c in range(n_chunks)]
-    fifo_free = _solo_links(link_of_fwd, link_of_bwd) if opts.shortcuts else {}
-    stop_pos, lanes_left = _pipedream_stop(sched, last_kind, settle) if opts.shortcuts else ([], 0)
-
-    # State. Arrival times of inputs: act_in[c*n+mb] (activations into chunk c),
-    # grad_in[c*n+mb] (gradients into chunk c); None until they arrive.
-    act_in: list[float | None] = [None] * (n_chunks * n)
-    grad_in: list[float | None] = [None] * (n_chunks * n)
-    for mb in range(n):
-        act_in[mb] = 0.0
-    for mb in range(n):
-        grad_in[(n_chunks - 1) * n + mb] = 0.0
-    pos = [0] * k
-    busy = [False] * k
-    lane_end = [0.0] * k
-    comm_free = [0.0] * k
-    mem = [sum(costs[c].static_bytes for c in range(lane, n_chunks, k)) for lane in range(k)]
-    peak_mem = list(mem)
-    timeline: list[list[tuple[float, int]]] = [[(0.0, mem[lane])] for lane in range(k)]
-    in_flight = [0] * k
-    peak_in_flight = [0] * k
-    chunk_flight = [0] * n_chunks
-    block_end = [0.0] * blocks
-    events: list[Event] = []
-    heap: list[tuple[float, int, int, Any]] = []
-    seq = 0
-    xfers: dict[int, tuple[str, int, int, float, str, float]] = {}  # id -> (link, chunk_to, mb, bytes, op, t0)
-    n_x = 0
-    flow_of: dict[int, int] = {}
-    flow_end: dict[tuple[str, int], float] = {}
-
-    def set_mem(lane: int, now: float, delta: int) -> None:
+    def set_mem(self, lane: int, now: float, delta: int) -> None:
+        mem = self.mem
         mem[lane] += delta
-        if mem[lane] > peak_mem[lane]:
-            peak_mem[lane] = mem[lane]
-        tl = timeline[lane]
+        if mem[lane] > self.peak_mem[lane]:
+            self.peak_mem[lane] = mem[lane]
+        tl = self.timeline[lane]
         if tl[-1][0] == now and len(tl) > 1:
             tl[-1] = (now, mem[lane])
         else:
             tl.append((now, mem[lane]))
 
-    def try_start(lane: int, now: float) -> None:
-        nonlocal seq
-        if busy[lane]:
+    def try_start(self, lane: int, now: float) -> None:
+        """Start the lane's next action at ``now`` if the lane is free and its input has arrived."""
+        if self.busy[lane]:
             return
-        acts = sched.actions[lane]
-        p = pos[lane]
+        p = self.pos[lane]
+        acts = self.actions[lane]
         if p >= len(acts):
             return
         a = acts[p]
         c, kind, mb = a
-        i = c * n + mb
         if kind == "F":
-            if act_in[i] is None:
+            if self.act_in[c * self.n + mb] is None:
                 return
-            dur = fwd[c]
-            delta = act[c]
-            chunk_flight[c] += 1
-            if stash[c] and chunk_flight[c] > 1:
-                delta += stash[c]
-            in_flight[lane] += 1
-            if in_flight[lane] > peak_in_flight[lane]:
-                peak_in_flight[lane] = in_flight[lane]
+            dur = self.fwd[c]
+            delta = self._enter_flight(lane, c)
         elif kind == "B":
-            if grad_in[i] is None:
+            if self.grad_in[c * self.n + mb] is None:
                 return
-            dur = bwd[c]
-            delta = wsp[c]
+            dur = self.bwd[c]
+            delta = self.wsp[c]
         else:
-            dur = wgt[c]
-            delta = wsp[c]
+            dur = self.wgt[c]
+            delta = self.wsp[c]
         if delta:
-            set_mem(lane, now, delta)
-        busy[lane] = True
+            self.set_mem(lane, now, delta)
+        self.busy[lane] = True
         end = now + dur
-        if record:
-            events.append(_new_event(Event, (lane_track[lane], texts[lane][p], kind, c, mb, now, end)))
-        if overlap and p in ar_after[lane]:
-            for ch, blk in ar_after[lane][p]:
-                _overlapped_ar(lane, ch, blk, now, dur)
-        seq += 1
-        heapq.heappush(heap, (end, seq, _COMPUTE, (lane, a)))
+        if self.record:
+            self.events.append(_new_event(Event, (self.lane_track[lane], self.texts[lane][p], kind, c, mb, now, end)))
+        if self.overlap and p in self.ar_after[lane]:
+            for ch, blk in self.ar_after[lane][p]:
+                self._overlapped_ar(lane, ch, blk, now, dur)
+        self.seq += 1
+        heapq.heappush(self.heap, (end, self.seq, _COMPUTE, (lane, a)))
 
-    def _overlapped_ar(lane: int, c: int, blk: int, t0: float, dur: float) -> None:
-        cost = costs[c]
-        nb = max(1, math.ceil(cost.allreduce_bytes / opts.bucket_bytes)) if opts.bucket_bytes > 0 else 1
+    def _enter_flight(self, lane: int, c: int) -> int:
+        """A forward of chunk c starts: count its micro-batch in flight; the bytes it adds."""
+        delta = self.act[c]
+        self.chunk_flight[c] += 1
+        if self.stash[c] and self.chunk_flight[c] > 1:
+            delta += self.stash[c]
+        self.in_flight[lane] += 1
+        if self.in_flight[lane] > self.peak_in_flight[lane]:
+            self.peak_in_flight[lane] = self.in_flight[lane]
+        return delta
+
+    def _overlapped_ar(self, lane: int, c: int, blk: int, t0: float, dur: float) -> None:
+        """Chunk c's all-reduce in DDP buckets on the lane's communication stream, during [t0, t0 + dur]."""
+        cost = self.costs[c]
+        bucket_bytes = self.opts.bucket_bytes
+        nb = max(1, math.ceil(cost.allreduce_bytes / bucket_bytes)) if bucket_bytes > 0 else 1
         per = cost.allreduce_s / nb
-        t = comm_free[lane]
+        t = self.comm_free[lane]
         first = None
         for b in range(nb):
             ready = t0 + dur * (b + 1) / nb
@@ -509,90 +564,112 @@ def _simulate_window(costs: Sequence[ir.StageCost], sched: Schedule, v: int, opt
             if first is None:
                 first = start
             t = start + per
-        comm_free[lane] = t
-        block_end[blk] = max(block_end[blk], t)
-        if record and first is not None:
-            events.append(Event(f"comm:{lane}", f"AR {c}", "AR", c, -1, first, t))
+        self.comm_free[lane] = t
+        self.block_end[blk] = max(self.block_end[blk], t)
+        if self.record and first is not None:
+            self.events.append(Event(f"comm:{lane}", f"AR {c}", "AR", c, -1, first, t))
 
-    def send(c_from: int, c_to: int, mb: int, now: float, fwd_dir: bool) -> None:
-        nonlocal seq, n_x
+    def send(self, c_from: int, c_to: int, mb: int, now: float, fwd_dir: bool) -> None:
+        """Send micro-batch mb's activations (fwd_dir) or gradients from chunk c_from to c_to."""
         boundary = min(c_from, c_to)
-        key = link_of_fwd[boundary] if fwd_dir else link_of_bwd[boundary]
-        target = act_in if fwd_dir else grad_in
+        key = self.link_of_fwd[boundary] if fwd_dir else self.link_of_bwd[boundary]
         if key is None:
-            target[c_to * n + mb] = now
-            try_start(c_to % k, now)
+            (self.act_in if fwd_dir else self.grad_in)[c_to * self.n + mb] = now
+            self.try_start(c_to % self.k, now)
             return
-        cost = costs[boundary]
+        cost = self.costs[boundary]
         assert cost.send_link is not None
-        n_x += 1
-        xfers[n_x] = (key, c_to, mb, cost.send_bytes, "act" if fwd_dir else "grad", now)
-        flow_of[n_x] = 2 * boundary + (0 if fwd_dir else 1)
-        seq += 1
-        if opts.share_links:
-            t = now + cost.send_link.latency_s
-            if key in fifo_free:  # the link's only flow: first in, first out at the full bandwidth
-                t = max(t, fifo_free[key]) + cost.send_bytes / links[key].bandwidth
-                fifo_free[key] = t
-                heapq.heappush(heap, (t, seq, _ARRIVE, n_x))
-            else:
-                heapq.heappush(heap, (t, seq, _LATENCY, n_x))
+        self.n_x += 1
+        x = self.n_x
+        self.xfers[x] = (key, c_to, mb, cost.send_bytes, "act" if fwd_dir else "grad", now)
+        self.flow_of[x] = 2 * boundary + (0 if fwd_dir else 1)
+        self.seq += 1
+        if not self.opts.share_links:
+            heapq.heappush(self.heap, (now + cost.send_link.transfer_s(cost.send_bytes), self.seq, _ARRIVE, x))
+            return
+        t = now + cost.send_link.latency_s
+        fifo_free = self.fifo_free
+        if key in fifo_free:  # the link's only flow: first in, first out at the full bandwidth
+            t = max(t, fifo_free[key]) + cost.send_bytes / self.links[key].bandwidth
+            fifo_free[key] = t
+            heapq.heappush(self.heap, (t, self.seq, _ARRIVE, x))
         else:
-            heapq.heappush(heap, (now + cost.send_link.transfer_s(cost.send_bytes), seq, _ARRIVE, n_x))
+            heapq.heappush(self.heap, (t, self.seq, _LATENCY, x))
 
-    def finish_lane_action(lane: int, a: Action, now: float) -> None:
-        nonlocal seq
+    def finish_lane_action(self, lane: int, a: Action, now: float) -> None:
+        """Action a of the lane ends: all-reduce and step if due, free memory, send its output."""
         c, kind, mb = a
-        busy[lane] = False
-        p = pos[lane]
-        pos[lane] = p + 1
-        lane_end[lane] = now
-        blocked = p in ar_after[lane] and (not opts.overlap_allreduce
-                                           or any(costs[ch].optimizer_step_s > 0 for ch, _ in ar_after[lane][p]))
+        self.busy[lane] = False
+        p = self.pos[lane]
+        self.pos[lane] = p + 1
+        self.lane_end[lane] = now
+        due = self.ar_after[lane].get(p)
+        overlap = self.opts.overlap_allreduce
+        blocked = due is not None and (not overlap or any(self.costs[ch].optimizer_step_s > 0 for ch, _ in due))
         if blocked:  # the lane all-reduces and steps before anything else (even a local transfer's consumer) runs
-            t = now if not opts.overlap_allreduce else max(now, comm_free[lane])
-            for ch, blk in ar_after[lane][p]:
-                t = _blocking_tail(lane, ch, blk, t)
-            busy[lane] = True
-            seq += 1
-            heapq.heappush(heap, (t, seq, _COMPUTE, (lane, None)))
+            assert due is not None
+            t = now if not overlap else max(now, self.comm_free[lane])
+            for ch, blk in due:
+                t = self._blocking_tail(lane, ch, blk, t)
+            self.busy[lane] = True
+            self.seq += 1
+            heapq.heappush(self.heap, (t, self.seq, _COMPUTE, (lane, None)))
         if kind == "F":
-            if c < n_chunks - 1:
-                send(c, c + 1, mb, now, True)
+            if c < self.n_chunks - 1:
+                self.send(c, c + 1, mb, now, True)
         else:
-            delta = -wsp[c]
-            if kind == last_kind:
-                delta -= act[c]
-                chunk_flight[c] -= 1
-                in_flight[lane] -= 1
-                if stash[c] and chunk_flight[c] >= 1:
-                    delta -= stash[c]
-                blk = mb // m
-                if now > block_end[blk]:
-                    block_end[blk] = now
-            if delta:
-                set_mem(lane, now, delta)
+            self._release(lane, c, kind, mb, now)
             if kind == "B" and c > 0:
-                send(c, c - 1, mb, now, False)
+                self.send(c, c - 1, mb, now, False)
         if not blocked:
-            try_start(lane, now)
+            self.try_start(lane, now)
 
-    def _blocking_tail(lane: int, ch: int, blk: int, t: float) -> float:
+    def _release(self, lane: int, c: int, kind: str, mb: int, now: float) -> None:
+        """A B or W of chunk c ends: free its workspace, and after the last one its activations
+        (and a stashed weight version); the micro-batch's block may end."""
+        delta = -self.wsp[c]
+        if kind == self.last_kind:
+            delta -= self.act[c]
+            self.chunk_flight[c] -= 1
+            self.in_flight[lane] -= 1
+            if self.stash[c] and self.chunk_flight[c] >= 1:
+                delta -= self.stash[c]
+            blk = mb // self.m
+            if now > self.block_end[blk]:
+                self.block_end[blk] = now
+        if delta:
+            self.set_mem(lane, now, delta)
+
+    def _blocking_tail(self, lane: int, ch: int, blk: int, t: float) -> float:
         """Chunk ch's all-reduce (unless overlapped) then its optimizer step, on the lane from t."""
-        steps = [] if opts.overlap_allreduce else [("AR", costs[ch].allreduce_s)]
-        steps.append(("OPT", costs[ch].optimizer_step_s))
+        cost = self.costs[ch]
+        steps = [] if self.opts.overlap_allreduce else [("AR", cost.allreduce_s)]
+        steps.append(("OPT", cost.optimizer_step_s))
         for kind, dur in steps:
             if dur <= 0:
                 continue
-            if record:
-                events.append(Event(f"lane:{lane}", f"{kind} {ch}", kind, ch, -1, t, t + dur))
+            if self.record:
+                self.events.append(Event(f"lane:{lane}", f"{kind} {ch}", kind, ch, -1, t, t + dur))
             t += dur
-        block_end[blk] = max(block_end[blk], t)
+        self.block_end[blk] = max(self.block_end[blk], t)
         return t
 
-    def link_finish(key: str, now: float) -> None:
-        nonlocal seq
-        link = links[key]
+    def join_link(self, x: int, now: float) -> None:
+        """Transfer x's latency is over: it queues behind its flow, and joins the link if the flow is idle."""
+        key = self.xfers[x][0]
+        link = self.links[key]
+        queue = link.queues.setdefault(self.flow_of[x], [])
+        queue.append(x)
+        if len(queue) == 1:  # the flow is idle: the transfer joins the link now
+            link.progress(now)
+            link.active[x] = self.xfers[x][3]
+            link.version += 1
+            self.seq += 1
+            heapq.heappush(self.heap, (link.next_finish(now), self.seq, _LINK, (key, link.version)))
+
+    def link_finish(self, key: str, now: float) -> None:
+        """The link's transfer(s) with the fewest bytes left end at ``now``."""
+        link = self.links[key]
         link.progress(now)
         if not link.active:
             return
@@ -602,127 +679,146 @@ def _simulate_window(costs: Sequence[ir.StageCost], sched: Schedule, v: int, opt
             done = list(link.active)
         else:
             least = min(link.active.values())
-            done = [x for x, r in link.active.items() if r <= least + 1e-9 * xfers[x][3]]
+            done = [x for x, r in link.active.items() if r <= least + 1e-9 * self.xfers[x][3]]
         for x in done:
             del link.active[x]
-            queue = link.queues[flow_of[x]]
+            queue = link.queues[self.flow_of[x]]
             queue.pop(0)
             if queue:  # the flow's next transfer starts now
-                link.active[queue[0]] = xfers[queue[0]][3]
+                link.active[queue[0]] = self.xfers[queue[0]][3]
         link.version += 1
         if link.active:
-            seq += 1
-            heapq.heappush(heap, (link.next_finish(now), seq, _LINK, (key, link.version)))
+            self.seq += 1
+            heapq.heappush(self.heap, (link.next_finish(now), self.seq, _LINK, (key, link.version)))
         for x in done:
-            arrive(x, now)
+            self.arrive(x, now)
 
-    def arrive(x: int, now: float) -> None:
-        key, c_to, mb, _, op, t0 = xfers.pop(x)
-        flow = flow_of.pop(x, -1)
-        if record:
+    def arrive(self, x: int, now: float) -> None:
+        """Transfer x has arrived: its consumer may start."""
+        key, c_to, mb, _, op, t0 = self.xfers.pop(x)
+        flow = self.flow_of.pop(x, -1)
+        if self.record:
             # Shown from when the flow is free for it (it waits in order behind the previous one).
-            start = max(t0, flow_end.get((key, flow), t0))
-            flow_end[(key, flow)] = now
+            start = max(t0, self.flow_end.get((key, flow), t0))
+            self.flow_end[(key, flow)] = now
             c_from = c_to - 1 if op == "act" else c_to + 1
-            events.append(_new_event(Event, ("link:" + key, f"{op} {c_from}->{c_to} #{mb}", op, min(c_from, c_to),
-                                             mb, start, now)))
-        (act_in if op == "act" else grad_in)[c_to * n + mb] = now
-        try_start(c_to % k, now)
+            self.events.append(_new_event(Event, ("link:" + key, f"{op} {c_from}->{c_to} #{mb}", op,
+                                                  min(c_from, c_to), mb, start, now)))
+        (self.act_in if op == "act" else self.grad_in)[c_to * self.n + mb] = now
+        self.try_start(c_to % self.k, now)
 
-    for lane in range(k):
-        try_start(lane, 0.0)
-    now = 0.0
-    budget = 64 * sum(len(a) for a in sched.actions) + 1024  # a guard against engine bugs, never hit
-    while heap:
-        budget -= 1
-        if budget < 0:
-            raise ScheduleError("simulation does not converge", "this is a bug in planner; report it")
-        now, _, typ, payload = heapq.heappop(heap)
-        if typ == _COMPUTE:
-            lane, a = payload
-            if a is None:  # a blocking all-reduce ended
-                busy[lane] = False
-                lane_end[lane] = now
-                try_start(lane, now)
+    def lane_done(self, lane: int, a: Action | None, now: float) -> bool:
+        """A lane's action or blocking all-reduce ended; True once the run may stop."""
+        if a is None:  # a blocking all-reduce ended
+            self.busy[lane] = False
+            self.lane_end[lane] = now
+            self.try_start(lane, now)
+            return False
+        self.finish_lane_action(lane, a, now)
+        if self.stop_pos and self.pos[lane] == self.stop_pos[lane] + 1:
+            self.lanes_left -= 1
+            return not self.lanes_left  # the measured iterations have ended: later events cannot change them
+        return False
+
+    def run(self) -> None:
+        """Play the events in time order until none is left (or the run may stop)."""
+        for lane in range(self.k):
+            self.try_start(lane, 0.0)
+        heap, links = self.heap, self.links
+        now = 0.0
+        budget = 64 * sum(len(a) for a in self.sched.actions) + 1024  # a guard against engine bugs, never hit
+        while heap:
+            budget -= 1
+            if budget < 0:
+                raise ScheduleError("simulation does not converge", "this is a bug in planner; report it")
+            now, _, typ, payload = heapq.heappop(heap)
+            if typ == _COMPUTE:
+                if self.lane_done(payload[0], payload[1], now):
+                    break
+            elif typ == _LATENCY:
+                self.join_link(payload, now)
+            elif typ == _LINK:
+                if links[payload[0]].version == payload[1]:
+                    self.link_finish(payload[0], now)
             else:
-                finish_lane_action(lane, a, now)
-                if stop_pos and pos[lane] == stop_pos[lane] + 1:
-                    lanes_left -= 1
-                    if not lanes_left:  # the measured iterations have ended: later events cannot change them
-                        break
-        elif typ == _LATENCY:
-            key = xfers[payload][0]
-            link = links[key]
-            queue = link.queues.setdefault(flow_of[payload], [])
-            queue.append(payload)
-            if len(queue) == 1:  # the flow is idle: the transfer joins the link now
-                link.progress(now)
-                link.active[payload] = xfers[payload][3]
-                link.version += 1
-                seq += 1
-                heapq.heappush(heap, (link.next_finish(now), seq, _LINK, (key, link.version)))
-        elif typ == _LINK:
-            key, version = payload
-            if links[key].version == version:
-                link_finish(key, now)
-        else:
-            arrive(payload, now)
+                self.arrive(payload, now)
+        self.now = now
+        self._check_stalled()
 
-    stuck = [f"device group {lane} at {sched.actions[lane][pos[lane]]}" for lane in range(k)
-             if pos[lane] < len(sched.actions[lane])] if not (stop_pos and not lanes_left) else []
-    if stuck:  # cannot happen for a validated schedule; a guard against engine bugs
-        raise ScheduleError(f"simulation stalled: {', '.join(stuck[:4])}", "this is a bug in planner; report it")
+    def _check_stalled(self) -> None:
+        if self.stop_pos and not self.lanes_left:
+            return
+        actions, pos = self.sched.actions, self.pos
+        stuck = [f"device group {lane} at {actions[lane][pos[lane]]}" for lane in range(self.k)
+                 if pos[lane] < len(actions[lane])]
+        if stuck:  # cannot happen for a validated schedule; a guard against engine bugs
+            raise ScheduleError(f"simulation stalled: {', '.join(stuck[:4])}", "this is a bug in planner; report it")
 
-    makespan = max([now, *lane_end, *comm_free])
-    stable = True
-    if name == "pipedream" and settle >= 1 and blocks > 2 * settle:
+    def _lane_work(self, lane: int) -> tuple[float, float]:
+        """The lane's compute and busy time (compute, blocking all-reduce, optimizer steps) per iteration."""
+        chunks = range(lane, self.n_chunks, self.k)
+        compute = self.m * sum(self.fwd[c] + self.bwd[c] + self.wgt[c] for c in chunks)
+        ar = 0.0 if self.opts.overlap_allreduce else sum(self.costs[c].allreduce_s for c in chunks)
+        return compute, compute + ar + sum(self.costs[c].optimizer_step_s for c in chunks)
+
+    def _steady_bound(self) -> float:
+        """No steady state is faster than its busiest resource: a lane's work, one flow's
+        transfers (in order), or a link's transfers (its bandwidth shared), per iteration."""
+        m = self.m
+        bound = max(self._lane_work(lane)[1] for lane in range(self.k))
+        per_link: dict[str, float] = {}
+        for c in range(self.n_chunks - 1):
+            for pool in (self.link_of_fwd[c], self.link_of_bwd[c]):
+                if pool is not None:
+                    link_s = self.costs[c].send_bytes / self.links[pool].bandwidth
+                    bound = max(bound, m * link_s)
+                    per_link[pool] = per_link.get(pool, 0.0) + m * link_s
+        return max([bound, *per_link.values()])
+
+    def _measure(self, makespan: float) -> tuple[tuple[float, float], float, bool]:
+        """The measured window, the time per iteration, and whether the measured iterations took equal times."""
+        settle, blocks, block_end = self.settle, self.sched.blocks, self.block_end
+        if not (self.name == "pipedream" and settle >= 1 and blocks > 2 * settle):
+            return (0.0, makespan), makespan, True
         measured = blocks - 2 * settle
         window = (block_end[settle - 1], block_end[settle - 1 + measured])
         iteration = (window[1] - window[0]) / measured
         steps = [block_end[settle + j] - block_end[settle + j - 1] for j in range(measured)]
         stable = max(steps) - min(steps) <= 1e-9 * max(max(steps), 1e-300)
-        # No steady state is faster than its busiest resource: a lane's work, one flow's
-        # transfers (in order), or a link's transfers (its bandwidth shared), per iteration.
-        bound = max(m * sum(fwd[c] + bwd[c] + wgt[c] for c in range(lane, n_chunks, k))
-                    + (0.0 if opts.overlap_allreduce else sum(costs[c].allreduce_s for c in range(lane, n_chunks, k)))
-                    + sum(costs[c].optimizer_step_s for c in range(lane, n_chunks, k))
-                    for lane in range(k))
-        per_link: dict[str, float] = {}
-        for c in range(n_chunks - 1):
-            for pool in (link_of_fwd[c], link_of_bwd[c]):
-                if pool is not None:
-                    link_s = costs[c].send_bytes / links[pool].bandwidth
-                    bound = max(bound, m * link_s)
-                    per_link[pool] = per_link.get(pool, 0.0) + m * link_s
-        bound = max([bound, *per_link.values()])
+        bound = self._steady_bound()
         if iteration < bound:
             iteration = bound
-    else:
-        window = (0.0, makespan)
-        iteration = makespan
+        return window, iteration, stable
 
-    # Work per iteration of M micro-batches, per lane.
-    devices: list[DeviceResult] = []
-    total_busy = 0.0
-    for lane in range(k):
-        chunks = range(lane, n_chunks, k)
-        compute = m * sum(fwd[c] + bwd[c] + wgt[c] for c in chunks)
-        ar = 0.0 if opts.overlap_allreduce else sum(costs[c].allreduce_s for c in chunks)
-        lane_busy = compute + ar + sum(costs[c].optimizer_step_s for c in chunks)
-        total_busy += lane_busy
-        cap = min((costs[c].capacity_bytes for c in chunks), default=0)
-        for dev in lanes_devices[lane]:
-            devices.append(DeviceResult(dev, lane, lane_busy, compute, peak_mem[lane], peak_in_flight[lane], cap,
-                                        tuple(timeline[lane])))
-    bubble = 1.0 - total_busy / (k * iteration) if iteration > 0 else 0.0
-    bubble = min(max(bubble, 0.0), 1.0)
-    if record:
-        events.sort(key=_BY_START_TRACK)
-    return SimResult(
-        schedule=name, stages=k, microbatches=m, virtual_stages=v, iteration_s=iteration, bubble_fraction=bubble,
-        makespan_s=makespan, window=window, devices=tuple(devices), lanes=tuple(lanes_devices),
-        links=tuple(link_names), events=tuple(events), actions=tuple(tuple(r) for r in texts),
-    ), stable
+    def _devices(self) -> tuple[list[DeviceResult], float]:
+        """Every device's result (work per iteration of M micro-batches, memory), and the total busy time."""
+        devices: list[DeviceResult] = []
+        total_busy = 0.0
+        for lane in range(self.k):
+            compute, lane_busy = self._lane_work(lane)
+            total_busy += lane_busy
+            cap = min((self.costs[c].capacity_bytes for c in range(lane, self.n_chunks, self.k)), default=0)
+            for dev in self.lanes_devices[lane]:
+                devices.append(DeviceResult(dev, lane, lane_busy, compute, self.peak_mem[lane],
+                                            self.peak_in_flight[lane], cap, tuple(self.timeline[lane])))
+        return devices, total_busy
+
+    def result(self) -> tuple[SimResult, bool]:
+        """The SimResult of the run, and whether the measured pipedream iterations took equal times."""
+        makespan = max([self.now, *self.lane_end, *self.comm_free])
+        window, iteration, stable = self._measure(makespan)
+        devices, total_busy = self._devices()
+        k = self.k
+        bubble = 1.0 - total_busy / (k * iteration) if iteration > 0 else 0.0
+        bubble = min(max(bubble, 0.0), 1.0)
+        if self.record:
+            self.events.sort(key=_BY_START_TRACK)
+        return SimResult(
+            schedule=self.name, stages=k, microbatches=self.m, virtual_stages=self.v, iteration_s=iteration,
+            bubble_fraction=bubble, makespan_s=makespan, window=window, devices=tuple(devices),
+            lanes=tuple(self.lanes_devices), links=tuple(self.link_names), events=tuple(self.events),
+            actions=tuple(tuple(r) for r in self.texts),
+        ), stable
 
 
 # ----------------------------------------------------------------------------- plans
