@@ -72,6 +72,7 @@ from typing import Any, NamedTuple
 from planner import ir
 from planner.errors import PlanError, ScheduleError
 from planner.schedule import SCHEDULES, Action, Schedule, make_schedule
+from planner.trace import chrome_trace
 
 # ----------------------------------------------------------------------------- values
 
@@ -177,62 +178,9 @@ class SimResult:
         """Chrome trace event JSON (opens in Perfetto): one track per device and per link.
 
         Complete events (``"ph": "X"``, microseconds); process 1 holds the devices (and
-        their overlapped all-reduce streams), process 2 the links; metadata events name them.
+        their overlapped all-reduce streams), process 2 the links (see :mod:`planner.trace`).
         """
-        trace: list[dict[str, Any]] = [
-            {"ph": "M", "pid": 1, "tid": 0, "name": "process_name", "args": {"name": "devices"}},
-            {"ph": "M", "pid": 2, "tid": 0, "name": "process_name", "args": {"name": "links"}},
-            {"ph": "M", "pid": 1, "tid": 0, "name": "process_sort_index", "args": {"sort_index": 1}},
-            {"ph": "M", "pid": 2, "tid": 0, "name": "process_sort_index", "args": {"sort_index": 2}},
-        ]
-        tids: dict[str, list[tuple[int, int]]] = {}
-        tid = 0
-        for lane, devs in enumerate(self.lanes):
-            for dev in devs:
-                tid += 1
-                tids.setdefault(f"lane:{lane}", []).append((1, tid))
-                trace.append({"ph": "M", "pid": 1, "tid": tid, "name": "thread_name", "args": {"name": dev}})
-                trace.append({"ph": "M", "pid": 1, "tid": tid, "name": "thread_sort_index",
-                              "args": {"sort_index": tid}})
-        comm_tracks = sorted({e.track for e in self.events if e.track.startswith("comm:")})
-        for track in comm_tracks:
-            lane = int(track.split(":", 1)[1])
-            for dev in self.lanes[lane]:
-                tid += 1
-                tids.setdefault(track, []).append((1, tid))
-                trace.append({"ph": "M", "pid": 1, "tid": tid, "name": "thread_name",
-                              "args": {"name": f"{dev} all-reduce"}})
-        # A link carries several flows at once when they share it: complete events on one
-        # thread must not overlap, so overlapping transfers go to extra rows "<link> (2)", ...
-        rows: dict[str, list[float]] = {}
-        row_of: dict[int, int] = {}
-        for i, e in enumerate(self.events):
-            if e.track.startswith("link:"):
-                ends = rows.setdefault(e.track, [])
-                r = next((j for j, end in enumerate(ends) if end <= e.start + 1e-12), len(ends))
-                if r == len(ends):
-                    ends.append(e.end)
-                else:
-                    ends[r] = e.end
-                row_of[i] = r
-        link_tid: dict[tuple[str, int], int] = {}
-        t = 0
-        for link in self.links:
-            for r in range(max(1, len(rows.get(f"link:{link}", ())))):
-                t += 1
-                link_tid[(f"link:{link}", r)] = t
-                name = link if r == 0 else f"{link} ({r + 1})"
-                trace.append({"ph": "M", "pid": 2, "tid": t, "name": "thread_name", "args": {"name": name}})
-                trace.append({"ph": "M", "pid": 2, "tid": t, "name": "thread_sort_index", "args": {"sort_index": t}})
-        for i, e in enumerate(self.events):
-            where = [(2, link_tid[(e.track, row_of[i])])] if i in row_of else tids.get(e.track, [])
-            for pid, tid_ in where:
-                trace.append({"ph": "X", "pid": pid, "tid": tid_, "name": e.name, "cat": e.op,
-                              "ts": e.start * 1e6, "dur": max(0.0, e.end - e.start) * 1e6,
-                              "args": {"stage": e.stage, "microbatch": e.mb}})
-        return {"traceEvents": trace, "displayTimeUnit": "ms",
-                "otherData": {"schedule": self.schedule, "iteration_s": self.iteration_s,
-                              "bubble_fraction": self.bubble_fraction}}
+        return chrome_trace(self)
 
 
 # ----------------------------------------------------------------------------- the engine
