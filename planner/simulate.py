@@ -776,6 +776,13 @@ def validate_plan(plan: ir.Plan) -> None:
     """Raise PlanError unless ``plan`` is consistent: a known schedule, stages that cover every
     layer exactly once in order, one form per layer, devices that exist in its cluster and are
     not shared between pipeline ranks, and micro-batches that divide the batch."""
+    _check_plan_fields(plan)
+    _check_layer_cover(plan.stages, len(plan.profile.layers))
+    _check_stage_devices(plan)
+
+
+def _check_plan_fields(plan: ir.Plan) -> None:
+    """The schedule, virtual stages, stage count and micro-batches."""
     if plan.schedule not in SCHEDULES:
         raise PlanError(f"plan asks for unknown schedule {plan.schedule!r}", f"use one of {', '.join(SCHEDULES)}")
     v = plan.virtual_stages
@@ -795,7 +802,10 @@ def validate_plan(plan: ir.Plan) -> None:
     if plan.batch_size % plan.microbatches:
         raise PlanError(f"{plan.microbatches} micro-batches do not divide the batch size {plan.batch_size}",
                         "choose a divisor of the batch size")
-    n_layers = len(plan.profile.layers)
+
+
+def _check_layer_cover(stages: Sequence[ir.Stage], n_layers: int) -> None:
+    """The stages cover layers 0..n_layers-1 exactly once, in order, with one form per layer."""
     expect = 0
     for i, s in enumerate(stages):
         first, end = s.layers
@@ -817,8 +827,14 @@ def validate_plan(plan: ir.Plan) -> None:
                             "stages must cover every layer exactly once")
         raise PlanError(f"stages cover layers up to {expect}, the model has only {n_layers}",
                         "the plan does not match its profile")
+
+
+def _check_stage_devices(plan: ir.Plan) -> None:
+    """Every stage has devices of the cluster, each listed once; chunk c runs on the devices of
+    chunk c mod K; no device is in two pipeline ranks."""
+    stages = plan.stages
     known = {g.name for g in plan.cluster.gpus}
-    k = len(stages) // v
+    k = len(stages) // plan.virtual_stages
     owner: dict[str, int] = {}
     for i, s in enumerate(stages):
         if not s.devices:
