@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -15,7 +16,7 @@ from planner.profiler.analytic import ANALYTIC_EFFICIENCY, analytic_time, resolv
 from planner.profiler.flops import FLOP_COUNTER
 from planner.profiler.layers import LayeredModel, _rejects, split_model
 from planner.profiler.loader import LoadedModel, dtype_name
-from planner.profiler.measure import instrumented_pass, make_sync, median, timed_pass, whole_model_pass
+from planner.profiler.measure import LayerFacts, instrumented_pass, make_sync, median, timed_pass, whole_model_pass
 
 Progress = Callable[[int, int, str], None]
 """progress(done, total, what): called as profiling advances."""
@@ -148,12 +149,61 @@ def profile_model(
     also times a cross-entropy loss on the last layer's output at both sizes (``loss_s``,
     ``loss_fixed_s``; a few milliseconds).
     """
+    _check_options(mode, repeats, warmup, efficiency)
+    module, x = _placed(loaded, device, dtype)
+    if mode == "measured" and x.device.type == "meta":
+        raise UsageError("measured mode needs a real device, the model is on 'meta'", "use --mode analytic")
+    flops_value, flops_label = resolve_device_flops(device_flops, default="rtx2080ti" if mode == "analytic" else None)
+    params = list(module.parameters())
+    sync = make_sync(x.device)
+    start = time.perf_counter()
+    small = small_batch_of(int(x.shape[0])) if mode == "measured" else None
+    passes = (max(warmup, 1) + repeats + whole_repeats + (repeats if small else 0)) if mode == "measured" else 1
+    tick = _Ticker(progress, passes + 1)
+    with _threads(threads):
+        tick.start("tracing")
+        lm = layered if layered is not None else split_model(module, x)
+        tick("traced")
+        facts = _instrumented(lm, x, params, loaded.name)
+        tick("counted FLOPs and bytes")
+        runs = (_measure(lm, module, x, params, sync, facts[-1].output_shape,
+                         _Passes(warmup, repeats, whole_repeats, small), tick) if mode == "measured" else _NO_RUNS)
+    elapsed = time.perf_counter() - start
+    if mode == "measured":
+        times = _measured_times(runs, facts, flops_value, flops_label, x.device)
+    else:
+        assert flops_value is not None
+        times = _analytic_times(facts, flops_value, flops_label, efficiency)
+    fixed = _fixed_costs(times, runs.small_times, int(x.shape[0]), small, len(facts))
+    meta = _meta(lm, times, threads, elapsed)
+    if mode == "measured":
+        meta.update(_measured_meta(times, runs, x.device, warmup, repeats, elapsed,
+                                   small if runs.small_times is not None else None))
+    else:
+        meta.update({"efficiency": efficiency, "time_formula": "flops / (device_flops * efficiency)"})
+    return ModelProfile(
+        model=loaded.name, batch_size=int(x.shape[0]), dtype=dtype_name(_profile_dtype(x, params)),
+        mode=mode, device=times.device_name if mode == "analytic" else (
+            "cpu" if x.device.type == "cpu" else str(x.device.type)),
+        device_flops=float(times.flops_value), layers=_layer_profiles(lm, facts, times, fixed),
+        input_shape=tuple(x.shape[1:]), input_bytes=x.numel() * x.element_size(),
+        ties=tuple(Tie(t.name, t.layers, t.param_count, t.param_bytes) for t in lm.ties), meta=meta,
+        loss_s=runs.loss[0], loss_fixed_s=runs.loss[1],
+    )
+
+
+def _check_options(mode: str, repeats: int, warmup: int, efficiency: float) -> None:
     if mode not in ("measured", "analytic"):
         raise UsageError(f"unknown mode {mode!r}", "use --mode measured or --mode analytic")
     if repeats < 1 or warmup < 0:
         raise UsageError(f"--repeats must be 1 or more (got {repeats})", "e.g. --repeats 3")
     if not 0 < efficiency <= 1:
         raise UsageError(f"efficiency must be in (0, 1], got {efficiency}", "e.g. 0.5")
+
+
+def _placed(loaded: LoadedModel, device: str | None,
+            dtype: str | torch.dtype | None) -> tuple[torch.nn.Module, torch.Tensor]:
+    """The model and its example input, moved to ``device`` and cast to ``dtype`` if given."""
     module, x = loaded.module, loaded.example_input
     if device is not None and torch.device(device) != x.device:
         module, x = module.to(device), x.to(device)
@@ -164,127 +214,183 @@ def profile_model(
         module = module.to(dtype=tdtype)
         if x.is_floating_point():
             x = x.to(tdtype)
-    dev = x.device
-    on_meta = dev.type == "meta"
-    if mode == "measured" and on_meta:
-        raise UsageError("measured mode needs a real device, the model is on 'meta'", "use --mode analytic")
-    flops_value, flops_label = resolve_device_flops(device_flops, default="rtx2080ti" if mode == "analytic" else None)
-    params = list(module.parameters())
-    sync = make_sync(dev)
-    start = time.perf_counter()
-    small = small_batch_of(int(x.shape[0])) if mode == "measured" else None
-    passes = (max(warmup, 1) + repeats + whole_repeats + (repeats if small else 0)) if mode == "measured" else 1
-    done = 0
+    return module, x
 
-    def tick(what: str) -> None:
-        nonlocal done
-        done += 1
-        if progress is not None:
-            progress(done, passes + 1, what)
 
-    with _threads(threads):
-        if progress is not None:
-            progress(0, passes + 1, "tracing")
-        lm = layered if layered is not None else split_model(module, x)
-        tick("traced")
-        try:
-            facts = instrumented_pass(lm.layers, x, params)
-        except ProfileError:
-            raise
-        except (RuntimeError, ValueError, IndexError, TypeError) as exc:
-            if "out of memory" in str(exc).lower():
-                raise ProfileError(f"out of memory running {loaded.name} at batch {x.shape[0]} on {dev}",
-                                   "use a smaller --batch-size, or --mode analytic (no memory needed)") from None
-            raise _rejects(x, exc) from None
-        tick("counted FLOPs and bytes")
-        n = len(lm)
-        fwd_times: list[list[float]] = [[] for _ in range(n)]
-        bwd_times: list[list[float]] = [[] for _ in range(n)]
-        whole: list[float] = []
-        if mode == "measured":
-            for _ in range(max(0, warmup - 1)):
-                timed_pass(lm.layers, x, params, sync)
-                tick("warm-up")
-            for _ in range(repeats):
-                fw, bw = timed_pass(lm.layers, x, params, sync)
-                for i in range(n):
-                    fwd_times[i].append(fw[i])
-                    bwd_times[i].append(bw[i])
-                tick("timing layers")
-            for _ in range(whole_repeats):
-                whole.append(whole_model_pass(module, x, params, sync))
-                tick("timing the whole model")
-            small_times = _small_pass_times(lm, x, params, sync, small, repeats, tick) if small else None
-            loss = _loss_fit(facts[-1].output_shape, next(iter(params)).dtype if params else torch.float32, dev,
-                             sync, repeats, small if small_times is not None else None)
-    elapsed = time.perf_counter() - start
+def _param_dtype(params: list[torch.Tensor]) -> torch.dtype:
+    return next(iter(params)).dtype if params else torch.float32
 
+
+def _profile_dtype(x: torch.Tensor, params: list[torch.Tensor]) -> torch.dtype:
+    """The profile's dtype: the input's if it is floating point (else the weights')."""
+    return x.dtype if x.is_floating_point() else _param_dtype(params)
+
+
+class _Ticker:
+    """Counts finished passes and reports them to ``progress`` (if any) out of ``total``."""
+
+    def __init__(self, progress: Progress | None, total: int) -> None:
+        self.progress = progress
+        self.total = total
+        self.done = 0
+
+    def start(self, what: str) -> None:
+        if self.progress is not None:
+            self.progress(0, self.total, what)
+
+    def __call__(self, what: str) -> None:
+        self.done += 1
+        if self.progress is not None:
+            self.progress(self.done, self.total, what)
+
+
+def _instrumented(lm: LayeredModel, x: torch.Tensor, params: list[torch.Tensor], name: str) -> list[LayerFacts]:
+    """The instrumented pass (FLOPs, bytes); a ProfileError when it runs out of memory or the layers refuse x."""
+    try:
+        return instrumented_pass(lm.layers, x, params)
+    except ProfileError:
+        raise
+    except (RuntimeError, ValueError, IndexError, TypeError) as exc:
+        if "out of memory" in str(exc).lower():
+            raise ProfileError(f"out of memory running {name} at batch {x.shape[0]} on {x.device}",
+                               "use a smaller --batch-size, or --mode analytic (no memory needed)") from None
+        raise _rejects(x, exc) from None
+
+
+@dataclass(frozen=True)
+class _Passes:
+    """How many passes of each kind measured mode times (``small``: the fixed-cost fit's batch)."""
+
+    warmup: int
+    repeats: int
+    whole_repeats: int
+    small: int | None
+
+
+@dataclass(frozen=True)
+class _Runs:
+    """What the timed passes measured: per layer the forward and backward times of each
+    repeat, the whole-model times, the small-batch medians (or None), and the loss fit."""
+
+    fwd_times: list[list[float]]
+    bwd_times: list[list[float]]
+    whole: list[float]
+    small_times: tuple[list[float], list[float]] | None
+    loss: tuple[float | None, float | None]
+
+
+_NO_RUNS = _Runs([], [], [], None, (None, None))
+
+
+def _measure(lm: LayeredModel, module: torch.nn.Module, x: torch.Tensor, params: list[torch.Tensor], sync: Any,
+             out_shape: tuple[int, ...], passes: _Passes, tick: _Ticker) -> _Runs:
+    """Warm-up, timed layer passes, whole-model passes, small-batch passes and the loss."""
+    n = len(lm)
+    fwd_times: list[list[float]] = [[] for _ in range(n)]
+    bwd_times: list[list[float]] = [[] for _ in range(n)]
+    whole: list[float] = []
+    for _ in range(max(0, passes.warmup - 1)):
+        timed_pass(lm.layers, x, params, sync)
+        tick("warm-up")
+    for _ in range(passes.repeats):
+        fw, bw = timed_pass(lm.layers, x, params, sync)
+        for i in range(n):
+            fwd_times[i].append(fw[i])
+            bwd_times[i].append(bw[i])
+        tick("timing layers")
+    for _ in range(passes.whole_repeats):
+        whole.append(whole_model_pass(module, x, params, sync))
+        tick("timing the whole model")
+    small = passes.small
+    small_times = _small_pass_times(lm, x, params, sync, small, passes.repeats, tick) if small else None
+    loss = _loss_fit(out_shape, _param_dtype(params), x.device, sync, passes.repeats,
+                     small if small_times is not None else None)
+    return _Runs(fwd_times, bwd_times, whole, small_times, loss)
+
+
+@dataclass(frozen=True)
+class _LayerTimes:
+    """Per-layer forward and backward seconds, their sum, the device FLOP/s and its source, the device's name."""
+
+    fwd_s: list[float]
+    bwd_s: list[float]
+    layer_sum: float
+    flops_value: float
+    flops_label: str
+    device_name: str
+
+
+def _measured_times(runs: _Runs, facts: list[LayerFacts], flops_value: float | None, flops_label: str,
+                    dev: torch.device) -> _LayerTimes:
+    """Medians of the timed passes; the FLOP/s achieved unless ``flops_value`` is given."""
     total_flops = sum(f.forward_flops + f.backward_flops for f in facts)
-    if mode == "measured":
-        fwd_s = [median(t) for t in fwd_times]
-        bwd_s = [median(t) for t in bwd_times]
-        layer_sum = sum(fwd_s) + sum(bwd_s)
-        if flops_value is None:
-            flops_value = max(total_flops / layer_sum, 1.0) if layer_sum > 0 else 1.0
-            flops_label = "achieved"
-        device_name = "cpu" if dev.type == "cpu" else (
-            torch.cuda.get_device_name(dev) if dev.type == "cuda" else str(dev))
-    else:
-        assert flops_value is not None
-        fwd_s = [analytic_time(f.forward_flops, flops_value, efficiency) for f in facts]
-        bwd_s = [analytic_time(f.backward_flops, flops_value, efficiency) for f in facts]
-        layer_sum = sum(fwd_s) + sum(bwd_s)
-        device_name = flops_label
-        small_times, loss = None, (None, None)
-    assert flops_value is not None
-    batch = int(x.shape[0])
-    fixed: list[tuple[float | None, float | None]] = [(None, None)] * len(facts)
-    if small_times is not None and small is not None:
-        fixed = [(fit_fixed(fwd_s[i], small_times[0][i], batch, small),
-                  fit_fixed(bwd_s[i], small_times[1][i], batch, small)) for i in range(len(facts))]
+    fwd_s = [median(t) for t in runs.fwd_times]
+    bwd_s = [median(t) for t in runs.bwd_times]
+    layer_sum = sum(fwd_s) + sum(bwd_s)
+    if flops_value is None:
+        flops_value = max(total_flops / layer_sum, 1.0) if layer_sum > 0 else 1.0
+        flops_label = "achieved"
+    device_name = "cpu" if dev.type == "cpu" else (
+        torch.cuda.get_device_name(dev) if dev.type == "cuda" else str(dev))
+    return _LayerTimes(fwd_s, bwd_s, layer_sum, flops_value, flops_label, device_name)
 
+
+def _analytic_times(facts: list[LayerFacts], flops_value: float, flops_label: str, efficiency: float) -> _LayerTimes:
+    """FLOPs / (device FLOP/s x efficiency) per layer (planner.profiler.analytic)."""
+    fwd_s = [analytic_time(f.forward_flops, flops_value, efficiency) for f in facts]
+    bwd_s = [analytic_time(f.backward_flops, flops_value, efficiency) for f in facts]
+    return _LayerTimes(fwd_s, bwd_s, sum(fwd_s) + sum(bwd_s), flops_value, flops_label, flops_label)
+
+
+def _fixed_costs(times: _LayerTimes, small_times: tuple[list[float], list[float]] | None, batch: int,
+                 small: int | None, n: int) -> list[tuple[float | None, float | None]]:
+    """Per layer (forward_fixed_s, backward_fixed_s) fitted through both batch sizes, or Nones."""
+    if small_times is None or small is None:
+        return [(None, None)] * n
+    return [(fit_fixed(times.fwd_s[i], small_times[0][i], batch, small),
+             fit_fixed(times.bwd_s[i], small_times[1][i], batch, small)) for i in range(n)]
+
+
+def _layer_profiles(lm: LayeredModel, facts: list[LayerFacts], times: _LayerTimes,
+                    fixed: list[tuple[float | None, float | None]]) -> tuple[LayerProfile, ...]:
     layers = []
     for i, f in enumerate(facts):
         share = _weight_share(f.forward_flops, f.backward_flops, lm.param_counts[i], f.input_requires_grad)
         layers.append(LayerProfile(
-            name=lm.names[i], type=lm.types[i], forward_s=fwd_s[i], backward_s=bwd_s[i],
+            name=lm.names[i], type=lm.types[i], forward_s=times.fwd_s[i], backward_s=times.bwd_s[i],
             forward_flops=f.forward_flops, backward_flops=f.backward_flops,
             param_count=lm.param_counts[i], param_bytes=lm.param_bytes[i],
             output_bytes=f.output_bytes, saved_bytes=f.saved_bytes,
             in_features=lm.in_features[i], out_features=lm.out_features[i],
-            backward_weight_s=bwd_s[i] * share, output_shape=f.output_shape,
+            backward_weight_s=times.bwd_s[i] * share, output_shape=f.output_shape,
             forward_fixed_s=fixed[i][0], backward_fixed_s=fixed[i][1],
         ))
-    ties = tuple(Tie(t.name, t.layers, t.param_count, t.param_bytes) for t in lm.ties)
-    whole_s = median(whole) if whole else None
-    meta: dict[str, Any] = {
+    return tuple(layers)
+
+
+def _meta(lm: LayeredModel, times: _LayerTimes, threads: int | None, elapsed: float) -> dict[str, Any]:
+    return {
         "tool": "planner profile",
         "torch_version": torch.__version__,
         "split_method": lm.method,
         "flop_counter": FLOP_COUNTER,
-        "device_flops_source": flops_label,
+        "device_flops_source": times.flops_label,
         "threads": torch.get_num_threads() if threads is None else threads,
         "profiling_s": elapsed,
     }
-    if mode == "measured":
-        meta.update({
-            "device_name": device_name,
-            "warmup": warmup,
-            "repeats": repeats,
-            "timing": "median of repeats; per-layer passes; CUDA synchronised" if dev.type == "cuda"
-            else "median of repeats; per-layer passes",
-            "whole_model_fwd_bwd_s": whole_s,
-            "sum_layers_fwd_bwd_s": layer_sum,
-            "profiling_cost_iterations": elapsed / whole_s if whole_s else None,
-            "fixed_cost_fit_batch": small if small_times is not None else None,
-        })
-    else:
-        meta.update({"efficiency": efficiency, "time_formula": "flops / (device_flops * efficiency)"})
-    return ModelProfile(
-        model=loaded.name, batch_size=int(x.shape[0]), dtype=dtype_name(x.dtype if x.is_floating_point()
-                                                                         else next(iter(params)).dtype
-                                                                         if params else torch.float32),
-        mode=mode, device=device_name if mode == "analytic" else ("cpu" if dev.type == "cpu" else str(dev.type)),
-        device_flops=float(flops_value), layers=tuple(layers), input_shape=tuple(x.shape[1:]),
-        input_bytes=x.numel() * x.element_size(), ties=ties, meta=meta, loss_s=loss[0], loss_fixed_s=loss[1],
-    )
+
+
+def _measured_meta(times: _LayerTimes, runs: _Runs, dev: torch.device, warmup: int, repeats: int, elapsed: float,
+                   fit_batch: int | None) -> dict[str, Any]:
+    whole_s = median(runs.whole) if runs.whole else None
+    return {
+        "device_name": times.device_name,
+        "warmup": warmup,
+        "repeats": repeats,
+        "timing": "median of repeats; per-layer passes; CUDA synchronised" if dev.type == "cuda"
+        else "median of repeats; per-layer passes",
+        "whole_model_fwd_bwd_s": whole_s,
+        "sum_layers_fwd_bwd_s": times.layer_sum,
+        "profiling_cost_iterations": elapsed / whole_s if whole_s else None,
+        "fixed_cost_fit_batch": fit_batch,
+    }
