@@ -19,6 +19,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -27,6 +28,7 @@ from planner.profiler.flops import flop_counter
 from planner.profiler.layers import primary_output
 
 Sync = Callable[[], None]
+_T = TypeVar("_T")
 
 
 def make_sync(device: torch.device) -> Sync:
@@ -72,65 +74,85 @@ def _zero_grads(params: Sequence[torch.Tensor]) -> None:
         p.grad = None
 
 
+class _SavedBytes:
+    """Saved-tensor hooks that add each storage autograd keeps for backward to the layer
+    running (``current``): each storage counted once over the pass, parameters excluded."""
+
+    def __init__(self, params: Sequence[torch.Tensor], n_layers: int) -> None:
+        self.param_keys = {_storage_key(p) for p in params}
+        self.seen: set[int] = set()
+        self.saved = [0] * n_layers
+        self.current = 0
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        key = _storage_key(t)
+        if key not in self.param_keys and key not in self.seen:
+            self.seen.add(key)
+            self.saved[self.current] += int(t.untyped_storage().nbytes())
+        return t
+
+    def unpack(self, t: torch.Tensor) -> torch.Tensor:
+        return t
+
+
+def _counted(run: Callable[[], _T], count_flops: bool) -> tuple[_T, float]:
+    """``run()`` and the FLOPs it did (0 when not counting)."""
+    counter = flop_counter()
+    if not count_flops:
+        return run(), 0.0
+    with counter:
+        result = run()
+    return result, float(counter.get_total_flops())
+
+
 def instrumented_pass(layers: Sequence[nn.Module], x: torch.Tensor, params: Sequence[torch.Tensor],
                       count_flops: bool = True) -> list[LayerFacts]:
     """One forward+backward with FLOP counting and saved-tensor accounting (works on meta tensors)."""
-    param_keys = {_storage_key(p) for p in params}
-    seen: set[int] = set()
-    saved = [0] * len(layers)
-    current = [0]
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        key = _storage_key(t)
-        if key not in param_keys and key not in seen:
-            seen.add(key)
-            saved[current[0]] += int(t.untyped_storage().nbytes())
-        return t
-
-    def unpack(t: torch.Tensor) -> torch.Tensor:
-        return t
-
+    saved = _SavedBytes(params, len(layers))
     _zero_grads(params)
-    fwd_flops: list[float] = []
-    inputs: list[torch.Tensor] = []
-    outputs: list[torch.Tensor] = []
-    cur = x
-    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-        for i, layer in enumerate(layers):
-            current[0] = i
-            inp = _leaf(cur, first=i == 0)
-            counter = flop_counter()
-            if count_flops:
-                with counter:
-                    out = primary_output(_call(layer, inp))
-            else:
-                out = primary_output(_call(layer, inp))
-            fwd_flops.append(float(counter.get_total_flops()) if count_flops else 0.0)
-            inputs.append(inp)
-            outputs.append(out)
-            cur = out
-    bwd_flops = [0.0] * len(layers)
-    grad: torch.Tensor | None = torch.ones_like(outputs[-1])
-    for i in reversed(range(len(layers))):
-        out = outputs[i]
-        if grad is None or not out.requires_grad:
-            grad = None
-            continue
-        counter = flop_counter()
-        if count_flops:
-            with counter:
-                out.backward(grad)
-        else:
-            out.backward(grad)
-        bwd_flops[i] = float(counter.get_total_flops()) if count_flops else 0.0
-        grad = inputs[i].grad
+    with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
+        fwd_flops, inputs, outputs = _counted_forward(layers, x, count_flops, saved)
+    bwd_flops = _counted_backward(inputs, outputs, count_flops)
     facts = [
         LayerFacts(fwd_flops[i], bwd_flops[i], outputs[i].numel() * outputs[i].element_size(),
-                   tuple(outputs[i].shape), saved[i], inputs[i].requires_grad)
+                   tuple(outputs[i].shape), saved.saved[i], inputs[i].requires_grad)
         for i in range(len(layers))
     ]
     _zero_grads(params)
     return facts
+
+
+def _counted_forward(layers: Sequence[nn.Module], x: torch.Tensor, count_flops: bool,
+                     saved: _SavedBytes) -> tuple[list[float], list[torch.Tensor], list[torch.Tensor]]:
+    """The layers' forward in order, each on a leaf copy of the previous output: FLOPs, inputs, outputs."""
+    fwd_flops: list[float] = []
+    inputs: list[torch.Tensor] = []
+    outputs: list[torch.Tensor] = []
+    cur = x
+    for i, layer in enumerate(layers):
+        saved.current = i
+        inp = _leaf(cur, first=i == 0)
+        out, flops = _counted(lambda: primary_output(_call(layer, inp)), count_flops)  # noqa: B023 (called now)
+        fwd_flops.append(flops)
+        inputs.append(inp)
+        outputs.append(out)
+        cur = out
+    return fwd_flops, inputs, outputs
+
+
+def _counted_backward(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
+                      count_flops: bool) -> list[float]:
+    """The layers' backward in reverse, each fed the next layer's input gradient: FLOPs per layer."""
+    bwd_flops = [0.0] * len(outputs)
+    grad: torch.Tensor | None = torch.ones_like(outputs[-1])
+    for i in reversed(range(len(outputs))):
+        out = outputs[i]
+        if grad is None or not out.requires_grad:
+            grad = None
+            continue
+        _, bwd_flops[i] = _counted(lambda: out.backward(grad), count_flops)  # noqa: B023 (called now)
+        grad = inputs[i].grad
+    return bwd_flops
 
 
 def timed_pass(layers: Sequence[nn.Module], x: torch.Tensor, params: Sequence[torch.Tensor],
