@@ -282,19 +282,24 @@ def _last_lines(path: Path, n: int = 3) -> str:
     return " | ".join(lines[-n:]) if lines else "no output"
 
 
+_TORCHRUN_SUMMARY = ("error_file", "time ", "time:", "host ", "host:", "rank ", "rank:", "traceback :", "traceback:",
+                     "root cause", "failures:", "[")
+
+
 def _worker_cause(tmp: Path, text: str) -> str:
+    """The first failing rank's own message; else the workers' last error line and torchrun's exit code."""
     errors = sorted(tmp.glob("error-rank*.txt"), key=lambda p: int(p.stem.split("rank")[1]))
     if errors:
         first = errors[0]
         return f"rank {first.stem.split('rank')[1]}: {first.read_text().strip()}"
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    exit_line = next((ln for ln in reversed(lines) if ln.startswith("exitcode")), "")
+    signal_line = next((ln for ln in reversed(lines) if "Signal" in ln or "signal" in ln), "")
     for ln in reversed(lines):
-        if ("Error" in ln or "error" in ln) and not ln.startswith(("File ", "[")):
-            return ln
-    for ln in reversed(lines):
-        if "Signal" in ln or "signal" in ln or "exitcode" in ln:
-            return ln
-    return lines[-1] if lines else "no output"
+        if ("Error" in ln or "error" in ln) and not ln.startswith(("File ", *_TORCHRUN_SUMMARY)):
+            return "; ".join(filter(None, [ln, exit_line]))
+    found = "; ".join(filter(None, [exit_line, signal_line]))
+    return found or (lines[-1] if lines else "no output")
 
 
 # ----------------------------------------------------------------------------- worker

@@ -7,6 +7,7 @@ train; workers import them as ``tests.test_runner:<name>``.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -158,7 +159,8 @@ def test_plan_the_engine_cannot_run_is_refused() -> None:
 @pytest.mark.slow
 def test_deepspeed_two_stages_matches_single_process() -> None:
     plan = tiny_plan("tiny_mlp", [0, 2, -1], microbatches=4)
-    doc = run_plan(plan, "tests.test_runner:tiny_mlp", engine="deepspeed", steps=4, warmup=1, check=True)
+    doc = run_plan(plan, "tests.test_runner:tiny_mlp", engine="deepspeed", steps=4, warmup=1, check=True,
+                   log=sys.stdout)  # the workers' output shows if this fails
     assert doc["engine"] == "deepspeed" and doc["world_size"] == 2
     assert len(doc["losses"]) == 4 and doc["measured_iteration_s"] > 0
     assert doc["predicted_iteration_s"] == pytest.approx(0.01)
@@ -168,7 +170,8 @@ def test_deepspeed_two_stages_matches_single_process() -> None:
 @pytest.mark.slow
 def test_deepspeed_two_by_two_with_tied_weights() -> None:
     plan = tiny_plan("tiny_tied", [0, 1, -1], width=2, microbatches=2)
-    doc = run_plan(plan, "tests.test_runner:tiny_tied", engine="deepspeed", steps=3, warmup=1, check=True)
+    doc = run_plan(plan, "tests.test_runner:tiny_tied", engine="deepspeed", steps=3, warmup=1, check=True,
+                   log=sys.stdout)
     assert doc["world_size"] == 4
     assert doc["max_rel_loss_diff"] < 1e-5
 
@@ -187,3 +190,18 @@ def test_timeout_kills_every_worker() -> None:
     with pytest.raises(RunError, match="did not finish"):
         run_plan(plan, "tests.test_runner:tiny_mlp", engine="torch", steps=200, warmup=1, timeout_s=1.5)
     assert not _stray(str(plan.model))
+
+
+
+def test_worker_cause_reads_past_torchrun_summary(tmp_path: Path) -> None:
+    from planner.runner import _worker_cause
+
+    log = "\n".join(["Traceback (most recent call last):", '  File "x.py", line 1', "RuntimeError: gloo connect failed",
+                     "[0]:", "  time      : 2026", "  rank      : 1 (local_rank: 1)", "  exitcode  : 1 (pid: 42)",
+                     "  error_file: <N/A>", "  traceback : To enable traceback see: https://pytorch.org/docs"])
+    cause = _worker_cause(tmp_path, log)
+    assert cause.startswith("RuntimeError: gloo connect failed") and "exitcode  : 1" in cause
+    killed = "\n".join(["[0]:", "  exitcode  : -9 (pid: 7)", "  error_file: <N/A>",
+                        "  traceback : Signal 9 (SIGKILL) received by PID 7"])
+    cause = _worker_cause(tmp_path, killed)
+    assert "exitcode  : -9" in cause and "SIGKILL" in cause
