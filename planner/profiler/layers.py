@@ -237,8 +237,8 @@ def _shape_prop(gm: fx.GraphModule, example_input: torch.Tensor) -> None:
             with torch.no_grad(), fake_mode:
                 _ShapeRecorder(gm).run(fake_x)
             return
-        except Exception:
-            pass  # run it for real: the model's own error message, or an op fake tensors lack
+        except Exception:  # run it for real: the model's own error message, or an op fake tensors lack
+            logging.getLogger(__name__).debug("fake-tensor shape propagation failed; running the model for real")
         finally:
             log.setLevel(level)
     try:
