@@ -80,6 +80,18 @@ def _shape(value: Any, where: str) -> tuple[int, ...]:
     return tuple(value)
 
 
+def _optional(obj: Any, keys: Sequence[str]) -> dict[str, Any]:
+    """The optional fields of ``obj`` among ``keys`` that are set (None fields are left out)."""
+    return {key: getattr(obj, key) for key in keys if getattr(obj, key) is not None}
+
+
+def _check_part(where: str, part_key: str, part: float | None, whole_key: str, whole: float) -> None:
+    """A time that is a part of another (fixed part, weight-gradient part) lies in [0, whole]."""
+    if part is not None and not 0 <= part <= whole:
+        raise FormatError(f"{where}.{part_key} ({part}) must lie in [0, {whole_key}={whole}]",
+                          f"{part_key} is a part of {whole_key}")
+
+
 # ----------------------------------------------------------------------------- profile
 
 
@@ -134,9 +146,8 @@ class LayerProfile:
             "output_bytes": self.output_bytes,
             "saved_bytes": self.saved_bytes,
         }
-        for key in ("in_features", "out_features", "backward_weight_s", "forward_fixed_s", "backward_fixed_s"):
-            if getattr(self, key) is not None:
-                d[key] = getattr(self, key)
+        d.update(_optional(self, ("in_features", "out_features", "backward_weight_s", "forward_fixed_s",
+                                  "backward_fixed_s")))
         if self.output_shape is not None:
             d["output_shape"] = list(self.output_shape)
         return d
@@ -162,16 +173,9 @@ class LayerProfile:
             forward_fixed_s=_opt_num(d, "forward_fixed_s", where),
             backward_fixed_s=_opt_num(d, "backward_fixed_s", where),
         )
-        for key, total in (("forward_fixed_s", layer.forward_s), ("backward_fixed_s", layer.backward_s)):
-            fixed = getattr(layer, key)
-            if fixed is not None and not 0 <= fixed <= total:
-                raise FormatError(f"{where}.{key} ({fixed}) must lie in [0, {key.replace('fixed_', '')}={total}]",
-                                  "the fixed part of a layer's time is at most its whole time")
-        if layer.backward_weight_s is not None and layer.backward_weight_s > layer.backward_s:
-            raise FormatError(
-                f"{where}.backward_weight_s ({layer.backward_weight_s}) exceeds backward_s ({layer.backward_s})",
-                "backward_weight_s is the weight-gradient part of backward_s",
-            )
+        _check_part(where, "forward_fixed_s", layer.forward_fixed_s, "forward_s", layer.forward_s)
+        _check_part(where, "backward_fixed_s", layer.backward_fixed_s, "backward_s", layer.backward_s)
+        _check_part(where, "backward_weight_s", layer.backward_weight_s, "backward_s", layer.backward_s)
         return layer
 
 
@@ -252,9 +256,7 @@ class ModelProfile:
         }
         if self.input_shape is not None:
             d["input_shape"] = list(self.input_shape)
-        for key in ("loss_s", "loss_fixed_s"):
-            if getattr(self, key) is not None:
-                d[key] = getattr(self, key)
+        d.update(_optional(self, ("loss_s", "loss_fixed_s")))
         return d
 
     @classmethod
@@ -271,7 +273,7 @@ class ModelProfile:
                                   f"{len(layers)} layers", "fix the tie's layer indices")
         shape = doc.get("input_shape")
         meta = doc.get("meta") or {}
-        return cls(
+        profile = cls(
             model=_str(doc, "model", source),
             batch_size=_int(doc, "batch_size", source, positive=True),
             dtype=_str(doc, "dtype", source),
@@ -286,6 +288,9 @@ class ModelProfile:
             loss_s=_opt_num(doc, "loss_s", source),
             loss_fixed_s=_opt_num(doc, "loss_fixed_s", source),
         )
+        if profile.loss_fixed_s is not None:
+            _check_part(source, "loss_fixed_s", profile.loss_fixed_s, "loss_s", profile.loss_s or 0.0)
+        return profile
 
 
 # ----------------------------------------------------------------------------- cluster
@@ -501,7 +506,7 @@ class Plan:
     @property
     def config(self) -> str:
         """Devices per stage in PipeDream notation, e.g. ``2-1-1``."""
-        return "-".join(str(s.width) for s in self.stages)
+        return config_string([s.width for s in self.stages])
 
     @property
     def world_size(self) -> int:

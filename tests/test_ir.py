@@ -119,3 +119,29 @@ def test_loss_time_round_trips_and_is_optional() -> None:
     assert ModelProfile.from_dict(prof.to_dict()) == prof
     plain = ModelProfile.from_dict(make_profile_dict(2))
     assert plain.loss_s is None and "loss_s" not in plain.to_dict()
+
+
+@pytest.mark.parametrize(
+    ("mutate", "needle"),
+    [
+        (lambda d: d["layers"][0].update(forward_fixed_s=0.5), "forward_fixed_s (0.5) must lie in [0, forward_s"),
+        (lambda d: d["layers"][0].update(backward_weight_s=0.5), "backward_weight_s (0.5) must lie in [0, backward_s"),
+        (lambda d: d.update(loss_s=0.1, loss_fixed_s=0.2), "loss_fixed_s (0.2) must lie in [0, loss_s=0.1]"),
+    ],
+)
+def test_a_part_of_a_time_cannot_exceed_the_whole(mutate: Any, needle: str) -> None:
+    doc = make_profile_dict()
+    mutate(doc)
+    with pytest.raises(FormatError) as info:
+        ModelProfile.from_dict(doc)
+    assert needle in str(info.value)
+
+
+def test_optional_fields_round_trip() -> None:
+    doc = make_profile_dict(loss_s=0.01, loss_fixed_s=0.001)
+    doc["layers"][0].update(forward_fixed_s=0.001, backward_fixed_s=0.002, in_features=4, out_features=8)
+    profile = ModelProfile.from_dict(doc)
+    out = profile.to_dict()
+    assert out["loss_fixed_s"] == 0.001 and out["layers"][0]["backward_fixed_s"] == 0.002
+    assert "forward_fixed_s" not in out["layers"][1]
+    assert ModelProfile.from_dict(out) == profile
