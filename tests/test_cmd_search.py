@@ -229,3 +229,9 @@ def test_interleaved_virtual_stages_1_is_one_chunk_per_group(files) -> None:
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["virtual_stages"] == 1 and doc["schedule"] == "interleaved"
+
+
+def test_cli_rerank_default_is_the_search_default() -> None:
+    from planner import commands, compare, search
+
+    assert commands.RERANK == search.RERANK == compare.RERANK

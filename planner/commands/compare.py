@@ -7,27 +7,13 @@ from pathlib import Path
 import click
 
 from planner import ir
+from planner.commands import RERANK, parse_microbatches
 from planner.errors import InfeasibleError, PlannerError
 from planner.jsonio import read_json
 from planner.schedule import SCHEDULES
 
-RERANK = 16  # planner.search.RERANK, repeated so that --help loads no algorithm module
-
 STRATEGY_HELP = "comma-separated subset of: dp, accpar, gpipe-uniform, torchgpipe, deepspeed-uniform, " \
                 "deepspeed-parameters, pipedream, planner (default: all)"
-
-
-def parse_microbatches(value: str) -> int | str:
-    """``N`` (a positive integer) or ``auto``."""
-    if value == "auto":
-        return value
-    try:
-        n = int(value)
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is neither a positive integer nor 'auto'") from None
-    if n < 1:
-        raise click.BadParameter(f"{value!r} must be a positive integer or 'auto'")
-    return n
 
 
 @click.command("compare")

@@ -8,24 +8,10 @@ from pathlib import Path
 import click
 
 from planner import ir
+from planner.commands import RERANK, parse_microbatches
 from planner.errors import PlannerError, UsageError
 from planner.jsonio import read_json
 from planner.schedule import SCHEDULES
-
-RERANK = 16  # planner.search.RERANK, repeated so that --help loads no algorithm module
-
-
-def _microbatches(value: str) -> int | str:
-    if value == "auto":
-        return value
-    try:
-        n = int(value)
-    except ValueError:
-        raise UsageError(f"--microbatches {value!r} is neither a positive integer nor 'auto'",
-                         "e.g. --microbatches 4 or --microbatches auto") from None
-    if n < 1:
-        raise UsageError(f"--microbatches {value!r} must be a positive integer", "e.g. --microbatches 4")
-    return n
 
 
 def _virtual_stages(value: int | None, schedule: str) -> int:
@@ -81,7 +67,7 @@ def search(profile_path: str, cluster_name: str, output: str | None, microbatche
     from planner.search import parse_config
     from planner.search import search as run_search
 
-    mb = _microbatches(microbatches)
+    mb = parse_microbatches(microbatches)
     v = _virtual_stages(virtual_stages, schedule)
     widths = parse_config(config) if config else None
     if output and not Path(output).resolve().parent.is_dir():
