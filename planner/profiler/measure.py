@@ -110,9 +110,14 @@ def instrumented_pass(layers: Sequence[nn.Module], x: torch.Tensor, params: Sequ
     """One forward+backward with FLOP counting and saved-tensor accounting (works on meta tensors)."""
     saved = _SavedBytes(params, len(layers))
     _zero_grads(params)
+
+    def fwd_meter(i: int, run: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, float]:
+        saved.current = i
+        return _counted(run, count_flops)
+
     with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
-        fwd_flops, inputs, outputs = _counted_forward(layers, x, count_flops, saved)
-    bwd_flops = _counted_backward(inputs, outputs, count_flops)
+        fwd_flops, inputs, outputs = _forward_walk(layers, x, fwd_meter)
+    bwd_flops = _backward_walk(inputs, outputs, lambda _i, run: _counted(run, count_flops))
     facts = [
         LayerFacts(fwd_flops[i], bwd_flops[i], outputs[i].numel() * outputs[i].element_size(),
                    tuple(outputs[i].shape), saved.saved[i], inputs[i].requires_grad)
@@ -122,37 +127,40 @@ def instrumented_pass(layers: Sequence[nn.Module], x: torch.Tensor, params: Sequ
     return facts
 
 
-def _counted_forward(layers: Sequence[nn.Module], x: torch.Tensor, count_flops: bool,
-                     saved: _SavedBytes) -> tuple[list[float], list[torch.Tensor], list[torch.Tensor]]:
-    """The layers' forward in order, each on a leaf copy of the previous output: FLOPs, inputs, outputs."""
-    fwd_flops: list[float] = []
+# A meter runs one layer's forward (or backward) and returns its result and a figure for it (FLOPs, seconds).
+_Meter = Callable[[int, Callable[[], _T]], tuple[_T, float]]
+
+
+def _forward_walk(layers: Sequence[nn.Module], x: torch.Tensor, meter: _Meter[torch.Tensor],
+                  ) -> tuple[list[float], list[torch.Tensor], list[torch.Tensor]]:
+    """The layers' forward in order, each on a leaf copy of the previous output: figures, inputs, outputs."""
+    figures: list[float] = []
     inputs: list[torch.Tensor] = []
     outputs: list[torch.Tensor] = []
     cur = x
     for i, layer in enumerate(layers):
-        saved.current = i
         inp = _leaf(cur, first=i == 0)
-        out, flops = _counted(lambda: primary_output(_call(layer, inp)), count_flops)  # noqa: B023 (called now)
-        fwd_flops.append(flops)
+        out, figure = meter(i, lambda: primary_output(_call(layer, inp)))  # noqa: B023 (called now)
+        figures.append(figure)
         inputs.append(inp)
         outputs.append(out)
         cur = out
-    return fwd_flops, inputs, outputs
+    return figures, inputs, outputs
 
 
-def _counted_backward(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
-                      count_flops: bool) -> list[float]:
-    """The layers' backward in reverse, each fed the next layer's input gradient: FLOPs per layer."""
-    bwd_flops = [0.0] * len(outputs)
+def _backward_walk(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
+                   meter: _Meter[None]) -> list[float]:
+    """The layers' backward in reverse, each fed the next layer's input gradient: figures per layer."""
+    figures = [0.0] * len(outputs)
     grad: torch.Tensor | None = torch.ones_like(outputs[-1])
     for i in reversed(range(len(outputs))):
         out = outputs[i]
         if grad is None or not out.requires_grad:
             grad = None
             continue
-        _, bwd_flops[i] = _counted(lambda: out.backward(grad), count_flops)  # noqa: B023 (called now)
+        _, figures[i] = meter(i, lambda: out.backward(grad))  # noqa: B023 (called now)
         grad = inputs[i].grad
-    return bwd_flops
+    return figures
 
 
 def timed_pass(layers: Sequence[nn.Module], x: torch.Tensor, params: Sequence[torch.Tensor],
@@ -163,32 +171,16 @@ def timed_pass(layers: Sequence[nn.Module], x: torch.Tensor, params: Sequence[to
     gives figures that other processes on a shared machine do not disturb.
     """
     _zero_grads(params)
-    fwd: list[float] = []
-    bwd = [0.0] * len(layers)
-    inputs: list[torch.Tensor] = []
-    outputs: list[torch.Tensor] = []
-    cur = x
+
+    def timed(_i: int, run: Callable[[], _T]) -> tuple[_T, float]:
+        t0 = clock()
+        result = run()
+        sync()
+        return result, clock() - t0
+
     sync()
-    for i, layer in enumerate(layers):
-        inp = _leaf(cur, first=i == 0)
-        t0 = clock()
-        out = primary_output(_call(layer, inp))
-        sync()
-        fwd.append(clock() - t0)
-        inputs.append(inp)
-        outputs.append(out)
-        cur = out
-    grad: torch.Tensor | None = torch.ones_like(outputs[-1])
-    for i in reversed(range(len(layers))):
-        out = outputs[i]
-        if grad is None or not out.requires_grad:
-            grad = None
-            continue
-        t0 = clock()
-        out.backward(grad)
-        sync()
-        bwd[i] = clock() - t0
-        grad = inputs[i].grad
+    fwd, inputs, outputs = _forward_walk(layers, x, timed)
+    bwd = _backward_walk(inputs, outputs, timed)
     del inputs, outputs
     _zero_grads(params)
     return fwd, bwd
