@@ -235,3 +235,10 @@ def test_cli_rerank_default_is_the_search_default() -> None:
     from planner import commands, compare, search
 
     assert commands.RERANK == search.RERANK == compare.RERANK
+
+
+def test_output_in_a_missing_folder_fails_before_searching(files) -> None:
+    prof, clus, tmp = files
+    r = _run("search", prof, "--cluster", clus, "-o", str(tmp / "nope" / "plan.json"))
+    assert r.exit_code == 1 and "does not exist" in r.output
+    assert not (tmp / "nope").exists()

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
 from planner import ir
-from planner.commands import RERANK, parse_microbatches
-from planner.errors import InfeasibleError, PlannerError
+from planner.commands import RERANK, check_folder, parse_microbatches
+from planner.errors import InfeasibleError
 from planner.jsonio import read_json
 from planner.schedule import SCHEDULES
 
@@ -45,9 +43,7 @@ def compare(profile_path: str, cluster_name: str, microbatches: str, schedule: s
     from planner.render.compare import plot_comparison, print_comparison
 
     mb = parse_microbatches(microbatches)
-    if plot_path and not Path(plot_path).resolve().parent.is_dir():
-        raise PlannerError(f"cannot write {plot_path}: folder {Path(plot_path).parent} does not exist",
-                           "create the folder or choose another path")
+    check_folder(plot_path)
     names = None if strategies is None else [s.strip() for s in strategies.split(",") if s.strip()]
     profile = ir.ModelProfile.from_dict(read_json(profile_path, "profile"), profile_path)
     cluster = load_cluster(cluster_name)

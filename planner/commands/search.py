@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import click
 
 from planner import ir
-from planner.commands import RERANK, parse_microbatches
-from planner.errors import PlannerError, UsageError
+from planner.commands import RERANK, check_folder, parse_microbatches
+from planner.errors import UsageError
 from planner.jsonio import read_json
 from planner.schedule import SCHEDULES
 
@@ -70,9 +69,7 @@ def search(profile_path: str, cluster_name: str, output: str | None, microbatche
     mb = parse_microbatches(microbatches)
     v = _virtual_stages(virtual_stages, schedule)
     widths = parse_config(config) if config else None
-    if output and not Path(output).resolve().parent.is_dir():
-        raise PlannerError(f"cannot write {output}: folder {Path(output).parent} does not exist",
-                           "create the folder or choose another path")
+    check_folder(output)
     profile = ir.ModelProfile.from_dict(read_json(profile_path, "profile"), profile_path)
     cluster = load_cluster(cluster_name)
     t0 = time.perf_counter()

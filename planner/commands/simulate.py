@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from planner import ir
-from planner.errors import PlannerError
+from planner.commands import check_folder
 from planner.jsonio import dumps, read_json, write_text_atomic
 
 if TYPE_CHECKING:
     from planner.simulate import SimResult
-
-
-def _check_folder(path: str | None) -> None:
-    if path and not Path(path).resolve().parent.is_dir():
-        raise PlannerError(f"cannot write {path}: folder {Path(path).parent} does not exist",
-                           "create the folder or choose another path")
 
 
 def _plot(result: SimResult, plan: ir.Plan, plot_path: str) -> None:
@@ -91,8 +84,8 @@ def simulate(plan_path: str, as_json: bool, trace_path: str | None, plot_path: s
     from planner.simulate import SimOptions
     from planner.simulate import simulate as run_simulation
 
-    _check_folder(trace_path)
-    _check_folder(plot_path)
+    check_folder(trace_path)
+    check_folder(plot_path)
     plan = ir.Plan.from_dict(read_json(plan_path, "plan"), plan_path)
     options = SimOptions(overlap_allreduce=overlap_allreduce, bucket_bytes=bucket_mb * 2**20,
                          duplex=not half_duplex)
