@@ -16,8 +16,9 @@ Pure (no torch, click or rich). Two parts:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 from planner import ir
 
@@ -387,16 +388,18 @@ def _stages_from_parts(parts: Sequence[int], groups: Sequence[tuple[str, ...]]) 
 
 
 def _one_gpu_per_stage(name: str, profile: ir.ModelProfile, cluster: ir.Cluster,
-                       balance: Sequence[int], microbatches: tuple[int, ...]) -> Layout:
-    parts = [0]
-    for count in balance:
-        parts.append(parts[-1] + count)
+                       balance_of: Callable[[int], list[int]],
+                       microbatches: tuple[int, ...]) -> Layout | NotFitting:
+    """One stage per GPU in cluster order; ``balance_of(k)`` gives the k stages' layer counts."""
+    n, k = len(profile.layers), len(cluster.gpus)
+    if k > n:
+        return NotFitting(name, f"{k} stages (one per GPU) but the model has only {n} layers")
+    balance = balance_of(k)
+    if min(balance) < 1:
+        return NotFitting(name, f"the balance {balance} has an empty partition, which GPipe refuses")
+    parts = list(accumulate(balance, initial=0))
     groups = [(g.name,) for g in cluster.gpus]
     return Layout(name, _stages_from_parts(parts, groups), BASELINE_SCHEDULES[name], microbatches)
-
-
-def _too_many_stages(name: str, stages: int, layers: int) -> NotFitting:
-    return NotFitting(name, f"{stages} stages (one per GPU) but the model has only {layers} layers")
 
 
 def dp_layout(profile: ir.ModelProfile, cluster: ir.Cluster) -> Layout:
@@ -427,25 +430,17 @@ def accpar_layout(profile: ir.ModelProfile, cluster: ir.Cluster, optimizer: str)
 def gpipe_uniform_layout(profile: ir.ModelProfile, cluster: ir.Cluster,
                          microbatches: tuple[int, ...]) -> Layout | NotFitting:
     """``gpipe-uniform``: one GPU per stage, equal layer counts (the first stages take the rest)."""
-    n, k = len(profile.layers), len(cluster.gpus)
-    if k > n:
-        return _too_many_stages("gpipe-uniform", k, n)
-    parts = partition_uniform(n, k)
-    balance = [parts[s + 1] - parts[s] for s in range(k)]
-    return _one_gpu_per_stage("gpipe-uniform", profile, cluster, balance, microbatches)
+    def balance_of(k: int) -> list[int]:
+        parts = partition_uniform(len(profile.layers), k)
+        return [parts[s + 1] - parts[s] for s in range(k)]
+    return _one_gpu_per_stage("gpipe-uniform", profile, cluster, balance_of, microbatches)
 
 
 def torchgpipe_layout(profile: ir.ModelProfile, cluster: ir.Cluster,
                       microbatches: tuple[int, ...]) -> Layout | NotFitting:
     """``torchgpipe``: one GPU per stage, split by ``balance_by_time`` on the forward times."""
-    n, k = len(profile.layers), len(cluster.gpus)
-    if k > n:
-        return _too_many_stages("torchgpipe", k, n)
-    balance = balance_by_time(profile, k)
-    if min(balance) < 1:
-        return NotFitting("torchgpipe", f"balance_by_time gives balance {balance}, which GPipe refuses "
-                                        "(an empty partition)")
-    return _one_gpu_per_stage("torchgpipe", profile, cluster, balance, microbatches)
+    return _one_gpu_per_stage("torchgpipe", profile, cluster, lambda k: balance_by_time(profile, k),
+                              microbatches)
 
 
 def deepspeed_layouts(profile: ir.ModelProfile, cluster: ir.Cluster, method: str,
