@@ -90,9 +90,6 @@ class Schedule:
         """Iterations of M micro-batches the schedule covers."""
         return max(1, self.total_microbatches // self.microbatches)
 
-    def device_of(self, chunk: int) -> int:
-        return chunk % self.devices
-
     def text(self) -> list[list[str]]:
         """Per device, the compact action strings."""
         return [[str(a) for a in acts] for acts in self.actions]
