@@ -107,6 +107,12 @@ def _conv1x1(cin: int, cout: int, stride: int = 1) -> nn.Conv2d:
     return nn.Conv2d(cin, cout, kernel_size=1, stride=stride, bias=False)
 
 
+def _residual(block: BasicBlock | Bottleneck, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """A residual block's ending: add the (downsampled) input to the branch output, then ReLU."""
+    identity = x if block.downsample is None else block.downsample(x)
+    return block.relu(out + identity)  # type: ignore[no-any-return]
+
+
 class BasicBlock(nn.Module):  # type: ignore[misc]
     expansion = 1
 
@@ -120,13 +126,8 @@ class BasicBlock(nn.Module):  # type: ignore[misc]
         self.downsample = downsample
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        identity = x
         out = self.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        if self.downsample is not None:
-            identity = self.downsample(x)
-        out = out + identity
-        return self.relu(out)
+        return _residual(self, x, self.bn2(self.conv2(out)))
 
 
 class Bottleneck(nn.Module):  # type: ignore[misc]
@@ -144,14 +145,9 @@ class Bottleneck(nn.Module):  # type: ignore[misc]
         self.downsample = downsample
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        identity = x
         out = self.relu(self.bn1(self.conv1(x)))
         out = self.relu(self.bn2(self.conv2(out)))
-        out = self.bn3(self.conv3(out))
-        if self.downsample is not None:
-            identity = self.downsample(x)
-        out = out + identity
-        return self.relu(out)
+        return _residual(self, x, self.bn3(self.conv3(out)))
 
 
 class ResNet(nn.Module):  # type: ignore[misc]
