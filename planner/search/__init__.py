@@ -252,8 +252,3 @@ def solution_plan(prob: Problem, sol: Solution, *, engine: str = "any", solver: 
     dp_s = dp_t if dp_fits else None
     speedup = dp_t / pred.iteration_s if dp_fits and pred.iteration_s > 0 else None
     return dataclasses.replace(draft, predicted=pred, dp_iteration_s=dp_s, speedup_over_dp=speedup)
-
-
-def objective_of_plan(plan: ir.Plan) -> float:
-    """The analytic iteration time the search minimises, for any plan (planner.costmodel)."""
-    return predict(plan).iteration_s

@@ -249,15 +249,6 @@ def memory_depends_on_k(schedule: str, microbatches: int, max_stages: int) -> bo
     return False
 
 
-def with_stages(prob: Problem, stages: int) -> Problem:
-    """The same problem with exactly ``stages`` stages (any widths)."""
-    import dataclasses
-
-    out = dataclasses.replace(prob, stages_exact=stages, cand={})
-    _build_candidates(out)
-    return out
-
-
 def _in_flight_counts(prob: Problem, r_hi: int) -> list[int]:
     """Micro-batches in flight on a stage with r = 1..r_hi stages left (its own included)."""
     k_fixed = prob.stages_exact
