@@ -78,7 +78,11 @@ class Schedule:
     virtual_stages: int
     actions: tuple[tuple[Action, ...], ...]
     split_backward: bool = False
-    total_microbatches: int = 0
+    total_microbatches: int = 0  # 0: one iteration, M
+
+    def __post_init__(self) -> None:
+        if not self.total_microbatches:
+            object.__setattr__(self, "total_microbatches", self.microbatches)
 
     @property
     def chunks(self) -> int:
@@ -296,7 +300,7 @@ def dependencies(sched: Schedule, a: Action) -> list[Action]:
 def validate(sched: Schedule) -> None:
     """Raise ScheduleError unless every action appears exactly once, on its chunk's device,
     and a run exists that meets every dependency (no deadlock); see :func:`unit_slots`."""
-    k, n, chunks = sched.devices, sched.total_microbatches or sched.microbatches, sched.chunks
+    k, n, chunks = sched.devices, sched.total_microbatches, sched.chunks
     if len(sched.actions) != k:
         raise ScheduleError(f"schedule has {len(sched.actions)} device rows, expected {k}", "one row per device")
     kinds = ("F", "B", "W") if sched.split_backward else ("F", "B")
@@ -327,7 +331,7 @@ def unit_slots(sched: Schedule) -> list[list[int]]:
     Returns each action's slot per device; raises ScheduleError on a deadlock (a device
     whose next action waits for one that can never run), naming the stuck actions.
     """
-    n = sched.total_microbatches or sched.microbatches
+    n = sched.total_microbatches
     size = sched.chunks * n
     f_end = [-1] * size  # end slot of chunk c's forward of micro-batch mb at c * n + mb (-1: not yet)
     b_end = [-1] * size

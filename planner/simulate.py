@@ -357,7 +357,7 @@ class _Engine:
         self.k = self.n_chunks // v
         self.name = sched.name
         self.m = sched.microbatches
-        self.n = sched.total_microbatches or self.m
+        self.n = sched.total_microbatches
         self.lanes_devices = _lane_devices(costs, self.k)
         self._init_chunks()
         self.record = opts.record_events
