@@ -201,9 +201,9 @@ def layer_table(profile: ir.ModelProfile, group: Group, microbatches: int, optim
         raise UsageError(f"unknown optimizer {optimizer!r}", f"use one of {', '.join(OPTIMIZER_BYTES_PER_PARAM)}")
     layers = profile.layers
     nl, n, share = len(layers), group.n, 1.0 / microbatches
-    scale = profile.device_flops / group.flops * share
-    link = group.link
     flop_scale = profile.device_flops / group.flops
+    scale = flop_scale * share
+    link = group.link
     fwd_fixed = np.array([x.forward_fixed_s or 0.0 for x in layers]) * flop_scale
     bwd_fixed = np.array([x.backward_fixed_s or 0.0 for x in layers]) * flop_scale
     fwd_full = np.array([x.forward_s for x in layers]) * scale - fwd_fixed * share
