@@ -127,3 +127,16 @@ def test_script_explains_itself_and_names_both_launchers() -> None:
     assert "torchrun --standalone --nproc_per_node 4" in text and "deepspeed --num_gpus 4" in text
     assert "[0, 2), [2, 4)" in text
     compile(text, "train.py", "exec")
+
+
+def test_script_args_take_the_launchers_local_rank_and_refuse_unknown_losses(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("sys.argv", ["train.py", "--local_rank", "3", "--steps", "2", "--loss", "mse"])
+    args = common.script_args("doc", "pkg:model", local_rank=True)
+    assert (args.model, args.steps, args.loss, args.seed, args.local_rank) == ("pkg:model", 2, "mse", 0, 3)
+    monkeypatch.setattr("sys.argv", ["train.py", "--local_rank", "3"])
+    with pytest.raises(SystemExit):  # only the DeepSpeed script accepts the launcher's argument
+        common.script_args("doc", "pkg:model")
+    monkeypatch.setattr("sys.argv", ["train.py", "--loss", "hinge"])
+    with pytest.raises(SystemExit):
+        common.script_args("doc", "pkg:model")

@@ -13,6 +13,7 @@ devices, so every pipeline replica runs micro-batches of ``B / (M * W)`` samples
 
 from __future__ import annotations
 
+import argparse
 import importlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -26,6 +27,24 @@ from planner.errors import ExportError, RunError
 
 LOSSES = ("cross_entropy", "mse")
 ENGINES = ("deepspeed", "torch")
+
+
+# ----------------------------------------------------------------------------- generated scripts
+
+
+def script_args(doc: str | None, model: str, local_rank: bool = False) -> argparse.Namespace:
+    """The command line of a generated ``train.py``: ``--model``, ``--steps``, ``--loss``, ``--seed``.
+
+    ``local_rank`` also accepts the ``--local_rank`` the DeepSpeed launcher passes.
+    """
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=model)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--loss", default="cross_entropy", choices=LOSSES)
+    ap.add_argument("--seed", type=int, default=0)
+    if local_rank:
+        ap.add_argument("--local_rank", type=int, default=-1)
+    return ap.parse_args()
 
 
 # ----------------------------------------------------------------------------- layers and ties

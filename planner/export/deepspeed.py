@@ -233,7 +233,6 @@ What it does:
      the plan's optimizer) on synthetic data of the profiled input shape.
 Replace `batches()` with your data loader: each process yields (inputs, labels) per micro-batch.
 """
-import argparse
 import json
 import os
 from pathlib import Path
@@ -250,13 +249,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default={model!r})
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--loss", default="cross_entropy", choices=common.LOSSES)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--local_rank", type=int, default=-1)  # set by the deepspeed launcher
-    args = ap.parse_args()
+    args = common.script_args(__doc__, {model!r}, local_rank=True)  # the deepspeed launcher sets --local_rank
     plan = ir.Plan.from_dict(json.loads((HERE / "plan.json").read_text()))
     config = json.loads((HERE / "ds_config.json").read_text())
     skip_shm_build()  # a CPU-only C++ op DeepSpeed would JIT-build (~35 s); training does not use it

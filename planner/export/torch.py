@@ -308,7 +308,6 @@ What it does:
   3. trains on synthetic data of the profiled input shape with the plan's optimizer ({optimizer}).
 Replace the data in `main()` with yours: every rank passes the same global batch; each takes its part.
 """
-import argparse
 import json
 import os
 from pathlib import Path
@@ -325,12 +324,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default={model!r})
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--loss", default="cross_entropy", choices=common.LOSSES)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    args = common.script_args(__doc__, {model!r})
     plan = ir.Plan.from_dict(json.loads((HERE / "plan.json").read_text()))
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     layers, example = load_layers(args.model, plan, args.seed)
