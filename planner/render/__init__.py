@@ -5,9 +5,34 @@ One module per command's output (``render.profile``, ``render.search``, ...).
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 from rich.console import Console
 
+from planner.errors import PlannerError
+from planner.jsonio import atomic_path
 
-def stderr_console() -> Console:
-    """A rich console on stderr: progress, tables and logs never pollute ``--json`` stdout."""
-    return Console(stderr=True, highlight=False)
+
+def stderr_console(width_when_piped: int | None = None) -> Console:
+    """A rich console on stderr: progress, tables and logs never pollute ``--json`` stdout.
+
+    ``width_when_piped``: the width when stderr is not a terminal (rich's default: 80)."""
+    console = Console(stderr=True, highlight=False)
+    if width_when_piped is not None and not console.is_terminal:
+        console = Console(stderr=True, highlight=False, width=width_when_piped)
+    return console
+
+
+def write_png(path: str | os.PathLike[str], fig: Any, **savefig: Any) -> None:
+    """Save a matplotlib figure as PNG atomically (a temporary sibling renamed into place), then close it;
+    ``savefig``: more arguments of ``Figure.savefig`` (dpi, bbox_inches)."""
+    import matplotlib.pyplot as plt
+
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format="png", **savefig)
+    except OSError as exc:
+        raise PlannerError(f"cannot write {path}: {exc.strerror}", "choose a writable output path") from None
+    finally:
+        plt.close(fig)

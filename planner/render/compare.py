@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
 
 from rich.table import Table
 
 from planner.compare import Comparison, StrategyResult
-from planner.errors import PlannerError
-from planner.jsonio import atomic_path
-from planner.render import stderr_console
+from planner.render import stderr_console, write_png
 
 GIB = 1024**3
 
@@ -64,20 +61,6 @@ COLORS = {"dp": "#7f7f7f", "accpar": "#8c564b", "gpipe-uniform": "#1f77b4", "tor
           "planner": "#d62728"}
 
 
-def write_png(path: str | os.PathLike[str], fig: Any) -> None:
-    """Save a matplotlib figure atomically (a temporary sibling renamed into place), then close it."""
-    import matplotlib.pyplot as plt
-
-    try:
-        with atomic_path(path) as tmp:
-            try:
-                fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
-            except OSError as exc:
-                raise PlannerError(f"cannot write {path}: {exc.strerror}", "choose a writable output path") from None
-    finally:
-        plt.close(fig)
-
-
 def plot_comparison(comparison: Comparison, path: str | os.PathLike[str]) -> None:
     """A bar chart of every strategy (not fitting: an empty bar marked 'does not fit')."""
     import matplotlib
@@ -103,7 +86,7 @@ def plot_comparison(comparison: Comparison, path: str | os.PathLike[str]) -> Non
         ax.axhline(1.0, color="black", linewidth=0.6, linestyle=":")
     ax.set_title(f"{comparison.model}, batch {comparison.batch_size}, on {comparison.cluster}")
     ax.set_ylim(0, top * 1.18)
-    write_png(path, fig)
+    write_png(path, fig, dpi=120, bbox_inches="tight")
 
 
 def plot_speedup_groups(groups: Sequence[tuple[str, Sequence[Comparison]]], path: str | os.PathLike[str],
@@ -145,4 +128,4 @@ def plot_speedup_groups(groups: Sequence[tuple[str, Sequence[Comparison]]], path
         ax.set_title(label, fontsize=10)
     axes[0, 0].legend(ncol=4, fontsize=7, loc="upper right")
     fig.suptitle(title, fontsize=11)
-    write_png(path, fig)
+    write_png(path, fig, dpi=120, bbox_inches="tight")

@@ -9,15 +9,13 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from planner import render
 from planner.ir import LayerProfile, ModelProfile
 
 
 def stderr_console() -> Console:
     """A console on stderr, wide enough for the layer table even when stderr is not a terminal."""
-    console = Console(stderr=True, highlight=False)
-    if not console.is_terminal:
-        console = Console(stderr=True, highlight=False, width=160)
-    return console
+    return render.stderr_console(width_when_piped=160)
 
 
 @contextmanager

@@ -17,9 +17,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from planner.errors import PlannerError
-from planner.jsonio import atomic_path
-from planner.render import stderr_console
+from planner.render import stderr_console, write_png
 from planner.simulate import Event, SimResult
 
 GIB = 1024**3
@@ -260,10 +258,6 @@ def plot_simulation(result: SimResult, path: str | os.PathLike[str], title: str 
         _gantt_axes(ax, result, title, cmap)
         _draw_memory(axm, result, cmap)
         fig.tight_layout()
-        try:
-            with atomic_path(path) as tmp:
-                fig.savefig(tmp, format="png", dpi=110)
-        except OSError as exc:
-            raise PlannerError(f"cannot write {path}: {exc.strerror}", "choose a writable output path") from None
+        write_png(path, fig, dpi=110)
     finally:
-        plt.close(fig)
+        plt.close(fig)  # also when drawing fails (write_png closes it after writing)
