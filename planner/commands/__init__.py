@@ -2,12 +2,35 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
+import click
+
+from planner import ir
 from planner.errors import PlannerError, UsageError
 
 RERANK = 16
 """planner.search.RERANK, repeated so that ``--help`` loads no algorithm module (test_cmd_search checks they agree)."""
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Options search and compare share (one declaration, one meaning); each command adds its own --schedule, --rerank help.
+profile_argument = click.argument("profile_path", metavar="PROFILE", type=click.Path(dir_okay=False))
+cluster_option = click.option("--cluster", "cluster_name", required=True,
+                              help="A preset name (see planner clusters) or a cluster JSON.")
+microbatches_option = click.option(
+    "--microbatches", default="auto", show_default=True,
+    help="Micro-batches per iteration: N (must divide the batch size) or auto (try every divisor).")
+optimizer_option = click.option("--optimizer", type=click.Choice(ir.OPTIMIZERS), default="sgd", show_default=True,
+                                help="Optimizer whose state counts in memory (fp32 RMSProp: 12 bytes per parameter).")
+
+
+def rerank_option(help_text: str) -> Callable[[F], F]:
+    """``--rerank N`` (default :data:`RERANK`) with the command's own help."""
+    return click.option("--rerank", type=click.IntRange(min=0), default=RERANK, show_default=True, help=help_text)
 
 
 def parse_microbatches(value: str) -> int | str:

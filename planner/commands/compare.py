@@ -5,7 +5,15 @@ from __future__ import annotations
 import click
 
 from planner import ir
-from planner.commands import RERANK, check_folder, parse_microbatches
+from planner.commands import (
+    check_folder,
+    cluster_option,
+    microbatches_option,
+    optimizer_option,
+    parse_microbatches,
+    profile_argument,
+    rerank_option,
+)
 from planner.errors import InfeasibleError
 from planner.jsonio import read_json
 from planner.schedule import SCHEDULES
@@ -15,18 +23,16 @@ STRATEGY_HELP = "comma-separated subset of: dp, accpar, gpipe-uniform, torchgpip
 
 
 @click.command("compare")
-@click.argument("profile_path", metavar="PROFILE", type=click.Path(dir_okay=False))
-@click.option("--cluster", "cluster_name", required=True, help="A preset name (planner clusters) or a cluster JSON.")
-@click.option("--microbatches", default="auto", show_default=True, help="N (dividing the batch) or auto.")
+@profile_argument
+@cluster_option
+@microbatches_option
 @click.option("--schedule", type=click.Choice(SCHEDULES), default=None,
               help="The planner's pipeline schedule (each baseline runs its own system's schedule); "
                    "default: the faster of 1f1b and gpipe.")
-@click.option("--optimizer", type=click.Choice(ir.OPTIMIZERS), default="sgd", show_default=True,
-              help="Optimizer state counted in memory, the same for every strategy.")
+@optimizer_option
 @click.option("--strategies", default=None, help=STRATEGY_HELP)
-@click.option("--rerank", type=click.IntRange(min=0), default=RERANK, show_default=True,
-              help="The planner row: the search's N best plans and its grid seeds re-ranked by the simulator "
-                   "(0: the analytic optimum alone).")
+@rerank_option("The planner row: the search's N best plans and its grid seeds re-ranked by the simulator "
+               "(0: the analytic optimum alone).")
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as one JSON document on stdout.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="Write a bar chart of the strategies to this PNG file.")

@@ -7,7 +7,15 @@ import time
 import click
 
 from planner import ir
-from planner.commands import RERANK, check_folder, parse_microbatches
+from planner.commands import (
+    check_folder,
+    cluster_option,
+    microbatches_option,
+    optimizer_option,
+    parse_microbatches,
+    profile_argument,
+    rerank_option,
+)
 from planner.errors import UsageError
 from planner.jsonio import read_json
 from planner.schedule import SCHEDULES
@@ -26,26 +34,22 @@ def _virtual_stages(value: int | None, schedule: str) -> int:
 
 
 @click.command("search")
-@click.argument("profile_path", metavar="PROFILE", type=click.Path(dir_okay=False))
-@click.option("--cluster", "cluster_name", required=True,
-              help="A preset name (see planner clusters) or a cluster JSON.")
+@profile_argument
+@cluster_option
 @click.option("-o", "--output", "output", type=click.Path(dir_okay=False), default=None,
               help="Write the plan JSON here (self-contained: it embeds the profile and cluster).")
-@click.option("--microbatches", default="auto", show_default=True,
-              help="Micro-batches per iteration: N (must divide the batch size) or auto (try every divisor).")
+@microbatches_option
 @click.option("--schedule", type=click.Choice(SCHEDULES), default="1f1b", show_default=True,
               help="Pipeline schedule the plan is made for.")
-@click.option("--optimizer", type=click.Choice(ir.OPTIMIZERS), default="sgd", show_default=True,
-              help="Optimizer whose state counts in memory (fp32 RMSProp: 12 bytes per parameter).")
+@optimizer_option
 @click.option("--solver", type=click.Choice(["dp", "brute"]), default="dp", show_default=True,
               help="dp: the exact dynamic programs; brute: exhaustive over the same space (small inputs).")
 @click.option("--engine", type=click.Choice(["any", "deepspeed", "torch"]), default="any", show_default=True,
               help="Restrict to plans an engine can run: deepspeed (same widths, dp forms), torch (same widths).")
 @click.option("--config", "config", default=None, help="Fix the devices per stage in PipeDream notation, e.g. 2-1-1.")
-@click.option("--rerank", type=click.IntRange(min=0), default=RERANK, show_default=True,
-              help="Judge the N best distinct plans the search met, and its grid seeds, with the event-driven "
-                   "simulator and keep the fastest; the prediction is the simulator's (0: the exact optimum of "
-                   "the analytic objective, with its analytic prediction).")
+@rerank_option("Judge the N best distinct plans the search met, and its grid seeds, with the event-driven "
+               "simulator and keep the fastest; the prediction is the simulator's (0: the exact optimum of "
+               "the analytic objective, with its analytic prediction).")
 @click.option("--virtual-stages", "virtual_stages", type=click.IntRange(min=1), default=None,
               help="Model chunks per device group under --schedule interleaved (Megatron's virtual stages; "
                    "default 2 with interleaved, else 1): K*v chunks, chunk c on group c mod K.")
