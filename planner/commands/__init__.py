@@ -1,4 +1,8 @@
-"""One module per CLI command; each defines a click command named after it."""
+"""One module per CLI command; each defines a click command named after it.
+
+This module owns what several commands share: option declarations (search, compare), the
+``--microbatches`` parser and the early check that an output file's folder exists.
+"""
 
 from __future__ import annotations
 
