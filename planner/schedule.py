@@ -38,7 +38,7 @@ from planner.errors import ScheduleError
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "pipedream", "zb-h1")
 
-KINDS = ("F", "B", "W")
+KINDS = ("F", "B", "W")  # forward, backward (input gradient alone when split), weight gradient
 
 _ACTION_RE = re.compile(r"^(\d+)([FBW])(\d+)$")
 
@@ -303,7 +303,7 @@ def validate(sched: Schedule) -> None:
     k, n, chunks = sched.devices, sched.total_microbatches, sched.chunks
     if len(sched.actions) != k:
         raise ScheduleError(f"schedule has {len(sched.actions)} device rows, expected {k}", "one row per device")
-    kinds = ("F", "B", "W") if sched.split_backward else ("F", "B")
+    kinds = KINDS if sched.split_backward else KINDS[:2]
     seen: set[Action] = set()
     for d, acts in enumerate(sched.actions):
         for a in acts:
