@@ -70,6 +70,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from planner import ir
+from planner.costmodel import stage_costs
 from planner.errors import PlanError, ScheduleError
 from planner.schedule import SCHEDULES, Action, Schedule, make_schedule
 from planner.trace import chrome_trace
@@ -858,8 +859,6 @@ def _check_stage_devices(plan: ir.Plan) -> None:
 
 def simulate(plan: ir.Plan, options: SimOptions | None = None) -> SimResult:
     """Simulate one training iteration of ``plan`` (checked with :func:`validate_plan`)."""
-    from planner.costmodel import stage_costs  # type: ignore[import-not-found,unused-ignore]
-
     validate_plan(plan)
     costs = stage_costs(plan)
     return simulate_costs(costs, plan.schedule, plan.microbatches, plan.virtual_stages, options)
