@@ -13,6 +13,8 @@ from rich.console import Console
 from planner.errors import PlannerError
 from planner.jsonio import atomic_path
 
+GIB = 1024**3  # bytes per GiB, the unit memory is shown in
+
 
 def stderr_console(width_when_piped: int | None = None) -> Console:
     """A rich console on stderr: progress, tables and logs never pollute ``--json`` stdout.

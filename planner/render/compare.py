@@ -8,9 +8,7 @@ from collections.abc import Sequence
 from rich.table import Table
 
 from planner.compare import Comparison, StrategyResult
-from planner.render import stderr_console, write_png
-
-GIB = 1024**3
+from planner.render import GIB, stderr_console, write_png
 
 
 def _fmt(value: float | None, fmt: str, suffix: str = "") -> str:

@@ -7,11 +7,11 @@ from collections.abc import Mapping, Sequence
 from rich.table import Table
 
 from planner import ir
-from planner.render import stderr_console
+from planner.render import GIB, stderr_console
 
 
 def _gib(n: float) -> str:
-    return f"{n / 1024**3:.2f} GiB"
+    return f"{n / GIB:.2f} GiB"
 
 
 def _ms(s: float) -> str:

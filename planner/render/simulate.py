@@ -17,10 +17,9 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from planner.render import stderr_console, write_png
+from planner.render import GIB, stderr_console, write_png
 from planner.simulate import Event, SimResult
 
-GIB = 1024**3
 MARK = {"F": "blue", "B": "green", "W": "yellow", "AR": "red", "OPT": "bright_red", "act": "cyan", "grad": "magenta"}
 IDLE = "·"
 
