@@ -254,8 +254,7 @@ def main() -> None:
     config = json.loads((HERE / "ds_config.json").read_text())
     skip_shm_build()  # a CPU-only C++ op DeepSpeed would JIT-build (~35 s); training does not use it
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
-    torch.manual_seed(args.seed)
-    layers, example = load_layers(args.model, plan)
+    layers, example = load_layers(args.model, plan, args.seed)
     spec = common.data_spec(layers, example, args.loss)
     module = build_pipeline_module(layers, plan, args.loss)
     engine, _, _, _ = deepspeed.initialize(model=module, config=config,
