@@ -133,7 +133,7 @@ def judge(plan: ir.Plan) -> Judged:
     over = _over(plan, peaks)
     if over:
         bad = {d for d, _, _ in over}
-        stages = tuple(dataclasses.replace(s, recompute=True) if bad & set(s.devices) else s for s in plan.stages)
+        stages = tuple(dataclasses.replace(s, recompute="full") if bad & set(s.devices) else s for s in plan.stages)
         if stages != plan.stages:
             retry = dataclasses.replace(plan, stages=stages)
             result = simulate(retry, options)
@@ -150,7 +150,7 @@ def judge(plan: ir.Plan) -> Judged:
         return Judged(plan, True, None)
     device, need, have = over[0]
     return Judged(plan, False, f"needs {_size(need)} on {device}, which has {_size(have)}"
-                               + (" (with recomputation)" if any(s.recompute for s in plan.stages) else ""))
+                               + (" (with recomputation)" if any(s.recomputes for s in plan.stages) else ""))
 
 
 def best_of(candidates: Sequence[ir.Plan]) -> Judged | None:

@@ -393,13 +393,13 @@ def stage_cost_values(profile: ir.ModelProfile, cluster: ir.Cluster, stage: ir.S
                         "check the plan's stages")
     forms = [FORM_INDEX[f] for f in stage.forms]
     s = summarise(table, first, end, forms)
-    backward = s.backward_s + (s.forward_s if stage.recompute else 0.0)
+    backward = s.backward_s + (s.forward_s if stage.recompute == "full" else 0.0)
     if end == len(profile.layers):
         backward += loss_s(profile, group, microbatches)
     bandwidth = memory_bandwidth_Bps(cluster, stage.devices)
     accumulate = grad_accumulation_s(s.weight_bytes, microbatches, bandwidth)
     backward += accumulate
-    if stage.recompute:
+    if stage.recompute == "full":
         activation, workspace = s.input_bytes, s.activation_bytes
     else:
         activation, workspace = s.activation_bytes, 0.0

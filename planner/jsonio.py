@@ -18,10 +18,16 @@ from typing import Any
 from planner.errors import FormatError, PlannerError
 
 SUPPORTED_VERSION = 1
+"""The version of profile, cluster and the other documents."""
+
+READ_VERSIONS = {"plan": (1, 2)}
+"""Versions read per kind where more than :data:`SUPPORTED_VERSION` (plans: 2 adds tensor x data grids)."""
 
 
-def check_kind(doc: Any, kind: str, source: str) -> dict[str, Any]:
-    """Return ``doc`` if it is a mapping of this ``kind`` and a supported version."""
+def check_kind(doc: Any, kind: str, source: str, versions: tuple[int, ...] | None = None) -> dict[str, Any]:
+    """Return ``doc`` if it is a mapping of this ``kind`` and one of the ``versions`` this planner reads
+    (default: :data:`READ_VERSIONS` of the kind, else :data:`SUPPORTED_VERSION`)."""
+    versions = versions or READ_VERSIONS.get(kind, (SUPPORTED_VERSION,))
     if not isinstance(doc, dict):
         raise FormatError(
             f"{source}: expected a JSON object of kind {kind!r}, got {type(doc).__name__}",
@@ -34,9 +40,11 @@ def check_kind(doc: Any, kind: str, source: str) -> dict[str, Any]:
             f"pass a {kind} file (planner {_maker(kind)} writes one)",
         )
     version = doc.get("version")
-    if version != SUPPORTED_VERSION:
+    if isinstance(version, bool) or not isinstance(version, int) or version not in versions:
+        readable = " and ".join(str(v) for v in versions)
         raise FormatError(
-            f"{source}: {kind} 'version' is {version!r}, this planner reads version {SUPPORTED_VERSION}",
+            f"{source}: {kind} 'version' is {version!r:.40} ({type(version).__name__}), this planner reads "
+            f"version {readable} (an integer)",
             "re-create the file with this version of planner",
         )
     return doc

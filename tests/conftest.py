@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
-settings.register_profile("ci", max_examples=60, deadline=None)
+settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True)  # CI: the same examples every run
 settings.register_profile("dev", max_examples=25, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 

@@ -37,7 +37,7 @@ def test_search_writes_plan_and_json(files) -> None:
     r = _run("search", prof, "--cluster", clus, "-o", str(out), "--json", "--microbatches", "4")
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
-    assert doc["kind"] == "plan" and doc["version"] == 1
+    assert doc["kind"] == "plan" and doc["version"] == 2
     for key in ("model", "cluster", "schedule", "microbatches", "batch_size", "optimizer", "config", "stages",
                 "predicted", "dp_iteration_s", "speedup_over_dp", "profile"):
         assert key in doc

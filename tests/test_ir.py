@@ -80,7 +80,7 @@ def test_stage_forms_must_match_layers() -> None:
     with pytest.raises(FormatError, match="2 forms for 3 layers"):
         Stage.from_dict({"layers": [0, 3], "devices": ["a"], "forms": ["dp", "dp"], "memory_bytes": 1}, "s")
     with pytest.raises(FormatError, match="unknown form"):
-        Stage.from_dict({"layers": [0, 1], "devices": ["a"], "forms": ["tp"], "memory_bytes": 1}, "s")
+        Stage.from_dict({"layers": [0, 1], "devices": ["a"], "forms": ["tensor"], "memory_bytes": 1}, "s")
 
 
 def test_fixed_parts_and_memory_bandwidth_round_trip() -> None:

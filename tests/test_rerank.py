@@ -59,7 +59,7 @@ def test_a_seed_that_overflows_gets_recomputation_or_is_dropped() -> None:
     tight = dataclasses.replace(plan, cluster=cluster_from_dict(make_cluster_dict(2, 2, cap)))
     fitted = rerank.with_memory(tight)
     assert fitted is not None
-    assert fitted[0].stages[0].recompute and not fitted[0].stages[-1].recompute  # only where it overflows
+    assert fitted[0].stages[0].recomputes and not fitted[0].stages[-1].recomputes  # only where it overflows
     assert all(s.memory_bytes <= cap for s in fitted[0].stages)
     hopeless = dataclasses.replace(tight, cluster=cluster_from_dict(make_cluster_dict(2, 2, cap - 1)))
     assert rerank.with_memory(hopeless) is None

@@ -205,7 +205,7 @@ def build_pipeline_module(model_or_layers: Any, plan: ir.Plan,
     topo = PipeDataParallelTopology(num_pp=len(plan.stages), num_dp=width)
     rank = torch.distributed.get_rank()
     stage = plan.stages[topo.get_coord(rank).pipe]
-    interval = (stage.layers[1] - stage.layers[0]) if stage.recompute else 0
+    interval = (stage.layers[1] - stage.layers[0]) if stage.recompute == "full" else 0
     ckpt = partial(torch.utils.checkpoint.checkpoint, use_reentrant=False)
     return _CLASS[0](layer_specs(layers), common.boundaries(plan), topology=topo, loss_fn=loss_fn,
                      activation_checkpoint_interval=interval, activation_checkpoint_func=ckpt)

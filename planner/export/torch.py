@@ -169,7 +169,7 @@ def build_stages(layers: Sequence[nn.Module], plan: ir.Plan, rank: int, world: i
         sub = nn.Sequential(*layers[st.layers[0]:st.layers[1]]).to(dev)
         if tensor_parallel(plan):
             _parallelize(sub, st.forms, mesh["w"], c, st.layers[0])
-        mod: nn.Module = _Checkpointed(sub) if st.recompute else sub
+        mod: nn.Module = _Checkpointed(sub) if st.recompute == "full" else sub
         stages.append(PipelineStage(mod, c, len(plan.stages), dev, group=mesh["pp"].get_group()))
     return stages, mesh
 

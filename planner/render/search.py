@@ -53,7 +53,7 @@ def print_plan(plan: ir.Plan, *, elapsed_s: float | None = None, output: str | N
         names = f"{layers[first].name}..{layers[end - 1].name}" if end - first > 1 else layers[first].name
         recv = 2 * costs[s - 1].send_s if s > 0 else 0.0
         mark = " *" if s == bottleneck and len(plan.stages) > 1 else ""
-        forms = _forms(stage.forms) + (" +recompute" if stage.recompute else "")
+        forms = _forms(stage.forms) + (f" +recompute {stage.recompute}" if stage.recomputes else "")
         table.add_row(f"{s}{mark}", f"{span} ({names})", _devices(stage.devices), forms,
                       _ms(cost.forward_s + cost.backward_s), _ms(recv), _ms(cost.allreduce_s),
                       _gib(stage.memory_bytes), _gib(cost.capacity_bytes))

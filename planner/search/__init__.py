@@ -235,7 +235,7 @@ def _memory_plan(prob: Problem, sol: Solution, *, engine: str, solver: str,
             cache[key] = layer_table(profile, group, prob.microbatches, prob.optimizer, prob.forms)
         table = cache[key]
         forms, _ = hpp(table, first, end, prob.microbatches)
-        stages.append(ir.Stage((first, end), ch.move.devices, forms, 0, ch.recompute))
+        stages.append(ir.Stage((first, end), ch.move.devices, forms, 0, "full" if ch.recompute else "none"))
     draft = ir.Plan(profile, cluster, prob.schedule, prob.microbatches, prob.optimizer, tuple(stages),
                     ir.Prediction(0.0, 0.0, 0.0, 0), engine=engine, solver=solver)
     costs = stage_costs(draft)

@@ -366,7 +366,7 @@ class Layout:
              recompute: Sequence[bool] | None = None) -> ir.Plan:
         """This layout as an unjudged plan: memory and prediction are filled in by the judge."""
         flags = list(recompute) if recompute is not None else [False] * len(self.stages)
-        stages = tuple(ir.Stage(layers, devices, forms, 0, flag)
+        stages = tuple(ir.Stage(layers, devices, forms, 0, "full" if flag else "none")
                        for (layers, devices, forms), flag in zip(self.stages, flags, strict=True))
         return ir.Plan(profile=profile, cluster=cluster, schedule=self.schedule, microbatches=microbatches,
                        optimizer=optimizer, stages=stages, predicted=ir.Prediction(0.0, 0.0, 0.0, 0),

@@ -71,9 +71,9 @@ def with_memory(plan: ir.Plan) -> Costed | None:
         plan = dataclasses.replace(plan, stages=stages)
         if not any(over):
             return plan, costs
-        if all(s.recompute for s, o in zip(plan.stages, over, strict=True) if o):
+        if all(s.recompute == "full" for s, o in zip(plan.stages, over, strict=True) if o):
             return None
-        plan = dataclasses.replace(plan, stages=tuple(dataclasses.replace(s, recompute=s.recompute or o)
+        plan = dataclasses.replace(plan, stages=tuple(dataclasses.replace(s, recompute="full" if o else s.recompute)
                                                        for s, o in zip(plan.stages, over, strict=True)))
     return None
 

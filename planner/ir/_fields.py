@@ -1,0 +1,76 @@
+"""Field readers shared by the ``from_dict`` of every IR value: each names the field and value it rejects."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from planner.errors import FormatError
+from planner.jsonio import is_finite_number
+
+
+def _need(d: Mapping[str, Any], key: str, where: str) -> Any:
+    if not isinstance(d, Mapping):
+        raise FormatError(f"{where}: expected an object, got {type(d).__name__}", "check the JSON structure")
+    if key not in d:
+        raise FormatError(f"{where}: missing field '{key}'", f"add '{key}' (see DESIGN.md section 4)")
+    return d[key]
+
+
+def _str(d: Mapping[str, Any], key: str, where: str) -> str:
+    value = _need(d, key, where)
+    if not isinstance(value, str) or not value:
+        raise FormatError(f"{where}.{key} must be a non-empty string, got {value!r}", f"fix '{key}'")
+    return value
+
+
+def _num(d: Mapping[str, Any], key: str, where: str, *, positive: bool = False) -> float:
+    value = _need(d, key, where)
+    if not is_finite_number(value) or value < 0 or (positive and value == 0):
+        want = "a positive" if positive else "a non-negative"
+        raise FormatError(f"{where}.{key} must be {want} finite number, got {value!r}", f"fix '{key}'")
+    return float(value)
+
+
+def _int(d: Mapping[str, Any], key: str, where: str, *, positive: bool = False) -> int:
+    value = _need(d, key, where)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0 or (positive and value == 0):
+        want = "a positive" if positive else "a non-negative"
+        raise FormatError(f"{where}.{key} must be {want} integer, got {value!r}", f"fix '{key}'")
+    return value
+
+
+def _opt_int(d: Mapping[str, Any], key: str, where: str) -> int | None:
+    return None if d.get(key) is None else _int(d, key, where, positive=True)
+
+
+def _opt_num(d: Mapping[str, Any], key: str, where: str) -> float | None:
+    return None if d.get(key) is None else _num(d, key, where)
+
+
+def _list(d: Mapping[str, Any], key: str, where: str, *, nonempty: bool = True) -> list[Any]:
+    value = _need(d, key, where)
+    if not isinstance(value, list) or (nonempty and not value):
+        raise FormatError(f"{where}.{key} must be a non-empty list, got {value!r:.60}", f"fix '{key}'")
+    return value
+
+
+def _shape(value: Any, where: str) -> tuple[int, ...]:
+    ok = isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)
+    if not ok:
+        raise FormatError(f"{where} must be a list of positive integers, got {value!r}", "fix the shape")
+    return tuple(value)
+
+
+def _optional(obj: Any, keys: Sequence[str]) -> dict[str, Any]:
+    """The optional fields of ``obj`` among ``keys`` that are set (None fields are left out)."""
+    return {key: getattr(obj, key) for key in keys if getattr(obj, key) is not None}
+
+
+def _check_part(where: str, part_key: str, part: float | None, whole_key: str, whole: float) -> None:
+    """A time that is a part of another (fixed part, weight-gradient part) lies in [0, whole]."""
+    if part is not None and not 0 <= part <= whole:
+        raise FormatError(f"{where}.{part_key} ({part}) must lie in [0, {whole_key}={whole}]",
+                          f"{part_key} is a part of {whole_key}")

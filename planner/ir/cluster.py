@@ -1,0 +1,150 @@
+"""cluster.json as values: servers of GPUs and the links between them (GPU, Node, Link, Cluster)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from planner.errors import FormatError
+from planner.ir._fields import _int, _list, _need, _num, _opt_num, _str
+from planner.jsonio import SUPPORTED_VERSION, check_kind
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One device: its name (unique in the cluster), peak FLOP/s and memory.
+
+    ``flops`` is the peak the device reaches in fp32 (the default for plans of fp32
+    profiles). ``peak_flops`` optionally gives the dense peak per number format (``fp32``,
+    ``tf32``, ``bf16``, ``fp16``: tensor cores where the GPU has them); :meth:`flops_for`
+    picks the one a precision computes in. ``memory_bandwidth_Bps``: the device memory
+    bandwidth (optional); the cost model's memory-bound terms are 0 when it is None.
+    """
+
+    name: str
+    flops: float
+    memory_bytes: int
+    memory_bandwidth_Bps: float | None = None
+    peak_flops: tuple[tuple[str, float], ...] = ()
+
+    def flops_for(self, number_format: str) -> float:
+        """Peak FLOP/s in ``number_format`` (fp32, tf32, bf16, fp16); ``flops`` when not given."""
+        for name, value in self.peak_flops:
+            if name == number_format:
+                return value
+        return self.flops
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"name": self.name, "flops": self.flops, "memory_bytes": self.memory_bytes}
+        if self.memory_bandwidth_Bps is not None:
+            d["memory_bandwidth_Bps"] = self.memory_bandwidth_Bps
+        if self.peak_flops:
+            d["peak_flops"] = dict(self.peak_flops)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str) -> GPU:
+        bw = _opt_num(d, "memory_bandwidth_Bps", where)
+        if bw is not None and bw <= 0:
+            raise FormatError(f"{where}.memory_bandwidth_Bps must be positive, got {bw!r}",
+                              "e.g. 9e11, or leave it out")
+        return cls(_str(d, "name", where), _num(d, "flops", where, positive=True),
+                   _int(d, "memory_bytes", where, positive=True), bw, _peaks(d, where))
+
+
+NUMBER_FORMATS = ("fp32", "tf32", "bf16", "fp16")
+
+
+def _peaks(d: Mapping[str, Any], where: str) -> tuple[tuple[str, float], ...]:
+    doc = d.get("peak_flops")
+    if doc is None:
+        return ()
+    if not isinstance(doc, Mapping):
+        raise FormatError(f"{where}.peak_flops must be an object of number format -> FLOP/s, got {doc!r:.60}",
+                          f"e.g. {{\"bf16\": 312e12}} with formats {', '.join(NUMBER_FORMATS)}")
+    bad = [k for k in doc if k not in NUMBER_FORMATS]
+    if bad:
+        raise FormatError(f"{where}.peak_flops has unknown number format {bad[0]!r}",
+                          f"use {', '.join(NUMBER_FORMATS)}")
+    return tuple((k, _num(doc, k, f"{where}.peak_flops", positive=True)) for k in NUMBER_FORMATS if k in doc)
+
+
+@dataclass(frozen=True)
+class Node:
+    """One server: GPUs joined by the ``intra_node`` link."""
+
+    name: str
+    gpus: tuple[GPU, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "gpus": [g.to_dict() for g in self.gpus]}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str) -> Node:
+        gpus = _list(d, "gpus", where)
+        return cls(_str(d, "name", where), tuple(GPU.from_dict(g, f"{where}.gpus[{i}]") for i, g in enumerate(gpus)))
+
+
+@dataclass(frozen=True)
+class Link:
+    """An alpha-beta link: ``latency_s`` per message plus bytes / ``bandwidth_Bps``."""
+
+    bandwidth_Bps: float
+    latency_s: float
+
+    def transfer_s(self, nbytes: float) -> float:
+        """Time to move ``nbytes`` over this link (alpha + n/beta); 0 bytes cost nothing."""
+        return 0.0 if nbytes <= 0 else self.latency_s + nbytes / self.bandwidth_Bps
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"bandwidth_Bps": self.bandwidth_Bps, "latency_s": self.latency_s}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str) -> Link:
+        return cls(_num(d, "bandwidth_Bps", where, positive=True), _num(d, "latency_s", where))
+
+
+LINK_LEVELS = ("intra_node", "inter_node")
+"""Link levels from the innermost out; a cluster file must define both."""
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Servers of GPUs and the links at each level of the hierarchy (inner level first)."""
+
+    name: str
+    nodes: tuple[Node, ...]
+    links: tuple[tuple[str, Link], ...]
+
+    def link(self, level: str) -> Link:
+        for name, link in self.links:
+            if name == level:
+                return link
+        raise KeyError(level)
+
+    @property
+    def gpus(self) -> tuple[GPU, ...]:
+        return tuple(g for node in self.nodes for g in node.gpus)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "cluster", "version": SUPPORTED_VERSION, "name": self.name,
+                "nodes": [n.to_dict() for n in self.nodes],
+                "links": {name: link.to_dict() for name, link in self.links}}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], source: str = "cluster") -> Cluster:
+        doc = check_kind(d, "cluster", source)
+        nodes = tuple(Node.from_dict(n, f"{source}: nodes[{i}]") for i, n in enumerate(_list(doc, "nodes", source)))
+        links_doc = _need(doc, "links", source)
+        if not isinstance(links_doc, Mapping):
+            raise FormatError(f"{source}.links must be an object, got {links_doc!r:.60}", "see DESIGN.md section 4")
+        for level in LINK_LEVELS:
+            _need(links_doc, level, f"{source}.links")
+        links = tuple((str(k), Link.from_dict(v, f"{source}.links.{k}")) for k, v in links_doc.items())
+        names = [g.name for n in nodes for g in n.gpus]
+        dupes = sorted({x for x in names if names.count(x) > 1})
+        if dupes:
+            raise FormatError(f"{source}: GPU names must be unique in the cluster, repeated: {dupes[:5]}",
+                              "name GPUs like 'n0.g0'")
+        return cls(_str(doc, "name", source), nodes, links)

@@ -1,0 +1,245 @@
+"""profile.json as values: a model's per-layer costs (LayerProfile, BlockShape, Tie, ModelProfile)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from planner.errors import FormatError
+from planner.ir._fields import _check_part, _int, _list, _num, _opt_int, _opt_num, _optional, _shape, _str
+from planner.jsonio import SUPPORTED_VERSION, check_kind
+
+
+@dataclass(frozen=True)
+class BlockShape:
+    """What tensor parallelism needs to know of a transformer block (Megatron-LM; Korthikanti et al. 2022).
+
+    ``hidden`` h, attention ``heads`` a, ``kv_heads`` (grouped-query attention: fewer than
+    ``heads``), ``ffn`` the MLP's inner size, ``seq_len`` s the tokens per sample, ``gated``
+    whether the MLP has three matrices (SwiGLU, Llama) rather than two (GPT-2, BERT).
+    """
+
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    seq_len: int
+    gated: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"hidden": self.hidden, "heads": self.heads, "kv_heads": self.kv_heads, "ffn": self.ffn,
+                "seq_len": self.seq_len, "gated": self.gated}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str = "block") -> BlockShape:
+        shape = cls(_int(d, "hidden", where, positive=True), _int(d, "heads", where, positive=True),
+                    _int(d, "kv_heads", where, positive=True), _int(d, "ffn", where, positive=True),
+                    _int(d, "seq_len", where, positive=True), bool(d.get("gated", False)))
+        if shape.heads % shape.kv_heads or shape.hidden % shape.heads:
+            raise FormatError(f"{where}: heads {shape.heads} must be a multiple of kv_heads {shape.kv_heads} and "
+                              f"divide hidden {shape.hidden}", "fix the block's shape")
+        return shape
+
+
+@dataclass(frozen=True)
+class LayerProfile:
+    """Costs of one layer for the whole ``batch_size`` of its profile.
+
+    ``in_features``/``out_features`` are the input and output features (channels for a
+    convolution) of the layer's dominant weight; the split forms need them, and a layer
+    without them runs ``dp`` only. ``backward_weight_s`` is the weight-gradient share of
+    ``backward_s`` (zero-bubble schedules split it off); None means unknown.
+
+    ``forward_fixed_s``/``backward_fixed_s``: the part of ``forward_s``/``backward_s`` that
+    does not shrink with the batch (per-call costs, reading the weights), from the fit
+    ``t(b) = fixed + b * per_sample`` of times measured at two batch sizes; a micro-batch
+    of ``b`` samples then costs ``fixed + b / batch_size * (t - fixed)``. None means unknown
+    (treated as 0: time proportional to the batch, as analytic profiles assume).
+    """
+
+    name: str
+    type: str
+    forward_s: float
+    backward_s: float
+    forward_flops: float
+    backward_flops: float
+    param_count: int
+    param_bytes: int
+    output_bytes: int
+    saved_bytes: int
+    in_features: int | None = None
+    out_features: int | None = None
+    backward_weight_s: float | None = None
+    output_shape: tuple[int, ...] | None = None
+    forward_fixed_s: float | None = None
+    backward_fixed_s: float | None = None
+    block: BlockShape | None = None
+
+    @property
+    def splittable(self) -> bool:
+        """Whether the split forms are available (weight shape known)."""
+        return self.in_features is not None and self.out_features is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "name": self.name,
+            "type": self.type,
+            "forward_s": self.forward_s,
+            "backward_s": self.backward_s,
+            "forward_flops": self.forward_flops,
+            "backward_flops": self.backward_flops,
+            "param_count": self.param_count,
+            "param_bytes": self.param_bytes,
+            "output_bytes": self.output_bytes,
+            "saved_bytes": self.saved_bytes,
+        }
+        d.update(_optional(self, ("in_features", "out_features", "backward_weight_s", "forward_fixed_s",
+                                  "backward_fixed_s")))
+        if self.output_shape is not None:
+            d["output_shape"] = list(self.output_shape)
+        if self.block is not None:
+            d["block"] = self.block.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str = "layer") -> LayerProfile:
+        shape = d.get("output_shape") if isinstance(d, Mapping) else None
+        block = d.get("block") if isinstance(d, Mapping) else None
+        layer = cls(
+            name=_str(d, "name", where),
+            type=_str(d, "type", where),
+            forward_s=_num(d, "forward_s", where),
+            backward_s=_num(d, "backward_s", where),
+            forward_flops=_num(d, "forward_flops", where),
+            backward_flops=_num(d, "backward_flops", where),
+            param_count=_int(d, "param_count", where),
+            param_bytes=_int(d, "param_bytes", where),
+            output_bytes=_int(d, "output_bytes", where),
+            saved_bytes=_int(d, "saved_bytes", where),
+            in_features=_opt_int(d, "in_features", where),
+            out_features=_opt_int(d, "out_features", where),
+            backward_weight_s=_opt_num(d, "backward_weight_s", where),
+            output_shape=None if shape is None else _shape(shape, f"{where}.output_shape"),
+            forward_fixed_s=_opt_num(d, "forward_fixed_s", where),
+            backward_fixed_s=_opt_num(d, "backward_fixed_s", where),
+            block=None if block is None else BlockShape.from_dict(block, f"{where}.block"),
+        )
+        _check_part(where, "forward_fixed_s", layer.forward_fixed_s, "forward_s", layer.forward_s)
+        _check_part(where, "backward_fixed_s", layer.backward_fixed_s, "backward_s", layer.backward_s)
+        _check_part(where, "backward_weight_s", layer.backward_weight_s, "backward_s", layer.backward_s)
+        return layer
+
+
+@dataclass(frozen=True)
+class Tie:
+    """A parameter shared by several layers (e.g. GPT-2 ``wte``/``lm_head``).
+
+    It is counted once, in the first layer of ``layers``; the others use it too.
+    """
+
+    name: str
+    layers: tuple[int, ...]
+    param_count: int
+    param_bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "layers": list(self.layers), "param_count": self.param_count,
+                "param_bytes": self.param_bytes}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str = "tie") -> Tie:
+        layers = _list(d, "layers", where)
+        if len(layers) < 2 or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in layers):
+            raise FormatError(f"{where}.layers must list two or more layer indices, got {layers!r}", "fix 'layers'")
+        return cls(_str(d, "name", where), tuple(layers), _int(d, "param_count", where),
+                   _int(d, "param_bytes", where))
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """Per-layer costs of a model at one batch size, measured or analytic (``mode``).
+
+    Times hold for a device of ``device_flops`` peak FLOP/s. ``input_shape`` is the model
+    input without the batch dimension; ``input_bytes`` the whole batch's input size.
+    ``meta`` holds facts about how the profile was made (not used by the algorithms).
+    ``loss_s``: forward+backward of the training loss (cross-entropy over the last
+    dimension) on the last layer's output for the whole batch, with ``loss_fixed_s`` its
+    part that does not shrink with the batch; the last stage pays it per micro-batch. None
+    means unknown (treated as 0).
+    """
+
+    model: str
+    batch_size: int
+    dtype: str
+    mode: str
+    device: str
+    device_flops: float
+    layers: tuple[LayerProfile, ...]
+    input_shape: tuple[int, ...] | None = None
+    input_bytes: int = 0
+    ties: tuple[Tie, ...] = ()
+    meta: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    loss_s: float | None = None
+    loss_fixed_s: float | None = None
+
+    @property
+    def param_count(self) -> int:
+        return sum(layer.param_count for layer in self.layers)
+
+    @property
+    def param_bytes(self) -> int:
+        return sum(layer.param_bytes for layer in self.layers)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "kind": "profile",
+            "version": SUPPORTED_VERSION,
+            "model": self.model,
+            "batch_size": self.batch_size,
+            "dtype": self.dtype,
+            "mode": self.mode,
+            "device": self.device,
+            "device_flops": self.device_flops,
+            "input_bytes": self.input_bytes,
+            "layers": [layer.to_dict() for layer in self.layers],
+            "ties": [tie.to_dict() for tie in self.ties],
+            "meta": dict(self.meta),
+        }
+        if self.input_shape is not None:
+            d["input_shape"] = list(self.input_shape)
+        d.update(_optional(self, ("loss_s", "loss_fixed_s")))
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], source: str = "profile") -> ModelProfile:
+        doc = check_kind(d, "profile", source)
+        layers = tuple(
+            LayerProfile.from_dict(item, f"{source}: layers[{i}]")
+            for i, item in enumerate(_list(doc, "layers", source))
+        )
+        ties = tuple(Tie.from_dict(t, f"{source}: ties[{i}]") for i, t in enumerate(doc.get("ties") or []))
+        for i, tie in enumerate(ties):
+            if max(tie.layers) >= len(layers):
+                raise FormatError(f"{source}: ties[{i}] names layer {max(tie.layers)}, the model has "
+                                  f"{len(layers)} layers", "fix the tie's layer indices")
+        shape = doc.get("input_shape")
+        meta = doc.get("meta") or {}
+        profile = cls(
+            model=_str(doc, "model", source),
+            batch_size=_int(doc, "batch_size", source, positive=True),
+            dtype=_str(doc, "dtype", source),
+            mode=_str(doc, "mode", source),
+            device=_str(doc, "device", source),
+            device_flops=_num(doc, "device_flops", source, positive=True),
+            layers=layers,
+            input_shape=None if shape is None else _shape(shape, f"{source}.input_shape"),
+            input_bytes=_int(doc, "input_bytes", source) if "input_bytes" in doc else 0,
+            ties=ties,
+            meta=dict(meta) if isinstance(meta, Mapping) else {},
+            loss_s=_opt_num(doc, "loss_s", source),
+            loss_fixed_s=_opt_num(doc, "loss_fixed_s", source),
+        )
+        if profile.loss_fixed_s is not None:
+            _check_part(source, "loss_fixed_s", profile.loss_fixed_s, "loss_s", profile.loss_s or 0.0)
+        return profile

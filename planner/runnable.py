@@ -1,0 +1,160 @@
+"""Whether a plan can run: batch shapes, grids and what each engine accepts (pure).
+
+One check, used by everything that emits a plan (search, compare and its baselines,
+interleaving) and by export before it writes a program, so that a plan the tool shows
+is a plan the engine it names can run (``../shared/DESIGN.md`` section 6):
+
+- batch shape: for every stage, ``batch_size == micro_batch_size * microbatches * dp``
+  with a whole ``micro_batch_size >= 1`` (Megatron-LM's global batch = micro-batch x
+  accumulation steps x data-parallel size);
+- grid: ``tp`` divides the stage's devices; ``tp`` forms only on transformer blocks whose
+  attention heads and KV heads ``tp`` divides (Megatron shards whole heads); ZeRO needs a
+  data-parallel group of two or more;
+- stages contiguous and covering the model;
+- the engine's own limits (:data:`ENGINES`).
+
+:func:`problems` lists every reason (empty: runnable); :func:`check_runnable` raises the
+first as a :class:`~planner.errors.PlanError` with the numbers and a fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from planner import ir
+from planner.errors import PlanError
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """What one engine runs: schedules, whether stages may differ in width or tensor degree,
+    tensor-parallel and split forms, ZeRO stages and recomputation modes."""
+
+    name: str
+    schedules: tuple[str, ...]
+    uniform_stages: bool
+    tensor_parallel: bool
+    zero: tuple[int, ...]
+    recompute: tuple[str, ...]
+    virtual_stages: bool
+
+
+ENGINES: dict[str, EngineLimits] = {
+    # DeepSpeed's PipelineEngine: 1F1B on a pipe x data grid of equal widths; ZeRO-1 at most with
+    # pipeline parallelism (deepspeed/runtime/pipe/engine.py asserts zero stage < 2); layer-interval
+    # activation checkpointing only.
+    "deepspeed": EngineLimits("deepspeed", ("1f1b",), True, False, (0, 1), ("none", "full"), False),
+    # torch.distributed.pipelining on a (pp, dp, tp) DeviceMesh: one mesh, so equal grids per stage;
+    # FSDP2 covers ZeRO 1-3 (reshard after forward or not), DTensor the tensor forms.
+    "torch": EngineLimits("torch", ("gpipe", "1f1b", "interleaved", "zb-h1"), True, True, (0, 1, 2, 3),
+                          ("none", "selective", "full"), True),
+    # torchtitan: FSDP2 (shard = ZeRO-3, or never reshard = ZeRO-2) or replicate (0), tensor and
+    # pipeline degrees, per-job activation checkpointing.
+    "torchtitan": EngineLimits("torchtitan", ("gpipe", "1f1b", "interleaved", "zb-h1"), True, True, (0, 2, 3),
+                               ("none", "selective", "full"), True),
+}
+
+
+def _fix(engine: str) -> str:
+    flag = "" if engine in ("", "any") else f" --engine {engine}"
+    return f"search a runnable plan with `planner search{flag}`"
+
+
+def batch_problems(plan: ir.Plan) -> list[str]:
+    """Stages whose data-parallel ranks would get a fractional or empty micro-batch."""
+    out = []
+    b, m = plan.batch_size, plan.microbatches
+    for i, st in enumerate(plan.stages):
+        if b % (m * st.dp):
+            out.append(f"stage {i}: batch {b} is not {m} micro-batches x {st.dp} data-parallel ranks of whole "
+                       f"samples ({b / (m * st.dp):.4g} per rank)")
+        elif b // (m * st.dp) < 1:  # pragma: no cover - b % (m*dp) == 0 with b >= 1 implies >= 1
+            out.append(f"stage {i}: no sample per micro-batch and rank")
+    return out
+
+
+def grid_problems(plan: ir.Plan) -> list[str]:
+    """Grids that do not divide, tensor forms on layers that cannot take them, ZeRO on one rank."""
+    out = []
+    for i, st in enumerate(plan.stages):
+        if st.width % st.tp:
+            out.append(f"stage {i}: tp {st.tp} does not divide its {st.width} devices")
+            continue
+        if st.zero and st.dp == 1:
+            out.append(f"stage {i}: ZeRO stage {st.zero} with a data-parallel group of 1 shards nothing")
+        for j, form in enumerate(st.forms):
+            out += _form_problems(plan.profile.layers[st.layers[0] + j], form, st.tp, i, st.layers[0] + j)
+    return out
+
+
+def _form_problems(layer: ir.LayerProfile, form: str, tp: int, stage: int, index: int) -> list[str]:
+    if form != "tp":
+        return []
+    if layer.block is None:
+        return [f"stage {stage}: layer {index} ({layer.name}) runs the tp form but is not a transformer block"]
+    blk = layer.block
+    if blk.heads % tp or blk.kv_heads % tp:
+        return [f"stage {stage}: layer {index} has {blk.heads} heads and {blk.kv_heads} KV heads, which tp {tp} "
+                "does not divide"]
+    return []
+
+
+def cover_problems(plan: ir.Plan) -> list[str]:
+    """Stages that are not contiguous or do not cover the model."""
+    expect, n = 0, len(plan.profile.layers)
+    for i, st in enumerate(plan.stages):
+        if st.layers[0] != expect:
+            return [f"stage {i} starts at layer {st.layers[0]}, expected {expect}: stages must be contiguous"]
+        expect = st.layers[1]
+    return [] if expect == n else [f"the stages cover layers 0..{expect} of the model's {n}"]
+
+
+def engine_problems(plan: ir.Plan, engine: str) -> list[str]:
+    """What ``engine`` (deepspeed, torch, torchtitan) cannot run in ``plan``; nothing for ``any``."""
+    limits = ENGINES.get(engine)
+    if limits is None:
+        return []
+    out = []
+    if plan.schedule not in limits.schedules:
+        out.append(f"{engine} runs the schedules {', '.join(limits.schedules)}, not {plan.schedule!r}")
+    if plan.virtual_stages > 1 and not limits.virtual_stages:
+        out.append(f"{engine} runs one model chunk per device, the plan has {plan.virtual_stages}")
+    out += _uniform_problems(plan.stages, engine) if limits.uniform_stages else []
+    for i, st in enumerate(plan.stages):
+        if not limits.tensor_parallel and st.tp > 1:
+            out.append(f"stage {i} is tensor parallel (tp {st.tp}, forms {', '.join(sorted(set(st.forms)))}), "
+                       f"which {engine} does not run")
+        if st.zero not in limits.zero:
+            out.append(f"stage {i} uses ZeRO stage {st.zero}; {engine} runs {', '.join(map(str, limits.zero))}")
+        if st.recompute not in limits.recompute:
+            out.append(f"stage {i} recomputes {st.recompute!r}; {engine} runs {', '.join(limits.recompute)}")
+    return out
+
+
+def _uniform_problems(stages: Sequence[ir.Stage], engine: str) -> list[str]:
+    first = stages[0]
+    for i, st in enumerate(stages):
+        if (st.tp, st.dp, st.zero) != (first.tp, first.dp, first.zero):
+            return [f"stage {i} is a tp {st.tp} x dp {st.dp} grid with ZeRO {st.zero}, stage 0 tp {first.tp} x "
+                    f"dp {first.dp} with ZeRO {first.zero}: {engine} runs one grid for every stage"]
+    return []
+
+
+def problems(plan: ir.Plan, engine: str | None = None) -> list[str]:
+    """Every reason ``plan`` cannot run (on ``engine``, default the plan's own); empty when it can."""
+    engine = plan.engine if engine is None else engine
+    return cover_problems(plan) + batch_problems(plan) + grid_problems(plan) + engine_problems(plan, engine)
+
+
+def check_runnable(plan: ir.Plan, engine: str | None = None) -> None:
+    """Raise :class:`PlanError` with the first reason ``plan`` cannot run (see :func:`problems`)."""
+    found = problems(plan, engine)
+    if found:
+        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        raise PlanError(found[0] + more, _fix(plan.engine if engine is None else engine))
+
+
+def is_runnable(plan: ir.Plan, engine: str | None = None) -> bool:
+    """Whether :func:`problems` finds nothing."""
+    return not problems(plan, engine)
