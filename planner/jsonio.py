@@ -27,7 +27,7 @@ READ_VERSIONS = {"plan": (1, 2)}
 def check_kind(doc: Any, kind: str, source: str, versions: tuple[int, ...] | None = None) -> dict[str, Any]:
     """Return ``doc`` if it is a mapping of this ``kind`` and one of the ``versions`` this planner reads
     (default: :data:`READ_VERSIONS` of the kind, else :data:`SUPPORTED_VERSION`)."""
-    versions = versions or READ_VERSIONS.get(kind, (SUPPORTED_VERSION,))
+    readable = versions or READ_VERSIONS.get(kind, (SUPPORTED_VERSION,))
     if not isinstance(doc, dict):
         raise FormatError(
             f"{source}: expected a JSON object of kind {kind!r}, got {type(doc).__name__}",
@@ -40,11 +40,10 @@ def check_kind(doc: Any, kind: str, source: str, versions: tuple[int, ...] | Non
             f"pass a {kind} file (planner {_maker(kind)} writes one)",
         )
     version = doc.get("version")
-    if isinstance(version, bool) or not isinstance(version, int) or version not in versions:
-        readable = " and ".join(str(v) for v in versions)
+    if isinstance(version, bool) or not isinstance(version, int) or version not in readable:
         raise FormatError(
             f"{source}: {kind} 'version' is {version!r:.40} ({type(version).__name__}), this planner reads "
-            f"version {readable} (an integer)",
+            f"version {' and '.join(str(v) for v in readable)} (an integer)",
             "re-create the file with this version of planner",
         )
     return doc
