@@ -27,7 +27,7 @@ READ_VERSIONS = {"plan": (1, 2)}
 def check_kind(doc: Any, kind: str, source: str, versions: tuple[int, ...] | None = None) -> dict[str, Any]:
     """Return ``doc`` if it is a mapping of this ``kind`` and one of the ``versions`` this planner reads
     (default: :data:`READ_VERSIONS` of the kind, else :data:`SUPPORTED_VERSION`)."""
-    readable = versions or READ_VERSIONS.get(kind, (SUPPORTED_VERSION,))
+    readable: tuple[int, ...] = versions if versions is not None else READ_VERSIONS.get(kind, (SUPPORTED_VERSION,))
     if not isinstance(doc, dict):
         raise FormatError(
             f"{source}: expected a JSON object of kind {kind!r}, got {type(doc).__name__}",
