@@ -19,8 +19,8 @@ def test_text_gantt_of_gpipe_shows_microbatches_and_bubbles() -> None:
     r = simulate_costs(uniform(2), "gpipe", 2)
     text = gantt_plain(r, 18)
     rows = [line.split("│")[1] for line in text.splitlines()]
-    assert rows[0] == "0011······00001111"
-    assert rows[1] == "··001100001111····"
+    assert rows[0] == "0>1>······0<<<1<<<"  # forward '>', backward '<', each led by its micro-batch
+    assert rows[1] == "··0>1>0<<<1<<<····"
 
 
 def test_text_gantt_rows_mark_ops_and_links() -> None:
@@ -43,7 +43,9 @@ def test_text_gantt_renders_with_styles_and_summary() -> None:
     console.print(gantt_text(r, 60))
     console.print(summary_table(r, batch_size=32))
     out = console.export_text()
-    assert "a +1" in out and "micro-batch" in out
+    assert "a +1" in out and "micro-batch" in out and "and n more doing the same work" in out
+    for legend in ("> forward", "< backward", "w weight grad", "# all-reduce", "o optimizer step", "= transfer"):
+        assert legend in out
     assert "iteration 18.000 ms" not in out and "iteration 15000.000 ms" in out
     assert "samples/s" in out and "NO" in out  # device c does not fit its 10-byte capacity
     assert lane_label(("x",)) == "x" and lane_label(("x", "y", "z")) == "x +2"

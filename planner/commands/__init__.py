@@ -32,6 +32,11 @@ optimizer_option = click.option("--optimizer", type=click.Choice(ir.OPTIMIZERS),
                                 help="Optimizer whose state counts in memory (fp32 RMSProp: 12 bytes per parameter).")
 
 
+progress_option = click.option(
+    "--progress/--no-progress", "progress", default=None,
+    help="Show progress on stderr (default: on a terminal, and not with --json; env PLANNER_PROGRESS=1|0).")
+
+
 def rerank_option(help_text: str) -> Callable[[F], F]:
     """``--rerank N`` (default :data:`RERANK`) with the command's own help."""
     return click.option("--rerank", type=click.IntRange(min=0), default=RERANK, show_default=True, help=help_text)

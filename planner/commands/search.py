@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import click
 
@@ -14,6 +15,7 @@ from planner.commands import (
     optimizer_option,
     parse_microbatches,
     profile_argument,
+    progress_option,
     rerank_option,
 )
 from planner.errors import UsageError
@@ -53,10 +55,15 @@ def _virtual_stages(value: int | None, schedule: str) -> int:
 @click.option("--virtual-stages", "virtual_stages", type=click.IntRange(min=1), default=None,
               help="Model chunks per device group under --schedule interleaved (Megatron's virtual stages; "
                    "default 2 with interleaved, else 1): K*v chunks, chunk c on group c mod K.")
-@click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON document on stdout.")
+@click.option("--explain", "long_explanation", is_flag=True,
+              help="Explain the plan in full: per stage where the iteration goes (compute, transfers, all-reduce, "
+                   "optimizer, idle) and its memory headroom, and the other plans judged with what bounds each.")
+@progress_option
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the plan as one JSON document on stdout, with an 'explanation' key beside the plan's.")
 def search(profile_path: str, cluster_name: str, output: str | None, microbatches: str, schedule: str,
            optimizer: str, solver: str, engine: str, config: str | None, rerank: int, virtual_stages: int | None,
-           as_json: bool) -> None:
+           long_explanation: bool, progress: bool | None, as_json: bool) -> None:
     """Find the fastest plan that fits: stages, device groups and per-layer forms.
 
     The stage DP (PipePar Algorithm 2) splits the layers into pipeline stages over device
@@ -65,7 +72,9 @@ def search(profile_path: str, cluster_name: str, output: str | None, microbatche
     the schedule with its bubble, transfers and gradient all-reduce; every device must fit.
     """
     from planner.cluster import load_cluster
+    from planner.explain import explain
     from planner.jsonio import write_json
+    from planner.render.progress import status
     from planner.render.search import print_plan
     from planner.search import parse_config
     from planner.search import search as run_search
@@ -76,21 +85,39 @@ def search(profile_path: str, cluster_name: str, output: str | None, microbatche
     check_folder(output)
     profile = ir.ModelProfile.from_dict(read_json(profile_path, "profile"), profile_path)
     cluster = load_cluster(cluster_name)
+    judged: list[tuple[ir.Plan, ir.Prediction]] | None = None if v > 1 or rerank == 0 else []
     t0 = time.perf_counter()
-    if v > 1:
-        from planner.search.interleave import search_interleaved
+    with status(f"searching plans for {profile.model} on {cluster.name}", progress, as_json) as update:
+        if v > 1:
+            from planner.search.interleave import search_interleaved
 
-        plan = search_interleaved(profile, cluster, v, microbatches=mb, optimizer=optimizer, solver=solver,
-                                  engine=engine, config=widths, candidates=max(rerank, 1))
-    else:
-        plan = run_search(profile, cluster, microbatches=mb, schedule=schedule, optimizer=optimizer, solver=solver,
-                          engine=engine, config=widths, candidates=rerank)
+            plan = search_interleaved(profile, cluster, v, microbatches=mb, optimizer=optimizer, solver=solver,
+                                      engine=engine, config=widths, candidates=max(rerank, 1), progress=update)
+        else:
+            plan = run_search(profile, cluster, microbatches=mb, schedule=schedule, optimizer=optimizer,
+                              solver=solver, engine=engine, config=widths, candidates=rerank, progress=update,
+                              evaluate=None if judged is None else _recording_judge(judged))
+        update("explaining the plan")
+        explanation = explain(plan, judged)
     elapsed = time.perf_counter() - t0
     doc = plan.to_dict()
     if output:
         write_json(output, doc)
-    print_plan(plan, elapsed_s=elapsed, output=output)
+    print_plan(plan, explanation, elapsed_s=elapsed, output=output, long=long_explanation)
     if as_json:
         from planner.cli import emit_json
 
-        emit_json(doc)
+        emit_json(dict(doc, explanation=explanation.to_dict()))
+
+
+def _recording_judge(judged: list[tuple[ir.Plan, ir.Prediction]]) -> Callable[[ir.Plan], float]:
+    """The search's own judge (the event simulator) that also records every plan it judges, for the
+    explanation's runner-ups. (Until planner.search.search hands its judged candidates out itself.)"""
+    from planner.search.rerank import simulated
+
+    def judge(plan: ir.Plan) -> float:
+        verdict = simulated(plan)
+        judged.append((verdict.plan, verdict.predicted))
+        return verdict.predicted.iteration_s
+
+    return judge

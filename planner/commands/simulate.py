@@ -11,6 +11,7 @@ from planner.commands import check_folder
 from planner.jsonio import dumps, read_json, write_text_atomic
 
 if TYPE_CHECKING:
+    from planner.explain import Explanation
     from planner.simulate import SimResult
 
 
@@ -24,9 +25,11 @@ def _plot(result: SimResult, plan: ir.Plan, plot_path: str) -> None:
 
 
 def _report(result: SimResult, plan: ir.Plan, width: int | None, show_table: bool,
-            written: tuple[tuple[str | None, str], ...]) -> None:
-    """Gantt, summary, optional schedule table, prediction against simulation and files written, on stderr."""
+            written: tuple[tuple[str | None, str], ...], explanation: Explanation, long: bool) -> None:
+    """Gantt, summary, optional schedule table, prediction against simulation, explanation and files written,
+    on stderr."""
     from planner.render import stderr_console
+    from planner.render.explain import print_explanation
     from planner.render.simulate import print_simulation
     from planner.schedule import make_schedule
 
@@ -41,17 +44,18 @@ def _report(result: SimResult, plan: ir.Plan, width: int | None, show_table: boo
         console.print(f"plan's prediction {predicted * 1000:.3f} ms; simulated "
                       f"{result.iteration_s * 1000:.3f} ms ({result.iteration_s / predicted:.3f}x)",
                       highlight=False)
+    print_explanation(explanation, console, long=long)
     for path, what in written:
         if path:
-            console.print(f"wrote {what} {path}", highlight=False)
+            console.print(f"wrote {what} {path}", highlight=False, markup=False)
 
 
-def _json_doc(result: SimResult, plan: ir.Plan) -> dict[str, Any]:
-    """The simulate JSON: the simulation with the plan's model, config, throughput and prediction."""
+def _json_doc(result: SimResult, plan: ir.Plan, explanation: Explanation) -> dict[str, Any]:
+    """The simulate JSON: the simulation with the plan's model, config, throughput, prediction and explanation."""
     doc: dict[str, Any] = result.to_dict()
     doc.update({"model": plan.model, "config": plan.config, "batch_size": plan.batch_size,
                 "samples_per_s": plan.batch_size / result.iteration_s if result.iteration_s > 0 else None,
-                "predicted_iteration_s": plan.predicted.iteration_s})
+                "predicted_iteration_s": plan.predicted.iteration_s, "explanation": explanation.to_dict()})
     return doc
 
 
@@ -71,9 +75,12 @@ def _json_doc(result: SimResult, plan: ir.Plan) -> dict[str, Any]:
               help="Columns of the text Gantt (default: fit the terminal).")
 @click.option("--table", "show_table", is_flag=True,
               help="Also print the schedule as a device x time-slot table (torch.distributed.pipelining style).")
+@click.option("--explain", "long_explanation", is_flag=True,
+              help="Explain in full: per stage where the iteration goes and its memory headroom, as tables.")
 @click.option("--quiet", "-q", is_flag=True, help="Print nothing on stderr.")
 def simulate(plan_path: str, as_json: bool, trace_path: str | None, plot_path: str | None, overlap_allreduce: bool,
-             bucket_mb: float, half_duplex: bool, width: int | None, show_table: bool, quiet: bool) -> None:
+             bucket_mb: float, half_duplex: bool, width: int | None, show_table: bool, long_explanation: bool,
+             quiet: bool) -> None:
     """Simulate one training iteration of PLAN: iteration time, bubble, busy time and memory per device.
 
     Devices run their schedule's actions one at a time; activations and gradients cross
@@ -81,6 +88,7 @@ def simulate(plan_path: str, as_json: bool, trace_path: str | None, plot_path: s
     compute; gradients are all-reduced after each stage's last backward. Prints a text
     Gantt and a summary on stderr; --json, --trace and --plot as documented.
     """
+    from planner.explain import explain
     from planner.simulate import SimOptions
     from planner.simulate import simulate as run_simulation
 
@@ -90,14 +98,16 @@ def simulate(plan_path: str, as_json: bool, trace_path: str | None, plot_path: s
     options = SimOptions(overlap_allreduce=overlap_allreduce, bucket_bytes=bucket_mb * 2**20,
                          duplex=not half_duplex)
     result = run_simulation(plan, options)
+    explanation = explain(plan, result=result)
     trace_text = dumps(result.to_chrome_trace()) if trace_path else None
     if plot_path:
         _plot(result, plan, plot_path)
     if trace_path and trace_text is not None:
         write_text_atomic(trace_path, trace_text)
     if not quiet:
-        _report(result, plan, width, show_table, ((trace_path, "trace"), (plot_path, "picture")))
+        _report(result, plan, width, show_table, ((trace_path, "trace"), (plot_path, "picture")), explanation,
+                long_explanation)
     if as_json:
         from planner.cli import emit_json
 
-        emit_json(_json_doc(result, plan))
+        emit_json(_json_doc(result, plan, explanation))

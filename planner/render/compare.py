@@ -39,8 +39,6 @@ def comparison_table(comparison: Comparison) -> Table:
 def print_comparison(comparison: Comparison) -> None:
     """The table on stderr, then one line per strategy that does not fit, with its reason."""
     console = stderr_console()
-    if not console.is_terminal:  # logs and CI: no terminal to fit, keep every column whole
-        console.width = max(console.width, 132)
     console.print(comparison_table(comparison))
     for s in comparison.strategies:
         if not s.fits:

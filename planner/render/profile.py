@@ -5,17 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from planner import render
 from planner.ir import LayerProfile, ModelProfile
-
-
-def stderr_console() -> Console:
-    """A console on stderr, wide enough for the layer table even when stderr is not a terminal."""
-    return render.stderr_console(width_when_piped=160)
+from planner.render import stderr_console
 
 
 @contextmanager

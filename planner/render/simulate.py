@@ -1,9 +1,10 @@
 """Output of ``planner simulate``: a text Gantt and summary for the terminal, a PNG picture.
 
 The text Gantt has one row per device group (pipeline rank) and one per link; each column
-is a slice of the iteration showing what runs at its middle: the micro-batch number of a
-forward (blue), backward (green) or weight-gradient pass (yellow), ``#`` for a gradient
-all-reduce, ``=`` for a transfer on a link, ``·`` for idle. The PNG draws the same Gantt
+is a slice of the iteration showing what runs at its middle: ``>`` a forward (blue), ``<`` a
+backward (green), ``w`` a weight-gradient pass (yellow), each starting with its micro-batch
+number (mod 10) when it spans two columns or more, ``#`` a gradient all-reduce, ``o`` the
+optimizer step, ``=`` a transfer on a link, ``·`` idle: readable without colour (logs). The PNG draws the same Gantt
 with one colour per stage and micro-batch numbers on the bars (after the GPipe and
 PipeDream figures), and each device group's memory over time under it.
 """
@@ -20,6 +21,8 @@ from rich.text import Text
 from planner.render import GIB, stderr_console, write_png
 from planner.simulate import Event, SimResult
 
+FILL = {"F": ">", "B": "<", "W": "w", "AR": "#", "OPT": "o", "act": "=", "grad": "="}
+"""The character of each op in the text Gantt (F, B and W start with their micro-batch digit)."""
 MARK = {"F": "blue", "B": "green", "W": "yellow", "AR": "red", "OPT": "bright_red", "act": "cyan", "grad": "magenta"}
 IDLE = "·"
 
@@ -55,16 +58,11 @@ def gantt_rows(result: SimResult, width: int = 96) -> list[tuple[str, list[tuple
             if j1 <= j0 and e.end > e.start:  # too short for a column: give it the one it starts in
                 j0 = min(width - 1, j0)
                 j1 = j0 + 1
-            if e.op in ("F", "B", "W"):
-                char = str(e.mb % 10)
-            elif e.op == "AR":
-                char = "#"
-            elif e.op == "OPT":
-                char = "o"
-            else:
-                char = "="
+            char = FILL.get(e.op, "=")
             for j in range(j0, j1):
                 cells[j] = (char, e.op)
+            if e.op in ("F", "B", "W") and j1 - j0 >= 2:
+                cells[j0] = (str(e.mb % 10), e.op)
         rows.append((label, cells))
     return rows
 
@@ -82,15 +80,15 @@ def gantt_text(result: SimResult, width: int = 96) -> Text:
     t0, t1 = (result.window if result.schedule == "pipedream" else (0.0, result.makespan_s))
     end = f"{t1 * 1000:.4g} ms"
     out.append(" " * (label_w + 2) + f"{t0 * 1000:.4g} ms".ljust(max(8, width) - len(end)) + end + "\n", style="dim")
-    out.append(" " * (label_w + 2) + "digits: micro-batch of ", style="dim")
-    for op, name in (("F", "forward"), ("B", "backward"), ("W", "weight grad")):
-        out.append(name + " ", style=MARK[op])
-    out.append("#", style=MARK["AR"])
-    out.append(" all-reduce  ", style="dim")
-    out.append("o", style=MARK["OPT"])
-    out.append(" optimizer step  ", style="dim")
-    out.append("=", style=MARK["act"])
-    out.append(" transfer  · idle\n", style="dim")
+    out.append(" " * (label_w + 2))
+    for op, name in (("F", "forward"), ("B", "backward"), ("W", "weight grad"), ("AR", "all-reduce"),
+                     ("OPT", "optimizer step"), ("act", "transfer")):
+        out.append(FILL[op], style=MARK[op])
+        out.append(f" {name}  ", style="dim")
+    out.append(f"{IDLE} idle; a digit starts each pass: its micro-batch (mod 10)\n", style="dim")
+    if any(" +" in label for label, _ in rows):
+        out.append(" " * (label_w + 2) + "row 'g +n': device g and n more doing the same work (its stage's "
+                   "data/tensor-parallel group)\n", style="dim")
     return out
 
 
