@@ -12,6 +12,7 @@ from planner.commands import (
     optimizer_option,
     parse_microbatches,
     profile_argument,
+    progress_option,
     rerank_option,
 )
 from planner.errors import InfeasibleError
@@ -35,9 +36,11 @@ STRATEGY_HELP = "comma-separated subset of: dp, accpar, gpipe-uniform, torchgpip
                "(0: the analytic optimum alone).")
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as one JSON document on stdout.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
-              help="Write a bar chart of the strategies to this PNG file.")
+              help="Write a chart of the strategies to this PNG file: speedup over dp, iteration time and peak "
+                   "memory per GPU against capacity.")
+@progress_option
 def compare(profile_path: str, cluster_name: str, microbatches: str, schedule: str | None, optimizer: str,
-            strategies: str | None, rerank: int, as_json: bool, plot_path: str | None) -> None:
+            strategies: str | None, rerank: int, as_json: bool, plot_path: str | None, progress: bool | None) -> None:
     """Set the planner's plan against dp, AccPar, GPipe, torchgpipe, DeepSpeed and PipeDream.
 
     Every strategy is judged by the same cost model and simulator on the same cluster: a
@@ -47,6 +50,7 @@ def compare(profile_path: str, cluster_name: str, microbatches: str, schedule: s
     from planner.cluster import load_cluster
     from planner.compare import compare as run_compare
     from planner.render.compare import plot_comparison, print_comparison
+    from planner.render.progress import status
 
     mb = parse_microbatches(microbatches)
     check_folder(plot_path)
@@ -54,8 +58,9 @@ def compare(profile_path: str, cluster_name: str, microbatches: str, schedule: s
     profile = ir.ModelProfile.from_dict(read_json(profile_path, "profile"), profile_path)
     cluster = load_cluster(cluster_name)
     kwargs = {} if names is None else {"strategies": names}
-    result = run_compare(profile, cluster, microbatches=mb, schedule=schedule, optimizer=optimizer, rerank=rerank,
-                         **kwargs)
+    with status(f"judging strategies for {profile.model} on {cluster.name}", progress, as_json) as update:
+        result = run_compare(profile, cluster, microbatches=mb, schedule=schedule, optimizer=optimizer,
+                             rerank=rerank, progress=update, **kwargs)
     print_comparison(result)
     if not any(s.fits for s in result.strategies):  # as search: no plan fits is exit 3
         planner = next((s for s in result.strategies if s.name == "planner"), result.strategies[0])
@@ -63,6 +68,8 @@ def compare(profile_path: str, cluster_name: str, microbatches: str, schedule: s
                               "more or larger devices, a smaller batch, or recomputation (see the table)")
     if plot_path:
         plot_comparison(result, plot_path)
+        if not as_json:
+            click.echo(f"wrote picture {plot_path}", err=True)
     if as_json:
         from planner.cli import emit_json
 

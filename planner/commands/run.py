@@ -9,33 +9,50 @@ import click
 
 from planner import ir
 from planner.cli import emit_json
+from planner.commands import progress_option
 from planner.jsonio import read_json
 
 
 @click.command("run")
 @click.argument("plan_path", metavar="PLAN", type=click.Path(dir_okay=False))
-@click.option("--model", required=True, help="Zoo name or package.module:factory (the profiled model).")
-@click.option("--engine", type=click.Choice(["deepspeed", "torch"]), default="deepspeed", show_default=True)
-@click.option("--steps", type=click.IntRange(min=1), default=10, show_default=True, help="Training steps.")
+@click.option("--model", required=True,
+              help="The model the plan was made for: a zoo name or package.module:factory (as given to profile).")
+@click.option("--engine", type=click.Choice(["deepspeed", "torch"]), default="deepspeed", show_default=True,
+              help="Training engine: DeepSpeed's PipelineModule or torch.distributed.pipelining.")
+@click.option("--steps", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Training steps (iterations of the plan's batch).")
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True,
-              help="Steps left out of the median.")
-@click.option("--loss", type=click.Choice(["cross_entropy", "mse"]), default="cross_entropy", show_default=True)
+              help="First steps left out of the median iteration time.")
+@click.option("--loss", type=click.Choice(["cross_entropy", "mse"]), default="cross_entropy", show_default=True,
+              help="Loss on the synthetic data: cross_entropy (random class labels) or mse (random targets).")
 @click.option("--check", is_flag=True, help="Also train the unsplit model in one process and compare losses.")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--threads", type=click.IntRange(min=1), default=None, help="Threads per process (default cores/P).")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=900, show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="Print the run JSON document.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of the weights and the synthetic data (the same in every process and in --check).")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="torch threads per process (default: CPU cores / processes).")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=900, show_default=True,
+              help="Seconds before the workers are stopped and the run fails.")
+@progress_option
+@click.option("--json", "as_json", is_flag=True, help="Print the run JSON document on stdout.")
 def run(plan_path: str, model: str, engine: str, steps: int, warmup: int, loss: str, check: bool, seed: int,
-        threads: int | None, timeout_s: float, as_json: bool) -> None:
-    """Launch torchrun with the plan's world size and train on synthetic data."""
+        threads: int | None, timeout_s: float, progress: bool | None, as_json: bool) -> None:
+    """Launch torchrun with the plan's world size and train on synthetic data.
+
+    Prints the measured median iteration beside the plan's prediction and the loss per
+    step (with --check, the single-process losses and their largest relative difference).
+    """
+    from planner.render.progress import status
+    from planner.render.text import count, device_noun
     from planner.runner import run_plan
 
     plan = ir.Plan.from_dict(read_json(plan_path, "plan"), plan_path)
-    click.echo(f"training {plan.model} config {plan.config} on {engine} with {plan.world_size} processes...",
-               err=True)
+    noun = "process" if device_noun(g.name for g in plan.cluster.gpus) != "GPU" else "GPU"
+    title = (f"training {plan.model} config {plan.config} on {engine} with {count(plan.world_size, noun)}, "
+             f"{count(steps, 'step')}" + (", then the one-process check" if check else ""))
     log = sys.stderr if os.environ.get("PLANNER_DEBUG") else None
-    doc = run_plan(plan, model, engine=engine, steps=steps, warmup=min(warmup, steps - 1), loss=loss,
-                   check=check, seed=seed, threads=threads, timeout_s=timeout_s, log=log)
+    with status(title, progress, as_json):
+        doc = run_plan(plan, model, engine=engine, steps=steps, warmup=min(warmup, steps - 1), loss=loss,
+                       check=check, seed=seed, threads=threads, timeout_s=timeout_s, log=log)
     if as_json:
         emit_json(doc)
         return

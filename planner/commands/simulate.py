@@ -15,13 +15,13 @@ if TYPE_CHECKING:
     from planner.simulate import SimResult
 
 
-def _plot(result: SimResult, plan: ir.Plan, plot_path: str) -> None:
-    from planner.render.simulate import plot_simulation
+def _plot(result: SimResult, plan: ir.Plan, plot_path: str, explanation: Explanation) -> None:
+    from planner.render.gantt import plot_simulation
 
     plot_simulation(result, plot_path, title=f"{plan.model} on {plan.cluster.name}: {plan.schedule}, "
                                              f"config {plan.config}, M={plan.microbatches}, "
                                              f"iteration {result.iteration_s * 1000:.3f} ms, "
-                                             f"bubble {result.bubble_fraction:.1%}")
+                                             f"bubble {result.bubble_fraction:.1%}", explanation=explanation)
 
 
 def _report(result: SimResult, plan: ir.Plan, width: int | None, show_table: bool,
@@ -101,7 +101,7 @@ def simulate(plan_path: str, as_json: bool, trace_path: str | None, plot_path: s
     explanation = explain(plan, result=result)
     trace_text = dumps(result.to_chrome_trace()) if trace_path else None
     if plot_path:
-        _plot(result, plan, plot_path)
+        _plot(result, plan, plot_path, explanation)
     if trace_path and trace_text is not None:
         write_text_atomic(trace_path, trace_text)
     if not quiet:

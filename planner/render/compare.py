@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import Any
 
 from rich.table import Table
 
@@ -45,43 +46,63 @@ def print_comparison(comparison: Comparison) -> None:
             console.print(f"[dim]{s.name} does not fit:[/dim] {s.reason}", soft_wrap=True)
 
 
-def _bar_values(strategies: Sequence[StrategyResult]) -> tuple[list[float], str]:
-    """Speedup over dp when dp fits, else samples per second."""
-    if any(s.speedup_over_dp for s in strategies):
-        return [s.speedup_over_dp or 0.0 for s in strategies], "speedup over dp"
-    return [s.samples_per_s or 0.0 for s in strategies], "samples / s"
-
-
 COLORS = {"dp": "#7f7f7f", "accpar": "#8c564b", "gpipe-uniform": "#1f77b4", "torchgpipe": "#17becf",
           "deepspeed-uniform": "#9467bd", "deepspeed-parameters": "#e377c2", "pipedream": "#ff7f0e",
           "planner": "#d62728"}
 
 
+def _capacity_gib(s: StrategyResult) -> float | None:
+    """The memory of the smallest GPU the strategy's plan uses (its peak must stay under it)."""
+    if s.plan is None:
+        return None
+    used = {d for st in s.plan.stages for d in st.devices}
+    caps = [g.memory_bytes for g in s.plan.cluster.gpus if g.name in used]
+    return min(caps) / GIB if caps else None
+
+
+def _panel(ax: Any, rows: Sequence[StrategyResult], values: Sequence[float | None], title: str,
+           fmt: str, notes: Sequence[str] = ()) -> None:
+    """One horizontal bar per strategy with its value written beside it ('does not fit' where none)."""
+    ys = range(len(rows))
+    ax.barh(ys, [v or 0.0 for v in values], color=[COLORS.get(s.name, "#333333") for s in rows], height=0.7)
+    top = max((v for v in values if v), default=1.0)
+    for y, v, s, note in zip(ys, values, rows, [*notes, *[""] * len(rows)], strict=False):
+        text = "does not fit" if not s.fits or v is None else format(v, fmt) + note
+        ax.text((v or 0.0) + top * 0.02, y, text, va="center", fontsize=8, color="black" if s.fits else "0.4")
+    ax.set_title(title, fontsize=9, loc="left")
+    ax.set_xlim(0, top * 1.7)
+    ax.grid(axis="x", alpha=0.3)
+
+
 def plot_comparison(comparison: Comparison, path: str | os.PathLike[str]) -> None:
-    """A bar chart of every strategy (not fitting: an empty bar marked 'does not fit')."""
+    """Three panels, one row per strategy: speedup over dp (with its config), iteration time, and peak
+    memory per GPU with each strategy's GPU capacity marked (red '|'); a strategy that does not fit
+    is marked 'does not fit'."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     rows = list(comparison.strategies)
-    values, label = _bar_values(rows)
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(rows)), 4.0))
-    xs = range(len(rows))
-    ax.bar(xs, values, color=[COLORS.get(s.name, "#333333") for s in rows])
-    top = max(values, default=1.0) or 1.0
-    for x, s, v in zip(xs, rows, values, strict=True):
-        text = f"{v:.2f}" if s.fits else "does not fit"
-        ax.text(x, v + top * 0.01, text, ha="center", va="bottom", fontsize=8,
-                rotation=0 if s.fits else 90)
-        if s.fits and s.config:
-            ax.text(x, top * 0.02, s.config, ha="center", va="bottom", fontsize=6, rotation=90, color="white")
-    ax.set_xticks(list(xs), [s.name for s in rows], rotation=30, ha="right")
-    ax.set_ylabel(label)
-    if label.startswith("speedup"):
-        ax.axhline(1.0, color="black", linewidth=0.6, linestyle=":")
-    ax.set_title(f"{comparison.model}, batch {comparison.batch_size}, on {comparison.cluster}")
-    ax.set_ylim(0, top * 1.18)
+    fig, axes = plt.subplots(1, 3, figsize=(14.0, 1.3 + 0.42 * len(rows)), sharey=True)
+    configs = [f"{s.config}, M={s.microbatches}" if s.fits and s.config else "" for s in rows]
+    _panel(axes[0], rows, [s.speedup_over_dp for s in rows], "speedup over dp (config, micro-batches)",
+           ".2f", [f"x   ({c})" if c else "x" for c in configs])
+    axes[0].axvline(1.0, color="black", linewidth=0.6, linestyle=":")
+    _panel(axes[1], rows, [None if s.iteration_s is None else s.iteration_s * 1e3 for s in rows],
+           "iteration time (ms)", ".1f")
+    mem = [None if s.peak_memory_bytes is None else s.peak_memory_bytes / GIB for s in rows]
+    _panel(axes[2], rows, mem, "peak memory per GPU (GiB); red |: GPU capacity", ".2f")
+    caps = [_capacity_gib(s) for s in rows]
+    for y, cap in enumerate(caps):
+        if cap is not None:
+            axes[2].plot([cap, cap], [y - 0.42, y + 0.42], color="red", linewidth=1.6)
+    axes[2].set_xlim(0, max([*(m or 0.0 for m in mem), *(c or 0.0 for c in caps), 1e-9]) * 1.45)
+    axes[0].set_yticks(list(range(len(rows))), [s.name for s in rows])
+    axes[0].invert_yaxis()
+    fig.suptitle(f"{comparison.model}, batch {comparison.batch_size}, on {comparison.cluster}, "
+                 f"optimizer {comparison.optimizer}", fontsize=11, x=0.01, ha="left")
+    fig.tight_layout()
     write_png(path, fig, dpi=120, bbox_inches="tight")
 
 

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from planner.explain import Alternative, Explanation, StageExplanation
 from planner.render import GIB
-from planner.render.text import count, ms
+from planner.render.text import count, device_noun, ms
 
 
 def _share(part_s: float, whole_s: float) -> str:
@@ -41,7 +41,8 @@ def idle_line(e: Explanation) -> str | None:
     """Which GPUs the plan leaves idle and what the best plan that uses them costs (None: none idle)."""
     if not e.idle_devices:
         return None
-    head = f"idle: {len(e.idle_devices)} of {count(e.gpus, 'GPU')} ({escape(_devices(e.idle_devices))})"
+    noun = device_noun([*e.idle_devices, *(d for s in e.stages for d in s.devices)])
+    head = f"idle: {len(e.idle_devices)} of {count(e.gpus, noun)} ({escape(_devices(e.idle_devices))})"
     if e.all_gpus is not None:
         why = f"the best judged plan on all {e.gpus} is {_alt(e.all_gpus)}"
     elif e.judged:

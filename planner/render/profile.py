@@ -10,6 +10,7 @@ from rich.table import Table
 
 from planner.ir import LayerProfile, ModelProfile
 from planner.render import stderr_console
+from planner.render.text import count
 
 
 @contextmanager
@@ -44,7 +45,7 @@ def _ms(seconds: float) -> str:
 def summary_table(profile: ModelProfile, max_rows: int = 60) -> Table:
     """One row per layer (elided in the middle past ``max_rows``) and a total row."""
     mode = profile.mode
-    table = Table(title=f"{profile.model}: {len(profile.layers)} layers, batch {profile.batch_size}, "
+    table = Table(title=f"{profile.model}: {count(len(profile.layers), 'layer')}, batch {profile.batch_size}, "
                         f"{profile.dtype}, {mode} on {profile.device} ({_si(profile.device_flops, 'FLOP/s')})",
                   title_justify="left")
     for col, justify in (("#", "right"), ("layer", "left"), ("type", "left"), ("fwd ms", "right"),

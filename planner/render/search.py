@@ -11,7 +11,7 @@ from planner import ir
 from planner.explain import Explanation
 from planner.render import GIB, stderr_console
 from planner.render.explain import print_explanation
-from planner.render.text import count
+from planner.render.text import count, device_noun
 from planner.render.text import ms as _ms
 
 
@@ -73,7 +73,7 @@ def print_plan(plan: ir.Plan, explanation: Explanation, *, elapsed_s: float | No
     console.print(f"predicted iteration {_ms(p.iteration_s)}, {p.samples_per_s:.1f} samples/s, bubble "
                   f"{p.bubble_fraction:.1%}, peak memory {_gib(p.peak_memory_bytes)} per device"
                   + ("  (* bottleneck stage)" if plan.pipeline_stages > 1 else ""), soft_wrap=True)
-    gpus = count(len(plan.cluster.gpus), "GPU")
+    gpus = count(len(plan.cluster.gpus), device_noun(g.name for g in plan.cluster.gpus))
     if plan.dp_iteration_s is not None and plan.speedup_over_dp is not None:
         console.print(f"pure data parallel on all {gpus}: {_ms(plan.dp_iteration_s)} -> "
                       f"speedup [bold]{plan.speedup_over_dp:.2f}x[/]")
