@@ -43,7 +43,9 @@ def check_writable(output: str) -> None:
 @click.argument("model")
 @click.option("-o", "--output", type=str, default=None, help="Profile JSON to write (atomically).")
 @click.option("--batch-size", "-b", type=int, default=32, show_default=True, help="Mini-batch size profiled.")
-@click.option("--input-shape", type=str, default=None, help="Input shape without batch, e.g. 3,224,224 (zoo default).")
+@click.option("--input-shape", type=str, default=None,
+              help="Input shape without batch, e.g. 3,224,224; for token models (gpt2, bert-base) the sequence "
+                   "length, e.g. 512. Zoo defaults: 3,224,224 for images, 784 for mlp, 128 tokens.")
 @click.option("--mode", type=click.Choice(["measured", "analytic"]), default="measured", show_default=True,
               help="measured: time every layer here; analytic: FLOPs / device FLOP/s, no compute.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
