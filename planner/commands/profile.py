@@ -42,17 +42,20 @@ def check_writable(output: str) -> None:
 @click.command("profile")
 @click.argument("model")
 @click.option("-o", "--output", type=str, default=None, help="Profile JSON to write (atomically).")
-@click.option("--batch-size", "-b", type=int, default=32, show_default=True, help="Mini-batch size profiled.")
+@click.option("--batch-size", "-b", type=int, default=32, show_default=True,
+              help="Samples per iteration profiled (all times and bytes are for this batch).")
 @click.option("--input-shape", type=str, default=None,
               help="Input shape without batch, e.g. 3,224,224; for token models (gpt2, bert-base) the sequence "
                    "length, e.g. 512. Zoo defaults: 3,224,224 for images, 784 for mlp, 128 tokens.")
 @click.option("--mode", type=click.Choice(["measured", "analytic"]), default="measured", show_default=True,
               help="measured: time every layer here; analytic: FLOPs / device FLOP/s, no compute.")
-@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
-@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float32", show_default=True)
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="Where measured mode runs the layers.")
+@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float32", show_default=True,
+              help="Number format of weights and activations (bytes per value, and the peak analytic mode uses).")
 @click.option("--threads", type=int, default=None, help="torch CPU threads while measuring (default: torch's).")
-@click.option("--repeats", type=int, default=3, show_default=True, help="Timed passes (median taken).")
-@click.option("--warmup", type=int, default=1, show_default=True, help="Untimed passes first.")
+@click.option("--repeats", type=int, default=3, show_default=True, help="Timed passes per layer (the median is kept).")
+@click.option("--warmup", type=int, default=1, show_default=True, help="Untimed passes per layer before timing.")
 @click.option("--device-flops", type=str, default=None,
               help="Peak FLOP/s (e.g. 13.4e12) or a GPU name: rtx2080ti, v100, a100, h100, a100-tf32, h100-tf32. "
                    "Analytic default rtx2080ti; measured default: the FLOP/s achieved.")
