@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from planner import ir
-from planner.commands import check_folder
+from planner.commands import check_folder, progress_option
 from planner.jsonio import dumps, read_json, write_text_atomic
 
 if TYPE_CHECKING:
@@ -78,10 +78,11 @@ def _json_doc(result: SimResult, plan: ir.Plan, explanation: Explanation) -> dic
               help="Also print the schedule as a device x time-slot table (torch.distributed.pipelining style).")
 @click.option("--explain", "long_explanation", is_flag=True,
               help="Explain in full: per stage where the iteration goes and its memory headroom, as tables.")
+@progress_option
 @click.option("--quiet", "-q", is_flag=True, help="Print nothing on stderr.")
 def simulate(plan_path: str, as_json: bool, trace_path: str | None, plot_path: str | None, overlap_allreduce: bool,
              bucket_mb: float, half_duplex: bool, width: int | None, show_table: bool, long_explanation: bool,
-             quiet: bool) -> None:
+             progress: bool | None, quiet: bool) -> None:
     """Simulate one training iteration of PLAN: iteration time, bubble, busy time and memory per device.
 
     Devices run their schedule's actions one at a time; activations and gradients cross
@@ -90,6 +91,7 @@ def simulate(plan_path: str, as_json: bool, trace_path: str | None, plot_path: s
     Gantt and a summary on stderr; --json, --trace and --plot as documented.
     """
     from planner.explain import explain
+    from planner.render.progress import status
     from planner.simulate import SimOptions
     from planner.simulate import simulate as run_simulation
 
@@ -98,11 +100,14 @@ def simulate(plan_path: str, as_json: bool, trace_path: str | None, plot_path: s
     plan = ir.Plan.from_dict(read_json(plan_path, "plan"), plan_path)
     options = SimOptions(overlap_allreduce=overlap_allreduce, bucket_bytes=bucket_mb * 2**20,
                          duplex=not half_duplex)
-    result = run_simulation(plan, options)
-    explanation = explain(plan, result=result)
-    trace_text = dumps(result.to_chrome_trace()) if trace_path else None
-    if plot_path:
-        _plot(result, plan, plot_path, explanation)
+    shown = False if quiet else progress
+    with status(f"simulating {plan.model} config {plan.config}", shown, as_json) as update:
+        result = run_simulation(plan, options)
+        explanation = explain(plan, result=result)
+        trace_text = dumps(result.to_chrome_trace()) if trace_path else None
+        if plot_path:
+            update(f"drawing {plot_path}")
+            _plot(result, plan, plot_path, explanation)
     if trace_path and trace_text is not None:
         write_text_atomic(trace_path, trace_text)
     if not quiet:
