@@ -5,9 +5,10 @@ and its simulation (:func:`planner.simulate.simulate`) this module computes, per
 ("stage"; under ``interleaved`` the chunks on one device group add up):
 
 * ``compute_s`` = M x (forward + backward) per micro-batch on the stage's slowest device;
-* ``transfer_s`` = M x the stage's incoming activations and gradients (alpha + bytes / bandwidth
-  each): they overlap compute and bound the stage only when they exceed it
-  (:func:`planner.costmodel.stage_terms`);
+* ``transfer_s`` = M x the busier direction of the stage's incoming transfers (activations from
+  the previous stage, gradients from the next; alpha + bytes / bandwidth each, the two directions
+  side by side on a full-duplex link): they overlap compute and bound the stage only when they
+  exceed it (:func:`planner.costmodel.stage_terms`);
 * ``allreduce_s`` and ``optimizer_s``: the gradient all-reduce and optimizer step once per iteration;
 * ``idle_s`` = iteration - the simulated busy time of the stage's devices (its share of the bubble:
   waiting for the pipeline to fill and drain, or for transfers);
@@ -129,7 +130,9 @@ def _stage(lane: int, chunks: Sequence[int], costs: Sequence[ir.StageCost], micr
            devices: Sequence[DeviceResult], iteration_s: float) -> StageExplanation:
     """One lane's terms from its chunks' costs and its devices' simulated results."""
     per_mb = sum(costs[c].forward_s + costs[c].backward_s for c in chunks)
-    recv = sum((costs[c - 1].send_s if c > 0 else 0.0) + costs[c].send_s for c in chunks)
+    activations_in = sum(costs[c - 1].send_s for c in chunks if c > 0)
+    gradients_in = sum(costs[c].send_s for c in chunks)  # the same bytes come back as gradients
+    recv = max(activations_in, gradients_in)  # the two directions of a full-duplex link run side by side
     busy_s = max((d.busy_s for d in devices), default=0.0)
     peak = max((d.peak_memory_bytes for d in devices), default=0)
     caps = [d.capacity_bytes for d in devices if d.capacity_bytes > 0]

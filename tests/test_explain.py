@@ -45,6 +45,8 @@ def test_terms_follow_the_stage_costs_and_the_simulation(vgg_search) -> None:
     for s, (st, c) in enumerate(zip(e.stages, costs, strict=True)):
         assert st.compute_s == pytest.approx(plan.microbatches * (c.forward_s + c.backward_s))
         assert st.allreduce_s == pytest.approx(c.allreduce_s)
+        act_in = costs[s - 1].send_s if s > 0 else 0.0
+        assert st.transfer_s == pytest.approx(plan.microbatches * max(act_in, c.send_s))
         assert st.optimizer_s == pytest.approx(c.optimizer_step_s)
         busy = max(d.busy_s for d in result.devices if d.lane == s)
         assert st.idle_s == pytest.approx(result.iteration_s - busy, abs=1e-12)

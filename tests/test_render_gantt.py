@@ -91,7 +91,7 @@ def test_breakdown_panel_from_the_explanation() -> None:
         assert len(fig.axes) == 3
         assert "bottleneck" in fig.axes[2].get_title(loc="left")
         assert {"compute", "all-reduce", "optimizer step", "idle (bubble)"} <= set(_legend(fig.axes[2]))
-        assert fig.axes[2].get_yticklabels()[0].get_text().startswith("stage 0")
+        assert fig.axes[2].get_yticklabels()[0].get_text().startswith("0: n0.g0")
     finally:
         plt.close(fig)
 

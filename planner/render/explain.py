@@ -28,7 +28,8 @@ def bound_line(e: Explanation) -> str:
     rest = ", ".join(f"{name} {ms(v)}" for name, v in terms.items() if v > 0 and name != e.bound)
     where = f"stage {s.stage} ({escape(_devices(s.devices))})" if len(e.stages) > 1 else "its one stage"
     note = "; transfers overlap compute" if "transfers" in rest or e.bound == "transfers" else ""
-    return (f"bound by {where}: {e.bound} {ms(terms[e.bound])} = {_share(terms[e.bound], e.iteration_s)} "
+    bound = "bubble (idle: pipeline fill and drain, waiting for transfers)" if e.bound == "bubble" else e.bound
+    return (f"bound by {where}: {bound} {ms(terms[e.bound])} = {_share(terms[e.bound], e.iteration_s)} "
             f"of the {ms(e.iteration_s)} iteration" + (f" (then {rest}{note})" if rest else ""))
 
 

@@ -34,9 +34,15 @@ def lane_label(devices: Sequence[str]) -> str:
     return devices[0] if len(devices) == 1 else f"{devices[0]} +{len(devices) - 1}"
 
 
+GREYS = {"tab10": (7,), "tab20": (14, 15)}
+"""Grey entries of the stage colour maps, left out: grey means all-reduce, optimizer and transfers."""
+
+
 def _color(cmap: Any, index: int) -> Any:
-    """The colormap's colour for a stage or lane (colours repeat after the map's size)."""
-    return cmap(index % getattr(cmap, "N", 10))
+    """The colormap's colour for a stage or lane, never a grey (colours repeat after the map's size)."""
+    skip = GREYS.get(getattr(cmap, "name", ""), ())
+    colours = [i for i in range(getattr(cmap, "N", 10)) if i not in skip]
+    return cmap(colours[index % len(colours)])
 
 
 def _bar_style(op: str, color: Any) -> dict[str, Any]:
@@ -191,8 +197,8 @@ def _draw_breakdown(axb: Any, e: Explanation, cmap: Any) -> None:
     axb.barh([y + 0.38 for y in ys], [s.transfer_s * 1e3 for s in e.stages], height=0.14, color=SHADE["act"],
              label="transfers in (overlap compute)")
     step = max(1, -(-len(e.stages) // 32))
-    axb.set_yticks(list(ys)[::step], [f"stage {s.stage}" + (" *" if s.stage == e.bottleneck else "")
-                                      for s in e.stages][::step], fontsize=7 if len(e.stages) > 16 else 8)
+    names = [f"{s.stage}: {lane_label(s.devices)}" + (" *" if s.stage == e.bottleneck else "") for s in e.stages]
+    axb.set_yticks(list(ys)[::step], names[::step], fontsize=7 if len(e.stages) > 16 else 8)
     axb.set_ylim(len(e.stages) - 0.4, -0.6)
     axb.set_title(f"where each stage's iteration goes (* bottleneck: {e.bound})", fontsize=8, loc="left")
     axb.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
@@ -212,7 +218,7 @@ def figure(result: SimResult, title: str | None = None, explanation: Explanation
     fig, axes = plt.subplots(len(heights), 1, figsize=(13, 1.2 + sum(heights)), sharex=True,
                              gridspec_kw={"height_ratios": heights})
     try:
-        cmap = plt.get_cmap("tab20" if result.stages * result.virtual_stages > 10 else "tab10")
+        cmap = plt.get_cmap("tab20" if result.stages * result.virtual_stages > 9 else "tab10")
         labels = _draw_bars(axes[0], result, cmap)
         _gantt_axes(axes[0], result, title, cmap)
         _draw_memory(axes[1], result, cmap)
