@@ -60,24 +60,50 @@ def _capacity_gib(s: StrategyResult) -> float | None:
     return min(caps) / GIB if caps else None
 
 
-def _panel(ax: Any, rows: Sequence[StrategyResult], values: Sequence[float | None], title: str,
-           fmt: str, notes: Sequence[str] = ()) -> None:
-    """One horizontal bar per strategy with its value written beside it ('does not fit' where none)."""
-    ys = range(len(rows))
-    ax.barh(ys, [v or 0.0 for v in values], color=[COLORS.get(s.name, "#333333") for s in rows], height=0.7)
+def _panel(ax: Any, rows: Sequence[StrategyResult], values: Sequence[float | None], title: str, fmt: str,
+           notes: Sequence[str] = (), text_at: Sequence[float] = ()) -> None:
+    """One horizontal bar per strategy with its value written beside it (or at ``text_at``, past a mark);
+    a strategy that does not fit gets a faded, hatched bar (where it has a value) and 'does not fit'."""
+    ys = list(range(len(rows)))
+    colours = [COLORS.get(s.name, "#333333") for s in rows]
+    for y, v, s, colour in zip(ys, values, rows, colours, strict=True):
+        ax.barh(y, v or 0.0, color=colour, height=0.7, alpha=1.0 if s.fits else 0.35,
+                hatch=None if s.fits else "//", edgecolor="white" if s.fits else colour)
     top = max((v for v in values if v), default=1.0)
-    for y, v, s, note in zip(ys, values, rows, [*notes, *[""] * len(rows)], strict=False):
-        text = "does not fit" if not s.fits or v is None else format(v, fmt) + note
-        ax.text((v or 0.0) + top * 0.02, y, text, va="center", fontsize=8, color="black" if s.fits else "0.4")
+    notes = [*notes, *[""] * len(rows)]
+    places = [*text_at, *[0.0] * len(rows)]
+    for y, v, s, note, at in zip(ys, values, rows, notes, places, strict=False):
+        text = "-" if v is None else format(v, fmt) + note
+        if not s.fits:
+            text = "does not fit" if v is None else f"{text}  does not fit"
+        ax.text(max(v or 0.0, at) + top * 0.02, y, text, va="center", fontsize=8,
+                color="black" if s.fits else "0.35")
     ax.set_title(title, fontsize=9, loc="left")
     ax.set_xlim(0, top * 1.7)
     ax.grid(axis="x", alpha=0.3)
 
 
+def _throughput_panel(ax: Any, rows: Sequence[StrategyResult]) -> None:
+    """Speedup over dp with each strategy's config, or samples/s when dp does not fit (no yardstick)."""
+    configs = [f"   ({s.config}, M={s.microbatches})" if s.fits and s.config else "" for s in rows]
+    if any(s.speedup_over_dp for s in rows):
+        _panel(ax, rows, [s.speedup_over_dp for s in rows], "speedup over dp (config, micro-batches)", ".2f",
+               ["x" + c for c in configs])
+        ax.axvline(1.0, color="black", linewidth=0.6, linestyle=":")
+    else:
+        _panel(ax, rows, [s.samples_per_s for s in rows], "samples/s (dp does not fit) (config, micro-batches)",
+               ".1f", configs)
+
+
 def plot_comparison(comparison: Comparison, path: str | os.PathLike[str]) -> None:
+    """The chart of :func:`comparison_figure` as PNG (atomically)."""
+    write_png(path, comparison_figure(comparison), dpi=120, bbox_inches="tight")
+
+
+def comparison_figure(comparison: Comparison) -> Any:
     """Three panels, one row per strategy: speedup over dp (with its config), iteration time, and peak
     memory per GPU with each strategy's GPU capacity marked (red '|'); a strategy that does not fit
-    is marked 'does not fit'."""
+    is marked 'does not fit'. The caller closes the figure."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -85,25 +111,23 @@ def plot_comparison(comparison: Comparison, path: str | os.PathLike[str]) -> Non
 
     rows = list(comparison.strategies)
     fig, axes = plt.subplots(1, 3, figsize=(14.0, 1.3 + 0.42 * len(rows)), sharey=True)
-    configs = [f"{s.config}, M={s.microbatches}" if s.fits and s.config else "" for s in rows]
-    _panel(axes[0], rows, [s.speedup_over_dp for s in rows], "speedup over dp (config, micro-batches)",
-           ".2f", [f"x   ({c})" if c else "x" for c in configs])
-    axes[0].axvline(1.0, color="black", linewidth=0.6, linestyle=":")
+    _throughput_panel(axes[0], rows)
     _panel(axes[1], rows, [None if s.iteration_s is None else s.iteration_s * 1e3 for s in rows],
            "iteration time (ms)", ".1f")
     mem = [None if s.peak_memory_bytes is None else s.peak_memory_bytes / GIB for s in rows]
-    _panel(axes[2], rows, mem, "peak memory per GPU (GiB); red |: GPU capacity", ".2f")
     caps = [_capacity_gib(s) for s in rows]
+    _panel(axes[2], rows, mem, "peak memory per GPU (GiB); red |: GPU capacity", ".2f",
+           text_at=[c or 0.0 for c in caps])
     for y, cap in enumerate(caps):
         if cap is not None:
             axes[2].plot([cap, cap], [y - 0.42, y + 0.42], color="red", linewidth=1.6)
-    axes[2].set_xlim(0, max([*(m or 0.0 for m in mem), *(c or 0.0 for c in caps), 1e-9]) * 1.45)
+    axes[2].set_xlim(0, max([*(m or 0.0 for m in mem), *(c or 0.0 for c in caps), 1e-9]) * 1.6)
     axes[0].set_yticks(list(range(len(rows))), [s.name for s in rows])
     axes[0].invert_yaxis()
     fig.suptitle(f"{comparison.model}, batch {comparison.batch_size}, on {comparison.cluster}, "
                  f"optimizer {comparison.optimizer}", fontsize=11, x=0.01, ha="left")
     fig.tight_layout()
-    write_png(path, fig, dpi=120, bbox_inches="tight")
+    return fig
 
 
 def plot_speedup_groups(groups: Sequence[tuple[str, Sequence[Comparison]]], path: str | os.PathLike[str],
