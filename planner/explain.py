@@ -78,7 +78,8 @@ class StageExplanation:
 
 @dataclass(frozen=True)
 class Alternative:
-    """Another judged plan: its shape, simulated time, and what bounds it."""
+    """Another judged plan: its shape, simulated time, and what bounds it (``terms``: its bottleneck
+    stage's terms, largest first, seconds)."""
 
     config: str
     microbatches: int
@@ -88,12 +89,13 @@ class Alternative:
     slower_fraction: float
     bottleneck_stage: int
     bound: str
+    terms: tuple[tuple[str, float], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"config": self.config, "microbatches": self.microbatches, "schedule": self.schedule,
                 "world_size": self.world_size, "iteration_s": self.iteration_s,
                 "slower_fraction": self.slower_fraction, "bottleneck_stage": self.bottleneck_stage,
-                "bound": self.bound}
+                "bound": self.bound, "terms": dict(self.terms)}
 
 
 @dataclass(frozen=True)
@@ -169,8 +171,9 @@ def _alternative(plan: ir.Plan, predicted: ir.Prediction, best_s: float) -> Alte
     stages = stage_explanations(plan, _quiet_simulation(plan))
     b = bottleneck(stages)
     slower = predicted.iteration_s / best_s - 1.0 if best_s > 0 else 0.0
+    terms = tuple((name, t) for name, t in stages[b].terms().items() if t > 0)
     return Alternative(plan.config, plan.microbatches, plan.schedule, plan.world_size, predicted.iteration_s,
-                       slower, b, stages[b].bound())
+                       slower, b, stages[b].bound(), terms)
 
 
 def runner_ups(plan: ir.Plan, candidates: Sequence[Candidate], n: int = RUNNER_UPS) -> list[Candidate]:

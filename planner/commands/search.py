@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import click
 
@@ -21,6 +21,9 @@ from planner.commands import (
 from planner.errors import UsageError
 from planner.jsonio import read_json
 from planner.schedule import SCHEDULES
+
+if TYPE_CHECKING:
+    from planner.search.rerank import Judged
 
 
 def _virtual_stages(value: int | None, schedule: str) -> int:
@@ -85,7 +88,7 @@ def search(profile_path: str, cluster_name: str, output: str | None, microbatche
     check_folder(output)
     profile = ir.ModelProfile.from_dict(read_json(profile_path, "profile"), profile_path)
     cluster = load_cluster(cluster_name)
-    judged: list[tuple[ir.Plan, ir.Prediction]] | None = None if v > 1 or rerank == 0 else []
+    judged: list[Judged] | None = None if v > 1 or rerank == 0 else []
     t0 = time.perf_counter()
     with status(f"searching plans for {profile.model} on {cluster.name}", progress, as_json) as update:
         if v > 1:
@@ -96,9 +99,9 @@ def search(profile_path: str, cluster_name: str, output: str | None, microbatche
         else:
             plan = run_search(profile, cluster, microbatches=mb, schedule=schedule, optimizer=optimizer,
                               solver=solver, engine=engine, config=widths, candidates=rerank, progress=update,
-                              evaluate=None if judged is None else _recording_judge(judged))
+                              alternatives=judged)
         update("explaining the plan")
-        explanation = explain(plan, judged)
+        explanation = explain(plan, None if judged is None else [(j.plan, j.predicted) for j in judged])
     elapsed = time.perf_counter() - t0
     doc = plan.to_dict()
     if output:
@@ -109,15 +112,3 @@ def search(profile_path: str, cluster_name: str, output: str | None, microbatche
 
         emit_json(dict(doc, explanation=explanation.to_dict()))
 
-
-def _recording_judge(judged: list[tuple[ir.Plan, ir.Prediction]]) -> Callable[[ir.Plan], float]:
-    """The search's own judge (the event simulator) that also records every plan it judges, for the
-    explanation's runner-ups. (Until planner.search.search hands its judged candidates out itself.)"""
-    from planner.search.rerank import simulated
-
-    def judge(plan: ir.Plan) -> float:
-        verdict = simulated(plan)
-        judged.append((verdict.plan, verdict.predicted))
-        return verdict.predicted.iteration_s
-
-    return judge
