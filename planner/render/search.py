@@ -42,8 +42,8 @@ def plan_table(plan: ir.Plan, bottleneck: int) -> Table:
     costs = stage_costs(plan)
     table = Table(title=f"plan for {escape(plan.model)} on {escape(plan.cluster.name)}: config {plan.config}",
                   title_justify="left")
-    for col in ("stage", "layers", "devices", "forms", "fwd+bwd / mb", "recv / mb", "all-reduce", "memory / device",
-                "capacity"):
+    for col in ("stage", "layers", "devices", "tp x dp", "forms", "fwd+bwd / mb", "recv / mb", "all-reduce",
+                "memory / device", "capacity"):
         table.add_column(col, justify="right" if col not in ("layers", "devices", "forms") else "left",
                          overflow="fold")
     layers = plan.profile.layers
@@ -53,8 +53,10 @@ def plan_table(plan: ir.Plan, bottleneck: int) -> Table:
         names = f"{layers[first].name}..{layers[end - 1].name}" if end - first > 1 else layers[first].name
         recv = 2 * costs[s - 1].send_s if s > 0 else 0.0
         mark = " *" if s % plan.pipeline_stages == bottleneck and plan.pipeline_stages > 1 else ""
-        forms = _forms(stage.forms) + (f" +recompute {stage.recompute}" if stage.recomputes else "")
-        table.add_row(f"{s}{mark}", escape(f"{span} ({names})"), escape(_devices(stage.devices)), forms,
+        forms = _forms(stage.forms) + (f" +recompute {stage.recompute}" if stage.recomputes else "") + (
+            f" +zero {stage.zero}" if stage.zero else "") + (" +sequence parallel" if stage.sequence_parallel else "")
+        table.add_row(f"{s}{mark}", escape(f"{span} ({names})"), escape(_devices(stage.devices)),
+                      f"{stage.tp} x {stage.dp}", forms,
                       _ms(cost.forward_s + cost.backward_s), _ms(recv), _ms(cost.allreduce_s),
                       _gib(stage.memory_bytes), _gib(cost.capacity_bytes))
     return table
@@ -69,7 +71,7 @@ def print_plan(plan: ir.Plan, explanation: Explanation, *, elapsed_s: float | No
     mbs = plan.batch_size // plan.microbatches
     console.print(f"config [bold]{plan.config}[/] (PipeDream notation: GPUs per stage), "
                   f"{count(plan.microbatches, 'micro-batch')} of {mbs}, schedule {plan.schedule}, "
-                  f"optimizer {plan.optimizer}", soft_wrap=True)
+                  f"optimizer {plan.optimizer}, precision {plan.precision}", soft_wrap=True)
     console.print(f"predicted iteration {_ms(p.iteration_s)}, {p.samples_per_s:.1f} samples/s, bubble "
                   f"{p.bubble_fraction:.1%}, peak memory {_gib(p.peak_memory_bytes)} per device"
                   + ("  (* bottleneck stage)" if plan.pipeline_stages > 1 else ""), soft_wrap=True)
