@@ -23,7 +23,7 @@ def comparison_table(comparison: Comparison) -> Table:
     for col, justify in (("strategy", "left"), ("config", "left"), ("schedule", "left"), ("M", "right"),
                          ("iter ms", "right"), ("samples/s", "right"), ("vs dp", "right"),
                          ("GiB/GPU", "right"), ("fits", "left")):
-        table.add_column(col, justify=justify, no_wrap=col in ("strategy", "fits"))  # type: ignore[arg-type]
+        table.add_column(col, justify=justify, no_wrap=col in ("strategy", "fits"), overflow="fold")  # type: ignore[arg-type]
     fastest = min((s.iteration_s for s in comparison.strategies if s.fits and s.iteration_s), default=None)
     for s in comparison.strategies:
         style = "bold green" if s.fits and s.iteration_s == fastest else ("dim" if not s.fits else "")

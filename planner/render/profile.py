@@ -72,7 +72,7 @@ def summary_table(profile: ModelProfile, max_rows: int = 60) -> Table:
     for col, justify in (("#", "right"), ("layer", "left"), ("type", "left"), ("fwd ms", "right"),
                          ("bwd ms", "right"), ("FLOPs f+b", "right"), ("params", "right"), ("output", "right"),
                          ("saved", "right"), ("in→out (no batch)", "right")):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+        table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
     rows: list[tuple[int, LayerProfile | None]] = list(enumerate(profile.layers))
     if len(rows) > max_rows:
         half = max_rows // 2

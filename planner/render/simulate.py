@@ -110,7 +110,7 @@ def summary_table(result: SimResult, batch_size: int | None = None, title: bool 
     table = Table(title=headline(result, batch_size) if title else None, title_justify="left")
     for col, justify in (("device", "left"), ("stage", "right"), ("busy ms", "right"), ("busy", "right"),
                          ("in flight", "right"), ("peak GiB", "right"), ("capacity GiB", "right"), ("fits", "left")):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+        table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
     for d in result.devices:
         share = d.busy_s / result.iteration_s if result.iteration_s > 0 else 0.0
         table.add_row(d.device, str(d.lane), f"{d.busy_s * 1000:.3f}", f"{share:.0%}", str(d.peak_in_flight),
