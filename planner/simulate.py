@@ -72,7 +72,15 @@ from typing import Any, NamedTuple
 from planner import ir
 from planner.costmodel import stage_costs
 from planner.errors import PlanError, ScheduleError
-from planner.schedule import SCHEDULES, Action, Schedule, make_schedule
+from planner.schedule import (
+    SCHEDULES,
+    Action,
+    Schedule,
+    find_kind,
+    make_schedule,
+    schedule_kind,
+    virtual_stage_schedules,
+)
 from planner.trace import chrome_trace
 
 # ----------------------------------------------------------------------------- values
@@ -153,6 +161,13 @@ class SimResult:
     @property
     def peak_memory_bytes(self) -> int:
         return max((d.peak_memory_bytes for d in self.devices), default=0)
+
+    @property
+    def steady_state(self) -> bool:
+        """Whether ``iteration_s`` is a steady state measured over ``window`` (a schedule
+        that does not flush); else the window is the whole run."""
+        kind = find_kind(self.schedule)
+        return kind is not None and not kind.flushes
 
     def device(self, name: str) -> DeviceResult:
         for d in self.devices:
@@ -247,7 +262,7 @@ def _pipedream_stop(sched: Schedule, last_kind: str, settle: int) -> tuple[list[
     iteration's end is known, and nothing that happens later can move it (an event only
     affects later ones), so the run stops there instead of playing the trailing warm-down
     iterations; ``iteration_s`` is unchanged. Empty for the synchronous schedules."""
-    if sched.name != "pipedream" or settle < 1 or sched.blocks <= 2 * settle:
+    if sched.flushes or settle < 1 or sched.blocks <= 2 * settle:
         return [], 0
     last_blk = sched.blocks - settle - 1
     m = sched.microbatches
@@ -276,7 +291,7 @@ def simulate_costs(costs: Sequence[ir.StageCost], schedule: str | Schedule, micr
         if schedule.chunks != n_chunks:
             raise ScheduleError(f"schedule has {schedule.chunks} stages, the costs {n_chunks}", "match them")
         return _simulate(costs, schedule, v, opts, pipedream_settle_blocks(k, schedule.microbatches))
-    if schedule != "pipedream":
+    if schedule_kind(schedule).flushes:
         return _simulate(costs, make_schedule(schedule, k, microbatches, v), v, opts, 0)
     # Asynchronous: lengthen the warm-up until the measured iterations take equal times.
     measured = max(2, opts.pipedream_blocks or 2)
@@ -381,7 +396,7 @@ class _Engine:
             self.wgt = [0.0] * self.n_chunks
         self.act = [c.activation_bytes for c in costs]
         self.wsp = [c.workspace_bytes for c in costs]
-        self.stash = [c.weight_bytes if self.name == "pipedream" else 0 for c in costs]
+        self.stash = [c.weight_bytes if self.sched.stashes_weights else 0 for c in costs]
         self.last_kind = "W" if self.sched.split_backward else "B"
 
     def _init_links(self) -> None:
@@ -727,7 +742,7 @@ class _Engine:
     def _measure(self, makespan: float) -> tuple[tuple[float, float], float, bool]:
         """The measured window, the time per iteration, and whether the measured iterations took equal times."""
         settle, blocks, block_end = self.settle, self.sched.blocks, self.block_end
-        if not (self.name == "pipedream" and settle >= 1 and blocks > 2 * settle):
+        if not (not self.sched.flushes and settle >= 1 and blocks > 2 * settle):
             return (0.0, makespan), makespan, True
         measured = blocks - 2 * settle
         window = (block_end[settle - 1], block_end[settle - 1 + measured])
@@ -784,14 +799,17 @@ def validate_plan(plan: ir.Plan) -> None:
 
 def _check_plan_fields(plan: ir.Plan) -> None:
     """The schedule, virtual stages, stage count and micro-batches."""
-    if plan.schedule not in SCHEDULES:
-        raise PlanError(f"plan asks for unknown schedule {plan.schedule!r}", f"use one of {', '.join(SCHEDULES)}")
+    try:
+        kind = schedule_kind(plan.schedule)
+    except ScheduleError:
+        raise PlanError(f"plan asks for unknown schedule {plan.schedule!r}",
+                        f"use one of {', '.join(SCHEDULES)}") from None
     v = plan.virtual_stages
     if not isinstance(v, int) or v < 1:
         raise PlanError(f"plan.virtual_stages must be a positive integer, got {v!r}", "fix virtual_stages")
-    if v != 1 and plan.schedule != "interleaved":
+    if v != 1 and not kind.takes_virtual_stages:
         raise PlanError(f"plan has virtual_stages={v} under schedule {plan.schedule!r}",
-                        "virtual stages need --schedule interleaved")
+                        f"virtual stages need --schedule {' or '.join(virtual_stage_schedules())}")
     stages = plan.stages
     if not stages:
         raise PlanError("plan has no stages", "re-create the plan with planner search")

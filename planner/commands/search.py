@@ -18,18 +18,20 @@ from planner.commands import (
 )
 from planner.errors import UsageError
 from planner.jsonio import read_json
-from planner.schedule import SCHEDULES
+from planner.schedule import SCHEDULES, schedule_kind, virtual_stage_schedules
 
 
 def _virtual_stages(value: int | None, schedule: str) -> int:
-    """--virtual-stages: default 2 under interleaved, 1 otherwise; v > 1 needs interleaved."""
+    """--virtual-stages: default 2 under a schedule that takes virtual stages (interleaved), else 1."""
+    takes_virtual = schedule_kind(schedule).takes_virtual_stages
     if value is None:
         from planner.search.interleave import DEFAULT_VIRTUAL_STAGES
 
-        return DEFAULT_VIRTUAL_STAGES if schedule == "interleaved" else 1
-    if value > 1 and schedule != "interleaved":
-        raise UsageError(f"--virtual-stages {value} needs --schedule interleaved, not {schedule}",
-                         "add --schedule interleaved, or drop --virtual-stages")
+        return DEFAULT_VIRTUAL_STAGES if takes_virtual else 1
+    if value > 1 and not takes_virtual:
+        names = " or ".join(virtual_stage_schedules())
+        raise UsageError(f"--virtual-stages {value} needs --schedule {names}, not {schedule}",
+                         f"add --schedule {names}, or drop --virtual-stages")
     return value
 
 
