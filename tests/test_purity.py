@@ -9,7 +9,7 @@ PURE_MODULES = [
     "planner", "planner.errors", "planner.ir", "planner.jsonio", "planner.schedule",
     "planner.cluster", "planner.costmodel", "planner.search", "planner.search.hpp", "planner.search.sp",
     "planner.search.brute", "planner.search.baselines", "planner.search.interleave", "planner.simulate",
-    "planner.compare", "planner.trace",
+    "planner.compare", "planner.simulate.trace", "planner.judge", "planner.validate",
 ]
 
 
