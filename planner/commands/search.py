@@ -16,23 +16,8 @@ from planner.commands import (
     profile_argument,
     rerank_option,
 )
-from planner.errors import UsageError
 from planner.jsonio import read_json
-from planner.schedule import SCHEDULES, schedule_kind, virtual_stage_schedules
-
-
-def _virtual_stages(value: int | None, schedule: str) -> int:
-    """--virtual-stages: default 2 under a schedule that takes virtual stages (interleaved), else 1."""
-    takes_virtual = schedule_kind(schedule).takes_virtual_stages
-    if value is None:
-        from planner.search.interleave import DEFAULT_VIRTUAL_STAGES
-
-        return DEFAULT_VIRTUAL_STAGES if takes_virtual else 1
-    if value > 1 and not takes_virtual:
-        names = " or ".join(virtual_stage_schedules())
-        raise UsageError(f"--virtual-stages {value} needs --schedule {names}, not {schedule}",
-                         f"add --schedule {names}, or drop --virtual-stages")
-    return value
+from planner.schedule import SCHEDULES
 
 
 @click.command("search")
@@ -66,27 +51,22 @@ def search(profile_path: str, cluster_name: str, output: str | None, microbatche
     each layer's form (dp, split_in, split_out). The objective is the iteration time of
     the schedule with its bubble, transfers and gradient all-reduce; every device must fit.
     """
+    from planner.api import search_plan
     from planner.cluster import load_cluster
     from planner.jsonio import write_json
     from planner.render.search import print_plan
     from planner.search import parse_config
-    from planner.search import search as run_search
+    from planner.search.interleave import resolve_virtual_stages
 
     mb = parse_microbatches(microbatches)
-    v = _virtual_stages(virtual_stages, schedule)
+    v = resolve_virtual_stages(virtual_stages, schedule)
     widths = parse_config(config) if config else None
     check_folder(output)
     profile = ir.ModelProfile.from_dict(read_json(profile_path, "profile"), profile_path)
     cluster = load_cluster(cluster_name)
     t0 = time.perf_counter()
-    if v > 1:
-        from planner.search.interleave import search_interleaved
-
-        plan = search_interleaved(profile, cluster, v, microbatches=mb, optimizer=optimizer, solver=solver,
-                                  engine=engine, config=widths, candidates=max(rerank, 1))
-    else:
-        plan = run_search(profile, cluster, microbatches=mb, schedule=schedule, optimizer=optimizer, solver=solver,
-                          engine=engine, config=widths, candidates=rerank)
+    plan = search_plan(profile, cluster, schedule=schedule, virtual_stages=v, microbatches=mb, optimizer=optimizer,
+                       solver=solver, engine=engine, config=widths, candidates=rerank)
     elapsed = time.perf_counter() - t0
     doc = plan.to_dict()
     if output:

@@ -45,10 +45,24 @@ from planner.cluster import group_of, link_between
 from planner.costmodel import layer_table, p2p_s
 from planner.errors import InfeasibleError, UsageError
 from planner.judge import Judged, judge
+from planner.schedule import schedule_kind, virtual_stage_schedules
 from planner.search.hpp import hpp, stage_tables
 
 DEFAULT_VIRTUAL_STAGES = 2
 """Chunks per device group when ``--schedule interleaved`` is given without ``--virtual-stages``."""
+
+
+def resolve_virtual_stages(value: int | None, schedule: str) -> int:
+    """``--virtual-stages``: default :data:`DEFAULT_VIRTUAL_STAGES` under a schedule that takes
+    virtual stages (interleaved), else 1; v > 1 under another schedule is a UsageError."""
+    takes_virtual = schedule_kind(schedule).takes_virtual_stages
+    if value is None:
+        return DEFAULT_VIRTUAL_STAGES if takes_virtual else 1
+    if value > 1 and not takes_virtual:
+        names = " or ".join(virtual_stage_schedules())
+        raise UsageError(f"--virtual-stages {value} needs --schedule {names}, not {schedule}",
+                         f"add --schedule {names}, or drop --virtual-stages")
+    return value
 
 
 def balanced_bounds(chunk_time: Sequence[np.ndarray], n_layers: int, v: int,
