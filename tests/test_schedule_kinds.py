@@ -129,3 +129,11 @@ def test_no_module_outside_planner_schedule_compares_schedule_names() -> None:
         offenders += [f"{rel}:{i}" for i, line in enumerate(path.read_text().splitlines(), 1)
                       if NAME_TEST.search(line)]
     assert offenders == []
+
+
+def test_a_kind_is_checked_when_made() -> None:
+    base = SCHEDULE_KINDS["1f1b"]
+    with pytest.raises(ScheduleError, match="unknown engines"):
+        ScheduleKind("x", base.generator, base.in_flight, engines=frozenset({"jax"}))
+    with pytest.raises(ScheduleError, match="torch_class None"):
+        ScheduleKind("x", base.generator, base.in_flight, engines=frozenset({"torch"}))

@@ -239,6 +239,8 @@ Num = TypeVar("Num", int, float, np.ndarray)
 ENGINES = ("deepspeed", "torch", "torchtitan")
 """The engines a kind may name in ``engines`` (planner.runnable.ENGINES)."""
 
+_TORCH = frozenset({"torch", "torchtitan"})
+
 
 @dataclass(frozen=True)
 class ScheduleKind:
@@ -255,6 +257,15 @@ class ScheduleKind:
     engines: frozenset[str] = frozenset()
     torch_class: str | None = None
     torch_stage_list: bool = False
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.engines) - set(ENGINES))
+        if unknown:
+            raise ScheduleError(f"schedule {self.name!r} names unknown engines {unknown}", f"use {', '.join(ENGINES)}")
+        if (self.torch_class is None) == bool(self.engines & _TORCH):
+            raise ScheduleError(f"schedule {self.name!r}: torch_class {self.torch_class!r} with engines "
+                                f"{sorted(self.engines)}",
+                                "torch and torchtitan run exactly the kinds with a torch_class")
 
     def check_virtual_stages(self, virtual_stages: int) -> None:
         """ScheduleError unless the kind runs ``virtual_stages`` chunks per device."""
@@ -306,8 +317,6 @@ class ScheduleKind:
         """Whether ``engine`` (one of :data:`ENGINES`; ``any`` runs everything) runs this schedule."""
         return engine == "any" or engine in self.engines
 
-
-_TORCH = frozenset({"torch", "torchtitan"})
 
 SCHEDULE_KINDS: dict[str, ScheduleKind] = {kind.name: kind for kind in (
     ScheduleKind("gpipe", lambda k, m, v, blocks: gpipe(k, m), _all, phased=True, engines=_TORCH,
