@@ -49,9 +49,10 @@ from torch import nn
 from planner import ir
 from planner.errors import ExportError
 from planner.export import common
+from planner.schedule import SCHEDULE_KINDS, find_kind, schedule_kind
 
-SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved": "ScheduleInterleaved1F1B",
-             "zb-h1": "ScheduleInterleavedZeroBubble"}
+SCHEDULES = {name: kind.torch_class for name, kind in SCHEDULE_KINDS.items() if kind.torch_class is not None}
+"""plan.schedule -> its torch.distributed.pipelining class (planner.schedule's ``torch_class``)."""
 
 
 def tensor_parallel(plan: ir.Plan) -> bool:
@@ -61,7 +62,8 @@ def tensor_parallel(plan: ir.Plan) -> bool:
 
 def check_plan(plan: ir.Plan, layers: Sequence[nn.Module] | None = None) -> int:
     """Refuse what the torch export cannot run; return the data-parallel width (1 when split)."""
-    if plan.schedule not in SCHEDULES:
+    kind = find_kind(plan.schedule)
+    if kind is None or not kind.runs_on("torch"):
         raise ExportError(f"schedule {plan.schedule!r} has no torch.distributed.pipelining equivalent",
                           "search with `planner search --engine torch --schedule 1f1b` (or gpipe, interleaved, "
                           "zb-h1)")
@@ -199,8 +201,9 @@ def _make_schedule(stages: list[Any], plan: ir.Plan, loss: str) -> Any:
     """The torch pipelining schedule for ``plan.schedule`` over this rank's stages."""
     from torch.distributed import pipelining
 
+    kind = schedule_kind(plan.schedule)
     cls = getattr(pipelining, SCHEDULES[plan.schedule])
-    return cls(stages if plan.virtual_stages > 1 or plan.schedule == "zb-h1" else stages[0],
+    return cls(stages if plan.virtual_stages > 1 or kind.torch_stage_list else stages[0],
                plan.microbatches, loss_fn=common.make_loss(loss))
 
 
