@@ -42,6 +42,19 @@ The generators (pure functions of K devices, M micro-batches and v chunks per de
   passes ``W`` by d micro-batches, so the W passes fill the tail where 1F1B idles. Every
   device holds at most min(K, M) micro-batches' activations (1F1B's peak, on every stage).
 
+What the cost model, the stage DP and the engines ask (one call each, no name test):
+
+* memory of stage s (``costmodel.stage_peak_memory``, ``sp._fit_limits``):
+  ``n = kind.in_flight_microbatches(K, M, s, v)``, plus ``kind.stash_bytes(n, weight_bytes)``
+  (works on numpy arrays: zeros when the kind does not stash);
+* the analytic objective (``costmodel.schedule_weights``): ``kind.objective_weights(M)``;
+* the steady-state term (``costmodel.stage_terms``, ``sp._periods_and_terms``):
+  ``kind.steady_busy(t_f, t_b, x, total_s=t_f + t_b as computed)``, floats or arrays;
+* an engine's schedules (``runnable.ENGINES``): :func:`schedules_for` (``deepspeed``,
+  ``torch``, ``torchtitan``); the torch export's class: ``kind.torch_class``;
+* a name from the user: :func:`schedule_kind` (ScheduleError listing the names), or
+  :func:`find_kind` (None) to raise one's own error.
+
 A new schedule is one generator and one :class:`ScheduleKind` entry in :data:`SCHEDULE_KINDS`
 here (plus its tests); the CLI choices, the cost model, the search, the simulator and the
 exports follow from its attributes.
