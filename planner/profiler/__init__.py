@@ -1,11 +1,12 @@
 """The profiler: the only part of planner (with export and the runner) that imports torch.
 
-- ``zoo``: built-in models (``ZOO_NAMES``); ``loader.load_model``: a zoo name or
-  ``package.module:factory`` -> LoadedModel.
+- ``zoo``: built-in models (``ZOO_NAMES``; transformers in ``hfzoo``); ``loader.load_model``: a
+  zoo name or ``package.module:factory`` -> LoadedModel.
 - ``layers.split_model``: cut points where one tensor crosses -> runnable layers (``fxsplit`` for
   models torch.fx traces, ``hfsplit`` for GPT-2/BERT/Llama by structure, ``verify`` checks those).
 - ``profile_model``: per-layer times (measured or analytic), FLOPs, parameters and bytes
-  -> ``planner.ir.ModelProfile``. ``analytic``: times from FLOPs and a named GPU's peak (``planner.gpus``).
+  -> ``planner.ir.ModelProfile`` (``measure``: the passes; ``repeats``: identical blocks counted
+  once on the meta device). ``analytic``: times from FLOPs and a named GPU's peak (``planner.gpus``).
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from planner.profiler.measure import (
     timed_pass,
     whole_model_pass,
 )
+from planner.profiler.repeats import instrumented_pass_once_per_kind
 
 Progress = Callable[[int, int, str], None]
 """progress(done, total, what): called as profiling advances."""
@@ -131,7 +132,7 @@ def profile_model(
         tick.start("tracing")
         lm = layered if layered is not None else split_model(module, x)
         tick("traced")
-        facts = _instrumented(lm, x, params, loaded.name)
+        facts, counted = _instrumented(lm, x, params, loaded.name)
         tick("counted FLOPs and bytes")
         runs = (_measure(lm, module, x, params, sync, facts[-1].output_shape,
                          _Passes(warmup, repeats, whole_repeats, small), tick) if mode == "measured" else _NO_RUNS)
@@ -143,6 +144,7 @@ def profile_model(
         times = _analytic_times(facts, flops_value, flops_label, efficiency)
     fixed = _fixed_costs(times, runs.small_times, int(x.shape[0]), small, len(facts))
     meta = _meta(lm, times, threads, elapsed)
+    meta["instrumented_layers"] = counted
     if mode == "measured":
         meta.update(_measured_meta(times, runs, x.device, warmup, repeats, elapsed,
                                    small if runs.small_times is not None else None))
@@ -211,10 +213,15 @@ class _Ticker:
             self.progress(self.done, self.total, what)
 
 
-def _instrumented(lm: LayeredModel, x: torch.Tensor, params: list[torch.Tensor], name: str) -> list[LayerFacts]:
-    """The instrumented pass (FLOPs, bytes); a ProfileError when it runs out of memory or the layers refuse x."""
+def _instrumented(lm: LayeredModel, x: torch.Tensor, params: list[torch.Tensor], name: str
+                  ) -> tuple[list[LayerFacts], int]:
+    """The instrumented pass (FLOPs, bytes) and how many layers it ran; on the meta device identical
+    consecutive layers run once (``planner.profiler.repeats``). A ProfileError when it runs out of
+    memory or the layers refuse x."""
     try:
-        return instrumented_pass(lm.layers, x, params)
+        if x.device.type == "meta":
+            return instrumented_pass_once_per_kind(lm.layers, x, params)
+        return instrumented_pass(lm.layers, x, params), len(lm)
     except ProfileError:
         raise
     except (RuntimeError, ValueError, IndexError, TypeError) as exc:
