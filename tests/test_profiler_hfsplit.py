@@ -52,6 +52,7 @@ def test_llama_split_is_exact_with_gqa_blocks_and_ties(tied: bool) -> None:
     check_exact(model, x, lm.layers, lm.param_counts)
     assert lm.names == ("model.embed_tokens", "model.layers.0", "model.layers.1", "lm_head")
     assert lm.types[1] == "LlamaDecoderLayer" and lm.method == "structure:llama"
+    assert [n for n, _ in lm.layers[0].named_parameters()] == ["embed_tokens.weight"]  # the tie's name in export
     assert lm.block(1) == lm.block(2) == ir.BlockShape(hidden=64, heads=4, kv_heads=2, ffn=128, seq_len=16, gated=True)
     assert lm.ties == ((ir.Tie("model.embed_tokens.weight", (0, 3), 256 * 64, 256 * 64 * 4),) if tied else ())
 

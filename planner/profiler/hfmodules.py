@@ -27,6 +27,17 @@ class GPT2Embedding(nn.Module):  # type: ignore[misc]
         return self.drop(self.wte(input_ids) + self.wpe(pos))
 
 
+class TokenEmbedding(nn.Module):  # type: ignore[misc]
+    """Token embedding alone (Llama: no learned positions; the rotary ones are computed in each block)."""
+
+    def __init__(self, embed_tokens: nn.Embedding) -> None:
+        super().__init__()
+        self.embed_tokens = embed_tokens
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids)  # type: ignore[no-any-return]
+
+
 class TransformerBlock(nn.Module):  # type: ignore[misc]
     """One HF transformer block on hidden states only (causal masking by SDPA's ``is_causal``)."""
 

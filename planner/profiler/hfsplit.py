@@ -26,7 +26,14 @@ from torch import nn
 
 from planner import ir
 from planner.errors import TraceError
-from planner.profiler.hfmodules import BertEmbedding, Chain, GPT2Embedding, RotaryBlock, TransformerBlock
+from planner.profiler.hfmodules import (
+    BertEmbedding,
+    Chain,
+    GPT2Embedding,
+    RotaryBlock,
+    TokenEmbedding,
+    TransformerBlock,
+)
 from planner.profiler.layered import LayeredModel, dominant, param_accounting, weight_features
 
 
@@ -97,7 +104,8 @@ def _llama_parts(model: nn.Module) -> list[_Part]:
     head = type(model).__name__ == "LlamaForCausalLM"
     base: Any = model.model if head else model
     pre = "model." if head else ""
-    parts = [_Part(f"{pre}embed_tokens", "Embedding", base.embed_tokens, base.embed_tokens, (f"{pre}embed_tokens",))]
+    parts = [_Part(f"{pre}embed_tokens", "Embedding", TokenEmbedding(base.embed_tokens), base.embed_tokens,
+                   (f"{pre}embed_tokens",))]
 
     def wrap(block: nn.Module, post: nn.Module | None) -> nn.Module:
         return RotaryBlock(block, base.rotary_emb, post)
