@@ -30,7 +30,8 @@ def test_export_deepspeed_writes_script_config_and_plan(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert doc["world_size"] == 4
-    assert {p.name for p in out.iterdir()} == {"train.py", "ds_config.json", "plan.json", "README.md"}
+    assert {p.name for p in out.iterdir()} == {"train.py", "ds_config.json", "plan.json", "README.md", "hostfile",
+                                            "launch_node0.sh"}
     cfg = json.loads((out / "ds_config.json").read_text())
     assert cfg["gradient_accumulation_steps"] == 2
     assert json.loads((out / "plan.json").read_text())["kind"] == "plan"

@@ -16,9 +16,10 @@ import torch
 from torch import nn
 
 from planner import ir
-from planner.errors import ExportError, RunError
-from planner.export import common
-from planner.runner import max_rel_diff, run_plan
+from planner.errors import PlanError, RunError
+from planner.export.layers import layer_param_counts
+from planner.export.partition import manual_plan
+from planner.runner import run_plan
 from tests.conftest import make_cluster_dict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,7 +82,7 @@ def tiny_plan(factory: str, parts: list[int], width: int = 1, *, microbatches: i
     torch.manual_seed(0)
     module, example = globals()[factory]()
     layers = split_model(module, example).layers
-    counts = common.layer_param_counts(layers)
+    counts = layer_param_counts(layers)
     doc: dict[str, Any] = {
         "kind": "profile", "version": 1, "model": f"tests.test_runner:{factory}", "batch_size": batch,
         "dtype": "float32", "mode": "measured", "device": "cpu", "device_flops": 1e10,
@@ -93,7 +94,7 @@ def tiny_plan(factory: str, parts: list[int], width: int = 1, *, microbatches: i
     }
     parts = [p if p >= 0 else len(layers) + 1 + p for p in parts]
     cluster = ir.Cluster.from_dict(make_cluster_dict(1, 8))
-    return common.manual_plan(ir.ModelProfile.from_dict(doc), cluster, parts, width, microbatches=microbatches,
+    return manual_plan(ir.ModelProfile.from_dict(doc), cluster, parts, width, microbatches=microbatches,
                               schedule=schedule, optimizer=optimizer, forms=forms,
                               predicted=ir.Prediction(0.01, batch / 0.01, 0.1, 0))
 
@@ -116,28 +117,17 @@ def _stray(marker: str) -> list[str]:
     return out
 
 
-def test_max_rel_diff() -> None:
-    assert max_rel_diff([1.0, 2.0], [1.0, 2.0]) == 0.0
-    assert max_rel_diff([1.1], [1.0]) == pytest.approx(0.1)
-
-
 def test_model_that_does_not_match_the_profile_is_refused_before_launch() -> None:
     plan = tiny_plan("tiny_mlp", [0, 2, -1])
     with pytest.raises(RunError, match="parameters"):
         run_plan(plan, "tests.test_runner:tiny_mlp_wide", engine="torch", steps=2, warmup=1)
 
 
-def test_world_size_the_machine_cannot_start() -> None:
+def test_world_size_the_machine_cannot_start(monkeypatch: pytest.MonkeyPatch) -> None:
     plan = tiny_plan("tiny_mlp", [0, 1, 2, 3, 4], width=2)  # 8 processes
-    import planner.runner as runner
-
-    old = runner.max_world_size
-    runner.max_world_size = lambda: 4  # type: ignore[assignment]
-    try:
-        with pytest.raises(RunError, match="8 processes"):
-            run_plan(plan, "tests.test_runner:tiny_mlp", engine="torch", steps=2, warmup=1)
-    finally:
-        runner.max_world_size = old  # type: ignore[assignment]
+    monkeypatch.setattr("planner.runner.launch.max_world_size", lambda: 4)
+    with pytest.raises(RunError, match="8 processes"):
+        run_plan(plan, "tests.test_runner:tiny_mlp", engine="torch", steps=2, warmup=1)
 
 
 def test_engine_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -152,8 +142,9 @@ def test_engine_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_plan_the_engine_cannot_run_is_refused() -> None:
     plan = tiny_plan("tiny_mlp", [0, 2, -1], width=2, forms=[["split_out", "dp"], ["dp", "dp"]])
-    with pytest.raises(ExportError, match="engine deepspeed"):
+    with pytest.raises(PlanError, match="deepspeed runs one grid") as err:  # planner.runnable's shared check
         run_plan(plan, "tests.test_runner:tiny_mlp", engine="deepspeed", steps=2, warmup=1)
+    assert "--engine deepspeed" in err.value.hint
 
 
 @pytest.mark.slow
@@ -190,18 +181,3 @@ def test_timeout_kills_every_worker() -> None:
     with pytest.raises(RunError, match="did not finish"):
         run_plan(plan, "tests.test_runner:tiny_mlp", engine="torch", steps=200, warmup=1, timeout_s=1.5)
     assert not _stray(str(plan.model))
-
-
-
-def test_worker_cause_reads_past_torchrun_summary(tmp_path: Path) -> None:
-    from planner.runner import _worker_cause
-
-    log = "\n".join(["Traceback (most recent call last):", '  File "x.py", line 1', "RuntimeError: gloo connect failed",
-                     "[0]:", "  time      : 2026", "  rank      : 1 (local_rank: 1)", "  exitcode  : 1 (pid: 42)",
-                     "  error_file: <N/A>", "  traceback : To enable traceback see: https://pytorch.org/docs"])
-    cause = _worker_cause(tmp_path, log)
-    assert cause.startswith("RuntimeError: gloo connect failed") and "exitcode  : 1" in cause
-    killed = "\n".join(["[0]:", "  exitcode  : -9 (pid: 7)", "  error_file: <N/A>",
-                        "  traceback : Signal 9 (SIGKILL) received by PID 7"])
-    cause = _worker_cause(tmp_path, killed)
-    assert "exitcode  : -9" in cause and "SIGKILL" in cause
