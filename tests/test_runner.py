@@ -6,8 +6,13 @@ train; workers import them as ``tests.test_runner:<name>``.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +21,7 @@ import torch
 from torch import nn
 
 from planner import ir
-from planner.errors import PlanError, RunError
+from planner.errors import PlanError, RunError, UsageError
 from planner.export.layers import layer_param_counts
 from planner.export.partition import manual_plan
 from planner.runner import run_plan
@@ -75,8 +80,12 @@ def tiny_crash() -> tuple[nn.Module, torch.Tensor]:
 
 
 def tiny_plan(factory: str, parts: list[int], width: int = 1, *, microbatches: int = 2, batch: int = 8,
-              schedule: str = "1f1b", forms: list[list[str]] | None = None, optimizer: str = "sgd") -> ir.Plan:
-    """A hand-made plan over the profiled layers of ``factory`` (a function in this module)."""
+              schedule: str = "1f1b", forms: list[list[str]] | None = None, optimizer: str = "sgd",
+              servers: tuple[int, int] = (1, 8)) -> ir.Plan:
+    """A hand-made plan over the profiled layers of ``factory`` (a function in this module).
+
+    ``servers``: the cluster's servers and GPUs per server; stages take devices in order.
+    """
     from planner.profiler.layers import split_model
 
     torch.manual_seed(0)
@@ -93,7 +102,7 @@ def tiny_plan(factory: str, parts: list[int], width: int = 1, *, microbatches: i
                    for i, (layer, c) in enumerate(zip(layers, counts, strict=True))],
     }
     parts = [p if p >= 0 else len(layers) + 1 + p for p in parts]
-    cluster = ir.Cluster.from_dict(make_cluster_dict(1, 8))
+    cluster = ir.Cluster.from_dict(make_cluster_dict(*servers))
     return manual_plan(ir.ModelProfile.from_dict(doc), cluster, parts, width, microbatches=microbatches,
                               schedule=schedule, optimizer=optimizer, forms=forms,
                               predicted=ir.Prediction(0.01, batch / 0.01, 0.1, 0))
@@ -102,6 +111,35 @@ def tiny_plan(factory: str, parts: list[int], width: int = 1, *, microbatches: i
 @pytest.fixture(autouse=True)
 def _cwd(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(ROOT)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_servers(commands: list[list[str]], out: Path, env: dict[str, str], timeout_s: float,
+                cwd: Path = ROOT) -> list[tuple[int, str, str]]:
+    """Start every command at once (one per "server"), each in its own process group; (rc, stdout, stderr) each.
+
+    Every group is killed when the commands end, fail or run past ``timeout_s``.
+    """
+    procs = []
+    try:
+        for i, cmd in enumerate(commands):
+            with open(out / f"server{i}.out", "wb") as so, open(out / f"server{i}.err", "wb") as se:
+                procs.append(subprocess.Popen(cmd, cwd=cwd, env=env, stdout=so, stderr=se, stdin=subprocess.DEVNULL,
+                                              start_new_session=True))
+        deadline = time.monotonic() + timeout_s
+        codes = [p.wait(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
+    finally:
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    return [(rc, (out / f"server{i}.out").read_text(), (out / f"server{i}.err").read_text())
+            for i, rc in enumerate(codes)]
 
 
 def _stray(marker: str) -> list[str]:
@@ -181,3 +219,27 @@ def test_timeout_kills_every_worker() -> None:
     with pytest.raises(RunError, match="did not finish"):
         run_plan(plan, "tests.test_runner:tiny_mlp", engine="torch", steps=200, warmup=1, timeout_s=1.5)
     assert not _stray(str(plan.model))
+
+
+@pytest.mark.slow
+def test_rendezvous_endpoint_that_does_not_answer_is_a_run_error_within_the_timeout() -> None:
+    plan = tiny_plan("tiny_mlp", [0, 2, -1], servers=(2, 1))
+    port = free_port()
+    t0 = time.monotonic()
+    with pytest.raises(RunError) as err:
+        run_plan(plan, "tests.test_runner:tiny_mlp", engine="torch", steps=2, warmup=1, nnodes=2, node_rank=1,
+                 rdzv_endpoint=f"127.0.0.1:{port}", rdzv_timeout_s=3, timeout_s=120)
+    assert f"rendezvous at 127.0.0.1:{port} did not complete within 3 s (node rank 1 of 2)" in err.value.cause
+    assert "--rdzv-endpoint" in err.value.hint and time.monotonic() - t0 < 120
+    assert not _stray(f"127.0.0.1:{port}") and not _stray(str(plan.model))
+
+
+def test_launch_that_does_not_fit_the_plans_servers_is_refused_before_starting() -> None:
+    plan = tiny_plan("tiny_mlp", [0, 2, -1], servers=(2, 1))
+    with pytest.raises(UsageError, match="--nnodes 3 does not fit the plan: its 2 ranks run on 2 server"):
+        run_plan(plan, "tests.test_runner:tiny_mlp", engine="torch", nnodes=3, rdzv_endpoint="127.0.0.1:1")
+    with pytest.raises(UsageError, match="needs --rdzv-endpoint"):
+        run_plan(plan, "tests.test_runner:tiny_mlp", engine="torch", nnodes=2, node_rank=1)
+    with pytest.raises(UsageError, match=r"--node-rank 2 is outside 0\.\.1"):
+        run_plan(plan, "tests.test_runner:tiny_mlp", engine="torch", nnodes=2, node_rank=2,
+                 rdzv_endpoint="127.0.0.1:1")

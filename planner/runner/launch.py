@@ -140,9 +140,9 @@ def _worker_env(threads: int, tmp: str) -> dict[str, str]:
 
 
 def _failure(launch: Launch, tmp: Path, text: str) -> RunError:
-    """The RunError of a failed launch: the rendezvous that did not complete, or the worker's own cause."""
+    """The RunError of a failed launch: a worker's own cause, else the rendezvous that did not complete."""
     rdzv = rendezvous_failure(text) if launch.nnodes > 1 else None
-    if rdzv is not None:
+    if rdzv is not None and not any(tmp.glob("error-rank*.txt")):
         return RunError(f"the rendezvous at {launch.rdzv_endpoint} did not complete within "
                         f"{launch.rdzv_timeout_s:g} s (node rank {launch.node_rank} of {launch.nnodes}): {rdzv}",
                         "start `planner run` with the same --nnodes and --rdzv-endpoint (node rank 0's address "
@@ -171,22 +171,22 @@ def _run_workers(plan: ir.Plan, launch: Launch, timeout_s: float, log: Any) -> d
         return res
 
 
-def _ranks(plan: ir.Plan, peaks: list[int]) -> list[dict[str, Any]]:
-    """Per rank: its device, pipeline stage, measured and predicted peak memory."""
+def _ranks(plan: ir.Plan, res: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per rank: the node rank that ran it, its device, pipeline stage, measured and predicted peak memory."""
     devices = rank_devices(plan)
     out = []
-    for rank, peak in enumerate(peaks):
+    for rank, (peak, node) in enumerate(zip(res["peak_memory_bytes"], res["node_rank"], strict=True)):
         stage = rank_stage(plan, rank)
         chunks = plan.stages[stage::len(devices) // plan.stages[0].width]
-        out.append({"rank": rank, "device": devices[rank], "stage": stage, "peak_memory_bytes": peak,
-                    "predicted_memory_bytes": max(c.memory_bytes for c in chunks)})
+        out.append({"rank": rank, "node_rank": node, "device": devices[rank], "stage": stage,
+                    "peak_memory_bytes": peak, "predicted_memory_bytes": max(c.memory_bytes for c in chunks)})
     return out
 
 
 def _run_doc(plan: ir.Plan, launch: Launch, warmup: int, res: dict[str, Any]) -> dict[str, Any]:
     """The run JSON (without the reference losses) from the workers' result."""
     times = res["iteration_s"]
-    ranks = _ranks(plan, res["peak_memory_bytes"])
+    ranks = _ranks(plan, res)
     doc: dict[str, Any] = {
         "engine": launch.engine, "world_size": plan.world_size, "nnodes": launch.nnodes,
         "node_rank": launch.node_rank, "model": launch.model, "config": plan.config, "schedule": plan.schedule,

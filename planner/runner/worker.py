@@ -7,7 +7,7 @@ seeded generator per step) and times every step between barriers (the slowest ra
 It measures its peak memory over the run: on CUDA ``torch.cuda.max_memory_allocated``, on
 CPU the growth of the process's peak resident set (``ru_maxrss``) from before the engine is
 built to the last step. Local rank 0 of every server writes the result (losses, times, every
-rank's peak) as JSON; a worker that fails writes ``error-rank<N>.txt`` first.
+rank's peak and node rank) as JSON; a worker that fails writes ``error-rank<N>.txt`` first.
 """
 
 from __future__ import annotations
@@ -82,12 +82,12 @@ def _train(step_fn: Callable[[torch.Tensor, torch.Tensor], float],
     return losses, times, cpu
 
 
-def _gather_peaks(peak_bytes: int) -> list[int]:
-    """Every rank's peak memory, in rank order."""
+def _gather(values: list[int]) -> list[list[int]]:
+    """Every rank's ``values``, in rank order."""
     dev = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    out = [torch.zeros(1, dtype=torch.int64, device=dev) for _ in range(torch.distributed.get_world_size())]
-    torch.distributed.all_gather(out, torch.tensor([peak_bytes], dtype=torch.int64, device=dev))
-    return [int(t.item()) for t in out]
+    out = [torch.zeros(len(values), dtype=torch.int64, device=dev) for _ in range(torch.distributed.get_world_size())]
+    torch.distributed.all_gather(out, torch.tensor(values, dtype=torch.int64, device=dev))
+    return [[int(v) for v in t.tolist()] for t in out]
 
 
 def _worker(args: argparse.Namespace) -> None:
@@ -102,12 +102,14 @@ def _worker(args: argparse.Namespace) -> None:
     start = _start_memory()
     engine = deepspeed if args.engine == "deepspeed" else torch_export
     losses, times, cpu = _train(engine.make_trainer(layers, plan, spec.loss), data)
-    peaks = _gather_peaks(_peak_memory(start))
+    # torchrun's node rank (GROUP_RANK) says which server really ran each rank
+    peaks, nodes = zip(*_gather([_peak_memory(start), int(os.environ.get("GROUP_RANK", "0"))]), strict=True)
     t = torch.tensor([times, cpu], dtype=torch.float64)
     torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
     if int(os.environ.get("LOCAL_RANK", "0")) == 0:  # every server's launcher gets the result
         (Path(args.out) / "result.json").write_text(json.dumps(
-            {"losses": losses, "iteration_s": t[0].tolist(), "cpu_s": t[1].tolist(), "peak_memory_bytes": peaks}))
+            {"losses": losses, "iteration_s": t[0].tolist(), "cpu_s": t[1].tolist(), "peak_memory_bytes": peaks,
+             "node_rank": nodes}))
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
