@@ -65,10 +65,12 @@ def test_exported_script_trains_under_torchrun(tmp_path: Path, engine: str) -> N
     out = tmp_path / engine
     res = CliRunner().invoke(main, ["export", _write(tmp_path), "--to", engine, "-o", str(out)])
     assert res.exit_code == 0, res.output
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "DS_ACCELERATOR": "cpu"}
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                          "train.py", "--model", "tests.test_runner:tiny_mlp", "--steps", "2"], cwd=out, env=env,
-                         capture_output=True, text=True, timeout=300)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DS_ACCELERATOR": "cpu",
+           "TORCHRUN": f"{sys.executable} -m torch.distributed.run"}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "train.py"]
+    launch = ["sh", "launch_node0.sh"]  # the torch export runs through its one-server launch script
+    run = subprocess.run([*(torchrun if engine == "deepspeed" else launch), "--model", "tests.test_runner:tiny_mlp",
+                          "--steps", "2"], cwd=out, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "step 1 loss" in run.stdout
 

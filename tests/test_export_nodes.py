@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 
 import pytest
 
@@ -79,3 +81,10 @@ def test_parse_endpoint() -> None:
     for bad in ("10.0.0.1", ":29500", "host:0", "host:port", "host:70000"):
         with pytest.raises(UsageError, match="not HOST:PORT"):
             parse_endpoint(bad)
+
+
+def test_nodes_is_pure() -> None:
+    """The launch layout is plan arithmetic: importing it pulls in no torch."""
+    code = "import sys, planner.export.nodes; print(any(m.split('.')[0] == 'torch' for m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
