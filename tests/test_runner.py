@@ -243,3 +243,15 @@ def test_launch_that_does_not_fit_the_plans_servers_is_refused_before_starting()
     with pytest.raises(UsageError, match=r"--node-rank 2 is outside 0\.\.1"):
         run_plan(plan, "tests.test_runner:tiny_mlp", engine="torch", nnodes=2, node_rank=2,
                  rdzv_endpoint="127.0.0.1:1")
+
+
+def test_failure_is_the_rendezvous_only_when_no_worker_started(tmp_path: Path) -> None:
+    from planner.runner.launch import Launch, _failure
+
+    launch = Launch("m", "torch", 1, 2, "mse", 0, 1, nnodes=2, node_rank=1, rdzv_endpoint="h:1", rdzv_timeout_s=5)
+    rdzv = "torch.distributed.DistStoreError: Timed out after 6 seconds waiting for clients. 1/2 clients joined."
+    assert _failure(launch, tmp_path, rdzv).cause.startswith("the rendezvous at h:1 did not complete within 5 s")
+    workers = "RuntimeError: Connection reset by peer\nDistNetworkError: x\n[0]:\n  exitcode  : 1 (pid: 3)"
+    assert _failure(launch, tmp_path, workers).cause.startswith("a worker failed: DistNetworkError: x")
+    one = Launch("m", "torch", 2, 2, "mse", 0, 1)
+    assert _failure(one, tmp_path, rdzv).cause.startswith("a worker failed")  # one server: no rendezvous to miss

@@ -142,7 +142,8 @@ def _worker_env(threads: int, tmp: str) -> dict[str, str]:
 def _failure(launch: Launch, tmp: Path, text: str) -> RunError:
     """The RunError of a failed launch: a worker's own cause, else the rendezvous that did not complete."""
     rdzv = rendezvous_failure(text) if launch.nnodes > 1 else None
-    if rdzv is not None and not any(tmp.glob("error-rank*.txt")):
+    started = "exitcode" in text or any(tmp.glob("error-rank*.txt"))  # torchrun's summary of failed workers
+    if rdzv is not None and not started:
         return RunError(f"the rendezvous at {launch.rdzv_endpoint} did not complete within "
                         f"{launch.rdzv_timeout_s:g} s (node rank {launch.node_rank} of {launch.nnodes}): {rdzv}",
                         "start `planner run` with the same --nnodes and --rdzv-endpoint (node rank 0's address "
