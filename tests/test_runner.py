@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +112,7 @@ def tiny_plan(factory: str, parts: list[int], width: int = 1, *, microbatches: i
 @pytest.fixture(autouse=True)
 def _cwd(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("PLANNER_TEST_MARK", uuid.uuid4().hex)  # inherited by the launched processes (_stray)
 
 
 def free_port() -> int:
@@ -142,16 +144,19 @@ def run_servers(commands: list[list[str]], out: Path, env: dict[str, str], timeo
             for i, rc in enumerate(codes)]
 
 
-def _stray(marker: str) -> list[str]:
+def _stray() -> list[str]:
+    """This test's processes still alive: those whose environment carries the test's own mark.
+
+    (Other sessions on a shared machine run the same commands; the mark tells ours apart.)
+    """
+    mark = f"PLANNER_TEST_MARK={os.environ['PLANNER_TEST_MARK']}".encode()
     out = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if "planner.runner" in cmd and marker in cmd:
-                out.append(cmd)
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if mark in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") and int(pid) != os.getpid():
+                out.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+        except (OSError, ValueError):
+            continue
     return out
 
 
@@ -210,7 +215,7 @@ def test_worker_crash_reports_the_workers_cause_and_leaves_no_process() -> None:
     plan = tiny_plan("tiny_crash", [0, 2, -1])
     with pytest.raises(RunError, match="boom from the worker"):
         run_plan(plan, "tests.test_runner:tiny_crash", engine="torch", steps=2, warmup=1)
-    assert not _stray("tiny_crash")
+    assert not _stray()
 
 
 @pytest.mark.slow
@@ -218,7 +223,7 @@ def test_timeout_kills_every_worker() -> None:
     plan = tiny_plan("tiny_mlp", [0, 2, -1])
     with pytest.raises(RunError, match="did not finish"):
         run_plan(plan, "tests.test_runner:tiny_mlp", engine="torch", steps=200, warmup=1, timeout_s=1.5)
-    assert not _stray(str(plan.model))
+    assert not _stray()
 
 
 @pytest.mark.slow
@@ -231,7 +236,7 @@ def test_rendezvous_endpoint_that_does_not_answer_is_a_run_error_within_the_time
                  rdzv_endpoint=f"127.0.0.1:{port}", rdzv_timeout_s=3, timeout_s=120)
     assert f"rendezvous at 127.0.0.1:{port} did not complete within 3 s (node rank 1 of 2)" in err.value.cause
     assert "--rdzv-endpoint" in err.value.hint and time.monotonic() - t0 < 120
-    assert not _stray(f"127.0.0.1:{port}") and not _stray(str(plan.model))
+    assert not _stray()
 
 
 def test_launch_that_does_not_fit_the_plans_servers_is_refused_before_starting() -> None:
