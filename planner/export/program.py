@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
+from types import ModuleType
 
 from planner import ir
 from planner.errors import ExportError, PlannerError
@@ -102,12 +103,18 @@ def readme(plan: ir.Plan, engine: str, layout: NodeLayout | None, why: str) -> s
             f"{engine}` trains it and compares with the prediction.\n")
 
 
+def engine_module(engine: str) -> ModuleType:
+    """The engine's module (``check_plan``, ``make_trainer``, ``script_text``): the one place engines are named."""
+    modules: dict[str, ModuleType] = {"deepspeed": deepspeed, "torch": torch}
+    if engine not in modules:
+        raise ExportError(f"unknown engine {engine!r}", f"use --to {' or --to '.join(ENGINES)}")
+    return modules[engine]
+
+
 def program_files(plan: ir.Plan, engine: str) -> dict[str, str]:
     """The folder's files by name (nothing written)."""
-    if engine not in ENGINES:
-        raise ExportError(f"unknown engine {engine!r}", f"use --to {' or --to '.join(ENGINES)}")
+    mod = engine_module(engine)
     check_runnable(plan, engine)
-    mod = deepspeed if engine == "deepspeed" else torch
     files: dict[str, str] = {"plan.json": dumps(plan.to_dict()), "train.py": mod.script_text(plan)}
     layout, why = _layout(plan)
     if engine == "deepspeed":

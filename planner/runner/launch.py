@@ -28,8 +28,7 @@ import torch
 
 from planner import ir
 from planner.errors import RunError, UsageError
-from planner.export import ENGINES, deepspeed
-from planner.export import torch as torch_export
+from planner.export import ENGINES
 from planner.export.data import data_spec
 from planner.export.layers import load_layers
 from planner.export.losses import LOSSES
@@ -43,6 +42,7 @@ from planner.export.nodes import (
     rank_stage,
     torchrun_args,
 )
+from planner.export.program import engine_module
 from planner.runnable import check_runnable
 from planner.runner.processes import last_lines, rendezvous_failure, wait_workers, worker_cause
 from planner.runner.reference import max_rel_diff, reference_losses
@@ -60,12 +60,6 @@ def engine_available(engine: str) -> None:
     if engine == "torch" and importlib.util.find_spec("torch.distributed.pipelining") is None:
         raise RunError(f"torch {torch.__version__} has no torch.distributed.pipelining",
                        "install torch 2.4 or newer, or use --engine deepspeed")
-
-
-def check_plan(plan: ir.Plan, engine: str) -> int:
-    """The engine's own check of the plan; returns the data-parallel width."""
-    width: int = (deepspeed.check_plan(plan) if engine == "deepspeed" else torch_export.check_plan(plan))
-    return width
 
 
 def max_world_size() -> int:
@@ -213,7 +207,7 @@ def run_plan(plan: ir.Plan, model: str, *, engine: str = "deepspeed", steps: int
     nproc = _local_processes(plan, nnodes, node_rank, rdzv_endpoint)
     engine_available(engine)
     check_runnable(plan, engine)
-    width = check_plan(plan, engine)
+    width: int = engine_module(engine).check_plan(plan)
     _check_processes(nproc)
     threads = threads or max(1, (os.cpu_count() or 1) // nproc)
     torch.set_num_threads(max(1, threads))

@@ -28,9 +28,9 @@ import torch
 from planner import ir
 from planner.errors import PlannerError
 from planner.export import ENGINES, deepspeed
-from planner.export import torch as torch_export
 from planner.export.data import data_spec
 from planner.export.layers import disable_dropout, load_layers
+from planner.export.program import engine_module
 
 
 def _init(engine: str) -> None:
@@ -100,8 +100,7 @@ def _worker(args: argparse.Namespace) -> None:
     spec = data_spec(layers, example, args.loss)
     data = [spec.batch(s, plan.batch_size, args.seed) for s in range(args.steps)]
     start = _start_memory()
-    engine = deepspeed if args.engine == "deepspeed" else torch_export
-    losses, times, cpu = _train(engine.make_trainer(layers, plan, spec.loss), data)
+    losses, times, cpu = _train(engine_module(args.engine).make_trainer(layers, plan, spec.loss), data)
     # torchrun's node rank (GROUP_RANK) says which server really ran each rank
     peaks, nodes = zip(*_gather([_peak_memory(start), int(os.environ.get("GROUP_RANK", "0"))]), strict=True)
     t = torch.tensor([times, cpu], dtype=torch.float64)
