@@ -45,10 +45,10 @@ from planner import ir
 from planner.cluster import link_between
 from planner.costmodel import layer_table, p2p_s, stage_costs, stage_grid
 from planner.errors import InfeasibleError, UsageError
-from planner.search.hpp import hpp, stage_tables
 
-DEFAULT_VIRTUAL_STAGES = 2
-"""Chunks per device group when ``--schedule interleaved`` is given without ``--virtual-stages``."""
+__all__ = ["DEFAULT_VIRTUAL_STAGES", "balanced_bounds", "chunk_plan", "judge", "search_interleaved", "torch_runs"]
+from planner.search.hpp import hpp, stage_tables
+from planner.search.options import DEFAULT_VIRTUAL_STAGES
 
 
 def balanced_bounds(chunk_time: Sequence[np.ndarray], n_layers: int, v: int,
@@ -164,7 +164,8 @@ def search_interleaved(profile: ir.ModelProfile, cluster: ir.Cluster, virtual_st
                          "use --engine torch or any, or --virtual-stages 1")
     if v == 1:
         return search(profile, cluster, microbatches=microbatches, schedule="interleaved", optimizer=optimizer,
-                      solver=solver, engine=engine, config=config, progress=progress, candidates=candidates, **space)
+                      solver=solver, engine=engine, config=config, progress=progress, candidates=candidates,
+                      virtual_stages=1, **space)
     judged: dict[tuple, tuple[ir.Plan, bool]] = {}
 
     def evaluate(base: ir.Plan) -> float:
@@ -176,7 +177,7 @@ def search_interleaved(profile: ir.ModelProfile, cluster: ir.Cluster, virtual_st
 
     base = search(profile, cluster, microbatches=microbatches, schedule="interleaved", optimizer=optimizer,
                   solver=solver, engine=engine, config=config, progress=progress, evaluate=evaluate,
-                  candidates=candidates, **space)
+                  candidates=candidates, virtual_stages=1, **space)
     score = evaluate(base)
     plan, fits = judged[(base.microbatches, tuple((s.layers, s.devices, s.tp, s.zero, s.recompute)
                                                   for s in base.stages))]

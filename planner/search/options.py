@@ -65,6 +65,22 @@ def microbatch_candidates(batch_size: int, microbatches: int | str, micro_batch_
     return [microbatches]
 
 
+DEFAULT_VIRTUAL_STAGES = 2
+"""Chunks per device group when ``--schedule interleaved`` is given without ``--virtual-stages``."""
+
+
+def resolve_virtual_stages(value: int | None, schedule: str) -> int:
+    """``--virtual-stages``: default 2 under interleaved, 1 otherwise; v > 1 needs interleaved."""
+    if value is None:
+        return DEFAULT_VIRTUAL_STAGES if schedule == "interleaved" else 1
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UsageError(f"--virtual-stages must be a positive integer, got {value!r}", "e.g. --virtual-stages 2")
+    if value > 1 and schedule != "interleaved":
+        raise UsageError(f"--virtual-stages {value} needs --schedule interleaved, not {schedule}",
+                         "add --schedule interleaved, or drop --virtual-stages")
+    return value
+
+
 @dataclass(frozen=True)
 class Request:
     """What the user asked for, checked: everything but the profile, cluster and micro-batch counts."""

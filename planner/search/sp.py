@@ -64,21 +64,24 @@ def _cost_band(prob: Problem, key: int, link: int, r_top: int, cap: float) -> np
 
     Shape (r_top, nb+1, W): ``out[r-1, a, k]`` is the least period over the options of stage
     [a, a+1+k) that fit with r stages left (r_top meaning r_top or more) and whose term is
-    within the cap, inf where none does; W is trimmed to the widest stage allowed.
+    within the cap, inf where none does; W is trimmed to the widest stage allowed. Each
+    option's period goes to the bucket of its largest fitting count, then a suffix minimum
+    over the buckets gives every count at once.
     """
     c = prob.cand[(key, link)].band
-    under = [t <= cap for t in c["term"]]
-    any_ok = np.zeros(under[0].shape, dtype=bool)
-    for u, rmax in zip(under, c["rmax"], strict=True):
-        any_ok |= u & (rmax >= 1)
+    ok = [(t <= cap) & (rmax >= 1) for t, rmax in zip(c["term"], c["rmax"], strict=True)]
+    any_ok = np.logical_or.reduce(ok)
     cols = np.flatnonzero(any_ok.any(axis=0))
     width = int(cols[-1]) + 1 if cols.size else 0
-    rs = np.arange(1, r_top + 1)[:, None, None]
-    out = np.full((r_top, under[0].shape[0], width), np.inf)
-    for u, rmax, period in zip(under, c["rmax"], c["period"], strict=True):
-        ok = (rmax[None, :, :width] >= rs) & u[None, :, :width]
-        np.minimum(out, np.where(ok, period[None, :, :width], np.inf), out=out)
-    return out
+    rows = any_ok.shape[0]
+    buckets = np.full((r_top + 1, rows, width), np.inf)
+    ii, jj = np.meshgrid(np.arange(rows), np.arange(width), indexing="ij")
+    for fit, rmax, period in zip(ok, c["rmax"], c["period"], strict=True):
+        r = np.where(fit[:, :width], np.minimum(rmax[:, :width], r_top), 0)
+        cur = buckets[r, ii, jj]
+        buckets[r, ii, jj] = np.minimum(cur, np.where(fit[:, :width], period[:, :width], np.inf))
+    out = np.minimum.accumulate(buckets[:0:-1], axis=0)[::-1]  # out[r-1] = min over buckets >= r
+    return np.ascontiguousarray(out)
 
 
 def _best_option(prob: Problem, mv: Move, a: int, b: int, rho: int, cap: float) -> tuple[Option, float, float]:
