@@ -125,7 +125,7 @@ def export_plan(plan: PlanLike, engine: str, out_dir: str | Path) -> list[Path]:
     """Write a runnable training program for ``engine`` (deepspeed or torch) into ``out_dir``
     (planner.export); the files written. Needs torch."""
     _need("torch", "torch", "export")
-    from planner.export import export_plan as write_program
+    from planner.export.program import export_plan as write_program
 
     return write_program(load_plan(plan), engine, out_dir)
 
