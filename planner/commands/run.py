@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shlex
 import sys
+from typing import Any
 
 import click
 
@@ -32,35 +34,68 @@ from planner.jsonio import read_json
               help="torch threads per process (default: CPU cores / processes).")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=900, show_default=True,
               help="Seconds before the workers are stopped and the run fails.")
+@click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Servers to run on: the plan's servers, one `planner run` each (1: every rank here).")
+@click.option("--node-rank", type=int, default=0, show_default=True,
+              help="This server's place (0..nnodes-1) in the plan's order of servers.")
+@click.option("--rdzv-endpoint", default=None, metavar="HOST:PORT",
+              help="Node rank 0's address and a free port, the same on every server (needed with --nnodes > 1).")
+@click.option("--rdzv-timeout", "rdzv_timeout_s", type=click.FloatRange(min=1), default=60, show_default=True,
+              help="Seconds the servers have to meet at the endpoint.")
 @progress_option
 @click.option("--json", "as_json", is_flag=True, help="Print the run JSON document on stdout.")
 def run(plan_path: str, model: str, engine: str, steps: int, warmup: int, loss: str, check: bool, seed: int,
-        threads: int | None, timeout_s: float, progress: bool | None, as_json: bool) -> None:
-    """Launch torchrun with the plan's world size and train on synthetic data.
+        threads: int | None, timeout_s: float, nnodes: int, node_rank: int, rdzv_endpoint: str | None,
+        rdzv_timeout_s: float, progress: bool | None, as_json: bool) -> None:
+    """Launch torchrun with the plan's world size (or this server's share) and train on synthetic data.
 
-    Prints the measured median iteration beside the plan's prediction and the loss per
-    step (with --check, the single-process losses and their largest relative difference).
+    Prints the measured median iteration beside the plan's prediction, the loss per step and
+    the peak memory per rank (with --check, the single-process losses and their largest
+    relative difference).
     """
     from planner.render.progress import status
-    from planner.render.text import count, device_noun
     from planner.runner import run_plan
 
     plan = ir.Plan.from_dict(read_json(plan_path, "plan"), plan_path)
-    noun = "process" if device_noun(g.name for g in plan.cluster.gpus) != "GPU" else "GPU"
-    title = (f"training {plan.model} config {plan.config} on {engine} with {count(plan.world_size, noun)}, "
-             f"{count(steps, 'step')}" + (", then the one-process check" if check else ""))
+    if nnodes > 1:
+        click.echo(f"{nnodes} servers, this is node rank {node_rank}; on each server:", err=True)
+        for r in range(nnodes):
+            click.echo(f"  node rank {r}: " + _command(plan_path, model, engine, nnodes, r, rdzv_endpoint), err=True)
     log = sys.stderr if os.environ.get("PLANNER_DEBUG") else None
-    with status(title, progress, as_json):
+    with status(_title(plan, engine, steps, check), progress, as_json):
         doc = run_plan(plan, model, engine=engine, steps=steps, warmup=min(warmup, steps - 1), loss=loss,
-                       check=check, seed=seed, threads=threads, timeout_s=timeout_s, log=log)
+                       check=check, seed=seed, threads=threads, timeout_s=timeout_s, log=log, nnodes=nnodes,
+                       node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, rdzv_timeout_s=rdzv_timeout_s)
     if as_json:
         emit_json(doc)
         return
+    _print(doc, steps, check)
+
+
+def _title(plan: ir.Plan, engine: str, steps: int, check: bool) -> str:
+    """What the progress line says while training: ``2 processes`` on CPU clusters, ``8 GPUs`` otherwise."""
+    from planner.render.text import count, device_noun
+
+    noun = "process" if device_noun(g.name for g in plan.cluster.gpus) != "GPU" else "GPU"
+    return (f"training {plan.model} config {plan.config} on {engine} with {count(plan.world_size, noun)}, "
+            f"{count(steps, 'step')}" + (", then the one-process check" if check else ""))
+
+
+def _command(plan_path: str, model: str, engine: str, nnodes: int, node_rank: int, endpoint: str | None) -> str:
+    """The `planner run` line for one server."""
+    return shlex.join(["planner", "run", plan_path, "--model", model, "--engine", engine, "--nnodes", str(nnodes),
+                       "--node-rank", str(node_rank), "--rdzv-endpoint", endpoint or "HOST:PORT"])
+
+
+def _print(doc: dict[str, Any], steps: int, check: bool) -> None:
     ratio = doc["ratio"]
     click.echo(f"measured  {doc['measured_iteration_s']:.6f} s/iteration (median of {steps - doc['warmup']})")
     click.echo(f"predicted {doc['predicted_iteration_s']:.6f} s/iteration"
                + (f"  (measured/predicted {ratio:.2f})" if ratio else ""))
     click.echo("losses    " + " ".join(f"{x:.5f}" for x in doc["losses"]))
+    click.echo("peak memory per rank (MiB, measured/predicted) " + " ".join(
+        f"{r['device']}:{r['peak_memory_bytes'] / 2**20:.1f}/{r['predicted_memory_bytes'] / 2**20:.1f}"
+        for r in doc["ranks"]))
     if check:
         click.echo("reference " + " ".join(f"{x:.5f}" for x in doc["reference_losses"]))
         click.echo(f"max relative loss difference {doc['max_rel_loss_diff']:.3g}")

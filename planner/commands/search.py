@@ -69,6 +69,7 @@ def search(profile_path: str, cluster_name: str, output: str | None, microbatche
     the iteration time of the schedule with its bubble, transfers and gradient
     synchronisation; every device must fit.
     """
+    from planner.api import search_plan
     from planner.cluster import load_cluster
     from planner.costmodel.precision import rescale_note
     from planner.explain import explain
@@ -76,7 +77,6 @@ def search(profile_path: str, cluster_name: str, output: str | None, microbatche
     from planner.render.progress import status
     from planner.render.search import print_plan
     from planner.search import parse_config
-    from planner.search import search as run_search
 
     mb = parse_microbatches(microbatches)
     tp_value, zero_value = parse_grid(tp, zero)
@@ -87,10 +87,10 @@ def search(profile_path: str, cluster_name: str, output: str | None, microbatche
     judged: list[Judged] | None = [] if rerank > 0 else None
     t0 = time.perf_counter()
     with status(f"searching plans for {profile.model} on {cluster.name}", progress, as_json) as update:
-        plan = run_search(profile, cluster, microbatches=mb, schedule=schedule, optimizer=optimizer, solver=solver,
-                          engine=engine, config=widths, candidates=rerank, precision=precision, tp=tp_value,
-                          zero=zero_value, recompute=recompute, micro_batch_size=micro_batch_size,
-                          virtual_stages=virtual_stages, progress=update, alternatives=judged)
+        plan = search_plan(profile, cluster, schedule=schedule, virtual_stages=virtual_stages, microbatches=mb,
+                           optimizer=optimizer, solver=solver, engine=engine, config=widths, candidates=rerank,
+                           precision=precision, tp=tp_value, zero=zero_value, recompute=recompute,
+                           micro_batch_size=micro_batch_size, progress=update, alternatives=judged)
         update("explaining the plan")
         known = [(j.plan, j.predicted) for j in judged] if judged else None  # interleaved: none handed out
         explanation = explain(plan, known)

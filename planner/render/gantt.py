@@ -124,7 +124,7 @@ def _legend_handles(result: SimResult, cmap: Any) -> list[Any]:
 
 
 def _gantt_axes(ax: Any, result: SimResult, title: str | None, cmap: Any) -> None:
-    """Row names, time range, pipedream's measured window, title and the complete legend."""
+    """Row names, time range, a steady-state run's measured window, title and the complete legend."""
     links = list(result.links)
     n_rows = len(result.lanes) + len(links)
     step = max(1, -(-n_rows // 40))  # at most 40 row names, so that they stay readable
@@ -134,7 +134,7 @@ def _gantt_axes(ax: Any, result: SimResult, title: str | None, cmap: Any) -> Non
     ax.set_ylabel("stage: devices, then links", fontsize=7)
     ax.set_ylim(n_rows - 0.5, -0.5)
     ax.set_xlim(0, max(result.makespan_s * 1000, 1e-12))
-    if result.schedule == "pipedream":
+    if result.steady_state:
         for t in result.window:
             ax.axvline(t * 1000, color="red", linestyle=":", linewidth=1)
     ax.set_title(title or (f"{result.schedule}: {count(result.stages, 'stage')} x "

@@ -33,7 +33,7 @@ def gantt_rows(result: SimResult, width: int = 96) -> list[tuple[str, list[tuple
     pipedream the measured steady-state window) and shows the event at its middle.
     """
     width = max(8, width)
-    t0, t1 = (result.window if result.schedule == "pipedream" else (0.0, result.makespan_s))
+    t0, t1 = (result.window if result.steady_state else (0.0, result.makespan_s))
     span = max(t1 - t0, 1e-30)
     dt = span / width
     tracks: dict[str, list[Event]] = {}
@@ -71,7 +71,7 @@ def gantt_text(result: SimResult, width: int = 96) -> Text:
         for char, op in cells:
             out.append(char, style=MARK.get(op, "dim"))
         out.append("│\n")
-    t0, t1 = (result.window if result.schedule == "pipedream" else (0.0, result.makespan_s))
+    t0, t1 = (result.window if result.steady_state else (0.0, result.makespan_s))
     end = f"{t1 * 1000:.4g} ms"
     out.append(" " * (label_w + 2) + f"{t0 * 1000:.4g} ms".ljust(max(8, width) - len(end)) + end + "\n", style="dim")
     out.append(" " * (label_w + 2))
@@ -100,7 +100,7 @@ def headline(result: SimResult, batch_size: int | None = None) -> str:
             + f", iteration {result.iteration_s * 1000:.3f} ms, bubble {result.bubble_fraction:.1%}")
     if batch_size:
         line += f", {batch_size / result.iteration_s:.1f} samples/s"
-    if result.schedule == "pipedream":
+    if result.steady_state:
         line += " (steady state)"
     return line
 
