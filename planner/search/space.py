@@ -262,10 +262,13 @@ def _grid_moves(profile: ir.ModelProfile, cluster: ir.Cluster, moves: list[list[
     key_of: dict[Grid, int] = {}
     grids: list[Grid] = []
     tables: list[list[StageTables]] = []
+    groups: dict[tuple[str, ...], Group] = {}
     for d, row in enumerate(moves):
         out = []
         for mv in row:
-            group = group_of(cluster, mv.devices, space.precision)
+            group = groups.get(mv.devices)
+            if group is None:
+                group = groups[mv.devices] = group_of(cluster, mv.devices, space.precision)
             for tp in tensor_degrees(group, profile.batch_size, microbatches, space):
                 grid = Grid(group, tp, space.precision, space.sequence_parallel and tp > 1)
                 if grid not in key_of:
