@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-import os
-from pathlib import Path
 
 import click
 
-from planner.errors import PlannerError, UsageError
+from planner.errors import UsageError
 
 
 def parse_shape(text: str | None) -> tuple[int, ...] | None:
@@ -24,19 +22,6 @@ def parse_shape(text: str | None) -> tuple[int, ...] | None:
         raise UsageError(f"--input-shape {text!r} is not a list of positive sizes",
                          "give the input shape without batch, e.g. --input-shape 3,224,224")
     return shape
-
-
-def check_writable(output: str) -> None:
-    """Fail early (before minutes of profiling) if ``output`` cannot be written."""
-    path = Path(output)
-    parent = path.parent if str(path.parent) else Path(".")
-    if path.is_dir():
-        raise PlannerError(f"cannot write {output}: it is a folder", "give a file name, e.g. -o model.json")
-    if not parent.is_dir():
-        raise PlannerError(f"cannot write {output}: folder {parent} does not exist",
-                           "create the folder or choose another path")
-    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise PlannerError(f"cannot write {output}: permission denied", "choose a writable output path")
 
 
 @click.command("profile")
@@ -65,7 +50,9 @@ def profile(model: str, output: str | None, batch_size: int, input_shape: str | 
     bert-base) or package.module:factory returning an nn.Module or (module, example_input).
     """
     from planner.cli import emit_json
-    from planner.jsonio import write_json
+    from planner.commands import outputs
+    from planner.jsonio import dumps
+    from planner.outputs import stdout_to_stderr
 
     if output is None and not as_json:
         raise UsageError("no output file given", "add -o FILE (or --json to print the profile)")
@@ -79,8 +66,7 @@ def profile(model: str, output: str | None, batch_size: int, input_shape: str | 
     if efficiency is not None and mode != "analytic":
         raise UsageError("--efficiency applies to --mode analytic only", "drop --efficiency or use --mode analytic")
     shape = parse_shape(input_shape)
-    if output is not None:
-        check_writable(output)
+    staged = outputs([output])
 
     from planner.profiler import ANALYTIC_EFFICIENCY, load_model, profile_model, resolve_device_flops
     from planner.render.profile import print_summary, progress_bar
@@ -89,14 +75,14 @@ def profile(model: str, output: str | None, batch_size: int, input_shape: str | 
     load_device = "meta" if mode == "analytic" else device
     loaded = load_model(model, batch_size, shape, dtype=dtype, device=load_device)
     title = f"profiling {model}" if mode == "measured" else f"counting {model}"
-    with progress_bar(title) as update:
+    with progress_bar(title) as update, stdout_to_stderr():  # the model's prints must not corrupt --json
         prof = profile_model(loaded, mode=mode, threads=threads, repeats=repeats, warmup=warmup,
                              device_flops=device_flops, progress=update,
                              efficiency=ANALYTIC_EFFICIENCY if efficiency is None else efficiency)
     doc = prof.to_dict()
-    if output is not None:
-        write_json(output, doc)
+    staged.write_text(output, dumps(doc))
     with contextlib.suppress(Exception):
         print_summary(prof, output)
     if as_json:
         emit_json(doc)
+    staged.commit()

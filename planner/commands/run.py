@@ -7,9 +7,9 @@ import sys
 
 import click
 
-from planner import ir
 from planner.cli import emit_json
-from planner.jsonio import read_json
+from planner.commands import read_plan
+from planner.render.text import plain_text
 
 
 @click.command("run")
@@ -30,14 +30,14 @@ def run(plan_path: str, model: str, engine: str, steps: int, warmup: int, loss: 
     """Launch torchrun with the plan's world size and train on synthetic data."""
     from planner.runner import run_plan
 
-    plan = ir.Plan.from_dict(read_json(plan_path, "plan"), plan_path)
-    click.echo(f"training {plan.model} config {plan.config} on {engine} with {plan.world_size} processes...",
-               err=True)
+    plan, warnings = read_plan(plan_path)
+    click.echo(f"training {plain_text(plan.model)} config {plan.config} on {engine} with {plan.world_size} "
+               "processes...", err=True)
     log = sys.stderr if os.environ.get("PLANNER_DEBUG") else None
     doc = run_plan(plan, model, engine=engine, steps=steps, warmup=min(warmup, steps - 1), loss=loss,
                    check=check, seed=seed, threads=threads, timeout_s=timeout_s, log=log)
     if as_json:
-        emit_json(doc)
+        emit_json({**doc, "warnings": warnings})
         return
     ratio = doc["ratio"]
     click.echo(f"measured  {doc['measured_iteration_s']:.6f} s/iteration (median of {steps - doc['warmup']})")

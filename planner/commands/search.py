@@ -8,16 +8,17 @@ import click
 
 from planner import ir
 from planner.commands import (
-    check_folder,
+    check_emitted,
     cluster_option,
     microbatches_option,
     optimizer_option,
+    outputs,
     parse_microbatches,
     profile_argument,
     rerank_option,
 )
 from planner.errors import UsageError
-from planner.jsonio import read_json
+from planner.jsonio import dumps, read_json
 from planner.schedule import SCHEDULES
 
 
@@ -65,7 +66,6 @@ def search(profile_path: str, cluster_name: str, output: str | None, microbatche
     the schedule with its bubble, transfers and gradient all-reduce; every device must fit.
     """
     from planner.cluster import load_cluster
-    from planner.jsonio import write_json
     from planner.render.search import print_plan
     from planner.search import parse_config
     from planner.search import search as run_search
@@ -73,7 +73,7 @@ def search(profile_path: str, cluster_name: str, output: str | None, microbatche
     mb = parse_microbatches(microbatches)
     v = _virtual_stages(virtual_stages, schedule)
     widths = parse_config(config) if config else None
-    check_folder(output)
+    out = outputs([output])
     profile = ir.ModelProfile.from_dict(read_json(profile_path, "profile"), profile_path)
     cluster = load_cluster(cluster_name)
     t0 = time.perf_counter()
@@ -86,11 +86,12 @@ def search(profile_path: str, cluster_name: str, output: str | None, microbatche
         plan = run_search(profile, cluster, microbatches=mb, schedule=schedule, optimizer=optimizer, solver=solver,
                           engine=engine, config=widths, candidates=rerank)
     elapsed = time.perf_counter() - t0
+    check_emitted(plan)  # the plan document is the JSON output: its warnings go to stderr only
     doc = plan.to_dict()
-    if output:
-        write_json(output, doc)
+    out.write_text(output, dumps(doc))
     print_plan(plan, elapsed_s=elapsed, output=output)
     if as_json:
         from planner.cli import emit_json
 
         emit_json(doc)
+    out.commit()
