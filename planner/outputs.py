@@ -154,15 +154,22 @@ class Outputs:
             for path in paths:
                 real = check_output(path, folder=is_folder)
                 if real is not None:
-                    self._targets[str(path)] = (real, is_folder)
+                    self._add(str(path), real, is_folder)
         self._staged: list[_Staged] = []
+
+    def _add(self, key: str, real: Path, folder: bool) -> None:
+        clash = [shown for shown, (other, _) in self._targets.items() if other == real]
+        if clash:
+            raise UsageError(f"{key} and {clash[0]} are the same file ({real})", "give each output its own path")
+        self._targets[key] = (real, folder)
 
     def _target(self, path: str | os.PathLike[str], folder: bool) -> Path:
         key = str(path)
         if key not in self._targets:  # not declared up front: check it now
             real = check_output(path, folder=folder)
-            assert real is not None
-            self._targets[key] = (real, folder)
+            if real is None:
+                raise UsageError("an output path is missing", "give a file name")
+            self._add(key, real, folder)
         return self._targets[key][0]
 
     def temp(self, path: str | os.PathLike[str]) -> Path:
