@@ -74,7 +74,7 @@ def show(value: Any) -> str:
         return f"an object of {len(value)} keys"
     if isinstance(value, list):
         return f"a list of {len(value)} items"
-    text = repr(value)
+    text = json.dumps(value) if value is None or isinstance(value, bool) else repr(value)  # true, null; escaped
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -129,7 +129,8 @@ def _is(value: Any, kind: str) -> bool:
         return (isinstance(value, int) and not isinstance(value, bool)) or (
             isinstance(value, float) and value.is_integer())
     if kind == "number":
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        whole = isinstance(value, int) and not isinstance(value, bool)  # any size: compared exactly, never as float
+        return whole or (isinstance(value, float) and math.isfinite(value))
     python = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}[kind]
     return isinstance(value, python)
 
