@@ -3,7 +3,7 @@
 :func:`load_plan` reads a plan file (schema-checked by :func:`planner.jsonio.read_json`, then
 ``ir.Plan.from_dict``) and refuses what a hand edit can break that neither catches: the plan's
 ``model``, ``batch_size``, ``config`` and per-stage ``dp`` and ``micro_batch_size`` must agree with
-its embedded profile and stages, ``engine`` and ``solver`` must be known, stages must cover the
+its embedded profile and stages, ``solver`` must be known (``engine`` is the schema's), stages must cover the
 model and name devices of the embedded cluster. What can still be simulated but is suspicious
 comes back as warnings: a plan its engine cannot run (:mod:`planner.runnable`), and a prediction
 that differs from the plan's simulation by more than :data:`TOLERANCE` (times edited, or an
@@ -26,9 +26,6 @@ TOLERANCE = 0.02
 
 MAX_SIMULATED_ACTIONS = 200_000
 """Stages x micro-batches above which loading skips the prediction check (a few seconds of simulation)."""
-
-ENGINES = ("any", *runnable.ENGINES)
-
 
 def known_solvers() -> tuple[str, ...]:
     """The search's solvers and the baselines' names (a compare row's plan names its strategy)."""
@@ -60,8 +57,6 @@ def check_plan(doc: Mapping[str, Any], plan: ir.Plan, source: str) -> None:
     for key, own in (("model", plan.model), ("batch_size", plan.batch_size)):
         if key in doc and doc[key] != own:
             raise _refuse(source, f"'{key}' is {doc[key]!r:.60} but the plan's profile gives {own!r:.60}")
-    if plan.engine not in ENGINES:
-        raise _refuse(source, f"'engine' is {plan.engine!r:.40}", f"use one of {', '.join(ENGINES)}")
     if plan.solver not in known_solvers():
         raise _refuse(source, f"'solver' is {plan.solver!r:.40}", f"use one of {', '.join(known_solvers())}")
     from planner.simulate import validate_plan

@@ -89,14 +89,14 @@ def read_json(path: str | os.PathLike[str], kind: str) -> dict[str, Any]:
 
 def _read_bytes(p: Path, kind: str) -> bytes:
     try:
-        if not stat.S_ISREG(p.stat().st_mode):  # before opening: a pipe would block, a device never end
-            raise FormatError(f"{p}: not a regular file", f"pass a {kind} file")
+        mode = p.stat().st_mode
+        if not stat.S_ISREG(mode):  # before opening: a pipe would block, a device never end
+            raise FormatError(f"{p}: {'is a folder' if stat.S_ISDIR(mode) else 'not a regular file'}",
+                              f"pass a {kind} file")
         with p.open("rb") as f:
             data = f.read(MAX_FILE_BYTES + 1)
     except FileNotFoundError:
         raise FormatError(f"{p}: no such file", f"check the path of the {kind} file") from None
-    except IsADirectoryError:
-        raise FormatError(f"{p}: is a folder", f"pass a {kind} file") from None
     except OSError as exc:
         raise FormatError(f"{p}: cannot read ({exc.strerror})", "check the file's permissions") from None
     if len(data) > MAX_FILE_BYTES:

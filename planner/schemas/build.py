@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from planner import ir
+from planner import ir, runnable
 from planner.schedule import SCHEDULES
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
@@ -37,7 +37,7 @@ BOUNDS = {"FLOP/s": MAX_FLOPS, "FLOPs per layer": MAX_FLOP_COUNT, "bytes": MAX_B
           "virtual stages": MAX_VIRTUAL}
 """Every upper bound, by what it bounds (README and the report list them)."""
 
-ENGINES = ("any", "deepspeed", "torch", "torchtitan")
+ENGINES = ("any", *runnable.ENGINES)
 
 
 def number(hi: int, *, positive: bool = False, nullable: bool = False, what: str = "") -> dict[str, Any]:
