@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -95,3 +98,43 @@ def test_fuzzed_bytes_never_crash_the_reader(tmp_path: Path, raw: bytes) -> None
     path.write_bytes(raw)
     with pytest.raises(PlannerError):
         read_json(path, "profile")
+
+
+def test_a_crash_while_printing_leaves_no_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import planner.render.search
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("printing failed")
+
+    monkeypatch.setattr(planner.render.search, "print_plan", broken)
+    case = next(c for c in CASES if c.id == "search-o-existing-file")
+    outcome = hostile.run_case(case, tmp_path)
+    assert outcome.exit_code == 1 and "internal error: RuntimeError: printing failed" in outcome.stderr
+    assert (tmp_path / "old").read_text() == "previous" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "c.json", "old", "p.json"]
+
+
+def _planner(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    return subprocess.run([sys.executable, "-m", "planner", *args], capture_output=True, text=True, cwd=cwd, env=env,
+                          timeout=120)
+
+
+def test_in_a_real_process_names_cannot_drive_the_terminal(tmp_path: Path) -> None:
+    profile, cluster, _ = hostile.base_docs()
+    (tmp_path / "p.json").write_bytes(hostile.encode(hostile.mutate(profile, ("model",), "\x1b]0;pwned\x07[/]")))
+    (tmp_path / "c.json").write_bytes(hostile.encode(cluster))
+    done = _planner("search", "p.json", "--cluster", "c.json", "--rerank", "0", "-o", "/dev/full", cwd=tmp_path)
+    assert done.returncode == 1 and "not a regular file" in done.stderr and "Traceback" not in done.stderr
+    done = _planner("search", "p.json", "--cluster", "c.json", "--rerank", "0", "-o", "plan.json", cwd=tmp_path)
+    assert done.returncode == 0 and "\x1b" not in done.stderr and "\\x1b]0;pwned\\x07[/]" in done.stderr
+
+
+def test_in_a_real_process_a_printing_factory_keeps_json_clean(tmp_path: Path) -> None:
+    code = ("import os\nfrom torch import nn\nos.write(1, b'fd-level noise\\n')\ndef build():\n"
+            "    print('python-level noise')\n    return nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))\n")
+    (tmp_path / "noisy_model.py").write_text(code)
+    done = _planner("profile", "noisy_model:build", "--mode", "analytic", "--input-shape", "4", "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["kind"] == "profile"
+    assert "fd-level noise" in done.stderr and "python-level noise" in done.stderr

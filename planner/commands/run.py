@@ -28,9 +28,10 @@ from planner.render.text import plain_text
 def run(plan_path: str, model: str, engine: str, steps: int, warmup: int, loss: str, check: bool, seed: int,
         threads: int | None, timeout_s: float, as_json: bool) -> None:
     """Launch torchrun with the plan's world size and train on synthetic data."""
+    plan, warnings = read_plan(plan_path)  # a bad plan fails before torch is imported
+
     from planner.runner import run_plan
 
-    plan, warnings = read_plan(plan_path)
     click.echo(f"training {plain_text(plan.model)} config {plan.config} on {engine} with {plan.world_size} "
                "processes...", err=True)
     log = sys.stderr if os.environ.get("PLANNER_DEBUG") else None
