@@ -40,6 +40,8 @@ def main() -> None:
     args = parser.parse_args()
     hostile = load_hostile(args.planner.resolve())
     cases = hostile.all_cases()
+    if args.planner.resolve() != ROOT:  # an unguarded reader would fill the memory from /dev/zero: not on a shared box
+        cases = [c for c in cases if "/dev/zero" not in c.args]
     t0 = time.perf_counter()
     outcomes = []
     for case in cases:

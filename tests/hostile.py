@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -273,6 +274,7 @@ def path_cases() -> Iterator[Case]:
         ("link-to-file", "{tmp}/lf", "ok", lambda t: (_make("real", "file")(t), _link("lf", "real")(t)), ""),
         ("dangling-link", "{tmp}/dl", "ok", _link("dl", "new-target"), ""),
         ("existing-file", "{tmp}/old", "ok", _make("old", "file"), ""),
+        ("markup-name", "{tmp}/[/]x.json", "ok", _make("[", "dir"), ""),  # prints as .../[/]x.json
     ]
     for name, path, expect, setup, message in odd:
         out = path.removeprefix("{tmp}/") if path.startswith("{tmp}/") else ""
@@ -367,6 +369,13 @@ def _snapshot(tmp: Path) -> dict[str, bytes | None]:
     return out
 
 
+CASE_TIMEOUT_S = 60
+
+
+def _timed_out(signum: int, frame: Any) -> None:
+    raise TimeoutError(f"the case ran past {CASE_TIMEOUT_S} s")
+
+
 def run_case(case: Case, tmp: Path) -> Outcome:
     """Run ``case`` in the empty folder ``tmp`` (made current, so factories import from it) and judge it."""
     for name, data in case.files:
@@ -377,9 +386,13 @@ def run_case(case: Case, tmp: Path) -> Outcome:
     args = [a.replace("{tmp}", str(tmp)) for a in case.args]
     cwd = os.getcwd()
     os.chdir(tmp)
+    previous = signal.signal(signal.SIGALRM, _timed_out)
+    signal.alarm(CASE_TIMEOUT_S)  # a reader blocked on a pipe or reading a device forever is a crash, not a hang
     try:
         result = CliRunner().invoke(main, args)
     finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
         os.chdir(cwd)
         for name in [m for m in sys.modules if m.startswith("hostile_factory_")]:
             del sys.modules[name]

@@ -28,6 +28,7 @@ def _report(result: SimResult, plan: ir.Plan, width: int | None, show_table: boo
     """Gantt, summary, optional schedule table, prediction against simulation and files written, on stderr."""
     from planner.render import stderr_console
     from planner.render.simulate import print_simulation
+    from planner.render.text import safe_text
     from planner.schedule import make_schedule
 
     print_simulation(result, plan.batch_size, width)
@@ -43,7 +44,7 @@ def _report(result: SimResult, plan: ir.Plan, width: int | None, show_table: boo
                       highlight=False)
     for path, what in written:
         if path:
-            console.print(f"wrote {what} {path}", highlight=False)
+            console.print(f"wrote {what} {safe_text(path)}", highlight=False)
 
 
 def _json_doc(result: SimResult, plan: ir.Plan) -> dict[str, Any]:
