@@ -197,10 +197,9 @@ def _scaled_times(plan: dict[str, Any], factor: float) -> dict[str, Any]:
     return out
 
 
-def plan_edit_cases() -> Iterator[Case]:
-    """Hand edits: fields that disagree with the plan's own profile, stages or cluster."""
-    _, _, plan = base_docs()
-    edits: list[tuple[str, dict[str, Any], str, str]] = [
+def _plan_edits(plan: dict[str, Any]) -> list[tuple[str, dict[str, Any], str, str]]:
+    """(name, edited plan, expected outcome, message fragment) of every hand edit."""
+    return [
         ("batch-size", mutate(plan, ("batch_size",), 32), "error", "batch_size"),
         ("model", mutate(plan, ("model",), "other"), "error", "model"),
         ("engine", mutate(plan, ("engine",), "tensorflow"), "error", "engine"),
@@ -233,6 +232,12 @@ def plan_edit_cases() -> Iterator[Case]:
             | {"recompute": False} for s in plan["stages"]]}, "ok", ""),
         ("valid", plan, "ok", ""),
     ]
+
+
+def plan_edit_cases() -> Iterator[Case]:
+    """Hand edits: fields that disagree with the plan's own profile, stages or cluster."""
+    _, _, plan = base_docs()
+    edits = _plan_edits(plan)
     for name, doc, expect, message in edits:
         yield _simulate(encode(doc), plot=expect == "error" and name in ("engine", "device"), id=f"plan-edit-{name}",
                         expect=expect, message=message)

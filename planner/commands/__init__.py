@@ -76,10 +76,8 @@ def read_plan(path: str | os.PathLike[str], quiet: bool = False) -> tuple[ir.Pla
     return plan, warnings
 
 
-EMITTED_MUST_RUN = False
-"""Whether a plan a command emits that cannot run is an internal error (True) or a warning (False).
-False until the search emits only runnable plans: today it can emit fractional micro-batches
-(tests/test_cmd_search.py::test_search_writes_plan_and_json pins one); then flip it to True."""
+EMITTED_MUST_RUN = True
+"""Whether a plan a command emits that cannot run is an internal error (True) or a warning (False)."""
 
 
 def check_emitted(plan: ir.Plan, what: str = "the search") -> list[str]:
