@@ -41,8 +41,8 @@ def main() -> None:
     args = parser.parse_args()
     hostile = load_hostile(args.planner.resolve())
     cases = hostile.all_cases()
-    if args.planner.resolve() != ROOT:  # an unguarded reader would fill the memory from /dev/zero: not on a shared box
-        cases = [c for c in cases if "/dev/zero" not in c.args]
+    if args.planner.resolve() != ROOT:  # an unguarded reader would read a zero device forever: not on a shared box
+        cases = [c for c in cases if c.id != "input-is-device"]
     if args.skip_heavy:  # where checks come late, run and calibrate train and measure for real
         cases = [c for c in cases if c.args[0] not in ("run", "calibrate")]
     t0 = time.perf_counter()

@@ -15,6 +15,7 @@ import copy
 import json
 import os
 import signal
+import stat
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -182,8 +183,8 @@ def raw_text_cases() -> Iterator[Case]:
                   expect="ok")
     yield Case(("search", "{tmp}", "--cluster", "{tmp}/c.json"), (("c.json", encode(cluster)),), id="input-is-folder",
                message="folder|directory")
-    yield Case(("search", "/dev/zero", "--cluster", "{tmp}/c.json"), (("c.json", encode(cluster)),),
-               id="input-is-device", message="not a regular file")
+    yield Case(("search", "{tmp}/zero", "--cluster", "{tmp}/c.json"), (("c.json", encode(cluster)),),
+               id="input-is-device", message="not a regular file", setup=device("zero", 5))
     yield Case(("search", "{tmp}/fifo", "--cluster", "{tmp}/c.json"), (("c.json", encode(cluster)),),
                id="input-is-fifo", message="not a regular file", setup=lambda tmp: os.mkfifo(tmp / "fifo"))
     yield Case(("simulate", "{tmp}/none.json"), id="input-missing", message="no such file")
@@ -249,6 +250,17 @@ def plan_edit_cases() -> Iterator[Case]:
                    id=f"run-plan-edit-{name}")
 
 
+def device(name: str, minor: int) -> Callable[[Path], None]:
+    """A character device of the case's own (minor 7: like /dev/full, 5: /dev/zero, 3: /dev/null), never the
+    system's: a writer that regressed would replace only this one. Without the right to make one: a pipe."""
+    def setup(tmp: Path) -> None:
+        try:
+            os.mknod(tmp / name, stat.S_IFCHR | 0o666, os.makedev(1, minor))
+        except PermissionError:
+            os.mkfifo(tmp / name)
+    return setup
+
+
 def _link(name: str, target: str) -> Callable[[Path], None]:
     return lambda tmp: os.symlink(target if target.startswith("/") else tmp / target, tmp / name)
 
@@ -271,8 +283,9 @@ def path_cases() -> Iterator[Case]:
     odd: list[tuple[str, str, str, Callable[[Path], None] | None, str]] = [
         ("empty", "", "error", None, "empty"), ("folder", "{tmp}/d", "error", _make("d", "dir"), "folder|directory"),
         ("missing-folder", "{tmp}/missing/dir/x", "error", None, "does not exist"),
-        ("dev-full", "/dev/full", "error", None, "not a regular file"),
-        ("link-to-device", "{tmp}/ln", "error", _link("ln", "/dev/null"), "not a regular file"),
+        ("dev-full", "{tmp}/full", "error", device("full", 7), "not a regular file"),
+        ("link-to-device", "{tmp}/ln", "error", lambda t: (device("full", 7)(t), _link("ln", "full")(t)),
+         "not a regular file"),
         ("fifo", "{tmp}/ff", "error", _make("ff", "fifo"), "not a regular file"),
         ("link-to-folder", "{tmp}/ld", "error", lambda t: (_make("d", "dir")(t), _link("ld", "d")(t)),
          "folder|directory"),

@@ -124,7 +124,8 @@ def test_in_a_real_process_names_cannot_drive_the_terminal(tmp_path: Path) -> No
     profile, cluster, _ = hostile.base_docs()
     (tmp_path / "p.json").write_bytes(hostile.encode(hostile.mutate(profile, ("model",), "\x1b]0;pwned\x07[/]")))
     (tmp_path / "c.json").write_bytes(hostile.encode(cluster))
-    done = _planner("search", "p.json", "--cluster", "c.json", "--rerank", "0", "-o", "/dev/full", cwd=tmp_path)
+    hostile.device("full", 7)(tmp_path)
+    done = _planner("search", "p.json", "--cluster", "c.json", "--rerank", "0", "-o", "full", cwd=tmp_path)
     assert done.returncode == 1 and "not a regular file" in done.stderr and "Traceback" not in done.stderr
     done = _planner("search", "p.json", "--cluster", "c.json", "--rerank", "0", "-o", "plan.json", cwd=tmp_path)
     assert done.returncode == 0 and "\x1b" not in done.stderr and "\\x1b]0;pwned\\x07[/]" in done.stderr

@@ -11,6 +11,7 @@ import pytest
 from planner import jsonio
 from planner.errors import FormatError, PlannerError
 from planner.jsonio import atomic_path, read_json, write_json
+from tests.hostile import device
 
 
 def test_read_json_errors(tmp_path: Path) -> None:
@@ -97,7 +98,8 @@ def test_size_limit_and_byte_order_mark(tmp_path: Path, monkeypatch: pytest.Monk
 
 def test_non_regular_inputs_are_refused_without_blocking(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "fifo")
-    for path, message in ((tmp_path / "fifo", "not a regular file"), (Path("/dev/zero"), "not a regular file"),
+    device("null", 3)(tmp_path)  # the test's own device: a reader that regressed reads nothing from it
+    for path, message in ((tmp_path / "fifo", "not a regular file"), (tmp_path / "null", "not a regular file"),
                           (tmp_path, "is a folder")):
         with pytest.raises(FormatError, match=message):
             read_json(path, "profile")
@@ -108,5 +110,6 @@ def test_writes_go_through_links_and_refuse_devices(tmp_path: Path) -> None:
     os.symlink("real.json", tmp_path / "link.json")
     write_json(tmp_path / "link.json", {"kind": "plan", "version": 2})
     assert (tmp_path / "link.json").is_symlink() and json.loads((tmp_path / "real.json").read_text())["version"] == 2
+    device("full", 7)(tmp_path)
     with pytest.raises(PlannerError, match="not a regular file"):
-        write_json("/dev/null", {"kind": "plan", "version": 2})
+        write_json(tmp_path / "full", {"kind": "plan", "version": 2})
