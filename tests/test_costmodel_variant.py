@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from planner import ir
 from planner import costmodel as cm
+from planner import ir
 from planner.cluster import cluster_from_dict, group_of
 from tests.conftest import make_cluster_dict, make_profile_dict
 

@@ -14,8 +14,8 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from planner.errors import ExportError
-from planner.export import common
 from planner.export import deepspeed as dsx
+from planner.export.partition import boundaries
 from tests.test_runner import tiny_plan
 
 pytest.importorskip("deepspeed")
@@ -112,7 +112,7 @@ def _partition_worker(rank: int, world: int, port: int, plan_json: str, out: str
 def test_each_rank_builds_exactly_the_plans_layer_range() -> None:
     """DeepSpeed's own methods would split 4 layers 2/1/1 or by parameters; the plan says [0,1) [1,3) [3,4)."""
     plan = tiny_plan("tiny_mlp", [0, 1, 3, 4])
-    assert common.boundaries(plan) == [0, 1, 3, 4]
+    assert boundaries(plan) == [0, 1, 3, 4]
     with tempfile.TemporaryDirectory() as out:
         mp.start_processes(_partition_worker, args=(3, _free_port(), json.dumps(plan.to_dict()), out), nprocs=3,
                            join=True, start_method="spawn")
@@ -127,16 +127,3 @@ def test_script_explains_itself_and_names_both_launchers() -> None:
     assert "torchrun --standalone --nproc_per_node 4" in text and "deepspeed --num_gpus 4" in text
     assert "[0, 2), [2, 4)" in text
     compile(text, "train.py", "exec")
-
-
-def test_script_args_take_the_launchers_local_rank_and_refuse_unknown_losses(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("sys.argv", ["train.py", "--local_rank", "3", "--steps", "2", "--loss", "mse"])
-    args = common.script_args("doc", "pkg:model", local_rank=True)
-    assert (args.model, args.steps, args.loss, args.seed, args.local_rank) == ("pkg:model", 2, "mse", 0, 3)
-    monkeypatch.setattr("sys.argv", ["train.py", "--local_rank", "3"])
-    with pytest.raises(SystemExit):  # only the DeepSpeed script accepts the launcher's argument
-        common.script_args("doc", "pkg:model")
-    monkeypatch.setattr("sys.argv", ["train.py", "--loss", "hinge"])
-    with pytest.raises(SystemExit):
-        common.script_args("doc", "pkg:model")

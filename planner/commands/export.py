@@ -15,20 +15,21 @@ from planner.commands import outputs, read_plan
 @click.option("--to", "engine", type=click.Choice(["deepspeed", "torch"]), required=True,
               help="Engine to export for.")
 @click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False),
-              help="Folder to write train.py, its config and the plan into.")
+              help="Folder to write train.py, its config, launch scripts and the plan into.")
 @click.option("--json", "as_json", is_flag=True, help="Print what was written as one JSON document.")
 def export(plan_path: str, engine: str, out_dir: str, as_json: bool) -> None:
-    """Write a training script, its config and the plan for DeepSpeed or torch pipelining."""
-    from planner.export import export_plan
+    """Write a training script, its config, a launch script per server and the plan."""
+    from planner.export.program import export_plan, server_commands
 
     out = outputs(folders=[out_dir])
     plan, warnings = read_plan(plan_path)
     files = [Path(out_dir) / f.name for f in export_plan(plan, engine, out.folder(out_dir))]
+    commands = server_commands(plan, out_dir)
     if as_json:
         emit_json({"engine": engine, "world_size": plan.world_size, "files": [str(f) for f in files],
-                   "warnings": warnings})
+                   "commands": commands, "warnings": warnings})
     else:
         click.echo(f"wrote {', '.join(str(f) for f in files)}", err=True)
-        click.echo(f"run: cd {out_dir} && torchrun --standalone --nproc_per_node {plan.world_size} train.py",
-                   err=True)
+        for line in commands:
+            click.echo(f"run: {line}", err=True)
     out.commit()

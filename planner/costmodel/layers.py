@@ -40,7 +40,7 @@ section 5.1), recomputed in backward.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -106,6 +106,13 @@ class LayerTable:
     core: np.ndarray
     in_bytes: np.ndarray
     out_bytes: np.ndarray
+    agg_rows: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    """What each layer adds to each aggregate of :data:`KEYS`, per form: (len(KEYS), layers, forms)."""
+
+    def __post_init__(self) -> None:
+        rows = np.stack([self.fwd + self.bwd, self.fwd, self.sync, *self.static, self.weight, self.act,
+                         self.act_sel, self.core])
+        object.__setattr__(self, "agg_rows", rows)
 
     def layout_change(self, a: int, b: int) -> bool:
         """Whether going from form a to form b changes the activation layout."""
@@ -113,9 +120,7 @@ class LayerTable:
 
     def rows(self, layer: int) -> np.ndarray:
         """What ``layer`` adds to each aggregate of :data:`KEYS`, per form: shape (len(KEYS), NF)."""
-        f_, b_ = self.fwd[layer], self.bwd[layer]
-        return np.stack([f_ + b_, f_, self.sync[layer], *self.static[:, layer], self.weight[layer], self.act[layer],
-                         self.act_sel[layer], self.core[layer]])
+        return self.agg_rows[:, layer]
 
 
 KEYS = ("time", "fwd", "sync", "static0", "static1", "static2", "static3", "weight", "act", "act_sel", "core")

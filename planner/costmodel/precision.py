@@ -99,3 +99,38 @@ def number_format(precision: str) -> str:
 def flop_scale(profile: ir.ModelProfile, peak_flops: float) -> float:
     """Factor from the profile's times to times on a device of ``peak_flops``."""
     return profile.device_flops / peak_flops
+
+
+@dataclass(frozen=True)
+class Rescale:
+    """A profile's times moved to a cluster's GPUs: the two peaks and the factor."""
+
+    profile_device: str
+    profile_flops: float
+    cluster: str
+    cluster_flops: float
+    number_format: str
+
+    @property
+    def factor(self) -> float:
+        """Multiplier on the profile's times (> 1: the cluster's GPUs are slower)."""
+        return self.profile_flops / self.cluster_flops
+
+    @property
+    def text(self) -> str:
+        return (f"profile times for {self.profile_device} ({self.profile_flops / 1e12:.4g} TFLOP/s) rescaled to "
+                f"{self.cluster}'s slowest GPU ({self.cluster_flops / 1e12:.4g} TFLOP/s {self.number_format}): "
+                f"x{self.factor:.4g}")
+
+    def to_dict(self) -> dict[str, object]:
+        return {"profile_device": self.profile_device, "profile_flops": self.profile_flops, "cluster": self.cluster,
+                "cluster_flops": self.cluster_flops, "number_format": self.number_format, "factor": self.factor}
+
+
+def rescale_note(profile: ir.ModelProfile, cluster: ir.Cluster, precision: str) -> Rescale | None:
+    """The rescaling a search of ``profile`` on ``cluster`` applies, when the peaks differ by over 1%."""
+    fmt = number_format(precision)
+    peak = min(g.flops_for(fmt) for g in cluster.gpus)
+    if abs(profile.device_flops / peak - 1.0) <= 0.01:
+        return None
+    return Rescale(profile.device, profile.device_flops, cluster.name, peak, fmt)

@@ -48,10 +48,15 @@ from torch import nn
 
 from planner import ir
 from planner.errors import ExportError
-from planner.export import common
+from planner.export.data import sub_batch
+from planner.export.layers import check_layers_match, find_ties
+from planner.export.losses import make_loss
+from planner.export.optim import DEFAULT_LR, torch_optimizer
+from planner.export.partition import check_common, ranges
+from planner.schedule import SCHEDULE_KINDS, find_kind, schedule_kind
 
-SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved": "ScheduleInterleaved1F1B",
-             "zb-h1": "ScheduleInterleavedZeroBubble"}
+SCHEDULES = {name: kind.torch_class for name, kind in SCHEDULE_KINDS.items() if kind.torch_class is not None}
+"""plan.schedule -> its torch.distributed.pipelining class (planner.schedule's ``torch_class``)."""
 
 
 def tensor_parallel(plan: ir.Plan) -> bool:
@@ -61,7 +66,8 @@ def tensor_parallel(plan: ir.Plan) -> bool:
 
 def check_plan(plan: ir.Plan, layers: Sequence[nn.Module] | None = None) -> int:
     """Refuse what the torch export cannot run; return the data-parallel width (1 when split)."""
-    if plan.schedule not in SCHEDULES:
+    kind = find_kind(plan.schedule)
+    if kind is None or not kind.runs_on("torch"):
         raise ExportError(f"schedule {plan.schedule!r} has no torch.distributed.pipelining equivalent",
                           "search with `planner search --engine torch --schedule 1f1b` (or gpipe, interleaved, "
                           "zb-h1)")
@@ -77,7 +83,7 @@ def check_plan(plan: ir.Plan, layers: Sequence[nn.Module] | None = None) -> int:
                           "search a runnable plan with `planner search --engine torch`")
     width = widths.pop()
     if not tensor_parallel(plan):
-        return common.check_common(plan, "torch")
+        return check_common(plan, "torch")
     if plan.batch_size % plan.microbatches:
         raise ExportError(f"batch {plan.batch_size} is not {plan.microbatches} equal micro-batches",
                           "choose --microbatches that divides the batch")
@@ -182,7 +188,7 @@ def _tie_groups(layers: Sequence[nn.Module], plan: ir.Plan, rank: int, width: in
         for i in range(*st.layers):
             owner[i] = c % k
     out = []
-    for tie in common.find_ties(layers):
+    for tie in find_ties(layers):
         pp_ranks = sorted({owner[i] for i in tie.layers})
         if len(pp_ranks) < 2:
             continue
@@ -199,9 +205,10 @@ def _make_schedule(stages: list[Any], plan: ir.Plan, loss: str) -> Any:
     """The torch pipelining schedule for ``plan.schedule`` over this rank's stages."""
     from torch.distributed import pipelining
 
+    kind = schedule_kind(plan.schedule)
     cls = getattr(pipelining, SCHEDULES[plan.schedule])
-    return cls(stages if plan.virtual_stages > 1 or plan.schedule == "zb-h1" else stages[0],
-               plan.microbatches, loss_fn=common.make_loss(loss))
+    return cls(stages if plan.virtual_stages > 1 or kind.torch_stage_list else stages[0],
+               plan.microbatches, loss_fn=make_loss(loss))
 
 
 def _run_schedule(schedule: Any, first: bool, last: bool, xs: torch.Tensor, ys: torch.Tensor) -> list[torch.Tensor]:
@@ -255,7 +262,7 @@ def make_trainer(layers: Sequence[nn.Module], plan: ir.Plan, loss: str,
     import torch.distributed as dist
 
     check_plan(plan, layers)
-    common.check_layers_match(layers, plan.profile, ExportError)
+    check_layers_match(layers, plan.profile, ExportError)
     rank, world = dist.get_rank(), dist.get_world_size()
     width = plan.stages[0].width
     tp = tensor_parallel(plan)
@@ -265,7 +272,7 @@ def make_trainer(layers: Sequence[nn.Module], plan: ir.Plan, loss: str,
         dist.broadcast(param.data, src=dist.get_global_rank(group, 0), group=group)
     schedule = _make_schedule(stages, plan, loss)
     params = list({id(p): p for s in stages for p in s.submod.parameters()}.values())
-    opt = common.torch_optimizer(plan.optimizer, params, common.DEFAULT_LR[plan.optimizer] if lr is None else lr)
+    opt = torch_optimizer(plan.optimizer, params, DEFAULT_LR[plan.optimizer] if lr is None else lr)
     dp_group = mesh["w"].get_group()
     replica = 0 if tp else rank % width
     dp_width = 1 if tp else width
@@ -275,8 +282,8 @@ def make_trainer(layers: Sequence[nn.Module], plan: ir.Plan, loss: str,
     dev = device()
 
     def step(x: torch.Tensor, y: torch.Tensor) -> float:
-        xs = torch.cat([common.sub_batch(x, i, replica, m, dp_width) for i in range(m)]).to(dev)
-        ys = torch.cat([common.sub_batch(y, i, replica, m, dp_width) for i in range(m)]).to(dev)
+        xs = torch.cat([sub_batch(x, i, replica, m, dp_width) for i in range(m)]).to(dev)
+        ys = torch.cat([sub_batch(y, i, replica, m, dp_width) for i in range(m)]).to(dev)
         opt.zero_grad()
         losses = _run_schedule(schedule, first, last, xs, ys)
         _sum_tie_grads(ties)
@@ -316,19 +323,20 @@ import torch
 import torch.distributed as dist
 
 from planner import ir
-from planner.export import common
+from planner.export.args import script_args
+from planner.export.data import data_spec
+from planner.export.layers import load_layers
 from planner.export.torch import make_trainer
-from planner.runner import load_layers
 
 HERE = Path(__file__).resolve().parent
 
 
 def main() -> None:
-    args = common.script_args(__doc__, {model!r})
+    args = script_args(__doc__, {model!r})
     plan = ir.Plan.from_dict(json.loads((HERE / "plan.json").read_text()))
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     layers, example = load_layers(args.model, plan, args.seed)
-    spec = common.data_spec(layers, example, args.loss)
+    spec = data_spec(layers, example, args.loss)
     step = make_trainer(layers, plan, args.loss)
     for s in range(args.steps):
         x, y = spec.batch(s, plan.batch_size, args.seed)
@@ -351,5 +359,5 @@ def script_text(plan: ir.Plan) -> str:
         schedule=plan.schedule, cls=SCHEDULES[plan.schedule], micro=plan.microbatches, batch=plan.batch_size,
         pp=len(plan.stages) // plan.virtual_stages, optimizer=plan.optimizer,
         wmeaning="tensor parallel (DTensor)" if tensor_parallel(plan) else "data parallel across pipelines",
-        ranges=", ".join(f"[{a}, {b})" for a, b in common.ranges(plan)),
+        ranges=", ".join(f"[{a}, {b})" for a, b in ranges(plan)),
         forms="; ".join(",".join(s.forms) for s in plan.stages))

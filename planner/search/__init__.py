@@ -42,6 +42,7 @@ by the simulator. The simulator is the final judge.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 
 from planner import ir
@@ -57,6 +58,7 @@ from planner.search.options import (
     microbatch_candidates,
     parse_config,
     problems,
+    resolve_virtual_stages,
 )
 from planner.search.sp import Problem, Solution, build_problem, infeasible, solve
 
@@ -73,7 +75,7 @@ def search(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int |
            progress: Callable[[str], None] | None = None,
            evaluate: Callable[[ir.Plan], float] | None = None, candidates: int = RERANK,
            precision: str | None = None, tp: int | None = None, zero: int | str = "auto",
-           recompute: str = "auto", micro_batch_size: int | None = None, virtual_stages: int = 1,
+           recompute: str = "auto", micro_batch_size: int | None = None, virtual_stages: int | None = None,
            alternatives: list[rerank.Judged] | None = None) -> ir.Plan:
     """The fastest plan that fits (see the module doc); InfeasibleError when none does.
 
@@ -84,17 +86,19 @@ def search(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int |
     the simulator as the ranking (the prediction is still simulated). ``candidates=0``: the
     exact optimum of the analytic objective, with its analytic prediction, and no seeds.
     ``precision`` defaults to the profile's dtype; ``tp`` None searches every tensor degree;
-    ``zero``/``recompute`` "auto" every stage/mode the engine runs. ``virtual_stages`` > 1
-    (interleaved) re-cuts the plans into chunks (planner.search.interleave).
+    ``zero``/``recompute`` "auto" every stage/mode the engine runs. ``virtual_stages``
+    (interleaved only; default 2 there, else 1) > 1 re-cuts the plans into chunks
+    (planner.search.interleave).
     ``alternatives``, when given, receives the simulated candidates, fastest first.
     """
     req = check_request(profile, cluster, schedule=schedule, optimizer=optimizer, solver=solver, engine=engine,
                         config=config, precision=precision, tp=tp, zero=zero, recompute=recompute,
                         micro_batch_size=micro_batch_size, max_blocks=max_blocks)
-    if virtual_stages != 1:
+    v = resolve_virtual_stages(virtual_stages, schedule)
+    if v > 1:
         from planner.search.interleave import search_interleaved
 
-        return search_interleaved(profile, cluster, virtual_stages, microbatches=microbatches, optimizer=optimizer,
+        return search_interleaved(profile, cluster, v, microbatches=microbatches, optimizer=optimizer,
                                   solver=solver, engine=engine, config=config, candidates=max(candidates, 1),
                                   progress=progress, precision=precision, tp=tp, zero=zero, recompute=recompute,
                                   micro_batch_size=micro_batch_size)
@@ -129,11 +133,12 @@ def _collect(profile: ir.ModelProfile, cluster: ir.Cluster, req: Request, cands:
                 continue
             probs.append(prob)
             pool: list[Solution] = []
-            sol = _solve(prob, req.solver, pool)
+            sol = _solve(prob, req.solver, pool, found[0][0] if found else math.inf)
             if progress:
                 progress(f"M={m}: " + ("no plan fits" if sol is None else f"{sol.objective:.6g} s"))
             for x in ([sol] if sol is not None else []) + pool:
                 found.append((x.objective, len(found), prob, x))
+            found.sort(key=lambda t: (t[0], t[1]))
     if not probs:
         raise _no_batch_shape(profile, cluster, cands, req)
     if not found:
@@ -180,11 +185,13 @@ def _with_prediction(plan: ir.Plan, predicted: ir.Prediction) -> ir.Plan:
     return dataclasses.replace(plan, predicted=predicted, dp_iteration_s=dp_s, speedup_over_dp=speedup)
 
 
-def _solve(prob: Problem, solver: str, pool: list[Solution] | None = None) -> Solution | None:
-    """Solve with the chosen solver (the DP, or brute force over the same space)."""
+def _solve(prob: Problem, solver: str, pool: list[Solution] | None = None,
+           incumbent: float = math.inf) -> Solution | None:
+    """Solve with the chosen solver (the DP, or brute force over the same space); ``incumbent`` the
+    best objective of the search's other problems (planner.search.sp.solve)."""
     from planner.search.brute import brute
 
-    return brute(prob, pool) if solver == "brute" else solve(prob, pool=pool)
+    return brute(prob, pool) if solver == "brute" else solve(prob, pool=pool, incumbent=incumbent)
 
 
 def solution_stages(prob: Problem, sol: Solution,

@@ -19,7 +19,7 @@ from planner.cluster import group_of
 from planner.costmodel import default_precision
 from planner.errors import UsageError
 from planner.runnable import ENGINES as ENGINE_LIMITS
-from planner.schedule import SCHEDULES
+from planner.schedule import SCHEDULES, schedule_kind, virtual_stage_schedules
 from planner.search.space import Problem, Space, build_problem, pow2_upto
 
 SOLVERS = ("dp", "brute")
@@ -63,6 +63,25 @@ def microbatch_candidates(batch_size: int, microbatches: int | str, micro_batch_
         raise UsageError(f"--microbatches {microbatches} does not divide the batch size {batch_size}",
                          f"use a divisor of {batch_size}, or 'auto'")
     return [microbatches]
+
+
+DEFAULT_VIRTUAL_STAGES = 2
+"""Chunks per device group when ``--schedule interleaved`` is given without ``--virtual-stages``."""
+
+
+def resolve_virtual_stages(value: int | None, schedule: str) -> int:
+    """``--virtual-stages``: default :data:`DEFAULT_VIRTUAL_STAGES` under a schedule that takes
+    virtual stages (interleaved), else 1; v > 1 under another schedule is a UsageError."""
+    takes_virtual = schedule_kind(schedule).takes_virtual_stages
+    if value is None:
+        return DEFAULT_VIRTUAL_STAGES if takes_virtual else 1
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UsageError(f"--virtual-stages must be a positive integer, got {value!r}", "e.g. --virtual-stages 2")
+    if value > 1 and not takes_virtual:
+        names = " or ".join(virtual_stage_schedules())
+        raise UsageError(f"--virtual-stages {value} needs --schedule {names}, not {schedule}",
+                         f"add --schedule {names}, or drop --virtual-stages")
+    return value
 
 
 @dataclass(frozen=True)

@@ -64,21 +64,24 @@ def _cost_band(prob: Problem, key: int, link: int, r_top: int, cap: float) -> np
 
     Shape (r_top, nb+1, W): ``out[r-1, a, k]`` is the least period over the options of stage
     [a, a+1+k) that fit with r stages left (r_top meaning r_top or more) and whose term is
-    within the cap, inf where none does; W is trimmed to the widest stage allowed.
+    within the cap, inf where none does; W is trimmed to the widest stage allowed. Each
+    option's period goes to the bucket of its largest fitting count, then a suffix minimum
+    over the buckets gives every count at once.
     """
     c = prob.cand[(key, link)].band
-    under = [t <= cap for t in c["term"]]
-    any_ok = np.zeros(under[0].shape, dtype=bool)
-    for u, rmax in zip(under, c["rmax"], strict=True):
-        any_ok |= u & (rmax >= 1)
+    ok = [(t <= cap) & (rmax >= 1) for t, rmax in zip(c["term"], c["rmax"], strict=True)]
+    any_ok = np.logical_or.reduce(ok)
     cols = np.flatnonzero(any_ok.any(axis=0))
     width = int(cols[-1]) + 1 if cols.size else 0
-    rs = np.arange(1, r_top + 1)[:, None, None]
-    out = np.full((r_top, under[0].shape[0], width), np.inf)
-    for u, rmax, period in zip(under, c["rmax"], c["period"], strict=True):
-        ok = (rmax[None, :, :width] >= rs) & u[None, :, :width]
-        np.minimum(out, np.where(ok, period[None, :, :width], np.inf), out=out)
-    return out
+    rows = any_ok.shape[0]
+    buckets = np.full((r_top + 1, rows, width), np.inf)
+    ii, jj = np.meshgrid(np.arange(rows), np.arange(width), indexing="ij")
+    for fit, rmax, period in zip(ok, c["rmax"], c["period"], strict=True):
+        r = np.where(fit[:, :width], np.minimum(rmax[:, :width], r_top), 0)
+        cur = buckets[r, ii, jj]
+        buckets[r, ii, jj] = np.minimum(cur, np.where(fit[:, :width], period[:, :width], np.inf))
+    out = np.minimum.accumulate(buckets[:0:-1], axis=0)[::-1]  # out[r-1] = min over buckets >= r
+    return np.ascontiguousarray(out)
 
 
 def _best_option(prob: Problem, mv: Move, a: int, b: int, rho: int, cap: float) -> tuple[Option, float, float]:
@@ -287,7 +290,7 @@ def _push_intervals(heap: list[_Interval], prob: Problem, vals: np.ndarray, lo: 
 
 
 def solve(prob: Problem, max_solves: int = 10_000, progress: Callable[[int, float], None] | None = None,
-          pool: list[Solution] | None = None) -> Solution | None:
+          pool: list[Solution] | None = None, incumbent: float = math.inf) -> Solution | None:
     """The exact optimum of the objective over the problem's space (None: nothing fits).
 
     Branch and bound over the sorted candidate values of the max term. An open interval
@@ -298,7 +301,10 @@ def solve(prob: Problem, max_solves: int = 10_000, progress: Callable[[int, floa
     with max in [t, mid] cost at least the plan's own objective, [lo, t-1] gets bound S',
     [mid+1, hi] keeps S. It stops when the smallest bound cannot beat the best plan, so
     the result is exact. Every plan met on the way is appended to ``pool`` when given
-    (candidates for a finer judge, such as the simulator).
+    (candidates for a finer judge, such as the simulator). ``incumbent``, the best objective
+    of another problem of the same search (other micro-batch counts), also closes intervals
+    that cannot beat it: the result is then this problem's optimum when that is below the
+    incumbent, else a plan no better than the incumbent -- the search's optimum is unchanged.
     """
     first = solve_cap(prob, math.inf)
     if first is None:
@@ -315,7 +321,7 @@ def solve(prob: Problem, max_solves: int = 10_000, progress: Callable[[int, floa
     solves = 1
     while heap and solves < max_solves:
         bound, lo, hi, s_lo = heapq.heappop(heap)
-        if bound >= best.objective:
+        if bound >= min(best.objective, incumbent):
             break
         if progress:
             progress(solves, best.objective)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from planner.schedule import schedule_kind
 from planner.search.space import Candidate, Problem, in_flight_counts, option_cost, options, p2p_times, tie_copies
 
 
@@ -52,10 +53,7 @@ def _period_and_term(prob: Problem, v: object, recv: np.ndarray) -> tuple[np.nda
     time, fwd, sync = v.time, v.fwd, v.sync  # type: ignore[attr-defined]
     period = time + 2.0 * recv
     with np.errstate(invalid="ignore"):
-        if prob.schedule == "gpipe":  # forward phase, then backward phase (F-then-B)
-            busy = np.maximum(fwd, recv) + np.maximum(time - fwd, recv)
-        else:
-            busy = np.maximum(time, recv)
+        busy = schedule_kind(prob.schedule).steady_busy(fwd, time - fwd, recv, time)
         term = np.where(np.isfinite(period), prob.b * busy + sync, np.inf)
     return period, term
 
@@ -65,9 +63,18 @@ def _fit_limit(prob: Problem, v: object, weight: np.ndarray, ties: np.ndarray, c
     """Per stage range: the largest stages-left count r (1..) whose in-flight micro-batches fit ``cap``."""
     static = np.ceil(v.static) + ties  # type: ignore[attr-defined]
     act, work, wt = np.ceil(v.act), np.ceil(v.workspace), np.ceil(weight)  # type: ignore[attr-defined]
-    rmax = np.zeros(static.shape, dtype=np.int64)
-    for r, k in enumerate(in_fl, start=1):
-        stash = (k - 1) * wt if prob.schedule == "pipedream" else 0.0
-        fits = static + k * act + work + stash <= cap
-        rmax = np.where(fits & (rmax == r - 1), r, rmax)
+    if schedule_kind(prob.schedule).stashes_weights:  # one weight version per extra micro-batch in flight
+        static, act = static - wt, act + wt
+    counts = np.asarray(in_fl)
+    if np.all(np.diff(counts) >= 0):  # memory grows with r: rmax = how many counts fit
+        with np.errstate(divide="ignore", invalid="ignore"):
+            k_max = np.where(act > 0, np.floor((cap - static - work) / np.where(act > 0, act, 1.0)),
+                             np.where(static + work <= cap, np.inf, -1.0))
+        rmax = np.searchsorted(counts, k_max, side="right").astype(np.int64)
+        exact = static + np.take(counts, np.maximum(rmax - 1, 0)) * act + work <= cap  # guard rounding
+        rmax = np.where((rmax > 0) & ~exact, rmax - 1, rmax)
+    else:
+        rmax = np.zeros(np.broadcast(static, act).shape, dtype=np.int64)
+        for r, k in enumerate(in_fl, start=1):
+            rmax = np.where((static + k * act + work <= cap) & (rmax == r - 1), r, rmax)
     return np.where(finite, rmax, 0)
