@@ -134,3 +134,12 @@ def test_agrees_with_the_jsonschema_library() -> None:
             assert ours == jsonschema.Draft202012Validator(schema).is_valid(doc), case.id
             checked += 1
     assert checked > 100
+
+
+def test_closed_objects_list_every_field_the_ir_writes() -> None:
+    from planner import ir
+
+    block = schemas.load("profile", 1)["$defs"]["block"]
+    assert set(block["properties"]) == set(ir.BlockShape(8, 2, 2, 32, 16).to_dict())
+    gpu = schemas.load("cluster", 1)["$defs"]["gpu"]
+    assert set(gpu["properties"]["peak_flops"]["properties"]) == set(ir.NUMBER_FORMATS)
