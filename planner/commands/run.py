@@ -9,9 +9,9 @@ from typing import Any
 
 import click
 
-from planner import ir
 from planner.cli import emit_json
-from planner.jsonio import read_json
+from planner.commands import read_plan
+from planner.render.text import plain_text
 
 
 @click.command("run")
@@ -39,10 +39,11 @@ def run(plan_path: str, model: str, engine: str, steps: int, warmup: int, loss: 
         threads: int | None, timeout_s: float, nnodes: int, node_rank: int, rdzv_endpoint: str | None,
         rdzv_timeout_s: float, as_json: bool) -> None:
     """Launch torchrun with the plan's world size (or this server's share) and train on synthetic data."""
+    plan, warnings = read_plan(plan_path)  # a bad plan fails before torch is imported
+
     from planner.runner import run_plan
 
-    plan = ir.Plan.from_dict(read_json(plan_path, "plan"), plan_path)
-    click.echo(f"training {plan.model} config {plan.config} on {engine} with {plan.world_size} processes"
+    click.echo(f"training {plain_text(plan.model)} config {plan.config} on {engine} with {plan.world_size} processes"
                + (f" on {nnodes} servers (this is node rank {node_rank})" if nnodes > 1 else "") + "...", err=True)
     if nnodes > 1:
         for r in range(nnodes):
@@ -52,7 +53,7 @@ def run(plan_path: str, model: str, engine: str, steps: int, warmup: int, loss: 
                    check=check, seed=seed, threads=threads, timeout_s=timeout_s, log=log, nnodes=nnodes,
                    node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, rdzv_timeout_s=rdzv_timeout_s)
     if as_json:
-        emit_json(doc)
+        emit_json({**doc, "warnings": warnings})
         return
     _print(doc, steps, check)
 
