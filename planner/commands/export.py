@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
-from planner import ir
 from planner.cli import emit_json
-from planner.jsonio import read_json
+from planner.commands import outputs, read_plan
 
 
 @click.command("export")
@@ -20,13 +21,15 @@ def export(plan_path: str, engine: str, out_dir: str, as_json: bool) -> None:
     """Write a training script, its config, a launch script per server and the plan."""
     from planner.export.program import export_plan, server_commands
 
-    plan = ir.Plan.from_dict(read_json(plan_path, "plan"), plan_path)
-    files = export_plan(plan, engine, out_dir)
+    out = outputs(folders=[out_dir])
+    plan, warnings = read_plan(plan_path)
+    files = [Path(out_dir) / f.name for f in export_plan(plan, engine, out.folder(out_dir))]
     commands = server_commands(plan, out_dir)
     if as_json:
         emit_json({"engine": engine, "world_size": plan.world_size, "files": [str(f) for f in files],
-                   "commands": commands})
+                   "commands": commands, "warnings": warnings})
     else:
         click.echo(f"wrote {', '.join(str(f) for f in files)}", err=True)
         for line in commands:
             click.echo(f"run: {line}", err=True)
+    out.commit()

@@ -11,8 +11,8 @@ import click
 
 from planner import ir
 from planner.cli import emit_json
-from planner.commands import progress_option
-from planner.jsonio import read_json
+from planner.commands import progress_option, read_plan
+from planner.render.text import plain_text
 
 
 @click.command("run")
@@ -53,10 +53,11 @@ def run(plan_path: str, model: str, engine: str, steps: int, warmup: int, loss: 
     the peak memory per rank (with --check, the single-process losses and their largest
     relative difference).
     """
+    plan, warnings = read_plan(plan_path)  # a bad plan fails before torch is imported
+
     from planner.render.progress import status
     from planner.runner import run_plan
 
-    plan = ir.Plan.from_dict(read_json(plan_path, "plan"), plan_path)
     if nnodes > 1:
         click.echo(f"{nnodes} servers, this is node rank {node_rank}; on each server:", err=True)
         for r in range(nnodes):
@@ -67,7 +68,7 @@ def run(plan_path: str, model: str, engine: str, steps: int, warmup: int, loss: 
                        check=check, seed=seed, threads=threads, timeout_s=timeout_s, log=log, nnodes=nnodes,
                        node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, rdzv_timeout_s=rdzv_timeout_s)
     if as_json:
-        emit_json(doc)
+        emit_json({**doc, "warnings": warnings})
         return
     _print(doc, steps, check)
 
@@ -77,8 +78,9 @@ def _title(plan: ir.Plan, engine: str, steps: int, check: bool) -> str:
     from planner.render.text import count, device_noun
 
     noun = "process" if device_noun(g.name for g in plan.cluster.gpus) != "GPU" else "GPU"
-    return (f"training {plan.model} config {plan.config} on {engine} with {count(plan.world_size, noun)}, "
-            f"{count(steps, 'step')}" + (", then the one-process check" if check else ""))
+    return (f"training {plain_text(plan.model)} config {plan.config} on {engine} with "
+            f"{count(plan.world_size, noun)}, {count(steps, 'step')}"
+            + (", then the one-process check" if check else ""))
 
 
 def _command(plan_path: str, model: str, engine: str, nnodes: int, node_rank: int, endpoint: str | None) -> str:

@@ -9,18 +9,19 @@ import click
 
 from planner import ir
 from planner.commands import (
-    check_folder,
+    check_emitted,
     cluster_option,
     grid_options,
     microbatches_option,
     optimizer_option,
+    outputs,
     parse_grid,
     parse_microbatches,
     profile_argument,
     progress_option,
     rerank_option,
 )
-from planner.jsonio import read_json
+from planner.jsonio import dumps, read_json
 from planner.schedule import SCHEDULES
 
 if TYPE_CHECKING:
@@ -73,7 +74,6 @@ def search(profile_path: str, cluster_name: str, output: str | None, microbatche
     from planner.cluster import load_cluster
     from planner.costmodel.precision import rescale_note
     from planner.explain import explain
-    from planner.jsonio import write_json
     from planner.render.progress import status
     from planner.render.search import print_plan
     from planner.search import parse_config
@@ -81,7 +81,7 @@ def search(profile_path: str, cluster_name: str, output: str | None, microbatche
     mb = parse_microbatches(microbatches)
     tp_value, zero_value = parse_grid(tp, zero)
     widths = parse_config(config) if config else None
-    check_folder(output)
+    out = outputs([output])
     profile = ir.ModelProfile.from_dict(read_json(profile_path, "profile"), profile_path)
     cluster = load_cluster(cluster_name)
     judged: list[Judged] | None = [] if rerank > 0 else None
@@ -95,16 +95,16 @@ def search(profile_path: str, cluster_name: str, output: str | None, microbatche
         known = [(j.plan, j.predicted) for j in judged] if judged else None  # interleaved: none handed out
         explanation = explain(plan, known)
     elapsed = time.perf_counter() - t0
+    check_emitted(plan)  # the plan document is the JSON output: its warnings go to stderr only
     doc = plan.to_dict()
     note = rescale_note(profile, cluster, plan.precision)
     if note is not None:
         click.echo(f"note: {note.text}", err=True)
         doc["rescale"] = note.to_dict()
-    if output:
-        write_json(output, doc)
+    out.write_text(output, dumps(doc))
     print_plan(plan, explanation, elapsed_s=elapsed, output=output, long=long_explanation)
     if as_json:
         from planner.cli import emit_json
 
         emit_json(dict(doc, explanation=explanation.to_dict()))
-
+    out.commit()

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from planner import ir
-from planner.commands import check_folder, progress_option
-from planner.jsonio import dumps, read_json, write_text_atomic
+from planner.commands import outputs, progress_option, read_plan
+from planner.jsonio import dumps
 
 if TYPE_CHECKING:
     from planner.explain import Explanation
@@ -31,6 +31,7 @@ def _report(result: SimResult, plan: ir.Plan, width: int | None, show_table: boo
     from planner.render import stderr_console
     from planner.render.explain import print_explanation
     from planner.render.simulate import print_simulation
+    from planner.render.text import safe_text
     from planner.schedule import make_schedule
 
     print_simulation(result, plan.batch_size, width)
@@ -47,7 +48,7 @@ def _report(result: SimResult, plan: ir.Plan, width: int | None, show_table: boo
     print_explanation(explanation, console, long=long)
     for path, what in written:
         if path:
-            console.print(f"wrote {what} {path}", highlight=False, markup=False)
+            console.print(f"wrote {what} {safe_text(path)}", highlight=False)
 
 
 def _json_doc(result: SimResult, plan: ir.Plan, explanation: Explanation) -> dict[str, Any]:
@@ -95,25 +96,24 @@ def simulate(plan_path: str, as_json: bool, trace_path: str | None, plot_path: s
     from planner.simulate import SimOptions
     from planner.simulate import simulate as run_simulation
 
-    check_folder(trace_path)
-    check_folder(plot_path)
-    plan = ir.Plan.from_dict(read_json(plan_path, "plan"), plan_path)
+    out = outputs([trace_path, plot_path])
+    plan, warnings = read_plan(plan_path, quiet)
     options = SimOptions(overlap_allreduce=overlap_allreduce, bucket_bytes=bucket_mb * 2**20,
                          duplex=not half_duplex)
     shown = False if quiet else progress
     with status(f"simulating {plan.model} config {plan.config}", shown, as_json) as update:
         result = run_simulation(plan, options)
         explanation = explain(plan, result=result)
-        trace_text = dumps(result.to_chrome_trace()) if trace_path else None
+        if trace_path:
+            out.write_text(trace_path, dumps(result.to_chrome_trace()))
         if plot_path:
             update(f"drawing {plot_path}")
-            _plot(result, plan, plot_path, explanation)
-    if trace_path and trace_text is not None:
-        write_text_atomic(trace_path, trace_text)
+            _plot(result, plan, str(out.temp(plot_path)), explanation)
     if not quiet:
         _report(result, plan, width, show_table, ((trace_path, "trace"), (plot_path, "picture")), explanation,
                 long_explanation)
     if as_json:
         from planner.cli import emit_json
 
-        emit_json(_json_doc(result, plan, explanation))
+        emit_json({**_json_doc(result, plan, explanation), "warnings": warnings})
+    out.commit()

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from planner.compare import Comparison, StrategyResult
 from planner.render import GIB, stderr_console, write_png
+from planner.render.text import plot_text, safe_text
 
 
 def _fmt(value: float | None, fmt: str, suffix: str = "") -> str:
@@ -18,7 +19,8 @@ def _fmt(value: float | None, fmt: str, suffix: str = "") -> str:
 
 def comparison_table(comparison: Comparison) -> Table:
     """One row per strategy: time, throughput, speedup over dp, memory per GPU, fits, config."""
-    table = Table(title=f"{comparison.model} (batch {comparison.batch_size}) on {comparison.cluster}, "
+    model, cluster = safe_text(comparison.model), safe_text(comparison.cluster)
+    table = Table(title=f"{model} (batch {comparison.batch_size}) on {cluster}, "
                         f"optimizer {comparison.optimizer}", title_justify="left")
     for col, justify in (("strategy", "left"), ("config", "left"), ("schedule", "left"), ("M", "right"),
                          ("iter ms", "right"), ("samples/s", "right"), ("vs dp", "right"),
@@ -28,7 +30,7 @@ def comparison_table(comparison: Comparison) -> Table:
     for s in comparison.strategies:
         style = "bold green" if s.fits and s.iteration_s == fastest else ("dim" if not s.fits else "")
         table.add_row(
-            s.name, s.config or "-", s.schedule or "-", _fmt(s.microbatches, "d"),
+            safe_text(s.name), safe_text(s.config or "-"), s.schedule or "-", _fmt(s.microbatches, "d"),
             _fmt(None if s.iteration_s is None else s.iteration_s * 1000, ".1f"),
             _fmt(s.samples_per_s, ".1f"), _fmt(s.speedup_over_dp, ".2f", "x"),
             _fmt(None if s.peak_memory_bytes is None else s.peak_memory_bytes / GIB, ".2f"),
@@ -43,7 +45,7 @@ def print_comparison(comparison: Comparison) -> None:
     console.print(comparison_table(comparison))
     for s in comparison.strategies:
         if not s.fits:
-            console.print(f"[dim]{s.name} does not fit:[/dim] {s.reason}", soft_wrap=True)
+            console.print(f"[dim]{safe_text(s.name)} does not fit:[/dim] {safe_text(s.reason)}", soft_wrap=True)
 
 
 COLORS = {"dp": "#7f7f7f", "accpar": "#8c564b", "gpipe-uniform": "#1f77b4", "torchgpipe": "#17becf",
@@ -85,7 +87,7 @@ def _panel(ax: Any, rows: Sequence[StrategyResult], values: Sequence[float | Non
 
 def _throughput_panel(ax: Any, rows: Sequence[StrategyResult]) -> None:
     """Speedup over dp with each strategy's config, or samples/s when dp does not fit (no yardstick)."""
-    configs = [f"   ({s.config}, M={s.microbatches})" if s.fits and s.config else "" for s in rows]
+    configs = [plot_text(f"   ({s.config}, M={s.microbatches})") if s.fits and s.config else "" for s in rows]
     if any(s.speedup_over_dp for s in rows):
         _panel(ax, rows, [s.speedup_over_dp for s in rows], "speedup over dp (config, micro-batches)", ".2f",
                ["x" + c for c in configs])
@@ -107,6 +109,7 @@ def comparison_figure(comparison: Comparison) -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
+    matplotlib.rcParams["text.parse_math"] = False  # names from files are text, not mathtext
     import matplotlib.pyplot as plt
 
     rows = list(comparison.strategies)
@@ -124,8 +127,8 @@ def comparison_figure(comparison: Comparison) -> Any:
     axes[2].set_xlim(0, max([*(m or 0.0 for m in mem), *(c or 0.0 for c in caps), 1e-9]) * 1.6)
     axes[0].set_yticks(list(range(len(rows))), [s.name for s in rows])
     axes[0].invert_yaxis()
-    fig.suptitle(f"{comparison.model}, batch {comparison.batch_size}, on {comparison.cluster}, "
-                 f"optimizer {comparison.optimizer}", fontsize=11, x=0.01, ha="left")
+    fig.suptitle(plot_text(f"{comparison.model}, batch {comparison.batch_size}, on {comparison.cluster}, "
+                           f"optimizer {comparison.optimizer}"), fontsize=11, x=0.01, ha="left")
     fig.tight_layout()
     return fig
 
@@ -138,6 +141,7 @@ def plot_speedup_groups(groups: Sequence[tuple[str, Sequence[Comparison]]], path
     import matplotlib
 
     matplotlib.use("Agg")
+    matplotlib.rcParams["text.parse_math"] = False  # names from files are text, not mathtext
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(len(groups), 1, figsize=(11.0, 3.6 * len(groups)), squeeze=False)

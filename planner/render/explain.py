@@ -5,12 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from planner.explain import Alternative, Explanation, StageExplanation
 from planner.render import GIB
-from planner.render.text import count, device_noun, ms
+from planner.render.text import count, device_noun, ms, safe_text
 
 
 def _share(part_s: float, whole_s: float) -> str:
@@ -26,7 +25,7 @@ def bound_line(e: Explanation) -> str:
     s = e.stages[e.bottleneck]
     terms = s.terms()
     rest = ", ".join(f"{name} {ms(v)}" for name, v in terms.items() if v > 0 and name != e.bound)
-    where = f"stage {s.stage} ({escape(_devices(s.devices))})" if len(e.stages) > 1 else "its one stage"
+    where = f"stage {s.stage} ({safe_text(_devices(s.devices))})" if len(e.stages) > 1 else "its one stage"
     note = "; transfers overlap compute" if "transfers" in rest or e.bound == "transfers" else ""
     bound = "bubble (idle: pipeline fill and drain, waiting for transfers)" if e.bound == "bubble" else e.bound
     return (f"bound by {where}: {bound} {ms(terms[e.bound])} = {_share(terms[e.bound], e.iteration_s)} "
@@ -45,7 +44,7 @@ def idle_line(e: Explanation) -> str | None:
     if not e.idle_devices:
         return None
     noun = device_noun([*e.idle_devices, *(d for s in e.stages for d in s.devices)])
-    head = f"idle: {len(e.idle_devices)} of {count(e.gpus, noun)} ({escape(_devices(e.idle_devices))})"
+    head = f"idle: {len(e.idle_devices)} of {count(e.gpus, noun)} ({safe_text(_devices(e.idle_devices))})"
     if e.all_gpus is not None:
         why = f"the best judged plan on all {e.gpus} is {_alt(e.all_gpus, detail=True)}"
     elif e.judged:
@@ -85,7 +84,7 @@ def stage_table(e: Explanation) -> Table:
         table.add_column(col, justify="left" if col == "devices" else "right", overflow="fold")
     for s in e.stages:
         mark = " *" if s.stage == e.bottleneck and len(e.stages) > 1 else ""
-        table.add_row(f"{s.stage}{mark}", escape(_devices(s.devices)), *_stage_times(s, e.iteration_s),
+        table.add_row(f"{s.stage}{mark}", safe_text(_devices(s.devices)), *_stage_times(s, e.iteration_s),
                       *(f"{b / GIB:.2f}" for b in (s.peak_memory_bytes, s.capacity_bytes, s.headroom_bytes)),
                       style="bold" if mark else "")
     return table

@@ -16,7 +16,7 @@ from typing import Any
 
 from planner.explain import Explanation
 from planner.render import GIB, write_png
-from planner.render.text import count
+from planner.render.text import count, plain_text, plot_text
 from planner.simulate import SimResult
 
 DPI = 110
@@ -31,7 +31,7 @@ SHADE = {"AR": "0.35", "OPT": "0.15", "act": "0.6", "grad": "0.8"}
 
 def lane_label(devices: Sequence[str]) -> str:
     """A device group's name: ``n0.g0`` or ``n0.g0 +3`` (three more devices doing the same work)."""
-    return devices[0] if len(devices) == 1 else f"{devices[0]} +{len(devices) - 1}"
+    return plain_text(devices[0] if len(devices) == 1 else f"{devices[0]} +{len(devices) - 1}")
 
 
 GREYS = {"tab10": (7,), "tab20": (14, 15)}
@@ -129,7 +129,7 @@ def _gantt_axes(ax: Any, result: SimResult, title: str | None, cmap: Any) -> Non
     n_rows = len(result.lanes) + len(links)
     step = max(1, -(-n_rows // 40))  # at most 40 row names, so that they stay readable
     ax.set_yticks(range(0, n_rows, step))
-    names = [f"{i}: {lane_label(d)}" for i, d in enumerate(result.lanes)] + links
+    names = [plot_text(f"{i}: {lane_label(d)}") for i, d in enumerate(result.lanes)] + [plot_text(x) for x in links]
     ax.set_yticklabels(names[::step], fontsize=7 if n_rows > 16 else 8)
     ax.set_ylabel("stage: devices, then links", fontsize=7)
     ax.set_ylim(n_rows - 0.5, -0.5)
@@ -137,7 +137,7 @@ def _gantt_axes(ax: Any, result: SimResult, title: str | None, cmap: Any) -> Non
     if result.steady_state:
         for t in result.window:
             ax.axvline(t * 1000, color="red", linestyle=":", linewidth=1)
-    ax.set_title(title or (f"{result.schedule}: {count(result.stages, 'stage')} x "
+    ax.set_title(plot_text(title) if title else (f"{result.schedule}: {count(result.stages, 'stage')} x "
                            f"{count(result.microbatches, 'micro-batch')}, iteration "
                            f"{result.iteration_s * 1000:.3f} ms, bubble {result.bubble_fraction:.1%}"),
                  fontsize=10, loc="left")
@@ -160,13 +160,13 @@ def _draw_memory(axm: Any, result: SimResult, cmap: Any) -> None:
         if i and d.lane == result.devices[i - 1].lane:
             continue
         pts = [*d.memory, (result.makespan_s, d.memory[-1][1])]
-        label = lane_label(result.lanes[d.lane]) if d.lane < MAX_LEGEND else None
+        label = plot_text(lane_label(result.lanes[d.lane])) if d.lane < MAX_LEGEND else None
         axm.step([t * 1000 for t, _ in pts], [b / GIB for _, b in pts], where="post",
                  color=_color(cmap, d.lane), label=label, linewidth=1.2)
     peak = max((d.peak_memory_bytes for d in result.devices), default=0)
     above = []
     for cap, devices in sorted(_capacities(result).items()):
-        who = f"{devices[0]}" if len(devices) == 1 else f"{count(len(devices), 'device')}"
+        who = plot_text(devices[0]) if len(devices) == 1 else f"{count(len(devices), 'device')}"
         if cap <= 1.6 * peak:
             axm.axhline(cap / GIB, color="red", linestyle="--", linewidth=0.9,
                         label=f"capacity {cap / GIB:.1f} GiB ({who})")
@@ -197,7 +197,8 @@ def _draw_breakdown(axb: Any, e: Explanation, cmap: Any) -> None:
     axb.barh([y + 0.38 for y in ys], [s.transfer_s * 1e3 for s in e.stages], height=0.14, color=SHADE["act"],
              label="transfers in (overlap compute)")
     step = max(1, -(-len(e.stages) // 32))
-    names = [f"{s.stage}: {lane_label(s.devices)}" + (" *" if s.stage == e.bottleneck else "") for s in e.stages]
+    names = [plot_text(f"{s.stage}: {lane_label(s.devices)}") + (" *" if s.stage == e.bottleneck else "")
+             for s in e.stages]
     axb.set_yticks(list(ys)[::step], names[::step], fontsize=7 if len(e.stages) > 16 else 8)
     axb.set_ylim(len(e.stages) - 0.4, -0.6)
     axb.set_title(f"where each stage's iteration goes (* bottleneck: {e.bound})", fontsize=8, loc="left")

@@ -5,13 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from planner.ir import LayerProfile, ModelProfile
 from planner.render import stderr_console
-from planner.render.text import count
+from planner.render.text import count, safe_text
 
 
 @contextmanager
@@ -65,9 +64,10 @@ def io_shapes(profile: ModelProfile, i: int) -> str:
 def summary_table(profile: ModelProfile, max_rows: int = 60) -> Table:
     """One row per layer (elided in the middle past ``max_rows``) and a total row."""
     mode = profile.mode
+    model, dtype, device = (safe_text(x) for x in (profile.model, profile.dtype, profile.device))
     shape = "" if profile.input_shape is None else f" of {'x'.join(map(str, profile.input_shape))}"
-    table = Table(title=f"{profile.model}: {count(len(profile.layers), 'layer')}, batch {profile.batch_size}{shape}, "
-                        f"{profile.dtype}, {mode} on {profile.device} ({_si(profile.device_flops, 'FLOP/s')})",
+    table = Table(title=f"{model}: {count(len(profile.layers), 'layer')}, batch {profile.batch_size}{shape}, "
+                        f"{dtype}, {safe_text(mode)} on {device} ({_si(profile.device_flops, 'FLOP/s')})",
                   title_justify="left")
     for col, justify in (("#", "right"), ("layer", "left"), ("type", "left"), ("fwd ms", "right"),
                          ("bwd ms", "right"), ("FLOPs f+b", "right"), ("params", "right"), ("output", "right"),
@@ -81,7 +81,7 @@ def summary_table(profile: ModelProfile, max_rows: int = 60) -> Table:
         if layer is None:
             table.add_row("…", "…", "", "", "", "", "", "", "", "")
             continue
-        table.add_row(str(i), escape(layer.name), escape(layer.type), _ms(layer.forward_s), _ms(layer.backward_s),
+        table.add_row(str(i), safe_text(layer.name), safe_text(layer.type), _ms(layer.forward_s), _ms(layer.backward_s),
                       _si(layer.forward_flops + layer.backward_flops, ""), f"{layer.param_count:,}",
                       _si(layer.output_bytes, "B"), _si(layer.saved_bytes, "B"), io_shapes(profile, i))
     ls = profile.layers
@@ -98,7 +98,8 @@ def print_summary(profile: ModelProfile, output: str | None) -> None:
     meta = profile.meta
     notes = []
     if profile.ties:
-        notes.append("tied: " + ", ".join(f"{t.name} (layers {', '.join(map(str, t.layers))})" for t in profile.ties))
+        notes.append("tied: " + ", ".join(f"{safe_text(t.name)} (layers {', '.join(map(str, t.layers))})"
+                                          for t in profile.ties))
     whole = meta.get("whole_model_fwd_bwd_s")
     if whole:
         total = sum(x.forward_s + x.backward_s for x in profile.layers)
@@ -107,6 +108,6 @@ def print_summary(profile: ModelProfile, output: str | None) -> None:
     if profile.mode == "analytic":
         notes.append(f"times = FLOPs / ({_si(profile.device_flops, 'FLOP/s')} x efficiency {meta.get('efficiency')})")
     if output:
-        notes.append(f"wrote {output}")
+        notes.append(f"wrote {safe_text(output)}")
     for note in notes:
         console.print(note)

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from rich.markup import escape
 from rich.table import Table
 
 from planner import ir
 from planner.explain import Explanation
 from planner.render import GIB, stderr_console
 from planner.render.explain import print_explanation
-from planner.render.text import count, device_noun
+from planner.render.text import count, device_noun, safe_text
 from planner.render.text import ms as _ms
 
 
@@ -32,7 +31,8 @@ def _forms(forms: Sequence[str]) -> str:
 
 
 def _devices(devices: Sequence[str]) -> str:
-    return ", ".join(devices) if len(devices) <= 3 else f"{devices[0]} .. {devices[-1]} ({len(devices)})"
+    shown = [safe_text(d) for d in devices]
+    return ", ".join(shown) if len(shown) <= 3 else f"{shown[0]} .. {shown[-1]} ({len(shown)})"
 
 
 def plan_table(plan: ir.Plan, bottleneck: int) -> Table:
@@ -40,7 +40,7 @@ def plan_table(plan: ir.Plan, bottleneck: int) -> Table:
     from planner.costmodel import stage_costs
 
     costs = stage_costs(plan)
-    table = Table(title=f"plan for {escape(plan.model)} on {escape(plan.cluster.name)}: config {plan.config}",
+    table = Table(title=f"plan for {safe_text(plan.model)} on {safe_text(plan.cluster.name)}: config {plan.config}",
                   title_justify="left")
     for col in ("stage", "layers", "devices", "tp x dp", "forms", "fwd+bwd / mb", "recv / mb", "all-reduce",
                 "memory / device", "capacity"):
@@ -50,12 +50,12 @@ def plan_table(plan: ir.Plan, bottleneck: int) -> Table:
     for s, (stage, cost) in enumerate(zip(plan.stages, costs, strict=True)):
         first, end = stage.layers
         span = f"{first}-{end - 1}" if end - first > 1 else f"{first}"
-        names = f"{layers[first].name}..{layers[end - 1].name}" if end - first > 1 else layers[first].name
+        names = safe_text(f"{layers[first].name}..{layers[end - 1].name}" if end - first > 1 else layers[first].name)
         recv = 2 * costs[s - 1].send_s if s > 0 else 0.0
         mark = " *" if s % plan.pipeline_stages == bottleneck and plan.pipeline_stages > 1 else ""
         forms = _forms(stage.forms) + (f" +recompute {stage.recompute}" if stage.recomputes else "") + (
             f" +zero {stage.zero}" if stage.zero else "") + (" +sequence parallel" if stage.sequence_parallel else "")
-        table.add_row(f"{s}{mark}", escape(f"{span} ({names})"), escape(_devices(stage.devices)),
+        table.add_row(f"{s}{mark}", safe_text(f"{span} ({names})"), safe_text(_devices(stage.devices)),
                       f"{stage.tp} x {stage.dp}", forms,
                       _ms(cost.forward_s + cost.backward_s), _ms(recv), _ms(cost.allreduce_s),
                       _gib(stage.memory_bytes), _gib(cost.capacity_bytes))
@@ -86,7 +86,7 @@ def print_plan(plan: ir.Plan, explanation: Explanation, *, elapsed_s: float | No
     if elapsed_s is not None:
         tail.append(f"searched in {elapsed_s:.2f} s ({plan.solver})")
     if output:
-        tail.append(f"plan written to {escape(output)}")
+        tail.append(f"plan written to {safe_text(output)}")
     if tail:
         console.print("; ".join(tail), soft_wrap=True)
 
@@ -103,9 +103,9 @@ def print_clusters(clusters: Sequence[ir.Cluster], descriptions: Mapping[str, st
         flops = sorted({g.flops / 1e12 for g in c.gpus})
         mems = sorted({g.memory_bytes for g in c.gpus})
         intra, inter = c.link("intra_node"), c.link("inter_node")
-        table.add_row(escape(c.name), shape, ", ".join(f"{f:g}" for f in flops), ", ".join(_gib(m) for m in mems),
+        table.add_row(safe_text(c.name), shape, ", ".join(f"{f:g}" for f in flops), ", ".join(_gib(m) for m in mems),
                       f"{intra.bandwidth_Bps * 8 / 1e9:g} Gbit/s", f"{inter.bandwidth_Bps * 8 / 1e9:g} Gbit/s")
     console.print(table)
     for c in clusters:
         if descriptions.get(c.name):
-            console.print(f"[bold]{escape(c.name)}[/]: {escape(descriptions[c.name])}", soft_wrap=True)
+            console.print(f"[bold]{safe_text(c.name)}[/]: {safe_text(descriptions[c.name])}", soft_wrap=True)

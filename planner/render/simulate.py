@@ -17,7 +17,7 @@ from rich.text import Text
 
 from planner.render import GIB, stderr_console
 from planner.render.gantt import lane_label
-from planner.render.text import count
+from planner.render.text import count, plain_text, safe_text
 from planner.simulate import Event, SimResult
 
 FILL = {"F": ">", "B": "<", "W": "w", "AR": "#", "OPT": "o", "act": "=", "grad": "="}
@@ -40,7 +40,7 @@ def gantt_rows(result: SimResult, width: int = 96) -> list[tuple[str, list[tuple
     for e in result.events:
         tracks.setdefault(e.track, []).append(e)
     order = [(f"lane:{i}", lane_label(devs)) for i, devs in enumerate(result.lanes)]
-    order += [(f"link:{link}", link) for link in result.links]
+    order += [(f"link:{link}", plain_text(link)) for link in result.links]
     rows = []
     for track, label in order:
         cells: list[tuple[str, str]] = [(IDLE, "")] * width
@@ -113,7 +113,7 @@ def summary_table(result: SimResult, batch_size: int | None = None, title: bool 
         table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
     for d in result.devices:
         share = d.busy_s / result.iteration_s if result.iteration_s > 0 else 0.0
-        table.add_row(d.device, str(d.lane), f"{d.busy_s * 1000:.3f}", f"{share:.0%}", str(d.peak_in_flight),
+        table.add_row(safe_text(d.device), str(d.lane), f"{d.busy_s * 1000:.3f}", f"{share:.0%}", str(d.peak_in_flight),
                       f"{d.peak_memory_bytes / GIB:.3f}",
                       f"{d.capacity_bytes / GIB:.2f}" if d.capacity_bytes > 0 else "-",
                       "yes" if d.fits else "NO", style="" if d.fits else "bold red")
