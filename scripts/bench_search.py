@@ -121,7 +121,8 @@ def grid_cases() -> int:
         grid = " | ".join(f"{s.layers[0]}-{s.layers[1]} tp{s.tp} dp{s.dp} z{s.zero} {s.recompute}" for s in plan.stages)
         print(f"{80:>7} {f'{servers}x8':>10} {dt:>8.1f} {cpu:>8.1f} {target:>9.1f} {peak:>9.0f}  M={plan.microbatches} "
               f"{grid[:70]}", flush=True)
-    print(f"worst cpu-time ratio to target: {worst:.2f} ({'OK' if worst <= 1 else 'SLOW'}); load {os.getloadavg()[0]:.1f}")
+    verdict = "OK" if worst <= 1 else "SLOW"
+    print(f"worst cpu-time ratio to target: {worst:.2f} ({verdict}); load {os.getloadavg()[0]:.1f}")
     return 0 if worst <= 1 else 1
 
 
