@@ -204,15 +204,22 @@ def run_strategy(name: str, profile: ir.ModelProfile, cluster: ir.Cluster, *, mi
 
 def compare(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int | str = "auto",
             schedule: str | None = None, optimizer: str = "sgd",
-            strategies: Sequence[str] = bl.STRATEGIES, rerank: int = RERANK) -> Comparison:
-    """Run every strategy on ``profile`` and ``cluster``; speedups are over ``dp`` when it fits."""
+            strategies: Sequence[str] = bl.STRATEGIES, rerank: int = RERANK,
+            progress: Callable[[str], None] | None = None) -> Comparison:
+    """Run every strategy on ``profile`` and ``cluster``; speedups are over ``dp`` when it fits.
+
+    ``progress``: called with ``"i/n name"`` before each strategy is judged."""
     unknown = [s for s in strategies if s not in bl.STRATEGIES]
     if unknown:
         raise UsageError(f"unknown strategy {unknown[0]!r}", f"choose from {', '.join(bl.STRATEGIES)}")
     microbatch_choices(profile.batch_size, microbatches)  # a bad value is a usage error, not a row
     names = list(dict.fromkeys(["dp", *strategies]))  # dp is always judged: it is the yardstick
-    results = {n: run_strategy(n, profile, cluster, microbatches=microbatches, schedule=schedule,
-                               optimizer=optimizer, rerank=rerank) for n in names}
+    results = {}
+    for i, n in enumerate(names):
+        if progress is not None:
+            progress(f"{i + 1}/{len(names)} {n}")
+        results[n] = run_strategy(n, profile, cluster, microbatches=microbatches, schedule=schedule,
+                                  optimizer=optimizer, rerank=rerank)
     base = results["dp"].iteration_s
 
     def speedup(r: StrategyResult) -> float | None:

@@ -44,7 +44,9 @@ def test_search_writes_plan_and_json(files) -> None:
     for key in ("iteration_s", "samples_per_s", "bubble_fraction", "peak_memory_bytes"):
         assert key in doc["predicted"]
     assert doc["microbatches"] == 4
+    explanation = doc.pop("explanation")  # stdout adds why this plan to the plan file's keys
     assert json.loads(out.read_text()) == doc
+    assert {"bottleneck_stage", "bound", "idle_devices", "runner_ups", "all_gpus", "stages"} <= set(explanation)
     stage = doc["stages"][0]
     assert {"layers", "devices", "forms", "memory_bytes"} <= set(stage)
 
@@ -242,3 +244,33 @@ def test_output_in_a_missing_folder_fails_before_searching(files) -> None:
     r = _run("search", prof, "--cluster", clus, "-o", str(tmp / "nope" / "plan.json"))
     assert r.exit_code == 1 and "does not exist" in r.output
     assert not (tmp / "nope").exists()
+
+
+def test_search_explains_itself_on_the_issues_case(tmp_path) -> None:
+    """vgg16 on pipepar-4x2-2080ti leaves GPUs idle: the output says which, what using them costs, the bound,
+    the runner-ups and the headroom; --explain adds the per-stage tables; --json carries the same facts."""
+    r = _run("search", "profiles/vgg16-b64-2080ti.json", "--cluster", "pipepar-4x2-2080ti", "--explain", "--json")
+    assert r.exit_code == 0, r.output
+    e = json.loads(r.stdout)["explanation"]
+    assert e["idle_devices"] and e["all_gpus"]["world_size"] == 8 and e["runner_ups"]
+    idle = f"idle: {len(e['idle_devices'])} of 8 GPUs"
+    for needle in ("why this plan", "bound by stage", idle, "the best judged plan on all 8",
+                   "runner-ups:", "memory headroom:", "where the", "other plans the search judged"):
+        assert needle in r.stderr, needle
+    assert e["all_gpus"]["config"] in r.stderr
+
+
+def test_piped_output_keeps_names_whole(files) -> None:
+    """Not a terminal (CliRunner): tables widen instead of cutting names to 'devic…'."""
+    prof, clus, _ = files
+    r = _run("search", prof, "--cluster", clus, "--microbatches", "2")
+    assert r.exit_code == 0, r.output
+    assert "…" not in r.stderr and "devices" in r.stderr and "memory / device" in r.stderr
+
+
+def test_progress_lines_when_asked_off_a_terminal(files) -> None:
+    prof, clus, _ = files
+    quiet = _run("search", prof, "--cluster", clus)
+    loud = _run("search", prof, "--cluster", clus, "--progress")
+    assert "searching plans" not in quiet.stderr
+    assert "searching plans for toy" in loud.stderr and " s  M=" in loud.stderr

@@ -110,3 +110,12 @@ def test_missing_plan_file_and_output_folder(tmp_path: Path, plan_doc: dict[str,
     result = run(str(plan), "--trace", str(tmp_path / "missing" / "t.json"))
     assert result.exit_code == 1 and "does not exist" in result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json"]
+
+
+def test_simulate_explains_the_plan(tmp_path: Path, plan_doc: dict[str, Any]) -> None:
+    result = run(str(write(tmp_path / "plan.json", plan_doc)), "--json", "--explain")
+    assert result.exit_code == 0, result.output
+    e = json.loads(result.stdout)["explanation"]
+    assert e["judged"] is False and e["bound"] in ("compute", "transfers", "all-reduce", "optimizer", "bubble")
+    assert len(e["stages"]) == 2
+    assert "why this plan" in result.stderr and "where the" in result.stderr and "memory headroom" in result.stderr

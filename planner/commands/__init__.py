@@ -36,6 +36,11 @@ optimizer_option = click.option("--optimizer", type=click.Choice(ir.OPTIMIZERS),
                                 help="Optimizer whose state counts in memory (fp32 RMSProp: 12 bytes per parameter).")
 
 
+progress_option = click.option(
+    "--progress/--no-progress", "progress", default=None,
+    help="Show progress on stderr (default: on a terminal, and not with --json; env PLANNER_PROGRESS=1|0).")
+
+
 def grid_options(func: F) -> F:
     """The grid options search and compare share: precision, tensor degree, ZeRO, recomputation, micro-batch size."""
     options = [

@@ -6,7 +6,7 @@ import click
 
 from planner import ir
 from planner.cli import emit_json
-from planner.commands import outputs
+from planner.commands import outputs, progress_option
 from planner.jsonio import dumps, read_json
 
 
@@ -17,16 +17,21 @@ from planner.jsonio import dumps, read_json
 @click.option("--name", default=None, help="Cluster name (default calibrated-cpu-PxT).")
 @click.option("--match-profile", "profile_path", type=click.Path(dir_okay=False), default=None,
               help="Use this measured profile's device_flops as each device's flops (scale 1).")
+@progress_option
 @click.option("--json", "as_json", is_flag=True, help="Print the cluster JSON document.")
-def calibrate(out: str, nproc: int, threads: int, name: str | None, profile_path: str | None, as_json: bool) -> None:
-    """Measure compute, point-to-point and all-reduce over gloo with P processes."""
+def calibrate(out: str, nproc: int, threads: int, name: str | None, profile_path: str | None, progress: bool | None,
+              as_json: bool) -> None:
+    """Measure compute, point-to-point and all-reduce over gloo with P processes (about 15-20 s)."""
     from planner.calibrate import calibrate as measure
     from planner.calibrate import cluster_doc
+    from planner.render.progress import status
+    from planner.render.text import count
 
     staged = outputs([out])
     profile = ir.ModelProfile.from_dict(read_json(profile_path, "profile"), profile_path) if profile_path else None
-    click.echo(f"measuring {nproc} processes x {threads} threads...", err=True)
-    cluster, meta = measure(nproc, threads, name, profile)
+    title = f"measuring {count(nproc, 'process')} x {count(threads, 'thread')}: compute, memory, gloo links"
+    with status(title, progress, as_json):
+        cluster, meta = measure(nproc, threads, name, profile)
     doc = cluster_doc(cluster, meta)
     staged.write_text(out, dumps(doc))
     link = cluster.link("intra_node")

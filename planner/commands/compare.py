@@ -13,6 +13,7 @@ from planner.commands import (
     outputs,
     parse_microbatches,
     profile_argument,
+    progress_option,
     rerank_option,
 )
 from planner.errors import InfeasibleError, UsageError
@@ -36,9 +37,11 @@ STRATEGY_HELP = "comma-separated subset of: dp, accpar, gpipe-uniform, torchgpip
                "(0: the analytic optimum alone).")
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as one JSON document on stdout.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
-              help="Write a bar chart of the strategies to this PNG file.")
+              help="Write a chart of the strategies to this PNG file: speedup over dp, iteration time and peak "
+                   "memory per GPU against capacity.")
+@progress_option
 def compare(profile_path: str, cluster_name: str, microbatches: str, schedule: str | None, optimizer: str,
-            strategies: str | None, rerank: int, as_json: bool, plot_path: str | None) -> None:
+            strategies: str | None, rerank: int, as_json: bool, plot_path: str | None, progress: bool | None) -> None:
     """Set the planner's plan against dp, AccPar, GPipe, torchgpipe, DeepSpeed and PipeDream.
 
     Every strategy is judged by the same cost model and simulator on the same cluster: a
@@ -48,6 +51,7 @@ def compare(profile_path: str, cluster_name: str, microbatches: str, schedule: s
     from planner.cluster import load_cluster
     from planner.compare import compare as run_compare
     from planner.render.compare import plot_comparison, print_comparison
+    from planner.render.progress import status
 
     mb = parse_microbatches(microbatches)
     out = outputs([plot_path])
@@ -57,8 +61,9 @@ def compare(profile_path: str, cluster_name: str, microbatches: str, schedule: s
     profile = ir.ModelProfile.from_dict(read_json(profile_path, "profile"), profile_path)
     cluster = load_cluster(cluster_name)
     kwargs = {} if names is None else {"strategies": names}
-    result = run_compare(profile, cluster, microbatches=mb, schedule=schedule, optimizer=optimizer, rerank=rerank,
-                         **kwargs)
+    with status(f"judging strategies for {profile.model} on {cluster.name}", progress, as_json) as update:
+        result = run_compare(profile, cluster, microbatches=mb, schedule=schedule, optimizer=optimizer,
+                             rerank=rerank, progress=update, **kwargs)
     print_comparison(result)
     warnings = [w for s in result.strategies if s.fits and s.plan for w in check_emitted(s.plan, s.name)]
     if not any(s.fits for s in result.strategies):  # as search: no plan fits is exit 3
@@ -72,3 +77,5 @@ def compare(profile_path: str, cluster_name: str, microbatches: str, schedule: s
 
         emit_json({**result.to_dict(), "warnings": warnings})
     out.commit()
+    if plot_path and not as_json:
+        click.echo(f"wrote picture {plot_path}", err=True)

@@ -50,18 +50,22 @@ def parse_overrides(items: tuple[str, ...] | list[str]) -> dict[str, bool | int 
 @click.command("profile")
 @click.argument("model")
 @click.option("-o", "--output", type=str, default=None, help="Profile JSON to write (atomically).")
-@click.option("--batch-size", "-b", type=int, default=32, show_default=True, help="Mini-batch size profiled.")
+@click.option("--batch-size", "-b", type=int, default=32, show_default=True,
+              help="Samples per iteration profiled (all times and bytes are for this batch).")
 @click.option("--input-shape", type=str, default=None,
-              help="Input shape without batch, e.g. 3,224,224; a token model's sequence length, e.g. 4096.")
+              help="Input shape without batch, e.g. 3,224,224; a token model's sequence length, e.g. 4096. "
+                   "Zoo defaults: 3,224,224 for images, 784 for mlp, 128 tokens for gpt2 and bert-base.")
 @click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
               help="Override a config field of a zoo transformer (repeatable), e.g. --set num_hidden_layers=4.")
 @click.option("--mode", type=click.Choice(["measured", "analytic"]), default="measured", show_default=True,
               help="measured: time every layer here; analytic: FLOPs / device FLOP/s, no compute.")
-@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
-@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float32", show_default=True)
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="Where measured mode runs the layers.")
+@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float32", show_default=True,
+              help="Number format of weights and activations (bytes per value, and the peak analytic mode uses).")
 @click.option("--threads", type=int, default=None, help="torch CPU threads while measuring (default: torch's).")
-@click.option("--repeats", type=int, default=3, show_default=True, help="Timed passes (median taken).")
-@click.option("--warmup", type=int, default=1, show_default=True, help="Untimed passes first.")
+@click.option("--repeats", type=int, default=3, show_default=True, help="Timed passes per layer (the median is kept).")
+@click.option("--warmup", type=int, default=1, show_default=True, help="Untimed passes per layer before timing.")
 @click.option("--device-flops", type=str, default=None,
               help="Peak FLOP/s (e.g. 13.4e12) or a GPU name (rtx2080ti, v100, a100, h100, ...: its peak for "
                    "--dtype; a100-tf32, h100-tf32: TF32 for float32). Analytic default rtx2080ti; measured: the "

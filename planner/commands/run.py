@@ -9,23 +9,31 @@ from typing import Any
 
 import click
 
+from planner import ir
 from planner.cli import emit_json
-from planner.commands import read_plan
+from planner.commands import progress_option, read_plan
 from planner.render.text import plain_text
 
 
 @click.command("run")
 @click.argument("plan_path", metavar="PLAN", type=click.Path(dir_okay=False))
-@click.option("--model", required=True, help="Zoo name or package.module:factory (the profiled model).")
-@click.option("--engine", type=click.Choice(["deepspeed", "torch"]), default="deepspeed", show_default=True)
-@click.option("--steps", type=click.IntRange(min=1), default=10, show_default=True, help="Training steps.")
+@click.option("--model", required=True,
+              help="The model the plan was made for: a zoo name or package.module:factory (as given to profile).")
+@click.option("--engine", type=click.Choice(["deepspeed", "torch"]), default="deepspeed", show_default=True,
+              help="Training engine: DeepSpeed's PipelineModule or torch.distributed.pipelining.")
+@click.option("--steps", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Training steps (iterations of the plan's batch).")
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True,
-              help="Steps left out of the median.")
-@click.option("--loss", type=click.Choice(["cross_entropy", "mse"]), default="cross_entropy", show_default=True)
+              help="First steps left out of the median iteration time.")
+@click.option("--loss", type=click.Choice(["cross_entropy", "mse"]), default="cross_entropy", show_default=True,
+              help="Loss on the synthetic data: cross_entropy (random class labels) or mse (random targets).")
 @click.option("--check", is_flag=True, help="Also train the unsplit model in one process and compare losses.")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--threads", type=click.IntRange(min=1), default=None, help="Threads per process (default cores/P).")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=900, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of the weights and the synthetic data (the same in every process and in --check).")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="torch threads per process (default: CPU cores / processes).")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=900, show_default=True,
+              help="Seconds before the workers are stopped and the run fails.")
 @click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True,
               help="Servers to run on: the plan's servers, one `planner run` each (1: every rank here).")
 @click.option("--node-rank", type=int, default=0, show_default=True,
@@ -34,28 +42,45 @@ from planner.render.text import plain_text
               help="Node rank 0's address and a free port, the same on every server (needed with --nnodes > 1).")
 @click.option("--rdzv-timeout", "rdzv_timeout_s", type=click.FloatRange(min=1), default=60, show_default=True,
               help="Seconds the servers have to meet at the endpoint.")
-@click.option("--json", "as_json", is_flag=True, help="Print the run JSON document.")
+@progress_option
+@click.option("--json", "as_json", is_flag=True, help="Print the run JSON document on stdout.")
 def run(plan_path: str, model: str, engine: str, steps: int, warmup: int, loss: str, check: bool, seed: int,
         threads: int | None, timeout_s: float, nnodes: int, node_rank: int, rdzv_endpoint: str | None,
-        rdzv_timeout_s: float, as_json: bool) -> None:
-    """Launch torchrun with the plan's world size (or this server's share) and train on synthetic data."""
+        rdzv_timeout_s: float, progress: bool | None, as_json: bool) -> None:
+    """Launch torchrun with the plan's world size (or this server's share) and train on synthetic data.
+
+    Prints the measured median iteration beside the plan's prediction, the loss per step and
+    the peak memory per rank (with --check, the single-process losses and their largest
+    relative difference).
+    """
     plan, warnings = read_plan(plan_path)  # a bad plan fails before torch is imported
 
+    from planner.render.progress import status
     from planner.runner import run_plan
 
-    click.echo(f"training {plain_text(plan.model)} config {plan.config} on {engine} with {plan.world_size} processes"
-               + (f" on {nnodes} servers (this is node rank {node_rank})" if nnodes > 1 else "") + "...", err=True)
     if nnodes > 1:
+        click.echo(f"{nnodes} servers, this is node rank {node_rank}; on each server:", err=True)
         for r in range(nnodes):
             click.echo(f"  node rank {r}: " + _command(plan_path, model, engine, nnodes, r, rdzv_endpoint), err=True)
     log = sys.stderr if os.environ.get("PLANNER_DEBUG") else None
-    doc = run_plan(plan, model, engine=engine, steps=steps, warmup=min(warmup, steps - 1), loss=loss,
-                   check=check, seed=seed, threads=threads, timeout_s=timeout_s, log=log, nnodes=nnodes,
-                   node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, rdzv_timeout_s=rdzv_timeout_s)
+    with status(_title(plan, engine, steps, check), progress, as_json):
+        doc = run_plan(plan, model, engine=engine, steps=steps, warmup=min(warmup, steps - 1), loss=loss,
+                       check=check, seed=seed, threads=threads, timeout_s=timeout_s, log=log, nnodes=nnodes,
+                       node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, rdzv_timeout_s=rdzv_timeout_s)
     if as_json:
         emit_json({**doc, "warnings": warnings})
         return
     _print(doc, steps, check)
+
+
+def _title(plan: ir.Plan, engine: str, steps: int, check: bool) -> str:
+    """What the progress line says while training: ``2 processes`` on CPU clusters, ``8 GPUs`` otherwise."""
+    from planner.render.text import count, device_noun
+
+    noun = "process" if device_noun(g.name for g in plan.cluster.gpus) != "GPU" else "GPU"
+    return (f"training {plain_text(plan.model)} config {plan.config} on {engine} with "
+            f"{count(plan.world_size, noun)}, {count(steps, 'step')}"
+            + (", then the one-process check" if check else ""))
 
 
 def _command(plan_path: str, model: str, engine: str, nnodes: int, node_rank: int, endpoint: str | None) -> str:

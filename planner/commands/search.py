@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import click
 
@@ -17,10 +18,14 @@ from planner.commands import (
     parse_grid,
     parse_microbatches,
     profile_argument,
+    progress_option,
     rerank_option,
 )
 from planner.jsonio import dumps, read_json
 from planner.schedule import SCHEDULES
+
+if TYPE_CHECKING:
+    from planner.search.rerank import Judged
 
 
 @click.command("search")
@@ -46,11 +51,16 @@ from planner.schedule import SCHEDULES
 @click.option("--virtual-stages", "virtual_stages", type=click.IntRange(min=1), default=None,
               help="Model chunks per device group under --schedule interleaved (Megatron's virtual stages; "
                    "default 2 with interleaved, else 1): K*v chunks, chunk c on group c mod K.")
-@click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON document on stdout.")
+@click.option("--explain", "long_explanation", is_flag=True,
+              help="Explain the plan in full: per stage where the iteration goes (compute, transfers, all-reduce, "
+                   "optimizer, idle) and its memory headroom, and the other plans judged with what bounds each.")
+@progress_option
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the plan as one JSON document on stdout, with an 'explanation' key beside the plan's.")
 def search(profile_path: str, cluster_name: str, output: str | None, microbatches: str, schedule: str,
            optimizer: str, solver: str, engine: str, precision: str | None, tp: str, zero: str, recompute: str,
            micro_batch_size: int | None, config: str | None, rerank: int, virtual_stages: int | None,
-           as_json: bool) -> None:
+           long_explanation: bool, progress: bool | None, as_json: bool) -> None:
     """Find the fastest plan that fits: stages, device groups and per-layer forms.
 
     The stage DP (PipePar Algorithm 2) splits the layers into pipeline stages over device
@@ -63,6 +73,8 @@ def search(profile_path: str, cluster_name: str, output: str | None, microbatche
     from planner.api import search_plan
     from planner.cluster import load_cluster
     from planner.costmodel.precision import rescale_note
+    from planner.explain import explain
+    from planner.render.progress import status
     from planner.render.search import print_plan
     from planner.search import parse_config
 
@@ -72,11 +84,16 @@ def search(profile_path: str, cluster_name: str, output: str | None, microbatche
     out = outputs([output])
     profile = ir.ModelProfile.from_dict(read_json(profile_path, "profile"), profile_path)
     cluster = load_cluster(cluster_name)
+    judged: list[Judged] | None = [] if rerank > 0 else None
     t0 = time.perf_counter()
-    plan = search_plan(profile, cluster, schedule=schedule, virtual_stages=virtual_stages, microbatches=mb,
-                       optimizer=optimizer, solver=solver, engine=engine, config=widths, candidates=rerank,
-                       precision=precision, tp=tp_value, zero=zero_value, recompute=recompute,
-                       micro_batch_size=micro_batch_size)
+    with status(f"searching plans for {profile.model} on {cluster.name}", progress, as_json) as update:
+        plan = search_plan(profile, cluster, schedule=schedule, virtual_stages=virtual_stages, microbatches=mb,
+                           optimizer=optimizer, solver=solver, engine=engine, config=widths, candidates=rerank,
+                           precision=precision, tp=tp_value, zero=zero_value, recompute=recompute,
+                           micro_batch_size=micro_batch_size, progress=update, alternatives=judged)
+        update("explaining the plan")
+        known = [(j.plan, j.predicted) for j in judged] if judged else None  # interleaved: none handed out
+        explanation = explain(plan, known)
     elapsed = time.perf_counter() - t0
     check_emitted(plan)  # the plan document is the JSON output: its warnings go to stderr only
     doc = plan.to_dict()
@@ -85,9 +102,9 @@ def search(profile_path: str, cluster_name: str, output: str | None, microbatche
         click.echo(f"note: {note.text}", err=True)
         doc["rescale"] = note.to_dict()
     out.write_text(output, dumps(doc))
-    print_plan(plan, elapsed_s=elapsed, output=output)
+    print_plan(plan, explanation, elapsed_s=elapsed, output=output, long=long_explanation)
     if as_json:
         from planner.cli import emit_json
 
-        emit_json(doc)
+        emit_json(dict(doc, explanation=explanation.to_dict()))
     out.commit()

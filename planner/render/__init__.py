@@ -16,12 +16,17 @@ from planner.jsonio import atomic_path
 GIB = 1024**3  # bytes per GiB, the unit memory is shown in
 
 
-def stderr_console(width_when_piped: int | None = None) -> Console:
+PIPED_WIDTH = 200
+"""Columns of output when stderr is not a terminal (a pipe, a log): wide enough that tables keep
+their names whole (rich would squeeze them to 80 columns)."""
+
+
+def stderr_console(width_when_piped: int = PIPED_WIDTH) -> Console:
     """A rich console on stderr: progress, tables and logs never pollute ``--json`` stdout.
 
-    ``width_when_piped``: the width when stderr is not a terminal (rich's default: 80)."""
+    ``width_when_piped``: the least width when stderr is not a terminal (rich's default: 80)."""
     console = Console(stderr=True, highlight=False)
-    if width_when_piped is not None and not console.is_terminal:
+    if not console.is_terminal and console.width < width_when_piped:
         console = Console(stderr=True, highlight=False, width=width_when_piped)
     return console
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import Any
 
 from rich.table import Table
 
 from planner.compare import Comparison, StrategyResult
 from planner.render import GIB, stderr_console, write_png
-from planner.render.text import safe_text
+from planner.render.text import plot_text, safe_text
 
 
 def _fmt(value: float | None, fmt: str, suffix: str = "") -> str:
@@ -24,7 +25,7 @@ def comparison_table(comparison: Comparison) -> Table:
     for col, justify in (("strategy", "left"), ("config", "left"), ("schedule", "left"), ("M", "right"),
                          ("iter ms", "right"), ("samples/s", "right"), ("vs dp", "right"),
                          ("GiB/GPU", "right"), ("fits", "left")):
-        table.add_column(col, justify=justify, no_wrap=col in ("strategy", "fits"))  # type: ignore[arg-type]
+        table.add_column(col, justify=justify, no_wrap=col in ("strategy", "fits"), overflow="fold")  # type: ignore[arg-type]
     fastest = min((s.iteration_s for s in comparison.strategies if s.fits and s.iteration_s), default=None)
     for s in comparison.strategies:
         style = "bold green" if s.fits and s.iteration_s == fastest else ("dim" if not s.fits else "")
@@ -41,19 +42,10 @@ def comparison_table(comparison: Comparison) -> Table:
 def print_comparison(comparison: Comparison) -> None:
     """The table on stderr, then one line per strategy that does not fit, with its reason."""
     console = stderr_console()
-    if not console.is_terminal:  # logs and CI: no terminal to fit, keep every column whole
-        console.width = max(console.width, 132)
     console.print(comparison_table(comparison))
     for s in comparison.strategies:
         if not s.fits:
             console.print(f"[dim]{safe_text(s.name)} does not fit:[/dim] {safe_text(s.reason)}", soft_wrap=True)
-
-
-def _bar_values(strategies: Sequence[StrategyResult]) -> tuple[list[float], str]:
-    """Speedup over dp when dp fits, else samples per second."""
-    if any(s.speedup_over_dp for s in strategies):
-        return [s.speedup_over_dp or 0.0 for s in strategies], "speedup over dp"
-    return [s.samples_per_s or 0.0 for s in strategies], "samples / s"
 
 
 COLORS = {"dp": "#7f7f7f", "accpar": "#8c564b", "gpipe-uniform": "#1f77b4", "torchgpipe": "#17becf",
@@ -61,8 +53,59 @@ COLORS = {"dp": "#7f7f7f", "accpar": "#8c564b", "gpipe-uniform": "#1f77b4", "tor
           "planner": "#d62728"}
 
 
+def _capacity_gib(s: StrategyResult) -> float | None:
+    """The memory of the smallest GPU the strategy's plan uses (its peak must stay under it)."""
+    if s.plan is None:
+        return None
+    used = {d for st in s.plan.stages for d in st.devices}
+    caps = [g.memory_bytes for g in s.plan.cluster.gpus if g.name in used]
+    return min(caps) / GIB if caps else None
+
+
+def _panel(ax: Any, rows: Sequence[StrategyResult], values: Sequence[float | None], title: str, fmt: str,
+           notes: Sequence[str] = (), text_at: Sequence[float] = ()) -> None:
+    """One horizontal bar per strategy with its value written beside it (or at ``text_at``, past a mark);
+    a strategy that does not fit gets a faded, hatched bar (where it has a value) and 'does not fit'."""
+    ys = list(range(len(rows)))
+    colours = [COLORS.get(s.name, "#333333") for s in rows]
+    for y, v, s, colour in zip(ys, values, rows, colours, strict=True):
+        ax.barh(y, v or 0.0, color=colour, height=0.7, alpha=1.0 if s.fits else 0.35,
+                hatch=None if s.fits else "//", edgecolor="white" if s.fits else colour)
+    top = max((v for v in values if v), default=1.0)
+    notes = [*notes, *[""] * len(rows)]
+    places = [*text_at, *[0.0] * len(rows)]
+    for y, v, s, note, at in zip(ys, values, rows, notes, places, strict=False):
+        text = "-" if v is None else format(v, fmt) + note
+        if not s.fits:
+            text = "does not fit" if v is None else f"{text}  does not fit"
+        ax.text(max(v or 0.0, at) + top * 0.02, y, text, va="center", fontsize=8,
+                color="black" if s.fits else "0.35")
+    ax.set_title(title, fontsize=9, loc="left")
+    ax.set_xlim(0, top * 1.7)
+    ax.grid(axis="x", alpha=0.3)
+
+
+def _throughput_panel(ax: Any, rows: Sequence[StrategyResult]) -> None:
+    """Speedup over dp with each strategy's config, or samples/s when dp does not fit (no yardstick)."""
+    configs = [plot_text(f"   ({s.config}, M={s.microbatches})") if s.fits and s.config else "" for s in rows]
+    if any(s.speedup_over_dp for s in rows):
+        _panel(ax, rows, [s.speedup_over_dp for s in rows], "speedup over dp (config, micro-batches)", ".2f",
+               ["x" + c for c in configs])
+        ax.axvline(1.0, color="black", linewidth=0.6, linestyle=":")
+    else:
+        _panel(ax, rows, [s.samples_per_s for s in rows], "samples/s (dp does not fit) (config, micro-batches)",
+               ".1f", configs)
+
+
 def plot_comparison(comparison: Comparison, path: str | os.PathLike[str]) -> None:
-    """A bar chart of every strategy (not fitting: an empty bar marked 'does not fit')."""
+    """The chart of :func:`comparison_figure` as PNG (atomically)."""
+    write_png(path, comparison_figure(comparison), dpi=120, bbox_inches="tight")
+
+
+def comparison_figure(comparison: Comparison) -> Any:
+    """Three panels, one row per strategy: speedup over dp (with its config), iteration time, and peak
+    memory per GPU with each strategy's GPU capacity marked (red '|'); a strategy that does not fit
+    is marked 'does not fit'. The caller closes the figure."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -70,24 +113,24 @@ def plot_comparison(comparison: Comparison, path: str | os.PathLike[str]) -> Non
     import matplotlib.pyplot as plt
 
     rows = list(comparison.strategies)
-    values, label = _bar_values(rows)
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(rows)), 4.0))
-    xs = range(len(rows))
-    ax.bar(xs, values, color=[COLORS.get(s.name, "#333333") for s in rows])
-    top = max(values, default=1.0) or 1.0
-    for x, s, v in zip(xs, rows, values, strict=True):
-        text = f"{v:.2f}" if s.fits else "does not fit"
-        ax.text(x, v + top * 0.01, text, ha="center", va="bottom", fontsize=8,
-                rotation=0 if s.fits else 90)
-        if s.fits and s.config:
-            ax.text(x, top * 0.02, s.config, ha="center", va="bottom", fontsize=6, rotation=90, color="white")
-    ax.set_xticks(list(xs), [s.name for s in rows], rotation=30, ha="right")
-    ax.set_ylabel(label)
-    if label.startswith("speedup"):
-        ax.axhline(1.0, color="black", linewidth=0.6, linestyle=":")
-    ax.set_title(f"{comparison.model}, batch {comparison.batch_size}, on {comparison.cluster}")
-    ax.set_ylim(0, top * 1.18)
-    write_png(path, fig, dpi=120, bbox_inches="tight")
+    fig, axes = plt.subplots(1, 3, figsize=(14.0, 1.3 + 0.42 * len(rows)), sharey=True)
+    _throughput_panel(axes[0], rows)
+    _panel(axes[1], rows, [None if s.iteration_s is None else s.iteration_s * 1e3 for s in rows],
+           "iteration time (ms)", ".1f")
+    mem = [None if s.peak_memory_bytes is None else s.peak_memory_bytes / GIB for s in rows]
+    caps = [_capacity_gib(s) for s in rows]
+    _panel(axes[2], rows, mem, "peak memory per GPU (GiB); red |: GPU capacity", ".2f",
+           text_at=[c or 0.0 for c in caps])
+    for y, cap in enumerate(caps):
+        if cap is not None:
+            axes[2].plot([cap, cap], [y - 0.42, y + 0.42], color="red", linewidth=1.6)
+    axes[2].set_xlim(0, max([*(m or 0.0 for m in mem), *(c or 0.0 for c in caps), 1e-9]) * 1.6)
+    axes[0].set_yticks(list(range(len(rows))), [s.name for s in rows])
+    axes[0].invert_yaxis()
+    fig.suptitle(plot_text(f"{comparison.model}, batch {comparison.batch_size}, on {comparison.cluster}, "
+                           f"optimizer {comparison.optimizer}"), fontsize=11, x=0.01, ha="left")
+    fig.tight_layout()
+    return fig
 
 
 def plot_speedup_groups(groups: Sequence[tuple[str, Sequence[Comparison]]], path: str | os.PathLike[str],

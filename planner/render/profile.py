@@ -5,18 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from planner import render
 from planner.ir import LayerProfile, ModelProfile
-from planner.render.text import safe_text
-
-
-def stderr_console() -> Console:
-    """A console on stderr, wide enough for the layer table even when stderr is not a terminal."""
-    return render.stderr_console(width_when_piped=160)
+from planner.render import stderr_console
+from planner.render.text import count, safe_text
 
 
 @contextmanager
@@ -48,17 +42,37 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.2f}"
 
 
+def _dims(shape: tuple[int, ...] | None) -> str | None:
+    """A shape without its batch dimension: ``(8, 128, 768)`` -> ``128x768``."""
+    return None if shape is None or len(shape) < 2 else "x".join(str(d) for d in shape[1:])
+
+
+def io_shapes(profile: ModelProfile, i: int) -> str:
+    """Layer ``i``'s input and output, without batch: its output shape, and the previous layer's (or the
+    model's input shape for the first); the weight's in/out features where no shape is known."""
+    layer = profile.layers[i]
+    out = _dims(layer.output_shape)
+    if i > 0:
+        into = _dims(profile.layers[i - 1].output_shape)
+    else:
+        into = None if profile.input_shape is None else "x".join(str(d) for d in profile.input_shape)
+    if out is not None and into is not None:
+        return f"{into}→{out}"
+    return "" if layer.in_features is None else f"{layer.in_features}→{layer.out_features}"
+
+
 def summary_table(profile: ModelProfile, max_rows: int = 60) -> Table:
     """One row per layer (elided in the middle past ``max_rows``) and a total row."""
     mode = profile.mode
     model, dtype, device = (safe_text(x) for x in (profile.model, profile.dtype, profile.device))
-    table = Table(title=f"{model}: {len(profile.layers)} layers, batch {profile.batch_size}, "
+    shape = "" if profile.input_shape is None else f" of {'x'.join(map(str, profile.input_shape))}"
+    table = Table(title=f"{model}: {count(len(profile.layers), 'layer')}, batch {profile.batch_size}{shape}, "
                         f"{dtype}, {safe_text(mode)} on {device} ({_si(profile.device_flops, 'FLOP/s')})",
                   title_justify="left")
     for col, justify in (("#", "right"), ("layer", "left"), ("type", "left"), ("fwd ms", "right"),
                          ("bwd ms", "right"), ("FLOPs f+b", "right"), ("params", "right"), ("output", "right"),
-                         ("saved", "right"), ("in→out", "right")):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+                         ("saved", "right"), ("in→out (no batch)", "right")):
+        table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
     rows: list[tuple[int, LayerProfile | None]] = list(enumerate(profile.layers))
     if len(rows) > max_rows:
         half = max_rows // 2
@@ -67,10 +81,9 @@ def summary_table(profile: ModelProfile, max_rows: int = 60) -> Table:
         if layer is None:
             table.add_row("…", "…", "", "", "", "", "", "", "", "")
             continue
-        shape = "" if layer.in_features is None else f"{layer.in_features}→{layer.out_features}"
         table.add_row(str(i), safe_text(layer.name), safe_text(layer.type), _ms(layer.forward_s), _ms(layer.backward_s),
                       _si(layer.forward_flops + layer.backward_flops, ""), f"{layer.param_count:,}",
-                      _si(layer.output_bytes, "B"), _si(layer.saved_bytes, "B"), shape)
+                      _si(layer.output_bytes, "B"), _si(layer.saved_bytes, "B"), io_shapes(profile, i))
     ls = profile.layers
     table.add_section()
     table.add_row("", "total", "", _ms(sum(x.forward_s for x in ls)), _ms(sum(x.backward_s for x in ls)),

@@ -7,16 +7,15 @@ from collections.abc import Mapping, Sequence
 from rich.table import Table
 
 from planner import ir
+from planner.explain import Explanation
 from planner.render import GIB, stderr_console
-from planner.render.text import safe_text
+from planner.render.explain import print_explanation
+from planner.render.text import count, device_noun, safe_text
+from planner.render.text import ms as _ms
 
 
 def _gib(n: float) -> str:
     return f"{n / GIB:.2f} GiB"
-
-
-def _ms(s: float) -> str:
-    return f"{s * 1e3:.2f} ms"
 
 
 def _forms(forms: Sequence[str]) -> str:
@@ -36,49 +35,60 @@ def _devices(devices: Sequence[str]) -> str:
     return ", ".join(shown) if len(shown) <= 3 else f"{shown[0]} .. {shown[-1]} ({len(shown)})"
 
 
-def print_plan(plan: ir.Plan, *, elapsed_s: float | None = None, output: str | None = None) -> None:
-    """A table of the plan's stages (bottleneck marked) and a summary, on stderr."""
-    from planner.costmodel import stage_costs, stage_terms
+def plan_table(plan: ir.Plan, bottleneck: int) -> Table:
+    """One row per stage: layers, devices, forms, costs per micro-batch, memory against capacity."""
+    from planner.costmodel import stage_costs
 
-    console = stderr_console()
     costs = stage_costs(plan)
-    terms = stage_terms(costs, plan.schedule, plan.microbatches)
-    bottleneck = max(range(len(terms)), key=lambda i: terms[i])
     table = Table(title=f"plan for {safe_text(plan.model)} on {safe_text(plan.cluster.name)}: config {plan.config}",
                   title_justify="left")
-    for col in ("stage", "layers", "devices", "forms", "fwd+bwd / mb", "recv / mb", "all-reduce", "memory / device",
-                "capacity"):
-        table.add_column(col, justify="right" if col not in ("devices", "forms") else "left")
+    for col in ("stage", "layers", "devices", "tp x dp", "forms", "fwd+bwd / mb", "recv / mb", "all-reduce",
+                "memory / device", "capacity"):
+        table.add_column(col, justify="right" if col not in ("layers", "devices", "forms") else "left",
+                         overflow="fold")
     layers = plan.profile.layers
     for s, (stage, cost) in enumerate(zip(plan.stages, costs, strict=True)):
         first, end = stage.layers
         span = f"{first}-{end - 1}" if end - first > 1 else f"{first}"
         names = safe_text(f"{layers[first].name}..{layers[end - 1].name}" if end - first > 1 else layers[first].name)
         recv = 2 * costs[s - 1].send_s if s > 0 else 0.0
-        mark = " *" if s == bottleneck and len(plan.stages) > 1 else ""
-        forms = _forms(stage.forms) + (f" +recompute {stage.recompute}" if stage.recomputes else "")
-        table.add_row(f"{s}{mark}", f"{span} ({names})", _devices(stage.devices), forms,
+        mark = " *" if s % plan.pipeline_stages == bottleneck and plan.pipeline_stages > 1 else ""
+        forms = _forms(stage.forms) + (f" +recompute {stage.recompute}" if stage.recomputes else "") + (
+            f" +zero {stage.zero}" if stage.zero else "") + (" +sequence parallel" if stage.sequence_parallel else "")
+        table.add_row(f"{s}{mark}", safe_text(f"{span} ({names})"), safe_text(_devices(stage.devices)),
+                      f"{stage.tp} x {stage.dp}", forms,
                       _ms(cost.forward_s + cost.backward_s), _ms(recv), _ms(cost.allreduce_s),
                       _gib(stage.memory_bytes), _gib(cost.capacity_bytes))
-    console.print(table)
+    return table
+
+
+def print_plan(plan: ir.Plan, explanation: Explanation, *, elapsed_s: float | None = None, output: str | None = None,
+               long: bool = False) -> None:
+    """The plan's stages (bottleneck marked), a summary and its explanation, on stderr."""
+    console = stderr_console()
+    console.print(plan_table(plan, explanation.bottleneck))
     p = plan.predicted
-    console.print(f"config [bold]{plan.config}[/] (PipeDream notation), {plan.microbatches} micro-batches of "
-                  f"{plan.batch_size // plan.microbatches}, schedule {plan.schedule}, optimizer {plan.optimizer}")
+    mbs = plan.batch_size // plan.microbatches
+    console.print(f"config [bold]{plan.config}[/] (PipeDream notation: GPUs per stage), "
+                  f"{count(plan.microbatches, 'micro-batch')} of {mbs}, schedule {plan.schedule}, "
+                  f"optimizer {plan.optimizer}, precision {plan.precision}", soft_wrap=True)
     console.print(f"predicted iteration {_ms(p.iteration_s)}, {p.samples_per_s:.1f} samples/s, bubble "
                   f"{p.bubble_fraction:.1%}, peak memory {_gib(p.peak_memory_bytes)} per device"
-                  + ("  (* bottleneck stage)" if len(plan.stages) > 1 else ""))
+                  + ("  (* bottleneck stage)" if plan.pipeline_stages > 1 else ""), soft_wrap=True)
+    gpus = count(len(plan.cluster.gpus), device_noun(g.name for g in plan.cluster.gpus))
     if plan.dp_iteration_s is not None and plan.speedup_over_dp is not None:
-        console.print(f"pure data parallel on all {len(plan.cluster.gpus)} GPUs: {_ms(plan.dp_iteration_s)} -> "
+        console.print(f"pure data parallel on all {gpus}: {_ms(plan.dp_iteration_s)} -> "
                       f"speedup [bold]{plan.speedup_over_dp:.2f}x[/]")
     else:
-        console.print(f"pure data parallel on all {len(plan.cluster.gpus)} GPUs does not fit in memory")
+        console.print(f"pure data parallel on all {gpus} does not fit in memory")
+    print_explanation(explanation, console, long=long)
     tail = []
     if elapsed_s is not None:
         tail.append(f"searched in {elapsed_s:.2f} s ({plan.solver})")
     if output:
         tail.append(f"plan written to {safe_text(output)}")
     if tail:
-        console.print("; ".join(tail))
+        console.print("; ".join(tail), soft_wrap=True)
 
 
 def print_clusters(clusters: Sequence[ir.Cluster], descriptions: Mapping[str, str]) -> None:
@@ -86,7 +96,7 @@ def print_clusters(clusters: Sequence[ir.Cluster], descriptions: Mapping[str, st
     console = stderr_console()
     table = Table(title="cluster presets (use with --cluster NAME)", title_justify="left")
     for col in ("name", "servers x GPUs", "TFLOP/s per GPU", "memory per GPU", "intra-node", "inter-node"):
-        table.add_column(col)
+        table.add_column(col, no_wrap=col == "name", overflow="fold")
     for c in clusters:
         sizes = sorted({len(n.gpus) for n in c.nodes})
         shape = f"{len(c.nodes)} x {sizes[0]}" if len(sizes) == 1 else f"{len(c.nodes)} x {sizes}"
@@ -98,4 +108,4 @@ def print_clusters(clusters: Sequence[ir.Cluster], descriptions: Mapping[str, st
     console.print(table)
     for c in clusters:
         if descriptions.get(c.name):
-            console.print(f"[bold]{safe_text(c.name)}[/]: {safe_text(descriptions[c.name])}")
+            console.print(f"[bold]{safe_text(c.name)}[/]: {safe_text(descriptions[c.name])}", soft_wrap=True)

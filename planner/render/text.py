@@ -1,14 +1,16 @@
-"""Text taken from files, made safe to show: no rich markup, no terminal control codes, no mathtext.
+"""Text helpers every command's output shares: names from files made safe to show, units and plurals.
 
 A layer, GPU, model or cluster name comes from a JSON file or a model factory; printed as is it
 could close a rich markup tag (``[/]``), set the terminal's title (an escape sequence) or break a
 matplotlib label (``$``). :func:`safe_text` is applied wherever such a name is printed on the
-terminal, :func:`plot_text` wherever it is drawn in a picture.
+terminal, :func:`plot_text` wherever it is drawn in a picture. :func:`count`, :func:`ms` and
+:func:`device_noun` keep units and plurals the same in every command.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 from rich.markup import escape
 
@@ -29,3 +31,27 @@ def safe_text(value: object) -> str:
 def plot_text(value: object) -> str:
     """``value`` for a matplotlib label: control characters escaped and ``$`` kept literal (no mathtext)."""
     return plain_text(value).replace("$", r"\$")
+
+
+def plural(n: int, noun: str) -> str:
+    """``noun`` for one, its plural otherwise (``micro-batch`` -> ``micro-batches``, ``GPU`` -> ``GPUs``)."""
+    if n == 1:
+        return noun
+    return noun + ("es" if noun.endswith(("s", "sh", "ch", "x")) else "s")
+
+
+def count(n: int, noun: str) -> str:
+    """``1 micro-batch``, ``2 micro-batches``, ``8 GPUs``."""
+    return f"{n} {plural(n, noun)}"
+
+
+def ms(seconds: float | None) -> str:
+    """Seconds shown in milliseconds with two decimals (``-`` for None)."""
+    return "-" if seconds is None else f"{seconds * 1e3:.2f} ms"
+
+
+def device_noun(device_names: Iterable[str]) -> str:
+    """What a cluster's devices are called in output: ``CPU process`` for a calibrated CPU cluster
+    (devices ``cpu0``, ``cpu1``, ...: planner calibrate), else ``GPU``."""
+    names = list(device_names)
+    return "CPU process" if names and all(n.startswith("cpu") for n in names) else "GPU"

@@ -1,0 +1,220 @@
+"""Why this plan: where its iteration goes, what bounds it, what it leaves idle and what came close.
+
+Pure (no torch, click or rich). From a plan, its stage costs (:func:`planner.costmodel.stage_costs`)
+and its simulation (:func:`planner.simulate.simulate`) this module computes, per pipeline rank
+("stage"; under ``interleaved`` the chunks on one device group add up):
+
+* ``compute_s`` = M x (forward + backward) per micro-batch on the stage's slowest device;
+* ``transfer_s`` = M x the busier direction of the stage's incoming transfers (activations from
+  the previous stage, gradients from the next; alpha + bytes / bandwidth each, the two directions
+  side by side on a full-duplex link): they overlap compute and bound the stage only when they
+  exceed it (:func:`planner.costmodel.stage_terms`);
+* ``allreduce_s`` and ``optimizer_s``: the gradient all-reduce and optimizer step once per iteration;
+* ``idle_s`` = iteration - the simulated busy time of the stage's devices (its share of the bubble:
+  waiting for the pipeline to fill and drain, or for transfers);
+* memory headroom: per device capacity minus the simulated peak, the least over the stage's devices.
+
+The bottleneck is the stage with the most work (``max(compute, transfers) + all-reduce +
+optimizer``, the steady-state term of the cost model); its bound is its largest part (compute,
+transfers, all-reduce, optimizer or bubble).
+Given the candidates the search judged (plan and simulated prediction, best first), it names
+the runner-up configurations and the best plan that uses every GPU of the cluster (or says
+that none was judged), with that plan's own bottleneck: why using the idle GPUs is slower.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from planner import ir
+from planner.costmodel import stage_costs
+from planner.simulate import DeviceResult, SimOptions, SimResult, simulate
+
+RUNNER_UPS = 3
+"""How many runner-up configurations an explanation lists."""
+
+Candidate = tuple[ir.Plan, ir.Prediction]
+"""A plan the search judged and its simulated prediction."""
+
+
+@dataclass(frozen=True)
+class StageExplanation:
+    """Where one pipeline rank's iteration goes (seconds per iteration) and its memory headroom."""
+
+    stage: int
+    devices: tuple[str, ...]
+    compute_s: float
+    transfer_s: float
+    allreduce_s: float
+    optimizer_s: float
+    idle_s: float
+    peak_memory_bytes: int
+    capacity_bytes: int
+    headroom_bytes: int
+
+    @property
+    def work_s(self) -> float:
+        """The stage's steady-state work: transfers hide behind compute unless they exceed it."""
+        return max(self.compute_s, self.transfer_s) + self.allreduce_s + self.optimizer_s
+
+    def terms(self) -> dict[str, float]:
+        """The parts of this stage's iteration by name, largest first (transfers overlap compute)."""
+        terms = {"compute": self.compute_s, "transfers": self.transfer_s, "all-reduce": self.allreduce_s,
+                 "optimizer": self.optimizer_s, "bubble": self.idle_s}
+        return dict(sorted(terms.items(), key=lambda kv: -kv[1]))
+
+    def bound(self) -> str:
+        """The largest part of this stage's iteration (the first named on ties)."""
+        return next(iter(self.terms()))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stage": self.stage, "devices": list(self.devices), "compute_s": self.compute_s,
+                "transfer_s": self.transfer_s, "allreduce_s": self.allreduce_s, "optimizer_s": self.optimizer_s,
+                "idle_s": self.idle_s, "peak_memory_bytes": self.peak_memory_bytes,
+                "capacity_bytes": self.capacity_bytes, "headroom_bytes": self.headroom_bytes}
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """Another judged plan: its shape, simulated time, and what bounds it (``terms``: its bottleneck
+    stage's terms, largest first, seconds)."""
+
+    config: str
+    microbatches: int
+    schedule: str
+    world_size: int
+    iteration_s: float
+    slower_fraction: float
+    bottleneck_stage: int
+    bound: str
+    terms: tuple[tuple[str, float], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"config": self.config, "microbatches": self.microbatches, "schedule": self.schedule,
+                "world_size": self.world_size, "iteration_s": self.iteration_s,
+                "slower_fraction": self.slower_fraction, "bottleneck_stage": self.bottleneck_stage,
+                "bound": self.bound, "terms": dict(self.terms)}
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """The facts behind a plan (see the module doc); ``judged`` is False when no candidates were given."""
+
+    iteration_s: float
+    bubble_fraction: float
+    stages: tuple[StageExplanation, ...]
+    bottleneck: int
+    bound: str
+    gpus: int
+    idle_devices: tuple[str, ...]
+    all_gpus: Alternative | None
+    runner_ups: tuple[Alternative, ...]
+    judged: bool
+    dp_iteration_s: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"iteration_s": self.iteration_s, "bubble_fraction": self.bubble_fraction,
+                "bottleneck_stage": self.bottleneck, "bound": self.bound, "gpus": self.gpus,
+                "idle_devices": list(self.idle_devices),
+                "all_gpus": None if self.all_gpus is None else self.all_gpus.to_dict(),
+                "runner_ups": [a.to_dict() for a in self.runner_ups], "judged": self.judged,
+                "dp_iteration_s": self.dp_iteration_s, "stages": [s.to_dict() for s in self.stages]}
+
+
+def _lane_chunks(n_chunks: int, lanes: int) -> list[list[int]]:
+    """The chunks (stages of the plan) each lane runs: chunk c on lane c mod K."""
+    return [[c for c in range(n_chunks) if c % lanes == lane] for lane in range(lanes)]
+
+
+def _stage(lane: int, chunks: Sequence[int], costs: Sequence[ir.StageCost], microbatches: int,
+           devices: Sequence[DeviceResult], iteration_s: float) -> StageExplanation:
+    """One lane's terms from its chunks' costs and its devices' simulated results."""
+    per_mb = sum(costs[c].forward_s + costs[c].backward_s for c in chunks)
+    activations_in = sum(costs[c - 1].send_s for c in chunks if c > 0)
+    gradients_in = sum(costs[c].send_s for c in chunks)  # the same bytes come back as gradients
+    recv = max(activations_in, gradients_in)  # the two directions of a full-duplex link run side by side
+    busy_s = max((d.busy_s for d in devices), default=0.0)
+    peak = max((d.peak_memory_bytes for d in devices), default=0)
+    caps = [d.capacity_bytes for d in devices if d.capacity_bytes > 0]
+    headroom = min((d.capacity_bytes - d.peak_memory_bytes for d in devices if d.capacity_bytes > 0), default=0)
+    return StageExplanation(
+        stage=lane, devices=tuple(d.device for d in devices), compute_s=microbatches * per_mb,
+        transfer_s=microbatches * recv, allreduce_s=sum(costs[c].allreduce_s for c in chunks),
+        optimizer_s=sum(costs[c].optimizer_step_s for c in chunks), idle_s=max(0.0, iteration_s - busy_s),
+        peak_memory_bytes=peak, capacity_bytes=min(caps, default=0), headroom_bytes=headroom)
+
+
+def stage_explanations(plan: ir.Plan, result: SimResult) -> tuple[StageExplanation, ...]:
+    """Per pipeline rank: compute, transfers, all-reduce, optimizer, idle and memory headroom
+    (``result``: the plan's simulation)."""
+    costs = stage_costs(plan)
+    chunks = _lane_chunks(len(costs), len(result.lanes))
+    return tuple(_stage(lane, chunks[lane], costs, plan.microbatches,
+                        [d for d in result.devices if d.lane == lane], result.iteration_s)
+                 for lane in range(len(result.lanes)))
+
+
+def _quiet_simulation(plan: ir.Plan) -> SimResult:
+    """The plan's simulation without an event record (times and memory only)."""
+    return simulate(plan, SimOptions(record_events=False))
+
+
+def bottleneck(stages: Sequence[StageExplanation]) -> int:
+    """The stage with the most steady-state work (first on ties)."""
+    return max(range(len(stages)), key=lambda s: (stages[s].work_s, -s))
+
+
+def _alternative(plan: ir.Plan, predicted: ir.Prediction, best_s: float) -> Alternative:
+    """A judged candidate as an Alternative, with its own bottleneck and bound."""
+    stages = stage_explanations(plan, _quiet_simulation(plan))
+    b = bottleneck(stages)
+    slower = predicted.iteration_s / best_s - 1.0 if best_s > 0 else 0.0
+    terms = tuple((name, t) for name, t in stages[b].terms().items() if t > 0)
+    return Alternative(plan.config, plan.microbatches, plan.schedule, plan.world_size, predicted.iteration_s,
+                       slower, b, stages[b].bound(), terms)
+
+
+def runner_ups(plan: ir.Plan, candidates: Sequence[Candidate], n: int = RUNNER_UPS) -> list[Candidate]:
+    """The best candidate of each of the next ``n`` configurations other than ``plan``'s, fastest first."""
+    seen = {plan.config}
+    out: list[Candidate] = []
+    for cand, predicted in sorted(candidates, key=lambda c: c[1].iteration_s):
+        if cand.config in seen:
+            continue
+        seen.add(cand.config)
+        out.append((cand, predicted))
+        if len(out) >= n:
+            break
+    return out
+
+
+def best_on_all_gpus(plan: ir.Plan, candidates: Sequence[Candidate]) -> Candidate | None:
+    """The fastest candidate whose world size is the cluster's GPU count (None: none judged)."""
+    n = len(plan.cluster.gpus)
+    full = [c for c in candidates if c[0].world_size == n]
+    return min(full, key=lambda c: c[1].iteration_s, default=None)
+
+
+def explain(plan: ir.Plan, candidates: Sequence[Candidate] | None = None, result: SimResult | None = None,
+            n_runner_ups: int = RUNNER_UPS) -> Explanation:
+    """The explanation of ``plan`` (module doc); ``candidates``: the plans the search judged
+    (None: not known, e.g. for a plan read from a file).
+
+    ``result``: the plan's simulation when already at hand (else simulated here).
+    """
+    result = _quiet_simulation(plan) if result is None else result
+    stages = stage_explanations(plan, result)
+    b = bottleneck(stages)
+    t = result.iteration_s
+    used = {d for s in plan.stages for d in s.devices}
+    idle = tuple(g.name for g in plan.cluster.gpus if g.name not in used)
+    cands = list(candidates or ())
+    full = best_on_all_gpus(plan, cands) if idle else None
+    return Explanation(
+        iteration_s=t, bubble_fraction=result.bubble_fraction,
+        stages=stages, bottleneck=b, bound=stages[b].bound(), gpus=len(plan.cluster.gpus), idle_devices=idle,
+        all_gpus=None if full is None else _alternative(*full, t),
+        runner_ups=tuple(_alternative(p, pr, t) for p, pr in runner_ups(plan, cands, n_runner_ups)),
+        judged=candidates is not None, dp_iteration_s=plan.dp_iteration_s)

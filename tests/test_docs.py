@@ -1,0 +1,123 @@
+"""The README and examples/ stand alone: every command block runs as written, the library snippet
+runs, and no document points outside the repository.
+
+The README's ```bash blocks run in order, each as one bash script with ``set -e``, in one fresh
+folder that holds links to ``examples/`` and ``profiles/`` (as the clone's root does), with the
+test's Python environment's ``bin`` first on PATH (``planner``, ``torchrun``) and this checkout
+on PYTHONPATH. A block preceded by ``<!-- docs-test: skip (why) -->`` is not run; the README
+says why beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+SKIP = "<!-- docs-test: skip"
+BLOCK = re.compile(r"(?P<before>[^\n]*)\n```(?P<lang>\w*)\n(?P<body>.*?)\n```", re.S)
+
+
+def blocks(text: str, lang: str) -> list[tuple[str, bool]]:
+    """The ``lang`` code blocks of a Markdown text: (body, marked to skip)."""
+    return [(m["body"], m["before"].startswith(SKIP)) for m in BLOCK.finditer(text) if m["lang"] == lang]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{env['PYTHONPATH']}" if env.get("PYTHONPATH") else str(ROOT)
+    env.pop("PLANNER_PROGRESS", None)
+    return env
+
+
+def _bash(script: str, cwd: Path, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", "-c", "set -euo pipefail\n" + script], cwd=cwd, env=_env(), text=True,
+                          capture_output=True, timeout=timeout_s)
+
+
+def test_blocks_are_found_and_skips_are_explained() -> None:
+    text = README.read_text()
+    bash = blocks(text, "bash")
+    assert len(bash) >= 3 and any("planner search" in b for b, _ in bash)
+    skipped = [b for b, skip in bash if skip]
+    assert all("scripts/" in b for b in skipped), "only the setup scripts may be left out"
+    assert re.findall(r"<!-- docs-test: skip \(.+?\) -->", text), "a skip says why"
+
+
+def _runnable() -> list[str]:
+    """The README's bash blocks the test runs (not the skipped ones, not the venv activation, which the
+    test does itself by putting the venv's bin first on PATH)."""
+    return [b for b, skip in blocks(README.read_text(), "bash") if not skip and not b.startswith("source .venv")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("index", range(len(_runnable())))
+def test_readme_commands_run_as_written(index: int, tmp_path: Path) -> None:
+    """Each block in a fresh folder, as in a fresh clone's root; every ``-o`` output must then exist."""
+    body = _runnable()[index]
+    for name in ("examples", "profiles"):
+        (tmp_path / name).symlink_to(ROOT / name)
+    done = _bash(body, tmp_path)
+    assert done.returncode == 0, f"{body}\n--- stderr:\n{done.stderr[-3000:]}"
+    outputs = re.findall(r"-o (\S+)", body) + re.findall(r"--(?:plot|trace) (\S+)", body)
+    assert outputs
+    for name in outputs:
+        assert (tmp_path / name).exists(), name
+
+
+def test_readme_sample_explanation_is_what_search_prints() -> None:
+    """The 'why this plan' sample in the README is the output for the shipped VGG16 profile, line by line."""
+    text = README.read_text()
+    sample = next(b for b in re.findall(r"```text\n(.*?)\n```", text, re.S) if "why this plan" in b)
+    done = _bash("planner search profiles/vgg16-b64-2080ti.json --cluster pipepar-4x2-2080ti", ROOT, 120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    for line in sample.splitlines():
+        assert line.strip() in done.stderr, line
+
+
+def test_readme_library_snippet_runs() -> None:
+    (snippet,) = [b for b, _ in blocks(README.read_text(), "python")]
+    done = subprocess.run([sys.executable, "-c", snippet], cwd=ROOT, env=_env(), text=True, capture_output=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    config, iteration_s, bubble = done.stdout.split()
+    assert re.fullmatch(r"\d+(-\d+)*", config) and float(iteration_s) > 0 and 0 <= float(bubble) < 1
+
+
+def test_own_model_example_profiles_into_several_layers(tmp_path: Path) -> None:
+    out = tmp_path / "mine.json"
+    done = _bash(f"planner profile examples.own_model:build --input-shape 3,32,32 --batch-size 8 "
+                 f"--mode analytic -o {out}", ROOT, timeout_s=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["kind"] == "profile" and len(doc["layers"]) >= 4  # three conv blocks, then the head
+
+
+def test_example_cluster_loads_and_has_every_field_explained() -> None:
+    from planner.cluster import load_cluster
+
+    cluster = load_cluster(str(ROOT / "examples" / "cluster.json"))
+    assert len(cluster.gpus) == 8 and len(cluster.nodes) == 2
+    readme = (ROOT / "examples" / "README.md").read_text()
+    doc = json.loads((ROOT / "examples" / "cluster.json").read_text())
+    fields = {*doc, *doc["nodes"][0]["gpus"][0], "intra_node", "inter_node"}
+    for field in fields:
+        assert f"`{field}`" in readme or f".{field}`" in readme, field
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/contracts.md", "docs/reproduction.md", "examples/README.md",
+                                 "profiles/README.md"])
+def test_documents_do_not_point_outside_the_repository(doc: str) -> None:
+    text = (ROOT / doc).read_text()
+    assert "../shared" not in text and "/work/" not in text
+    for target in re.findall(r"\]\(([^)#]+)\)", text):
+        if not target.startswith(("http://", "https://")):
+            assert ((ROOT / doc).parent / target).exists(), f"{doc} links to missing {target}"

@@ -1,0 +1,131 @@
+"""planner.explain: where a plan's iteration goes, what bounds it, idle GPUs, runner-ups, memory headroom."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+from planner import ir
+from planner.cluster import load_cluster
+from planner.costmodel import stage_costs
+from planner.explain import best_on_all_gpus, bottleneck, explain, runner_ups
+from planner.jsonio import read_json
+from planner.search import search
+from planner.search.rerank import simulated
+from planner.simulate import simulate
+from tests.conftest import make_cluster_dict, make_profile_dict
+
+Candidate = tuple[ir.Plan, ir.Prediction]
+
+
+@pytest.fixture(scope="module")
+def vgg_search() -> tuple[ir.Plan, list[Candidate]]:
+    """vgg16 (shipped profile) on the paper's 4 x 2 RTX 2080Ti cluster, every judged candidate recorded."""
+    profile = ir.ModelProfile.from_dict(read_json("profiles/vgg16-b64-2080ti.json", "profile"))
+    judged: list[Candidate] = []
+
+    def judge(plan: ir.Plan) -> float:
+        verdict = simulated(plan)
+        judged.append((verdict.plan, verdict.predicted))
+        return verdict.predicted.iteration_s
+
+    plan = search(profile, load_cluster("pipepar-4x2-2080ti"), evaluate=judge)
+    return plan, judged
+
+
+def test_terms_follow_the_stage_costs_and_the_simulation(vgg_search) -> None:
+    plan, judged = vgg_search
+    e = explain(plan, judged)
+    costs = stage_costs(plan)
+    result = simulate(plan)
+    assert len(e.stages) == len(plan.stages)
+    for s, (st, c) in enumerate(zip(e.stages, costs, strict=True)):
+        assert st.compute_s == pytest.approx(plan.microbatches * (c.forward_s + c.backward_s))
+        assert st.allreduce_s == pytest.approx(c.allreduce_s)
+        act_in = costs[s - 1].send_s if s > 0 else 0.0
+        assert st.transfer_s == pytest.approx(plan.microbatches * max(act_in, c.send_s))
+        assert st.optimizer_s == pytest.approx(c.optimizer_step_s)
+        busy = max(d.busy_s for d in result.devices if d.lane == s)
+        assert st.idle_s == pytest.approx(result.iteration_s - busy, abs=1e-12)
+        assert st.headroom_bytes == min(d.capacity_bytes - d.peak_memory_bytes
+                                        for d in result.devices if d.lane == s)
+    assert e.iteration_s == pytest.approx(result.iteration_s)
+    assert e.bottleneck == bottleneck(e.stages)
+    assert e.bound == e.stages[e.bottleneck].bound()
+
+
+def test_idle_gpus_and_the_best_plan_that_uses_them(vgg_search) -> None:
+    plan, judged = vgg_search
+    e = explain(plan, judged)
+    used = {d for s in plan.stages for d in s.devices}
+    assert set(e.idle_devices) == {g.name for g in plan.cluster.gpus} - used
+    assert e.idle_devices, "vgg16 on pipepar-4x2-2080ti leaves GPUs idle (the issue's case)"
+    full = [p for p in judged if p[0].world_size == 8]
+    assert e.all_gpus is not None and full
+    assert e.all_gpus.world_size == 8
+    assert e.all_gpus.iteration_s == pytest.approx(min(p[1].iteration_s for p in full))
+    assert e.all_gpus.iteration_s >= e.iteration_s  # else the search would have picked it
+    assert e.all_gpus.slower_fraction == pytest.approx(e.all_gpus.iteration_s / e.iteration_s - 1)
+
+
+def test_runner_ups_are_the_next_distinct_configs_fastest_first(vgg_search) -> None:
+    plan, judged = vgg_search
+    e = explain(plan, judged, n_runner_ups=3)
+    configs = [a.config for a in e.runner_ups]
+    assert len(configs) == 3 and len(set(configs)) == 3 and plan.config not in configs
+    times = [a.iteration_s for a in e.runner_ups]
+    assert times == sorted(times)
+    assert all(t >= e.iteration_s for t in times)
+    best_other = min(p[1].iteration_s for p in judged if p[0].config != plan.config)
+    assert times[0] == pytest.approx(best_other)
+
+
+def test_without_candidates_nothing_is_claimed_about_alternatives(vgg_search) -> None:
+    plan, _ = vgg_search
+    e = explain(plan)
+    assert not e.judged and e.runner_ups == () and e.all_gpus is None
+    doc = e.to_dict()
+    assert doc["judged"] is False and doc["runner_ups"] == [] and doc["all_gpus"] is None
+    assert {"bottleneck_stage", "bound", "idle_devices", "stages", "iteration_s"} <= set(doc)
+    assert {"compute_s", "transfer_s", "allreduce_s", "optimizer_s", "idle_s", "headroom_bytes"} <= set(
+        doc["stages"][0])
+
+
+def test_judged_but_no_plan_on_all_gpus() -> None:
+    profile = ir.ModelProfile.from_dict(make_profile_dict(4, batch_size=8))
+    cluster = ir.Cluster.from_dict(make_cluster_dict(2, 2))
+    plan = search(profile, cluster, config=(1, 1), microbatches=4)
+    narrow = [(plan, plan.predicted)]
+    assert best_on_all_gpus(plan, narrow) is None
+    e = explain(plan, narrow)
+    assert e.judged and e.all_gpus is None and len(e.idle_devices) == 2
+    assert runner_ups(plan, narrow) == []
+
+
+def test_a_compute_bound_single_stage_has_no_bubble_bound() -> None:
+    profile = ir.ModelProfile.from_dict(make_profile_dict(4, batch_size=8))
+    cluster = ir.Cluster.from_dict(make_cluster_dict(1, 1))
+    plan = search(profile, cluster, microbatches=1)
+    e = explain(plan)
+    assert e.bound == "compute" and e.idle_devices == () and e.bottleneck == 0
+    assert e.stages[0].terms()["compute"] == pytest.approx(e.stages[0].compute_s)
+
+
+def test_a_plan_over_capacity_shows_negative_headroom(vgg_search) -> None:
+    plan, _ = vgg_search
+    tiny = dataclasses.replace(plan.cluster, nodes=tuple(
+        dataclasses.replace(n, gpus=tuple(dataclasses.replace(g, memory_bytes=2**20) for g in n.gpus))
+        for n in plan.cluster.nodes))
+    e = explain(dataclasses.replace(plan, cluster=tiny))
+    assert all(s.headroom_bytes < 0 for s in e.stages)
+
+
+def test_explain_is_pure() -> None:
+    code = ("import sys, planner.explain\n"
+            "print(','.join(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('torch', 'click', 'rich', 'matplotlib'))))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
