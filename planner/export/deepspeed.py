@@ -28,11 +28,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from planner import ir
-from planner.errors import ExportError
+from planner import ir, runnable
+from planner.errors import ExportError, PlanError
 from planner.export import common
-
-SCHEDULES = ("gpipe", "1f1b")
 
 
 def skip_shm_build() -> None:
@@ -52,23 +50,27 @@ def skip_shm_build() -> None:
 
 
 def check_plan(plan: ir.Plan) -> int:
-    """Refuse what DeepSpeed cannot run; return the data-parallel width."""
-    width = common.check_common(plan, "deepspeed")
-    for i, st in enumerate(plan.stages):
-        for j, form in enumerate(st.forms):
-            if form != "dp":
-                raise ExportError(
-                    f"stage {i} runs layer {st.layers[0] + j} in the {form} form, which DeepSpeed's pipeline "
-                    "cannot run (data parallel only)",
-                    "search a runnable plan with `planner search --engine deepspeed`, or export --to torch")
-    if plan.schedule not in SCHEDULES or plan.virtual_stages != 1:
-        raise ExportError(f"schedule {plan.schedule!r} has no DeepSpeed equivalent (DeepSpeed runs 1F1B)",
-                          "search with `planner search --engine deepspeed --schedule 1f1b`")
-    return width
+    """Refuse what DeepSpeed cannot run (planner.runnable's rules for it); return the data-parallel width."""
+    try:
+        runnable.check_runnable(plan, "deepspeed")
+    except PlanError as exc:
+        raise ExportError(exc.cause, exc.hint) from None
+    return common.check_common(plan, "deepspeed")
+
+
+def precision_config(precision: str) -> dict[str, Any]:
+    """DeepSpeed's mixed precision: ``bf16`` (bf16 weights and activations, fp32 master weights and
+    optimizer state in its BF16 optimizer) or ``fp16`` (with DeepSpeed's dynamic loss scale)."""
+    if precision == "bf16":
+        return {"bf16": {"enabled": True}}
+    if precision == "fp16":
+        return {"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}}
+    return {}
 
 
 def ds_config(plan: ir.Plan, lr: float | None = None) -> dict[str, Any]:
-    """The DeepSpeed config: micro-batch per GPU, accumulation = micro-batches, a torch optimizer.
+    """The DeepSpeed config: micro-batch per GPU, accumulation = micro-batches, a torch optimizer,
+    the plan's ZeRO stage (0 or 1: DeepSpeed's pipeline engine runs no more) and precision.
 
     Gradient clipping is off (DeepSpeed's default clips to 1.0). FusedAdam is never built:
     Adam is selected with ``torch_adam`` (and ``adam_w_mode`` off, so it is
@@ -92,7 +94,8 @@ def ds_config(plan: ir.Plan, lr: float | None = None) -> dict[str, Any]:
         "gradient_clipping": 0.0,
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
-        "zero_optimization": {"stage": 0},
+        "zero_optimization": {"stage": plan.stages[0].zero},
+        **precision_config(plan.precision),
     }
 
 

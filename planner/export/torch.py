@@ -46,70 +46,49 @@ from typing import Any
 import torch
 from torch import nn
 
-from planner import ir
-from planner.errors import ExportError
-from planner.export import common
+from planner import ir, runnable
+from planner.errors import ExportError, PlanError
+from planner.export import common, parallel, sharding
 
 SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved": "ScheduleInterleaved1F1B",
              "zb-h1": "ScheduleInterleavedZeroBubble"}
 
+MESH_DIMS = ("pp", "dp", "tp")
+
 
 def tensor_parallel(plan: ir.Plan) -> bool:
-    """Whether the plan splits any layer (the ``w`` mesh dimension is then tensor parallel)."""
-    return any(f != "dp" for st in plan.stages for f in st.forms)
+    """Whether the plan's stages have tensor groups of more than one device."""
+    return any(st.tp > 1 for st in plan.stages)
 
 
 def check_plan(plan: ir.Plan, layers: Sequence[nn.Module] | None = None) -> int:
-    """Refuse what the torch export cannot run; return the data-parallel width (1 when split)."""
-    if plan.schedule not in SCHEDULES:
-        raise ExportError(f"schedule {plan.schedule!r} has no torch.distributed.pipelining equivalent",
-                          "search with `planner search --engine torch --schedule 1f1b` (or gpipe, interleaved, "
-                          "zb-h1)")
-    k = len(plan.stages)
-    v = plan.virtual_stages
-    if k % v:
-        raise ExportError(f"{k} stages are not {v} chunks per device", "re-run planner search")
-    widths = {s.width for s in plan.stages}
-    if len(widths) != 1:
-        i = next(i for i, s in enumerate(plan.stages) if s.width != plan.stages[0].width)
-        raise ExportError(f"stage {i} has {plan.stages[i].width} devices but stage 0 has {plan.stages[0].width}: "
-                          "torch pipelining needs every stage the same width",
-                          "search a runnable plan with `planner search --engine torch`")
-    width = widths.pop()
-    if not tensor_parallel(plan):
-        return common.check_common(plan, "torch")
-    if plan.batch_size % plan.microbatches:
-        raise ExportError(f"batch {plan.batch_size} is not {plan.microbatches} equal micro-batches",
-                          "choose --microbatches that divides the batch")
+    """Refuse what the torch export cannot run; return the data-parallel degree ``dp``.
+
+    Plan-level rules (schedules, one grid for every stage, batch shapes, heads that ``tp``
+    divides) are planner.runnable's; the layers' own checks (a Linear to split, attention and
+    MLP modules to shard) need the model.
+    """
+    try:
+        runnable.check_runnable(plan, "torch")
+    except PlanError as exc:
+        raise ExportError(exc.cause, exc.hint) from None
+    if plan.precision == "fp16":
+        raise ExportError("the plan trains in fp16, which needs a dynamic loss scale the torch pipelining "
+                          "schedule's loss function does not carry", "search with --precision bf16 (or fp32)")
     if layers is not None:
         for i, st in enumerate(plan.stages):
-            for j, form in enumerate(st.forms):
-                if form != "dp":
-                    _split_target(layers[st.layers[0] + j], i, st.layers[0] + j, form)
-                    _check_divisible(layers[st.layers[0] + j], width, i, st.layers[0] + j, form)
-    return 1
+            _check_stage_layers(layers, plan, st, i)
+    return plan.stages[0].dp
 
 
-def _split_target(layer: nn.Module, stage: int, index: int, form: str) -> str:
-    """The dotted name of the one nn.Linear a split form shards in ``layer``."""
-    linears = [name for name, m in layer.named_modules() if isinstance(m, nn.Linear)]
-    if len(linears) != 1:
-        kinds = sorted({type(m).__name__ for m in layer.modules() if any(True for _ in m.parameters(recurse=False))})
-        raise ExportError(
-            f"stage {stage}: layer {index} ({type(layer).__name__}, weights in {', '.join(kinds) or 'none'}) "
-            f"cannot run the {form} form: the torch export shards exactly one nn.Linear per layer "
-            "(DTensor has no parallel style for convolutions or other layers)",
-            "search with `planner search --engine deepspeed` (dp forms only), or keep this layer dp")
-    return linears[0]
-
-
-def _check_divisible(layer: nn.Module, width: int, stage: int, index: int, form: str) -> None:
-    lin = layer.get_submodule(_split_target(layer, stage, index, form))
-    assert isinstance(lin, nn.Linear)
-    n = lin.out_features if form == "split_out" else lin.in_features
-    if n % width:
-        raise ExportError(f"stage {stage}: layer {index}'s {n} {'output' if form == 'split_out' else 'input'} "
-                          f"features do not split over {width} devices", "search with other widths")
+def _check_stage_layers(layers: Sequence[nn.Module], plan: ir.Plan, st: ir.Stage, i: int) -> None:
+    seq = plan.profile.input_shape[0] if plan.profile.input_shape else None
+    for j, form in enumerate(st.forms):
+        index = st.layers[0] + j
+        if form in ("split_out", "split_in"):
+            parallel.check_split(layers[index], st.tp, i, index, form)
+        elif form == "tp":
+            parallel.check_block(layers[index], st.tp, seq, st.sequence_parallel, i, index)
 
 
 def device() -> torch.device:
@@ -120,78 +99,69 @@ def device() -> torch.device:
     return torch.device("cpu")
 
 
-class _Checkpointed(nn.Module):  # type: ignore[misc]
-    """A stage that keeps only its input and recomputes its forward in backward (GPipe)."""
+def make_mesh(plan: ir.Plan, world: int) -> Any:
+    """The (pp, dp, tp) DeviceMesh: rank = pipeline rank x (dp x tp) + replica x tp + tensor rank.
 
-    def __init__(self, inner: nn.Module) -> None:
-        super().__init__()
-        self.inner = inner
+    The plan lists each stage's devices as ``dp`` tensor groups of ``tp`` consecutive devices,
+    so rank r is the r-th device of the plan's device order (stage by stage).
+    """
+    from torch.distributed.device_mesh import init_device_mesh
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.utils.checkpoint.checkpoint(self.inner, x, use_reentrant=False)
+    first = plan.stages[0]
+    k = plan.pipeline_stages
+    if world != k * first.width:
+        raise ExportError(f"the plan needs {k * first.width} processes, {world} were started",
+                          "start plan.world_size processes")
+    return init_device_mesh(device().type, (k, first.dp, first.tp), mesh_dim_names=MESH_DIMS)
 
 
-def _parallelize(module: nn.Sequential, forms: Sequence[str], mesh: Any, stage: int, first: int) -> None:
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-
-    plan: dict[str, Any] = {}
-    for j, form in enumerate(forms):
-        if form == "dp":
-            continue
-        target = _split_target(module[j], stage, first + j, form)
-        name = f"{j}.{target}" if target else str(j)
-        nxt = forms[j + 1] if j + 1 < len(forms) else "dp"
-        prev = forms[j - 1] if j > 0 else "dp"
-        if form == "split_out":
-            plan[name] = ColwiseParallel(output_layouts=Shard(-1) if nxt == "split_in" else Replicate())
-        else:
-            plan[name] = RowwiseParallel(input_layouts=Shard(-1) if prev == "split_out" else Replicate())
-    parallelize_module(module, mesh, plan)
+def _stage_module(layers: Sequence[nn.Module], plan: ir.Plan, c: int, mesh: Any) -> nn.Module:
+    """Chunk ``c``'s layers with its tensor parallelism, recomputation, precision and ZeRO."""
+    st = plan.stages[c]
+    sub = nn.Sequential(*layers[st.layers[0]:st.layers[1]]).to(device())
+    if st.tp > 1:
+        parallel.shard_stage(sub, st.forms, mesh["tp"], st.sequence_parallel, c, st.layers[0])
+    root = sharding.with_precision(sharding.with_recompute(sub, st.recompute), plan.precision)
+    if st.zero in (2, 3):
+        sharding.fully_shard_stage(root, list(sub), mesh["dp"], st.zero)
+    return root
 
 
 def build_stages(layers: Sequence[nn.Module], plan: ir.Plan, rank: int, world: int) -> tuple[list[Any], Any]:
-    """This rank's PipelineStages (one, or v for interleaved) and the (pp, w) DeviceMesh."""
-    from torch.distributed.device_mesh import init_device_mesh
+    """This rank's PipelineStages (one, or v for interleaved) and the (pp, dp, tp) DeviceMesh."""
     from torch.distributed.pipelining import PipelineStage
 
-    width = plan.stages[0].width
-    k = len(plan.stages) // plan.virtual_stages
-    if world != k * width:
-        raise ExportError(f"the plan needs {k * width} processes, {world} were started", "start plan.world_size")
-    dev = device()
-    mesh = init_device_mesh(dev.type, (k, width), mesh_dim_names=("pp", "w"))
-    pp_rank = rank // width
+    mesh = make_mesh(plan, world)
+    pp_rank = mesh.get_coordinate()[0]
+    k = plan.pipeline_stages
     stages = []
-    for c, st in enumerate(plan.stages):
-        if c % k != pp_rank:
-            continue
-        sub = nn.Sequential(*layers[st.layers[0]:st.layers[1]]).to(dev)
-        if tensor_parallel(plan):
-            _parallelize(sub, st.forms, mesh["w"], c, st.layers[0])
-        mod: nn.Module = _Checkpointed(sub) if st.recompute == "full" else sub
-        stages.append(PipelineStage(mod, c, len(plan.stages), dev, group=mesh["pp"].get_group()))
+    for c in range(len(plan.stages)):
+        if c % k == pp_rank:
+            stages.append(PipelineStage(_stage_module(layers, plan, c, mesh), c, len(plan.stages), device(),
+                                        group=mesh["pp"].get_group()))
     return stages, mesh
 
 
-def _tie_groups(layers: Sequence[nn.Module], plan: ir.Plan, rank: int, width: int) -> list[tuple[Any, nn.Parameter]]:
-    """Process groups (per replica) over the ranks whose stages hold a tied parameter."""
-    k = len(plan.stages) // plan.virtual_stages
-    owner = {}
-    for c, st in enumerate(plan.stages):
-        for i in range(*st.layers):
-            owner[i] = c % k
+def _tie_groups(layers: Sequence[nn.Module], ties: Sequence[common.TiedParam], plan: ir.Plan,
+                mesh: Any) -> list[tuple[Any, nn.Parameter]]:
+    """Process groups (per data and tensor coordinate) over the pipeline ranks whose stages hold a tied
+    parameter, with this rank's copy of it. ``ties`` are found before sharding: FSDP and tensor
+    parallelism give each stage its own parameter object."""
+    k = plan.pipeline_stages
+    owner = {i: c % k for c, st in enumerate(plan.stages) for i in range(*st.layers)}
+    pp_rank, dp_rank, tp_rank = mesh.get_coordinate()
+    dp, tp = mesh["dp"].size(), mesh["tp"].size()
     out = []
-    for tie in common.find_ties(layers):
+    for tie in ties:
         pp_ranks = sorted({owner[i] for i in tie.layers})
         if len(pp_ranks) < 2:
             continue
-        param = layers[tie.layers[0]].get_parameter(tie.paths[0])
-        for j in range(width):  # every rank creates every group, in the same order
-            ranks = [p * width + j for p in pp_ranks]
-            group = torch.distributed.new_group(ranks)
-            if rank in ranks:
-                out.append((group, param))
+        mine = [(i, path) for i, path in zip(tie.layers, tie.paths, strict=True) if owner[i] == pp_rank]
+        for d in range(dp):  # every rank creates every group, in the same order
+            for t in range(tp):
+                group = torch.distributed.new_group([p * dp * tp + d * tp + t for p in pp_ranks])
+                if mine and (d, t) == (dp_rank, tp_rank):
+                    out.append((group, layers[mine[0][0]].get_parameter(mine[0][1])))
     return out
 
 
@@ -219,24 +189,13 @@ def _run_schedule(schedule: Any, first: bool, last: bool, xs: torch.Tensor, ys: 
 
 
 def _sum_tie_grads(ties: list[tuple[Any, nn.Parameter]]) -> None:
-    """Sum each tied parameter's gradient over the stages holding it."""
+    """Sum each tied parameter's gradient (its local shard) over the stages holding it."""
     import torch.distributed as dist
 
     for group, param in ties:
         if param.grad is None:
             param.grad = torch.zeros_like(param)
-        dist.all_reduce(param.grad, group=group)
-
-
-def _average_grads(params: list[nn.Parameter], group: Any, dp_width: int) -> None:
-    """Average gradients over the ``dp_width`` pipeline replicas (what DDP would do)."""
-    import torch.distributed as dist
-
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-        dist.all_reduce(p.grad, group=group)
-        p.grad /= dp_width
+        dist.all_reduce(sharding.local(param.grad), group=group)
 
 
 def _global_mean_loss(losses: list[torch.Tensor], dev: torch.device, width: int) -> float:
@@ -249,43 +208,78 @@ def _global_mean_loss(losses: list[torch.Tensor], dev: torch.device, width: int)
     return float(total) / width
 
 
+class Trainer:
+    """This rank's part of the plan: its stages, schedule and optimizer; ``trainer(x, y)`` is one step.
+
+    Every rank passes the same global batch; its data-parallel replica takes its share of
+    every micro-batch, and its tensor group sees the same samples.
+    """
+
+    def __init__(self, layers: Sequence[nn.Module], plan: ir.Plan, loss: str, lr: float | None = None) -> None:
+        import torch.distributed as dist
+
+        check_plan(plan, layers)
+        common.check_layers_match(layers, plan.profile, ExportError)
+        self.plan, self.layers = plan, list(layers)
+        ties = common.find_ties(layers)
+        self.stages, self.mesh = build_stages(layers, plan, dist.get_rank(), dist.get_world_size())
+        self.ties = _tie_groups(layers, ties, plan, self.mesh)
+        with torch.no_grad():  # the same seed built them equal; a broadcast guards against drift
+            for group, param in self.ties:
+                dist.broadcast(sharding.local(param), src=dist.get_global_rank(group, 0), group=group)
+        self.schedule = _make_schedule(self.stages, plan, loss)
+        self.params = list({id(p): p for s in self.stages for p in s.submod.parameters()}.values())
+        self.zero = plan.stages[0].zero
+        rate = common.DEFAULT_LR[plan.optimizer] if lr is None else lr
+        self.opt = sharding.optimizer(plan.optimizer, self.params, rate, self.zero, self.mesh["dp"].get_group())
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        m, dp = self.plan.microbatches, self.mesh["dp"].size()
+        replica, dev = self.mesh.get_coordinate()[1], device()
+        xs = torch.cat([common.sub_batch(x, i, replica, m, dp) for i in range(m)]).to(dev)
+        ys = torch.cat([common.sub_batch(y, i, replica, m, dp) for i in range(m)]).to(dev)
+        for p in self.params:  # the parameters' own gradients (ZeRO-1 steps local proxies of them)
+            p.grad = None
+        losses = _run_schedule(self.schedule, any(s.is_first for s in self.stages),
+                               any(s.is_last for s in self.stages), xs, ys)
+        _sum_tie_grads(self.ties)
+        if self.zero < 2 and dp > 1:
+            sharding.average_grads(self.params, self.mesh["dp"].get_group(), dp)
+        sharding.zero1_grads(self.opt)
+        self.opt.step()
+        return _global_mean_loss(losses, dev, self.mesh.size() // self.mesh["pp"].size())
+
+    def describe(self) -> dict[str, Any]:
+        """What this rank actually built (read back from its modules): mesh coordinates, layers, the
+        layers sharded over the tensor group, ZeRO stage, recomputation wrappers, autocast."""
+        index = {id(m): i for i, m in enumerate(self.layers)}
+        mods = [m for s in self.stages for m in s.submod.modules()]
+        return {"rank": torch.distributed.get_rank(),
+                "coords": dict(zip(MESH_DIMS, self.mesh.get_coordinate(), strict=True)),
+                "stages": [s.stage_index for s in self.stages],
+                "layers": sorted({index[id(m)] for m in mods if id(m) in index}),
+                "tp_layers": sorted({index[id(m)] for m in mods if id(m) in index and _tensor_sharded(m)}),
+                "zero": sharding.zero_stage_of([s.submod for s in self.stages], self.opt),
+                "recompute": sorted({m.mode for m in mods if isinstance(m, sharding.Checkpointed)}),
+                "autocast": any(isinstance(m, sharding.Autocast) for m in mods)}
+
+
+def _tensor_sharded(module: nn.Module) -> bool:
+    """Whether a parameter of ``module`` is sharded (``Shard``) along the ``tp`` mesh dimension."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    for p in module.parameters():
+        if isinstance(p, DTensor):
+            names = p.device_mesh.mesh_dim_names or ()
+            if any(n == "tp" and isinstance(pl, Shard) for n, pl in zip(names, p.placements, strict=True)):
+                return True
+    return False
+
+
 def make_trainer(layers: Sequence[nn.Module], plan: ir.Plan, loss: str,
                  lr: float | None = None) -> Callable[[torch.Tensor, torch.Tensor], float]:
     """Build this rank's stages and schedule; returns ``step(x, y) -> mean loss`` on the global batch."""
-    import torch.distributed as dist
-
-    check_plan(plan, layers)
-    common.check_layers_match(layers, plan.profile, ExportError)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    width = plan.stages[0].width
-    tp = tensor_parallel(plan)
-    stages, mesh = build_stages(layers, plan, rank, world)
-    ties = _tie_groups(layers, plan, rank, width)
-    for group, param in ties:  # same seed already; broadcast guards against drift
-        dist.broadcast(param.data, src=dist.get_global_rank(group, 0), group=group)
-    schedule = _make_schedule(stages, plan, loss)
-    params = list({id(p): p for s in stages for p in s.submod.parameters()}.values())
-    opt = common.torch_optimizer(plan.optimizer, params, common.DEFAULT_LR[plan.optimizer] if lr is None else lr)
-    dp_group = mesh["w"].get_group()
-    replica = 0 if tp else rank % width
-    dp_width = 1 if tp else width
-    m = plan.microbatches
-    first = any(s.is_first for s in stages)
-    last = any(s.is_last for s in stages)
-    dev = device()
-
-    def step(x: torch.Tensor, y: torch.Tensor) -> float:
-        xs = torch.cat([common.sub_batch(x, i, replica, m, dp_width) for i in range(m)]).to(dev)
-        ys = torch.cat([common.sub_batch(y, i, replica, m, dp_width) for i in range(m)]).to(dev)
-        opt.zero_grad()
-        losses = _run_schedule(schedule, first, last, xs, ys)
-        _sum_tie_grads(ties)
-        if dp_width > 1:
-            _average_grads(params, dp_group, dp_width)
-        opt.step()
-        return _global_mean_loss(losses, dev, width)
-
-    return step
+    return Trainer(layers, plan, loss, lr)
 
 
 SCRIPT = '''\
