@@ -95,6 +95,8 @@ def ds_config(plan: ir.Plan, lr: float | None = None) -> dict[str, Any]:
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
         "zero_optimization": {"stage": plan.stages[0].zero},
+        # ZeRO wraps the torch optimizers above; DeepSpeed asks to confirm those it did not test
+        **({"zero_allow_untested_optimizer": True} if plan.stages[0].zero else {}),
         **precision_config(plan.precision),
     }
 
