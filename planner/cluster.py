@@ -15,6 +15,7 @@ Pure: no torch, click or rich (networkx is imported only by :func:`hierarchy_gra
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -221,9 +222,27 @@ class Group:
     def level(self) -> str:
         return "inter_node" if self.nodes > 1 else "intra_node"
 
+    def tensor_group(self, tp: int) -> Group:
+        """One of the group's tensor-parallel groups of ``tp`` devices: inside one server (the
+        search's rule), or the whole group when ``tp`` is all of it (a version-1 split stage)."""
+        if tp >= self.n:
+            return self
+        return dataclasses.replace(self, n=tp, nodes=1, per_node=tp, link=self.intra)
 
-def group_of(cluster: ir.Cluster, devices: Sequence[str]) -> Group:
-    """Describe the group of ``devices`` (names in ``cluster``); ClusterError for unknown names."""
+    def data_group(self, tp: int) -> Group:
+        """One of its data-parallel groups: the ``n / tp`` devices at the same tensor rank, one per
+        tensor group, spread over the same servers (``per_node / tp`` of them in each)."""
+        dp = max(self.n // tp, 1)
+        nodes = min(self.nodes, dp)
+        return dataclasses.replace(self, n=dp, nodes=nodes, per_node=max(dp // nodes, 1),
+                                   link=self.inter if nodes > 1 else self.intra)
+
+
+def group_of(cluster: ir.Cluster, devices: Sequence[str], number_format: str = "fp32") -> Group:
+    """Describe the group of ``devices`` (names in ``cluster``); ClusterError for unknown names.
+
+    ``flops`` is the slowest device's peak in ``number_format`` (``ir.GPU.flops_for``).
+    """
     idx = index(cluster)
     unknown = [d for d in devices if d not in idx.gpu_of]
     if unknown or not devices:
@@ -234,7 +253,8 @@ def group_of(cluster: ir.Cluster, devices: Sequence[str]) -> Group:
         counts[idx.node_of[d]] = counts.get(idx.node_of[d], 0) + 1
     gpus = [idx.gpu_of[d] for d in devices]
     intra, inter = cluster.link("intra_node"), cluster.link("inter_node")
-    return Group(n=len(devices), flops=min(g.flops for g in gpus), memory_bytes=min(g.memory_bytes for g in gpus),
+    return Group(n=len(devices), flops=min(g.flops_for(number_format) for g in gpus),
+                 memory_bytes=min(g.memory_bytes for g in gpus),
                  nodes=len(counts), per_node=min(counts.values()), link=inter if len(counts) > 1 else intra,
                  intra=intra, inter=inter)
 

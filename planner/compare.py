@@ -39,6 +39,7 @@ from typing import Any
 from planner import ir
 from planner.errors import PlannerError, UsageError
 from planner.jsonio import SUPPORTED_VERSION
+from planner.runnable import is_runnable, problems
 from planner.search import baselines as bl
 
 GIB = 1024**3
@@ -249,7 +250,10 @@ def run_strategy(name: str, profile: ir.ModelProfile, cluster: ir.Cluster, *, mi
             return _result(name, None, layouts.reason)
         candidates = [layout.plan(profile, cluster, m, optimizer) for layout in layouts
                       for m in layout.microbatches]
-        return _result(name, best_of(candidates))
+        runnable = [p for p in candidates if is_runnable(p)]
+        if candidates and not runnable:
+            return _result(name, None, f"cannot run: {problems(candidates[0])[0]}")
+        return _result(name, best_of(runnable))
     except PlannerError as exc:  # infeasible, or a layout the engine cannot run: listed, never fatal
         return _result(name, None, exc.cause)
 

@@ -38,6 +38,7 @@ class EngineLimits:
     zero: tuple[int, ...]
     recompute: tuple[str, ...]
     virtual_stages: bool
+    uniform_zero: bool = True
 
 
 ENGINES: dict[str, EngineLimits] = {
@@ -48,7 +49,7 @@ ENGINES: dict[str, EngineLimits] = {
     # torch.distributed.pipelining on a (pp, dp, tp) DeviceMesh: one mesh, so equal grids per stage;
     # FSDP2 covers ZeRO 1-3 (reshard after forward or not), DTensor the tensor forms.
     "torch": EngineLimits("torch", ("gpipe", "1f1b", "interleaved", "zb-h1"), True, True, (0, 1, 2, 3),
-                          ("none", "selective", "full"), True),
+                          ("none", "selective", "full"), True, uniform_zero=False),
     # torchtitan: FSDP2 (shard = ZeRO-3, or never reshard = ZeRO-2) or replicate (0), tensor and
     # pipeline degrees, per-job activation checkpointing.
     "torchtitan": EngineLimits("torchtitan", ("gpipe", "1f1b", "interleaved", "zb-h1"), True, True, (0, 2, 3),
@@ -120,7 +121,7 @@ def engine_problems(plan: ir.Plan, engine: str) -> list[str]:
         out.append(f"{engine} runs the schedules {', '.join(limits.schedules)}, not {plan.schedule!r}")
     if plan.virtual_stages > 1 and not limits.virtual_stages:
         out.append(f"{engine} runs one model chunk per device, the plan has {plan.virtual_stages}")
-    out += _uniform_problems(plan.stages, engine) if limits.uniform_stages else []
+    out += _uniform_problems(plan.stages, engine, limits.uniform_zero) if limits.uniform_stages else []
     for i, st in enumerate(plan.stages):
         if not limits.tensor_parallel and st.tp > 1:
             out.append(f"stage {i} is tensor parallel (tp {st.tp}, forms {', '.join(sorted(set(st.forms)))}), "
@@ -132,10 +133,10 @@ def engine_problems(plan: ir.Plan, engine: str) -> list[str]:
     return out
 
 
-def _uniform_problems(stages: Sequence[ir.Stage], engine: str) -> list[str]:
+def _uniform_problems(stages: Sequence[ir.Stage], engine: str, uniform_zero: bool) -> list[str]:
     first = stages[0]
     for i, st in enumerate(stages):
-        if (st.tp, st.dp, st.zero) != (first.tp, first.dp, first.zero):
+        if (st.tp, st.dp) != (first.tp, first.dp) or (uniform_zero and st.zero != first.zero):
             return [f"stage {i} is a tp {st.tp} x dp {st.dp} grid with ZeRO {st.zero}, stage 0 tp {first.tp} x "
                     f"dp {first.dp} with ZeRO {first.zero}: {engine} runs one grid for every stage"]
     return []

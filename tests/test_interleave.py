@@ -73,7 +73,7 @@ def _base(n_layers: int = 8, batch: int = 8, m: int = 4, memory: int = 10**10) -
 
     profile = ir.ModelProfile.from_dict(make_profile_dict(n_layers, batch_size=batch))
     cluster = ir.Cluster.from_dict(make_cluster_dict(2, 2, memory_bytes=memory))
-    return search(profile, cluster, microbatches=m, schedule="interleaved", config=(1, 1))
+    return search(profile, cluster, microbatches=m, schedule="interleaved", config=(1, 1), virtual_stages=1)
 
 
 def test_chunk_plan_keeps_groups_in_model_order() -> None:

@@ -16,7 +16,7 @@ from tests.conftest import make_cluster_dict, make_profile_dict
 
 
 def _problem(nodes: int, per: int, *, n_layers: int = 8, memory_bytes: int = 10**10, **kw: object):  # type: ignore[no-untyped-def]
-    profile = ir.ModelProfile.from_dict(make_profile_dict(n_layers, batch_size=8))
+    profile = ir.ModelProfile.from_dict(make_profile_dict(n_layers, batch_size=16))
     cluster = cluster_from_dict(make_cluster_dict(nodes, per, memory_bytes))
     return build_problem(profile, cluster, microbatches=4, schedule="1f1b", optimizer="sgd", **kw)
 

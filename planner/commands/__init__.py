@@ -32,6 +32,42 @@ optimizer_option = click.option("--optimizer", type=click.Choice(ir.OPTIMIZERS),
                                 help="Optimizer whose state counts in memory (fp32 RMSProp: 12 bytes per parameter).")
 
 
+def grid_options(func: F) -> F:
+    """The grid options search and compare share: precision, tensor degree, ZeRO, recomputation, micro-batch size."""
+    options = [
+        click.option("--precision", type=click.Choice(ir.PRECISIONS), default=None,
+                     help="fp32, or bf16/fp16 mixed precision (16-bit weights, gradients and activations, fp32 "
+                          "master weights and optimizer state); default: the profile's dtype."),
+        click.option("--tp", "tp", default="auto", show_default=True,
+                     help="Tensor-parallel degree of every stage (a power of two inside one server), or auto."),
+        click.option("--zero", "zero", type=click.Choice(["auto", "0", "1", "2", "3"]), default="auto",
+                     show_default=True, help="ZeRO stage over each stage's data-parallel group, or auto."),
+        click.option("--recompute", type=click.Choice(["auto", *ir.RECOMPUTE]), default="auto", show_default=True,
+                     help="Activation recomputation: none, selective (attention core), full, or auto (per stage)."),
+        click.option("--micro-batch-size", "micro_batch_size", type=click.IntRange(min=1), default=None,
+                     help="Samples per micro-batch on each data-parallel rank (as Megatron-LM counts it), "
+                          "instead of choosing it through --microbatches."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def parse_grid(tp: str, zero: str) -> tuple[int | None, int | str]:
+    """``--tp N|auto`` and ``--zero auto|0-3`` as the library takes them (UsageError for a bad --tp)."""
+    zero_value: int | str = zero if zero == "auto" else int(zero)
+    if tp == "auto":
+        return None, zero_value
+    try:
+        n = int(tp)
+    except ValueError:
+        raise UsageError(f"--tp {tp!r} is neither a positive integer nor 'auto'", "e.g. --tp 8 or --tp auto") \
+            from None
+    if n < 1:
+        raise UsageError(f"--tp {tp!r} must be a positive integer or 'auto'", "e.g. --tp 8")
+    return n, zero_value
+
+
 def rerank_option(help_text: str) -> Callable[[F], F]:
     """``--rerank N`` (default :data:`RERANK`) with the command's own help."""
     return click.option("--rerank", type=click.IntRange(min=0), default=RERANK, show_default=True, help=help_text)

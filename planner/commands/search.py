@@ -10,27 +10,16 @@ from planner import ir
 from planner.commands import (
     check_folder,
     cluster_option,
+    grid_options,
     microbatches_option,
     optimizer_option,
+    parse_grid,
     parse_microbatches,
     profile_argument,
     rerank_option,
 )
-from planner.errors import UsageError
 from planner.jsonio import read_json
 from planner.schedule import SCHEDULES
-
-
-def _virtual_stages(value: int | None, schedule: str) -> int:
-    """--virtual-stages: default 2 under interleaved, 1 otherwise; v > 1 needs interleaved."""
-    if value is None:
-        from planner.search.interleave import DEFAULT_VIRTUAL_STAGES
-
-        return DEFAULT_VIRTUAL_STAGES if schedule == "interleaved" else 1
-    if value > 1 and schedule != "interleaved":
-        raise UsageError(f"--virtual-stages {value} needs --schedule interleaved, not {schedule}",
-                         "add --schedule interleaved, or drop --virtual-stages")
-    return value
 
 
 @click.command("search")
@@ -44,8 +33,11 @@ def _virtual_stages(value: int | None, schedule: str) -> int:
 @optimizer_option
 @click.option("--solver", type=click.Choice(["dp", "brute"]), default="dp", show_default=True,
               help="dp: the exact dynamic programs; brute: exhaustive over the same space (small inputs).")
-@click.option("--engine", type=click.Choice(["any", "deepspeed", "torch"]), default="any", show_default=True,
-              help="Restrict to plans an engine can run: deepspeed (same widths, dp forms), torch (same widths).")
+@click.option("--engine", type=click.Choice(["any", "deepspeed", "torch", "torchtitan"]), default="any",
+              show_default=True,
+              help="Restrict to plans an engine can run: deepspeed (one pipe x data grid, ZeRO 0-1, no tensor "
+                   "parallelism), torch (one tp x dp grid for every stage), torchtitan (as torch, one ZeRO stage).")
+@grid_options
 @click.option("--config", "config", default=None, help="Fix the devices per stage in PipeDream notation, e.g. 2-1-1.")
 @rerank_option("Judge the N best distinct plans the search met, and its grid seeds, with the event-driven "
                "simulator and keep the fastest; the prediction is the simulator's (0: the exact optimum of "
@@ -55,38 +47,42 @@ def _virtual_stages(value: int | None, schedule: str) -> int:
                    "default 2 with interleaved, else 1): K*v chunks, chunk c on group c mod K.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON document on stdout.")
 def search(profile_path: str, cluster_name: str, output: str | None, microbatches: str, schedule: str,
-           optimizer: str, solver: str, engine: str, config: str | None, rerank: int, virtual_stages: int | None,
+           optimizer: str, solver: str, engine: str, precision: str | None, tp: str, zero: str, recompute: str,
+           micro_batch_size: int | None, config: str | None, rerank: int, virtual_stages: int | None,
            as_json: bool) -> None:
     """Find the fastest plan that fits: stages, device groups and per-layer forms.
 
     The stage DP (PipePar Algorithm 2) splits the layers into pipeline stages over device
-    groups that follow the cluster's hierarchy; inside each stage HPP (Algorithm 1) picks
-    each layer's form (dp, split_in, split_out). The objective is the iteration time of
-    the schedule with its bubble, transfers and gradient all-reduce; every device must fit.
+    groups that follow the cluster's hierarchy, each a tensor x data grid (tensor groups
+    inside a server) with its ZeRO stage and recomputation; inside each stage HPP
+    (Algorithm 1) picks each layer's form (dp, split_in, split_out, tp). The objective is
+    the iteration time of the schedule with its bubble, transfers and gradient
+    synchronisation; every device must fit.
     """
     from planner.cluster import load_cluster
+    from planner.costmodel.precision import rescale_note
     from planner.jsonio import write_json
     from planner.render.search import print_plan
     from planner.search import parse_config
     from planner.search import search as run_search
 
     mb = parse_microbatches(microbatches)
-    v = _virtual_stages(virtual_stages, schedule)
+    tp_value, zero_value = parse_grid(tp, zero)
     widths = parse_config(config) if config else None
     check_folder(output)
     profile = ir.ModelProfile.from_dict(read_json(profile_path, "profile"), profile_path)
     cluster = load_cluster(cluster_name)
     t0 = time.perf_counter()
-    if v > 1:
-        from planner.search.interleave import search_interleaved
-
-        plan = search_interleaved(profile, cluster, v, microbatches=mb, optimizer=optimizer, solver=solver,
-                                  engine=engine, config=widths, candidates=max(rerank, 1))
-    else:
-        plan = run_search(profile, cluster, microbatches=mb, schedule=schedule, optimizer=optimizer, solver=solver,
-                          engine=engine, config=widths, candidates=rerank)
+    plan = run_search(profile, cluster, microbatches=mb, schedule=schedule, optimizer=optimizer, solver=solver,
+                      engine=engine, config=widths, candidates=rerank, precision=precision, tp=tp_value,
+                      zero=zero_value, recompute=recompute, micro_batch_size=micro_batch_size,
+                      virtual_stages=virtual_stages)
     elapsed = time.perf_counter() - t0
     doc = plan.to_dict()
+    note = rescale_note(profile, cluster, plan.precision)
+    if note is not None:
+        click.echo(f"note: {note.text}", err=True)
+        doc["rescale"] = note.to_dict()
     if output:
         write_json(output, doc)
     print_plan(plan, elapsed_s=elapsed, output=output)

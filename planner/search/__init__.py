@@ -1,8 +1,11 @@
-"""planner search: the fastest plan that fits, by HPP (forms) inside SP (stages).
+"""planner search: the fastest plan that fits, by HPP (forms) inside SP (stages on tp x dp grids).
 
-:func:`search` is the entry point (pure: no torch, click or rich). The space and the
-objective are described in :mod:`planner.search.sp`; HPP in :mod:`planner.search.hpp`;
-the exhaustive oracle in :mod:`planner.search.brute`.
+:func:`search` is the entry point (pure: no torch, click or rich). The options are checked
+and turned into problems by :mod:`planner.search.options`; the space (groups, tensor
+degrees, forms, recomputation, ZeRO) by :mod:`planner.search.space` and
+:mod:`planner.search.tables`; the stage DP and its objective in :mod:`planner.search.sp`;
+HPP in :mod:`planner.search.hpp`; the exhaustive oracle in :mod:`planner.search.brute`.
+Every plan it returns passes :func:`planner.runnable.check_runnable` for its engine.
 
 Two layers (planner.search.rerank):
 
@@ -42,89 +45,24 @@ import dataclasses
 from collections.abc import Callable, Sequence
 
 from planner import ir
-from planner.cluster import group_of
-from planner.costmodel import OPTIMIZER_BYTES_PER_PARAM, LayerTable, layer_table, predict
-from planner.costmodel import dp_iteration as _dp_iteration
-from planner.errors import UsageError
-from planner.schedule import SCHEDULES
+from planner.costmodel import Grid, LayerTable, dp_iteration, layer_table, plan_memory, predict, stage_costs
+from planner.runnable import is_runnable
 from planner.search import rerank
 from planner.search.hpp import hpp
+from planner.search.options import (
+    ENGINES,
+    SOLVERS,
+    Request,
+    check_request,
+    microbatch_candidates,
+    parse_config,
+    problems,
+    resolve_virtual_stages,
+)
 from planner.search.sp import Problem, Solution, build_problem, infeasible, solve
-
-SOLVERS = ("dp", "brute")
-ENGINES = ("any", "deepspeed", "torch")
 
 __all__ = ["ENGINES", "RERANK", "SOLVERS", "build_problem", "hpp", "microbatch_candidates", "parse_config", "search",
            "solution_plan"]
-
-
-def parse_config(text: str) -> tuple[int, ...]:
-    """PipeDream notation ``2-1-1`` -> (2, 1, 1); UsageError names the value."""
-    try:
-        widths = tuple(int(x) for x in text.split("-"))
-    except ValueError:
-        raise UsageError(f"--config {text!r} is not in PipeDream notation", "write devices per stage, e.g. 2-1-1") \
-            from None
-    if not widths or any(w <= 0 for w in widths):
-        raise UsageError(f"--config {text!r} has a stage with no devices", "every stage needs at least one device")
-    return widths
-
-
-def microbatch_candidates(batch_size: int, microbatches: int | str) -> list[int]:
-    """``auto``: every divisor of the batch; else the number, which must divide the batch."""
-    if microbatches == "auto":
-        return [m for m in range(1, batch_size + 1) if batch_size % m == 0]
-    if not isinstance(microbatches, int) or isinstance(microbatches, bool) or microbatches <= 0:
-        raise UsageError(f"--microbatches must be a positive integer or 'auto', got {microbatches!r}",
-                         "e.g. --microbatches 4")
-    if batch_size % microbatches:
-        raise UsageError(f"--microbatches {microbatches} does not divide the batch size {batch_size}",
-                         f"use a divisor of {batch_size}, or 'auto'")
-    return [microbatches]
-
-
-def _check(profile: ir.ModelProfile, cluster: ir.Cluster, schedule: str, optimizer: str, solver: str, engine: str,
-           config: Sequence[int] | None) -> None:
-    if schedule not in SCHEDULES:
-        raise UsageError(f"unknown schedule {schedule!r}", f"use one of {', '.join(SCHEDULES)}")
-    if optimizer not in OPTIMIZER_BYTES_PER_PARAM:
-        raise UsageError(f"unknown optimizer {optimizer!r}", f"use one of {', '.join(OPTIMIZER_BYTES_PER_PARAM)}")
-    if solver not in SOLVERS:
-        raise UsageError(f"unknown solver {solver!r}", f"use one of {', '.join(SOLVERS)}")
-    if engine not in ENGINES:
-        raise UsageError(f"unknown engine {engine!r}", f"use one of {', '.join(ENGINES)}")
-    if config is not None:
-        n_gpu, n_layers = len(cluster.gpus), len(profile.layers)
-        if sum(config) > n_gpu:
-            raise UsageError(f"--config {'-'.join(map(str, config))} needs {sum(config)} devices, the cluster "
-                             f"{cluster.name!r} has {n_gpu}", "use fewer devices per stage")
-        if len(config) > n_layers:
-            raise UsageError(f"--config {'-'.join(map(str, config))} has {len(config)} stages, the model has only "
-                             f"{n_layers} layers", "use at most one stage per layer")
-        if engine != "any" and len(set(config)) > 1:
-            raise UsageError(f"--engine {engine} runs stages of one width, --config {'-'.join(map(str, config))} "
-                             "mixes widths", "give every stage the same width")
-
-
-def _engine_widths(cluster: ir.Cluster) -> list[int]:
-    sizes = {len(n.gpus) for n in cluster.nodes}
-    total = len(cluster.gpus)
-    g = min(sizes)
-    return [w for w in range(1, total + 1) if w <= max(sizes) or (len(sizes) == 1 and w % g == 0)]
-
-
-def _problems(profile: ir.ModelProfile, cluster: ir.Cluster, m: int, schedule: str, optimizer: str, engine: str,
-              config: Sequence[int] | None, max_blocks: int | None) -> list[Problem]:
-    forms = ("dp",) if engine == "deepspeed" else ir.FORMS
-    if config is not None:
-        return [build_problem(profile, cluster, microbatches=m, schedule=schedule, optimizer=optimizer, forms=forms,
-                              config=config, max_blocks=max_blocks)]
-    if engine == "any":
-        return [build_problem(profile, cluster, microbatches=m, schedule=schedule, optimizer=optimizer,
-                              max_blocks=max_blocks)]
-    return [build_problem(profile, cluster, microbatches=m, schedule=schedule, optimizer=optimizer, forms=forms,
-                          mode="contiguous", widths=[w], max_blocks=max_blocks) for w in _engine_widths(cluster)]
-
 
 RERANK = 16
 """How many of the DP's best distinct plans the simulator re-ranks by default (``--rerank``)."""
@@ -134,7 +72,10 @@ def search(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int |
            schedule: str = "1f1b", optimizer: str = "sgd", solver: str = "dp", engine: str = "any",
            config: Sequence[int] | None = None, max_blocks: int | None = None,
            progress: Callable[[str], None] | None = None,
-           evaluate: Callable[[ir.Plan], float] | None = None, candidates: int = RERANK) -> ir.Plan:
+           evaluate: Callable[[ir.Plan], float] | None = None, candidates: int = RERANK,
+           precision: str | None = None, tp: int | None = None, zero: int | str = "auto",
+           recompute: str = "auto", micro_batch_size: int | None = None, virtual_stages: int | None = None,
+           alternatives: list[rerank.Judged] | None = None) -> ir.Plan:
     """The fastest plan that fits (see the module doc); InfeasibleError when none does.
 
     By default the ``candidates`` best distinct plans of the analytic objective (the optimum
@@ -143,45 +84,77 @@ def search(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int |
     ``dp_iteration_s`` and ``speedup_over_dp`` come from the simulator. ``evaluate`` replaces
     the simulator as the ranking (the prediction is still simulated). ``candidates=0``: the
     exact optimum of the analytic objective, with its analytic prediction, and no seeds.
+    ``precision`` defaults to the profile's dtype; ``tp`` None searches every tensor degree;
+    ``zero``/``recompute`` "auto" every stage/mode the engine runs. ``virtual_stages``
+    (interleaved only; default 2 there, else 1) > 1 re-cuts the plans into chunks
+    (planner.search.interleave).
+    ``alternatives``, when given, receives the simulated candidates, fastest first.
     """
-    _check(profile, cluster, schedule, optimizer, solver, engine, config)
-    found, problems = _collect(profile, cluster, schedule, optimizer, solver, engine, config, max_blocks,
-                               microbatch_candidates(profile.batch_size, microbatches), progress)
+    req = check_request(profile, cluster, schedule=schedule, optimizer=optimizer, solver=solver, engine=engine,
+                        config=config, precision=precision, tp=tp, zero=zero, recompute=recompute,
+                        micro_batch_size=micro_batch_size, max_blocks=max_blocks)
+    v = resolve_virtual_stages(virtual_stages, schedule)
+    if v > 1:
+        from planner.search.interleave import search_interleaved
+
+        return search_interleaved(profile, cluster, v, microbatches=microbatches, optimizer=optimizer,
+                                  solver=solver, engine=engine, config=config, candidates=max(candidates, 1),
+                                  progress=progress, precision=precision, tp=tp, zero=zero, recompute=recompute,
+                                  micro_batch_size=micro_batch_size)
+    cands = microbatch_candidates(profile.batch_size, microbatches, micro_batch_size)
+    found, probs = _collect(profile, cluster, req, cands, progress)
     if candidates <= 0:
         _, _, prob, sol = found[0]
         return solution_plan(prob, sol, engine=engine, solver=solver)
     plans = _distinct(found, candidates, engine, solver)
     split_cache: dict[int, list[list[int]]] = {}
-    for prob in problems:
+    for prob in probs:
         plans += rerank.seed_plans(prob, engine=engine, solver=solver, split_cache=split_cache)
+    plans = [pc for pc in plans if is_runnable(pc[0], engine)]
     if evaluate is None:
-        best = rerank.best_simulated(plans)
+        best = rerank.best_simulated(plans, alternatives)
     else:
         best = rerank.simulated(*min(plans, key=lambda pc: evaluate(pc[0])))
     return _with_prediction(best.plan, best.predicted)
 
 
-def _collect(profile: ir.ModelProfile, cluster: ir.Cluster, schedule: str, optimizer: str, solver: str,
-             engine: str, config: Sequence[int] | None, max_blocks: int | None, cands: list[int],
+def _collect(profile: ir.ModelProfile, cluster: ir.Cluster, req: Request, cands: list[int],
              progress: Callable[[str], None] | None) -> tuple[list[tuple[float, int, Problem, Solution]],
                                                               list[Problem]]:
-    """Every problem (one per micro-batch count, or per engine width) and the solutions met,
-    best objective first; InfeasibleError when no plan fits at all."""
+    """Every problem (one per micro-batch count, or per engine grid) and the solutions met, best
+    objective first; InfeasibleError when no plan fits at all, PlanError when no grid gives whole
+    micro-batches."""
     found: list[tuple[float, int, Problem, Solution]] = []
-    problems: list[Problem] = []
+    probs: list[Problem] = []
     for m in cands:
-        for prob in _problems(profile, cluster, m, schedule, optimizer, engine, config, max_blocks):
-            problems.append(prob)
+        for prob in problems(profile, cluster, m, req):
+            if not any(prob.moves):
+                continue
+            probs.append(prob)
             pool: list[Solution] = []
-            sol = _solve(prob, solver, pool)
+            sol = _solve(prob, req.solver, pool)
             if progress:
                 progress(f"M={m}: " + ("no plan fits" if sol is None else f"{sol.objective:.6g} s"))
             for x in ([sol] if sol is not None else []) + pool:
                 found.append((x.objective, len(found), prob, x))
+    if not probs:
+        raise _no_batch_shape(profile, cluster, cands, req)
     if not found:
-        raise infeasible(problems[-1])
+        raise infeasible(probs[-1])
     found.sort(key=lambda t: (t[0], t[1]))
-    return found, problems
+    return found, probs
+
+
+def _no_batch_shape(profile: ir.ModelProfile, cluster: ir.Cluster, cands: list[int], req: Request) -> Exception:
+    from planner.errors import PlanError
+
+    fixed = req.space.micro_batch_size
+    what = f"micro-batch size {fixed}" if fixed else f"micro-batch counts {cands[:8]}"
+    return PlanError(f"no stage grid of {cluster.name!r} splits the batch of {profile.batch_size} into whole "
+                     f"micro-batches per data-parallel rank with {what}"
+                     + (f" and --tp {req.space.tp}" if req.space.tp else ""),
+                     "batch = micro_batch_size x microbatches x dp: use a batch size with more divisors, "
+                     "--microbatches auto, another --micro-batch-size or --tp auto")
 
 
 def _distinct(found: list[tuple[float, int, Problem, Solution]], n: int, engine: str, solver: str
@@ -189,9 +162,9 @@ def _distinct(found: list[tuple[float, int, Problem, Solution]], n: int, engine:
     """The ``n`` best distinct plans among the solutions met (as plans with memory, and costs)."""
     seen: set[tuple] = set()
     plans: list[rerank.Costed] = []
-    tables: dict[tuple[int, int], LayerTable] = {}
+    tables: dict[tuple[int, int, bool], LayerTable] = {}
     for _, _, prob, sol in found:
-        key = (prob.microbatches, tuple((s.a, s.b, s.move.devices, s.recompute) for s in sol.stages))
+        key = (prob.microbatches, tuple((s.a, s.b, s.move.devices, s.move.tp, s.option) for s in sol.stages))
         if key in seen:
             continue
         seen.add(key)
@@ -203,8 +176,9 @@ def _distinct(found: list[tuple[float, int, Problem, Solution]], n: int, engine:
 
 def _with_prediction(plan: ir.Plan, predicted: ir.Prediction) -> ir.Plan:
     """``plan`` with a simulated prediction, and the simulated data-parallel time beside it."""
-    _, _, dp_fits = _dp_iteration(plan.profile, plan.cluster, plan.optimizer)
-    dp_s = rerank.dp_simulated_s(plan.profile, plan.cluster, plan.optimizer) if dp_fits else None
+    _, _, dp_fits = dp_iteration(plan.profile, plan.cluster, plan.optimizer, plan.precision)
+    dp_fits = dp_fits and plan.batch_size % len(plan.cluster.gpus) == 0  # pure data parallel runs
+    dp_s = rerank.dp_simulated_s(plan.profile, plan.cluster, plan.optimizer, plan.precision) if dp_fits else None
     speedup = dp_s / predicted.iteration_s if dp_s is not None and predicted.iteration_s > 0 else None
     return dataclasses.replace(plan, predicted=predicted, dp_iteration_s=dp_s, speedup_over_dp=speedup)
 
@@ -216,31 +190,33 @@ def _solve(prob: Problem, solver: str, pool: list[Solution] | None = None) -> So
     return brute(prob, pool) if solver == "brute" else solve(prob, pool=pool)
 
 
-def _memory_plan(prob: Problem, sol: Solution, *, engine: str, solver: str,
-                 tables: dict[tuple[int, int], LayerTable] | None = None) -> rerank.Costed:
-    """A DP solution as a plan: HPP forms per stage, memory filled in; and its stage costs.
-
-    ``tables`` caches layer tables by (problem, group shape) across calls of one search.
-    """
-    from planner.costmodel import plan_memory, stage_costs
-
-    profile, cluster = prob.profile, prob.cluster
+def solution_stages(prob: Problem, sol: Solution,
+                    tables: dict[tuple[int, int, bool], LayerTable] | None = None) -> list[ir.Stage]:
+    """A DP solution's stages: HPP forms (fastest or leanest) on each stage's grid, its variant."""
     cache = {} if tables is None else tables
     stages = []
     for ch in sol.stages:
         first, end = int(prob.bounds[ch.a]), int(prob.bounds[ch.b])
-        key = (id(prob), ch.move.key)
+        grid: Grid = prob.grids[ch.move.key]
+        key = (id(prob), ch.move.key, ch.option.lean)
         if key not in cache:
-            group = group_of(cluster, ch.move.devices)
-            cache[key] = layer_table(profile, group, prob.microbatches, prob.optimizer, prob.forms)
-        table = cache[key]
-        forms, _ = hpp(table, first, end, prob.microbatches)
-        stages.append(ir.Stage((first, end), ch.move.devices, forms, 0, "full" if ch.recompute else "none"))
-    draft = ir.Plan(profile, cluster, prob.schedule, prob.microbatches, prob.optimizer, tuple(stages),
-                    ir.Prediction(0.0, 0.0, 0.0, 0), engine=engine, solver=solver)
+            cache[key] = layer_table(prob.profile, grid, prob.microbatches, prob.optimizer, prob.forms)
+        forms, _ = hpp(cache[key], first, end, prob.microbatches, lean=ch.option.lean)
+        v = ch.option.variant
+        stages.append(ir.Stage((first, end), ch.move.devices, forms, 0, v.recompute, ch.move.tp, v.zero,
+                               grid.sequence_parallel and "tp" in forms))
+    return stages
+
+
+def _memory_plan(prob: Problem, sol: Solution, *, engine: str, solver: str,
+                 tables: dict[tuple[int, int, bool], LayerTable] | None = None) -> rerank.Costed:
+    """A DP solution as a plan with each stage's memory filled in; and its stage costs."""
+    stages = solution_stages(prob, sol, tables)
+    draft = ir.Plan(prob.profile, prob.cluster, prob.schedule, prob.microbatches, prob.optimizer, tuple(stages),
+                    ir.Prediction(0.0, 0.0, 0.0, 0), engine=engine, solver=solver, precision=prob.space.precision)
     costs = stage_costs(draft)
     mem = plan_memory(draft, costs)
-    stages = [ir.Stage(s.layers, s.devices, s.forms, m, s.recompute) for s, m in zip(stages, mem, strict=True)]
+    stages = [dataclasses.replace(s, memory_bytes=m) for s, m in zip(stages, mem, strict=True)]
     return dataclasses.replace(draft, stages=tuple(stages)), costs
 
 
@@ -248,7 +224,7 @@ def solution_plan(prob: Problem, sol: Solution, *, engine: str = "any", solver: 
     """Turn a DP solution into an ``ir.Plan`` with forms, memory, analytic prediction and dp speed-up."""
     draft, _ = _memory_plan(prob, sol, engine=engine, solver=solver)
     pred = predict(draft)
-    dp_t, _, dp_fits = _dp_iteration(prob.profile, prob.cluster, prob.optimizer)
+    dp_t, _, dp_fits = dp_iteration(prob.profile, prob.cluster, prob.optimizer, prob.space.precision)
     dp_s = dp_t if dp_fits else None
     speedup = dp_t / pred.iteration_s if dp_fits and pred.iteration_s > 0 else None
     return dataclasses.replace(draft, predicted=pred, dp_iteration_s=dp_s, speedup_over_dp=speedup)

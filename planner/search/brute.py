@@ -14,7 +14,7 @@ import math
 from collections.abc import Iterator
 
 from planner.errors import UsageError
-from planner.search.sp import Problem, Solution, StageChoice, _solution
+from planner.search.sp import Move, Problem, Solution, StageChoice, _solution
 
 MAX_PLANS = 200_000
 """Inputs whose space holds more (partition, groups) sequences than this are refused."""
@@ -45,7 +45,7 @@ def count_plans(prob: Problem) -> int:
     return count(0, 0)
 
 
-def _sequences(prob: Problem, d: int, a: int) -> Iterator[list[tuple[int, int, object]]]:
+def _sequences(prob: Problem, d: int, a: int) -> Iterator[list[tuple[int, int, Move]]]:
     """Every stage sequence from free device d and block a: lists of (a, b, move)."""
     if a == prob.nb:
         yield []
@@ -75,23 +75,16 @@ def brute(prob: Problem, pool: list[Solution] | None = None) -> Solution | None:
         k = len(seq)
         if prob.stages_exact is not None and k != prob.stages_exact:
             continue
-        if prob.config is not None and any(len(mv.devices) != prob.config[s]  # type: ignore[attr-defined]
-                                           for s, (_, _, mv) in enumerate(seq)):
+        if prob.config is not None and any(len(mv.devices) != prob.config[s] for s, (_, _, mv) in enumerate(seq)):
             continue
-        sig = tuple((a, b, mv.devices) for a, b, mv in seq)  # type: ignore[attr-defined]
+        sig = tuple((a, b, mv.devices, mv.tp) for a, b, mv in seq)
         if sig in seen_sequences:  # skips reaching the same groups twice
             continue
         seen_sequences.add(sig)
         options: list[list[StageChoice]] = []
         for s, (a, b, mv) in enumerate(seq):
-            c = prob.cand[(mv.key, mv.link)]  # type: ignore[attr-defined]
             r = k - s
-            r_a = min(r, prob.r_eff) if prob.stages_exact is None else r
-            opts = []
-            if c.rmax_a[a, b] >= r_a and math.isfinite(c.l_a[a, b]):
-                opts.append(StageChoice(a, b, mv, False, float(c.l_a[a, b]), float(c.term_a[a, b])))  # type: ignore[arg-type]
-            if c.rmax_b[a, b] >= r_a and math.isfinite(c.l_b[a, b]):
-                opts.append(StageChoice(a, b, mv, True, float(c.l_b[a, b]), float(c.term_b[a, b])))  # type: ignore[arg-type]
+            opts = _stage_options(prob, a, b, mv, min(r, prob.r_eff) if prob.stages_exact is None else r)
             if not opts:
                 break
             options.append(opts)
@@ -103,6 +96,13 @@ def brute(prob: Problem, pool: list[Solution] | None = None) -> Solution | None:
                 if best is None or sol.objective < best.objective:
                     best = sol
     return best
+
+
+def _stage_options(prob: Problem, a: int, b: int, mv: Move, r: int) -> list[StageChoice]:
+    """Every option of stage [a, b) on ``mv`` that fits with r stages left."""
+    c = prob.cand[(mv.key, mv.link)]
+    return [StageChoice(a, b, mv, opt, float(c.period[i][a, b]), float(c.term[i][a, b]))
+            for i, opt in enumerate(c.options) if c.rmax[i][a, b] >= r and math.isfinite(c.period[i][a, b])]
 
 
 def _product(options: list[list[StageChoice]]) -> Iterator[list[StageChoice]]:

@@ -37,17 +37,18 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from planner import ir
-from planner.cluster import group_of, link_between
-from planner.costmodel import layer_table, p2p_s, stage_costs
+from planner.cluster import link_between
+from planner.costmodel import layer_table, p2p_s, stage_costs, stage_grid
 from planner.errors import InfeasibleError, UsageError
-from planner.search.hpp import hpp, stage_tables
 
-DEFAULT_VIRTUAL_STAGES = 2
-"""Chunks per device group when ``--schedule interleaved`` is given without ``--virtual-stages``."""
+__all__ = ["DEFAULT_VIRTUAL_STAGES", "balanced_bounds", "chunk_plan", "judge", "search_interleaved", "torch_runs"]
+from planner.search.hpp import hpp, stage_tables
+from planner.search.options import DEFAULT_VIRTUAL_STAGES
 
 
 def balanced_bounds(chunk_time: Sequence[np.ndarray], n_layers: int, v: int,
@@ -94,7 +95,7 @@ def chunk_plan(plan: ir.Plan, v: int) -> ir.Plan:
     profile, cluster, m = plan.profile, plan.cluster, plan.microbatches
     groups = [s.devices for s in plan.stages]
     n_layers = len(profile.layers)
-    tables = [layer_table(profile, group_of(cluster, devs), m, plan.optimizer) for devs in groups]
+    tables = [layer_table(profile, stage_grid(cluster, s, plan.precision), m, plan.optimizer) for s in plan.stages]
     times = [stage_tables(t, np.arange(n_layers + 1), m).time for t in tables]
     k = len(groups)
     bounds = balanced_bounds(times, n_layers, v, _receive_times(plan, tables[0].out_bytes))
@@ -102,8 +103,7 @@ def chunk_plan(plan: ir.Plan, v: int) -> ir.Plan:
     for c in range(k * v):
         first, end = bounds[c], bounds[c + 1]
         forms, _ = hpp(tables[c % k], first, end, m)
-        base = plan.stages[c % k]
-        stages.append(ir.Stage((first, end), base.devices, forms, 0, base.recompute))
+        stages.append(dataclasses.replace(plan.stages[c % k], layers=(first, end), forms=forms, memory_bytes=0))
     return dataclasses.replace(plan, schedule="interleaved", virtual_stages=v, stages=tuple(stages))
 
 
@@ -148,10 +148,11 @@ def judge(plan: ir.Plan) -> tuple[ir.Plan, bool]:
 def search_interleaved(profile: ir.ModelProfile, cluster: ir.Cluster, virtual_stages: int, *,
                        microbatches: int | str = "auto", optimizer: str = "sgd", solver: str = "dp",
                        engine: str = "any", config: Sequence[int] | None = None, candidates: int = 16,
-                       progress: Callable[[str], None] | None = None) -> ir.Plan:
+                       progress: Callable[[str], None] | None = None, **space: Any) -> ir.Plan:
     """The fastest interleaved plan with ``virtual_stages`` chunks per group that fits (module doc).
 
-    ``virtual_stages=1`` is the plain search under ``interleaved``.
+    ``virtual_stages=1`` is the plain search under ``interleaved``; ``space`` passes the grid
+    options (precision, tp, zero, recompute, micro_batch_size) to :func:`planner.search.search`.
     """
     from planner.search import search
 
@@ -163,11 +164,12 @@ def search_interleaved(profile: ir.ModelProfile, cluster: ir.Cluster, virtual_st
                          "use --engine torch or any, or --virtual-stages 1")
     if v == 1:
         return search(profile, cluster, microbatches=microbatches, schedule="interleaved", optimizer=optimizer,
-                      solver=solver, engine=engine, config=config, progress=progress, candidates=candidates)
+                      solver=solver, engine=engine, config=config, progress=progress, candidates=candidates,
+                      virtual_stages=1, **space)
     judged: dict[tuple, tuple[ir.Plan, bool]] = {}
 
     def evaluate(base: ir.Plan) -> float:
-        key = (base.microbatches, tuple((s.layers, s.devices, s.recompute) for s in base.stages))
+        key = (base.microbatches, tuple((s.layers, s.devices, s.tp, s.zero, s.recompute) for s in base.stages))
         if key not in judged:
             judged[key] = _judge_base(base, v, engine)
         plan, fits = judged[key]
@@ -175,9 +177,10 @@ def search_interleaved(profile: ir.ModelProfile, cluster: ir.Cluster, virtual_st
 
     base = search(profile, cluster, microbatches=microbatches, schedule="interleaved", optimizer=optimizer,
                   solver=solver, engine=engine, config=config, progress=progress, evaluate=evaluate,
-                  candidates=candidates)
+                  candidates=candidates, virtual_stages=1, **space)
     score = evaluate(base)
-    plan, fits = judged[(base.microbatches, tuple((s.layers, s.devices, s.recompute) for s in base.stages))]
+    plan, fits = judged[(base.microbatches, tuple((s.layers, s.devices, s.tp, s.zero, s.recompute)
+                                                  for s in base.stages))]
     if not fits or not math.isfinite(score):
         raise InfeasibleError(
             f"no plan the search met runs interleaved with {v} chunks per device group: too few layers for "

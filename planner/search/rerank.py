@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from planner import ir
+from planner.cluster import group_of
 from planner.costmodel import plan_memory, stage_costs
 from planner.search import baselines as bl
 from planner.search.sp import Problem
@@ -35,7 +36,7 @@ class Judged:
 def plan_key(plan: ir.Plan) -> tuple:
     """What makes two plans the same plan (for de-duplication)."""
     return (plan.schedule, plan.microbatches,
-            tuple((s.layers, s.devices, s.forms, s.recompute) for s in plan.stages))
+            tuple((s.layers, s.devices, s.forms, s.recompute, s.tp, s.zero) for s in plan.stages))
 
 
 Costed = tuple[ir.Plan, tuple[ir.StageCost, ...]]
@@ -54,16 +55,21 @@ def simulated(plan: ir.Plan, costs: Sequence[ir.StageCost] | None = None) -> Jud
     costs = stage_costs(plan) if costs is None else costs
     result = simulate_costs(costs, plan.schedule, plan.microbatches, plan.virtual_stages,
                             SimOptions(record_events=False))
-    t = result.iteration_s
     peak = max((int(d.peak_memory_bytes) for d in result.devices), default=0)
-    return Judged(plan, ir.Prediction(t, plan.batch_size / t if t > 0 else 0.0, result.bubble_fraction, peak))
+    return Judged(plan, ir.Prediction.of(result.iteration_s, plan.batch_size, result.bubble_fraction, peak))
 
 
-def with_memory(plan: ir.Plan) -> Costed | None:
+LIGHTER = ("none", "selective", "full")
+"""Recomputation modes from the fastest to the leanest."""
+
+
+def with_memory(plan: ir.Plan, recompute: Sequence[str] = LIGHTER) -> Costed | None:
     """``plan`` with each stage's analytic peak memory filled in; a stage that overflows its
-    smallest device gets recomputation; None when it still does not fit (as the DP rules)."""
+    smallest device takes the next leaner recomputation mode of ``recompute`` (as the DP may);
+    None when it still does not fit."""
     caps = {g.name: g.memory_bytes for g in plan.cluster.gpus}
-    for _ in range(2):
+    modes = [m for m in LIGHTER if m in recompute]
+    for _ in range(len(modes)):
         costs = stage_costs(plan)
         mem = plan_memory(plan, costs)
         over = [m > min(caps[d] for d in s.devices) for s, m in zip(plan.stages, mem, strict=True)]
@@ -71,11 +77,17 @@ def with_memory(plan: ir.Plan) -> Costed | None:
         plan = dataclasses.replace(plan, stages=stages)
         if not any(over):
             return plan, costs
-        if all(s.recompute == "full" for s, o in zip(plan.stages, over, strict=True) if o):
+        if any(o and _leaner(s.recompute, modes) is None for s, o in zip(plan.stages, over, strict=True)):
             return None
-        plan = dataclasses.replace(plan, stages=tuple(dataclasses.replace(s, recompute="full" if o else s.recompute)
-                                                       for s, o in zip(plan.stages, over, strict=True)))
+        plan = dataclasses.replace(plan, stages=tuple(
+            dataclasses.replace(s, recompute=_leaner(s.recompute, modes) or s.recompute) if o else s
+            for s, o in zip(plan.stages, over, strict=True)))
     return None
+
+
+def _leaner(mode: str, modes: Sequence[str]) -> str | None:
+    later = [m for m in modes if LIGHTER.index(m) > LIGHTER.index(mode)]
+    return later[0] if later else None
 
 
 def _bounds(balance: Sequence[int]) -> list[int]:
@@ -131,6 +143,8 @@ def seed_plans(prob: Problem, *, engine: str, solver: str,
         groups = [tuple(names[s * width:(s + 1) * width]) for s in range(k)]
         if not _width_allowed(prob, width, k) or not _groups_in_space(prob, groups):
             continue
+        if prob.profile.batch_size % (prob.microbatches * width):
+            continue  # the data-parallel ranks would get a fractional micro-batch
         if k not in cache:
             cache[k] = splits(prob.profile, k)
         for parts in cache[k]:
@@ -142,23 +156,37 @@ def seed_plans(prob: Problem, *, engine: str, solver: str,
 
 
 def _hpp_forms(prob: Problem, devices: tuple[str, ...]) -> tuple[str, ...]:
-    from planner.cluster import group_of
-    from planner.costmodel import layer_table
+    """HPP's forms for the whole model as one stage on ``devices`` as a single tensor group (AccPar's
+    layout); all ``dp`` when the search may not form such a group."""
+    from planner.costmodel import Grid, layer_table
     from planner.search.hpp import hpp
 
-    table = layer_table(prob.profile, group_of(prob.cluster, devices), prob.microbatches, prob.optimizer,
-                        prob.forms)
+    group = group_of(prob.cluster, devices, prob.space.precision)
+    if group.nodes > 1 or not any(mv.devices == devices and mv.tp == len(devices) for mv in prob.moves[0]):
+        return ("dp",) * len(prob.profile.layers)
+    table = layer_table(prob.profile, Grid(group, group.n, prob.space.precision, prob.space.sequence_parallel),
+                        prob.microbatches, prob.optimizer, prob.forms)
     return tuple(hpp(table, 0, len(prob.profile.layers), prob.microbatches)[0])
 
 
 def _fitting(prob: Problem, groups: Sequence[tuple[str, ...]], parts: Sequence[int],
              forms: Sequence[tuple[str, ...]], engine: str, solver: str) -> list[Costed]:
     """The seed as a plan with memory (and costs), or nothing when it does not fit."""
-    stages = tuple(ir.Stage((parts[s], parts[s + 1]), groups[s], tuple(forms[s]), 0) for s in range(len(groups)))
+    zero = _seed_zero(prob, groups)
+    stages = tuple(ir.Stage((parts[s], parts[s + 1]), groups[s], tuple(forms[s]), 0, "none", 1, zero)
+                   for s in range(len(groups)))
+    stages = tuple(dataclasses.replace(st, tp=st.width, zero=0) if set(st.forms) - {"dp"} else st for st in stages)
     draft = ir.Plan(prob.profile, prob.cluster, prob.schedule, prob.microbatches, prob.optimizer, stages,
-                    ir.Prediction(0.0, 0.0, 0.0, 0), engine=engine, solver=solver)
-    fitted = with_memory(draft)
+                    ir.Prediction(0.0, 0.0, 0.0, 0), engine=engine, solver=solver, precision=prob.space.precision)
+    fitted = with_memory(draft, prob.space.recompute)
     return [] if fitted is None else [fitted]
+
+
+def _seed_zero(prob: Problem, groups: Sequence[tuple[str, ...]]) -> int:
+    """The ZeRO stage a data-parallel seed takes: 1 where allowed (as fast as 0, leaner), else the least allowed."""
+    if len(groups[0]) == 1:
+        return 0
+    return 1 if 1 in prob.space.zero else min(prob.space.zero)
 
 
 def busy_lower_bound_s(plan: ir.Plan, costs: Sequence[ir.StageCost]) -> float:
@@ -176,12 +204,13 @@ def busy_lower_bound_s(plan: ir.Plan, costs: Sequence[ir.StageCost]) -> float:
     return max(busy.values(), default=0.0)
 
 
-def best_simulated(plans: Sequence[Costed]) -> Judged:
+def best_simulated(plans: Sequence[Costed], judged: list[Judged] | None = None) -> Judged:
     """The plan with the least simulated iteration time (first wins ties), its prediction set.
 
     Candidates are simulated in order of :func:`busy_lower_bound_s`; one whose bound
     already exceeds the best simulated time cannot win and is not simulated (branch and
-    bound: the answer is the same as simulating every candidate).
+    bound: the answer is the same as simulating every candidate). ``judged``, when given,
+    receives every simulated candidate, fastest first.
     """
     unique: dict[tuple, tuple[int, Costed]] = {}
     for i, costed in enumerate(plans):
@@ -191,18 +220,26 @@ def best_simulated(plans: Sequence[Costed]) -> Judged:
     for bound_s, i, plan, costs in order:
         if best is not None and bound_s > best[0]:
             break
-        judged = simulated(plan, costs)
-        t = judged.predicted.iteration_s
+        one = simulated(plan, costs)
+        if judged is not None:
+            judged.append(one)
+        t = one.predicted.iteration_s
         if best is None or (t, i) < (best[0], best[1]):
-            best = (t, i, judged)
-    assert best is not None, "best_simulated needs at least one plan"
+            best = (t, i, one)
+    if judged is not None:
+        judged.sort(key=lambda j: j.predicted.iteration_s)
+    if best is None:
+        from planner.errors import InfeasibleError
+
+        raise InfeasibleError("no runnable plan fits among the candidates", "try more micro-batches or devices")
     return best[2]
 
 
-def dp_simulated_s(profile: ir.ModelProfile, cluster: ir.Cluster, optimizer: str) -> float:
+def dp_simulated_s(profile: ir.ModelProfile, cluster: ir.Cluster, optimizer: str, precision: str = "fp32") -> float:
     """Pure data parallel (one stage on every GPU, M = 1), simulated: the speed-up's yardstick."""
     from planner.costmodel import dp_stage
 
-    stage = dp_stage(profile, cluster, optimizer=optimizer)
-    plan = ir.Plan(profile, cluster, "1f1b", 1, optimizer, (stage,), ir.Prediction(0.0, 0.0, 0.0, 0))
+    stage = dp_stage(profile, cluster, optimizer=optimizer, precision=precision)
+    plan = ir.Plan(profile, cluster, "1f1b", 1, optimizer, (stage,), ir.Prediction(0.0, 0.0, 0.0, 0),
+                   precision=precision)
     return simulated(plan).predicted.iteration_s

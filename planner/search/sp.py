@@ -1,41 +1,20 @@
-"""SP, Algorithm 2 of PipePar: contiguous stages on device groups, minimising the iteration.
+"""SP, Algorithm 2 of PipePar: contiguous stages on device grids, minimising the iteration.
 
-The search space (the same for ``--solver dp`` and ``--solver brute``)
--------------------------------------------------------------------
-- Stages take contiguous layer ranges, in model order, and devices in cluster order
-  (servers in file order, GPUs in server order). Devices may be left unused.
-- ``hierarchy`` groups (the default: "split across servers first, then inside a
-  server"): a stage's group is either ``w`` consecutive GPUs inside one server, with
-  ``w`` a power of two or the whole server, or ``k >= 2`` whole consecutive servers
-  (every ``k`` when the cluster has at most 16 servers, beyond that powers of two, and
-  all servers). A stage
-  starts at the next free GPU; before it, the rest of the current server (or a whole
-  server) may be skipped.
-- ``contiguous`` groups (``--config`` and ``--engine``): ``w`` consecutive GPUs in
-  cluster order, crossing servers if need be, with the widths given; skips as above.
-- Each stage runs its HPP forms (planner.search.hpp) and either keeps its activations
-  or recomputes them (GPipe re-materialisation); a stage that fits neither way in its
-  smallest device memory is excluded. Memory depends on the micro-batches in flight,
-  which for 1f1b-like schedules depend on how many stages follow (K - s): the DP
-  tracks that count (capped where it stops mattering). For zb-h1, whose count
-  (min(K, M) on every stage) depends on K itself, a stage is held to the largest count
-  over every K it could be part of: plans always fit, the memory test may be
-  conservative (a documented approximation).
-- Large inputs: above ``max_blocks`` layers (default 256, or 128 beyond 64 GPUs), stage
-  boundaries are restricted to block boundaries that balance compute (as Alpa clusters
-  operators into layers); brute only runs on inputs below that size, so the two spaces
-  agree whenever both run.
+The space (groups, tensor degrees, forms, recomputation and ZeRO options) is tabulated by
+:mod:`planner.search.space` and :mod:`planner.search.tables`; this module solves it.
 
 Objective and exactness
 -----------------------
-``T = a * sum_s l_s + max_s(b * max(c_s, x_s) + ar_s)`` (planner.costmodel.analytic_iteration). For a
-cap C on the max term, a backward DP over (stages left, next free device, first layer)
-gives the least ``sum_s l_s`` of plans whose every term is <= C (Alpa, Zheng et al.
-OSDI'22, section 5.2). Starting from C = inf, if the best plan has max term m, any better
-plan must have max < m, so the next cap is just below m; the descent stops when the DP
-finds no plan or when ``sum + (lower bound of the max)`` cannot beat the best. This is
-exact. With a = 0 (pipedream) the smallest feasible cap is found by bisection over the
-candidate terms.
+``T = a * sum_s l_s + max_s(b * max(c_s, x_s) + sync_s)`` (planner.costmodel.analytic_iteration).
+For a cap C on the max term, a backward DP over (stages left, next free device, first layer)
+gives the least ``sum_s l_s`` of plans whose every term is <= C (Alpa, Zheng et al. OSDI'22,
+section 5.2); each stage takes the option (forms, recomputation, ZeRO stage) with the least
+period among those that fit and whose term is under the cap, which is exact because a
+stage's option changes only its own period, term and memory. Starting from C = inf, if the
+best plan has max term m, any better plan must have max < m, so the next cap is just below
+m; the descent stops when the DP finds no plan or when ``sum + (lower bound of the max)``
+cannot beat the best. This is exact. With a = 0 (pipedream) the smallest feasible cap is
+found by bisection over the candidate terms.
 """
 
 from __future__ import annotations
@@ -43,305 +22,29 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from planner import ir
-from planner.cluster import Group, group_of, index
-from planner.costmodel import layer_table, p2p_s, schedule_weights
 from planner.errors import InfeasibleError, PlanError
-from planner.schedule import in_flight_microbatches
-from planner.search.hpp import StageTables, stage_tables
+from planner.search.space import Move, Option, Problem, build_problem, coarse_bounds
+from planner.search.tables import build_candidates
 
-INTRA, INTER, NONE = 0, 1, 2
-
-
-@dataclass(frozen=True)
-class Move:
-    """From a free-device position: run a stage on ``devices`` (a group), then go to ``next``."""
-
-    key: int
-    devices: tuple[str, ...]
-    next: int
-    link: int  # INTRA or INTER: the link the stage receives its input over
+__all__ = ["Move", "Problem", "Solution", "StageChoice", "build_problem", "coarse_bounds", "infeasible", "solve",
+           "solve_cap"]
 
 
-@dataclass
-class Candidate:
-    """Per (group key, link): the stage tables the DP reads, all (nb+1, nb+1)."""
-
-    l_a: np.ndarray  # per-micro-batch period without recomputation
-    l_b: np.ndarray  # with recomputation
-    term_a: np.ndarray  # b * l + ar
-    term_b: np.ndarray
-    rmax_a: np.ndarray  # largest stages-left count the stage fits with (0: never)
-    rmax_b: np.ndarray
-    band: dict[str, np.ndarray] = field(default_factory=dict)
-    """The same arrays in band layout: ``band[x][a, k] = x[a, a + 1 + k]`` (inf/0 past the end)."""
-
-    def make_band(self) -> None:
-        nb1 = self.l_a.shape[0]
-        rows = np.arange(nb1)[:, None]
-        cols = rows + 1 + np.arange(nb1)[None, :]
-        inside = cols < nb1
-        cols = np.where(inside, cols, 0)
-        for name in ("l_a", "l_b", "term_a", "term_b", "rmax_a", "rmax_b"):
-            arr = getattr(self, name)
-            fill = 0 if name.startswith("rmax") else np.inf
-            self.band[name] = np.where(inside, arr[rows, cols], fill)
-
-
-@dataclass
-class Problem:
-    """One search instance: profile, cluster, M, schedule and the search space, tabulated."""
-
-    profile: ir.ModelProfile
-    cluster: ir.Cluster
-    microbatches: int
-    schedule: str
-    optimizer: str
-    forms: tuple[str, ...]
-    bounds: np.ndarray
-    moves: list[list[Move]]
-    skip: list[int]
-    groups: list[Group]
-    tables: list[StageTables]
-    stages_exact: int | None  # K fixed (config, or schedules whose memory depends on K)
-    config: tuple[int, ...] | None
-    r_cap: int
-    a: float
-    b: float
-    cand: dict[tuple[int, int], Candidate] = field(default_factory=dict)
-    r_eff: int = 1
-    capacity_override: float | None = None
-
-    @property
-    def nb(self) -> int:
-        return len(self.bounds) - 1
-
-    @property
-    def devices(self) -> int:
-        return len(self.skip)
-
-
-# ----------------------------------------------------------------------------- building
-
-
-def coarse_bounds(profile: ir.ModelProfile, max_blocks: int) -> np.ndarray:
-    """Block boundaries: every layer, or at most ``max_blocks`` blocks balancing fwd+bwd time."""
-    n = len(profile.layers)
-    if n <= max_blocks:
-        return np.arange(n + 1)
-    t = np.array([x.forward_s + x.backward_s for x in profile.layers]) + 1e-12
-    cum = np.concatenate([[0.0], np.cumsum(t)])
-    targets = np.linspace(0, cum[-1], max_blocks + 1)
-    cuts = np.unique(np.clip(np.searchsorted(cum, targets), 0, n))
-    cuts = np.unique(np.concatenate([[0, n], cuts]))
-    return cuts
-
-
-def _pow2_upto(n: int) -> list[int]:
-    out, w = [], 1
-    while w <= n:
-        out.append(w)
-        w *= 2
-    return out
-
-
-def build_moves(cluster: ir.Cluster, mode: str, widths: Sequence[int] | None) -> tuple[list[list[Move]], list[int],
-                                                                                     list[tuple[str, ...]]]:
-    """Moves from every free-device position, the skip target, and the distinct groups.
-
-    ``mode`` is ``hierarchy`` or ``contiguous``; ``widths`` restricts stage widths.
-    """
-    idx = index(cluster)
-    names, starts = idx.names, idx.node_start
-    g_total, s_total = len(names), len(cluster.nodes)
-    node_at = [idx.node_of[d] for d in names]
-    allowed = None if widths is None else set(widths)
-    moves: list[list[Move]] = []
-    skip: list[int] = []
-    groups: list[tuple[str, ...]] = []
-    for d in range(g_total):
-        c = node_at[d]
-        u = d - starts[c]
-        size = starts[c + 1] - starts[c]
-        skip.append(starts[c + 1])
-        opts: list[tuple[int, int]] = []  # (width, next)
-        if mode == "hierarchy":
-            ws = sorted(set(_pow2_upto(size)) | {size})
-            opts += [(w, d + w) for w in ws if u + w <= size]
-            if u == 0:
-                ks = list(range(2, s_total - c + 1))
-                if s_total > 16:
-                    ks = sorted({k for k in _pow2_upto(s_total) if k >= 2} | ({s_total} if c == 0 else set()))
-                opts += [(starts[c + k] - d, starts[c + k]) for k in ks if c + k <= s_total]
-        else:
-            ws = sorted(allowed) if allowed is not None else list(range(1, g_total + 1))
-            opts += [(w, d + w) for w in ws if d + w <= g_total]
-        row = []
-        seen = set()
-        for w, nxt in opts:
-            if allowed is not None and w not in allowed:
-                continue
-            if (w, nxt) in seen:
-                continue
-            seen.add((w, nxt))
-            devs = tuple(names[d:nxt])
-            link = INTRA if u > 0 and node_at[nxt - 1] == c else INTER
-            row.append(Move(-1, devs, nxt, link))
-            groups.append(devs)
-        moves.append(row)
-    return moves, skip, groups
-
-
-def _group_key(g: Group) -> tuple:
-    return (g.n, g.flops, g.memory_bytes, g.nodes, g.per_node)
-
-
-def build_problem(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int, schedule: str, optimizer: str,
-                  forms: Sequence[str] = ir.FORMS, mode: str = "hierarchy", widths: Sequence[int] | None = None,
-                  config: Sequence[int] | None = None, max_blocks: int | None = None,
-                  stages: int | None = None) -> Problem:
-    """Tabulate everything the stage DP and brute force read (see the module doc)."""
-    if config is not None:
-        mode, widths = "contiguous", sorted(set(config))
-    moves, skip, _ = build_moves(cluster, mode, widths)
-    if max_blocks is None:
-        max_blocks = 256 if len(cluster.gpus) <= 64 else 128
-    bounds = coarse_bounds(profile, max_blocks)
-    key_of: dict[tuple, int] = {}
-    groups: list[Group] = []
-    tables: list[StageTables] = []
-    for d, row in enumerate(moves):
-        for i, mv in enumerate(row):
-            g = group_of(cluster, mv.devices)
-            k = _group_key(g)
-            if k not in key_of:
-                key_of[k] = len(groups)
-                groups.append(g)
-                lt = layer_table(profile, g, microbatches, optimizer, forms)
-                tables.append(stage_tables(lt, bounds, microbatches))
-            row[i] = Move(key_of[k], mv.devices, mv.next, mv.link)
-        moves[d] = row
-    a, b = schedule_weights(schedule, microbatches)
-    r_cap = max(1, min(len(bounds) - 1, len(skip)))  # the most stages a plan can have
-    exact_k = len(config) if config is not None else stages
-    prob = Problem(profile, cluster, microbatches, schedule, optimizer, tuple(forms), bounds, moves, skip, groups,
-                   tables, exact_k, tuple(config) if config is not None else None, r_cap, a, b)
-    _build_candidates(prob)
-    return prob
-
-
-def memory_depends_on_k(schedule: str, microbatches: int, max_stages: int) -> bool:
-    """Whether a stage's micro-batches in flight depend on more than the stages after it.
-
-    The free-K DP tracks K - s only; for schedules whose in-flight count depends on K
-    itself (zb-h1 keeps min(K, M) on every stage) each stage is given the largest count
-    over the K it could belong to (see ``_build_candidates``).
-    """
-    for k in range(1, max_stages + 1):
-        for s in range(k):
-            if in_flight_microbatches(schedule, k, microbatches, s) != \
-                    in_flight_microbatches(schedule, k - s, microbatches, 0):
-                return True
-    return False
-
-
-def _in_flight_counts(prob: Problem, r_hi: int) -> list[int]:
-    """Micro-batches in flight on a stage with r = 1..r_hi stages left (its own included)."""
-    k_fixed = prob.stages_exact
-    if k_fixed is not None:  # exact: stage s = K - r of K
-        return [in_flight_microbatches(prob.schedule, k_fixed, prob.microbatches, k_fixed - r)
-                for r in range(1, r_hi + 1)]
-    if memory_depends_on_k(prob.schedule, prob.microbatches, min(r_hi, 16)):
-        # the count depends on K itself (zb-h1): take the largest over every K the stage
-        # could be part of -- safe (plans always fit), possibly conservative
-        return [max(in_flight_microbatches(prob.schedule, k, prob.microbatches, k - r)
-                    for k in range(r, r_hi + 1)) for r in range(1, r_hi + 1)]
-    return [in_flight_microbatches(prob.schedule, r, prob.microbatches, 0) for r in range(1, r_hi + 1)]
-
-
-def _periods_and_terms(prob: Problem, key: int, t: StageTables, recv: np.ndarray
-                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Per stage range: period without and with recomputation (l_a, l_b) and the matching max terms."""
-    time_b = t.time + t.fwd
-    l_a = t.time + 2.0 * recv
-    l_b = time_b + 2.0 * recv
-    ar = _ar(prob, key, t)
-    with np.errstate(invalid="ignore"):
-        if prob.schedule == "gpipe":  # forward phase, then backward phase (F-then-B)
-            bwd_a = t.time - t.fwd
-            busy_a = np.maximum(t.fwd, recv) + np.maximum(bwd_a, recv)
-            busy_b = np.maximum(t.fwd, recv) + np.maximum(bwd_a + t.fwd, recv)
-        else:
-            busy_a, busy_b = np.maximum(t.time, recv), np.maximum(time_b, recv)
-        term_a = np.where(np.isfinite(l_a), prob.b * busy_a + ar, np.inf)
-        term_b = np.where(np.isfinite(l_b), prob.b * busy_b + ar, np.inf)
-    return l_a, l_b, term_a, term_b
-
-
-def _fit_limits(prob: Problem, t: StageTables, cap: float, in_fl: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """Per stage range: the largest stages-left count it fits ``cap`` bytes with, without/with recomputation."""
-    static, act, wt = np.ceil(t.static), np.ceil(t.act), np.ceil(t.weight)
-    inr = np.ceil(t.in_bytes)[:, None]
-    rmax_a = np.zeros(t.time.shape, dtype=np.int64)
-    rmax_b = np.zeros(t.time.shape, dtype=np.int64)
-    for r, k in enumerate(in_fl, start=1):
-        stash = (k - 1) * wt if prob.schedule == "pipedream" else 0.0
-        mem_a = static + k * act + stash
-        mem_b = static + k * inr + act + stash
-        rmax_a = np.where(mem_a <= cap, r, rmax_a) if r == 1 else np.where((rmax_a == r - 1) & (mem_a <= cap),
-                                                                            r, rmax_a)
-        rmax_b = np.where(mem_b <= cap, r, rmax_b) if r == 1 else np.where((rmax_b == r - 1) & (mem_b <= cap),
-                                                                            r, rmax_b)
-    finite = np.isfinite(t.time)
-    return np.where(finite, rmax_a, 0), np.where(finite, rmax_b, 0)
-
-
-def _build_candidates(prob: Problem) -> None:
-    """Per (group, link): periods, terms and memory limits of every stage range."""
-    prob.cand.clear()
-    inb = np.array([float(x.output_bytes) for x in prob.profile.layers]) / prob.microbatches
-    start_layer = prob.bounds[:-1]
-    recv_bytes = np.zeros(prob.nb + 1)
-    recv_bytes[1:prob.nb] = inb[start_layer[1:] - 1]
-    links = {INTRA: prob.cluster.link("intra_node"), INTER: prob.cluster.link("inter_node")}
-    r_hi = prob.stages_exact if prob.stages_exact is not None else prob.r_cap
-    in_fl = _in_flight_counts(prob, r_hi)
-    used = {(mv.key, mv.link) for row in prob.moves for mv in row}
-    for key, link in sorted(used):
-        t = prob.tables[key]
-        recv = np.array([p2p_s(x, links[link]) for x in recv_bytes])[:, None]
-        cap = prob.groups[key].memory_bytes if prob.capacity_override is None else prob.capacity_override
-        cand = Candidate(*_periods_and_terms(prob, key, t, recv), *_fit_limits(prob, t, cap, in_fl))
-        cand.make_band()
-        prob.cand[(key, link)] = cand
-    # the stages-left count matters only up to 1 + the largest limit below the cap
-    limits = [int(x) for c in prob.cand.values() for arr in (c.rmax_a, c.rmax_b)
-              for x in np.unique(arr) if 1 <= x < r_hi]
-    prob.r_eff = r_hi if prob.stages_exact is not None else min(r_hi, 1 + max(limits, default=0))
-
-
-def _ar(prob: Problem, key: int, t: StageTables) -> np.ndarray:
-    from planner.costmodel import allreduce_coefficients
-
-    coef, const = allreduce_coefficients(prob.groups[key])
-    return np.where(t.ar_bytes > 0, t.ar_bytes * coef + const, 0.0)
-
-
-# ----------------------------------------------------------------------------- the DP
 
 
 @dataclass(frozen=True)
 class StageChoice:
-    """One stage of a solution: layer block range [a, b), its move and whether it recomputes."""
+    """One stage of a solution: layer block range [a, b), its move (devices, tensor degree) and option
+    (fastest or leanest forms, recomputation, ZeRO stage)."""
 
     a: int
     b: int
     move: Move
-    recompute: bool
+    option: Option
     period: float
     term: float
 
@@ -359,20 +62,39 @@ class Solution:
 def _cost_band(prob: Problem, key: int, link: int, r_top: int, cap: float) -> np.ndarray:
     """Periods of stages allowed at cap ``cap``, per stages-left count 1..r_top, in band layout.
 
-    Shape (r_top, nb+1, W): ``out[r-1, a, k]`` is the period of stage [a, a+1+k) when r
-    stages are left (r_top meaning r_top or more), inf where it does not fit or exceeds
-    the cap; W is trimmed to the widest stage allowed.
+    Shape (r_top, nb+1, W): ``out[r-1, a, k]`` is the least period over the options of stage
+    [a, a+1+k) that fit with r stages left (r_top meaning r_top or more) and whose term is
+    within the cap, inf where none does; W is trimmed to the widest stage allowed. Each
+    option's period goes to the bucket of its largest fitting count, then a suffix minimum
+    over the buckets gives every count at once.
     """
     c = prob.cand[(key, link)].band
-    under_a = c["term_a"] <= cap
-    under_b = c["term_b"] <= cap
-    any_ok = (under_a & (c["rmax_a"] >= 1)) | (under_b & (c["rmax_b"] >= 1))
+    ok = [(t <= cap) & (rmax >= 1) for t, rmax in zip(c["term"], c["rmax"], strict=True)]
+    any_ok = np.logical_or.reduce(ok)
     cols = np.flatnonzero(any_ok.any(axis=0))
     width = int(cols[-1]) + 1 if cols.size else 0
-    rs = np.arange(1, r_top + 1)[:, None, None]
-    ok_a = (c["rmax_a"][None, :, :width] >= rs) & under_a[None, :, :width]
-    ok_b = (c["rmax_b"][None, :, :width] >= rs) & under_b[None, :, :width]
-    return np.where(ok_a, c["l_a"][None, :, :width], np.where(ok_b, c["l_b"][None, :, :width], np.inf))
+    rows = any_ok.shape[0]
+    buckets = np.full((r_top + 1, rows, width), np.inf)
+    ii, jj = np.meshgrid(np.arange(rows), np.arange(width), indexing="ij")
+    for fit, rmax, period in zip(ok, c["rmax"], c["period"], strict=True):
+        r = np.where(fit[:, :width], np.minimum(rmax[:, :width], r_top), 0)
+        cur = buckets[r, ii, jj]
+        buckets[r, ii, jj] = np.minimum(cur, np.where(fit[:, :width], period[:, :width], np.inf))
+    out = np.minimum.accumulate(buckets[:0:-1], axis=0)[::-1]  # out[r-1] = min over buckets >= r
+    return np.ascontiguousarray(out)
+
+
+def _best_option(prob: Problem, mv: Move, a: int, b: int, rho: int, cap: float) -> tuple[Option, float, float]:
+    """The option a stage [a, b) on ``mv`` takes with rho stages left under ``cap``: least period (first wins)."""
+    c = prob.cand[(mv.key, mv.link)]
+    best: tuple[float, int] | None = None
+    for i in range(len(c.options)):
+        if c.rmax[i][a, b] >= rho and c.term[i][a, b] <= cap and (best is None or c.period[i][a, b] < best[0]):
+            best = (float(c.period[i][a, b]), i)
+    if best is None:  # pragma: no cover - the band said one fits
+        raise PlanError("internal error: stage DP option lost", "report this with the inputs")
+    i = best[1]
+    return c.options[i], float(c.period[i][a, b]), float(c.term[i][a, b])
 
 
 def _windows(nxt: np.ndarray, width: int) -> np.ndarray:
@@ -506,11 +228,7 @@ def _backtrack(prob: Problem, h: list[np.ndarray], bands: dict, masks: dict, rho
             k = int(np.argmin(vals))
             if vals[k] == target:
                 b = a + 1 + k
-                c = prob.cand[(mv.key, mv.link)]
-                use_a = c.rmax_a[a, b] >= rho and c.term_a[a, b] <= cap
-                period = float(c.l_a[a, b] if use_a else c.l_b[a, b])
-                term_v = float(c.term_a[a, b] if use_a else c.term_b[a, b])
-                stages.append(StageChoice(a, b, mv, not use_a, period, term_v))
+                stages.append(StageChoice(a, b, mv, *_best_option(prob, mv, a, b, rho, cap)))
                 if exact or rho < r_top or h[mv.next][rho - 1, b] <= h[mv.next][rho, b]:
                     rho -= 1
                 d, a = mv.next, b
@@ -536,9 +254,8 @@ def lower_bound_top(prob: Problem) -> float:
     nb = prob.nb
     tmin = np.full((nb + 1, nb + 1), np.inf)
     for c in prob.cand.values():
-        ta = np.where(c.rmax_a >= 1, c.term_a, np.inf)
-        tb = np.where(c.rmax_b >= 1, c.term_b, np.inf)
-        np.minimum(tmin, np.minimum(ta, tb), out=tmin)
+        for term, rmax in zip(c.term, c.rmax, strict=True):
+            np.minimum(tmin, np.where(rmax >= 1, term, np.inf), out=tmin)
     suffix = np.minimum.accumulate(tmin[:, ::-1], axis=1)[:, ::-1]  # min over b' >= b
     cum = np.minimum.accumulate(suffix, axis=0)  # min over a' <= a
     lb = 0.0
@@ -551,8 +268,8 @@ def candidate_terms(prob: Problem) -> np.ndarray:
     """Every value a stage's max term can take in this problem, sorted and unique."""
     parts = []
     for c in prob.cand.values():
-        parts.append(c.term_a[(c.rmax_a >= 1) & np.isfinite(c.term_a)])
-        parts.append(c.term_b[(c.rmax_b >= 1) & np.isfinite(c.term_b)])
+        for term, rmax in zip(c.term, c.rmax, strict=True):
+            parts.append(term[(rmax >= 1) & np.isfinite(term)])
     return np.unique(np.concatenate(parts)) if parts else np.zeros(0)
 
 
@@ -624,7 +341,7 @@ def needed_memory(prob: Problem, rounds: int = 40) -> int | None:
     try:
         for _ in range(80):
             prob.capacity_override = hi
-            _build_candidates(prob)
+            build_candidates(prob)
             if solve_cap(prob, math.inf) is not None:
                 break
             hi *= 2
@@ -634,7 +351,7 @@ def needed_memory(prob: Problem, rounds: int = 40) -> int | None:
         for _ in range(rounds):
             mid = (lo + hi) / 2
             prob.capacity_override = mid
-            _build_candidates(prob)
+            build_candidates(prob)
             if solve_cap(prob, math.inf) is not None:
                 hi = mid
             else:
@@ -642,7 +359,7 @@ def needed_memory(prob: Problem, rounds: int = 40) -> int | None:
         return math.ceil(hi)
     finally:
         prob.capacity_override = saved
-        _build_candidates(prob)
+        build_candidates(prob)
 
 
 def infeasible(prob: Problem) -> InfeasibleError:
@@ -653,7 +370,9 @@ def infeasible(prob: Problem) -> InfeasibleError:
     cause = f"no plan fits in the devices' memory ({have / gib:.2f} GiB per device at most)"
     if need is not None:
         cause += f"; the best plan of this space needs {need / gib:.2f} GiB per device"
+    tried = (f"tensor degrees {'auto' if prob.space.tp is None else prob.space.tp}, ZeRO "
+             f"{'/'.join(map(str, prob.space.zero))} and recomputation {'/'.join(prob.space.recompute)} were tried")
     hint = ("add devices or use GPUs with more memory, use more micro-batches (--microbatches, smaller micro-batches "
-            "keep fewer activations), a lighter --optimizer (sgd), or a schedule with fewer micro-batches in flight "
-            "(1f1b); recomputation is already tried for every stage")
+            "keep fewer activations), a lighter --optimizer (sgd), --precision bf16, or a schedule with fewer "
+            f"micro-batches in flight (1f1b); {tried}")
     return InfeasibleError(cause, hint, need)

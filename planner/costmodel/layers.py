@@ -1,0 +1,292 @@
+"""Per-layer, per-form costs of a profile on one stage grid: the table HPP and the stage DP read.
+
+Pure (numpy). A stage runs on ``tp x dp`` devices: ``dp`` replicas of a tensor group of
+``tp`` devices; each replica takes ``1/(M dp)`` of the batch per micro-batch. A layer's
+form is relative to the tensor group (``n = tp`` devices):
+
+- ``dp`` (PipePar form 0): the replica's samples are split over the tensor group's
+  devices, weights replicated on all ``tp x dp`` devices and gradients all-reduced over
+  all of them (hierarchical across servers);
+- ``split_out``/``split_in`` (column/row parallel; AccPar, Song et al. HPCA'20; Megatron-LM,
+  Shoeybi et al. 2019; PipePar Figure 1): the weight sharded over the tensor group;
+  split_out replicates the input and all-gathers the output in forward and all-reduces the
+  partial input gradients in backward; split_in all-reduces the partial outputs in forward
+  and all-gathers the sliced input gradient in backward;
+- ``tp``: Megatron-LM's transformer block (Shoeybi et al. 2019, section 3; Korthikanti et
+  al. 2022): attention heads (and KV heads) and the MLP sharded column- then row-parallel,
+  two all-reduces of the block's ``s b h`` output in forward and two in backward over the
+  tensor group (with sequence parallelism two all-gathers and two reduce-scatters each
+  way instead: the same bytes); open to blocks whose heads and KV heads ``tp`` divides.
+
+Sharded layers' gradients are all-reduced over the data-parallel group (``dp`` devices, one
+per replica). The activation between layers is batch-sharded after ``dp`` and replicated
+after the other forms; a change costs one all-gather of the boundary activation (forward
+entering a sharded form, backward leaving it); a stage's ends are batch-sharded. Layers
+without weights follow their neighbours' layout. A layer whose weight shape is unknown runs
+``dp`` only; on a tensor group of one device every layer is ``dp``.
+
+Compute: a profiled time scales by ``device_flops / peak`` (the group's slowest GPU in the
+plan's number format) and by the micro-batch's share ``b/B``; the fixed part
+(``forward_fixed_s``) is paid whole per call: ``fixed + (b/B)(t - fixed)/n`` (PipeDream,
+Narayanan et al. SOSP'19 section 3.1 and Alpa, Zheng et al. OSDI'22 section 5.2 profile at the
+micro-batch size). Activation memory of a block (Korthikanti et al. 2022, Table 2, per layer
+``s b h (34 + 5 a s / h)`` bytes at 16 bits) scales by the table's variants: tensor parallel
+``10 + 24/t + 5as/(ht)``, with sequence parallelism ``34/t + 5as/(ht)``, selective
+recomputation drops the ``5as/h`` attention-core term; its time is the core's share of the
+block's forward, ``4 s^2 h / (24 s h^2 + 4 s^2 h) = s / (6h + s)`` (Narayanan et al. SC'21,
+section 5.1), recomputed in backward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from planner import ir
+from planner.cluster import Group
+from planner.costmodel.collectives import allreduce_coefficients, ring_allgather_s, ring_allreduce_s
+from planner.costmodel.precision import Bytes, flop_scale
+
+DP, SPLIT_IN, SPLIT_OUT, TP = 0, 1, 2, 3
+NF = len(ir.ALL_FORMS)
+FORM_INDEX = {f: i for i, f in enumerate(ir.ALL_FORMS)}
+SHARDED = np.array([False, True, True, True])
+"""Forms whose activation layout is replicated in the tensor group and whose weights are sharded."""
+
+ZERO_BUBBLE_W_SHARE = 0.5
+"""Weight-gradient share of backward when a profile does not give ``backward_weight_s``
+(Qi et al. 2023 assume B and W cost the same)."""
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A stage's grid as the cost model sees it: the whole group, its tensor degree, the precision."""
+
+    group: Group
+    tp: int
+    precision: str = "fp32"
+    sequence_parallel: bool = False
+
+    @property
+    def dp(self) -> int:
+        return max(self.group.n // self.tp, 1)
+
+
+@dataclass(frozen=True)
+class LayerTable:
+    """Per-layer (rows), per-form (columns: dp, split_in, split_out, tp) costs per micro-batch.
+
+    ``fwd``/``bwd``/``bww`` seconds on each device, collectives of the form included;
+    ``allowed`` which forms are open; ``enter[l]``/``leave[l]`` the re-layout all-gathers;
+    ``sync`` each layer's gradient synchronisation per iteration (seconds, without the
+    collective's latency ``sync_const``); ``weight`` one copy of its weights per device
+    (bytes); ``static`` (4, layers, forms) weights + gradients + optimizer state per device
+    at ZeRO stage 0..3 (sharded over the group its gradients are synchronised over);
+    ``act``/``act_sel`` activations kept per micro-batch without / with selective
+    recomputation; ``core`` the selective recomputation's extra backward time;
+    ``in_bytes``/``out_bytes`` a layer's input/output per micro-batch and replica.
+    """
+
+    n: int
+    dp: int
+    fwd: np.ndarray
+    bwd: np.ndarray
+    bww: np.ndarray
+    allowed: np.ndarray
+    enter: np.ndarray
+    leave: np.ndarray
+    sync: np.ndarray
+    sync_const: float
+    weight: np.ndarray
+    static: np.ndarray
+    act: np.ndarray
+    act_sel: np.ndarray
+    core: np.ndarray
+    in_bytes: np.ndarray
+    out_bytes: np.ndarray
+    agg_rows: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    """What each layer adds to each aggregate of :data:`KEYS`, per form: (len(KEYS), layers, forms)."""
+
+    def __post_init__(self) -> None:
+        rows = np.stack([self.fwd + self.bwd, self.fwd, self.sync, *self.static, self.weight, self.act,
+                         self.act_sel, self.core])
+        object.__setattr__(self, "agg_rows", rows)
+
+    def layout_change(self, a: int, b: int) -> bool:
+        """Whether going from form a to form b changes the activation layout."""
+        return bool(SHARDED[a] != SHARDED[b])
+
+    def rows(self, layer: int) -> np.ndarray:
+        """What ``layer`` adds to each aggregate of :data:`KEYS`, per form: shape (len(KEYS), NF)."""
+        return self.agg_rows[:, layer]
+
+
+KEYS = ("time", "fwd", "sync", "static0", "static1", "static2", "static3", "weight", "act", "act_sel", "core")
+"""The aggregates of a stage under its forms, per micro-batch and device (``time`` = forward + backward
+with collectives and re-layouts, ``fwd`` its forward part, ``sync`` the gradient synchronisation per
+iteration without latency, ``static<z>`` memory at ZeRO stage z, ``weight`` one copy of the weights,
+``act``/``act_sel`` activations per micro-batch, ``core`` selective recomputation's time); the
+re-layouts add to ``time`` and ``fwd`` (rows 0 and 1)."""
+
+
+@dataclass(frozen=True)
+class _Columns:
+    """Per-layer inputs of a table, for one replica's micro-batch (whole layer, not per device)."""
+
+    fwd_fixed: np.ndarray
+    bwd_fixed: np.ndarray
+    fwd_full: np.ndarray
+    bwd_full: np.ndarray
+    bww_full: np.ndarray
+    out_b: np.ndarray
+    in_b: np.ndarray
+    saved: np.ndarray
+    pcount: np.ndarray
+    weight: np.ndarray
+    weightless: np.ndarray
+    splittable: np.ndarray
+
+
+def _columns(profile: ir.ModelProfile, grid: Grid, microbatches: int, nbytes: Bytes) -> _Columns:
+    layers = profile.layers
+    share = 1.0 / (microbatches * grid.dp)
+    scale = flop_scale(profile, grid.group.flops)
+    fwd_fixed = np.array([x.forward_fixed_s or 0.0 for x in layers]) * scale
+    bwd_fixed = np.array([x.backward_fixed_s or 0.0 for x in layers]) * scale
+    fwd_full = (np.array([x.forward_s for x in layers]) * scale - fwd_fixed) * share
+    bwd_full = (np.array([x.backward_s for x in layers]) * scale - bwd_fixed) * share
+    bww_full = np.array([ZERO_BUBBLE_W_SHARE * x.backward_s if x.backward_weight_s is None else x.backward_weight_s
+                         for x in layers]) * scale * share
+    out_b = np.array([float(x.output_bytes) for x in layers]) * share * nbytes.activation_scale
+    in_b = np.concatenate([[float(profile.input_bytes) * share * nbytes.activation_scale], out_b[:-1]])
+    pcount = np.array([float(x.param_count) for x in layers])
+    return _Columns(fwd_fixed, bwd_fixed, fwd_full, bwd_full, bww_full, out_b, in_b,
+                    np.array([float(x.saved_bytes) for x in layers]) * share * nbytes.activation_scale, pcount,
+                    np.array([float(x.param_bytes) for x in layers]) * nbytes.weight_scale, pcount == 0,
+                    np.array([x.splittable for x in layers]))
+
+
+def block_activation_ratios(profile: ir.ModelProfile, tp: int, sequence_parallel: bool
+                            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per layer: (tp-form activations, tp-form with selective recomputation, dp-form with selective
+    recomputation) as shares of the layer's profiled saved bytes (Korthikanti et al. Table 2);
+    1 for layers that are not blocks. Also the attention core's share of forward, :func:`core_share`."""
+    tp_act, tp_sel, dp_sel = [], [], []
+    for layer in profile.layers:
+        b = layer.block
+        if b is None:
+            tp_act.append(1.0 / tp)
+            tp_sel.append(1.0 / tp)
+            dp_sel.append(1.0)
+            continue
+        core = 5.0 * b.heads * b.seq_len / b.hidden
+        base = 34.0 + core
+        rest = 34.0 / tp if sequence_parallel else 10.0 + 24.0 / tp
+        tp_act.append((rest + core / tp) / base)
+        tp_sel.append(rest / base)
+        dp_sel.append(34.0 / base)
+    return np.array(tp_act), np.array(tp_sel), np.array(dp_sel)
+
+
+def core_share(profile: ir.ModelProfile) -> np.ndarray:
+    """Per layer, the attention core's share of its forward FLOPs: ``s / (6h + s)`` for blocks, else 0."""
+    return np.array([0.0 if x.block is None else x.block.seq_len / (6.0 * x.block.hidden + x.block.seq_len)
+                     for x in profile.layers])
+
+
+def tp_open(profile: ir.ModelProfile, tp: int) -> np.ndarray:
+    """Which layers may run the ``tp`` form on a tensor group of ``tp``: blocks whose heads and KV heads it divides."""
+    return np.array([tp > 1 and x.block is not None and x.block.heads % tp == 0 and x.block.kv_heads % tp == 0
+                     for x in profile.layers])
+
+
+def layer_table(profile: ir.ModelProfile, grid: Grid | Group, microbatches: int, optimizer: str,
+                forms: Sequence[str] = ir.ALL_FORMS) -> LayerTable:
+    """Build the per-layer, per-form costs of ``profile`` on ``grid`` (see the module doc).
+
+    A bare ``Group`` is a grid of one tensor group of all its devices (``tp = n``, version 1).
+    """
+    if isinstance(grid, Group):
+        grid = Grid(grid, grid.n)
+    nbytes = Bytes.of(profile, grid.precision, optimizer)
+    c = _columns(profile, grid, microbatches, nbytes)
+    tensor = grid.group.tensor_group(grid.tp)
+    n, link = tensor.n, tensor.link
+    fwd, bwd, bww = _times(profile, grid, c, n, link)
+    allowed = _allowed(profile, c, n, forms)
+    act, act_sel, core = _activations(profile, grid, c, n)
+    sync, const, shard = _sync(grid, c, n)
+    weight = np.empty_like(fwd)
+    weight[:, DP] = c.weight
+    weight[:, 1:] = (c.weight / n)[:, None]
+    state = nbytes.state_per_param * c.pcount[:, None] * np.where(SHARDED, 1.0 / n, 1.0)[None, :]
+    static = np.stack([weight + weight + state, weight + weight + state / shard,
+                       weight + (weight + state) / shard, (weight + weight + state) / shard])
+    ag_in = np.array([ring_allgather_s(s, n, link) for s in c.in_b])
+    ag_out = np.array([ring_allgather_s(s, n, link) for s in c.out_b])
+    return LayerTable(n=n, dp=grid.dp, fwd=fwd, bwd=bwd, bww=bww, allowed=allowed, enter=ag_in, leave=ag_out,
+                      sync=sync, sync_const=const, weight=weight, static=static, act=act, act_sel=act_sel, core=core,
+                      in_bytes=c.in_b, out_bytes=c.out_b)
+
+
+def _times(profile: ir.ModelProfile, grid: Grid, c: _Columns, n: int, link: ir.Link
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    nl = len(c.pcount)
+    fwd, bwd, bww = np.empty((nl, NF)), np.empty((nl, NF)), np.empty((nl, NF))
+    fwd[:, DP], bwd[:, DP], bww[:, DP] = c.fwd_full / n + c.fwd_fixed, c.bwd_full / n + c.bwd_fixed, c.bww_full / n
+    ag_out = np.array([ring_allgather_s(s, n, link) for s in c.out_b])
+    ar_out = np.array([ring_allreduce_s(s, n, link) for s in c.out_b])
+    ag_in = np.array([ring_allgather_s(s, n, link) for s in c.in_b])
+    ar_in = np.array([ring_allreduce_s(s, n, link) for s in c.in_b])
+    wl = c.weightless
+    fwd[:, SPLIT_OUT] = c.fwd_fixed + np.where(wl, c.fwd_full, c.fwd_full / n + ag_out)
+    bwd[:, SPLIT_OUT] = c.bwd_fixed + np.where(wl, c.bwd_full, c.bwd_full / n + ar_in)
+    fwd[:, SPLIT_IN] = c.fwd_fixed + np.where(wl, c.fwd_full, c.fwd_full / n + ar_out)
+    bwd[:, SPLIT_IN] = c.bwd_fixed + np.where(wl, c.bwd_full, c.bwd_full / n + ag_in)
+    fwd[:, TP] = c.fwd_fixed + c.fwd_full / n + 2 * ar_out
+    bwd[:, TP] = c.bwd_fixed + c.bwd_full / n + 2 * ar_out
+    for f in (SPLIT_IN, SPLIT_OUT):
+        bww[:, f] = np.where(wl, c.bww_full, c.bww_full / n)
+    bww[:, TP] = c.bww_full / n
+    return fwd, bwd, bww
+
+
+def _allowed(profile: ir.ModelProfile, c: _Columns, n: int, forms: Sequence[str]) -> np.ndarray:
+    allowed = np.zeros((len(c.pcount), NF), dtype=bool)
+    allowed[:, DP] = True
+    if n > 1:
+        for f in (SPLIT_IN, SPLIT_OUT):
+            if ir.ALL_FORMS[f] in forms:
+                allowed[:, f] = c.weightless | c.splittable
+        if "tp" in forms:
+            allowed[:, TP] = tp_open(profile, n)
+    return allowed
+
+
+def _activations(profile: ir.ModelProfile, grid: Grid, c: _Columns, n: int
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    tp_act, tp_sel, dp_sel = block_activation_ratios(profile, n, grid.sequence_parallel)
+    core_full = c.fwd_full * core_share(profile)
+    act, act_sel, core = (np.empty((len(c.pcount), NF)) for _ in range(3))
+    act[:, DP], act_sel[:, DP], core[:, DP] = c.saved / n, c.saved * dp_sel / n, core_full / n
+    for f in (SPLIT_IN, SPLIT_OUT):
+        act[:, f] = np.where(c.weightless, c.saved, c.saved / n)
+        act_sel[:, f] = np.where(c.weightless, c.saved * dp_sel, c.saved * dp_sel / n)
+        core[:, f] = np.where(c.weightless, core_full, core_full / n)
+    act[:, TP], act_sel[:, TP], core[:, TP] = c.saved * tp_act, c.saved * tp_sel, core_full / n
+    return act, act_sel, core
+
+
+def _sync(grid: Grid, c: _Columns, n: int) -> tuple[np.ndarray, float, np.ndarray]:
+    """Gradient synchronisation per layer and form (seconds without latency), the latency, and the
+    size of the group each form's state is sharded over by ZeRO."""
+    coef_all, const_all = allreduce_coefficients(grid.group) if grid.group.n > 1 else (0.0, 0.0)
+    data = grid.group.data_group(grid.tp) if n < grid.group.n else None
+    coef_dp, _ = allreduce_coefficients(data) if data is not None and data.n > 1 else (0.0, 0.0)
+    sync = np.empty((len(c.pcount), NF))
+    sync[:, DP] = coef_all * c.weight
+    sync[:, 1:] = (coef_dp * c.weight / n)[:, None]
+    shard = np.array([float(grid.group.n)] + [float(grid.dp)] * (NF - 1))
+    return sync, const_all, shard

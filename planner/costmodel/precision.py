@@ -1,0 +1,136 @@
+"""Bytes and FLOP/s by number format: what a precision costs per parameter and per activation.
+
+Pure. Sources:
+
+- Mixed precision (Micikevicius et al., ICLR'18; ZeRO, Rajbhandari et al. SC'20, section 3):
+  16-bit (bf16/fp16) weights and gradients, 2 bytes each, plus ``K`` bytes of optimizer
+  state per parameter in fp32: the fp32 master weight (4) and the optimizer's own state
+  (Adam: momentum and variance, 8), so mixed-precision Adam keeps 2 + 2 + 12 = 16 bytes per
+  parameter. fp32 training keeps 4 + 4 bytes plus the state (Adam: 16 in all as well; SGD 8).
+- Activations are kept at the compute dtype: a profile measured in fp32 keeps 4-byte
+  activations, a bf16 plan of it 2-byte ones (the profile's bytes times 2/4).
+- Compute: a layer's profiled time is scaled by ``profile.device_flops / peak`` where
+  ``peak`` is the GPU's peak in the plan's number format (``ir.GPU.flops_for``: tensor-core
+  bf16/fp16 peaks where the cluster file gives them, else the fp32 ``flops``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner import ir
+from planner.errors import UsageError
+
+OPTIMIZER_BYTES_PER_PARAM = {"sgd": 0, "momentum": 4, "adam": 8, "rmsprop": 4}
+"""Optimizer state in fp32 bytes per parameter beyond weight and gradient (Adam: m and v)."""
+
+OPTIMIZER_TRAFFIC = {"sgd": (3, 0), "momentum": (3, 2), "adam": (3, 2), "rmsprop": (3, 2)}
+"""Memory traffic of one optimizer step per parameter: (passes over the parameter's own
+bytes, passes over its fp32 state bytes). Every update reads the weight and the gradient and
+writes the weight (3); momentum/adam/rmsprop also read and write their state (2). E.g. fp32
+adam: 3 * 4 + 2 * 8 = 28 bytes per parameter (ZeRO-Offload, Ren et al. ATC'21, section 4.1)."""
+
+DTYPE_BYTES = {"float32": 4, "fp32": 4, "float": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
+               "float64": 8, "double": 8}
+"""Bytes per element of the dtype names profiles carry (``torch.`` prefix ignored)."""
+
+PRECISION_OF_DTYPE = {"float32": "fp32", "fp32": "fp32", "float": "fp32", "bfloat16": "bf16", "bf16": "bf16",
+                      "float16": "fp16", "fp16": "fp16", "half": "fp16"}
+
+
+def _dtype_name(dtype: str) -> str:
+    return dtype.strip().lower().removeprefix("torch.")
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes per element of a profile's ``dtype`` (4 when unknown: profiles default to fp32)."""
+    return DTYPE_BYTES.get(_dtype_name(dtype), 4)
+
+
+def default_precision(profile: ir.ModelProfile) -> str:
+    """The precision a profile was made in: fp32, bf16 or fp16 (fp32 for other dtypes)."""
+    return PRECISION_OF_DTYPE.get(_dtype_name(profile.dtype), "fp32")
+
+
+def check_precision(precision: str) -> str:
+    if precision not in ir.PRECISIONS:
+        raise UsageError(f"unknown precision {precision!r}", f"use one of {', '.join(ir.PRECISIONS)}")
+    return precision
+
+
+def check_optimizer(optimizer: str) -> str:
+    if optimizer not in OPTIMIZER_BYTES_PER_PARAM:
+        raise UsageError(f"unknown optimizer {optimizer!r}", f"use one of {', '.join(OPTIMIZER_BYTES_PER_PARAM)}")
+    return optimizer
+
+
+@dataclass(frozen=True)
+class Bytes:
+    """Per-parameter and per-activation bytes of one (profile, precision, optimizer).
+
+    ``weight_scale`` multiplies a layer's profiled ``param_bytes`` into its weight bytes at
+    the precision (1 when the precision is the profile's), ``grad`` likewise for gradients;
+    ``state_per_param`` is the fp32 optimizer state (master weights included when mixed);
+    ``activation_scale`` multiplies profiled activation bytes.
+    """
+
+    weight_scale: float
+    state_per_param: float
+    activation_scale: float
+    traffic_own: int
+    traffic_state: int
+
+    @classmethod
+    def of(cls, profile: ir.ModelProfile, precision: str, optimizer: str) -> Bytes:
+        check_optimizer(optimizer)
+        check_precision(precision)
+        own = dtype_bytes(profile.dtype)
+        width = 4 if precision == "fp32" else 2
+        master = 0 if precision == "fp32" else 4
+        traffic = OPTIMIZER_TRAFFIC[optimizer]
+        return cls(width / own, float(OPTIMIZER_BYTES_PER_PARAM[optimizer] + master), width / own, *traffic)
+
+
+def number_format(precision: str) -> str:
+    """The GPU number format a precision computes in (its key in ``ir.GPU.peak_flops``)."""
+    return check_precision(precision)
+
+
+def flop_scale(profile: ir.ModelProfile, peak_flops: float) -> float:
+    """Factor from the profile's times to times on a device of ``peak_flops``."""
+    return profile.device_flops / peak_flops
+
+
+@dataclass(frozen=True)
+class Rescale:
+    """A profile's times moved to a cluster's GPUs: the two peaks and the factor."""
+
+    profile_device: str
+    profile_flops: float
+    cluster: str
+    cluster_flops: float
+    number_format: str
+
+    @property
+    def factor(self) -> float:
+        """Multiplier on the profile's times (> 1: the cluster's GPUs are slower)."""
+        return self.profile_flops / self.cluster_flops
+
+    @property
+    def text(self) -> str:
+        return (f"profile times for {self.profile_device} ({self.profile_flops / 1e12:.4g} TFLOP/s) rescaled to "
+                f"{self.cluster}'s slowest GPU ({self.cluster_flops / 1e12:.4g} TFLOP/s {self.number_format}): "
+                f"x{self.factor:.4g}")
+
+    def to_dict(self) -> dict[str, object]:
+        return {"profile_device": self.profile_device, "profile_flops": self.profile_flops, "cluster": self.cluster,
+                "cluster_flops": self.cluster_flops, "number_format": self.number_format, "factor": self.factor}
+
+
+def rescale_note(profile: ir.ModelProfile, cluster: ir.Cluster, precision: str) -> Rescale | None:
+    """The rescaling a search of ``profile`` on ``cluster`` applies, when the peaks differ by over 1%."""
+    fmt = number_format(precision)
+    peak = min(g.flops_for(fmt) for g in cluster.gpus)
+    if abs(profile.device_flops / peak - 1.0) <= 0.01:
+        return None
+    return Rescale(profile.device, profile.device_flops, cluster.name, peak, fmt)

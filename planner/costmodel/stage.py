@@ -1,0 +1,222 @@
+"""What one stage of a plan costs per micro-batch: the cost model's answer to the simulator.
+
+Pure (numpy). A stage's layers are summed under their forms (planner.costmodel.layers), its
+recomputation and ZeRO stage applied by the same formula the stage DP uses
+(planner.costmodel.variant), and the terms a real step pays beyond the layers added:
+
+- Loss: the profile's ``loss_s`` (cross-entropy forward+backward on the last layer's output)
+  is charged to the last stage's backward per micro-batch, fixed part whole.
+- Gradient accumulation (:func:`grad_accumulation_s`): with M > 1 micro-batches, every
+  micro-batch after the first adds its weight gradient into the stored one in place
+  (PyTorch's AccumulateGrad), 3 x the gradient's bytes of memory traffic / the device's
+  ``memory_bandwidth_Bps`` (0 when unknown), added to backward (its weight part).
+- Optimizer step (:func:`optimizer_step_s`): once per iteration after the gradient
+  synchronisation, a memory-bound element-wise update (ZeRO-Offload, Ren et al. ATC'21,
+  section 4.1, sizes the CPU Adam step by memory traffic): the bytes it reads and writes /
+  the slowest device's ``memory_bandwidth_Bps``; 0 when a device's bandwidth is unknown.
+  With ZeRO, each rank updates its shard only.
+- Point-to-point between stages: the activation of the stage's last layer per micro-batch
+  crosses ``link_between`` forward and its gradient (same size) backward, ``alpha + S/B``.
+- Tied weights (GPT-2 ``wte``/``lm_head``; Megatron-LM's embedding all-reduce, Shoeybi et al.
+  2019, section 3; DeepSpeed's ``TiedLayerSpec``): every stage holding a tied layer keeps
+  its own copy with its gradient and optimizer state, and the copies' gradients are summed
+  once per iteration between the stages that hold them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from planner import ir
+from planner.cluster import Group, group_of, link_between
+from planner.costmodel.collectives import ring_allreduce_s
+from planner.costmodel.layers import FORM_INDEX, KEYS, Grid, LayerTable, layer_table
+from planner.costmodel.precision import Bytes
+from planner.costmodel.variant import Variant, variant_cost
+from planner.errors import PlanError
+
+
+def summarise(table: LayerTable, first: int, end: int, forms: Sequence[int]) -> dict[str, float]:
+    """Sum a stage's per-layer aggregates (planner.costmodel.layers.KEYS) for ``forms`` (indices),
+    re-layouts included, plus ``in_bytes`` (the stage input per micro-batch and device).
+
+    The stage's input and output are batch-sharded (``dp`` layout): entering a sharded form
+    from it costs an all-gather in forward, leaving one to it costs one in backward.
+    """
+    total = np.zeros(len(KEYS))
+    prev = FORM_INDEX["dp"]
+    for k, layer in enumerate(range(first, end)):
+        f = forms[k]
+        if not table.allowed[layer, f]:
+            raise PlanError(f"form {ir.ALL_FORMS[f]!r} is not open to layer {layer} on a tensor group of {table.n}",
+                            "layers without weight shapes (and all layers on one device) run 'dp' only; 'tp' is "
+                            "for transformer blocks whose heads the tensor degree divides")
+        if table.layout_change(prev, f):
+            total[0] += table.enter[layer]
+            if f != FORM_INDEX["dp"]:
+                total[1] += table.enter[layer]
+        total += table.rows(layer)[:, f]
+        prev = f
+    if prev != FORM_INDEX["dp"]:
+        total[0] += table.leave[end - 1]
+    out = {key: float(v) for key, v in zip(KEYS, total, strict=True)}
+    out["in_bytes"] = float(table.in_bytes[first]) / table.n
+    return out
+
+
+def memory_bandwidth_Bps(cluster: ir.Cluster, devices: Sequence[str]) -> float | None:
+    """The slowest memory bandwidth among ``devices``; None when any of them does not give one."""
+    wanted = set(devices)
+    values = [g.memory_bandwidth_Bps for g in cluster.gpus if g.name in wanted]
+    if not values or any(v is None for v in values):
+        return None
+    return min(v for v in values if v is not None)
+
+
+def optimizer_step_s(weight_bytes: float, state_bytes: float, nbytes: Bytes, bandwidth_Bps: float | None) -> float:
+    """One optimizer step over a device's ``weight_bytes`` of parameters with ``state_bytes`` of fp32 state."""
+    if bandwidth_Bps is None or weight_bytes <= 0:
+        return 0.0
+    return (nbytes.traffic_own * weight_bytes + nbytes.traffic_state * state_bytes) / bandwidth_Bps
+
+
+def loss_s(profile: ir.ModelProfile, group: Group, microbatches: int, dp: int = 1) -> float:
+    """The training loss's forward+backward per micro-batch on each device of the last stage.
+
+    ``fixed + (b/B)(t - fixed)/n`` of the profile's ``loss_s`` (fixed part as for layers),
+    scaled like compute; charged at the start of the last stage's backward. 0 when unknown.
+    """
+    if profile.loss_s is None:
+        return 0.0
+    fixed = profile.loss_fixed_s or 0.0
+    scaled = (profile.loss_s - fixed) / (microbatches * dp) / max(group.n // dp, 1)
+    return (fixed + scaled) * profile.device_flops / group.flops
+
+
+def grad_accumulation_s(weight_bytes: float, microbatches: int, bandwidth_Bps: float | None) -> float:
+    """Adding each micro-batch's weight gradient into ``.grad``, per micro-batch on average:
+    ``(M-1)/M * 3 * weight_bytes / bandwidth`` (read both, write one); 0 when unknown."""
+    if bandwidth_Bps is None or weight_bytes <= 0 or microbatches <= 1:
+        return 0.0
+    return (microbatches - 1) / microbatches * 3 * weight_bytes / bandwidth_Bps
+
+
+_TABLES: dict[tuple[int, Grid, int, str], tuple[ir.ModelProfile, LayerTable]] = {}
+_TABLES_MAX = 256
+
+
+def cached_layer_table(profile: ir.ModelProfile, grid: Grid, microbatches: int, optimizer: str) -> LayerTable:
+    """:func:`layer_table` with all forms open, memoised per (profile object, grid, M, optimizer).
+
+    Judging many candidate plans asks for the same few grids again and again; the profile
+    object is kept with its table, so an id is never confused with a later object's.
+    """
+    key = (id(profile), grid, microbatches, optimizer)
+    hit = _TABLES.get(key)
+    if hit is not None and hit[0] is profile:
+        return hit[1]
+    table = layer_table(profile, grid, microbatches, optimizer)
+    if len(_TABLES) >= _TABLES_MAX:
+        _TABLES.pop(next(iter(_TABLES)))
+    _TABLES[key] = (profile, table)
+    return table
+
+
+def stage_grid(cluster: ir.Cluster, stage: ir.Stage, precision: str) -> Grid:
+    """The cost model's view of a stage's devices: its group in the plan's number format, tp, sp."""
+    return Grid(group_of(cluster, stage.devices, precision), stage.tp, precision, stage.sequence_parallel)
+
+
+def stage_cost_values(profile: ir.ModelProfile, cluster: ir.Cluster, stage: ir.Stage, microbatches: int,
+                      optimizer: str, next_devices: Sequence[str] | None, precision: str = "fp32") -> ir.StageCost:
+    """The :class:`ir.StageCost` of one stage given the next stage's devices (None: last)."""
+    grid = stage_grid(cluster, stage, precision)
+    table = cached_layer_table(profile, grid, microbatches, optimizer)
+    first, end = stage.layers
+    if end > len(profile.layers) or len(stage.forms) != end - first:
+        raise PlanError(f"stage layers {list(stage.layers)} do not fit the profile's {len(profile.layers)} layers",
+                        "check the plan's stages")
+    agg = summarise(table, first, end, [FORM_INDEX[f] for f in stage.forms])
+    v = variant_cost(agg, agg["in_bytes"], Variant(stage.recompute, stage.zero), microbatches, table.sync_const)
+    return _stage_cost(profile, cluster, stage, grid, agg, v, microbatches, optimizer, next_devices, table)
+
+
+def _stage_cost(profile: ir.ModelProfile, cluster: ir.Cluster, stage: ir.Stage, grid: Grid, agg: dict[str, float],
+                v: Any, microbatches: int, optimizer: str, next_devices: Sequence[str] | None,
+                table: LayerTable) -> ir.StageCost:
+    nbytes = Bytes.of(profile, precision=grid.precision, optimizer=optimizer)
+    fwd, time = float(v.fwd), float(v.time)
+    backward = time - fwd
+    if stage.layers[1] == len(profile.layers):
+        backward += loss_s(profile, grid.group, microbatches, grid.dp)
+    bandwidth = memory_bandwidth_Bps(cluster, stage.devices)
+    accumulate = grad_accumulation_s(agg["weight"], microbatches, bandwidth)
+    backward += accumulate
+    state = max(agg["static0"] - 2 * agg["weight"], 0.0) / (grid.dp if stage.zero else 1)
+    if next_devices is None:
+        send_bytes, send_link, link_id = 0.0, None, None
+    else:
+        send_bytes = float(table.out_bytes[stage.layers[1] - 1]) * grid.dp  # every replica's share crosses
+        send_link, link_id = link_between(cluster, stage.devices, next_devices)
+    return ir.StageCost(
+        devices=tuple(stage.devices), forward_s=fwd, backward_s=backward,
+        backward_weight_s=min(_weight_part(table, stage) + accumulate, backward),
+        send_bytes=send_bytes, send_link=send_link, send_link_id=link_id, allreduce_s=float(v.sync),
+        allreduce_bytes=agg["weight"] if agg["sync"] > 0 else 0.0, static_bytes=math.ceil(float(v.static)),
+        weight_bytes=math.ceil(agg["weight"]), activation_bytes=math.ceil(float(v.act)),
+        workspace_bytes=math.ceil(float(v.workspace)), capacity_bytes=grid.group.memory_bytes,
+        optimizer_step_s=optimizer_step_s(agg["weight"] / (grid.dp if stage.zero else 1), state, nbytes, bandwidth))
+
+
+def _weight_part(table: LayerTable, stage: ir.Stage) -> float:
+    first = stage.layers[0]
+    return float(sum(table.bww[first + k, FORM_INDEX[f]] for k, f in enumerate(stage.forms)))
+
+
+def stage_costs_for(profile: ir.ModelProfile, cluster: ir.Cluster, stages: Sequence[ir.Stage], microbatches: int,
+                    optimizer: str, precision: str = "fp32") -> tuple[ir.StageCost, ...]:
+    """One StageCost per entry of ``stages``, in order (for interleaved, the K*v chunks in model
+    order; chunk c sends to chunk c+1), tied weights' copies and all-reduce included."""
+    out = []
+    for s, stage in enumerate(stages):
+        nxt = stages[s + 1].devices if s + 1 < len(stages) else None
+        out.append(stage_cost_values(profile, cluster, stage, microbatches, optimizer, nxt, precision))
+    return with_ties(profile, cluster, stages, out, Bytes.of(profile, precision, optimizer))
+
+
+def with_ties(profile: ir.ModelProfile, cluster: ir.Cluster, stages: Sequence[ir.Stage],
+              costs: Sequence[ir.StageCost], nbytes: Bytes) -> tuple[ir.StageCost, ...]:
+    """Each tie's extra copies and gradient all-reduce between the stages that hold its layers.
+
+    The tie's parameters are counted in its first layer; a stage holding another of its
+    layers (and not the first) keeps a copy: weight, gradient and optimizer state. The
+    copies' gradients are summed by a ring all-reduce of the tie's bytes over the k stages
+    holding it (slowest link between the first and the last), added to each one's
+    ``allreduce_s``. Stages on the same devices (interleaved chunks) share one copy.
+    """
+    out = list(costs)
+    for tie in profile.ties:
+        holders = sorted({s for s, st in enumerate(stages) for layer in tie.layers
+                          if st.layers[0] <= layer < st.layers[1]})
+        if len({tuple(stages[s].devices) for s in holders}) < 2:
+            continue
+        weight = tie.param_bytes * nbytes.weight_scale
+        copy = math.ceil(2 * weight + nbytes.state_per_param * tie.param_count)
+        link, _ = link_between(cluster, stages[holders[0]].devices, stages[holders[-1]].devices)
+        extra = ring_allreduce_s(weight, len(holders), link)
+        owner = next((s for s in holders if stages[s].layers[0] <= tie.layers[0] < stages[s].layers[1]), None)
+        for s in holders:
+            add = 0 if s == owner else copy
+            out[s] = replace(out[s], allreduce_s=out[s].allreduce_s + extra, static_bytes=out[s].static_bytes + add)
+    return tuple(out)
+
+
+def stage_costs(plan: ir.Plan) -> tuple[ir.StageCost, ...]:
+    """What each stage of ``plan`` costs per micro-batch (one per ``plan.stages``, in order)."""
+    return stage_costs_for(plan.profile, plan.cluster, plan.stages, plan.microbatches, plan.optimizer,
+                           plan.precision)

@@ -1,0 +1,220 @@
+"""The search's inputs: the user's options checked, and turned into the problems the stage DP solves.
+
+Pure. Owns every rule that makes a requested search impossible before it starts (with the
+numbers and a fix): precision, tensor degree, ZeRO stage, recomputation, micro-batch counts
+and sizes (``batch = micro_batch_size x microbatches x dp``, Megatron-LM's batch
+arithmetic), ``--config`` and the engine's limits (planner.runnable.ENGINES); and which
+problems a search solves: one over the whole space, or, for an engine that runs one grid
+for every stage, one per stage width and tensor degree (and ZeRO stage where the engine
+takes one for the whole job).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from planner import ir
+from planner.cluster import group_of
+from planner.costmodel import default_precision
+from planner.errors import UsageError
+from planner.runnable import ENGINES as ENGINE_LIMITS
+from planner.schedule import SCHEDULES
+from planner.search.space import Problem, Space, build_problem, pow2_upto
+
+SOLVERS = ("dp", "brute")
+ENGINES = ("any", *ENGINE_LIMITS)
+
+
+def parse_config(text: str) -> tuple[int, ...]:
+    """PipeDream notation ``2-1-1`` -> (2, 1, 1); UsageError names the value."""
+    try:
+        widths = tuple(int(x) for x in text.split("-"))
+    except ValueError:
+        raise UsageError(f"--config {text!r} is not in PipeDream notation", "write devices per stage, e.g. 2-1-1") \
+            from None
+    if not widths or any(w <= 0 for w in widths):
+        raise UsageError(f"--config {text!r} has a stage with no devices", "every stage needs at least one device")
+    return widths
+
+
+def microbatch_candidates(batch_size: int, microbatches: int | str, micro_batch_size: int | None = None) -> list[int]:
+    """Micro-batch counts to search: ``auto`` every divisor of the batch (of ``batch / micro_batch_size``
+    when that is fixed), else the number, which must divide the batch."""
+    if micro_batch_size is not None:
+        if micro_batch_size <= 0 or batch_size % micro_batch_size:
+            raise UsageError(f"--micro-batch-size {micro_batch_size} does not divide the batch size {batch_size}",
+                             f"use a divisor of {batch_size}")
+        per = batch_size // micro_batch_size
+        cands = [m for m in range(1, per + 1) if per % m == 0]
+        if microbatches != "auto":
+            if microbatches not in cands:
+                raise UsageError(f"--microbatches {microbatches} x --micro-batch-size {micro_batch_size} does not "
+                                 f"divide the batch {batch_size} into whole data-parallel ranks",
+                                 f"use --microbatches among {cands[:12]} or 'auto'")
+            return [int(microbatches)]
+        return cands
+    if microbatches == "auto":
+        return [m for m in range(1, batch_size + 1) if batch_size % m == 0]
+    if not isinstance(microbatches, int) or isinstance(microbatches, bool) or microbatches <= 0:
+        raise UsageError(f"--microbatches must be a positive integer or 'auto', got {microbatches!r}",
+                         "e.g. --microbatches 4")
+    if batch_size % microbatches:
+        raise UsageError(f"--microbatches {microbatches} does not divide the batch size {batch_size}",
+                         f"use a divisor of {batch_size}, or 'auto'")
+    return [microbatches]
+
+
+DEFAULT_VIRTUAL_STAGES = 2
+"""Chunks per device group when ``--schedule interleaved`` is given without ``--virtual-stages``."""
+
+
+def resolve_virtual_stages(value: int | None, schedule: str) -> int:
+    """``--virtual-stages``: default 2 under interleaved, 1 otherwise; v > 1 needs interleaved."""
+    if value is None:
+        return DEFAULT_VIRTUAL_STAGES if schedule == "interleaved" else 1
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UsageError(f"--virtual-stages must be a positive integer, got {value!r}", "e.g. --virtual-stages 2")
+    if value > 1 and schedule != "interleaved":
+        raise UsageError(f"--virtual-stages {value} needs --schedule interleaved, not {schedule}",
+                         "add --schedule interleaved, or drop --virtual-stages")
+    return value
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the user asked for, checked: everything but the profile, cluster and micro-batch counts."""
+
+    schedule: str
+    optimizer: str
+    solver: str
+    engine: str
+    config: tuple[int, ...] | None
+    space: Space
+    max_blocks: int | None = None
+
+
+def _choice(name: str, value: object, allowed: Sequence[object]) -> None:
+    if value not in allowed:
+        raise UsageError(f"unknown {name} {value!r}", f"use one of {', '.join(map(str, allowed))}")
+
+
+def _zero_set(zero: int | str, engine: str, cluster: ir.Cluster) -> tuple[int, ...]:
+    limits = ENGINE_LIMITS.get(engine)
+    allowed = limits.zero if limits else ir.ZERO_STAGES
+    if zero == "auto":
+        return tuple(allowed)
+    _choice("--zero", zero, (*ir.ZERO_STAGES, "auto"))
+    if zero not in allowed:
+        raise UsageError(f"--engine {engine} runs ZeRO stages {', '.join(map(str, allowed))}, not {zero}",
+                         f"use --zero auto or one of {', '.join(map(str, allowed))}, or another --engine")
+    if zero and len(cluster.gpus) == 1:
+        raise UsageError(f"--zero {zero} shards over data-parallel ranks, the cluster {cluster.name!r} has one GPU",
+                         "use --zero 0 (or auto) on one device")
+    return (int(zero),)
+
+
+def _recompute_set(recompute: str, engine: str) -> tuple[str, ...]:
+    limits = ENGINE_LIMITS.get(engine)
+    allowed = limits.recompute if limits else ir.RECOMPUTE
+    if recompute == "auto":
+        return tuple(allowed)
+    _choice("--recompute", recompute, (*ir.RECOMPUTE, "auto"))
+    if recompute not in allowed:
+        raise UsageError(f"--engine {engine} recomputes {', '.join(allowed)}, not {recompute!r}",
+                         f"use --recompute auto or one of {', '.join(allowed)}")
+    return (recompute,)
+
+
+def _check_tp(tp: int | None, profile: ir.ModelProfile, cluster: ir.Cluster, engine: str) -> None:
+    if tp is None:
+        return
+    biggest = max(len(n.gpus) for n in cluster.nodes)
+    if tp < 1 or tp not in pow2_upto(biggest):
+        raise UsageError(f"--tp {tp}: tensor groups are powers of two inside one server; the largest server of "
+                         f"{cluster.name!r} has {biggest} GPUs", f"use --tp among {pow2_upto(biggest)} or auto")
+    limits = ENGINE_LIMITS.get(engine)
+    if tp > 1 and limits is not None and not limits.tensor_parallel:
+        raise UsageError(f"--engine {engine} runs no tensor parallelism (--tp {tp})", "use --tp 1, or --engine torch")
+    blocks = [x.block for x in profile.layers if x.block is not None]
+    bad = [b for b in blocks if b.heads % tp or b.kv_heads % tp]
+    if bad:
+        raise UsageError(f"--tp {tp} does not divide the model's {bad[0].heads} attention heads and "
+                         f"{bad[0].kv_heads} KV heads", "use a tensor degree that divides both, or auto")
+
+
+def check_request(profile: ir.ModelProfile, cluster: ir.Cluster, *, schedule: str, optimizer: str, solver: str,
+                  engine: str, config: Sequence[int] | None, precision: str | None, tp: int | None,
+                  zero: int | str, recompute: str, micro_batch_size: int | None,
+                  max_blocks: int | None = None) -> Request:
+    """Check every option (UsageError with the values and a fix) and gather them."""
+    _choice("schedule", schedule, SCHEDULES)
+    _choice("solver", solver, SOLVERS)
+    _choice("engine", engine, ENGINES)
+    from planner.costmodel.precision import check_optimizer, check_precision
+
+    check_optimizer(optimizer)
+    prec = check_precision(precision) if precision is not None else default_precision(profile)
+    _check_tp(tp, profile, cluster, engine)
+    if config is not None:
+        _check_config(config, profile, cluster, engine)
+    limits = ENGINE_LIMITS.get(engine)
+    forms = ir.ALL_FORMS if limits is None or limits.tensor_parallel else ("dp",)
+    space = Space(prec, tp, _zero_set(zero, engine, cluster), _recompute_set(recompute, engine), forms,
+                  micro_batch_size)
+    return Request(schedule, optimizer, solver, engine, tuple(config) if config else None, space, max_blocks)
+
+
+def _check_config(config: Sequence[int], profile: ir.ModelProfile, cluster: ir.Cluster, engine: str) -> None:
+    text = "-".join(map(str, config))
+    n_gpu, n_layers = len(cluster.gpus), len(profile.layers)
+    if sum(config) > n_gpu:
+        raise UsageError(f"--config {text} needs {sum(config)} devices, the cluster {cluster.name!r} has {n_gpu}",
+                         "use fewer devices per stage")
+    if len(config) > n_layers:
+        raise UsageError(f"--config {text} has {len(config)} stages, the model has only {n_layers} layers",
+                         "use at most one stage per layer")
+    limits = ENGINE_LIMITS.get(engine)
+    if limits is not None and limits.uniform_stages and len(set(config)) > 1:
+        raise UsageError(f"--engine {engine} runs stages of one width, --config {text} mixes widths",
+                         "give every stage the same width")
+
+
+def engine_widths(cluster: ir.Cluster) -> list[int]:
+    """Stage widths a one-grid engine may use: up to a server, or whole servers of an even cluster."""
+    sizes = {len(n.gpus) for n in cluster.nodes}
+    total, g = len(cluster.gpus), min(sizes)
+    return [w for w in range(1, total + 1) if w <= max(sizes) or (len(sizes) == 1 and w % g == 0)]
+
+
+def problems(profile: ir.ModelProfile, cluster: ir.Cluster, m: int, req: Request) -> list[Problem]:
+    """The problems one micro-batch count ``m`` solves (module doc)."""
+    common = dict(microbatches=m, schedule=req.schedule, optimizer=req.optimizer, max_blocks=req.max_blocks)
+    limits = ENGINE_LIMITS.get(req.engine)
+    if limits is None or not limits.uniform_stages:
+        return [build_problem(profile, cluster, config=req.config, space=req.space, **common)]  # type: ignore[arg-type]
+    out = []
+    widths = sorted(set(req.config)) if req.config else engine_widths(cluster)
+    for w in widths:
+        devices = [g.name for g in cluster.gpus][:w]
+        group = group_of(cluster, devices, req.space.precision)
+        for tp in (pow2_upto(group.per_node if group.nodes > 1 else w) if limits.tensor_parallel else [1]):
+            if w % tp or (req.space.tp is not None and tp != req.space.tp):
+                continue
+            for zero in _uniform_zeros(req.space.zero, limits.uniform_zero, w // tp):
+                space = Space(req.space.precision, tp, zero, req.space.recompute, req.space.forms,
+                              req.space.micro_batch_size)
+                prob = build_problem(profile, cluster, config=req.config, mode="contiguous", widths=[w], space=space,
+                                     **common)  # type: ignore[arg-type]
+                if any(prob.moves):
+                    out.append(prob)
+    return out
+
+
+def _uniform_zeros(zeros: tuple[int, ...], uniform: bool, dp: int) -> list[tuple[int, ...]]:
+    """ZeRO stages to try one at a time for an engine that takes one for the whole job (torch's
+    FSDP wraps each stage on its own, so it takes them all at once)."""
+    usable = tuple(z for z in zeros if z == 0 or dp > 1) or (0,)
+    if not uniform:
+        return [usable]
+    return [(z,) for z in usable]

@@ -1,0 +1,366 @@
+"""The search space of the stage DP, tabulated: stage moves over device grids and their costs.
+
+Pure (numpy). The same space for ``--solver dp`` (planner.search.sp) and ``--solver brute``
+(planner.search.brute):
+
+- Stages take contiguous layer ranges, in model order, and devices in cluster order
+  (servers in file order, GPUs in server order). Devices may be left unused.
+- ``hierarchy`` groups (the default: "split across servers first, then inside a server"):
+  a stage's group is either ``w`` consecutive GPUs inside one server, ``w`` a power of two
+  or the whole server, or ``k >= 2`` whole consecutive servers (every ``k`` up to 16
+  servers, beyond that powers of two and all servers). A stage starts at the next free
+  GPU; before it, the rest of the current server (or a whole server) may be skipped.
+  ``contiguous`` groups (``--config`` and ``--engine``): ``w`` consecutive GPUs in cluster
+  order, crossing servers if need be, with the widths given.
+- Each group runs as a ``tp x dp`` grid: tensor groups of ``tp`` GPUs inside one server
+  (``tp`` a power of two dividing the group's GPUs in each of its servers; ``--tp`` fixes
+  it), ``dp = w / tp`` replicas, and only grids whose data-parallel ranks get whole
+  micro-batches: ``batch % (M * dp) == 0`` (``--micro-batch-size N`` fixes ``dp = batch /
+  (N * M)``).
+- Each stage runs the fastest or the leanest HPP forms on its grid (planner.search.hpp)
+  with one of the allowed recomputation modes and ZeRO stages (planner.costmodel.variant):
+  a Pareto set of time against memory per stage; a stage that fits none of them in its
+  smallest device memory is excluded. Memory depends on the micro-batches in flight,
+  which for 1f1b-like schedules depend on how many stages follow (K - s): the DP tracks
+  that count (capped where it stops mattering). For zb-h1, whose count (min(K, M) on every
+  stage) depends on K itself, a stage is held to the largest count over every K it could
+  be part of (plans always fit; the test may be conservative).
+- Large inputs: above ``max_blocks`` layers (default 256, or 128 beyond 64 GPUs), stage
+  boundaries are restricted to block boundaries that balance compute (as Alpa clusters
+  operators into layers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from planner import ir
+from planner.cluster import Group, group_of, index
+from planner.costmodel import Grid, Variant, layer_table, p2p_s, schedule_weights, variant_cost, variants
+from planner.costmodel.precision import Bytes
+from planner.schedule import in_flight_microbatches
+from planner.search.hpp import StageTables, stage_tables
+
+INTRA, INTER = 0, 1
+
+
+@dataclass(frozen=True)
+class Move:
+    """From a free-device position: run a stage on ``devices`` as a ``tp`` grid, then go to ``next``.
+
+    ``key`` indexes the problem's grids (group shape and tp); ``link`` is INTRA or INTER,
+    the link the stage receives its input over.
+    """
+
+    key: int
+    devices: tuple[str, ...]
+    next: int
+    link: int
+    tp: int = 1
+
+
+@dataclass(frozen=True)
+class Option:
+    """One way to run a stage on a grid: HPP forms (fastest or leanest) and a variant."""
+
+    lean: bool
+    variant: Variant
+
+
+@dataclass
+class Candidate:
+    """Per (grid key, link): for each option, the stage tables the DP reads, all (nb+1, nb+1):
+    period, max term ``term`` and ``rmax`` the largest stages-left count it fits with (0: never)."""
+
+    options: list[Option]
+    period: list[np.ndarray]
+    term: list[np.ndarray]
+    rmax: list[np.ndarray]
+    band: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    """The same arrays in band layout: ``band[x][v][a, k] = x[v][a, a + 1 + k]`` (inf/0 past the end)."""
+
+    def make_band(self) -> None:
+        nb1 = self.period[0].shape[0]
+        rows = np.arange(nb1)[:, None]
+        cols = rows + 1 + np.arange(nb1)[None, :]
+        inside = cols < nb1
+        cols = np.where(inside, cols, 0)
+        for name in ("period", "term", "rmax"):
+            fill = 0 if name == "rmax" else np.inf
+            self.band[name] = [np.where(inside, arr[rows, cols], fill) for arr in getattr(self, name)]
+
+
+@dataclass(frozen=True)
+class Space:
+    """What the user fixed or allowed: tensor degrees (None: every valid one), ZeRO stages,
+    recomputation modes, forms, a fixed micro-batch size, and the precision."""
+
+    precision: str = "fp32"
+    tp: int | None = None
+    zero: tuple[int, ...] = (0, 1, 2, 3)
+    recompute: tuple[str, ...] = ("none", "selective", "full")
+    forms: tuple[str, ...] = ir.ALL_FORMS
+    micro_batch_size: int | None = None
+    sequence_parallel: bool = True
+
+
+@dataclass
+class Problem:
+    """One search instance: profile, cluster, M, schedule and the search space, tabulated."""
+
+    profile: ir.ModelProfile
+    cluster: ir.Cluster
+    microbatches: int
+    schedule: str
+    optimizer: str
+    space: Space
+    bounds: np.ndarray
+    moves: list[list[Move]]
+    skip: list[int]
+    grids: list[Grid]
+    tables: list[list[StageTables]]
+    stages_exact: int | None  # K fixed (config, or schedules whose memory depends on K)
+    config: tuple[int, ...] | None
+    r_cap: int
+    a: float
+    b: float
+    cand: dict[tuple[int, int], Candidate] = field(default_factory=dict)
+    r_eff: int = 1
+    capacity_override: float | None = None
+
+    @property
+    def nb(self) -> int:
+        return len(self.bounds) - 1
+
+    @property
+    def devices(self) -> int:
+        return len(self.skip)
+
+    @property
+    def forms(self) -> tuple[str, ...]:
+        return self.space.forms
+
+
+# ----------------------------------------------------------------------------- moves
+
+
+def coarse_bounds(profile: ir.ModelProfile, max_blocks: int) -> np.ndarray:
+    """Block boundaries: every layer, or at most ``max_blocks`` blocks balancing fwd+bwd time."""
+    n = len(profile.layers)
+    if n <= max_blocks:
+        return np.arange(n + 1)
+    t = np.array([x.forward_s + x.backward_s for x in profile.layers]) + 1e-12
+    cum = np.concatenate([[0.0], np.cumsum(t)])
+    targets = np.linspace(0, cum[-1], max_blocks + 1)
+    cuts = np.unique(np.clip(np.searchsorted(cum, targets), 0, n))
+    return np.unique(np.concatenate([[0, n], cuts]))
+
+
+def pow2_upto(n: int) -> list[int]:
+    out, w = [], 1
+    while w <= n:
+        out.append(w)
+        w *= 2
+    return out
+
+
+def _group_options(d: int, c: int, u: int, size: int, starts: Sequence[int], s_total: int, g_total: int, mode: str,
+                   allowed: set[int] | None) -> list[tuple[int, int]]:
+    """(width, next position) of the groups a stage may take from position ``d``."""
+    if mode != "hierarchy":
+        ws = sorted(allowed) if allowed is not None else list(range(1, g_total + 1))
+        return [(w, d + w) for w in ws if d + w <= g_total]
+    opts = [(w, d + w) for w in sorted(set(pow2_upto(size)) | {size}) if u + w <= size]
+    if u == 0:
+        ks = list(range(2, s_total - c + 1))
+        if s_total > 16:
+            ks = sorted({k for k in pow2_upto(s_total) if k >= 2} | ({s_total} if c == 0 else set()))
+        opts += [(starts[c + k] - d, starts[c + k]) for k in ks if c + k <= s_total]
+    return opts
+
+
+def build_moves(cluster: ir.Cluster, mode: str, widths: Sequence[int] | None
+                ) -> tuple[list[list[Move]], list[int], list[tuple[str, ...]]]:
+    """Moves (tp 1) from every free-device position, the skip target, and the distinct groups."""
+    idx = index(cluster)
+    names, starts = idx.names, idx.node_start
+    node_at = [idx.node_of[dev] for dev in names]
+    allowed = None if widths is None else set(widths)
+    moves: list[list[Move]] = []
+    skip: list[int] = []
+    groups: list[tuple[str, ...]] = []
+    for d in range(len(names)):
+        c = node_at[d]
+        u, size = d - starts[c], starts[c + 1] - starts[c]
+        skip.append(starts[c + 1])
+        row, seen = [], set()
+        for w, nxt in _group_options(d, c, u, size, starts, len(cluster.nodes), len(names), mode, allowed):
+            if (allowed is not None and w not in allowed) or (w, nxt) in seen:
+                continue
+            seen.add((w, nxt))
+            link = INTRA if u > 0 and node_at[nxt - 1] == c else INTER
+            row.append(Move(-1, tuple(names[d:nxt]), nxt, link))
+            groups.append(tuple(names[d:nxt]))
+        moves.append(row)
+    return moves, skip, groups
+
+
+def tensor_degrees(group: Group, batch_size: int, microbatches: int, space: Space) -> list[int]:
+    """The tensor degrees a group may run: powers of two dividing its GPUs in each server, with
+    whole micro-batches per data-parallel rank (and the fixed ``--tp`` / ``--micro-batch-size``)."""
+    out = []
+    for tp in pow2_upto(group.per_node if group.nodes > 1 else group.n):
+        dp = group.n // tp
+        if group.n % tp or (space.tp is not None and tp != space.tp):
+            continue
+        if batch_size % (microbatches * dp):
+            continue
+        if space.micro_batch_size is not None and batch_size != space.micro_batch_size * microbatches * dp:
+            continue
+        if tp > 1 and not set(space.forms) - {"dp"}:
+            continue
+        out.append(tp)
+    return out
+
+
+# ----------------------------------------------------------------------------- problems
+
+
+def build_problem(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int, schedule: str, optimizer: str,
+                  forms: Sequence[str] | None = None, mode: str = "hierarchy", widths: Sequence[int] | None = None,
+                  config: Sequence[int] | None = None, max_blocks: int | None = None, stages: int | None = None,
+                  space: Space | None = None) -> Problem:
+    """Tabulate everything the stage DP and brute force read (see the module doc)."""
+    from planner.search.tables import build_candidates
+
+    space = space or Space()
+    if forms is not None:
+        space = Space(**{**space.__dict__, "forms": tuple(forms)})
+    if config is not None:
+        mode, widths = "contiguous", sorted(set(config))
+    moves, skip, _ = build_moves(cluster, mode, widths)
+    if max_blocks is None:
+        max_blocks = 256 if len(cluster.gpus) <= 64 else 128
+    bounds = coarse_bounds(profile, max_blocks)
+    grids, tables = _grid_moves(profile, cluster, moves, bounds, microbatches, optimizer, space)
+    a, b = schedule_weights(schedule, microbatches)
+    r_cap = max(1, min(len(bounds) - 1, len(skip)))  # the most stages a plan can have
+    exact_k = len(config) if config is not None else stages
+    prob = Problem(profile, cluster, microbatches, schedule, optimizer, space, bounds, moves, skip, grids, tables,
+                   exact_k, tuple(config) if config is not None else None, r_cap, a, b)
+    build_candidates(prob)
+    return prob
+
+
+def _grid_moves(profile: ir.ModelProfile, cluster: ir.Cluster, moves: list[list[Move]], bounds: np.ndarray,
+                microbatches: int, optimizer: str, space: Space) -> tuple[list[Grid], list[list[StageTables]]]:
+    """Expand every move into one per tensor degree (in place) and tabulate each distinct grid:
+    the fastest and (when different) the leanest HPP stage tables."""
+    key_of: dict[Grid, int] = {}
+    grids: list[Grid] = []
+    tables: list[list[StageTables]] = []
+    for d, row in enumerate(moves):
+        out = []
+        for mv in row:
+            group = group_of(cluster, mv.devices, space.precision)
+            for tp in tensor_degrees(group, profile.batch_size, microbatches, space):
+                grid = Grid(group, tp, space.precision, space.sequence_parallel and tp > 1)
+                if grid not in key_of:
+                    key_of[grid] = len(grids)
+                    grids.append(grid)
+                    tables.append(_stage_tables(profile, grid, bounds, microbatches, optimizer, space.forms))
+                out.append(Move(key_of[grid], mv.devices, mv.next, mv.link, tp))
+        moves[d] = out
+    return grids, tables
+
+
+def _stage_tables(profile: ir.ModelProfile, grid: Grid, bounds: np.ndarray, microbatches: int, optimizer: str,
+                  forms: Sequence[str]) -> list[StageTables]:
+    lt = layer_table(profile, grid, microbatches, optimizer, forms)
+    fast = stage_tables(lt, bounds, microbatches)
+    if not lt.allowed[:, 1:].any():
+        return [fast]
+    lean = stage_tables(lt, bounds, microbatches, lean=True)
+    same = all(np.array_equal(fast.agg[k], lean.agg[k]) for k in fast.agg)
+    return [fast] if same else [fast, lean]
+
+
+def in_flight_counts(prob: Problem, r_hi: int) -> list[int]:
+    """Micro-batches in flight on a stage with r = 1..r_hi stages left (its own included)."""
+    k_fixed = prob.stages_exact
+    if k_fixed is not None:  # exact: stage s = K - r of K
+        return [in_flight_microbatches(prob.schedule, k_fixed, prob.microbatches, k_fixed - r)
+                for r in range(1, r_hi + 1)]
+    if memory_depends_on_k(prob.schedule, prob.microbatches, min(r_hi, 16)):
+        # the count depends on K itself (zb-h1): the largest over every K the stage could be part of
+        return [max(in_flight_microbatches(prob.schedule, k, prob.microbatches, k - r)
+                    for k in range(r, r_hi + 1)) for r in range(1, r_hi + 1)]
+    return [in_flight_microbatches(prob.schedule, r, prob.microbatches, 0) for r in range(1, r_hi + 1)]
+
+
+def memory_depends_on_k(schedule: str, microbatches: int, max_stages: int) -> bool:
+    """Whether a stage's micro-batches in flight depend on more than the stages after it."""
+    for k in range(1, max_stages + 1):
+        for s in range(k):
+            if in_flight_microbatches(schedule, k, microbatches, s) != \
+                    in_flight_microbatches(schedule, k - s, microbatches, 0):
+                return True
+    return False
+
+
+def link_of(cluster: ir.Cluster, link: int) -> ir.Link:
+    return cluster.link("intra_node" if link == INTRA else "inter_node")
+
+
+def option_cost(prob: Problem, key: int, option: Option) -> tuple[StageTables, object]:
+    """The stage tables of ``option`` on grid ``key`` and its variant's costs (planner.costmodel.variant)."""
+    t = prob.tables[key][1 if option.lean else 0]
+    lt_const = _sync_const(prob, key)
+    return t, variant_cost(t.agg, t.in_bytes[:, None], option.variant, prob.microbatches, lt_const)
+
+
+def _sync_const(prob: Problem, key: int) -> float:
+    from planner.costmodel import allreduce_coefficients
+
+    group = prob.grids[key].group
+    return allreduce_coefficients(group)[1] if group.n > 1 else 0.0
+
+
+def options(prob: Problem, key: int) -> list[Option]:
+    """Every option of a grid: HPP forms (fastest, leanest) x the allowed variants."""
+    grid = prob.grids[key]
+    var = variants(prob.space.recompute, prob.space.zero, grid.dp)
+    return [Option(lean, v) for lean in (False, True)[:len(prob.tables[key])] for v in var]
+
+
+def tie_copies(prob: Problem) -> np.ndarray:
+    """``out[a, b]``: bytes of tied-weight copies a stage [bounds[a], bounds[b]) keeps besides the
+    layers' own (it holds a tied layer but not the one the tie is counted in); weights, gradient
+    and optimizer state at the problem's precision (planner.costmodel.stage.with_ties)."""
+    nb = prob.nb
+    out = np.zeros((nb + 1, nb + 1))
+    nbytes = Bytes.of(prob.profile, prob.space.precision, prob.optimizer)
+    starts, ends = prob.bounds[:, None], prob.bounds[None, :]
+    for tie in prob.profile.ties:
+        copy = 2 * tie.param_bytes * nbytes.weight_scale + nbytes.state_per_param * tie.param_count
+        owner = tie.layers[0]
+        holds_owner = (starts <= owner) & (owner < ends)
+        holds_other = np.zeros_like(holds_owner)
+        for layer in tie.layers[1:]:
+            holds_other |= (starts <= layer) & (layer < ends)
+        out += np.where(holds_other & ~holds_owner, copy, 0.0)
+    return out
+
+
+def p2p_times(prob: Problem, link: int) -> np.ndarray:
+    """Per start block: the time its stage's input takes to arrive over ``link`` (0 for block 0)."""
+    nbytes = Bytes.of(prob.profile, prob.space.precision, prob.optimizer)
+    out_b = np.array([float(x.output_bytes) for x in prob.profile.layers]) * nbytes.activation_scale
+    recv = np.zeros(prob.nb + 1)
+    for a in range(1, prob.nb):
+        layer = int(prob.bounds[a]) - 1
+        recv[a] = p2p_s(out_b[layer] / prob.microbatches, link_of(prob.cluster, link))
+    return recv

@@ -1,0 +1,82 @@
+"""The stage DP's tables: per grid, link and option, every stage range's period, max term and memory fit.
+
+Pure (numpy). For an option (fastest or leanest HPP forms, a recomputation mode and a ZeRO
+stage; planner.search.space) and a stage [a, b) on a grid receiving over a link:
+
+- period ``l = t + 2 x`` (its forward+backward per micro-batch plus the transfer it receives
+  on the way in and its gradient on the way out: fill and drain);
+- max term ``b * busy + sync``: ``busy = max(t, x)`` (transfers overlap compute in steady
+  state), or ``max(f, x) + max(t - f, x)`` under gpipe's separate forward and backward
+  phases (GPipe section 2.2); ``sync`` the gradient synchronisation per iteration;
+- memory: static bytes + micro-batches in flight x activations + workspace + pipedream's
+  stashed weight versions + tied-weight copies, against the grid's smallest device memory,
+  as ``rmax``, the largest stages-left count it fits with.
+
+The objective ``T = a * sum_s l_s + max_s term_s`` and the exact descent over the max term
+are in :mod:`planner.search.sp`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from planner.search.space import Candidate, Problem, in_flight_counts, option_cost, options, p2p_times, tie_copies
+
+
+def build_candidates(prob: Problem) -> None:
+    """Per (grid, link) used by a move: periods, terms and memory limits of every option and range."""
+    prob.cand.clear()
+    r_hi = prob.stages_exact if prob.stages_exact is not None else prob.r_cap
+    in_fl = in_flight_counts(prob, r_hi)
+    ties = tie_copies(prob)
+    used = {(mv.key, mv.link) for row in prob.moves for mv in row}
+    recv_of = {link: p2p_times(prob, link)[:, None] for link in {k[1] for k in used}}
+    for key, link in sorted(used):
+        cap = prob.grids[key].group.memory_bytes if prob.capacity_override is None else prob.capacity_override
+        opts = options(prob, key)
+        cand = Candidate(opts, [], [], [])
+        for opt in opts:
+            t, v = option_cost(prob, key, opt)
+            period, term = _period_and_term(prob, v, recv_of[link])
+            cand.period.append(period)
+            cand.term.append(term)
+            cand.rmax.append(_fit_limit(prob, v, t.agg["weight"], ties, cap, in_fl, np.isfinite(period)))
+        cand.make_band()
+        prob.cand[(key, link)] = cand
+    # the stages-left count matters only up to 1 + the largest limit below the cap
+    limits = [int(x) for c in prob.cand.values() for arr in c.rmax for x in np.unique(arr) if 1 <= x < r_hi]
+    prob.r_eff = r_hi if prob.stages_exact is not None else min(r_hi, 1 + max(limits, default=0))
+
+
+def _period_and_term(prob: Problem, v: object, recv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    time, fwd, sync = v.time, v.fwd, v.sync  # type: ignore[attr-defined]
+    period = time + 2.0 * recv
+    with np.errstate(invalid="ignore"):
+        if prob.schedule == "gpipe":  # forward phase, then backward phase (F-then-B)
+            busy = np.maximum(fwd, recv) + np.maximum(time - fwd, recv)
+        else:
+            busy = np.maximum(time, recv)
+        term = np.where(np.isfinite(period), prob.b * busy + sync, np.inf)
+    return period, term
+
+
+def _fit_limit(prob: Problem, v: object, weight: np.ndarray, ties: np.ndarray, cap: float, in_fl: list[int],
+               finite: np.ndarray) -> np.ndarray:
+    """Per stage range: the largest stages-left count r (1..) whose in-flight micro-batches fit ``cap``."""
+    static = np.ceil(v.static) + ties  # type: ignore[attr-defined]
+    act, work, wt = np.ceil(v.act), np.ceil(v.workspace), np.ceil(weight)  # type: ignore[attr-defined]
+    if prob.schedule == "pipedream":  # one stashed weight version per extra micro-batch in flight
+        static, act = static - wt, act + wt
+    counts = np.asarray(in_fl)
+    if np.all(np.diff(counts) >= 0):  # memory grows with r: rmax = how many counts fit
+        with np.errstate(divide="ignore", invalid="ignore"):
+            k_max = np.where(act > 0, np.floor((cap - static - work) / np.where(act > 0, act, 1.0)),
+                             np.where(static + work <= cap, np.inf, -1.0))
+        rmax = np.searchsorted(counts, k_max, side="right").astype(np.int64)
+        exact = static + np.take(counts, np.maximum(rmax - 1, 0)) * act + work <= cap  # guard rounding
+        rmax = np.where((rmax > 0) & ~exact, rmax - 1, rmax)
+    else:
+        rmax = np.zeros(np.broadcast(static, act).shape, dtype=np.int64)
+        for r, k in enumerate(in_fl, start=1):
+            rmax = np.where((static + k * act + work <= cap) & (rmax == r - 1), r, rmax)
+    return np.where(finite, rmax, 0)

@@ -1,0 +1,144 @@
+"""Closed forms of the grid cost model: ZeRO memory and traffic (ZeRO paper), Korthikanti et al.'s activation
+memory per transformer layer (Table 2), Megatron's per-block tensor-parallel communication, mixed precision."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from planner import costmodel as cm
+from planner import ir
+from planner.cluster import cluster_from_dict, group_of
+from tests.conftest import make_cluster_dict, make_profile_dict
+
+PSI = 7_500_000_000  # the ZeRO paper's 7.5B-parameter example
+
+
+def _big_cluster(nodes: int = 8, gpus: int = 8) -> ir.Cluster:
+    return cluster_from_dict(make_cluster_dict(nodes, gpus, 10**14))
+
+
+def _one_layer(param_count: int, **extra: object) -> ir.ModelProfile:
+    d = make_profile_dict(1, batch_size=64)
+    d["layers"][0].update(param_count=param_count, param_bytes=4 * param_count, **extra)
+    return ir.ModelProfile.from_dict(d)
+
+
+@pytest.mark.parametrize(("zero", "gb"), [(0, 120.0), (1, 31.4), (2, 16.6), (3, 1.9)])
+def test_zero_memory_per_device_matches_the_papers_7_5b_example(zero: int, gb: float) -> None:
+    # ZeRO (Rajbhandari et al. SC'20), Figure 1 / section 5: Psi = 7.5B, Nd = 64, mixed-precision Adam (K = 12)
+    cluster = _big_cluster()
+    stage = ir.Stage((0, 1), tuple(g.name for g in cluster.gpus), ("dp",), 0, zero=zero)
+    cost = cm.stage_cost_values(_one_layer(PSI), cluster, stage, 1, "adam", None, "bf16")
+    assert cost.static_bytes / 1e9 == pytest.approx(gb, abs=0.05)
+
+
+def test_fp32_adam_is_16_bytes_and_mixed_adam_too_but_sgd_differs() -> None:
+    cluster = cluster_from_dict(make_cluster_dict(1, 1, 10**12))
+    stage = ir.Stage((0, 1), ("n0.g0",), ("dp",), 0)
+    prof = _one_layer(1000)
+    static = {(p, o): cm.stage_cost_values(prof, cluster, stage, 1, o, None, p).static_bytes
+              for p in ("fp32", "bf16") for o in ("adam", "sgd")}
+    assert static == {("fp32", "adam"): 16_000, ("bf16", "adam"): 16_000, ("fp32", "sgd"): 8_000,
+                      ("bf16", "sgd"): 8_000}
+
+
+def test_zero_traffic_per_iteration() -> None:
+    # plain all-reduce and ZeRO-1/2: 2 Psi (reduce-scatter + all-gather); ZeRO-3: 3 Psi, per micro-batch
+    agg = {"sync": 2.0, "time": 10.0, "fwd": 4.0, "static0": 0.0, "static1": 0.0, "static2": 0.0, "static3": 0.0,
+           "act": 1.0, "act_sel": 0.5, "core": 0.25}
+    m, const = 4, 0.0
+    cost = {z: cm.variant_cost(agg, 0.1, cm.Variant("none", z), m, const) for z in range(4)}
+    assert cost[0].sync == cost[1].sync == 2.0
+    assert cost[2].sync == pytest.approx(2.0 + (m - 1) * 1.0)  # every later backward reduce-scatters
+    assert cost[3].sync == pytest.approx(m * 1.0)
+    assert cost[3].fwd == pytest.approx(4.0 + 1.0) and cost[3].time == pytest.approx(10.0 + 2.0)
+    # with one micro-batch ZeRO-3 moves 3 Psi against 2 Psi: all-gather forward, backward, reduce-scatter
+    one = {z: cm.variant_cost(agg, 0.1, cm.Variant("none", z), 1, const) for z in (0, 3)}
+    assert (one[3].sync + one[3].time - agg["time"]) / one[0].sync == pytest.approx(1.5)
+
+
+def test_recomputation_modes() -> None:
+    agg = {"sync": 0.0, "time": 10.0, "fwd": 4.0, "static0": 0.0, "static1": 0.0, "static2": 0.0, "static3": 0.0,
+           "act": 100.0, "act_sel": 60.0, "core": 0.5}
+    none, sel, full = (cm.variant_cost(agg, 7.0, cm.Variant(r, 0), 2, 0.0) for r in ("none", "selective", "full"))
+    assert (none.time, none.act, none.workspace) == (10.0, 100.0, 0.0)
+    assert (sel.time, sel.act, sel.workspace) == (10.5, 60.0, 0.0)
+    assert (full.time, full.act, full.workspace) == (14.0, 7.0, 100.0)
+
+
+def _block_profile(s: int, b: int, h: int, a: int, kv: int | None = None) -> ir.ModelProfile:
+    d = make_profile_dict(1, batch_size=b)
+    saved = s * b * h * (34 + 5 * a * s / h)  # Korthikanti et al. Table 2, no parallelism (16-bit)
+    d["layers"][0].update(saved_bytes=int(saved), output_bytes=2 * s * b * h, param_count=12 * h * h,
+                          param_bytes=24 * h * h, in_features=h, out_features=h,
+                          block={"hidden": h, "heads": a, "kv_heads": kv or a, "ffn": 4 * h, "seq_len": s})
+    d["dtype"] = "bfloat16"
+    d["input_bytes"] = 2 * s * b * h
+    return ir.ModelProfile.from_dict(d)
+
+
+@given(st.sampled_from([1, 2, 4, 8]), st.sampled_from([512, 2048]), st.sampled_from([1024, 4096]),
+       st.booleans())
+def test_activation_memory_per_layer_korthikanti_table_2(t: int, s: int, h: int, sp: bool) -> None:
+    a, b = 32, 2
+    profile = _block_profile(s, b, h, a)
+    cluster = cluster_from_dict(make_cluster_dict(1, 8, 10**12))
+    group = group_of(cluster, [g.name for g in cluster.gpus][:t])
+    table = cm.layer_table(profile, cm.Grid(group, t, "bf16", sp), 1, "adam")
+    sbh = s * b * h
+    col = cm.TP if t > 1 else cm.DP
+    if t == 1:
+        want, want_sel = sbh * (34 + 5 * a * s / h), sbh * 34
+    elif sp:
+        want, want_sel = sbh * (34 / t + 5 * a * s / (h * t)), sbh * 34 / t
+    else:
+        want, want_sel = sbh * (10 + 24 / t + 5 * a * s / (h * t)), sbh * (10 + 24 / t)
+    assert table.act[0, col] == pytest.approx(want, rel=1e-6)
+    assert table.act_sel[0, col] == pytest.approx(want_sel, rel=1e-6)
+    # full recomputation keeps the layer input: 2 s b h
+    assert table.in_bytes[0] == pytest.approx(2 * sbh)
+
+
+def test_megatron_block_form_two_allreduces_each_way() -> None:
+    s, b, h, a, t = 1024, 4, 2048, 16, 4
+    profile = _block_profile(s, b, h, a)
+    cluster = cluster_from_dict(make_cluster_dict(1, 8, 10**12))
+    group = group_of(cluster, [g.name for g in cluster.gpus][:t])
+    table = cm.layer_table(profile, cm.Grid(group, t, "bf16"), 1, "adam")
+    layer = profile.layers[0]
+    compute_f = layer.forward_s / t
+    ar = cm.ring_allreduce_s(2 * s * b * h, t, cluster.link("intra_node"))
+    assert table.fwd[0, cm.TP] == pytest.approx(compute_f + 2 * ar)
+    assert table.bwd[0, cm.TP] == pytest.approx(layer.backward_s / t + 2 * ar)
+    assert table.allowed[0, cm.TP]
+
+
+def test_tp_needs_heads_and_kv_heads_it_divides() -> None:
+    profile = _block_profile(128, 1, 512, 8, kv=2)
+    cluster = cluster_from_dict(make_cluster_dict(1, 8, 10**12))
+    allowed = {}
+    for t in (2, 4, 8):
+        group = group_of(cluster, [g.name for g in cluster.gpus][:t])
+        allowed[t] = bool(cm.layer_table(profile, cm.Grid(group, t), 1, "sgd").allowed[0, cm.TP])
+    assert allowed == {2: True, 4: False, 8: False}
+
+
+def test_bf16_plan_of_fp32_profile_halves_activations_and_uses_the_bf16_peak() -> None:
+    d = make_cluster_dict(1, 2, 10**12)
+    for g in d["nodes"][0]["gpus"]:
+        g["peak_flops"] = {"fp32": 1e12, "bf16": 8e12}
+    cluster = cluster_from_dict(d)
+    prof = ir.ModelProfile.from_dict(make_profile_dict(2))
+    stage = ir.Stage((0, 2), ("n0.g0",), ("dp", "dp"), 0)
+    fp32 = cm.stage_cost_values(prof, cluster, stage, 1, "sgd", None, "fp32")
+    bf16 = cm.stage_cost_values(prof, cluster, stage, 1, "sgd", None, "bf16")
+    assert bf16.activation_bytes * 2 == fp32.activation_bytes
+    assert bf16.forward_s * 8 == pytest.approx(fp32.forward_s)
+
+
+def test_variants_leave_out_zero_0_when_1_is_allowed_and_zero_needs_data_parallelism() -> None:
+    assert {v.zero for v in cm.variants(["none"], [0, 1, 2, 3], 4)} == {1, 2, 3}
+    assert {v.zero for v in cm.variants(["none"], [0, 1, 2, 3], 1)} == {0}
+    assert {v.zero for v in cm.variants(["none"], [0, 2], 2)} == {0, 2}
