@@ -1,4 +1,4 @@
-"""``planner export PLAN --to deepspeed|torch -o DIR``: a runnable program for the plan."""
+"""``planner export PLAN --to deepspeed|torch|torchtitan -o DIR``: a runnable program (or job config) for the plan."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from planner.jsonio import read_json
 
 @click.command("export")
 @click.argument("plan_path", metavar="PLAN", type=click.Path(dir_okay=False))
-@click.option("--to", "engine", type=click.Choice(["deepspeed", "torch"]), required=True,
+@click.option("--to", "engine", type=click.Choice(["deepspeed", "torch", "torchtitan"]), required=True,
               help="Engine to export for.")
 @click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Folder to write train.py, its config and the plan into.")
@@ -26,5 +26,6 @@ def export(plan_path: str, engine: str, out_dir: str, as_json: bool) -> None:
         emit_json({"engine": engine, "world_size": plan.world_size, "files": [str(f) for f in files]})
     else:
         click.echo(f"wrote {', '.join(str(f) for f in files)}", err=True)
-        click.echo(f"run: cd {out_dir} && torchrun --standalone --nproc_per_node {plan.world_size} train.py",
+        target = "-m torchtitan.train --job.config_file job_config.toml" if engine == "torchtitan" else "train.py"
+        click.echo(f"run: cd {out_dir} && torchrun --standalone --nproc_per_node {plan.world_size} {target}",
                    err=True)

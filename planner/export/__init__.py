@@ -17,7 +17,7 @@ from planner import ir
 from planner.errors import ExportError, PlannerError
 from planner.jsonio import dumps, write_text_atomic
 
-ENGINES = ("deepspeed", "torch")
+ENGINES = ("deepspeed", "torch", "torchtitan")
 
 
 def export_plan(plan: ir.Plan, engine: str, out_dir: str | Path) -> list[Path]:
@@ -25,8 +25,11 @@ def export_plan(plan: ir.Plan, engine: str, out_dir: str | Path) -> list[Path]:
     if engine not in ENGINES:
         raise ExportError(f"unknown engine {engine!r}", f"use --to {' or --to '.join(ENGINES)}")
     mod = importlib.import_module(f"planner.export.{engine}")
-    files: dict[str, str] = {"plan.json": dumps(plan.to_dict()), "train.py": mod.script_text(plan)}
     world = plan.world_size
+    if engine == "torchtitan":  # a job config for torchtitan's own trainer, no script
+        return _write(out_dir, {"plan.json": dumps(plan.to_dict()), "job_config.toml": mod.config_text(plan),
+                                "README.md": _titan_readme(plan, world)})
+    files: dict[str, str] = {"plan.json": dumps(plan.to_dict()), "train.py": mod.script_text(plan)}
     if engine == "deepspeed":
         files["ds_config.json"] = json.dumps(mod.ds_config(plan), indent=2) + "\n"
         launch = (f"torchrun --standalone --nproc_per_node {world} train.py\n"
@@ -39,6 +42,20 @@ def export_plan(plan: ir.Plan, engine: str, out_dir: str | Path) -> list[Path]:
         f"```\n{launch}\n```\n\nOptions: `--model MODEL` (default the profiled model), `--steps N`, "
         "`--loss cross_entropy|mse`. `planner run plan.json --model MODEL --engine "
         f"{engine}` trains it and compares with the prediction.\n")
+    written = _write(out_dir, files)
+    (Path(out_dir) / "train.py").chmod(0o755)
+    return written
+
+
+def _titan_readme(plan: ir.Plan, world: int) -> str:
+    return (f"# {plan.model} on torchtitan: config {plan.config}, {plan.schedule}, {plan.microbatches} micro-batches"
+            f"\n\nExported by `planner export --to torchtitan` for torchtitan 0.2.0 (TOML job configs). "
+            f"Predicted iteration: {plan.predicted.iteration_s:.6g} s.\n\n```\ntorchrun --nproc_per_node {world} "
+            "-m torchtitan.train --job.config_file job_config.toml\n```\n\nSet `[model] hf_assets_path` (the "
+            "tokenizer) and `[training] dataset` to your data first.\n")
+
+
+def _write(out_dir: str | Path, files: dict[str, str]) -> list[Path]:
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -48,5 +65,4 @@ def export_plan(plan: ir.Plan, engine: str, out_dir: str | Path) -> list[Path]:
     for name, text in files.items():
         write_text_atomic(out / name, text)
         written.append(out / name)
-    (out / "train.py").chmod(0o755)
     return written

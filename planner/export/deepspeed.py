@@ -7,10 +7,12 @@ subclass it and override ``_partition_layers`` so that ``parts`` are the plan's 
 
 Topology: ``PipeDataParallelTopology(num_pp=K, num_dp=W)``; DeepSpeed orders ranks with
 the data axis fastest, so stage ``s``'s devices ``stage.devices[j]`` are global ranks
-``s * W + j``. What DeepSpeed can run: every stage the same width ``W``, every layer in the
-``dp`` form (DeepSpeed's pipeline has no tensor-split layers), schedule ``gpipe`` or
-``1f1b`` (DeepSpeed runs its own 1F1B ``TrainSchedule``; losses and gradients are the same
-as GPipe's, only the order of work differs). Anything else is refused with ExportError.
+``s * W + j``. What DeepSpeed can run (planner.runnable's deepspeed limits, refused with
+ExportError naming the stage and ``--engine deepspeed``): a pipe x data grid with every stage
+the same width ``W`` and no tensor parallelism (DeepSpeed's pipeline has no tensor-split
+layers), schedule ``1f1b`` (its ``TrainSchedule``), ZeRO 0 or 1 (its pipeline engine asserts
+stage < 2) in ``zero_optimization``, recomputation none or full (``activation_checkpoint_interval``
+= the stage's layer count), fp32 or bf16/fp16 in the config.
 
 Tied weights (a parameter object used by several layers, GPT-2's ``wte``/``lm_head``) go
 through ``TiedLayerSpec``: the layers of one tie group live in one holder module that every
@@ -59,8 +61,9 @@ def check_plan(plan: ir.Plan) -> int:
 
 
 def precision_config(precision: str) -> dict[str, Any]:
-    """DeepSpeed's mixed precision: ``bf16`` (bf16 weights and activations, fp32 master weights and
-    optimizer state in its BF16 optimizer) or ``fp16`` (with DeepSpeed's dynamic loss scale)."""
+    """DeepSpeed's mixed precision: ``bf16`` (bf16 weights and activations; under ZeRO-1 the
+    ``DeepSpeedZeroOptimizer`` keeps fp32 master partitions and optimizer state) or ``fp16`` (with
+    DeepSpeed's dynamic loss scale; written, not run in the tests: CPU has no fp16 training path)."""
     if precision == "bf16":
         return {"bf16": {"enabled": True}}
     if precision == "fp16":
