@@ -16,13 +16,14 @@ per-rank micro-batch; ``[training]`` local (per data-parallel rank) and global b
 length, ``mixed_precision_param`` (bf16: bfloat16 parameters in FSDP's policy, or autocast
 under DDP; fp32 master weights either way); ``[activation_checkpoint] mode`` none or full.
 
-What torchtitan cannot express is refused (ExportError with the reason; the first three are
-planner.runnable's torchtitan limits): ZeRO-1 (torchtitan shards with FSDP or replicates), fp16 (``mixed_precision_param`` is bfloat16 or float32),
-selective recomputation (torchtitan's selective modes are per-op SAC, which saves matrix
-products and attention outputs and recomputes the rest, or every n-th layer, not the
-attention core only), tensor parallelism without sequence parallelism (torchtitan's Llama
-always shards norms over the sequence under tp), stages that differ in recomputation, and
-models that are not Llama-family (gated MLP blocks between one embedding and one head).
+What torchtitan cannot express is refused (ExportError with the reason; ZeRO-1 and selective
+recomputation by planner.runnable's torchtitan limits): ZeRO-1 (torchtitan shards with FSDP or
+replicates), selective recomputation (torchtitan's selective modes are per-op SAC, which saves
+matrix products and attention outputs and recomputes the rest, or every n-th layer, not the
+attention core only), fp16 (``mixed_precision_param`` is bfloat16 or float32), tensor
+parallelism without sequence parallelism (torchtitan's Llama always shards norms over the
+sequence under tp), stages that differ in recomputation, and models that are not Llama-family
+(gated-MLP blocks between one embedding and one head).
 """
 
 from __future__ import annotations
