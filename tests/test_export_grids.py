@@ -193,3 +193,29 @@ def test_grids_train_like_one_process_and_build_what_the_plan_says() -> None:
         print(f"{name}: max relative loss difference {diff:.2e}")
         assert diff < tol, (name, diff)
         assert all(d["losses"] == ranks[0]["losses"] for d in ranks), name
+
+
+@pytest.mark.slow
+def test_planner_run_check_trains_a_tp_by_dp_zero3_grid(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI path: `planner run --engine torch --check --json` on tp 2 x dp 2 with ZeRO-3 and full recompute."""
+    from click.testing import CliRunner
+
+    from planner.cli import main
+
+    monkeypatch.chdir(ROOT)
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(grid_plan("tiny_gpt2", [0, 6], tp=2, dp=2, zero=3, recompute="full").to_dict()))
+    res = CliRunner().invoke(main, ["run", str(path), "--model", "tests.test_export_grids:tiny_gpt2", "--engine",
+                                    "torch", "--steps", "3", "--warmup", "1", "--check", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["world_size"] == 4 and doc["max_rel_loss_diff"] < FP32_TOL
+
+
+def test_a_wrong_gradient_is_caught() -> None:
+    """The tolerance is not loose: training with gradients off by the data-parallel factor differs by more."""
+    plan = grid_plan("tiny_gpt2", [0, 6], dp=2)
+    layers, example = load_layers(plan.model, plan, 0)
+    spec = common.data_spec(layers, example, "cross_entropy")
+    wrong = reference_losses(layers, plan, spec, STEPS, 0, 2, lr=LR * 2)  # an all-reduce that sums, not averages
+    assert max_rel_diff(wrong, reference(plan)) > BF16_TOL

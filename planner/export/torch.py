@@ -1,9 +1,10 @@
-"""Plan -> torch-native pipeline: ``torch.distributed.pipelining`` stages on a DeviceMesh.
+"""Plan -> torch-native training: ``torch.distributed.pipelining`` stages on a (pp, dp, tp) DeviceMesh.
 
-Ranks form a ``(pp, w)`` DeviceMesh of K stages x W devices; stage ``s``'s device ``j`` is
-global rank ``s * W + j`` (as for DeepSpeed). Each stage is a ``PipelineStage`` over
-``nn.Sequential(layers[first:end])`` (exactly the profiled layers), driven by the schedule
-class that matches ``plan.schedule``:
+Ranks form a ``(pp, dp, tp)`` DeviceMesh (every stage the same ``tp x dp`` grid; planner.runnable):
+rank = pipeline rank x (dp x tp) + replica x tp + tensor rank, which is the plan's device order
+(stage by stage; in a stage, ``dp`` tensor groups of ``tp`` consecutive devices). Each stage is a
+``PipelineStage`` over ``nn.Sequential(layers[first:end])`` (exactly the profiled layers; stages
+may hold different layer counts), driven by the schedule class that matches ``plan.schedule``:
 
 =============  ================================================================
 plan           torch.distributed.pipelining
@@ -15,27 +16,23 @@ zb-h1          ScheduleInterleavedZeroBubble (backward split into input and weig
 pipedream      refused: asynchronous weight stashing has no torch equivalent
 =============  ================================================================
 
-The ``w`` mesh dimension has one of two meanings, chosen per plan:
+Inside a stage, in this order: the layers' forms over the ``tp`` group (planner.export.parallel:
+Megatron blocks, column/row-parallel Linears, sequence parallelism), recomputation and bf16
+autocast (planner.export.sharding), then ZeRO over the ``dp`` group (FSDP2 for 2 and 3 on the
+``dp`` mesh dimension, composed with the tensor-parallel DTensors as 2-D sharding; ZeRO-1 through
+ZeroRedundancyOptimizer). Replica ``d`` trains its share of every micro-batch; the ranks of a
+tensor group see the same samples. fp16 is refused (no loss scale in the schedule's loss).
 
-* every layer ``dp``: data parallel across W pipeline replicas; replica ``j`` trains its
-  share of every micro-batch and the stage's gradients are averaged over the ``w`` group
-  after each step (what DDP would do, without DDP's hooks that pipelining bypasses);
-* some layer ``split_out``/``split_in``: tensor parallel inside each stage through DTensor:
-  ``split_out`` = ``ColwiseParallel`` (output features sharded; outputs gathered unless the
-  next layer is ``split_in``), ``split_in`` = ``RowwiseParallel`` (input features sharded;
-  partial outputs all-reduced). The W devices of a stage see the whole micro-batch, and
-  ``dp``-form layers in such a plan run replicated on them (same result, no batch split).
-  Supported layers: an ``nn.Linear``, or a layer holding exactly one ``nn.Linear`` (other
-  modules in it, like activations, stay replicated). Convolutions and other layers have no
-  DTensor parallel style and are refused with ExportError naming the stage and layer.
-
-Tied weights (a parameter several layers hold) are kept in sync: the same seed builds
-them equal on every rank, and their gradients are summed over the stages that hold them
-after every step (a process group per tie and replica).
+Tied weights (a parameter several layers hold, GPT-2's wte/lm_head) are found before sharding
+and kept in sync: the same seed builds them equal on every rank, and their gradients (local
+shards under FSDP) are summed over the stages that hold them after every step (a process group
+per tie and (dp, tp) coordinate).
 
 Gradient scaling: each micro-batch's loss is its mean; the schedule divides gradients by M
-(``scale_grads``), the replicas' average divides by W, so a step equals one step of the
-unsplit model on the mean loss of the whole batch.
+(``scale_grads``), the replicas' average (all-reduce, or FSDP's reduce-scatter) divides by dp, so
+a step equals one step of the unsplit model on the mean loss of the whole batch.
+:meth:`Trainer.describe` reads back what a rank built (its coordinates, layers, tensor-sharded
+layers, ZeRO stage, wrappers); the multi-process tests hold it to the plan.
 """
 
 from __future__ import annotations
@@ -286,9 +283,10 @@ SCRIPT = '''\
 #!/usr/bin/env python
 """Train the plan in plan.json with torch.distributed.pipelining (written by `planner export`).
 
-Plan: {model}, {stages} stages x {width} = {world} processes, config {config}, schedule {schedule}
-({cls}), {micro} micro-batches, batch {batch}; the width dimension is {wmeaning}.
+Plan: {model}, {stages} stages x (tp {tp} x dp {dp}) = {world} processes, config {config}, schedule
+{schedule} ({cls}), {micro} micro-batches, batch {batch}, precision {precision}.
 Stage boundaries (layer index ranges): {ranges}. Forms per stage: {forms}.
+ZeRO stage {zero}; recomputation per stage: {recompute}.
 
 Run (CPU: gloo; GPU: nccl):
     torchrun --standalone --nproc_per_node {world} train.py [--model MODEL] [--steps N]
@@ -296,9 +294,11 @@ Run (CPU: gloo; GPU: nccl):
 What it does:
   1. builds the model MODEL (default: the profiled one, {model!r}) and splits it into exactly
      the profiled layers (planner.profiler.layers.split_model);
-  2. on a (pp={pp}, w={width}) DeviceMesh, makes this rank's PipelineStage(s) from the plan's
-     layer ranges, shards split_out/split_in layers with DTensor ColwiseParallel/RowwiseParallel,
-     and drives them with {cls} (planner.export.torch.make_trainer);
+  2. on a (pp={pp}, dp={dp}, tp={tp}) DeviceMesh, makes this rank's PipelineStage(s) from the
+     plan's layer ranges, shards tp/split forms over the tensor group with DTensor (Megatron
+     blocks, ColwiseParallel/RowwiseParallel), wraps recomputation and autocast, applies ZeRO
+     (FSDP2 / ZeroRedundancyOptimizer), and drives them with {cls}
+     (planner.export.torch.make_trainer);
   3. trains on synthetic data of the profiled input shape with the plan's optimizer ({optimizer}).
 Replace the data in `main()` with yours: every rank passes the same global batch; each takes its part.
 """
@@ -339,11 +339,11 @@ if __name__ == "__main__":
 
 def script_text(plan: ir.Plan) -> str:
     check_plan(plan)
-    width = plan.stages[0].width
+    first = plan.stages[0]
     return SCRIPT.format(
-        model=plan.model, stages=len(plan.stages), width=width, world=plan.world_size, config=plan.config,
-        schedule=plan.schedule, cls=SCHEDULES[plan.schedule], micro=plan.microbatches, batch=plan.batch_size,
-        pp=len(plan.stages) // plan.virtual_stages, optimizer=plan.optimizer,
-        wmeaning="tensor parallel (DTensor)" if tensor_parallel(plan) else "data parallel across pipelines",
+        model=plan.model, stages=len(plan.stages), tp=first.tp, dp=first.dp, world=plan.world_size,
+        config=plan.config, schedule=plan.schedule, cls=SCHEDULES[plan.schedule], micro=plan.microbatches,
+        batch=plan.batch_size, precision=plan.precision, pp=plan.pipeline_stages, optimizer=plan.optimizer,
+        zero=first.zero, recompute=", ".join(s.recompute for s in plan.stages),
         ranges=", ".join(f"[{a}, {b})" for a, b in common.ranges(plan)),
         forms="; ".join(",".join(s.forms) for s in plan.stages))
