@@ -2,10 +2,9 @@
 
 Pure (no torch, click, rich or matplotlib). Each strategy of
 :mod:`planner.search.baselines` becomes one or more candidate plans on the same cluster; the
-same cost model (:func:`planner.costmodel.stage_costs`) and the same simulator
-(:func:`planner.simulate.simulate`) judge every one of them: iteration time and the peak
-memory of every device. The planner's own plan is judged by the same simulator, not by
-its search's prediction.
+same judge (:func:`planner.judge.judge`: the cost model's stage costs played by the
+simulator) weighs every one of them: iteration time and the peak memory of every device.
+The planner's own plan is judged by the same simulator, not by its search's prediction.
 
 Rules of the judge, the same for every strategy:
 
@@ -39,10 +38,9 @@ from typing import Any
 from planner import ir
 from planner.errors import PlannerError, UsageError
 from planner.jsonio import SUPPORTED_VERSION
+from planner.judge import Judged, fastest, judge
 from planner.runnable import is_runnable, problems
 from planner.search import baselines as bl
-
-GIB = 1024**3
 
 RERANK = 16
 """How many of the search's best plans the simulator re-ranks for the ``planner`` row
@@ -105,64 +103,10 @@ class Comparison:
 # ----------------------------------------------------------------------------- the judge
 
 
-@dataclass(frozen=True)
-class Judged:
-    """A candidate plan after simulation: the plan with memory and prediction filled in."""
-
-    plan: ir.Plan
-    fits: bool
-    reason: str | None
-
-
-def _size(nbytes: float) -> str:
-    return f"{nbytes / GIB:.2f} GiB" if nbytes >= GIB / 10 else f"{nbytes / 2**20:.1f} MiB"
-
-
-def _over(plan: ir.Plan, peaks: dict[str, int]) -> list[tuple[str, int, int]]:
-    capacity = {g.name: g.memory_bytes for g in plan.cluster.gpus}
-    return [(d, peaks[d], capacity[d]) for d in sorted(peaks, key=lambda x: -peaks[x] / capacity[x])
-            if peaks[d] > capacity[d]]
-
-
-def judge(plan: ir.Plan) -> Judged:
-    """Simulate ``plan``; recompute overflowing stages once; fill memory and prediction."""
-    from planner.simulate import SimOptions, simulate
-
-    options = SimOptions(record_events=False)
-    result = simulate(plan, options)
-    peaks = {d.device: int(d.peak_memory_bytes) for d in result.devices}
-    over = _over(plan, peaks)
-    if over:
-        bad = {d for d, _, _ in over}
-        stages = tuple(dataclasses.replace(s, recompute="full") if bad & set(s.devices) else s for s in plan.stages)
-        if stages != plan.stages:
-            retry = dataclasses.replace(plan, stages=stages)
-            result = simulate(retry, options)
-            peaks = {d.device: int(d.peak_memory_bytes) for d in result.devices}
-            over = _over(retry, peaks)
-            plan = retry
-    stages = tuple(dataclasses.replace(s, memory_bytes=max(peaks.get(d, 0) for d in s.devices))
-                   for s in plan.stages)
-    peak = max(peaks.values()) if peaks else 0
-    t = result.iteration_s
-    predicted = ir.Prediction(t, plan.batch_size / t if t > 0 else 0.0, result.bubble_fraction, peak)
-    plan = dataclasses.replace(plan, stages=stages, predicted=predicted)
-    if not over:
-        return Judged(plan, True, None)
-    device, need, have = over[0]
-    return Judged(plan, False, f"needs {_size(need)} on {device}, which has {_size(have)}"
-                               + (" (with recomputation)" if any(s.recomputes for s in plan.stages) else ""))
-
-
 def best_of(candidates: Sequence[ir.Plan]) -> Judged | None:
-    """The fastest candidate that fits; if none fits, the one needing the least memory over."""
-    judged = [judge(p) for p in candidates]
-    fitting = [j for j in judged if j.fits]
-    if fitting:
-        return min(fitting, key=lambda j: j.plan.predicted.iteration_s)
-    if not judged:
-        return None
-    return min(judged, key=lambda j: j.plan.predicted.peak_memory_bytes)
+    """The fastest candidate that fits (each judged with recomputation on overflowing
+    devices, :func:`planner.judge.judge`); if none fits, the one needing the least memory."""
+    return fastest([judge(p, recompute=True) for p in candidates])
 
 
 # ----------------------------------------------------------------------------- strategies
@@ -218,7 +162,7 @@ def _planner(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int
         except PlannerError as exc:
             failure = failure or exc
             continue
-        row = _result("planner", judge(plan))
+        row = _result("planner", judge(plan, recompute=True))
         if best is None or _faster(row, best):
             best = row
     if best is None:

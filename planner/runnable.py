@@ -24,15 +24,16 @@ from dataclasses import dataclass
 
 from planner import ir
 from planner.errors import PlanError
+from planner.schedule import SCHEDULE_KINDS, find_kind
 
 
 @dataclass(frozen=True)
 class EngineLimits:
-    """What one engine runs: schedules, whether stages may differ in width or tensor degree,
-    tensor-parallel and split forms, ZeRO stages and recomputation modes."""
+    """What one engine runs besides its schedules (each schedule kind says which engines run it,
+    planner.schedule): whether stages may differ in width or tensor degree, tensor-parallel and
+    split forms, ZeRO stages and recomputation modes."""
 
     name: str
-    schedules: tuple[str, ...]
     uniform_stages: bool
     tensor_parallel: bool
     zero: tuple[int, ...]
@@ -45,16 +46,15 @@ ENGINES: dict[str, EngineLimits] = {
     # DeepSpeed's PipelineEngine: 1F1B on a pipe x data grid of equal widths; ZeRO-1 at most with
     # pipeline parallelism (deepspeed/runtime/pipe/engine.py asserts zero stage < 2); layer-interval
     # activation checkpointing only.
-    "deepspeed": EngineLimits("deepspeed", ("1f1b",), True, False, (0, 1), ("none", "full"), False),
+    "deepspeed": EngineLimits("deepspeed", True, False, (0, 1), ("none", "full"), False),
     # torch.distributed.pipelining on a (pp, dp, tp) DeviceMesh: one mesh, so equal grids per stage;
     # FSDP2 covers ZeRO 1-3 (reshard after forward or not), DTensor the tensor forms.
-    "torch": EngineLimits("torch", ("gpipe", "1f1b", "interleaved", "zb-h1"), True, True, (0, 1, 2, 3),
-                          ("none", "selective", "full"), True, uniform_zero=False),
+    "torch": EngineLimits("torch", True, True, (0, 1, 2, 3), ("none", "selective", "full"), True,
+                          uniform_zero=False),
     # torchtitan: FSDP2 (shard = ZeRO-3, or never reshard = ZeRO-2) or replicate (0), tensor and
     # pipeline degrees, per-job activation checkpointing: none or full (its selective modes are
     # per-op SAC or every n-th layer, not the attention core; planner.export.torchtitan).
-    "torchtitan": EngineLimits("torchtitan", ("gpipe", "1f1b", "interleaved", "zb-h1"), True, True, (0, 2, 3),
-                               ("none", "full"), True),
+    "torchtitan": EngineLimits("torchtitan", True, True, (0, 2, 3), ("none", "full"), True),
 }
 
 
@@ -118,8 +118,10 @@ def engine_problems(plan: ir.Plan, engine: str) -> list[str]:
     if limits is None:
         return []
     out = []
-    if plan.schedule not in limits.schedules:
-        out.append(f"{engine} runs the schedules {', '.join(limits.schedules)}, not {plan.schedule!r}")
+    kind = find_kind(plan.schedule)
+    if kind is None or not kind.runs_on(engine):
+        names = [k.name for k in SCHEDULE_KINDS.values() if k.runs_on(engine)]
+        out.append(f"{engine} runs the schedules {', '.join(names)}, not {plan.schedule!r}")
     if plan.virtual_stages > 1 and not limits.virtual_stages:
         out.append(f"{engine} runs one model chunk per device, the plan has {plan.virtual_stages}")
     out += _uniform_problems(plan.stages, engine, limits.uniform_zero) if limits.uniform_stages else []

@@ -82,8 +82,8 @@ def config_detail(c: Comparison, name: str) -> str:
 
 def reported_config(c: Comparison, args: argparse.Namespace) -> str:
     """PipeDream's own answer, 9-5-1-1, with the planner's best layers and forms for it."""
-    from planner.compare import judge
     from planner.errors import PlannerError
+    from planner.judge import judge
     from planner.search import search
 
     dp = c.get("dp")
@@ -94,7 +94,7 @@ def reported_config(c: Comparison, args: argparse.Namespace) -> str:
                       optimizer=args.optimizer)
     except PlannerError as exc:
         return f"does not fit: {exc.cause}"
-    j = judge(plan)
+    j = judge(plan, recompute=True)
     t = j.plan.predicted.iteration_s
     speed = f", {dp.iteration_s / t:.2f}x over dp" if dp.iteration_s else ""
     layers = ", ".join(f"L{st.layers[0]}-{st.layers[1] - 1}" for st in j.plan.stages)

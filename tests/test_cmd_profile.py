@@ -72,6 +72,30 @@ def test_factory_model_with_input_shape(tmp_path: Path) -> None:
     assert json.loads(out.read_text())["layers"][0]["in_features"] == 10
 
 
+def test_llama_in_bfloat16_on_a100_uses_the_bf16_peak_and_records_blocks(tmp_path: Path) -> None:
+    out = tmp_path / "llama.json"
+    code, _, stderr = _run(["profile", "llama2-70b", "--set", "num_hidden_layers=2", "--set", "vocab_size=1000",
+                            "--mode", "analytic", "--device-flops", "a100", "--dtype", "bfloat16",
+                            "--batch-size", "1", "--input-shape", "4096", "-o", str(out)])
+    assert code == 0, stderr
+    doc = json.loads(out.read_text())
+    assert doc["device_flops"] == 312e12 and doc["dtype"] == "bfloat16" and len(doc["layers"]) == 4
+    assert doc["layers"][1]["block"] == {"hidden": 8192, "heads": 64, "kv_heads": 8, "ffn": 28672, "seq_len": 4096,
+                                         "gated": True}
+    assert "block" not in doc["layers"][0] and doc["input_shape"] == [4096]
+    assert ModelProfile.from_dict(doc).layers[2].block is not None
+
+
+def test_set_parses_ints_floats_and_bools(tmp_path: Path) -> None:
+    out = tmp_path / "g.json"
+    code, _, stderr = _run(["profile", "gpt2", "--set", "n_layer=1", "--set", "layer_norm_epsilon=1e-6", "--set",
+                            "tie_word_embeddings=false", "--input-shape", "2048", "--mode", "analytic", "-b", "1",
+                            "-o", str(out)])
+    assert code == 0, stderr
+    doc = json.loads(out.read_text())
+    assert len(doc["layers"]) == 3 and doc["ties"] == [] and doc["layers"][1]["block"]["seq_len"] == 2048
+
+
 BAD_INPUTS = [
     (["profile", "vgg17"], 1, "built-in models: mlp"),
     (["profile", "no_such_pkg.nets:build", "--input-shape", "4"], 1, "cannot import"),
@@ -81,6 +105,10 @@ BAD_INPUTS = [
     (["profile", "mlp", "--batch-size", "0"], 2, "--batch-size"),
     (["profile", "mlp", "--input-shape", "3,-1"], 2, "--input-shape"),
     (["profile", "mlp", "--mode", "analytic", "--device-flops", "tpu9"], 2, "--device-flops"),
+    (["profile", "llama-tiny", "--mode", "analytic", "--set", "num_hiden_layers=2"], 2, "num_hidden_layers"),
+    (["profile", "llama-tiny", "--mode", "analytic", "--set", "layers"], 2, "KEY=VALUE"),
+    (["profile", "mlp", "--mode", "analytic", "--set", "depth=2"], 2, "no transformer"),
+    (["profile", "llama-tiny", "--mode", "analytic", "--dtype", "bfloat16", "--device-flops", "v100"], 2, "bf16"),
 ]
 
 

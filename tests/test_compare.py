@@ -9,8 +9,9 @@ from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 
 from planner import ir
-from planner.compare import compare, judge
+from planner.compare import compare
 from planner.errors import UsageError
+from planner.judge import judge
 from planner.search import baselines as bl
 from tests.conftest import make_cluster_dict, make_profile_dict
 

@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 
 from planner import ir
 from planner.errors import InfeasibleError, UsageError
+from planner.judge import judge
 from planner.schedule import in_flight_microbatches
-from planner.search.interleave import balanced_bounds, chunk_plan, judge, search_interleaved, torch_runs
+from planner.search.interleave import balanced_bounds, chunk_plan, search_interleaved, torch_runs
 from planner.simulate import simulate, validate_plan
 from tests.conftest import make_cluster_dict, make_profile_dict
 
@@ -90,8 +91,9 @@ def test_chunk_plan_keeps_groups_in_model_order() -> None:
 @pytest.mark.parametrize("m", [1, 2, 4, 8])
 def test_judged_plan_is_its_simulation_and_in_flight_matches(m: int) -> None:
     base = _base(m=m)
-    plan, fits = judge(chunk_plan(base, 2))
-    assert fits
+    judged = judge(chunk_plan(base, 2))
+    assert judged.fits
+    plan = judged.plan
     r = simulate(plan)
     assert plan.predicted.iteration_s == pytest.approx(r.iteration_s, rel=1e-12)
     assert plan.predicted.peak_memory_bytes == r.peak_memory_bytes
@@ -127,7 +129,7 @@ def test_interleaving_that_does_not_fit_is_infeasible() -> None:
     # Just too little memory: the K-stage plan fits with 1f1b's in-flight count, not with v = 2's.
     profile = ir.ModelProfile.from_dict(make_profile_dict(8, batch_size=8))
     base = _base(memory=10**10)
-    chunked, _ = judge(chunk_plan(base, 2))
+    chunked = judge(chunk_plan(base, 2)).plan
     need = chunked.predicted.peak_memory_bytes
     tight = ir.Cluster.from_dict(make_cluster_dict(2, 2, memory_bytes=need - 1))
     assert search_interleaved(profile, tight, 1, microbatches=4, config=(1, 1)).virtual_stages == 1

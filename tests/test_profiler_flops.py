@@ -1,4 +1,4 @@
-"""profiler.flops and profiler.analytic: FLOPs of convolutions, linears and attention; analytic times."""
+"""profiler.flops: FLOPs of convolutions, linears and attention, forward and backward, on CPU and meta."""
 
 from __future__ import annotations
 
@@ -7,9 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from planner.errors import UsageError
 from planner.profiler import load_model, profile_model
-from planner.profiler.analytic import GPU_PEAK_FLOPS, analytic_time, resolve_device_flops
 from planner.profiler.flops import flop_counter
 
 
@@ -49,22 +47,3 @@ def test_vgg16_and_resnet152_forward_flops_per_image() -> None:
         assert per_image == pytest.approx(gflops, rel=1e-3)
         for layer in prof.layers:
             assert layer.backward_flops == pytest.approx(2 * layer.forward_flops, rel=0.01) or layer is prof.layers[0]
-
-
-def test_analytic_times_follow_flops_and_device() -> None:
-    prof = profile_model(load_model("resnet18", 4, device="meta"), mode="analytic", device_flops="v100",
-                         efficiency=0.25)
-    assert prof.device_flops == GPU_PEAK_FLOPS["v100"] and prof.device == "v100"
-    for layer in prof.layers:
-        assert layer.forward_s == pytest.approx(analytic_time(layer.forward_flops, 15.7e12, 0.25))
-        assert layer.backward_s == pytest.approx(layer.backward_flops / (15.7e12 * 0.25))
-    assert prof.meta["efficiency"] == 0.25
-
-
-def test_device_flops_names_and_numbers() -> None:
-    assert resolve_device_flops("rtx2080ti") == (13.4e12, "rtx2080ti")
-    assert resolve_device_flops("2e12")[0] == 2e12
-    assert resolve_device_flops(None)[0] == 13.4e12
-    for bad in ("tpu9", "-1", "0"):
-        with pytest.raises(UsageError):
-            resolve_device_flops(bad)

@@ -8,9 +8,8 @@ from torch import nn
 
 from planner.ir import ModelProfile
 from planner.profiler import load_model, profile_model, split_model
-from planner.profiler.core import fit_fixed, small_batch_of
 from planner.profiler.loader import LoadedModel
-from planner.profiler.measure import instrumented_pass
+from planner.profiler.measure import fit_fixed, instrumented_pass, small_batch_of
 
 
 def test_saved_bytes_count_each_storage_once_and_exclude_parameters() -> None:
@@ -90,3 +89,14 @@ def test_model_that_rejects_the_input_shape_shows_its_message() -> None:
     model = nn.Sequential(nn.Linear(10, 4))
     with pytest.raises(ProfileError, match="rejects input of shape"):
         profile_model(LoadedModel("m", model, torch.randn(2, 7), (7,)), mode="measured")
+
+
+def test_measured_llama_profile_records_block_shapes() -> None:
+    from planner.ir import BlockShape
+
+    prof = profile_model(load_model("llama-tiny", 2, (16,)), mode="measured", threads=1, repeats=1)
+    assert prof.meta["split_method"] == "structure:llama" and len(prof.layers) == 4
+    assert prof.layers[0].block is None and prof.layers[-1].block is None
+    assert prof.layers[1].block == prof.layers[2].block == BlockShape(64, 4, 2, 128, 16, gated=True)
+    assert ModelProfile.from_dict(prof.to_dict()) == prof
+    assert prof.meta["whole_model_fwd_bwd_s"] > 0 and all(layer.forward_s > 0 for layer in prof.layers)

@@ -12,7 +12,8 @@ from planner.profiler.zoo import ZOO_NAMES
 
 def test_zoo_names_cover_the_contract() -> None:
     for name in ("mlp", "vgg11", "vgg13", "vgg16", "vgg19", "vgg11_bn", "vgg19_bn", "resnet18", "resnet34",
-                 "resnet50", "resnet101", "resnet152", "gpt2", "gpt2-medium", "bert-base"):
+                 "resnet50", "resnet101", "resnet152", "gpt2", "gpt2-medium", "bert-base", "llama-tiny", "llama2-7b",
+                 "llama2-13b", "llama2-70b", "llama3-8b", "llama3-70b"):
         assert name in ZOO_NAMES
 
 
@@ -30,6 +31,10 @@ def test_example_input_shapes_and_kinds() -> None:
     assert tuple(cnn.example_input.shape) == (3, 3, 32, 32) and cnn.input_shape == (3, 32, 32)
     lm = load_model("gpt2", 2, (16,), device="meta")
     assert tuple(lm.example_input.shape) == (2, 16) and lm.example_input.dtype == torch.long
+    long = load_model("gpt2", 1, (2048,), device="meta")  # any sequence length: the positions grow to it
+    assert tuple(long.example_input.shape) == (1, 2048) and long.module.config.n_positions == 2048
+    with pytest.raises(UsageError, match="sequence length"):
+        load_model("llama-tiny", 1, (4, 4), device="meta")
     half = load_model("mlp", 4, dtype="bfloat16", device="meta")
     assert half.example_input.dtype == torch.bfloat16
     assert all(p.dtype == torch.bfloat16 for p in half.module.parameters())

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from planner.simulate import DeviceResult, Event, SimResult
-from planner.trace import chrome_trace
+from planner.simulate.trace import chrome_trace
 
 
 def result(events: list[Event]) -> SimResult:

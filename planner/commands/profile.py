@@ -26,6 +26,29 @@ def parse_shape(text: str | None) -> tuple[int, ...] | None:
     return shape
 
 
+def parse_value(text: str) -> bool | int | float | str:
+    """A ``--set`` value: ``true``/``false`` -> bool, then int, then float, else the text itself."""
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_overrides(items: tuple[str, ...] | list[str]) -> dict[str, bool | int | float | str]:
+    """``("n_layer=2", "tie_word_embeddings=false")`` -> ``{"n_layer": 2, "tie_word_embeddings": False}``."""
+    out: dict[str, bool | int | float | str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise UsageError(f"--set {item!r} is not KEY=VALUE", "e.g. --set num_hidden_layers=4")
+        out[key.strip()] = parse_value(value.strip())
+    return out
+
+
 def check_writable(output: str) -> None:
     """Fail early (before minutes of profiling) if ``output`` cannot be written."""
     path = Path(output)
@@ -43,7 +66,10 @@ def check_writable(output: str) -> None:
 @click.argument("model")
 @click.option("-o", "--output", type=str, default=None, help="Profile JSON to write (atomically).")
 @click.option("--batch-size", "-b", type=int, default=32, show_default=True, help="Mini-batch size profiled.")
-@click.option("--input-shape", type=str, default=None, help="Input shape without batch, e.g. 3,224,224 (zoo default).")
+@click.option("--input-shape", type=str, default=None,
+              help="Input shape without batch, e.g. 3,224,224; a token model's sequence length, e.g. 4096.")
+@click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
+              help="Override a config field of a zoo transformer (repeatable), e.g. --set num_hidden_layers=4.")
 @click.option("--mode", type=click.Choice(["measured", "analytic"]), default="measured", show_default=True,
               help="measured: time every layer here; analytic: FLOPs / device FLOP/s, no compute.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
@@ -52,17 +78,19 @@ def check_writable(output: str) -> None:
 @click.option("--repeats", type=int, default=3, show_default=True, help="Timed passes (median taken).")
 @click.option("--warmup", type=int, default=1, show_default=True, help="Untimed passes first.")
 @click.option("--device-flops", type=str, default=None,
-              help="Peak FLOP/s (e.g. 13.4e12) or a GPU name: rtx2080ti, v100, a100, h100, a100-tf32, h100-tf32. "
-                   "Analytic default rtx2080ti; measured default: the FLOP/s achieved.")
+              help="Peak FLOP/s (e.g. 13.4e12) or a GPU name (rtx2080ti, v100, a100, h100, ...: its peak for "
+                   "--dtype; a100-tf32, h100-tf32: TF32 for float32). Analytic default rtx2080ti; measured: the "
+                   "FLOP/s achieved.")
 @click.option("--efficiency", type=float, default=None, help="Analytic: share of peak reached (default 0.5).")
 @click.option("--json", "as_json", is_flag=True, help="Print the profile as one JSON document on stdout.")
-def profile(model: str, output: str | None, batch_size: int, input_shape: str | None, mode: str, device: str,
-            dtype: str, threads: int | None, repeats: int, warmup: int, device_flops: str | None,
-            efficiency: float | None, as_json: bool) -> None:
+def profile(model: str, output: str | None, batch_size: int, input_shape: str | None, settings: tuple[str, ...],
+            mode: str, device: str, dtype: str, threads: int | None, repeats: int, warmup: int,
+            device_flops: str | None, efficiency: float | None, as_json: bool) -> None:
     """Trace MODEL into layers and write per-layer costs (times, FLOPs, bytes) as profile JSON.
 
     MODEL is a built-in name (mlp, vgg11..vgg19[_bn], resnet18..resnet152, gpt2, gpt2-medium,
-    bert-base) or package.module:factory returning an nn.Module or (module, example_input).
+    bert-base, llama-tiny, llama2-7b/13b/70b, llama3-8b/70b) or package.module:factory returning
+    an nn.Module (a transformers GPT-2, BERT or Llama model included) or (module, example_input).
     """
     from planner.cli import emit_json
     from planner.jsonio import write_json
@@ -79,15 +107,16 @@ def profile(model: str, output: str | None, batch_size: int, input_shape: str | 
     if efficiency is not None and mode != "analytic":
         raise UsageError("--efficiency applies to --mode analytic only", "drop --efficiency or use --mode analytic")
     shape = parse_shape(input_shape)
+    overrides = parse_overrides(settings)
     if output is not None:
         check_writable(output)
 
     from planner.profiler import ANALYTIC_EFFICIENCY, load_model, profile_model, resolve_device_flops
     from planner.render.profile import print_summary, progress_bar
 
-    resolve_device_flops(device_flops, default=None)  # a bad value fails before any work
+    resolve_device_flops(device_flops, default=None, dtype=dtype)  # a bad value fails before any work
     load_device = "meta" if mode == "analytic" else device
-    loaded = load_model(model, batch_size, shape, dtype=dtype, device=load_device)
+    loaded = load_model(model, batch_size, shape, dtype=dtype, device=load_device, overrides=overrides)
     title = f"profiling {model}" if mode == "measured" else f"counting {model}"
     with progress_bar(title) as update:
         prof = profile_model(loaded, mode=mode, threads=threads, repeats=repeats, warmup=warmup,

@@ -59,12 +59,12 @@ def search(profile_path: str, cluster_name: str, output: str | None, microbatche
     the iteration time of the schedule with its bubble, transfers and gradient
     synchronisation; every device must fit.
     """
+    from planner.api import search_plan
     from planner.cluster import load_cluster
     from planner.costmodel.precision import rescale_note
     from planner.jsonio import write_json
     from planner.render.search import print_plan
     from planner.search import parse_config
-    from planner.search import search as run_search
 
     mb = parse_microbatches(microbatches)
     tp_value, zero_value = parse_grid(tp, zero)
@@ -73,10 +73,10 @@ def search(profile_path: str, cluster_name: str, output: str | None, microbatche
     profile = ir.ModelProfile.from_dict(read_json(profile_path, "profile"), profile_path)
     cluster = load_cluster(cluster_name)
     t0 = time.perf_counter()
-    plan = run_search(profile, cluster, microbatches=mb, schedule=schedule, optimizer=optimizer, solver=solver,
-                      engine=engine, config=widths, candidates=rerank, precision=precision, tp=tp_value,
-                      zero=zero_value, recompute=recompute, micro_batch_size=micro_batch_size,
-                      virtual_stages=virtual_stages)
+    plan = search_plan(profile, cluster, schedule=schedule, virtual_stages=virtual_stages, microbatches=mb,
+                       optimizer=optimizer, solver=solver, engine=engine, config=widths, candidates=rerank,
+                       precision=precision, tp=tp_value, zero=zero_value, recompute=recompute,
+                       micro_batch_size=micro_batch_size)
     elapsed = time.perf_counter() - t0
     doc = plan.to_dict()
     note = rescale_note(profile, cluster, plan.precision)

@@ -33,8 +33,8 @@ def _report(result: SimResult, plan: ir.Plan, width: int | None, show_table: boo
     print_simulation(result, plan.batch_size, width)
     console = stderr_console()
     if show_table:
-        k = len(plan.stages) // plan.virtual_stages
-        console.print(make_schedule(plan.schedule, k, plan.microbatches, plan.virtual_stages).table(),
+        console.print(make_schedule(plan.schedule, plan.pipeline_stages, plan.microbatches,
+                                    plan.virtual_stages).table(),
                       highlight=False, markup=False)
     predicted = plan.predicted.iteration_s
     if predicted > 0:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from planner import ir
 from planner.costmodel.stage import stage_cost_values, stage_costs
-from planner.schedule import in_flight_microbatches
+from planner.schedule import in_flight_microbatches, schedule_kind
 
 
 def in_flight(schedule: str, stages: int, microbatches: int, stage: int, virtual_stages: int = 1) -> int:
@@ -35,15 +35,13 @@ def stage_peak_memory(cost: ir.StageCost, schedule: str, stages: int, microbatch
     stashing, PipeDream section 3.3).
     """
     k = in_flight(schedule, stages, microbatches, stage, virtual_stages)
-    stash = (k - 1) * cost.weight_bytes if schedule == "pipedream" else 0
+    stash = schedule_kind(schedule).stash_bytes(k, cost.weight_bytes)
     return int(cost.static_bytes + k * cost.activation_bytes + cost.workspace_bytes + stash)
 
 
 def schedule_weights(schedule: str, microbatches: int) -> tuple[float, float]:
     """(a, b) of ``T = a * sum_s l_s + max_s(b * l_s + ar_s)`` for a schedule (see module doc)."""
-    if schedule == "pipedream":
-        return 0.0, float(microbatches)
-    return 1.0, float(microbatches - 1)
+    return schedule_kind(schedule).objective_weights(microbatches)
 
 
 def stage_period(costs: Sequence[ir.StageCost]) -> list[float]:
@@ -68,14 +66,12 @@ def stage_terms(costs: Sequence[ir.StageCost], schedule: str, microbatches: int)
     (F-then-B: all forwards, then all backwards) the two phases stream separately, so a
     stage takes ``max(t_f, x) + max(t_b, x)`` per micro-batch (GPipe section 2.2).
     """
-    _, b = schedule_weights(schedule, microbatches)
+    kind = schedule_kind(schedule)
+    _, b = kind.objective_weights(microbatches)
     out = []
     for s, c in enumerate(costs):
         recv = costs[s - 1].send_s if s > 0 else 0.0
-        if schedule == "gpipe":
-            busy = max(c.forward_s, recv) + max(c.backward_s, recv)
-        else:
-            busy = max(c.forward_s + c.backward_s, recv)
+        busy = float(kind.steady_busy(c.forward_s, c.backward_s, recv))
         out.append(b * busy + c.allreduce_s + c.optimizer_step_s)
     return out
 
@@ -102,8 +98,8 @@ def analytic_iteration(costs: Sequence[ir.StageCost], schedule: str, microbatche
 def plan_memory(plan: ir.Plan, costs: Sequence[ir.StageCost] | None = None) -> list[int]:
     """Peak memory per device of each stage of ``plan``."""
     costs = stage_costs(plan) if costs is None else costs
-    k = len(costs) // max(plan.virtual_stages, 1) if plan.schedule == "interleaved" else len(costs)
-    return [stage_peak_memory(c, plan.schedule, max(k, 1), plan.microbatches, s, plan.virtual_stages)
+    k = plan.pipeline_stages
+    return [stage_peak_memory(c, plan.schedule, k, plan.microbatches, s, plan.virtual_stages)
             for s, c in enumerate(costs)]
 
 

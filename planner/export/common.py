@@ -14,7 +14,6 @@ devices, so every pipeline replica runs micro-batches of ``B / (M * W)`` samples
 from __future__ import annotations
 
 import argparse
-import importlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -74,11 +73,9 @@ def as_layers(model_or_layers: Any, example_input: torch.Tensor | None = None) -
             raise ExportError("the layer list holds something that is not an nn.Module", "pass nn.Module layers")
         return tuple(model_or_layers)
     if isinstance(model_or_layers, nn.Module):
-        try:
-            split_model = importlib.import_module("planner.profiler.layers").split_model
-        except (ImportError, AttributeError):
-            split_model = None
-        if split_model is not None and example_input is not None:
+        if example_input is not None:
+            from planner.profiler.layers import split_model
+
             return tuple(split_model(model_or_layers, example_input).layers)
         if isinstance(model_or_layers, nn.Sequential):
             return tuple(model_or_layers.children())

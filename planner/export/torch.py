@@ -46,9 +46,10 @@ from torch import nn
 from planner import ir, runnable
 from planner.errors import ExportError, PlanError
 from planner.export import common, parallel, sharding
+from planner.schedule import SCHEDULE_KINDS, schedule_kind
 
-SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved": "ScheduleInterleaved1F1B",
-             "zb-h1": "ScheduleInterleavedZeroBubble"}
+SCHEDULES = {name: kind.torch_class for name, kind in SCHEDULE_KINDS.items() if kind.torch_class is not None}
+"""plan.schedule -> its torch.distributed.pipelining class (planner.schedule's ``torch_class``)."""
 
 MESH_DIMS = ("pp", "dp", "tp")
 
@@ -166,8 +167,9 @@ def _make_schedule(stages: list[Any], plan: ir.Plan, loss: str) -> Any:
     """The torch pipelining schedule for ``plan.schedule`` over this rank's stages."""
     from torch.distributed import pipelining
 
+    kind = schedule_kind(plan.schedule)
     cls = getattr(pipelining, SCHEDULES[plan.schedule])
-    return cls(stages if plan.virtual_stages > 1 or plan.schedule == "zb-h1" else stages[0],
+    return cls(stages if plan.virtual_stages > 1 or kind.torch_stage_list else stages[0],
                plan.microbatches, loss_fn=common.make_loss(loss))
 
 
@@ -226,7 +228,7 @@ class Trainer:
                 dist.broadcast(sharding.local(param), src=dist.get_global_rank(group, 0), group=group)
         self.schedule = _make_schedule(self.stages, plan, loss)
         self.params = list({id(p): p for s in self.stages for p in s.submod.parameters()}.values())
-        self.zero = plan.stages[0].zero
+        self.zero = _rank_zero(plan, [s.stage_index for s in self.stages])
         rate = common.DEFAULT_LR[plan.optimizer] if lr is None else lr
         self.opt = sharding.optimizer(plan.optimizer, self.params, rate, self.zero, self.mesh["dp"].get_group())
 
@@ -259,6 +261,15 @@ class Trainer:
                 "zero": sharding.zero_stage_of([s.submod for s in self.stages], self.opt),
                 "recompute": sorted({m.mode for m in mods if isinstance(m, sharding.Checkpointed)}),
                 "autocast": any(isinstance(m, sharding.Autocast) for m in mods)}
+
+
+def _rank_zero(plan: ir.Plan, chunks: Sequence[int]) -> int:
+    """The ZeRO stage of this rank's chunks (stages may differ; the chunks of one rank may not)."""
+    zeros = sorted({plan.stages[c].zero for c in chunks})
+    if len(zeros) > 1:
+        raise ExportError(f"chunks {', '.join(map(str, chunks))} on one device use ZeRO stages "
+                          f"{', '.join(map(str, zeros))}", "give the chunks of one device group one ZeRO stage")
+    return zeros[0]
 
 
 def _tensor_sharded(module: nn.Module) -> bool:

@@ -1,9 +1,11 @@
 """Analytic times: a layer's FLOPs over the device's peak FLOP/s times an efficiency.
 
-``time = flops / (device_flops * efficiency)``, forward and backward alike. The peak
-figures are dense fp32 throughput (the paper's RTX 2080Ti figure is 13.4 TFLOP/s);
-for the A100 and H100 the fp32 figures are given, plus ``-tf32`` entries with the dense
-TF32 tensor-core peak that PyTorch uses for fp32 matmuls/convolutions when TF32 is on.
+``time = flops / (device_flops * efficiency)``, forward and backward alike. A GPU name
+(``planner.gpus``: rtx2080ti, v100, a100, h100, ...) gives the dense peak for the number
+format the profile computes in: float32 -> fp32 (or the TF32 tensor-core peak, which PyTorch
+uses for fp32 matmuls when TF32 is on, for a name ending in ``-tf32``: ``a100-tf32``),
+bfloat16 -> bf16, float16 -> fp16 (tensor cores). The paper's RTX 2080Ti fp32 figure is
+13.4 TFLOP/s; the A100's bf16 peak is 312 TFLOP/s.
 
 The default efficiency, 0.5, is the share of peak that fp32 training of convolution and
 GEMM layers typically sustains on these GPUs (cuDNN/cuBLAS reach 40-70% on large layers;
@@ -14,45 +16,61 @@ when every device in a cluster is described the same way; pass ``--efficiency`` 
 
 from __future__ import annotations
 
+from planner import gpus
 from planner.errors import UsageError
 
-GPU_PEAK_FLOPS: dict[str, float] = {
-    "rtx2080ti": 13.4e12,   # PipePar paper's figure (fp32, boost clock)
-    "v100": 15.7e12,        # V100 SXM2, fp32
-    "a100": 19.5e12,        # A100, fp32 (non-tensor-core)
-    "a100-tf32": 156e12,    # A100, dense TF32 tensor cores
-    "h100": 67e12,          # H100 SXM, fp32 (non-tensor-core)
-    "h100-tf32": 494.7e12,  # H100 SXM, dense TF32 tensor cores
-}
-"""Peak FLOP/s of named GPUs, as accepted by ``--device-flops``."""
-
+TF32_SUFFIX = "-tf32"
 DEFAULT_GPU = "rtx2080ti"
 ANALYTIC_EFFICIENCY = 0.5
 """Share of peak FLOP/s an analytic profile assumes every layer reaches."""
 
+DEVICE_FLOPS_NAMES: tuple[str, ...] = gpus.GPU_NAMES + tuple(
+    name + TF32_SUFFIX for name in gpus.GPU_NAMES if "tf32" in gpus.GPUS[name].peak_flops)
+"""GPU names ``--device-flops`` accepts: the catalog's, plus ``NAME-tf32`` where the GPU has TF32."""
 
-def resolve_device_flops(value: str | float | None, default: str | None = DEFAULT_GPU) -> tuple[float | None, str]:
-    """``"rtx2080ti"``, ``"13.4e12"`` or a number -> (FLOP/s, label); None -> the default GPU."""
+GPU_PEAK_FLOPS: dict[str, float] = {
+    name: gpus.peak_flops(name.removesuffix(TF32_SUFFIX), "tf32" if name.endswith(TF32_SUFFIX) else "fp32")
+    for name in DEVICE_FLOPS_NAMES}
+"""fp32 (or, for ``-tf32`` names, TF32) peak FLOP/s of every name ``--device-flops`` accepts."""
+
+
+def named_peak(name: str, dtype: str = "float32") -> float:
+    """Peak FLOP/s of GPU ``name`` (``a100``, ``a100-tf32``, ...) for a profile computing in ``dtype``."""
+    base = name.removesuffix(TF32_SUFFIX)
+    number_format = gpus.number_format_of_dtype(dtype)
+    if name.endswith(TF32_SUFFIX):
+        if number_format != "fp32":
+            raise UsageError(f"--device-flops {name} is the TF32 peak, for float32 profiles, not {dtype}",
+                             f"use --device-flops {base}")
+        number_format = "tf32"
+    return gpus.peak_flops(base, number_format)
+
+
+def resolve_device_flops(value: str | float | None, default: str | None = DEFAULT_GPU,
+                         dtype: str = "float32") -> tuple[float | None, str]:
+    """``"a100"``, ``"13.4e12"`` or a number -> (FLOP/s, label); None -> the default GPU.
+
+    A GPU name gives its peak in the number format of ``dtype`` (see the module docstring).
+    """
     if value is None:
         if default is None:
             return None, ""
-        return GPU_PEAK_FLOPS[default], default
+        return named_peak(default, dtype), default
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         number = float(value)
-        label = f"{number:g} FLOP/s"
     else:
         text = str(value).strip().lower()
-        if text in GPU_PEAK_FLOPS:
-            return GPU_PEAK_FLOPS[text], text
+        if text in DEVICE_FLOPS_NAMES:
+            return named_peak(text, dtype), text
         try:
             number = float(text)
         except ValueError:
             raise UsageError(f"--device-flops {value!r} is neither a number nor a known GPU",
-                             f"use a FLOP/s figure such as 13.4e12 or one of {', '.join(GPU_PEAK_FLOPS)}") from None
-        label = f"{number:g} FLOP/s"
+                             f"use a FLOP/s figure such as 13.4e12 or one of {', '.join(DEVICE_FLOPS_NAMES)}"
+                             ) from None
     if not number > 0 or number == float("inf"):
         raise UsageError(f"--device-flops must be a positive number, got {value!r}", "e.g. 13.4e12")
-    return number, label
+    return number, f"{number:g} FLOP/s"
 
 
 def analytic_time(flops: float, device_flops: float, efficiency: float = ANALYTIC_EFFICIENCY) -> float:

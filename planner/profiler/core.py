@@ -11,12 +11,24 @@ from typing import Any, Literal
 import torch
 
 from planner.errors import ProfileError, UsageError
-from planner.ir import LayerProfile, ModelProfile, Tie
+from planner.ir import LayerProfile, ModelProfile
 from planner.profiler.analytic import ANALYTIC_EFFICIENCY, analytic_time, resolve_device_flops
 from planner.profiler.flops import FLOP_COUNTER
-from planner.profiler.layers import LayeredModel, _rejects, split_model
+from planner.profiler.layered import LayeredModel, rejects_input
+from planner.profiler.layers import split_model
 from planner.profiler.loader import LoadedModel, dtype_name
-from planner.profiler.measure import LayerFacts, instrumented_pass, make_sync, median, timed_pass, whole_model_pass
+from planner.profiler.measure import (
+    LayerFacts,
+    fit_fixed,
+    instrumented_pass,
+    loss_fit,
+    make_sync,
+    median,
+    small_batch_of,
+    timed_pass,
+    whole_model_pass,
+)
+from planner.profiler.repeats import instrumented_pass_once_per_kind
 
 Progress = Callable[[int, int, str], None]
 """progress(done, total, what): called as profiling advances."""
@@ -49,23 +61,6 @@ def _weight_share(facts_fwd: float, facts_bwd: float, params: int, input_grad: b
     return max(0.0, min(1.0, (facts_bwd - facts_fwd) / facts_bwd))
 
 
-def fit_fixed(t_big: float, t_small: float, big: int, small: int) -> float:
-    """The fixed part of ``t(b) = fixed + b * per_sample`` through two measurements.
-
-    ``(big * t_small - small * t_big) / (big - small)``, clamped to ``[0, t_big]`` (noise can
-    push a straight line through two points below 0 or above the whole time).
-    """
-    if big <= small:
-        raise ValueError(f"need two batch sizes big > small, got {big} and {small}")
-    fixed = (big * t_small - small * t_big) / (big - small)
-    return min(max(fixed, 0.0), max(t_big, 0.0))
-
-
-def small_batch_of(batch: int) -> int | None:
-    """The smaller batch the fixed-cost fit measures at: a quarter of the batch (None below 2)."""
-    return max(1, batch // 4) if batch >= 2 else None
-
-
 def _small_pass_times(lm: LayeredModel, x: torch.Tensor, params: list[torch.Tensor], sync: Any, small: int,
                       repeats: int, tick: Callable[[str], None]) -> tuple[list[float], list[float]] | None:
     """Median per-layer times at batch ``small``, or None if the layers refuse it.
@@ -85,35 +80,6 @@ def _small_pass_times(lm: LayeredModel, x: torch.Tensor, params: list[torch.Tens
     except (RuntimeError, ValueError, IndexError, TypeError):  # a traced shape fixed to the batch
         return None
     return [median(t) for t in fwd], [median(t) for t in bwd]
-
-
-def loss_time(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, sync: Any, repeats: int) -> float:
-    """Median seconds of a cross-entropy forward+backward over the last dimension of ``shape``
-    (the training loss the runner and the exported scripts use on the last stage's output)."""
-    logits = torch.randn(shape, dtype=dtype, device=device, requires_grad=True)
-    target = torch.randint(0, shape[-1], shape[:-1], device=device)
-    times = []
-    for _ in range(repeats + 1):
-        sync()
-        t0 = time.perf_counter()
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, shape[-1]).float(), target.reshape(-1))
-        loss.backward()
-        sync()
-        times.append(time.perf_counter() - t0)
-        logits.grad = None
-    return median(times[1:])
-
-
-def _loss_fit(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, sync: Any, repeats: int,
-              small: int | None) -> tuple[float | None, float | None]:
-    """(loss_s, loss_fixed_s) for an output of ``shape``; (None, None) when it is no float logits."""
-    if len(shape) < 2 or not dtype.is_floating_point or shape[-1] < 2:
-        return None, None
-    whole = loss_time(shape, dtype, device, sync, repeats)
-    if not small:
-        return whole, None
-    part = loss_time((small, *shape[1:]), dtype, device, sync, repeats)
-    return whole, fit_fixed(whole, part, shape[0], small)
 
 
 def profile_model(
@@ -153,8 +119,10 @@ def profile_model(
     module, x = _placed(loaded, device, dtype)
     if mode == "measured" and x.device.type == "meta":
         raise UsageError("measured mode needs a real device, the model is on 'meta'", "use --mode analytic")
-    flops_value, flops_label = resolve_device_flops(device_flops, default="rtx2080ti" if mode == "analytic" else None)
     params = list(module.parameters())
+    dtype_label = dtype_name(_profile_dtype(x, params))
+    flops_value, flops_label = resolve_device_flops(device_flops, default="rtx2080ti" if mode == "analytic" else None,
+                                                    dtype=dtype_label)
     sync = make_sync(x.device)
     start = time.perf_counter()
     small = small_batch_of(int(x.shape[0])) if mode == "measured" else None
@@ -164,7 +132,7 @@ def profile_model(
         tick.start("tracing")
         lm = layered if layered is not None else split_model(module, x)
         tick("traced")
-        facts = _instrumented(lm, x, params, loaded.name)
+        facts, counted = _instrumented(lm, x, params, loaded.name)
         tick("counted FLOPs and bytes")
         runs = (_measure(lm, module, x, params, sync, facts[-1].output_shape,
                          _Passes(warmup, repeats, whole_repeats, small), tick) if mode == "measured" else _NO_RUNS)
@@ -176,18 +144,19 @@ def profile_model(
         times = _analytic_times(facts, flops_value, flops_label, efficiency)
     fixed = _fixed_costs(times, runs.small_times, int(x.shape[0]), small, len(facts))
     meta = _meta(lm, times, threads, elapsed)
+    meta["instrumented_layers"] = counted
     if mode == "measured":
         meta.update(_measured_meta(times, runs, x.device, warmup, repeats, elapsed,
                                    small if runs.small_times is not None else None))
     else:
         meta.update({"efficiency": efficiency, "time_formula": "flops / (device_flops * efficiency)"})
     return ModelProfile(
-        model=loaded.name, batch_size=int(x.shape[0]), dtype=dtype_name(_profile_dtype(x, params)),
+        model=loaded.name, batch_size=int(x.shape[0]), dtype=dtype_label,
         mode=mode, device=times.device_name if mode == "analytic" else (
             "cpu" if x.device.type == "cpu" else str(x.device.type)),
         device_flops=float(times.flops_value), layers=_layer_profiles(lm, facts, times, fixed),
         input_shape=tuple(x.shape[1:]), input_bytes=x.numel() * x.element_size(),
-        ties=tuple(Tie(t.name, t.layers, t.param_count, t.param_bytes) for t in lm.ties), meta=meta,
+        ties=lm.ties, meta=meta,
         loss_s=runs.loss[0], loss_fixed_s=runs.loss[1],
     )
 
@@ -244,17 +213,22 @@ class _Ticker:
             self.progress(self.done, self.total, what)
 
 
-def _instrumented(lm: LayeredModel, x: torch.Tensor, params: list[torch.Tensor], name: str) -> list[LayerFacts]:
-    """The instrumented pass (FLOPs, bytes); a ProfileError when it runs out of memory or the layers refuse x."""
+def _instrumented(lm: LayeredModel, x: torch.Tensor, params: list[torch.Tensor], name: str
+                  ) -> tuple[list[LayerFacts], int]:
+    """The instrumented pass (FLOPs, bytes) and how many layers it ran; on the meta device identical
+    consecutive layers run once (``planner.profiler.repeats``). A ProfileError when it runs out of
+    memory or the layers refuse x."""
     try:
-        return instrumented_pass(lm.layers, x, params)
+        if x.device.type == "meta":
+            return instrumented_pass_once_per_kind(lm.layers, x, params)
+        return instrumented_pass(lm.layers, x, params), len(lm)
     except ProfileError:
         raise
     except (RuntimeError, ValueError, IndexError, TypeError) as exc:
         if "out of memory" in str(exc).lower():
             raise ProfileError(f"out of memory running {name} at batch {x.shape[0]} on {x.device}",
                                "use a smaller --batch-size, or --mode analytic (no memory needed)") from None
-        raise _rejects(x, exc) from None
+        raise rejects_input(x, exc) from None
 
 
 @dataclass(frozen=True)
@@ -303,7 +277,7 @@ def _measure(lm: LayeredModel, module: torch.nn.Module, x: torch.Tensor, params:
         tick("timing the whole model")
     small = passes.small
     small_times = _small_pass_times(lm, x, params, sync, small, passes.repeats, tick) if small else None
-    loss = _loss_fit(out_shape, _param_dtype(params), x.device, sync, passes.repeats,
+    loss = loss_fit(out_shape, _param_dtype(params), x.device, sync, passes.repeats,
                      small if small_times is not None else None)
     return _Runs(fwd_times, bwd_times, whole, small_times, loss)
 
@@ -363,7 +337,7 @@ def _layer_profiles(lm: LayeredModel, facts: list[LayerFacts], times: _LayerTime
             output_bytes=f.output_bytes, saved_bytes=f.saved_bytes,
             in_features=lm.in_features[i], out_features=lm.out_features[i],
             backward_weight_s=times.bwd_s[i] * share, output_shape=f.output_shape,
-            forward_fixed_s=fixed[i][0], backward_fixed_s=fixed[i][1],
+            forward_fixed_s=fixed[i][0], backward_fixed_s=fixed[i][1], block=lm.block(i),
         ))
     return tuple(layers)
 

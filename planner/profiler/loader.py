@@ -5,13 +5,16 @@ from __future__ import annotations
 import importlib
 import math
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
 from planner.errors import ModelLoadError, UsageError
+from planner.profiler.hfzoo import HF_MODELS, build
 from planner.profiler.zoo import ZOO, ZOO_NAMES
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -97,13 +100,9 @@ def _torch_device(device: str | torch.device) -> torch.device:
 
 
 def _check_tokens(spec: str, shape: tuple[int, ...]) -> None:
-    """A token model's input shape: (sequence length,), within the model's positions."""
+    """A token model's input shape: (sequence length,)."""
     if len(shape) != 1:
         raise UsageError(f"{spec} takes token ids of shape (sequence length,), got {shape}", "e.g. --input-shape 128")
-    if shape[0] > 512 and spec == "bert-base":
-        raise UsageError(f"bert-base takes at most 512 tokens, got {shape[0]}", "use --input-shape 512 or less")
-    if shape[0] > 1024 and spec.startswith("gpt2"):
-        raise UsageError(f"{spec} takes at most 1024 tokens, got {shape[0]}", "use --input-shape 1024 or less")
 
 
 def _zoo_kwargs(spec: str, shape: tuple[int, ...]) -> dict[str, object]:
@@ -115,16 +114,33 @@ def _zoo_kwargs(spec: str, shape: tuple[int, ...]) -> dict[str, object]:
     return {}
 
 
-def _from_zoo(spec: str, batch_size: int, input_shape: tuple[int, ...] | None, dev: torch.device) -> _Built:
+def _from_zoo(spec: str, batch_size: int, input_shape: tuple[int, ...] | None, dev: torch.device,
+              overrides: Mapping[str, Any]) -> _Built:
     entry = ZOO[spec]
     shape = tuple(int(d) for d in (input_shape or entry.input_shape))
+    if overrides and entry.transformer is None:
+        raise UsageError(f"--set overrides a transformer's config, and {spec} is no transformer",
+                         f"drop --set, or use one of {', '.join(HF_MODELS)}")
     if entry.tokens:
         _check_tokens(spec, shape)
     with dev:
-        module = entry.factory(**_zoo_kwargs(spec, shape))
+        if entry.transformer is not None:
+            module = build(entry.transformer, seq_len=shape[0], overrides=overrides)
+        else:
+            module = entry.factory(**_zoo_kwargs(spec, shape))
     if not entry.tokens:
         return module, None, shape
-    return module, torch.randint(0, entry.vocab_size, (batch_size, *shape), device=dev), shape
+    return module, token_ids(module, (batch_size, *shape), dev), shape
+
+
+def token_ids(module: nn.Module, shape: tuple[int, ...], dev: torch.device) -> torch.Tensor:
+    """Random token ids of ``shape`` below the model's ``config.vocab_size``."""
+    return torch.randint(0, int(module.config.vocab_size), shape, device=dev)
+
+
+def _is_transformers_model(module: object) -> bool:
+    return type(module).__module__.startswith("transformers.") and hasattr(getattr(module, "config", None),
+                                                                           "vocab_size")
 
 
 def _call_factory(spec: str, dev: torch.device) -> object:
@@ -165,22 +181,32 @@ def _from_factory(spec: str, batch_size: int, input_shape: tuple[int, ...] | Non
         if input_shape is None:
             raise UsageError(f"{spec!r} returned only a module, so its input shape is unknown",
                              "pass --input-shape (without batch), or return (module, example_input)")
-        return made, None, tuple(int(d) for d in input_shape)
+        shape = tuple(int(d) for d in input_shape)
+        if _is_transformers_model(made):  # a transformers language model takes token ids
+            _check_tokens(spec, shape)
+            return made, token_ids(made, (batch_size, *shape), dev), shape
+        return made, None, shape
     raise ModelLoadError(f"{spec!r} returned {type(made).__name__}, not an nn.Module",
                          "return an nn.Module or (module, example_input)")
 
 
 def load_model(spec: str, batch_size: int, input_shape: tuple[int, ...] | None = None,
-               dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu") -> LoadedModel:
+               dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu",
+               overrides: Mapping[str, Any] | None = None) -> LoadedModel:
     """Build the model ``spec`` and a random example input of ``batch_size`` on ``device``.
 
-    ``device="meta"`` builds it without memory or compute (for analytic profiles).
+    ``device="meta"`` builds it without memory or compute (for analytic profiles). A token
+    model's ``input_shape`` is its sequence length (any: the position range grows to it).
+    ``overrides`` sets config fields of a zoo transformer (``planner profile --set``).
     """
     _check_sizes(batch_size, input_shape)
     tdtype = parse_dtype(dtype)
     dev = _torch_device(device)
     if spec in ZOO:
-        module, example, shape = _from_zoo(spec, batch_size, input_shape, dev)
+        module, example, shape = _from_zoo(spec, batch_size, input_shape, dev, overrides or {})
+    elif overrides:
+        raise UsageError(f"--set overrides a zoo transformer's config, and {spec} is your own model",
+                         "set the fields in your factory instead")
     elif ":" in spec:
         module, example, shape = _from_factory(spec, batch_size, input_shape, dev, tdtype)
     else:

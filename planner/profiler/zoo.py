@@ -2,20 +2,25 @@
 
 Every model is defined here (torchvision does not install on this machine); the CNNs follow
 torchvision's definitions layer for layer (same shapes, same parameter counts: VGG16 has
-138,357,544 parameters, ResNet50 25,557,032). Transformers come from a ``transformers``
-config, with no download. Dropout defaults to 0 so that running the split layers one by
-one equals running the whole model bit for bit; dropout costs almost nothing, so the
-profile's times are unaffected.
+138,357,544 parameters, ResNet50 25,557,032). Transformers (GPT-2, BERT, Llama 2 and 3)
+come from a ``transformers`` config, with no download (``planner.profiler.hfzoo``). Dropout
+defaults to 0 so that running the split layers one by one equals running the whole model
+bit for bit; dropout costs almost nothing, so the profile's times are unaffected.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
+
+from planner.profiler.hfzoo import HF_MODELS, build
+from planner.profiler.hfzoo import bert as bert  # the transformer factories, re-exported
+from planner.profiler.hfzoo import gpt2 as gpt2
+from planner.profiler.hfzoo import llama as llama
 
 
 @dataclass(frozen=True)
@@ -25,9 +30,10 @@ class ZooEntry:
     factory: Callable[..., nn.Module]
     input_shape: tuple[int, ...]
     tokens: bool = False
-    """True when the input is token ids (integers below ``vocab_size``), not floats."""
-    vocab_size: int = 0
+    """True when the input is token ids (integers below the model's ``config.vocab_size``), not floats."""
     description: str = ""
+    transformer: str | None = None
+    """The ``planner.profiler.hfzoo`` name of a transformer (its config fields can be overridden)."""
 
 
 # ----------------------------------------------------------------------------- MLP
@@ -204,53 +210,6 @@ def _resnet(name: str) -> Callable[..., nn.Module]:
     return make
 
 
-# ----------------------------------------------------------------------------- transformers
-
-GPT2_SIZES: dict[str, dict[str, int]] = {
-    "gpt2": {"n_embd": 768, "n_layer": 12, "n_head": 12},
-    "gpt2-medium": {"n_embd": 1024, "n_layer": 24, "n_head": 16},
-}
-GPT2_VOCAB = 50257
-BERT_VOCAB = 30522
-DEFAULT_SEQ_LEN = 128
-
-
-def gpt2(size: str = "gpt2", dropout: float = 0.0, **config: Any) -> nn.Module:
-    """``transformers.GPT2LMHeadModel`` from a ``GPT2Config`` (no download), SDPA attention.
-
-    ``config`` overrides GPT2Config fields (e.g. ``n_layer=2, n_embd=64`` for a tiny model).
-    """
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    fields: dict[str, Any] = {**GPT2_SIZES[size], "vocab_size": GPT2_VOCAB, "n_positions": 1024,
-                              "resid_pdrop": dropout, "embd_pdrop": dropout, "attn_pdrop": dropout}
-    fields.update(config)
-    cfg = GPT2Config(**fields)
-    cfg._attn_implementation = "sdpa"
-    return GPT2LMHeadModel(cfg)
-
-
-def bert(dropout: float = 0.0, **config: Any) -> nn.Module:
-    """``transformers.BertForMaskedLM`` (BERT-base) from a ``BertConfig`` (no download), SDPA attention."""
-    from transformers import BertConfig, BertForMaskedLM
-
-    fields: dict[str, Any] = {"vocab_size": BERT_VOCAB, "hidden_size": 768, "num_hidden_layers": 12,
-                              "num_attention_heads": 12, "intermediate_size": 3072,
-                              "hidden_dropout_prob": dropout, "attention_probs_dropout_prob": dropout}
-    fields.update(config)
-    cfg = BertConfig(**fields)
-    cfg._attn_implementation = "sdpa"
-    return BertForMaskedLM(cfg)
-
-
-def _gpt2(size: str) -> Callable[..., nn.Module]:
-    def make(**kw: Any) -> nn.Module:
-        return gpt2(size, **kw)
-
-    make.__name__ = size.replace("-", "_")
-    return make
-
-
 # ----------------------------------------------------------------------------- the zoo
 
 IMAGENET = (3, 224, 224)
@@ -262,12 +221,9 @@ for _name in VGG_CFGS:
     ZOO[_name + "_bn"] = ZooEntry(_vgg(_name, True), IMAGENET, description=f"{_name.upper()} with batch norm")
 for _name in RESNET_CFGS:
     ZOO[_name] = ZooEntry(_resnet(_name), IMAGENET, description=f"ResNet-{_name[6:]} (torchvision layout)")
-ZOO["gpt2"] = ZooEntry(_gpt2("gpt2"), (DEFAULT_SEQ_LEN,), tokens=True, vocab_size=GPT2_VOCAB,
-                       description="GPT-2 small (124M) LM head, tied wte/lm_head")
-ZOO["gpt2-medium"] = ZooEntry(_gpt2("gpt2-medium"), (DEFAULT_SEQ_LEN,), tokens=True, vocab_size=GPT2_VOCAB,
-                              description="GPT-2 medium (355M) LM head, tied wte/lm_head")
-ZOO["bert-base"] = ZooEntry(bert, (DEFAULT_SEQ_LEN,), tokens=True, vocab_size=BERT_VOCAB,
-                            description="BERT-base masked LM, tied word embeddings/decoder")
+for _name, _hf in HF_MODELS.items():
+    ZOO[_name] = ZooEntry(functools.partial(build, _name), (_hf.seq_len,), tokens=True, description=_hf.description,
+                          transformer=_name)
 
 ZOO_NAMES: tuple[str, ...] = tuple(ZOO)
 """Every built-in model name, as ``planner profile MODEL`` accepts it."""

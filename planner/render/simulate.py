@@ -36,7 +36,7 @@ def gantt_rows(result: SimResult, width: int = 96) -> list[tuple[str, list[tuple
     pipedream the measured steady-state window) and shows the event at its middle.
     """
     width = max(8, width)
-    t0, t1 = (result.window if result.schedule == "pipedream" else (0.0, result.makespan_s))
+    t0, t1 = (result.window if result.steady_state else (0.0, result.makespan_s))
     span = max(t1 - t0, 1e-30)
     dt = span / width
     tracks: dict[str, list[Event]] = {}
@@ -79,7 +79,7 @@ def gantt_text(result: SimResult, width: int = 96) -> Text:
         for char, op in cells:
             out.append(char, style=MARK.get(op, "dim"))
         out.append("│\n")
-    t0, t1 = (result.window if result.schedule == "pipedream" else (0.0, result.makespan_s))
+    t0, t1 = (result.window if result.steady_state else (0.0, result.makespan_s))
     end = f"{t1 * 1000:.4g} ms"
     out.append(" " * (label_w + 2) + f"{t0 * 1000:.4g} ms".ljust(max(8, width) - len(end)) + end + "\n", style="dim")
     out.append(" " * (label_w + 2) + "digits: micro-batch of ", style="dim")
@@ -108,7 +108,7 @@ def headline(result: SimResult, batch_size: int | None = None) -> str:
             + f", iteration {result.iteration_s * 1000:.3f} ms, bubble {result.bubble_fraction:.1%}")
     if batch_size:
         line += f", {batch_size / result.iteration_s:.1f} samples/s"
-    if result.schedule == "pipedream":
+    if result.steady_state:
         line += " (steady state)"
     return line
 
@@ -206,7 +206,7 @@ def _gantt_axes(ax: Any, result: SimResult, title: str | None, cmap: Any) -> Non
     ax.set_yticklabels([lane_label(d) for d in result.lanes] + links, fontsize=8)
     ax.set_ylim(n_rows - 0.5, -0.5)
     ax.set_xlim(0, max(result.makespan_s * 1000, 1e-12))
-    if result.schedule == "pipedream":
+    if result.steady_state:
         for t in result.window:
             ax.axvline(t * 1000, color="red", linestyle=":", linewidth=1)
     ax.set_title(title or (f"{result.schedule}: {result.stages} stages x {result.microbatches} micro-batches, "

@@ -42,6 +42,7 @@ by the simulator. The simulator is the final judge.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 
 from planner import ir
@@ -132,11 +133,12 @@ def _collect(profile: ir.ModelProfile, cluster: ir.Cluster, req: Request, cands:
                 continue
             probs.append(prob)
             pool: list[Solution] = []
-            sol = _solve(prob, req.solver, pool)
+            sol = _solve(prob, req.solver, pool, found[0][0] if found else math.inf)
             if progress:
                 progress(f"M={m}: " + ("no plan fits" if sol is None else f"{sol.objective:.6g} s"))
             for x in ([sol] if sol is not None else []) + pool:
                 found.append((x.objective, len(found), prob, x))
+            found.sort(key=lambda t: (t[0], t[1]))
     if not probs:
         raise _no_batch_shape(profile, cluster, cands, req)
     if not found:
@@ -183,11 +185,13 @@ def _with_prediction(plan: ir.Plan, predicted: ir.Prediction) -> ir.Plan:
     return dataclasses.replace(plan, predicted=predicted, dp_iteration_s=dp_s, speedup_over_dp=speedup)
 
 
-def _solve(prob: Problem, solver: str, pool: list[Solution] | None = None) -> Solution | None:
-    """Solve with the chosen solver (the DP, or brute force over the same space)."""
+def _solve(prob: Problem, solver: str, pool: list[Solution] | None = None,
+           incumbent: float = math.inf) -> Solution | None:
+    """Solve with the chosen solver (the DP, or brute force over the same space); ``incumbent`` the
+    best objective of the search's other problems (planner.search.sp.solve)."""
     from planner.search.brute import brute
 
-    return brute(prob, pool) if solver == "brute" else solve(prob, pool=pool)
+    return brute(prob, pool) if solver == "brute" else solve(prob, pool=pool, incumbent=incumbent)
 
 
 def solution_stages(prob: Problem, sol: Solution,

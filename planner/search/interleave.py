@@ -18,7 +18,7 @@ Method (a documented heuristic, not an exact optimum over the interleaved space)
    So a faster or wider group takes more layers, and cuts avoid large activations on slow
    links. The all-reduce, paid once per iteration, is left out of the balance. Each
    chunk's forms are HPP's on its group.
-3. The simulator judges (:func:`judge`): every candidate the DP met is chunked and played
+3. The simulator judges (:func:`planner.judge.judge`): every candidate the DP met is chunked and played
    under the interleaved schedule with v chunks (memory: static bytes of the group's
    chunks plus the activations of the chunk micro-batches in flight,
    :func:`planner.schedule.in_flight_microbatches`); the fastest candidate whose devices
@@ -43,13 +43,14 @@ import numpy as np
 
 from planner import ir
 from planner.cluster import link_between
-from planner.costmodel import layer_table, p2p_s, stage_costs, stage_grid
+from planner.costmodel import layer_table, p2p_s, stage_grid
 from planner.errors import InfeasibleError, UsageError
-
-__all__ = ["DEFAULT_VIRTUAL_STAGES", "balanced_bounds", "chunk_plan", "judge", "search_interleaved", "torch_runs"]
+from planner.judge import Judged, judge
 from planner.search.hpp import hpp, stage_tables
-from planner.search.options import DEFAULT_VIRTUAL_STAGES
+from planner.search.options import DEFAULT_VIRTUAL_STAGES, resolve_virtual_stages
 
+__all__ = ["DEFAULT_VIRTUAL_STAGES", "balanced_bounds", "chunk_plan", "resolve_virtual_stages", "search_interleaved",
+           "torch_runs"]
 
 def balanced_bounds(chunk_time: Sequence[np.ndarray], n_layers: int, v: int,
                     recv_time: Sequence[np.ndarray] | None = None) -> list[int]:
@@ -89,7 +90,7 @@ def chunk_plan(plan: ir.Plan, v: int) -> ir.Plan:
     """The K-stage ``plan`` re-cut into K*v chunks on its K device groups (module doc, step 2).
 
     The result has ``schedule="interleaved"``, ``virtual_stages=v``, stage memory 0 and the
-    K-stage prediction (see :func:`judge` for both); ValueError when the model has fewer
+    K-stage prediction (:func:`planner.judge.judge` fills both in); ValueError when the model has fewer
     than K*v layers.
     """
     profile, cluster, m = plan.profile, plan.cluster, plan.microbatches
@@ -126,25 +127,6 @@ def torch_runs(microbatches: int, groups: int) -> bool:
     return microbatches % max(1, microbatches // groups) == 0
 
 
-def judge(plan: ir.Plan) -> tuple[ir.Plan, bool]:
-    """Simulate a chunked plan; return it with each chunk's ``memory_bytes`` (the simulated
-    peak of the device group holding it, all its chunks together), the simulated
-    ``predicted``, and whether every device fits."""
-    from planner.simulate import SimOptions, simulate_costs
-
-    result = simulate_costs(stage_costs(plan), "interleaved", plan.microbatches, plan.virtual_stages,
-                            SimOptions(record_events=False))
-    k = len(plan.stages) // plan.virtual_stages
-    peaks = [result.lane_result(lane).peak_memory_bytes for lane in range(k)]
-    stages = tuple(dataclasses.replace(s, memory_bytes=peaks[c % k]) for c, s in enumerate(plan.stages))
-    t = result.iteration_s
-    pred = ir.Prediction(t, plan.batch_size / t if t > 0 else 0.0, result.bubble_fraction, result.peak_memory_bytes)
-    dp_s = plan.dp_iteration_s
-    speedup = dp_s / t if dp_s is not None and t > 0 else None
-    judged = dataclasses.replace(plan, stages=stages, predicted=pred, speedup_over_dp=speedup)
-    return judged, all(d.fits for d in result.devices)
-
-
 def search_interleaved(profile: ir.ModelProfile, cluster: ir.Cluster, virtual_stages: int, *,
                        microbatches: int | str = "auto", optimizer: str = "sgd", solver: str = "dp",
                        engine: str = "any", config: Sequence[int] | None = None, candidates: int = 16,
@@ -166,32 +148,36 @@ def search_interleaved(profile: ir.ModelProfile, cluster: ir.Cluster, virtual_st
         return search(profile, cluster, microbatches=microbatches, schedule="interleaved", optimizer=optimizer,
                       solver=solver, engine=engine, config=config, progress=progress, candidates=candidates,
                       virtual_stages=1, **space)
-    judged: dict[tuple, tuple[ir.Plan, bool]] = {}
+    judged: dict[tuple, Judged | None] = {}
 
     def evaluate(base: ir.Plan) -> float:
-        key = (base.microbatches, tuple((s.layers, s.devices, s.tp, s.zero, s.recompute) for s in base.stages))
+        key = _base_key(base)
         if key not in judged:
             judged[key] = _judge_base(base, v, engine)
-        plan, fits = judged[key]
-        return plan.predicted.iteration_s if fits else math.inf
+        one = judged[key]
+        return one.prediction.iteration_s if one is not None and one.fits else math.inf
 
     base = search(profile, cluster, microbatches=microbatches, schedule="interleaved", optimizer=optimizer,
                   solver=solver, engine=engine, config=config, progress=progress, evaluate=evaluate,
                   candidates=candidates, virtual_stages=1, **space)
     score = evaluate(base)
-    plan, fits = judged[(base.microbatches, tuple((s.layers, s.devices, s.tp, s.zero, s.recompute)
-                                                  for s in base.stages))]
-    if not fits or not math.isfinite(score):
+    best = judged[_base_key(base)]
+    if best is None or not best.fits or not math.isfinite(score):
         raise InfeasibleError(
             f"no plan the search met runs interleaved with {v} chunks per device group: too few layers for "
             f"K*{v} chunks, or the extra micro-batches in flight do not fit in memory",
             "try --virtual-stages 1, more micro-batches, a smaller batch, or a larger cluster")
-    return plan
+    return best.plan
 
 
-def _judge_base(base: ir.Plan, v: int, engine: str) -> tuple[ir.Plan, bool]:
-    """Chunk and judge one K-stage candidate; (plan, False) when it cannot run interleaved."""
-    k = len(base.stages)
+def _base_key(base: ir.Plan) -> tuple:
+    """What makes two K-stage candidates chunk into the same plan."""
+    return base.microbatches, tuple((s.layers, s.devices, s.tp, s.zero, s.recompute) for s in base.stages)
+
+
+def _judge_base(base: ir.Plan, v: int, engine: str) -> Judged | None:
+    """Chunk and judge one K-stage candidate; None when it cannot run interleaved."""
+    k = base.pipeline_stages
     if len(base.profile.layers) < k * v or (engine == "torch" and not torch_runs(base.microbatches, k)):
-        return base, False
+        return None
     return judge(chunk_plan(base, v))

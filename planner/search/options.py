@@ -19,7 +19,7 @@ from planner.cluster import group_of
 from planner.costmodel import default_precision
 from planner.errors import UsageError
 from planner.runnable import ENGINES as ENGINE_LIMITS
-from planner.schedule import SCHEDULES
+from planner.schedule import SCHEDULES, schedule_kind, virtual_stage_schedules
 from planner.search.space import Problem, Space, build_problem, pow2_upto
 
 SOLVERS = ("dp", "brute")
@@ -70,14 +70,17 @@ DEFAULT_VIRTUAL_STAGES = 2
 
 
 def resolve_virtual_stages(value: int | None, schedule: str) -> int:
-    """``--virtual-stages``: default 2 under interleaved, 1 otherwise; v > 1 needs interleaved."""
+    """``--virtual-stages``: default :data:`DEFAULT_VIRTUAL_STAGES` under a schedule that takes
+    virtual stages (interleaved), else 1; v > 1 under another schedule is a UsageError."""
+    takes_virtual = schedule_kind(schedule).takes_virtual_stages
     if value is None:
-        return DEFAULT_VIRTUAL_STAGES if schedule == "interleaved" else 1
+        return DEFAULT_VIRTUAL_STAGES if takes_virtual else 1
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise UsageError(f"--virtual-stages must be a positive integer, got {value!r}", "e.g. --virtual-stages 2")
-    if value > 1 and schedule != "interleaved":
-        raise UsageError(f"--virtual-stages {value} needs --schedule interleaved, not {schedule}",
-                         "add --schedule interleaved, or drop --virtual-stages")
+    if value > 1 and not takes_virtual:
+        names = " or ".join(virtual_stage_schedules())
+        raise UsageError(f"--virtual-stages {value} needs --schedule {names}, not {schedule}",
+                         f"add --schedule {names}, or drop --virtual-stages")
     return value
 
 

@@ -290,7 +290,7 @@ def _push_intervals(heap: list[_Interval], prob: Problem, vals: np.ndarray, lo: 
 
 
 def solve(prob: Problem, max_solves: int = 10_000, progress: Callable[[int, float], None] | None = None,
-          pool: list[Solution] | None = None) -> Solution | None:
+          pool: list[Solution] | None = None, incumbent: float = math.inf) -> Solution | None:
     """The exact optimum of the objective over the problem's space (None: nothing fits).
 
     Branch and bound over the sorted candidate values of the max term. An open interval
@@ -301,7 +301,10 @@ def solve(prob: Problem, max_solves: int = 10_000, progress: Callable[[int, floa
     with max in [t, mid] cost at least the plan's own objective, [lo, t-1] gets bound S',
     [mid+1, hi] keeps S. It stops when the smallest bound cannot beat the best plan, so
     the result is exact. Every plan met on the way is appended to ``pool`` when given
-    (candidates for a finer judge, such as the simulator).
+    (candidates for a finer judge, such as the simulator). ``incumbent``, the best objective
+    of another problem of the same search (other micro-batch counts), also closes intervals
+    that cannot beat it: the result is then this problem's optimum when that is below the
+    incumbent, else a plan no better than the incumbent -- the search's optimum is unchanged.
     """
     first = solve_cap(prob, math.inf)
     if first is None:
@@ -318,7 +321,7 @@ def solve(prob: Problem, max_solves: int = 10_000, progress: Callable[[int, floa
     solves = 1
     while heap and solves < max_solves:
         bound, lo, hi, s_lo = heapq.heappop(heap)
-        if bound >= best.objective:
+        if bound >= min(best.objective, incumbent):
             break
         if progress:
             progress(solves, best.objective)

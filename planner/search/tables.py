@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from planner.schedule import schedule_kind
 from planner.search.space import Candidate, Problem, in_flight_counts, option_cost, options, p2p_times, tie_copies
 
 
@@ -52,10 +53,7 @@ def _period_and_term(prob: Problem, v: object, recv: np.ndarray) -> tuple[np.nda
     time, fwd, sync = v.time, v.fwd, v.sync  # type: ignore[attr-defined]
     period = time + 2.0 * recv
     with np.errstate(invalid="ignore"):
-        if prob.schedule == "gpipe":  # forward phase, then backward phase (F-then-B)
-            busy = np.maximum(fwd, recv) + np.maximum(time - fwd, recv)
-        else:
-            busy = np.maximum(time, recv)
+        busy = schedule_kind(prob.schedule).steady_busy(fwd, time - fwd, recv, time)
         term = np.where(np.isfinite(period), prob.b * busy + sync, np.inf)
     return period, term
 
@@ -65,7 +63,7 @@ def _fit_limit(prob: Problem, v: object, weight: np.ndarray, ties: np.ndarray, c
     """Per stage range: the largest stages-left count r (1..) whose in-flight micro-batches fit ``cap``."""
     static = np.ceil(v.static) + ties  # type: ignore[attr-defined]
     act, work, wt = np.ceil(v.act), np.ceil(v.workspace), np.ceil(weight)  # type: ignore[attr-defined]
-    if prob.schedule == "pipedream":  # one stashed weight version per extra micro-batch in flight
+    if schedule_kind(prob.schedule).stashes_weights:  # one weight version per extra micro-batch in flight
         static, act = static - wt, act + wt
     counts = np.asarray(in_fl)
     if np.all(np.diff(counts) >= 0):  # memory grows with r: rmax = how many counts fit

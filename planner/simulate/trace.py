@@ -10,16 +10,33 @@ which Perfetto opens.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from planner.simulate import Event, SimResult
+from planner.simulate.events import Event
+
+
+class Traced(Protocol):
+    """What the trace reads of a simulation (a :class:`planner.simulate.SimResult`)."""
+
+    @property
+    def schedule(self) -> str: ...
+    @property
+    def iteration_s(self) -> float: ...
+    @property
+    def bubble_fraction(self) -> float: ...
+    @property
+    def lanes(self) -> tuple[tuple[str, ...], ...]: ...
+    @property
+    def links(self) -> tuple[str, ...]: ...
+    @property
+    def events(self) -> tuple[Event, ...]: ...
+
 
 Trace = list[dict[str, Any]]
 Tracks = dict[str, list[tuple[int, int]]]  # an event track -> the (pid, tid) threads it is drawn on
 
 
-def chrome_trace(result: SimResult) -> dict[str, Any]:
+def chrome_trace(result: Traced) -> dict[str, Any]:
     """Chrome trace event JSON (opens in Perfetto): one track per device and per link."""
     trace: Trace = [
         {"ph": "M", "pid": 1, "tid": 0, "name": "process_name", "args": {"name": "devices"}},
@@ -41,7 +58,7 @@ def chrome_trace(result: SimResult) -> dict[str, Any]:
                           "bubble_fraction": result.bubble_fraction}}
 
 
-def _device_threads(result: SimResult, trace: Trace) -> Tracks:
+def _device_threads(result: Traced, trace: Trace) -> Tracks:
     """Name a thread per device of each lane, then per device of each lane with an
     all-reduce stream (``comm:<k>`` events); the threads each lane track is drawn on."""
     tids: Tracks = {}

@@ -1,0 +1,140 @@
+"""The steps of planner as library functions (exported from :mod:`planner`).
+
+profile -> search -> plan -> judge -> simulate / compare -> export / run. Every step takes
+values (:class:`~planner.ir.ModelProfile`, :class:`~planner.ir.Cluster`,
+:class:`~planner.ir.Plan`) or, for convenience, the JSON file they are stored in (a
+cluster also by preset name), and returns a value; the CLI commands are thin shells over
+the same library code.
+
+``profile_model``, ``export_plan`` and ``run_plan`` need torch (``pip install
+'planner[torch]'``; ``run_plan`` with DeepSpeed ``'planner[engines]'``) and import it only
+when called: ``import planner`` never imports torch, so a light install searches,
+simulates and compares from JSON. The names carry their object (``search_plan``, not
+``search``) because ``planner.search``, ``planner.simulate``, ``planner.compare`` and
+``planner.export`` are the subpackages that hold the algorithms.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from planner import ir
+from planner.errors import PlannerError
+
+if TYPE_CHECKING:
+    from planner.compare import Comparison
+    from planner.judge import Judged
+    from planner.simulate import SimOptions, SimResult
+
+ProfileLike = ir.ModelProfile | str | Path
+ClusterLike = ir.Cluster | str
+PlanLike = ir.Plan | str | Path
+
+
+def load_profile(profile: ProfileLike) -> ir.ModelProfile:
+    """A profile value, or the profile JSON file at that path, validated."""
+    if isinstance(profile, ir.ModelProfile):
+        return profile
+    from planner.jsonio import read_json
+
+    return ir.ModelProfile.from_dict(read_json(profile, "profile"), str(profile))
+
+
+def load_plan(plan: PlanLike) -> ir.Plan:
+    """A plan value, or the plan JSON file at that path, validated."""
+    if isinstance(plan, ir.Plan):
+        return plan
+    from planner.jsonio import read_json
+
+    return ir.Plan.from_dict(read_json(plan, "plan"), str(plan))
+
+
+def _cluster(cluster: ClusterLike) -> ir.Cluster:
+    from planner.cluster import load_cluster
+
+    return cluster if isinstance(cluster, ir.Cluster) else load_cluster(cluster)
+
+
+def _need(module: str, extra: str, step: str) -> None:
+    """PlannerError naming the extra to install when ``module`` cannot be imported."""
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        raise PlannerError(f"{step} needs {module}, which is not installed",
+                           f"pip install 'planner[{extra}]'") from None
+
+
+def profile_model(model: str, *, batch_size: int = 32, mode: str = "measured",
+                  input_shape: Sequence[int] | None = None, device: str = "cpu", dtype: str = "float32",
+                  **options: Any) -> ir.ModelProfile:
+    """Profile ``model`` (a zoo name or ``package.module:factory``): per-layer times, FLOPs and
+    bytes. ``mode`` ``measured`` times it on ``device``; ``analytic`` counts on the meta
+    device. ``options`` go to :func:`planner.profiler.profile_model` (threads, repeats,
+    warmup, device_flops, efficiency, progress). Needs torch."""
+    _need("torch", "torch", "profiling")
+    from planner.profiler import load_model
+    from planner.profiler import profile_model as run_profile
+
+    shape = tuple(input_shape) if input_shape is not None else None
+    loaded = load_model(model, batch_size, shape, dtype=dtype, device="meta" if mode == "analytic" else device)
+    return run_profile(loaded, mode=mode, **options)
+
+
+def search_plan(profile: ProfileLike, cluster: ClusterLike, *, schedule: str = "1f1b",
+                virtual_stages: int | None = None, candidates: int | None = None, **options: Any) -> ir.Plan:
+    """The fastest plan that fits (planner.search; InfeasibleError when none does).
+
+    ``virtual_stages`` (schedules that take them: default 2) chunks each device group
+    (planner.search.interleave). ``candidates``: plans the simulator re-ranks (default
+    planner.search.RERANK; 0: the analytic optimum). ``options`` are planner.search.search's:
+    microbatches, optimizer, solver, engine, config, progress, precision, tp, zero, recompute,
+    micro_batch_size, alternatives."""
+    from planner.search import RERANK, search
+
+    rerank = RERANK if candidates is None else candidates
+    return search(load_profile(profile), _cluster(cluster), schedule=schedule, candidates=rerank,
+                  virtual_stages=virtual_stages, **options)
+
+
+def judge_plan(plan: PlanLike, *, recompute: bool = False) -> Judged:
+    """``plan`` validated, simulated and given its memory verdict and prediction (planner.judge)."""
+    from planner.judge import judge
+
+    return judge(load_plan(plan), recompute=recompute)
+
+
+def simulate_plan(plan: PlanLike, options: SimOptions | None = None) -> SimResult:
+    """One training iteration of ``plan`` played event by event (planner.simulate)."""
+    from planner.simulate import simulate
+
+    return simulate(load_plan(plan), options)
+
+
+def compare_strategies(profile: ProfileLike, cluster: ClusterLike, **options: Any) -> Comparison:
+    """Every baseline and the planner's plan judged alike (planner.compare; ``options``:
+    microbatches, schedule, optimizer, strategies, rerank)."""
+    from planner.compare import compare
+
+    return compare(load_profile(profile), _cluster(cluster), **options)
+
+
+def export_plan(plan: PlanLike, engine: str, out_dir: str | Path) -> list[Path]:
+    """Write a runnable training program for ``engine`` (deepspeed or torch) into ``out_dir``
+    (planner.export); the files written. Needs torch."""
+    _need("torch", "torch", "export")
+    from planner.export import export_plan as write_program
+
+    return write_program(load_plan(plan), engine, out_dir)
+
+
+def run_plan(plan: PlanLike, model: str, *, engine: str = "deepspeed", **options: Any) -> dict[str, Any]:
+    """Train ``plan`` for real under torchrun and measure it beside its prediction
+    (planner.runner; ``options``: steps, warmup, loss, check, seed, threads, timeout_s).
+    Needs torch, and DeepSpeed for ``engine="deepspeed"`` (``'planner[engines]'``)."""
+    _need("torch", "torch", "running a plan")
+    from planner.runner import run_plan as train
+
+    return train(load_plan(plan), model, engine=engine, **options)

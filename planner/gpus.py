@@ -1,0 +1,96 @@
+"""A catalog of named GPUs: dense peak FLOP/s per number format, memory and memory bandwidth.
+
+Pure (no torch). Each entry is a vendor data-sheet figure, dense (no structured sparsity):
+
+- RTX 2080Ti: fp32 13.4 TFLOP/s, the PipePar paper's figure (boost clock); fp16 tensor cores
+  53.8 TFLOP/s with fp32 accumulate (NVIDIA Turing GPU architecture whitepaper, GeForce RTX
+  2080 Ti Founders Edition); no tf32 or bf16 (Turing has neither); 11 GiB GDDR6 at 616 GB/s.
+- V100 SXM2: fp32 15.7, fp16 tensor 125 TFLOP/s; no tf32 or bf16 (Volta); 16 or 32 GiB HBM2
+  at 900 GB/s (NVIDIA Tesla V100 data sheet).
+- A100 SXM: fp32 19.5, tf32 156, bf16 and fp16 312 TFLOP/s; 40 GiB at 1.555 TB/s or 80 GiB
+  at 2.039 TB/s (NVIDIA A100 Tensor Core GPU data sheet).
+- H100 SXM: fp32 67, tf32 494.7, bf16 and fp16 989.4 TFLOP/s; 80 GiB HBM3 at 3.35 TB/s
+  (NVIDIA H100 Tensor Core GPU data sheet; half the sparsity figures).
+
+A format a GPU has no fast path for (bf16 on Turing and Volta) is absent from its
+``peak_flops``; asking for it is an error rather than a silent fp32 figure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from planner import ir
+from planner.errors import UsageError
+
+GIB = 1 << 30
+NUMBER_FORMATS: tuple[str, ...] = ir.NUMBER_FORMATS
+"""fp32, tf32, bf16, fp16: the number formats a peak is given for."""
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """One GPU model: dense peak FLOP/s per number format, memory and its bandwidth."""
+
+    name: str
+    description: str
+    peak_flops: MappingProxyType[str, float]
+    """Number format (``fp32``, ``tf32``, ``bf16``, ``fp16``) -> dense peak FLOP/s."""
+    memory_bytes: int
+    memory_bandwidth_Bps: float
+
+    def peak(self, number_format: str) -> float:
+        """Peak FLOP/s in ``number_format``; a UsageError when the GPU has no fast path for it."""
+        if number_format not in NUMBER_FORMATS:
+            raise UsageError(f"unknown number format {number_format!r}", f"use one of {', '.join(NUMBER_FORMATS)}")
+        if number_format not in self.peak_flops:
+            raise UsageError(f"{self.name} has no {number_format} peak (it computes in "
+                             f"{', '.join(self.peak_flops)})", "choose another --dtype or another GPU")
+        return self.peak_flops[number_format]
+
+    def to_gpu(self, device_name: str) -> ir.GPU:
+        """This GPU as a cluster device called ``device_name`` (``flops`` is the fp32 peak)."""
+        return ir.GPU(device_name, self.peak_flops["fp32"], self.memory_bytes, self.memory_bandwidth_Bps,
+                      tuple((f, self.peak_flops[f]) for f in NUMBER_FORMATS if f in self.peak_flops))
+
+
+def _spec(name: str, description: str, memory_gib: int, bandwidth_Bps: float, **peaks_tflops: float) -> GPUSpec:
+    peaks = {fmt: tflops * 1e12 for fmt, tflops in peaks_tflops.items()}
+    return GPUSpec(name, description, MappingProxyType(peaks), memory_gib * GIB, bandwidth_Bps)
+
+
+_CATALOG: tuple[GPUSpec, ...] = (
+    _spec("rtx2080ti", "NVIDIA GeForce RTX 2080 Ti (Turing), 11 GiB", 11, 616e9, fp32=13.4, fp16=53.8),
+    _spec("v100", "NVIDIA V100 SXM2 16GB", 16, 900e9, fp32=15.7, fp16=125.0),
+    _spec("v100-32gb", "NVIDIA V100 SXM2 32GB", 32, 900e9, fp32=15.7, fp16=125.0),
+    _spec("a100-40gb", "NVIDIA A100 SXM 40GB", 40, 1.555e12, fp32=19.5, tf32=156.0, bf16=312.0, fp16=312.0),
+    _spec("a100", "NVIDIA A100 SXM 80GB", 80, 2.039e12, fp32=19.5, tf32=156.0, bf16=312.0, fp16=312.0),
+    _spec("h100", "NVIDIA H100 SXM 80GB", 80, 3.35e12, fp32=67.0, tf32=494.7, bf16=989.4, fp16=989.4),
+)
+GPUS: MappingProxyType[str, GPUSpec] = MappingProxyType({g.name: g for g in _CATALOG})
+GPU_NAMES: tuple[str, ...] = tuple(GPUS)
+"""Every catalogued GPU name."""
+
+_DTYPE_FORMATS = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def gpu_spec(name: str) -> GPUSpec:
+    """The catalogued GPU ``name`` (case-insensitive); a UsageError listing the names otherwise."""
+    key = name.strip().lower()
+    if key not in GPUS:
+        raise UsageError(f"unknown GPU {name!r}", f"use one of {', '.join(GPU_NAMES)}")
+    return GPUS[key]
+
+
+def peak_flops(name: str, number_format: str) -> float:
+    """Dense peak FLOP/s of GPU ``name`` in ``number_format`` (fp32, tf32, bf16, fp16)."""
+    return gpu_spec(name).peak(number_format)
+
+
+def number_format_of_dtype(dtype: str) -> str:
+    """The number format a profile's dtype computes in: float32 -> fp32, bfloat16 -> bf16, float16 -> fp16."""
+    key = dtype.removeprefix("torch.")
+    if key not in _DTYPE_FORMATS:
+        raise UsageError(f"no number format for dtype {dtype!r}", f"use one of {', '.join(_DTYPE_FORMATS)}")
+    return _DTYPE_FORMATS[key]

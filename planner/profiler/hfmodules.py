@@ -1,0 +1,100 @@
+"""The runnable layers a transformers model is split into: each takes one tensor and returns one.
+
+Only the hidden states cross a cut; what a layer needs besides them is rebuilt inside it from
+static shapes: GPT-2's position ids (0..s-1), Llama's rotary position embeddings (cos/sin of
+positions 0..s-1, as ``LlamaModel.forward`` computes them), and the causal mask, which SDPA
+applies itself (``is_causal``) when a block gets no attention mask. Each wrapper uses the
+model's own submodules (no parameter copies), so running them in order equals the model.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+
+class GPT2Embedding(nn.Module):  # type: ignore[misc]
+    """Token plus position embeddings, then dropout; position ids rebuilt from the sequence length."""
+
+    def __init__(self, wte: nn.Embedding, wpe: nn.Embedding, drop: nn.Module) -> None:
+        super().__init__()
+        self.wte, self.wpe, self.drop = wte, wpe, drop
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
+        return self.drop(self.wte(input_ids) + self.wpe(pos))
+
+
+class TokenEmbedding(nn.Module):  # type: ignore[misc]
+    """Token embedding alone (Llama: no learned positions; the rotary ones are computed in each block)."""
+
+    def __init__(self, embed_tokens: nn.Embedding) -> None:
+        super().__init__()
+        self.embed_tokens = embed_tokens
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids)  # type: ignore[no-any-return]
+
+
+class TransformerBlock(nn.Module):  # type: ignore[misc]
+    """One HF transformer block on hidden states only (causal masking by SDPA's ``is_causal``)."""
+
+    def __init__(self, block: nn.Module, post: nn.Module | None = None) -> None:
+        super().__init__()
+        self.block = block
+        self.post = post
+
+    def run_block(self, hidden: torch.Tensor) -> object:
+        """The wrapped block on ``hidden`` (a tensor or a tuple starting with one)."""
+        return self.block(hidden)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        out = self.run_block(hidden)
+        if isinstance(out, (tuple, list)):
+            out = out[0]
+        return out if self.post is None else self.post(out)
+
+
+class Chain(nn.Module):  # type: ignore[misc]
+    """Modules applied one after the other (e.g. final norm then LM head)."""
+
+    def __init__(self, *mods: nn.Module) -> None:
+        super().__init__()
+        self.mods = nn.ModuleList(mods)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for m in self.mods:
+            x = m(x)
+        return x
+
+
+class BertEmbedding(nn.Module):  # type: ignore[misc]
+    """BERT's embeddings (word, position, token type, norm, dropout) from token ids alone."""
+
+    def __init__(self, embeddings: nn.Module) -> None:
+        super().__init__()
+        self.embeddings = embeddings
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embeddings(input_ids=input_ids)
+
+
+class RotaryBlock(TransformerBlock):
+    """A Llama-family decoder block on hidden states only (``transformers`` >= 4.48 layer API).
+
+    Its rotary position embeddings come from its own copy of the model's ``rotary_emb``
+    (buffers only, no parameters) at positions 0..s-1; no attention mask, so SDPA masks
+    causally; no KV cache. ``post`` (the final norm of a model without LM head) runs after it.
+    """
+
+    def __init__(self, block: nn.Module, rotary: nn.Module, post: nn.Module | None = None) -> None:
+        super().__init__(block, post)
+        self.rotary = copy.deepcopy(rotary)
+
+    def run_block(self, hidden: torch.Tensor) -> object:
+        positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
+        cos_sin = self.rotary(hidden, positions)
+        return self.block(hidden, attention_mask=None, position_ids=positions, position_embeddings=cos_sin,
+                          use_cache=False)

@@ -1,0 +1,155 @@
+"""Split a ``transformers`` model by its own structure: embeddings, each block, final norm and head.
+
+HF transformers cannot be traced by ``torch.fx`` (their forward branches on caches and
+masks), and ``torch.export`` gives aten graphs specialised to one batch size, which a
+pipeline engine cannot run on micro-batches. So GPT-2 (``GPT2LMHeadModel``, ``GPT2Model``),
+BERT (``BertForMaskedLM``, ``BertModel``) and the Llama family (``LlamaForCausalLM``,
+``LlamaModel``: RMSNorm, SwiGLU, grouped-query attention, rotary embeddings) are split at the
+only one-tensor cuts they have: after the embeddings, after each block, and the final norm
+with the head. The layers are ``planner.profiler.hfmodules`` wrappers; ``planner.profiler.
+verify.verify_cuts`` checks the cuts against the model's exported data flow (tests).
+
+Each block records the ``planner.ir.BlockShape`` tensor parallelism needs: GPT-2 (``n_embd``,
+``n_head`` heads and KV heads, ``n_inner`` or 4h, not gated), BERT (``hidden_size``,
+``num_attention_heads``, ``intermediate_size``), Llama (``num_key_value_heads`` KV heads,
+``intermediate_size``, gated: SwiGLU's three matrices); ``seq_len`` is the example's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from planner import ir
+from planner.errors import TraceError
+from planner.profiler.hfmodules import (
+    BertEmbedding,
+    Chain,
+    GPT2Embedding,
+    RotaryBlock,
+    TokenEmbedding,
+    TransformerBlock,
+)
+from planner.profiler.layered import LayeredModel, dominant, param_accounting, weight_features
+
+
+@dataclass(frozen=True)
+class _Part:
+    """One layer of a structural split: its name, type, runnable module, dominant weight, module paths."""
+
+    name: str
+    type: str
+    module: nn.Module
+    weight: nn.Module | None
+    scope: tuple[str, ...]
+    is_block: bool = False
+
+
+_Wrap = Callable[[nn.Module, nn.Module | None], nn.Module]
+"""Wraps one block (and the final norm after it, or None) into a one-tensor layer."""
+
+
+def _check_sdpa(model: nn.Module) -> None:
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if impl not in ("sdpa", None):
+        raise TraceError(f"{type(model).__name__} uses attn_implementation={impl!r}; its causal mask is built "
+                         "outside the blocks", "build the model with attn_implementation='sdpa'")
+
+
+def _block_parts(blocks: Sequence[nn.Module], path: str, wrap: _Wrap, norm: tuple[str, nn.Module] | None
+                 ) -> list[_Part]:
+    """One part per block at ``path.i``; ``norm`` (path, module), if given, runs after the last block."""
+    parts = []
+    for i, block in enumerate(blocks):
+        last = norm if i == len(blocks) - 1 else None
+        scope = (f"{path}.{i}",) if last is None else (f"{path}.{i}", last[0])
+        parts.append(_Part(f"{path}.{i}", type(block).__name__, wrap(block, None if last is None else last[1]),
+                           dominant([block]), scope, is_block=True))
+    return parts
+
+
+def _gpt2_parts(model: nn.Module) -> list[_Part]:
+    """GPT-2's layers: embeddings, blocks, final norm with the LM head (or after the last block)."""
+    head = type(model).__name__ == "GPT2LMHeadModel"
+    tr: Any = model.transformer if head else model
+    pre = "transformer." if head else ""
+    parts = [_Part(f"{pre}wte", "Embedding", GPT2Embedding(tr.wte, tr.wpe, tr.drop), tr.wte,
+                   (f"{pre}wte", f"{pre}wpe", f"{pre}drop"))]
+    parts += _block_parts(list(tr.h), f"{pre}h", TransformerBlock, None if head else (f"{pre}ln_f", tr.ln_f))
+    if head:
+        parts.append(_Part("lm_head", "Linear", Chain(tr.ln_f, model.lm_head), model.lm_head,
+                           (f"{pre}ln_f", "lm_head")))
+    return parts
+
+
+def _bert_parts(model: nn.Module) -> list[_Part]:
+    """BERT's layers: embeddings, encoder blocks, MLM head."""
+    head = type(model).__name__ == "BertForMaskedLM"
+    bert: Any = model.bert if head else model
+    pre = "bert." if head else ""
+    parts = [_Part(f"{pre}embeddings", "BertEmbeddings", BertEmbedding(bert.embeddings),
+                   bert.embeddings.word_embeddings, (f"{pre}embeddings",))]
+    parts += _block_parts(list(bert.encoder.layer), f"{pre}encoder.layer", TransformerBlock, None)
+    if head:
+        parts.append(_Part("cls", type(model.cls).__name__, model.cls, model.cls.predictions.decoder, ("cls",)))
+    return parts
+
+
+def _llama_parts(model: nn.Module) -> list[_Part]:
+    """A Llama-family model's layers: token embedding, decoder blocks, final RMSNorm with the LM head."""
+    head = type(model).__name__ == "LlamaForCausalLM"
+    base: Any = model.model if head else model
+    pre = "model." if head else ""
+    parts = [_Part(f"{pre}embed_tokens", "Embedding", TokenEmbedding(base.embed_tokens), base.embed_tokens,
+                   (f"{pre}embed_tokens",))]
+
+    def wrap(block: nn.Module, post: nn.Module | None) -> nn.Module:
+        return RotaryBlock(block, base.rotary_emb, post)
+
+    parts += _block_parts(list(base.layers), f"{pre}layers", wrap, None if head else (f"{pre}norm", base.norm))
+    if head:
+        parts.append(_Part("lm_head", "Linear", Chain(base.norm, model.lm_head), model.lm_head,
+                           (f"{pre}norm", "lm_head")))
+    return parts
+
+
+def block_shape(config: Any, seq_len: int) -> ir.BlockShape:
+    """A GPT-2, BERT or Llama config's block shape at ``seq_len`` tokens."""
+    if hasattr(config, "n_embd"):  # GPT-2
+        return ir.BlockShape(config.n_embd, config.n_head, config.n_head, config.n_inner or 4 * config.n_embd,
+                             seq_len, gated=False)
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    gated = getattr(config, "model_type", "") == "llama"
+    return ir.BlockShape(config.hidden_size, heads, kv_heads, config.intermediate_size, seq_len, gated=gated)
+
+
+_ARCHITECTURES: dict[str, tuple[str, Callable[[nn.Module], list[_Part]]]] = {
+    "GPT2LMHeadModel": ("gpt2", _gpt2_parts), "GPT2Model": ("gpt2", _gpt2_parts),
+    "BertForMaskedLM": ("bert", _bert_parts), "BertModel": ("bert", _bert_parts),
+    "LlamaForCausalLM": ("llama", _llama_parts), "LlamaModel": ("llama", _llama_parts),
+}
+"""The transformers classes split by structure: class name -> (architecture, its parts)."""
+
+
+def split_hf(model: nn.Module, example_input: torch.Tensor) -> LayeredModel | None:
+    """``model`` split by its structure, or None when it is no transformers class known here."""
+    known = _ARCHITECTURES.get(type(model).__name__)
+    if known is None or not type(model).__module__.startswith("transformers."):
+        return None
+    _check_sdpa(model)
+    arch, parts_of = known
+    parts = parts_of(model)
+    layer_params = [[(f"{p.name}.{k}", q) for k, q in p.module.named_parameters(remove_duplicate=False)]
+                    for p in parts]
+    counts, nbytes, ties = param_accounting(model, layer_params)
+    feats = [weight_features(p.weight) if p.weight is not None else (None, None) for p in parts]
+    shape = block_shape(model.config, int(example_input.shape[1]))
+    return LayeredModel(tuple(p.module for p in parts), tuple(p.name for p in parts), tuple(p.type for p in parts),
+                        tuple(f[0] for f in feats), tuple(f[1] for f in feats), counts, nbytes, ties,
+                        f"structure:{arch}", tuple(p.scope for p in parts),
+                        tuple(shape if p.is_block else None for p in parts))

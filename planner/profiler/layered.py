@@ -1,0 +1,161 @@
+"""A model cut into runnable layers (``LayeredModel``) and the weight facts every split shares.
+
+Owns: the ``LayeredModel`` value the splitters return (``planner.profiler.fxsplit`` for
+models torch.fx traces, ``planner.profiler.hfsplit`` for transformers split by structure),
+which module carries a layer's main weight and its features, and the parameter accounting:
+each parameter counted once, in the first layer that uses it, a parameter used by several
+layers recorded as a ``planner.ir.Tie``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from planner import ir
+from planner.errors import ProfileError
+
+HEAVY_TYPES: tuple[type[nn.Module], ...] = (
+    nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d,
+    nn.Linear, nn.Bilinear, nn.Embedding, nn.EmbeddingBag, nn.MultiheadAttention, nn.RNNBase,
+)
+"""Module types that carry a layer's main weight; other modules join a neighbouring layer."""
+
+
+
+
+@dataclass(frozen=True)
+class LayeredModel:
+    """A model cut into runnable layers, with names, types and weight facts per layer.
+
+    ``param_counts``/``param_bytes`` count each parameter once, in the first layer that uses
+    it (tied parameters appear in ``ties``); they add up to the model's parameter count.
+    ``in_features``/``out_features`` are those of the layer's dominant weight (channels for
+    a convolution), None for a layer without weights.
+    """
+
+    layers: tuple[nn.Module, ...]
+    names: tuple[str, ...]
+    types: tuple[str, ...]
+    in_features: tuple[int | None, ...]
+    out_features: tuple[int | None, ...]
+    param_counts: tuple[int, ...]
+    param_bytes: tuple[int, ...]
+    ties: tuple[ir.Tie, ...]
+    method: str
+    """How the split was found: ``fx``, ``fx-children`` or ``structure:<architecture>``."""
+    scopes: tuple[tuple[str, ...], ...] = ()
+    """For structural splits: the model's module paths each layer runs (for ``verify_cuts``)."""
+    blocks: tuple[ir.BlockShape | None, ...] = ()
+    """For structural splits: each transformer block's shape (tensor parallelism needs it), else None."""
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def block(self, i: int) -> ir.BlockShape | None:
+        """Layer ``i``'s transformer block shape, None for other layers (and for fx splits)."""
+        return self.blocks[i] if self.blocks else None
+
+    def run(self, x: torch.Tensor) -> torch.Tensor:
+        """Run every layer in order: equal to running the whole model."""
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def primary_output(out: Any) -> torch.Tensor:
+    """The main tensor a model returns (HF outputs: ``logits`` or ``last_hidden_state``)."""
+    if isinstance(out, torch.Tensor):
+        return out
+    for key in ("logits", "last_hidden_state"):
+        value = getattr(out, key, None)
+        if isinstance(value, torch.Tensor):
+            return value
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        return out[0]
+    raise ProfileError(f"the model returned {type(out).__name__}, not a tensor",
+                       "make forward() return one tensor (the output the loss is computed from)")
+
+
+
+def rejects_input(example_input: torch.Tensor, exc: BaseException) -> ProfileError:
+    """The error for a model that fails on ``example_input``: its own first message line."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    lines = [line for line in lines if not line.startswith("While executing")] or [type(exc).__name__]
+    shape = tuple(example_input.shape[1:])
+    return ProfileError(f"the model rejects input of shape {shape} (batch {example_input.shape[0]}): {lines[0][:300]}",
+                        "pass the --input-shape (without batch) the model expects")
+
+
+def weight_features(module: nn.Module) -> tuple[int | None, int | None]:
+    """(input, output) features or channels of a module's weight, or (None, None)."""
+    if isinstance(module, (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
+                           nn.ConvTranspose3d)):
+        return module.in_channels, module.out_channels
+    if isinstance(module, nn.Linear):
+        return module.in_features, module.out_features
+    if isinstance(module, nn.Embedding):
+        return module.num_embeddings, module.embedding_dim
+    if isinstance(module, nn.MultiheadAttention):
+        return module.embed_dim, module.embed_dim
+    weight = getattr(module, "weight", None)
+    if type(module).__name__ == "Conv1D" and isinstance(weight, torch.Tensor) and weight.dim() == 2:
+        return int(weight.shape[0]), int(weight.shape[1])  # HF Conv1D stores (in, out)
+    return None, None
+
+
+def is_heavy(module: nn.Module) -> bool:
+    return isinstance(module, HEAVY_TYPES) or type(module).__name__ == "Conv1D"
+
+
+def dominant(modules: Iterable[nn.Module]) -> nn.Module | None:
+    """The weighted module with the most parameters among ``modules`` and their children."""
+    best: nn.Module | None = None
+    best_n = -1
+    for top in modules:
+        for sub in top.modules():
+            if is_heavy(sub):
+                n = sum(p.numel() for p in sub.parameters(recurse=False))
+                if n > best_n:
+                    best, best_n = sub, n
+    return best
+
+
+def param_accounting(model: nn.Module, layer_params: Sequence[list[tuple[str, nn.Parameter]]]
+                      ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[ir.Tie, ...]]:
+    """Count each parameter once (first layer using it), find ties, give unused ones to the last layer."""
+    users: dict[int, list[int]] = {}
+    names: dict[int, str] = {}
+    params: dict[int, nn.Parameter] = {}
+    for i, plist in enumerate(layer_params):
+        for name, p in plist:
+            users.setdefault(id(p), [])
+            if i not in users[id(p)]:
+                users[id(p)].append(i)
+            names.setdefault(id(p), name)
+            params[id(p)] = p
+    counts = [0] * len(layer_params)
+    nbytes = [0] * len(layer_params)
+    for key, p in params.items():
+        first = users[key][0]
+        counts[first] += p.numel()
+        nbytes[first] += p.numel() * p.element_size()
+    full = dict(model.named_parameters())
+    qualified: dict[int, str] = {}
+    for qname, p in model.named_parameters(remove_duplicate=False):
+        qualified.setdefault(id(p), qname)
+    names = {key: qualified.get(key, name) for key, name in names.items()}
+    for p in full.values():
+        if id(p) not in params and counts:
+            counts[-1] += p.numel()
+            nbytes[-1] += p.numel() * p.element_size()
+    ties = tuple(
+        ir.Tie(names[key], tuple(users[key]), params[key].numel(), params[key].numel() * params[key].element_size())
+        for key in params if len(users[key]) > 1
+    )
+    return tuple(counts), tuple(nbytes), ties
+

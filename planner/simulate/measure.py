@@ -1,0 +1,75 @@
+"""What a finished run measured: work per lane, the steady-state window, the result (pure).
+
+Owns the definitions of :mod:`planner.simulate`'s ``iteration_s``, ``busy_s`` and
+``bubble_fraction`` over an :class:`planner.simulate.engine.Engine` that has run.
+"""
+
+from __future__ import annotations
+
+from planner.simulate.engine import Engine
+from planner.simulate.events import BY_START_TRACK
+from planner.simulate.result import DeviceResult, SimResult
+
+
+def lane_work(run: Engine, lane: int) -> tuple[float, float]:
+    """The lane's compute and busy time (compute, blocking all-reduce, optimizer steps) per iteration."""
+    chunks = range(lane, run.n_chunks, run.k)
+    compute = run.m * sum(run.fwd[c] + run.bwd[c] + run.wgt[c] for c in chunks)
+    ar = 0.0 if run.opts.overlap_allreduce else sum(run.costs[c].allreduce_s for c in chunks)
+    return compute, compute + ar + sum(run.costs[c].optimizer_step_s for c in chunks)
+
+
+def steady_bound(run: Engine) -> float:
+    """No steady state is faster than its busiest resource: a lane's work, one flow's
+    transfers (in order), or a link's transfers (its bandwidth shared), per iteration."""
+    busiest_lane = max(lane_work(run, lane)[1] for lane in range(run.k))
+    return max(busiest_lane, run.net.busiest_s(run.m))
+
+
+def measure(run: Engine, makespan: float) -> tuple[tuple[float, float], float, bool]:
+    """The measured window, the time per iteration, and whether the measured iterations took
+    equal times (a flushing schedule: the whole run, once)."""
+    settle, blocks, block_end = run.settle, run.sched.blocks, run.block_end
+    if run.sched.flushes or settle < 1 or blocks <= 2 * settle:
+        return (0.0, makespan), makespan, True
+    measured = blocks - 2 * settle
+    window = (block_end[settle - 1], block_end[settle - 1 + measured])
+    iteration = (window[1] - window[0]) / measured
+    steps = [block_end[settle + j] - block_end[settle + j - 1] for j in range(measured)]
+    stable = max(steps) - min(steps) <= 1e-9 * max(max(steps), 1e-300)
+    bound = steady_bound(run)
+    if iteration < bound:
+        iteration = bound
+    return window, iteration, stable
+
+
+def device_results(run: Engine) -> tuple[list[DeviceResult], float]:
+    """Every device's result (work per iteration of M micro-batches, memory), and the total busy time."""
+    devices: list[DeviceResult] = []
+    total_busy = 0.0
+    memory = run.memory
+    for lane in range(run.k):
+        compute, lane_busy = lane_work(run, lane)
+        total_busy += lane_busy
+        cap = min((run.costs[c].capacity_bytes for c in range(lane, run.n_chunks, run.k)), default=0)
+        for dev in run.lanes_devices[lane]:
+            devices.append(DeviceResult(dev, lane, lane_busy, compute, memory.peak[lane],
+                                        memory.peak_in_flight[lane], cap, tuple(memory.timeline[lane])))
+    return devices, total_busy
+
+
+def result(run: Engine) -> tuple[SimResult, bool]:
+    """The SimResult of the run, and whether its measured iterations took equal times."""
+    makespan = max([run.now, *run.lane_end, *run.comm_free])
+    window, iteration, stable = measure(run, makespan)
+    devices, total_busy = device_results(run)
+    bubble = 1.0 - total_busy / (run.k * iteration) if iteration > 0 else 0.0
+    bubble = min(max(bubble, 0.0), 1.0)
+    if run.record:
+        run.events.sort(key=BY_START_TRACK)
+    return SimResult(
+        schedule=run.sched.name, stages=run.k, microbatches=run.m, virtual_stages=run.v, iteration_s=iteration,
+        bubble_fraction=bubble, makespan_s=makespan, window=window, devices=tuple(devices),
+        lanes=tuple(run.lanes_devices), links=tuple(run.net.names), events=tuple(run.events),
+        actions=tuple(tuple(r) for r in run.texts),
+    ), stable

@@ -1,0 +1,112 @@
+"""The simulator's values: its options and its result (pure: no torch, click or rich).
+
+Owns :class:`SimOptions`, :class:`DeviceResult` and :class:`SimResult` with the
+``simulation`` JSON (``to_dict``) and the Chrome trace (``to_chrome_trace``,
+:mod:`planner.simulate.trace`). The definitions of the times are in :mod:`planner.simulate`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from planner.schedule import find_kind
+from planner.simulate.events import Event
+from planner.simulate.trace import chrome_trace
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    """Knobs of the simulation (defaults match the analytic cost model)."""
+
+    overlap_allreduce: bool = False
+    bucket_bytes: float = 25 * 2**20
+    duplex: bool = True
+    share_links: bool = True
+    pipedream_blocks: int | None = None  # measured steady-state iterations (default 2)
+    record_events: bool = True
+    # False: play every transfer through the link-sharing code and pipedream's trailing
+    # iterations to the end (the reference definition; the shortcuts give the same times).
+    shortcuts: bool = True
+
+
+@dataclass(frozen=True)
+class DeviceResult:
+    """One device: what it did in one iteration and its memory over the run."""
+
+    device: str
+    lane: int
+    busy_s: float
+    compute_s: float
+    peak_memory_bytes: int
+    peak_in_flight: int
+    capacity_bytes: int
+    memory: tuple[tuple[float, int], ...] = field(repr=False, compare=False)
+
+    @property
+    def fits(self) -> bool:
+        return self.capacity_bytes <= 0 or self.peak_memory_bytes <= self.capacity_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"device": self.device, "busy_s": self.busy_s, "peak_memory_bytes": self.peak_memory_bytes,
+                "lane": self.lane, "compute_s": self.compute_s, "peak_in_flight": self.peak_in_flight,
+                "capacity_bytes": self.capacity_bytes, "fits": self.fits}
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """The outcome of one simulation (see :mod:`planner.simulate` for the definitions)."""
+
+    schedule: str
+    stages: int
+    microbatches: int
+    virtual_stages: int
+    iteration_s: float
+    bubble_fraction: float
+    makespan_s: float
+    window: tuple[float, float]
+    devices: tuple[DeviceResult, ...]
+    lanes: tuple[tuple[str, ...], ...]
+    links: tuple[str, ...]
+    events: tuple[Event, ...] = field(repr=False, compare=False)
+    actions: tuple[tuple[str, ...], ...] = field(repr=False, compare=False, default=())
+
+    @property
+    def peak_memory_bytes(self) -> int:
+        return max((d.peak_memory_bytes for d in self.devices), default=0)
+
+    @property
+    def steady_state(self) -> bool:
+        """Whether ``iteration_s`` is a steady state measured over ``window`` (a schedule
+        that does not flush); else the window is the whole run."""
+        kind = find_kind(self.schedule)
+        return kind is not None and not kind.flushes
+
+    def device(self, name: str) -> DeviceResult:
+        for d in self.devices:
+            if d.device == name:
+                return d
+        raise KeyError(name)
+
+    def lane_result(self, lane: int) -> DeviceResult:
+        return next(d for d in self.devices if d.lane == lane)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The simulate JSON contract (``iteration_s``, ``bubble_fraction``, ``devices``) and more."""
+        return {
+            "kind": "simulation", "version": 1,
+            "iteration_s": self.iteration_s, "bubble_fraction": self.bubble_fraction,
+            "devices": [d.to_dict() for d in self.devices],
+            "schedule": self.schedule, "stages": self.stages, "microbatches": self.microbatches,
+            "virtual_stages": self.virtual_stages, "makespan_s": self.makespan_s,
+            "window_s": list(self.window), "peak_memory_bytes": self.peak_memory_bytes,
+            "links": list(self.links),
+        }
+
+    def to_chrome_trace(self) -> dict[str, Any]:
+        """Chrome trace event JSON (opens in Perfetto): one track per device and per link.
+
+        Complete events (``"ph": "X"``, microseconds); process 1 holds the devices (and
+        their overlapped all-reduce streams), process 2 the links (see :mod:`planner.simulate.trace`).
+        """
+        return chrome_trace(self)

@@ -1,0 +1,73 @@
+"""planner.api: the steps as library functions, from values or from their JSON files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import planner
+from planner import ir
+from planner.errors import UsageError
+from planner.search import search
+from planner.simulate import simulate
+from tests.conftest import make_cluster_dict, make_profile_dict
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> tuple[Path, Path]:
+    prof, clus = tmp_path / "p.json", tmp_path / "c.json"
+    prof.write_text(json.dumps(make_profile_dict(8, batch_size=8)))
+    clus.write_text(json.dumps(make_cluster_dict(2, 2)))
+    return prof, clus
+
+
+def test_search_plan_from_files_is_the_search(files: tuple[Path, Path]) -> None:
+    prof, clus = files
+    plan = planner.search_plan(prof, str(clus), microbatches=4)
+    profile = planner.load_profile(prof)
+    cluster = ir.Cluster.from_dict(make_cluster_dict(2, 2))
+    assert plan == search(profile, cluster, microbatches=4)
+    assert planner.load_profile(profile) is profile
+
+
+def test_search_plan_interleaved_defaults_to_two_chunks(files: tuple[Path, Path]) -> None:
+    prof, clus = files
+    plan = planner.search_plan(prof, str(clus), schedule="interleaved", microbatches=4, config=(1, 1))
+    assert plan.virtual_stages == 2 and len(plan.stages) == 4
+    with pytest.raises(UsageError, match="needs --schedule interleaved"):
+        planner.search_plan(prof, str(clus), virtual_stages=2)
+
+
+def test_plan_steps_from_a_plan_file(files: tuple[Path, Path], tmp_path: Path) -> None:
+    prof, clus = files
+    plan = planner.search_plan(prof, str(clus), microbatches=4, candidates=0)
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan.to_dict()))
+    assert planner.load_plan(path) == plan
+    sim = planner.simulate_plan(path)
+    assert sim.to_dict() == simulate(plan).to_dict()
+    judged = planner.judge_plan(path)
+    assert judged.fits and judged.prediction.iteration_s == pytest.approx(sim.iteration_s)
+
+
+def test_compare_strategies(files: tuple[Path, Path]) -> None:
+    prof, clus = files
+    c = planner.compare_strategies(prof, str(clus), strategies=["dp", "gpipe-uniform"], microbatches=4)
+    assert [s.name for s in c.strategies] == ["dp", "gpipe-uniform"]
+
+
+def test_profile_model_analytic() -> None:
+    pytest.importorskip("torch")
+    prof = planner.profile_model("mlp", batch_size=8, mode="analytic", device_flops="v100")
+    assert prof.batch_size == 8 and prof.layers
+
+
+def test_export_plan_writes_the_program(files: tuple[Path, Path], tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    prof, clus = files
+    plan: Any = planner.search_plan(prof, str(clus), microbatches=2, engine="torch", config=(2, 2), candidates=0)
+    written = planner.export_plan(plan, "torch", tmp_path / "out")
+    assert {p.name for p in written} >= {"train.py", "plan.json", "README.md"}

@@ -1,0 +1,64 @@
+"""planner.gpus: the GPU catalog (data-sheet peaks per number format, memory, bandwidth); pure Python."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from planner import gpus
+from planner.errors import UsageError
+
+
+def test_data_sheet_peaks() -> None:
+    assert gpus.peak_flops("a100", "bf16") == 312e12 and gpus.peak_flops("a100", "fp32") == 19.5e12
+    assert gpus.peak_flops("a100", "tf32") == 156e12 and gpus.peak_flops("A100-40GB", "fp16") == 312e12
+    assert gpus.peak_flops("h100", "bf16") == pytest.approx(989.4e12) and gpus.peak_flops("h100", "fp32") == 67e12
+    assert gpus.peak_flops("v100", "fp16") == 125e12 and gpus.peak_flops("v100", "fp32") == 15.7e12
+    assert gpus.peak_flops("rtx2080ti", "fp32") == 13.4e12 and gpus.peak_flops("rtx2080ti", "fp16") == 53.8e12
+
+
+def test_memory_and_bandwidth() -> None:
+    a100 = gpus.gpu_spec("a100")
+    assert a100.memory_bytes == 80 * 2**30 and a100.memory_bandwidth_Bps == 2.039e12
+    assert gpus.gpu_spec("a100-40gb").memory_bytes == 40 * 2**30
+    assert gpus.gpu_spec("rtx2080ti").memory_bytes == 11 * 2**30
+    assert gpus.gpu_spec("h100").memory_bandwidth_Bps == 3.35e12
+
+
+def test_every_gpu_has_fp32_and_tensor_cores_beat_it() -> None:
+    for name in gpus.GPU_NAMES:
+        spec = gpus.gpu_spec(name)
+        assert spec.name == name and spec.peak_flops["fp32"] > 0
+        assert all(spec.peak_flops[f] >= spec.peak_flops["fp32"] for f in spec.peak_flops)
+        assert set(spec.peak_flops) <= set(gpus.NUMBER_FORMATS)
+
+
+def test_missing_formats_and_unknown_names_are_usage_errors() -> None:
+    with pytest.raises(UsageError, match="v100 has no bf16 peak"):
+        gpus.peak_flops("v100", "bf16")
+    with pytest.raises(UsageError, match="unknown GPU") as err:
+        gpus.gpu_spec("tpu9")
+    assert "a100" in err.value.hint
+    with pytest.raises(UsageError, match="unknown number format"):
+        gpus.peak_flops("a100", "int8")
+
+
+def test_number_format_of_dtype() -> None:
+    assert [gpus.number_format_of_dtype(d) for d in ("float32", "bfloat16", "torch.float16")] == ["fp32", "bf16",
+                                                                                                   "fp16"]
+    with pytest.raises(UsageError):
+        gpus.number_format_of_dtype("int8")
+
+
+def test_to_gpu_gives_a_cluster_device() -> None:
+    gpu = gpus.gpu_spec("a100").to_gpu("s0.g0")
+    assert gpu.name == "s0.g0" and gpu.flops == 19.5e12 and gpu.memory_bytes == 80 * 2**30
+    assert gpu.flops_for("bf16") == 312e12 and gpu.flops_for("tf32") == 156e12
+    assert gpus.gpu_spec("v100").to_gpu("g").flops_for("bf16") == 15.7e12  # no bf16 peak: the fp32 one
+
+
+def test_imports_no_torch() -> None:
+    code = "import sys, planner.gpus; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

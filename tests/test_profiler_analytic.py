@@ -1,0 +1,56 @@
+"""profiler.analytic: --device-flops names and numbers, the peak for the profile's dtype, analytic times."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.errors import UsageError
+from planner.profiler import load_model, profile_model
+from planner.profiler.analytic import DEVICE_FLOPS_NAMES, GPU_PEAK_FLOPS, analytic_time, resolve_device_flops
+
+
+def test_device_flops_names_and_numbers() -> None:
+    assert resolve_device_flops("rtx2080ti") == (13.4e12, "rtx2080ti")
+    assert resolve_device_flops("2e12") == (2e12, "2e+12 FLOP/s")
+    assert resolve_device_flops(None)[0] == 13.4e12
+    assert resolve_device_flops(None, default=None) == (None, "")
+    for bad in ("tpu9", "-1", "0"):
+        with pytest.raises(UsageError):
+            resolve_device_flops(bad)
+
+
+def test_todays_names_keep_their_fp32_and_tf32_peaks() -> None:
+    assert {"rtx2080ti", "v100", "a100", "a100-tf32", "h100", "h100-tf32"} <= set(DEVICE_FLOPS_NAMES)
+    assert GPU_PEAK_FLOPS["a100"] == 19.5e12 and GPU_PEAK_FLOPS["a100-tf32"] == 156e12
+    assert GPU_PEAK_FLOPS["h100-tf32"] == pytest.approx(494.7e12) and GPU_PEAK_FLOPS["v100"] == 15.7e12
+    assert "v100-tf32" not in DEVICE_FLOPS_NAMES  # Volta has no TF32
+
+
+def test_the_peak_follows_the_profiles_dtype() -> None:
+    assert resolve_device_flops("a100", dtype="bfloat16") == (312e12, "a100")
+    assert resolve_device_flops("a100", dtype="float16")[0] == 312e12
+    assert resolve_device_flops("a100", dtype="float32")[0] == 19.5e12
+    assert resolve_device_flops("rtx2080ti", dtype="float16")[0] == 53.8e12
+    assert resolve_device_flops("3e12", dtype="bfloat16")[0] == 3e12  # a number is taken as given
+    with pytest.raises(UsageError, match="a100-tf32 is the TF32 peak"):
+        resolve_device_flops("a100-tf32", dtype="bfloat16")
+    with pytest.raises(UsageError, match="no bf16 peak"):
+        resolve_device_flops("v100", dtype="bfloat16")
+
+
+def test_analytic_times_follow_flops_and_device() -> None:
+    prof = profile_model(load_model("resnet18", 4, device="meta"), mode="analytic", device_flops="v100",
+                         efficiency=0.25)
+    assert prof.device_flops == 15.7e12 and prof.device == "v100"
+    for layer in prof.layers:
+        assert layer.forward_s == pytest.approx(analytic_time(layer.forward_flops, 15.7e12, 0.25))
+        assert layer.backward_s == pytest.approx(layer.backward_flops / (15.7e12 * 0.25))
+    assert prof.meta["efficiency"] == 0.25
+
+
+def test_a_bfloat16_profile_uses_the_bf16_peak() -> None:
+    prof = profile_model(load_model("llama-tiny", 2, (16,), dtype="bfloat16", device="meta"), mode="analytic",
+                         device_flops="a100")
+    assert prof.dtype == "bfloat16" and prof.device_flops == 312e12
+    layer = prof.layers[1]
+    assert layer.forward_s == pytest.approx(layer.forward_flops / (312e12 * 0.5))

@@ -1,0 +1,108 @@
+"""profiler.hfsplit (and the hfmodules it runs): GPT-2, BERT and Llama split by structure, exact, with block shapes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from planner import ir
+from planner.errors import TraceError
+from planner.profiler.hfsplit import block_shape, split_hf
+from planner.profiler.hfzoo import bert, gpt2, llama
+from planner.profiler.layered import LayeredModel, primary_output
+from planner.profiler.loader import load_model
+from tests.test_profiler_fxsplit import check_exact
+
+
+def _split(model: nn.Module, x: torch.Tensor) -> LayeredModel:
+    lm = split_hf(model, x)
+    assert lm is not None
+    return lm
+
+
+def test_gpt2_split_is_exact_ties_wte_and_lm_head_and_records_blocks() -> None:
+    torch.manual_seed(0)
+    model = gpt2(n_layer=2, n_embd=64, n_head=4, vocab_size=101)
+    x = torch.randint(0, 101, (2, 12))
+    lm = _split(model, x)
+    check_exact(model, x, lm.layers, lm.param_counts)
+    assert lm.names[0] == "transformer.wte" and lm.names[-1] == "lm_head" and len(lm) == 4
+    assert lm.ties == (ir.Tie("transformer.wte.weight", (0, 3), 101 * 64, 101 * 64 * 4),)
+    assert lm.param_counts[-1] == 64 * 2  # ln_f only: lm_head.weight counted in layer 0
+    assert [lm.block(i) for i in (0, 3)] == [None, None]
+    assert lm.block(1) == ir.BlockShape(hidden=64, heads=4, kv_heads=4, ffn=256, seq_len=12, gated=False)
+
+
+def test_bert_split_is_exact_with_its_blocks() -> None:
+    torch.manual_seed(0)
+    model = bert(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128, vocab_size=99)
+    x = torch.randint(0, 99, (2, 10))
+    lm = _split(model, x)
+    check_exact(model, x, lm.layers, lm.param_counts)
+    assert lm.block(2) == ir.BlockShape(64, 4, 4, 128, 10, gated=False)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_llama_split_is_exact_with_gqa_blocks_and_ties(tied: bool) -> None:
+    torch.manual_seed(0)
+    model = llama(tie_word_embeddings=tied)
+    x = torch.randint(0, 256, (2, 16))
+    lm = _split(model, x)
+    check_exact(model, x, lm.layers, lm.param_counts)
+    assert lm.names == ("model.embed_tokens", "model.layers.0", "model.layers.1", "lm_head")
+    assert lm.types[1] == "LlamaDecoderLayer" and lm.method == "structure:llama"
+    assert [n for n, _ in lm.layers[0].named_parameters()] == ["embed_tokens.weight"]  # the tie's name in export
+    assert lm.block(1) == lm.block(2) == ir.BlockShape(hidden=64, heads=4, kv_heads=2, ffn=128, seq_len=16, gated=True)
+    assert lm.ties == ((ir.Tie("model.embed_tokens.weight", (0, 3), 256 * 64, 256 * 64 * 4),) if tied else ())
+
+
+def test_llama_base_model_ends_with_the_norm_after_its_last_block() -> None:
+    torch.manual_seed(0)
+    model = llama().model  # LlamaModel: no LM head
+    x = torch.randint(0, 256, (2, 8))
+    lm = _split(model, x)
+    check_exact(model, x, lm.layers, lm.param_counts)
+    assert lm.names == ("embed_tokens", "layers.0", "layers.1") and lm.scopes[-1] == ("layers.1", "norm")
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_layers_run_on_micro_batches_and_shorter_sequences(name: str) -> None:
+    """Pipeline engines run the layers on micro-batches: nothing is specialised to the split's example."""
+    torch.manual_seed(0)
+    model = gpt2(n_layer=1, n_embd=32, n_head=2, vocab_size=50) if name == "gpt2" else llama(vocab_size=50)
+    lm = _split(model, torch.randint(0, 50, (4, 8)))
+    model.eval()
+    micro = torch.randint(0, 50, (1, 6))
+    with torch.no_grad():
+        assert torch.equal(lm.run(micro), primary_output(model(micro)))
+
+
+def test_block_shape_reads_gpt2_bert_and_llama_configs() -> None:
+    assert block_shape(gpt2(n_layer=1, n_embd=32, n_head=2, n_inner=48).config, 7) == ir.BlockShape(32, 2, 2, 48, 7)
+    cfg = load_model("llama2-70b", 1, (4,), device="meta").module.config
+    assert block_shape(cfg, 4096) == ir.BlockShape(8192, 64, 8, 28672, 4096, gated=True)
+
+
+def test_other_models_are_not_split_by_structure_and_eager_attention_is_refused() -> None:
+    assert split_hf(nn.Linear(2, 2), torch.zeros(1, 2)) is None
+    model = llama()
+    model.config._attn_implementation = "eager"
+    with pytest.raises(TraceError, match="attn_implementation='eager'"):
+        split_hf(model, torch.randint(0, 256, (1, 4)))
+
+
+def own_llama() -> nn.Module:
+    """A user's factory returning a transformers Llama (planner recognises the class)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                        num_attention_heads=4, num_key_value_heads=1))
+
+
+def test_a_factory_built_llama_is_split_by_structure_with_token_inputs() -> None:
+    loaded = load_model("tests.test_profiler_hfsplit:own_llama", 2, (9,))
+    assert loaded.example_input.dtype == torch.long and int(loaded.example_input.max()) < 64
+    lm = _split(loaded.module, loaded.example_input)
+    check_exact(loaded.module, loaded.example_input, lm.layers, lm.param_counts)
+    assert len(lm) == 5 and lm.block(3) == ir.BlockShape(32, 4, 1, 64, 9, gated=True)

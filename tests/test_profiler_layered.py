@@ -1,0 +1,43 @@
+"""profiler.layered: weight facts, parameter accounting (each counted once) and ties as ir.Tie."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from planner import ir
+from planner.profiler.layered import dominant, param_accounting, primary_output, rejects_input, weight_features
+
+
+def test_weight_features_of_convolution_linear_and_embedding() -> None:
+    assert weight_features(nn.Conv2d(3, 8, 3)) == (3, 8)
+    assert weight_features(nn.Linear(5, 7)) == (5, 7)
+    assert weight_features(nn.Embedding(100, 16)) == (100, 16)
+    assert weight_features(nn.ReLU()) == (None, None)
+    assert dominant([nn.Sequential(nn.Linear(2, 3), nn.Linear(3, 50))]) is not None
+
+
+def test_a_shared_parameter_is_counted_once_and_becomes_an_ir_tie() -> None:
+    emb = nn.Embedding(10, 4)
+    head = nn.Linear(4, 10, bias=False)
+    head.weight = emb.weight
+    model = nn.Sequential(emb, nn.Linear(4, 4), head)
+    layer_params = [list(emb.named_parameters()), list(model[1].named_parameters()), list(head.named_parameters())]
+    counts, nbytes, ties = param_accounting(model, layer_params)
+    assert counts == (40, 20, 0) and nbytes == (160, 80, 0)
+    assert ties == (ir.Tie("0.weight", (0, 2), 40, 160),)
+    assert isinstance(ties[0], ir.Tie)
+
+
+def test_parameters_no_layer_uses_go_to_the_last_layer() -> None:
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    counts, _, ties = param_accounting(model, [list(model[0].named_parameters()), []])
+    assert counts == (6, 6) and ties == ()
+
+
+def test_primary_output_and_the_rejection_message() -> None:
+    t = torch.zeros(2)
+    assert primary_output(t) is t and primary_output((t, 1)) is t
+    err = rejects_input(torch.zeros(4, 7), RuntimeError("mat1 and mat2 shapes cannot be multiplied\nmore"))
+    assert err.cause == "the model rejects input of shape (7,) (batch 4): mat1 and mat2 shapes cannot be multiplied"
+    assert "--input-shape" in err.hint
