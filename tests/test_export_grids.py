@@ -148,10 +148,11 @@ def _reference(model: str, dp: int, microbatches: int, optimizer: str) -> tuple[
 
 # ----------------------------------------------------------------------------- the grids
 
-BF16_TOL = 2e-2
-"""bf16 products round to 8 significant bits (relative error 2^-8 ~ 0.4% per product); over a few
-steps of a tiny model the mean loss moves by well under 1% against fp32 training, while a wrong
-gradient (a missing average, a lost tie) moves it by more (see test_a_wrong_gradient_is_caught)."""
+BF16_TOL = 1e-3
+"""bf16 products round to 8 significant bits (2^-8 relative each); the mean loss over a batch averages
+those errors, and over three steps of a tiny model it moved by at most 2.1e-5 against fp32 training
+(torch and DeepSpeed grids, measured). 1e-3 leaves that a 50x margin and stays below the 8e-3 that a
+gradient off by the data-parallel factor causes (test_a_wrong_gradient_is_caught)."""
 
 GRIDS: dict[str, dict[str, Any]] = {
     "pp2-dp2-zero1-full": {"parts": [0, 2, 6], "dp": 2, "zero": 1, "recompute": "full"},
