@@ -51,18 +51,15 @@ def tiny_gpt2() -> tuple[nn.Module, torch.Tensor]:
 
 @cache
 def profile(factory: str) -> ir.ModelProfile:
-    """The measured profile of ``factory`` with block shapes on its transformer blocks."""
+    """The measured profile of ``factory`` (its transformer blocks carry their block shapes)."""
     from planner.profiler.core import profile_model
     from planner.profiler.loader import load_model
 
     torch.manual_seed(0)
     loaded = load_model(f"tests.test_export_grids:{factory}", BATCH)
     prof = profile_model(loaded, mode="measured", threads=1, repeats=1, warmup=0, whole_repeats=0)
-    cfg = loaded.module.config
-    shape = ir.BlockShape(cfg.n_embd, cfg.n_head, cfg.n_head, 4 * cfg.n_embd, SEQ)
-    layers = tuple(lp if lp.block is not None or "Block" not in lp.type else dataclasses.replace(lp, block=shape)
-                   for lp in prof.layers)
-    return dataclasses.replace(prof, layers=layers)
+    assert any(lp.block is not None for lp in prof.layers)  # the profiler records block shapes
+    return prof
 
 
 def grid_plan(factory: str, parts: Sequence[int], tp: int = 1, dp: int = 1, *, zero: int = 0,
@@ -220,3 +217,33 @@ def test_a_wrong_gradient_is_caught() -> None:
     spec = common.data_spec(layers, example, "cross_entropy")
     wrong = reference_losses(layers, plan, spec, STEPS, 0, 2, lr=LR * 2)  # an all-reduce that sums, not averages
     assert max_rel_diff(wrong, reference(plan)) > BF16_TOL
+
+
+def tiny_llama() -> tuple[nn.Module, torch.Tensor]:
+    """transformers' LlamaForCausalLM, the zoo's llama-tiny (hidden 64, 2 blocks, 4 heads, 2 KV heads, SwiGLU)."""
+    from planner.profiler.hfzoo import llama
+
+    model = llama("llama-tiny", bos_token_id=0, eos_token_id=0)
+    return model, torch.randint(0, 256, (BATCH, SEQ))
+
+
+LLAMA_GRIDS: dict[str, dict[str, Any]] = {
+    "llama-pp2-tp2-sp": {"parts": [0, 2, 4], "tp": 2, "sequence_parallel": True},
+    "llama-tp2-dp2-zero3-selective": {"parts": [0, 4], "tp": 2, "dp": 2, "zero": 3, "recompute": "selective"},
+    "llama-pp2-dp2-zero1-full": {"parts": [0, 1, 4], "dp": 2, "zero": 1, "recompute": "full"},
+}
+
+
+@pytest.mark.slow
+def test_llama_grids_train_like_one_process() -> None:
+    """A tiny Llama (rotary positions, grouped KV heads, gated MLP): tensor-parallel q/k/v/o and
+    gate/up/down with sequence parallelism, ZeRO-3 with selective recomputation, ZeRO-1 with full."""
+    plans = {name: grid_plan("tiny_llama", **kw) for name, kw in LLAMA_GRIDS.items()}
+    got = run_grids(plans)
+    for name, plan in plans.items():
+        for r, doc in enumerate(got[name]):
+            built = {k: doc[k] for k in ("coords", "stages", "layers", "tp_layers", "zero", "recompute", "autocast")}
+            assert built == expected_rank(plan, r), (name, r)
+        diff = max_rel_diff(got[name][0]["losses"], reference(plan))
+        print(f"{name}: max relative loss difference {diff:.2e}")
+        assert diff < FP32_TOL, (name, diff)

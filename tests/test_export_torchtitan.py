@@ -1,8 +1,8 @@
 """export.torchtitan: job configs for Llama-family plans in torchtitan 0.2.0's schema, and refusals.
 
-The Llama-family profile is made by hand (layer names, parameter counts and block shapes of
-torchtitan's llama3 ``debugmodel``: the config writer reads nothing else) until the profiler
-profiles Llama models.
+Most plans here use a hand-made profile with the shape of torchtitan's llama3 ``debugmodel`` (the
+config writer reads only the layers' structure and block shapes), so that the flavor maps; the
+profiler's tiny Llama is exported too.
 """
 
 from __future__ import annotations
@@ -129,3 +129,15 @@ def test_torchtitans_own_loader_accepts_the_file(tmp_path: Path) -> None:
     cfg = manager.ConfigManager().parse_args(["--job.config_file", str(path)])
     assert cfg.parallelism.module_fqns_per_model_part[0] == ["tok_embeddings", "layers.0", "layers.1"]
     assert cfg.parallelism.data_parallel_shard_degree == 2
+
+
+def test_a_profiled_llama_exports_with_its_own_flavor_to_register() -> None:
+    """The profiler's tiny Llama (hidden 64, 2 blocks, 4 heads, 2 KV heads) has no torchtitan flavor:
+    the file names 'planner' and says which TransformerModelArgs to register."""
+    plan = dataclasses.replace(grid_plan("tiny_llama", [0, 2, 4], dp=2, zero=3), engine="torchtitan")
+    text = tt.config_text(plan)
+    doc = tomllib.loads(text)
+    assert doc["model"]["flavor"] == "planner"
+    assert "TransformerModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2" in text
+    assert doc["parallelism"]["module_fqns_per_model_part"] == [["tok_embeddings", "layers.0"],
+                                                                ["layers.1", "norm", "output"]]

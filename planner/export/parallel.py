@@ -14,12 +14,13 @@ The forms of a stage's layers are relative to its tensor group of ``tp`` devices
   values, and its fused ``c_attn`` (rows ``[q; k; v]``) is permuted so that each rank's
   contiguous column shard holds ``[q; k; v]`` of its own heads; its ``split_size`` becomes
   ``hidden / tp``. Llama-style blocks (``q_proj``/``k_proj``/``v_proj``/``o_proj``,
-  ``gate_proj``/``up_proj``/``down_proj``) shard as they are; both infer their local head
-  count from the sharded width (``view(..., -1, head_dim)``).
-* sequence parallelism (Korthikanti et al. 2022), where the stage asks: the block's input is
-  cut along the sequence, its norms run ``SequenceParallel``, the column layers all-gather the
-  sequence and the row layers reduce-scatter it; the block's output is gathered again, so the
-  layers around it and the pipeline see whole activations.
+  ``gate_proj``/``up_proj``/``down_proj``; grouped KV heads) shard as they are; both infer
+  their local head count from the sharded width (``view(..., -1, head_dim)``).
+* sequence parallelism (Korthikanti et al. 2022), where the stage asks: the decoder block's
+  input is cut along the sequence, its norms run ``SequenceParallel``, attention and the MLP
+  all-gather the sequence at their input (a pre-hook) and their row layers reduce-scatter it;
+  the block's output is gathered again, so the layers around it (Llama's rotary wrapper) and
+  the pipeline see whole activations.
 * ``dp`` layers in a tensor group run replicated on its devices (the same samples, the same
   gradients). The plan's ``dp`` form splits the group's samples instead; the result is the same,
   only the work differs (the cost model's view is not reproduced here).
@@ -167,13 +168,33 @@ def _block_styles(layer: nn.Module, tp: int, sequence_parallel: bool, stage: int
         cols += [_join(mlp, c) for c in (("gate_proj", "up_proj") if gated else ("up_proj",))]
         rows = [_join(attn, "o_proj"), _join(mlp, "down_proj")]
     seq = Shard(1) if sequence_parallel else Replicate()
-    styles: dict[str, Any] = {p: ColwiseParallel(input_layouts=seq) for p in cols}
+    styles: dict[str, Any] = {p: ColwiseParallel() for p in cols}
     styles.update({p: RowwiseParallel(output_layouts=seq) for p in rows})
     return styles
 
 
+class _SequenceGather:
+    """Forward pre-hook: all-gather the sequence-sharded hidden states (the first positional argument,
+    or ``hidden_states``) before attention or the MLP; its backward reduce-scatters the gradient.
+    Attention modules read the sequence length from their input (HF Llama's ``view(*input_shape, -1,
+    head_dim)``), so the whole sequence must arrive there, not at each projection."""
+
+    def __init__(self, mesh: Any) -> None:
+        self.mesh = mesh
+
+    def _gather(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.distributed.tensor import DTensor, Replicate, Shard
+
+        return DTensor.from_local(x, self.mesh, [Shard(1)]).redistribute(self.mesh, [Replicate()]).to_local()
+
+    def __call__(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if args:
+            return (self._gather(args[0]), *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": self._gather(kwargs["hidden_states"])}
+
+
 def _norm_paths(layer: nn.Module) -> list[str]:
-    """Every norm module in a block (LayerNorm, RMSNorm): SequenceParallel under sequence parallelism."""
+    """Every norm module in a decoder block (LayerNorm, RMSNorm): SequenceParallel under sequence parallelism."""
     return [name for name, m in layer.named_modules() if name and "norm" in type(m).__name__.lower()]
 
 
@@ -189,10 +210,16 @@ def shard_block(layer: nn.Module, mesh: Any, sequence_parallel: bool, stage: int
 
     styles = _block_styles(layer, mesh.size(), sequence_parallel, stage, index)
     if sequence_parallel:
-        styles.update({p: SequenceParallel(use_local_output=True) for p in _norm_paths(layer)})
-        parallelize_module(layer, mesh, PrepareModuleInput(input_layouts=(Replicate(),),
+        # The sequence is cut at the decoder block itself (the parent of attention and MLP), so that
+        # a wrapper around it (Llama's rotary positions) still sees the whole sequence.
+        prefix = block_parts(layer, stage, index)[1].rpartition(".")[0]
+        block = layer.get_submodule(prefix)
+        styles.update({_join(prefix, p): SequenceParallel(use_local_output=True) for p in _norm_paths(block)})
+        for path in block_parts(layer, stage, index)[1:]:  # attention and MLP see the whole sequence
+            layer.get_submodule(path).register_forward_pre_hook(_SequenceGather(mesh), with_kwargs=True)
+        parallelize_module(block, mesh, PrepareModuleInput(input_layouts=(Replicate(),),
                                                            desired_input_layouts=(Shard(1),), use_local_output=True))
-        parallelize_module(layer, mesh, PrepareModuleOutput(output_layouts=(Shard(1),),
+        parallelize_module(block, mesh, PrepareModuleOutput(output_layouts=(Shard(1),),
                                                             desired_output_layouts=(Replicate(),)))
     parallelize_module(layer, mesh, styles)
 
