@@ -44,12 +44,18 @@ def load_profile(profile: ProfileLike) -> ir.ModelProfile:
 
 
 def load_plan(plan: PlanLike) -> ir.Plan:
-    """A plan value, or the plan JSON file at that path, validated."""
+    """A plan value, or the plan JSON file at that path, validated and checked (planner.consistency;
+    its warnings as Python warnings)."""
     if isinstance(plan, ir.Plan):
         return plan
-    from planner.jsonio import read_json
+    import warnings
 
-    return ir.Plan.from_dict(read_json(plan, "plan"), str(plan))
+    from planner.consistency import load_plan as load_checked
+
+    value, found = load_checked(plan)
+    for warning in found:
+        warnings.warn(warning, stacklevel=2)
+    return value
 
 
 def _cluster(cluster: ClusterLike) -> ir.Cluster:
@@ -125,7 +131,7 @@ def export_plan(plan: PlanLike, engine: str, out_dir: str | Path) -> list[Path]:
     """Write a runnable training program for ``engine`` (deepspeed or torch) into ``out_dir``
     (planner.export); the files written. Needs torch."""
     _need("torch", "torch", "export")
-    from planner.export import export_plan as write_program
+    from planner.export.program import export_plan as write_program
 
     return write_program(load_plan(plan), engine, out_dir)
 

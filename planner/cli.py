@@ -34,9 +34,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 def fail(exc: PlannerError) -> None:
     """Print a PlannerError as cause and hint on stderr and exit with its code."""
-    click.echo(f"error: {exc.cause}", err=True)
+    from planner.render.text import plain_text
+
+    click.echo(f"error: {plain_text(exc.cause)}", err=True)  # causes quote values from files: no control codes
     if exc.hint:
-        click.echo(f"hint: {exc.hint}", err=True)
+        click.echo(f"hint: {plain_text(exc.hint)}", err=True)
     sys.exit(exc.exit_code)
 
 
@@ -83,7 +85,9 @@ class LazyGroup(click.Group):
         except Exception as exc:  # an unexpected failure: one line, not a traceback
             if os.environ.get("PLANNER_DEBUG"):
                 raise
-            click.echo(f"error: internal error: {type(exc).__name__}: {exc}", err=True)
+            from planner.render.text import plain_text
+
+            click.echo(f"error: internal error: {type(exc).__name__}: {plain_text(exc)}", err=True)
             click.echo("hint: rerun with PLANNER_DEBUG=1 for the traceback, and report it", err=True)
             sys.exit(1)
 

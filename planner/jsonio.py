@@ -1,7 +1,10 @@
-"""Reading and writing planner's JSON documents: kind and version checks, atomic writes.
+"""Reading and writing planner's JSON documents: hostile-input-proof reading, kind, version and schema
+checks, atomic writes.
 
-Every document planner writes carries ``kind`` and ``version``. Files are written to a
-temporary sibling and renamed into place, so a failure never leaves a half-written file.
+Every document planner writes carries ``kind`` and ``version``. Reading refuses what is not a
+bounded, finite, UTF-8 JSON document of the kind's shipped schema (:func:`read_json`). Files are
+written to a temporary sibling and renamed into place (:mod:`planner.outputs`), so a failure never
+leaves a half-written file.
 """
 
 from __future__ import annotations
@@ -10,7 +13,8 @@ import contextlib
 import json
 import math
 import os
-import tempfile
+import re
+import stat
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -53,23 +57,124 @@ def _maker(kind: str) -> str:
     return {"profile": "profile", "plan": "search", "cluster": "calibrate"}.get(kind, kind)
 
 
+MAX_FILE_BYTES = 64 * 2**20
+"""The largest JSON file read (a plan of a 100,000-layer model is about 40 MB)."""
+
+MAX_DEPTH = 64
+"""The deepest nesting of arrays and objects read (planner's own files nest 6 deep)."""
+
+MAX_INT_DIGITS = 30
+"""The longest integer literal read (every bound in planner/schemas is below 1e22)."""
+
+_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
 def read_json(path: str | os.PathLike[str], kind: str) -> dict[str, Any]:
-    """Load a planner JSON document of ``kind`` from ``path``, with clear errors."""
+    """Load a planner JSON document of ``kind`` from ``path``, with clear errors.
+
+    Checked in order: a regular file of at most :data:`MAX_FILE_BYTES`, UTF-8, nesting of at
+    most :data:`MAX_DEPTH` (before parsing, so no recursion error), valid JSON without NaN,
+    Infinity, overflowing numbers, over-long integers or duplicate keys, its ``kind`` and
+    ``version``, then the shipped JSON Schema of the kind (``planner/schemas``).
+    """
     p = Path(path)
+    text = _decode(_read_bytes(p, kind), p)
+    _check_depth(text, p)
+    doc = check_kind(_parse(text, p, kind), kind, str(p))
+    from planner import schemas
+
+    schemas.validate(doc, kind, doc["version"], str(p))
+    return doc
+
+
+def _read_bytes(p: Path, kind: str) -> bytes:
     try:
-        text = p.read_text(encoding="utf-8")
+        mode = p.stat().st_mode
+        if not stat.S_ISREG(mode):  # before opening: a pipe would block, a device never end
+            raise FormatError(f"{p}: {'is a folder' if stat.S_ISDIR(mode) else 'not a regular file'}",
+                              f"pass a {kind} file")
+        with p.open("rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
     except FileNotFoundError:
         raise FormatError(f"{p}: no such file", f"check the path of the {kind} file") from None
     except OSError as exc:
         raise FormatError(f"{p}: cannot read ({exc.strerror})", "check the file's permissions") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise FormatError(f"{p}: larger than {MAX_FILE_BYTES // 2**20} MiB", f"pass a {kind} file written by planner")
+    return data
+
+
+def _decode(data: bytes, p: Path) -> str:
     try:
-        doc = json.loads(text)
+        return data.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as exc:
+        raise FormatError(f"{p}: not UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start})",
+                          "save the file as UTF-8") from None
+
+
+def _check_depth(text: str, p: Path) -> None:
+    if text.count("[") + text.count("{") <= MAX_DEPTH:
+        return
+    depth = 0
+    for match in _TOKENS.finditer(text):
+        token = match.group()
+        if token in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise FormatError(f"{p}: nested deeper than {MAX_DEPTH} levels (at character {match.start()})",
+                                  "planner's files nest a few levels; this is not one of them")
+        elif token in "]}":
+            depth -= 1
+
+
+class _Refused(ValueError):
+    """A JSON value that parses but is refused (long integer, duplicate key)."""
+
+
+def _constant(name: str) -> float:
+    return float(name)  # NaN, Infinity: refused by _check_finite, which names the field
+
+
+def _int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise _Refused(f"integer {text[:20]}... has {len(text.lstrip('-'))} digits (at most {MAX_INT_DIGITS})")
+    return int(text)
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _Refused(f"duplicate key {key[:60]!r}")
+        out[key] = value
+    return out
+
+
+def _parse(text: str, p: Path, kind: str) -> Any:
+    try:
+        doc = json.loads(text, parse_constant=_constant, parse_int=_int, object_pairs_hook=_pairs)
     except json.JSONDecodeError as exc:
         raise FormatError(
             f"{p}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})",
             f"the file may be truncated; re-create the {kind} file",
         ) from None
-    return check_kind(doc, kind, str(p))
+    except _Refused as exc:
+        raise FormatError(f"{p}: {exc}", f"write finite numbers within planner's bounds; re-create the {kind} file") \
+            from None
+    _check_finite(doc, (), p)
+    return doc
+
+
+def _check_finite(value: Any, path: tuple[str | int, ...], p: Path) -> None:
+    """Refuse NaN, Infinity and numbers beyond a float (1e400 parses as infinity), naming the field."""
+    if isinstance(value, float) and not math.isfinite(value):
+        from planner.schemas import field_path
+
+        raise FormatError(f"{p}: {field_path(path) or 'the document'} is {value!r}: not a finite number (NaN, "
+                          "Infinity or beyond 1.8e308)", "write a finite number within planner's bounds")
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        _check_finite(item, (*path, key), p)
 
 
 def dumps(doc: Mapping[str, Any]) -> str:
@@ -82,33 +187,16 @@ def dumps(doc: Mapping[str, Any]) -> str:
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; on success rename it onto ``path``.
+    """Yield a temporary path beside ``path``'s target; on success rename it onto the target.
 
-    On any exception the temporary file is removed and ``path`` is left untouched.
+    The checks and the staging are :class:`planner.outputs.Outputs`' (a symlink is written through, a
+    device or folder refused). On any exception the temporary file is removed and ``path`` is left untouched.
     """
-    target = Path(path)
-    parent = target.parent if str(target.parent) else Path(".")
-    if not parent.is_dir():
-        raise PlannerError(
-            f"cannot write {target}: folder {parent} does not exist", "create the folder or choose another path"
-        )
-    try:
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent)
-    except OSError as exc:
-        raise PlannerError(
-            f"cannot write {target}: {exc.strerror}", "choose a writable output path"
-        ) from None
-    os.close(fd)
-    tmp = Path(tmp_name)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the usual mode of a new file
-    try:
-        yield tmp
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    from planner.outputs import Outputs
+
+    with Outputs([path]) as out:
+        yield out.temp(path)
+        out.commit()
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:

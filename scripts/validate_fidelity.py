@@ -148,14 +148,15 @@ def decompose(plan: object, name: str) -> dict[str, float]:
 
     from planner import ir
     from planner.costmodel import stage_costs
-    from planner.export import common
-    from planner.runner import load_layers
+    from planner.export.data import data_spec, sub_batch
+    from planner.export.layers import load_layers
+    from planner.export.optim import torch_optimizer
 
     assert isinstance(plan, ir.Plan)
     costs = stage_costs(plan)
     torch.set_num_threads(1)
     layers, example = load_layers(spec(name), plan, 0)
-    data = common.data_spec(layers, example, "cross_entropy")
+    data = data_spec(layers, example, "cross_entropy")
     x, _ = data.batch(0, plan.batch_size, 0)
     m = plan.microbatches
     best: dict[str, float] = {}
@@ -165,11 +166,11 @@ def decompose(plan: object, name: str) -> dict[str, float]:
         with torch.no_grad():
             inp = nn.Sequential(*layers[:a])(x) if a else x
         params = list({id(p): p for p in stage.parameters()}.values())
-        opt = common.torch_optimizer(plan.optimizer, params, 0.0)
+        opt = torch_optimizer(plan.optimizer, params, 0.0)
 
         def passes(stage: nn.Module = stage, inp: torch.Tensor = inp, grad: bool = a > 0) -> None:
             for i in range(m):
-                xi = common.sub_batch(inp, i, 0, m, 1)
+                xi = sub_batch(inp, i, 0, m, 1)
                 if xi.is_floating_point():
                     xi = xi.detach().requires_grad_(grad)
                 out = stage(xi)

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from planner.cli import main
-from tests.test_runner import tiny_plan
+from tests.test_runner import free_port, run_servers, tiny_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,7 +30,8 @@ def test_export_deepspeed_writes_script_config_and_plan(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert doc["world_size"] == 4
-    assert {p.name for p in out.iterdir()} == {"train.py", "ds_config.json", "plan.json", "README.md"}
+    assert {p.name for p in out.iterdir()} == {"train.py", "ds_config.json", "plan.json", "README.md", "hostfile",
+                                            "launch_node0.sh"}
     cfg = json.loads((out / "ds_config.json").read_text())
     assert cfg["gradient_accumulation_steps"] == 2
     assert json.loads((out / "plan.json").read_text())["kind"] == "plan"
@@ -64,9 +65,30 @@ def test_exported_script_trains_under_torchrun(tmp_path: Path, engine: str) -> N
     out = tmp_path / engine
     res = CliRunner().invoke(main, ["export", _write(tmp_path), "--to", engine, "-o", str(out)])
     assert res.exit_code == 0, res.output
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "DS_ACCELERATOR": "cpu"}
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                          "train.py", "--model", "tests.test_runner:tiny_mlp", "--steps", "2"], cwd=out, env=env,
-                         capture_output=True, text=True, timeout=300)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DS_ACCELERATOR": "cpu",
+           "TORCHRUN": f"{sys.executable} -m torch.distributed.run"}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "train.py"]
+    launch = ["sh", "launch_node0.sh"]  # the torch export runs through its one-server launch script
+    run = subprocess.run([*(torchrun if engine == "deepspeed" else launch), "--model", "tests.test_runner:tiny_mlp",
+                          "--steps", "2"], cwd=out, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "step 1 loss" in run.stdout
+
+
+@pytest.mark.slow
+def test_exported_launch_scripts_train_on_two_servers(tmp_path: Path) -> None:
+    """launch_node0.sh and launch_node1.sh (two DeepSpeed workers each) meet at 127.0.0.1:PORT."""
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(tiny_plan("tiny_mlp", [0, 2, -1], width=2, servers=(2, 2)).to_dict()))
+    out = tmp_path / "ds"
+    res = CliRunner().invoke(main, ["export", str(path), "--to", "deepspeed", "-o", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["commands"][1].endswith("sh launch_node1.sh HOST:PORT")
+    assert (out / "hostfile").read_text() == "n0 slots=2\nn1 slots=2\n"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1",
+           "TORCHRUN": f"{sys.executable} -m torch.distributed.run"}
+    endpoint = f"127.0.0.1:{free_port()}"
+    results = run_servers([["sh", str(out / f"launch_node{r}.sh"), endpoint, "--model", "tests.test_runner:tiny_mlp",
+                            "--steps", "2"] for r in (0, 1)], tmp_path, env, 300, cwd=tmp_path)
+    assert [rc for rc, _, _ in results] == [0, 0], [err[-2000:] for _, _, err in results]
+    assert "step 1 loss" in results[0][1]

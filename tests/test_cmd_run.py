@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from planner.cli import main
-from tests.test_runner import tiny_plan
+from tests.test_runner import free_port, run_servers, tiny_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,6 +37,43 @@ def test_run_json_contract(tmp_path: Path) -> None:
                 "reference_losses", "max_rel_loss_diff"):
         assert key in doc
     assert doc["world_size"] == 2 and len(doc["losses"]) == 3 and doc["max_rel_loss_diff"] < 1e-5
+    assert [(r["rank"], r["device"], r["stage"]) for r in doc["ranks"]] == [(0, "n0.g0", 0), (1, "n0.g1", 1)]
+    assert doc["peak_memory_bytes"] == max(r["peak_memory_bytes"] for r in doc["ranks"]) > 0
+    assert all(r["predicted_memory_bytes"] == 0 for r in doc["ranks"])  # tiny_plan predicts no memory
+
+
+@pytest.mark.slow
+def test_two_servers_on_this_machine_train_like_one_process(tmp_path: Path) -> None:
+    """Two `planner run` launchers (node ranks 0 and 1, one worker each) meet at 127.0.0.1:PORT."""
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(tiny_plan("tiny_mlp", [0, 2, -1], servers=(2, 1)).to_dict()))
+    port = free_port()
+
+    def server(rank: int) -> list[str]:
+        return [sys.executable, "-m", "planner", "run", str(path), "--model", "tests.test_runner:tiny_mlp",
+                "--engine", "torch", "--steps", "3", "--warmup", "1", "--threads", "1", "--nnodes", "2",
+                "--node-rank", str(rank), "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-timeout", "60",
+                "--json", *(["--check"] if rank == 0 else [])]
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    results = run_servers([server(0), server(1)], tmp_path, env, 300)
+    assert [rc for rc, _, _ in results] == [0, 0], [err[-2000:] for _, _, err in results]
+    docs = [json.loads(out) for _, out, _ in results]
+    assert [d["node_rank"] for d in docs] == [0, 1] and docs[0]["losses"] == docs[1]["losses"]
+    assert docs[0]["max_rel_loss_diff"] < 1e-5
+    assert [(r["rank"], r["node_rank"], r["device"], r["stage"]) for r in docs[1]["ranks"]] == [
+        (0, 0, "n0.g0", 0), (1, 1, "n1.g0", 1)]  # node rank: the launcher that really ran the rank
+    assert "node rank 1: planner run" in results[0][2]  # the command for every server
+
+
+def test_node_rank_out_of_range_and_wrong_nnodes_exit_2(tmp_path: Path) -> None:
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(tiny_plan("tiny_mlp", [0, 2, -1], servers=(2, 1)).to_dict()))
+    base = ["run", str(path), "--model", "tests.test_runner:tiny_mlp", "--engine", "torch"]
+    res = CliRunner().invoke(main, [*base, "--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "127.0.0.1:1"])
+    assert res.exit_code == 2 and "--node-rank 2 is outside 0..1" in res.stderr
+    res = CliRunner().invoke(main, [*base, "--nnodes", "4", "--rdzv-endpoint", "127.0.0.1:1"])
+    assert res.exit_code == 2 and "n0: 1, n1: 1" in res.stderr and "Traceback" not in res.stderr
 
 
 def test_model_mismatch_exits_1_with_cause(tmp_path: Path) -> None:

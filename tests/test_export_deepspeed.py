@@ -15,8 +15,9 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from planner.errors import ExportError
-from planner.export import common
 from planner.export import deepspeed as dsx
+from planner.export.data import data_spec, sub_batch
+from planner.export.partition import boundaries
 from planner.runner import max_rel_diff
 from tests.test_runner import tiny_plan
 
@@ -131,7 +132,7 @@ def _partition_worker(rank: int, world: int, port: int, plan_json: str, out: str
 def test_each_rank_builds_exactly_the_plans_layer_range() -> None:
     """DeepSpeed's own methods would split 4 layers 2/1/1 or by parameters; the plan says [0,1) [1,3) [3,4)."""
     plan = tiny_plan("tiny_mlp", [0, 1, 3, 4])
-    assert common.boundaries(plan) == [0, 1, 3, 4]
+    assert boundaries(plan) == [0, 1, 3, 4]
     with tempfile.TemporaryDirectory() as out:
         mp.start_processes(_partition_worker, args=(3, _free_port(), json.dumps(plan.to_dict()), out), nprocs=3,
                            join=True, start_method="spawn")
@@ -148,19 +149,6 @@ def test_script_explains_itself_and_names_both_launchers() -> None:
     compile(text, "train.py", "exec")
 
 
-def test_script_args_take_the_launchers_local_rank_and_refuse_unknown_losses(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("sys.argv", ["train.py", "--local_rank", "3", "--steps", "2", "--loss", "mse"])
-    args = common.script_args("doc", "pkg:model", local_rank=True)
-    assert (args.model, args.steps, args.loss, args.seed, args.local_rank) == ("pkg:model", 2, "mse", 0, 3)
-    monkeypatch.setattr("sys.argv", ["train.py", "--local_rank", "3"])
-    with pytest.raises(SystemExit):  # only the DeepSpeed script accepts the launcher's argument
-        common.script_args("doc", "pkg:model")
-    monkeypatch.setattr("sys.argv", ["train.py", "--loss", "hinge"])
-    with pytest.raises(SystemExit):
-        common.script_args("doc", "pkg:model")
-
-
 def _grid_worker(rank: int, world: int, port: int, plan_json: str, out: str) -> None:
     """Build the engine for a tiny GPT-2 plan, train 3 steps; write the losses and what DeepSpeed runs."""
     os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
@@ -168,14 +156,14 @@ def _grid_worker(rank: int, world: int, port: int, plan_json: str, out: str) -> 
     import deepspeed
 
     from planner import ir
-    from planner.runner import load_layers
+    from planner.export.layers import load_layers
 
     dsx.skip_shm_build()
     deepspeed.init_distributed(dist_backend="gloo")
     torch.set_num_threads(1)
     plan = ir.Plan.from_dict(json.loads(plan_json))
     layers, example = load_layers(plan.model, plan, 0)
-    spec = common.data_spec(layers, example, "cross_entropy")
+    spec = data_spec(layers, example, "cross_entropy")
     module = dsx.build_pipeline_module(list(layers), plan, "cross_entropy")
     engine, _, _, _ = deepspeed.initialize(model=module, config=dsx.ds_config(plan, 0.3),
                                            model_parameters=[p for p in module.parameters() if p.requires_grad])
@@ -184,7 +172,7 @@ def _grid_worker(rank: int, world: int, port: int, plan_json: str, out: str) -> 
     losses = []
     for s in range(3):
         x, y = spec.batch(s, plan.batch_size, 0)
-        data = [(common.sub_batch(x, i, replica, m, width), common.sub_batch(y, i, replica, m, width))
+        data = [(sub_batch(x, i, replica, m, width), sub_batch(y, i, replica, m, width))
                 for i in range(m)]
         losses.append(float(engine.train_batch(data_iter=iter(data))))
     Path(out, f"rank{rank}.json").write_text(json.dumps({

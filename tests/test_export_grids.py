@@ -26,8 +26,10 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from planner import ir
-from planner.export import common
-from planner.runner import load_layers, max_rel_diff, reference_losses
+from planner.export.data import data_spec
+from planner.export.layers import disable_dropout, load_layers
+from planner.export.partition import manual_plan
+from planner.runner import max_rel_diff, reference_losses
 from tests.conftest import make_cluster_dict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,7 +69,7 @@ def grid_plan(factory: str, parts: Sequence[int], tp: int = 1, dp: int = 1, *, z
               microbatches: int = 2, schedule: str = "1f1b", optimizer: str = "momentum") -> ir.Plan:
     """A plan of ``len(parts) - 1`` stages of ``tp x dp`` devices; blocks run ``tp`` when tp > 1."""
     prof = profile(factory)
-    base = common.manual_plan(prof, ir.Cluster.from_dict(make_cluster_dict(2, 4)), parts, tp * dp,
+    base = manual_plan(prof, ir.Cluster.from_dict(make_cluster_dict(2, 4)), parts, tp * dp,
                               microbatches=microbatches, schedule=schedule, optimizer=optimizer,
                               predicted=ir.Prediction(0.01, 800.0, 0.1, 0))
     stages = tuple(dataclasses.replace(
@@ -110,8 +112,8 @@ def _grid_worker(rank: int, world: int, port: int, plans_json: str, out: str) ->
             plan = ir.Plan.from_dict(doc)
             layers, example = load_layers(plan.model, plan, 0)
             for layer in layers:
-                common.disable_dropout(layer)
-            spec = common.data_spec(layers, example, "cross_entropy")
+                disable_dropout(layer)
+            spec = data_spec(layers, example, "cross_entropy")
             trainer = Trainer(layers, plan, "cross_entropy", lr=LR)
             losses = [trainer(*spec.batch(s, plan.batch_size, 0)) for s in range(STEPS)]
             f.write(json.dumps({"plan": name, "losses": losses, **trainer.describe()}) + "\n")
@@ -139,7 +141,7 @@ def _reference(model: str, dp: int, microbatches: int, optimizer: str) -> tuple[
     plan = grid_plan(model.split(":")[1], [0, len(profile(model.split(":")[1]).layers)], dp=dp,
                      microbatches=microbatches, optimizer=optimizer)
     layers, example = load_layers(plan.model, plan, 0)
-    spec = common.data_spec(layers, example, "cross_entropy")
+    spec = data_spec(layers, example, "cross_entropy")
     return tuple(reference_losses(layers, plan, spec, STEPS, 0, dp, lr=LR))
 
 
@@ -214,7 +216,7 @@ def test_a_wrong_gradient_is_caught() -> None:
     """The tolerance is not loose: training with gradients off by the data-parallel factor differs by more."""
     plan = grid_plan("tiny_gpt2", [0, 6], dp=2)
     layers, example = load_layers(plan.model, plan, 0)
-    spec = common.data_spec(layers, example, "cross_entropy")
+    spec = data_spec(layers, example, "cross_entropy")
     wrong = reference_losses(layers, plan, spec, STEPS, 0, 2, lr=LR * 2)  # an all-reduce that sums, not averages
     assert max_rel_diff(wrong, reference(plan)) > BF16_TOL
 

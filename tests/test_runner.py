@@ -6,8 +6,14 @@ train; workers import them as ``tests.test_runner:<name>``.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import socket
+import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +22,10 @@ import torch
 from torch import nn
 
 from planner import ir
-from planner.errors import ExportError, RunError
-from planner.export import common
-from planner.runner import max_rel_diff, run_plan
+from planner.errors import PlanError, RunError, UsageError
+from planner.export.layers import layer_param_counts
+from planner.export.partition import manual_plan
+from planner.runner import run_plan
 from tests.conftest import make_cluster_dict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,14 +81,18 @@ def tiny_crash() -> tuple[nn.Module, torch.Tensor]:
 
 
 def tiny_plan(factory: str, parts: list[int], width: int = 1, *, microbatches: int = 2, batch: int = 8,
-              schedule: str = "1f1b", forms: list[list[str]] | None = None, optimizer: str = "sgd") -> ir.Plan:
-    """A hand-made plan over the profiled layers of ``factory`` (a function in this module)."""
+              schedule: str = "1f1b", forms: list[list[str]] | None = None, optimizer: str = "sgd",
+              servers: tuple[int, int] = (1, 8)) -> ir.Plan:
+    """A hand-made plan over the profiled layers of ``factory`` (a function in this module).
+
+    ``servers``: the cluster's servers and GPUs per server; stages take devices in order.
+    """
     from planner.profiler.layers import split_model
 
     torch.manual_seed(0)
     module, example = globals()[factory]()
     layers = split_model(module, example).layers
-    counts = common.layer_param_counts(layers)
+    counts = layer_param_counts(layers)
     doc: dict[str, Any] = {
         "kind": "profile", "version": 1, "model": f"tests.test_runner:{factory}", "batch_size": batch,
         "dtype": "float32", "mode": "measured", "device": "cpu", "device_flops": 1e10,
@@ -92,8 +103,8 @@ def tiny_plan(factory: str, parts: list[int], width: int = 1, *, microbatches: i
                    for i, (layer, c) in enumerate(zip(layers, counts, strict=True))],
     }
     parts = [p if p >= 0 else len(layers) + 1 + p for p in parts]
-    cluster = ir.Cluster.from_dict(make_cluster_dict(1, 8))
-    return common.manual_plan(ir.ModelProfile.from_dict(doc), cluster, parts, width, microbatches=microbatches,
+    cluster = ir.Cluster.from_dict(make_cluster_dict(*servers))
+    return manual_plan(ir.ModelProfile.from_dict(doc), cluster, parts, width, microbatches=microbatches,
                               schedule=schedule, optimizer=optimizer, forms=forms,
                               predicted=ir.Prediction(0.01, batch / 0.01, 0.1, 0))
 
@@ -101,24 +112,52 @@ def tiny_plan(factory: str, parts: list[int], width: int = 1, *, microbatches: i
 @pytest.fixture(autouse=True)
 def _cwd(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("PLANNER_TEST_MARK", uuid.uuid4().hex)  # inherited by the launched processes (_stray)
 
 
-def _stray(marker: str) -> list[str]:
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_servers(commands: list[list[str]], out: Path, env: dict[str, str], timeout_s: float,
+                cwd: Path = ROOT) -> list[tuple[int, str, str]]:
+    """Start every command at once (one per "server"), each in its own process group; (rc, stdout, stderr) each.
+
+    Every group is killed when the commands end, fail or run past ``timeout_s``.
+    """
+    procs = []
+    try:
+        for i, cmd in enumerate(commands):
+            with open(out / f"server{i}.out", "wb") as so, open(out / f"server{i}.err", "wb") as se:
+                procs.append(subprocess.Popen(cmd, cwd=cwd, env=env, stdout=so, stderr=se, stdin=subprocess.DEVNULL,
+                                              start_new_session=True))
+        deadline = time.monotonic() + timeout_s
+        codes = [p.wait(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
+    finally:
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    return [(rc, (out / f"server{i}.out").read_text(), (out / f"server{i}.err").read_text())
+            for i, rc in enumerate(codes)]
+
+
+def _stray() -> list[str]:
+    """This test's processes still alive: those whose environment carries the test's own mark.
+
+    (Other sessions on a shared machine run the same commands; the mark tells ours apart.)
+    """
+    mark = f"PLANNER_TEST_MARK={os.environ['PLANNER_TEST_MARK']}".encode()
     out = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if "planner.runner" in cmd and marker in cmd:
-                out.append(cmd)
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if mark in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") and int(pid) != os.getpid():
+                out.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+        except (OSError, ValueError):
+            continue
     return out
-
-
-def test_max_rel_diff() -> None:
-    assert max_rel_diff([1.0, 2.0], [1.0, 2.0]) == 0.0
-    assert max_rel_diff([1.1], [1.0]) == pytest.approx(0.1)
 
 
 def test_model_that_does_not_match_the_profile_is_refused_before_launch() -> None:
@@ -127,17 +166,11 @@ def test_model_that_does_not_match_the_profile_is_refused_before_launch() -> Non
         run_plan(plan, "tests.test_runner:tiny_mlp_wide", engine="torch", steps=2, warmup=1)
 
 
-def test_world_size_the_machine_cannot_start() -> None:
+def test_world_size_the_machine_cannot_start(monkeypatch: pytest.MonkeyPatch) -> None:
     plan = tiny_plan("tiny_mlp", [0, 1, 2, 3, 4], width=2)  # 8 processes
-    import planner.runner as runner
-
-    old = runner.max_world_size
-    runner.max_world_size = lambda: 4  # type: ignore[assignment]
-    try:
-        with pytest.raises(RunError, match="8 processes"):
-            run_plan(plan, "tests.test_runner:tiny_mlp", engine="torch", steps=2, warmup=1)
-    finally:
-        runner.max_world_size = old  # type: ignore[assignment]
+    monkeypatch.setattr("planner.runner.launch.max_world_size", lambda: 4)
+    with pytest.raises(RunError, match="8 processes"):
+        run_plan(plan, "tests.test_runner:tiny_mlp", engine="torch", steps=2, warmup=1)
 
 
 def test_engine_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -152,8 +185,9 @@ def test_engine_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_plan_the_engine_cannot_run_is_refused() -> None:
     plan = tiny_plan("tiny_mlp", [0, 2, -1], width=2, forms=[["split_out", "dp"], ["dp", "dp"]])
-    with pytest.raises(ExportError, match="engine deepspeed"):
+    with pytest.raises(PlanError, match="deepspeed runs one grid") as err:  # planner.runnable's shared check
         run_plan(plan, "tests.test_runner:tiny_mlp", engine="deepspeed", steps=2, warmup=1)
+    assert "--engine deepspeed" in err.value.hint
 
 
 @pytest.mark.slow
@@ -181,7 +215,7 @@ def test_worker_crash_reports_the_workers_cause_and_leaves_no_process() -> None:
     plan = tiny_plan("tiny_crash", [0, 2, -1])
     with pytest.raises(RunError, match="boom from the worker"):
         run_plan(plan, "tests.test_runner:tiny_crash", engine="torch", steps=2, warmup=1)
-    assert not _stray("tiny_crash")
+    assert not _stray()
 
 
 @pytest.mark.slow
@@ -189,19 +223,40 @@ def test_timeout_kills_every_worker() -> None:
     plan = tiny_plan("tiny_mlp", [0, 2, -1])
     with pytest.raises(RunError, match="did not finish"):
         run_plan(plan, "tests.test_runner:tiny_mlp", engine="torch", steps=200, warmup=1, timeout_s=1.5)
-    assert not _stray(str(plan.model))
+    assert not _stray()
 
 
+@pytest.mark.slow
+def test_rendezvous_endpoint_that_does_not_answer_is_a_run_error_within_the_timeout() -> None:
+    plan = tiny_plan("tiny_mlp", [0, 2, -1], servers=(2, 1))
+    port = free_port()
+    t0 = time.monotonic()
+    with pytest.raises(RunError) as err:
+        run_plan(plan, "tests.test_runner:tiny_mlp", engine="torch", steps=2, warmup=1, nnodes=2, node_rank=1,
+                 rdzv_endpoint=f"127.0.0.1:{port}", rdzv_timeout_s=3, timeout_s=120)
+    assert f"rendezvous at 127.0.0.1:{port} did not complete within 3 s (node rank 1 of 2)" in err.value.cause
+    assert "--rdzv-endpoint" in err.value.hint and time.monotonic() - t0 < 120
+    assert not _stray()
 
-def test_worker_cause_reads_past_torchrun_summary(tmp_path: Path) -> None:
-    from planner.runner import _worker_cause
 
-    log = "\n".join(["Traceback (most recent call last):", '  File "x.py", line 1', "RuntimeError: gloo connect failed",
-                     "[0]:", "  time      : 2026", "  rank      : 1 (local_rank: 1)", "  exitcode  : 1 (pid: 42)",
-                     "  error_file: <N/A>", "  traceback : To enable traceback see: https://pytorch.org/docs"])
-    cause = _worker_cause(tmp_path, log)
-    assert cause.startswith("RuntimeError: gloo connect failed") and "exitcode  : 1" in cause
-    killed = "\n".join(["[0]:", "  exitcode  : -9 (pid: 7)", "  error_file: <N/A>",
-                        "  traceback : Signal 9 (SIGKILL) received by PID 7"])
-    cause = _worker_cause(tmp_path, killed)
-    assert "exitcode  : -9" in cause and "SIGKILL" in cause
+def test_launch_that_does_not_fit_the_plans_servers_is_refused_before_starting() -> None:
+    plan = tiny_plan("tiny_mlp", [0, 2, -1], servers=(2, 1))
+    with pytest.raises(UsageError, match="--nnodes 3 does not fit the plan: its 2 ranks run on 2 server"):
+        run_plan(plan, "tests.test_runner:tiny_mlp", engine="torch", nnodes=3, rdzv_endpoint="127.0.0.1:1")
+    with pytest.raises(UsageError, match="needs --rdzv-endpoint"):
+        run_plan(plan, "tests.test_runner:tiny_mlp", engine="torch", nnodes=2, node_rank=1)
+    with pytest.raises(UsageError, match=r"--node-rank 2 is outside 0\.\.1"):
+        run_plan(plan, "tests.test_runner:tiny_mlp", engine="torch", nnodes=2, node_rank=2,
+                 rdzv_endpoint="127.0.0.1:1")
+
+
+def test_failure_is_the_rendezvous_only_when_no_worker_started(tmp_path: Path) -> None:
+    from planner.runner.launch import Launch, _failure
+
+    launch = Launch("m", "torch", 1, 2, "mse", 0, 1, nnodes=2, node_rank=1, rdzv_endpoint="h:1", rdzv_timeout_s=5)
+    rdzv = "torch.distributed.DistStoreError: Timed out after 6 seconds waiting for clients. 1/2 clients joined."
+    assert _failure(launch, tmp_path, rdzv).cause.startswith("the rendezvous at h:1 did not complete within 5 s")
+    workers = "RuntimeError: Connection reset by peer\nDistNetworkError: x\n[0]:\n  exitcode  : 1 (pid: 3)"
+    assert _failure(launch, tmp_path, workers).cause.startswith("a worker failed: DistNetworkError: x")
+    one = Launch("m", "torch", 2, 2, "mse", 0, 1)
+    assert _failure(one, tmp_path, rdzv).cause.startswith("a worker failed")  # one server: no rendezvous to miss

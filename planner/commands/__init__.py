@@ -1,19 +1,23 @@
 """One module per CLI command; each defines a click command named after it.
 
 This module owns what several commands share: option declarations (search, compare), the
-``--microbatches`` parser and the early check that an output file's folder exists.
+``--microbatches`` parser, the outputs of a command (:func:`outputs`: checked before any work,
+committed together at the end) and reading a plan file with its warnings (:func:`read_plan`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from planner import ir
 from planner.errors import PlannerError, UsageError
+from planner.outputs import Outputs, check_output
+
+if TYPE_CHECKING:
+    import os
 
 RERANK = 16
 """planner.search.RERANK, repeated so that ``--help`` loads no algorithm module (test_cmd_search checks they agree)."""
@@ -88,7 +92,44 @@ def parse_microbatches(value: str) -> int | str:
 
 
 def check_folder(path: str | None) -> None:
-    """Fail before any work if the folder an output file goes into does not exist (``None``: no output)."""
-    if path and not Path(path).resolve().parent.is_dir():
-        raise PlannerError(f"cannot write {path}: folder {Path(path).parent} does not exist",
-                           "create the folder or choose another path")
+    """Fail before any work if an output file cannot be written (``None``: no output; see planner.outputs)."""
+    check_output(path)
+
+
+def outputs(files: list[str | None] | None = None, folders: list[str | None] | None = None) -> Outputs:
+    """The command's outputs, checked now; staged files not committed are removed when the command ends."""
+    return click.get_current_context().with_resource(Outputs(files or [], folders or []))
+
+
+def read_plan(path: str | os.PathLike[str], quiet: bool = False) -> tuple[ir.Plan, list[str]]:
+    """A plan file, checked (planner.consistency), with its warnings (printed on stderr unless ``quiet``)."""
+    from planner.consistency import load_plan
+    from planner.render.text import plain_text
+
+    plan, warnings = load_plan(path)
+    for warning in [] if quiet else warnings:
+        click.echo(f"warning: {plain_text(warning)}", err=True)
+    return plan, warnings
+
+
+EMITTED_MUST_RUN = True
+"""Whether a plan a command emits that cannot run is an internal error (True) or a warning (False)."""
+
+
+def check_emitted(plan: ir.Plan, what: str = "the search") -> list[str]:
+    """The safety net on every plan a command writes or prints: it must run on its engine
+    (planner.runnable). An internal error under :data:`EMITTED_MUST_RUN`, else a warning (printed, returned)."""
+    from planner.errors import PlanError
+    from planner.render.text import plain_text
+    from planner.runnable import check_runnable
+
+    try:
+        check_runnable(plan)
+    except PlanError as exc:
+        cause = f"{what} produced a plan that cannot run: {exc.cause}"
+        if EMITTED_MUST_RUN:
+            raise PlannerError(f"internal error: {cause}",
+                               "please report it; meanwhile try another --microbatches or --config") from None
+        click.echo(f"warning: {plain_text(cause)}", err=True)
+        return [cause]
+    return []

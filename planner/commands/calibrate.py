@@ -6,7 +6,8 @@ import click
 
 from planner import ir
 from planner.cli import emit_json
-from planner.jsonio import read_json, write_json
+from planner.commands import outputs
+from planner.jsonio import dumps, read_json
 
 
 @click.command("calibrate")
@@ -22,11 +23,12 @@ def calibrate(out: str, nproc: int, threads: int, name: str | None, profile_path
     from planner.calibrate import calibrate as measure
     from planner.calibrate import cluster_doc
 
+    staged = outputs([out])
     profile = ir.ModelProfile.from_dict(read_json(profile_path, "profile"), profile_path) if profile_path else None
     click.echo(f"measuring {nproc} processes x {threads} threads...", err=True)
     cluster, meta = measure(nproc, threads, name, profile)
     doc = cluster_doc(cluster, meta)
-    write_json(out, doc)
+    staged.write_text(out, dumps(doc))
     link = cluster.link("intra_node")
     click.echo(f"flops {cluster.gpus[0].flops:.3g}/s per device ({meta['flops_source']}), memory "
                f"{meta['memory_bandwidth_Bps'] / 1e9:.1f} GB/s, p2p "
@@ -35,3 +37,4 @@ def calibrate(out: str, nproc: int, threads: int, name: str | None, profile_path
                err=True)
     if as_json:
         emit_json(doc)
+    staged.commit()

@@ -6,15 +6,16 @@ import click
 
 from planner import ir
 from planner.commands import (
-    check_folder,
+    check_emitted,
     cluster_option,
     microbatches_option,
     optimizer_option,
+    outputs,
     parse_microbatches,
     profile_argument,
     rerank_option,
 )
-from planner.errors import InfeasibleError
+from planner.errors import InfeasibleError, UsageError
 from planner.jsonio import read_json
 from planner.schedule import SCHEDULES
 
@@ -49,21 +50,25 @@ def compare(profile_path: str, cluster_name: str, microbatches: str, schedule: s
     from planner.render.compare import plot_comparison, print_comparison
 
     mb = parse_microbatches(microbatches)
-    check_folder(plot_path)
+    out = outputs([plot_path])
     names = None if strategies is None else [s.strip() for s in strategies.split(",") if s.strip()]
+    if names == []:
+        raise UsageError(f"--strategies {strategies!r} names no strategy", STRATEGY_HELP)
     profile = ir.ModelProfile.from_dict(read_json(profile_path, "profile"), profile_path)
     cluster = load_cluster(cluster_name)
     kwargs = {} if names is None else {"strategies": names}
     result = run_compare(profile, cluster, microbatches=mb, schedule=schedule, optimizer=optimizer, rerank=rerank,
                          **kwargs)
     print_comparison(result)
+    warnings = [w for s in result.strategies if s.fits and s.plan for w in check_emitted(s.plan, s.name)]
     if not any(s.fits for s in result.strategies):  # as search: no plan fits is exit 3
         planner = next((s for s in result.strategies if s.name == "planner"), result.strategies[0])
         raise InfeasibleError(f"no strategy fits on {cluster.name}: {planner.name}: {planner.reason}",
                               "more or larger devices, a smaller batch, or recomputation (see the table)")
     if plot_path:
-        plot_comparison(result, plot_path)
+        plot_comparison(result, out.temp(plot_path))
     if as_json:
         from planner.cli import emit_json
 
-        emit_json(result.to_dict())
+        emit_json({**result.to_dict(), "warnings": warnings})
+    out.commit()

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
-from planner import ir
 from planner.cli import emit_json
-from planner.jsonio import read_json
+from planner.commands import outputs, read_plan
 
 
 @click.command("export")
@@ -14,18 +15,22 @@ from planner.jsonio import read_json
 @click.option("--to", "engine", type=click.Choice(["deepspeed", "torch", "torchtitan"]), required=True,
               help="Engine to export for.")
 @click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False),
-              help="Folder to write train.py, its config and the plan into.")
+              help="Folder to write train.py, its config, launch scripts and the plan into.")
 @click.option("--json", "as_json", is_flag=True, help="Print what was written as one JSON document.")
 def export(plan_path: str, engine: str, out_dir: str, as_json: bool) -> None:
-    """Write a training script, its config and the plan for DeepSpeed or torch pipelining."""
-    from planner.export import export_plan
+    """Write a training script, its config, a launch script per server and the plan."""
+    from planner.export.program import export_plan, server_commands
+    from planner.export.torchtitan import launch_command as titan_command
 
-    plan = ir.Plan.from_dict(read_json(plan_path, "plan"), plan_path)
-    files = export_plan(plan, engine, out_dir)
+    out = outputs(folders=[out_dir])
+    plan, warnings = read_plan(plan_path)
+    files = [Path(out_dir) / f.name for f in export_plan(plan, engine, out.folder(out_dir))]
+    commands = server_commands(plan, out_dir) if engine != "torchtitan" else [titan_command(plan, out_dir)]
     if as_json:
-        emit_json({"engine": engine, "world_size": plan.world_size, "files": [str(f) for f in files]})
+        emit_json({"engine": engine, "world_size": plan.world_size, "files": [str(f) for f in files],
+                   "commands": commands, "warnings": warnings})
     else:
         click.echo(f"wrote {', '.join(str(f) for f in files)}", err=True)
-        target = "-m torchtitan.train --job.config_file job_config.toml" if engine == "torchtitan" else "train.py"
-        click.echo(f"run: cd {out_dir} && torchrun --standalone --nproc_per_node {plan.world_size} {target}",
-                   err=True)
+        for line in commands:
+            click.echo(f"run: {line}", err=True)
+    out.commit()

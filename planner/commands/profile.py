@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-import os
-from pathlib import Path
 
 import click
 
-from planner.errors import PlannerError, UsageError
+from planner.errors import UsageError
 
 
 def parse_shape(text: str | None) -> tuple[int, ...] | None:
@@ -49,19 +47,6 @@ def parse_overrides(items: tuple[str, ...] | list[str]) -> dict[str, bool | int 
     return out
 
 
-def check_writable(output: str) -> None:
-    """Fail early (before minutes of profiling) if ``output`` cannot be written."""
-    path = Path(output)
-    parent = path.parent if str(path.parent) else Path(".")
-    if path.is_dir():
-        raise PlannerError(f"cannot write {output}: it is a folder", "give a file name, e.g. -o model.json")
-    if not parent.is_dir():
-        raise PlannerError(f"cannot write {output}: folder {parent} does not exist",
-                           "create the folder or choose another path")
-    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise PlannerError(f"cannot write {output}: permission denied", "choose a writable output path")
-
-
 @click.command("profile")
 @click.argument("model")
 @click.option("-o", "--output", type=str, default=None, help="Profile JSON to write (atomically).")
@@ -93,7 +78,9 @@ def profile(model: str, output: str | None, batch_size: int, input_shape: str | 
     an nn.Module (a transformers GPT-2, BERT or Llama model included) or (module, example_input).
     """
     from planner.cli import emit_json
-    from planner.jsonio import write_json
+    from planner.commands import outputs
+    from planner.jsonio import dumps
+    from planner.outputs import stdout_to_stderr
 
     if output is None and not as_json:
         raise UsageError("no output file given", "add -o FILE (or --json to print the profile)")
@@ -108,8 +95,7 @@ def profile(model: str, output: str | None, batch_size: int, input_shape: str | 
         raise UsageError("--efficiency applies to --mode analytic only", "drop --efficiency or use --mode analytic")
     shape = parse_shape(input_shape)
     overrides = parse_overrides(settings)
-    if output is not None:
-        check_writable(output)
+    staged = outputs([output])
 
     from planner.profiler import ANALYTIC_EFFICIENCY, load_model, profile_model, resolve_device_flops
     from planner.render.profile import print_summary, progress_bar
@@ -118,14 +104,14 @@ def profile(model: str, output: str | None, batch_size: int, input_shape: str | 
     load_device = "meta" if mode == "analytic" else device
     loaded = load_model(model, batch_size, shape, dtype=dtype, device=load_device, overrides=overrides)
     title = f"profiling {model}" if mode == "measured" else f"counting {model}"
-    with progress_bar(title) as update:
+    with progress_bar(title) as update, stdout_to_stderr():  # the model's prints must not corrupt --json
         prof = profile_model(loaded, mode=mode, threads=threads, repeats=repeats, warmup=warmup,
                              device_flops=device_flops, progress=update,
                              efficiency=ANALYTIC_EFFICIENCY if efficiency is None else efficiency)
     doc = prof.to_dict()
-    if output is not None:
-        write_json(output, doc)
+    staged.write_text(output, dumps(doc))
     with contextlib.suppress(Exception):
         print_summary(prof, output)
     if as_json:
         emit_json(doc)
+    staged.commit()

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
+import shlex
 import sys
+from typing import Any
 
 import click
 
-from planner import ir
 from planner.cli import emit_json
-from planner.jsonio import read_json
+from planner.commands import read_plan
+from planner.render.text import plain_text
 
 
 @click.command("run")
@@ -24,26 +26,53 @@ from planner.jsonio import read_json
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Threads per process (default cores/P).")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=900, show_default=True)
+@click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Servers to run on: the plan's servers, one `planner run` each (1: every rank here).")
+@click.option("--node-rank", type=int, default=0, show_default=True,
+              help="This server's place (0..nnodes-1) in the plan's order of servers.")
+@click.option("--rdzv-endpoint", default=None, metavar="HOST:PORT",
+              help="Node rank 0's address and a free port, the same on every server (needed with --nnodes > 1).")
+@click.option("--rdzv-timeout", "rdzv_timeout_s", type=click.FloatRange(min=1), default=60, show_default=True,
+              help="Seconds the servers have to meet at the endpoint.")
 @click.option("--json", "as_json", is_flag=True, help="Print the run JSON document.")
 def run(plan_path: str, model: str, engine: str, steps: int, warmup: int, loss: str, check: bool, seed: int,
-        threads: int | None, timeout_s: float, as_json: bool) -> None:
-    """Launch torchrun with the plan's world size and train on synthetic data."""
+        threads: int | None, timeout_s: float, nnodes: int, node_rank: int, rdzv_endpoint: str | None,
+        rdzv_timeout_s: float, as_json: bool) -> None:
+    """Launch torchrun with the plan's world size (or this server's share) and train on synthetic data."""
+    plan, warnings = read_plan(plan_path)  # a bad plan fails before torch is imported
+
     from planner.runner import run_plan
 
-    plan = ir.Plan.from_dict(read_json(plan_path, "plan"), plan_path)
-    click.echo(f"training {plan.model} config {plan.config} on {engine} with {plan.world_size} processes...",
-               err=True)
+    click.echo(f"training {plain_text(plan.model)} config {plan.config} on {engine} with {plan.world_size} processes"
+               + (f" on {nnodes} servers (this is node rank {node_rank})" if nnodes > 1 else "") + "...", err=True)
+    if nnodes > 1:
+        for r in range(nnodes):
+            click.echo(f"  node rank {r}: " + _command(plan_path, model, engine, nnodes, r, rdzv_endpoint), err=True)
     log = sys.stderr if os.environ.get("PLANNER_DEBUG") else None
     doc = run_plan(plan, model, engine=engine, steps=steps, warmup=min(warmup, steps - 1), loss=loss,
-                   check=check, seed=seed, threads=threads, timeout_s=timeout_s, log=log)
+                   check=check, seed=seed, threads=threads, timeout_s=timeout_s, log=log, nnodes=nnodes,
+                   node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, rdzv_timeout_s=rdzv_timeout_s)
     if as_json:
-        emit_json(doc)
+        emit_json({**doc, "warnings": warnings})
         return
+    _print(doc, steps, check)
+
+
+def _command(plan_path: str, model: str, engine: str, nnodes: int, node_rank: int, endpoint: str | None) -> str:
+    """The `planner run` line for one server."""
+    return shlex.join(["planner", "run", plan_path, "--model", model, "--engine", engine, "--nnodes", str(nnodes),
+                       "--node-rank", str(node_rank), "--rdzv-endpoint", endpoint or "HOST:PORT"])
+
+
+def _print(doc: dict[str, Any], steps: int, check: bool) -> None:
     ratio = doc["ratio"]
     click.echo(f"measured  {doc['measured_iteration_s']:.6f} s/iteration (median of {steps - doc['warmup']})")
     click.echo(f"predicted {doc['predicted_iteration_s']:.6f} s/iteration"
                + (f"  (measured/predicted {ratio:.2f})" if ratio else ""))
     click.echo("losses    " + " ".join(f"{x:.5f}" for x in doc["losses"]))
+    click.echo("peak memory per rank (MiB, measured/predicted) " + " ".join(
+        f"{r['device']}:{r['peak_memory_bytes'] / 2**20:.1f}/{r['predicted_memory_bytes'] / 2**20:.1f}"
+        for r in doc["ranks"]))
     if check:
         click.echo("reference " + " ".join(f"{x:.5f}" for x in doc["reference_losses"]))
         click.echo(f"max relative loss difference {doc['max_rel_loss_diff']:.3g}")

@@ -8,17 +8,18 @@ import click
 
 from planner import ir
 from planner.commands import (
-    check_folder,
+    check_emitted,
     cluster_option,
     grid_options,
     microbatches_option,
     optimizer_option,
+    outputs,
     parse_grid,
     parse_microbatches,
     profile_argument,
     rerank_option,
 )
-from planner.jsonio import read_json
+from planner.jsonio import dumps, read_json
 from planner.schedule import SCHEDULES
 
 
@@ -62,14 +63,13 @@ def search(profile_path: str, cluster_name: str, output: str | None, microbatche
     from planner.api import search_plan
     from planner.cluster import load_cluster
     from planner.costmodel.precision import rescale_note
-    from planner.jsonio import write_json
     from planner.render.search import print_plan
     from planner.search import parse_config
 
     mb = parse_microbatches(microbatches)
     tp_value, zero_value = parse_grid(tp, zero)
     widths = parse_config(config) if config else None
-    check_folder(output)
+    out = outputs([output])
     profile = ir.ModelProfile.from_dict(read_json(profile_path, "profile"), profile_path)
     cluster = load_cluster(cluster_name)
     t0 = time.perf_counter()
@@ -78,15 +78,16 @@ def search(profile_path: str, cluster_name: str, output: str | None, microbatche
                        precision=precision, tp=tp_value, zero=zero_value, recompute=recompute,
                        micro_batch_size=micro_batch_size)
     elapsed = time.perf_counter() - t0
+    check_emitted(plan)  # the plan document is the JSON output: its warnings go to stderr only
     doc = plan.to_dict()
     note = rescale_note(profile, cluster, plan.precision)
     if note is not None:
         click.echo(f"note: {note.text}", err=True)
         doc["rescale"] = note.to_dict()
-    if output:
-        write_json(output, doc)
+    out.write_text(output, dumps(doc))
     print_plan(plan, elapsed_s=elapsed, output=output)
     if as_json:
         from planner.cli import emit_json
 
         emit_json(doc)
+    out.commit()

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from planner import ir
-from planner.commands import check_folder
-from planner.jsonio import dumps, read_json, write_text_atomic
+from planner.commands import outputs, read_plan
+from planner.jsonio import dumps
 
 if TYPE_CHECKING:
     from planner.simulate import SimResult
@@ -28,6 +28,7 @@ def _report(result: SimResult, plan: ir.Plan, width: int | None, show_table: boo
     """Gantt, summary, optional schedule table, prediction against simulation and files written, on stderr."""
     from planner.render import stderr_console
     from planner.render.simulate import print_simulation
+    from planner.render.text import safe_text
     from planner.schedule import make_schedule
 
     print_simulation(result, plan.batch_size, width)
@@ -43,7 +44,7 @@ def _report(result: SimResult, plan: ir.Plan, width: int | None, show_table: boo
                       highlight=False)
     for path, what in written:
         if path:
-            console.print(f"wrote {what} {path}", highlight=False)
+            console.print(f"wrote {what} {safe_text(path)}", highlight=False)
 
 
 def _json_doc(result: SimResult, plan: ir.Plan) -> dict[str, Any]:
@@ -84,20 +85,19 @@ def simulate(plan_path: str, as_json: bool, trace_path: str | None, plot_path: s
     from planner.simulate import SimOptions
     from planner.simulate import simulate as run_simulation
 
-    check_folder(trace_path)
-    check_folder(plot_path)
-    plan = ir.Plan.from_dict(read_json(plan_path, "plan"), plan_path)
+    out = outputs([trace_path, plot_path])
+    plan, warnings = read_plan(plan_path, quiet)
     options = SimOptions(overlap_allreduce=overlap_allreduce, bucket_bytes=bucket_mb * 2**20,
                          duplex=not half_duplex)
     result = run_simulation(plan, options)
-    trace_text = dumps(result.to_chrome_trace()) if trace_path else None
+    if trace_path:
+        out.write_text(trace_path, dumps(result.to_chrome_trace()))
     if plot_path:
-        _plot(result, plan, plot_path)
-    if trace_path and trace_text is not None:
-        write_text_atomic(trace_path, trace_text)
+        _plot(result, plan, str(out.temp(plot_path)))
     if not quiet:
         _report(result, plan, width, show_table, ((trace_path, "trace"), (plot_path, "picture")))
     if as_json:
         from planner.cli import emit_json
 
-        emit_json(_json_doc(result, plan))
+        emit_json({**_json_doc(result, plan), "warnings": warnings})
+    out.commit()

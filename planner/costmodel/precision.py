@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from planner import ir
 from planner.errors import UsageError
+from planner.gpus import number_format_of_dtype
 
 OPTIMIZER_BYTES_PER_PARAM = {"sgd": 0, "momentum": 4, "adam": 8, "rmsprop": 4}
 """Optimizer state in fp32 bytes per parameter beyond weight and gradient (Adam: m and v)."""
@@ -34,8 +35,6 @@ DTYPE_BYTES = {"float32": 4, "fp32": 4, "float": 4, "bfloat16": 2, "bf16": 2, "f
                "float64": 8, "double": 8}
 """Bytes per element of the dtype names profiles carry (``torch.`` prefix ignored)."""
 
-PRECISION_OF_DTYPE = {"float32": "fp32", "fp32": "fp32", "float": "fp32", "bfloat16": "bf16", "bf16": "bf16",
-                      "float16": "fp16", "fp16": "fp16", "half": "fp16"}
 
 
 def _dtype_name(dtype: str) -> str:
@@ -48,8 +47,12 @@ def dtype_bytes(dtype: str) -> int:
 
 
 def default_precision(profile: ir.ModelProfile) -> str:
-    """The precision a profile was made in: fp32, bf16 or fp16 (fp32 for other dtypes)."""
-    return PRECISION_OF_DTYPE.get(_dtype_name(profile.dtype), "fp32")
+    """The precision a profile was made in: fp32, bf16 or fp16 (planner.gpus; fp32 for other dtypes)."""
+    try:
+        fmt = number_format_of_dtype(_dtype_name(profile.dtype))
+    except UsageError:
+        return "fp32"
+    return fmt if fmt in ir.PRECISIONS else "fp32"
 
 
 def check_precision(precision: str) -> str:

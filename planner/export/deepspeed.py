@@ -32,7 +32,11 @@ from torch import nn
 
 from planner import ir, runnable
 from planner.errors import ExportError, PlanError
-from planner.export import common
+from planner.export.data import sub_batch
+from planner.export.layers import as_layers, check_layers_match, find_ties
+from planner.export.losses import make_loss
+from planner.export.optim import DEFAULT_LR
+from planner.export.partition import boundaries, check_common, micro_batch_size, ranges
 
 
 def skip_shm_build() -> None:
@@ -57,7 +61,7 @@ def check_plan(plan: ir.Plan) -> int:
         runnable.check_runnable(plan, "deepspeed")
     except PlanError as exc:
         raise ExportError(exc.cause, exc.hint) from None
-    return common.check_common(plan, "deepspeed")
+    return check_common(plan, "deepspeed")
 
 
 def precision_config(precision: str) -> dict[str, Any]:
@@ -80,7 +84,7 @@ def ds_config(plan: ir.Plan, lr: float | None = None) -> dict[str, Any]:
     ``torch.optim.Adam``); the other optimizers are torch.optim classes.
     """
     width = check_plan(plan)
-    lr = common.DEFAULT_LR[plan.optimizer] if lr is None else lr
+    lr = DEFAULT_LR[plan.optimizer] if lr is None else lr
     optimizers: dict[str, dict[str, Any]] = {
         "sgd": {"type": "SGD", "params": {"lr": lr}},
         "momentum": {"type": "SGD", "params": {"lr": lr, "momentum": 0.9}},
@@ -89,7 +93,7 @@ def ds_config(plan: ir.Plan, lr: float | None = None) -> dict[str, Any]:
     }
     return {
         "train_batch_size": plan.batch_size,
-        "train_micro_batch_size_per_gpu": common.micro_batch_size(plan, width),
+        "train_micro_batch_size_per_gpu": micro_batch_size(plan, width),
         "gradient_accumulation_steps": plan.microbatches,
         "optimizer": optimizers[plan.optimizer],
         # DeepSpeed 0.19 clips gradients to norm 1.0 unless told otherwise; a plan trains
@@ -125,7 +129,7 @@ class _RunMember:
 
 def tie_groups(layers: Sequence[nn.Module]) -> list[tuple[list[int], list[str]]]:
     """Connected groups of layers that share parameters, and the shared names in a holder."""
-    ties = common.find_ties(layers)
+    ties = find_ties(layers)
     parent: dict[int, int] = {}
 
     def find(i: int) -> int:
@@ -204,10 +208,10 @@ def build_pipeline_module(model_or_layers: Any, plan: ir.Plan,
     from deepspeed.runtime.pipe.topology import PipeDataParallelTopology
 
     width = check_plan(plan)
-    layers = common.as_layers(model_or_layers, example_input)
-    common.check_layers_match(layers, plan.profile, ExportError)
+    layers = as_layers(model_or_layers, example_input)
+    check_layers_match(layers, plan.profile, ExportError)
     if isinstance(loss_fn, str):
-        loss_fn = common.make_loss(loss_fn)
+        loss_fn = make_loss(loss_fn)
     if not _CLASS:
         _CLASS.append(_explicit_class())
     topo = PipeDataParallelTopology(num_pp=len(plan.stages), num_dp=width)
@@ -215,7 +219,7 @@ def build_pipeline_module(model_or_layers: Any, plan: ir.Plan,
     stage = plan.stages[topo.get_coord(rank).pipe]
     interval = (stage.layers[1] - stage.layers[0]) if stage.recompute == "full" else 0
     ckpt = partial(torch.utils.checkpoint.checkpoint, use_reentrant=False)
-    return _CLASS[0](layer_specs(layers), common.boundaries(plan), topology=topo, loss_fn=loss_fn,
+    return _CLASS[0](layer_specs(layers), boundaries(plan), topology=topo, loss_fn=loss_fn,
                      activation_checkpoint_interval=interval, activation_checkpoint_func=ckpt)
 
 
@@ -249,21 +253,22 @@ import deepspeed
 import torch
 
 from planner import ir
-from planner.export import common
+from planner.export.args import script_args
+from planner.export.data import data_spec, sub_batch
+from planner.export.layers import load_layers
 from planner.export.deepspeed import build_pipeline_module, skip_shm_build
-from planner.runner import load_layers
 
 HERE = Path(__file__).resolve().parent
 
 
 def main() -> None:
-    args = common.script_args(__doc__, {model!r}, local_rank=True)  # the deepspeed launcher sets --local_rank
+    args = script_args(__doc__, {model!r}, local_rank=True)  # the deepspeed launcher sets --local_rank
     plan = ir.Plan.from_dict(json.loads((HERE / "plan.json").read_text()))
     config = json.loads((HERE / "ds_config.json").read_text())
     skip_shm_build()  # a CPU-only C++ op DeepSpeed would JIT-build (~35 s); training does not use it
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
     layers, example = load_layers(args.model, plan, args.seed)
-    spec = common.data_spec(layers, example, args.loss)
+    spec = data_spec(layers, example, args.loss)
     module = build_pipeline_module(layers, plan, args.loss)
     engine, _, _, _ = deepspeed.initialize(model=module, config=config,
                                            model_parameters=[p for p in module.parameters() if p.requires_grad])
@@ -272,8 +277,8 @@ def main() -> None:
     def batches(step: int):
         x, y = spec.batch(step, plan.batch_size, args.seed)
         for m in range(plan.microbatches):
-            yield (common.sub_batch(x, m, replica, plan.microbatches, width),
-                   common.sub_batch(y, m, replica, plan.microbatches, width))
+            yield (sub_batch(x, m, replica, plan.microbatches, width),
+                   sub_batch(y, m, replica, plan.microbatches, width))
 
     for step in range(args.steps):
         loss = engine.train_batch(data_iter=batches(step))
@@ -290,15 +295,15 @@ def script_text(plan: ir.Plan) -> str:
     width = check_plan(plan)
     return SCRIPT.format(model=plan.model, stages=len(plan.stages), width=width, world=plan.world_size,
                          config=plan.config, schedule=plan.schedule, micro=plan.microbatches,
-                         mb=common.micro_batch_size(plan, width), batch=plan.batch_size,
-                         ranges=", ".join(f"[{a}, {b})" for a, b in common.ranges(plan)))
+                         mb=micro_batch_size(plan, width), batch=plan.batch_size,
+                         ranges=", ".join(f"[{a}, {b})" for a, b in ranges(plan)))
 
 
 def make_trainer(layers: Sequence[nn.Module], plan: ir.Plan, loss: str,
                  lr: float | None = None) -> Callable[[torch.Tensor, torch.Tensor], float]:
     """A DeepSpeed pipeline engine for ``plan``; returns ``step(x, y) -> mean loss`` on the global batch.
 
-    Each data-parallel replica takes its share of every micro-batch (common.sub_batch);
+    Each data-parallel replica takes its share of every micro-batch (sub_batch);
     ``train_batch`` returns the loss averaged over micro-batches and replicas.
     """
     import logging
@@ -316,8 +321,8 @@ def make_trainer(layers: Sequence[nn.Module], plan: ir.Plan, loss: str,
 
     def step(x: torch.Tensor, y: torch.Tensor) -> float:
         dev = engine.device
-        batches = [(common.sub_batch(x, i, replica, m, width).to(dev),
-                    common.sub_batch(y, i, replica, m, width).to(dev)) for i in range(m)]
+        batches = [(sub_batch(x, i, replica, m, width).to(dev),
+                    sub_batch(y, i, replica, m, width).to(dev)) for i in range(m)]
         return float(engine.train_batch(data_iter=iter(batches)))
 
     return step

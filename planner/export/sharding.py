@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from planner.export import common
+from planner.export.optim import torch_optimizer
 
 ATTENTION_CORE = "scaled_dot_product"
 """Ops whose name contains this are the attention core that selective recomputation redoes."""
@@ -126,10 +126,10 @@ def optimizer(name: str, params: list[nn.Parameter], lr: float, zero: int, group
     gradients are handed over by :func:`zero1_grads`).
     """
     if zero != 1:
-        return common.torch_optimizer(name, params, lr)
+        return torch_optimizer(name, params, lr)
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
-    proto = common.torch_optimizer(name, [nn.Parameter(torch.zeros(1))], lr)
+    proto = torch_optimizer(name, [nn.Parameter(torch.zeros(1))], lr)
     proxies = [p if local(p) is p.data else nn.Parameter(local(p)) for p in params]
     opt = ZeroRedundancyOptimizer(proxies, optimizer_class=type(proto), process_group=group, **proto.defaults)
     opt.planner_params = list(zip(params, proxies, strict=True))

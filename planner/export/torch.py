@@ -45,7 +45,12 @@ from torch import nn
 
 from planner import ir, runnable
 from planner.errors import ExportError, PlanError
-from planner.export import common, parallel, sharding
+from planner.export import parallel, sharding
+from planner.export.data import sub_batch
+from planner.export.layers import TiedParam, check_layers_match, find_ties
+from planner.export.losses import make_loss
+from planner.export.optim import DEFAULT_LR
+from planner.export.partition import ranges
 from planner.schedule import SCHEDULE_KINDS, schedule_kind
 
 SCHEDULES = {name: kind.torch_class for name, kind in SCHEDULE_KINDS.items() if kind.torch_class is not None}
@@ -140,7 +145,7 @@ def build_stages(layers: Sequence[nn.Module], plan: ir.Plan, rank: int, world: i
     return stages, mesh
 
 
-def _tie_groups(layers: Sequence[nn.Module], ties: Sequence[common.TiedParam], plan: ir.Plan,
+def _tie_groups(layers: Sequence[nn.Module], ties: Sequence[TiedParam], plan: ir.Plan,
                 mesh: Any) -> list[tuple[Any, nn.Parameter]]:
     """Process groups (per data and tensor coordinate) over the pipeline ranks whose stages hold a tied
     parameter, with this rank's copy of it. ``ties`` are found before sharding: FSDP and tensor
@@ -170,7 +175,7 @@ def _make_schedule(stages: list[Any], plan: ir.Plan, loss: str) -> Any:
     kind = schedule_kind(plan.schedule)
     cls = getattr(pipelining, SCHEDULES[plan.schedule])
     return cls(stages if plan.virtual_stages > 1 or kind.torch_stage_list else stages[0],
-               plan.microbatches, loss_fn=common.make_loss(loss))
+               plan.microbatches, loss_fn=make_loss(loss))
 
 
 def _run_schedule(schedule: Any, first: bool, last: bool, xs: torch.Tensor, ys: torch.Tensor) -> list[torch.Tensor]:
@@ -218,9 +223,9 @@ class Trainer:
         import torch.distributed as dist
 
         check_plan(plan, layers)
-        common.check_layers_match(layers, plan.profile, ExportError)
+        check_layers_match(layers, plan.profile, ExportError)
         self.plan, self.layers = plan, list(layers)
-        ties = common.find_ties(layers)
+        ties = find_ties(layers)
         self.stages, self.mesh = build_stages(layers, plan, dist.get_rank(), dist.get_world_size())
         self.ties = _tie_groups(layers, ties, plan, self.mesh)
         with torch.no_grad():  # the same seed built them equal; a broadcast guards against drift
@@ -229,14 +234,14 @@ class Trainer:
         self.schedule = _make_schedule(self.stages, plan, loss)
         self.params = list({id(p): p for s in self.stages for p in s.submod.parameters()}.values())
         self.zero = _rank_zero(plan, [s.stage_index for s in self.stages])
-        rate = common.DEFAULT_LR[plan.optimizer] if lr is None else lr
+        rate = DEFAULT_LR[plan.optimizer] if lr is None else lr
         self.opt = sharding.optimizer(plan.optimizer, self.params, rate, self.zero, self.mesh["dp"].get_group())
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> float:
         m, dp = self.plan.microbatches, self.mesh["dp"].size()
         replica, dev = self.mesh.get_coordinate()[1], device()
-        xs = torch.cat([common.sub_batch(x, i, replica, m, dp) for i in range(m)]).to(dev)
-        ys = torch.cat([common.sub_batch(y, i, replica, m, dp) for i in range(m)]).to(dev)
+        xs = torch.cat([sub_batch(x, i, replica, m, dp) for i in range(m)]).to(dev)
+        ys = torch.cat([sub_batch(y, i, replica, m, dp) for i in range(m)]).to(dev)
         for p in self.params:  # the parameters' own gradients (ZeRO-1 steps local proxies of them)
             p.grad = None
         losses = _run_schedule(self.schedule, any(s.is_first for s in self.stages),
@@ -321,19 +326,20 @@ import torch
 import torch.distributed as dist
 
 from planner import ir
-from planner.export import common
+from planner.export.args import script_args
+from planner.export.data import data_spec
+from planner.export.layers import load_layers
 from planner.export.torch import make_trainer
-from planner.runner import load_layers
 
 HERE = Path(__file__).resolve().parent
 
 
 def main() -> None:
-    args = common.script_args(__doc__, {model!r})
+    args = script_args(__doc__, {model!r})
     plan = ir.Plan.from_dict(json.loads((HERE / "plan.json").read_text()))
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     layers, example = load_layers(args.model, plan, args.seed)
-    spec = common.data_spec(layers, example, args.loss)
+    spec = data_spec(layers, example, args.loss)
     step = make_trainer(layers, plan, args.loss)
     for s in range(args.steps):
         x, y = spec.batch(s, plan.batch_size, args.seed)
@@ -356,5 +362,5 @@ def script_text(plan: ir.Plan) -> str:
         config=plan.config, schedule=plan.schedule, cls=SCHEDULES[plan.schedule], micro=plan.microbatches,
         batch=plan.batch_size, precision=plan.precision, pp=plan.pipeline_stages, optimizer=plan.optimizer,
         zero=first.zero, recompute=", ".join(s.recompute for s in plan.stages),
-        ranges=", ".join(f"[{a}, {b})" for a, b in common.ranges(plan)),
+        ranges=", ".join(f"[{a}, {b})" for a, b in ranges(plan)),
         forms="; ".join(",".join(s.forms) for s in plan.stages))

@@ -28,11 +28,13 @@ sequence under tp), stages that differ in recomputation, and models that are not
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping
 from typing import Any
 
 from planner import ir, runnable
 from planner.errors import ExportError, PlanError
+from planner.jsonio import dumps
 
 SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B", "zb-h1": "InterleavedZeroBubble"}
 """The plan's schedule -> torchtitan's ``pipeline_parallel_schedule`` (torch's schedule class names)."""
@@ -165,3 +167,19 @@ def config_text(plan: ir.Plan) -> str:
     return toml_text(doc, "torchtitan 0.2.0 job config written by `planner export --to torchtitan` "
                           f"(plan {plan.config}, {plan.schedule}, {plan.microbatches} micro-batches).\n"
                           "Set [model] hf_assets_path (tokenizer) and [training] dataset for your data." + note)
+
+
+def launch_command(plan: ir.Plan, out_dir: str) -> str:
+    """torchtitan's own launch of the job config (one server; torchrun's usual flags for more)."""
+    return (f"cd {shlex.quote(out_dir)} && torchrun --nproc_per_node {plan.world_size} -m torchtitan.train "
+            "--job.config_file job_config.toml")
+
+
+def files(plan: ir.Plan) -> dict[str, str]:
+    """The export folder: the plan, the job config and a README with the command."""
+    readme = (f"# {plan.model} on torchtitan: config {plan.config}, {plan.schedule}, {plan.microbatches} "
+              f"micro-batches\n\nExported by `planner export --to torchtitan` for torchtitan 0.2.0 (TOML job "
+              f"configs). Predicted iteration: {plan.predicted.iteration_s:.6g} s.\n\n```\n"
+              f"{launch_command(plan, '.')}\n```\n\nSet `[model] hf_assets_path` (the tokenizer) and "
+              "`[training] dataset` to your data first.\n")
+    return {"plan.json": dumps(plan.to_dict()), "job_config.toml": config_text(plan), "README.md": readme}

@@ -117,6 +117,10 @@ class Cluster:
     nodes: tuple[Node, ...]
     links: tuple[tuple[str, Link], ...]
 
+    def __hash__(self) -> int:
+        # a cheap hash (a 1024-GPU cluster is hashed for every cached look-up); equal clusters share it
+        return hash((self.name, len(self.nodes), sum(len(n.gpus) for n in self.nodes)))
+
     def link(self, level: str) -> Link:
         for name, link in self.links:
             if name == level:

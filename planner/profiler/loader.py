@@ -144,10 +144,19 @@ def _is_transformers_model(module: object) -> bool:
 
 
 def _call_factory(spec: str, dev: torch.device) -> object:
-    factory = _import_factory(spec)
+    from planner.outputs import stdout_to_stderr
+
     try:
-        with dev:
-            return factory()  # type: ignore[operator]
+        with stdout_to_stderr():  # a factory's prints must not corrupt --json on stdout
+            factory = _import_factory(spec)
+            with dev:
+                return factory()  # type: ignore[operator]
+    except ModelLoadError:
+        raise
+    except (SystemExit, KeyboardInterrupt) as exc:
+        what = f"exit({exc.code!r})" if isinstance(exc, SystemExit) else "KeyboardInterrupt"
+        raise ModelLoadError(f"model factory {spec!r} raised {what}",
+                             "a factory must return a model, not exit") from None
     except Exception as exc:
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise ModelLoadError(f"model factory {spec!r} raised {type(exc).__name__}: {msg}",

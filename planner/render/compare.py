@@ -9,6 +9,7 @@ from rich.table import Table
 
 from planner.compare import Comparison, StrategyResult
 from planner.render import GIB, stderr_console, write_png
+from planner.render.text import safe_text
 
 
 def _fmt(value: float | None, fmt: str, suffix: str = "") -> str:
@@ -17,7 +18,8 @@ def _fmt(value: float | None, fmt: str, suffix: str = "") -> str:
 
 def comparison_table(comparison: Comparison) -> Table:
     """One row per strategy: time, throughput, speedup over dp, memory per GPU, fits, config."""
-    table = Table(title=f"{comparison.model} (batch {comparison.batch_size}) on {comparison.cluster}, "
+    model, cluster = safe_text(comparison.model), safe_text(comparison.cluster)
+    table = Table(title=f"{model} (batch {comparison.batch_size}) on {cluster}, "
                         f"optimizer {comparison.optimizer}", title_justify="left")
     for col, justify in (("strategy", "left"), ("config", "left"), ("schedule", "left"), ("M", "right"),
                          ("iter ms", "right"), ("samples/s", "right"), ("vs dp", "right"),
@@ -27,7 +29,7 @@ def comparison_table(comparison: Comparison) -> Table:
     for s in comparison.strategies:
         style = "bold green" if s.fits and s.iteration_s == fastest else ("dim" if not s.fits else "")
         table.add_row(
-            s.name, s.config or "-", s.schedule or "-", _fmt(s.microbatches, "d"),
+            safe_text(s.name), safe_text(s.config or "-"), s.schedule or "-", _fmt(s.microbatches, "d"),
             _fmt(None if s.iteration_s is None else s.iteration_s * 1000, ".1f"),
             _fmt(s.samples_per_s, ".1f"), _fmt(s.speedup_over_dp, ".2f", "x"),
             _fmt(None if s.peak_memory_bytes is None else s.peak_memory_bytes / GIB, ".2f"),
@@ -44,7 +46,7 @@ def print_comparison(comparison: Comparison) -> None:
     console.print(comparison_table(comparison))
     for s in comparison.strategies:
         if not s.fits:
-            console.print(f"[dim]{s.name} does not fit:[/dim] {s.reason}", soft_wrap=True)
+            console.print(f"[dim]{safe_text(s.name)} does not fit:[/dim] {safe_text(s.reason)}", soft_wrap=True)
 
 
 def _bar_values(strategies: Sequence[StrategyResult]) -> tuple[list[float], str]:
@@ -64,6 +66,7 @@ def plot_comparison(comparison: Comparison, path: str | os.PathLike[str]) -> Non
     import matplotlib
 
     matplotlib.use("Agg")
+    matplotlib.rcParams["text.parse_math"] = False  # names from files are text, not mathtext
     import matplotlib.pyplot as plt
 
     rows = list(comparison.strategies)
@@ -95,6 +98,7 @@ def plot_speedup_groups(groups: Sequence[tuple[str, Sequence[Comparison]]], path
     import matplotlib
 
     matplotlib.use("Agg")
+    matplotlib.rcParams["text.parse_math"] = False  # names from files are text, not mathtext
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(len(groups), 1, figsize=(11.0, 3.6 * len(groups)), squeeze=False)

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from planner import render
 from planner.ir import LayerProfile, ModelProfile
+from planner.render.text import safe_text
 
 
 def stderr_console() -> Console:
@@ -50,8 +51,9 @@ def _ms(seconds: float) -> str:
 def summary_table(profile: ModelProfile, max_rows: int = 60) -> Table:
     """One row per layer (elided in the middle past ``max_rows``) and a total row."""
     mode = profile.mode
-    table = Table(title=f"{profile.model}: {len(profile.layers)} layers, batch {profile.batch_size}, "
-                        f"{profile.dtype}, {mode} on {profile.device} ({_si(profile.device_flops, 'FLOP/s')})",
+    model, dtype, device = (safe_text(x) for x in (profile.model, profile.dtype, profile.device))
+    table = Table(title=f"{model}: {len(profile.layers)} layers, batch {profile.batch_size}, "
+                        f"{dtype}, {safe_text(mode)} on {device} ({_si(profile.device_flops, 'FLOP/s')})",
                   title_justify="left")
     for col, justify in (("#", "right"), ("layer", "left"), ("type", "left"), ("fwd ms", "right"),
                          ("bwd ms", "right"), ("FLOPs f+b", "right"), ("params", "right"), ("output", "right"),
@@ -66,7 +68,7 @@ def summary_table(profile: ModelProfile, max_rows: int = 60) -> Table:
             table.add_row("…", "…", "", "", "", "", "", "", "", "")
             continue
         shape = "" if layer.in_features is None else f"{layer.in_features}→{layer.out_features}"
-        table.add_row(str(i), layer.name, layer.type, _ms(layer.forward_s), _ms(layer.backward_s),
+        table.add_row(str(i), safe_text(layer.name), safe_text(layer.type), _ms(layer.forward_s), _ms(layer.backward_s),
                       _si(layer.forward_flops + layer.backward_flops, ""), f"{layer.param_count:,}",
                       _si(layer.output_bytes, "B"), _si(layer.saved_bytes, "B"), shape)
     ls = profile.layers
@@ -83,7 +85,8 @@ def print_summary(profile: ModelProfile, output: str | None) -> None:
     meta = profile.meta
     notes = []
     if profile.ties:
-        notes.append("tied: " + ", ".join(f"{t.name} (layers {', '.join(map(str, t.layers))})" for t in profile.ties))
+        notes.append("tied: " + ", ".join(f"{safe_text(t.name)} (layers {', '.join(map(str, t.layers))})"
+                                          for t in profile.ties))
     whole = meta.get("whole_model_fwd_bwd_s")
     if whole:
         total = sum(x.forward_s + x.backward_s for x in profile.layers)
@@ -92,6 +95,6 @@ def print_summary(profile: ModelProfile, output: str | None) -> None:
     if profile.mode == "analytic":
         notes.append(f"times = FLOPs / ({_si(profile.device_flops, 'FLOP/s')} x efficiency {meta.get('efficiency')})")
     if output:
-        notes.append(f"wrote {output}")
+        notes.append(f"wrote {safe_text(output)}")
     for note in notes:
         console.print(note)

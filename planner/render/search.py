@@ -8,6 +8,7 @@ from rich.table import Table
 
 from planner import ir
 from planner.render import GIB, stderr_console
+from planner.render.text import safe_text
 
 
 def _gib(n: float) -> str:
@@ -31,7 +32,8 @@ def _forms(forms: Sequence[str]) -> str:
 
 
 def _devices(devices: Sequence[str]) -> str:
-    return ", ".join(devices) if len(devices) <= 3 else f"{devices[0]} .. {devices[-1]} ({len(devices)})"
+    shown = [safe_text(d) for d in devices]
+    return ", ".join(shown) if len(shown) <= 3 else f"{shown[0]} .. {shown[-1]} ({len(shown)})"
 
 
 def print_plan(plan: ir.Plan, *, elapsed_s: float | None = None, output: str | None = None) -> None:
@@ -42,7 +44,8 @@ def print_plan(plan: ir.Plan, *, elapsed_s: float | None = None, output: str | N
     costs = stage_costs(plan)
     terms = stage_terms(costs, plan.schedule, plan.microbatches)
     bottleneck = max(range(len(terms)), key=lambda i: terms[i])
-    table = Table(title=f"plan for {plan.model} on {plan.cluster.name}: config {plan.config}", title_justify="left")
+    table = Table(title=f"plan for {safe_text(plan.model)} on {safe_text(plan.cluster.name)}: config {plan.config}",
+                  title_justify="left")
     for col in ("stage", "layers", "devices", "forms", "fwd+bwd / mb", "recv / mb", "all-reduce", "memory / device",
                 "capacity"):
         table.add_column(col, justify="right" if col not in ("devices", "forms") else "left")
@@ -50,7 +53,7 @@ def print_plan(plan: ir.Plan, *, elapsed_s: float | None = None, output: str | N
     for s, (stage, cost) in enumerate(zip(plan.stages, costs, strict=True)):
         first, end = stage.layers
         span = f"{first}-{end - 1}" if end - first > 1 else f"{first}"
-        names = f"{layers[first].name}..{layers[end - 1].name}" if end - first > 1 else layers[first].name
+        names = safe_text(f"{layers[first].name}..{layers[end - 1].name}" if end - first > 1 else layers[first].name)
         recv = 2 * costs[s - 1].send_s if s > 0 else 0.0
         mark = " *" if s == bottleneck and len(plan.stages) > 1 else ""
         forms = _forms(stage.forms) + (f" +recompute {stage.recompute}" if stage.recomputes else "")
@@ -73,7 +76,7 @@ def print_plan(plan: ir.Plan, *, elapsed_s: float | None = None, output: str | N
     if elapsed_s is not None:
         tail.append(f"searched in {elapsed_s:.2f} s ({plan.solver})")
     if output:
-        tail.append(f"plan written to {output}")
+        tail.append(f"plan written to {safe_text(output)}")
     if tail:
         console.print("; ".join(tail))
 
@@ -90,9 +93,9 @@ def print_clusters(clusters: Sequence[ir.Cluster], descriptions: Mapping[str, st
         flops = sorted({g.flops / 1e12 for g in c.gpus})
         mems = sorted({g.memory_bytes for g in c.gpus})
         intra, inter = c.link("intra_node"), c.link("inter_node")
-        table.add_row(c.name, shape, ", ".join(f"{f:g}" for f in flops), ", ".join(_gib(m) for m in mems),
+        table.add_row(safe_text(c.name), shape, ", ".join(f"{f:g}" for f in flops), ", ".join(_gib(m) for m in mems),
                       f"{intra.bandwidth_Bps * 8 / 1e9:g} Gbit/s", f"{inter.bandwidth_Bps * 8 / 1e9:g} Gbit/s")
     console.print(table)
     for c in clusters:
         if descriptions.get(c.name):
-            console.print(f"[bold]{c.name}[/]: {descriptions[c.name]}")
+            console.print(f"[bold]{safe_text(c.name)}[/]: {safe_text(descriptions[c.name])}")

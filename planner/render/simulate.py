@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from planner.render import GIB, stderr_console, write_png
+from planner.render.text import plain_text, safe_text
 from planner.simulate import Event, SimResult
 
 MARK = {"F": "blue", "B": "green", "W": "yellow", "AR": "red", "OPT": "bright_red", "act": "cyan", "grad": "magenta"}
@@ -26,7 +27,7 @@ IDLE = "·"
 
 def lane_label(devices: Sequence[str]) -> str:
     """A device group's name: ``n0.g0`` or ``n0.g0 +3``."""
-    return devices[0] if len(devices) == 1 else f"{devices[0]} +{len(devices) - 1}"
+    return plain_text(devices[0] if len(devices) == 1 else f"{devices[0]} +{len(devices) - 1}")
 
 
 def gantt_rows(result: SimResult, width: int = 96) -> list[tuple[str, list[tuple[str, str]]]]:
@@ -43,7 +44,7 @@ def gantt_rows(result: SimResult, width: int = 96) -> list[tuple[str, list[tuple
     for e in result.events:
         tracks.setdefault(e.track, []).append(e)
     order = [(f"lane:{i}", lane_label(devs)) for i, devs in enumerate(result.lanes)]
-    order += [(f"link:{link}", link) for link in result.links]
+    order += [(f"link:{link}", plain_text(link)) for link in result.links]
     rows = []
     for track, label in order:
         cells: list[tuple[str, str]] = [(IDLE, "")] * width
@@ -121,7 +122,7 @@ def summary_table(result: SimResult, batch_size: int | None = None, title: bool 
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     for d in result.devices:
         share = d.busy_s / result.iteration_s if result.iteration_s > 0 else 0.0
-        table.add_row(d.device, str(d.lane), f"{d.busy_s * 1000:.3f}", f"{share:.0%}", str(d.peak_in_flight),
+        table.add_row(safe_text(d.device), str(d.lane), f"{d.busy_s * 1000:.3f}", f"{share:.0%}", str(d.peak_in_flight),
                       f"{d.peak_memory_bytes / GIB:.3f}",
                       f"{d.capacity_bytes / GIB:.2f}" if d.capacity_bytes > 0 else "-",
                       "yes" if d.fits else "NO", style="" if d.fits else "bold red")
@@ -246,6 +247,7 @@ def plot_simulation(result: SimResult, path: str | os.PathLike[str], title: str 
     import matplotlib
 
     matplotlib.use("Agg")
+    matplotlib.rcParams["text.parse_math"] = False  # names from files are text, not mathtext
     import matplotlib.pyplot as plt
 
     n_rows = len(result.lanes) + len(result.links)

@@ -208,11 +208,18 @@ def build_moves(cluster: ir.Cluster, mode: str, widths: Sequence[int] | None
     return moves, skip, groups
 
 
-def tensor_degrees(group: Group, batch_size: int, microbatches: int, space: Space) -> list[int]:
+def _shardable(profile: ir.ModelProfile) -> bool:
+    """Whether any layer can shard its weight (split or tp forms): else a tensor group only repeats tp 1."""
+    return any(x.splittable or x.block is not None for x in profile.layers)
+
+
+def tensor_degrees(group: Group, batch_size: int, microbatches: int, space: Space, shardable: bool = True
+                   ) -> list[int]:
     """The tensor degrees a group may run: powers of two dividing its GPUs in each server, with
-    whole micro-batches per data-parallel rank (and the fixed ``--tp`` / ``--micro-batch-size``)."""
+    whole micro-batches per data-parallel rank (and the fixed ``--tp`` / ``--micro-batch-size``);
+    only 1 when no layer can shard (a tensor group of dp forms costs what tp 1 costs)."""
     out = []
-    for tp in pow2_upto(group.per_node if group.nodes > 1 else group.n):
+    for tp in pow2_upto(group.per_node if group.nodes > 1 else group.n) if shardable else [1]:
         dp = group.n // tp
         if group.n % tp or (space.tp is not None and tp != space.tp):
             continue
@@ -262,11 +269,14 @@ def _grid_moves(profile: ir.ModelProfile, cluster: ir.Cluster, moves: list[list[
     key_of: dict[Grid, int] = {}
     grids: list[Grid] = []
     tables: list[list[StageTables]] = []
+    groups: dict[tuple[str, ...], Group] = {}
     for d, row in enumerate(moves):
         out = []
         for mv in row:
-            group = group_of(cluster, mv.devices, space.precision)
-            for tp in tensor_degrees(group, profile.batch_size, microbatches, space):
+            group = groups.get(mv.devices)
+            if group is None:
+                group = groups[mv.devices] = group_of(cluster, mv.devices, space.precision)
+            for tp in tensor_degrees(group, profile.batch_size, microbatches, space, _shardable(profile)):
                 grid = Grid(group, tp, space.precision, space.sequence_parallel and tp > 1)
                 if grid not in key_of:
                     key_of[grid] = len(grids)
@@ -332,7 +342,10 @@ def _sync_const(prob: Problem, key: int) -> float:
 def options(prob: Problem, key: int) -> list[Option]:
     """Every option of a grid: HPP forms (fastest, leanest) x the allowed variants."""
     grid = prob.grids[key]
-    var = variants(prob.space.recompute, prob.space.zero, grid.dp)
+    modes = prob.space.recompute
+    if not any(x.block is not None for x in prob.profile.layers):  # selective recomputes attention cores only
+        modes = tuple(m for m in modes if m != "selective") or modes
+    var = variants(modes, prob.space.zero, grid.dp)
     return [Option(lean, v) for lean in (False, True)[:len(prob.tables[key])] for v in var]
 
 

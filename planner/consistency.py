@@ -1,0 +1,103 @@
+"""A plan file's own agreement, checked wherever a plan is read (pure).
+
+:func:`load_plan` reads a plan file (schema-checked by :func:`planner.jsonio.read_json`, then
+``ir.Plan.from_dict``) and refuses what a hand edit can break that neither catches: the plan's
+``model``, ``batch_size``, ``config`` and per-stage ``dp`` and ``micro_batch_size`` must agree with
+its embedded profile and stages, ``solver`` must be known (``engine`` is the schema's), stages must cover the
+model and name devices of the embedded cluster. What can still be simulated but is suspicious
+comes back as warnings: a plan its engine cannot run (:mod:`planner.runnable`), and a prediction
+that differs from the plan's simulation by more than :data:`TOLERANCE` (times edited, or an
+analytic ``--rerank 0`` prediction).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from planner import ir, runnable
+from planner.errors import FormatError, PlannerError
+from planner.jsonio import read_json
+
+TOLERANCE = 0.02
+"""Relative difference between a plan's predicted and simulated iteration that is worth a warning."""
+
+MAX_SIMULATED_ACTIONS = 200_000
+"""Stages x micro-batches above which loading skips the prediction check (a few seconds of simulation)."""
+
+def known_solvers() -> tuple[str, ...]:
+    """The search's solvers and the baselines' names (a compare row's plan names its strategy)."""
+    from planner.search import SOLVERS
+    from planner.search.baselines import STRATEGIES
+
+    return (*SOLVERS, *STRATEGIES)
+
+
+def load_plan(path: str | os.PathLike[str], *, check_prediction: bool = True) -> tuple[ir.Plan, list[str]]:
+    """Read and check a plan file: the plan and its warnings (errors raise :class:`FormatError`)."""
+    source = str(path)
+    doc = read_json(path, "plan")
+    plan = ir.Plan.from_dict(doc, source)
+    check_plan(doc, plan, source)
+    warnings = [f"{source}: the plan cannot run on {plan.engine}: {p}" for p in runnable.problems(plan)[:3]]
+    if check_prediction:
+        warnings += prediction_warnings(plan, source)
+    return plan, warnings
+
+
+def _refuse(source: str, what: str, hint: str = "re-create the plan with planner search") -> FormatError:
+    return FormatError(f"{source}: {what}", hint)
+
+
+def check_plan(doc: Mapping[str, Any], plan: ir.Plan, source: str) -> None:
+    """Raise :class:`FormatError` (or the simulator's :class:`PlanError`: stages that do not cover the
+    model, devices not in the cluster) where the plan's fields disagree with each other or its profile."""
+    for key, own in (("model", plan.model), ("batch_size", plan.batch_size)):
+        if key in doc and doc[key] != own:
+            raise _refuse(source, f"'{key}' is {doc[key]!r:.60} but the plan's profile gives {own!r:.60}")
+    if plan.solver not in known_solvers():
+        raise _refuse(source, f"'solver' is {plan.solver!r:.40}", f"use one of {', '.join(known_solvers())}")
+    from planner.simulate import validate_plan
+
+    validate_plan(plan)  # schedule, layer cover, devices, virtual stages, micro-batches dividing the batch
+    if doc.get("config", plan.config) != plan.config:
+        raise _refuse(source, f"'config' is {doc['config']!r:.60} but the stages give {plan.config!r}")
+    _check_stages(doc, plan, source)
+
+
+def _check_stages(doc: Mapping[str, Any], plan: ir.Plan, source: str) -> None:
+    for i, (stage, raw) in enumerate(zip(plan.stages, doc["stages"], strict=True)):
+        where = f"stages[{i}]"
+        if "dp" in raw and raw["dp"] != stage.dp:
+            raise _refuse(source, f"{where}.dp is {raw['dp']!r} but its {stage.width} devices at tp {stage.tp} "
+                                  f"give {stage.dp}")
+        mbs = raw.get("micro_batch_size")
+        if mbs is not None and not math.isclose(mbs, plan.micro_batch_size(stage), rel_tol=1e-9):
+            raise _refuse(source, f"{where}.micro_batch_size is {mbs!r} but batch {plan.batch_size} / "
+                                  f"({plan.microbatches} micro-batches x dp {stage.dp}) is "
+                                  f"{plan.micro_batch_size(stage):.6g}")
+
+
+def prediction_warnings(plan: ir.Plan, source: str) -> list[str]:
+    """A warning when the plan's predicted iteration and its simulation differ by more than :data:`TOLERANCE`."""
+    predicted = plan.predicted.iteration_s
+    if predicted <= 0 or len(plan.stages) * plan.microbatches > MAX_SIMULATED_ACTIONS:
+        return []
+    from planner.simulate import simulate
+
+    try:
+        simulated = simulate(plan).iteration_s
+    except PlannerError:  # what the plan's own command meets, it reports in its own words
+        return []
+    return prediction_gap(predicted, simulated, source)
+
+
+def prediction_gap(predicted_s: float, simulated_s: float, source: str) -> list[str]:
+    """The warning of :func:`prediction_warnings` for two iteration times (empty when they agree)."""
+    if predicted_s <= 0 or abs(simulated_s - predicted_s) <= TOLERANCE * predicted_s:
+        return []
+    return [f"{source}: the plan predicts {predicted_s * 1000:.4g} ms per iteration but simulates to "
+            f"{simulated_s * 1000:.4g} ms ({simulated_s / predicted_s:.3g}x, more than {TOLERANCE:.0%} apart): "
+            "its times may have been edited, or it was searched with --rerank 0 (an analytic prediction)"]

@@ -1,0 +1,22 @@
+"""The command line of a generated ``train.py``: ``--model``, ``--steps``, ``--loss``, ``--seed``."""
+
+from __future__ import annotations
+
+import argparse
+
+from planner.export.losses import LOSSES
+
+
+def script_args(doc: str | None, model: str, local_rank: bool = False) -> argparse.Namespace:
+    """Parse a generated script's arguments (``model`` is the default ``--model``).
+
+    ``local_rank`` also accepts the ``--local_rank`` the DeepSpeed launcher passes.
+    """
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=model)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--loss", default="cross_entropy", choices=LOSSES)
+    ap.add_argument("--seed", type=int, default=0)
+    if local_rank:
+        ap.add_argument("--local_rank", type=int, default=-1)
+    return ap.parse_args()

@@ -1,0 +1,86 @@
+"""Synthetic training data of a profile's input shape, the same on every process, and its split.
+
+Batch arithmetic (both engines): the plan's batch ``B`` is cut into ``M`` micro-batches;
+a stage of width ``W`` running ``dp`` forms splits each micro-batch over its ``W``
+devices, so every pipeline replica runs micro-batches of ``B / (M * W)`` samples
+(:func:`sub_batch`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from planner.errors import RunError
+
+
+def token_vocab(layers: Iterable[nn.Module]) -> int | None:
+    """The vocabulary of a token model: the first embedding's size."""
+    for layer in layers:
+        for m in layer.modules():
+            if isinstance(m, nn.Embedding):
+                return int(m.num_embeddings)
+    return None
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """How to make one synthetic batch: input shape and kind, target shape and kind."""
+
+    input_shape: tuple[int, ...]
+    input_high: int | None  # token ids in [0, input_high), or None for float inputs
+    output_shape: tuple[int, ...]  # model output without the batch dimension
+    loss: str
+
+    def batch(self, step: int, size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The global batch of ``step``: the same on every process for the same seed."""
+        g = torch.Generator().manual_seed(seed * 100_003 + step)
+        if self.input_high is None:
+            x = torch.randn(size, *self.input_shape, generator=g)
+        else:
+            x = torch.randint(0, self.input_high, (size, *self.input_shape), generator=g)
+        if self.loss == "cross_entropy":
+            classes = self.output_shape[-1]
+            y = torch.randint(0, classes, (size, *self.output_shape[:-1]), generator=g)
+        else:
+            y = torch.randn(size, *self.output_shape, generator=g)
+        return x, y
+
+
+def data_spec(layers: Sequence[nn.Module], example_input: torch.Tensor, loss: str) -> DataSpec:
+    """Infer the synthetic data from one forward of two samples (eval mode, no grad)."""
+    x = example_input[:2]
+    high = None
+    if not x.is_floating_point():
+        high = token_vocab(layers) or int(example_input.max()) + 1
+    modes = [m.training for m in layers]
+    try:
+        with torch.no_grad():
+            for layer in layers:
+                layer.eval()
+            y = x
+            for layer in layers:
+                y = layer(y)
+    except Exception as exc:
+        raise RunError(f"the model's layers fail on its example input: {type(exc).__name__}: {exc}",
+                       "check --model and the plan's input shape") from None
+    finally:
+        for layer, mode in zip(layers, modes, strict=False):
+            layer.train(mode)
+    if isinstance(y, (tuple, list)):
+        y = y[0]
+    out_shape = tuple(y.shape[1:])
+    if loss == "cross_entropy" and (not out_shape or not y.is_floating_point()):
+        raise RunError(f"the model's output {tuple(y.shape)} does not fit a cross-entropy loss",
+                       "use --loss mse")
+    return DataSpec(tuple(example_input.shape[1:]), high, out_shape, loss)
+
+
+def sub_batch(x: torch.Tensor, micro: int, replica: int, microbatches: int, width: int) -> torch.Tensor:
+    """Samples of micro-batch ``micro`` for data-parallel replica ``replica``."""
+    size = x.shape[0] // (microbatches * width)
+    start = micro * size * width + replica * size
+    return x[start:start + size]

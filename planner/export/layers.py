@@ -1,0 +1,119 @@
+"""The model as the profiled layers: build it, split it, find its ties, check it against the plan.
+
+An exported plan runs EXACTLY the layers the profile measured (``planner.profiler.layers.
+split_model``), in order, with the plan's stage boundaries. :func:`load_layers` builds a
+model spec (zoo name or ``package.module:factory``) and splits it; :func:`as_layers` turns
+a model (or an ``nn.Sequential``, or a ready list of layers) into that list;
+:func:`find_ties` finds the parameters several layers share (GPT-2's ``wte``/``lm_head``);
+:func:`check_layers_match` checks the layers against the plan's profile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from planner import ir
+from planner.errors import ExportError, RunError
+from planner.profiler.layers import split_model
+from planner.profiler.loader import load_model
+
+
+def load_layers(spec: str, plan: ir.Plan, seed: int | None = None) -> tuple[tuple[nn.Module, ...], torch.Tensor]:
+    """Build ``spec`` (zoo name or package.module:factory) and split it into the profiled layers.
+
+    The layers are checked against the plan's profile (count and parameters per layer);
+    ``seed`` seeds torch first, so every process builds the same weights.
+    """
+    if seed is not None:
+        torch.manual_seed(seed)
+    loaded = load_model(spec, plan.batch_size, plan.profile.input_shape)
+    layers = as_layers(loaded.module, loaded.example_input)
+    check_layers_match(layers, plan.profile, RunError)
+    return layers, loaded.example_input
+
+
+@dataclass(frozen=True)
+class TiedParam:
+    """One parameter object used by several layers: ``paths[i]`` is its name inside ``layers[i]``."""
+
+    name: str
+    layers: tuple[int, ...]
+    paths: tuple[str, ...]
+
+
+def as_layers(model_or_layers: Any, example_input: torch.Tensor | None = None) -> tuple[nn.Module, ...]:
+    """The runnable layers of a model: ``x = layer(x)`` in order equals the model.
+
+    Accepts a ``LayeredModel`` (anything with a ``layers`` tuple), a list of modules, an
+    ``nn.Sequential`` (its children), or any module, which is split with the profiler's
+    ``split_model`` (the same split the profile was made with).
+    """
+    layers = getattr(model_or_layers, "layers", None)
+    if layers is not None and not isinstance(model_or_layers, nn.Module):
+        return tuple(layers)
+    if isinstance(model_or_layers, (list, tuple)):
+        if not all(isinstance(m, nn.Module) for m in model_or_layers):
+            raise ExportError("the layer list holds something that is not an nn.Module", "pass nn.Module layers")
+        return tuple(model_or_layers)
+    if isinstance(model_or_layers, nn.Module):
+        if example_input is not None:
+            return tuple(split_model(model_or_layers, example_input).layers)
+        if isinstance(model_or_layers, nn.Sequential):
+            return tuple(model_or_layers.children())
+        raise ExportError(f"cannot split {type(model_or_layers).__name__} into layers without an example input",
+                          "pass example_input, the layers (split_model(...).layers) or an nn.Sequential")
+    raise ExportError(f"expected a model or a list of layers, got {type(model_or_layers).__name__}",
+                      "pass an nn.Module or its layers")
+
+
+def find_ties(layers: Sequence[nn.Module]) -> tuple[TiedParam, ...]:
+    """Parameters that more than one layer holds (the same object), e.g. GPT-2's wte/lm_head."""
+    seen: dict[int, list[tuple[int, str]]] = {}
+    names: dict[int, str] = {}
+    for i, layer in enumerate(layers):
+        for path, p in layer.named_parameters():
+            uses = seen.setdefault(id(p), [])
+            if not uses or uses[-1][0] != i:
+                uses.append((i, path))
+                names.setdefault(id(p), path)
+    return tuple(TiedParam(names[k].replace(".", "_"), tuple(i for i, _ in v), tuple(p for _, p in v))
+                 for k, v in seen.items() if len(v) > 1)
+
+
+def layer_param_counts(layers: Sequence[nn.Module]) -> list[int]:
+    """Parameters per layer, a shared parameter counted once, in its first layer (as profiles do)."""
+    counted: set[int] = set()
+    out = []
+    for layer in layers:
+        n = 0
+        for p in layer.parameters():
+            if id(p) not in counted:
+                counted.add(id(p))
+                n += p.numel()
+        out.append(n)
+    return out
+
+
+def check_layers_match(layers: Sequence[nn.Module], profile: ir.ModelProfile, error: type = RunError) -> None:
+    """The layers must be the profile's: same count, same parameters per layer."""
+    if len(layers) != len(profile.layers):
+        raise error(f"the model has {len(layers)} layers but the plan's profile ({profile.model}) has "
+                    f"{len(profile.layers)}", "run the plan with the model it was profiled from, or "
+                    "profile and search this model again")
+    counts = layer_param_counts(layers)
+    for i, (n, lp) in enumerate(zip(counts, profile.layers, strict=False)):
+        if n != lp.param_count:
+            raise error(f"layer {i} ({lp.name}) has {n} parameters in the model but {lp.param_count} in the "
+                        f"plan's profile", "the model's shapes differ from the profiled one: profile it again")
+
+
+def disable_dropout(module: nn.Module) -> None:
+    """Set every dropout probability to 0 (equivalence checks need a deterministic forward)."""
+    for m in module.modules():
+        if isinstance(m, nn.modules.dropout._DropoutNd):
+            m.p = 0.0

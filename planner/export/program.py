@@ -1,0 +1,155 @@
+"""The exported program folder: ``plan.json``, ``train.py``, the engine's config, launch scripts, README.
+
+:func:`export_plan` first refuses a plan the engine cannot run (the shared
+:func:`planner.runnable.check_runnable`, then the engine's own layer-level checks), then
+writes, atomically: the plan, a commented ``train.py`` runnable with ``torchrun`` (and, for
+DeepSpeed, with the ``deepspeed`` launcher), the engine's config (``ds_config.json``), one
+``launch_node<R>.sh`` per server the plan uses (torchrun for that server's ranks; on several
+servers the rendezvous endpoint is ``$1`` or ``$RDZV_ENDPOINT``), for DeepSpeed a ``hostfile``
+(the plan's servers, one slot per GPU used) and a ``README.md`` with the commands.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from types import ModuleType
+
+from planner import ir
+from planner.errors import ExportError, PlannerError
+from planner.export import ENGINES, deepspeed, torch
+from planner.export.nodes import DEFAULT_RDZV_PORT, DEFAULT_RDZV_TIMEOUT_S, NodeLayout, node_layout, torchrun_args
+from planner.jsonio import dumps, write_text_atomic
+from planner.runnable import check_runnable
+
+LAUNCH = '''\
+#!/bin/sh
+# Server {server} (node rank {rank} of {nnodes}): ranks {first}-{last} on {devices}.
+# Start launch_node0.sh ... launch_node{lastnode}.sh, one per server, at about the same time.
+# The rendezvous endpoint is node rank 0's address and a free port: the first argument or $RDZV_ENDPOINT.
+#   sh launch_node{rank}.sh [HOST:PORT] [train.py options...]
+ENDPOINT="${{RDZV_ENDPOINT:-127.0.0.1:{port}}}"
+case "${{1:-}}" in -*|"") ;; *) ENDPOINT="$1"; shift ;; esac
+cd "$(dirname "$0")" || exit 1
+exec ${{TORCHRUN:-torchrun}} {torchrun} --rdzv-endpoint="$ENDPOINT" \\
+    --rdzv-conf="timeout=${{RDZV_TIMEOUT:-{timeout}}}" train.py "$@"
+'''
+
+STANDALONE = '''\
+#!/bin/sh
+# Every rank on this server ({world} processes): sh launch_node0.sh [train.py options...]
+cd "$(dirname "$0")" || exit 1
+exec ${{TORCHRUN:-torchrun}} {torchrun} train.py "$@"
+'''
+
+
+def launch_scripts(plan: ir.Plan, layout: NodeLayout | None) -> dict[str, str]:
+    """``launch_node<R>.sh`` per server; one standalone script when the plan uses one server (or cannot span)."""
+    if layout is None or layout.nnodes == 1:
+        return {"launch_node0.sh": STANDALONE.format(world=plan.world_size,
+                                                     torchrun=" ".join(torchrun_args(plan.world_size)))}
+    out = {}
+    for rank, server in enumerate(layout.servers):
+        ranks = layout.ranks(rank)
+        args = [a for a in torchrun_args(layout.nproc_per_node, layout.nnodes, rank, "x")
+                if not a.startswith(("--rdzv-endpoint", "--rdzv-conf"))]
+        out[f"launch_node{rank}.sh"] = LAUNCH.format(
+            server=server, rank=rank, nnodes=layout.nnodes, first=ranks[0], last=ranks[-1],
+            devices=" ".join(layout.devices[r] for r in ranks), lastnode=layout.nnodes - 1, port=DEFAULT_RDZV_PORT,
+            torchrun=" ".join(args), timeout=DEFAULT_RDZV_TIMEOUT_S)
+    return out
+
+
+def hostfile(layout: NodeLayout | None, plan: ir.Plan) -> str:
+    """DeepSpeed's hostfile: one line per server in node-rank order, ``slots`` = GPUs the plan uses there."""
+    if layout is None:
+        return f"localhost slots={plan.world_size}\n"
+    return "".join(f"{server} slots={layout.nproc_per_node}\n" for server in layout.servers)
+
+
+def _layout(plan: ir.Plan) -> tuple[NodeLayout | None, str]:
+    """The plan's servers, or None and why torchrun cannot start it server by server."""
+    try:
+        return node_layout(plan), ""
+    except ExportError as exc:
+        return None, exc.cause
+
+
+def _commands(plan: ir.Plan, engine: str, layout: NodeLayout | None, why: str) -> str:
+    """The README's launch commands: one per server, and DeepSpeed's launcher."""
+    world = plan.world_size
+    lines = [f"torchrun --standalone --nproc-per-node {world} train.py   # every rank on one machine"]
+    if layout is not None and layout.nnodes > 1:
+        lines += [f"sh launch_node{r}.sh HOST:PORT   # on server {s}" for r, s in enumerate(layout.servers)]
+    if engine == "deepspeed":
+        lines.append(f"deepspeed --num_gpus {world} train.py   # or DeepSpeed's own launcher")
+        if layout is not None and layout.nnodes > 1:
+            lines.append("deepspeed --hostfile hostfile --master_addr HOST --master_port PORT train.py")
+    note = f"\nThe plan cannot be started server by server: {why}.\n" if why else ""
+    return "```\n" + "\n".join(lines) + "\n```\n" + note
+
+
+def readme(plan: ir.Plan, engine: str, layout: NodeLayout | None, why: str) -> str:
+    servers = ("" if layout is None or layout.nnodes == 1 else
+               f"\nThe plan runs on {layout.nnodes} servers ({', '.join(layout.servers)}), "
+               f"{layout.nproc_per_node} processes each: start `launch_node<R>.sh` on server R with node rank 0's "
+               "address and a free port (the same on every server). Rename the servers in `hostfile` to your "
+               "hosts' names.\n")
+    return (f"# {plan.model} on {engine}: config {plan.config}, {plan.schedule}, {plan.microbatches} micro-batches\n\n"
+            f"Exported by `planner export --to {engine}`. Predicted iteration: {plan.predicted.iteration_s:.6g} s.\n"
+            f"{servers}\n{_commands(plan, engine, layout, why)}\nOptions: `--model MODEL` (default the profiled "
+            "model), `--steps N`, `--loss cross_entropy|mse`. `planner run plan.json --model MODEL --engine "
+            f"{engine}` trains it and compares with the prediction.\n")
+
+
+def engine_module(engine: str) -> ModuleType:
+    """The engine's module (``check_plan``, ``make_trainer``, ``script_text``): the one place engines are named."""
+    modules: dict[str, ModuleType] = {"deepspeed": deepspeed, "torch": torch}
+    if engine not in modules:
+        raise ExportError(f"unknown engine {engine!r}", f"use --to {' or --to '.join(ENGINES)}")
+    return modules[engine]
+
+
+def program_files(plan: ir.Plan, engine: str) -> dict[str, str]:
+    """The folder's files by name (nothing written)."""
+    if engine == "torchtitan":  # a job config for torchtitan's own trainer (planner.export.torchtitan)
+        from planner.export import torchtitan
+
+        return torchtitan.files(plan)
+    mod = engine_module(engine)
+    check_runnable(plan, engine)
+    files: dict[str, str] = {"plan.json": dumps(plan.to_dict()), "train.py": mod.script_text(plan)}
+    layout, why = _layout(plan)
+    if engine == "deepspeed":
+        files["ds_config.json"] = json.dumps(deepspeed.ds_config(plan), indent=2) + "\n"
+        files["hostfile"] = hostfile(layout, plan)
+    files.update(launch_scripts(plan, layout))
+    files["README.md"] = readme(plan, engine, layout, why)
+    return files
+
+
+def export_plan(plan: ir.Plan, engine: str, out_dir: str | Path) -> list[Path]:
+    """Write the program for ``engine`` into ``out_dir``; returns the files written."""
+    files = program_files(plan, engine)
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PlannerError(f"cannot create {out}: {exc.strerror}", "choose a writable -o folder") from None
+    written = []
+    for name, text in files.items():
+        write_text_atomic(out / name, text)
+        written.append(out / name)
+        if name.endswith((".py", ".sh")):
+            (out / name).chmod(0o755)
+    return written
+
+
+def server_commands(plan: ir.Plan, out_dir: str) -> list[str]:
+    """What to run on each server after export (the CLI prints them)."""
+    layout, _ = _layout(plan)
+    folder = shlex.quote(out_dir)
+    if layout is None or layout.nnodes == 1:
+        return [f"cd {folder} && sh launch_node0.sh"]
+    return [f"server {s}: cd {folder} && sh launch_node{r}.sh HOST:PORT" for r, s in enumerate(layout.servers)]

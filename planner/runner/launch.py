@@ -1,0 +1,223 @@
+"""The parent of ``planner run``: check, launch torchrun for this server, read the result back.
+
+:func:`run_plan` checks everything it can before starting processes (engine installed, plan
+runnable on it, servers and node rank fitting the plan, model matching the plan's profile,
+processes startable), then launches ``torchrun ... -m planner.runner.worker`` in its own
+process group (gloo on CPU, nccl on CUDA): ``--standalone`` with every rank on this machine
+(``nnodes`` 1, the default), or, on several servers, this server's ranks meeting the others
+at torchrun's static rendezvous at ``rdzv_endpoint`` (planner.export.nodes says which ranks
+each server runs). Every server's launcher gets the same run JSON (DESIGN.md section 4 and 6).
+
+Dropout is switched off in every run (synthetic data; equivalence needs a deterministic
+forward).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from planner import ir
+from planner.errors import RunError, UsageError
+from planner.export import ENGINES
+from planner.export.data import data_spec
+from planner.export.layers import load_layers
+from planner.export.losses import LOSSES
+from planner.export.nodes import (
+    DEFAULT_RDZV_TIMEOUT_S,
+    check_nnodes,
+    check_node_rank,
+    node_layout,
+    parse_endpoint,
+    rank_devices,
+    rank_stage,
+    torchrun_args,
+)
+from planner.export.program import engine_module
+from planner.runnable import check_runnable
+from planner.runner.processes import last_lines, rendezvous_failure, wait_workers, worker_cause
+from planner.runner.reference import max_rel_diff, reference_losses
+
+DEFAULT_TIMEOUT_S = 900
+__all__ = ["DEFAULT_RDZV_TIMEOUT_S", "DEFAULT_TIMEOUT_S", "Launch", "run_plan"]
+
+
+def engine_available(engine: str) -> None:
+    """RunError unless ``engine`` is known and installed."""
+    if engine not in ENGINES:
+        raise RunError(f"unknown engine {engine!r}", f"use one of {', '.join(ENGINES)}")
+    if engine == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
+        raise RunError("engine deepspeed is not installed", "pip install 'planner[deepspeed]', or use --engine torch")
+    if engine == "torch" and importlib.util.find_spec("torch.distributed.pipelining") is None:
+        raise RunError(f"torch {torch.__version__} has no torch.distributed.pipelining",
+                       "install torch 2.4 or newer, or use --engine deepspeed")
+
+
+def max_world_size() -> int:
+    """Processes this machine can start: one per GPU on CUDA, four per core on CPU (gloo)."""
+    if torch.cuda.is_available():
+        return torch.cuda.device_count()
+    return 4 * (os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What this server's torchrun and its workers are started with."""
+
+    model: str
+    engine: str
+    nproc: int  # processes on this server
+    steps: int
+    loss: str
+    seed: int
+    threads: int
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str = ""
+    rdzv_timeout_s: float = DEFAULT_RDZV_TIMEOUT_S
+
+    def command(self, plan_path: Path, out_dir: str) -> list[str]:
+        run = torchrun_args(self.nproc, self.nnodes, self.node_rank, self.rdzv_endpoint, self.rdzv_timeout_s)
+        return [sys.executable, "-m", "torch.distributed.run", *run, "-m", "planner.runner.worker",
+                "--plan", str(plan_path), "--model", self.model, "--engine", self.engine, "--steps", str(self.steps),
+                "--loss", self.loss, "--seed", str(self.seed), "--threads", str(self.threads), "--out", out_dir]
+
+
+def _check_run_args(steps: int, warmup: int, loss: str) -> None:
+    if steps < 1 or warmup < 0 or warmup >= steps:
+        raise RunError(f"--steps {steps} with {warmup} warm-up steps leaves nothing to measure",
+                       "use more steps than warm-up steps")
+    if loss not in LOSSES:
+        raise RunError(f"unknown loss {loss!r}", f"use one of {', '.join(LOSSES)}")
+
+
+def _local_processes(plan: ir.Plan, nnodes: int, node_rank: int, endpoint: str | None) -> int:
+    """Processes this server starts; UsageError when the servers or node rank do not fit the plan."""
+    check_node_rank(nnodes, node_rank)
+    if nnodes == 1:
+        return plan.world_size
+    if not endpoint:
+        raise UsageError(f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT",
+                         "give node rank 0's address and a free port, the same on every server")
+    parse_endpoint(endpoint)
+    layout = node_layout(plan, RunError)
+    check_nnodes(layout, nnodes)
+    return layout.nproc_per_node
+
+
+def _check_processes(nproc: int) -> None:
+    limit = max_world_size()
+    if nproc > limit:
+        where = f"{limit} CUDA devices" if torch.cuda.is_available() else f"{os.cpu_count()} cores (limit {limit})"
+        raise RunError(f"the plan needs {nproc} processes; this machine can start {limit} ({where})",
+                       "search a plan for a smaller cluster (planner calibrate --nproc N)")
+
+
+def _worker_env(threads: int, tmp: str) -> dict[str, str]:
+    """This process's environment with the workers' threads, import path and engine settings."""
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = str(threads)
+    env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), *filter(None, [env.get("PYTHONPATH")])])
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "torch_extensions"))
+    env.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
+    env.setdefault("TORCHELASTIC_ERROR_FILE", str(Path(tmp) / "elastic-error.json"))
+    return env
+
+
+def _failure(launch: Launch, tmp: Path, text: str) -> RunError:
+    """The RunError of a failed launch: a worker's own cause, else the rendezvous that did not complete."""
+    rdzv = rendezvous_failure(text) if launch.nnodes > 1 else None
+    started = "exitcode" in text or any(tmp.glob("error-rank*.txt"))  # torchrun's summary of failed workers
+    if rdzv is not None and not started:
+        return RunError(f"the rendezvous at {launch.rdzv_endpoint} did not complete within "
+                        f"{launch.rdzv_timeout_s:g} s (node rank {launch.node_rank} of {launch.nnodes}): {rdzv}",
+                        "start `planner run` with the same --nnodes and --rdzv-endpoint (node rank 0's address "
+                        "and a free port) on every server, or raise --rdzv-timeout")
+    return RunError(f"a worker failed: {worker_cause(tmp, text)}",
+                    "the cause is the worker's own message; fix it, or rerun with PLANNER_DEBUG=1 to see the "
+                    "workers' output")
+
+
+def _run_workers(plan: ir.Plan, launch: Launch, timeout_s: float, log: Any) -> dict[str, Any]:
+    """Launch this server's workers under torchrun and return their result (losses, times, memory)."""
+    with tempfile.TemporaryDirectory(prefix="planner-run-") as tmp:
+        plan_path = Path(tmp) / "plan.json"
+        plan_path.write_text(json.dumps(plan.to_dict()))
+        log_path = Path(tmp) / "workers.log"
+        rc = wait_workers(launch.command(plan_path, tmp), _worker_env(launch.threads, tmp), log_path, timeout_s)
+        text = log_path.read_text(errors="replace")
+        if log is not None:
+            log.write(text)
+        if rc != 0:
+            raise _failure(launch, Path(tmp), text)
+        result_path = Path(tmp) / "result.json"
+        if not result_path.exists():
+            raise RunError(f"the workers exited without a result ({last_lines(log_path)})", "report this")
+        res: dict[str, Any] = json.loads(result_path.read_text())
+        return res
+
+
+def _ranks(plan: ir.Plan, res: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per rank: the node rank that ran it, its device, pipeline stage, measured and predicted peak memory."""
+    devices = rank_devices(plan)
+    out = []
+    for rank, (peak, node) in enumerate(zip(res["peak_memory_bytes"], res["node_rank"], strict=True)):
+        stage = rank_stage(plan, rank)
+        chunks = plan.stages[stage::len(devices) // plan.stages[0].width]
+        out.append({"rank": rank, "node_rank": node, "device": devices[rank], "stage": stage,
+                    "peak_memory_bytes": peak, "predicted_memory_bytes": max(c.memory_bytes for c in chunks)})
+    return out
+
+
+def _run_doc(plan: ir.Plan, launch: Launch, warmup: int, res: dict[str, Any]) -> dict[str, Any]:
+    """The run JSON (without the reference losses) from the workers' result."""
+    times = res["iteration_s"]
+    ranks = _ranks(plan, res)
+    doc: dict[str, Any] = {
+        "engine": launch.engine, "world_size": plan.world_size, "nnodes": launch.nnodes,
+        "node_rank": launch.node_rank, "model": launch.model, "config": plan.config, "schedule": plan.schedule,
+        "microbatches": plan.microbatches, "batch_size": plan.batch_size, "steps": launch.steps, "warmup": warmup,
+        "threads": launch.threads, "measured_iteration_s": statistics.median(times[warmup:]),
+        "predicted_iteration_s": plan.predicted.iteration_s, "iteration_times_s": times,
+        # CPU seconds of the busiest process per step (wall time well above it: waiting or
+        # a machine shared with other work)
+        "cpu_iteration_s": statistics.median(res["cpu_s"][warmup:]),
+        "losses": res["losses"], "ranks": ranks,
+        "peak_memory_bytes": max(r["peak_memory_bytes"] for r in ranks),
+    }
+    doc["ratio"] = doc["measured_iteration_s"] / doc["predicted_iteration_s"] if plan.predicted.iteration_s else None
+    return doc
+
+
+def run_plan(plan: ir.Plan, model: str, *, engine: str = "deepspeed", steps: int = 10, warmup: int = 2,
+             loss: str = "cross_entropy", check: bool = False, seed: int = 0, threads: int | None = None,
+             timeout_s: float = DEFAULT_TIMEOUT_S, log: Any = None, nnodes: int = 1, node_rank: int = 0,
+             rdzv_endpoint: str | None = None, rdzv_timeout_s: float = DEFAULT_RDZV_TIMEOUT_S) -> dict[str, Any]:
+    """Train ``plan`` for real with ``engine`` (this server's ranks); the run JSON of DESIGN.md section 4."""
+    _check_run_args(steps, warmup, loss)
+    nproc = _local_processes(plan, nnodes, node_rank, rdzv_endpoint)
+    engine_available(engine)
+    check_runnable(plan, engine)
+    width: int = engine_module(engine).check_plan(plan)
+    _check_processes(nproc)
+    threads = threads or max(1, (os.cpu_count() or 1) // nproc)
+    torch.set_num_threads(max(1, threads))
+    layers, example = load_layers(model, plan, seed)
+    spec = data_spec(layers, example, loss)
+    launch = Launch(model, engine, nproc, steps, loss, seed, threads, nnodes, node_rank, rdzv_endpoint or "",
+                    rdzv_timeout_s)
+    doc = _run_doc(plan, launch, warmup, _run_workers(plan, launch, timeout_s, log))
+    if check:
+        ref = reference_losses(layers, plan, spec, steps, seed, width)
+        doc["reference_losses"] = ref
+        doc["max_rel_loss_diff"] = max_rel_diff(doc["losses"], ref)
+    return doc

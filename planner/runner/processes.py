@@ -1,0 +1,103 @@
+"""The launcher's processes: torchrun in its own process group, killed however the run ends.
+
+torchrun and every worker share one process group (``start_new_session``); on success,
+error, timeout or interrupt the whole group gets SIGTERM, then SIGKILL, so no worker
+outlives ``planner run``. When the run fails, the cause is the worker's own message (each
+worker writes ``error-rank<N>.txt`` before it exits), else the last error line of the
+output, or the rendezvous failure torchrun reports.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from planner.errors import RunError
+
+
+def wait_workers(cmd: list[str], env: dict[str, str], log_path: Path, timeout_s: float) -> int:
+    """Run ``cmd`` in its own process group, output to ``log_path``; the group is killed however it ends."""
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env, start_new_session=True)
+        try:
+            return proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            kill_group(proc)
+            raise RunError(f"the workers did not finish within {timeout_s:.0f} s "
+                           f"({last_lines(log_path)})", "use fewer --steps or a smaller model") from None
+        finally:
+            kill_group(proc)
+
+
+def kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """Terminate the workers' process group (torchrun and every worker), then make sure."""
+    try:
+        pgid = os.getpgid(proc.pid)
+    except ProcessLookupError:
+        pgid = proc.pid
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            break
+        if _group_gone(pgid, 5.0):
+            break
+    if proc.poll() is None:
+        proc.wait()
+
+
+def _group_gone(pgid: int, wait_s: float) -> bool:
+    """Whether the process group ``pgid`` is empty within ``wait_s`` seconds."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def last_lines(path: Path, n: int = 3) -> str:
+    """The last ``n`` non-empty lines of a log, joined by `` | ``."""
+    try:
+        lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return "no output"
+    return " | ".join(lines[-n:]) if lines else "no output"
+
+
+_TORCHRUN_SUMMARY = ("error_file", "time ", "time:", "host ", "host:", "rank ", "rank:", "traceback :", "traceback:",
+                     "root cause", "failures:", "[")
+
+# what torchrun's static rendezvous (a TCPStore at the endpoint) says when the servers do not meet
+_RENDEZVOUS_FAILURES = ("waiting for clients", "trying to connect", "RendezvousTimeoutError",
+                        "RendezvousConnectionError", "DistNetworkError", "DistStoreError")
+
+
+def rendezvous_failure(text: str) -> str | None:
+    """torchrun's line saying that the rendezvous failed, if it did."""
+    for ln in text.splitlines():
+        if any(key in ln for key in _RENDEZVOUS_FAILURES):
+            return ln.strip()
+    return None
+
+
+def worker_cause(tmp: Path, text: str) -> str:
+    """The first failing rank's own message; else the workers' last error line and torchrun's exit code."""
+    errors = sorted(tmp.glob("error-rank*.txt"), key=lambda p: int(p.stem.split("rank")[1]))
+    if errors:
+        first = errors[0]
+        return f"rank {first.stem.split('rank')[1]}: {first.read_text().strip()}"
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    exit_line = next((ln for ln in reversed(lines) if ln.startswith("exitcode")), "")
+    signal_line = next((ln for ln in reversed(lines) if "Signal" in ln or "signal" in ln), "")
+    for ln in reversed(lines):
+        if ("Error" in ln or "error" in ln) and not ln.startswith(("File ", *_TORCHRUN_SUMMARY)):
+            return "; ".join(filter(None, [ln, exit_line]))
+    found = "; ".join(filter(None, [exit_line, signal_line]))
+    return found or (lines[-1] if lines else "no output")

@@ -1,0 +1,141 @@
+"""The torchrun worker of ``planner run`` (``python -m planner.runner.worker``), one per rank.
+
+Each worker builds the model from the same seed, splits it into the profiled layers, builds
+the engine's pipeline (planner.export.deepspeed or planner.export.torch), trains ``steps``
+steps on synthetic data of the profile's input shape (the same data on every process: a
+seeded generator per step) and times every step between barriers (the slowest rank counts).
+It measures its peak memory over the run: on CUDA ``torch.cuda.max_memory_allocated``, on
+CPU the growth of the process's peak resident set (``ru_maxrss``) from before the engine is
+built to the last step. Local rank 0 of every server writes the result (losses, times, every
+rank's peak and node rank) as JSON; a worker that fails writes ``error-rank<N>.txt`` first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import resource
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from planner import ir
+from planner.errors import PlannerError
+from planner.export import ENGINES, deepspeed
+from planner.export.data import data_spec
+from planner.export.layers import disable_dropout, load_layers
+from planner.export.program import engine_module
+
+
+def _init(engine: str) -> None:
+    """Join the process group: gloo on CPU, nccl on CUDA (DeepSpeed through its own init)."""
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if engine == "deepspeed":
+        import deepspeed as ds
+
+        deepspeed.skip_shm_build()
+        ds.init_distributed(dist_backend=backend)
+    else:
+        torch.distributed.init_process_group(backend)
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def _peak_rss_bytes() -> int:
+    """This process's peak resident set so far (Linux reports ru_maxrss in KiB)."""
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def _start_memory() -> int:
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+        return 0
+    return _peak_rss_bytes()
+
+
+def _peak_memory(start: int) -> int:
+    """Peak memory of the run: CUDA's peak allocation, or the peak RSS growth since ``start``."""
+    if torch.cuda.is_available():
+        return int(torch.cuda.max_memory_allocated())
+    return max(0, _peak_rss_bytes() - start)
+
+
+def _train(step_fn: Callable[[torch.Tensor, torch.Tensor], float],
+           data: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[list[float], list[float], list[float]]:
+    """Every step between barriers: losses, wall seconds and CPU seconds."""
+    losses, times, cpu = [], [], []
+    for x, y in data:
+        torch.distributed.barrier()
+        t0, c0 = time.perf_counter(), time.process_time()
+        loss = step_fn(x, y)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+        losses.append(loss)
+    return losses, times, cpu
+
+
+def _gather(values: list[int]) -> list[list[int]]:
+    """Every rank's ``values``, in rank order."""
+    dev = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    out = [torch.zeros(len(values), dtype=torch.int64, device=dev) for _ in range(torch.distributed.get_world_size())]
+    torch.distributed.all_gather(out, torch.tensor(values, dtype=torch.int64, device=dev))
+    return [[int(v) for v in t.tolist()] for t in out]
+
+
+def _worker(args: argparse.Namespace) -> None:
+    torch.set_num_threads(args.threads)
+    plan = ir.Plan.from_dict(json.loads(Path(args.plan).read_text()))
+    _init(args.engine)
+    layers, example = load_layers(args.model, plan, args.seed)
+    for layer in layers:
+        disable_dropout(layer)
+    spec = data_spec(layers, example, args.loss)
+    data = [spec.batch(s, plan.batch_size, args.seed) for s in range(args.steps)]
+    start = _start_memory()
+    losses, times, cpu = _train(engine_module(args.engine).make_trainer(layers, plan, spec.loss), data)
+    # torchrun's node rank (GROUP_RANK) says which server really ran each rank
+    peaks, nodes = zip(*_gather([_peak_memory(start), int(os.environ.get("GROUP_RANK", "0"))]), strict=True)
+    t = torch.tensor([times, cpu], dtype=torch.float64)
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:  # every server's launcher gets the result
+        (Path(args.out) / "result.json").write_text(json.dumps(
+            {"losses": losses, "iteration_s": t[0].tolist(), "cpu_s": t[1].tolist(), "peak_memory_bytes": peaks,
+             "node_rank": nodes}))
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m planner.runner.worker", description="planner run's worker (torchrun)")
+    ap.add_argument("--plan", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--engine", choices=ENGINES, required=True)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--loss", default="cross_entropy")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    rank = os.environ.get("RANK", "0")
+    try:
+        _worker(args)
+    except BaseException as exc:
+        cause = exc.cause if isinstance(exc, PlannerError) else f"{type(exc).__name__}: {exc}".strip()
+        first = cause.splitlines()[0] if cause else type(exc).__name__
+        with contextlib.suppress(OSError):
+            (Path(args.out) / f"error-rank{rank}.txt").write_text(first)
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+
+
+if __name__ == "__main__":
+    main()

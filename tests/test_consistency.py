@@ -1,0 +1,98 @@
+"""consistency: a plan file must agree with itself; suspicious but simulable plans come back as warnings."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from planner import consistency
+from planner.consistency import load_plan, prediction_gap
+from planner.errors import PlannerError
+from tests import hostile
+
+
+def _write(tmp_path: Path, doc: dict[str, Any]) -> Path:
+    path = tmp_path / "plan.json"
+    path.write_bytes(hostile.encode(doc))
+    return path
+
+
+def test_a_plan_from_search_loads_without_warnings(tmp_path: Path) -> None:
+    _, _, doc = hostile.base_docs()
+    plan, warnings = load_plan(_write(tmp_path, doc))
+    assert warnings == [] and plan.config == "2-2" and plan.batch_size == 16
+
+
+@pytest.mark.parametrize(("path", "value", "message"), [
+    (("batch_size",), 32, "'batch_size' is 32 but the plan's profile gives 16"),
+    (("model",), "other", "'model' is 'other'"),
+    (("engine",), "tensorflow", "unknown engine 'tensorflow'"),
+    (("solver",), "magic", "'solver' is 'magic'"),
+    (("config",), "1-3", "'config' is '1-3' but the stages give '2-2'"),
+    (("stages", 0, "dp"), 1, "stages[0].dp is 1 but its 2 devices at tp 1 give 2"),
+    (("stages", 1, "micro_batch_size"), 4, "stages[1].micro_batch_size is 4 but batch 16 / (4 micro-batches x dp 2)"),
+    (("stages", 1, "devices"), ["n0.g0", "n9.g0"], "'n9.g0', which is not in cluster"),
+    (("microbatches",), 3, "3 micro-batches do not divide the batch size 16"),
+])
+def test_hand_edits_are_refused(tmp_path: Path, path: tuple[str | int, ...], value: Any, message: str) -> None:
+    _, _, doc = hostile.base_docs()
+    with pytest.raises(PlannerError) as err:
+        load_plan(_write(tmp_path, hostile.mutate(doc, path, value)))
+    assert message in err.value.cause
+
+
+def test_edited_times_are_a_warning_beyond_the_tolerance(tmp_path: Path) -> None:
+    _, _, doc = hostile.base_docs()
+    predicted = doc["predicted"]["iteration_s"]
+    for factor, warned in ((1.01, False), (1.03, True), (0.5, True)):
+        edited = hostile.mutate(doc, ("predicted", "iteration_s"), predicted * factor)
+        _, warnings = load_plan(_write(tmp_path, edited))
+        assert bool(warnings) == warned, (factor, warnings)
+    _, warnings = load_plan(_write(tmp_path, hostile.mutate(doc, ("predicted", "iteration_s"), predicted * 2)),
+                            check_prediction=False)
+    assert warnings == []
+
+
+def test_prediction_gap_wording() -> None:
+    assert prediction_gap(1.0, 1.019, "p") == [] and prediction_gap(1.0, 0.981, "p") == []
+    [warning] = prediction_gap(0.010, 10.0, "p")
+    assert "predicts 10 ms" in warning and "simulates to 1e+04 ms" in warning and "1e+03x" in warning
+
+
+def test_a_plan_its_engine_cannot_run_is_a_warning(tmp_path: Path) -> None:
+    _, _, doc = hostile.base_docs()
+    _, warnings = load_plan(_write(tmp_path, hostile.mutate(hostile.mutate(doc, ("engine",), "deepspeed"),
+                                                            ("schedule",), "gpipe")))
+    assert any("cannot run on deepspeed" in w and "gpipe" in w for w in warnings)
+
+
+def test_big_plans_skip_the_simulated_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, _, doc = hostile.base_docs()
+    monkeypatch.setattr(consistency, "MAX_SIMULATED_ACTIONS", 1)
+    edited = hostile.mutate(doc, ("predicted", "iteration_s"), doc["predicted"]["iteration_s"] * 5)
+    assert load_plan(_write(tmp_path, edited))[1] == []
+
+
+def test_simulate_and_export_report_warnings_in_json(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from planner.cli import main
+
+    _, _, doc = hostile.base_docs()
+    path = _write(tmp_path, hostile.mutate(doc, ("predicted", "iteration_s"), doc["predicted"]["iteration_s"] * 3))
+    result = CliRunner().invoke(main, ["simulate", str(path), "--json"])
+    assert result.exit_code == 0 and "warning: " in result.stderr
+    assert len(json.loads(result.stdout)["warnings"]) == 1
+
+
+def test_the_reliability_modules_are_pure() -> None:
+    code = ("import sys, planner.outputs, planner.consistency, planner.schemas, planner.jsonio\n"
+            "print(','.join(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'click', 'rich', "
+            "'matplotlib'))))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""

@@ -1,0 +1,55 @@
+"""export.data, export.losses, export.optim: synthetic batches, their split, the losses and optimizers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from planner.errors import ExportError, RunError
+from planner.export.data import data_spec, sub_batch
+from planner.export.losses import make_loss
+from planner.export.optim import DEFAULT_LR, torch_optimizer
+from tests.test_runner import tiny_mlp, tiny_tied
+
+
+def test_the_same_batch_on_every_process_for_a_seed_and_step() -> None:
+    model, example = tiny_mlp()
+    spec = data_spec(tuple(model.children()), example, "cross_entropy")
+    x1, y1 = spec.batch(3, 8, 0)
+    x2, y2 = spec.batch(3, 8, 0)
+    assert torch.equal(x1, x2) and torch.equal(y1, y2)
+    assert not torch.equal(spec.batch(4, 8, 0)[0], x1) and not torch.equal(spec.batch(3, 8, 1)[0], x1)
+    assert x1.shape == (8, 16) and y1.shape == (8,) and int(y1.max()) < 10
+
+
+def test_token_models_get_token_ids_below_the_vocabulary() -> None:
+    model, example = tiny_tied()
+    spec = data_spec(tuple(model.children()), example, "cross_entropy")
+    x, y = spec.batch(0, 4, 0)
+    assert spec.input_high == 20 and not x.is_floating_point() and int(x.max()) < 20 and y.shape == (4, 6)
+
+
+def test_sub_batches_tile_the_batch_micro_batch_by_replica() -> None:
+    x = torch.arange(12)
+    parts = [sub_batch(x, m, w, 3, 2) for m in range(3) for w in range(2)]
+    assert torch.equal(torch.cat(parts), x) and all(len(p) == 2 for p in parts)
+
+
+def test_a_model_that_fails_on_its_input_is_a_run_error() -> None:
+    with pytest.raises(RunError, match="fail on its example input"):
+        data_spec((nn.Linear(3, 2),), torch.randn(2, 5), "mse")
+
+
+def test_losses_and_optimizers_by_name() -> None:
+    out, target = torch.tensor([[2.0, 0.0]]), torch.tensor([0])
+    expect = float(nn.functional.cross_entropy(out, target))
+    assert float(make_loss("cross_entropy")(out, target)) == pytest.approx(expect)
+    assert float(make_loss("mse")(torch.ones(2), torch.zeros(2))) == 1.0
+    with pytest.raises(ExportError, match="unknown loss 'hinge'"):
+        make_loss("hinge")
+    p = [nn.Parameter(torch.zeros(1))]
+    assert isinstance(torch_optimizer("adam", p, DEFAULT_LR["adam"]), torch.optim.Adam)
+    assert torch_optimizer("momentum", p, 0.1).defaults["momentum"] == 0.9
+    with pytest.raises(ExportError, match="unknown optimizer"):
+        torch_optimizer("lamb", p, 0.1)

@@ -1,0 +1,45 @@
+"""export.layers: the model as the profiled layers, its ties, its check against the plan's profile."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from planner.errors import ExportError, RunError
+from planner.export.layers import as_layers, check_layers_match, find_ties, layer_param_counts, load_layers
+from tests.test_runner import tiny_plan, tiny_tied
+
+
+def test_ties_are_found_and_counted_once() -> None:
+    model, _ = tiny_tied()
+    layers = tuple(model.children())
+    (tie,) = find_ties(layers)
+    assert tie.layers == (0, 3) and tie.paths == ("emb.weight", "emb.weight")
+    assert layer_param_counts(layers) == [320, 272, 0, 32]  # the embedding counted in layer 0 only
+
+
+def test_load_layers_builds_the_same_weights_for_a_seed_and_checks_the_profile() -> None:
+    plan = tiny_plan("tiny_mlp", [0, 2, -1])
+    a, _ = load_layers("tests.test_runner:tiny_mlp", plan, seed=3)
+    b, _ = load_layers("tests.test_runner:tiny_mlp", plan, seed=3)
+    assert len(a) == len(plan.profile.layers)
+    assert all(torch.equal(p, q) for la, lb in zip(a, b, strict=True)
+               for p, q in zip(la.parameters(), lb.parameters(), strict=True))
+    with pytest.raises(RunError, match="parameters in the model"):
+        load_layers("tests.test_runner:tiny_mlp_wide", plan)
+
+
+def test_layer_count_mismatch_names_both_counts() -> None:
+    plan = tiny_plan("tiny_mlp", [0, 2, -1])
+    with pytest.raises(ExportError, match=r"the model has 1 layers but the plan's profile .* has 4"):
+        check_layers_match([nn.Linear(16, 10)], plan.profile, ExportError)
+
+
+def test_as_layers_takes_lists_sequentials_and_split_models() -> None:
+    seq = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+    assert as_layers(seq) == tuple(seq.children()) and as_layers(list(seq)) == tuple(seq)
+    with pytest.raises(ExportError, match="without an example input"):
+        as_layers(nn.Linear(2, 2))
+    with pytest.raises(ExportError, match=r"not an nn\.Module"):
+        as_layers([nn.Linear(2, 2), "x"])

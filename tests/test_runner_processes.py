@@ -1,0 +1,60 @@
+"""runner.processes: the workers' cause of failure, rendezvous failures, the process group killed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from planner.errors import RunError
+from planner.runner.processes import rendezvous_failure, wait_workers, worker_cause
+
+
+def test_worker_cause_reads_past_torchrun_summary(tmp_path: Path) -> None:
+    log = "\n".join(["Traceback (most recent call last):", '  File "x.py", line 1', "RuntimeError: gloo connect failed",
+                     "[0]:", "  time      : 2026", "  rank      : 1 (local_rank: 1)", "  exitcode  : 1 (pid: 42)",
+                     "  error_file: <N/A>", "  traceback : To enable traceback see: https://pytorch.org/docs"])
+    cause = worker_cause(tmp_path, log)
+    assert cause.startswith("RuntimeError: gloo connect failed") and "exitcode  : 1" in cause
+    killed = "\n".join(["[0]:", "  exitcode  : -9 (pid: 7)", "  error_file: <N/A>",
+                        "  traceback : Signal 9 (SIGKILL) received by PID 7"])
+    cause = worker_cause(tmp_path, killed)
+    assert "exitcode  : -9" in cause and "SIGKILL" in cause
+
+
+def test_worker_cause_prefers_the_first_ranks_own_message(tmp_path: Path) -> None:
+    (tmp_path / "error-rank3.txt").write_text("ValueError: later")
+    (tmp_path / "error-rank1.txt").write_text("ValueError: first")
+    assert worker_cause(tmp_path, "RuntimeError: other") == "rank 1: ValueError: first"
+
+
+def test_rendezvous_failure_lines() -> None:
+    text = "starting\ntorch.distributed.DistNetworkError: The client socket has timed out after 3000ms while trying " \
+           "to connect to (127.0.0.1, 1234).\n"
+    assert rendezvous_failure(text) is not None and "trying to connect" in str(rendezvous_failure(text))
+    assert rendezvous_failure("RuntimeError: boom") is None
+
+
+def test_timeout_kills_the_whole_group(tmp_path: Path) -> None:
+    """A parent that starts a child and both sleep: after the timeout neither is left."""
+    pid_file = tmp_path / "child.pid"
+    code = ("import subprocess, sys, time\n"
+            f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+            f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+            "time.sleep(60)\n")
+    with pytest.raises(RunError, match="did not finish within 2 s"):
+        wait_workers([sys.executable, "-c", code], dict(os.environ), tmp_path / "log", 2.0)
+    child = int(pid_file.read_text())
+    assert not _alive(child)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    out = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True).stdout.strip()
+    return bool(out) and not out.startswith("Z")
