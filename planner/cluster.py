@@ -242,7 +242,13 @@ def group_of(cluster: ir.Cluster, devices: Sequence[str], number_format: str = "
     """Describe the group of ``devices`` (names in ``cluster``); ClusterError for unknown names.
 
     ``flops`` is the slowest device's peak in ``number_format`` (``ir.GPU.flops_for``).
+    Memoised per (cluster, devices, format): judging plans asks for the same groups again and again.
     """
+    return _group_of(cluster, tuple(devices), number_format)
+
+
+@functools.lru_cache(maxsize=4096)
+def _group_of(cluster: ir.Cluster, devices: tuple[str, ...], number_format: str) -> Group:
     idx = index(cluster)
     unknown = [d for d in devices if d not in idx.gpu_of]
     if unknown or not devices:

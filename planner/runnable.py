@@ -52,8 +52,9 @@ ENGINES: dict[str, EngineLimits] = {
     "torch": EngineLimits("torch", True, True, (0, 1, 2, 3), ("none", "selective", "full"), True,
                           uniform_zero=False),
     # torchtitan: FSDP2 (shard = ZeRO-3, or never reshard = ZeRO-2) or replicate (0), tensor and
-    # pipeline degrees, per-job activation checkpointing.
-    "torchtitan": EngineLimits("torchtitan", True, True, (0, 2, 3), ("none", "selective", "full"), True),
+    # pipeline degrees, per-job activation checkpointing: none or full (its selective modes are
+    # per-op SAC or every n-th layer, not the attention core; planner.export.torchtitan).
+    "torchtitan": EngineLimits("torchtitan", True, True, (0, 2, 3), ("none", "full"), True),
 }
 
 

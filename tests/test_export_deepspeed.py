@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -15,7 +16,9 @@ from torch import nn
 
 from planner.errors import ExportError
 from planner.export import deepspeed as dsx
+from planner.export.data import data_spec, sub_batch
 from planner.export.partition import boundaries
+from planner.runner import max_rel_diff
 from tests.test_runner import tiny_plan
 
 pytest.importorskip("deepspeed")
@@ -29,6 +32,25 @@ def test_config_micro_batch_accumulation_and_optimizer() -> None:
     assert cfg["gradient_accumulation_steps"] == 2
     assert cfg["optimizer"]["type"] == "Adam" and cfg["optimizer"]["params"]["torch_adam"] is True  # no FusedAdam
     assert cfg["gradient_clipping"] == 0.0
+    assert cfg["zero_optimization"] == {"stage": 0} and "bf16" not in cfg
+
+
+def test_config_carries_zero_1_and_bf16() -> None:
+    plan = tiny_plan("tiny_mlp", [0, 2, -1], width=2)
+    plan = dataclasses.replace(plan, precision="bf16",
+                               stages=tuple(dataclasses.replace(s, zero=1) for s in plan.stages))
+    cfg = dsx.ds_config(plan)
+    assert cfg["zero_optimization"] == {"stage": 1} and cfg["bf16"] == {"enabled": True}
+
+
+def test_zero_above_1_selective_recompute_and_tensor_parallel_stages_are_refused() -> None:
+    base = tiny_plan("tiny_mlp", [0, 2, -1], width=2)
+    for change, words in (({"zero": 2}, "ZeRO stage 2"), ({"recompute": "selective"}, "recomputes 'selective'"),
+                          ({"tp": 2, "forms": ("split_out", "split_in")}, "tensor parallel (tp 2")):
+        plan = dataclasses.replace(base, stages=tuple(dataclasses.replace(s, **change) for s in base.stages))
+        with pytest.raises(ExportError, match=words.replace("(", r"\(")) as err:
+            dsx.check_plan(plan)
+        assert "--engine deepspeed" in err.value.hint
 
 
 def test_split_forms_are_refused_naming_the_stage() -> None:
@@ -41,10 +63,8 @@ def test_split_forms_are_refused_naming_the_stage() -> None:
 def test_unequal_widths_are_refused() -> None:
     plan = tiny_plan("tiny_mlp", [0, 2, -1], width=1)
     stages = (plan.stages[0], type(plan.stages[1])(plan.stages[1].layers, ("n0.g1", "n0.g2"), plan.stages[1].forms, 0))
-    import dataclasses
-
     bad = dataclasses.replace(plan, stages=stages)
-    with pytest.raises(ExportError, match="stage 1 has 2 devices"):
+    with pytest.raises(ExportError, match="stage 1 is a tp 1 x dp 2 grid"):
         dsx.check_plan(bad)
 
 
@@ -54,7 +74,7 @@ def test_schedule_without_deepspeed_equivalent_is_refused() -> None:
 
 
 def test_micro_batches_that_do_not_divide_are_refused() -> None:
-    with pytest.raises(ExportError, match="equal size"):
+    with pytest.raises(ExportError, match="not 3 micro-batches x 2 data-parallel ranks"):
         dsx.check_plan(tiny_plan("tiny_mlp", [0, 2, -1], width=2, microbatches=3, batch=9))
 
 
@@ -127,3 +147,59 @@ def test_script_explains_itself_and_names_both_launchers() -> None:
     assert "torchrun --standalone --nproc_per_node 4" in text and "deepspeed --num_gpus 4" in text
     assert "[0, 2), [2, 4)" in text
     compile(text, "train.py", "exec")
+
+
+def _grid_worker(rank: int, world: int, port: int, plan_json: str, out: str) -> None:
+    """Build the engine for a tiny GPT-2 plan, train 3 steps; write the losses and what DeepSpeed runs."""
+    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "DS_ACCELERATOR": "cpu"})
+    import deepspeed
+
+    from planner import ir
+    from planner.export.layers import load_layers
+
+    dsx.skip_shm_build()
+    deepspeed.init_distributed(dist_backend="gloo")
+    torch.set_num_threads(1)
+    plan = ir.Plan.from_dict(json.loads(plan_json))
+    layers, example = load_layers(plan.model, plan, 0)
+    spec = data_spec(layers, example, "cross_entropy")
+    module = dsx.build_pipeline_module(list(layers), plan, "cross_entropy")
+    engine, _, _, _ = deepspeed.initialize(model=module, config=dsx.ds_config(plan, 0.3),
+                                           model_parameters=[p for p in module.parameters() if p.requires_grad])
+    m, width = plan.microbatches, engine.grid.get_data_parallel_world_size()
+    replica = engine.grid.get_data_parallel_rank()
+    losses = []
+    for s in range(3):
+        x, y = spec.batch(s, plan.batch_size, 0)
+        data = [(sub_batch(x, i, replica, m, width), sub_batch(y, i, replica, m, width))
+                for i in range(m)]
+        losses.append(float(engine.train_batch(data_iter=iter(data))))
+    Path(out, f"rank{rank}.json").write_text(json.dumps({
+        "pp": engine.grid.get_pipe_parallel_rank(), "dp": replica, "layers": [module._local_start, module._local_stop],
+        "zero": engine.zero_optimization_stage(), "bf16": engine.bfloat16_enabled(),
+        "weights": str(next(module.parameters()).dtype), "optimizer": type(engine.optimizer).__name__,
+        "checkpoint_interval": module.activation_checkpoint_interval, "losses": losses}))
+    torch.distributed.barrier()
+
+
+@pytest.mark.slow
+def test_pipe_by_data_grid_with_zero1_bf16_and_full_recompute_trains_like_one_process() -> None:
+    """pp 2 x dp 2 on a tied tiny GPT-2: each rank's coordinates, layers, ZeRO stage, bf16 weights with
+    DeepSpeed's BF16 optimizer (fp32 master weights) and checkpoint interval are the plan's; the losses are
+    single-process fp32 training's within the bf16 tolerance of tests/test_export_grids.py."""
+    from tests.test_export_grids import BF16_TOL, grid_plan, reference
+
+    plan = grid_plan("tiny_gpt2", [0, 2, 6], dp=2, zero=1, recompute="full", precision="bf16")
+    with tempfile.TemporaryDirectory() as out:
+        mp.start_processes(_grid_worker, args=(4, _free_port(), json.dumps(plan.to_dict()), out), nprocs=4,
+                           join=True, start_method="spawn")
+        got = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(4)]
+    assert [(g["pp"], g["dp"], g["layers"]) for g in got] == [(0, 0, [0, 2]), (0, 1, [0, 2]), (1, 0, [2, 6]),
+                                                             (1, 1, [2, 6])]
+    assert {(g["zero"], g["bf16"], g["weights"], g["optimizer"]) for g in got} == {
+        (1, True, "torch.bfloat16", "DeepSpeedZeroOptimizer")}  # ZeRO-1 keeps fp32 master partitions
+    assert [g["checkpoint_interval"] for g in got] == [2, 2, 4, 4]
+    diff = max_rel_diff(got[-1]["losses"], reference(plan))
+    print(f"deepspeed pp2 x dp2 zero1 bf16 full recompute: max relative loss difference {diff:.2e}")
+    assert diff < BF16_TOL

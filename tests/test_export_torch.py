@@ -31,12 +31,13 @@ def test_pipedream_has_no_torch_equivalent() -> None:
 def test_unequal_widths_are_refused() -> None:
     plan = tiny_plan("tiny_mlp", [0, 2, -1])
     stages = (plan.stages[0], ir.Stage(plan.stages[1].layers, ("n0.g1", "n0.g2"), plan.stages[1].forms, 0))
-    with pytest.raises(ExportError, match="stage 1 has 2 devices"):
+    with pytest.raises(ExportError, match="stage 1 is a tp 1 x dp 2 grid") as err:
         tx.check_plan(dataclasses.replace(plan, stages=stages))
+    assert "--engine torch" in err.value.hint
 
 
 def test_split_form_on_a_convolution_is_refused_naming_stage_and_layer() -> None:
-    plan = tiny_plan("tiny_mlp", [0, 2, -1], width=2, forms=[["dp", "dp"], ["split_out", "dp"]])
+    plan = tiny_plan("tiny_mlp", [0, 2, -1], width=2, forms=[["dp", "split_out"], ["split_out", "dp"]])
     layers = [nn.Linear(16, 32), nn.Linear(32, 32), nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()), nn.Linear(4, 10)]
     with pytest.raises(ExportError) as err:
         tx.check_plan(plan, layers)
@@ -44,16 +45,23 @@ def test_split_form_on_a_convolution_is_refused_naming_stage_and_layer() -> None
 
 
 def test_split_needs_features_divisible_by_width() -> None:
-    plan = tiny_plan("tiny_mlp", [0, 2, -1], width=2, forms=[["split_out", "dp"], ["dp", "dp"]])
+    plan = tiny_plan("tiny_mlp", [0, 2, -1], width=2, forms=[["split_out", "dp"], ["dp", "split_in"]])
     layers = [nn.Linear(16, 33), nn.Linear(33, 32), nn.Linear(32, 32), nn.Linear(32, 10)]
     with pytest.raises(ExportError, match="33 output features"):
         tx.check_plan(plan, layers)
 
 
-def test_data_parallel_width_is_one_when_layers_are_split() -> None:
+def test_data_parallel_degree_is_the_grids_dp() -> None:
     assert tx.check_plan(tiny_plan("tiny_mlp", [0, 2, -1], width=2)) == 2
-    split = tiny_plan("tiny_mlp", [0, 2, -1], width=2, forms=[["split_out", "split_in"], ["dp", "dp"]])
+    split = tiny_plan("tiny_mlp", [0, 2, -1], width=2, forms=[["split_out", "split_in"], ["split_out", "dp"]])
     assert tx.check_plan(split) == 1 and tx.tensor_parallel(split)
+
+
+def test_fp16_is_refused_with_the_reason() -> None:
+    plan = dataclasses.replace(tiny_plan("tiny_mlp", [0, 2, -1]), precision="fp16")
+    with pytest.raises(ExportError, match="loss scale") as err:
+        tx.check_plan(plan)
+    assert "bf16" in err.value.hint
 
 
 def test_script_names_the_schedule_class() -> None:

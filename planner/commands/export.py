@@ -1,4 +1,4 @@
-"""``planner export PLAN --to deepspeed|torch -o DIR``: a runnable program for the plan."""
+"""``planner export PLAN --to deepspeed|torch|torchtitan -o DIR``: a runnable program (or job config) for the plan."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from planner.commands import outputs, read_plan
 
 @click.command("export")
 @click.argument("plan_path", metavar="PLAN", type=click.Path(dir_okay=False))
-@click.option("--to", "engine", type=click.Choice(["deepspeed", "torch"]), required=True,
+@click.option("--to", "engine", type=click.Choice(["deepspeed", "torch", "torchtitan"]), required=True,
               help="Engine to export for.")
 @click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Folder to write train.py, its config, launch scripts and the plan into.")
@@ -20,11 +20,12 @@ from planner.commands import outputs, read_plan
 def export(plan_path: str, engine: str, out_dir: str, as_json: bool) -> None:
     """Write a training script, its config, a launch script per server and the plan."""
     from planner.export.program import export_plan, server_commands
+    from planner.export.torchtitan import launch_command as titan_command
 
     out = outputs(folders=[out_dir])
     plan, warnings = read_plan(plan_path)
     files = [Path(out_dir) / f.name for f in export_plan(plan, engine, out.folder(out_dir))]
-    commands = server_commands(plan, out_dir)
+    commands = server_commands(plan, out_dir) if engine != "torchtitan" else [titan_command(plan, out_dir)]
     if as_json:
         emit_json({"engine": engine, "world_size": plan.world_size, "files": [str(f) for f in files],
                    "commands": commands, "warnings": warnings})

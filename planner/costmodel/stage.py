@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from planner import ir
-from planner.cluster import Group, group_of, link_between
+from planner.cluster import Group, group_of, index, link_between
 from planner.costmodel.collectives import ring_allreduce_s
 from planner.costmodel.layers import FORM_INDEX, KEYS, Grid, LayerTable, layer_table
 from planner.costmodel.precision import Bytes
@@ -71,8 +71,8 @@ def summarise(table: LayerTable, first: int, end: int, forms: Sequence[int]) -> 
 
 def memory_bandwidth_Bps(cluster: ir.Cluster, devices: Sequence[str]) -> float | None:
     """The slowest memory bandwidth among ``devices``; None when any of them does not give one."""
-    wanted = set(devices)
-    values = [g.memory_bandwidth_Bps for g in cluster.gpus if g.name in wanted]
+    gpu_of = index(cluster).gpu_of
+    values = [gpu_of[d].memory_bandwidth_Bps for d in devices if d in gpu_of]
     if not values or any(v is None for v in values):
         return None
     return min(v for v in values if v is not None)

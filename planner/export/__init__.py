@@ -16,4 +16,4 @@ imports no torch; its modules (but ``nodes``) do.
 
 from __future__ import annotations
 
-ENGINES = ("deepspeed", "torch")
+ENGINES = ("deepspeed", "torch", "torchtitan")

@@ -7,10 +7,12 @@ subclass it and override ``_partition_layers`` so that ``parts`` are the plan's 
 
 Topology: ``PipeDataParallelTopology(num_pp=K, num_dp=W)``; DeepSpeed orders ranks with
 the data axis fastest, so stage ``s``'s devices ``stage.devices[j]`` are global ranks
-``s * W + j``. What DeepSpeed can run: every stage the same width ``W``, every layer in the
-``dp`` form (DeepSpeed's pipeline has no tensor-split layers), schedule ``gpipe`` or
-``1f1b`` (DeepSpeed runs its own 1F1B ``TrainSchedule``; losses and gradients are the same
-as GPipe's, only the order of work differs). Anything else is refused with ExportError.
+``s * W + j``. What DeepSpeed can run (planner.runnable's deepspeed limits, refused with
+ExportError naming the stage and ``--engine deepspeed``): a pipe x data grid with every stage
+the same width ``W`` and no tensor parallelism (DeepSpeed's pipeline has no tensor-split
+layers), schedule ``1f1b`` (its ``TrainSchedule``), ZeRO 0 or 1 (its pipeline engine asserts
+stage < 2) in ``zero_optimization``, recomputation none or full (``activation_checkpoint_interval``
+= the stage's layer count), fp32 or bf16/fp16 in the config.
 
 Tied weights (a parameter object used by several layers, GPT-2's ``wte``/``lm_head``) go
 through ``TiedLayerSpec``: the layers of one tie group live in one holder module that every
@@ -28,15 +30,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from planner import ir
-from planner.errors import ExportError
+from planner import ir, runnable
+from planner.errors import ExportError, PlanError
 from planner.export.data import sub_batch
 from planner.export.layers import as_layers, check_layers_match, find_ties
 from planner.export.losses import make_loss
 from planner.export.optim import DEFAULT_LR
 from planner.export.partition import boundaries, check_common, micro_batch_size, ranges
-
-SCHEDULES = ("gpipe", "1f1b")
 
 
 def skip_shm_build() -> None:
@@ -56,23 +56,28 @@ def skip_shm_build() -> None:
 
 
 def check_plan(plan: ir.Plan) -> int:
-    """Refuse what DeepSpeed cannot run; return the data-parallel width."""
-    width = check_common(plan, "deepspeed")
-    for i, st in enumerate(plan.stages):
-        for j, form in enumerate(st.forms):
-            if form != "dp":
-                raise ExportError(
-                    f"stage {i} runs layer {st.layers[0] + j} in the {form} form, which DeepSpeed's pipeline "
-                    "cannot run (data parallel only)",
-                    "search a runnable plan with `planner search --engine deepspeed`, or export --to torch")
-    if plan.schedule not in SCHEDULES or plan.virtual_stages != 1:
-        raise ExportError(f"schedule {plan.schedule!r} has no DeepSpeed equivalent (DeepSpeed runs 1F1B)",
-                          "search with `planner search --engine deepspeed --schedule 1f1b`")
-    return width
+    """Refuse what DeepSpeed cannot run (planner.runnable's rules for it); return the data-parallel width."""
+    try:
+        runnable.check_runnable(plan, "deepspeed")
+    except PlanError as exc:
+        raise ExportError(exc.cause, exc.hint) from None
+    return check_common(plan, "deepspeed")
+
+
+def precision_config(precision: str) -> dict[str, Any]:
+    """DeepSpeed's mixed precision: ``bf16`` (bf16 weights and activations; under ZeRO-1 the
+    ``DeepSpeedZeroOptimizer`` keeps fp32 master partitions and optimizer state) or ``fp16`` (with
+    DeepSpeed's dynamic loss scale; written, not run in the tests: CPU has no fp16 training path)."""
+    if precision == "bf16":
+        return {"bf16": {"enabled": True}}
+    if precision == "fp16":
+        return {"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}}
+    return {}
 
 
 def ds_config(plan: ir.Plan, lr: float | None = None) -> dict[str, Any]:
-    """The DeepSpeed config: micro-batch per GPU, accumulation = micro-batches, a torch optimizer.
+    """The DeepSpeed config: micro-batch per GPU, accumulation = micro-batches, a torch optimizer,
+    the plan's ZeRO stage (0 or 1: DeepSpeed's pipeline engine runs no more) and precision.
 
     Gradient clipping is off (DeepSpeed's default clips to 1.0). FusedAdam is never built:
     Adam is selected with ``torch_adam`` (and ``adam_w_mode`` off, so it is
@@ -96,7 +101,10 @@ def ds_config(plan: ir.Plan, lr: float | None = None) -> dict[str, Any]:
         "gradient_clipping": 0.0,
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
-        "zero_optimization": {"stage": 0},
+        "zero_optimization": {"stage": plan.stages[0].zero},
+        # ZeRO wraps the torch optimizers above; DeepSpeed asks to confirm those it did not test
+        **({"zero_allow_untested_optimizer": True} if plan.stages[0].zero else {}),
+        **precision_config(plan.precision),
     }
 
 

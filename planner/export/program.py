@@ -113,6 +113,10 @@ def engine_module(engine: str) -> ModuleType:
 
 def program_files(plan: ir.Plan, engine: str) -> dict[str, str]:
     """The folder's files by name (nothing written)."""
+    if engine == "torchtitan":  # a job config for torchtitan's own trainer (planner.export.torchtitan)
+        from planner.export import torchtitan
+
+        return torchtitan.files(plan)
     mod = engine_module(engine)
     check_runnable(plan, engine)
     files: dict[str, str] = {"plan.json": dumps(plan.to_dict()), "train.py": mod.script_text(plan)}

@@ -1,9 +1,10 @@
-"""Plan -> torch-native pipeline: ``torch.distributed.pipelining`` stages on a DeviceMesh.
+"""Plan -> torch-native training: ``torch.distributed.pipelining`` stages on a (pp, dp, tp) DeviceMesh.
 
-Ranks form a ``(pp, w)`` DeviceMesh of K stages x W devices; stage ``s``'s device ``j`` is
-global rank ``s * W + j`` (as for DeepSpeed). Each stage is a ``PipelineStage`` over
-``nn.Sequential(layers[first:end])`` (exactly the profiled layers), driven by the schedule
-class that matches ``plan.schedule``:
+Ranks form a ``(pp, dp, tp)`` DeviceMesh (every stage the same ``tp x dp`` grid; planner.runnable):
+rank = pipeline rank x (dp x tp) + replica x tp + tensor rank, which is the plan's device order
+(stage by stage; in a stage, ``dp`` tensor groups of ``tp`` consecutive devices). Each stage is a
+``PipelineStage`` over ``nn.Sequential(layers[first:end])`` (exactly the profiled layers; stages
+may hold different layer counts), driven by the schedule class that matches ``plan.schedule``:
 
 =============  ================================================================
 plan           torch.distributed.pipelining
@@ -15,27 +16,23 @@ zb-h1          ScheduleInterleavedZeroBubble (backward split into input and weig
 pipedream      refused: asynchronous weight stashing has no torch equivalent
 =============  ================================================================
 
-The ``w`` mesh dimension has one of two meanings, chosen per plan:
+Inside a stage, in this order: the layers' forms over the ``tp`` group (planner.export.parallel:
+Megatron blocks, column/row-parallel Linears, sequence parallelism), recomputation and bf16
+autocast (planner.export.sharding), then ZeRO over the ``dp`` group (FSDP2 for 2 and 3 on the
+``dp`` mesh dimension, composed with the tensor-parallel DTensors as 2-D sharding; ZeRO-1 through
+ZeroRedundancyOptimizer). Replica ``d`` trains its share of every micro-batch; the ranks of a
+tensor group see the same samples. fp16 is refused (no loss scale in the schedule's loss).
 
-* every layer ``dp``: data parallel across W pipeline replicas; replica ``j`` trains its
-  share of every micro-batch and the stage's gradients are averaged over the ``w`` group
-  after each step (what DDP would do, without DDP's hooks that pipelining bypasses);
-* some layer ``split_out``/``split_in``: tensor parallel inside each stage through DTensor:
-  ``split_out`` = ``ColwiseParallel`` (output features sharded; outputs gathered unless the
-  next layer is ``split_in``), ``split_in`` = ``RowwiseParallel`` (input features sharded;
-  partial outputs all-reduced). The W devices of a stage see the whole micro-batch, and
-  ``dp``-form layers in such a plan run replicated on them (same result, no batch split).
-  Supported layers: an ``nn.Linear``, or a layer holding exactly one ``nn.Linear`` (other
-  modules in it, like activations, stay replicated). Convolutions and other layers have no
-  DTensor parallel style and are refused with ExportError naming the stage and layer.
-
-Tied weights (a parameter several layers hold) are kept in sync: the same seed builds
-them equal on every rank, and their gradients are summed over the stages that hold them
-after every step (a process group per tie and replica).
+Tied weights (a parameter several layers hold, GPT-2's wte/lm_head) are found before sharding
+and kept in sync: the same seed builds them equal on every rank, and their gradients (local
+shards under FSDP) are summed over the stages that hold them after every step (a process group
+per tie and (dp, tp) coordinate).
 
 Gradient scaling: each micro-batch's loss is its mean; the schedule divides gradients by M
-(``scale_grads``), the replicas' average divides by W, so a step equals one step of the
-unsplit model on the mean loss of the whole batch.
+(``scale_grads``), the replicas' average (all-reduce, or FSDP's reduce-scatter) divides by dp, so
+a step equals one step of the unsplit model on the mean loss of the whole batch.
+:meth:`Trainer.describe` reads back what a rank built (its coordinates, layers, tensor-sharded
+layers, ZeRO stage, wrappers); the multi-process tests hold it to the plan.
 """
 
 from __future__ import annotations
@@ -46,76 +43,55 @@ from typing import Any
 import torch
 from torch import nn
 
-from planner import ir
-from planner.errors import ExportError
+from planner import ir, runnable
+from planner.errors import ExportError, PlanError
+from planner.export import parallel, sharding
 from planner.export.data import sub_batch
-from planner.export.layers import check_layers_match, find_ties
+from planner.export.layers import TiedParam, check_layers_match, find_ties
 from planner.export.losses import make_loss
-from planner.export.optim import DEFAULT_LR, torch_optimizer
-from planner.export.partition import check_common, ranges
-from planner.schedule import SCHEDULE_KINDS, find_kind, schedule_kind
+from planner.export.optim import DEFAULT_LR
+from planner.export.partition import ranges
+from planner.schedule import SCHEDULE_KINDS, schedule_kind
 
 SCHEDULES = {name: kind.torch_class for name, kind in SCHEDULE_KINDS.items() if kind.torch_class is not None}
 """plan.schedule -> its torch.distributed.pipelining class (planner.schedule's ``torch_class``)."""
 
+MESH_DIMS = ("pp", "dp", "tp")
+
 
 def tensor_parallel(plan: ir.Plan) -> bool:
-    """Whether the plan splits any layer (the ``w`` mesh dimension is then tensor parallel)."""
-    return any(f != "dp" for st in plan.stages for f in st.forms)
+    """Whether the plan's stages have tensor groups of more than one device."""
+    return any(st.tp > 1 for st in plan.stages)
 
 
 def check_plan(plan: ir.Plan, layers: Sequence[nn.Module] | None = None) -> int:
-    """Refuse what the torch export cannot run; return the data-parallel width (1 when split)."""
-    kind = find_kind(plan.schedule)
-    if kind is None or not kind.runs_on("torch"):
-        raise ExportError(f"schedule {plan.schedule!r} has no torch.distributed.pipelining equivalent",
-                          "search with `planner search --engine torch --schedule 1f1b` (or gpipe, interleaved, "
-                          "zb-h1)")
-    k = len(plan.stages)
-    v = plan.virtual_stages
-    if k % v:
-        raise ExportError(f"{k} stages are not {v} chunks per device", "re-run planner search")
-    widths = {s.width for s in plan.stages}
-    if len(widths) != 1:
-        i = next(i for i, s in enumerate(plan.stages) if s.width != plan.stages[0].width)
-        raise ExportError(f"stage {i} has {plan.stages[i].width} devices but stage 0 has {plan.stages[0].width}: "
-                          "torch pipelining needs every stage the same width",
-                          "search a runnable plan with `planner search --engine torch`")
-    width = widths.pop()
-    if not tensor_parallel(plan):
-        return check_common(plan, "torch")
-    if plan.batch_size % plan.microbatches:
-        raise ExportError(f"batch {plan.batch_size} is not {plan.microbatches} equal micro-batches",
-                          "choose --microbatches that divides the batch")
+    """Refuse what the torch export cannot run; return the data-parallel degree ``dp``.
+
+    Plan-level rules (schedules, one grid for every stage, batch shapes, heads that ``tp``
+    divides) are planner.runnable's; the layers' own checks (a Linear to split, attention and
+    MLP modules to shard) need the model.
+    """
+    try:
+        runnable.check_runnable(plan, "torch")
+    except PlanError as exc:
+        raise ExportError(exc.cause, exc.hint) from None
+    if plan.precision == "fp16":
+        raise ExportError("the plan trains in fp16, which needs a dynamic loss scale the torch pipelining "
+                          "schedule's loss function does not carry", "search with --precision bf16 (or fp32)")
     if layers is not None:
         for i, st in enumerate(plan.stages):
-            for j, form in enumerate(st.forms):
-                if form != "dp":
-                    _split_target(layers[st.layers[0] + j], i, st.layers[0] + j, form)
-                    _check_divisible(layers[st.layers[0] + j], width, i, st.layers[0] + j, form)
-    return 1
+            _check_stage_layers(layers, plan, st, i)
+    return plan.stages[0].dp
 
 
-def _split_target(layer: nn.Module, stage: int, index: int, form: str) -> str:
-    """The dotted name of the one nn.Linear a split form shards in ``layer``."""
-    linears = [name for name, m in layer.named_modules() if isinstance(m, nn.Linear)]
-    if len(linears) != 1:
-        kinds = sorted({type(m).__name__ for m in layer.modules() if any(True for _ in m.parameters(recurse=False))})
-        raise ExportError(
-            f"stage {stage}: layer {index} ({type(layer).__name__}, weights in {', '.join(kinds) or 'none'}) "
-            f"cannot run the {form} form: the torch export shards exactly one nn.Linear per layer "
-            "(DTensor has no parallel style for convolutions or other layers)",
-            "search with `planner search --engine deepspeed` (dp forms only), or keep this layer dp")
-    return linears[0]
-
-
-def _check_divisible(layer: nn.Module, width: int, stage: int, index: int, form: str) -> None:
-    lin = layer.get_submodule(_split_target(layer, stage, index, form))
-    assert isinstance(lin, nn.Linear)
-    n = lin.out_features if form == "split_out" else lin.in_features
-    if n % width:
-        raise ExportError(f"stage {stage}: layer {index}'s {n} {'output' if form == 'split_out' else 'input'} "
-                          f"features do not split over {width} devices", "search with other widths")
+def _check_stage_layers(layers: Sequence[nn.Module], plan: ir.Plan, st: ir.Stage, i: int) -> None:
+    seq = plan.profile.input_shape[0] if plan.profile.input_shape else None
+    for j, form in enumerate(st.forms):
+        index = st.layers[0] + j
+        if form in ("split_out", "split_in"):
+            parallel.check_split(layers[index], st.tp, i, index, form)
+        elif form == "tp":
+            parallel.check_block(layers[index], st.tp, seq, st.sequence_parallel, i, index)
 
 
 def device() -> torch.device:
@@ -126,78 +102,69 @@ def device() -> torch.device:
     return torch.device("cpu")
 
 
-class _Checkpointed(nn.Module):  # type: ignore[misc]
-    """A stage that keeps only its input and recomputes its forward in backward (GPipe)."""
+def make_mesh(plan: ir.Plan, world: int) -> Any:
+    """The (pp, dp, tp) DeviceMesh: rank = pipeline rank x (dp x tp) + replica x tp + tensor rank.
 
-    def __init__(self, inner: nn.Module) -> None:
-        super().__init__()
-        self.inner = inner
+    The plan lists each stage's devices as ``dp`` tensor groups of ``tp`` consecutive devices,
+    so rank r is the r-th device of the plan's device order (stage by stage).
+    """
+    from torch.distributed.device_mesh import init_device_mesh
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.utils.checkpoint.checkpoint(self.inner, x, use_reentrant=False)
+    first = plan.stages[0]
+    k = plan.pipeline_stages
+    if world != k * first.width:
+        raise ExportError(f"the plan needs {k * first.width} processes, {world} were started",
+                          "start plan.world_size processes")
+    return init_device_mesh(device().type, (k, first.dp, first.tp), mesh_dim_names=MESH_DIMS)
 
 
-def _parallelize(module: nn.Sequential, forms: Sequence[str], mesh: Any, stage: int, first: int) -> None:
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-
-    plan: dict[str, Any] = {}
-    for j, form in enumerate(forms):
-        if form == "dp":
-            continue
-        target = _split_target(module[j], stage, first + j, form)
-        name = f"{j}.{target}" if target else str(j)
-        nxt = forms[j + 1] if j + 1 < len(forms) else "dp"
-        prev = forms[j - 1] if j > 0 else "dp"
-        if form == "split_out":
-            plan[name] = ColwiseParallel(output_layouts=Shard(-1) if nxt == "split_in" else Replicate())
-        else:
-            plan[name] = RowwiseParallel(input_layouts=Shard(-1) if prev == "split_out" else Replicate())
-    parallelize_module(module, mesh, plan)
+def _stage_module(layers: Sequence[nn.Module], plan: ir.Plan, c: int, mesh: Any) -> nn.Module:
+    """Chunk ``c``'s layers with its tensor parallelism, recomputation, precision and ZeRO."""
+    st = plan.stages[c]
+    sub = nn.Sequential(*layers[st.layers[0]:st.layers[1]]).to(device())
+    if st.tp > 1:
+        parallel.shard_stage(sub, st.forms, mesh["tp"], st.sequence_parallel, c, st.layers[0])
+    root = sharding.with_precision(sharding.with_recompute(sub, st.recompute), plan.precision)
+    if st.zero in (2, 3):
+        sharding.fully_shard_stage(root, list(sub), mesh["dp"], st.zero)
+    return root
 
 
 def build_stages(layers: Sequence[nn.Module], plan: ir.Plan, rank: int, world: int) -> tuple[list[Any], Any]:
-    """This rank's PipelineStages (one, or v for interleaved) and the (pp, w) DeviceMesh."""
-    from torch.distributed.device_mesh import init_device_mesh
+    """This rank's PipelineStages (one, or v for interleaved) and the (pp, dp, tp) DeviceMesh."""
     from torch.distributed.pipelining import PipelineStage
 
-    width = plan.stages[0].width
-    k = len(plan.stages) // plan.virtual_stages
-    if world != k * width:
-        raise ExportError(f"the plan needs {k * width} processes, {world} were started", "start plan.world_size")
-    dev = device()
-    mesh = init_device_mesh(dev.type, (k, width), mesh_dim_names=("pp", "w"))
-    pp_rank = rank // width
+    mesh = make_mesh(plan, world)
+    pp_rank = mesh.get_coordinate()[0]
+    k = plan.pipeline_stages
     stages = []
-    for c, st in enumerate(plan.stages):
-        if c % k != pp_rank:
-            continue
-        sub = nn.Sequential(*layers[st.layers[0]:st.layers[1]]).to(dev)
-        if tensor_parallel(plan):
-            _parallelize(sub, st.forms, mesh["w"], c, st.layers[0])
-        mod: nn.Module = _Checkpointed(sub) if st.recompute == "full" else sub
-        stages.append(PipelineStage(mod, c, len(plan.stages), dev, group=mesh["pp"].get_group()))
+    for c in range(len(plan.stages)):
+        if c % k == pp_rank:
+            stages.append(PipelineStage(_stage_module(layers, plan, c, mesh), c, len(plan.stages), device(),
+                                        group=mesh["pp"].get_group()))
     return stages, mesh
 
 
-def _tie_groups(layers: Sequence[nn.Module], plan: ir.Plan, rank: int, width: int) -> list[tuple[Any, nn.Parameter]]:
-    """Process groups (per replica) over the ranks whose stages hold a tied parameter."""
-    k = len(plan.stages) // plan.virtual_stages
-    owner = {}
-    for c, st in enumerate(plan.stages):
-        for i in range(*st.layers):
-            owner[i] = c % k
+def _tie_groups(layers: Sequence[nn.Module], ties: Sequence[TiedParam], plan: ir.Plan,
+                mesh: Any) -> list[tuple[Any, nn.Parameter]]:
+    """Process groups (per data and tensor coordinate) over the pipeline ranks whose stages hold a tied
+    parameter, with this rank's copy of it. ``ties`` are found before sharding: FSDP and tensor
+    parallelism give each stage its own parameter object."""
+    k = plan.pipeline_stages
+    owner = {i: c % k for c, st in enumerate(plan.stages) for i in range(*st.layers)}
+    pp_rank, dp_rank, tp_rank = mesh.get_coordinate()
+    dp, tp = mesh["dp"].size(), mesh["tp"].size()
     out = []
-    for tie in find_ties(layers):
+    for tie in ties:
         pp_ranks = sorted({owner[i] for i in tie.layers})
         if len(pp_ranks) < 2:
             continue
-        param = layers[tie.layers[0]].get_parameter(tie.paths[0])
-        for j in range(width):  # every rank creates every group, in the same order
-            ranks = [p * width + j for p in pp_ranks]
-            group = torch.distributed.new_group(ranks)
-            if rank in ranks:
-                out.append((group, param))
+        mine = [(i, path) for i, path in zip(tie.layers, tie.paths, strict=True) if owner[i] == pp_rank]
+        for d in range(dp):  # every rank creates every group, in the same order
+            for t in range(tp):
+                group = torch.distributed.new_group([p * dp * tp + d * tp + t for p in pp_ranks])
+                if mine and (d, t) == (dp_rank, tp_rank):
+                    out.append((group, layers[mine[0][0]].get_parameter(mine[0][1])))
     return out
 
 
@@ -226,24 +193,13 @@ def _run_schedule(schedule: Any, first: bool, last: bool, xs: torch.Tensor, ys: 
 
 
 def _sum_tie_grads(ties: list[tuple[Any, nn.Parameter]]) -> None:
-    """Sum each tied parameter's gradient over the stages holding it."""
+    """Sum each tied parameter's gradient (its local shard) over the stages holding it."""
     import torch.distributed as dist
 
     for group, param in ties:
         if param.grad is None:
             param.grad = torch.zeros_like(param)
-        dist.all_reduce(param.grad, group=group)
-
-
-def _average_grads(params: list[nn.Parameter], group: Any, dp_width: int) -> None:
-    """Average gradients over the ``dp_width`` pipeline replicas (what DDP would do)."""
-    import torch.distributed as dist
-
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-        dist.all_reduce(p.grad, group=group)
-        p.grad /= dp_width
+        dist.all_reduce(sharding.local(param.grad), group=group)
 
 
 def _global_mean_loss(losses: list[torch.Tensor], dev: torch.device, width: int) -> float:
@@ -256,52 +212,97 @@ def _global_mean_loss(losses: list[torch.Tensor], dev: torch.device, width: int)
     return float(total) / width
 
 
+class Trainer:
+    """This rank's part of the plan: its stages, schedule and optimizer; ``trainer(x, y)`` is one step.
+
+    Every rank passes the same global batch; its data-parallel replica takes its share of
+    every micro-batch, and its tensor group sees the same samples.
+    """
+
+    def __init__(self, layers: Sequence[nn.Module], plan: ir.Plan, loss: str, lr: float | None = None) -> None:
+        import torch.distributed as dist
+
+        check_plan(plan, layers)
+        check_layers_match(layers, plan.profile, ExportError)
+        self.plan, self.layers = plan, list(layers)
+        ties = find_ties(layers)
+        self.stages, self.mesh = build_stages(layers, plan, dist.get_rank(), dist.get_world_size())
+        self.ties = _tie_groups(layers, ties, plan, self.mesh)
+        with torch.no_grad():  # the same seed built them equal; a broadcast guards against drift
+            for group, param in self.ties:
+                dist.broadcast(sharding.local(param), src=dist.get_global_rank(group, 0), group=group)
+        self.schedule = _make_schedule(self.stages, plan, loss)
+        self.params = list({id(p): p for s in self.stages for p in s.submod.parameters()}.values())
+        self.zero = _rank_zero(plan, [s.stage_index for s in self.stages])
+        rate = DEFAULT_LR[plan.optimizer] if lr is None else lr
+        self.opt = sharding.optimizer(plan.optimizer, self.params, rate, self.zero, self.mesh["dp"].get_group())
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        m, dp = self.plan.microbatches, self.mesh["dp"].size()
+        replica, dev = self.mesh.get_coordinate()[1], device()
+        xs = torch.cat([sub_batch(x, i, replica, m, dp) for i in range(m)]).to(dev)
+        ys = torch.cat([sub_batch(y, i, replica, m, dp) for i in range(m)]).to(dev)
+        for p in self.params:  # the parameters' own gradients (ZeRO-1 steps local proxies of them)
+            p.grad = None
+        losses = _run_schedule(self.schedule, any(s.is_first for s in self.stages),
+                               any(s.is_last for s in self.stages), xs, ys)
+        _sum_tie_grads(self.ties)
+        if self.zero < 2 and dp > 1:
+            sharding.average_grads(self.params, self.mesh["dp"].get_group(), dp)
+        sharding.zero1_grads(self.opt)
+        self.opt.step()
+        return _global_mean_loss(losses, dev, self.mesh.size() // self.mesh["pp"].size())
+
+    def describe(self) -> dict[str, Any]:
+        """What this rank actually built (read back from its modules): mesh coordinates, layers, the
+        layers sharded over the tensor group, ZeRO stage, recomputation wrappers, autocast."""
+        index = {id(m): i for i, m in enumerate(self.layers)}
+        mods = [m for s in self.stages for m in s.submod.modules()]
+        return {"rank": torch.distributed.get_rank(),
+                "coords": dict(zip(MESH_DIMS, self.mesh.get_coordinate(), strict=True)),
+                "stages": [s.stage_index for s in self.stages],
+                "layers": sorted({index[id(m)] for m in mods if id(m) in index}),
+                "tp_layers": sorted({index[id(m)] for m in mods if id(m) in index and _tensor_sharded(m)}),
+                "zero": sharding.zero_stage_of([s.submod for s in self.stages], self.opt),
+                "recompute": sorted({m.mode for m in mods if isinstance(m, sharding.Checkpointed)}),
+                "autocast": any(isinstance(m, sharding.Autocast) for m in mods)}
+
+
+def _rank_zero(plan: ir.Plan, chunks: Sequence[int]) -> int:
+    """The ZeRO stage of this rank's chunks (stages may differ; the chunks of one rank may not)."""
+    zeros = sorted({plan.stages[c].zero for c in chunks})
+    if len(zeros) > 1:
+        raise ExportError(f"chunks {', '.join(map(str, chunks))} on one device use ZeRO stages "
+                          f"{', '.join(map(str, zeros))}", "give the chunks of one device group one ZeRO stage")
+    return zeros[0]
+
+
+def _tensor_sharded(module: nn.Module) -> bool:
+    """Whether a parameter of ``module`` is sharded (``Shard``) along the ``tp`` mesh dimension."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    for p in module.parameters():
+        if isinstance(p, DTensor):
+            names = p.device_mesh.mesh_dim_names or ()
+            if any(n == "tp" and isinstance(pl, Shard) for n, pl in zip(names, p.placements, strict=True)):
+                return True
+    return False
+
+
 def make_trainer(layers: Sequence[nn.Module], plan: ir.Plan, loss: str,
                  lr: float | None = None) -> Callable[[torch.Tensor, torch.Tensor], float]:
     """Build this rank's stages and schedule; returns ``step(x, y) -> mean loss`` on the global batch."""
-    import torch.distributed as dist
-
-    check_plan(plan, layers)
-    check_layers_match(layers, plan.profile, ExportError)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    width = plan.stages[0].width
-    tp = tensor_parallel(plan)
-    stages, mesh = build_stages(layers, plan, rank, world)
-    ties = _tie_groups(layers, plan, rank, width)
-    for group, param in ties:  # same seed already; broadcast guards against drift
-        dist.broadcast(param.data, src=dist.get_global_rank(group, 0), group=group)
-    schedule = _make_schedule(stages, plan, loss)
-    params = list({id(p): p for s in stages for p in s.submod.parameters()}.values())
-    opt = torch_optimizer(plan.optimizer, params, DEFAULT_LR[plan.optimizer] if lr is None else lr)
-    dp_group = mesh["w"].get_group()
-    replica = 0 if tp else rank % width
-    dp_width = 1 if tp else width
-    m = plan.microbatches
-    first = any(s.is_first for s in stages)
-    last = any(s.is_last for s in stages)
-    dev = device()
-
-    def step(x: torch.Tensor, y: torch.Tensor) -> float:
-        xs = torch.cat([sub_batch(x, i, replica, m, dp_width) for i in range(m)]).to(dev)
-        ys = torch.cat([sub_batch(y, i, replica, m, dp_width) for i in range(m)]).to(dev)
-        opt.zero_grad()
-        losses = _run_schedule(schedule, first, last, xs, ys)
-        _sum_tie_grads(ties)
-        if dp_width > 1:
-            _average_grads(params, dp_group, dp_width)
-        opt.step()
-        return _global_mean_loss(losses, dev, width)
-
-    return step
+    return Trainer(layers, plan, loss, lr)
 
 
 SCRIPT = '''\
 #!/usr/bin/env python
 """Train the plan in plan.json with torch.distributed.pipelining (written by `planner export`).
 
-Plan: {model}, {stages} stages x {width} = {world} processes, config {config}, schedule {schedule}
-({cls}), {micro} micro-batches, batch {batch}; the width dimension is {wmeaning}.
+Plan: {model}, {stages} stages x (tp {tp} x dp {dp}) = {world} processes, config {config}, schedule
+{schedule} ({cls}), {micro} micro-batches, batch {batch}, precision {precision}.
 Stage boundaries (layer index ranges): {ranges}. Forms per stage: {forms}.
+ZeRO stage {zero}; recomputation per stage: {recompute}.
 
 Run (CPU: gloo; GPU: nccl):
     torchrun --standalone --nproc_per_node {world} train.py [--model MODEL] [--steps N]
@@ -309,9 +310,11 @@ Run (CPU: gloo; GPU: nccl):
 What it does:
   1. builds the model MODEL (default: the profiled one, {model!r}) and splits it into exactly
      the profiled layers (planner.profiler.layers.split_model);
-  2. on a (pp={pp}, w={width}) DeviceMesh, makes this rank's PipelineStage(s) from the plan's
-     layer ranges, shards split_out/split_in layers with DTensor ColwiseParallel/RowwiseParallel,
-     and drives them with {cls} (planner.export.torch.make_trainer);
+  2. on a (pp={pp}, dp={dp}, tp={tp}) DeviceMesh, makes this rank's PipelineStage(s) from the
+     plan's layer ranges, shards tp/split forms over the tensor group with DTensor (Megatron
+     blocks, ColwiseParallel/RowwiseParallel), wraps recomputation and autocast, applies ZeRO
+     (FSDP2 / ZeroRedundancyOptimizer), and drives them with {cls}
+     (planner.export.torch.make_trainer);
   3. trains on synthetic data of the profiled input shape with the plan's optimizer ({optimizer}).
 Replace the data in `main()` with yours: every rank passes the same global batch; each takes its part.
 """
@@ -353,11 +356,11 @@ if __name__ == "__main__":
 
 def script_text(plan: ir.Plan) -> str:
     check_plan(plan)
-    width = plan.stages[0].width
+    first = plan.stages[0]
     return SCRIPT.format(
-        model=plan.model, stages=len(plan.stages), width=width, world=plan.world_size, config=plan.config,
-        schedule=plan.schedule, cls=SCHEDULES[plan.schedule], micro=plan.microbatches, batch=plan.batch_size,
-        pp=len(plan.stages) // plan.virtual_stages, optimizer=plan.optimizer,
-        wmeaning="tensor parallel (DTensor)" if tensor_parallel(plan) else "data parallel across pipelines",
+        model=plan.model, stages=len(plan.stages), tp=first.tp, dp=first.dp, world=plan.world_size,
+        config=plan.config, schedule=plan.schedule, cls=SCHEDULES[plan.schedule], micro=plan.microbatches,
+        batch=plan.batch_size, precision=plan.precision, pp=plan.pipeline_stages, optimizer=plan.optimizer,
+        zero=first.zero, recompute=", ".join(s.recompute for s in plan.stages),
         ranges=", ".join(f"[{a}, {b})" for a, b in ranges(plan)),
         forms="; ".join(",".join(s.forms) for s in plan.stages))

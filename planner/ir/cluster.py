@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -127,8 +128,9 @@ class Cluster:
                 return link
         raise KeyError(level)
 
-    @property
+    @functools.cached_property
     def gpus(self) -> tuple[GPU, ...]:
+        """Every GPU in cluster order (computed once: a frozen value)."""
         return tuple(g for node in self.nodes for g in node.gpus)
 
     def to_dict(self) -> dict[str, Any]:

@@ -115,12 +115,12 @@ def _next_rows(h: list[np.ndarray], nxt: int, r_top: int, exact: bool) -> np.nda
     return rows
 
 
-def _rho_mask(prob: Problem, mv: Move, r_top: int) -> np.ndarray | None:
-    """For a fixed config: which stages-left counts may use this move's width (None: all)."""
+def _rho_mask(prob: Problem, width: int, r_top: int) -> np.ndarray | None:
+    """For a fixed config: which stages-left counts may use a stage of ``width`` devices (None: all)."""
     if prob.config is None:
         return None
     k = len(prob.config)
-    return np.array([len(mv.devices) == prob.config[k - r] for r in range(1, r_top + 1)])
+    return np.array([width == prob.config[k - r] for r in range(1, r_top + 1)])
 
 
 class _CapSweep:
@@ -130,6 +130,7 @@ class _CapSweep:
     def __init__(self, prob: Problem, cap: float, r_top: int, exact: bool) -> None:
         self.prob, self.cap, self.r_top, self.exact = prob, cap, r_top, exact
         self.bands: dict[tuple[int, int], np.ndarray] = {}
+        self.groups: dict[tuple[tuple[int, ...], int], np.ndarray] = {}
         self.masks: dict[int, np.ndarray | None] = {}
         self.wins: dict[tuple[int, int], tuple[np.ndarray | None, int, int]] = {}
         self.buf = np.empty(0)
@@ -139,6 +140,19 @@ class _CapSweep:
         band = self.bands.get(bk)
         if band is None:
             band = self.bands[bk] = _cost_band(self.prob, mv.key, mv.link, self.r_top, self.cap)
+        return band
+
+    def group_band(self, group: MoveGroup) -> np.ndarray:
+        """The least period over a group's tensor degrees (moves on the same devices, link and next)."""
+        gk = (group.keys, group.link)
+        band = self.groups.get(gk)
+        if band is None:
+            parts = [self.band(Move(k, group.devices, group.next, group.link)) for k in group.keys]
+            width = max(p.shape[2] for p in parts)
+            band = np.full((self.r_top, parts[0].shape[1], width), np.inf)
+            for p in parts:
+                np.minimum(band[:, :, :p.shape[2]], p, out=band[:, :, :p.shape[2]])
+            self.groups[gk] = band
         return band
 
     def window(self, h: list[np.ndarray], nxt: int, width: int) -> tuple[np.ndarray | None, int, int]:
@@ -152,18 +166,18 @@ class _CapSweep:
                 (_windows(rows, width), max(int(finite[0]) - width, 0), int(finite[-1]))
         return cached
 
-    def mask(self, mv: Move) -> np.ndarray | None:
-        w = len(mv.devices)
+    def mask(self, devices: tuple[str, ...]) -> np.ndarray | None:
+        w = len(devices)
         if w not in self.masks:
-            self.masks[w] = _rho_mask(self.prob, mv, self.r_top)
+            self.masks[w] = _rho_mask(self.prob, w, self.r_top)
         return self.masks[w]
 
-    def values(self, mv: Move, h: list[np.ndarray]) -> np.ndarray | None:
-        """Least sums of plans whose first stage runs on ``mv``, per stages-left count and first block."""
-        band = self.band(mv)
+    def values(self, group: MoveGroup, h: list[np.ndarray]) -> np.ndarray | None:
+        """Least sums of plans whose first stage runs on the group's devices, per stages-left count and block."""
+        band = self.group_band(group)
         if band.shape[2] == 0:
             return None
-        full_win, lo_row, hi_row = self.window(h, mv.next, band.shape[2])
+        full_win, lo_row, hi_row = self.window(h, group.next, band.shape[2])
         if full_win is None:
             return None
         # rows a that can reach a finite suffix value at b in (a, a + width]
@@ -176,10 +190,30 @@ class _CapSweep:
         np.add(part, full_win[:, lo_row:hi_row], out=tmp)
         np.min(tmp, axis=2, out=cand[:, lo_row:hi_row])
         if self.exact:
-            mask = self.mask(mv)
+            mask = self.mask(group.devices)
             if mask is not None:
                 cand[~mask] = np.inf
         return cand
+
+
+@dataclass(frozen=True)
+class MoveGroup:
+    """The moves from one position onto the same devices, link and next position: one per tensor degree.
+
+    The DP needs only their least period per stage range; the backtrack finds the move that gave it."""
+
+    keys: tuple[int, ...]
+    devices: tuple[str, ...]
+    next: int
+    link: int
+
+
+def move_groups(moves: Sequence[Move]) -> list[MoveGroup]:
+    """``moves`` of one position grouped by (devices, link, next), in first-seen order."""
+    keys: dict[tuple[tuple[str, ...], int, int], list[int]] = {}
+    for mv in moves:
+        keys.setdefault((mv.devices, mv.link, mv.next), []).append(mv.key)
+    return [MoveGroup(tuple(k), devs, nxt, link) for (devs, link, nxt), k in keys.items()]
 
 
 def solve_cap(prob: Problem, cap: float) -> Solution | None:
@@ -195,10 +229,11 @@ def solve_cap(prob: Problem, cap: float) -> Solution | None:
     empty[0, nb] = 0.0
     h: list[np.ndarray] = [empty] * (g_total + 1)
     sweep = _CapSweep(prob, cap, r_top, exact)
+    groups = [move_groups(row) for row in prob.moves]
     for d in range(g_total - 1, -1, -1):
         best = h[prob.skip[d]].copy()
-        for mv in prob.moves[d]:
-            cand = sweep.values(mv, h)
+        for group in groups[d]:
+            cand = sweep.values(group, h)
             if cand is not None:
                 np.minimum(best[1:], cand, out=best[1:])
         h[d] = best
@@ -206,10 +241,10 @@ def solve_cap(prob: Problem, cap: float) -> Solution | None:
     value, rho0 = min((float(h[0][r, 0]), r) for r in rows)
     if not math.isfinite(value):
         return None
-    return _backtrack(prob, h, sweep.bands, sweep.masks, rho0, cap, r_top, exact)
+    return _backtrack(prob, h, sweep, rho0, cap, r_top, exact)
 
 
-def _backtrack(prob: Problem, h: list[np.ndarray], bands: dict, masks: dict, rho: int, cap: float, r_top: int,
+def _backtrack(prob: Problem, h: list[np.ndarray], sweep: _CapSweep, rho: int, cap: float, r_top: int,
                exact: bool) -> Solution:
     d, a = 0, 0
     stages: list[StageChoice] = []
@@ -217,10 +252,10 @@ def _backtrack(prob: Problem, h: list[np.ndarray], bands: dict, masks: dict, rho
         target = h[d][rho, a]
         found = False
         for mv in prob.moves[d]:
-            band = bands.get((mv.key, mv.link))
-            if band is None or band.shape[2] == 0:
+            band = sweep.band(mv)
+            if band.shape[2] == 0:
                 continue
-            mask = masks.get(len(mv.devices)) if exact else None
+            mask = sweep.mask(mv.devices) if exact else None
             if mask is not None and not mask[rho - 1]:
                 continue
             nxt = _next_rows(h, mv.next, r_top, exact)

@@ -1,0 +1,253 @@
+"""Tensor and sequence parallelism of one stage's layers over its tensor group (DTensor).
+
+The forms of a stage's layers are relative to its tensor group of ``tp`` devices
+(``planner.ir.Stage``):
+
+* ``split_out`` / ``split_in`` (one ``nn.Linear`` in the layer): ``ColwiseParallel`` /
+  ``RowwiseParallel``; a ``split_out`` followed by a ``split_in`` keeps the activation sharded
+  between them, otherwise outputs are gathered (column) or all-reduced (row).
+* ``tp`` (a transformer block, Megatron-LM; Shoeybi et al. 2019): attention q/k/v column-
+  parallel and the output projection row-parallel, MLP up (and gate) column-parallel and down
+  row-parallel: one all-reduce after attention and one after the MLP in forward (and in
+  backward). Heads are sharded whole: ``tp`` must divide the heads and the KV heads. GPT-2's
+  ``Conv1D`` layers (weights stored ``[in, out]``) are converted to ``nn.Linear`` with the same
+  values, and its fused ``c_attn`` (rows ``[q; k; v]``) is permuted so that each rank's
+  contiguous column shard holds ``[q; k; v]`` of its own heads; its ``split_size`` becomes
+  ``hidden / tp``. Llama-style blocks (``q_proj``/``k_proj``/``v_proj``/``o_proj``,
+  ``gate_proj``/``up_proj``/``down_proj``; grouped KV heads) shard as they are; both infer
+  their local head count from the sharded width (``view(..., -1, head_dim)``).
+* sequence parallelism (Korthikanti et al. 2022), where the stage asks: the decoder block's
+  input is cut along the sequence, its norms run ``SequenceParallel``, attention and the MLP
+  all-gather the sequence at their input (a pre-hook) and their row layers reduce-scatter it;
+  the block's output is gathered again, so the layers around it (Llama's rotary wrapper) and
+  the pipeline see whole activations.
+* ``dp`` layers in a tensor group run replicated on its devices (the same samples, the same
+  gradients). The plan's ``dp`` form splits the group's samples instead; the result is the same,
+  only the work differs (the cost model's view is not reproduced here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from planner.errors import ExportError
+
+_FIX = "search with `planner search --engine torch` (dp forms on this layer), or use another tp"
+
+
+def split_target(layer: nn.Module, stage: int, index: int, form: str) -> str:
+    """The dotted name of the one nn.Linear a split form shards in ``layer``."""
+    linears = [name for name, m in layer.named_modules() if isinstance(m, nn.Linear)]
+    if len(linears) != 1:
+        kinds = sorted({type(m).__name__ for m in layer.modules() if any(True for _ in m.parameters(recurse=False))})
+        raise ExportError(
+            f"stage {stage}: layer {index} ({type(layer).__name__}, weights in {', '.join(kinds) or 'none'}) "
+            f"cannot run the {form} form: the torch export shards exactly one nn.Linear per layer "
+            "(DTensor has no parallel style for convolutions or other layers)",
+            "search with `planner search --engine deepspeed` (dp forms only), or keep this layer dp")
+    return linears[0]
+
+
+def check_split(layer: nn.Module, tp: int, stage: int, index: int, form: str) -> None:
+    """A split form needs one nn.Linear whose sharded features ``tp`` divides."""
+    lin = layer.get_submodule(split_target(layer, stage, index, form))
+    n = lin.out_features if form == "split_out" else lin.in_features
+    if n % tp:
+        raise ExportError(f"stage {stage}: layer {index}'s {n} {'output' if form == 'split_out' else 'input'} "
+                          f"features do not split over {tp} devices", "search with other widths")
+
+
+# ----------------------------------------------------------------------------- transformer blocks
+
+
+def _find(layer: nn.Module, attrs: Sequence[str]) -> tuple[str, nn.Module] | None:
+    """The first submodule (dotted name, module) that has every attribute in ``attrs``."""
+    for name, m in layer.named_modules():
+        if all(isinstance(getattr(m, a, None), nn.Module) for a in attrs):
+            return name, m
+    return None
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def block_parts(layer: nn.Module, stage: int, index: int) -> tuple[str, str, str]:
+    """(architecture, attention path, MLP path) of a transformer block; ExportError if none is found."""
+    gpt2_attn, gpt2_mlp = _find(layer, ("c_attn", "c_proj")), _find(layer, ("c_fc", "c_proj"))
+    if gpt2_attn and gpt2_mlp:
+        return "gpt2", gpt2_attn[0], gpt2_mlp[0]
+    llama_attn = _find(layer, ("q_proj", "k_proj", "v_proj", "o_proj"))
+    llama_mlp = _find(layer, ("up_proj", "down_proj"))
+    if llama_attn and llama_mlp:
+        return "llama", llama_attn[0], llama_mlp[0]
+    raise ExportError(f"stage {stage}: layer {index} ({type(layer).__name__}) runs the tp form but has no "
+                      "attention (c_attn/c_proj or q/k/v/o_proj) and MLP (c_fc/c_proj or up/down_proj) the "
+                      "torch export knows", _FIX)
+
+
+def _heads(attn: nn.Module) -> tuple[int, int]:
+    """(heads, KV heads) of an attention module (HF attributes, else its config)."""
+    cfg = getattr(attn, "config", None)
+    heads: Any = getattr(attn, "num_heads", None) or getattr(cfg, "num_attention_heads", None)
+    kv: Any = getattr(attn, "num_key_value_heads", None) or getattr(cfg, "num_key_value_heads", None) or heads
+    if not heads:
+        raise ExportError(f"cannot read the head count of {type(attn).__name__}", _FIX)
+    return int(heads), int(kv)
+
+
+def check_block(layer: nn.Module, tp: int, seq_len: int | None, sequence_parallel: bool, stage: int,
+                index: int) -> None:
+    """Heads, KV heads (and the sequence, for sequence parallelism) must split whole over ``tp``."""
+    _, attn_path, _ = block_parts(layer, stage, index)
+    heads, kv = _heads(layer.get_submodule(attn_path))
+    if heads % tp or kv % tp:
+        raise ExportError(f"stage {stage}: layer {index} has {heads} heads and {kv} KV heads, which tp {tp} does "
+                          "not divide (heads are sharded whole)", _FIX)
+    if sequence_parallel and seq_len is not None and seq_len % tp:
+        raise ExportError(f"stage {stage}: sequence parallelism cuts the sequence of {seq_len} tokens over tp {tp}",
+                          "use a sequence length that tp divides, or a plan without sequence_parallel")
+
+
+def _conv1d_to_linear(parent: nn.Module, name: str, rows: torch.Tensor | None = None) -> None:
+    """Replace GPT-2's ``Conv1D`` ``parent.name`` (weight ``[in, out]``) by an equal ``nn.Linear``.
+
+    ``rows``: a permutation of the output features (the fused q/k/v reordering).
+    """
+    conv = getattr(parent, name)
+    if isinstance(conv, nn.Linear):
+        return
+    weight, bias = conv.weight.detach().t(), conv.bias.detach()
+    if rows is not None:
+        weight, bias = weight[rows], bias[rows]
+    lin = nn.Linear(weight.shape[1], weight.shape[0], device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        lin.weight.copy_(weight)
+        lin.bias.copy_(bias)
+    setattr(parent, name, lin)
+
+
+def fused_qkv_rows(hidden: int, tp: int) -> torch.Tensor:
+    """Output rows of a fused ``[q; k; v]`` projection reordered so that shard r is ``[q_r; k_r; v_r]``.
+
+    Rank r's heads are the contiguous rows ``[r*h/tp, (r+1)*h/tp)`` of each of q, k and v.
+    """
+    local = hidden // tp
+    return torch.cat([torch.arange(p * hidden + r * local, p * hidden + (r + 1) * local)
+                      for r in range(tp) for p in range(3)])
+
+
+def _prepare_gpt2(layer: nn.Module, attn_path: str, mlp_path: str, tp: int) -> None:
+    attn, mlp = layer.get_submodule(attn_path), layer.get_submodule(mlp_path)
+    hidden = int(attn.split_size)
+    _conv1d_to_linear(attn, "c_attn", fused_qkv_rows(hidden, tp))
+    _conv1d_to_linear(attn, "c_proj")
+    _conv1d_to_linear(mlp, "c_fc")
+    _conv1d_to_linear(mlp, "c_proj")
+    attn.split_size = hidden // tp
+    attn.num_heads = int(attn.num_heads) // tp
+
+
+def _block_styles(layer: nn.Module, tp: int, sequence_parallel: bool, stage: int, index: int) -> dict[str, Any]:
+    """The DTensor parallel plan of one transformer block, relative to the layer."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    arch, attn, mlp = block_parts(layer, stage, index)
+    if arch == "gpt2":
+        _prepare_gpt2(layer, attn, mlp, tp)
+        cols = [_join(attn, "c_attn"), _join(mlp, "c_fc")]
+        rows = [_join(attn, "c_proj"), _join(mlp, "c_proj")]
+    else:
+        gated = isinstance(getattr(layer.get_submodule(mlp), "gate_proj", None), nn.Module)
+        cols = [_join(attn, c) for c in ("q_proj", "k_proj", "v_proj")]
+        cols += [_join(mlp, c) for c in (("gate_proj", "up_proj") if gated else ("up_proj",))]
+        rows = [_join(attn, "o_proj"), _join(mlp, "down_proj")]
+    seq = Shard(1) if sequence_parallel else Replicate()
+    styles: dict[str, Any] = {p: ColwiseParallel() for p in cols}
+    styles.update({p: RowwiseParallel(output_layouts=seq) for p in rows})
+    return styles
+
+
+class _SequenceGather:
+    """Forward pre-hook: all-gather the sequence-sharded hidden states (the first positional argument,
+    or ``hidden_states``) before attention or the MLP; its backward reduce-scatters the gradient.
+    Attention modules read the sequence length from their input (HF Llama's ``view(*input_shape, -1,
+    head_dim)``), so the whole sequence must arrive there, not at each projection."""
+
+    def __init__(self, mesh: Any) -> None:
+        self.mesh = mesh
+
+    def _gather(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.distributed.tensor import DTensor, Replicate, Shard
+
+        return DTensor.from_local(x, self.mesh, [Shard(1)]).redistribute(self.mesh, [Replicate()]).to_local()
+
+    def __call__(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if args:
+            return (self._gather(args[0]), *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": self._gather(kwargs["hidden_states"])}
+
+
+def _norm_paths(layer: nn.Module) -> list[str]:
+    """Every norm module in a decoder block (LayerNorm, RMSNorm): SequenceParallel under sequence parallelism."""
+    return [name for name, m in layer.named_modules() if name and "norm" in type(m).__name__.lower()]
+
+
+def shard_block(layer: nn.Module, mesh: Any, sequence_parallel: bool, stage: int, index: int) -> None:
+    """Make ``layer`` (a transformer block) Megatron tensor parallel over the 1-D ``mesh``."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        PrepareModuleInput,
+        PrepareModuleOutput,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    styles = _block_styles(layer, mesh.size(), sequence_parallel, stage, index)
+    if sequence_parallel:
+        # The sequence is cut at the decoder block itself (the parent of attention and MLP), so that
+        # a wrapper around it (Llama's rotary positions) still sees the whole sequence.
+        prefix = block_parts(layer, stage, index)[1].rpartition(".")[0]
+        block = layer.get_submodule(prefix)
+        styles.update({_join(prefix, p): SequenceParallel(use_local_output=True) for p in _norm_paths(block)})
+        for path in block_parts(layer, stage, index)[1:]:  # attention and MLP see the whole sequence
+            layer.get_submodule(path).register_forward_pre_hook(_SequenceGather(mesh), with_kwargs=True)
+        parallelize_module(block, mesh, PrepareModuleInput(input_layouts=(Replicate(),),
+                                                           desired_input_layouts=(Shard(1),), use_local_output=True))
+        parallelize_module(block, mesh, PrepareModuleOutput(output_layouts=(Shard(1),),
+                                                            desired_output_layouts=(Replicate(),)))
+    parallelize_module(layer, mesh, styles)
+
+
+def shard_splits(module: nn.Sequential, forms: Sequence[str], mesh: Any, stage: int, first: int) -> None:
+    """Column/row-parallel Linears for the ``split_out``/``split_in`` layers of a stage."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    plan: dict[str, Any] = {}
+    for j, form in enumerate(forms):
+        if form not in ("split_out", "split_in"):
+            continue
+        name = f"{j}.{split_target(module[j], stage, first + j, form)}"
+        nxt = forms[j + 1] if j + 1 < len(forms) else "dp"
+        prev = forms[j - 1] if j > 0 else "dp"
+        if form == "split_out":
+            plan[name] = ColwiseParallel(output_layouts=Shard(-1) if nxt == "split_in" else Replicate())
+        else:
+            plan[name] = RowwiseParallel(input_layouts=Shard(-1) if prev == "split_out" else Replicate())
+    if plan:
+        parallelize_module(module, mesh, plan)
+
+
+def shard_stage(module: nn.Sequential, forms: Sequence[str], mesh: Any, sequence_parallel: bool, stage: int,
+                first: int) -> None:
+    """Apply every layer's form of one stage over its tensor group ``mesh`` (1-D)."""
+    shard_splits(module, forms, mesh, stage, first)
+    for j, form in enumerate(forms):
+        if form == "tp":
+            shard_block(module[j], mesh, sequence_parallel, stage, first + j)

@@ -1,0 +1,173 @@
+"""ZeRO, activation recomputation and mixed precision of one torch pipeline stage.
+
+* ZeRO over the stage's data-parallel group (Rajbhandari et al. SC'20), per the plan's ``zero``:
+  3: FSDP2 ``fully_shard`` with ``reshard_after_forward=True`` (parameters, gradients and
+  optimizer state sharded; parameters all-gathered in forward and again in backward);
+  2: ``fully_shard`` with ``reshard_after_forward=False`` (parameters stay gathered from forward
+  to backward, gradients reduce-scattered, optimizer state sharded; FSDP2 reshards the
+  parameters after backward, so between steps they are sharded as well: ZeRO-2's traffic,
+  slightly less memory than ZeRO-2); 1: ``torch.distributed.optim.ZeroRedundancyOptimizer``
+  (optimizer state sharded, gradients all-reduced and averaged as in data parallelism, each
+  rank steps its share of the parameters and broadcasts them). Each layer of the stage is one
+  FSDP unit (a layer sharing a parameter with another layer of the stage stays in the stage's
+  root unit), the stage is the root.
+* Recomputation (``recompute``): ``full`` checkpoints the whole stage (only each micro-batch's
+  stage input is kept; GPipe's re-materialisation); ``selective`` checkpoints each layer with a
+  selective-checkpoint policy that recomputes only the attention core (every
+  ``scaled_dot_product`` op; Korthikanti et al. 2022) and saves every other activation.
+* Precision: ``bf16`` runs each stage's forward under ``torch.autocast(dtype=bfloat16)``:
+  fp32 master weights, gradients and optimizer state, bf16 matrix products (autocast's op
+  list; norms and the loss stay fp32). The same for every ZeRO stage, so that grids differ
+  only in where the numbers live, not in their rounding. ``fp16`` is refused by the torch
+  export (it needs a dynamic loss scale that the pipelining schedule's loss function does not
+  carry).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+
+from planner.export.optim import torch_optimizer
+
+ATTENTION_CORE = "scaled_dot_product"
+"""Ops whose name contains this are the attention core that selective recomputation redoes."""
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """The local tensor of a DTensor (FSDP shard or tensor-parallel shard), else the tensor itself."""
+    from torch.distributed.tensor import DTensor
+
+    data = t.data if isinstance(t, nn.Parameter) else t
+    return data.to_local() if isinstance(data, DTensor) else data
+
+
+def _attention_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    if ATTENTION_CORE in str(op):
+        return CheckpointPolicy.PREFER_RECOMPUTE
+    return CheckpointPolicy.MUST_SAVE
+
+
+class Checkpointed(nn.Module):  # type: ignore[misc]
+    """``inner`` under activation checkpointing: ``full`` keeps only the input, ``selective`` the
+    input and every activation but the attention core's."""
+
+    def __init__(self, inner: nn.Module, mode: str) -> None:
+        super().__init__()
+        self.inner = inner
+        self.mode = mode
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+
+        if self.mode == "selective":
+            ctx = partial(create_selective_checkpoint_contexts, _attention_policy)
+            return checkpoint(self.inner, x, use_reentrant=False, context_fn=ctx)
+        return checkpoint(self.inner, x, use_reentrant=False)
+
+
+class Autocast(nn.Module):  # type: ignore[misc]
+    """``inner``'s forward under ``torch.autocast`` in ``dtype`` (fp32 weights, 16-bit products)."""
+
+    def __init__(self, inner: nn.Module, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.inner = inner
+        self.dtype = dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(device_type=x.device.type, dtype=self.dtype):
+            return self.inner(x)
+
+
+def with_recompute(stage: nn.Sequential, recompute: str) -> nn.Module:
+    """The stage with its recomputation: the whole stage (full), each layer (selective), or as is."""
+    if recompute == "full":
+        return Checkpointed(stage, "full")
+    if recompute == "selective":
+        for j, layer in enumerate(stage):
+            stage[j] = Checkpointed(layer, "selective")
+    return stage
+
+
+def with_precision(module: nn.Module, precision: str) -> nn.Module:
+    return Autocast(module, torch.bfloat16) if precision == "bf16" else module
+
+
+def _shares_params(layer: nn.Module, others: Sequence[nn.Module]) -> bool:
+    mine = {id(p) for p in layer.parameters()}
+    return any(id(p) in mine for o in others if o is not layer for p in o.parameters())
+
+
+def fully_shard_stage(root: nn.Module, units: Sequence[nn.Module], mesh: Any, zero: int) -> None:
+    """FSDP2 over the data-parallel ``mesh``: one unit per layer, the stage as root (ZeRO 2 or 3).
+
+    ``units`` are the stage's layers as wrapped for recomputation, so that a unit's all-gather
+    runs in its own hooks, outside the checkpointed region (as torchtitan orders them).
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    reshard = zero == 3
+    for unit in units:
+        if not _shares_params(unit, units) and any(True for _ in unit.parameters()):
+            fully_shard(unit, mesh=mesh, reshard_after_forward=reshard)
+    fully_shard(root, mesh=mesh, reshard_after_forward=reshard)
+
+
+def optimizer(name: str, params: list[nn.Parameter], lr: float, zero: int, group: Any) -> Any:
+    """The plan's optimizer; for ZeRO-1 a ZeroRedundancyOptimizer over the data-parallel ``group``.
+
+    ZeRO-1 steps the local tensors of DTensor parameters (views of the same storage; their
+    gradients are handed over by :func:`zero1_grads`).
+    """
+    if zero != 1:
+        return torch_optimizer(name, params, lr)
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    proto = torch_optimizer(name, [nn.Parameter(torch.zeros(1))], lr)
+    proxies = [p if local(p) is p.data else nn.Parameter(local(p)) for p in params]
+    opt = ZeroRedundancyOptimizer(proxies, optimizer_class=type(proto), process_group=group, **proto.defaults)
+    opt.planner_params = list(zip(params, proxies, strict=True))
+    return opt
+
+
+def zero1_grads(opt: Any) -> None:
+    """Hand the (already averaged) gradients of DTensor parameters to their ZeRO-1 local proxies."""
+    for param, proxy in getattr(opt, "planner_params", ()):
+        if proxy is not param and param.grad is not None:
+            proxy.grad = local(param.grad)
+
+
+def average_grads(params: Sequence[nn.Parameter], group: Any, dp: int) -> None:
+    """Average gradients over the ``dp`` data-parallel replicas (ZeRO 0 and 1; FSDP does its own)."""
+    import torch.distributed as dist
+
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        g = local(p.grad)
+        dist.all_reduce(g, group=group)
+        g /= dp
+
+
+def zero_stage_of(modules: Sequence[nn.Module], opt: Any) -> int:
+    """The ZeRO stage the built modules and optimizer actually run (read back, for the rank checks)."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    if isinstance(opt, ZeroRedundancyOptimizer):
+        return 1
+    units = [m for root in modules for m in root.modules() if isinstance(m, FSDPModule)]
+    if not units:
+        return 0
+    group = units[-1]._get_fsdp_state()._fsdp_param_group  # the innermost unit that holds parameters
+    for m in units:
+        g = m._get_fsdp_state()._fsdp_param_group
+        if g is not None:
+            group = g
+    return 3 if group.post_forward_mesh_info is not None else 2

@@ -1,0 +1,185 @@
+"""Plan -> torchtitan job config (TOML) for Llama-family plans.
+
+Written for torchtitan 0.2.0's ``JobConfig`` (``torchtitan/config/job_config.py``), the last
+release whose config loader reads TOML (``--job.config_file``); torchtitan 0.3.0 replaced TOML
+files by Python config registries (``--module``/``--config``). :data:`SCHEMA` lists every key
+written, with its type in that schema; tests/test_export_torchtitan.py holds the file to it (and
+to torchtitan's own loader where that is importable).
+
+What maps (``[parallelism]``): ``pipeline_parallel_degree`` = K, ``tensor_parallel_degree`` =
+tp, data parallelism per the plan's ZeRO stage (0: ``data_parallel_replicate_degree`` = dp, DDP;
+2: ``data_parallel_shard_degree`` = dp with ``fsdp_reshard_after_forward = "never"``; 3: the same
+with ``"always"``), ``module_fqns_per_model_part`` = the plan's stages (uneven stages and
+interleaved chunks as explicit module lists: ``tok_embeddings``, ``layers.i``, ``norm`` +
+``output``), ``pipeline_parallel_schedule``, ``pipeline_parallel_microbatch_size`` = the plan's
+per-rank micro-batch; ``[training]`` local (per data-parallel rank) and global batch, sequence
+length, ``mixed_precision_param`` (bf16: bfloat16 parameters in FSDP's policy, or autocast
+under DDP; fp32 master weights either way); ``[activation_checkpoint] mode`` none or full.
+
+What torchtitan cannot express is refused (ExportError with the reason; ZeRO-1 and selective
+recomputation by planner.runnable's torchtitan limits): ZeRO-1 (torchtitan shards with FSDP or
+replicates), selective recomputation (torchtitan's selective modes are per-op SAC, which saves
+matrix products and attention outputs and recomputes the rest, or every n-th layer, not the
+attention core only), fp16 (``mixed_precision_param`` is bfloat16 or float32), tensor
+parallelism without sequence parallelism (torchtitan's Llama always shards norms over the
+sequence under tp), stages that differ in recomputation, and models that are not Llama-family
+(gated-MLP blocks between one embedding and one head).
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+from typing import Any
+
+from planner import ir, runnable
+from planner.errors import ExportError, PlanError
+from planner.jsonio import dumps
+
+SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B", "zb-h1": "InterleavedZeroBubble"}
+"""The plan's schedule -> torchtitan's ``pipeline_parallel_schedule`` (torch's schedule class names)."""
+
+FLAVORS = {(256, 6, 16, 16): "debugmodel", (4096, 32, 32, 8): "8B", (8192, 80, 64, 8): "70B",
+           (16384, 126, 128, 8): "405B"}
+"""torchtitan 0.2.0's llama3 flavors by (dim, layers, heads, KV heads) (torchtitan/models/llama3/__init__.py)."""
+
+SCHEMA: dict[str, dict[str, type]] = {
+    "job": {"description": str, "dump_folder": str},
+    "model": {"name": str, "flavor": str},
+    "optimizer": {"name": str, "lr": float},
+    "training": {"local_batch_size": int, "global_batch_size": int, "seq_len": int, "steps": int,
+                 "mixed_precision_param": str, "mixed_precision_reduce": str, "max_norm": float},
+    "parallelism": {"pipeline_parallel_degree": int, "tensor_parallel_degree": int,
+                    "data_parallel_replicate_degree": int, "data_parallel_shard_degree": int,
+                    "fsdp_reshard_after_forward": str, "module_fqns_per_model_part": list,
+                    "pipeline_parallel_schedule": str, "pipeline_parallel_microbatch_size": int},
+    "activation_checkpoint": {"mode": str},
+}
+"""Every key :func:`job_config` writes, with its type in torchtitan 0.2.0's JobConfig."""
+
+_FIX = "search with `planner search --engine torchtitan`, or export --to torch"
+
+
+def check_plan(plan: ir.Plan) -> int:
+    """Refuse what torchtitan cannot express; return the data-parallel degree."""
+    try:
+        runnable.check_runnable(plan, "torchtitan")
+    except PlanError as exc:
+        raise ExportError(exc.cause, exc.hint) from None
+    first = plan.stages[0]
+    reasons = [
+        (plan.precision == "fp16", "the plan trains in fp16; torchtitan's mixed_precision_param is bfloat16 or "
+                                   "float32"),
+        (any(s.recompute != first.recompute for s in plan.stages),
+         "the stages recompute differently; torchtitan has one activation_checkpoint mode per job"),
+        (first.tp > 1 and not all(s.sequence_parallel for s in plan.stages),
+         f"the plan runs tp {first.tp} without sequence parallelism; torchtitan's Llama always shards norms "
+         "over the sequence under tensor parallelism"),
+    ]
+    for bad, why in reasons:
+        if bad:
+            raise ExportError(why, _FIX)
+    module_fqns(plan)
+    return first.dp
+
+
+def _layer_fqns(profile: ir.ModelProfile) -> list[list[str]]:
+    """torchtitan's Llama modules for each profiled layer: embedding, blocks, final norm with the head."""
+    blocks = [i for i, lp in enumerate(profile.layers) if lp.block is not None]
+    n = len(profile.layers)
+    gated = all(profile.layers[i].block.gated for i in blocks)  # type: ignore[union-attr]
+    if not blocks or not gated or blocks != list(range(1, n - 1)):
+        raise ExportError(f"{profile.model} is not a Llama-family model as torchtitan trains it (one embedding, "
+                          f"gated-MLP transformer blocks, one norm + head; its layers are "
+                          f"{', '.join(lp.type for lp in profile.layers[:4])}...)",
+                          "torchtitan trains its own model definitions: export --to torch or deepspeed")
+    return [["tok_embeddings"], *([f"layers.{k}"] for k in range(len(blocks))), ["norm", "output"]]
+
+
+def module_fqns(plan: ir.Plan) -> list[list[str]]:
+    """The module names of each model part (stage, or chunk of an interleaved plan)."""
+    per_layer = _layer_fqns(plan.profile)
+    return [[fqn for i in range(*st.layers) for fqn in per_layer[i]] for st in plan.stages]
+
+
+def _flavor(profile: ir.ModelProfile) -> tuple[str, str]:
+    """torchtitan's flavor for the model's shape ("planner" if it has none) and the model args it needs."""
+    shapes = [lp.block for lp in profile.layers if lp.block is not None]
+    blk, n = shapes[0], len(shapes)
+    args = f"dim={blk.hidden}, n_layers={n}, n_heads={blk.heads}, n_kv_heads={blk.kv_heads}"
+    return FLAVORS.get((blk.hidden, n, blk.heads, blk.kv_heads), "planner"), args
+
+
+def _data_parallel(stage: ir.Stage) -> dict[str, Any]:
+    if stage.zero == 0:
+        return {"data_parallel_replicate_degree": stage.dp, "data_parallel_shard_degree": 1}
+    return {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": stage.dp,
+            "fsdp_reshard_after_forward": "always" if stage.zero == 3 else "never"}
+
+
+def job_config(plan: ir.Plan, steps: int = 10, lr: float = 8e-4) -> dict[str, dict[str, Any]]:
+    """The job config as nested sections (see :data:`SCHEMA`)."""
+    dp = check_plan(plan)
+    first = plan.stages[0]
+    flavor, _ = _flavor(plan.profile)
+    seq_len = next(lp.block.seq_len for lp in plan.profile.layers if lp.block is not None)
+    return {
+        "job": {"description": f"planner plan {plan.config} for {plan.model}", "dump_folder": "./outputs"},
+        "model": {"name": "llama3", "flavor": flavor},
+        "optimizer": {"name": "AdamW", "lr": lr},
+        "training": {"local_batch_size": plan.batch_size // dp, "global_batch_size": plan.batch_size,
+                     "seq_len": seq_len, "steps": steps, "max_norm": 1.0,
+                     "mixed_precision_param": "bfloat16" if plan.precision == "bf16" else "float32",
+                     "mixed_precision_reduce": "float32"},
+        "parallelism": {"pipeline_parallel_degree": plan.pipeline_stages, "tensor_parallel_degree": first.tp,
+                        **_data_parallel(first), "module_fqns_per_model_part": module_fqns(plan),
+                        "pipeline_parallel_schedule": SCHEDULES[plan.schedule],
+                        "pipeline_parallel_microbatch_size": int(plan.micro_batch_size(first))},
+        "activation_checkpoint": {"mode": first.recompute},
+    }
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return "[" + ", ".join(_value(x) for x in v) + "]"
+
+
+def toml_text(doc: Mapping[str, Mapping[str, Any]], header: str = "") -> str:
+    """TOML of sections of scalars and (nested) lists: what :func:`job_config` returns."""
+    lines = [f"# {ln}" for ln in header.splitlines()]
+    for section, values in doc.items():
+        lines += ["", f"[{section}]", *(f"{k} = {_value(v)}" for k, v in values.items())]
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def config_text(plan: ir.Plan) -> str:
+    """The job config file for ``plan`` with a header saying what to fill in."""
+    doc = job_config(plan)
+    flavor, args = _flavor(plan.profile)
+    note = "" if flavor != "planner" else (
+        f"\nflavor 'planner' is not one of torchtitan's: register llama3_configs['planner'] = "
+        f"TransformerModelArgs({args}, ...) in torchtitan/models/llama3/__init__.py")
+    return toml_text(doc, "torchtitan 0.2.0 job config written by `planner export --to torchtitan` "
+                          f"(plan {plan.config}, {plan.schedule}, {plan.microbatches} micro-batches).\n"
+                          "Set [model] hf_assets_path (tokenizer) and [training] dataset for your data." + note)
+
+
+def launch_command(plan: ir.Plan, out_dir: str) -> str:
+    """torchtitan's own launch of the job config (one server; torchrun's usual flags for more)."""
+    return (f"cd {shlex.quote(out_dir)} && torchrun --nproc_per_node {plan.world_size} -m torchtitan.train "
+            "--job.config_file job_config.toml")
+
+
+def files(plan: ir.Plan) -> dict[str, str]:
+    """The export folder: the plan, the job config and a README with the command."""
+    readme = (f"# {plan.model} on torchtitan: config {plan.config}, {plan.schedule}, {plan.microbatches} "
+              f"micro-batches\n\nExported by `planner export --to torchtitan` for torchtitan 0.2.0 (TOML job "
+              f"configs). Predicted iteration: {plan.predicted.iteration_s:.6g} s.\n\n```\n"
+              f"{launch_command(plan, '.')}\n```\n\nSet `[model] hf_assets_path` (the tokenizer) and "
+              "`[training] dataset` to your data first.\n")
+    return {"plan.json": dumps(plan.to_dict()), "job_config.toml": config_text(plan), "README.md": readme}

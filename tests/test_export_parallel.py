@@ -1,0 +1,54 @@
+"""export.parallel: Megatron sharding of transformer blocks (whole heads, GPT-2's fused Conv1D), refusals."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from planner.errors import ExportError
+from planner.export import parallel
+from tests.test_export_grids import tiny_gpt2
+
+
+def _block() -> torch.nn.Module:
+    from planner.profiler.layers import split_model
+
+    torch.manual_seed(0)
+    model, example = tiny_gpt2()
+    return split_model(model, example).layers[1]
+
+
+def test_fused_qkv_rows_give_each_rank_its_own_heads_of_q_k_and_v() -> None:
+    rows = parallel.fused_qkv_rows(hidden=8, tp=2)  # 8 = 4 heads x 2 dims; rank 0 gets heads 0-1
+    assert sorted(rows.tolist()) == list(range(24))
+    assert rows[:12].tolist() == [0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19]
+    assert rows[12:].tolist() == [4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23]
+
+
+def test_gpt2_conv1d_becomes_an_equal_linear_with_permuted_qkv() -> None:
+    block = _block()
+    attn = block.get_submodule(parallel.block_parts(block, 0, 1)[1])
+    x = torch.randn(3, 32)
+    want = attn.c_attn(x)
+    parallel._conv1d_to_linear(attn, "c_attn", parallel.fused_qkv_rows(32, 2))
+    assert isinstance(attn.c_attn, torch.nn.Linear)
+    torch.testing.assert_close(attn.c_attn(x), want[:, parallel.fused_qkv_rows(32, 2)])
+
+
+def test_block_parts_find_gpt2_attention_and_mlp() -> None:
+    assert parallel.block_parts(_block(), 0, 1) == ("gpt2", "block.attn", "block.mlp")
+
+
+def test_heads_that_tp_does_not_divide_are_refused() -> None:
+    with pytest.raises(ExportError, match="4 heads and 4 KV heads, which tp 3"):
+        parallel.check_block(_block(), 3, 8, False, 0, 1)
+
+
+def test_sequence_parallel_needs_a_sequence_tp_divides() -> None:
+    with pytest.raises(ExportError, match="sequence of 9 tokens over tp 2"):
+        parallel.check_block(_block(), 2, 9, True, 0, 1)
+
+
+def test_a_layer_without_attention_and_mlp_cannot_run_the_tp_form() -> None:
+    with pytest.raises(ExportError, match="stage 1: layer 4"):
+        parallel.block_parts(torch.nn.Linear(4, 4), 1, 4)

@@ -1,0 +1,143 @@
+"""export.torchtitan: job configs for Llama-family plans in torchtitan 0.2.0's schema, and refusals.
+
+Most plans here use a hand-made profile with the shape of torchtitan's llama3 ``debugmodel`` (the
+config writer reads only the layers' structure and block shapes), so that the flavor maps; the
+profiler's tiny Llama is exported too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tomllib
+from click.testing import CliRunner
+
+from planner import ir
+from planner.cli import main
+from planner.errors import ExportError
+from planner.export import torchtitan as tt
+from tests.conftest import make_cluster_dict
+from tests.test_export_grids import grid_plan
+
+
+def llama_profile(blocks: int = 6, hidden: int = 256, heads: int = 16, kv_heads: int = 16) -> ir.ModelProfile:
+    shape = ir.BlockShape(hidden, heads, kv_heads, 4 * hidden, 64, gated=True)
+    layer = {"forward_s": 1e-3, "backward_s": 2e-3, "forward_flops": 1e9, "backward_flops": 2e9, "param_count": 1000,
+             "param_bytes": 4000, "output_bytes": 1000, "saved_bytes": 1000}
+    layers = [{"name": "model.embed_tokens", "type": "Embedding", **layer}]
+    layers += [{"name": f"model.layers.{i}", "type": "LlamaDecoderLayer", "block": shape.to_dict(), **layer}
+               for i in range(blocks)]
+    layers += [{"name": "lm_head", "type": "Linear", **layer}]
+    return ir.ModelProfile.from_dict({"kind": "profile", "version": 1, "model": "llama-debug", "batch_size": 8,
+                                      "dtype": "float32", "mode": "analytic", "device": "cpu",
+                                      "device_flops": 1e12, "input_shape": [64], "layers": layers})
+
+
+def titan_plan(parts: list[int], tp: int = 1, dp: int = 1, **stage: Any) -> ir.Plan:
+    prof = llama_profile()
+    cluster = ir.Cluster.from_dict(make_cluster_dict(2, 4))
+    k = len(parts) - 1
+    devices = [g.name for g in cluster.gpus]
+    w = tp * dp
+    stages = tuple(ir.Stage((parts[s], parts[s + 1]), tuple(devices[s * w:(s + 1) * w]),
+                            tuple("tp" if tp > 1 and prof.layers[i].block else "dp"
+                                  for i in range(parts[s], parts[s + 1])),
+                            0, tp=tp, **stage) for s in range(k))
+    return ir.Plan(profile=prof, cluster=cluster, schedule="1f1b", microbatches=2, optimizer="adam", stages=stages,
+                   predicted=ir.Prediction(0.01, 800.0, 0.1, 0), engine="torchtitan")
+
+
+def _parse(plan: ir.Plan) -> dict[str, Any]:
+    doc = tomllib.loads(tt.config_text(plan))
+    for section, values in doc.items():
+        for key, value in values.items():
+            assert isinstance(value, tt.SCHEMA[section][key]), (section, key, value)
+    return doc
+
+
+def test_uneven_pipeline_by_fsdp_grid_with_bf16_and_full_recompute() -> None:
+    plan = dataclasses.replace(titan_plan([0, 3, 8], dp=2, zero=3, recompute="full"), precision="bf16")
+    doc = _parse(plan)
+    par = doc["parallelism"]
+    assert par["module_fqns_per_model_part"] == [["tok_embeddings", "layers.0", "layers.1"],
+                                                 ["layers.2", "layers.3", "layers.4", "layers.5", "norm", "output"]]
+    assert (par["pipeline_parallel_degree"], par["tensor_parallel_degree"]) == (2, 1)
+    assert (par["data_parallel_shard_degree"], par["data_parallel_replicate_degree"]) == (2, 1)
+    assert par["fsdp_reshard_after_forward"] == "always"
+    assert par["pipeline_parallel_schedule"] == "1F1B" and par["pipeline_parallel_microbatch_size"] == 2
+    assert doc["training"]["local_batch_size"] == 4 and doc["training"]["global_batch_size"] == 8
+    assert doc["training"]["mixed_precision_param"] == "bfloat16" and doc["training"]["seq_len"] == 64
+    assert doc["activation_checkpoint"]["mode"] == "full"
+    assert doc["model"] == {"name": "llama3", "flavor": "debugmodel"}
+
+
+def test_tensor_by_replicated_data_grid_with_zero2_and_interleaved_chunks() -> None:
+    plan = titan_plan([0, 8], tp=2, dp=2, sequence_parallel=True)
+    par = _parse(plan)["parallelism"]
+    assert (par["tensor_parallel_degree"], par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"]) \
+        == (2, 2, 1)
+    chunks = titan_plan([0, 2, 4, 6, 8], dp=1)
+    stages = tuple(dataclasses.replace(s, devices=(f"n0.g{i % 2}",)) for i, s in enumerate(chunks.stages))
+    inter = dataclasses.replace(chunks, stages=stages, virtual_stages=2, schedule="interleaved")
+    par = _parse(inter)["parallelism"]
+    assert par["pipeline_parallel_degree"] == 2 and len(par["module_fqns_per_model_part"]) == 4
+    assert par["pipeline_parallel_schedule"] == "Interleaved1F1B"
+    zero2 = _parse(titan_plan([0, 8], dp=2, zero=2))["parallelism"]
+    assert zero2["fsdp_reshard_after_forward"] == "never"
+
+
+@pytest.mark.parametrize(("change", "words"), [
+    ({"zero": 1}, "ZeRO stage 1; torchtitan runs 0, 2, 3"), ({"recompute": "selective"}, "recomputes 'selective'"),
+    ({"precision": "fp16"}, "fp16"),
+    ({"tp": 2}, "without sequence parallelism")])
+def test_what_torchtitan_cannot_express_is_refused(change: dict[str, Any], words: str) -> None:
+    tp = change.pop("tp", 1)
+    precision = change.pop("precision", "fp32")
+    plan = dataclasses.replace(titan_plan([0, 8], tp=tp, dp=2 if tp == 1 else 1, **change), precision=precision)
+    with pytest.raises(ExportError, match=words) as err:
+        tt.check_plan(plan)
+    assert "--engine torchtitan" in err.value.hint
+
+
+def test_a_model_that_is_not_llama_family_is_refused() -> None:
+    plan = dataclasses.replace(grid_plan("tiny_gpt2", [0, 6], dp=2), engine="torchtitan")
+    with pytest.raises(ExportError, match="not a Llama-family model"):
+        tt.check_plan(plan)
+
+
+def test_cli_exports_a_job_config(tmp_path: Path) -> None:
+    plan = titan_plan([0, 4, 8], dp=2, zero=3)
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan.to_dict()))
+    res = CliRunner().invoke(main, ["export", str(path), "--to", "torchtitan", "-o", str(tmp_path / "tt"), "--json"])
+    assert res.exit_code == 0, res.output
+    assert sorted(Path(f).name for f in json.loads(res.stdout)["files"]) == ["README.md", "job_config.toml",
+                                                                           "plan.json"]
+    doc = tomllib.loads((tmp_path / "tt" / "job_config.toml").read_text())
+    assert doc["parallelism"]["data_parallel_shard_degree"] == 2
+
+
+def test_torchtitans_own_loader_accepts_the_file(tmp_path: Path) -> None:
+    """Runs where torchtitan 0.2.0 and its loader's dependencies (tyro) are installed."""
+    manager = pytest.importorskip("torchtitan.config.manager")
+    path = tmp_path / "job.toml"
+    path.write_text(tt.config_text(dataclasses.replace(titan_plan([0, 3, 8], dp=2, zero=3), precision="bf16")))
+    cfg = manager.ConfigManager().parse_args(["--job.config_file", str(path)])
+    assert cfg.parallelism.module_fqns_per_model_part[0] == ["tok_embeddings", "layers.0", "layers.1"]
+    assert cfg.parallelism.data_parallel_shard_degree == 2
+
+
+def test_a_profiled_llama_exports_with_its_own_flavor_to_register() -> None:
+    """The profiler's tiny Llama (hidden 64, 2 blocks, 4 heads, 2 KV heads) has no torchtitan flavor:
+    the file names 'planner' and says which TransformerModelArgs to register."""
+    plan = dataclasses.replace(grid_plan("tiny_llama", [0, 2, 4], dp=2, zero=3), engine="torchtitan")
+    text = tt.config_text(plan)
+    doc = tomllib.loads(text)
+    assert doc["model"]["flavor"] == "planner"
+    assert "TransformerModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2" in text
+    assert doc["parallelism"]["module_fqns_per_model_part"] == [["tok_embeddings", "layers.0"],
+                                                                ["layers.1", "norm", "output"]]
