@@ -16,7 +16,8 @@ form is relative to the tensor group (``n = tp`` devices):
   al. 2022): attention heads (and KV heads) and the MLP sharded column- then row-parallel,
   two all-reduces of the block's ``s b h`` output in forward and two in backward over the
   tensor group (with sequence parallelism two all-gathers and two reduce-scatters each
-  way instead: the same bytes); open to blocks whose heads and KV heads ``tp`` divides.
+  way instead: the same bytes); open to blocks whose heads and KV heads ``tp`` divides. A
+  block is no single matrix, so the split forms are closed to it.
 
 Sharded layers' gradients are all-reduced over the data-parallel group (``dp`` devices, one
 per replica). The activation between layers is batch-sharded after ``dp`` and replicated
@@ -257,9 +258,10 @@ def _allowed(profile: ir.ModelProfile, c: _Columns, n: int, forms: Sequence[str]
     allowed = np.zeros((len(c.pcount), NF), dtype=bool)
     allowed[:, DP] = True
     if n > 1:
-        for f in (SPLIT_IN, SPLIT_OUT):
+        blocks = np.array([x.block is not None for x in profile.layers])
+        for f in (SPLIT_IN, SPLIT_OUT):  # a transformer block is no single matrix: it shards as Megatron's tp form
             if ir.ALL_FORMS[f] in forms:
-                allowed[:, f] = c.weightless | c.splittable
+                allowed[:, f] = (c.weightless | c.splittable) & ~blocks
         if "tp" in forms:
             allowed[:, TP] = tp_open(profile, n)
     return allowed
