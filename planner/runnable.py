@@ -40,6 +40,7 @@ class EngineLimits:
     recompute: tuple[str, ...]
     virtual_stages: bool
     uniform_zero: bool = True
+    precisions: tuple[str, ...] = ("fp32", "bf16", "fp16")
 
 
 ENGINES: dict[str, EngineLimits] = {
@@ -50,11 +51,12 @@ ENGINES: dict[str, EngineLimits] = {
     # torch.distributed.pipelining on a (pp, dp, tp) DeviceMesh: one mesh, so equal grids per stage;
     # FSDP2 covers ZeRO 1-3 (reshard after forward or not), DTensor the tensor forms.
     "torch": EngineLimits("torch", True, True, (0, 1, 2, 3), ("none", "selective", "full"), True,
-                          uniform_zero=False),
+                          uniform_zero=False, precisions=("fp32", "bf16")),  # no loss scale in the schedule's loss
     # torchtitan: FSDP2 (shard = ZeRO-3, or never reshard = ZeRO-2) or replicate (0), tensor and
     # pipeline degrees, per-job activation checkpointing: none or full (its selective modes are
     # per-op SAC or every n-th layer, not the attention core; planner.export.torchtitan).
-    "torchtitan": EngineLimits("torchtitan", True, True, (0, 2, 3), ("none", "full"), True),
+    "torchtitan": EngineLimits("torchtitan", True, True, (0, 2, 3), ("none", "full"), True,
+                               precisions=("fp32", "bf16")),
 }
 
 
@@ -122,6 +124,8 @@ def engine_problems(plan: ir.Plan, engine: str) -> list[str]:
     if kind is None or not kind.runs_on(engine):
         names = [k.name for k in SCHEDULE_KINDS.values() if k.runs_on(engine)]
         out.append(f"{engine} runs the schedules {', '.join(names)}, not {plan.schedule!r}")
+    if plan.precision not in limits.precisions:
+        out.append(f"{engine} trains in {', '.join(limits.precisions)}, not {plan.precision}")
     if plan.virtual_stages > 1 and not limits.virtual_stages:
         out.append(f"{engine} runs one model chunk per device, the plan has {plan.virtual_stages}")
     out += _uniform_problems(plan.stages, engine, limits.uniform_zero) if limits.uniform_stages else []

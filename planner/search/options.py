@@ -158,6 +158,10 @@ def check_request(profile: ir.ModelProfile, cluster: ir.Cluster, *, schedule: st
 
     check_optimizer(optimizer)
     prec = check_precision(precision) if precision is not None else default_precision(profile)
+    if ENGINE_LIMITS.get(engine) is not None and prec not in ENGINE_LIMITS[engine].precisions:
+        raise UsageError(f"--engine {engine} trains in {', '.join(ENGINE_LIMITS[engine].precisions)}, not {prec}"
+                         + ("" if precision else " (the profile's dtype)"),
+                         f"pass --precision {ENGINE_LIMITS[engine].precisions[-1]}, or another --engine")
     _check_tp(tp, profile, cluster, engine)
     if config is not None:
         _check_config(config, profile, cluster, engine)

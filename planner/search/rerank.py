@@ -130,6 +130,8 @@ def seed_plans(prob: Problem, *, engine: str, solver: str,
     divides the GPU count, each seed split, ``dp`` forms; K = 1 is pure data parallel, and
     also the one stage under HPP's forms (AccPar's layout). Only plans whose groups the
     search may form, with the problem's widths, and that fit."""
+    if prob.space.tp not in (None, 1):
+        return []  # the seeds are data-parallel grids: not in a space of one fixed tensor degree
     names = [g.name for g in prob.cluster.gpus]
     total, n = len(names), len(prob.profile.layers)
     if prob.stages_exact is not None and prob.config is None:
@@ -173,7 +175,8 @@ def _fitting(prob: Problem, groups: Sequence[tuple[str, ...]], parts: Sequence[i
              forms: Sequence[tuple[str, ...]], engine: str, solver: str) -> list[Costed]:
     """The seed as a plan with memory (and costs), or nothing when it does not fit."""
     zero = _seed_zero(prob, groups)
-    stages = tuple(ir.Stage((parts[s], parts[s + 1]), groups[s], tuple(forms[s]), 0, "none", 1, zero)
+    mode = next(m for m in LIGHTER if m in prob.space.recompute)
+    stages = tuple(ir.Stage((parts[s], parts[s + 1]), groups[s], tuple(forms[s]), 0, mode, 1, zero)
                    for s in range(len(groups)))
     stages = tuple(dataclasses.replace(st, tp=st.width, zero=0) if set(st.forms) - {"dp"} else st for st in stages)
     draft = ir.Plan(prob.profile, prob.cluster, prob.schedule, prob.microbatches, prob.optimizer, stages,

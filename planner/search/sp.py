@@ -26,9 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.errors import InfeasibleError, PlanError
+from planner.errors import PlanError
 from planner.search.space import Move, Option, Problem, build_problem, coarse_bounds
-from planner.search.tables import build_candidates
 
 __all__ = ["Move", "Problem", "Solution", "StageChoice", "build_problem", "coarse_bounds", "infeasible", "solve",
            "solve_cap"]
@@ -372,45 +371,8 @@ def solve(prob: Problem, max_solves: int = 10_000, progress: Callable[[int, floa
     return best
 
 
-def needed_memory(prob: Problem, rounds: int = 40) -> int | None:
-    """The smallest per-device memory with which some plan of this space fits (bisection)."""
-    hi = 1.0
-    saved = prob.capacity_override
-    try:
-        for _ in range(80):
-            prob.capacity_override = hi
-            build_candidates(prob)
-            if solve_cap(prob, math.inf) is not None:
-                break
-            hi *= 2
-        else:
-            return None
-        lo = hi / 2
-        for _ in range(rounds):
-            mid = (lo + hi) / 2
-            prob.capacity_override = mid
-            build_candidates(prob)
-            if solve_cap(prob, math.inf) is not None:
-                hi = mid
-            else:
-                lo = mid
-        return math.ceil(hi)
-    finally:
-        prob.capacity_override = saved
-        build_candidates(prob)
+def infeasible(prob: Problem) -> Exception:
+    """The error for a problem with no plan that fits (planner.search.infeasible)."""
+    from planner.search.infeasible import infeasible_error
 
-
-def infeasible(prob: Problem) -> InfeasibleError:
-    """The error for a problem with no plan that fits, with the memory that would be needed."""
-    need = needed_memory(prob)
-    have = min(g.memory_bytes for g in prob.cluster.gpus)
-    gib = 1024**3
-    cause = f"no plan fits in the devices' memory ({have / gib:.2f} GiB per device at most)"
-    if need is not None:
-        cause += f"; the best plan of this space needs {need / gib:.2f} GiB per device"
-    tried = (f"tensor degrees {'auto' if prob.space.tp is None else prob.space.tp}, ZeRO "
-             f"{'/'.join(map(str, prob.space.zero))} and recomputation {'/'.join(prob.space.recompute)} were tried")
-    hint = ("add devices or use GPUs with more memory, use more micro-batches (--microbatches, smaller micro-batches "
-            "keep fewer activations), a lighter --optimizer (sgd), --precision bf16, or a schedule with fewer "
-            f"micro-batches in flight (1f1b); {tried}")
-    return InfeasibleError(cause, hint, need)
+    return infeasible_error(prob)

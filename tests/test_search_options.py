@@ -1,0 +1,89 @@
+"""The search's options: bad values are clear errors with the numbers; fixed values shape every stage."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner import ir
+from planner.cluster import cluster_from_dict
+from planner.errors import PlannerError, UsageError
+from planner.runnable import problems
+from planner.search import search
+from planner.search.options import microbatch_candidates, resolve_virtual_stages
+from tests.conftest import make_cluster_dict, make_profile_dict
+
+
+def _llama_like(n_blocks: int = 4, heads: int = 8, kv: int = 4, batch: int = 16) -> ir.ModelProfile:
+    d = make_profile_dict(n_blocks, batch_size=batch)
+    for layer in d["layers"]:
+        layer.update(in_features=512, out_features=512, param_count=3_000_000, param_bytes=12_000_000,
+                     block={"hidden": 512, "heads": heads, "kv_heads": kv, "ffn": 2048, "seq_len": 256})
+    return ir.ModelProfile.from_dict(d)
+
+
+def _cluster(nodes: int = 2, gpus: int = 4, mem: int = 10**10) -> ir.Cluster:
+    return cluster_from_dict(make_cluster_dict(nodes, gpus, mem))
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"tp": 8}, "largest server of .* has 4 GPUs"),
+    ({"tp": 3}, "powers of two inside one server"),
+    ({"precision": "fp8"}, "unknown precision 'fp8'"),
+    ({"recompute": "some"}, "unknown --recompute 'some'"),
+    ({"zero": 5}, "unknown --zero 5"),
+    ({"engine": "deepspeed", "zero": 3}, "deepspeed runs ZeRO stages 0, 1, not 3"),
+    ({"engine": "deepspeed", "tp": 2}, "deepspeed runs no tensor parallelism"),
+    ({"engine": "torch", "precision": "fp16"}, "torch trains in fp32, bf16, not fp16"),
+    ({"micro_batch_size": 3}, "--micro-batch-size 3 does not divide the batch size 16"),
+    ({"micro_batch_size": 4, "microbatches": 8}, "--microbatches 8 x --micro-batch-size 4"),
+])
+def test_bad_options_are_usage_errors_with_the_numbers(kwargs: dict, match: str) -> None:
+    with pytest.raises(UsageError, match=match) as err:
+        search(_llama_like(), _cluster(), **kwargs)
+    assert err.value.hint and err.value.exit_code == 2
+
+
+def test_tp_must_divide_heads_and_kv_heads() -> None:
+    with pytest.raises(UsageError, match="--tp 4 does not divide the model's 8 attention heads and 2 KV heads"):
+        search(_llama_like(kv=2), _cluster(), tp=4)
+
+
+def test_zero_on_a_single_device_is_refused() -> None:
+    with pytest.raises(UsageError, match="one GPU"):
+        search(_llama_like(), _cluster(1, 1), zero=1)
+
+
+def test_fixed_options_shape_every_stage_and_plans_run() -> None:
+    plan = search(_llama_like(), _cluster(), tp=2, zero=1, recompute="full", precision="bf16", optimizer="adam")
+    assert plan.precision == "bf16"
+    for st in plan.stages:
+        assert (st.tp, st.zero if st.dp > 1 else 1, st.recompute) == (2, 1, "full")
+        assert set(st.forms) <= {"tp", "split_in", "split_out", "dp"}
+    assert problems(plan) == []
+
+
+def test_micro_batch_size_fixes_samples_per_rank() -> None:
+    plan = search(_llama_like(batch=32), _cluster(), micro_batch_size=2)
+    for st in plan.stages:
+        assert plan.micro_batch_size(st) == 2
+    doc = plan.to_dict()
+    assert all(s["micro_batch_size"] == 2 and s["tp"] * s["dp"] == len(s["devices"]) for s in doc["stages"])
+
+
+def test_no_grid_with_whole_micro_batches_is_a_clear_error() -> None:
+    # one stage of 4 data-parallel GPUs (--tp 1) for a batch of 2: half a sample per rank
+    with pytest.raises(PlannerError, match="whole micro-batches") as err:
+        search(_llama_like(batch=2), _cluster(1, 4), tp=1, config=(4,))
+    assert "batch = micro_batch_size x microbatches x dp" in err.value.hint
+
+
+def test_microbatch_candidates_with_a_fixed_size() -> None:
+    assert microbatch_candidates(32, "auto", 4) == [1, 2, 4, 8]
+    assert microbatch_candidates(32, 2, 4) == [2]
+
+
+def test_virtual_stages_default_and_refusal() -> None:
+    assert resolve_virtual_stages(None, "interleaved") == 2
+    assert resolve_virtual_stages(None, "1f1b") == 1
+    with pytest.raises(UsageError, match="needs --schedule interleaved"):
+        resolve_virtual_stages(2, "1f1b")
