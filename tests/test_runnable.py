@@ -1,0 +1,80 @@
+"""The one runnability check: batch shapes, grids, engine limits; and every plan the tool emits passes it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from planner import ir
+from planner.cluster import cluster_from_dict, load_cluster
+from planner.compare import compare
+from planner.errors import PlanError
+from planner.jsonio import read_json
+from planner.runnable import check_runnable, is_runnable, problems
+from planner.search import search
+from tests.conftest import make_cluster_dict, make_profile_dict
+
+
+def _plan(batch: int = 8, m: int = 2, widths: tuple[int, ...] = (2, 2), **stage: object) -> ir.Plan:
+    profile = ir.ModelProfile.from_dict(make_profile_dict(4, batch_size=batch))
+    cluster = cluster_from_dict(make_cluster_dict(2, 2))
+    names = [g.name for g in cluster.gpus]
+    stages, at, first = [], 0, 0
+    for s, w in enumerate(widths):
+        end = 4 if s == len(widths) - 1 else first + 2
+        stages.append(ir.Stage((first, end), tuple(names[at:at + w]), ("dp",) * (end - first), 0, **stage))
+        at, first = at + w, end
+    return ir.Plan(profile, cluster, "1f1b", m, "sgd", tuple(stages), ir.Prediction(1, 1, 0, 0))
+
+
+def test_batch_shape_rule() -> None:
+    assert problems(_plan(batch=8, m=2)) == []
+    bad = _plan(batch=8, m=8)  # 8 samples over 8 micro-batches x 2 ranks
+    assert any("0.5 per rank" in p for p in problems(bad))
+    with pytest.raises(PlanError, match="batch 8 is not 8 micro-batches x 2 data-parallel ranks"):
+        check_runnable(bad)
+
+
+def test_engine_limits() -> None:
+    plan = _plan(zero=1)
+    assert is_runnable(plan, "deepspeed") and is_runnable(plan, "torch")
+    assert any("ZeRO stage 3" in p for p in problems(dataclasses.replace(plan, stages=tuple(
+        dataclasses.replace(s, zero=3) for s in plan.stages)), "deepspeed"))
+    assert any("one grid" in p for p in problems(_plan(widths=(2, 1)), "torch"))
+    assert any("schedules" in p for p in problems(dataclasses.replace(plan, schedule="pipedream"), "torch"))
+    assert any("fp16" in p for p in problems(dataclasses.replace(plan, precision="fp16"), "torch"))
+    assert problems(dataclasses.replace(plan, precision="fp16"), "deepspeed") == []
+
+
+def test_tp_form_needs_a_block_whose_heads_it_divides() -> None:
+    plan = _plan()
+    tp_stage = dataclasses.replace(plan.stages[0], forms=("tp", "dp"), tp=2)
+    found = problems(dataclasses.replace(plan, stages=(tp_stage, *plan.stages[1:])))
+    assert any("not a transformer block" in p for p in found)
+
+
+@given(st.integers(1, 3), st.integers(1, 4), st.sampled_from([4, 6, 8, 12]), st.sampled_from(["1f1b", "gpipe"]))
+@settings(max_examples=15, deadline=None)
+def test_search_and_compare_emit_only_runnable_plans(nodes: int, gpus: int, batch: int, schedule: str) -> None:
+    profile = ir.ModelProfile.from_dict(make_profile_dict(5, batch_size=batch))
+    cluster = cluster_from_dict(make_cluster_dict(nodes, gpus))
+    assert problems(search(profile, cluster, schedule=schedule, candidates=2)) == []
+    result = compare(profile, cluster, schedule=schedule, rerank=2)
+    for row in result.strategies:
+        if row.plan is not None and row.fits:
+            assert problems(row.plan) == [], (row.name, problems(row.plan))
+
+
+@pytest.mark.parametrize("preset", ["pipepar-4x2-2080ti", "pipedream-4x4-10g", "mixed-a100-v100-2080ti"])
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "zb-h1"])
+def test_shipped_profiles_on_shipped_presets_give_runnable_plans(preset: str, schedule: str) -> None:
+    cluster = load_cluster(preset)
+    for name in ("vgg16-b64-2080ti", "mlp-b64-cpu"):
+        profile = ir.ModelProfile.from_dict(read_json(f"profiles/{name}.json", "profile"))
+        plan = search(profile, cluster, schedule=schedule, optimizer="adam", candidates=2)
+        assert problems(plan) == [] and problems(plan, plan.engine) == []
+    ds = search(profile, cluster, schedule="1f1b", engine="deepspeed", candidates=2)
+    assert problems(ds, "deepspeed") == []
