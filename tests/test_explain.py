@@ -29,8 +29,8 @@ def vgg_search() -> tuple[ir.Plan, list[Candidate]]:
 
     def judge(plan: ir.Plan) -> float:
         verdict = simulated(plan)
-        judged.append((verdict.plan, verdict.predicted))
-        return verdict.predicted.iteration_s
+        judged.append((verdict.plan, verdict.prediction))
+        return verdict.prediction.iteration_s
 
     plan = search(profile, load_cluster("pipepar-4x2-2080ti"), evaluate=judge)
     return plan, judged

@@ -77,7 +77,7 @@ def test_the_returned_plan_is_the_fastest_simulated_candidate() -> None:
         assert plan.predicted.iteration_s <= simulate(seed, options).iteration_s * (1 + 1e-12)
     analytic = search(profile, cluster, microbatches=4, candidates=0)
     assert plan.predicted.iteration_s <= simulate(analytic, options).iteration_s * (1 + 1e-12)
-    assert plan.predicted == rerank.simulated(plan).predicted
+    assert plan.predicted == rerank.simulated(plan).prediction
 
 
 def test_evaluate_replaces_the_ranking_but_the_prediction_is_simulated() -> None:
@@ -93,10 +93,10 @@ def test_pruned_re_ranking_equals_simulating_every_candidate() -> None:
         prob = _problem(nodes, per, n_layers=n_layers)
         plans = rerank.seed_plans(prob, engine="any", solver="dp")
         assert plans
-        times = [rerank.simulated(plan, costs).predicted.iteration_s for plan, costs in plans]
+        times = [rerank.simulated(plan, costs).prediction.iteration_s for plan, costs in plans]
         for (plan, costs), t in zip(plans, times, strict=True):
             assert rerank.busy_lower_bound_s(plan, costs) <= t * (1 + 1e-12)
         best = rerank.best_simulated(plans)
         first_best = min(range(len(plans)), key=lambda i: (times[i], i))
-        assert best.predicted.iteration_s == times[first_best]
+        assert best.prediction.iteration_s == times[first_best]
         assert rerank.plan_key(best.plan) == rerank.plan_key(plans[first_best][0])

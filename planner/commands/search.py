@@ -25,7 +25,7 @@ from planner.jsonio import dumps, read_json
 from planner.schedule import SCHEDULES
 
 if TYPE_CHECKING:
-    from planner.search.rerank import Judged
+    from planner.judge import Judged
 
 
 @click.command("search")
@@ -92,7 +92,7 @@ def search(profile_path: str, cluster_name: str, output: str | None, microbatche
                            precision=precision, tp=tp_value, zero=zero_value, recompute=recompute,
                            micro_batch_size=micro_batch_size, progress=update, alternatives=judged)
         update("explaining the plan")
-        known = [(j.plan, j.predicted) for j in judged] if judged else None  # interleaved: none handed out
+        known = [(j.plan, j.prediction) for j in judged] if judged else None  # interleaved: none handed out
         explanation = explain(plan, known)
     elapsed = time.perf_counter() - t0
     check_emitted(plan)  # the plan document is the JSON output: its warnings go to stderr only

@@ -47,6 +47,7 @@ from collections.abc import Callable, Sequence
 
 from planner import ir
 from planner.costmodel import Grid, LayerTable, dp_iteration, layer_table, plan_memory, predict, stage_costs
+from planner.judge import Judged
 from planner.runnable import is_runnable
 from planner.search import rerank
 from planner.search.hpp import hpp
@@ -76,7 +77,7 @@ def search(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int |
            evaluate: Callable[[ir.Plan], float] | None = None, candidates: int = RERANK,
            precision: str | None = None, tp: int | None = None, zero: int | str = "auto",
            recompute: str = "auto", micro_batch_size: int | None = None, virtual_stages: int | None = None,
-           alternatives: list[rerank.Judged] | None = None) -> ir.Plan:
+           alternatives: list[Judged] | None = None) -> ir.Plan:
     """The fastest plan that fits (see the module doc); InfeasibleError when none does.
 
     By default the ``candidates`` best distinct plans of the analytic objective (the optimum
@@ -116,7 +117,7 @@ def search(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int |
         best = rerank.best_simulated(plans, alternatives)
     else:
         best = rerank.simulated(*min(plans, key=lambda pc: evaluate(pc[0])))
-    return _with_prediction(best.plan, best.predicted)
+    return _with_prediction(best.plan, best.prediction)
 
 
 def _collect(profile: ir.ModelProfile, cluster: ir.Cluster, req: Request, cands: list[int],

@@ -2,12 +2,9 @@
 
 Pure (no torch, click or rich). Two parts:
 
-* Partitioners, reimplemented from each system's own algorithm and tested against it:
-  DeepSpeed ``PipelineModule`` (``partition_uniform``, ``partition_balanced`` and the
-  ``'parameters'`` weighting of ``_partition_layers``), torchgpipe's ``balance_by_time``
-  (the block-partition algorithm of Barany et al. on forward times in whole microseconds),
-  and PipeDream's hierarchical partitioner (``optimizer_graph_hierarchical.py``: a DP per
-  level of the hierarchy, data-parallel replication per stage, no tensor split).
+* Partitioners, reimplemented from each system's own algorithm and tested against it
+  (:mod:`planner.search.partitioners`, re-exported here): DeepSpeed's, torchgpipe's and
+  PipeDream's.
 * Plan builders (:func:`baseline_plans`): each baseline as an :class:`~planner.ir.Plan` on the
   same cluster, so that the same cost model and simulator judge every strategy. A baseline
   that cannot run on the cluster comes back as a :class:`NotFitting` with the reason.
@@ -15,313 +12,28 @@ Pure (no torch, click or rich). Two parts:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
 from planner import ir
+from planner.search.partitioners import (
+    PipeDreamStage,
+    balance_by_time,
+    block_partition,
+    deepspeed_layer_weights,
+    deepspeed_parts,
+    partition_balanced,
+    partition_balanced_fast,
+    partition_uniform,
+    pipedream_partition,
+)
 
-# ----------------------------------------------------------------------------- DeepSpeed
-
-
-def partition_uniform(num_items: int, num_parts: int) -> list[int]:
-    """DeepSpeed's ``deepspeed.runtime.utils.partition_uniform``: ``num_parts + 1`` boundaries.
-
-    Equal counts; the first ``num_items % num_parts`` parts get one item more. With fewer
-    items than parts, parts past the last item are empty (DeepSpeed's own edge case).
-    """
-    if num_parts < 1:
-        raise ValueError(f"num_parts must be positive, got {num_parts}")
-    if num_items <= num_parts:
-        return [min(p, num_items) for p in range(num_parts + 1)]
-    chunk, residual = divmod(num_items, num_parts)
-    return [p * chunk + min(p, residual) for p in range(num_parts + 1)]
-
-
-def partition_balanced(weights: Sequence[float], num_parts: int) -> list[int]:
-    """DeepSpeed's ``partition_balanced``: ``num_parts + 1`` boundaries of contiguous parts.
-
-    DeepSpeed solves "the linear partition problem" with a DP whose cost is the spread
-    (largest part minus smallest part) of the parts so far, not the largest part; ties go
-    to the latest split point (its ``>=`` comparison). Reproduced exactly, quirks included,
-    so the split equals the one DeepSpeed's ``PipelineModule`` would make.
-    """
-    n, m = len(weights), num_parts
-    if n <= m:
-        return partition_uniform(n, m)
-    inf = math.inf
-    prefix = [0.0] * (n + 1)
-    for i, w in enumerate(weights):
-        prefix[i + 1] = prefix[i] + w
-    dp_max = [[inf] * (m + 1) for _ in range(n + 1)]
-    dp_min = [[inf] * (m + 1) for _ in range(n + 1)]
-    dp_cost = [[inf] * (m + 1) for _ in range(n + 1)]
-    position = [[0] * (m + 1) for _ in range(n + 1)]
-    dp_max[0][0] = 0.0
-    dp_cost[0][0] = 0.0
-    for i in range(1, n + 1):
-        for j in range(1, min(i, m) + 1):
-            for k in range(i):
-                part = prefix[i] - prefix[k]
-                max_sum = max(dp_max[k][j - 1], part)
-                min_sum = min(dp_min[k][j - 1], part)
-                cost = max_sum - min_sum
-                if dp_cost[i][j] >= cost:
-                    dp_cost[i][j] = cost
-                    dp_max[i][j] = max_sum
-                    dp_min[i][j] = min_sum
-                    position[i][j] = k
-    parts = [n]
-    for j in range(m, 0, -1):
-        parts.append(position[parts[-1]][j])
-    parts.reverse()
-    return parts
-
-
-def partition_balanced_fast(weights: Sequence[float], num_parts: int) -> list[int]:
-    """:func:`partition_balanced`, vectorised over (i, k) with numpy: the same boundaries.
-
-    Same recurrence and the same tie rule (the last split point of least cost wins, as the
-    sequential ``>=`` does), one (n+1) x (n+1) array step per part instead of n^2 Python
-    steps; tested equal to the loop (tests/test_baselines.py).
-    """
-    import numpy as np
-
-    n, m = len(weights), num_parts
-    if n <= m:
-        return partition_uniform(n, m)
-    prefix = [0.0] * (n + 1)
-    for i, w in enumerate(weights):
-        prefix[i + 1] = prefix[i] + w
-    pre = np.array(prefix)
-    part = pre[:, None] - pre[None, :]  # part[i, k] = prefix[i] - prefix[k]
-    ks = np.arange(n + 1)
-    valid = ks[None, :] < ks[:, None]  # k < i
-    dp_max = np.full(n + 1, np.inf)
-    dp_max[0] = 0.0
-    dp_min = np.full(n + 1, np.inf)
-    positions = np.zeros((m + 1, n + 1), dtype=np.int64)
-    for j in range(1, m + 1):
-        max_sum = np.maximum(dp_max[None, :], part)
-        min_sum = np.minimum(dp_min[None, :], part)
-        with np.errstate(invalid="ignore"):
-            cost = np.where(valid, max_sum - min_sum, np.nan)
-        best = np.nanmin(np.where(valid, cost, np.inf), axis=1)
-        pos = np.where(valid & (cost == best[:, None]), ks[None, :], -1).max(axis=1)
-        rows = ks >= j
-        take = np.clip(pos, 0, n)
-        positions[j] = np.where(rows, take, 0)
-        dp_max = np.where(rows, max_sum[ks, take], np.inf)
-        dp_min = np.where(rows, min_sum[ks, take], np.inf)
-    parts = [n]
-    for j in range(m, 0, -1):
-        parts.append(int(positions[j][parts[-1]]))
-    parts.reverse()
-    return parts
-
-
-def deepspeed_layer_weights(profile: ir.ModelProfile) -> list[int]:
-    """The weights of DeepSpeed's ``partition_method='parameters'``: trainable parameters per layer.
-
-    ``PipelineModule._count_layer_params`` builds each layer spec and counts its
-    parameters, so a tied weight (``TiedLayerSpec``) counts in every layer that holds it;
-    the profile counts it once, in the tie's first layer, so the others get it added back.
-    """
-    counts = [layer.param_count for layer in profile.layers]
-    for tie in profile.ties:
-        for idx in tie.layers[1:]:
-            counts[idx] += tie.param_count
-    return counts
-
-
-def deepspeed_parts(profile: ir.ModelProfile, num_stages: int, method: str) -> list[int]:
-    """Stage boundaries DeepSpeed's ``PipelineModule(partition_method=method)`` makes."""
-    if method == "uniform":
-        return partition_uniform(len(profile.layers), num_stages)
-    if method == "parameters":
-        return partition_balanced_fast(deepspeed_layer_weights(profile), num_stages)
-    raise ValueError(f"unknown DeepSpeed partition method {method!r} (uniform, parameters)")
-
-
-# ----------------------------------------------------------------------------- torchgpipe
-
-
-def block_partition(sequence: Sequence[float], partitions: int) -> list[int]:
-    """torchgpipe's ``balance.blockpartition.solve``, returning the layer count per partition.
-
-    "Block Partitions of Sequences" (Barany and Grinberg, arXiv:1308.2452): normalise the
-    costs to [0, 1], start from equal counts, and move one element at a time from the
-    block next to the smallest block (on the side of the largest) into it, until the
-    largest block exceeds the smallest by at most 1 (one normalised element).
-    """
-    if partitions < 1:
-        raise ValueError(f"partitions must be a positive integer ({partitions} < 1)")
-    n = len(sequence)
-    if n < partitions:
-        raise ValueError(f"sequence is shorter than intended partitions ({n} < {partitions})")
-    low = min(sequence)
-    span = max(sequence) - low
-    normal = [0.0] * n if span == 0 else [(x - low) / span for x in sequence]
-    splits = [n // partitions * (x + 1) for x in range(partitions - 1)] + [n]
-
-    def block_size(i: int) -> float:
-        return sum(normal[(splits[i - 1] if i > 0 else 0):splits[i]])
-
-    def leaderboard() -> list[tuple[float, int]]:
-        return [(block_size(i), i) for i in range(partitions)]
-
-    while True:
-        max_size, p = max(leaderboard())  # (1) a largest block, the last of equals
-        while True:
-            min_size, q = min(leaderboard())  # (2) a smallest block, the first of equals
-            if max_size <= min_size + 1:
-                starts = [0, *splits[:-1]]
-                return [stop - start for start, stop in zip(starts, splits, strict=True)]
-            if p < q:  # (3) move the last element of the block before q into q
-                h = q - 1
-                splits[h] -= 1
-            else:  # or the first element of the block after q into q
-                h = q + 1
-                splits[q] += 1
-            if p == h:
-                break
-
-
-def balance_by_time(profile: ir.ModelProfile, partitions: int) -> list[int]:
-    """torchgpipe's ``balance_by_time``: layers per partition from per-layer forward times.
-
-    torchgpipe's ``profile_times`` times each layer's forward (in a training sandbox)
-    and sums whole microseconds, then calls the block partition; the profile's
-    ``forward_s`` stands in for that measurement.
-    """
-    times = [int(layer.forward_s * 1_000_000) for layer in profile.layers]
-    return block_partition(times, partitions)
-
-
-# ----------------------------------------------------------------------------- PipeDream
-
-
-@dataclass(frozen=True)
-class PipeDreamStage:
-    """One stage of PipeDream's answer: layers [first, end) on ``devices``.
-
-    Each device is its path in the hierarchy, outermost index first: ``(server, gpu)``
-    for two levels. A stage is replicated (data parallel) over all its devices.
-    """
-
-    first: int
-    end: int
-    devices: tuple[tuple[int, ...], ...]
-
-    @property
-    def replicas(self) -> int:
-        return len(self.devices)
-
-
-def _pipedream_level(
-    times: list[list[float | None]], params: list[list[float]], units: int, lower_units: int,
-    bandwidth: float, all_starts: bool,
-) -> list[list[list[tuple[float | None, tuple[int, int] | None, int | None]]]]:
-    """One level of PipeDream's ``compute_partitioning`` for a chain of layers.
-
-    ``A[i][j][m]``: the best time per sample-batch of layers i..j (inclusive) on m+1 units
-    of this level, as (time, split (k, m - m') or None, replicas of the last stage). The
-    start is data parallel over all m+1 units (weight sync 4*m*P / (B*(m+1)), divided by
-    the units below); then the last stage k+1..j on m' units against the best of i..k on
-    the rest: max(A[i][k][m-m'], (compute + 4*(m'-1)*P/(B*m')) / m'). PipeDream's defaults:
-    no memory constraint, no activation transfer term, fewer machines not considered.
-    """
-    n = len(times[0])
-    none: tuple[float | None, tuple[int, int] | None, int | None] = (None, None, None)
-    a = [[[none] * units for _ in range(n)] for _ in range(n)]
-    for i in range(n):
-        for j in range(i, n):
-            compute = times[i][j]
-            if compute is None:
-                continue
-            for m in range(units):
-                sync = (4 * m * params[i][j]) / (bandwidth * (m + 1)) / lower_units
-                a[i][j][m] = ((compute + sync) / (m + 1), None, m + 1)
-    for i in range(n if all_starts else 1):
-        for m in range(1, units):
-            for j in range(i + 1, n):
-                best, split, reps = a[i][j][m]
-                for k in range(i, j):
-                    for mp in range(1, m + 1):
-                        last = times[k + 1][j]
-                        if last is None:
-                            continue
-                        last_time = (last + (4 * (mp - 1) * params[k + 1][j]) / (bandwidth * mp)) / mp
-                        head = a[i][k][m - mp][0]
-                        if head is None:
-                            continue
-                        t = max(head, last_time)
-                        if best is None or best > t:
-                            best, split, reps = t, (k, m - mp), mp
-                a[i][j][m] = (best, split, reps)
-    return a
-
-
-def _pipedream_unwind(a: list, start: int, end: int, units: int) -> list[tuple[int, int, int]]:
-    """PipeDream's ``analyze_partitioning``: stages (first, end, replicas) of layers [start, end)."""
-    meta = a[start][end - 1][units - 1]
-    stages: list[tuple[int, int, int]] = []
-    stop = end
-    while meta[1] is not None:
-        k, rest = meta[1]
-        stages.append((k + 1, stop, meta[2]))
-        stop = k + 1
-        meta = a[start][k][rest]
-    stages.append((start, stop, meta[2]))
-    stages.reverse()
-    return stages
-
-
-def pipedream_partition(
-    stage_times: Sequence[float], param_bytes: Sequence[float], levels: Sequence[tuple[int, float]],
-) -> list[PipeDreamStage]:
-    """PipeDream's hierarchical partitioner (Narayanan et al., SOSP'19, section 3.1).
-
-    ``stage_times``: forward+backward seconds per layer on one device; ``param_bytes`` per
-    layer; ``levels``: (units at this level, bandwidth between them in B/s), innermost
-    first, e.g. ``[(gpus_per_server, intra_Bps), (servers, inter_Bps)]``. The level-l DP
-    treats one unit as the best partition of a layer range over the whole level below;
-    the answer is unwound from the top: a top-level stage replicated r times is
-    partitioned again inside each unit, and a sub-stage with f replicas per unit runs on
-    f * r devices. Returns the flat list of stages with their total replicas.
-    """
-    n = len(stage_times)
-    if n == 0 or not levels:
-        raise ValueError("pipedream_partition needs layers and at least one level")
-    cum_t = [0.0]
-    cum_p = [0.0]
-    for t, p in zip(stage_times, param_bytes, strict=True):
-        cum_t.append(cum_t[-1] + t)
-        cum_p.append(cum_p[-1] + p)
-    times: list[list[float | None]] = [[cum_t[j + 1] - cum_t[i] if j >= i else None for j in range(n)]
-                                       for i in range(n)]
-    params = [[cum_p[j + 1] - cum_p[i] if j >= i else 0.0 for j in range(n)] for i in range(n)]
-    tables = []
-    lower = 1
-    for depth, (units, bandwidth) in enumerate(levels):
-        a = _pipedream_level(times, params, units, lower, bandwidth, all_starts=depth < len(levels) - 1)
-        tables.append(a)
-        times = [[a[i][j][-1][0] if j >= i else None for j in range(n)] for i in range(n)]
-        lower = units
-    # unwind from the outermost level: a stage replicated over r units is partitioned
-    # again inside each of them, so its sub-stages run on every one of those r units
-    pieces: list[tuple[int, int, list[tuple[int, ...]]]] = [(0, n, [()])]
-    for depth in range(len(levels) - 1, -1, -1):
-        units = levels[depth][0]
-        nxt = []
-        for first, end, prefixes in pieces:
-            offset = 0
-            for f, e, r in _pipedream_unwind(tables[depth], first, end, units):
-                nxt.append((f, e, [(*p, u) for p in prefixes for u in range(offset, offset + r)]))
-                offset += r
-        pieces = nxt
-    return [PipeDreamStage(f, e, tuple(devs)) for f, e, devs in pieces]
+__all__ = ["BASELINE_SCHEDULES", "STRATEGIES", "Layout", "NotFitting", "PipeDreamStage", "accpar_layout",
+           "balance_by_time", "block_partition", "deepspeed_layer_weights", "deepspeed_layouts",
+           "deepspeed_parts", "divisors", "dp_layout", "gpipe_uniform_layout", "partition_balanced",
+           "partition_balanced_fast", "partition_uniform", "pipedream_layout", "pipedream_partition",
+           "torchgpipe_layout"]
 
 
 # ----------------------------------------------------------------------------- baselines as plans

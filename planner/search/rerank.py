@@ -16,21 +16,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from planner import ir
 from planner.cluster import group_of
 from planner.costmodel import plan_memory, stage_costs
+from planner.judge import Judged, judge
 from planner.search import baselines as bl
 from planner.search.sp import Problem
-
-
-@dataclass(frozen=True)
-class Judged:
-    """A candidate plan and its simulated prediction (iteration, samples/s, bubble, peak)."""
-
-    plan: ir.Plan
-    predicted: ir.Prediction
 
 
 def plan_key(plan: ir.Plan) -> tuple:
@@ -48,15 +40,9 @@ PARAMETER_SPLIT_WORK = 5e7
 
 
 def simulated(plan: ir.Plan, costs: Sequence[ir.StageCost] | None = None) -> Judged:
-    """``plan`` judged by the event simulator (planner.simulate; no event record)."""
-    from planner.simulate import SimOptions, simulate_costs, validate_plan
-
-    validate_plan(plan)
-    costs = stage_costs(plan) if costs is None else costs
-    result = simulate_costs(costs, plan.schedule, plan.microbatches, plan.virtual_stages,
-                            SimOptions(record_events=False))
-    peak = max((int(d.peak_memory_bytes) for d in result.devices), default=0)
-    return Judged(plan, ir.Prediction.of(result.iteration_s, plan.batch_size, result.bubble_fraction, peak))
+    """``plan`` judged by the one judge (planner.judge: validated, simulated, memory verdict), keeping
+    the candidate's own stages (their analytic memory, which the search's memory test used)."""
+    return dataclasses.replace(judge(plan, costs=costs), plan=plan)
 
 
 LIGHTER = ("none", "selective", "full")
@@ -226,11 +212,11 @@ def best_simulated(plans: Sequence[Costed], judged: list[Judged] | None = None) 
         one = simulated(plan, costs)
         if judged is not None:
             judged.append(one)
-        t = one.predicted.iteration_s
+        t = one.prediction.iteration_s
         if best is None or (t, i) < (best[0], best[1]):
             best = (t, i, one)
     if judged is not None:
-        judged.sort(key=lambda j: j.predicted.iteration_s)
+        judged.sort(key=lambda j: j.prediction.iteration_s)
     if best is None:
         from planner.errors import InfeasibleError
 
@@ -245,4 +231,4 @@ def dp_simulated_s(profile: ir.ModelProfile, cluster: ir.Cluster, optimizer: str
     stage = dp_stage(profile, cluster, optimizer=optimizer, precision=precision)
     plan = ir.Plan(profile, cluster, "1f1b", 1, optimizer, (stage,), ir.Prediction(0.0, 0.0, 0.0, 0),
                    precision=precision)
-    return simulated(plan).predicted.iteration_s
+    return simulated(plan).prediction.iteration_s
