@@ -32,7 +32,7 @@ def parse_value(text: str) -> bool | int | float | str:
         try:
             return kind(text)
         except ValueError:
-            pass
+            continue  # not this kind: try the next
     return text
 
 

@@ -372,7 +372,7 @@ def solve(prob: Problem, max_solves: int = 10_000, progress: Callable[[int, floa
 
 
 def infeasible(prob: Problem) -> Exception:
-    """The error for a problem with no plan that fits (planner.search.infeasible)."""
-    from planner.search.infeasible import infeasible_error
+    """The error for a problem with no plan that fits (planner.search.nofit)."""
+    from planner.search.nofit import infeasible_error
 
     return infeasible_error(prob)
