@@ -70,11 +70,9 @@ def batch_problems(plan: ir.Plan) -> list[str]:
     out = []
     b, m = plan.batch_size, plan.microbatches
     for i, st in enumerate(plan.stages):
-        if b % (m * st.dp):
+        if b % (m * st.dp):  # b >= 1 and a whole quotient: at least one sample per rank
             out.append(f"stage {i}: batch {b} is not {m} micro-batches x {st.dp} data-parallel ranks of whole "
                        f"samples ({b / (m * st.dp):.4g} per rank)")
-        elif b // (m * st.dp) < 1:  # pragma: no cover - b % (m*dp) == 0 with b >= 1 implies >= 1
-            out.append(f"stage {i}: no sample per micro-batch and rank")
     return out
 
 

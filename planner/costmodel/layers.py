@@ -215,7 +215,9 @@ def layer_table(profile: ir.ModelProfile, grid: Grid | Group, microbatches: int,
     c = _columns(profile, grid, microbatches, nbytes)
     tensor = grid.group.tensor_group(grid.tp)
     n, link = tensor.n, tensor.link
-    fwd, bwd, bww = _times(profile, grid, c, n, link)
+    ag_in = np.array([ring_allgather_s(x, n, link) for x in c.in_b])
+    ag_out = np.array([ring_allgather_s(x, n, link) for x in c.out_b])
+    fwd, bwd, bww = _times(c, n, link, ag_in, ag_out)
     allowed = _allowed(profile, c, n, forms)
     act, act_sel, core = _activations(profile, grid, c, n)
     sync, const, shard = _sync(grid, c, n)
@@ -225,22 +227,19 @@ def layer_table(profile: ir.ModelProfile, grid: Grid | Group, microbatches: int,
     state = nbytes.state_per_param * c.pcount[:, None] * np.where(SHARDED, 1.0 / n, 1.0)[None, :]
     static = np.stack([weight + weight + state, weight + weight + state / shard,
                        weight + (weight + state) / shard, (weight + weight + state) / shard])
-    ag_in = np.array([ring_allgather_s(s, n, link) for s in c.in_b])
-    ag_out = np.array([ring_allgather_s(s, n, link) for s in c.out_b])
     return LayerTable(n=n, dp=grid.dp, fwd=fwd, bwd=bwd, bww=bww, allowed=allowed, enter=ag_in, leave=ag_out,
                       sync=sync, sync_const=const, weight=weight, static=static, act=act, act_sel=act_sel, core=core,
                       in_bytes=c.in_b, out_bytes=c.out_b)
 
 
-def _times(profile: ir.ModelProfile, grid: Grid, c: _Columns, n: int, link: ir.Link
+def _times(c: _Columns, n: int, link: ir.Link, ag_in: np.ndarray, ag_out: np.ndarray
            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-micro-batch times per form; ``ag_in``/``ag_out`` the all-gathers of each layer's input/output."""
     nl = len(c.pcount)
     fwd, bwd, bww = np.empty((nl, NF)), np.empty((nl, NF)), np.empty((nl, NF))
     fwd[:, DP], bwd[:, DP], bww[:, DP] = c.fwd_full / n + c.fwd_fixed, c.bwd_full / n + c.bwd_fixed, c.bww_full / n
-    ag_out = np.array([ring_allgather_s(s, n, link) for s in c.out_b])
-    ar_out = np.array([ring_allreduce_s(s, n, link) for s in c.out_b])
-    ag_in = np.array([ring_allgather_s(s, n, link) for s in c.in_b])
-    ar_in = np.array([ring_allreduce_s(s, n, link) for s in c.in_b])
+    ar_out = np.array([ring_allreduce_s(x, n, link) for x in c.out_b])
+    ar_in = np.array([ring_allreduce_s(x, n, link) for x in c.in_b])
     wl = c.weightless
     fwd[:, SPLIT_OUT] = c.fwd_fixed + np.where(wl, c.fwd_full, c.fwd_full / n + ag_out)
     bwd[:, SPLIT_OUT] = c.bwd_fixed + np.where(wl, c.bwd_full, c.bwd_full / n + ar_in)

@@ -91,6 +91,8 @@ class StageTables:
     agg: dict[str, np.ndarray]
     in_bytes: np.ndarray
     lean: bool = False
+    sync_const: float = 0.0
+    """The table's gradient-synchronisation latency (planner.costmodel.LayerTable.sync_const)."""
 
     @property
     def time(self) -> np.ndarray:
@@ -105,9 +107,9 @@ def stage_tables(table: LayerTable, bounds: Sequence[int] | np.ndarray, microbat
     in_b = np.zeros(nb + 1)
     in_b[:nb] = table.in_bytes[b[:nb]] / table.n
     if not table.allowed[:, 1:].any():  # every layer dp: prefix sums
-        return StageTables(_dp_only(table, b), in_b, lean)
+        return StageTables(_dp_only(table, b), in_b, lean, table.sync_const)
     res = _chain_sweep(table, b, microbatches, memory_weight(table, microbatches, lean))
-    return StageTables({k: res[i] for i, k in enumerate(KEYS)}, in_b, lean)
+    return StageTables({k: res[i] for i, k in enumerate(KEYS)}, in_b, lean, table.sync_const)
 
 
 def _chain_sweep(table: LayerTable, b: np.ndarray, m: int, mem_w: float) -> np.ndarray:

@@ -102,31 +102,33 @@ def _choice(name: str, value: object, allowed: Sequence[object]) -> None:
         raise UsageError(f"unknown {name} {value!r}", f"use one of {', '.join(map(str, allowed))}")
 
 
+def _one_or_all(option: str, value: object, every: Sequence[object], allowed: Sequence[object], engine: str,
+                noun: str) -> tuple:
+    """``auto``: every value the engine runs; else ``value``, which must be known and run by the engine."""
+    if value == "auto":
+        return tuple(allowed)
+    _choice(option, value, (*every, "auto"))
+    if value not in allowed:
+        shown = ", ".join(map(str, allowed))
+        raise UsageError(f"--engine {engine} runs {noun} {shown}, not {value!r}",
+                         f"use {option} auto or one of {shown}, or another --engine")
+    return (value,)
+
+
 def _zero_set(zero: int | str, engine: str, cluster: ir.Cluster) -> tuple[int, ...]:
     limits = ENGINE_LIMITS.get(engine)
-    allowed = limits.zero if limits else ir.ZERO_STAGES
-    if zero == "auto":
-        return tuple(allowed)
-    _choice("--zero", zero, (*ir.ZERO_STAGES, "auto"))
-    if zero not in allowed:
-        raise UsageError(f"--engine {engine} runs ZeRO stages {', '.join(map(str, allowed))}, not {zero}",
-                         f"use --zero auto or one of {', '.join(map(str, allowed))}, or another --engine")
-    if zero and len(cluster.gpus) == 1:
+    zeros = _one_or_all("--zero", zero, ir.ZERO_STAGES, limits.zero if limits else ir.ZERO_STAGES, engine,
+                        "ZeRO stages")
+    if zero != "auto" and zero and len(cluster.gpus) == 1:
         raise UsageError(f"--zero {zero} shards over data-parallel ranks, the cluster {cluster.name!r} has one GPU",
                          "use --zero 0 (or auto) on one device")
-    return (int(zero),)
+    return tuple(int(z) for z in zeros)
 
 
 def _recompute_set(recompute: str, engine: str) -> tuple[str, ...]:
     limits = ENGINE_LIMITS.get(engine)
-    allowed = limits.recompute if limits else ir.RECOMPUTE
-    if recompute == "auto":
-        return tuple(allowed)
-    _choice("--recompute", recompute, (*ir.RECOMPUTE, "auto"))
-    if recompute not in allowed:
-        raise UsageError(f"--engine {engine} recomputes {', '.join(allowed)}, not {recompute!r}",
-                         f"use --recompute auto or one of {', '.join(allowed)}")
-    return (recompute,)
+    return _one_or_all("--recompute", recompute, ir.RECOMPUTE, limits.recompute if limits else ir.RECOMPUTE, engine,
+                       "recomputation")
 
 
 def _check_tp(tp: int | None, profile: ir.ModelProfile, cluster: ir.Cluster, engine: str) -> None:

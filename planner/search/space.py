@@ -328,15 +328,7 @@ def link_of(cluster: ir.Cluster, link: int) -> ir.Link:
 def option_cost(prob: Problem, key: int, option: Option) -> tuple[StageTables, object]:
     """The stage tables of ``option`` on grid ``key`` and its variant's costs (planner.costmodel.variant)."""
     t = prob.tables[key][1 if option.lean else 0]
-    lt_const = _sync_const(prob, key)
-    return t, variant_cost(t.agg, t.in_bytes[:, None], option.variant, prob.microbatches, lt_const)
-
-
-def _sync_const(prob: Problem, key: int) -> float:
-    from planner.costmodel import allreduce_coefficients
-
-    group = prob.grids[key].group
-    return allreduce_coefficients(group)[1] if group.n > 1 else 0.0
+    return t, variant_cost(t.agg, t.in_bytes[:, None], option.variant, prob.microbatches, t.sync_const)
 
 
 def options(prob: Problem, key: int) -> list[Option]:
