@@ -69,7 +69,9 @@ class Roofline:
     launch_s: float
 
     def efficiency(self, tiles: float) -> float:
-        """Share of peak a GEMM-like kernel over ``tiles`` 128 x 128 tiles reaches (module docstring)."""
+        """Share of peak a GEMM-like kernel over ``tiles`` 128 x 128 tiles reaches (module docstring);
+        at least one element's worth of a tile."""
+        tiles = max(tiles, 1 / TILE_ELEMENTS)
         return self.gemm_share * tiles / (tiles + self.sm_count / 2)
 
     def kernel(self, flops: float, bytes_moved: float, tiles: float) -> tuple[float, bool]:
