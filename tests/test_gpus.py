@@ -73,6 +73,8 @@ def test_roofline_constants_sms_gemm_shares_and_launch() -> None:
     assert a100.large_gemm_share("fp32") == gpus.DEFAULT_GEMM_SHARE == 0.80  # none published: the assumption
     assert gpus.gpu_spec("v100").large_gemm_share("fp16") == gpus.DEFAULT_GEMM_SHARE
     assert all(gpus.gpu_spec(n).launch_s == gpus.LAUNCH_S == 4e-6 for n in gpus.GPU_NAMES)
+    assert a100.fused_attention_share("bf16") == pytest.approx(0.615) and h100.fused_attention_share("fp16") == 0.35
+    assert a100.fused_attention_share("fp32") == a100.large_gemm_share("fp32")  # unpublished: the GEMM share
     for name in gpus.GPU_NAMES:
         spec = gpus.gpu_spec(name)
         assert all(0 < spec.large_gemm_share(f) <= 1 for f in spec.peak_flops)

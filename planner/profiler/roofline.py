@@ -24,7 +24,9 @@ allocations (``empty*``) launch none. Each kernel costs (Williams, Waterman and 
   attention), so the roofline replaces it by one kernel each way: FLOPs ``2 b h s_q s_k (d +
   d_v)`` forward and ``2 b h s_q s_k (3 d + 2 d_v)`` backward (QK^T recomputed: Dao,
   FlashAttention-2, 2023; torch's ``sdpa_flop_count``/``sdpa_backward_flop_count``), halved
-  for ``is_causal`` (blocks above the diagonal are skipped), bytes Q, K, V, O (and their
+  for ``is_causal`` (blocks above the diagonal are skipped), at the GPU's fused-attention share
+  of peak (``planner.gpus``: FlashAttention-2's published figures) on the same wave curve,
+  bytes Q, K, V, O (and their
   gradients and dO backward) plus the mask; the S x S scores are never materialised.
   Attention written with matmuls and softmax is counted op by op: its scores are memory-bound.
 
@@ -67,17 +69,20 @@ class Roofline:
     sm_count: int
     bandwidth_Bps: float
     launch_s: float
+    attention_share: float | None = None
+    """Large fused-attention share of peak (None: ``gemm_share``)."""
 
-    def efficiency(self, tiles: float) -> float:
-        """Share of peak a GEMM-like kernel over ``tiles`` 128 x 128 tiles reaches (module docstring);
-        at least one element's worth of a tile."""
+    def efficiency(self, tiles: float, attention: bool = False) -> float:
+        """Share of peak a GEMM-like (or fused attention) kernel over ``tiles`` 128 x 128 tiles reaches
+        (module docstring); at least one element's worth of a tile."""
         tiles = max(tiles, 1 / TILE_ELEMENTS)
-        return self.gemm_share * tiles / (tiles + self.sm_count / 2)
+        share = self.attention_share if attention and self.attention_share is not None else self.gemm_share
+        return share * tiles / (tiles + self.sm_count / 2)
 
-    def kernel(self, flops: float, bytes_moved: float, tiles: float) -> tuple[float, bool]:
+    def kernel(self, flops: float, bytes_moved: float, tiles: float, attention: bool = False) -> tuple[float, bool]:
         """(seconds, memory-bound?) of one kernel: ``max(compute, memory) + launch_s``."""
         memory_s = bytes_moved / self.bandwidth_Bps
-        compute_s = flops / (self.peak_flops * self.efficiency(tiles)) if flops > 0 else 0.0
+        compute_s = flops / (self.peak_flops * self.efficiency(tiles, attention)) if flops > 0 else 0.0
         return max(compute_s, memory_s) + self.launch_s, memory_s >= compute_s
 
 
@@ -85,7 +90,7 @@ def roofline_of(gpu: str, number_format: str) -> Roofline:
     """The roofline of catalogued GPU ``gpu`` computing in ``number_format`` (fp32, tf32, bf16, fp16)."""
     spec = gpus.gpu_spec(gpu)
     return Roofline(spec.peak(number_format), spec.large_gemm_share(number_format), spec.sm_count,
-                    spec.memory_bandwidth_Bps, spec.launch_s)
+                    spec.memory_bandwidth_Bps, spec.launch_s, spec.fused_attention_share(number_format))
 
 
 @dataclass
@@ -96,8 +101,8 @@ class KernelTally:
     memory_s: float = 0.0
     launches: int = 0
 
-    def add(self, roofline: Roofline, flops: float, bytes_moved: float, tiles: float) -> None:
-        seconds, memory_bound = roofline.kernel(flops, bytes_moved, tiles)
+    def add(self, roofline: Roofline, flops: float, bytes_moved: float, tiles: float, attention: bool = False) -> None:
+        seconds, memory_bound = roofline.kernel(flops, bytes_moved, tiles, attention)
         self.time_s += seconds
         self.memory_s += seconds if memory_bound else 0.0
         self.launches += 1
@@ -177,7 +182,7 @@ def _attention_kernel(kernels: _Kernels, tensors: list[torch.Tensor | None], cau
     present = [t for t in tensors if t is not None]
     q, k, v = present[:3]
     flops = attention_flops(q.shape, k.shape, v.shape, causal, backward)
-    kernels.tally.add(kernels.roofline, flops, sum(_bytes(t) for t in present), _tiles(present))
+    kernels.tally.add(kernels.roofline, flops, sum(_bytes(t) for t in present), _tiles(present), attention=True)
 
 
 class _AttentionAsKernel(TorchFunctionMode):
@@ -281,7 +286,8 @@ def roofline_meta(roofline: Roofline, prof: RooflineProfile, gpu: str, number_fo
         "time_formula": "sum over kernels of max(flops / (peak * eff(tiles)), bytes / bandwidth) + launch_s",
         "roofline": {
             "gpu": gpu, "number_format": number_format, "peak_flops": roofline.peak_flops,
-            "gemm_share": roofline.gemm_share, "sm_count": roofline.sm_count,
+            "gemm_share": roofline.gemm_share, "attention_share": roofline.attention_share,
+            "sm_count": roofline.sm_count,
             "bandwidth_Bps": roofline.bandwidth_Bps, "launch_s": roofline.launch_s,
             "memory_bound_share": sum(full.memory_s) / sum(totals) if sum(totals) > 0 else 0.0,
             "layer_memory_bound_share": [m / t if t > 0 else 0.0 for m, t in zip(full.memory_s, totals, strict=True)],
