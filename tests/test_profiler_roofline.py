@@ -205,3 +205,12 @@ def test_the_fixed_part_law_predicts_a_third_batch_size(name: str, overrides: di
 
             assert law(4) == pytest.approx(t_small, rel=1e-9)  # the fit goes through both points
             assert law(8) == pytest.approx(t_third, rel=0.01)  # measured: < 1e-12 here (no kernel changes regime)
+
+
+def test_identical_blocks_are_walked_once_and_agree_with_a_full_walk() -> None:
+    loaded = load_model("llama-tiny", 4, (32,), dtype="bfloat16", device="meta", overrides={"num_hidden_layers": 5})
+    layers = split_model(loaded.module, loaded.example_input).layers
+    roof = roofline_of("a100", "bf16")
+    once = roofline_pass(layers, loaded.example_input, roof)
+    every = roofline_pass(layers, loaded.example_input, roof, once_per_kind=False)
+    assert once == every and len(once.forward_s) == 7

@@ -212,11 +212,13 @@ class LayerRoofline:
     launches: list[int] = field(default_factory=list)
 
 
-def roofline_pass(layers: Sequence[nn.Module], x: torch.Tensor, roofline: Roofline) -> LayerRoofline:
+def roofline_pass(layers: Sequence[nn.Module], x: torch.Tensor, roofline: Roofline,
+                  once_per_kind: bool = True) -> LayerRoofline:
     """Each layer's forward and backward seconds under ``roofline`` (layers on the meta device).
 
-    Identical consecutive layers are walked once (``planner.profiler.repeats``)."""
-    source = fact_sources(layers)
+    With ``once_per_kind``, identical consecutive layers are walked once (``planner.profiler.repeats``),
+    unless a walked layer of such a run changes its input's shape (then every layer is walked)."""
+    source = fact_sources(layers) if once_per_kind else list(range(len(layers)))
     walked = [i for i, s in enumerate(source) if s == i]
     kernels = _Kernels(roofline)
     fwd_memory = [0.0] * len(walked)
@@ -240,6 +242,9 @@ def roofline_pass(layers: Sequence[nn.Module], x: torch.Tensor, roofline: Roofli
         bwd = _backward_walk(inputs, outputs, meter(bwd_memory))
     _zero_grads(params)
     slot = {layer: j for j, layer in enumerate(walked)}
+    reused = {slot[s] for i, s in enumerate(source) if s != i}
+    if any(j == 0 or outputs[j].shape != outputs[j - 1].shape for j in reused):
+        return roofline_pass(layers, x, roofline, once_per_kind=False)
     pick = [slot[s] for s in source]
     return LayerRoofline([fwd[j] for j in pick], [bwd[j] for j in pick],
                          [fwd_memory[j] + bwd_memory[j] for j in pick], [launches[j] for j in pick])
