@@ -26,12 +26,14 @@ allocations (``empty*``) launch none. Each kernel costs (Williams, Waterman and 
   FlashAttention-2, 2023; torch's ``sdpa_flop_count``/``sdpa_backward_flop_count``), halved
   for ``is_causal`` (blocks above the diagonal are skipped), at the GPU's fused-attention share
   of peak (``planner.gpus``: FlashAttention-2's published figures) on the same wave curve,
-  bytes Q, K, V, O (and their
-  gradients and dO backward) plus the mask; the S x S scores are never materialised.
-  Attention written with matmuls and softmax is counted op by op: its scores are memory-bound.
+  bytes Q, K, V, O (and their gradients and dO backward) plus the mask; the S x S scores are
+  never materialised. Attention written with matmuls and softmax is counted op by op: its
+  scores are memory-bound.
 
-A layer's time is the sum over its kernels. The FLOPs a profile records stay those of the
-instrumented pass (``planner.profiler.measure``); the roofline only times.
+A layer's time is the sum over its kernels; gradients are zeroed around each walk, so no
+gradient-accumulation kernel is counted (the cost model charges accumulation itself). The
+FLOPs a profile records stay those of the instrumented pass (``planner.profiler.measure``);
+the roofline only times.
 """
 
 from __future__ import annotations
