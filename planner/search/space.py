@@ -368,12 +368,14 @@ def tie_copies(prob: Problem) -> np.ndarray:
     return out
 
 
-def p2p_times(prob: Problem, link: int) -> np.ndarray:
-    """Per start block: the time its stage's input takes to arrive over ``link`` (0 for block 0)."""
+def p2p_times(prob: Problem, link: int, dp: int = 1) -> np.ndarray:
+    """Per start block: the time its stage's input takes to arrive over ``link`` (0 for block 0), each
+    of the stage's ``dp`` replicas receiving its share of the micro-batch on its own links
+    (planner.costmodel.stage)."""
     nbytes = Bytes.of(prob.profile, prob.space.precision, prob.optimizer)
     out_b = np.array([float(x.output_bytes) for x in prob.profile.layers]) * nbytes.activation_scale
     recv = np.zeros(prob.nb + 1)
     for a in range(1, prob.nb):
         layer = int(prob.bounds[a]) - 1
-        recv[a] = p2p_s(out_b[layer] / prob.microbatches, link_of(prob.cluster, link))
+        recv[a] = p2p_s(out_b[layer] / (prob.microbatches * dp), link_of(prob.cluster, link))
     return recv
