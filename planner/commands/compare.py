@@ -20,8 +20,8 @@ from planner.errors import InfeasibleError, UsageError
 from planner.jsonio import read_json
 from planner.schedule import SCHEDULES
 
-STRATEGY_HELP = "comma-separated subset of: dp, accpar, gpipe-uniform, torchgpipe, deepspeed-uniform, " \
-                "deepspeed-parameters, pipedream, planner (default: all)"
+STRATEGY_HELP = "comma-separated subset of: dp, accpar, gpipe-uniform, torchgpipe, deepspeed, pipedream, " \
+                "planner (default: all); each baseline runs every documented setting and shows its best"
 
 
 @click.command("compare")

@@ -18,11 +18,13 @@ def _fmt(value: float | None, fmt: str, suffix: str = "") -> str:
 
 
 def comparison_table(comparison: Comparison) -> Table:
-    """One row per strategy: time, throughput, speedup over dp, memory per GPU, fits, config."""
+    """One row per strategy at its best setting (named): time, throughput, speedup over dp, memory per
+    GPU, fits, config."""
     model, cluster = safe_text(comparison.model), safe_text(comparison.cluster)
     table = Table(title=f"{model} (batch {comparison.batch_size}) on {cluster}, "
                         f"optimizer {comparison.optimizer}", title_justify="left")
-    for col, justify in (("strategy", "left"), ("config", "left"), ("schedule", "left"), ("M", "right"),
+    for col, justify in (("strategy", "left"), ("setting", "left"), ("config", "left"), ("schedule", "left"),
+                         ("M", "right"),
                          ("iter ms", "right"), ("samples/s", "right"), ("vs dp", "right"),
                          ("GiB/GPU", "right"), ("fits", "left")):
         table.add_column(col, justify=justify, no_wrap=col in ("strategy", "fits"), overflow="fold")  # type: ignore[arg-type]
@@ -30,7 +32,8 @@ def comparison_table(comparison: Comparison) -> Table:
     for s in comparison.strategies:
         style = "bold green" if s.fits and s.iteration_s == fastest else ("dim" if not s.fits else "")
         table.add_row(
-            safe_text(s.name), safe_text(s.config or "-"), s.schedule or "-", _fmt(s.microbatches, "d"),
+            safe_text(s.name), safe_text(s.setting or "-"), safe_text(s.config or "-"), s.schedule or "-",
+            _fmt(s.microbatches, "d"),
             _fmt(None if s.iteration_s is None else s.iteration_s * 1000, ".1f"),
             _fmt(s.samples_per_s, ".1f"), _fmt(s.speedup_over_dp, ".2f", "x"),
             _fmt(None if s.peak_memory_bytes is None else s.peak_memory_bytes / GIB, ".2f"),
@@ -49,7 +52,7 @@ def print_comparison(comparison: Comparison) -> None:
 
 
 COLORS = {"dp": "#7f7f7f", "accpar": "#8c564b", "gpipe-uniform": "#1f77b4", "torchgpipe": "#17becf",
-          "deepspeed-uniform": "#9467bd", "deepspeed-parameters": "#e377c2", "pipedream": "#ff7f0e",
+          "deepspeed": "#9467bd", "pipedream": "#ff7f0e",
           "planner": "#d62728"}
 
 
