@@ -216,7 +216,7 @@ def _planner(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int
             failure = failure or exc
             continue
         rows.append(_result("planner", judge(plan, recompute=True), None,
-                            f"planner search --schedule {sched} --rerank {rerank}"))
+                            f"search --schedule {sched} --rerank {rerank}"))
     if not rows:
         assert failure is not None
         raise failure
