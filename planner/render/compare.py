@@ -136,6 +136,28 @@ def comparison_figure(comparison: Comparison) -> Any:
     return fig
 
 
+def _speedup_bars(ax: Any, comparisons: Sequence[Comparison], name: str, k: int, width: float) -> float:
+    """Strategy ``name``'s bars (the k-th of each model's group) with their values, an 'x' where it
+    does not fit; returns its highest speedup (0 when none)."""
+    xs, ys, misses = [], [], []
+    for i, c in enumerate(comparisons):
+        x = i - 0.4 + width * (k + 0.5)
+        try:
+            s = c.get(name)
+        except KeyError:
+            continue
+        if s.fits and s.speedup_over_dp:
+            xs.append(x)
+            ys.append(s.speedup_over_dp)
+        else:
+            misses.append(x)
+    ax.bar(xs, ys, width, label=name, color=COLORS.get(name, "#333333"))
+    for x, y in zip(xs, ys, strict=True):
+        ax.text(x, y, f"{y:.2f}", ha="center", va="bottom", fontsize=5.5, rotation=90)
+    ax.plot(misses, [0.05] * len(misses), "x", color=COLORS.get(name, "#333333"), markersize=4)
+    return max(ys, default=0.0)
+
+
 def plot_speedup_groups(groups: Sequence[tuple[str, Sequence[Comparison]]], path: str | os.PathLike[str],
                         strategies: Sequence[str], title: str) -> None:
     """Grouped bars of speedup over dp, one panel per group (e.g. per batch size), one group of
@@ -150,25 +172,7 @@ def plot_speedup_groups(groups: Sequence[tuple[str, Sequence[Comparison]]], path
     fig, axes = plt.subplots(len(groups), 1, figsize=(11.0, 3.6 * len(groups)), squeeze=False)
     width = 0.8 / max(1, len(strategies))
     for ax, (label, comparisons) in zip(axes[:, 0], groups, strict=True):
-        top = 1.0
-        for k, name in enumerate(strategies):
-            xs, ys, misses = [], [], []
-            for i, c in enumerate(comparisons):
-                x = i - 0.4 + width * (k + 0.5)
-                try:
-                    s = c.get(name)
-                except KeyError:
-                    continue
-                if s.fits and s.speedup_over_dp:
-                    xs.append(x)
-                    ys.append(s.speedup_over_dp)
-                else:
-                    misses.append(x)
-            ax.bar(xs, ys, width, label=name, color=COLORS.get(name, "#333333"))
-            for x, y in zip(xs, ys, strict=True):
-                ax.text(x, y, f"{y:.2f}", ha="center", va="bottom", fontsize=5.5, rotation=90)
-            ax.plot(misses, [0.05] * len(misses), "x", color=COLORS.get(name, "#333333"), markersize=4)
-            top = max([top, *ys])
+        top = max([1.0, *(_speedup_bars(ax, comparisons, name, k, width) for k, name in enumerate(strategies))])
         ax.axhline(1.0, color="black", linewidth=0.6, linestyle=":")
         ax.set_xticks(range(len(comparisons)), [c.model for c in comparisons])
         ax.set_ylabel("speedup over dp")
