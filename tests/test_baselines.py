@@ -233,7 +233,7 @@ def test_pipedream_counting_activations_avoids_the_huge_activation_cut() -> None
 
 def test_deepspeed_type_method_balances_the_matching_layers() -> None:
     doc = make_profile_dict(6)
-    for layer, kind in zip(doc["layers"], ["Embedding", "Block", "Block", "Block", "Block", "Linear"], strict=True):
+    for layer, kind in zip(doc["layers"], ["Embedding", *["Block"] * 4, "Linear"], strict=True):
         layer["type"] = kind
     profile = ir.ModelProfile.from_dict(doc)
     assert bl.deepspeed_type_weights(profile, "block") == [0, 1, 1, 1, 1, 0]  # case-insensitive search
@@ -283,3 +283,41 @@ def test_accpar_gives_its_split_stage_the_whole_group_as_tensor_degree() -> None
     assert set(layout.stages[0][2]) - {"dp"} and layout.tp == 8
     plan = layout.plan(profile, cluster, 1, "sgd")
     assert plan.stages[0].tp == 8 and plan.stages[0].grid_problem() is None
+
+
+# ----------------------------------------------------------------------------- Megatron-LM
+
+
+def _llama(heads: int = 16, kv_heads: int = 8) -> ir.ModelProfile:
+    from tests.test_export_torchtitan import llama_profile
+
+    return llama_profile(6, heads=heads, kv_heads=kv_heads)
+
+
+def test_megatron_tp_is_a_server_lowered_to_divide_the_heads() -> None:
+    from tests.conftest import make_cluster_dict
+
+    cluster = ir.Cluster.from_dict(make_cluster_dict(2, 4))
+    assert bl.megatron_tp(_llama(16, 8), cluster) == 4
+    assert bl.megatron_tp(_llama(2, 2), cluster) == 2  # 4 does not divide 2 heads
+
+
+def test_megatron_layouts_are_tp_in_a_server_uniform_pipelines_and_data_parallel_rest() -> None:
+    from tests.conftest import make_cluster_dict
+
+    profile, cluster = _llama(), ir.Cluster.from_dict(make_cluster_dict(2, 4))
+    layouts = bl.megatron_layouts(profile, cluster, (1, 2))
+    assert isinstance(layouts, list)
+    assert [layout.config for layout in layouts] == ["8", "4-4"] and {lay.tp for lay in layouts} == {4}
+    two = layouts[1]
+    assert [layers for layers, _, _ in two.stages] == [(0, 4), (4, 8)]  # uniform layer counts
+    assert two.stages[1][1] == ("n1.g0", "n1.g1", "n1.g2", "n1.g3")  # a stage on consecutive ranks
+    forms = [f for _, _, fs in two.stages for f in fs]
+    assert forms == ["dp"] + ["tp"] * 6 + ["dp"]  # the tp form on the blocks only
+    plan = two.plan(profile, cluster, 2, "sgd")
+    from planner.runnable import problems
+
+    assert problems(plan) == [] and [s.dp for s in plan.stages] == [1, 1]
+    cnn, _ = _pc(16)
+    refused = bl.megatron_layouts(cnn, cluster, (1,))
+    assert isinstance(refused, bl.NotFitting) and "transformer blocks" in refused.reason

@@ -69,7 +69,7 @@ def test_options_reach_the_comparison(files: tuple[str, str]) -> None:
 @pytest.mark.parametrize(("args", "code", "needle"), [
     (["--microbatches", "3"], 2, "divide"),
     (["--microbatches", "zero"], 2, "auto"),
-    (["--strategies", "dp,megatron"], 2, "megatron"),
+    (["--strategies", "dp,alpa"], 2, "alpa"),
     (["--schedule", "nope"], 2, "nope"),
 ])
 def test_bad_options_are_usage_errors(files: tuple[str, str], args: list[str], code: int, needle: str) -> None:

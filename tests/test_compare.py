@@ -70,7 +70,7 @@ def test_a_bad_microbatch_count_or_strategy_is_a_usage_error() -> None:
     with pytest.raises(UsageError):
         compare(_profile(batch_size=16), _cluster(), microbatches=3)
     with pytest.raises(UsageError):
-        compare(_profile(), _cluster(), strategies=["dp", "megatron"])
+        compare(_profile(), _cluster(), strategies=["dp", "alpa"])
 
 
 def test_judge_fills_memory_and_prediction_from_the_simulator() -> None:
@@ -262,3 +262,14 @@ def test_rows_name_the_documented_setting_they_ran() -> None:
                                                         "partition_method=type:Linear"}
     assert {s.setting.split(",")[0] for s in torchgpipe.settings} == {"balance_by_time", "balance_by_size"}
     assert "setting" in result.to_dict()["strategies"][0]
+
+
+def test_megatron_row_runs_tensor_parallel_stages_on_a_transformer() -> None:
+    from tests.test_export_torchtitan import llama_profile
+
+    result = compare(llama_profile(6, heads=16, kv_heads=8), _cluster(2, 4), strategies=["megatron"])
+    row = result.get("megatron")
+    assert row.fits and row.setting == "tp=4 in a server, uniform pp, dp the rest" and row.schedule == "1f1b"
+    assert row.plan is not None and {s.tp for s in row.plan.stages} == {4}
+    cnn = compare(_profile(), _cluster(), strategies=["megatron"]).get("megatron")
+    assert not cnn.fits and "transformer blocks" in (cnn.reason or "")

@@ -52,7 +52,7 @@ def print_comparison(comparison: Comparison) -> None:
 
 
 COLORS = {"dp": "#7f7f7f", "accpar": "#8c564b", "gpipe-uniform": "#1f77b4", "torchgpipe": "#17becf",
-          "deepspeed": "#9467bd", "pipedream": "#ff7f0e",
+          "deepspeed": "#9467bd", "pipedream": "#ff7f0e", "megatron": "#bcbd22",
           "planner": "#d62728"}
 
 

@@ -40,21 +40,21 @@ from planner.search.partitioners import (
 __all__ = ["BASELINE_SCHEDULES", "FORMER_STRATEGIES", "PIPEDREAM_MODES", "STRATEGIES", "Layout", "NotFitting",
            "PipeDreamStage", "Setting", "accpar_layout", "balance_by_size", "balance_by_time", "block_partition",
            "deepspeed_layer_weights", "deepspeed_layouts", "deepspeed_methods", "deepspeed_parts",
-           "deepspeed_type_weights", "divisors", "dp_layout", "gpipe_uniform_layout", "partition_balanced",
-           "partition_balanced_fast", "partition_uniform", "pipedream_layout", "pipedream_partition",
-           "strategy_settings", "torchgpipe_layout", "torchgpipe_param_scale"]
+           "deepspeed_type_weights", "divisors", "dp_layout", "gpipe_uniform_layout", "megatron_layouts",
+           "megatron_tp", "partition_balanced", "partition_balanced_fast", "partition_uniform", "pipedream_layout",
+           "pipedream_partition", "strategy_settings", "torchgpipe_layout", "torchgpipe_param_scale"]
 
 
 # ----------------------------------------------------------------------------- baselines as plans
 
-STRATEGIES = ("dp", "accpar", "gpipe-uniform", "torchgpipe", "deepspeed", "pipedream", "planner")
+STRATEGIES = ("dp", "accpar", "gpipe-uniform", "torchgpipe", "deepspeed", "pipedream", "megatron", "planner")
 """Every strategy ``planner compare`` runs, in the order it shows them (contract names)."""
 
 FORMER_STRATEGIES = ("deepspeed-uniform", "deepspeed-parameters")
 """Rows of earlier versions, now settings of ``deepspeed``: a plan file may still name them as its solver."""
 
 BASELINE_SCHEDULES = {"gpipe-uniform": ("gpipe",), "torchgpipe": ("gpipe",), "deepspeed": ("1f1b",),
-                      "pipedream": ("1f1b", "pipedream")}
+                      "pipedream": ("1f1b", "pipedream"), "megatron": ("1f1b",)}
 """The pipeline schedules each system runs, each a setting: GPipe and torchgpipe fill then drain
 (F-then-B); DeepSpeed's ``TrainSchedule`` is 1F1B; PipeDream runs 1F1B with weight stashing and
 no flush (``pipedream``, SOSP'19) or with a flush (``1f1b``, PipeDream-Flush, Narayanan et al.
@@ -270,6 +270,45 @@ def _pipedream_levels(cluster: ir.Cluster) -> tuple[list[tuple[int, float]], Cal
     return [(len(flat), inter)], lambda path: flat[path[0]]
 
 
+def megatron_tp(profile: ir.ModelProfile, cluster: ir.Cluster) -> int:
+    """Megatron-LM's tensor degree: the GPUs of a server (its smallest), lowered to the largest
+    divisor that divides every transformer block's attention heads and KV heads (Megatron
+    shards whole heads)."""
+    per_server = min(len(node.gpus) for node in cluster.nodes)
+    blocks = [layer.block for layer in profile.layers if layer.block is not None]
+    return max(t for t in divisors(per_server) if all(b.heads % t == 0 and b.kv_heads % t == 0 for b in blocks))
+
+
+def megatron_layouts(profile: ir.ModelProfile, cluster: ir.Cluster,
+                     microbatches: tuple[int, ...]) -> list[Layout] | NotFitting:
+    """``megatron``: Megatron-LM's default 3-D layout (Narayanan et al., SC'21, section 3.3).
+
+    Tensor parallel inside a server (``tp`` = :func:`megatron_tp`; the ``tp`` form on every
+    transformer block, the other layers data parallel over the tensor group), pipeline
+    parallel across servers with uniform layer counts per stage, data parallel for the
+    rest, 1F1B; ranks in Megatron's order (tensor innermost, then data, then pipeline), so a
+    stage holds consecutive GPUs. Every pipeline depth pp that divides the GPUs left by tp
+    (at most the layer count) is a layout: the judge keeps the fastest that fits, at least
+    as fast as Megatron's rule (the smallest pp that fits), and gives overflowing stages
+    full recomputation, as Megatron's users turn it on when memory runs out.
+    """
+    if not any(layer.block is not None for layer in profile.layers):
+        return NotFitting("megatron", "Megatron-LM's tensor parallelism shards transformer blocks; the model has none")
+    gpus = [g.name for g in cluster.gpus]
+    tp, n = megatron_tp(profile, cluster), len(profile.layers)
+    forms = tuple("tp" if layer.block is not None and tp > 1 else "dp" for layer in profile.layers)
+    layouts = []
+    for pp in divisors(len(gpus) // tp):
+        if pp > n:
+            break
+        width = len(gpus) // pp
+        parts = partition_uniform(n, pp)
+        stages = tuple(((parts[s], parts[s + 1]), tuple(gpus[s * width:(s + 1) * width]),
+                        forms[parts[s]:parts[s + 1]]) for s in range(pp))
+        layouts.append(Layout("megatron", stages, "1f1b", microbatches, tp))
+    return layouts
+
+
 # ----------------------------------------------------------------------------- settings
 
 PIPEDREAM_MODES: tuple[tuple[str, float | None], ...] = (
@@ -319,9 +358,17 @@ def _settings_pipedream(profile: ir.ModelProfile, cluster: ir.Cluster, choices: 
     return out
 
 
+def _settings_megatron(profile: ir.ModelProfile, cluster: ir.Cluster, choices: tuple[int, ...],
+                       optimizer: str) -> list[Setting]:
+    found = megatron_layouts(profile, cluster, choices)
+    tp = found[0].tp if isinstance(found, list) and found else 1
+    return [Setting.of(f"tp={tp} in a server, uniform pp, dp the rest", found)]
+
+
 _SETTINGS: dict[str, Callable[[ir.ModelProfile, ir.Cluster, tuple[int, ...], str], list[Setting]]] = {
     "dp": _settings_dp, "accpar": _settings_accpar, "gpipe-uniform": _settings_gpipe,
     "torchgpipe": _settings_torchgpipe, "deepspeed": _settings_deepspeed, "pipedream": _settings_pipedream,
+    "megatron": _settings_megatron,
 }
 
 
