@@ -361,8 +361,8 @@ def _settings_pipedream(profile: ir.ModelProfile, cluster: ir.Cluster, choices: 
 def _settings_megatron(profile: ir.ModelProfile, cluster: ir.Cluster, choices: tuple[int, ...],
                        optimizer: str) -> list[Setting]:
     found = megatron_layouts(profile, cluster, choices)
-    tp = found[0].tp if isinstance(found, list) and found else 1
-    return [Setting.of(f"tp={tp} in a server, uniform pp, dp the rest", found)]
+    tp = f"tp={found[0].tp}" if isinstance(found, list) and found else "tp = GPUs per server"
+    return [Setting.of(f"{tp} in a server, uniform pp, dp the rest", found)]
 
 
 _SETTINGS: dict[str, Callable[[ir.ModelProfile, ir.Cluster, tuple[int, ...], str], list[Setting]]] = {
