@@ -231,6 +231,25 @@ def test_pipedream_counting_activations_avoids_the_huge_activation_cut() -> None
         bl.pipedream_partition(times, params, levels, None, activation_compression_ratio=1.0)
 
 
+def test_pipedream_layout_reads_the_profiles_outputs_for_the_activation_term() -> None:
+    # the partitioner case above as a profile on 2 servers x 1 GPU: each mode's layout, and
+    # compare runs both, naming them
+    from tests.conftest import make_cluster_dict
+
+    doc = make_profile_dict(4)
+    for layer, out in zip(doc["layers"], [1e3, 8e9, 1e3, 1e3], strict=True):
+        layer.update(forward_s=1 / 3, backward_s=2 / 3, param_bytes=10**9, output_bytes=int(out))
+    cluster_doc = make_cluster_dict(2, 1)
+    cluster_doc["links"]["inter_node"]["bandwidth_Bps"] = 1.25e9
+    profile, cluster = ir.ModelProfile.from_dict(doc), ir.Cluster.from_dict(cluster_doc)
+    default = bl.pipedream_layout(profile, cluster, (1,))
+    counted = bl.pipedream_layout(profile, cluster, (1,), activation_compression_ratio=1.0)
+    assert [layers for layers, _, _ in default.stages] == [(0, 2), (2, 4)]
+    assert len(counted.stages) == 2 and counted.stages[0][0] != (0, 2)
+    labels = [s.label for s in bl.strategy_settings("pipedream", profile, cluster, (1,), "sgd")]
+    assert labels == [label for label, _ in bl.PIPEDREAM_MODES for _ in bl.BASELINE_SCHEDULES["pipedream"]]
+
+
 def test_deepspeed_type_method_balances_the_matching_layers() -> None:
     doc = make_profile_dict(6)
     for layer, kind in zip(doc["layers"], ["Embedding", *["Block"] * 4, "Linear"], strict=True):

@@ -273,3 +273,17 @@ def test_megatron_row_runs_tensor_parallel_stages_on_a_transformer() -> None:
     assert row.plan is not None and {s.tp for s in row.plan.stages} == {4}
     cnn = compare(_profile(), _cluster(), strategies=["megatron"]).get("megatron")
     assert not cnn.fits and "transformer blocks" in (cnn.reason or "")
+
+
+def test_pipedream_row_takes_the_readme_setting_when_the_default_cuts_a_huge_activation() -> None:
+    # layer 1 emits 8 GB; PipeDream's default cuts right after it, across 10 Gbit/s
+    doc = make_profile_dict(4)
+    for layer, out in zip(doc["layers"], [1e3, 8e9, 1e3, 1e3], strict=True):
+        layer.update(forward_s=1 / 3, backward_s=2 / 3, param_bytes=10**9, output_bytes=int(out))
+    cluster_doc = make_cluster_dict(2, 1, memory_bytes=10**12)
+    cluster_doc["links"]["inter_node"]["bandwidth_Bps"] = 1.25e9
+    result = compare(ir.ModelProfile.from_dict(doc), ir.Cluster.from_dict(cluster_doc), strategies=["pipedream"])
+    row = result.get("pipedream")
+    assert row.setting == "--activation_compression_ratio 1" and row.iteration_s is not None
+    default = [s.iteration_s for s in row.settings if s.setting.startswith("activations not counted")]
+    assert default and all(t is not None and row.iteration_s < t / 2 for t in default)
