@@ -45,7 +45,8 @@ def build_candidates(prob: Problem) -> None:
         cand.make_band()
         prob.cand[(key, link)] = cand
     # the stages-left count matters only up to 1 + the largest limit below the cap
-    limits = [int(x) for c in prob.cand.values() for arr in c.rmax for x in np.unique(arr) if 1 <= x < r_hi]
+    limits = [int(np.max(arr, initial=0, where=(arr >= 1) & (arr < r_hi))) for c in prob.cand.values()
+              for arr in c.rmax]
     prob.r_eff = r_hi if prob.stages_exact is not None else min(r_hi, 1 + max(limits, default=0))
 
 
