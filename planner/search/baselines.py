@@ -54,12 +54,14 @@ FORMER_STRATEGIES = ("deepspeed-uniform", "deepspeed-parameters")
 """Rows of earlier versions, now settings of ``deepspeed``: a plan file may still name them as its solver."""
 
 BASELINE_SCHEDULES = {"gpipe-uniform": ("gpipe",), "torchgpipe": ("gpipe",), "deepspeed": ("1f1b",),
-                      "pipedream": ("1f1b", "pipedream"), "megatron": ("1f1b",)}
+                      "pipedream": ("1f1b",), "megatron": ("1f1b",)}
 """The pipeline schedules each system runs, each a setting: GPipe and torchgpipe fill then drain
-(F-then-B); DeepSpeed's ``TrainSchedule`` is 1F1B; PipeDream runs 1F1B with weight stashing and
-no flush (``pipedream``, SOSP'19) or with a flush (``1f1b``, PipeDream-Flush, Narayanan et al.
-ICML'21). ``dp`` and ``accpar`` have no pipeline (one stage, one micro-batch); ``planner`` runs
-the schedule the user asks for."""
+(F-then-B); DeepSpeed's ``TrainSchedule`` is 1F1B; PipeDream with a flush (``1f1b``,
+PipeDream-Flush, Narayanan et al. ICML'21). PipeDream's own asynchronous runtime (weight
+stashing, no flush; SOSP'19) trains with stale weights -- another optimisation than the
+synchronous plans it is compared with -- so it is not one of its settings here; ``planner
+simulate --schedule pipedream`` judges such a plan. ``dp`` and ``accpar`` have no pipeline (one
+stage, one micro-batch); ``planner`` runs the schedule the user asks for."""
 
 
 @dataclass(frozen=True)
