@@ -63,24 +63,18 @@ def _cost_band(prob: Problem, key: int, link: int, r_top: int, cap: float) -> np
 
     Shape (W, r_top, nb+1): ``out[k, r-1, a]`` is the least period over the options of stage
     [a, a+1+k) that fit with r stages left (r_top meaning r_top or more) and whose term is
-    within the cap, inf where none does; W is trimmed to the widest stage allowed. Each
-    option's period goes to the bucket of its largest fitting count, then a suffix minimum
-    over the buckets gives every count at once.
+    within the cap, inf where none does; W is trimmed to the widest stage allowed.
     """
     c = prob.cand[(key, link)].band
-    ok = [(t <= cap) & (rmax >= 1) for t, rmax in zip(c["term"], c["rmax"], strict=True)]
-    any_ok = np.logical_or.reduce(ok)
-    cols = np.flatnonzero(any_ok.any(axis=0))
+    fit = (c["term"] <= cap) & (c["rmax"] >= 1)  # (options, nb+1, nb+1)
+    cols = np.flatnonzero(fit.any(axis=(0, 1)))
     width = int(cols[-1]) + 1 if cols.size else 0
-    rows = any_ok.shape[0]
-    buckets = np.full((r_top + 1, rows, width), np.inf)
-    ii, jj = np.meshgrid(np.arange(rows), np.arange(width), indexing="ij")
-    for fit, rmax, period in zip(ok, c["rmax"], c["period"], strict=True):
-        r = np.where(fit[:, :width], np.minimum(rmax[:, :width], r_top), 0)
-        cur = buckets[r, ii, jj]
-        buckets[r, ii, jj] = np.minimum(cur, np.where(fit[:, :width], period[:, :width], np.inf))
-    out = np.minimum.accumulate(buckets[:0:-1], axis=0)[::-1]  # out[r-1] = min over buckets >= r
-    return np.ascontiguousarray(out.transpose(2, 0, 1))  # the width first: the DP reduces over it
+    period = np.where(fit[:, :, :width], c["period"][:, :, :width], np.inf)
+    rmax = c["rmax"][:, :, :width]
+    out = np.empty((width, r_top, fit.shape[1]))
+    for r in range(1, r_top + 1):  # least period over the options that fit with r stages left
+        out[:, r - 1] = np.min(np.where(rmax >= r, period, np.inf), axis=0).T
+    return out
 
 
 def _best_option(prob: Problem, mv: Move, a: int, b: int, rho: int, cap: float) -> tuple[Option, float, float]:

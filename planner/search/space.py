@@ -79,8 +79,9 @@ class Candidate:
     period: list[np.ndarray]
     term: list[np.ndarray]
     rmax: list[np.ndarray]
-    band: dict[str, list[np.ndarray]] = field(default_factory=dict)
-    """The same arrays in band layout: ``band[x][v][a, k] = x[v][a, a + 1 + k]`` (inf/0 past the end)."""
+    band: dict[str, np.ndarray] = field(default_factory=dict)
+    """The same arrays in band layout, options stacked: ``band[x][v, a, k] = x[v][a, a + 1 + k]``
+    (inf/0 past the end)."""
 
     def make_band(self) -> None:
         nb1 = self.period[0].shape[0]
@@ -90,7 +91,7 @@ class Candidate:
         cols = np.where(inside, cols, 0)
         for name in ("period", "term", "rmax"):
             fill = 0 if name == "rmax" else np.inf
-            self.band[name] = [np.where(inside, arr[rows, cols], fill) for arr in getattr(self, name)]
+            self.band[name] = np.stack([np.where(inside, arr[rows, cols], fill) for arr in getattr(self, name)])
 
 
 @dataclass(frozen=True)
