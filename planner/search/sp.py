@@ -15,6 +15,22 @@ best plan has max term m, any better plan must have max < m, so the next cap is 
 m; the descent stops when the DP finds no plan or when ``sum + (lower bound of the max)``
 cannot beat the best. This is exact. With a = 0 (pipedream) the smallest feasible cap is
 found by bisection over the candidate terms.
+
+The descent is a branch and bound over the sorted candidate values of the max term. An open
+interval [lo, hi] of candidate indices carries S, a lower bound on the sum of periods of any
+plan whose max term lies in it, so every such plan costs at least ``a*S + vals[lo]``.
+Intervals are opened best bound first; solving at cap vals[mid] gives the least sum S' of
+plans with max <= vals[mid] and a plan whose max is vals[t] (t <= mid): plans with max in
+[t, mid] cost at least the plan's own objective, [lo, t-1] gets bound S', [mid+1, hi] keeps
+S. It stops when the smallest bound cannot beat the best plan (or another problem's best,
+the ``incumbent``: the search's optimum is unchanged). The first interval starts at a lower
+bound on any plan's max term: the larger of the worst-covered block's least term and the
+least cap under which the blocks can be covered with no more devices than the cluster has.
+
+Memory depends on the stages-left count, which the DP tracks up to ``r_eff`` (up to M under
+1f1b). :func:`solve` first tracks :data:`RELAXED_STAGES` counts, holding a stage with more
+stages left to that count's memory -- a relaxation whose optimum is exact when its plan fits
+with its true counts; else the count doubles.
 """
 
 from __future__ import annotations
@@ -27,6 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.errors import PlanError
+from planner.search.bounds import candidate_terms, lower_bound_top
 from planner.search.space import Move, Option, Problem, build_problem, coarse_bounds
 
 __all__ = ["Move", "Problem", "Solution", "StageChoice", "build_problem", "coarse_bounds", "infeasible", "solve",
@@ -280,75 +297,6 @@ def _solution(prob: Problem, stages: Sequence[StageChoice]) -> Solution:
     return Solution(tuple(stages), total, top, prob.a * total + top)
 
 
-def lower_bound_top(prob: Problem, vals: np.ndarray) -> float:
-    """A lower bound on the max term of any plan (the larger of two, see :func:`_cover_bound` and
-    :func:`_budget_bound`)."""
-    tmin = _least_terms(prob)
-    return max(_cover_bound(tmin), _budget_bound(prob, tmin, vals))
-
-
-def _least_terms(prob: Problem) -> dict[int, np.ndarray]:
-    """Per group width: the least term of a stage [a, b) on any grid of that width, any option that fits."""
-    out: dict[int, np.ndarray] = {}
-    for (key, _), c in prob.cand.items():
-        w = prob.grids[key].group.n
-        cur = out.setdefault(w, np.full((prob.nb + 1, prob.nb + 1), np.inf))
-        for term, rmax in zip(c.term, c.rmax, strict=True):
-            np.minimum(cur, np.where(rmax >= 1, term, np.inf), out=cur)
-    return out
-
-
-def _cover_bound(tmin: dict[int, np.ndarray]) -> float:
-    """The block every plan must cover worst: max over blocks x of the least term of a stage holding x."""
-    if not tmin:
-        return 0.0
-    least = np.minimum.reduce(list(tmin.values()))
-    nb = least.shape[0] - 1
-    suffix = np.minimum.accumulate(least[:, ::-1], axis=1)[:, ::-1]  # min over b' >= b
-    cum = np.minimum.accumulate(suffix, axis=0)  # min over a' <= a
-    return max((float(cum[x, x + 1]) for x in range(nb)), default=0.0)
-
-
-def _budget_bound(prob: Problem, tmin: dict[int, np.ndarray], vals: np.ndarray) -> float:
-    """The least cap T whose stages (every term <= T) can cover the blocks with no more devices than
-    the cluster has: stages use disjoint devices, so no plan's max term is below it. Bisection over
-    the candidate terms; a stage's width is its grid's device count (placement rules only add limits)."""
-    if not tmin or vals.size == 0:
-        return 0.0
-    widths = np.array(sorted(tmin), dtype=float)
-    stack = np.stack([tmin[int(w)] for w in widths])
-    lo, hi = 0, vals.size - 1
-    if _least_devices(stack, widths, float(vals[hi])) > prob.devices:
-        return float(vals[hi])
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if _least_devices(stack, widths, float(vals[mid])) <= prob.devices:
-            hi = mid
-        else:
-            lo = mid + 1
-    return float(vals[lo])
-
-
-def _least_devices(stack: np.ndarray, widths: np.ndarray, cap: float) -> float:
-    """The fewest devices that cover every block with stages whose term is <= ``cap`` (a DP over blocks)."""
-    wmin = np.where(stack <= cap, widths[:, None, None], np.inf).min(axis=0)  # [a, b]
-    nb = wmin.shape[0] - 1
-    f = np.full(nb + 1, np.inf)
-    f[nb] = 0.0
-    for a in range(nb - 1, -1, -1):
-        f[a] = float(np.min(wmin[a, a + 1:] + f[a + 1:]))
-    return float(f[0])
-
-
-def candidate_terms(prob: Problem) -> np.ndarray:
-    """Every value a stage's max term can take in this problem, sorted and unique."""
-    parts = []
-    for c in prob.cand.values():
-        for term, rmax in zip(c.term, c.rmax, strict=True):
-            parts.append(term[(rmax >= 1) & np.isfinite(term)])
-    return np.unique(np.concatenate(parts)) if parts else np.zeros(0)
-
-
 _Interval = tuple[float, int, int, float]
 """An open interval of candidate max-term indices: (bound on the objective, lo, hi, bound S on the sum)."""
 
@@ -389,6 +337,9 @@ def solve(prob: Problem, max_solves: int = 10_000, progress: Callable[[int, floa
     the count), so its optimum is a lower bound, and the optimum itself when that plan fits
     with its true counts -- the usual case, as plans of more stages than that are rare. Else
     the count doubles, up to ``r_eff`` (exact). Plans met that do not fit are not pooled.
+    ``incumbent`` (the best objective of the search's other problems) closes intervals that
+    cannot beat it: the result is then this problem's optimum when that is below the
+    incumbent, else a plan no better than the incumbent.
     """
     r_top = RELAXED_STAGES if prob.stages_exact is None else prob.r_eff
     while True:
@@ -403,34 +354,17 @@ def solve(prob: Problem, max_solves: int = 10_000, progress: Callable[[int, floa
 
 def _solve_at(prob: Problem, r_top: int, max_solves: int, progress: Callable[[int, float], None] | None,
               pool: list[Solution] | None, incumbent: float) -> Solution | None:
-    """Branch and bound over the max term at stages-left bound ``r_top`` (the relaxation of :func:`solve`).
-
-    Branch and bound over the sorted candidate values of the max term. An open interval
-    [lo, hi] of candidate indices carries S, a lower bound on the sum of periods of any
-    plan whose max term lies in it, so every such plan costs at least ``a*S + vals[lo]``.
-    Intervals are opened best bound first; solving at cap vals[mid] gives the least sum
-    S' of plans with max <= vals[mid] and a plan whose max is vals[t] (t <= mid): plans
-    with max in [t, mid] cost at least the plan's own objective, [lo, t-1] gets bound S',
-    [mid+1, hi] keeps S. It stops when the smallest bound cannot beat the best plan, so
-    the result is exact. Every plan met on the way is appended to ``pool`` when given
-    (candidates for a finer judge, such as the simulator). ``incumbent``, the best objective
-    of another problem of the same search (other micro-batch counts), also closes intervals
-    that cannot beat it: the result is then this problem's optimum when that is below the
-    incumbent, else a plan no better than the incumbent -- the search's optimum is unchanged.
-    """
+    """Branch and bound over the max term at stages-left bound ``r_top`` (the relaxation of :func:`solve`;
+    the bounds are explained in the module doc). Every plan met is appended to ``pool`` when given;
+    intervals that cannot beat ``incumbent`` (another problem's best) are closed too."""
     first = solve_cap(prob, math.inf, r_top)
     if first is None:
         return None
-    if pool is not None:
-        pool.append(first)
+    met = pool if pool is not None else []
+    met.append(first)
     vals = candidate_terms(prob)
-    best = first
-    lo0 = int(np.searchsorted(vals, lower_bound_top(prob, vals)))
-    top_idx = int(np.searchsorted(vals, first.top))
-    heap: list[_Interval] = []
-    if lo0 <= top_idx - 1:
-        heapq.heappush(heap, (prob.a * first.total + float(vals[lo0]), lo0, top_idx - 1, first.total))
-    solves = 1
+    heap = _first_interval(prob, vals, first)
+    best, solves = first, 1
     while heap and solves < max_solves:
         bound, lo, hi, s_lo = heapq.heappop(heap)
         if bound >= min(best.objective, incumbent):
@@ -441,12 +375,19 @@ def _solve_at(prob: Problem, r_top: int, max_solves: int, progress: Callable[[in
         sol = solve_cap(prob, float(vals[mid]), r_top)
         solves += 1
         if sol is not None:
-            if pool is not None:
-                pool.append(sol)
-            if sol.objective < best.objective:
-                best = sol
+            met.append(sol)
+            best = sol if sol.objective < best.objective else best
         _push_intervals(heap, prob, vals, lo, mid, hi, s_lo, sol)
     return best
+
+
+def _first_interval(prob: Problem, vals: np.ndarray, first: Solution) -> list[_Interval]:
+    """The open interval below the unconstrained plan's max term, from the lower bound on any plan's max."""
+    lo0 = int(np.searchsorted(vals, lower_bound_top(prob, vals)))
+    top_idx = int(np.searchsorted(vals, first.top))
+    if lo0 > top_idx - 1:
+        return []
+    return [(prob.a * first.total + float(vals[lo0]), lo0, top_idx - 1, first.total)]
 
 
 def infeasible(prob: Problem) -> Exception:
