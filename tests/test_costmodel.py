@@ -217,3 +217,14 @@ def test_cached_layer_table_is_the_same_table_and_keyed_by_profile_object() -> N
     doc["layers"][0]["forward_s"] = 1.0
     second = ir.ModelProfile.from_dict(doc)
     assert cached_layer_table(second, group, 2, "adam").fwd[0, 0] != table.fwd[0, 0]
+
+
+def test_dp_form_in_a_tensor_group_opens_only_when_the_group_divides_the_samples() -> None:
+    """The dp form splits a replica's micro-batch over the tensor group (whole samples per device)."""
+    p = ir.ModelProfile.from_dict(make_profile_dict(3, batch_size=8))
+    c = cluster_from_dict(make_cluster_dict(1, 4))
+    group = group_of(c, [g.name for g in c.gpus])
+    # samples per micro-batch and replica: 8 / (m * dp), dp = 4 / tp
+    for m, tp, dp_open in ((2, 4, True), (1, 4, True), (2, 2, True), (4, 2, False), (4, 4, False), (8, 1, True)):
+        table = cm.layer_table(p, cm.Grid(group, tp), m, "sgd")
+        assert bool(table.allowed[:, 0].all()) == dp_open, (m, tp)

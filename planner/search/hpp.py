@@ -111,7 +111,7 @@ def stage_tables_many(tables: Sequence[LayerTable], bounds: Sequence[int] | np.n
     b = np.asarray(bounds)
     nb = len(b) - 1
     out: list[StageTables | None] = [None] * len(tables)
-    swept = [i for i, t in enumerate(tables) if t.allowed[:, 1:].any()]
+    swept = [i for i, t in enumerate(tables) if not only_dp(t)]
     for i, t in enumerate(tables):
         if i not in swept:  # every layer dp: prefix sums
             out[i] = StageTables(_dp_only(t, b), _in_bytes(t, b, nb), lean[i], t.sync_const)
@@ -123,6 +123,11 @@ def stage_tables_many(tables: Sequence[LayerTable], bounds: Sequence[int] | np.n
             out[i] = StageTables({k: res[g, x] for x, k in enumerate(KEYS)}, _in_bytes(t, b, nb), lean[i],
                                  t.sync_const)
     return [x for x in out if x is not None]
+
+
+def only_dp(table: LayerTable) -> bool:
+    """Whether every layer runs the dp form and nothing else (the stage tables are prefix sums)."""
+    return bool(table.allowed[:, 0].all() and not table.allowed[:, 1:].any())
 
 
 def _in_bytes(table: LayerTable, b: np.ndarray, nb: int) -> np.ndarray:

@@ -42,7 +42,7 @@ from planner.cluster import Group, group_of, index
 from planner.costmodel import Grid, Variant, layer_table, p2p_s, schedule_weights, variant_cost, variants
 from planner.costmodel.precision import Bytes
 from planner.schedule import in_flight_microbatches
-from planner.search.hpp import StageTables, stage_tables_many
+from planner.search.hpp import StageTables, only_dp, stage_tables_many
 
 INTRA, INTER = 0, 1
 
@@ -294,7 +294,7 @@ def _stage_tables(profile: ir.ModelProfile, grids: Sequence[Grid], bounds: np.nd
     """Per grid: the fastest HPP stage tables, and the leanest where they differ (one sweep for all grids)."""
     lts = [layer_table(profile, grid, microbatches, optimizer, forms) for grid in grids]
     fast = stage_tables_many(lts, bounds, microbatches, [False] * len(lts))
-    open_ = [i for i, lt in enumerate(lts) if lt.allowed[:, 1:].any()]
+    open_ = [i for i, lt in enumerate(lts) if not only_dp(lt)]
     lean = dict(zip(open_, stage_tables_many([lts[i] for i in open_], bounds, microbatches, [True] * len(open_)),
                     strict=True))
     out = []
