@@ -33,7 +33,7 @@ from torch import nn
 from planner import ir, runnable
 from planner.errors import ExportError, PlanError
 from planner.export.data import sub_batch
-from planner.export.layers import as_layers, check_layers_match, find_ties
+from planner.export.layers import LayerTie, as_layers, check_layers_match, find_ties
 from planner.export.losses import make_loss
 from planner.export.optim import DEFAULT_LR
 from planner.export.partition import boundaries, check_common, micro_batch_size, ranges
@@ -127,9 +127,9 @@ class _RunMember:
         return holder.members[self.j](x)
 
 
-def tie_groups(layers: Sequence[nn.Module]) -> list[tuple[list[int], list[str]]]:
-    """Connected groups of layers that share parameters, and the shared names in a holder."""
-    ties = find_ties(layers)
+def tie_groups(ties: Sequence[LayerTie]) -> list[tuple[list[int], list[str]]]:
+    """DeepSpeed's tied modules: the layers of ties that share a layer (connected through it) form one
+    holder (a layer has one ``TiedLayerSpec`` key), with each tie's parameter name in the holder."""
     parent: dict[int, int] = {}
 
     def find(i: int) -> int:
@@ -142,10 +142,8 @@ def tie_groups(layers: Sequence[nn.Module]) -> list[tuple[list[int], list[str]]]
             parent[find(i)] = find(t.layers[0])
     groups: dict[int, list[int]] = {}
     for t in ties:
-        for i in t.layers:
-            members = groups.setdefault(find(i), [])
-            if i not in members:
-                members.append(i)
+        members = groups.setdefault(find(t.layers[0]), [])
+        members.extend(i for i in t.layers if i not in members)
     out = []
     for root, members in sorted(groups.items()):
         members.sort()
@@ -159,7 +157,7 @@ def layer_specs(layers: Sequence[nn.Module]) -> list[Any]:
     from deepspeed.pipe import TiedLayerSpec
 
     specs: list[Any] = list(layers)
-    for g, (members, attrs) in enumerate(tie_groups(layers)):
+    for g, (members, attrs) in enumerate(tie_groups(find_ties(layers))):
         group = [layers[i] for i in members]
         for j, i in enumerate(members):
             specs[i] = TiedLayerSpec(f"tie{g}", TieHolder, group, forward_fn=_RunMember(j), tied_weight_attr=attrs)
@@ -270,6 +268,8 @@ def main() -> None:
     layers, example = load_layers(args.model, plan, args.seed)
     spec = data_spec(layers, example, args.loss)
     module = build_pipeline_module(layers, plan, args.loss)
+    if args.lr is not None:
+        config["optimizer"]["params"]["lr"] = args.lr
     engine, _, _, _ = deepspeed.initialize(model=module, config=config,
                                            model_parameters=[p for p in module.parameters() if p.requires_grad])
     replica, width = engine.grid.get_data_parallel_rank(), engine.grid.get_data_parallel_world_size()

@@ -21,7 +21,9 @@ Megatron blocks, column/row-parallel Linears, sequence parallelism), recomputati
 autocast (planner.export.sharding), then ZeRO over the ``dp`` group (FSDP2 for 2 and 3 on the
 ``dp`` mesh dimension, composed with the tensor-parallel DTensors as 2-D sharding; ZeRO-1 through
 ZeroRedundancyOptimizer). Replica ``d`` trains its share of every micro-batch; the ranks of a
-tensor group see the same samples. fp16 is refused (no loss scale in the schedule's loss).
+tensor group receive the same samples, and its ``dp``-form layers split them over the group (each
+rank's gradient of their weights, its samples' part, is summed over the tensor group before the
+data-parallel average). fp16 is refused (no loss scale in the schedule's loss).
 
 Tied weights (a parameter several layers hold, GPT-2's wte/lm_head) are found before sharding
 and kept in sync: the same seed builds them equal on every rank, and their gradients (local
@@ -37,7 +39,7 @@ layers, ZeRO stage, wrappers); the multi-process tests hold it to the plan.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -47,7 +49,7 @@ from planner import ir, runnable
 from planner.errors import ExportError, PlanError
 from planner.export import parallel, sharding
 from planner.export.data import sub_batch
-from planner.export.layers import TiedParam, check_layers_match, find_ties
+from planner.export.layers import LayerTie, check_layers_match, find_ties
 from planner.export.losses import make_loss
 from planner.export.optim import DEFAULT_LR
 from planner.export.partition import ranges
@@ -78,8 +80,10 @@ def check_plan(plan: ir.Plan, layers: Sequence[nn.Module] | None = None) -> int:
     if plan.precision == "fp16":
         raise ExportError("the plan trains in fp16, which needs a dynamic loss scale the torch pipelining "
                           "schedule's loss function does not carry", "search with --precision bf16 (or fp32)")
-    if layers is not None:
-        for i, st in enumerate(plan.stages):
+    for i, st in enumerate(plan.stages):
+        if st.tp > 1 and "dp" in st.forms:
+            parallel.check_samples(st.tp, plan.micro_batch_size(st), i, st.layers[0] + st.forms.index("dp"))
+        if layers is not None:
             _check_stage_layers(layers, plan, st, i)
     return plan.stages[0].dp
 
@@ -92,6 +96,8 @@ def _check_stage_layers(layers: Sequence[nn.Module], plan: ir.Plan, st: ir.Stage
             parallel.check_split(layers[index], st.tp, i, index, form)
         elif form == "tp":
             parallel.check_block(layers[index], st.tp, seq, st.sequence_parallel, i, index)
+        elif st.tp > 1:
+            parallel.check_sample_independent(layers[index], st.tp, i, index)
 
 
 def device() -> torch.device:
@@ -145,11 +151,11 @@ def build_stages(layers: Sequence[nn.Module], plan: ir.Plan, rank: int, world: i
     return stages, mesh
 
 
-def _tie_groups(layers: Sequence[nn.Module], ties: Sequence[TiedParam], plan: ir.Plan,
-                mesh: Any) -> list[tuple[Any, nn.Parameter]]:
-    """Process groups (per data and tensor coordinate) over the pipeline ranks whose stages hold a tied
-    parameter, with this rank's copy of it. ``ties`` are found before sharding: FSDP and tensor
-    parallelism give each stage its own parameter object."""
+def _tie_sync(layers: Sequence[nn.Module], ties: Sequence[LayerTie], plan: ir.Plan,
+              mesh: Any) -> list[tuple[Any, nn.Parameter]]:
+    """Per tie held by two or more pipeline ranks: the process group (per data and tensor coordinate) over
+    those ranks and this rank's copy of the parameter. ``ties`` are found before sharding: FSDP and tensor
+    parallelism give each stage its own parameter object, which ``LayerTie.param`` reads afterwards."""
     k = plan.pipeline_stages
     owner = {i: c % k for c, st in enumerate(plan.stages) for i in range(*st.layers)}
     pp_rank, dp_rank, tp_rank = mesh.get_coordinate()
@@ -159,12 +165,12 @@ def _tie_groups(layers: Sequence[nn.Module], ties: Sequence[TiedParam], plan: ir
         pp_ranks = sorted({owner[i] for i in tie.layers})
         if len(pp_ranks) < 2:
             continue
-        mine = [(i, path) for i, path in zip(tie.layers, tie.paths, strict=True) if owner[i] == pp_rank]
+        mine = [j for j, i in enumerate(tie.layers) if owner[i] == pp_rank]
         for d in range(dp):  # every rank creates every group, in the same order
             for t in range(tp):
                 group = torch.distributed.new_group([p * dp * tp + d * tp + t for p in pp_ranks])
                 if mine and (d, t) == (dp_rank, tp_rank):
-                    out.append((group, layers[mine[0][0]].get_parameter(mine[0][1])))
+                    out.append((group, tie.param(layers, mine[0])))
     return out
 
 
@@ -227,12 +233,14 @@ class Trainer:
         self.plan, self.layers = plan, list(layers)
         ties = find_ties(layers)
         self.stages, self.mesh = build_stages(layers, plan, dist.get_rank(), dist.get_world_size())
-        self.ties = _tie_groups(layers, ties, plan, self.mesh)
+        self.ties = _tie_sync(layers, ties, plan, self.mesh)
         with torch.no_grad():  # the same seed built them equal; a broadcast guards against drift
             for group, param in self.ties:
                 dist.broadcast(sharding.local(param), src=dist.get_global_rank(group, 0), group=group)
         self.schedule = _make_schedule(self.stages, plan, loss)
         self.params = list({id(p): p for s in self.stages for p in s.submod.parameters()}.values())
+        self.split_params = list({id(p): p for i in self._sample_split_layers()
+                                  for p in layers[i].parameters()}.values())
         self.zero = _rank_zero(plan, [s.stage_index for s in self.stages])
         rate = DEFAULT_LR[plan.optimizer] if lr is None else lr
         self.opt = sharding.optimizer(plan.optimizer, self.params, rate, self.zero, self.mesh["dp"].get_group())
@@ -247,11 +255,22 @@ class Trainer:
         losses = _run_schedule(self.schedule, any(s.is_first for s in self.stages),
                                any(s.is_last for s in self.stages), xs, ys)
         _sum_tie_grads(self.ties)
+        if self.split_params:  # each tensor rank's gradient is its share of the samples' part
+            sharding.sum_grads(self.split_params, self.mesh["tp"].get_group())
         if self.zero < 2 and dp > 1:
             sharding.average_grads(self.params, self.mesh["dp"].get_group(), dp)
         sharding.zero1_grads(self.opt)
         self.opt.step()
         return _global_mean_loss(losses, dev, self.mesh.size() // self.mesh["pp"].size())
+
+    def _sample_split_layers(self) -> list[int]:
+        """This rank's layers that compute their share of the samples (dp forms in a tensor group), read
+        back from the layout hooks planner.export.parallel registered."""
+        out = []
+        for s in self.stages:
+            first, end = self.plan.stages[s.stage_index].layers
+            out += [first + j for j, split in enumerate(parallel.sample_split(self.layers[first:end])) if split]
+        return out
 
     def describe(self) -> dict[str, Any]:
         """What this rank actually built (read back from its modules): mesh coordinates, layers, the
@@ -263,6 +282,7 @@ class Trainer:
                 "stages": [s.stage_index for s in self.stages],
                 "layers": sorted({index[id(m)] for m in mods if id(m) in index}),
                 "tp_layers": sorted({index[id(m)] for m in mods if id(m) in index and _tensor_sharded(m)}),
+                "sample_split_layers": self._sample_split_layers(),
                 "zero": sharding.zero_stage_of([s.submod for s in self.stages], self.opt),
                 "recompute": sorted({m.mode for m in mods if isinstance(m, sharding.Checkpointed)}),
                 "autocast": any(isinstance(m, sharding.Autocast) for m in mods)}
@@ -289,9 +309,9 @@ def _tensor_sharded(module: nn.Module) -> bool:
     return False
 
 
-def make_trainer(layers: Sequence[nn.Module], plan: ir.Plan, loss: str,
-                 lr: float | None = None) -> Callable[[torch.Tensor, torch.Tensor], float]:
-    """Build this rank's stages and schedule; returns ``step(x, y) -> mean loss`` on the global batch."""
+def make_trainer(layers: Sequence[nn.Module], plan: ir.Plan, loss: str, lr: float | None = None) -> Trainer:
+    """Build this rank's stages and schedule; returns ``step(x, y) -> mean loss`` on the global batch
+    (a :class:`Trainer`: ``step.describe()`` says what this rank built)."""
     return Trainer(layers, plan, loss, lr)
 
 
@@ -305,7 +325,7 @@ Stage boundaries (layer index ranges): {ranges}. Forms per stage: {forms}.
 ZeRO stage {zero}; recomputation per stage: {recompute}.
 
 Run (CPU: gloo; GPU: nccl):
-    torchrun --standalone --nproc_per_node {world} train.py [--model MODEL] [--steps N]
+    torchrun --standalone --nproc_per_node {world} train.py [--model MODEL] [--steps N] [--lr LR] [--report DIR]
 
 What it does:
   1. builds the model MODEL (default: the profiled one, {model!r}) and splits it into exactly
@@ -335,17 +355,21 @@ HERE = Path(__file__).resolve().parent
 
 
 def main() -> None:
-    args = script_args(__doc__, {model!r})
+    args = script_args(__doc__, {model!r}, report=True)
     plan = ir.Plan.from_dict(json.loads((HERE / "plan.json").read_text()))
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     layers, example = load_layers(args.model, plan, args.seed)
     spec = data_spec(layers, example, args.loss)
-    step = make_trainer(layers, plan, args.loss)
+    step = make_trainer(layers, plan, args.loss, args.lr)
+    losses = []
     for s in range(args.steps):
         x, y = spec.batch(s, plan.batch_size, args.seed)
-        loss = step(x, y)
+        losses.append(step(x, y))
         if int(os.environ.get("RANK", "0")) == 0:
-            print(f"step {{s}} loss {{loss:.6f}}", flush=True)
+            print(f"step {{s}} loss {{losses[-1]:.6f}}", flush=True)
+    if args.report:  # what this rank built (read back from its modules), the server it ran on, its losses
+        report = {{**step.describe(), "node_rank": int(os.environ.get("GROUP_RANK", "0")), "losses": losses}}
+        Path(args.report, f"rank{{dist.get_rank()}}.json").write_text(json.dumps(report))
     dist.destroy_process_group()
 
 
