@@ -274,7 +274,8 @@ class Trainer:
 
     def describe(self) -> dict[str, Any]:
         """What this rank actually built (read back from its modules): mesh coordinates, layers, the
-        layers sharded over the tensor group, ZeRO stage, recomputation wrappers, autocast."""
+        layers sharded over the tensor group, those computing its share of the samples, ZeRO stage,
+        recomputation wrappers, autocast."""
         index = {id(m): i for i, m in enumerate(self.layers)}
         mods = [m for s in self.stages for m in s.submod.modules()]
         return {"rank": torch.distributed.get_rank(),
