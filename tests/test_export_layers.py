@@ -8,18 +8,9 @@ from torch import nn
 
 from planner import ir
 from planner.errors import ExportError, RunError
-from planner.export.layers import as_layers, check_layers_match, find_ties, layer_param_counts, load_layers
-from tests.test_runner import tiny_plan, tiny_tied
-
-
-def test_ties_are_found_and_counted_once() -> None:
-    model, _ = tiny_tied()
-    layers = tuple(model.children())
-    (tie,) = find_ties(layers)
-    assert tie.tie == ir.Tie("0.emb.weight", (0, 3), 320, 1280)  # the profiler's value, from its accounting
-    assert tie.layers == (0, 3) and tie.paths == ("emb.weight", "emb.weight")
-    assert tie.param(layers, 1) is layers[3].emb.weight
-    assert layer_param_counts(layers) == [320, 272, 0, 32]  # the embedding counted in layer 0 only
+from planner.export.layers import as_layers, check_layers_match, load_layers
+from planner.export.ties import find_ties
+from tests.test_runner import tiny_plan
 
 
 def test_load_layers_builds_the_same_weights_for_a_seed_and_checks_the_profile() -> None:

@@ -33,10 +33,11 @@ from torch import nn
 from planner import ir, runnable
 from planner.errors import ExportError, PlanError
 from planner.export.data import sub_batch
-from planner.export.layers import LayerTie, as_layers, check_layers_match, find_ties
+from planner.export.layers import as_layers, check_layers_match
 from planner.export.losses import make_loss
 from planner.export.optim import DEFAULT_LR
 from planner.export.partition import boundaries, check_common, micro_batch_size, ranges
+from planner.export.ties import find_ties, tie_groups
 
 
 def skip_shm_build() -> None:
@@ -125,31 +126,6 @@ class _RunMember:
 
     def __call__(self, holder: TieHolder, x: Any) -> Any:
         return holder.members[self.j](x)
-
-
-def tie_groups(ties: Sequence[LayerTie]) -> list[tuple[list[int], list[str]]]:
-    """DeepSpeed's tied modules: the layers of ties that share a layer (connected through it) form one
-    holder (a layer has one ``TiedLayerSpec`` key), with each tie's parameter name in the holder."""
-    parent: dict[int, int] = {}
-
-    def find(i: int) -> int:
-        while parent.setdefault(i, i) != i:
-            i = parent[i]
-        return i
-
-    for t in ties:
-        for i in t.layers[1:]:
-            parent[find(i)] = find(t.layers[0])
-    groups: dict[int, list[int]] = {}
-    for t in ties:
-        members = groups.setdefault(find(t.layers[0]), [])
-        members.extend(i for i in t.layers if i not in members)
-    out = []
-    for root, members in sorted(groups.items()):
-        members.sort()
-        attrs = [f"members.{members.index(t.layers[0])}.{t.paths[0]}" for t in ties if find(t.layers[0]) == root]
-        out.append((members, attrs))
-    return out
 
 
 def layer_specs(layers: Sequence[nn.Module]) -> list[Any]:

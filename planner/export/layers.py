@@ -4,16 +4,14 @@ An exported plan runs EXACTLY the layers the profile measured (``planner.profile
 split_model``), in order, with the plan's stage boundaries. :func:`load_layers` builds a
 model spec (zoo name or ``package.module:factory``) and splits it; :func:`as_layers` turns
 a model (or an ``nn.Sequential``, or a ready list of layers) into that list;
-:func:`find_ties` finds the parameters several layers share (GPT-2's ``wte``/``lm_head``) as
-:class:`LayerTie` values (the profiler's ``planner.ir.Tie`` with each layer's parameter name, from
-the profiler's own accounting); :func:`check_layers_match` checks the layers against the plan's
-profile (parameters per layer, ties).
+:func:`param_accounting_of` counts their parameters and finds their ties with the profiler's own
+accounting (``planner.ir.Tie``; planner.export.ties makes them runnable);
+:func:`check_layers_match` checks the layers against the plan's profile (parameters per layer, ties).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -38,27 +36,6 @@ def load_layers(spec: str, plan: ir.Plan, seed: int | None = None) -> tuple[tupl
     layers = as_layers(loaded.module, loaded.example_input)
     check_layers_match(layers, plan.profile, RunError)
     return layers, loaded.example_input
-
-
-@dataclass(frozen=True)
-class LayerTie:
-    """A tied weight in the runnable layers: the profile's :class:`planner.ir.Tie` (the shared
-    parameter's name, the layers that use it, its size) and ``paths[k]``, its name inside layer
-    ``tie.layers[k]``. The export's one tie value: DeepSpeed's tied modules
-    (planner.export.deepspeed) and torch's gradient sums between stages (planner.export.torch)
-    are derived from it."""
-
-    tie: ir.Tie
-    paths: tuple[str, ...]
-
-    @property
-    def layers(self) -> tuple[int, ...]:
-        return self.tie.layers
-
-    def param(self, layers: Sequence[nn.Module], k: int) -> nn.Parameter:
-        """The tied parameter as layer ``tie.layers[k]`` holds it (its own object once sharded)."""
-        p: nn.Parameter = layers[self.tie.layers[k]].get_parameter(self.paths[k])
-        return p
 
 
 def as_layers(model_or_layers: Any, example_input: torch.Tensor | None = None) -> tuple[nn.Module, ...]:
@@ -86,27 +63,16 @@ def as_layers(model_or_layers: Any, example_input: torch.Tensor | None = None) -
                       "pass an nn.Module or its layers")
 
 
-def _accounting(layers: Sequence[nn.Module]) -> tuple[tuple[int, ...], tuple[ir.Tie, ...]]:
+def param_accounting_of(layers: Sequence[nn.Module]) -> tuple[tuple[int, ...], tuple[ir.Tie, ...]]:
     """The profiler's parameter accounting of the layers: parameters per layer (a shared one counted
     in its first layer) and the ties (named as in ``nn.Sequential(*layers)``)."""
     counts, _, ties = param_accounting(nn.Sequential(*layers), [list(layer.named_parameters()) for layer in layers])
     return counts, ties
 
 
-def find_ties(layers: Sequence[nn.Module]) -> tuple[LayerTie, ...]:
-    """Parameters that more than one layer holds (the same object), e.g. GPT-2's wte/lm_head."""
-    seq = nn.Sequential(*layers)
-    out = []
-    for tie in _accounting(layers)[1]:
-        shared = seq.get_parameter(tie.name)
-        paths = tuple(next(path for path, p in layers[i].named_parameters() if p is shared) for i in tie.layers)
-        out.append(LayerTie(tie, paths))
-    return tuple(out)
-
-
 def layer_param_counts(layers: Sequence[nn.Module]) -> list[int]:
     """Parameters per layer, a shared parameter counted once, in its first layer (as profiles do)."""
-    return list(_accounting(layers)[0])
+    return list(param_accounting_of(layers)[0])
 
 
 def check_layers_match(layers: Sequence[nn.Module], profile: ir.ModelProfile, error: type = RunError) -> None:
@@ -115,7 +81,7 @@ def check_layers_match(layers: Sequence[nn.Module], profile: ir.ModelProfile, er
         raise error(f"the model has {len(layers)} layers but the plan's profile ({profile.model}) has "
                     f"{len(profile.layers)}", "run the plan with the model it was profiled from, or "
                     "profile and search this model again")
-    counts, ties = _accounting(layers)
+    counts, ties = param_accounting_of(layers)
     for i, (n, lp) in enumerate(zip(counts, profile.layers, strict=False)):
         if n != lp.param_count:
             raise error(f"layer {i} ({lp.name}) has {n} parameters in the model but {lp.param_count} in the "

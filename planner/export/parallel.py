@@ -26,13 +26,14 @@ The forms of a stage's layers are relative to its tensor group of ``tp`` devices
   weights replicated. The activation moves between the layouts as a DTensor redistribution over the
   tensor group (:class:`Relayout`): entering a run of ``dp`` layers keeps the rank's own samples
   (``Replicate -> Shard(0)``, no traffic; its backward all-gathers the gradient), leaving it (before a
-  sharded form, or at the stage's end) all-gathers the samples (``Shard(0) -> Replicate``; its
-  backward keeps the rank's share). Each rank's gradient of those weights is then its samples'
-  part: planner.export.torch sums it over the tensor group (with the data-parallel average: the
-  whole stage). ``tp`` must divide ``b``, and a layer that mixes samples (batch norm) is refused.
-  The stage's ends stay replicated in the tensor group (the pipeline sends every rank the whole
-  activation; the cost model's stage ends are batch-sharded, so a stage ending in ``dp`` layers pays
-  one all-gather more here).
+  sharded form, or at the end of a stage but the last) all-gathers the samples (``Shard(0) ->
+  Replicate``; its backward keeps the rank's share). Each rank's gradient of those weights is then
+  its samples' part: planner.export.torch sums it over the tensor group (with the data-parallel
+  average: the whole stage). ``tp`` must divide ``b``, and a layer that mixes samples (batch norm)
+  is refused. The last stage ends on the rank's share (its loss is computed per share, as the cost
+  model prices it: no all-gather of the logits); the other stages' ends stay replicated in the
+  tensor group (the pipeline sends every rank the whole activation; the cost model's stage ends are
+  batch-sharded, so a stage but the last that ends in ``dp`` layers pays one all-gather more here).
 """
 
 from __future__ import annotations
@@ -288,9 +289,11 @@ def check_sample_independent(layer: nn.Module, tp: int, stage: int, index: int) 
                           "stage without tensor parallelism")
 
 
-def split_samples(module: nn.Sequential, forms: Sequence[str], mesh: Any) -> None:
+def split_samples(module: nn.Sequential, forms: Sequence[str], mesh: Any, shard_output: bool = False) -> None:
     """The ``dp`` layers of a stage compute their share of the samples (see the module doc): a
-    :class:`Relayout` where a run of them starts (to ``Shard(0)``) and where it ends (to ``Replicate``)."""
+    :class:`Relayout` where a run of them starts (to ``Shard(0)``) and where it ends (to ``Replicate``).
+    ``shard_output``: the stage's output is the rank's share of the samples (the last stage, whose
+    loss each rank computes on its share), else replicated."""
     from torch.distributed.tensor import Replicate, Shard
 
     prev = "tp"  # the stage's input arrives replicated in the tensor group
@@ -299,8 +302,9 @@ def split_samples(module: nn.Sequential, forms: Sequence[str], mesh: Any) -> Non
             src, dst = (Replicate(), Shard(0)) if form == "dp" else (Shard(0), Replicate())
             module[j].register_forward_pre_hook(Relayout(mesh, src, dst), with_kwargs=True)
         prev = form
-    if prev == "dp":
-        module[len(forms) - 1].register_forward_hook(Relayout(mesh, Shard(0), Replicate()).output)
+    if (prev == "dp") != shard_output:
+        src, dst = (Shard(0), Replicate()) if prev == "dp" else (Replicate(), Shard(0))
+        module[len(forms) - 1].register_forward_hook(Relayout(mesh, src, dst).output)
 
 
 def sample_split(layers: Sequence[nn.Module]) -> list[bool]:
@@ -319,10 +323,11 @@ def sample_split(layers: Sequence[nn.Module]) -> list[bool]:
 
 
 def shard_stage(module: nn.Sequential, forms: Sequence[str], mesh: Any, sequence_parallel: bool, stage: int,
-                first: int) -> None:
-    """Apply every layer's form of one stage over its tensor group ``mesh`` (1-D)."""
+                first: int, shard_output: bool = False) -> None:
+    """Apply every layer's form of one stage over its tensor group ``mesh`` (1-D); ``shard_output``: the
+    stage's output is the rank's share of the samples (:func:`split_samples`)."""
     shard_splits(module, forms, mesh, stage, first)
     for j, form in enumerate(forms):
         if form == "tp":
             shard_block(module[j], mesh, sequence_parallel, stage, first + j)
-    split_samples(module, forms, mesh)
+    split_samples(module, forms, mesh, shard_output)

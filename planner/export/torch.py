@@ -25,8 +25,8 @@ tensor group receive the same samples, and its ``dp``-form layers split them ove
 rank's gradient of their weights, its samples' part, is summed over the tensor group before the
 data-parallel average). fp16 is refused (no loss scale in the schedule's loss).
 
-Tied weights (a parameter several layers hold, GPT-2's wte/lm_head) are found before sharding
-and kept in sync: the same seed builds them equal on every rank, and their gradients (local
+Tied weights (a parameter several layers hold, GPT-2's wte/lm_head; planner.export.ties) are found
+before sharding and kept in sync: the same seed builds them equal on every rank, and their gradients (local
 shards under FSDP) are summed over the stages that hold them after every step (a process group
 per tie and (dp, tp) coordinate).
 
@@ -49,10 +49,11 @@ from planner import ir, runnable
 from planner.errors import ExportError, PlanError
 from planner.export import parallel, sharding
 from planner.export.data import sub_batch
-from planner.export.layers import LayerTie, check_layers_match, find_ties
+from planner.export.layers import check_layers_match
 from planner.export.losses import make_loss
 from planner.export.optim import DEFAULT_LR
 from planner.export.partition import ranges
+from planner.export.ties import find_ties, sum_tie_grads, tie_sync
 from planner.schedule import SCHEDULE_KINDS, schedule_kind
 
 SCHEDULES = {name: kind.torch_class for name, kind in SCHEDULE_KINDS.items() if kind.torch_class is not None}
@@ -124,12 +125,20 @@ def make_mesh(plan: ir.Plan, world: int) -> Any:
     return init_device_mesh(device().type, (k, first.dp, first.tp), mesh_dim_names=MESH_DIMS)
 
 
+def loss_parts(plan: ir.Plan) -> int:
+    """In how many parts the last stage's tensor group computes each micro-batch's loss: each rank on its
+    share of the samples (the cost model's loss time is divided by tp) when tp divides them, else whole."""
+    last = plan.stages[-1]
+    return last.tp if last.tp > 1 and plan.micro_batch_size(last) % last.tp == 0 else 1
+
+
 def _stage_module(layers: Sequence[nn.Module], plan: ir.Plan, c: int, mesh: Any) -> nn.Module:
     """Chunk ``c``'s layers with its tensor parallelism, recomputation, precision and ZeRO."""
     st = plan.stages[c]
     sub = nn.Sequential(*layers[st.layers[0]:st.layers[1]]).to(device())
     if st.tp > 1:
-        parallel.shard_stage(sub, st.forms, mesh["tp"], st.sequence_parallel, c, st.layers[0])
+        shard_output = c == len(plan.stages) - 1 and loss_parts(plan) > 1
+        parallel.shard_stage(sub, st.forms, mesh["tp"], st.sequence_parallel, c, st.layers[0], shard_output)
     root = sharding.with_precision(sharding.with_recompute(sub, st.recompute), plan.precision)
     if st.zero in (2, 3):
         sharding.fully_shard_stage(root, list(sub), mesh["dp"], st.zero)
@@ -151,27 +160,15 @@ def build_stages(layers: Sequence[nn.Module], plan: ir.Plan, rank: int, world: i
     return stages, mesh
 
 
-def _tie_sync(layers: Sequence[nn.Module], ties: Sequence[LayerTie], plan: ir.Plan,
-              mesh: Any) -> list[tuple[Any, nn.Parameter]]:
-    """Per tie held by two or more pipeline ranks: the process group (per data and tensor coordinate) over
-    those ranks and this rank's copy of the parameter. ``ties`` are found before sharding: FSDP and tensor
-    parallelism give each stage its own parameter object, which ``LayerTie.param`` reads afterwards."""
-    k = plan.pipeline_stages
-    owner = {i: c % k for c, st in enumerate(plan.stages) for i in range(*st.layers)}
-    pp_rank, dp_rank, tp_rank = mesh.get_coordinate()
-    dp, tp = mesh["dp"].size(), mesh["tp"].size()
-    out = []
-    for tie in ties:
-        pp_ranks = sorted({owner[i] for i in tie.layers})
-        if len(pp_ranks) < 2:
-            continue
-        mine = [j for j, i in enumerate(tie.layers) if owner[i] == pp_rank]
-        for d in range(dp):  # every rank creates every group, in the same order
-            for t in range(tp):
-                group = torch.distributed.new_group([p * dp * tp + d * tp + t for p in pp_ranks])
-                if mine and (d, t) == (dp_rank, tp_rank):
-                    out.append((group, tie.param(layers, mine[0])))
-    return out
+class _PartLoss:
+    """The loss of one of ``parts`` equal shares of a micro-batch, over ``parts``: the shares' sum is the
+    micro-batch's mean loss, and so are the gradients that reach the shared layers."""
+
+    def __init__(self, loss: str, parts: int) -> None:
+        self.fn, self.parts = make_loss(loss), parts
+
+    def __call__(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return self.fn(output, target) / self.parts
 
 
 def _make_schedule(stages: list[Any], plan: ir.Plan, loss: str) -> Any:
@@ -181,7 +178,7 @@ def _make_schedule(stages: list[Any], plan: ir.Plan, loss: str) -> Any:
     kind = schedule_kind(plan.schedule)
     cls = getattr(pipelining, SCHEDULES[plan.schedule])
     return cls(stages if plan.virtual_stages > 1 or kind.torch_stage_list else stages[0],
-               plan.microbatches, loss_fn=make_loss(loss))
+               plan.microbatches, loss_fn=_PartLoss(loss, loss_parts(plan)))
 
 
 def _run_schedule(schedule: Any, first: bool, last: bool, xs: torch.Tensor, ys: torch.Tensor) -> list[torch.Tensor]:
@@ -198,18 +195,10 @@ def _run_schedule(schedule: Any, first: bool, last: bool, xs: torch.Tensor, ys: 
     return losses
 
 
-def _sum_tie_grads(ties: list[tuple[Any, nn.Parameter]]) -> None:
-    """Sum each tied parameter's gradient (its local shard) over the stages holding it."""
-    import torch.distributed as dist
-
-    for group, param in ties:
-        if param.grad is None:
-            param.grad = torch.zeros_like(param)
-        dist.all_reduce(sharding.local(param.grad), group=group)
-
-
 def _global_mean_loss(losses: list[torch.Tensor], dev: torch.device, width: int) -> float:
-    """The step's mean loss on the global batch: the last stages' means summed over all ranks, over W."""
+    """The step's mean loss on the global batch: the last stage's means summed over all ranks, over the
+    number of whole copies of the batch they hold (``width``: dp x tp, or dp when each tensor rank's
+    loss is its part of the micro-batch's)."""
     import torch.distributed as dist
 
     mean = torch.stack([t.detach().float() for t in losses]).mean() if losses else torch.zeros(())
@@ -233,7 +222,7 @@ class Trainer:
         self.plan, self.layers = plan, list(layers)
         ties = find_ties(layers)
         self.stages, self.mesh = build_stages(layers, plan, dist.get_rank(), dist.get_world_size())
-        self.ties = _tie_sync(layers, ties, plan, self.mesh)
+        self.ties = tie_sync(layers, ties, plan, self.mesh)
         with torch.no_grad():  # the same seed built them equal; a broadcast guards against drift
             for group, param in self.ties:
                 dist.broadcast(sharding.local(param), src=dist.get_global_rank(group, 0), group=group)
@@ -246,22 +235,24 @@ class Trainer:
         self.opt = sharding.optimizer(plan.optimizer, self.params, rate, self.zero, self.mesh["dp"].get_group())
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> float:
-        m, dp = self.plan.microbatches, self.mesh["dp"].size()
-        replica, dev = self.mesh.get_coordinate()[1], device()
+        m, dp, parts = self.plan.microbatches, self.mesh["dp"].size(), loss_parts(self.plan)
+        _, replica, tensor_rank = self.mesh.get_coordinate()
+        dev = device()
         xs = torch.cat([sub_batch(x, i, replica, m, dp) for i in range(m)]).to(dev)
-        ys = torch.cat([sub_batch(y, i, replica, m, dp) for i in range(m)]).to(dev)
+        ys = torch.cat([sub_batch(sub_batch(y, i, replica, m, dp), 0, tensor_rank % parts, 1, parts)
+                        for i in range(m)]).to(dev)  # the last stage's loss: this rank's share of the samples
         for p in self.params:  # the parameters' own gradients (ZeRO-1 steps local proxies of them)
             p.grad = None
         losses = _run_schedule(self.schedule, any(s.is_first for s in self.stages),
                                any(s.is_last for s in self.stages), xs, ys)
-        _sum_tie_grads(self.ties)
+        sum_tie_grads(self.ties)
         if self.split_params:  # each tensor rank's gradient is its share of the samples' part
             sharding.sum_grads(self.split_params, self.mesh["tp"].get_group())
         if self.zero < 2 and dp > 1:
             sharding.average_grads(self.params, self.mesh["dp"].get_group(), dp)
         sharding.zero1_grads(self.opt)
         self.opt.step()
-        return _global_mean_loss(losses, dev, self.mesh.size() // self.mesh["pp"].size())
+        return _global_mean_loss(losses, dev, dp * self.mesh["tp"].size() // parts)
 
     def _sample_split_layers(self) -> list[int]:
         """This rank's layers that compute their share of the samples (dp forms in a tensor group), read
