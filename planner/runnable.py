@@ -80,8 +80,9 @@ def grid_problems(plan: ir.Plan) -> list[str]:
     """Grids that do not divide, tensor forms on layers that cannot take them, ZeRO on one rank."""
     out = []
     for i, st in enumerate(plan.stages):
-        if st.width % st.tp:
-            out.append(f"stage {i}: tp {st.tp} does not divide its {st.width} devices")
+        problem = st.grid_problem()
+        if problem is not None:
+            out.append(f"stage {i}: {problem[0]}")
             continue
         if st.zero and st.dp == 1:
             out.append(f"stage {i}: ZeRO stage {st.zero} with a data-parallel group of 1 shards nothing")

@@ -83,7 +83,7 @@ def test_split_forms_need_shapes_and_shard_weights() -> None:
     d = make_profile_dict(2)
     p_noshape = ir.ModelProfile.from_dict(d)
     c = _cluster(1, 2)
-    stage = ir.Stage((0, 2), ("n0.g0", "n0.g1"), ("split_out", "split_in"), 0)
+    stage = ir.Stage((0, 2), ("n0.g0", "n0.g1"), ("split_out", "split_in"), 0, tp=2)
     with pytest.raises(PlanError):
         cm.stage_cost_values(p_noshape, c, stage, 1, "sgd", None)
     for layer in d["layers"]:

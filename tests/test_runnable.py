@@ -30,6 +30,14 @@ def _plan(batch: int = 8, m: int = 2, widths: tuple[int, ...] = (2, 2), **stage:
     return ir.Plan(profile, cluster, "1f1b", m, "sgd", tuple(stages), ir.Prediction(1, 1, 0, 0))
 
 
+def test_split_forms_with_tp_1_are_not_runnable() -> None:
+    plan = _plan()
+    split = dataclasses.replace(plan.stages[0], forms=("split_out", "dp"))
+    found = problems(dataclasses.replace(plan, stages=(split, plan.stages[1])))
+    assert any("stage 0: tp is 1 but the stage has split_out forms" in p for p in found)
+    assert problems(dataclasses.replace(plan, stages=(dataclasses.replace(split, tp=2), plan.stages[1]))) == []
+
+
 def test_batch_shape_rule() -> None:
     assert problems(_plan(batch=8, m=2)) == []
     bad = _plan(batch=8, m=8)  # 8 samples over 8 micro-batches x 2 ranks

@@ -61,7 +61,7 @@ class Solution:
 def _cost_band(prob: Problem, key: int, link: int, r_top: int, cap: float) -> np.ndarray:
     """Periods of stages allowed at cap ``cap``, per stages-left count 1..r_top, in band layout.
 
-    Shape (r_top, nb+1, W): ``out[r-1, a, k]`` is the least period over the options of stage
+    Shape (W, r_top, nb+1): ``out[k, r-1, a]`` is the least period over the options of stage
     [a, a+1+k) that fit with r stages left (r_top meaning r_top or more) and whose term is
     within the cap, inf where none does; W is trimmed to the widest stage allowed. Each
     option's period goes to the bucket of its largest fitting count, then a suffix minimum
@@ -80,7 +80,7 @@ def _cost_band(prob: Problem, key: int, link: int, r_top: int, cap: float) -> np
         cur = buckets[r, ii, jj]
         buckets[r, ii, jj] = np.minimum(cur, np.where(fit[:, :width], period[:, :width], np.inf))
     out = np.minimum.accumulate(buckets[:0:-1], axis=0)[::-1]  # out[r-1] = min over buckets >= r
-    return np.ascontiguousarray(out)
+    return np.ascontiguousarray(out.transpose(2, 0, 1))  # the width first: the DP reduces over it
 
 
 def _best_option(prob: Problem, mv: Move, a: int, b: int, rho: int, cap: float) -> tuple[Option, float, float]:
@@ -97,13 +97,13 @@ def _best_option(prob: Problem, mv: Move, a: int, b: int, rho: int, cap: float) 
 
 
 def _windows(nxt: np.ndarray, width: int) -> np.ndarray:
-    """``out[..., a, k] = nxt[..., a + 1 + k]`` (inf past the end), shape (..., nb+1, width)."""
-    nb1 = nxt.shape[-1]
-    padded = np.full((*nxt.shape[:-1], nb1 - 1 + width + 1), np.inf)
-    padded[..., :nb1 - 1] = nxt[..., 1:]
-    st = padded.strides
-    return np.lib.stride_tricks.as_strided(padded, shape=(*nxt.shape[:-1], nb1, width),
-                                           strides=(*st[:-1], st[-1], st[-1]), writeable=False)
+    """``out[k, r, a] = nxt[r, a + 1 + k]`` (inf past the end), shape (width, rows, nb+1): a view."""
+    rows, nb1 = nxt.shape
+    padded = np.full((rows, nb1 - 1 + width + 1), np.inf)
+    padded[:, :nb1 - 1] = nxt[:, 1:]
+    st_row, st_col = padded.strides
+    return np.lib.stride_tricks.as_strided(padded, shape=(width, rows, nb1), strides=(st_col, st_row, st_col),
+                                           writeable=False)
 
 
 def _next_rows(h: list[np.ndarray], nxt: int, r_top: int, exact: bool) -> np.ndarray:
@@ -147,10 +147,10 @@ class _CapSweep:
         band = self.groups.get(gk)
         if band is None:
             parts = [self.band(Move(k, group.devices, group.next, group.link)) for k in group.keys]
-            width = max(p.shape[2] for p in parts)
-            band = np.full((self.r_top, parts[0].shape[1], width), np.inf)
+            width = max(p.shape[0] for p in parts)
+            band = np.full((width, self.r_top, parts[0].shape[2]), np.inf)
             for p in parts:
-                np.minimum(band[:, :, :p.shape[2]], p, out=band[:, :, :p.shape[2]])
+                np.minimum(band[:p.shape[0]], p, out=band[:p.shape[0]])
             self.groups[gk] = band
         return band
 
@@ -174,20 +174,20 @@ class _CapSweep:
     def values(self, group: MoveGroup, h: list[np.ndarray]) -> np.ndarray | None:
         """Least sums of plans whose first stage runs on the group's devices, per stages-left count and block."""
         band = self.group_band(group)
-        if band.shape[2] == 0:
+        if band.shape[0] == 0:
             return None
-        full_win, lo_row, hi_row = self.window(h, group.next, band.shape[2])
+        full_win, lo_row, hi_row = self.window(h, group.next, band.shape[0])
         if full_win is None:
             return None
         # rows a that can reach a finite suffix value at b in (a, a + width]
         cand = np.full((self.r_top, self.prob.nb + 1), np.inf)
-        part = band[:, lo_row:hi_row]
+        part = band[:, :, lo_row:hi_row]
         need = part.size
         if self.buf.size < need:
             self.buf = np.empty(need)
         tmp = self.buf[:need].reshape(part.shape)
-        np.add(part, full_win[:, lo_row:hi_row], out=tmp)
-        np.min(tmp, axis=2, out=cand[:, lo_row:hi_row])
+        np.add(part, full_win[:, :, lo_row:hi_row], out=tmp)
+        np.minimum.reduce(tmp, axis=0, out=cand[:, lo_row:hi_row])
         if self.exact:
             mask = self.mask(group.devices)
             if mask is not None:
@@ -215,20 +215,23 @@ def move_groups(moves: Sequence[Move]) -> list[MoveGroup]:
     return [MoveGroup(tuple(k), devs, nxt, link) for (devs, link, nxt), k in keys.items()]
 
 
-def solve_cap(prob: Problem, cap: float) -> Solution | None:
+def solve_cap(prob: Problem, cap: float, r_top: int | None = None) -> Solution | None:
     """Least sum of periods over plans whose every term is <= ``cap`` (None: no plan).
 
     ``h[d][r, a]``: least sum of periods placing layers from block a on the devices from
     position d with exactly r stages (r = r_top: r_top or more; exact when K is fixed).
+    ``r_top`` below the problem's ``r_eff`` relaxes the memory test of the top row: a stage
+    with r_top or more stages left is held to r_top's micro-batches in flight (see :func:`solve`).
     """
     nb, g_total = prob.nb, prob.devices
     exact = prob.stages_exact is not None
-    r_top = max(prob.r_eff, 1)
+    r_top = max(prob.r_eff if r_top is None or exact else min(r_top, prob.r_eff), 1)
     empty = np.full((r_top + 1, nb + 1), np.inf)
     empty[0, nb] = 0.0
     h: list[np.ndarray] = [empty] * (g_total + 1)
     sweep = _CapSweep(prob, cap, r_top, exact)
-    groups = [move_groups(row) for row in prob.moves]
+    groups = prob.move_groups if prob.move_groups is not None else [move_groups(row) for row in prob.moves]
+    prob.move_groups = groups
     for d in range(g_total - 1, -1, -1):
         best = h[prob.skip[d]].copy()
         for group in groups[d]:
@@ -252,13 +255,13 @@ def _backtrack(prob: Problem, h: list[np.ndarray], sweep: _CapSweep, rho: int, c
         found = False
         for mv in prob.moves[d]:
             band = sweep.band(mv)
-            if band.shape[2] == 0:
+            if band.shape[0] == 0:
                 continue
             mask = sweep.mask(mv.devices) if exact else None
             if mask is not None and not mask[rho - 1]:
                 continue
             nxt = _next_rows(h, mv.next, r_top, exact)
-            vals = band[rho - 1, a] + _windows(nxt[rho - 1], band.shape[2])[a]
+            vals = band[:, rho - 1, a] + _windows(nxt[rho - 1:rho], band.shape[0])[:, 0, a]
             k = int(np.argmin(vals))
             if vals[k] == target:
                 b = a + 1 + k
@@ -283,19 +286,64 @@ def _solution(prob: Problem, stages: Sequence[StageChoice]) -> Solution:
     return Solution(tuple(stages), total, top, prob.a * total + top)
 
 
-def lower_bound_top(prob: Problem) -> float:
-    """A lower bound on the max term of any plan: the block every plan must cover worst."""
-    nb = prob.nb
-    tmin = np.full((nb + 1, nb + 1), np.inf)
-    for c in prob.cand.values():
+def lower_bound_top(prob: Problem, vals: np.ndarray) -> float:
+    """A lower bound on the max term of any plan (the larger of two, see :func:`_cover_bound` and
+    :func:`_budget_bound`)."""
+    tmin = _least_terms(prob)
+    return max(_cover_bound(tmin), _budget_bound(prob, tmin, vals))
+
+
+def _least_terms(prob: Problem) -> dict[int, np.ndarray]:
+    """Per group width: the least term of a stage [a, b) on any grid of that width, any option that fits."""
+    out: dict[int, np.ndarray] = {}
+    for (key, _), c in prob.cand.items():
+        w = prob.grids[key].group.n
+        cur = out.setdefault(w, np.full((prob.nb + 1, prob.nb + 1), np.inf))
         for term, rmax in zip(c.term, c.rmax, strict=True):
-            np.minimum(tmin, np.where(rmax >= 1, term, np.inf), out=tmin)
-    suffix = np.minimum.accumulate(tmin[:, ::-1], axis=1)[:, ::-1]  # min over b' >= b
+            np.minimum(cur, np.where(rmax >= 1, term, np.inf), out=cur)
+    return out
+
+
+def _cover_bound(tmin: dict[int, np.ndarray]) -> float:
+    """The block every plan must cover worst: max over blocks x of the least term of a stage holding x."""
+    if not tmin:
+        return 0.0
+    least = np.minimum.reduce(list(tmin.values()))
+    nb = least.shape[0] - 1
+    suffix = np.minimum.accumulate(least[:, ::-1], axis=1)[:, ::-1]  # min over b' >= b
     cum = np.minimum.accumulate(suffix, axis=0)  # min over a' <= a
-    lb = 0.0
-    for x in range(nb):
-        lb = max(lb, float(cum[x, x + 1]))
-    return lb
+    return max((float(cum[x, x + 1]) for x in range(nb)), default=0.0)
+
+
+def _budget_bound(prob: Problem, tmin: dict[int, np.ndarray], vals: np.ndarray) -> float:
+    """The least cap T whose stages (every term <= T) can cover the blocks with no more devices than
+    the cluster has: stages use disjoint devices, so no plan's max term is below it. Bisection over
+    the candidate terms; a stage's width is its grid's device count (placement rules only add limits)."""
+    if not tmin or vals.size == 0:
+        return 0.0
+    widths = np.array(sorted(tmin), dtype=float)
+    stack = np.stack([tmin[int(w)] for w in widths])
+    lo, hi = 0, vals.size - 1
+    if _least_devices(stack, widths, float(vals[hi])) > prob.devices:
+        return float(vals[hi])
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _least_devices(stack, widths, float(vals[mid])) <= prob.devices:
+            hi = mid
+        else:
+            lo = mid + 1
+    return float(vals[lo])
+
+
+def _least_devices(stack: np.ndarray, widths: np.ndarray, cap: float) -> float:
+    """The fewest devices that cover every block with stages whose term is <= ``cap`` (a DP over blocks)."""
+    wmin = np.where(stack <= cap, widths[:, None, None], np.inf).min(axis=0)  # [a, b]
+    nb = wmin.shape[0] - 1
+    f = np.full(nb + 1, np.inf)
+    f[nb] = 0.0
+    for a in range(nb - 1, -1, -1):
+        f[a] = float(np.min(wmin[a, a + 1:] + f[a + 1:]))
+    return float(f[0])
 
 
 def candidate_terms(prob: Problem) -> np.ndarray:
@@ -323,9 +371,45 @@ def _push_intervals(heap: list[_Interval], prob: Problem, vals: np.ndarray, lo: 
         heapq.heappush(heap, (prob.a * s_lo + float(vals[mid + 1]), mid + 1, hi, s_lo))
 
 
+RELAXED_STAGES = 8
+"""The stages-left count the DP first tracks exactly (:func:`solve`); doubled while it is not enough."""
+
+
+def fits(prob: Problem, sol: Solution) -> bool:
+    """Whether every stage of ``sol`` fits with its true stages-left count (K - s)."""
+    k = len(sol.stages)
+    for s, ch in enumerate(sol.stages):
+        c = prob.cand[(ch.move.key, ch.move.link)]
+        if c.rmax[c.options.index(ch.option)][ch.a, ch.b] < k - s:
+            return False
+    return True
+
+
 def solve(prob: Problem, max_solves: int = 10_000, progress: Callable[[int, float], None] | None = None,
           pool: list[Solution] | None = None, incumbent: float = math.inf) -> Solution | None:
     """The exact optimum of the objective over the problem's space (None: nothing fits).
+
+    The DP's cost grows with the stages-left counts it tracks (``prob.r_eff``, up to the
+    micro-batch count under 1f1b). It first tracks :data:`RELAXED_STAGES` of them, holding a
+    stage with more stages left to that count's memory: a relaxation (memory only grows with
+    the count), so its optimum is a lower bound, and the optimum itself when that plan fits
+    with its true counts -- the usual case, as plans of more stages than that are rare. Else
+    the count doubles, up to ``r_eff`` (exact). Plans met that do not fit are not pooled.
+    """
+    r_top = RELAXED_STAGES if prob.stages_exact is None else prob.r_eff
+    while True:
+        met: list[Solution] = []
+        best = _solve_at(prob, r_top, max_solves, progress, met, incumbent)
+        if r_top >= prob.r_eff or best is None or fits(prob, best):
+            if pool is not None:
+                pool.extend(x for x in met if r_top >= prob.r_eff or fits(prob, x))
+            return best
+        r_top *= 2
+
+
+def _solve_at(prob: Problem, r_top: int, max_solves: int, progress: Callable[[int, float], None] | None,
+              pool: list[Solution] | None, incumbent: float) -> Solution | None:
+    """Branch and bound over the max term at stages-left bound ``r_top`` (the relaxation of :func:`solve`).
 
     Branch and bound over the sorted candidate values of the max term. An open interval
     [lo, hi] of candidate indices carries S, a lower bound on the sum of periods of any
@@ -340,14 +424,14 @@ def solve(prob: Problem, max_solves: int = 10_000, progress: Callable[[int, floa
     that cannot beat it: the result is then this problem's optimum when that is below the
     incumbent, else a plan no better than the incumbent -- the search's optimum is unchanged.
     """
-    first = solve_cap(prob, math.inf)
+    first = solve_cap(prob, math.inf, r_top)
     if first is None:
         return None
     if pool is not None:
         pool.append(first)
     vals = candidate_terms(prob)
     best = first
-    lo0 = int(np.searchsorted(vals, lower_bound_top(prob)))
+    lo0 = int(np.searchsorted(vals, lower_bound_top(prob, vals)))
     top_idx = int(np.searchsorted(vals, first.top))
     heap: list[_Interval] = []
     if lo0 <= top_idx - 1:
@@ -360,7 +444,7 @@ def solve(prob: Problem, max_solves: int = 10_000, progress: Callable[[int, floa
         if progress:
             progress(solves, best.objective)
         mid = (lo + hi) // 2
-        sol = solve_cap(prob, float(vals[mid]))
+        sol = solve_cap(prob, float(vals[mid]), r_top)
         solves += 1
         if sol is not None:
             if pool is not None:
