@@ -4,11 +4,12 @@ Tensor x data x pipeline plans whose device names span two servers (a cluster of
 GPUs, so that each tensor group lies inside one server and pipeline or data-parallel traffic
 crosses between them) are trained by (a) two torchrun launchers started with the arguments
 ``planner run`` and the exported scripts use (planner.export.nodes.torchrun_args: torchrun's
-static rendezvous), running several plans in one launch, and (b) the exported
-``launch_node0.sh`` and ``launch_node1.sh``. Every rank's coordinates, layers, tensor-sharded
-and sample-split layers, ZeRO stage and wrappers are held to the plan
-(tests.test_export_grids.check_grid_run), the server it ran on to the plan's device names,
-and its losses to single-process training (fp32: 1e-5 relative).
+static rendezvous), several plans in one launch, (b) the exported ``launch_node0.sh`` and
+``launch_node1.sh`` and (c) two ``planner run --nnodes 2`` launchers. In (a) and (b) every
+rank's coordinates, layers, tensor-sharded and sample-split layers, ZeRO stage and wrappers are
+held to the plan (tests.test_export_grids.check_grid_run) and the server it ran on to the plan's
+device names; in (c) the run JSON's ranks; the losses to single-process training (fp32: 1e-5
+relative) in all three.
 
 This module is also the torchrun worker of (a): ``python -m tests.test_export_grids_nodes PLANS OUT``.
 """
@@ -26,7 +27,17 @@ import pytest
 from planner import ir
 from planner.export.nodes import node_layout, torchrun_args
 from planner.export.program import export_plan
-from tests.test_export_grids import LR, ROOT, STEPS, check_grid_run, grid_plan, plans_json, read_runs, train_plans
+from tests.test_export_grids import (
+    FP32_TOL,
+    LR,
+    ROOT,
+    STEPS,
+    check_grid_run,
+    grid_plan,
+    plans_json,
+    read_runs,
+    train_plans,
+)
 from tests.test_runner import free_port, run_servers
 
 SERVERS = (2, 2)
@@ -96,6 +107,24 @@ def test_exported_launch_scripts_train_a_tensor_by_data_grid_on_two_servers(tmp_
     check_grid_run("gpt2-tp2-dp2-zero3-selective", plan, ranks)
     check_servers("gpt2-tp2-dp2-zero3-selective", plan, ranks)
     assert "step 2 loss" in results[0][1]
+
+
+@pytest.mark.slow
+def test_planner_run_on_two_servers_checks_a_tensor_by_pipeline_grid(tmp_path: Path) -> None:
+    """`planner run --nnodes 2` per server on a tiny Llama, pp 2 x tp 2 with sequence parallelism: a stage and
+    its tensor group per server; both launchers get the same run JSON, losses equal to one process (--check)."""
+    plan = grid_plan("tiny_llama", [0, 2, 4], tp=2, sequence_parallel=True, servers=SERVERS)
+    (tmp_path / "plan.json").write_text(json.dumps(plan.to_dict()))
+    endpoint = f"127.0.0.1:{free_port()}"
+    run = [sys.executable, "-m", "planner", "run", str(tmp_path / "plan.json"), "--model", plan.model, "--engine",
+           "torch", "--steps", str(STEPS), "--warmup", "1", "--threads", "1", "--nnodes", "2", "--rdzv-endpoint",
+           endpoint, "--json"]
+    results = run_servers([[*run, "--node-rank", "0", "--check"], [*run, "--node-rank", "1"]], tmp_path, _env(), 300)
+    assert [rc for rc, _, _ in results] == [0, 0], [err[-3000:] for _, _, err in results]
+    docs = [json.loads(out) for _, out, _ in results]
+    assert docs[0]["max_rel_loss_diff"] < FP32_TOL and docs[0]["losses"] == docs[1]["losses"]
+    assert [(r["rank"], r["node_rank"], r["device"], r["stage"]) for r in docs[1]["ranks"]] == [
+        (0, 0, "n0.g0", 0), (1, 0, "n0.g1", 0), (2, 1, "n1.g0", 1), (3, 1, "n1.g1", 1)]
 
 
 if __name__ == "__main__":  # the torchrun worker of test_grids_on_two_servers_train_like_one_process
