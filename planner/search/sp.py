@@ -135,14 +135,14 @@ def _rho_mask(prob: Problem, width: int, r_top: int) -> np.ndarray | None:
 
 class _CapSweep:
     """The caches of one :func:`solve_cap`: stage bands per (group, link), windows of suffix values per
-    (next position, width), config masks per width, and a scratch buffer for the min-plus step."""
+    next position, config masks per width, and a scratch buffer for the min-plus step."""
 
     def __init__(self, prob: Problem, cap: float, r_top: int, exact: bool) -> None:
         self.prob, self.cap, self.r_top, self.exact = prob, cap, r_top, exact
         self.bands: dict[tuple[int, int], np.ndarray] = {}
         self.groups: dict[tuple[tuple[int, ...], int], np.ndarray] = {}
         self.masks: dict[int, np.ndarray | None] = {}
-        self.wins: dict[tuple[int, int], tuple[np.ndarray | None, int, int]] = {}
+        self.wins: dict[int, tuple[np.ndarray | None, int, int]] = {}
         self.buf = np.empty(0)
 
     def band(self, mv: Move) -> np.ndarray:
@@ -167,14 +167,14 @@ class _CapSweep:
 
     def window(self, h: list[np.ndarray], nxt: int, width: int) -> tuple[np.ndarray | None, int, int]:
         """Suffix values from position ``nxt`` in windows of ``width``, and the rows [lo, hi) that can reach one."""
-        wk = (nxt, width)
-        cached = self.wins.get(wk)
-        if cached is None:
+        cached = self.wins.get(nxt)
+        if cached is None:  # one strided view per position, as wide as any stage
             rows = _next_rows(h, nxt, self.r_top, self.exact)
             finite = np.flatnonzero(np.isfinite(rows).any(axis=0))
-            cached = self.wins[wk] = (None, 0, 0) if finite.size == 0 else \
-                (_windows(rows, width), max(int(finite[0]) - width, 0), int(finite[-1]))
-        return cached
+            cached = self.wins[nxt] = (None, 0, 0) if finite.size == 0 else \
+                (_windows(rows, rows.shape[1]), int(finite[0]), int(finite[-1]))
+        win, first, last = cached
+        return (None, 0, 0) if win is None else (win[:width], max(first - width, 0), last)
 
     def mask(self, devices: tuple[str, ...]) -> np.ndarray | None:
         w = len(devices)
@@ -182,28 +182,34 @@ class _CapSweep:
             self.masks[w] = _rho_mask(self.prob, w, self.r_top)
         return self.masks[w]
 
-    def values(self, group: MoveGroup, h: list[np.ndarray]) -> np.ndarray | None:
-        """Least sums of plans whose first stage runs on the group's devices, per stages-left count and block."""
-        band = self.group_band(group)
-        if band.shape[0] == 0:
-            return None
-        full_win, lo_row, hi_row = self.window(h, group.next, band.shape[0])
-        if full_win is None:
-            return None
-        # rows a that can reach a finite suffix value at b in (a, a + width]
-        cand = np.full((self.r_top, self.prob.nb + 1), np.inf)
-        part = band[:, :, lo_row:hi_row]
-        need = part.size
+    def position(self, groups: Sequence[MoveGroup], h: list[np.ndarray], best: np.ndarray) -> None:
+        """Lower ``best[1:]`` (in place) to the least sums of plans whose first stage runs on one of the
+        groups of a position, per stages-left count and block: one min over every group's widths."""
+        parts = []
+        for group in groups:
+            band = self.group_band(group)
+            if band.shape[0] == 0:
+                continue
+            win, lo, hi = self.window(h, group.next, band.shape[0])
+            if win is not None:  # rows a that can reach a finite suffix value at b in (a, a + width]
+                parts.append((band, win, lo, hi, group))
+        if not parts:
+            return
+        lo, hi = min(p[2] for p in parts), max(p[3] for p in parts)
+        total = sum(p[0].shape[0] for p in parts)
+        need = total * self.r_top * (hi - lo)
         if self.buf.size < need:
             self.buf = np.empty(need)
-        tmp = self.buf[:need].reshape(part.shape)
-        np.add(part, full_win[:, :, lo_row:hi_row], out=tmp)
-        np.minimum.reduce(tmp, axis=0, out=cand[:, lo_row:hi_row])
-        if self.exact:
-            mask = self.mask(group.devices)
+        tmp = self.buf[:need].reshape(total, self.r_top, hi - lo)
+        at = 0
+        for band, win, _, _, group in parts:
+            w = band.shape[0]
+            np.add(band[:, :, lo:hi], win[:, :, lo:hi], out=tmp[at:at + w])
+            mask = self.mask(group.devices) if self.exact else None
             if mask is not None:
-                cand[~mask] = np.inf
-        return cand
+                tmp[at:at + w, ~mask] = np.inf
+            at += w
+        np.minimum(best[1:, lo:hi], np.minimum.reduce(tmp, axis=0), out=best[1:, lo:hi])
 
 
 @dataclass(frozen=True)
@@ -245,10 +251,7 @@ def solve_cap(prob: Problem, cap: float, r_top: int | None = None) -> Solution |
     prob.move_groups = groups
     for d in range(g_total - 1, -1, -1):
         best = h[prob.skip[d]].copy()
-        for group in groups[d]:
-            cand = sweep.values(group, h)
-            if cand is not None:
-                np.minimum(best[1:], cand, out=best[1:])
+        sweep.position(groups[d], h, best)
         h[d] = best
     rows = [r_top] if exact else list(range(1, r_top + 1))
     value, rho0 = min((float(h[0][r, 0]), r) for r in rows)
