@@ -43,12 +43,30 @@ def build_candidates(prob: Problem) -> None:
             cand.period.append(period)
             cand.term.append(term)
             cand.rmax.append(_fit_limit(prob, v, t.agg["weight"], ties, cap, in_fl, np.isfinite(period)))
+        _drop_dominated(cand)
         cand.make_band()
         prob.cand[(key, link)] = cand
     # the stages-left count matters only up to 1 + the largest limit below the cap
     limits = [int(np.max(arr, initial=0, where=(arr >= 1) & (arr < r_hi))) for c in prob.cand.values()
               for arr in c.rmax]
     prob.r_eff = r_hi if prob.stages_exact is not None else min(r_hi, 1 + max(limits, default=0))
+
+
+def _drop_dominated(cand: Candidate) -> None:
+    """Remove (in place) the options another one beats everywhere: period and max term no larger and
+    memory fitting at least as many stages left, for every stage range (of equal ones the first stays).
+    The DP takes, per range, the least period among the options that fit under the cap, so a dominated
+    option never decides a plan's objective: the optimum is unchanged."""
+    n = len(cand.options)
+
+    def beats(j: int, i: int) -> bool:
+        return bool(np.all(cand.period[j] <= cand.period[i]) and np.all(cand.term[j] <= cand.term[i])
+                    and np.all(cand.rmax[j] >= cand.rmax[i]))
+
+    keep = [i for i in range(n) if not any(j != i and beats(j, i) and (j < i or not beats(i, j)) for j in range(n))]
+    for name in ("options", "period", "term", "rmax"):
+        values = getattr(cand, name)
+        setattr(cand, name, [values[i] for i in keep])
 
 
 def _period_and_term(prob: Problem, v: object, recv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
