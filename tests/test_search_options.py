@@ -87,3 +87,12 @@ def test_virtual_stages_default_and_refusal() -> None:
     assert resolve_virtual_stages(None, "1f1b") == 1
     with pytest.raises(UsageError, match="needs --schedule interleaved"):
         resolve_virtual_stages(2, "1f1b")
+
+
+def test_config_width_without_whole_micro_batches_says_so_not_memory() -> None:
+    """A --config stage of 3 GPUs (dp 3) never splits a batch of 8: the error names the width, not memory."""
+    profile = ir.ModelProfile.from_dict(make_profile_dict(4, batch_size=8))
+    with pytest.raises(PlannerError, match=r"--config 3-1: no stage of \[3\] GPUs gives its data-parallel ranks "
+                                           r"whole micro-batches of the batch of 8") as err:
+        search(profile, _cluster(1, 4), config=(3, 1))
+    assert "memory" not in str(err.value)

@@ -143,9 +143,26 @@ def _collect(profile: ir.ModelProfile, cluster: ir.Cluster, req: Request, cands:
     if not probs:
         raise _no_batch_shape(profile, cluster, cands, req)
     if not found:
-        raise infeasible(probs[-1])
+        raise _no_width_shape(profile, req, probs) or infeasible(probs[-1])
     found.sort(key=lambda t: (t[0], t[1]))
     return found, probs
+
+
+def _no_width_shape(profile: ir.ModelProfile, req: Request, probs: list[Problem]) -> Exception | None:
+    """When a ``--config`` width has no grid with whole micro-batches at any micro-batch count: that
+    is why nothing was found, not memory."""
+    from planner.errors import PlanError
+
+    if req.config is None:
+        return None
+    formed = {len(mv.devices) for prob in probs for row in prob.moves for mv in row}
+    missing = sorted(set(req.config) - formed)
+    if not missing:
+        return None
+    return PlanError(f"--config {'-'.join(map(str, req.config))}: no stage of {missing} GPUs gives its data-parallel "
+                     f"ranks whole micro-batches of the batch of {profile.batch_size} at any micro-batch count",
+                     "batch = micro_batch_size x microbatches x dp: use stage widths (or tensor degrees) whose "
+                     "data-parallel degree divides the batch, or another batch size")
 
 
 def _no_batch_shape(profile: ir.ModelProfile, cluster: ir.Cluster, cands: list[int], req: Request) -> Exception:

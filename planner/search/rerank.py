@@ -86,12 +86,13 @@ def _bounds(balance: Sequence[int]) -> list[int]:
 def splits(profile: ir.ModelProfile, k: int) -> list[list[int]]:
     """Layer boundaries (k + 1 of them) of every seed split into k non-empty stages:
     DeepSpeed's ``partition_uniform`` (layer counts), torchgpipe's ``balance_by_time``
-    (forward times) and DeepSpeed's ``partition_balanced`` on parameters (below
-    :data:`PARAMETER_SPLIT_WORK`); duplicates once."""
+    (forward times) and, below :data:`PARAMETER_SPLIT_WORK`, DeepSpeed's ``partition_balanced``
+    on parameters and on each layer type (``type:<T>``, as compare's ``deepspeed`` row tries);
+    duplicates once."""
     n = len(profile.layers)
     found = [bl.deepspeed_parts(profile, k, "uniform"), _bounds(bl.balance_by_time(profile, k))]
     if (n + 1) ** 2 * k <= PARAMETER_SPLIT_WORK:
-        found.append(bl.deepspeed_parts(profile, k, "parameters"))
+        found += [bl.deepspeed_parts(profile, k, m) for m in bl.deepspeed_methods(profile) if m != "uniform"]
     out: list[list[int]] = []
     for parts in found:
         if len(parts) == k + 1 and all(parts[s] < parts[s + 1] for s in range(k)) and parts not in out:
