@@ -91,17 +91,7 @@ def profile(model: str, output: str | None, batch_size: int, input_shape: str | 
     from planner.jsonio import dumps
     from planner.outputs import stdout_to_stderr
 
-    if output is None and not as_json:
-        raise UsageError("no output file given", "add -o FILE (or --json to print the profile)")
-    if batch_size < 1:
-        raise UsageError(f"--batch-size must be 1 or more, got {batch_size}", "e.g. --batch-size 32")
-    if threads is not None and threads < 1:
-        raise UsageError(f"--threads must be 1 or more, got {threads}", "e.g. --threads 1")
-    if repeats < 1 or warmup < 0:
-        raise UsageError(f"--repeats must be 1 or more and --warmup 0 or more, got {repeats} and {warmup}",
-                         "e.g. --repeats 3 --warmup 1")
-    if efficiency is not None and mode != "analytic":
-        raise UsageError("--efficiency applies to --mode analytic only", "drop --efficiency or use --mode analytic")
+    _check_numbers(output, as_json, batch_size, threads, repeats, warmup, efficiency, mode)
     shape = parse_shape(input_shape)
     overrides = parse_overrides(settings)
     staged = outputs([output])
@@ -123,3 +113,19 @@ def profile(model: str, output: str | None, batch_size: int, input_shape: str | 
     if as_json:
         emit_json(doc)
     staged.commit()
+
+
+def _check_numbers(output: str | None, as_json: bool, batch_size: int, threads: int | None, repeats: int,
+                   warmup: int, efficiency: float | None, mode: str) -> None:
+    """The options' values, before any work (UsageError with the value and a fix)."""
+    if output is None and not as_json:
+        raise UsageError("no output file given", "add -o FILE (or --json to print the profile)")
+    if batch_size < 1:
+        raise UsageError(f"--batch-size must be 1 or more, got {batch_size}", "e.g. --batch-size 32")
+    if threads is not None and threads < 1:
+        raise UsageError(f"--threads must be 1 or more, got {threads}", "e.g. --threads 1")
+    if repeats < 1 or warmup < 0:
+        raise UsageError(f"--repeats must be 1 or more and --warmup 0 or more, got {repeats} and {warmup}",
+                         "e.g. --repeats 3 --warmup 1")
+    if efficiency is not None and mode != "analytic":
+        raise UsageError("--efficiency applies to --mode analytic only", "drop --efficiency or use --mode analytic")

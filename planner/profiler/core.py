@@ -1,4 +1,21 @@
-"""``profile_model``: a loaded model -> a ModelProfile (measured on this machine, or analytic)."""
+"""``profile_model``: a loaded model -> a ModelProfile (measured on this machine, or analytic).
+
+Measured mode times every layer's forward and backward on the model's device (``warmup``
+passes, then the median of ``repeats``); ``device_flops`` defaults to the FLOP/s achieved
+there. It also times ``whole_repeats`` whole-model iterations (``meta.whole_model_fwd_bwd_s``):
+at the defaults 1 instrumented pass (the warm-up: FLOPs, saved and output bytes), 3 timed
+passes and 1 whole-model pass, 5 forward+backward iterations in all; then ``repeats`` passes
+at a quarter of the batch (:func:`small_batch_of`), from which every layer's
+``forward_fixed_s``/``backward_fixed_s`` are fitted (:func:`fit_fixed`; None where the batch is
+1 or the layers refuse a smaller batch), and a cross-entropy loss on the last layer's output at
+both sizes (``loss_s``, ``loss_fixed_s``).
+
+Analytic mode (load the model on ``device="meta"``: no memory, no compute) times a named
+GPU's kernels by the roofline (``planner.profiler.roofline``; default device: the RTX 2080Ti)
+and fits each layer's fixed part through the roofline at a quarter of the batch; with an
+``efficiency`` or a FLOP/s number it computes FLOPs / (``device_flops`` x ``efficiency``,
+default 0.5) and leaves the fixed parts None.
+"""
 
 from __future__ import annotations
 
@@ -89,40 +106,15 @@ def _small_pass_times(lm: LayeredModel, x: torch.Tensor, params: list[torch.Tens
     return [median(t) for t in fwd], [median(t) for t in bwd]
 
 
-def profile_model(
-    loaded: LoadedModel,
-    *,
-    mode: Literal["measured", "analytic"] | str = "measured",
-    device: str | None = None,
-    dtype: str | torch.dtype | None = None,
-    threads: int | None = None,
-    repeats: int = DEFAULT_REPEATS,
-    warmup: int = DEFAULT_WARMUP,
-    device_flops: str | float | None = None,
-    efficiency: float | None = None,
-    progress: Progress | None = None,
-    layered: LayeredModel | None = None,
-    whole_repeats: int = 1,
-) -> ModelProfile:
-    """Profile ``loaded`` layer by layer.
-
-    ``mode="measured"`` times every layer's forward and backward on the model's device
-    (``warmup`` passes, then the median of ``repeats``); ``device_flops`` defaults to the
-    FLOP/s achieved there. ``mode="analytic"`` times a named GPU's kernels by the roofline
-    (``planner.profiler.roofline``; default device: the RTX 2080Ti) and fits each layer's
-    fixed part through the roofline at a quarter of the batch; with an ``efficiency`` or a
-    FLOP/s number it computes FLOPs / (``device_flops`` x ``efficiency``, default 0.5) and
-    leaves the fixed parts None. Load the model on ``device="meta"`` to make it without
-    memory or compute. ``device``/``dtype`` only move/cast the model if
-    given. ``layered`` reuses a split already made. Measured mode also times ``whole_repeats``
-    whole-model iterations (``meta.whole_model_fwd_bwd_s``). At the defaults that is 1
-    instrumented pass (the warm-up: FLOPs, saved and output bytes), 3 timed passes and 1
-    whole-model pass: 5 forward+backward iterations of the model in all. Measured mode
-    also times ``repeats`` passes at a quarter of the batch (:func:`small_batch_of`;
-    each costs about a quarter of an iteration plus the per-call costs) and fits every
-    layer's ``forward_fixed_s``/``backward_fixed_s`` (:func:`fit_fixed`; None where the
-    batch is 1 or the layers refuse a smaller batch). It also times a cross-entropy loss
-    on the last layer's output at both sizes (``loss_s``, ``loss_fixed_s``; a few milliseconds).
+def profile_model(loaded: LoadedModel, *, mode: Literal["measured", "analytic"] | str = "measured",
+                  device: str | None = None, dtype: str | torch.dtype | None = None, threads: int | None = None,
+                  repeats: int = DEFAULT_REPEATS, warmup: int = DEFAULT_WARMUP, device_flops: str | float | None = None,
+                  efficiency: float | None = None, progress: Progress | None = None,
+                  layered: LayeredModel | None = None, whole_repeats: int = 1) -> ModelProfile:
+    """Profile ``loaded`` layer by layer: ``mode="measured"`` times every layer here,
+    ``mode="analytic"`` counts on the meta device and times a named GPU's kernels by the roofline
+    (or flat at ``efficiency``). The passes each mode makes are in the module doc. ``device`` /
+    ``dtype`` move or cast the model if given; ``layered`` reuses a split already made.
     """
     _check_options(mode, repeats, warmup, efficiency)
     module, x = _placed(loaded, device, dtype)
@@ -130,45 +122,49 @@ def profile_model(
         raise UsageError("measured mode needs a real device, the model is on 'meta'", "use --mode analytic")
     params = list(module.parameters())
     dtype_label = dtype_name(_profile_dtype(x, params))
-    flops_value, flops_label = resolve_device_flops(device_flops, default="rtx2080ti" if mode == "analytic" else None,
-                                                    dtype=dtype_label)
-    sync = make_sync(x.device)
+    flops = resolve_device_flops(device_flops, default="rtx2080ti" if mode == "analytic" else None, dtype=dtype_label)
     start = time.perf_counter()
     small = small_batch_of(int(x.shape[0])) if mode == "measured" else None
-    passes = (max(warmup, 1) + repeats + whole_repeats + (repeats if small else 0)) if mode == "measured" else 1
-    tick = _Ticker(progress, passes + 1)
+    passes = _Passes(warmup, repeats, whole_repeats, small)
     with _threads(threads):
-        tick.start("tracing")
-        lm = layered if layered is not None else split_model(module, x)
-        tick("traced")
-        facts, counted = _instrumented(lm, x, params, loaded.name)
-        tick("counted FLOPs and bytes")
-        runs = (_measure(lm, module, x, params, sync, facts[-1].output_shape,
-                         _Passes(warmup, repeats, whole_repeats, small), tick) if mode == "measured" else _NO_RUNS)
+        lm, facts, counted, runs = _walk(module, x, params, loaded.name, mode, layered, passes, progress)
     elapsed = time.perf_counter() - start
     if mode == "measured":
-        times = _measured_times(runs, facts, flops_value, flops_label, x.device)
+        times = _measured_times(runs, facts, flops[0], flops[1], x.device)
         fixed = _fixed_costs(times, runs.small_times, int(x.shape[0]), small, len(facts))
+        extra = _measured_meta(times, runs, x.device, warmup, repeats, elapsed,
+                               small if runs.small_times is not None else None)
     else:
-        assert flops_value is not None
-        times, fixed, analytic_meta = _analytic_times(lm, x, facts, (flops_value, flops_label), efficiency,
-                                                      dtype_label)
-    meta = _meta(lm, times, threads, time.perf_counter() - start)
-    meta["instrumented_layers"] = counted
-    if mode == "measured":
-        meta.update(_measured_meta(times, runs, x.device, warmup, repeats, elapsed,
-                                   small if runs.small_times is not None else None))
-    else:
-        meta.update(analytic_meta)
+        if flops[0] is None:  # pragma: no cover - analytic mode always has a default device
+            raise UsageError("analytic mode needs a device's FLOP/s", "pass --device-flops")
+        times, fixed, extra = _analytic_times(lm, x, facts, (flops[0], flops[1]), efficiency, dtype_label)
+    meta = {**_meta(lm, times, threads, time.perf_counter() - start), "instrumented_layers": counted, **extra}
     return ModelProfile(
         model=loaded.name, batch_size=int(x.shape[0]), dtype=dtype_label,
         mode=mode, device=times.device_name if mode == "analytic" else (
             "cpu" if x.device.type == "cpu" else str(x.device.type)),
         device_flops=float(times.flops_value), layers=_layer_profiles(lm, facts, times, fixed),
         input_shape=tuple(x.shape[1:]), input_bytes=x.numel() * x.element_size(),
-        ties=lm.ties, meta=meta,
-        loss_s=runs.loss[0], loss_fixed_s=runs.loss[1],
+        ties=lm.ties, meta=meta, loss_s=runs.loss[0], loss_fixed_s=runs.loss[1],
     )
+
+
+def _walk(module: torch.nn.Module, x: torch.Tensor, params: list[torch.Tensor], name: str, mode: str,
+          layered: LayeredModel | None, passes: _Passes, progress: Progress | None) -> tuple[Any, Any, Any, Any]:
+    """Split the model (or reuse ``layered``), count each layer's FLOPs and bytes, and in measured mode
+    time the passes; returns (layered model, per-layer facts, instrumented layer count, runs)."""
+    measured = mode == "measured"
+    n_passes = (max(passes.warmup, 1) + passes.repeats + passes.whole_repeats
+                + (passes.repeats if passes.small else 0)) if measured else 1
+    tick = _Ticker(progress, n_passes + 1)
+    tick.start("tracing")
+    lm = layered if layered is not None else split_model(module, x)
+    tick("traced")
+    facts, counted = _instrumented(lm, x, params, name)
+    tick("counted FLOPs and bytes")
+    runs = _measure(lm, module, x, params, make_sync(x.device), facts[-1].output_shape, passes, tick) if measured \
+        else _NO_RUNS
+    return lm, facts, counted, runs
 
 
 def _check_options(mode: str, repeats: int, warmup: int, efficiency: float | None) -> None:

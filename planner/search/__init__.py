@@ -86,11 +86,9 @@ def search(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int |
     ``dp_iteration_s`` and ``speedup_over_dp`` come from the simulator. ``evaluate`` replaces
     the simulator as the ranking (the prediction is still simulated). ``candidates=0``: the
     exact optimum of the analytic objective, with its analytic prediction, and no seeds.
-    ``precision`` defaults to the profile's dtype; ``tp`` None searches every tensor degree;
-    ``zero``/``recompute`` "auto" every stage/mode the engine runs. ``virtual_stages``
-    (interleaved only; default 2 there, else 1) > 1 re-cuts the plans into chunks
-    (planner.search.interleave).
-    ``alternatives``, when given, receives the simulated candidates, fastest first.
+    ``precision``, ``tp``, ``zero``, ``recompute``, ``micro_batch_size``: the grid space
+    (planner.search.options); ``virtual_stages`` > 1 re-cuts plans into chunks
+    (planner.search.interleave). ``alternatives`` receives the simulated candidates, fastest first.
     """
     req = check_request(profile, cluster, schedule=schedule, optimizer=optimizer, solver=solver, engine=engine,
                         config=config, precision=precision, tp=tp, zero=zero, recompute=recompute,
@@ -99,25 +97,31 @@ def search(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int |
     if v > 1:
         from planner.search.interleave import search_interleaved
 
-        return search_interleaved(profile, cluster, v, microbatches=microbatches, optimizer=optimizer,
-                                  solver=solver, engine=engine, config=config, candidates=max(candidates, 1),
-                                  progress=progress, precision=precision, tp=tp, zero=zero, recompute=recompute,
+        return search_interleaved(profile, cluster, v, microbatches=microbatches, optimizer=optimizer, solver=solver,
+                                  engine=engine, config=config, candidates=max(candidates, 1), progress=progress,
+                                  precision=precision, tp=tp, zero=zero, recompute=recompute,
                                   micro_batch_size=micro_batch_size)
     cands = microbatch_candidates(profile.batch_size, microbatches, micro_batch_size)
     found, probs = _collect(profile, cluster, req, cands, progress)
     if candidates <= 0:
         _, _, prob, sol = found[0]
         return solution_plan(prob, sol, engine=engine, solver=solver)
-    plans = _distinct(found, candidates, engine, solver)
-    split_cache: dict[int, list[list[int]]] = {}
-    for prob in probs:
-        plans += rerank.seed_plans(prob, engine=engine, solver=solver, split_cache=split_cache)
+    plans = _distinct(found, candidates, engine, solver) + _seeds(probs, engine, solver)
     plans = [pc for pc in plans if is_runnable(pc[0], engine)]
     if evaluate is None:
         best = rerank.best_simulated(plans, alternatives)
     else:
         best = rerank.simulated(*min(plans, key=lambda pc: evaluate(pc[0])))
     return _with_prediction(best.plan, best.prediction)
+
+
+def _seeds(probs: list[Problem], engine: str, solver: str) -> list[rerank.Costed]:
+    """The structured seed plans of every problem (planner.search.rerank.seed_plans), splits shared."""
+    split_cache: dict[int, list[list[int]]] = {}
+    out: list[rerank.Costed] = []
+    for prob in probs:
+        out += rerank.seed_plans(prob, engine=engine, solver=solver, split_cache=split_cache)
+    return out
 
 
 def _collect(profile: ir.ModelProfile, cluster: ir.Cluster, req: Request, cands: list[int],

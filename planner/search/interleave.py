@@ -139,11 +139,7 @@ def search_interleaved(profile: ir.ModelProfile, cluster: ir.Cluster, virtual_st
     from planner.search import search
 
     v = virtual_stages
-    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-        raise UsageError(f"--virtual-stages must be a positive integer, got {v!r}", "e.g. --virtual-stages 2")
-    if v > 1 and engine == "deepspeed":
-        raise UsageError("DeepSpeed's pipeline engine runs no interleaved schedule",
-                         "use --engine torch or any, or --virtual-stages 1")
+    _check_virtual_stages(v, engine)
     if v == 1:
         return search(profile, cluster, microbatches=microbatches, schedule="interleaved", optimizer=optimizer,
                       solver=solver, engine=engine, config=config, progress=progress, candidates=candidates,
@@ -168,6 +164,14 @@ def search_interleaved(profile: ir.ModelProfile, cluster: ir.Cluster, virtual_st
             f"K*{v} chunks, or the extra micro-batches in flight do not fit in memory",
             "try --virtual-stages 1, more micro-batches, a smaller batch, or a larger cluster")
     return best.plan
+
+
+def _check_virtual_stages(v: object, engine: str) -> None:
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise UsageError(f"--virtual-stages must be a positive integer, got {v!r}", "e.g. --virtual-stages 2")
+    if v > 1 and engine == "deepspeed":
+        raise UsageError("DeepSpeed's pipeline engine runs no interleaved schedule",
+                         "use --engine torch or any, or --virtual-stages 1")
 
 
 def _base_key(base: ir.Plan) -> tuple:
