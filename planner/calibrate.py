@@ -17,6 +17,10 @@
   tensors into a third (STREAM "add", McCalpin 1995: 3 x 32 MiB moved per call), the
   kind of element-wise pass an optimizer step is (the cost model's optimizer term).
 
+* Engines (:mod:`planner.calibrate_engines`): what DeepSpeed's and torch pipelining's own work
+  adds to the cost model, per action, per micro-batch sent and per step, fitted by least
+  squares over tiny pipelines trained by each engine (``engine_overheads``).
+
 The result is a cluster JSON (kind cluster, version 1) with one node ``cpu`` of P devices
 ``cpu0..cpu{P-1}``; ``inter_node`` repeats ``intra_node`` (there is one node).
 """
@@ -24,11 +28,12 @@ The result is a cluster JSON (kind cluster, version 1) with one node ``cpu`` of 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -177,9 +182,10 @@ def machine_memory_bytes() -> int:
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
-def calibrate(nproc: int, threads: int = 1, name: str | None = None,
-              profile: ir.ModelProfile | None = None) -> tuple[ir.Cluster, dict[str, Any]]:
-    """Measure this machine as ``nproc`` devices; ``profile`` pins ``flops`` to its device_flops."""
+def calibrate(nproc: int, threads: int = 1, name: str | None = None, profile: ir.ModelProfile | None = None,
+              engines: Sequence[str] = ()) -> tuple[ir.Cluster, dict[str, Any]]:
+    """Measure this machine as ``nproc`` devices; ``profile`` pins ``flops`` to its device_flops;
+    ``engines``: the engines whose overheads to measure (none: the cluster carries none)."""
     if nproc < 2:
         raise UsageError(f"--nproc must be 2 or more to measure links, got {nproc}", "use --nproc 2")
     if threads < 1:
@@ -194,8 +200,14 @@ def calibrate(nproc: int, threads: int = 1, name: str | None = None,
                          (ir.Node("cpu", tuple(ir.GPU(f"cpu{i}", float(flops), memory, compute["memory_bandwidth_Bps"])
                                            for i in range(nproc))),),
                          (("intra_node", link), ("inter_node", link)))
-    meta = {**compute, **links, "threads": threads, "nproc": nproc,
-            "flops_source": "profile" if profile is not None else "benchmark"}
+    meta: dict[str, Any] = {**compute, **links, "threads": threads, "nproc": nproc,
+                            "flops_source": "profile" if profile is not None else "benchmark"}
+    if engines:
+        from planner.calibrate_engines import measure_engines
+
+        overheads, runs = measure_engines(cluster, engines, threads)
+        cluster = dataclasses.replace(cluster, engine_overheads=overheads)
+        meta["engine_runs"] = runs
     return cluster, meta
 
 
