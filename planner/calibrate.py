@@ -17,6 +17,10 @@
   tensors into a third (STREAM "add", McCalpin 1995: 3 x 32 MiB moved per call), the
   kind of element-wise pass an optimizer step is (the cost model's optimizer term).
 
+* More threads than cores: when ``nproc x threads`` exceeds the cores this process may run on,
+  each device gets ``cores / (nproc x threads)`` of its measured (or profile's) ``flops`` and
+  memory bandwidth (``meta.core_share``): the processes of a pipeline compute at once and share
+  the cores.
 * Engines (:mod:`planner.calibrate_engines`): what DeepSpeed's and torch pipelining's own work
   adds to the cost model, per action, per micro-batch sent and per step, fitted by least
   squares over tiny pipelines trained by each engine (``engine_overheads``).
@@ -174,6 +178,12 @@ def measure_links(nproc: int, threads: int) -> dict[str, float]:
         return json.loads(Path(out).read_text())  # type: ignore[no-any-return]
 
 
+def core_share(nproc: int, threads: int) -> float:
+    """The share of a core each of ``nproc x threads`` threads gets on the cores this process may use."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return min(1.0, cores / (nproc * threads))
+
+
 def machine_memory_bytes() -> int:
     with contextlib.suppress(OSError):  # no /proc: ask the OS for its page count instead
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -191,16 +201,17 @@ def calibrate(nproc: int, threads: int = 1, name: str | None = None, profile: ir
     if threads < 1:
         raise UsageError(f"--threads must be positive, got {threads}", "use --threads 1")
     compute = measure_flops(threads)
-    compute["memory_bandwidth_Bps"] = measure_memory_bandwidth(threads)
+    share = core_share(nproc, threads)
+    compute["memory_bandwidth_Bps"] = measure_memory_bandwidth(threads) * share
     links = measure_links(nproc, threads)
-    flops = profile.device_flops if profile is not None else compute["flops"]
+    flops = (profile.device_flops if profile is not None else compute["flops"]) * share
     memory = machine_memory_bytes() // nproc
     link = ir.Link(links["bandwidth_Bps"], links["latency_s"])
     cluster = ir.Cluster(name or f"calibrated-cpu-{nproc}x{threads}t",
                          (ir.Node("cpu", tuple(ir.GPU(f"cpu{i}", float(flops), memory, compute["memory_bandwidth_Bps"])
                                            for i in range(nproc))),),
                          (("intra_node", link), ("inter_node", link)))
-    meta: dict[str, Any] = {**compute, **links, "threads": threads, "nproc": nproc,
+    meta: dict[str, Any] = {**compute, **links, "threads": threads, "nproc": nproc, "core_share": share,
                             "flops_source": "profile" if profile is not None else "benchmark"}
     if engines:
         from planner.calibrate_engines import measure_engines

@@ -104,8 +104,8 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _engine_worker(rank: int, world: int, port: int, engine: str, plans_path: str, threads: int, steps: int,
-                   rounds: int, out: str) -> None:
+def _engine_worker(rank: int, world: int, port: int, engine: str, plans_path: str, model: str, threads: int,
+                   steps: int, rounds: int, out: str) -> None:
     """One rank: join the group through the engine, train every plan ``rounds`` times, rank 0 writes the times."""
     os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
                        "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
@@ -121,32 +121,37 @@ def _engine_worker(rank: int, world: int, port: int, engine: str, plans_path: st
     times: list[list[float]] = [[] for _ in plans]
     for _ in range(rounds):
         for i, plan in enumerate(plans):
-            res = train_plan(plan, MODEL, engine, steps, 0, "cross_entropy", profile_terms=False)
+            res = train_plan(plan, model, engine, steps, 0, "cross_entropy", profile_terms=False)
             t = torch.tensor(res["iteration_s"], dtype=torch.float64)
             torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
             times[i].append(statistics.median(t.tolist()[WARMUP:]))
     if rank == 0:
-        Path(out).write_text(json.dumps([min(t) for t in times]))
+        Path(out).write_text(json.dumps(times))
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
 
-def time_plans(plans: Sequence[ir.Plan], engine: str, threads: int, steps: int = STEPS,
-               rounds: int = ROUNDS) -> list[float]:
-    """Seconds per step of each plan trained by ``engine`` on 2 processes (module doc)."""
+def time_plans(plans: Sequence[ir.Plan], engine: str, threads: int, steps: int = STEPS, rounds: int = ROUNDS,
+               model: str = MODEL) -> list[list[float]]:
+    """Seconds per step of each plan (of one world size) trained by ``engine``, once per round: the
+    median of the steps after :data:`WARMUP`, the slowest rank's (module doc)."""
     import torch.multiprocessing as mp
 
+    world = plans[0].world_size
+    if steps <= WARMUP or any(p.world_size != world for p in plans):
+        raise RunError(f"{len(plans)} plans of world sizes {sorted({p.world_size for p in plans})} with {steps} "
+                       "steps", f"time plans of one world size, with more than {WARMUP} steps")
     with tempfile.TemporaryDirectory(prefix="planner-calibrate-engine-") as tmp:
         plans_path, out = os.path.join(tmp, "plans.json"), os.path.join(tmp, "times.json")
         Path(plans_path).write_text(json.dumps([p.to_dict() for p in plans]))
-        args = (2, _free_port(), engine, plans_path, threads, steps, rounds, out)
+        args = (world, _free_port(), engine, plans_path, model, threads, steps, rounds, out)
         try:
-            mp.start_processes(_engine_worker, args=args, nprocs=2, join=True, start_method="spawn")
+            mp.start_processes(_engine_worker, args=args, nprocs=world, join=True, start_method="spawn")
         except Exception as exc:
-            raise RunError(f"calibrating {engine} failed: {str(exc).strip().splitlines()[-1]}",
-                               f"skip it with --engines (without {engine}), or run `planner run` on a plan with "
-                               f"--engine {engine} to see the cause") from None
-        return [float(t) for t in json.loads(Path(out).read_text())]
+            raise RunError(f"training with {engine} failed: {str(exc).strip().splitlines()[-1]}",
+                           f"leave the engine out (calibrate --engines), or run `planner run` on a plan with "
+                           f"--engine {engine} to see the cause") from None
+        return [[float(t) for t in row] for row in json.loads(Path(out).read_text())]
 
 
 def measure_engine(cluster: ir.Cluster, engine: str, threads: int, profile: ir.ModelProfile,
@@ -154,7 +159,7 @@ def measure_engine(cluster: ir.Cluster, engine: str, threads: int, profile: ir.M
                    rounds: int = ROUNDS) -> tuple[ir.EngineOverhead, list[dict[str, Any]]]:
     """``engine``'s fitted overheads on this machine, and every calibration run (plan, measured, predicted)."""
     plans = calibration_plans(profile, cluster, engine, shapes)
-    measured = time_plans(plans, engine, threads, steps, rounds)
+    measured = [min(row) for row in time_plans(plans, engine, threads, steps, rounds)]
     rows = [overhead_features(p, engine) for p in plans]
     base = np.array([b for b, _ in rows])
     features = np.array([f for _, f in rows])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -39,7 +40,15 @@ def test_memory_bandwidth_benchmark_is_plausible() -> None:
 def test_match_profile_takes_the_profiles_flops() -> None:
     profile = ir.ModelProfile.from_dict(make_profile_dict(device_flops=3.5e10))
     cluster, meta = calibrate(2, 1, name="x", profile=profile)
-    assert {g.flops for g in cluster.gpus} == {3.5e10} and meta["flops_source"] == "profile"
+    assert {g.flops for g in cluster.gpus} == {3.5e10 * meta["core_share"]} and meta["flops_source"] == "profile"
+
+
+def test_more_threads_than_cores_share_them() -> None:
+    from planner.calibrate import core_share
+
+    cores = len(os.sched_getaffinity(0))
+    assert core_share(1, 1) == 1.0 and core_share(cores, 1) == 1.0
+    assert core_share(2 * cores, 1) == pytest.approx(0.5) and core_share(cores, 4) == pytest.approx(0.25)
 
 
 def test_one_process_is_refused() -> None:
