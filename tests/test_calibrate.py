@@ -121,3 +121,10 @@ def test_unknown_engine_is_bad_usage(tmp_path: Path) -> None:
 
     res = CliRunner().invoke(main, ["calibrate", "-o", str(tmp_path / "c.json"), "--engines", "jax"])
     assert res.exit_code == 2 and "jax" in res.output and not (tmp_path / "c.json").exists()
+
+
+def test_engine_list_auto_none_and_duplicates() -> None:
+    from planner.commands.calibrate import engine_list
+
+    assert "torch" in engine_list("auto") and engine_list("none") == [] and engine_list("") == []
+    assert engine_list("torch, deepspeed,torch") == ["torch", "deepspeed"]

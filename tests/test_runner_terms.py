@@ -64,3 +64,11 @@ def test_the_engine_term_is_what_its_overheads_add() -> None:
     rows = stage_terms(known, "torch", [dict.fromkeys(MEASURED, 1.0), dict.fromkeys(MEASURED, 3.0)], [0, 1])
     assert [r["measured"]["compute"] for r in rows] == [1.0, 3.0] and rows[0]["predicted"] == terms[0]
     assert stage_terms(known, "torch", None, [0, 1])[1]["measured"] is None
+
+
+def test_a_plan_the_cost_model_cannot_cost_has_no_prediction() -> None:
+    plan = make_plan("1f1b", 4)
+    bad = dataclasses.replace(plan, stages=(dataclasses.replace(plan.stages[0], forms=("split_out", "dp")),
+                                            plan.stages[1]))
+    rows = stage_terms(bad, "torch", [dict.fromkeys(MEASURED, 1.0)] * 2, [0, 1])
+    assert [r["predicted"] for r in rows] == [None, None] and rows[1]["measured"]["other"] == 1.0

@@ -17,9 +17,9 @@ from planner.jsonio import dumps, read_json
 @click.option("--name", default=None, help="Cluster name (default calibrated-cpu-PxT).")
 @click.option("--match-profile", "profile_path", type=click.Path(dir_okay=False), default=None,
               help="Use this measured profile's device_flops as each device's flops (scale 1).")
-@click.option("--engines", "engines_text", default="deepspeed,torch", show_default=True, metavar="LIST",
-              help="Engines whose overheads to measure (comma-separated: deepspeed, torch), or 'none' "
-                   "(about 35 s each).")
+@click.option("--engines", "engines_text", default="auto", show_default=True, metavar="LIST",
+              help="Engines whose overheads to measure (comma-separated: deepspeed, torch), 'auto' (those "
+                   "installed) or 'none' (about 35 s each).")
 @progress_option
 @click.option("--json", "as_json", is_flag=True, help="Print the cluster JSON document.")
 def calibrate(out: str, nproc: int, threads: int, name: str | None, profile_path: str | None, engines_text: str,
@@ -58,8 +58,14 @@ CALIBRATED_ENGINES = ("deepspeed", "torch")
 
 
 def engine_list(text: str) -> list[str]:
-    """``--engines``: the engines named (each once, in order), none for ``none`` or an empty list."""
-    names = [] if text.strip().lower() == "none" else [t.strip() for t in text.split(",") if t.strip()]
+    """``--engines``: the engines named (each once, in order), none for ``none`` or an empty list,
+    those installed for ``auto``."""
+    word = text.strip().lower()
+    if word == "auto":
+        import importlib.util
+
+        return [e for e in CALIBRATED_ENGINES if importlib.util.find_spec(e) is not None]
+    names = [] if word == "none" else [t.strip() for t in text.split(",") if t.strip()]
     bad = [n for n in names if n not in CALIBRATED_ENGINES]
     if bad:
         raise click.BadParameter(f"unknown engine {bad[0]!r}; use {', '.join(CALIBRATED_ENGINES)} or none",

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 from planner import ir
 from planner.costmodel import stage_costs, stage_costs_for
+from planner.errors import PlannerError
 
 MEASURED = ("compute", "transfers", "allreduce", "optimizer", "other")
 PREDICTED = ("compute", "transfers", "allreduce", "optimizer", "engine", "idle")
@@ -113,8 +114,13 @@ def predicted_terms(plan: ir.Plan, engine: str) -> list[dict[str, float]]:
 def stage_terms(plan: ir.Plan, engine: str, measured: Sequence[dict[str, float]] | None,
                 rank_stages: Sequence[int]) -> list[dict[str, Any]]:
     """Per pipeline stage: ``measured`` (the median over the stage's ranks of each term; None
-    when the workers measured none) and ``predicted`` seconds per term."""
-    predicted = predicted_terms(plan, engine)
+    when the workers measured none) and ``predicted`` seconds per term (None when the cost model
+    cannot cost the plan, e.g. a hand-written plan with forms its profile does not allow)."""
+    stages = max(rank_stages, default=0) + 1
+    try:
+        predicted: list[dict[str, float] | None] = list(predicted_terms(plan, engine))
+    except PlannerError:
+        predicted = [None] * stages
     out = []
     for stage, pred in enumerate(predicted):
         ranks = [r for r, s in enumerate(rank_stages) if s == stage]
