@@ -17,10 +17,11 @@
   tensors into a third (STREAM "add", McCalpin 1995: 3 x 32 MiB moved per call), the
   kind of element-wise pass an optimizer step is (the cost model's optimizer term).
 
-* More threads than cores: when ``nproc x threads`` exceeds the cores this process may run on,
-  each device gets ``cores / (nproc x threads)`` of its measured (or profile's) ``flops`` and
-  memory bandwidth (``meta.core_share``): the processes of a pipeline compute at once and share
-  the cores.
+* Sharing the cores: the matmul benchmark runs once more in all P processes at once (after
+  the links); each device gets ``core_share = min(1, concurrent / alone)`` of its measured (or
+  profile's) ``flops`` and memory bandwidth (``meta.core_share``): the processes of a pipeline
+  compute at once, and on a machine with fewer free cores than P x T threads (more processes
+  than cores, or other work) each computes slower than it does alone.
 * Engines (:mod:`planner.calibrate_engines`): what DeepSpeed's and torch pipelining's own work
   adds to the cost model, per action, per micro-batch sent and per step, fitted by least
   squares over tiny pipelines trained by each engine (``engine_overheads``).
@@ -59,17 +60,17 @@ def _median_time(fn: Callable[[], object], repeats: int = 7, warmup: int = 2) ->
     return statistics.median(times)
 
 
-def measure_flops(threads: int = 1) -> dict[str, float]:
-    """FLOP/s of a 512x512 fp32 matmul and of a 3x3 convolution at ``threads`` threads."""
+def measure_flops(threads: int = 1, repeats: int = 7) -> dict[str, float]:
+    """FLOP/s of a 512x512 fp32 matmul and of a 3x3 convolution at ``threads`` threads (median of ``repeats``)."""
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         with torch.no_grad():
             a, b = torch.randn(512, 512), torch.randn(512, 512)
-            mm = 2 * 512**3 / _median_time(lambda: a @ b)
+            mm = 2 * 512**3 / _median_time(lambda: a @ b, repeats)
             x, w = torch.randn(8, 64, 32, 32), torch.randn(64, 64, 3, 3)
             conv_flops = 2 * 8 * 64 * 32 * 32 * 64 * 9
-            conv = conv_flops / _median_time(lambda: torch.nn.functional.conv2d(x, w, padding=1))
+            conv = conv_flops / _median_time(lambda: torch.nn.functional.conv2d(x, w, padding=1), repeats)
     finally:
         torch.set_num_threads(old)
     return {"matmul_flops": mm, "conv_flops": conv, "flops": statistics.median([mm, conv])}
@@ -152,6 +153,10 @@ def _worker(rank: int, world: int, init: str, threads: int, out: str) -> None:
     res = _measure_p2p(rank)
     dist.barrier()
     res.update(_measure_allreduce(world, res["latency_s"]))
+    dist.barrier()
+    flops = torch.tensor([measure_flops(threads, repeats=15)["matmul_flops"]], dtype=torch.float64)
+    dist.all_reduce(flops)
+    res["concurrent_matmul_flops"] = float(flops[0]) / world
     if rank == 0:
         import json
 
@@ -178,12 +183,6 @@ def measure_links(nproc: int, threads: int) -> dict[str, float]:
         return json.loads(Path(out).read_text())  # type: ignore[no-any-return]
 
 
-def core_share(nproc: int, threads: int) -> float:
-    """The share of a core each of ``nproc x threads`` threads gets on the cores this process may use."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return min(1.0, cores / (nproc * threads))
-
-
 def machine_memory_bytes() -> int:
     with contextlib.suppress(OSError):  # no /proc: ask the OS for its page count instead
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -201,9 +200,10 @@ def calibrate(nproc: int, threads: int = 1, name: str | None = None, profile: ir
     if threads < 1:
         raise UsageError(f"--threads must be positive, got {threads}", "use --threads 1")
     compute = measure_flops(threads)
-    share = core_share(nproc, threads)
-    compute["memory_bandwidth_Bps"] = measure_memory_bandwidth(threads) * share
+    bandwidth = measure_memory_bandwidth(threads)
     links = measure_links(nproc, threads)
+    share = min(1.0, links["concurrent_matmul_flops"] / compute["matmul_flops"])
+    compute["memory_bandwidth_Bps"] = bandwidth * share
     flops = (profile.device_flops if profile is not None else compute["flops"]) * share
     memory = machine_memory_bytes() // nproc
     link = ir.Link(links["bandwidth_Bps"], links["latency_s"])
