@@ -15,6 +15,11 @@ Rules of the judge, the same for every strategy:
 * Where a strategy leaves a choice to its user (the micro-batch count when ``auto``, the
   pipeline depth of DeepSpeed's grid), every choice is simulated and the fastest that
   fits is kept: each baseline is shown at its best.
+* Where a system documents several settings (PipeDream with and without its activation
+  term, DeepSpeed's ``partition_method``, torchgpipe's balance by time or by size, the
+  schedules a system runs: :func:`planner.search.baselines.strategy_settings`), each
+  setting is judged alike and the best one is the strategy's row, named in ``setting``; the
+  row is never slower than any of its settings, and ``settings`` lists each one's verdict.
 * The ``planner`` row is the default ``planner search``: the search's best distinct plans
   under its analytic objective (``--rerank``, default :data:`planner.search.RERANK`) and its
   structured seeds (the equal-width pipeline x data-parallel grids of its own space, pure
@@ -51,12 +56,30 @@ PLANNER_SCHEDULES = ("1f1b", "gpipe")
 
 
 @dataclass(frozen=True)
+class SettingResult:
+    """One setting of a strategy judged: its best layout and micro-batch count, or why none fits."""
+
+    setting: str
+    schedule: str | None
+    fits: bool
+    iteration_s: float | None
+    config: str | None
+    microbatches: int | None
+    reason: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"setting": self.setting, "schedule": self.schedule, "fits": self.fits,
+                "iteration_s": self.iteration_s, "config": self.config, "microbatches": self.microbatches,
+                "reason": self.reason}
+
+
+@dataclass(frozen=True)
 class StrategyResult:
-    """One strategy judged: its time and memory, or why it does not fit.
+    """One strategy judged at its best setting: its time and memory, or why it does not fit.
 
     ``plan`` is the judged plan (stages with memory, prediction from the simulator); for
     a strategy that does not fit it is the closest candidate, or None when none could
-    even be built.
+    even be built. ``setting`` names the setting of the row, ``settings`` every setting judged.
     """
 
     name: str
@@ -70,12 +93,20 @@ class StrategyResult:
     speedup_over_dp: float | None
     reason: str | None
     plan: ir.Plan | None = dataclasses.field(default=None, compare=False, repr=False)
+    setting: str | None = None
+    settings: tuple[SettingResult, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "iteration_s": self.iteration_s, "samples_per_s": self.samples_per_s,
                 "fits": self.fits, "config": self.config, "speedup_over_dp": self.speedup_over_dp,
                 "peak_memory_bytes": self.peak_memory_bytes, "schedule": self.schedule,
-                "microbatches": self.microbatches, "reason": self.reason}
+                "microbatches": self.microbatches, "reason": self.reason, "setting": self.setting,
+                "settings": [x.to_dict() for x in self.settings]}
+
+    def as_setting(self) -> SettingResult:
+        """This result as one setting of its strategy."""
+        return SettingResult(self.setting or "", self.schedule, self.fits, self.iteration_s, self.config,
+                             self.microbatches, self.reason)
 
 
 @dataclass(frozen=True)
@@ -119,32 +150,54 @@ def microbatch_choices(batch_size: int, microbatches: int | str) -> tuple[int, .
     return tuple(microbatch_candidates(batch_size, microbatches))
 
 
-def _layouts(name: str, profile: ir.ModelProfile, cluster: ir.Cluster, choices: tuple[int, ...],
-             optimizer: str) -> list[bl.Layout] | bl.NotFitting:
-    if name == "dp":
-        return [bl.dp_layout(profile, cluster)]
-    if name == "accpar":
-        return [bl.accpar_layout(profile, cluster, optimizer)]
-    if name.startswith("deepspeed-"):
-        return bl.deepspeed_layouts(profile, cluster, name.split("-", 1)[1], choices)
-    builders: dict[str, Callable[..., bl.Layout | bl.NotFitting]] = {
-        "gpipe-uniform": bl.gpipe_uniform_layout, "torchgpipe": bl.torchgpipe_layout,
-        "pipedream": bl.pipedream_layout,
-    }
-    one = builders[name](profile, cluster, choices)
-    return one if isinstance(one, bl.NotFitting) else [one]
-
-
-def _result(name: str, judged: Judged | None, reason: str | None = None) -> StrategyResult:
+def _result(name: str, judged: Judged | None, reason: str | None = None, setting: str | None = None
+            ) -> StrategyResult:
     if judged is None:
-        return StrategyResult(name, False, None, None, None, None, None, None, None, reason)
+        return StrategyResult(name, False, None, None, None, None, None, None, None, reason, setting=setting)
     p = judged.plan
     return StrategyResult(
         name=name, fits=judged.fits, iteration_s=p.predicted.iteration_s if judged.fits else None,
         samples_per_s=p.predicted.samples_per_s if judged.fits else None, config=p.config,
         schedule=p.schedule, microbatches=p.microbatches, peak_memory_bytes=p.predicted.peak_memory_bytes,
-        speedup_over_dp=None, reason=judged.reason, plan=p,
+        speedup_over_dp=None, reason=judged.reason, plan=p, setting=setting,
     )
+
+
+def _better(a: StrategyResult, b: StrategyResult) -> bool:
+    """Whether ``a`` beats ``b``: it fits and ``b`` does not, or both fit and ``a`` is faster, or
+    neither fits and ``a`` needs less memory."""
+    if a.fits != b.fits:
+        return a.fits
+    if a.fits:
+        return a.iteration_s is not None and b.iteration_s is not None and a.iteration_s < b.iteration_s
+    return a.peak_memory_bytes is not None and (b.peak_memory_bytes is None
+                                                or a.peak_memory_bytes < b.peak_memory_bytes)
+
+
+def best_setting(rows: Sequence[StrategyResult]) -> StrategyResult:
+    """The best of one strategy's settings (:func:`_better`; the first wins ties), with every
+    setting's verdict in ``settings``."""
+    best = rows[0]
+    for row in rows[1:]:
+        if _better(row, best):
+            best = row
+    return dataclasses.replace(best, settings=tuple(r.as_setting() for r in rows))
+
+
+def _judge_setting(name: str, setting: bl.Setting, profile: ir.ModelProfile, cluster: ir.Cluster,
+                   optimizer: str) -> StrategyResult:
+    """One setting judged: every runnable layout x micro-batch count, the fastest that fits kept."""
+    if setting.reason is not None:
+        return _result(name, None, setting.reason, setting.label)
+    try:
+        candidates = [layout.plan(profile, cluster, m, optimizer) for layout in setting.layouts
+                      for m in layout.microbatches]
+        runnable = [p for p in candidates if is_runnable(p)]
+        if candidates and not runnable:
+            return _result(name, None, f"cannot run: {problems(candidates[0])[0]}", setting.label)
+        return _result(name, best_of(runnable), None, setting.label)
+    except PlannerError as exc:  # infeasible, or a layout the engine cannot run: listed, never fatal
+        return _result(name, None, exc.cause, setting.label)
 
 
 def _planner(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int | str, schedule: str | None,
@@ -153,7 +206,7 @@ def _planner(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int
     simulator), for ``schedule``, or for each of :data:`PLANNER_SCHEDULES`, the faster kept."""
     from planner.search import search
 
-    best: StrategyResult | None = None
+    rows: list[StrategyResult] = []
     failure: PlannerError | None = None
     for sched in (schedule,) if schedule is not None else PLANNER_SCHEDULES:
         try:
@@ -162,24 +215,17 @@ def _planner(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int
         except PlannerError as exc:
             failure = failure or exc
             continue
-        row = _result("planner", judge(plan, recompute=True))
-        if best is None or _faster(row, best):
-            best = row
-    if best is None:
+        rows.append(_result("planner", judge(plan, recompute=True), None,
+                            f"search --schedule {sched} --rerank {rerank}"))
+    if not rows:
         assert failure is not None
         raise failure
-    return best
-
-
-def _faster(a: StrategyResult, b: StrategyResult) -> bool:
-    if a.fits != b.fits:
-        return a.fits
-    return a.iteration_s is not None and b.iteration_s is not None and a.iteration_s < b.iteration_s
+    return best_setting(rows)
 
 
 def run_strategy(name: str, profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int | str,
                  schedule: str | None, optimizer: str, rerank: int = RERANK) -> StrategyResult:
-    """Build and judge one strategy; a strategy that cannot run comes back with its reason.
+    """Build and judge one strategy at its best setting; one that cannot run comes back with its reason.
 
     ``planner`` is ``planner search --rerank N`` (see the module doc; 0: the analytic
     optimum alone); ``schedule`` is the planner's (None: the faster of 1f1b and gpipe).
@@ -189,17 +235,10 @@ def run_strategy(name: str, profile: ir.ModelProfile, cluster: ir.Cluster, *, mi
         if name == "planner":
             return _planner(profile, cluster, microbatches=microbatches, schedule=schedule, optimizer=optimizer,
                             rerank=rerank)
-        layouts = _layouts(name, profile, cluster, choices, optimizer)
-        if isinstance(layouts, bl.NotFitting):
-            return _result(name, None, layouts.reason)
-        candidates = [layout.plan(profile, cluster, m, optimizer) for layout in layouts
-                      for m in layout.microbatches]
-        runnable = [p for p in candidates if is_runnable(p)]
-        if candidates and not runnable:
-            return _result(name, None, f"cannot run: {problems(candidates[0])[0]}")
-        return _result(name, best_of(runnable))
-    except PlannerError as exc:  # infeasible, or a layout the engine cannot run: listed, never fatal
+        settings = bl.strategy_settings(name, profile, cluster, choices, optimizer)
+    except PlannerError as exc:  # no plan at all (the search found none that fits): a row, never fatal
         return _result(name, None, exc.cause)
+    return best_setting([_judge_setting(name, s, profile, cluster, optimizer) for s in settings])
 
 
 def compare(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int | str = "auto",

@@ -30,9 +30,9 @@ MAX_SIMULATED_ACTIONS = 200_000
 def known_solvers() -> tuple[str, ...]:
     """The search's solvers and the baselines' names (a compare row's plan names its strategy)."""
     from planner.search import SOLVERS
-    from planner.search.baselines import STRATEGIES
+    from planner.search.baselines import FORMER_STRATEGIES, STRATEGIES
 
-    return (*SOLVERS, *STRATEGIES)
+    return (*SOLVERS, *STRATEGIES, *FORMER_STRATEGIES)
 
 
 def load_plan(path: str | os.PathLike[str], *, check_prediction: bool = True) -> tuple[ir.Plan, list[str]]:

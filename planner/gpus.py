@@ -1,4 +1,5 @@
-"""A catalog of named GPUs: dense peak FLOP/s per number format, memory and memory bandwidth.
+"""A catalog of named GPUs: dense peak FLOP/s per number format, memory, memory bandwidth, and
+what the analytic roofline needs (SMs, achievable GEMM share of peak, kernel launch cost).
 
 Pure (no torch). Each entry is a vendor data-sheet figure, dense (no structured sparsity):
 
@@ -14,6 +15,27 @@ Pure (no torch). Each entry is a vendor data-sheet figure, dense (no structured 
 
 A format a GPU has no fast path for (bf16 on Turing and Volta) is absent from its
 ``peak_flops``; asking for it is an error rather than a silent fp32 figure.
+
+For the analytic roofline (``planner.profiler.roofline``):
+
+- ``sm_count``: streaming multiprocessors (NVIDIA architecture whitepapers: Turing TU102 in the
+  2080 Ti 68, Volta GV100 in the V100 80, Ampere GA100 in the A100 108, Hopper GH100 in the
+  H100 SXM5 132).
+- ``gemm_share``: the share of the dense peak that a large, well-shaped matrix multiply reaches,
+  per number format. Measured figures: Bekman's Maximum Achievable Matmul FLOPS (MAMF) table
+  (stas00/ml-engineering, compute/accelerator/README.md, ``mamf-finder.py``, bf16 ``torch.matmul``
+  over a sweep of shapes, CUDA 12.1): A100 SXM 267.9 of 312 TFLOP/s (85.9%), H100 SXM 792.1 of
+  989 (80.1%). fp16 runs on the same tensor cores at the same peak, so it takes the bf16 share.
+  Where no measurement is published there (every fp32 and tf32 figure, the V100 and the 2080 Ti)
+  the share is :data:`DEFAULT_GEMM_SHARE`, 0.80, the low end of that table's NVIDIA range
+  (80.1-85.9%): an assumption, not a measurement.
+- ``attention_share``: the share of the dense peak fused attention (PyTorch's SDPA flash backend,
+  FlashAttention-2) reaches, forward and backward. A100: 50-73% (Dao, "FlashAttention-2", 2023,
+  abstract), taken at the middle, 61.5%; H100: 35% (Shah et al., "FlashAttention-3", 2024, abstract:
+  FlashAttention-2 "achieving only 35% utilization on the H100"). Elsewhere the GEMM share.
+- ``launch_s``: :data:`LAUNCH_S`, 4 microseconds per kernel: PyTorch's eager dispatch plus the CUDA
+  launch, of the order of the few microseconds per launch NVIDIA reports ("Getting Started with
+  CUDA Graphs", NVIDIA technical blog, 2019); the same for every GPU, since the host pays most of it.
 """
 
 from __future__ import annotations
@@ -39,6 +61,13 @@ class GPUSpec:
     """Number format (``fp32``, ``tf32``, ``bf16``, ``fp16``) -> dense peak FLOP/s."""
     memory_bytes: int
     memory_bandwidth_Bps: float
+    sm_count: int
+    gemm_share: MappingProxyType[str, float]
+    """Number format -> share of the dense peak a large GEMM reaches (module docstring: sources)."""
+    attention_share: MappingProxyType[str, float]
+    """Number format -> share of the dense peak fused attention reaches (module docstring: sources)."""
+    launch_s: float = 4e-6
+    """Seconds a kernel launch costs on top of its run time (module docstring)."""
 
     def peak(self, number_format: str) -> float:
         """Peak FLOP/s in ``number_format``; a UsageError when the GPU has no fast path for it."""
@@ -55,18 +84,55 @@ class GPUSpec:
                       tuple((f, self.peak_flops[f]) for f in NUMBER_FORMATS if f in self.peak_flops))
 
 
-def _spec(name: str, description: str, memory_gib: int, bandwidth_Bps: float, **peaks_tflops: float) -> GPUSpec:
+    def large_gemm_share(self, number_format: str) -> float:
+        """Share of the ``number_format`` peak a large GEMM reaches (:data:`DEFAULT_GEMM_SHARE` if unmeasured)."""
+        self.peak(number_format)  # the format must exist on this GPU
+        return self.gemm_share.get(number_format, DEFAULT_GEMM_SHARE)
+
+    def fused_attention_share(self, number_format: str) -> float:
+        """Share of the ``number_format`` peak fused attention reaches (the GEMM share if unpublished)."""
+        return self.attention_share.get(number_format, self.large_gemm_share(number_format))
+
+
+DEFAULT_GEMM_SHARE = 0.80
+"""Large-GEMM share of peak where no measurement is catalogued (module docstring)."""
+LAUNCH_S = 4e-6
+"""Seconds per kernel launch (module docstring)."""
+MAMF_A100_SXM = 267.9 / 312.0
+"""Bekman's MAMF table: A100 SXM bf16 matmul, 267.9 of 312 TFLOP/s."""
+MAMF_H100_SXM = 792.1 / 989.0
+"""Bekman's MAMF table: H100 SXM bf16 matmul, 792.1 of 989 TFLOP/s."""
+FA2_A100 = (0.50 + 0.73) / 2
+"""FlashAttention-2 on the A100: 50-73% of peak (Dao 2023), the middle of the range."""
+FA2_H100 = 0.35
+"""FlashAttention-2 on the H100: 35% of peak (Shah et al. 2024, FlashAttention-3)."""
+
+
+def _tensor_shares(peaks: dict[str, float], share: float | None) -> MappingProxyType[str, float]:
+    """``share`` for the tensor-core half-precision formats the GPU has (none if ``share`` is None)."""
+    formats: list[str] = [] if share is None else [f for f in ("bf16", "fp16") if f in peaks]
+    return MappingProxyType({f: float(share or 0.0) for f in formats})
+
+
+def _spec(name: str, description: str, memory_gib: int, bandwidth_Bps: float, sm_count: int,
+          shares: tuple[float, float] | None = None, **peaks_tflops: float) -> GPUSpec:
+    """A catalogue entry; ``shares``: the published bf16/fp16 (large-GEMM, fused-attention) shares of peak."""
     peaks = {fmt: tflops * 1e12 for fmt, tflops in peaks_tflops.items()}
-    return GPUSpec(name, description, MappingProxyType(peaks), memory_gib * GIB, bandwidth_Bps)
+    gemm, attention = shares if shares is not None else (None, None)
+    return GPUSpec(name, description, MappingProxyType(peaks), memory_gib * GIB, bandwidth_Bps, sm_count,
+                   _tensor_shares(peaks, gemm), _tensor_shares(peaks, attention), LAUNCH_S)
 
 
 _CATALOG: tuple[GPUSpec, ...] = (
-    _spec("rtx2080ti", "NVIDIA GeForce RTX 2080 Ti (Turing), 11 GiB", 11, 616e9, fp32=13.4, fp16=53.8),
-    _spec("v100", "NVIDIA V100 SXM2 16GB", 16, 900e9, fp32=15.7, fp16=125.0),
-    _spec("v100-32gb", "NVIDIA V100 SXM2 32GB", 32, 900e9, fp32=15.7, fp16=125.0),
-    _spec("a100-40gb", "NVIDIA A100 SXM 40GB", 40, 1.555e12, fp32=19.5, tf32=156.0, bf16=312.0, fp16=312.0),
-    _spec("a100", "NVIDIA A100 SXM 80GB", 80, 2.039e12, fp32=19.5, tf32=156.0, bf16=312.0, fp16=312.0),
-    _spec("h100", "NVIDIA H100 SXM 80GB", 80, 3.35e12, fp32=67.0, tf32=494.7, bf16=989.4, fp16=989.4),
+    _spec("rtx2080ti", "NVIDIA GeForce RTX 2080 Ti (Turing), 11 GiB", 11, 616e9, 68, fp32=13.4, fp16=53.8),
+    _spec("v100", "NVIDIA V100 SXM2 16GB", 16, 900e9, 80, fp32=15.7, fp16=125.0),
+    _spec("v100-32gb", "NVIDIA V100 SXM2 32GB", 32, 900e9, 80, fp32=15.7, fp16=125.0),
+    _spec("a100-40gb", "NVIDIA A100 SXM 40GB", 40, 1.555e12, 108, (MAMF_A100_SXM, FA2_A100),
+          fp32=19.5, tf32=156.0, bf16=312.0, fp16=312.0),
+    _spec("a100", "NVIDIA A100 SXM 80GB", 80, 2.039e12, 108, (MAMF_A100_SXM, FA2_A100),
+          fp32=19.5, tf32=156.0, bf16=312.0, fp16=312.0),
+    _spec("h100", "NVIDIA H100 SXM 80GB", 80, 3.35e12, 132, (MAMF_H100_SXM, FA2_H100),
+          fp32=67.0, tf32=494.7, bf16=989.4, fp16=989.4),
 )
 GPUS: MappingProxyType[str, GPUSpec] = MappingProxyType({g.name: g for g in _CATALOG})
 GPU_NAMES: tuple[str, ...] = tuple(GPUS)

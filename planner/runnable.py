@@ -80,14 +80,28 @@ def grid_problems(plan: ir.Plan) -> list[str]:
     """Grids that do not divide, tensor forms on layers that cannot take them, ZeRO on one rank."""
     out = []
     for i, st in enumerate(plan.stages):
-        if st.width % st.tp:
-            out.append(f"stage {i}: tp {st.tp} does not divide its {st.width} devices")
+        problem = st.grid_problem()
+        if problem is not None:
+            out.append(f"stage {i}: {problem[0]}")
             continue
         if st.zero and st.dp == 1:
             out.append(f"stage {i}: ZeRO stage {st.zero} with a data-parallel group of 1 shards nothing")
         for j, form in enumerate(st.forms):
             out += _form_problems(plan.profile.layers[st.layers[0] + j], form, st.tp, i, st.layers[0] + j)
+        out += _sample_split_problems(plan, i)
     return out
+
+
+def _sample_split_problems(plan: ir.Plan, index: int) -> list[str]:
+    """A dp form inside a tensor group splits the micro-batch's samples over it: tp must divide them."""
+    st = plan.stages[index]
+    samples = plan.micro_batch_size(st)
+    if st.tp == 1 or "dp" not in st.forms or samples % st.tp == 0:
+        return []
+    first = st.layers[0] + st.forms.index("dp")
+    return [f"stage {index}: layer {first} runs the dp form, which splits a micro-batch's {samples:g} samples over "
+            f"the tensor group of {st.tp}; {st.tp} does not divide them (use a micro-batch size divisible by "
+            f"{st.tp}, or split/tp forms for those layers)"]
 
 
 def _form_problems(layer: ir.LayerProfile, form: str, tp: int, stage: int, index: int) -> list[str]:

@@ -3,7 +3,9 @@
 Owns :func:`validate_plan`: a known schedule (and virtual stages only where the schedule
 takes them), stages that cover every layer exactly once in order with one form per layer,
 devices of the plan's cluster that no two pipeline ranks share, chunk c on the devices of
-chunk c mod K, and micro-batches that divide the batch. The simulator and the judge
+chunk c mod K, micro-batches that divide the batch, and tensor x data grids whose ``tp``
+divides the stage and is given wherever a form splits a layer (``tp`` is never inferred:
+split forms with ``tp == 1`` are an error, :meth:`planner.ir.Stage.grid_problem`). The simulator and the judge
 (:mod:`planner.judge`) call it; whether an engine can run the plan is
 :mod:`planner.runnable`'s question.
 """
@@ -20,10 +22,14 @@ from planner.schedule import SCHEDULES, schedule_kind, virtual_stage_schedules
 def validate_plan(plan: ir.Plan) -> None:
     """Raise PlanError unless ``plan`` is consistent: a known schedule, stages that cover every
     layer exactly once in order, one form per layer, devices that exist in its cluster and are
-    not shared between pipeline ranks, and micro-batches that divide the batch."""
+    not shared between pipeline ranks, micro-batches that divide the batch, and consistent grids."""
     _check_plan_fields(plan)
     _check_layer_cover(plan.stages, len(plan.profile.layers))
     _check_stage_devices(plan)
+    for i, stage in enumerate(plan.stages):
+        problem = stage.grid_problem()
+        if problem is not None:
+            raise PlanError(f"stage {i}: {problem[0]}", problem[1])
 
 
 def _check_plan_fields(plan: ir.Plan) -> None:

@@ -139,7 +139,7 @@ def main() -> int:
                     optimizer=args.optimizer)
         pd_results.append(c)
         pd_lines.append(f"\n## batch {batch}\n")
-        for name in ("dp", "pipedream", "deepspeed-parameters", "accpar", "planner"):
+        for name in ("dp", "pipedream", "deepspeed", "accpar", "planner"):
             pd_lines.append(f"- **{name}**: {config_detail(c, name)}\n")
         pd_lines.append(f"- **PipeDream's reported 9-5-1-1**, its layers and forms searched by the planner "
                         f"(`--config 9-5-1-1`), judged by the same simulator: {reported_config(c, args)}\n")

@@ -208,3 +208,135 @@ def test_pipedream_layout_names_real_devices_and_uses_each_once() -> None:
     used = [d for _, devices, _ in layout.stages for d in devices]
     assert sorted(used) == sorted(g.name for g in cluster.gpus)
     assert all(form == "dp" for _, _, forms in layout.stages for form in forms)
+
+
+# ----------------------------------------------------------------------------- settings
+
+
+def test_pipedream_counting_activations_avoids_the_huge_activation_cut() -> None:
+    # 2 servers of 1 GPU on 10 Gbit/s, four equal layers of 1 GB weights (data parallel is slow);
+    # layer 1 emits 8 GB. PipeDream's default ignores transfers and cuts at the balanced point,
+    # right where the 8 GB must cross servers (12.8 s a batch); with --activation_compression_ratio
+    # 1 the DP sees it and cuts next to it (3 s a batch)
+    times, params, outputs = [1.0] * 4, [1e9] * 4, [1e3, 8e9, 1e3, 1e3]
+    levels = [(1, 1e11), (2, 1.25e9)]
+    default = bl.pipedream_partition(times, params, levels, outputs)
+    assert [(s.first, s.end) for s in default] == [(0, 2), (2, 4)]
+    counted = bl.pipedream_partition(times, params, levels, outputs, activation_compression_ratio=1.0)
+    assert len(counted) == 2 and counted[0].end != 2
+    # the compression ratio divides the activation term: at 1e4 the cut is back at the balance point
+    relaxed = bl.pipedream_partition(times, params, levels, outputs, activation_compression_ratio=1e4)
+    assert [(s.first, s.end) for s in relaxed] == [(0, 2), (2, 4)]
+    with pytest.raises(ValueError):
+        bl.pipedream_partition(times, params, levels, None, activation_compression_ratio=1.0)
+
+
+def test_pipedream_layout_reads_the_profiles_outputs_for_the_activation_term() -> None:
+    # the partitioner case above as a profile on 2 servers x 1 GPU: each mode's layout, and
+    # compare runs both, naming them
+    from tests.conftest import make_cluster_dict
+
+    doc = make_profile_dict(4)
+    for layer, out in zip(doc["layers"], [1e3, 8e9, 1e3, 1e3], strict=True):
+        layer.update(forward_s=1 / 3, backward_s=2 / 3, param_bytes=10**9, output_bytes=int(out))
+    cluster_doc = make_cluster_dict(2, 1)
+    cluster_doc["links"]["inter_node"]["bandwidth_Bps"] = 1.25e9
+    profile, cluster = ir.ModelProfile.from_dict(doc), ir.Cluster.from_dict(cluster_doc)
+    default = bl.pipedream_layout(profile, cluster, (1,))
+    counted = bl.pipedream_layout(profile, cluster, (1,), activation_compression_ratio=1.0)
+    assert [layers for layers, _, _ in default.stages] == [(0, 2), (2, 4)]
+    assert len(counted.stages) == 2 and counted.stages[0][0] != (0, 2)
+    labels = [s.label for s in bl.strategy_settings("pipedream", profile, cluster, (1,), "sgd")]
+    assert labels == [label for label, _ in bl.PIPEDREAM_MODES for _ in bl.BASELINE_SCHEDULES["pipedream"]]
+
+
+def test_deepspeed_type_method_balances_the_matching_layers() -> None:
+    doc = make_profile_dict(6)
+    for layer, kind in zip(doc["layers"], ["Embedding", *["Block"] * 4, "Linear"], strict=True):
+        layer["type"] = kind
+    profile = ir.ModelProfile.from_dict(doc)
+    assert bl.deepspeed_type_weights(profile, "block") == [0, 1, 1, 1, 1, 0]  # case-insensitive search
+    assert bl.deepspeed_parts(profile, 2, "type:Block") == bl.partition_balanced([0, 1, 1, 1, 1, 0], 2)
+    assert bl.deepspeed_methods(profile) == ("parameters", "uniform", "type:Embedding", "type:Block", "type:Linear")
+    with pytest.raises(ValueError):
+        bl.deepspeed_parts(profile, 2, "size")
+
+
+def test_balance_by_size_weighs_activations_of_a_micro_batch_and_scaled_parameters() -> None:
+    doc = make_profile_dict(6)
+    sizes = [(8000, 0), (8000, 0), (0, 1000), (0, 1000), (0, 1000), (0, 1000)]
+    for layer, (saved, params) in zip(doc["layers"], sizes, strict=True):
+        layer["saved_bytes"], layer["param_bytes"] = saved, params
+    profile = ir.ModelProfile.from_dict(doc)
+    # one chunk: the two 8000-byte activations outweigh four layers of 2 x 1000 parameter bytes
+    assert bl.balance_by_size(profile, 2, 1, 2.0) == [1, 5]
+    # eight chunks: 1000 activation bytes per micro-batch, the parameters now weigh more
+    assert bl.balance_by_size(profile, 2, 8, 2.0) == [4, 2]
+    assert bl.torchgpipe_param_scale("sgd") == 2 and bl.torchgpipe_param_scale("adam") == 4
+
+
+@pytest.mark.parametrize("name", [s for s in bl.STRATEGIES if s != "planner"])
+def test_every_baseline_has_named_settings_with_layouts_or_a_reason(name: str) -> None:
+    profile, cluster = _pc(16)
+    found = bl.strategy_settings(name, profile, cluster, (1, 2, 4), "sgd")
+    assert found and len({(s.label, tuple(lay.schedule for lay in s.layouts)) for s in found}) == len(found)
+    for setting in found:
+        assert setting.label and (setting.layouts or setting.reason)
+        for layout in setting.layouts:
+            assert layout.schedule in ("1f1b", "gpipe", "pipedream")
+            plan = layout.plan(profile, cluster, layout.microbatches[0], "sgd")
+            assert [s.tp for s in plan.stages] == [layout.tp] * len(plan.stages)
+
+
+def test_accpar_gives_its_split_stage_the_whole_group_as_tensor_degree() -> None:
+    # VGG16's 400 MB classifier on 1 Gbit/s: AccPar splits it over every GPU rather than all-reduce it
+    from pathlib import Path
+
+    from planner.cluster import load_cluster
+    from planner.jsonio import read_json
+
+    root = Path(__file__).resolve().parent.parent
+    profile = ir.ModelProfile.from_dict(read_json(str(root / "profiles/vgg16-b64-2080ti.json"), "profile"))
+    cluster = load_cluster("pipepar-4x2-2080ti")
+    layout = bl.accpar_layout(profile, cluster, "sgd")
+    assert set(layout.stages[0][2]) - {"dp"} and layout.tp == 8
+    plan = layout.plan(profile, cluster, 1, "sgd")
+    assert plan.stages[0].tp == 8 and plan.stages[0].grid_problem() is None
+
+
+# ----------------------------------------------------------------------------- Megatron-LM
+
+
+def _llama(heads: int = 16, kv_heads: int = 8) -> ir.ModelProfile:
+    from tests.test_export_torchtitan import llama_profile
+
+    return llama_profile(6, heads=heads, kv_heads=kv_heads)
+
+
+def test_megatron_tp_is_a_server_lowered_to_divide_the_heads() -> None:
+    from tests.conftest import make_cluster_dict
+
+    cluster = ir.Cluster.from_dict(make_cluster_dict(2, 4))
+    assert bl.megatron_tp(_llama(16, 8), cluster) == 4
+    assert bl.megatron_tp(_llama(2, 2), cluster) == 2  # 4 does not divide 2 heads
+
+
+def test_megatron_layouts_are_tp_in_a_server_uniform_pipelines_and_data_parallel_rest() -> None:
+    from tests.conftest import make_cluster_dict
+
+    profile, cluster = _llama(), ir.Cluster.from_dict(make_cluster_dict(2, 4))
+    layouts = bl.megatron_layouts(profile, cluster, (1, 2))
+    assert isinstance(layouts, list)
+    assert [layout.config for layout in layouts] == ["8", "4-4"] and {lay.tp for lay in layouts} == {4}
+    two = layouts[1]
+    assert [layers for layers, _, _ in two.stages] == [(0, 4), (4, 8)]  # uniform layer counts
+    assert two.stages[1][1] == ("n1.g0", "n1.g1", "n1.g2", "n1.g3")  # a stage on consecutive ranks
+    forms = [f for _, _, fs in two.stages for f in fs]
+    assert forms == ["dp"] + ["tp"] * 6 + ["dp"]  # the tp form on the blocks only
+    plan = two.plan(profile, cluster, 2, "sgd")
+    from planner.runnable import problems
+
+    assert problems(plan) == [] and [s.dp for s in plan.stages] == [1, 1]
+    cnn, _ = _pc(16)
+    refused = bl.megatron_layouts(cnn, cluster, (1,))
+    assert isinstance(refused, bl.NotFitting) and "transformer blocks" in refused.reason

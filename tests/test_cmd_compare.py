@@ -35,12 +35,12 @@ def test_json_lists_every_strategy_with_the_contract_keys(files: tuple[str, str]
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     names = [s["name"] for s in doc["strategies"]]
-    for name in ("dp", "planner", "gpipe-uniform", "deepspeed-parameters", "deepspeed-uniform", "accpar",
-                 "pipedream", "torchgpipe"):
+    for name in ("dp", "planner", "gpipe-uniform", "deepspeed", "accpar", "pipedream", "torchgpipe"):
         assert name in names
     for row in doc["strategies"]:
         assert {"name", "iteration_s", "samples_per_s", "fits", "config", "speedup_over_dp",
-                "peak_memory_bytes", "reason"} <= set(row)
+                "peak_memory_bytes", "reason", "setting", "settings"} <= set(row)
+        assert row["setting"] in [s["setting"] for s in row["settings"]]  # the row names one of its settings
     assert "speedup" not in result.stdout.split("{", 1)[0]  # nothing but JSON on stdout
 
 
@@ -69,7 +69,7 @@ def test_options_reach_the_comparison(files: tuple[str, str]) -> None:
 @pytest.mark.parametrize(("args", "code", "needle"), [
     (["--microbatches", "3"], 2, "divide"),
     (["--microbatches", "zero"], 2, "auto"),
-    (["--strategies", "dp,megatron"], 2, "megatron"),
+    (["--strategies", "dp,alpa"], 2, "alpa"),
     (["--schedule", "nope"], 2, "nope"),
 ])
 def test_bad_options_are_usage_errors(files: tuple[str, str], args: list[str], code: int, needle: str) -> None:

@@ -83,7 +83,7 @@ def test_split_forms_need_shapes_and_shard_weights() -> None:
     d = make_profile_dict(2)
     p_noshape = ir.ModelProfile.from_dict(d)
     c = _cluster(1, 2)
-    stage = ir.Stage((0, 2), ("n0.g0", "n0.g1"), ("split_out", "split_in"), 0)
+    stage = ir.Stage((0, 2), ("n0.g0", "n0.g1"), ("split_out", "split_in"), 0, tp=2)
     with pytest.raises(PlanError):
         cm.stage_cost_values(p_noshape, c, stage, 1, "sgd", None)
     for layer in d["layers"]:
@@ -265,3 +265,14 @@ def test_analytic_iteration_pays_each_action_on_the_critical_path_and_each_step_
     t1, _ = cm.analytic_iteration(cm.charge(costs, ir.EngineOverhead(a, 0.0, step)), schedule, m)
     assert t0 == pytest.approx((m + k - 1) * (tf + tb))
     assert t1 - t0 == pytest.approx((m + k - 1) * 2 * a + step)
+
+
+def test_dp_form_in_a_tensor_group_opens_only_when_the_group_divides_the_samples() -> None:
+    """The dp form splits a replica's micro-batch over the tensor group (whole samples per device)."""
+    p = ir.ModelProfile.from_dict(make_profile_dict(3, batch_size=8))
+    c = cluster_from_dict(make_cluster_dict(1, 4))
+    group = group_of(c, [g.name for g in c.gpus])
+    # samples per micro-batch and replica: 8 / (m * dp), dp = 4 / tp
+    for m, tp, dp_open in ((2, 4, True), (1, 4, True), (2, 2, True), (4, 2, False), (4, 4, False), (8, 1, True)):
+        table = cm.layer_table(p, cm.Grid(group, tp), m, "sgd")
+        assert bool(table.allowed[:, 0].all()) == dp_open, (m, tp)

@@ -18,3 +18,14 @@ def test_script_args_take_the_launchers_local_rank_and_refuse_unknown_losses(
     monkeypatch.setattr("sys.argv", ["train.py", "--loss", "hinge"])
     with pytest.raises(SystemExit):
         script_args("doc", "pkg:model")
+
+
+def test_script_args_take_a_learning_rate_and_the_torch_scripts_report_folder(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("sys.argv", ["train.py", "--lr", "0.3", "--report", "out"])
+    args = script_args("doc", "pkg:model", report=True)
+    assert (args.lr, args.report) == (0.3, "out")
+    monkeypatch.setattr("sys.argv", ["train.py"])
+    assert script_args("doc", "pkg:model").lr is None  # the optimizer's default rate
+    monkeypatch.setattr("sys.argv", ["train.py", "--report", "out"])
+    with pytest.raises(SystemExit):  # only the torch script reports what it built
+        script_args("doc", "pkg:model", local_rank=True)

@@ -66,10 +66,13 @@ def profile(factory: str) -> ir.ModelProfile:
 
 def grid_plan(factory: str, parts: Sequence[int], tp: int = 1, dp: int = 1, *, zero: int = 0,
               recompute: str = "none", precision: str = "fp32", sequence_parallel: bool = False,
-              microbatches: int = 2, schedule: str = "1f1b", optimizer: str = "momentum") -> ir.Plan:
-    """A plan of ``len(parts) - 1`` stages of ``tp x dp`` devices; blocks run ``tp`` when tp > 1."""
+              microbatches: int = 2, schedule: str = "1f1b", optimizer: str = "momentum",
+              servers: tuple[int, int] = (2, 4)) -> ir.Plan:
+    """A plan of ``len(parts) - 1`` stages of ``tp x dp`` devices; blocks run ``tp`` when tp > 1.
+
+    ``servers``: the cluster's servers and GPUs per server; stages take devices in order."""
     prof = profile(factory)
-    base = manual_plan(prof, ir.Cluster.from_dict(make_cluster_dict(2, 4)), parts, tp * dp,
+    base = manual_plan(prof, ir.Cluster.from_dict(make_cluster_dict(*servers)), parts, tp * dp,
                               microbatches=microbatches, schedule=schedule, optimizer=optimizer,
                               predicted=ir.Prediction(0.01, 800.0, 0.1, 0))
     stages = tuple(dataclasses.replace(
@@ -96,19 +99,17 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _grid_worker(rank: int, world: int, port: int, plans_json: str, out: str) -> None:
-    """Train each plan ``STEPS`` steps; write per plan this rank's losses and what it built (one JSON line)."""
-    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-    sys.path.insert(0, str(ROOT))
+def train_plans(docs: str, out: str) -> None:
+    """In a joined process group: train each plan ``STEPS`` steps; write per plan this rank's losses, what it
+    built and the server (torchrun's node rank) it ran on, one JSON line each, to ``out/rank<R>.jsonl``."""
     torch.set_num_threads(1)
     import torch.distributed as dist
 
     from planner.export.torch import Trainer
 
     dist.init_process_group("gloo")
-    with open(Path(out, f"rank{rank}.jsonl"), "w") as f:
-        for name, doc in json.loads(plans_json).items():
+    with open(Path(out, f"rank{dist.get_rank()}.jsonl"), "w") as f:
+        for name, doc in json.loads(docs).items():
             plan = ir.Plan.from_dict(doc)
             layers, example = load_layers(plan.model, plan, 0)
             for layer in layers:
@@ -116,19 +117,36 @@ def _grid_worker(rank: int, world: int, port: int, plans_json: str, out: str) ->
             spec = data_spec(layers, example, "cross_entropy")
             trainer = Trainer(layers, plan, "cross_entropy", lr=LR)
             losses = [trainer(*spec.batch(s, plan.batch_size, 0)) for s in range(STEPS)]
-            f.write(json.dumps({"plan": name, "losses": losses, **trainer.describe()}) + "\n")
+            node = int(os.environ.get("GROUP_RANK", "0"))
+            f.write(json.dumps({"plan": name, "losses": losses, "node_rank": node, **trainer.describe()}) + "\n")
             f.flush()
     dist.destroy_process_group()
 
 
+def _grid_worker(rank: int, world: int, port: int, docs: str, out: str) -> None:
+    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    sys.path.insert(0, str(ROOT))
+    train_plans(docs, out)
+
+
+def read_runs(plans: dict[str, ir.Plan], out: Path, world: int) -> dict[str, list[dict[str, Any]]]:
+    """Per plan, every rank's JSON line (:func:`train_plans`), in rank order."""
+    lines = [json.loads(ln) for r in range(world) for ln in Path(out, f"rank{r}.jsonl").read_text().splitlines()]
+    return {k: sorted((d for d in lines if d["plan"] == k), key=lambda d: d["rank"]) for k in plans}
+
+
+def plans_json(plans: dict[str, ir.Plan]) -> str:
+    """The plans as one JSON document (name -> plan), as :func:`train_plans` reads them."""
+    return json.dumps({k: p.to_dict() for k, p in plans.items()})
+
+
 def run_grids(plans: dict[str, ir.Plan], world: int = 4) -> dict[str, list[dict[str, Any]]]:
     """Run every plan in one launch of ``world`` processes; per plan, every rank's JSON line."""
-    docs = json.dumps({k: p.to_dict() for k, p in plans.items()})
     with tempfile.TemporaryDirectory() as out:
-        mp.start_processes(_grid_worker, args=(world, _free_port(), docs, out), nprocs=world, join=True,
+        mp.start_processes(_grid_worker, args=(world, _free_port(), plans_json(plans), out), nprocs=world, join=True,
                            start_method="spawn")
-        lines = [json.loads(ln) for r in range(world) for ln in Path(out, f"rank{r}.jsonl").read_text().splitlines()]
-    return {k: sorted((d for d in lines if d["plan"] == k), key=lambda d: d["rank"]) for k in plans}
+        return read_runs(plans, Path(out), world)
 
 
 def reference(plan: ir.Plan) -> list[float]:
@@ -165,14 +183,32 @@ GRIDS: dict[str, dict[str, Any]] = {
 
 
 def expected_rank(plan: ir.Plan, rank: int) -> dict[str, Any]:
-    """What rank ``rank`` must build for ``plan``: rank = pp x (dp x tp) + replica x tp + tensor rank."""
+    """What rank ``rank`` must build for ``plan``: rank = pp x (dp x tp) + replica x tp + tensor rank;
+    in a tensor group of two or more, the ``dp``-form layers compute their share of the samples."""
     first = plan.stages[0]
     pp, d, t = rank // first.width, (rank // first.tp) % first.dp, rank % first.tp
     st = plan.stages[pp]
     own = list(range(*st.layers))
     return {"coords": {"pp": pp, "dp": d, "tp": t}, "stages": [pp], "layers": own,
-            "tp_layers": [i for i, f in zip(own, st.forms, strict=True) if f == "tp"], "zero": st.zero,
-            "recompute": [] if st.recompute == "none" else [st.recompute], "autocast": plan.precision == "bf16"}
+            "tp_layers": [i for i, f in zip(own, st.forms, strict=True) if f == "tp"],
+            "sample_split_layers": [i for i, f in zip(own, st.forms, strict=True) if f == "dp" and st.tp > 1],
+            "zero": st.zero, "recompute": [] if st.recompute == "none" else [st.recompute],
+            "autocast": plan.precision == "bf16"}
+
+
+def check_grid_run(name: str, plan: ir.Plan, ranks: list[dict[str, Any]]) -> float:
+    """Every rank built what the plan says (:func:`expected_rank`) and trained like one process (the
+    tolerance of the plan's precision); returns the largest relative loss difference."""
+    assert len(ranks) == plan.world_size, name
+    for r, doc in enumerate(ranks):
+        assert doc["rank"] == r, (name, r)
+        built = {k: doc[k] for k in expected_rank(plan, r)}
+        assert built == expected_rank(plan, r), (name, r)
+    diff = max_rel_diff(ranks[0]["losses"], reference(plan))
+    print(f"{name}: max relative loss difference {diff:.2e}")
+    assert diff < (BF16_TOL if plan.precision == "bf16" else FP32_TOL), (name, diff)
+    assert all(d["losses"] == ranks[0]["losses"] for d in ranks), name
+    return diff
 
 
 @pytest.mark.slow
@@ -183,16 +219,7 @@ def test_grids_train_like_one_process_and_build_what_the_plan_says() -> None:
     plans = {name: grid_plan("tiny_gpt2", **kw) for name, kw in GRIDS.items()}
     got = run_grids(plans)
     for name, plan in plans.items():
-        ranks = got[name]
-        assert len(ranks) == 4, name
-        for r, doc in enumerate(ranks):
-            built = {k: doc[k] for k in ("coords", "stages", "layers", "tp_layers", "zero", "recompute", "autocast")}
-            assert built == expected_rank(plan, r), (name, r)
-        tol = BF16_TOL if plan.precision == "bf16" else FP32_TOL
-        diff = max_rel_diff(ranks[0]["losses"], reference(plan))
-        print(f"{name}: max relative loss difference {diff:.2e}")
-        assert diff < tol, (name, diff)
-        assert all(d["losses"] == ranks[0]["losses"] for d in ranks), name
+        check_grid_run(name, plan, got[name])
 
 
 @pytest.mark.slow
@@ -243,9 +270,4 @@ def test_llama_grids_train_like_one_process() -> None:
     plans = {name: grid_plan("tiny_llama", **kw) for name, kw in LLAMA_GRIDS.items()}
     got = run_grids(plans)
     for name, plan in plans.items():
-        for r, doc in enumerate(got[name]):
-            built = {k: doc[k] for k in ("coords", "stages", "layers", "tp_layers", "zero", "recompute", "autocast")}
-            assert built == expected_rank(plan, r), (name, r)
-        diff = max_rel_diff(got[name][0]["losses"], reference(plan))
-        print(f"{name}: max relative loss difference {diff:.2e}")
-        assert diff < FP32_TOL, (name, diff)
+        check_grid_run(name, plan, got[name])

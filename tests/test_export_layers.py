@@ -6,17 +6,11 @@ import pytest
 import torch
 from torch import nn
 
+from planner import ir
 from planner.errors import ExportError, RunError
-from planner.export.layers import as_layers, check_layers_match, find_ties, layer_param_counts, load_layers
-from tests.test_runner import tiny_plan, tiny_tied
-
-
-def test_ties_are_found_and_counted_once() -> None:
-    model, _ = tiny_tied()
-    layers = tuple(model.children())
-    (tie,) = find_ties(layers)
-    assert tie.layers == (0, 3) and tie.paths == ("emb.weight", "emb.weight")
-    assert layer_param_counts(layers) == [320, 272, 0, 32]  # the embedding counted in layer 0 only
+from planner.export.layers import as_layers, check_layers_match, load_layers
+from planner.export.ties import find_ties
+from tests.test_runner import tiny_plan
 
 
 def test_load_layers_builds_the_same_weights_for_a_seed_and_checks_the_profile() -> None:
@@ -43,3 +37,18 @@ def test_as_layers_takes_lists_sequentials_and_split_models() -> None:
         as_layers(nn.Linear(2, 2))
     with pytest.raises(ExportError, match=r"not an nn\.Module"):
         as_layers([nn.Linear(2, 2), "x"])
+
+
+def test_ties_must_be_the_profiles() -> None:
+    """A profile that records ties holds the model to them (the same ir.Tie the profiler wrote)."""
+    import dataclasses
+
+    profile = tiny_plan("tiny_tied", [0, 1, -1]).profile
+    layers, _ = load_layers("tests.test_runner:tiny_tied", tiny_plan("tiny_tied", [0, 1, -1]), seed=0)
+    (found,) = find_ties(layers)
+    assert found.layers == (0, 1)
+    check_layers_match(layers, dataclasses.replace(profile, ties=(found.tie,)), ExportError)
+    untied, _ = load_layers("tests.test_runner:tiny_mlp", tiny_plan("tiny_mlp", [0, 2, -1]), seed=0)
+    claims = dataclasses.replace(tiny_plan("tiny_mlp", [0, 2, -1]).profile, ties=(ir.Tie("x", (0, 3), 32, 128),))
+    with pytest.raises(ExportError, match=r"tied weights \(none\) are not the plan's profile's \(layers 0, 3\)"):
+        check_layers_match(untied, claims, ExportError)

@@ -52,3 +52,32 @@ def test_sequence_parallel_needs_a_sequence_tp_divides() -> None:
 def test_a_layer_without_attention_and_mlp_cannot_run_the_tp_form() -> None:
     with pytest.raises(ExportError, match="stage 1: layer 4"):
         parallel.block_parts(torch.nn.Linear(4, 4), 1, 4)
+
+
+def _moves(module: torch.nn.Sequential) -> list[tuple[int, str, str, str]]:
+    """(layer, pre/post, source, destination) of every Relayout hook, in order."""
+    out = []
+    for j, layer in enumerate(module):
+        out += [(j, "pre", str(h.src), str(h.dst)) for h in layer._forward_pre_hooks.values()
+                if isinstance(h, parallel.Relayout)]
+        out += [(j, "post", str(h.__self__.src), str(h.__self__.dst)) for h in layer._forward_hooks.values()
+                if isinstance(getattr(h, "__self__", None), parallel.Relayout)]
+    return out
+
+
+def test_dp_runs_split_the_samples_and_gather_them_before_a_sharded_form_and_at_a_stage_end() -> None:
+    """Only where the layout changes: into a run of dp layers (to Shard(0)), out of it (to Replicate); the
+    last stage ends on the rank's share (its loss per share: no gather of the logits)."""
+    forms = ["dp", "dp", "tp", "tp", "dp"]
+    middle = torch.nn.Sequential(*(torch.nn.Identity() for _ in forms))
+    parallel.split_samples(middle, forms, None)
+    assert _moves(middle) == [(0, "pre", "R", "S(0)"), (2, "pre", "S(0)", "R"), (4, "pre", "R", "S(0)"),
+                              (4, "post", "S(0)", "R")]
+    assert parallel.sample_split(list(middle)) == [True, True, False, False, True]
+    last = torch.nn.Sequential(*(torch.nn.Identity() for _ in forms))
+    parallel.split_samples(last, forms, None, shard_output=True)
+    assert _moves(last)[-1] == (4, "pre", "R", "S(0)")  # no gather after the last layer
+    tensor_last = torch.nn.Sequential(torch.nn.Identity(), torch.nn.Identity())
+    parallel.split_samples(tensor_last, ["dp", "tp"], None, shard_output=True)
+    assert _moves(tensor_last) == [(0, "pre", "R", "S(0)"), (1, "pre", "S(0)", "R"), (1, "post", "R", "S(0)")]
+    assert parallel.sample_split(list(tensor_last)) == [True, False]

@@ -51,6 +51,24 @@ def test_split_needs_features_divisible_by_width() -> None:
         tx.check_plan(plan, layers)
 
 
+def test_dp_forms_in_a_tensor_group_need_samples_it_divides() -> None:
+    """A dp-form layer in a tensor group of 2 computes half of each micro-batch: one sample per rank cannot split."""
+    plan = tiny_plan("tiny_mlp", [0, 2, -1], width=2, batch=2, forms=[["split_out", "split_in"], ["split_out", "dp"]])
+    with pytest.raises(ExportError, match=r"layer 3 runs the dp form in a tensor group of 2, .* has 1 samples") as err:
+        tx.check_plan(plan)
+    assert "--micro-batch-size a multiple of 2" in err.value.hint
+
+
+def test_batch_norm_in_a_dp_form_inside_a_tensor_group_is_refused() -> None:
+    """Splitting the samples would change a batch norm's statistics: refused, not silently replicated."""
+    plan = tiny_plan("tiny_mlp", [0, 2, -1], width=2, forms=[["split_out", "split_in"], ["split_out", "dp"]])
+    layers = [nn.Linear(16, 32), nn.Linear(32, 32), nn.Linear(32, 32), nn.Sequential(nn.BatchNorm1d(32),
+                                                                                     nn.Linear(32, 10))]
+    with pytest.raises(ExportError, match=r"stage 1: layer 3 .* its BatchNorm1d takes statistics"):
+        tx.check_plan(plan, layers)
+    tx.check_plan(tiny_plan("tiny_mlp", [0, 2, -1], width=2), layers)  # plain data parallelism splits nothing more
+
+
 def test_data_parallel_degree_is_the_grids_dp() -> None:
     assert tx.check_plan(tiny_plan("tiny_mlp", [0, 2, -1], width=2)) == 2
     split = tiny_plan("tiny_mlp", [0, 2, -1], width=2, forms=[["split_out", "split_in"], ["split_out", "dp"]])

@@ -103,6 +103,15 @@ def test_what_torchtitan_cannot_express_is_refused(change: dict[str, Any], words
     assert "--engine torchtitan" in err.value.hint
 
 
+def test_blocks_in_a_tensor_group_without_the_tp_form_are_refused() -> None:
+    """torchtitan would shard the block Megatron-style: not what the plan says."""
+    plan = titan_plan([0, 8], tp=2, sequence_parallel=True)
+    st = plan.stages[0]
+    one_dp = dataclasses.replace(plan, stages=(dataclasses.replace(st, forms=("dp", "dp", *st.forms[2:])),))
+    with pytest.raises(ExportError, match=r"transformer block\(s\) 1 in a tensor group without the tp form"):
+        tt.check_plan(one_dp)
+
+
 def test_a_model_that_is_not_llama_family_is_refused() -> None:
     plan = dataclasses.replace(grid_plan("tiny_gpt2", [0, 6], dp=2), engine="torchtitan")
     with pytest.raises(ExportError, match="not a Llama-family model"):

@@ -62,3 +62,21 @@ def test_to_gpu_gives_a_cluster_device() -> None:
 def test_imports_no_torch() -> None:
     code = "import sys, planner.gpus; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def test_roofline_constants_sms_gemm_shares_and_launch() -> None:
+    assert [gpus.gpu_spec(n).sm_count for n in ("rtx2080ti", "v100", "a100", "a100-40gb", "h100")] == [
+        68, 80, 108, 108, 132]
+    a100, h100 = gpus.gpu_spec("a100"), gpus.gpu_spec("h100")
+    assert a100.large_gemm_share("bf16") == a100.large_gemm_share("fp16") == pytest.approx(267.9 / 312)
+    assert h100.large_gemm_share("bf16") == pytest.approx(792.1 / 989)  # MAMF measurements
+    assert a100.large_gemm_share("fp32") == gpus.DEFAULT_GEMM_SHARE == 0.80  # none published: the assumption
+    assert gpus.gpu_spec("v100").large_gemm_share("fp16") == gpus.DEFAULT_GEMM_SHARE
+    assert all(gpus.gpu_spec(n).launch_s == gpus.LAUNCH_S == 4e-6 for n in gpus.GPU_NAMES)
+    assert a100.fused_attention_share("bf16") == pytest.approx(0.615) and h100.fused_attention_share("fp16") == 0.35
+    assert a100.fused_attention_share("fp32") == a100.large_gemm_share("fp32")  # unpublished: the GEMM share
+    for name in gpus.GPU_NAMES:
+        spec = gpus.gpu_spec(name)
+        assert all(0 < spec.large_gemm_share(f) <= 1 for f in spec.peak_flops)
+    with pytest.raises(UsageError, match="v100 has no bf16 peak"):
+        gpus.gpu_spec("v100").large_gemm_share("bf16")

@@ -57,9 +57,11 @@ def test_hpp_equals_brute_force_over_forms(arg, lean) -> None:
                 (_objective(table, first, end, fs, m, lean) for fs in itertools.product(ir.ALL_FORMS,
                                                                                          repeat=end - first)
                  if all(table.allowed[first + k, FORM_INDEX[f]] for k, f in enumerate(fs))),
+                default=np.inf,  # a layer with no open form (a dp form whose samples the group does not divide)
             )
             assert cost == pytest.approx(best, rel=1e-9)
-            assert _objective(table, first, end, forms, m, lean) == pytest.approx(cost, rel=1e-9)
+            if np.isfinite(best):
+                assert _objective(table, first, end, forms, m, lean) == pytest.approx(cost, rel=1e-9)
 
 
 @given(tables(), st.booleans())
@@ -68,7 +70,10 @@ def test_stage_tables_agree_with_hpp(arg, lean) -> None:
     t = stage_tables(table, list(range(n + 1)), m, lean)
     for first in range(n):
         for end in range(first + 1, n + 1):
-            forms, _ = hpp(table, first, end, m, lean)
+            forms, cost = hpp(table, first, end, m, lean)
+            if not np.isfinite(cost):  # no open form sequence: the table says so
+                assert np.isinf(t.time[first, end])
+                continue
             s = summarise(table, first, end, [FORM_INDEX[f] for f in forms])
             for key, values in t.agg.items():
                 assert values[first, end] == pytest.approx(s[key], rel=1e-9, abs=1e-12), key

@@ -83,6 +83,27 @@ def test_stage_forms_must_match_layers() -> None:
         Stage.from_dict({"layers": [0, 1], "devices": ["a"], "forms": ["tensor"], "memory_bytes": 1}, "s")
 
 
+def test_tp_is_never_inferred_when_a_stage_is_built() -> None:
+    # split forms on two devices with tp left at 1: kept as given, and the grid says why it is wrong
+    stage = Stage((0, 2), ("a", "b"), ("split_out", "split_in"), 0)
+    assert stage.tp == 1 and stage.dp == 2
+    problem = stage.grid_problem()
+    assert problem is not None and "tp is 1 but the stage has split_in, split_out forms" in problem[0]
+    assert "tp=2" in problem[1]
+    with pytest.raises(FormatError, match="tp is 1 but the stage has split_in, split_out forms"):
+        stage.check("s")
+    assert Stage((0, 2), ("a", "b"), ("split_out", "split_in"), 0, tp=2).grid_problem() is None
+    assert Stage((0, 2), ("a", "b", "c"), ("dp", "dp"), 0, tp=2).grid_problem() is not None  # 2 does not divide 3
+
+
+def test_a_version_1_stage_without_tp_reads_split_forms_over_the_whole_stage() -> None:
+    doc = {"layers": [0, 2], "devices": ["a", "b"], "forms": ["split_out", "dp"], "memory_bytes": 1}
+    assert Stage.from_dict(doc, "s").tp == 2
+    assert Stage.from_dict({**doc, "forms": ["dp", "dp"]}, "s").tp == 1
+    with pytest.raises(FormatError, match="tp is 1 but the stage has split_out forms"):
+        Stage.from_dict({**doc, "tp": 1}, "s").check("s")
+
+
 def test_fixed_parts_and_memory_bandwidth_round_trip() -> None:
     d = make_profile_dict(2)
     d["layers"][0].update(forward_fixed_s=0.004, backward_fixed_s=0.0)

@@ -49,8 +49,28 @@ def test_analytic_times_follow_flops_and_device() -> None:
 
 
 def test_a_bfloat16_profile_uses_the_bf16_peak() -> None:
-    prof = profile_model(load_model("llama-tiny", 2, (16,), dtype="bfloat16", device="meta"), mode="analytic",
-                         device_flops="a100")
-    assert prof.dtype == "bfloat16" and prof.device_flops == 312e12
-    layer = prof.layers[1]
+    loaded = load_model("llama-tiny", 2, (16,), dtype="bfloat16", device="meta")
+    flat = profile_model(loaded, mode="analytic", device_flops="a100", efficiency=0.5)
+    assert flat.dtype == "bfloat16" and flat.device_flops == 312e12
+    layer = flat.layers[1]
     assert layer.forward_s == pytest.approx(layer.forward_flops / (312e12 * 0.5))
+    roof = profile_model(loaded, mode="analytic", device_flops="a100").meta["roofline"]
+    assert roof["number_format"] == "bf16" and roof["peak_flops"] == 312e12
+    assert roof["gemm_share"] == pytest.approx(267.9 / 312)
+
+
+def test_the_default_is_the_roofline_with_fixed_parts_and_efficiency_overrides_it() -> None:
+    loaded = load_model("gpt2", 8, (64,), dtype="bfloat16", device="meta", overrides={"n_layer": 2})
+    prof = profile_model(loaded, mode="analytic", device_flops="h100")
+    assert prof.meta["efficiency"] is None and prof.meta["fixed_cost_fit_batch"] == 2
+    roof = prof.meta["roofline"]
+    assert roof["gpu"] == "h100" and roof["bandwidth_Bps"] == 3.35e12 and roof["launch_s"] == 4e-6
+    assert 0 < roof["memory_bound_share"] < 1 and len(roof["layer_memory_bound_share"]) == len(prof.layers)
+    for layer in prof.layers:
+        assert layer.forward_fixed_s is not None and 0 <= layer.forward_fixed_s <= layer.forward_s
+        assert layer.backward_fixed_s is not None and 0 <= layer.backward_fixed_s <= layer.backward_s
+    flat = profile_model(loaded, mode="analytic", device_flops="h100", efficiency=0.3)
+    assert flat.meta["efficiency"] == 0.3 and "roofline" not in flat.meta
+    assert all(layer.forward_fixed_s is None for layer in flat.layers)
+    number = profile_model(loaded, mode="analytic", device_flops="1e15")  # no GPU: no bandwidth, flat 0.5
+    assert number.meta["efficiency"] == 0.5

@@ -47,3 +47,25 @@ def test_vgg16_and_resnet152_forward_flops_per_image() -> None:
         assert per_image == pytest.approx(gflops, rel=1e-3)
         for layer in prof.layers:
             assert layer.backward_flops == pytest.approx(2 * layer.forward_flops, rel=0.01) or layer is prof.layers[0]
+
+
+def test_op_flops_follows_the_counters_formulas_per_call() -> None:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from planner.profiler.flops import op_flops
+
+    seen: list[float] = []
+
+    class Each(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            out = func(*args, **(kwargs or {}))
+            seen.append(op_flops(func, args, kwargs or {}, out))
+            return out
+
+    lin, conv = nn.Linear(32, 16, device="meta"), nn.Conv2d(3, 8, 3, padding=1, device="meta")
+    x, img = torch.empty(8, 32, device="meta"), torch.empty(2, 3, 10, 10, device="meta")
+    with Each():
+        torch.relu(lin(x))
+        conv(img)
+    assert sum(seen) == _count(lambda: lin(x)) + _count(lambda: conv(img))
+    assert 0.0 in seen and 2 * 8 * 32 * 16 in seen  # relu counts nothing, the linear its matmul

@@ -30,6 +30,25 @@ def _plan(batch: int = 8, m: int = 2, widths: tuple[int, ...] = (2, 2), **stage:
     return ir.Plan(profile, cluster, "1f1b", m, "sgd", tuple(stages), ir.Prediction(1, 1, 0, 0))
 
 
+def test_split_forms_with_tp_1_are_not_runnable() -> None:
+    plan = _plan()
+    split = dataclasses.replace(plan.stages[0], forms=("split_out", "dp"))
+    found = problems(dataclasses.replace(plan, stages=(split, plan.stages[1])))
+    assert any("stage 0: tp is 1 but the stage has split_out forms" in p for p in found)
+    assert problems(dataclasses.replace(plan, stages=(dataclasses.replace(split, tp=2), plan.stages[1]))) == []
+
+
+def test_dp_form_in_a_tensor_group_needs_samples_the_group_divides() -> None:
+    # batch 12, M 2, dp 1 (tp 2 on 2 GPUs): 6 samples per micro-batch split over 2 -> fine; M 6: 2 -> fine;
+    # batch 6, M 2: 3 samples over a tensor group of 2 -> not runnable
+    for batch, m, ok in ((12, 2, True), (12, 6, True), (6, 2, False)):
+        plan = _plan(batch=batch, m=m, tp=2)
+        found = [p for p in problems(plan) if "does not divide them" in p]
+        assert (found == []) == ok, (batch, m, found)
+    found = problems(_plan(batch=6, m=2, tp=2))
+    assert any("micro-batch's 3 samples over the tensor group of 2" in p for p in found)
+
+
 def test_batch_shape_rule() -> None:
     assert problems(_plan(batch=8, m=2)) == []
     bad = _plan(batch=8, m=8)  # 8 samples over 8 micro-batches x 2 ranks

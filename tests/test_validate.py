@@ -61,3 +61,12 @@ def test_validate_plan_forms_count() -> None:
 
 def test_simulate_reexports_validate_plan() -> None:
     assert reexported is validate_plan
+
+
+def test_split_forms_without_a_tensor_group_are_a_plan_error() -> None:
+    plan = make_plan(stages=[((0, 2), ("n0.g0", "n0.g1")), ((2, 4), ("n1.g0", "n1.g1"))])
+    split = dataclasses.replace(plan.stages[0], forms=("split_out", "split_in"))
+    with pytest.raises(PlanError, match="stage 0: tp is 1 but the stage has split_in, split_out forms") as err:
+        validate_plan(dataclasses.replace(plan, stages=(split, plan.stages[1])))
+    assert "give tp" in err.value.hint
+    validate_plan(dataclasses.replace(plan, stages=(dataclasses.replace(split, tp=2), plan.stages[1])))

@@ -58,7 +58,8 @@ def parse_overrides(items: tuple[str, ...] | list[str]) -> dict[str, bool | int 
 @click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
               help="Override a config field of a zoo transformer (repeatable), e.g. --set num_hidden_layers=4.")
 @click.option("--mode", type=click.Choice(["measured", "analytic"]), default="measured", show_default=True,
-              help="measured: time every layer here; analytic: FLOPs / device FLOP/s, no compute.")
+              help="measured: time every layer here; analytic: count on the meta device, no compute, and time "
+                   "each kernel by a roofline of the --device-flops GPU.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
               help="Where measured mode runs the layers.")
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float32", show_default=True,
@@ -70,7 +71,11 @@ def parse_overrides(items: tuple[str, ...] | list[str]) -> dict[str, bool | int 
               help="Peak FLOP/s (e.g. 13.4e12) or a GPU name (rtx2080ti, v100, a100, h100, ...: its peak for "
                    "--dtype; a100-tf32, h100-tf32: TF32 for float32). Analytic default rtx2080ti; measured: the "
                    "FLOP/s achieved.")
-@click.option("--efficiency", type=float, default=None, help="Analytic: share of peak reached (default 0.5).")
+@click.option("--efficiency", type=float, default=None,
+              help="Analytic: time every layer flat as FLOPs / (peak x EFFICIENCY) instead of the default roofline "
+                   "(per kernel max(FLOPs / (peak x GEMM share by shape), bytes / memory bandwidth) + launch cost, "
+                   "with a fixed part per layer; see planner/profiler/roofline.py). A FLOP/s number for "
+                   "--device-flops has no bandwidth, so it is timed flat at 0.5 unless given.")
 @click.option("--json", "as_json", is_flag=True, help="Print the profile as one JSON document on stdout.")
 def profile(model: str, output: str | None, batch_size: int, input_shape: str | None, settings: tuple[str, ...],
             mode: str, device: str, dtype: str, threads: int | None, repeats: int, warmup: int,
@@ -101,7 +106,7 @@ def profile(model: str, output: str | None, batch_size: int, input_shape: str | 
     overrides = parse_overrides(settings)
     staged = outputs([output])
 
-    from planner.profiler import ANALYTIC_EFFICIENCY, load_model, profile_model, resolve_device_flops
+    from planner.profiler import load_model, profile_model, resolve_device_flops
     from planner.render.profile import print_summary, progress_bar
 
     resolve_device_flops(device_flops, default=None, dtype=dtype)  # a bad value fails before any work
@@ -110,8 +115,7 @@ def profile(model: str, output: str | None, batch_size: int, input_shape: str | 
     title = f"profiling {model}" if mode == "measured" else f"counting {model}"
     with progress_bar(title) as update, stdout_to_stderr():  # the model's prints must not corrupt --json
         prof = profile_model(loaded, mode=mode, threads=threads, repeats=repeats, warmup=warmup,
-                             device_flops=device_flops, progress=update,
-                             efficiency=ANALYTIC_EFFICIENCY if efficiency is None else efficiency)
+                             device_flops=device_flops, progress=update, efficiency=efficiency)
     doc = prof.to_dict()
     staged.write_text(output, dumps(doc))
     with contextlib.suppress(Exception):

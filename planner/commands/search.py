@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -25,6 +25,7 @@ from planner.jsonio import dumps, read_json
 from planner.schedule import SCHEDULES
 
 if TYPE_CHECKING:
+    from planner.explain import Explanation
     from planner.judge import Judged
 
 
@@ -70,11 +71,7 @@ def search(profile_path: str, cluster_name: str, output: str | None, microbatche
     the iteration time of the schedule with its bubble, transfers and gradient
     synchronisation; every device must fit.
     """
-    from planner.api import search_plan
     from planner.cluster import load_cluster
-    from planner.costmodel.precision import rescale_note
-    from planner.explain import explain
-    from planner.render.progress import status
     from planner.render.search import print_plan
     from planner.search import parse_config
 
@@ -84,23 +81,14 @@ def search(profile_path: str, cluster_name: str, output: str | None, microbatche
     out = outputs([output])
     profile = ir.ModelProfile.from_dict(read_json(profile_path, "profile"), profile_path)
     cluster = load_cluster(cluster_name)
-    judged: list[Judged] | None = [] if rerank > 0 else None
     t0 = time.perf_counter()
-    with status(f"searching plans for {profile.model} on {cluster.name}", progress, as_json) as update:
-        plan = search_plan(profile, cluster, schedule=schedule, virtual_stages=virtual_stages, microbatches=mb,
-                           optimizer=optimizer, solver=solver, engine=engine, config=widths, candidates=rerank,
-                           precision=precision, tp=tp_value, zero=zero_value, recompute=recompute,
-                           micro_batch_size=micro_batch_size, progress=update, alternatives=judged)
-        update("explaining the plan")
-        known = [(j.plan, j.prediction) for j in judged] if judged else None  # interleaved: none handed out
-        explanation = explain(plan, known)
+    plan, explanation = _search_explained(
+        profile, cluster, progress, as_json, rerank, schedule=schedule, virtual_stages=virtual_stages,
+        microbatches=mb, optimizer=optimizer, solver=solver, engine=engine, config=widths, precision=precision,
+        tp=tp_value, zero=zero_value, recompute=recompute, micro_batch_size=micro_batch_size)
     elapsed = time.perf_counter() - t0
     check_emitted(plan)  # the plan document is the JSON output: its warnings go to stderr only
-    doc = plan.to_dict()
-    note = rescale_note(profile, cluster, plan.precision)
-    if note is not None:
-        click.echo(f"note: {note.text}", err=True)
-        doc["rescale"] = note.to_dict()
+    doc = _plan_document(plan)
     out.write_text(output, dumps(doc))
     print_plan(plan, explanation, elapsed_s=elapsed, output=output, long=long_explanation)
     if as_json:
@@ -108,3 +96,31 @@ def search(profile_path: str, cluster_name: str, output: str | None, microbatche
 
         emit_json(dict(doc, explanation=explanation.to_dict()))
     out.commit()
+
+
+def _search_explained(profile: ir.ModelProfile, cluster: ir.Cluster, progress: bool | None, as_json: bool,
+                      rerank: int, **options: Any) -> tuple[ir.Plan, Explanation]:
+    """The searched plan (``planner.api.search_plan`` with ``options``) and its explanation, under a
+    status line; the explanation reuses the judged alternatives of the re-rank."""
+    from planner.api import search_plan
+    from planner.explain import explain
+    from planner.render.progress import status
+
+    judged: list[Judged] | None = [] if rerank > 0 else None
+    with status(f"searching plans for {profile.model} on {cluster.name}", progress, as_json) as update:
+        plan = search_plan(profile, cluster, candidates=rerank, progress=update, alternatives=judged, **options)
+        update("explaining the plan")
+        known = [(j.plan, j.prediction) for j in judged] if judged else None  # interleaved: none handed out
+        return plan, explain(plan, known)
+
+
+def _plan_document(plan: ir.Plan) -> dict[str, Any]:
+    """The plan's JSON, with the note (also on stderr) when the profile's times were rescaled."""
+    from planner.costmodel.precision import rescale_note
+
+    doc = plan.to_dict()
+    note = rescale_note(plan.profile, plan.cluster, plan.precision)
+    if note is not None:
+        click.echo(f"note: {note.text}", err=True)
+        doc["rescale"] = note.to_dict()
+    return doc

@@ -6,7 +6,8 @@ form is relative to the tensor group (``n = tp`` devices):
 
 - ``dp`` (PipePar form 0): the replica's samples are split over the tensor group's
   devices, weights replicated on all ``tp x dp`` devices and gradients all-reduced over
-  all of them (hierarchical across servers);
+  all of them (hierarchical across servers); open only when the tensor group's size divides
+  the replica's samples per micro-batch (whole samples per device, as the export runs it);
 - ``split_out``/``split_in`` (column/row parallel; AccPar, Song et al. HPCA'20; Megatron-LM,
   Shoeybi et al. 2019; PipePar Figure 1): the weight sharded over the tensor group;
   split_out replicates the input and all-gathers the output in forward and all-reduces the
@@ -40,6 +41,7 @@ section 5.1), recomputed in backward.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -218,7 +220,7 @@ def layer_table(profile: ir.ModelProfile, grid: Grid | Group, microbatches: int,
     ag_in = np.array([ring_allgather_s(x, n, link) for x in c.in_b])
     ag_out = np.array([ring_allgather_s(x, n, link) for x in c.out_b])
     fwd, bwd, bww = _times(c, n, link, ag_in, ag_out)
-    allowed = _allowed(profile, c, n, forms)
+    allowed = _allowed(profile, c, n, forms, profile.batch_size / (microbatches * grid.dp))
     act, act_sel, core = _activations(profile, grid, c, n)
     sync, const, shard = _sync(grid, c, n)
     weight = np.empty_like(fwd)
@@ -253,9 +255,11 @@ def _times(c: _Columns, n: int, link: ir.Link, ag_in: np.ndarray, ag_out: np.nda
     return fwd, bwd, bww
 
 
-def _allowed(profile: ir.ModelProfile, c: _Columns, n: int, forms: Sequence[str]) -> np.ndarray:
+def _allowed(profile: ir.ModelProfile, c: _Columns, n: int, forms: Sequence[str], samples: float) -> np.ndarray:
+    """Which forms each layer may take on a tensor group of ``n``; ``samples`` per micro-batch and replica:
+    the dp form splits them over the group, so it is open only when ``n`` divides them."""
     allowed = np.zeros((len(c.pcount), NF), dtype=bool)
-    allowed[:, DP] = True
+    allowed[:, DP] = n == 1 or math.isclose(samples / n, round(samples / n))
     if n > 1:
         blocks = np.array([x.block is not None for x in profile.layers])
         for f in (SPLIT_IN, SPLIT_OUT):  # a transformer block is no single matrix: it shards as Megatron's tp form

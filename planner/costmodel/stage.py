@@ -17,6 +17,10 @@ recomputation and ZeRO stage applied by the same formula the stage DP uses
   With ZeRO, each rank updates its shard only.
 - Point-to-point between stages: the activation of the stage's last layer per micro-batch
   crosses ``link_between`` forward and its gradient (same size) backward, ``alpha + S/B``.
+  Each data-parallel replica of the next stage receives its own share of the micro-batch on
+  its own devices' links, in parallel with the others (``S`` = the micro-batch's bytes / the
+  next stage's dp; one replica's share when both stages have the same dp): the link's
+  bandwidth is per GPU, as in the all-reduce (planner.costmodel.collectives).
 - Tied weights (GPT-2 ``wte``/``lm_head``; Megatron-LM's embedding all-reduce, Shoeybi et al.
   2019, section 3; DeepSpeed's ``TiedLayerSpec``): every stage holding a tied layer keeps
   its own copy with its gradient and optimizer state, and the copies' gradients are summed
@@ -134,8 +138,10 @@ def stage_grid(cluster: ir.Cluster, stage: ir.Stage, precision: str) -> Grid:
 
 
 def stage_cost_values(profile: ir.ModelProfile, cluster: ir.Cluster, stage: ir.Stage, microbatches: int,
-                      optimizer: str, next_devices: Sequence[str] | None, precision: str = "fp32") -> ir.StageCost:
-    """The :class:`ir.StageCost` of one stage given the next stage's devices (None: last)."""
+                      optimizer: str, next_devices: Sequence[str] | None, precision: str = "fp32",
+                      next_dp: int | None = None) -> ir.StageCost:
+    """The :class:`ir.StageCost` of one stage given the next stage's devices (None: last) and its
+    data-parallel degree (None: this stage's)."""
     grid = stage_grid(cluster, stage, precision)
     table = cached_layer_table(profile, grid, microbatches, optimizer)
     first, end = stage.layers
@@ -144,12 +150,13 @@ def stage_cost_values(profile: ir.ModelProfile, cluster: ir.Cluster, stage: ir.S
                         "check the plan's stages")
     agg = summarise(table, first, end, [FORM_INDEX[f] for f in stage.forms])
     v = variant_cost(agg, agg["in_bytes"], Variant(stage.recompute, stage.zero), microbatches, table.sync_const)
-    return _stage_cost(profile, cluster, stage, grid, agg, v, microbatches, optimizer, next_devices, table)
+    return _stage_cost(profile, cluster, stage, grid, agg, v, microbatches, optimizer, next_devices, table,
+                       next_dp or grid.dp)
 
 
 def _stage_cost(profile: ir.ModelProfile, cluster: ir.Cluster, stage: ir.Stage, grid: Grid, agg: dict[str, float],
                 v: Any, microbatches: int, optimizer: str, next_devices: Sequence[str] | None,
-                table: LayerTable) -> ir.StageCost:
+                table: LayerTable, next_dp: int) -> ir.StageCost:
     nbytes = Bytes.of(profile, precision=grid.precision, optimizer=optimizer)
     fwd, time = float(v.fwd), float(v.time)
     backward = time - fwd
@@ -162,7 +169,8 @@ def _stage_cost(profile: ir.ModelProfile, cluster: ir.Cluster, stage: ir.Stage, 
     if next_devices is None:
         send_bytes, send_link, link_id = 0.0, None, None
     else:
-        send_bytes = float(table.out_bytes[stage.layers[1] - 1]) * grid.dp  # every replica's share crosses
+        # the micro-batch's bytes, over the next stage's replicas (each receives its share on its own links)
+        send_bytes = float(table.out_bytes[stage.layers[1] - 1]) * grid.dp / next_dp
         send_link, link_id = link_between(cluster, stage.devices, next_devices)
     return ir.StageCost(
         devices=tuple(stage.devices), forward_s=fwd, backward_s=backward,
@@ -185,8 +193,9 @@ def stage_costs_for(profile: ir.ModelProfile, cluster: ir.Cluster, stages: Seque
     order; chunk c sends to chunk c+1), tied weights' copies and all-reduce included."""
     out = []
     for s, stage in enumerate(stages):
-        nxt = stages[s + 1].devices if s + 1 < len(stages) else None
-        out.append(stage_cost_values(profile, cluster, stage, microbatches, optimizer, nxt, precision))
+        nxt = stages[s + 1] if s + 1 < len(stages) else None
+        out.append(stage_cost_values(profile, cluster, stage, microbatches, optimizer,
+                                     None if nxt is None else nxt.devices, precision, None if nxt is None else nxt.dp))
     return with_ties(profile, cluster, stages, out, Bytes.of(profile, precision, optimizer))
 
 

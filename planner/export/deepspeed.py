@@ -33,10 +33,11 @@ from torch import nn
 from planner import ir, runnable
 from planner.errors import ExportError, PlanError
 from planner.export.data import sub_batch
-from planner.export.layers import as_layers, check_layers_match, find_ties
+from planner.export.layers import as_layers, check_layers_match
 from planner.export.losses import make_loss
 from planner.export.optim import DEFAULT_LR
 from planner.export.partition import boundaries, check_common, micro_batch_size, ranges
+from planner.export.ties import find_ties, tie_groups
 
 
 def skip_shm_build() -> None:
@@ -127,39 +128,12 @@ class _RunMember:
         return holder.members[self.j](x)
 
 
-def tie_groups(layers: Sequence[nn.Module]) -> list[tuple[list[int], list[str]]]:
-    """Connected groups of layers that share parameters, and the shared names in a holder."""
-    ties = find_ties(layers)
-    parent: dict[int, int] = {}
-
-    def find(i: int) -> int:
-        while parent.setdefault(i, i) != i:
-            i = parent[i]
-        return i
-
-    for t in ties:
-        for i in t.layers[1:]:
-            parent[find(i)] = find(t.layers[0])
-    groups: dict[int, list[int]] = {}
-    for t in ties:
-        for i in t.layers:
-            members = groups.setdefault(find(i), [])
-            if i not in members:
-                members.append(i)
-    out = []
-    for root, members in sorted(groups.items()):
-        members.sort()
-        attrs = [f"members.{members.index(t.layers[0])}.{t.paths[0]}" for t in ties if find(t.layers[0]) == root]
-        out.append((members, attrs))
-    return out
-
-
 def layer_specs(layers: Sequence[nn.Module]) -> list[Any]:
     """Layers as DeepSpeed sees them: plain modules, and TiedLayerSpec for tied ones."""
     from deepspeed.pipe import TiedLayerSpec
 
     specs: list[Any] = list(layers)
-    for g, (members, attrs) in enumerate(tie_groups(layers)):
+    for g, (members, attrs) in enumerate(tie_groups(find_ties(layers))):
         group = [layers[i] for i in members]
         for j, i in enumerate(members):
             specs[i] = TiedLayerSpec(f"tie{g}", TieHolder, group, forward_fn=_RunMember(j), tied_weight_attr=attrs)
@@ -270,6 +244,8 @@ def main() -> None:
     layers, example = load_layers(args.model, plan, args.seed)
     spec = data_spec(layers, example, args.loss)
     module = build_pipeline_module(layers, plan, args.loss)
+    if args.lr is not None:
+        config["optimizer"]["params"]["lr"] = args.lr
     engine, _, _, _ = deepspeed.initialize(model=module, config=config,
                                            model_parameters=[p for p in module.parameters() if p.requires_grad])
     replica, width = engine.grid.get_data_parallel_rank(), engine.grid.get_data_parallel_world_size()

@@ -4,14 +4,14 @@ An exported plan runs EXACTLY the layers the profile measured (``planner.profile
 split_model``), in order, with the plan's stage boundaries. :func:`load_layers` builds a
 model spec (zoo name or ``package.module:factory``) and splits it; :func:`as_layers` turns
 a model (or an ``nn.Sequential``, or a ready list of layers) into that list;
-:func:`find_ties` finds the parameters several layers share (GPT-2's ``wte``/``lm_head``);
-:func:`check_layers_match` checks the layers against the plan's profile.
+:func:`param_accounting_of` counts their parameters and finds their ties with the profiler's own
+accounting (``planner.ir.Tie``; planner.export.ties makes them runnable);
+:func:`check_layers_match` checks the layers against the plan's profile (parameters per layer, ties).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -19,6 +19,7 @@ from torch import nn
 
 from planner import ir
 from planner.errors import ExportError, RunError
+from planner.profiler.layered import param_accounting
 from planner.profiler.layers import split_model
 from planner.profiler.loader import load_model
 
@@ -35,15 +36,6 @@ def load_layers(spec: str, plan: ir.Plan, seed: int | None = None) -> tuple[tupl
     layers = as_layers(loaded.module, loaded.example_input)
     check_layers_match(layers, plan.profile, RunError)
     return layers, loaded.example_input
-
-
-@dataclass(frozen=True)
-class TiedParam:
-    """One parameter object used by several layers: ``paths[i]`` is its name inside ``layers[i]``."""
-
-    name: str
-    layers: tuple[int, ...]
-    paths: tuple[str, ...]
 
 
 def as_layers(model_or_layers: Any, example_input: torch.Tensor | None = None) -> tuple[nn.Module, ...]:
@@ -71,32 +63,16 @@ def as_layers(model_or_layers: Any, example_input: torch.Tensor | None = None) -
                       "pass an nn.Module or its layers")
 
 
-def find_ties(layers: Sequence[nn.Module]) -> tuple[TiedParam, ...]:
-    """Parameters that more than one layer holds (the same object), e.g. GPT-2's wte/lm_head."""
-    seen: dict[int, list[tuple[int, str]]] = {}
-    names: dict[int, str] = {}
-    for i, layer in enumerate(layers):
-        for path, p in layer.named_parameters():
-            uses = seen.setdefault(id(p), [])
-            if not uses or uses[-1][0] != i:
-                uses.append((i, path))
-                names.setdefault(id(p), path)
-    return tuple(TiedParam(names[k].replace(".", "_"), tuple(i for i, _ in v), tuple(p for _, p in v))
-                 for k, v in seen.items() if len(v) > 1)
+def param_accounting_of(layers: Sequence[nn.Module]) -> tuple[tuple[int, ...], tuple[ir.Tie, ...]]:
+    """The profiler's parameter accounting of the layers: parameters per layer (a shared one counted
+    in its first layer) and the ties (named as in ``nn.Sequential(*layers)``)."""
+    counts, _, ties = param_accounting(nn.Sequential(*layers), [list(layer.named_parameters()) for layer in layers])
+    return counts, ties
 
 
 def layer_param_counts(layers: Sequence[nn.Module]) -> list[int]:
     """Parameters per layer, a shared parameter counted once, in its first layer (as profiles do)."""
-    counted: set[int] = set()
-    out = []
-    for layer in layers:
-        n = 0
-        for p in layer.parameters():
-            if id(p) not in counted:
-                counted.add(id(p))
-                n += p.numel()
-        out.append(n)
-    return out
+    return list(param_accounting_of(layers)[0])
 
 
 def check_layers_match(layers: Sequence[nn.Module], profile: ir.ModelProfile, error: type = RunError) -> None:
@@ -105,11 +81,19 @@ def check_layers_match(layers: Sequence[nn.Module], profile: ir.ModelProfile, er
         raise error(f"the model has {len(layers)} layers but the plan's profile ({profile.model}) has "
                     f"{len(profile.layers)}", "run the plan with the model it was profiled from, or "
                     "profile and search this model again")
-    counts = layer_param_counts(layers)
+    counts, ties = param_accounting_of(layers)
     for i, (n, lp) in enumerate(zip(counts, profile.layers, strict=False)):
         if n != lp.param_count:
             raise error(f"layer {i} ({lp.name}) has {n} parameters in the model but {lp.param_count} in the "
                         f"plan's profile", "the model's shapes differ from the profiled one: profile it again")
+    found, recorded = sorted(t.layers for t in ties), sorted(t.layers for t in profile.ties)
+    if profile.ties and found != recorded:
+        raise error(f"the model's tied weights ({_groups(found)}) are not the plan's profile's ({_groups(recorded)})",
+                    "run the plan with the model it was profiled from, or profile it again")
+
+
+def _groups(layer_sets: Sequence[tuple[int, ...]]) -> str:
+    return "; ".join("layers " + ", ".join(map(str, s)) for s in layer_sets) or "none"
 
 
 def disable_dropout(module: nn.Module) -> None:

@@ -21,9 +21,19 @@ The forms of a stage's layers are relative to its tensor group of ``tp`` devices
   all-gather the sequence at their input (a pre-hook) and their row layers reduce-scatter it;
   the block's output is gathered again, so the layers around it (Llama's rotary wrapper) and
   the pipeline see whole activations.
-* ``dp`` layers in a tensor group run replicated on its devices (the same samples, the same
-  gradients). The plan's ``dp`` form splits the group's samples instead; the result is the same,
-  only the work differs (the cost model's view is not reproduced here).
+* ``dp`` layers in a tensor group (PipePar's form 0, as planner.costmodel.layers prices it): each
+  device computes its share of the replica's samples, ``b / tp`` of a micro-batch of ``b``, with the
+  weights replicated. The activation moves between the layouts as a DTensor redistribution over the
+  tensor group (:class:`Relayout`): entering a run of ``dp`` layers keeps the rank's own samples
+  (``Replicate -> Shard(0)``, no traffic; its backward all-gathers the gradient), leaving it (before a
+  sharded form, or at the end of a stage but the last) all-gathers the samples (``Shard(0) ->
+  Replicate``; its backward keeps the rank's share). Each rank's gradient of those weights is then
+  its samples' part: planner.export.torch sums it over the tensor group (with the data-parallel
+  average: the whole stage). ``tp`` must divide ``b``, and a layer that mixes samples (batch norm)
+  is refused. The last stage ends on the rank's share (its loss is computed per share, as the cost
+  model prices it: no all-gather of the logits); the other stages' ends stay replicated in the
+  tensor group (the pipeline sends every rank the whole activation; the cost model's stage ends are
+  batch-sharded, so a stage but the last that ends in ``dp`` layers pays one all-gather more here).
 """
 
 from __future__ import annotations
@@ -173,24 +183,35 @@ def _block_styles(layer: nn.Module, tp: int, sequence_parallel: bool, stage: int
     return styles
 
 
-class _SequenceGather:
-    """Forward pre-hook: all-gather the sequence-sharded hidden states (the first positional argument,
-    or ``hidden_states``) before attention or the MLP; its backward reduce-scatters the gradient.
-    Attention modules read the sequence length from their input (HF Llama's ``view(*input_shape, -1,
-    head_dim)``), so the whole sequence must arrive there, not at each projection."""
+class Relayout:
+    """Move an activation between two layouts over the tensor group ``mesh`` (a DTensor redistribution
+    of its local tensor: ``src`` -> ``dst``), as a forward pre-hook on the first positional argument (or
+    ``hidden_states``) or, with :meth:`output`, a forward hook on the output. Sequence parallelism
+    gathers the sequence before attention and the MLP with it (HF Llama's attention reads the sequence
+    length from its input, so the whole sequence must arrive there, not at each projection); ``dp``
+    forms in a tensor group split and gather the samples with it."""
 
-    def __init__(self, mesh: Any) -> None:
-        self.mesh = mesh
+    def __init__(self, mesh: Any, src: Any, dst: Any) -> None:
+        self.mesh, self.src, self.dst = mesh, src, dst
 
-    def _gather(self, x: torch.Tensor) -> torch.Tensor:
-        from torch.distributed.tensor import DTensor, Replicate, Shard
+    def move(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.distributed.tensor import DTensor
 
-        return DTensor.from_local(x, self.mesh, [Shard(1)]).redistribute(self.mesh, [Replicate()]).to_local()
+        return DTensor.from_local(x, self.mesh, [self.src], run_check=False).redistribute(
+            self.mesh, [self.dst]).to_local()
 
     def __call__(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if args:
-            return (self._gather(args[0]), *args[1:]), kwargs
-        return args, {**kwargs, "hidden_states": self._gather(kwargs["hidden_states"])}
+            return (self.move(args[0]), *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": self.move(kwargs["hidden_states"])}
+
+    def output(self, module: nn.Module, args: tuple[Any, ...], out: torch.Tensor) -> torch.Tensor:
+        return self.move(out)
+
+    @property
+    def splits_samples(self) -> bool:
+        """Whether this move enters the batch-sharded layout of ``dp`` forms."""
+        return getattr(self.dst, "dim", None) == 0
 
 
 def _norm_paths(layer: nn.Module) -> list[str]:
@@ -216,7 +237,8 @@ def shard_block(layer: nn.Module, mesh: Any, sequence_parallel: bool, stage: int
         block = layer.get_submodule(prefix)
         styles.update({_join(prefix, p): SequenceParallel(use_local_output=True) for p in _norm_paths(block)})
         for path in block_parts(layer, stage, index)[1:]:  # attention and MLP see the whole sequence
-            layer.get_submodule(path).register_forward_pre_hook(_SequenceGather(mesh), with_kwargs=True)
+            gather = Relayout(mesh, Shard(1), Replicate())
+            layer.get_submodule(path).register_forward_pre_hook(gather, with_kwargs=True)
         parallelize_module(block, mesh, PrepareModuleInput(input_layouts=(Replicate(),),
                                                            desired_input_layouts=(Shard(1),), use_local_output=True))
         parallelize_module(block, mesh, PrepareModuleOutput(output_layouts=(Shard(1),),
@@ -244,10 +266,68 @@ def shard_splits(module: nn.Sequential, forms: Sequence[str], mesh: Any, stage: 
         parallelize_module(module, mesh, plan)
 
 
+# ----------------------------------------------------------------------------- dp forms in a tensor group
+
+
+def check_samples(tp: int, samples: float, stage: int, index: int) -> None:
+    """A ``dp`` layer in a tensor group of ``tp`` computes ``samples / tp`` of each micro-batch's samples:
+    ``tp`` must divide them."""
+    if samples % tp:
+        raise ExportError(f"stage {stage}: layer {index} runs the dp form in a tensor group of {tp}, which splits "
+                          f"each micro-batch's samples over the group, but the micro-batch has {samples:g} samples "
+                          "per data-parallel rank", f"search with --micro-batch-size a multiple of {tp}, or give the "
+                          "layer a tensor form (tp, split_in, split_out)")
+
+
+def check_sample_independent(layer: nn.Module, tp: int, stage: int, index: int) -> None:
+    """A ``dp`` layer in a tensor group must treat samples independently (no batch norm)."""
+    norms = [type(m).__name__ for m in layer.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if norms:
+        raise ExportError(f"stage {stage}: layer {index} runs the dp form in a tensor group of {tp}, which splits "
+                          f"its samples over the group, but its {norms[0]} takes statistics over the samples it sees "
+                          "(the result would change)", "search with --tp 1 for this model, or keep the layer on a "
+                          "stage without tensor parallelism")
+
+
+def split_samples(module: nn.Sequential, forms: Sequence[str], mesh: Any, shard_output: bool = False) -> None:
+    """The ``dp`` layers of a stage compute their share of the samples (see the module doc): a
+    :class:`Relayout` where a run of them starts (to ``Shard(0)``) and where it ends (to ``Replicate``).
+    ``shard_output``: the stage's output is the rank's share of the samples (the last stage, whose
+    loss each rank computes on its share), else replicated."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    prev = "tp"  # the stage's input arrives replicated in the tensor group
+    for j, form in enumerate(forms):
+        if (form == "dp") != (prev == "dp"):
+            src, dst = (Replicate(), Shard(0)) if form == "dp" else (Shard(0), Replicate())
+            module[j].register_forward_pre_hook(Relayout(mesh, src, dst), with_kwargs=True)
+        prev = form
+    if (prev == "dp") != shard_output:
+        src, dst = (Shard(0), Replicate()) if prev == "dp" else (Replicate(), Shard(0))
+        module[len(forms) - 1].register_forward_hook(Relayout(mesh, src, dst).output)
+
+
+def sample_split(layers: Sequence[nn.Module]) -> list[bool]:
+    """Per layer (in order), whether it runs on the rank's share of the samples: read back from the
+    :class:`Relayout` hooks :func:`split_samples` registered."""
+    out, split = [], False
+    for layer in layers:
+        for hook in layer._forward_pre_hooks.values():
+            if isinstance(hook, Relayout):
+                split = hook.splits_samples
+        out.append(split)
+        for hook in layer._forward_hooks.values():
+            if isinstance(getattr(hook, "__self__", None), Relayout):
+                split = hook.__self__.splits_samples
+    return out
+
+
 def shard_stage(module: nn.Sequential, forms: Sequence[str], mesh: Any, sequence_parallel: bool, stage: int,
-                first: int) -> None:
-    """Apply every layer's form of one stage over its tensor group ``mesh`` (1-D)."""
+                first: int, shard_output: bool = False) -> None:
+    """Apply every layer's form of one stage over its tensor group ``mesh`` (1-D); ``shard_output``: the
+    stage's output is the rank's share of the samples (:func:`split_samples`)."""
     shard_splits(module, forms, mesh, stage, first)
     for j, form in enumerate(forms):
         if form == "tp":
             shard_block(module[j], mesh, sequence_parallel, stage, first + j)
+    split_samples(module, forms, mesh, shard_output)

@@ -62,9 +62,12 @@ def micro_batch_size(plan: ir.Plan, width: int) -> int:
 
 def manual_plan(profile: ir.ModelProfile, cluster: ir.Cluster, parts: Sequence[int], width: int = 1, *,
                 microbatches: int = 1, schedule: str = "1f1b", optimizer: str = "sgd",
-                forms: Sequence[Sequence[str]] | None = None,
+                forms: Sequence[Sequence[str]] | None = None, tp: int | None = None,
                 predicted: ir.Prediction | None = None) -> ir.Plan:
     """A plan with given stage boundaries ``parts`` ([0, b1, ..., N]) on ``width`` devices per stage.
+
+    ``tp``: every stage's tensor degree; None gives a stage with a split form ``tp = width``
+    (its forms split over all its devices) and the others ``tp = 1``.
 
     For comparisons with engines' own partitions (DeepSpeed's ``partition_method``) and
     for tests. Devices are taken from the cluster in order; the prediction is a
@@ -77,7 +80,8 @@ def manual_plan(profile: ir.ModelProfile, cluster: ir.Cluster, parts: Sequence[i
                           f"{len(devices)}", "use a larger cluster")
     stages = tuple(
         ir.Stage((parts[s], parts[s + 1]), tuple(devices[s * width:(s + 1) * width]),
-                 tuple(forms[s]) if forms else ("dp",) * (parts[s + 1] - parts[s]), 0)
+                 tuple(forms[s]) if forms else ("dp",) * (parts[s + 1] - parts[s]), 0,
+                 tp=tp if tp is not None else (width if forms and set(forms[s]) - {"dp"} else 1))
         for s in range(k))
     pred = predicted or ir.Prediction(0.0, 0.0, 0.0, 0)
     return ir.Plan(profile=profile, cluster=cluster, schedule=schedule, microbatches=microbatches,

@@ -143,8 +143,8 @@ def zero1_grads(opt: Any) -> None:
             proxy.grad = local(param.grad)
 
 
-def average_grads(params: Sequence[nn.Parameter], group: Any, dp: int) -> None:
-    """Average gradients over the ``dp`` data-parallel replicas (ZeRO 0 and 1; FSDP does its own)."""
+def sum_grads(params: Sequence[nn.Parameter], group: Any, divisor: int = 1) -> None:
+    """Sum the gradients (their local tensors) over ``group``, then divide by ``divisor``."""
     import torch.distributed as dist
 
     for p in params:
@@ -152,7 +152,13 @@ def average_grads(params: Sequence[nn.Parameter], group: Any, dp: int) -> None:
             p.grad = torch.zeros_like(p)
         g = local(p.grad)
         dist.all_reduce(g, group=group)
-        g /= dp
+        if divisor != 1:
+            g /= divisor
+
+
+def average_grads(params: Sequence[nn.Parameter], group: Any, dp: int) -> None:
+    """Average gradients over the ``dp`` data-parallel replicas (ZeRO 0 and 1; FSDP does its own)."""
+    sum_grads(params, group, dp)
 
 
 def zero_stage_of(modules: Sequence[nn.Module], opt: Any) -> int:

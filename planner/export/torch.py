@@ -21,10 +21,12 @@ Megatron blocks, column/row-parallel Linears, sequence parallelism), recomputati
 autocast (planner.export.sharding), then ZeRO over the ``dp`` group (FSDP2 for 2 and 3 on the
 ``dp`` mesh dimension, composed with the tensor-parallel DTensors as 2-D sharding; ZeRO-1 through
 ZeroRedundancyOptimizer). Replica ``d`` trains its share of every micro-batch; the ranks of a
-tensor group see the same samples. fp16 is refused (no loss scale in the schedule's loss).
+tensor group receive the same samples, and its ``dp``-form layers split them over the group (each
+rank's gradient of their weights, its samples' part, is summed over the tensor group before the
+data-parallel average). fp16 is refused (no loss scale in the schedule's loss).
 
-Tied weights (a parameter several layers hold, GPT-2's wte/lm_head) are found before sharding
-and kept in sync: the same seed builds them equal on every rank, and their gradients (local
+Tied weights (a parameter several layers hold, GPT-2's wte/lm_head; planner.export.ties) are found
+before sharding and kept in sync: the same seed builds them equal on every rank, and their gradients (local
 shards under FSDP) are summed over the stages that hold them after every step (a process group
 per tie and (dp, tp) coordinate).
 
@@ -37,7 +39,7 @@ layers, ZeRO stage, wrappers); the multi-process tests hold it to the plan.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -47,10 +49,11 @@ from planner import ir, runnable
 from planner.errors import ExportError, PlanError
 from planner.export import parallel, sharding
 from planner.export.data import sub_batch
-from planner.export.layers import TiedParam, check_layers_match, find_ties
+from planner.export.layers import check_layers_match
 from planner.export.losses import make_loss
 from planner.export.optim import DEFAULT_LR
 from planner.export.partition import ranges
+from planner.export.ties import find_ties, sum_tie_grads, tie_sync
 from planner.schedule import SCHEDULE_KINDS, schedule_kind
 
 SCHEDULES = {name: kind.torch_class for name, kind in SCHEDULE_KINDS.items() if kind.torch_class is not None}
@@ -78,8 +81,10 @@ def check_plan(plan: ir.Plan, layers: Sequence[nn.Module] | None = None) -> int:
     if plan.precision == "fp16":
         raise ExportError("the plan trains in fp16, which needs a dynamic loss scale the torch pipelining "
                           "schedule's loss function does not carry", "search with --precision bf16 (or fp32)")
-    if layers is not None:
-        for i, st in enumerate(plan.stages):
+    for i, st in enumerate(plan.stages):
+        if st.tp > 1 and "dp" in st.forms:
+            parallel.check_samples(st.tp, plan.micro_batch_size(st), i, st.layers[0] + st.forms.index("dp"))
+        if layers is not None:
             _check_stage_layers(layers, plan, st, i)
     return plan.stages[0].dp
 
@@ -92,6 +97,8 @@ def _check_stage_layers(layers: Sequence[nn.Module], plan: ir.Plan, st: ir.Stage
             parallel.check_split(layers[index], st.tp, i, index, form)
         elif form == "tp":
             parallel.check_block(layers[index], st.tp, seq, st.sequence_parallel, i, index)
+        elif st.tp > 1:
+            parallel.check_sample_independent(layers[index], st.tp, i, index)
 
 
 def device() -> torch.device:
@@ -118,12 +125,20 @@ def make_mesh(plan: ir.Plan, world: int) -> Any:
     return init_device_mesh(device().type, (k, first.dp, first.tp), mesh_dim_names=MESH_DIMS)
 
 
+def loss_parts(plan: ir.Plan) -> int:
+    """In how many parts the last stage's tensor group computes each micro-batch's loss: each rank on its
+    share of the samples (the cost model's loss time is divided by tp) when tp divides them, else whole."""
+    last = plan.stages[-1]
+    return last.tp if last.tp > 1 and plan.micro_batch_size(last) % last.tp == 0 else 1
+
+
 def _stage_module(layers: Sequence[nn.Module], plan: ir.Plan, c: int, mesh: Any) -> nn.Module:
     """Chunk ``c``'s layers with its tensor parallelism, recomputation, precision and ZeRO."""
     st = plan.stages[c]
     sub = nn.Sequential(*layers[st.layers[0]:st.layers[1]]).to(device())
     if st.tp > 1:
-        parallel.shard_stage(sub, st.forms, mesh["tp"], st.sequence_parallel, c, st.layers[0])
+        shard_output = c == len(plan.stages) - 1 and loss_parts(plan) > 1
+        parallel.shard_stage(sub, st.forms, mesh["tp"], st.sequence_parallel, c, st.layers[0], shard_output)
     root = sharding.with_precision(sharding.with_recompute(sub, st.recompute), plan.precision)
     if st.zero in (2, 3):
         sharding.fully_shard_stage(root, list(sub), mesh["dp"], st.zero)
@@ -145,27 +160,15 @@ def build_stages(layers: Sequence[nn.Module], plan: ir.Plan, rank: int, world: i
     return stages, mesh
 
 
-def _tie_groups(layers: Sequence[nn.Module], ties: Sequence[TiedParam], plan: ir.Plan,
-                mesh: Any) -> list[tuple[Any, nn.Parameter]]:
-    """Process groups (per data and tensor coordinate) over the pipeline ranks whose stages hold a tied
-    parameter, with this rank's copy of it. ``ties`` are found before sharding: FSDP and tensor
-    parallelism give each stage its own parameter object."""
-    k = plan.pipeline_stages
-    owner = {i: c % k for c, st in enumerate(plan.stages) for i in range(*st.layers)}
-    pp_rank, dp_rank, tp_rank = mesh.get_coordinate()
-    dp, tp = mesh["dp"].size(), mesh["tp"].size()
-    out = []
-    for tie in ties:
-        pp_ranks = sorted({owner[i] for i in tie.layers})
-        if len(pp_ranks) < 2:
-            continue
-        mine = [(i, path) for i, path in zip(tie.layers, tie.paths, strict=True) if owner[i] == pp_rank]
-        for d in range(dp):  # every rank creates every group, in the same order
-            for t in range(tp):
-                group = torch.distributed.new_group([p * dp * tp + d * tp + t for p in pp_ranks])
-                if mine and (d, t) == (dp_rank, tp_rank):
-                    out.append((group, layers[mine[0][0]].get_parameter(mine[0][1])))
-    return out
+class _PartLoss:
+    """The loss of one of ``parts`` equal shares of a micro-batch, over ``parts``: the shares' sum is the
+    micro-batch's mean loss, and so are the gradients that reach the shared layers."""
+
+    def __init__(self, loss: str, parts: int) -> None:
+        self.fn, self.parts = make_loss(loss), parts
+
+    def __call__(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return self.fn(output, target) / self.parts
 
 
 def _make_schedule(stages: list[Any], plan: ir.Plan, loss: str) -> Any:
@@ -175,7 +178,7 @@ def _make_schedule(stages: list[Any], plan: ir.Plan, loss: str) -> Any:
     kind = schedule_kind(plan.schedule)
     cls = getattr(pipelining, SCHEDULES[plan.schedule])
     return cls(stages if plan.virtual_stages > 1 or kind.torch_stage_list else stages[0],
-               plan.microbatches, loss_fn=make_loss(loss))
+               plan.microbatches, loss_fn=_PartLoss(loss, loss_parts(plan)))
 
 
 def _run_schedule(schedule: Any, first: bool, last: bool, xs: torch.Tensor, ys: torch.Tensor) -> list[torch.Tensor]:
@@ -192,18 +195,10 @@ def _run_schedule(schedule: Any, first: bool, last: bool, xs: torch.Tensor, ys: 
     return losses
 
 
-def _sum_tie_grads(ties: list[tuple[Any, nn.Parameter]]) -> None:
-    """Sum each tied parameter's gradient (its local shard) over the stages holding it."""
-    import torch.distributed as dist
-
-    for group, param in ties:
-        if param.grad is None:
-            param.grad = torch.zeros_like(param)
-        dist.all_reduce(sharding.local(param.grad), group=group)
-
-
 def _global_mean_loss(losses: list[torch.Tensor], dev: torch.device, width: int) -> float:
-    """The step's mean loss on the global batch: the last stages' means summed over all ranks, over W."""
+    """The step's mean loss on the global batch: the last stage's means summed over all ranks, over the
+    number of whole copies of the batch they hold (``width``: dp x tp, or dp when each tensor rank's
+    loss is its part of the micro-batch's)."""
     import torch.distributed as dist
 
     mean = torch.stack([t.detach().float() for t in losses]).mean() if losses else torch.zeros(())
@@ -227,35 +222,51 @@ class Trainer:
         self.plan, self.layers = plan, list(layers)
         ties = find_ties(layers)
         self.stages, self.mesh = build_stages(layers, plan, dist.get_rank(), dist.get_world_size())
-        self.ties = _tie_groups(layers, ties, plan, self.mesh)
+        self.ties = tie_sync(layers, ties, plan, self.mesh)
         with torch.no_grad():  # the same seed built them equal; a broadcast guards against drift
             for group, param in self.ties:
                 dist.broadcast(sharding.local(param), src=dist.get_global_rank(group, 0), group=group)
         self.schedule = _make_schedule(self.stages, plan, loss)
         self.params = list({id(p): p for s in self.stages for p in s.submod.parameters()}.values())
+        self.split_params = list({id(p): p for i in self._sample_split_layers()
+                                  for p in layers[i].parameters()}.values())
         self.zero = _rank_zero(plan, [s.stage_index for s in self.stages])
         rate = DEFAULT_LR[plan.optimizer] if lr is None else lr
         self.opt = sharding.optimizer(plan.optimizer, self.params, rate, self.zero, self.mesh["dp"].get_group())
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> float:
-        m, dp = self.plan.microbatches, self.mesh["dp"].size()
-        replica, dev = self.mesh.get_coordinate()[1], device()
+        m, dp, parts = self.plan.microbatches, self.mesh["dp"].size(), loss_parts(self.plan)
+        _, replica, tensor_rank = self.mesh.get_coordinate()
+        dev = device()
         xs = torch.cat([sub_batch(x, i, replica, m, dp) for i in range(m)]).to(dev)
-        ys = torch.cat([sub_batch(y, i, replica, m, dp) for i in range(m)]).to(dev)
+        ys = torch.cat([sub_batch(sub_batch(y, i, replica, m, dp), 0, tensor_rank % parts, 1, parts)
+                        for i in range(m)]).to(dev)  # the last stage's loss: this rank's share of the samples
         for p in self.params:  # the parameters' own gradients (ZeRO-1 steps local proxies of them)
             p.grad = None
         losses = _run_schedule(self.schedule, any(s.is_first for s in self.stages),
                                any(s.is_last for s in self.stages), xs, ys)
-        _sum_tie_grads(self.ties)
+        sum_tie_grads(self.ties)
+        if self.split_params:  # each tensor rank's gradient is its share of the samples' part
+            sharding.sum_grads(self.split_params, self.mesh["tp"].get_group())
         if self.zero < 2 and dp > 1:
             sharding.average_grads(self.params, self.mesh["dp"].get_group(), dp)
         sharding.zero1_grads(self.opt)
         self.opt.step()
-        return _global_mean_loss(losses, dev, self.mesh.size() // self.mesh["pp"].size())
+        return _global_mean_loss(losses, dev, dp * self.mesh["tp"].size() // parts)
+
+    def _sample_split_layers(self) -> list[int]:
+        """This rank's layers that compute their share of the samples (dp forms in a tensor group), read
+        back from the layout hooks planner.export.parallel registered."""
+        out = []
+        for s in self.stages:
+            first, end = self.plan.stages[s.stage_index].layers
+            out += [first + j for j, split in enumerate(parallel.sample_split(self.layers[first:end])) if split]
+        return out
 
     def describe(self) -> dict[str, Any]:
         """What this rank actually built (read back from its modules): mesh coordinates, layers, the
-        layers sharded over the tensor group, ZeRO stage, recomputation wrappers, autocast."""
+        layers sharded over the tensor group, those computing its share of the samples, ZeRO stage,
+        recomputation wrappers, autocast."""
         index = {id(m): i for i, m in enumerate(self.layers)}
         mods = [m for s in self.stages for m in s.submod.modules()]
         return {"rank": torch.distributed.get_rank(),
@@ -263,6 +274,7 @@ class Trainer:
                 "stages": [s.stage_index for s in self.stages],
                 "layers": sorted({index[id(m)] for m in mods if id(m) in index}),
                 "tp_layers": sorted({index[id(m)] for m in mods if id(m) in index and _tensor_sharded(m)}),
+                "sample_split_layers": self._sample_split_layers(),
                 "zero": sharding.zero_stage_of([s.submod for s in self.stages], self.opt),
                 "recompute": sorted({m.mode for m in mods if isinstance(m, sharding.Checkpointed)}),
                 "autocast": any(isinstance(m, sharding.Autocast) for m in mods)}
@@ -289,9 +301,9 @@ def _tensor_sharded(module: nn.Module) -> bool:
     return False
 
 
-def make_trainer(layers: Sequence[nn.Module], plan: ir.Plan, loss: str,
-                 lr: float | None = None) -> Callable[[torch.Tensor, torch.Tensor], float]:
-    """Build this rank's stages and schedule; returns ``step(x, y) -> mean loss`` on the global batch."""
+def make_trainer(layers: Sequence[nn.Module], plan: ir.Plan, loss: str, lr: float | None = None) -> Trainer:
+    """Build this rank's stages and schedule; returns ``step(x, y) -> mean loss`` on the global batch
+    (a :class:`Trainer`: ``step.describe()`` says what this rank built)."""
     return Trainer(layers, plan, loss, lr)
 
 
@@ -305,7 +317,7 @@ Stage boundaries (layer index ranges): {ranges}. Forms per stage: {forms}.
 ZeRO stage {zero}; recomputation per stage: {recompute}.
 
 Run (CPU: gloo; GPU: nccl):
-    torchrun --standalone --nproc_per_node {world} train.py [--model MODEL] [--steps N]
+    torchrun --standalone --nproc_per_node {world} train.py [--model MODEL] [--steps N] [--lr LR] [--report DIR]
 
 What it does:
   1. builds the model MODEL (default: the profiled one, {model!r}) and splits it into exactly
@@ -335,17 +347,21 @@ HERE = Path(__file__).resolve().parent
 
 
 def main() -> None:
-    args = script_args(__doc__, {model!r})
+    args = script_args(__doc__, {model!r}, report=True)
     plan = ir.Plan.from_dict(json.loads((HERE / "plan.json").read_text()))
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     layers, example = load_layers(args.model, plan, args.seed)
     spec = data_spec(layers, example, args.loss)
-    step = make_trainer(layers, plan, args.loss)
+    step = make_trainer(layers, plan, args.loss, args.lr)
+    losses = []
     for s in range(args.steps):
         x, y = spec.batch(s, plan.batch_size, args.seed)
-        loss = step(x, y)
+        losses.append(step(x, y))
         if int(os.environ.get("RANK", "0")) == 0:
-            print(f"step {{s}} loss {{loss:.6f}}", flush=True)
+            print(f"step {{s}} loss {{losses[-1]:.6f}}", flush=True)
+    if args.report:  # what this rank built (read back from its modules), the server it ran on, its losses
+        report = {{**step.describe(), "node_rank": int(os.environ.get("GROUP_RANK", "0")), "losses": losses}}
+        Path(args.report, f"rank{{dist.get_rank()}}.json").write_text(json.dumps(report))
     dist.destroy_process_group()
 
 

@@ -22,8 +22,9 @@ replicates), selective recomputation (torchtitan's selective modes are per-op SA
 matrix products and attention outputs and recomputes the rest, or every n-th layer, not the
 attention core only), fp16 (``mixed_precision_param`` is bfloat16 or float32), tensor
 parallelism without sequence parallelism (torchtitan's Llama always shards norms over the
-sequence under tp), stages that differ in recomputation, and models that are not Llama-family
-(gated-MLP blocks between one embedding and one head).
+sequence under tp), transformer blocks in a tensor group without the ``tp`` form (torchtitan
+shards every block Megatron-style), stages that differ in recomputation, and models that are not
+Llama-family (gated-MLP blocks between one embedding and one head).
 """
 
 from __future__ import annotations
@@ -76,6 +77,11 @@ def check_plan(plan: ir.Plan) -> int:
          f"the plan runs tp {first.tp} without sequence parallelism; torchtitan's Llama always shards norms "
          "over the sequence under tensor parallelism"),
     ]
+    blocks = [st.layers[0] + j for st in plan.stages if st.tp > 1 for j, form in enumerate(st.forms)
+              if form != "tp" and plan.profile.layers[st.layers[0] + j].block is not None]
+    reasons.append((bool(blocks), f"the plan runs transformer block(s) {', '.join(map(str, blocks[:4]))} in a tensor "
+                                  "group without the tp form; torchtitan shards every block Megatron-style under "
+                                  "tensor parallelism"))
     for bad, why in reasons:
         if bad:
             raise ExportError(why, _FIX)

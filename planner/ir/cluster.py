@@ -173,7 +173,11 @@ class Cluster:
     engine_overheads: tuple[tuple[str, EngineOverhead], ...] = ()
 
     def __hash__(self) -> int:
-        # a cheap hash (a 1024-GPU cluster is hashed for every cached look-up); equal clusters share it
+        return self._hash
+
+    @functools.cached_property
+    def _hash(self) -> int:
+        # a cheap hash, computed once (a 1024-GPU cluster is hashed for every cached look-up); equal clusters share it
         return hash((self.name, len(self.nodes), sum(len(n.gpus) for n in self.nodes)))
 
     def link(self, level: str) -> Link:

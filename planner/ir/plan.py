@@ -68,8 +68,6 @@ class Stage:
     def __post_init__(self) -> None:
         if isinstance(self.recompute, bool):
             object.__setattr__(self, "recompute", "full" if self.recompute else "none")
-        if self.tp == 1 and self.width > 1 and any(f != "dp" for f in self.forms):
-            object.__setattr__(self, "tp", self.width)  # version 1: split forms span the whole stage
 
     @property
     def width(self) -> int:
@@ -115,13 +113,24 @@ class Stage:
         return cls((layers[0], layers[1]), tuple(devices), tuple(forms), _int(d, "memory_bytes", where),
                    _recompute(d, where), tp, _zero(d, where), bool(d.get("sequence_parallel", False)))
 
+    def grid_problem(self) -> tuple[str, str] | None:
+        """Why the grid is inconsistent, as (cause, fix), or None: ``tp`` must divide the devices,
+        and split or ``tp`` forms need a tensor group of two or more (``tp`` is never inferred:
+        with ``tp == 1`` a weight split over one device is meaningless)."""
+        if self.tp < 1 or self.width % self.tp:
+            return (f"tp {self.tp} does not divide the stage's {self.width} devices",
+                    "tp * dp must equal the number of devices")
+        split = sorted({f for f in self.forms if f != "dp"})
+        if self.tp == 1 and split:
+            return (f"tp is 1 but the stage has {', '.join(split)} forms, which split a layer over its tensor "
+                    f"group", f"give tp (the tensor group's size, e.g. tp={self.width}) or use 'dp' forms")
+        return None
+
     def check(self, where: str) -> None:
-        """The grid's own consistency: ``tp`` divides the devices, forms open to the grid."""
-        if self.width % self.tp:
-            raise FormatError(f"{where}: tp {self.tp} does not divide the stage's {self.width} devices",
-                              "tp * dp must equal the number of devices")
-        if self.tp == 1 and any(f != "dp" for f in self.forms):
-            raise FormatError(f"{where}: tp is 1 but the stage has split or tp forms", "use tp > 1 or 'dp' forms")
+        """The grid's own consistency (:meth:`grid_problem`), and ZeRO over two or more replicas."""
+        problem = self.grid_problem()
+        if problem is not None:
+            raise FormatError(f"{where}: {problem[0]}", problem[1])
         if self.zero and self.dp == 1:
             raise FormatError(f"{where}: zero {self.zero} on a stage with dp 1 shards over one device",
                               "use zero 0 for a stage without data parallelism")

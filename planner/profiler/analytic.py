@@ -1,17 +1,21 @@
-"""Analytic times: a layer's FLOPs over the device's peak FLOP/s times an efficiency.
+"""Analytic times: which peak a ``--device-flops`` value means, and the flat-efficiency formula.
 
-``time = flops / (device_flops * efficiency)``, forward and backward alike. A GPU name
+By default an analytic profile on a named GPU is timed by the roofline
+(``planner.profiler.roofline``: per kernel, compute at a shape-dependent share of peak or
+memory traffic at the GPU's bandwidth, whichever is longer, plus a launch cost). An explicit
+``--efficiency E``, or a ``--device-flops`` number (no GPU, so no bandwidth), times every layer
+flat: ``time = flops / (device_flops * efficiency)``, forward and backward alike. A GPU name
 (``planner.gpus``: rtx2080ti, v100, a100, h100, ...) gives the dense peak for the number
 format the profile computes in: float32 -> fp32 (or the TF32 tensor-core peak, which PyTorch
 uses for fp32 matmuls when TF32 is on, for a name ending in ``-tf32``: ``a100-tf32``),
 bfloat16 -> bf16, float16 -> fp16 (tensor cores). The paper's RTX 2080Ti fp32 figure is
 13.4 TFLOP/s; the A100's bf16 peak is 312 TFLOP/s.
 
-The default efficiency, 0.5, is the share of peak that fp32 training of convolution and
-GEMM layers typically sustains on these GPUs (cuDNN/cuBLAS reach 40-70% on large layers;
-small layers and memory-bound element-wise work pull the average down). It is one number
-for every layer, so it scales all times alike and does not change which plan is fastest
-when every device in a cluster is described the same way; pass ``--efficiency`` to change it.
+The flat efficiency for a FLOP/s number, 0.5, is the share of peak that fp32 training of
+convolution and GEMM layers typically sustains on these GPUs (cuDNN/cuBLAS reach 40-70% on
+large layers; small layers and memory-bound element-wise work pull the average down). It is
+one number for every layer, so it scales all times alike; the shipped 2080Ti profiles were
+made with it (``profiles/README.md``).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from planner.errors import UsageError
 TF32_SUFFIX = "-tf32"
 DEFAULT_GPU = "rtx2080ti"
 ANALYTIC_EFFICIENCY = 0.5
-"""Share of peak FLOP/s an analytic profile assumes every layer reaches."""
+"""Share of peak FLOP/s a flat analytic profile assumes every layer reaches (no GPU name, or ``--efficiency``)."""
 
 DEVICE_FLOPS_NAMES: tuple[str, ...] = gpus.GPU_NAMES + tuple(
     name + TF32_SUFFIX for name in gpus.GPU_NAMES if "tf32" in gpus.GPUS[name].peak_flops)
@@ -34,8 +38,8 @@ GPU_PEAK_FLOPS: dict[str, float] = {
 """fp32 (or, for ``-tf32`` names, TF32) peak FLOP/s of every name ``--device-flops`` accepts."""
 
 
-def named_peak(name: str, dtype: str = "float32") -> float:
-    """Peak FLOP/s of GPU ``name`` (``a100``, ``a100-tf32``, ...) for a profile computing in ``dtype``."""
+def gpu_format(name: str, dtype: str = "float32") -> tuple[str, str]:
+    """(catalogued GPU, number format) that ``--device-flops NAME`` means for a ``dtype`` profile."""
     base = name.removesuffix(TF32_SUFFIX)
     number_format = gpus.number_format_of_dtype(dtype)
     if name.endswith(TF32_SUFFIX):
@@ -43,7 +47,12 @@ def named_peak(name: str, dtype: str = "float32") -> float:
             raise UsageError(f"--device-flops {name} is the TF32 peak, for float32 profiles, not {dtype}",
                              f"use --device-flops {base}")
         number_format = "tf32"
-    return gpus.peak_flops(base, number_format)
+    return base, number_format
+
+
+def named_peak(name: str, dtype: str = "float32") -> float:
+    """Peak FLOP/s of GPU ``name`` (``a100``, ``a100-tf32``, ...) for a profile computing in ``dtype``."""
+    return gpus.peak_flops(*gpu_format(name, dtype))
 
 
 def resolve_device_flops(value: str | float | None, default: str | None = DEFAULT_GPU,

@@ -12,7 +12,13 @@ import torch
 
 from planner.errors import ProfileError, UsageError
 from planner.ir import LayerProfile, ModelProfile
-from planner.profiler.analytic import ANALYTIC_EFFICIENCY, analytic_time, resolve_device_flops
+from planner.profiler.analytic import (
+    ANALYTIC_EFFICIENCY,
+    DEVICE_FLOPS_NAMES,
+    analytic_time,
+    gpu_format,
+    resolve_device_flops,
+)
 from planner.profiler.flops import FLOP_COUNTER
 from planner.profiler.layered import LayeredModel, rejects_input
 from planner.profiler.layers import split_model
@@ -29,6 +35,7 @@ from planner.profiler.measure import (
     whole_model_pass,
 )
 from planner.profiler.repeats import instrumented_pass_once_per_kind
+from planner.profiler.roofline import profile_roofline, roofline_meta, roofline_of
 
 Progress = Callable[[int, int, str], None]
 """progress(done, total, what): called as profiling advances."""
@@ -92,7 +99,7 @@ def profile_model(
     repeats: int = DEFAULT_REPEATS,
     warmup: int = DEFAULT_WARMUP,
     device_flops: str | float | None = None,
-    efficiency: float = ANALYTIC_EFFICIENCY,
+    efficiency: float | None = None,
     progress: Progress | None = None,
     layered: LayeredModel | None = None,
     whole_repeats: int = 1,
@@ -101,9 +108,12 @@ def profile_model(
 
     ``mode="measured"`` times every layer's forward and backward on the model's device
     (``warmup`` passes, then the median of ``repeats``); ``device_flops`` defaults to the
-    FLOP/s achieved there. ``mode="analytic"`` computes times as FLOPs / (``device_flops``
-    x ``efficiency``) (default device: the RTX 2080Ti); load the model on ``device="meta"``
-    to make it without memory or compute. ``device``/``dtype`` only move/cast the model if
+    FLOP/s achieved there. ``mode="analytic"`` times a named GPU's kernels by the roofline
+    (``planner.profiler.roofline``; default device: the RTX 2080Ti) and fits each layer's
+    fixed part through the roofline at a quarter of the batch; with an ``efficiency`` or a
+    FLOP/s number it computes FLOPs / (``device_flops`` x ``efficiency``, default 0.5) and
+    leaves the fixed parts None. Load the model on ``device="meta"`` to make it without
+    memory or compute. ``device``/``dtype`` only move/cast the model if
     given. ``layered`` reuses a split already made. Measured mode also times ``whole_repeats``
     whole-model iterations (``meta.whole_model_fwd_bwd_s``). At the defaults that is 1
     instrumented pass (the warm-up: FLOPs, saved and output bytes), 3 timed passes and 1
@@ -111,9 +121,8 @@ def profile_model(
     also times ``repeats`` passes at a quarter of the batch (:func:`small_batch_of`;
     each costs about a quarter of an iteration plus the per-call costs) and fits every
     layer's ``forward_fixed_s``/``backward_fixed_s`` (:func:`fit_fixed`; None where the
-    batch is 1 or the layers refuse a smaller batch); analytic mode leaves them None. It
-    also times a cross-entropy loss on the last layer's output at both sizes (``loss_s``,
-    ``loss_fixed_s``; a few milliseconds).
+    batch is 1 or the layers refuse a smaller batch). It also times a cross-entropy loss
+    on the last layer's output at both sizes (``loss_s``, ``loss_fixed_s``; a few milliseconds).
     """
     _check_options(mode, repeats, warmup, efficiency)
     module, x = _placed(loaded, device, dtype)
@@ -139,17 +148,18 @@ def profile_model(
     elapsed = time.perf_counter() - start
     if mode == "measured":
         times = _measured_times(runs, facts, flops_value, flops_label, x.device)
+        fixed = _fixed_costs(times, runs.small_times, int(x.shape[0]), small, len(facts))
     else:
         assert flops_value is not None
-        times = _analytic_times(facts, flops_value, flops_label, efficiency)
-    fixed = _fixed_costs(times, runs.small_times, int(x.shape[0]), small, len(facts))
-    meta = _meta(lm, times, threads, elapsed)
+        times, fixed, analytic_meta = _analytic_times(lm, x, facts, (flops_value, flops_label), efficiency,
+                                                      dtype_label)
+    meta = _meta(lm, times, threads, time.perf_counter() - start)
     meta["instrumented_layers"] = counted
     if mode == "measured":
         meta.update(_measured_meta(times, runs, x.device, warmup, repeats, elapsed,
                                    small if runs.small_times is not None else None))
     else:
-        meta.update({"efficiency": efficiency, "time_formula": "flops / (device_flops * efficiency)"})
+        meta.update(analytic_meta)
     return ModelProfile(
         model=loaded.name, batch_size=int(x.shape[0]), dtype=dtype_label,
         mode=mode, device=times.device_name if mode == "analytic" else (
@@ -161,12 +171,12 @@ def profile_model(
     )
 
 
-def _check_options(mode: str, repeats: int, warmup: int, efficiency: float) -> None:
+def _check_options(mode: str, repeats: int, warmup: int, efficiency: float | None) -> None:
     if mode not in ("measured", "analytic"):
         raise UsageError(f"unknown mode {mode!r}", "use --mode measured or --mode analytic")
     if repeats < 1 or warmup < 0:
         raise UsageError(f"--repeats must be 1 or more (got {repeats})", "e.g. --repeats 3")
-    if not 0 < efficiency <= 1:
+    if efficiency is not None and not 0 < efficiency <= 1:
         raise UsageError(f"efficiency must be in (0, 1], got {efficiency}", "e.g. 0.5")
 
 
@@ -309,11 +319,28 @@ def _measured_times(runs: _Runs, facts: list[LayerFacts], flops_value: float | N
     return _LayerTimes(fwd_s, bwd_s, layer_sum, flops_value, flops_label, device_name)
 
 
-def _analytic_times(facts: list[LayerFacts], flops_value: float, flops_label: str, efficiency: float) -> _LayerTimes:
-    """FLOPs / (device FLOP/s x efficiency) per layer (planner.profiler.analytic)."""
-    fwd_s = [analytic_time(f.forward_flops, flops_value, efficiency) for f in facts]
-    bwd_s = [analytic_time(f.backward_flops, flops_value, efficiency) for f in facts]
-    return _LayerTimes(fwd_s, bwd_s, sum(fwd_s) + sum(bwd_s), flops_value, flops_label, flops_label)
+_Fixed = list[tuple[float | None, float | None]]
+
+
+def _analytic_times(lm: LayeredModel, x: torch.Tensor, facts: list[LayerFacts], device: tuple[float, str],
+                    efficiency: float | None, dtype: str) -> tuple[_LayerTimes, _Fixed, dict[str, Any]]:
+    """Per-layer times, fixed parts and meta: the roofline on a named GPU (planner.profiler.roofline),
+    else FLOPs / (device FLOP/s x efficiency) (planner.profiler.analytic) with no fixed parts."""
+    flops_value, flops_label = device
+    if efficiency is None and flops_label in DEVICE_FLOPS_NAMES:
+        gpu, number_format = gpu_format(flops_label, dtype)
+        roofline = roofline_of(gpu, number_format)
+        prof = profile_roofline(lm.layers, x, roofline)
+        fwd_s, bwd_s = prof.full.forward_s, prof.full.backward_s
+        fixed = list(zip(prof.forward_fixed_s, prof.backward_fixed_s, strict=True))
+        meta = roofline_meta(roofline, prof, gpu, number_format)
+    else:
+        flat = ANALYTIC_EFFICIENCY if efficiency is None else efficiency
+        fwd_s = [analytic_time(f.forward_flops, flops_value, flat) for f in facts]
+        bwd_s = [analytic_time(f.backward_flops, flops_value, flat) for f in facts]
+        fixed = [(None, None)] * len(facts)
+        meta = {"efficiency": flat, "time_formula": "flops / (device_flops * efficiency)"}
+    return _LayerTimes(fwd_s, bwd_s, sum(fwd_s) + sum(bwd_s), flops_value, flops_label, flops_label), fixed, meta
 
 
 def _fixed_costs(times: _LayerTimes, small_times: tuple[list[float], list[float]] | None, batch: int,

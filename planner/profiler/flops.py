@@ -20,7 +20,13 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+from torch.utils.flop_counter import (
+    FlopCounterMode,
+    flop_registry,
+    sdpa_backward_flop_count,
+    sdpa_flop_count,
+    shape_wrapper,
+)
 
 FLOP_COUNTER = "torch.utils.flop_counter.FlopCounterMode + CPU SDPA formulas"
 
@@ -47,3 +53,15 @@ def _custom_mapping() -> dict[Any, Any]:
 def flop_counter() -> FlopCounterMode:
     """A silent FlopCounterMode that also counts the CPU SDPA kernels."""
     return FlopCounterMode(display=False, custom_mapping=_custom_mapping())
+
+
+_REGISTRY: dict[Any, Any] = {}
+
+
+def op_flops(func: Any, args: Any, kwargs: Any, out: Any) -> float:
+    """FLOPs of one aten op call by the formulas ``flop_counter`` uses (0 for ops it does not count)."""
+    if not _REGISTRY:
+        _REGISTRY.update(flop_registry)
+        _REGISTRY.update({op: shape_wrapper(f) for op, f in _custom_mapping().items()})
+    formula = _REGISTRY.get(func._overloadpacket)
+    return 0.0 if formula is None else float(formula(*args, **kwargs, out_val=out))

@@ -18,11 +18,13 @@ def _fmt(value: float | None, fmt: str, suffix: str = "") -> str:
 
 
 def comparison_table(comparison: Comparison) -> Table:
-    """One row per strategy: time, throughput, speedup over dp, memory per GPU, fits, config."""
+    """One row per strategy at its best setting (named): time, throughput, speedup over dp, memory per
+    GPU, fits, config."""
     model, cluster = safe_text(comparison.model), safe_text(comparison.cluster)
     table = Table(title=f"{model} (batch {comparison.batch_size}) on {cluster}, "
                         f"optimizer {comparison.optimizer}", title_justify="left")
-    for col, justify in (("strategy", "left"), ("config", "left"), ("schedule", "left"), ("M", "right"),
+    for col, justify in (("strategy", "left"), ("setting", "left"), ("config", "left"), ("schedule", "left"),
+                         ("M", "right"),
                          ("iter ms", "right"), ("samples/s", "right"), ("vs dp", "right"),
                          ("GiB/GPU", "right"), ("fits", "left")):
         table.add_column(col, justify=justify, no_wrap=col in ("strategy", "fits"), overflow="fold")  # type: ignore[arg-type]
@@ -30,7 +32,8 @@ def comparison_table(comparison: Comparison) -> Table:
     for s in comparison.strategies:
         style = "bold green" if s.fits and s.iteration_s == fastest else ("dim" if not s.fits else "")
         table.add_row(
-            safe_text(s.name), safe_text(s.config or "-"), s.schedule or "-", _fmt(s.microbatches, "d"),
+            safe_text(s.name), safe_text(s.setting or "-"), safe_text(s.config or "-"), s.schedule or "-",
+            _fmt(s.microbatches, "d"),
             _fmt(None if s.iteration_s is None else s.iteration_s * 1000, ".1f"),
             _fmt(s.samples_per_s, ".1f"), _fmt(s.speedup_over_dp, ".2f", "x"),
             _fmt(None if s.peak_memory_bytes is None else s.peak_memory_bytes / GIB, ".2f"),
@@ -49,7 +52,7 @@ def print_comparison(comparison: Comparison) -> None:
 
 
 COLORS = {"dp": "#7f7f7f", "accpar": "#8c564b", "gpipe-uniform": "#1f77b4", "torchgpipe": "#17becf",
-          "deepspeed-uniform": "#9467bd", "deepspeed-parameters": "#e377c2", "pipedream": "#ff7f0e",
+          "deepspeed": "#9467bd", "pipedream": "#ff7f0e", "megatron": "#bcbd22",
           "planner": "#d62728"}
 
 
@@ -133,6 +136,28 @@ def comparison_figure(comparison: Comparison) -> Any:
     return fig
 
 
+def _speedup_bars(ax: Any, comparisons: Sequence[Comparison], name: str, k: int, width: float) -> float:
+    """Strategy ``name``'s bars (the k-th of each model's group) with their values, an 'x' where it
+    does not fit; returns its highest speedup (0 when none)."""
+    xs, ys, misses = [], [], []
+    for i, c in enumerate(comparisons):
+        x = i - 0.4 + width * (k + 0.5)
+        try:
+            s = c.get(name)
+        except KeyError:
+            continue
+        if s.fits and s.speedup_over_dp:
+            xs.append(x)
+            ys.append(s.speedup_over_dp)
+        else:
+            misses.append(x)
+    ax.bar(xs, ys, width, label=name, color=COLORS.get(name, "#333333"))
+    for x, y in zip(xs, ys, strict=True):
+        ax.text(x, y, f"{y:.2f}", ha="center", va="bottom", fontsize=5.5, rotation=90)
+    ax.plot(misses, [0.05] * len(misses), "x", color=COLORS.get(name, "#333333"), markersize=4)
+    return max(ys, default=0.0)
+
+
 def plot_speedup_groups(groups: Sequence[tuple[str, Sequence[Comparison]]], path: str | os.PathLike[str],
                         strategies: Sequence[str], title: str) -> None:
     """Grouped bars of speedup over dp, one panel per group (e.g. per batch size), one group of
@@ -147,25 +172,7 @@ def plot_speedup_groups(groups: Sequence[tuple[str, Sequence[Comparison]]], path
     fig, axes = plt.subplots(len(groups), 1, figsize=(11.0, 3.6 * len(groups)), squeeze=False)
     width = 0.8 / max(1, len(strategies))
     for ax, (label, comparisons) in zip(axes[:, 0], groups, strict=True):
-        top = 1.0
-        for k, name in enumerate(strategies):
-            xs, ys, misses = [], [], []
-            for i, c in enumerate(comparisons):
-                x = i - 0.4 + width * (k + 0.5)
-                try:
-                    s = c.get(name)
-                except KeyError:
-                    continue
-                if s.fits and s.speedup_over_dp:
-                    xs.append(x)
-                    ys.append(s.speedup_over_dp)
-                else:
-                    misses.append(x)
-            ax.bar(xs, ys, width, label=name, color=COLORS.get(name, "#333333"))
-            for x, y in zip(xs, ys, strict=True):
-                ax.text(x, y, f"{y:.2f}", ha="center", va="bottom", fontsize=5.5, rotation=90)
-            ax.plot(misses, [0.05] * len(misses), "x", color=COLORS.get(name, "#333333"), markersize=4)
-            top = max([top, *ys])
+        top = max([1.0, *(_speedup_bars(ax, comparisons, name, k, width) for k, name in enumerate(strategies))])
         ax.axhline(1.0, color="black", linewidth=0.6, linestyle=":")
         ax.set_xticks(range(len(comparisons)), [c.model for c in comparisons])
         ax.set_ylabel("speedup over dp")

@@ -105,8 +105,15 @@ def print_summary(profile: ModelProfile, output: str | None) -> None:
         total = sum(x.forward_s + x.backward_s for x in profile.layers)
         notes.append(f"whole model fwd+bwd {whole * 1e3:.1f} ms; layers sum {total * 1e3:.1f} ms "
                      f"({total / whole:.2f}x); profiling took {meta.get('profiling_s', 0):.1f} s")
-    if profile.mode == "analytic":
+    if profile.mode == "analytic" and meta.get("efficiency") is not None:
         notes.append(f"times = FLOPs / ({_si(profile.device_flops, 'FLOP/s')} x efficiency {meta.get('efficiency')})")
+    elif profile.mode == "analytic":
+        roof = meta.get("roofline") or {}
+        where = f"{safe_text(str(roof.get('gpu')))} {safe_text(str(roof.get('number_format')))}"
+        notes.append(f"times = roofline on {where}"
+                     f" (GEMMs up to {roof.get('gemm_share', 0):.0%} of {_si(profile.device_flops, 'FLOP/s')}, "
+                     f"{_si(roof.get('bandwidth_Bps', 0), 'B/s')}); memory-bound "
+                     f"{roof.get('memory_bound_share', 0):.0%} of the time")
     if output:
         notes.append(f"wrote {safe_text(output)}")
     for note in notes:

@@ -179,56 +179,53 @@ def unit_slots(sched: Schedule) -> list[list[int]]:
     """Play the schedule with every action one time slot and free communication.
 
     Returns each action's slot per device; raises ScheduleError on a deadlock (a device
-    whose next action waits for one that can never run), naming the stuck actions. Over 40
-    lines on purpose: the hot loop of every schedule's validation, in one frame with flat
-    lists instead of helper calls per action.
+    whose next action waits for one that can never run), naming the stuck actions. The
+    hot loop of every schedule's validation: flat lists, one helper call per device and
+    round (:func:`_play_device`), none per action.
     """
     n = sched.total_microbatches
-    size = sched.chunks * n
-    f_end = [-1] * size  # end slot of chunk c's forward of micro-batch mb at c * n + mb (-1: not yet)
-    b_end = [-1] * size
+    f_end = [-1] * (sched.chunks * n)  # end slot of chunk c's forward of micro-batch mb at c * n + mb (-1: not yet)
+    b_end = [-1] * (sched.chunks * n)
     pos = [0] * sched.devices
     slots: list[list[int]] = [[] for _ in range(sched.devices)]
     free = [0] * sched.devices
-    last = sched.chunks - 1
     remaining = sum(len(a) for a in sched.actions)
     while remaining:
-        progressed = False
+        played = 0
         for d, acts in enumerate(sched.actions):
-            p = pos[d]
-            start = free[d]
-            row = slots[d]
-            while p < len(acts):
-                c, kind, mb = acts[p]
-                i = c * n + mb
-                if kind == "F":
-                    t = f_end[i - n] if c else 0
-                    if t < 0:
-                        break
-                else:
-                    t = f_end[i] if kind == "B" else b_end[i]
-                    if t < 0:
-                        break
-                    if kind == "B" and c < last:
-                        t2 = b_end[i + n]
-                        if t2 < 0:
-                            break
-                        t = max(t, t2)
-                if t > start:
-                    start = t
-                row.append(start)
-                start += 1
-                if kind == "F":
-                    f_end[i] = start
-                elif kind == "B":
-                    b_end[i] = start
-                p += 1
-                remaining -= 1
-                progressed = True
+            p, free[d] = _play_device(acts, pos[d], free[d], slots[d], f_end, b_end, n, sched.chunks - 1)
+            played += p - pos[d]
             pos[d] = p
-            free[d] = start
-        if not progressed:
+        if not played:
             stuck = [str(acts[pos[d]]) for d, acts in enumerate(sched.actions) if pos[d] < len(acts)]
             raise ScheduleError(f"schedule {sched.name!r} deadlocks: devices wait on {', '.join(stuck[:6])}",
                                 "every dependency (F before B, upstream F, downstream B) must come first")
+        remaining -= played
     return slots
+
+
+def _play_device(acts: Sequence[Action], p: int, start: int, row: list[int], f_end: list[int], b_end: list[int],
+                 n: int, last: int) -> tuple[int, int]:
+    """Run one device's actions from ``p`` until one waits on an action not yet played; each
+    takes the slot after its dependencies and the device's previous action. Returns the next
+    action's index and the device's next free slot."""
+    while p < len(acts):
+        c, kind, mb = acts[p]
+        i = c * n + mb
+        if kind == "F":
+            t = f_end[i - n] if c else 0
+        else:
+            t = f_end[i] if kind == "B" else b_end[i]
+            if kind == "B" and c < last and t >= 0:
+                t = -1 if b_end[i + n] < 0 else max(t, b_end[i + n])
+        if t < 0:
+            break
+        start = max(start, t)
+        row.append(start)
+        start += 1
+        if kind == "F":
+            f_end[i] = start
+        elif kind == "B":
+            b_end[i] = start
+        p += 1
+    return p, start

@@ -1,17 +1,23 @@
 """The baselines ``planner compare`` sets against the planner: what a user would otherwise run.
 
-Pure (no torch, click or rich). Two parts:
+Pure (no torch, click or rich). Three parts:
 
 * Partitioners, reimplemented from each system's own algorithm and tested against it
   (:mod:`planner.search.partitioners`, re-exported here): DeepSpeed's, torchgpipe's and
   PipeDream's.
-* Plan builders (:func:`baseline_plans`): each baseline as an :class:`~planner.ir.Plan` on the
-  same cluster, so that the same cost model and simulator judge every strategy. A baseline
-  that cannot run on the cluster comes back as a :class:`NotFitting` with the reason.
+* Layouts: each baseline's answer as stages on the same cluster (:class:`Layout`, turned
+  into an :class:`~planner.ir.Plan` by :meth:`Layout.plan`), so that the same cost model and
+  simulator judge every strategy.
+* Settings (:func:`strategy_settings`): every documented setting of a baseline (PipeDream
+  with and without its activation term, DeepSpeed's ``partition_method`` values, torchgpipe's
+  balance by time or by size, the schedules a system runs), each with its layouts;
+  ``planner compare`` judges them all and shows the baseline at its best setting, named. A
+  setting that cannot run on the cluster carries the reason instead of layouts.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
@@ -19,34 +25,43 @@ from itertools import accumulate
 from planner import ir
 from planner.search.partitioners import (
     PipeDreamStage,
+    balance_by_size,
     balance_by_time,
     block_partition,
     deepspeed_layer_weights,
     deepspeed_parts,
+    deepspeed_type_weights,
     partition_balanced,
     partition_balanced_fast,
     partition_uniform,
     pipedream_partition,
 )
 
-__all__ = ["BASELINE_SCHEDULES", "STRATEGIES", "Layout", "NotFitting", "PipeDreamStage", "accpar_layout",
-           "balance_by_time", "block_partition", "deepspeed_layer_weights", "deepspeed_layouts",
-           "deepspeed_parts", "divisors", "dp_layout", "gpipe_uniform_layout", "partition_balanced",
-           "partition_balanced_fast", "partition_uniform", "pipedream_layout", "pipedream_partition",
-           "torchgpipe_layout"]
+__all__ = ["BASELINE_SCHEDULES", "FORMER_STRATEGIES", "PIPEDREAM_MODES", "STRATEGIES", "Layout", "NotFitting",
+           "PipeDreamStage", "Setting", "accpar_layout", "balance_by_size", "balance_by_time", "block_partition",
+           "deepspeed_layer_weights", "deepspeed_layouts", "deepspeed_methods", "deepspeed_parts",
+           "deepspeed_type_weights", "divisors", "dp_layout", "gpipe_uniform_layout", "megatron_layouts",
+           "megatron_tp", "partition_balanced", "partition_balanced_fast", "partition_uniform", "pipedream_layout",
+           "pipedream_partition", "strategy_settings", "torchgpipe_layout", "torchgpipe_param_scale"]
 
 
 # ----------------------------------------------------------------------------- baselines as plans
 
-STRATEGIES = ("dp", "accpar", "gpipe-uniform", "torchgpipe", "deepspeed-uniform", "deepspeed-parameters",
-              "pipedream", "planner")
+STRATEGIES = ("dp", "accpar", "gpipe-uniform", "torchgpipe", "deepspeed", "pipedream", "megatron", "planner")
 """Every strategy ``planner compare`` runs, in the order it shows them (contract names)."""
 
-BASELINE_SCHEDULES = {"gpipe-uniform": "gpipe", "torchgpipe": "gpipe", "deepspeed-uniform": "1f1b",
-                      "deepspeed-parameters": "1f1b", "pipedream": "1f1b"}
-"""The pipeline schedule each system runs: GPipe and torchgpipe fill then drain (F-then-B);
-DeepSpeed's ``TrainSchedule`` and PipeDream-Flush are 1F1B. ``dp`` and ``accpar`` have no
-pipeline (one stage, one micro-batch); ``planner`` runs the schedule the user asks for."""
+FORMER_STRATEGIES = ("deepspeed-uniform", "deepspeed-parameters")
+"""Rows of earlier versions, now settings of ``deepspeed``: a plan file may still name them as its solver."""
+
+BASELINE_SCHEDULES = {"gpipe-uniform": ("gpipe",), "torchgpipe": ("gpipe",), "deepspeed": ("1f1b",),
+                      "pipedream": ("1f1b",), "megatron": ("1f1b",)}
+"""The pipeline schedules each system runs, each a setting: GPipe and torchgpipe fill then drain
+(F-then-B); DeepSpeed's ``TrainSchedule`` is 1F1B; PipeDream with a flush (``1f1b``,
+PipeDream-Flush, Narayanan et al. ICML'21). PipeDream's own asynchronous runtime (weight
+stashing, no flush; SOSP'19) trains with stale weights -- another optimisation than the
+synchronous plans it is compared with -- so it is not one of its settings here; ``planner
+simulate --schedule pipedream`` judges such a plan. ``dp`` and ``accpar`` have no pipeline (one
+stage, one micro-batch); ``planner`` runs the schedule the user asks for."""
 
 
 @dataclass(frozen=True)
@@ -62,13 +77,16 @@ class Layout:
     """A strategy's answer before it is judged: stages (layers, devices, forms) and a schedule.
 
     ``microbatches`` lists the micro-batch counts the strategy may use; the comparison
-    simulates each and keeps the fastest that fits (a user would tune it too).
+    simulates each and keeps the fastest that fits (a user would tune it too). ``tp``: the
+    tensor degree of every stage (1: data parallel only; AccPar's split forms span the
+    whole stage).
     """
 
     name: str
     stages: tuple[tuple[tuple[int, int], tuple[str, ...], tuple[str, ...]], ...]
     schedule: str
     microbatches: tuple[int, ...]
+    tp: int = 1
 
     @property
     def config(self) -> str:
@@ -78,11 +96,29 @@ class Layout:
              recompute: Sequence[bool] | None = None) -> ir.Plan:
         """This layout as an unjudged plan: memory and prediction are filled in by the judge."""
         flags = list(recompute) if recompute is not None else [False] * len(self.stages)
-        stages = tuple(ir.Stage(layers, devices, forms, 0, "full" if flag else "none")
+        stages = tuple(ir.Stage(layers, devices, forms, 0, "full" if flag else "none", tp=self.tp)
                        for (layers, devices, forms), flag in zip(self.stages, flags, strict=True))
         return ir.Plan(profile=profile, cluster=cluster, schedule=self.schedule, microbatches=microbatches,
                        optimizer=optimizer, stages=stages, predicted=ir.Prediction(0.0, 0.0, 0.0, 0),
                        engine="any", solver=self.name)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One documented setting of a baseline, named as its authors would (``label``), with its
+    layouts (every layout x micro-batch count is judged; the fastest that fits stands for the
+    setting), or, when it cannot run on the cluster, ``reason`` and no layouts."""
+
+    label: str
+    layouts: tuple[Layout, ...] = ()
+    reason: str | None = None
+
+    @classmethod
+    def of(cls, label: str, found: Layout | Sequence[Layout] | NotFitting) -> Setting:
+        """A setting from a layout builder's answer."""
+        if isinstance(found, NotFitting):
+            return cls(label, (), found.reason)
+        return cls(label, (found,) if isinstance(found, Layout) else tuple(found))
 
 
 def divisors(n: int) -> tuple[int, ...]:
@@ -111,7 +147,7 @@ def _one_gpu_per_stage(name: str, profile: ir.ModelProfile, cluster: ir.Cluster,
         return NotFitting(name, f"the balance {balance} has an empty partition, which GPipe refuses")
     parts = list(accumulate(balance, initial=0))
     groups = [(g.name,) for g in cluster.gpus]
-    return Layout(name, _stages_from_parts(parts, groups), BASELINE_SCHEDULES[name], microbatches)
+    return Layout(name, _stages_from_parts(parts, groups), BASELINE_SCHEDULES[name][0], microbatches)
 
 
 def dp_layout(profile: ir.ModelProfile, cluster: ir.Cluster) -> Layout:
@@ -126,7 +162,8 @@ def accpar_layout(profile: ir.ModelProfile, cluster: ir.Cluster, optimizer: str)
 
     AccPar (Song et al., HPCA'20) picks, layer by layer, between batch (data) parallel and
     the two weight partitions with a chain search over the layer sequence; that is the
-    HPP chain DP (:func:`planner.search.hpp.hpp`) on the group of every GPU.
+    HPP chain DP (:func:`planner.search.hpp.hpp`) on the group of every GPU, so a split
+    form spans every GPU (``tp`` = the GPU count when any layer is split).
     """
     from planner.cluster import group_of
     from planner.costmodel import layer_table
@@ -136,7 +173,8 @@ def accpar_layout(profile: ir.ModelProfile, cluster: ir.Cluster, optimizer: str)
     devices = tuple(g.name for g in cluster.gpus)
     table = layer_table(profile, group_of(cluster, devices), 1, optimizer)
     forms, _ = hpp(table, 0, n, 1)
-    return Layout("accpar", (((0, n), devices, tuple(forms)),), "1f1b", (1,))
+    tp = len(devices) if any(f != "dp" for f in forms) else 1
+    return Layout("accpar", (((0, n), devices, tuple(forms)),), "1f1b", (1,), tp)
 
 
 def gpipe_uniform_layout(profile: ir.ModelProfile, cluster: ir.Cluster,
@@ -148,23 +186,37 @@ def gpipe_uniform_layout(profile: ir.ModelProfile, cluster: ir.Cluster,
     return _one_gpu_per_stage("gpipe-uniform", profile, cluster, balance_of, microbatches)
 
 
-def torchgpipe_layout(profile: ir.ModelProfile, cluster: ir.Cluster,
-                      microbatches: tuple[int, ...]) -> Layout | NotFitting:
-    """``torchgpipe``: one GPU per stage, split by ``balance_by_time`` on the forward times."""
-    return _one_gpu_per_stage("torchgpipe", profile, cluster, lambda k: balance_by_time(profile, k),
-                              microbatches)
+def torchgpipe_layout(profile: ir.ModelProfile, cluster: ir.Cluster, microbatches: tuple[int, ...],
+                      param_scale: float | None = None) -> Layout | NotFitting:
+    """``torchgpipe``: one GPU per stage, split by ``balance_by_time`` on the forward times, or,
+    given ``param_scale``, by ``balance_by_size`` for ``chunks`` = the one micro-batch count given."""
+    if param_scale is None:
+        return _one_gpu_per_stage("torchgpipe", profile, cluster, lambda k: balance_by_time(profile, k),
+                                  microbatches)
+    (chunks,) = microbatches
+    return _one_gpu_per_stage("torchgpipe", profile, cluster,
+                              lambda k: balance_by_size(profile, k, chunks, param_scale), microbatches)
+
+
+def torchgpipe_param_scale(optimizer: str) -> float:
+    """``balance_by_size``'s ``param_scale``: copies of the parameters training allocates (torchgpipe's
+    guide: the weight and its gradient, 2 for SGD, plus the optimizer's state: 3 with momentum or
+    RMSProp, 4 for Adam)."""
+    from planner.costmodel.precision import OPTIMIZER_BYTES_PER_PARAM
+
+    return 2 + OPTIMIZER_BYTES_PER_PARAM[optimizer] / 4
 
 
 def deepspeed_layouts(profile: ir.ModelProfile, cluster: ir.Cluster, method: str,
                       microbatches: tuple[int, ...]) -> list[Layout] | NotFitting:
-    """``deepspeed-<method>``: a pipeline x data-parallel grid, every stage the same width.
+    """``deepspeed`` with ``partition_method=method``: a pipeline x data-parallel grid, every stage
+    the same width.
 
     DeepSpeed's ``PipeDataParallelTopology`` puts the data axis innermost, so stage s holds
     ranks [s*D, (s+1)*D): consecutive GPUs. Every pipeline depth K that divides the GPU
     count (and is at most the layer count) is a layout; the judge keeps the fastest, as a
     user tuning ``num_stages`` would.
     """
-    name = f"deepspeed-{method}"
     gpus = [g.name for g in cluster.gpus]
     n, total = len(profile.layers), len(gpus)
     layouts = []
@@ -174,36 +226,156 @@ def deepspeed_layouts(profile: ir.ModelProfile, cluster: ir.Cluster, method: str
         width = total // k
         groups = [tuple(gpus[s * width:(s + 1) * width]) for s in range(k)]
         parts = deepspeed_parts(profile, k, method)
-        layouts.append(Layout(name, _stages_from_parts(parts, groups), BASELINE_SCHEDULES[name], microbatches))
-    return layouts or NotFitting(name, "no pipeline depth divides the GPU count")
+        layouts.append(Layout("deepspeed", _stages_from_parts(parts, groups), "1f1b", microbatches))
+    return layouts or NotFitting("deepspeed", "no pipeline depth divides the GPU count")
 
 
-def pipedream_layout(profile: ir.ModelProfile, cluster: ir.Cluster,
-                     microbatches: tuple[int, ...]) -> Layout:
+def deepspeed_methods(profile: ir.ModelProfile) -> tuple[str, ...]:
+    """DeepSpeed's ``partition_method`` values worth trying on ``profile``: ``parameters`` (its
+    default), ``uniform``, and ``type:<T>`` for each layer type T of the model (the regex a user
+    would write for the repeated block, e.g. ``type:transformer`` in Megatron-DeepSpeed)."""
+    types = dict.fromkeys(layer.type for layer in profile.layers)
+    return ("parameters", "uniform", *(f"type:{t}" for t in types))
+
+
+def pipedream_layout(profile: ir.ModelProfile, cluster: ir.Cluster, microbatches: tuple[int, ...],
+                     activation_compression_ratio: float | None = None, schedule: str = "1f1b") -> Layout:
     """``pipedream``: PipeDream's hierarchical partitioner, data-parallel replicas per stage.
 
     Its two levels are the GPUs of a server (``intra_node`` bandwidth) and the servers
     (``inter_node``); servers of different sizes break PipeDream's assumption, and then it
     runs one level over every GPU on the slower link. Layer times are the profile's
-    forward+backward on the cluster's slowest GPU.
+    forward+backward on the cluster's slowest GPU; ``activation_compression_ratio`` as
+    PipeDream's flag (None, its default: activation transfers not counted; its README runs 1).
     """
     slowest = min(g.flops for g in cluster.gpus)
     scale = profile.device_flops / slowest
     times = [(layer.forward_s + layer.backward_s) * scale for layer in profile.layers]
     params = [float(layer.param_bytes) for layer in profile.layers]
+    outputs = [float(layer.output_bytes) for layer in profile.layers]
+    levels, name_of = _pipedream_levels(cluster)
+    found = pipedream_partition(times, params, levels, outputs, activation_compression_ratio)
+    stages = tuple(((s.first, s.end), tuple(name_of(d) for d in s.devices), _dp_forms(s.first, s.end))
+                   for s in found)
+    return Layout("pipedream", stages, schedule, microbatches)
+
+
+def _pipedream_levels(cluster: ir.Cluster) -> tuple[list[tuple[int, float]], Callable[[tuple[int, ...]], str]]:
+    """PipeDream's levels (units, bandwidth) for ``cluster`` and the device name of a path in them."""
     sizes = {len(node.gpus) for node in cluster.nodes}
     inter = cluster.link("inter_node").bandwidth_Bps
     if len(sizes) == 1:
-        levels = [(sizes.pop(), cluster.link("intra_node").bandwidth_Bps), (len(cluster.nodes), inter)]
-
         def name_of(path: tuple[int, ...]) -> str:
             return cluster.nodes[path[0]].gpus[path[1]].name
-    else:
-        flat = [g.name for g in cluster.gpus]
-        levels = [(len(flat), inter)]
+        return [(sizes.pop(), cluster.link("intra_node").bandwidth_Bps), (len(cluster.nodes), inter)], name_of
+    flat = [g.name for g in cluster.gpus]
+    return [(len(flat), inter)], lambda path: flat[path[0]]
 
-        def name_of(path: tuple[int, ...]) -> str:
-            return flat[path[0]]
-    stages = tuple(((s.first, s.end), tuple(name_of(d) for d in s.devices), _dp_forms(s.first, s.end))
-                   for s in pipedream_partition(times, params, levels))
-    return Layout("pipedream", stages, BASELINE_SCHEDULES["pipedream"], microbatches)
+
+def megatron_tp(profile: ir.ModelProfile, cluster: ir.Cluster) -> int:
+    """Megatron-LM's tensor degree: the GPUs of a server (its smallest), lowered to the largest
+    divisor that divides every transformer block's attention heads and KV heads (Megatron
+    shards whole heads)."""
+    per_server = min(len(node.gpus) for node in cluster.nodes)
+    blocks = [layer.block for layer in profile.layers if layer.block is not None]
+    return max(t for t in divisors(per_server) if all(b.heads % t == 0 and b.kv_heads % t == 0 for b in blocks))
+
+
+def megatron_layouts(profile: ir.ModelProfile, cluster: ir.Cluster,
+                     microbatches: tuple[int, ...]) -> list[Layout] | NotFitting:
+    """``megatron``: Megatron-LM's default 3-D layout (Narayanan et al., SC'21, section 3.3).
+
+    Tensor parallel inside a server (``tp`` = :func:`megatron_tp`; the ``tp`` form on every
+    transformer block, the other layers data parallel over the tensor group), pipeline
+    parallel across servers with uniform layer counts per stage, data parallel for the
+    rest, 1F1B; ranks in Megatron's order (tensor innermost, then data, then pipeline), so a
+    stage holds consecutive GPUs. Every pipeline depth pp that divides the GPUs left by tp
+    (at most the layer count) is a layout: the judge keeps the fastest that fits, at least
+    as fast as Megatron's rule (the smallest pp that fits), and gives overflowing stages
+    full recomputation, as Megatron's users turn it on when memory runs out.
+    """
+    if not any(layer.block is not None for layer in profile.layers):
+        return NotFitting("megatron", "Megatron-LM's tensor parallelism shards transformer blocks; the model has none")
+    gpus = [g.name for g in cluster.gpus]
+    tp, n = megatron_tp(profile, cluster), len(profile.layers)
+    forms = tuple("tp" if layer.block is not None and tp > 1 else "dp" for layer in profile.layers)
+    layouts = []
+    for pp in divisors(len(gpus) // tp):
+        if pp > n:
+            break
+        width = len(gpus) // pp
+        parts = partition_uniform(n, pp)
+        stages = tuple(((parts[s], parts[s + 1]), tuple(gpus[s * width:(s + 1) * width]),
+                        forms[parts[s]:parts[s + 1]]) for s in range(pp))
+        layouts.append(Layout("megatron", stages, "1f1b", microbatches, tp))
+    return layouts
+
+
+# ----------------------------------------------------------------------------- settings
+
+PIPEDREAM_MODES: tuple[tuple[str, float | None], ...] = (
+    ("activations not counted (default)", None), ("--activation_compression_ratio 1", 1.0))
+"""PipeDream's partitioner settings: its default leaves activation transfers out of the DP; its
+README (optimizer/README.md) runs ``--activation_compression_ratio 1``, which counts them."""
+
+
+def _settings_dp(profile: ir.ModelProfile, cluster: ir.Cluster, choices: tuple[int, ...],
+                 optimizer: str) -> list[Setting]:
+    return [Setting("all-reduce, one step", (dp_layout(profile, cluster),))]
+
+
+def _settings_accpar(profile: ir.ModelProfile, cluster: ir.Cluster, choices: tuple[int, ...],
+                     optimizer: str) -> list[Setting]:
+    return [Setting("chain search over dp/split forms", (accpar_layout(profile, cluster, optimizer),))]
+
+
+def _settings_gpipe(profile: ir.ModelProfile, cluster: ir.Cluster, choices: tuple[int, ...],
+                    optimizer: str) -> list[Setting]:
+    return [Setting.of("uniform layer counts", gpipe_uniform_layout(profile, cluster, choices))]
+
+
+def _settings_torchgpipe(profile: ir.ModelProfile, cluster: ir.Cluster, choices: tuple[int, ...],
+                         optimizer: str) -> list[Setting]:
+    scale = torchgpipe_param_scale(optimizer)
+    by_size = [torchgpipe_layout(profile, cluster, (m,), scale) for m in choices]
+    failed = next((f for f in by_size if isinstance(f, NotFitting)), None)
+    size = [f for f in by_size if isinstance(f, Layout)]
+    return [Setting.of("balance_by_time", torchgpipe_layout(profile, cluster, choices)),
+            Setting.of(f"balance_by_size, param_scale {scale:g}", size or failed or [])]
+
+
+def _settings_deepspeed(profile: ir.ModelProfile, cluster: ir.Cluster, choices: tuple[int, ...],
+                        optimizer: str) -> list[Setting]:
+    return [Setting.of(f"partition_method={method}", deepspeed_layouts(profile, cluster, method, choices))
+            for method in deepspeed_methods(profile)]
+
+
+def _settings_pipedream(profile: ir.ModelProfile, cluster: ir.Cluster, choices: tuple[int, ...],
+                        optimizer: str) -> list[Setting]:
+    out = []
+    for label, ratio in PIPEDREAM_MODES:
+        layout = pipedream_layout(profile, cluster, choices, ratio)
+        out += [Setting(label, (dataclasses.replace(layout, schedule=sched),))
+                for sched in BASELINE_SCHEDULES["pipedream"]]
+    return out
+
+
+def _settings_megatron(profile: ir.ModelProfile, cluster: ir.Cluster, choices: tuple[int, ...],
+                       optimizer: str) -> list[Setting]:
+    found = megatron_layouts(profile, cluster, choices)
+    tp = f"tp={found[0].tp}" if isinstance(found, list) and found else "tp = GPUs per server"
+    return [Setting.of(f"{tp} in a server, uniform pp, dp the rest", found)]
+
+
+_SETTINGS: dict[str, Callable[[ir.ModelProfile, ir.Cluster, tuple[int, ...], str], list[Setting]]] = {
+    "dp": _settings_dp, "accpar": _settings_accpar, "gpipe-uniform": _settings_gpipe,
+    "torchgpipe": _settings_torchgpipe, "deepspeed": _settings_deepspeed, "pipedream": _settings_pipedream,
+    "megatron": _settings_megatron,
+}
+
+
+def strategy_settings(name: str, profile: ir.ModelProfile, cluster: ir.Cluster, microbatches: tuple[int, ...],
+                      optimizer: str) -> list[Setting]:
+    """Every setting of baseline ``name`` (any of :data:`STRATEGIES` but ``planner``), the
+    system's default first, each with its layouts for the micro-batch counts ``microbatches``."""
+    return _SETTINGS[name](profile, cluster, microbatches, optimizer)

@@ -102,74 +102,110 @@ class StageTables:
 def stage_tables(table: LayerTable, bounds: Sequence[int] | np.ndarray, microbatches: int,
                  lean: bool = False) -> StageTables:
     """HPP for every range between ``bounds`` at once (vectorised over the start)."""
+    return stage_tables_many([table], bounds, microbatches, [lean])[0]
+
+
+def stage_tables_many(tables: Sequence[LayerTable], bounds: Sequence[int] | np.ndarray, microbatches: int,
+                      lean: Sequence[bool]) -> list[StageTables]:
+    """:func:`stage_tables` of several tables of one profile at once (one sweep over the layers for all)."""
     b = np.asarray(bounds)
     nb = len(b) - 1
+    out: list[StageTables | None] = [None] * len(tables)
+    swept = [i for i, t in enumerate(tables) if not only_dp(t)]
+    for i, t in enumerate(tables):
+        if i not in swept:  # every layer dp: prefix sums
+            out[i] = StageTables(_dp_only(t, b), _in_bytes(t, b, nb), lean[i], t.sync_const)
+    if swept:
+        mem_w = [memory_weight(tables[i], microbatches, lean[i]) for i in swept]
+        res = _chain_sweep([tables[i] for i in swept], b, microbatches, mem_w)
+        for g, i in enumerate(swept):
+            t = tables[i]
+            out[i] = StageTables({k: res[g, x] for x, k in enumerate(KEYS)}, _in_bytes(t, b, nb), lean[i],
+                                 t.sync_const)
+    return [x for x in out if x is not None]
+
+
+def only_dp(table: LayerTable) -> bool:
+    """Whether every layer runs the dp form and nothing else (the stage tables are prefix sums)."""
+    return bool(table.allowed[:, 0].all() and not table.allowed[:, 1:].any())
+
+
+def _in_bytes(table: LayerTable, b: np.ndarray, nb: int) -> np.ndarray:
     in_b = np.zeros(nb + 1)
     in_b[:nb] = table.in_bytes[b[:nb]] / table.n
-    if not table.allowed[:, 1:].any():  # every layer dp: prefix sums
-        return StageTables(_dp_only(table, b), in_b, lean, table.sync_const)
-    res = _chain_sweep(table, b, microbatches, memory_weight(table, microbatches, lean))
-    return StageTables({k: res[i] for i, k in enumerate(KEYS)}, in_b, lean, table.sync_const)
+    return in_b
 
 
-def _chain_sweep(table: LayerTable, b: np.ndarray, m: int, mem_w: float) -> np.ndarray:
-    """``res[key, a, j]``: the aggregates of stage [b[a], b[j]) under its best forms (time inf where none).
+def _layer_costs(table: LayerTable, microbatches: int, mem_w: float) -> np.ndarray:
+    """:func:`_layer_cost` of every layer at once: (layers, forms)."""
+    c = microbatches * (table.fwd + table.bwd) + table.sync
+    if mem_w:
+        c = c + mem_w * (table.static[0] + table.act)
+    return np.where(table.allowed, c, np.inf)
 
-    One pass over the layers carries, per start ``a`` begun so far and per form of the last
-    layer, the cheapest chain's cost (``cost[a, form]``) and its aggregates (``agg[:, a, form]``).
+
+def _chain_sweep(tables: Sequence[LayerTable], b: np.ndarray, m: int, mem_w: Sequence[float]) -> np.ndarray:
+    """``res[g, key, a, j]``: the aggregates of stage [b[a], b[j]) of table g under its best forms (time
+    inf where none).
+
+    One pass over the layers carries, per table, start ``a`` begun so far and form of the last
+    layer, the cheapest chain's cost (``cost[g, a, form]``) and its aggregates (``agg[g, :, a, form]``).
     """
-    nb = len(b) - 1
-    cost = np.full((nb, NF), np.inf)
-    agg = np.zeros((len(KEYS), nb, NF))
-    res = np.zeros((len(KEYS), nb + 1, nb + 1))
-    res[0] = np.inf
+    nb, n_t = len(b) - 1, len(tables)
+    lcs = np.stack([_layer_costs(t, m, w) for t, w in zip(tables, mem_w, strict=True)])  # (g, layer, form)
+    rows = np.stack([t.agg_rows for t in tables])  # (g, key, layer, form)
+    enter = np.stack([t.enter for t in tables])  # (g, layer)
+    leave = np.stack([t.leave for t in tables])
+    cost = np.full((n_t, nb, NF), np.inf)
+    agg = np.zeros((n_t, len(KEYS), nb, NF))
+    res = np.zeros((n_t, len(KEYS), nb + 1, nb + 1))
+    res[:, 0] = np.inf
     start_of = {int(x): a for a, x in enumerate(b[:nb])}
     end_of = {int(x): j for j, x in enumerate(b) if j > 0}
     active = 0  # starts [0, active) have begun
     for layer in range(int(b[-1])):
-        lc = _layer_cost(table, layer, m, mem_w)
-        add = table.rows(layer)
-        enter = table.enter[layer]
+        ent = enter[:, layer]
         if active:
-            _extend_chains(cost[:active], agg[:, :active], m, enter, lc, add)
+            _extend_chains(cost[:, :active], agg[:, :, :active], m, ent, lcs[:, layer], rows[:, :, layer])
         if layer in start_of:
             a = start_of[layer]
-            cost[a] = m * enter * _SPLIT + lc
-            agg[:, a] = add
-            agg[0, a] += enter * _SPLIT
-            agg[1, a] += enter * _SPLIT
+            cost[:, a] = m * ent[:, None] * _SPLIT + lcs[:, layer]
+            agg[:, :, a] = rows[:, :, layer]
+            agg[:, 0, a] += ent[:, None] * _SPLIT
+            agg[:, 1, a] += ent[:, None] * _SPLIT
             active = a + 1
         if layer + 1 in end_of:
             j = end_of[layer + 1]
-            _close_stages(res[:, :j, j], cost[:j], agg[:, :j], m, table.leave[layer] * _SPLIT)
+            _close_stages(res[:, :, :j, j], cost[:, :j], agg[:, :, :j], m, leave[:, layer, None] * _SPLIT)
     return res
 
 
-def _extend_chains(cost: np.ndarray, agg: np.ndarray, m: int, enter: float, lc: np.ndarray,
+def _extend_chains(cost: np.ndarray, agg: np.ndarray, m: int, enter: np.ndarray, lc: np.ndarray,
                    add: np.ndarray) -> None:
-    """Add one layer to every begun chain (in place): best previous form per form, re-layout if it changes."""
-    rows = np.arange(len(cost))[:, None]
-    cols = np.arange(NF)[None, :]
-    trans = cost[:, :, None] + m * enter * _CHANGE[None]  # [start, from, to]
-    arg = np.argmin(trans, axis=1)  # [start, to]
-    new_cost = trans[rows, arg, cols] + lc
-    ef = _ENTER_FWD[arg, cols] * enter
-    eb = _ENTER_BWD[arg, cols] * enter
-    agg[:] = agg[:, rows, arg] + add[:, None, :]
-    agg[0] += ef + eb
-    agg[1] += ef
+    """Add one layer to every begun chain of every table (in place): best previous form per form,
+    re-layout if it changes. ``cost`` (g, start, form), ``agg`` (g, key, start, form), ``enter`` (g,),
+    ``lc`` (g, form), ``add`` (g, key, form)."""
+    trans = cost[:, :, :, None] + (m * enter)[:, None, None, None] * _CHANGE  # [g, start, from, to]
+    arg = np.argmin(trans, axis=2)  # [g, start, to]
+    new_cost = np.take_along_axis(trans, arg[:, :, None, :], axis=2)[:, :, 0, :] + lc[:, None, :]
+    cols = np.arange(NF)
+    ef = _ENTER_FWD[arg, cols] * enter[:, None, None]
+    eb = _ENTER_BWD[arg, cols] * enter[:, None, None]
+    agg[:] = np.take_along_axis(agg, arg[:, None], axis=3) + add[:, :, None, :]
+    agg[:, 0] += ef + eb
+    agg[:, 1] += ef
     cost[:] = new_cost
 
 
 def _close_stages(res: np.ndarray, cost: np.ndarray, agg: np.ndarray, m: int, leave: np.ndarray) -> None:
-    """Write ``res[:, a]`` (in place) for every stage ending here: the best last form with its re-layout out."""
-    last = cost + m * leave
-    arg1 = np.argmin(last, axis=1)
-    r1 = np.arange(len(cost))
-    ok = np.isfinite(last[r1, arg1])
-    res[:] = agg[:, r1, arg1]
-    res[0] += leave[arg1]
-    res[0] = np.where(ok, res[0], np.inf)
+    """Write ``res[g, :, a]`` (in place) for every stage ending here: the best last form with its re-layout
+    out. ``res`` (g, key, start), ``cost`` (g, start, form), ``agg`` (g, key, start, form), ``leave`` (g, form)."""
+    last = cost + m * leave[:, None, :]
+    arg1 = np.argmin(last, axis=2)  # (g, start)
+    ok = np.isfinite(np.take_along_axis(last, arg1[:, :, None], axis=2)[:, :, 0])
+    res[:] = np.take_along_axis(agg, arg1[:, None, :, None], axis=3)[..., 0]
+    res[:, 0] += np.take_along_axis(leave, arg1, axis=1)
+    res[:, 0] = np.where(ok, res[:, 0], np.inf)
 
 
 def _dp_only(table: LayerTable, b: np.ndarray) -> dict[str, np.ndarray]:

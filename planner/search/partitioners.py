@@ -5,12 +5,15 @@ DeepSpeed ``PipelineModule`` (``partition_uniform``, ``partition_balanced`` and 
 ``'parameters'`` weighting of ``_partition_layers``), torchgpipe's ``balance_by_time`` (the
 block-partition algorithm of Barany et al. on forward times in whole microseconds), and
 PipeDream's hierarchical partitioner (``optimizer_graph_hierarchical.py``: a DP per level of
-the hierarchy, data-parallel replication per stage, no tensor split).
+the hierarchy, data-parallel replication per stage, no tensor split, activation transfers
+counted only with ``--activation_compression_ratio``). DeepSpeed's ``type:<regex>`` method and
+torchgpipe's ``balance_by_size`` are here too.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -129,13 +132,24 @@ def deepspeed_layer_weights(profile: ir.ModelProfile) -> list[int]:
     return counts
 
 
+def deepspeed_type_weights(profile: ir.ModelProfile, pattern: str) -> list[int]:
+    """The weights of DeepSpeed's ``partition_method='type:<pattern>'``: 1 for each layer whose
+    class name matches ``pattern`` (``PipelineModule._find_layer_type``: a case-insensitive
+    regular-expression search), 0 for the others."""
+    regex = re.compile(pattern, re.IGNORECASE)
+    return [1 if regex.search(layer.type) else 0 for layer in profile.layers]
+
+
 def deepspeed_parts(profile: ir.ModelProfile, num_stages: int, method: str) -> list[int]:
-    """Stage boundaries DeepSpeed's ``PipelineModule(partition_method=method)`` makes."""
+    """Stage boundaries DeepSpeed's ``PipelineModule(partition_method=method)`` makes:
+    ``uniform``, ``parameters`` or ``type:<regex>`` (``_partition_layers``)."""
     if method == "uniform":
         return partition_uniform(len(profile.layers), num_stages)
     if method == "parameters":
         return partition_balanced_fast(deepspeed_layer_weights(profile), num_stages)
-    raise ValueError(f"unknown DeepSpeed partition method {method!r} (uniform, parameters)")
+    if method.startswith("type:"):
+        return partition_balanced_fast(deepspeed_type_weights(profile, method.split(":", 1)[1]), num_stages)
+    raise ValueError(f"unknown DeepSpeed partition method {method!r} (uniform, parameters, type:<regex>)")
 
 
 # ----------------------------------------------------------------------------- torchgpipe
@@ -193,6 +207,19 @@ def balance_by_time(profile: ir.ModelProfile, partitions: int) -> list[int]:
     return block_partition(times, partitions)
 
 
+def balance_by_size(profile: ir.ModelProfile, partitions: int, chunks: int, param_scale: float) -> list[int]:
+    """torchgpipe's ``balance_by_size``: layers per partition from per-layer memory.
+
+    torchgpipe's ``profile_sizes`` measures each layer's CUDA memory in a forward pass of
+    one sample, scales it to a micro-batch (``batch / chunks`` samples) and adds
+    ``param_scale`` copies of its parameters (its guide: 2 for SGD, more with optimizer
+    state), then calls the block partition; the profile's ``saved_bytes`` (for the whole
+    batch) stands in for the measured activation memory.
+    """
+    sizes = [int(layer.saved_bytes / chunks + layer.param_bytes * param_scale) for layer in profile.layers]
+    return block_partition(sizes, partitions)
+
+
 # ----------------------------------------------------------------------------- PipeDream
 
 
@@ -213,47 +240,84 @@ class PipeDreamStage:
         return len(self.devices)
 
 
-def _pipedream_level(
-    times: list[list[float | None]], params: list[list[float]], units: int, lower_units: int,
-    bandwidth: float, all_starts: bool,
-) -> list[list[list[tuple[float | None, tuple[int, int] | None, int | None]]]]:
-    """One level of PipeDream's ``compute_partitioning`` for a chain of layers.
+_Entry = tuple[float | None, tuple[int, int] | None, int | None]
+"""A cell of PipeDream's table: (time per batch, split (k, units left) or None, replicas of the last stage)."""
 
-    ``A[i][j][m]``: the best time per sample-batch of layers i..j (inclusive) on m+1 units
-    of this level, as (time, split (k, m - m') or None, replicas of the last stage). The
-    start is data parallel over all m+1 units (weight sync 4*m*P / (B*(m+1)), divided by
-    the units below); then the last stage k+1..j on m' units against the best of i..k on
-    the rest: max(A[i][k][m-m'], (compute + 4*(m'-1)*P/(B*m')) / m'). PipeDream's defaults:
-    no memory constraint, no activation transfer term, fewer machines not considered.
-    """
+
+@dataclass(frozen=True)
+class _Level:
+    """One level of PipeDream's hierarchy as its DP sees it: ``units`` joined by ``bandwidth_Bps``,
+    each the best partition over ``lower_units`` of the level below; ``outputs_bytes``: each
+    layer's output divided by ``--activation_compression_ratio``, None when activation
+    transfers are not counted (PipeDream's default)."""
+
+    units: int
+    lower_units: int
+    bandwidth_Bps: float
+    outputs_bytes: Sequence[float] | None
+
+
+def _pipedream_start(times: list[list[float | None]], params: list[list[float]], level: _Level
+                     ) -> list[list[list[_Entry]]]:
+    """Layers i..j data parallel over m+1 units: (compute + 4*m*P / (B*(m+1)) / lower) / (m+1)."""
     n = len(times[0])
-    none: tuple[float | None, tuple[int, int] | None, int | None] = (None, None, None)
-    a = [[[none] * units for _ in range(n)] for _ in range(n)]
+    none: _Entry = (None, None, None)
+    a = [[[none] * level.units for _ in range(n)] for _ in range(n)]
     for i in range(n):
         for j in range(i, n):
             compute = times[i][j]
             if compute is None:
                 continue
-            for m in range(units):
-                sync = (4 * m * params[i][j]) / (bandwidth * (m + 1)) / lower_units
+            for m in range(level.units):
+                sync = (4 * m * params[i][j]) / (level.bandwidth_Bps * (m + 1)) / level.lower_units
                 a[i][j][m] = ((compute + sync) / (m + 1), None, m + 1)
+    return a
+
+
+def _pipedream_transfer_s(outputs_bytes: Sequence[float], bandwidth_Bps: float, k: int, j: int,
+                          replicas: int) -> float:
+    """PipeDream's activation term for a last stage k+1..j on ``replicas`` units: its input
+    (layer k's output) and, unless j is the last layer, its output, each 2 * bytes / (B * m')."""
+    time_s = 2.0 * outputs_bytes[k] / (bandwidth_Bps * replicas)
+    if j < len(outputs_bytes) - 1:
+        time_s = max(time_s, 2.0 * outputs_bytes[j] / (bandwidth_Bps * replicas))
+    return time_s
+
+
+def _pipedream_cell(a: list[list[list[_Entry]]], times: list[list[float | None]], params: list[list[float]],
+                    level: _Level, i: int, j: int, m: int) -> _Entry:
+    """``A[i][j][m]``: the data-parallel start against every last stage k+1..j on m' units after
+    the best of i..k on the rest: max(A[i][k][m-m'], (compute + 4*(m'-1)*P/(B*m')) / m'), and
+    with activations counted, at least the stage's transfer time."""
+    best, split, reps = a[i][j][m]
+    for k in range(i, j):
+        for mp in range(1, m + 1):
+            last, head = times[k + 1][j], a[i][k][m - mp][0]
+            if last is None or head is None:
+                continue
+            t = max(head, (last + (4 * (mp - 1) * params[k + 1][j]) / (level.bandwidth_Bps * mp)) / mp)
+            if level.outputs_bytes is not None:
+                t = max(t, _pipedream_transfer_s(level.outputs_bytes, level.bandwidth_Bps, k, j, mp))
+            if best is None or best > t:
+                best, split, reps = t, (k, m - mp), mp
+    return best, split, reps
+
+
+def _pipedream_level(times: list[list[float | None]], params: list[list[float]], level: _Level,
+                     all_starts: bool) -> list[list[list[_Entry]]]:
+    """One level of PipeDream's ``compute_partitioning`` for a chain of layers.
+
+    ``A[i][j][m]``: the best time per batch of layers i..j (inclusive) on m+1 units of this
+    level (:func:`_pipedream_start`, :func:`_pipedream_cell`). PipeDream's defaults: no
+    memory constraint, fewer machines not considered, and the activation transfer term
+    only with ``--activation_compression_ratio``. The outermost level solves only i = 0.
+    """
+    n = len(times[0])
+    a = _pipedream_start(times, params, level)
     for i in range(n if all_starts else 1):
-        for m in range(1, units):
+        for m in range(1, level.units):
             for j in range(i + 1, n):
-                best, split, reps = a[i][j][m]
-                for k in range(i, j):
-                    for mp in range(1, m + 1):
-                        last = times[k + 1][j]
-                        if last is None:
-                            continue
-                        last_time = (last + (4 * (mp - 1) * params[k + 1][j]) / (bandwidth * mp)) / mp
-                        head = a[i][k][m - mp][0]
-                        if head is None:
-                            continue
-                        t = max(head, last_time)
-                        if best is None or best > t:
-                            best, split, reps = t, (k, m - mp), mp
-                a[i][j][m] = (best, split, reps)
+                a[i][j][m] = _pipedream_cell(a, times, params, level, i, j, m)
     return a
 
 
@@ -272,46 +336,60 @@ def _pipedream_unwind(a: list, start: int, end: int, units: int) -> list[tuple[i
     return stages
 
 
+def _range_sums(values: Sequence[float], none: float | None) -> list[list[float | None]]:
+    """``sums[i][j]``: values[i] + ... + values[j] for j >= i, ``none`` below the diagonal."""
+    cum = [0.0]
+    for v in values:
+        cum.append(cum[-1] + v)
+    n = len(values)
+    return [[cum[j + 1] - cum[i] if j >= i else none for j in range(n)] for i in range(n)]
+
+
 def pipedream_partition(
     stage_times: Sequence[float], param_bytes: Sequence[float], levels: Sequence[tuple[int, float]],
+    output_bytes: Sequence[float] | None = None, activation_compression_ratio: float | None = None,
 ) -> list[PipeDreamStage]:
     """PipeDream's hierarchical partitioner (Narayanan et al., SOSP'19, section 3.1).
 
     ``stage_times``: forward+backward seconds per layer on one device; ``param_bytes`` per
     layer; ``levels``: (units at this level, bandwidth between them in B/s), innermost
-    first, e.g. ``[(gpus_per_server, intra_Bps), (servers, inter_Bps)]``. The level-l DP
-    treats one unit as the best partition of a layer range over the whole level below;
-    the answer is unwound from the top: a top-level stage replicated r times is
-    partitioned again inside each unit, and a sub-stage with f replicas per unit runs on
-    f * r devices. Returns the flat list of stages with their total replicas.
+    first, e.g. ``[(gpus_per_server, intra_Bps), (servers, inter_Bps)]``.
+    ``activation_compression_ratio``: None (PipeDream's default) leaves activation transfers
+    out; a number (its README runs ``--activation_compression_ratio 1``) counts each stage's
+    input and output (``output_bytes`` per layer) divided by it. The level-l DP treats one
+    unit as the best partition of a layer range over the whole level below; the answer is
+    unwound from the top (:func:`_pipedream_unwind_levels`). Returns the flat list of
+    stages with their total replicas.
     """
     n = len(stage_times)
     if n == 0 or not levels:
         raise ValueError("pipedream_partition needs layers and at least one level")
-    cum_t = [0.0]
-    cum_p = [0.0]
-    for t, p in zip(stage_times, param_bytes, strict=True):
-        cum_t.append(cum_t[-1] + t)
-        cum_p.append(cum_p[-1] + p)
-    times: list[list[float | None]] = [[cum_t[j + 1] - cum_t[i] if j >= i else None for j in range(n)]
-                                       for i in range(n)]
-    params = [[cum_p[j + 1] - cum_p[i] if j >= i else 0.0 for j in range(n)] for i in range(n)]
+    if activation_compression_ratio is not None and output_bytes is None:
+        raise ValueError("counting activations needs output_bytes per layer")
+    outputs = None if activation_compression_ratio is None or output_bytes is None else \
+        [b / activation_compression_ratio for b in output_bytes]
+    times = _range_sums(stage_times, None)
+    params = [[v or 0.0 for v in row] for row in _range_sums(param_bytes, 0.0)]
     tables = []
     lower = 1
     for depth, (units, bandwidth) in enumerate(levels):
-        a = _pipedream_level(times, params, units, lower, bandwidth, all_starts=depth < len(levels) - 1)
+        a = _pipedream_level(times, params, _Level(units, lower, bandwidth, outputs),
+                             all_starts=depth < len(levels) - 1)
         tables.append(a)
         times = [[a[i][j][-1][0] if j >= i else None for j in range(n)] for i in range(n)]
         lower = units
-    # unwind from the outermost level: a stage replicated over r units is partitioned
-    # again inside each of them, so its sub-stages run on every one of those r units
+    return _pipedream_unwind_levels(tables, [units for units, _ in levels], n)
+
+
+def _pipedream_unwind_levels(tables: list, units: Sequence[int], n: int) -> list[PipeDreamStage]:
+    """Unwind from the outermost level: a stage replicated over r units is partitioned again
+    inside each of them, and a sub-stage with f replicas per unit runs on f * r devices."""
     pieces: list[tuple[int, int, list[tuple[int, ...]]]] = [(0, n, [()])]
-    for depth in range(len(levels) - 1, -1, -1):
-        units = levels[depth][0]
+    for depth in range(len(units) - 1, -1, -1):
         nxt = []
         for first, end, prefixes in pieces:
             offset = 0
-            for f, e, r in _pipedream_unwind(tables[depth], first, end, units):
+            for f, e, r in _pipedream_unwind(tables[depth], first, end, units[depth]):
                 nxt.append((f, e, [(*p, u) for p in prefixes for u in range(offset, offset + r)]))
                 offset += r
         pieces = nxt

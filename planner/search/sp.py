@@ -15,6 +15,22 @@ best plan has max term m, any better plan must have max < m, so the next cap is 
 m; the descent stops when the DP finds no plan or when ``sum + (lower bound of the max)``
 cannot beat the best. This is exact. With a = 0 (pipedream) the smallest feasible cap is
 found by bisection over the candidate terms.
+
+The descent is a branch and bound over the sorted candidate values of the max term. An open
+interval [lo, hi] of candidate indices carries S, a lower bound on the sum of periods of any
+plan whose max term lies in it, so every such plan costs at least ``a*S + vals[lo]``.
+Intervals are opened best bound first; solving at cap vals[mid] gives the least sum S' of
+plans with max <= vals[mid] and a plan whose max is vals[t] (t <= mid): plans with max in
+[t, mid] cost at least the plan's own objective, [lo, t-1] gets bound S', [mid+1, hi] keeps
+S. It stops when the smallest bound cannot beat the best plan (or another problem's best,
+the ``incumbent``: the search's optimum is unchanged). The first interval starts at a lower
+bound on any plan's max term: the larger of the worst-covered block's least term and the
+least cap under which the blocks can be covered with no more devices than the cluster has.
+
+Memory depends on the stages-left count, which the DP tracks up to ``r_eff`` (up to M under
+1f1b). :func:`solve` first tracks :data:`RELAXED_STAGES` counts, holding a stage with more
+stages left to that count's memory -- a relaxation whose optimum is exact when its plan fits
+with its true counts; else the count doubles.
 """
 
 from __future__ import annotations
@@ -27,6 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.errors import PlanError
+from planner.search.bounds import candidate_terms, lower_bound_top
 from planner.search.space import Move, Option, Problem, build_problem, coarse_bounds
 
 __all__ = ["Move", "Problem", "Solution", "StageChoice", "build_problem", "coarse_bounds", "infeasible", "solve",
@@ -61,26 +78,20 @@ class Solution:
 def _cost_band(prob: Problem, key: int, link: int, r_top: int, cap: float) -> np.ndarray:
     """Periods of stages allowed at cap ``cap``, per stages-left count 1..r_top, in band layout.
 
-    Shape (r_top, nb+1, W): ``out[r-1, a, k]`` is the least period over the options of stage
+    Shape (W, r_top, nb+1): ``out[k, r-1, a]`` is the least period over the options of stage
     [a, a+1+k) that fit with r stages left (r_top meaning r_top or more) and whose term is
-    within the cap, inf where none does; W is trimmed to the widest stage allowed. Each
-    option's period goes to the bucket of its largest fitting count, then a suffix minimum
-    over the buckets gives every count at once.
+    within the cap, inf where none does; W is trimmed to the widest stage allowed.
     """
     c = prob.cand[(key, link)].band
-    ok = [(t <= cap) & (rmax >= 1) for t, rmax in zip(c["term"], c["rmax"], strict=True)]
-    any_ok = np.logical_or.reduce(ok)
-    cols = np.flatnonzero(any_ok.any(axis=0))
+    fit = (c["term"] <= cap) & (c["rmax"] >= 1)  # (options, nb+1, nb+1)
+    cols = np.flatnonzero(fit.any(axis=(0, 1)))
     width = int(cols[-1]) + 1 if cols.size else 0
-    rows = any_ok.shape[0]
-    buckets = np.full((r_top + 1, rows, width), np.inf)
-    ii, jj = np.meshgrid(np.arange(rows), np.arange(width), indexing="ij")
-    for fit, rmax, period in zip(ok, c["rmax"], c["period"], strict=True):
-        r = np.where(fit[:, :width], np.minimum(rmax[:, :width], r_top), 0)
-        cur = buckets[r, ii, jj]
-        buckets[r, ii, jj] = np.minimum(cur, np.where(fit[:, :width], period[:, :width], np.inf))
-    out = np.minimum.accumulate(buckets[:0:-1], axis=0)[::-1]  # out[r-1] = min over buckets >= r
-    return np.ascontiguousarray(out)
+    period = np.where(fit[:, :, :width], c["period"][:, :, :width], np.inf)
+    rmax = c["rmax"][:, :, :width]
+    out = np.empty((width, r_top, fit.shape[1]))
+    for r in range(1, r_top + 1):  # least period over the options that fit with r stages left
+        out[:, r - 1] = np.min(np.where(rmax >= r, period, np.inf), axis=0).T
+    return out
 
 
 def _best_option(prob: Problem, mv: Move, a: int, b: int, rho: int, cap: float) -> tuple[Option, float, float]:
@@ -97,13 +108,13 @@ def _best_option(prob: Problem, mv: Move, a: int, b: int, rho: int, cap: float) 
 
 
 def _windows(nxt: np.ndarray, width: int) -> np.ndarray:
-    """``out[..., a, k] = nxt[..., a + 1 + k]`` (inf past the end), shape (..., nb+1, width)."""
-    nb1 = nxt.shape[-1]
-    padded = np.full((*nxt.shape[:-1], nb1 - 1 + width + 1), np.inf)
-    padded[..., :nb1 - 1] = nxt[..., 1:]
-    st = padded.strides
-    return np.lib.stride_tricks.as_strided(padded, shape=(*nxt.shape[:-1], nb1, width),
-                                           strides=(*st[:-1], st[-1], st[-1]), writeable=False)
+    """``out[k, r, a] = nxt[r, a + 1 + k]`` (inf past the end), shape (width, rows, nb+1): a view."""
+    rows, nb1 = nxt.shape
+    padded = np.full((rows, nb1 - 1 + width + 1), np.inf)
+    padded[:, :nb1 - 1] = nxt[:, 1:]
+    st_row, st_col = padded.strides
+    return np.lib.stride_tricks.as_strided(padded, shape=(width, rows, nb1), strides=(st_col, st_row, st_col),
+                                           writeable=False)
 
 
 def _next_rows(h: list[np.ndarray], nxt: int, r_top: int, exact: bool) -> np.ndarray:
@@ -147,10 +158,10 @@ class _CapSweep:
         band = self.groups.get(gk)
         if band is None:
             parts = [self.band(Move(k, group.devices, group.next, group.link)) for k in group.keys]
-            width = max(p.shape[2] for p in parts)
-            band = np.full((self.r_top, parts[0].shape[1], width), np.inf)
+            width = max(p.shape[0] for p in parts)
+            band = np.full((width, self.r_top, parts[0].shape[2]), np.inf)
             for p in parts:
-                np.minimum(band[:, :, :p.shape[2]], p, out=band[:, :, :p.shape[2]])
+                np.minimum(band[:p.shape[0]], p, out=band[:p.shape[0]])
             self.groups[gk] = band
         return band
 
@@ -174,20 +185,20 @@ class _CapSweep:
     def values(self, group: MoveGroup, h: list[np.ndarray]) -> np.ndarray | None:
         """Least sums of plans whose first stage runs on the group's devices, per stages-left count and block."""
         band = self.group_band(group)
-        if band.shape[2] == 0:
+        if band.shape[0] == 0:
             return None
-        full_win, lo_row, hi_row = self.window(h, group.next, band.shape[2])
+        full_win, lo_row, hi_row = self.window(h, group.next, band.shape[0])
         if full_win is None:
             return None
         # rows a that can reach a finite suffix value at b in (a, a + width]
         cand = np.full((self.r_top, self.prob.nb + 1), np.inf)
-        part = band[:, lo_row:hi_row]
+        part = band[:, :, lo_row:hi_row]
         need = part.size
         if self.buf.size < need:
             self.buf = np.empty(need)
         tmp = self.buf[:need].reshape(part.shape)
-        np.add(part, full_win[:, lo_row:hi_row], out=tmp)
-        np.min(tmp, axis=2, out=cand[:, lo_row:hi_row])
+        np.add(part, full_win[:, :, lo_row:hi_row], out=tmp)
+        np.minimum.reduce(tmp, axis=0, out=cand[:, lo_row:hi_row])
         if self.exact:
             mask = self.mask(group.devices)
             if mask is not None:
@@ -215,20 +226,23 @@ def move_groups(moves: Sequence[Move]) -> list[MoveGroup]:
     return [MoveGroup(tuple(k), devs, nxt, link) for (devs, link, nxt), k in keys.items()]
 
 
-def solve_cap(prob: Problem, cap: float) -> Solution | None:
+def solve_cap(prob: Problem, cap: float, r_top: int | None = None) -> Solution | None:
     """Least sum of periods over plans whose every term is <= ``cap`` (None: no plan).
 
     ``h[d][r, a]``: least sum of periods placing layers from block a on the devices from
     position d with exactly r stages (r = r_top: r_top or more; exact when K is fixed).
+    ``r_top`` below the problem's ``r_eff`` relaxes the memory test of the top row: a stage
+    with r_top or more stages left is held to r_top's micro-batches in flight (see :func:`solve`).
     """
     nb, g_total = prob.nb, prob.devices
     exact = prob.stages_exact is not None
-    r_top = max(prob.r_eff, 1)
+    r_top = max(prob.r_eff if r_top is None or exact else min(r_top, prob.r_eff), 1)
     empty = np.full((r_top + 1, nb + 1), np.inf)
     empty[0, nb] = 0.0
     h: list[np.ndarray] = [empty] * (g_total + 1)
     sweep = _CapSweep(prob, cap, r_top, exact)
-    groups = [move_groups(row) for row in prob.moves]
+    groups = prob.move_groups if prob.move_groups is not None else [move_groups(row) for row in prob.moves]
+    prob.move_groups = groups
     for d in range(g_total - 1, -1, -1):
         best = h[prob.skip[d]].copy()
         for group in groups[d]:
@@ -252,13 +266,13 @@ def _backtrack(prob: Problem, h: list[np.ndarray], sweep: _CapSweep, rho: int, c
         found = False
         for mv in prob.moves[d]:
             band = sweep.band(mv)
-            if band.shape[2] == 0:
+            if band.shape[0] == 0:
                 continue
             mask = sweep.mask(mv.devices) if exact else None
             if mask is not None and not mask[rho - 1]:
                 continue
             nxt = _next_rows(h, mv.next, r_top, exact)
-            vals = band[rho - 1, a] + _windows(nxt[rho - 1], band.shape[2])[a]
+            vals = band[:, rho - 1, a] + _windows(nxt[rho - 1:rho], band.shape[0])[:, 0, a]
             k = int(np.argmin(vals))
             if vals[k] == target:
                 b = a + 1 + k
@@ -283,30 +297,6 @@ def _solution(prob: Problem, stages: Sequence[StageChoice]) -> Solution:
     return Solution(tuple(stages), total, top, prob.a * total + top)
 
 
-def lower_bound_top(prob: Problem) -> float:
-    """A lower bound on the max term of any plan: the block every plan must cover worst."""
-    nb = prob.nb
-    tmin = np.full((nb + 1, nb + 1), np.inf)
-    for c in prob.cand.values():
-        for term, rmax in zip(c.term, c.rmax, strict=True):
-            np.minimum(tmin, np.where(rmax >= 1, term, np.inf), out=tmin)
-    suffix = np.minimum.accumulate(tmin[:, ::-1], axis=1)[:, ::-1]  # min over b' >= b
-    cum = np.minimum.accumulate(suffix, axis=0)  # min over a' <= a
-    lb = 0.0
-    for x in range(nb):
-        lb = max(lb, float(cum[x, x + 1]))
-    return lb
-
-
-def candidate_terms(prob: Problem) -> np.ndarray:
-    """Every value a stage's max term can take in this problem, sorted and unique."""
-    parts = []
-    for c in prob.cand.values():
-        for term, rmax in zip(c.term, c.rmax, strict=True):
-            parts.append(term[(rmax >= 1) & np.isfinite(term)])
-    return np.unique(np.concatenate(parts)) if parts else np.zeros(0)
-
-
 _Interval = tuple[float, int, int, float]
 """An open interval of candidate max-term indices: (bound on the objective, lo, hi, bound S on the sum)."""
 
@@ -323,36 +313,58 @@ def _push_intervals(heap: list[_Interval], prob: Problem, vals: np.ndarray, lo: 
         heapq.heappush(heap, (prob.a * s_lo + float(vals[mid + 1]), mid + 1, hi, s_lo))
 
 
+RELAXED_STAGES = 8
+"""The stages-left count the DP first tracks exactly (:func:`solve`); doubled while it is not enough."""
+
+
+def fits(prob: Problem, sol: Solution) -> bool:
+    """Whether every stage of ``sol`` fits with its true stages-left count (K - s)."""
+    k = len(sol.stages)
+    for s, ch in enumerate(sol.stages):
+        c = prob.cand[(ch.move.key, ch.move.link)]
+        if c.rmax[c.options.index(ch.option)][ch.a, ch.b] < k - s:
+            return False
+    return True
+
+
 def solve(prob: Problem, max_solves: int = 10_000, progress: Callable[[int, float], None] | None = None,
           pool: list[Solution] | None = None, incumbent: float = math.inf) -> Solution | None:
     """The exact optimum of the objective over the problem's space (None: nothing fits).
 
-    Branch and bound over the sorted candidate values of the max term. An open interval
-    [lo, hi] of candidate indices carries S, a lower bound on the sum of periods of any
-    plan whose max term lies in it, so every such plan costs at least ``a*S + vals[lo]``.
-    Intervals are opened best bound first; solving at cap vals[mid] gives the least sum
-    S' of plans with max <= vals[mid] and a plan whose max is vals[t] (t <= mid): plans
-    with max in [t, mid] cost at least the plan's own objective, [lo, t-1] gets bound S',
-    [mid+1, hi] keeps S. It stops when the smallest bound cannot beat the best plan, so
-    the result is exact. Every plan met on the way is appended to ``pool`` when given
-    (candidates for a finer judge, such as the simulator). ``incumbent``, the best objective
-    of another problem of the same search (other micro-batch counts), also closes intervals
-    that cannot beat it: the result is then this problem's optimum when that is below the
-    incumbent, else a plan no better than the incumbent -- the search's optimum is unchanged.
+    The DP's cost grows with the stages-left counts it tracks (``prob.r_eff``, up to the
+    micro-batch count under 1f1b). It first tracks :data:`RELAXED_STAGES` of them, holding a
+    stage with more stages left to that count's memory: a relaxation (memory only grows with
+    the count), so its optimum is a lower bound, and the optimum itself when that plan fits
+    with its true counts -- the usual case, as plans of more stages than that are rare. Else
+    the count doubles, up to ``r_eff`` (exact). Plans met that do not fit are not pooled.
+    ``incumbent`` (the best objective of the search's other problems) closes intervals that
+    cannot beat it: the result is then this problem's optimum when that is below the
+    incumbent, else a plan no better than the incumbent.
     """
-    first = solve_cap(prob, math.inf)
+    r_top = RELAXED_STAGES if prob.stages_exact is None else prob.r_eff
+    while True:
+        met: list[Solution] = []
+        best = _solve_at(prob, r_top, max_solves, progress, met, incumbent)
+        if r_top >= prob.r_eff or best is None or fits(prob, best):
+            if pool is not None:
+                pool.extend(x for x in met if r_top >= prob.r_eff or fits(prob, x))
+            return best
+        r_top *= 2
+
+
+def _solve_at(prob: Problem, r_top: int, max_solves: int, progress: Callable[[int, float], None] | None,
+              pool: list[Solution] | None, incumbent: float) -> Solution | None:
+    """Branch and bound over the max term at stages-left bound ``r_top`` (the relaxation of :func:`solve`;
+    the bounds are explained in the module doc). Every plan met is appended to ``pool`` when given;
+    intervals that cannot beat ``incumbent`` (another problem's best) are closed too."""
+    first = solve_cap(prob, math.inf, r_top)
     if first is None:
         return None
-    if pool is not None:
-        pool.append(first)
+    met = pool if pool is not None else []
+    met.append(first)
     vals = candidate_terms(prob)
-    best = first
-    lo0 = int(np.searchsorted(vals, lower_bound_top(prob)))
-    top_idx = int(np.searchsorted(vals, first.top))
-    heap: list[_Interval] = []
-    if lo0 <= top_idx - 1:
-        heapq.heappush(heap, (prob.a * first.total + float(vals[lo0]), lo0, top_idx - 1, first.total))
-    solves = 1
+    heap = _first_interval(prob, vals, first)
+    best, solves = first, 1
     while heap and solves < max_solves:
         bound, lo, hi, s_lo = heapq.heappop(heap)
         if bound >= min(best.objective, incumbent):
@@ -360,15 +372,22 @@ def solve(prob: Problem, max_solves: int = 10_000, progress: Callable[[int, floa
         if progress:
             progress(solves, best.objective)
         mid = (lo + hi) // 2
-        sol = solve_cap(prob, float(vals[mid]))
+        sol = solve_cap(prob, float(vals[mid]), r_top)
         solves += 1
         if sol is not None:
-            if pool is not None:
-                pool.append(sol)
-            if sol.objective < best.objective:
-                best = sol
+            met.append(sol)
+            best = sol if sol.objective < best.objective else best
         _push_intervals(heap, prob, vals, lo, mid, hi, s_lo, sol)
     return best
+
+
+def _first_interval(prob: Problem, vals: np.ndarray, first: Solution) -> list[_Interval]:
+    """The open interval below the unconstrained plan's max term, from the lower bound on any plan's max."""
+    lo0 = int(np.searchsorted(vals, lower_bound_top(prob, vals)))
+    top_idx = int(np.searchsorted(vals, first.top))
+    if lo0 > top_idx - 1:
+        return []
+    return [(prob.a * first.total + float(vals[lo0]), lo0, top_idx - 1, first.total)]
 
 
 def infeasible(prob: Problem) -> Exception:

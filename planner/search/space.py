@@ -42,7 +42,7 @@ from planner.cluster import Group, group_of, index
 from planner.costmodel import Grid, Variant, layer_table, p2p_s, schedule_weights, variant_cost, variants
 from planner.costmodel.precision import Bytes
 from planner.schedule import in_flight_microbatches
-from planner.search.hpp import StageTables, stage_tables
+from planner.search.hpp import StageTables, only_dp, stage_tables_many
 
 INTRA, INTER = 0, 1
 
@@ -79,8 +79,9 @@ class Candidate:
     period: list[np.ndarray]
     term: list[np.ndarray]
     rmax: list[np.ndarray]
-    band: dict[str, list[np.ndarray]] = field(default_factory=dict)
-    """The same arrays in band layout: ``band[x][v][a, k] = x[v][a, a + 1 + k]`` (inf/0 past the end)."""
+    band: dict[str, np.ndarray] = field(default_factory=dict)
+    """The same arrays in band layout, options stacked: ``band[x][v, a, k] = x[v][a, a + 1 + k]``
+    (inf/0 past the end)."""
 
     def make_band(self) -> None:
         nb1 = self.period[0].shape[0]
@@ -90,7 +91,7 @@ class Candidate:
         cols = np.where(inside, cols, 0)
         for name in ("period", "term", "rmax"):
             fill = 0 if name == "rmax" else np.inf
-            self.band[name] = [np.where(inside, arr[rows, cols], fill) for arr in getattr(self, name)]
+            self.band[name] = np.stack([np.where(inside, arr[rows, cols], fill) for arr in getattr(self, name)])
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,8 @@ class Problem:
     cand: dict[tuple[int, int], Candidate] = field(default_factory=dict)
     r_eff: int = 1
     capacity_override: float | None = None
+    move_groups: list | None = None  # type: ignore[type-arg]
+    """The DP's moves grouped per position (planner.search.sp.move_groups), made on first use."""
 
     @property
     def nb(self) -> int:
@@ -268,34 +271,40 @@ def _grid_moves(profile: ir.ModelProfile, cluster: ir.Cluster, moves: list[list[
     the fastest and (when different) the leanest HPP stage tables."""
     key_of: dict[Grid, int] = {}
     grids: list[Grid] = []
-    tables: list[list[StageTables]] = []
     groups: dict[tuple[str, ...], Group] = {}
+    shardable = _shardable(profile)
     for d, row in enumerate(moves):
         out = []
         for mv in row:
             group = groups.get(mv.devices)
             if group is None:
                 group = groups[mv.devices] = group_of(cluster, mv.devices, space.precision)
-            for tp in tensor_degrees(group, profile.batch_size, microbatches, space, _shardable(profile)):
+            for tp in tensor_degrees(group, profile.batch_size, microbatches, space, shardable):
                 grid = Grid(group, tp, space.precision, space.sequence_parallel and tp > 1)
                 if grid not in key_of:
                     key_of[grid] = len(grids)
                     grids.append(grid)
-                    tables.append(_stage_tables(profile, grid, bounds, microbatches, optimizer, space.forms))
                 out.append(Move(key_of[grid], mv.devices, mv.next, mv.link, tp))
         moves[d] = out
-    return grids, tables
+    return grids, _stage_tables(profile, grids, bounds, microbatches, optimizer, space.forms)
 
 
-def _stage_tables(profile: ir.ModelProfile, grid: Grid, bounds: np.ndarray, microbatches: int, optimizer: str,
-                  forms: Sequence[str]) -> list[StageTables]:
-    lt = layer_table(profile, grid, microbatches, optimizer, forms)
-    fast = stage_tables(lt, bounds, microbatches)
-    if not lt.allowed[:, 1:].any():
-        return [fast]
-    lean = stage_tables(lt, bounds, microbatches, lean=True)
-    same = all(np.array_equal(fast.agg[k], lean.agg[k]) for k in fast.agg)
-    return [fast] if same else [fast, lean]
+def _stage_tables(profile: ir.ModelProfile, grids: Sequence[Grid], bounds: np.ndarray, microbatches: int,
+                  optimizer: str, forms: Sequence[str]) -> list[list[StageTables]]:
+    """Per grid: the fastest HPP stage tables, and the leanest where they differ (one sweep for all grids)."""
+    lts = [layer_table(profile, grid, microbatches, optimizer, forms) for grid in grids]
+    fast = stage_tables_many(lts, bounds, microbatches, [False] * len(lts))
+    open_ = [i for i, lt in enumerate(lts) if not only_dp(lt)]
+    lean = dict(zip(open_, stage_tables_many([lts[i] for i in open_], bounds, microbatches, [True] * len(open_)),
+                    strict=True))
+    out = []
+    for i, f in enumerate(fast):
+        ln = lean.get(i)
+        if ln is None or all(np.array_equal(f.agg[k], ln.agg[k]) for k in f.agg):
+            out.append([f])
+        else:
+            out.append([f, ln])
+    return out
 
 
 def in_flight_counts(prob: Problem, r_hi: int) -> list[int]:
@@ -360,12 +369,14 @@ def tie_copies(prob: Problem) -> np.ndarray:
     return out
 
 
-def p2p_times(prob: Problem, link: int) -> np.ndarray:
-    """Per start block: the time its stage's input takes to arrive over ``link`` (0 for block 0)."""
+def p2p_times(prob: Problem, link: int, dp: int = 1) -> np.ndarray:
+    """Per start block: the time its stage's input takes to arrive over ``link`` (0 for block 0), each
+    of the stage's ``dp`` replicas receiving its share of the micro-batch on its own links
+    (planner.costmodel.stage)."""
     nbytes = Bytes.of(prob.profile, prob.space.precision, prob.optimizer)
     out_b = np.array([float(x.output_bytes) for x in prob.profile.layers]) * nbytes.activation_scale
     recv = np.zeros(prob.nb + 1)
     for a in range(1, prob.nb):
         layer = int(prob.bounds[a]) - 1
-        recv[a] = p2p_s(out_b[layer] / prob.microbatches, link_of(prob.cluster, link))
+        recv[a] = p2p_s(out_b[layer] / (prob.microbatches * dp), link_of(prob.cluster, link))
     return recv

@@ -31,21 +31,23 @@ def build_candidates(prob: Problem) -> None:
     in_fl = in_flight_counts(prob, r_hi)
     ties = tie_copies(prob)
     used = {(mv.key, mv.link) for row in prob.moves for mv in row}
-    recv_of = {link: p2p_times(prob, link)[:, None] for link in {k[1] for k in used}}
+    recv_of = {(link, dp): p2p_times(prob, link, dp)[:, None]
+               for link, dp in {(k[1], prob.grids[k[0]].dp) for k in used}}
     for key, link in sorted(used):
         cap = prob.grids[key].group.memory_bytes if prob.capacity_override is None else prob.capacity_override
         opts = options(prob, key)
         cand = Candidate(opts, [], [], [])
         for opt in opts:
             t, v = option_cost(prob, key, opt)
-            period, term = _period_and_term(prob, v, recv_of[link])
+            period, term = _period_and_term(prob, v, recv_of[(link, prob.grids[key].dp)])
             cand.period.append(period)
             cand.term.append(term)
             cand.rmax.append(_fit_limit(prob, v, t.agg["weight"], ties, cap, in_fl, np.isfinite(period)))
         cand.make_band()
         prob.cand[(key, link)] = cand
     # the stages-left count matters only up to 1 + the largest limit below the cap
-    limits = [int(x) for c in prob.cand.values() for arr in c.rmax for x in np.unique(arr) if 1 <= x < r_hi]
+    limits = [int(np.max(arr, initial=0, where=(arr >= 1) & (arr < r_hi))) for c in prob.cand.values()
+              for arr in c.rmax]
     prob.r_eff = r_hi if prob.stages_exact is not None else min(r_hi, 1 + max(limits, default=0))
 
 

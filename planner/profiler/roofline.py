@@ -1,0 +1,304 @@
+"""The analytic roofline: a layer's time from its kernels' shapes, FLOPs and bytes on a named GPU.
+
+Every aten op a layer runs (forward, and backward in a second walk) is one kernel, seen on the
+meta device by a ``TorchDispatchMode``; views (``op.is_view``, ``_unsafe_view``) and
+allocations (``empty*``) launch none. Each kernel costs (Williams, Waterman and Patterson,
+"Roofline", CACM 2009, plus a launch cost)::
+
+    time = max(flops / (peak * eff(tiles)), bytes / bandwidth) + launch_s
+
+- ``flops``: torch's own formulas (``torch.utils.flop_counter``) for matrix multiplies,
+  convolutions (forward and backward) and attention; every other op has 0 and is memory-bound.
+- ``bytes``: every tensor the kernel reads and writes, each counted at most at its storage's
+  size (an expanded view is read once); an embedding lookup reads only the rows it gathers.
+- ``eff(tiles) = share * tiles / (tiles + sm_count / 2)``: ``share`` is the GPU's measured
+  large-GEMM share of peak for the number format (``planner.gpus``); the second factor is the
+  wave-quantisation efficiency of NVIDIA's "Matrix Multiplication Background User's Guide"
+  (section 3.2: a GEMM's output tiles run in waves of one tile per SM, the last wave part
+  full), averaged over where the last wave ends, so half a wave is lost on average; ``tiles``
+  is the op's largest tensor in 128 x 128 tiles (the guide's typical cuBLAS tile, section 2.3;
+  the largest tensor rather than the output so that split-K kernels for small outputs count
+  their parallel work). Small GEMMs thus reach a smaller share of peak, large ones saturate at
+  ``share``; equivalently each GEMM pays ``sm_count/2`` tiles' worth of extra time.
+- ``F.scaled_dot_product_attention`` runs fused on a GPU (FlashAttention or memory-efficient
+  attention), so the roofline replaces it by one kernel each way: FLOPs ``2 b h s_q s_k (d +
+  d_v)`` forward and ``2 b h s_q s_k (3 d + 2 d_v)`` backward (QK^T recomputed: Dao,
+  FlashAttention-2, 2023; torch's ``sdpa_flop_count``/``sdpa_backward_flop_count``), halved
+  for ``is_causal`` (blocks above the diagonal are skipped), at the GPU's fused-attention share
+  of peak (``planner.gpus``: FlashAttention-2's published figures) on the same wave curve,
+  bytes Q, K, V, O (and their gradients and dO backward) plus the mask; the S x S scores are
+  never materialised. Attention written with matmuls and softmax is counted op by op: its
+  scores are memory-bound.
+
+A layer's time is the sum over its kernels; gradients are zeroed around each walk, so no
+gradient-accumulation kernel is counted (the cost model charges accumulation itself). The
+FLOPs a profile records stay those of the instrumented pass (``planner.profiler.measure``);
+the roofline only times.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from planner import gpus
+from planner.profiler.flops import op_flops
+from planner.profiler.measure import _backward_walk, _forward_walk, _zero_grads, fit_fixed, small_batch_of
+from planner.profiler.repeats import fact_sources
+
+TILE_ELEMENTS = 128 * 128
+"""Output elements of one GEMM tile (NVIDIA's Matrix Multiplication Background guide, section 2.3)."""
+
+_aten = torch.ops.aten
+_NO_KERNEL = {_aten._unsafe_view.default, _aten.empty.memory_format, _aten.empty_like.default,
+              _aten.empty_strided.default, _aten.new_empty.default, _aten.new_empty_strided.default,
+              _aten.lift_fresh.default, _aten.detach.default}
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """One GPU in one number format, as the roofline sees it."""
+
+    peak_flops: float
+    gemm_share: float
+    sm_count: int
+    bandwidth_Bps: float
+    launch_s: float
+    attention_share: float | None = None
+    """Large fused-attention share of peak (None: ``gemm_share``)."""
+
+    def efficiency(self, tiles: float, attention: bool = False) -> float:
+        """Share of peak a GEMM-like (or fused attention) kernel over ``tiles`` 128 x 128 tiles reaches
+        (module docstring); at least one element's worth of a tile."""
+        tiles = max(tiles, 1 / TILE_ELEMENTS)
+        share = self.attention_share if attention and self.attention_share is not None else self.gemm_share
+        return share * tiles / (tiles + self.sm_count / 2)
+
+    def kernel(self, flops: float, bytes_moved: float, tiles: float, attention: bool = False) -> tuple[float, bool]:
+        """(seconds, memory-bound?) of one kernel: ``max(compute, memory) + launch_s``."""
+        memory_s = bytes_moved / self.bandwidth_Bps
+        compute_s = flops / (self.peak_flops * self.efficiency(tiles, attention)) if flops > 0 else 0.0
+        return max(compute_s, memory_s) + self.launch_s, memory_s >= compute_s
+
+
+def roofline_of(gpu: str, number_format: str) -> Roofline:
+    """The roofline of catalogued GPU ``gpu`` computing in ``number_format`` (fp32, tf32, bf16, fp16)."""
+    spec = gpus.gpu_spec(gpu)
+    return Roofline(spec.peak(number_format), spec.large_gemm_share(number_format), spec.sm_count,
+                    spec.memory_bandwidth_Bps, spec.launch_s, spec.fused_attention_share(number_format))
+
+
+@dataclass
+class KernelTally:
+    """What one layer's kernels cost: seconds, of which memory-bound seconds, and launches."""
+
+    time_s: float = 0.0
+    memory_s: float = 0.0
+    launches: int = 0
+
+    def add(self, roofline: Roofline, flops: float, bytes_moved: float, tiles: float, attention: bool = False) -> None:
+        seconds, memory_bound = roofline.kernel(flops, bytes_moved, tiles, attention)
+        self.time_s += seconds
+        self.memory_s += seconds if memory_bound else 0.0
+        self.launches += 1
+
+
+def _tensors(tree: Any) -> list[torch.Tensor]:
+    return [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor)]
+
+
+def _bytes(t: torch.Tensor) -> int:
+    """Bytes a kernel touches in ``t``: its logical size, at most its storage (expanded views)."""
+    logical = t.numel() * t.element_size()
+    try:
+        return min(logical, int(t.untyped_storage().nbytes()))
+    except (RuntimeError, NotImplementedError):
+        return logical
+
+
+def _tiles(tensors: Sequence[torch.Tensor]) -> float:
+    return max((t.numel() for t in tensors), default=0) / TILE_ELEMENTS
+
+
+class _Kernels(TorchDispatchMode):
+    """Adds every kernel an op runs to ``tally`` (set per layer by the walk)."""
+
+    def __init__(self, roofline: Roofline) -> None:
+        super().__init__()
+        self.roofline = roofline
+        self.tally = KernelTally()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func.is_view or func in _NO_KERNEL:
+            return out
+        inputs, outputs = _tensors((args, kwargs)), _tensors(out)
+        if func is _aten.embedding.default:  # a gather reads the rows it returns, not the table
+            inputs = inputs[1:] + outputs
+        moved = sum(_bytes(t) for t in inputs) + sum(_bytes(t) for t in outputs)
+        self.tally.add(self.roofline, op_flops(func, args, kwargs, out), moved, _tiles(inputs + outputs))
+        return out
+
+
+class _FusedAttention(torch.autograd.Function):
+    """SDPA as one fused kernel each way, costed by the roofline (module docstring); no compute."""
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                causal: bool, kernels: _Kernels) -> torch.Tensor:
+        out = q.new_empty((*q.shape[:-1], v.shape[-1]))
+        ctx.kernels, ctx.causal = kernels, causal
+        ctx.shapes = (q, k, v, out, mask)
+        _attention_kernel(kernels, [q, k, v, out, mask], causal, backward=False)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        q, k, v, out, mask = ctx.shapes
+        grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
+        _attention_kernel(ctx.kernels, [q, k, v, out, mask, grad, *grads], ctx.causal, backward=True)
+        return (*grads, None, None, None)
+
+
+def attention_flops(q_shape: Sequence[int], k_shape: Sequence[int], v_shape: Sequence[int], causal: bool,
+                    backward: bool) -> float:
+    """FLOPs of fused attention: ``2 b h s_q s_k (d + d_v)`` forward, ``(3 d + 2 d_v)`` backward; causal halves."""
+    *lead, s_q, d = q_shape
+    s_k, d_v = k_shape[-2], v_shape[-1]
+    rows = 1
+    for n in lead:
+        rows *= int(n)
+    flops = 2.0 * rows * s_q * s_k * ((3 * d + 2 * d_v) if backward else (d + d_v))
+    return flops / 2 if causal else flops
+
+
+def _attention_kernel(kernels: _Kernels, tensors: list[torch.Tensor | None], causal: bool, backward: bool) -> None:
+    present = [t for t in tensors if t is not None]
+    q, k, v = present[:3]
+    flops = attention_flops(q.shape, k.shape, v.shape, causal, backward)
+    kernels.tally.add(kernels.roofline, flops, sum(_bytes(t) for t in present), _tiles(present), attention=True)
+
+
+class _AttentionAsKernel(TorchFunctionMode):
+    """Routes ``F.scaled_dot_product_attention`` to :class:`_FusedAttention`."""
+
+    def __init__(self, kernels: _Kernels) -> None:
+        super().__init__()
+        self.kernels = kernels
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is not torch.nn.functional.scaled_dot_product_attention:
+            return func(*args, **kwargs)
+        names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
+        given = dict(zip(names, args, strict=False)) | kwargs
+        return _FusedAttention.apply(given["query"], given["key"], given["value"], given.get("attn_mask"),
+                                     bool(given.get("is_causal", False)), self.kernels)
+
+
+@dataclass(frozen=True)
+class LayerRoofline:
+    """Per layer: forward and backward seconds, and the memory-bound seconds among them."""
+
+    forward_s: list[float]
+    backward_s: list[float]
+    memory_s: list[float] = field(default_factory=list)
+    launches: list[int] = field(default_factory=list)
+
+
+def roofline_pass(layers: Sequence[nn.Module], x: torch.Tensor, roofline: Roofline,
+                  once_per_kind: bool = True) -> LayerRoofline:
+    """Each layer's forward and backward seconds under ``roofline`` (layers on the meta device).
+
+    With ``once_per_kind``, identical consecutive layers are walked once (``planner.profiler.repeats``),
+    unless a walked layer of such a run changes its input's shape (then every layer is walked)."""
+    source = fact_sources(layers) if once_per_kind else list(range(len(layers)))
+    walked = [i for i, s in enumerate(source) if s == i]
+    kernels = _Kernels(roofline)
+    fwd_memory = [0.0] * len(walked)
+    bwd_memory = [0.0] * len(walked)
+    launches = [0] * len(walked)
+
+    def meter(memory: list[float]) -> Callable[[int, Callable[[], Any]], tuple[Any, float]]:
+        def run_layer(i: int, run: Callable[[], Any]) -> tuple[Any, float]:
+            kernels.tally = KernelTally()
+            with _AttentionAsKernel(kernels), kernels:
+                result = run()
+            memory[i] = kernels.tally.memory_s
+            launches[i] += kernels.tally.launches
+            return result, kernels.tally.time_s
+        return run_layer
+
+    params = [p for layer in layers for p in layer.parameters()]
+    _zero_grads(params)  # no gradient accumulation kernels: the cost model charges those itself
+    with torch.enable_grad():
+        fwd, inputs, outputs = _forward_walk([layers[i] for i in walked], x, meter(fwd_memory))
+        bwd = _backward_walk(inputs, outputs, meter(bwd_memory))
+    _zero_grads(params)
+    slot = {layer: j for j, layer in enumerate(walked)}
+    reused = {slot[s] for i, s in enumerate(source) if s != i}
+    if any(j == 0 or outputs[j].shape != outputs[j - 1].shape for j in reused):
+        return roofline_pass(layers, x, roofline, once_per_kind=False)
+    pick = [slot[s] for s in source]
+    return LayerRoofline([fwd[j] for j in pick], [bwd[j] for j in pick],
+                         [fwd_memory[j] + bwd_memory[j] for j in pick], [launches[j] for j in pick])
+
+
+@dataclass(frozen=True)
+class RooflineProfile:
+    """Roofline times at the profile's batch, and the fixed parts fitted through a smaller batch."""
+
+    full: LayerRoofline
+    small_batch: int | None
+    forward_fixed_s: list[float | None]
+    backward_fixed_s: list[float | None]
+
+
+def profile_roofline(layers: Sequence[nn.Module], x: torch.Tensor, roofline: Roofline) -> RooflineProfile:
+    """The roofline at ``x``'s batch B and at B/4 (``measure.small_batch_of``), and per layer the fixed
+    part of ``t(b) = fixed + (b/B)(t(B) - fixed)`` through both (``measure.fit_fixed``; None where
+    B is 1 or the layers refuse the smaller batch), the law the cost model scales by."""
+    full = roofline_pass(layers, x, roofline)
+    batch = int(x.shape[0])
+    small = small_batch_of(batch)
+    part = None
+    if small is not None:
+        try:
+            part = roofline_pass(layers, x[:small], roofline)
+        except (RuntimeError, ValueError, IndexError, TypeError):  # a traced shape fixed to the batch
+            part = None
+    if part is None or small is None:
+        nones: list[float | None] = [None] * len(layers)
+        return RooflineProfile(full, None, nones, list(nones))
+    return RooflineProfile(
+        full, small,
+        [fit_fixed(t, p, batch, small) for t, p in zip(full.forward_s, part.forward_s, strict=True)],
+        [fit_fixed(t, p, batch, small) for t, p in zip(full.backward_s, part.backward_s, strict=True)])
+
+
+def roofline_meta(roofline: Roofline, prof: RooflineProfile, gpu: str, number_format: str) -> dict[str, Any]:
+    """What a profile's ``meta`` records about its roofline: the constants and the memory-bound shares."""
+    full = prof.full
+    totals = [f + b for f, b in zip(full.forward_s, full.backward_s, strict=True)]
+    return {
+        "efficiency": None,
+        "time_formula": "sum over kernels of max(flops / (peak * eff(tiles)), bytes / bandwidth) + launch_s",
+        "roofline": {
+            "gpu": gpu, "number_format": number_format, "peak_flops": roofline.peak_flops,
+            "gemm_share": roofline.gemm_share, "attention_share": roofline.attention_share,
+            "sm_count": roofline.sm_count,
+            "bandwidth_Bps": roofline.bandwidth_Bps, "launch_s": roofline.launch_s,
+            "memory_bound_share": sum(full.memory_s) / sum(totals) if sum(totals) > 0 else 0.0,
+            "layer_memory_bound_share": [m / t if t > 0 else 0.0 for m, t in zip(full.memory_s, totals, strict=True)],
+            "layer_launches": list(full.launches),
+        },
+        "fixed_cost_fit_batch": prof.small_batch,
+    }
