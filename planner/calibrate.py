@@ -17,11 +17,14 @@
   tensors into a third (STREAM "add", McCalpin 1995: 3 x 32 MiB moved per call), the
   kind of element-wise pass an optimizer step is (the cost model's optimizer term).
 
-* Sharing the cores: the matmul benchmark runs once more in all P processes at once (after
-  the links); each device gets ``core_share = min(1, concurrent / alone)`` of its measured (or
-  profile's) ``flops`` and memory bandwidth (``meta.core_share``): the processes of a pipeline
-  compute at once, and on a machine with fewer free cores than P x T threads (more processes
-  than cores, or other work) each computes slower than it does alone.
+* Sharing the cores: with more threads (P x T) than the cores this process may run on, each
+  device gets ``core_share = cores / (P x T)`` of its measured (or profile's) ``flops`` and
+  memory bandwidth. The matmul benchmark also runs in all P processes at once (after the
+  links): ``meta.concurrent_share`` (concurrent / alone) is what every process computing at
+  once would get at that moment, other work on the machine included; it is reported, not
+  used: a pipeline's processes compute at once only part of the time, and other work comes
+  and goes (on a 2-core machine shared with other users, 4 processes measured 0.24 where the
+  pipelines ran at about 0.5).
 * Engines (:mod:`planner.calibrate_engines`): what DeepSpeed's and torch pipelining's own work
   adds to the cost model, per action, per micro-batch sent and per step, fitted by least
   squares over tiny pipelines trained by each engine (``engine_overheads``).
@@ -183,6 +186,12 @@ def measure_links(nproc: int, threads: int) -> dict[str, float]:
         return json.loads(Path(out).read_text())  # type: ignore[no-any-return]
 
 
+def core_share(nproc: int, threads: int) -> float:
+    """The share of a core each of ``nproc x threads`` threads gets on the cores this process may use."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return min(1.0, cores / (nproc * threads))
+
+
 def machine_memory_bytes() -> int:
     with contextlib.suppress(OSError):  # no /proc: ask the OS for its page count instead
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -202,7 +211,8 @@ def calibrate(nproc: int, threads: int = 1, name: str | None = None, profile: ir
     compute = measure_flops(threads)
     bandwidth = measure_memory_bandwidth(threads)
     links = measure_links(nproc, threads)
-    share = min(1.0, links["concurrent_matmul_flops"] / compute["matmul_flops"])
+    share = core_share(nproc, threads)
+    links["concurrent_share"] = links["concurrent_matmul_flops"] / compute["matmul_flops"]
     compute["memory_bandwidth_Bps"] = bandwidth * share
     flops = (profile.device_flops if profile is not None else compute["flops"]) * share
     memory = machine_memory_bytes() // nproc

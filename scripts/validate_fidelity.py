@@ -9,7 +9,7 @@ average is printed before and after.
 
 Predicted comes only from the planner: ``profile_model`` (measured, 1 thread, 9 repeats),
 ``planner.calibrate.calibrate`` (2 and 4 processes x 1 thread; flops from the profile as
-``--match-profile`` does, times the core share measured with 2 or 4 processes computing at once; engine
+``--match-profile`` does, times the core share: cores / processes when processes outnumber cores; engine
 overheads measured once, by ``--engines``, on 2 processes), ``search`` with ``--engine``
 (so the plan pays its engine's overheads) and ``simulate``. ``bare`` is the same plan's
 prediction without engine overheads (what the cost model said before issue 15).
@@ -131,14 +131,15 @@ def profile(name: str) -> Any:
 
 
 def clusters(engines: list[str]) -> dict[int, Any]:
-    """This machine as 2 and as 4 processes of 1 thread (with their measured core shares); engine
+    """This machine as 2 and as 4 processes of 1 thread (with their core shares); engine
     overheads measured once (on 2)."""
     from planner.calibrate import calibrate
 
     two, meta = calibrate(2, 1, engines=engines)
     four, meta4 = calibrate(4, 1)
     print(f"  calibrated: p2p {meta['bandwidth_Bps'] / 1e9:.2f} GB/s, latency {meta['latency_s'] * 1e6:.0f} us; "
-          f"core share 2 processes {meta['core_share']:.2f}, 4 processes {meta4['core_share']:.2f}", file=sys.stderr)
+          f"core share 2 processes {meta['core_share']:.2f}, 4 processes {meta4['core_share']:.2f} (all computing "
+          f"at once measured {meta['concurrent_share']:.2f} and {meta4['concurrent_share']:.2f})", file=sys.stderr)
     for engine, o in two.engine_overheads:
         print(f"  {engine}: per action {o.per_action_s * 1e3:.3f} ms, per micro-batch sent "
               f"{o.per_microbatch_s * 1e3:.3f} ms, per step {o.per_step_s * 1e3:.3f} ms", file=sys.stderr)
@@ -147,7 +148,7 @@ def clusters(engines: list[str]) -> dict[int, Any]:
 
 
 def matched(calibrated: tuple[Any, float], prof: Any) -> Any:
-    """``--match-profile``: every device's flops the profile's, times the measured core share
+    """``--match-profile``: every device's flops the profile's, times the core share
     (1 for one process: nothing else of ours computes beside it)."""
     cluster, share = calibrated
     nodes = tuple(dataclasses.replace(n, gpus=tuple(dataclasses.replace(g, flops=prof.device_flops * share,

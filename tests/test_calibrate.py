@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,7 @@ def test_calibrated_cluster_is_a_valid_cluster_of_p_devices() -> None:
     link = back.link("intra_node")
     assert link.bandwidth_Bps > 1e6 and 0 < link.latency_s < 0.1
     assert meta["allreduce_s"] > 0 and meta["flops_source"] == "benchmark"
-    assert 0 < meta["core_share"] <= 1 and meta["concurrent_matmul_flops"] > 0
+    assert 0 < meta["core_share"] <= 1 and meta["concurrent_share"] > 0
     assert [g.flops for g in back.gpus] == pytest.approx([meta["flops"] * meta["core_share"]] * 2)
     assert {g.memory_bandwidth_Bps for g in back.gpus} == {meta["memory_bandwidth_Bps"]}
 
@@ -42,6 +43,14 @@ def test_match_profile_takes_the_profiles_flops() -> None:
     profile = ir.ModelProfile.from_dict(make_profile_dict(device_flops=3.5e10))
     cluster, meta = calibrate(2, 1, name="x", profile=profile)
     assert {g.flops for g in cluster.gpus} == {3.5e10 * meta["core_share"]} and meta["flops_source"] == "profile"
+
+
+def test_more_threads_than_cores_share_them() -> None:
+    from planner.calibrate import core_share
+
+    cores = len(os.sched_getaffinity(0))
+    assert core_share(1, 1) == 1.0 and core_share(cores, 1) == 1.0
+    assert core_share(2 * cores, 1) == pytest.approx(0.5) and core_share(cores, 4) == pytest.approx(0.25)
 
 
 def test_one_process_is_refused() -> None:
