@@ -17,6 +17,18 @@
   tensors into a third (STREAM "add", McCalpin 1995: 3 x 32 MiB moved per call), the
   kind of element-wise pass an optimizer step is (the cost model's optimizer term).
 
+* Sharing the cores: with more threads (P x T) than the cores this process may run on, each
+  device gets ``core_share = cores / (P x T)`` of its measured (or profile's) ``flops`` and
+  memory bandwidth. The matmul benchmark also runs in all P processes at once (after the
+  links): ``meta.concurrent_share`` (concurrent / alone) is what every process computing at
+  once would get at that moment, other work on the machine included; it is reported, not
+  used: a pipeline's processes compute at once only part of the time, and other work comes
+  and goes (on a 2-core machine shared with other users, 4 processes measured 0.24 where the
+  pipelines ran at about 0.5).
+* Engines (:mod:`planner.calibrate_engines`): what DeepSpeed's and torch pipelining's own work
+  adds to the cost model, per action, per micro-batch sent and per step, fitted by least
+  squares over tiny pipelines trained by each engine (``engine_overheads``).
+
 The result is a cluster JSON (kind cluster, version 1) with one node ``cpu`` of P devices
 ``cpu0..cpu{P-1}``; ``inter_node`` repeats ``intra_node`` (there is one node).
 """
@@ -24,11 +36,12 @@ The result is a cluster JSON (kind cluster, version 1) with one node ``cpu`` of 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,17 +63,17 @@ def _median_time(fn: Callable[[], object], repeats: int = 7, warmup: int = 2) ->
     return statistics.median(times)
 
 
-def measure_flops(threads: int = 1) -> dict[str, float]:
-    """FLOP/s of a 512x512 fp32 matmul and of a 3x3 convolution at ``threads`` threads."""
+def measure_flops(threads: int = 1, repeats: int = 7) -> dict[str, float]:
+    """FLOP/s of a 512x512 fp32 matmul and of a 3x3 convolution at ``threads`` threads (median of ``repeats``)."""
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         with torch.no_grad():
             a, b = torch.randn(512, 512), torch.randn(512, 512)
-            mm = 2 * 512**3 / _median_time(lambda: a @ b)
+            mm = 2 * 512**3 / _median_time(lambda: a @ b, repeats)
             x, w = torch.randn(8, 64, 32, 32), torch.randn(64, 64, 3, 3)
             conv_flops = 2 * 8 * 64 * 32 * 32 * 64 * 9
-            conv = conv_flops / _median_time(lambda: torch.nn.functional.conv2d(x, w, padding=1))
+            conv = conv_flops / _median_time(lambda: torch.nn.functional.conv2d(x, w, padding=1), repeats)
     finally:
         torch.set_num_threads(old)
     return {"matmul_flops": mm, "conv_flops": conv, "flops": statistics.median([mm, conv])}
@@ -143,6 +156,10 @@ def _worker(rank: int, world: int, init: str, threads: int, out: str) -> None:
     res = _measure_p2p(rank)
     dist.barrier()
     res.update(_measure_allreduce(world, res["latency_s"]))
+    dist.barrier()
+    flops = torch.tensor([measure_flops(threads, repeats=15)["matmul_flops"]], dtype=torch.float64)
+    dist.all_reduce(flops)
+    res["concurrent_matmul_flops"] = float(flops[0]) / world
     if rank == 0:
         import json
 
@@ -169,6 +186,12 @@ def measure_links(nproc: int, threads: int) -> dict[str, float]:
         return json.loads(Path(out).read_text())  # type: ignore[no-any-return]
 
 
+def core_share(nproc: int, threads: int) -> float:
+    """The share of a core each of ``nproc x threads`` threads gets on the cores this process may use."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return min(1.0, cores / (nproc * threads))
+
+
 def machine_memory_bytes() -> int:
     with contextlib.suppress(OSError):  # no /proc: ask the OS for its page count instead
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -177,25 +200,35 @@ def machine_memory_bytes() -> int:
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
-def calibrate(nproc: int, threads: int = 1, name: str | None = None,
-              profile: ir.ModelProfile | None = None) -> tuple[ir.Cluster, dict[str, Any]]:
-    """Measure this machine as ``nproc`` devices; ``profile`` pins ``flops`` to its device_flops."""
+def calibrate(nproc: int, threads: int = 1, name: str | None = None, profile: ir.ModelProfile | None = None,
+              engines: Sequence[str] = ()) -> tuple[ir.Cluster, dict[str, Any]]:
+    """Measure this machine as ``nproc`` devices; ``profile`` pins ``flops`` to its device_flops;
+    ``engines``: the engines whose overheads to measure (none: the cluster carries none)."""
     if nproc < 2:
         raise UsageError(f"--nproc must be 2 or more to measure links, got {nproc}", "use --nproc 2")
     if threads < 1:
         raise UsageError(f"--threads must be positive, got {threads}", "use --threads 1")
     compute = measure_flops(threads)
-    compute["memory_bandwidth_Bps"] = measure_memory_bandwidth(threads)
+    bandwidth = measure_memory_bandwidth(threads)
     links = measure_links(nproc, threads)
-    flops = profile.device_flops if profile is not None else compute["flops"]
+    share = core_share(nproc, threads)
+    links["concurrent_share"] = links["concurrent_matmul_flops"] / compute["matmul_flops"]
+    compute["memory_bandwidth_Bps"] = bandwidth * share
+    flops = (profile.device_flops if profile is not None else compute["flops"]) * share
     memory = machine_memory_bytes() // nproc
     link = ir.Link(links["bandwidth_Bps"], links["latency_s"])
     cluster = ir.Cluster(name or f"calibrated-cpu-{nproc}x{threads}t",
                          (ir.Node("cpu", tuple(ir.GPU(f"cpu{i}", float(flops), memory, compute["memory_bandwidth_Bps"])
                                            for i in range(nproc))),),
                          (("intra_node", link), ("inter_node", link)))
-    meta = {**compute, **links, "threads": threads, "nproc": nproc,
-            "flops_source": "profile" if profile is not None else "benchmark"}
+    meta: dict[str, Any] = {**compute, **links, "threads": threads, "nproc": nproc, "core_share": share,
+                            "flops_source": "profile" if profile is not None else "benchmark"}
+    if engines:
+        from planner.calibrate_engines import measure_engines
+
+        overheads, runs = measure_engines(cluster, engines, threads)
+        cluster = dataclasses.replace(cluster, engine_overheads=overheads)
+        meta["engine_runs"] = runs
     return cluster, meta
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,8 @@ def test_calibrated_cluster_is_a_valid_cluster_of_p_devices() -> None:
     link = back.link("intra_node")
     assert link.bandwidth_Bps > 1e6 and 0 < link.latency_s < 0.1
     assert meta["allreduce_s"] > 0 and meta["flops_source"] == "benchmark"
+    assert 0 < meta["core_share"] <= 1 and meta["concurrent_share"] > 0
+    assert [g.flops for g in back.gpus] == pytest.approx([meta["flops"] * meta["core_share"]] * 2)
     assert {g.memory_bandwidth_Bps for g in back.gpus} == {meta["memory_bandwidth_Bps"]}
 
 
@@ -39,7 +42,15 @@ def test_memory_bandwidth_benchmark_is_plausible() -> None:
 def test_match_profile_takes_the_profiles_flops() -> None:
     profile = ir.ModelProfile.from_dict(make_profile_dict(device_flops=3.5e10))
     cluster, meta = calibrate(2, 1, name="x", profile=profile)
-    assert {g.flops for g in cluster.gpus} == {3.5e10} and meta["flops_source"] == "profile"
+    assert {g.flops for g in cluster.gpus} == {3.5e10 * meta["core_share"]} and meta["flops_source"] == "profile"
+
+
+def test_more_threads_than_cores_share_them() -> None:
+    from planner.calibrate import core_share
+
+    cores = len(os.sched_getaffinity(0))
+    assert core_share(1, 1) == 1.0 and core_share(cores, 1) == 1.0
+    assert core_share(2 * cores, 1) == pytest.approx(0.5) and core_share(cores, 4) == pytest.approx(0.25)
 
 
 def test_one_process_is_refused() -> None:
@@ -54,7 +65,68 @@ def test_cli_writes_a_cluster_file(tmp_path: Path) -> None:
     from planner.cli import main
 
     out = tmp_path / "cluster.json"
-    res = CliRunner().invoke(main, ["calibrate", "-o", str(out), "--nproc", "2", "--threads", "1"])
+    res = CliRunner().invoke(main, ["calibrate", "-o", str(out), "--nproc", "2", "--threads", "1",
+                                    "--engines", "none"])
     assert res.exit_code == 0, res.output
     doc = json.loads(out.read_text())
     assert doc["kind"] == "cluster" and len(doc["nodes"][0]["gpus"]) == 2
+    assert "engine_overheads" not in doc
+
+
+def test_fit_recovers_the_overheads_that_made_the_residuals() -> None:
+    import numpy as np
+
+    from planner.calibrate_engines import fit_overheads
+
+    features = np.array([[2.0, 0.0, 1.0], [8.0, 0.0, 1.0], [6.0, 2.0, 1.0], [10.0, 4.0, 1.0], [18.0, 8.0, 1.0]])
+    truth = np.array([2e-4, 5e-4, 3e-3])
+    got = fit_overheads(features, features @ truth)
+    assert [got.per_action_s, got.per_microbatch_s, got.per_step_s] == pytest.approx(list(truth), rel=1e-9)
+    assert fit_overheads(features, -features @ truth) == ir.EngineOverhead()  # a pessimistic model: nothing
+    partial = fit_overheads(features, features @ np.array([1e-3, -2e-3, 0.0]))
+    assert min(partial.per_action_s, partial.per_microbatch_s, partial.per_step_s) >= 0.0
+
+
+def test_features_count_actions_on_the_critical_path_and_sends_only_between_stages() -> None:
+    from planner.calibrate_engines import overhead_features
+    from tests.test_validate import make_plan
+
+    two = make_plan("1f1b", 4)
+    base, f = overhead_features(two, "torch")
+    assert base > 0 and f[0] == pytest.approx(2 * (4 + 2 - 1), rel=0.05) and f[2] == pytest.approx(1.0, rel=0.05)
+    one = make_plan("1f1b", 4, stages=[((0, 4), ("n0.g0",))])
+    _, f1 = overhead_features(one, "torch")
+    assert f1 == pytest.approx([8.0, 0.0, 1.0])
+
+
+@pytest.mark.slow
+def test_tiny_torch_calibration_fits_non_negative_overheads_from_real_runs() -> None:
+    from planner.api import profile_model
+    from planner.calibrate_engines import BATCH, INPUT_SHAPE, MODEL, measure_engine
+    from tests.conftest import make_cluster_dict
+
+    profile = profile_model(MODEL, batch_size=BATCH, input_shape=INPUT_SHAPE, threads=1, repeats=3, warmup=1)
+    cluster = ir.Cluster.from_dict(make_cluster_dict(1, 2))
+    overhead, runs = measure_engine(cluster, "torch", 1, profile, shapes=(((2,), 1), ((1, 1), 2), ((1, 1), 4)),
+                                    steps=4, rounds=1)
+    assert [(r["config"], r["microbatches"]) for r in runs] == [("2", 1), ("1-1", 2), ("1-1", 4)]
+    assert all(r["measured_s"] > 0 and r["predicted_s"] > 0 for r in runs)
+    assert min(overhead.per_action_s, overhead.per_microbatch_s, overhead.per_step_s) >= 0.0
+    # the engine costs something beyond the layers' own time on this machine: the fit charges it
+    assert sum(r["fitted_s"] for r in runs) > sum(r["predicted_s"] for r in runs)
+
+
+def test_unknown_engine_is_bad_usage(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from planner.cli import main
+
+    res = CliRunner().invoke(main, ["calibrate", "-o", str(tmp_path / "c.json"), "--engines", "jax"])
+    assert res.exit_code == 2 and "jax" in res.output and not (tmp_path / "c.json").exists()
+
+
+def test_engine_list_auto_none_and_duplicates() -> None:
+    from planner.commands.calibrate import engine_list
+
+    assert "torch" in engine_list("auto") and engine_list("none") == [] and engine_list("") == []
+    assert engine_list("torch, deepspeed,torch") == ["torch", "deepspeed"]

@@ -40,6 +40,13 @@ def test_run_json_contract(tmp_path: Path) -> None:
     assert [(r["rank"], r["device"], r["stage"]) for r in doc["ranks"]] == [(0, "n0.g0", 0), (1, "n0.g1", 1)]
     assert doc["peak_memory_bytes"] == max(r["peak_memory_bytes"] for r in doc["ranks"]) > 0
     assert all(r["predicted_memory_bytes"] == 0 for r in doc["ranks"])  # tiny_plan predicts no memory
+    from planner.runner.terms import MEASURED, PREDICTED
+
+    assert [(s["stage"], s["ranks"]) for s in doc["stages"]] == [(0, [0]), (1, [1])]
+    for stage in doc["stages"]:
+        assert set(stage["measured"]) == set(MEASURED) and set(stage["predicted"]) == set(PREDICTED)
+        assert stage["measured"]["compute"] > 0 and min(stage["measured"].values()) >= 0
+        assert stage["predicted"]["compute"] > 0 and stage["predicted"]["engine"] == 0  # no overheads measured
 
 
 @pytest.mark.slow

@@ -219,6 +219,54 @@ def test_cached_layer_table_is_the_same_table_and_keyed_by_profile_object() -> N
     assert cached_layer_table(second, group, 2, "adam").fwd[0, 0] != table.fwd[0, 0]
 
 
+def _with_overheads(cluster: ir.Cluster, **per_engine: ir.EngineOverhead) -> ir.Cluster:
+    return dataclasses.replace(cluster, engine_overheads=tuple(per_engine.items()))
+
+
+def test_engine_overhead_is_charged_only_when_the_plan_names_an_engine_its_cluster_knows() -> None:
+    p, c = _profile(4), _cluster(1, 2)
+    stages = [ir.Stage((0, 2), ("n0.g0",), ("dp", "dp"), 0), ir.Stage((2, 4), ("n0.g1",), ("dp", "dp"), 0)]
+    plain = _plan(p, c, stages, m=4)
+    bare = cm.stage_costs_for(p, c, stages, 4, "sgd")
+    ds = _with_overheads(c, deepspeed=ir.EngineOverhead(1e-3, 2e-3, 5e-3))
+    assert cm.stage_costs(plain) == bare  # no overheads in the cluster, no engine: as before
+    assert cm.stage_costs(dataclasses.replace(plain, engine="deepspeed")) == bare
+    assert cm.stage_costs(dataclasses.replace(plain, cluster=ds)) == bare  # engine "any"
+    assert cm.stage_costs(dataclasses.replace(plain, cluster=ds, engine="torch")) == bare
+    got = cm.stage_costs(dataclasses.replace(plain, cluster=ds, engine="deepspeed"))
+    assert got[0].forward_s == pytest.approx(bare[0].forward_s + 1e-3 + 2e-3)  # sends activations
+    assert got[0].backward_s == pytest.approx(bare[0].backward_s + 1e-3)
+    assert got[1].forward_s == pytest.approx(bare[1].forward_s + 1e-3)
+    assert got[1].backward_s == pytest.approx(bare[1].backward_s + 1e-3 + 2e-3)  # sends gradients
+    steps = [g.optimizer_step_s - b.optimizer_step_s for g, b in zip(got, bare, strict=True)]
+    assert steps == pytest.approx([5e-3] * 2)
+    assert cm.stage_overhead_s(ir.EngineOverhead(1e-3, 2e-3, 5e-3), 0, 2) == pytest.approx(
+        got[0].forward_s + got[0].backward_s - bare[0].forward_s - bare[0].backward_s)
+
+
+def test_split_weight_gradient_charges_w_and_interleaved_charges_a_step_per_device_group() -> None:
+    costs = [ir.StageCost(("d",), 1.0, 2.0, 0.5, 0, None, None, 0, 0, 0, 0, 0, 0, 1) for _ in range(4)]
+    over = ir.EngineOverhead(0.1, 0.0, 0.3)
+    split = cm.charge(costs, over, split_backward=True)
+    assert [c.backward_s - c.backward_weight_s for c in split] == pytest.approx([1.6] * 4)  # B pays one action
+    assert [c.backward_weight_s for c in split] == pytest.approx([0.6] * 4)  # W pays one action
+    chunks = cm.charge(costs, over, virtual_stages=2)
+    assert [c.optimizer_step_s for c in chunks] == pytest.approx([0.3, 0.3, 0.0, 0.0])
+    assert cm.charge(costs, ir.EngineOverhead()) == tuple(costs)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize(("k", "m"), [(1, 4), (2, 1), (2, 4), (4, 8)])
+def test_analytic_iteration_pays_each_action_on_the_critical_path_and_each_step_once(schedule: str, k: int,
+                                                                                     m: int) -> None:
+    tf, tb, a, step = 0.01, 0.02, 1e-3, 4e-3
+    costs = [ir.StageCost(("d",), tf, tb, 0, 0, None, None, 0, 0, 0, 0, 0, 0, 1) for _ in range(k)]
+    t0, _ = cm.analytic_iteration(costs, schedule, m)
+    t1, _ = cm.analytic_iteration(cm.charge(costs, ir.EngineOverhead(a, 0.0, step)), schedule, m)
+    assert t0 == pytest.approx((m + k - 1) * (tf + tb))
+    assert t1 - t0 == pytest.approx((m + k - 1) * 2 * a + step)
+
+
 def test_dp_form_in_a_tensor_group_opens_only_when_the_group_divides_the_samples() -> None:
     """The dp form splits a replica's micro-batch over the tensor group (whole samples per device)."""
     p = ir.ModelProfile.from_dict(make_profile_dict(3, batch_size=8))

@@ -477,3 +477,33 @@ def test_optimizer_step_in_a_pipelined_two_stage_plan() -> None:
     # stage 0 ends last (its last backward follows stage 1's); its step adds to the end
     assert close(r.iteration_s, base.iteration_s + 0.5)
     assert close(r.devices[1].busy_s, base.devices[1].busy_s + 1.0)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize(("k", "m"), [(1, 3), (2, 4), (4, 8)])
+def test_engine_overhead_per_action_and_step_matches_the_closed_form(schedule: str, k: int, m: int) -> None:
+    from planner.costmodel import charge
+
+    tf, tb, a, step = 1.0, 2.0, 0.125, 0.5
+    costs = [cost(f"d{s}", tf, tb) for s in range(k)]
+    charged = charge(costs, ir.EngineOverhead(a, 0.0, step))
+    assert simulate_costs(costs, schedule, m).iteration_s == pytest.approx((m + k - 1) * (tf + tb), rel=REL)
+    assert simulate_costs(charged, schedule, m).iteration_s == pytest.approx(
+        (m + k - 1) * (tf + tb + 2 * a) + step, rel=REL)
+
+
+def test_a_plan_pays_its_engines_overhead_and_no_other() -> None:
+    from planner.costmodel import charge, stage_costs_for
+    from planner.simulate import simulate
+
+    plan = dataclasses.replace(make_plan("1f1b", 4), engine="torch")
+    before = simulate(plan)
+    over = ir.EngineOverhead(1e-3, 5e-4, 2e-3)
+    known = dataclasses.replace(plan.cluster, engine_overheads=(("deepspeed", over),))
+    assert simulate(dataclasses.replace(plan, cluster=known)).iteration_s == before.iteration_s  # not its engine
+    ds = dataclasses.replace(plan, cluster=known, engine="deepspeed")
+    bare = stage_costs_for(plan.profile, plan.cluster, plan.stages, 4, "sgd")
+    assert simulate_costs(bare, "1f1b", 4).iteration_s == before.iteration_s
+    got = simulate(ds).iteration_s
+    assert got == pytest.approx(simulate_costs(charge(bare, over), "1f1b", 4).iteration_s, rel=REL)
+    assert got > before.iteration_s + 2 * (4 + 1) * 1e-3

@@ -17,21 +17,27 @@ from planner.jsonio import dumps, read_json
 @click.option("--name", default=None, help="Cluster name (default calibrated-cpu-PxT).")
 @click.option("--match-profile", "profile_path", type=click.Path(dir_okay=False), default=None,
               help="Use this measured profile's device_flops as each device's flops (scale 1).")
+@click.option("--engines", "engines_text", default="auto", show_default=True, metavar="LIST",
+              help="Engines whose overheads to measure (comma-separated: deepspeed, torch), 'auto' (those "
+                   "installed) or 'none' (about 35 s each).")
 @progress_option
 @click.option("--json", "as_json", is_flag=True, help="Print the cluster JSON document.")
-def calibrate(out: str, nproc: int, threads: int, name: str | None, profile_path: str | None, progress: bool | None,
-              as_json: bool) -> None:
-    """Measure compute, point-to-point and all-reduce over gloo with P processes (about 15-20 s)."""
+def calibrate(out: str, nproc: int, threads: int, name: str | None, profile_path: str | None, engines_text: str,
+              progress: bool | None, as_json: bool) -> None:
+    """Measure compute, point-to-point and all-reduce over gloo with P processes (about 15-20 s), and what
+    each engine adds per action, micro-batch and step (tiny pipelines on 2 processes)."""
     from planner.calibrate import calibrate as measure
     from planner.calibrate import cluster_doc
     from planner.render.progress import status
     from planner.render.text import count
 
+    engines = engine_list(engines_text)
     staged = outputs([out])
     profile = ir.ModelProfile.from_dict(read_json(profile_path, "profile"), profile_path) if profile_path else None
-    title = f"measuring {count(nproc, 'process')} x {count(threads, 'thread')}: compute, memory, gloo links"
+    title = f"measuring {count(nproc, 'process')} x {count(threads, 'thread')}: compute, memory, gloo links" + (
+        f", engines {', '.join(engines)}" if engines else "")
     with status(title, progress, as_json):
-        cluster, meta = measure(nproc, threads, name, profile)
+        cluster, meta = measure(nproc, threads, name, profile, engines)
     doc = cluster_doc(cluster, meta)
     staged.write_text(out, dumps(doc))
     link = cluster.link("intra_node")
@@ -40,6 +46,28 @@ def calibrate(out: str, nproc: int, threads: int, name: str | None, profile_path
                f"{link.bandwidth_Bps / 1e9:.2f} GB/s, latency {link.latency_s * 1e6:.0f} us, all-reduce "
                f"{meta['allreduce_s'] * 1e3:.2f} ms for {meta['allreduce_bytes'] / 2**20:.0f} MiB; wrote {out}",
                err=True)
+    for engine, o in cluster.engine_overheads:
+        click.echo(f"{engine}: {o.per_action_s * 1e3:.3f} ms per action, {o.per_microbatch_s * 1e3:.3f} ms per "
+                   f"micro-batch sent, {o.per_step_s * 1e3:.3f} ms per step", err=True)
     if as_json:
         emit_json(doc)
     staged.commit()
+
+
+CALIBRATED_ENGINES = ("deepspeed", "torch")
+
+
+def engine_list(text: str) -> list[str]:
+    """``--engines``: the engines named (each once, in order), none for ``none`` or an empty list,
+    those installed for ``auto``."""
+    word = text.strip().lower()
+    if word == "auto":
+        import importlib.util
+
+        return [e for e in CALIBRATED_ENGINES if importlib.util.find_spec(e) is not None]
+    names = [] if word == "none" else [t.strip() for t in text.split(",") if t.strip()]
+    bad = [n for n in names if n not in CALIBRATED_ENGINES]
+    if bad:
+        raise click.BadParameter(f"unknown engine {bad[0]!r}; use {', '.join(CALIBRATED_ENGINES)} or none",
+                                 param_hint="--engines")
+    return list(dict.fromkeys(names))

@@ -98,6 +98,14 @@ def _print(doc: dict[str, Any], steps: int, check: bool) -> None:
     click.echo("peak memory per rank (MiB, measured/predicted) " + " ".join(
         f"{r['device']}:{r['peak_memory_bytes'] / 2**20:.1f}/{r['predicted_memory_bytes'] / 2**20:.1f}"
         for r in doc["ranks"]))
+    for stage in doc.get("stages") or []:
+        click.echo(f"stage {stage['stage']} (ms per step)  measured " + _terms_text(stage["measured"])
+                   + "  predicted " + _terms_text(stage["predicted"]))
     if check:
         click.echo("reference " + " ".join(f"{x:.5f}" for x in doc["reference_losses"]))
         click.echo(f"max relative loss difference {doc['max_rel_loss_diff']:.3g}")
+
+
+def _terms_text(terms: dict[str, float] | None) -> str:
+    """``compute 12.3, transfers 0.4, ...`` in milliseconds (``-`` when not measured)."""
+    return "-" if not terms else ", ".join(f"{name} {t * 1e3:.1f}" for name, t in terms.items())

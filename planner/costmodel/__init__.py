@@ -13,6 +13,8 @@ per concept, each citing its sources:
   a stage, one formula for the DP's tables and the scalar cost;
 - :mod:`~planner.costmodel.stage`: one stage's :class:`~planner.ir.StageCost` (loss,
   gradient accumulation, optimizer step, transfers, tied weights);
+- :mod:`~planner.costmodel.engine`: what a named engine adds (per action, per micro-batch
+  sent, per step; measured by ``planner calibrate``), charged on a plan's stage costs;
 - :mod:`~planner.costmodel.iteration`: memory in flight, the analytic iteration time and
   prediction, pure data parallel as the yardstick.
 """
@@ -25,6 +27,15 @@ from planner.costmodel.collectives import (
     p2p_s,
     ring_allgather_s,
     ring_allreduce_s,
+)
+from planner.costmodel.engine import (
+    EngineOverhead,
+    charge,
+    charge_plan,
+    engine_overhead,
+    plan_overhead,
+    stage_overhead_s,
+    step_overhead_s,
 )
 from planner.costmodel.iteration import (
     analytic_iteration,
@@ -75,10 +86,11 @@ from planner.costmodel.stage import (
 from planner.costmodel.variant import Variant, VariantCost, variant_cost, variants
 
 __all__ = ["DP", "FORM_INDEX", "KEYS", "NF", "OPTIMIZER_BYTES_PER_PARAM", "OPTIMIZER_TRAFFIC", "SHARDED", "SPLIT_IN",
-           "SPLIT_OUT", "TP", "ZERO_BUBBLE_W_SHARE", "Bytes", "Grid", "LayerTable", "Variant", "VariantCost",
-           "allreduce_coefficients", "allreduce_s", "analytic_iteration", "cached_layer_table", "default_precision",
-           "dp_iteration", "dp_stage", "dtype_bytes", "grad_accumulation_s", "in_flight", "layer_table", "loss_s",
-           "memory_bandwidth_Bps", "optimizer_step_s", "p2p_s", "plan_memory", "predict", "ring_allgather_s",
-           "ring_allreduce_s", "schedule_weights", "stage_cost_values", "stage_costs", "stage_costs_for", "stage_grid",
-           "stage_peak_memory", "stage_period", "stage_terms", "summarise", "variant_cost", "variants",
-           "with_ties"]
+           "SPLIT_OUT", "TP", "ZERO_BUBBLE_W_SHARE", "Bytes", "EngineOverhead", "Grid", "LayerTable", "Variant",
+           "VariantCost", "allreduce_coefficients", "allreduce_s", "analytic_iteration", "cached_layer_table", "charge",
+           "charge_plan", "default_precision", "dp_iteration", "dp_stage", "dtype_bytes", "engine_overhead",
+           "grad_accumulation_s", "in_flight", "layer_table", "loss_s", "memory_bandwidth_Bps", "optimizer_step_s",
+           "p2p_s", "plan_memory", "plan_overhead", "predict", "ring_allgather_s", "ring_allreduce_s",
+           "schedule_weights", "stage_cost_values", "stage_costs", "stage_costs_for", "stage_grid", "stage_overhead_s",
+           "stage_peak_memory", "stage_period", "stage_terms", "step_overhead_s", "summarise", "variant_cost",
+           "variants", "with_ties"]

@@ -10,7 +10,10 @@ micro-batches while the others fill and drain once); asynchronous pipedream has 
 ``T = max_s(M max(c_s, x_s) + ar_s)`` (PipeDream's steady state). Memory (ZeRO section 3;
 GPipe section 2.3): static bytes plus the activations of the micro-batches in flight
 (:func:`planner.schedule.in_flight_microbatches`), pipedream's stashed weight versions
-(Narayanan et al. SOSP'19, section 3.3) and a recomputing stage's workspace.
+(Narayanan et al. SOSP'19, section 3.3) and a recomputing stage's workspace. A plan that names
+its engine pays that engine's measured overheads (:mod:`planner.costmodel.engine`): they are in
+its stage costs (:func:`planner.costmodel.stage_costs`), so ``l_s``, ``c_s`` and the optimizer
+step above include them; a plan whose cluster has none predicts as without them.
 """
 
 from __future__ import annotations

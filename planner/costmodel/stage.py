@@ -39,6 +39,7 @@ import numpy as np
 from planner import ir
 from planner.cluster import Group, group_of, index, link_between
 from planner.costmodel.collectives import ring_allreduce_s
+from planner.costmodel.engine import charge_plan
 from planner.costmodel.layers import FORM_INDEX, KEYS, Grid, LayerTable, layer_table
 from planner.costmodel.precision import Bytes
 from planner.costmodel.variant import Variant, variant_cost
@@ -226,6 +227,7 @@ def with_ties(profile: ir.ModelProfile, cluster: ir.Cluster, stages: Sequence[ir
 
 
 def stage_costs(plan: ir.Plan) -> tuple[ir.StageCost, ...]:
-    """What each stage of ``plan`` costs per micro-batch (one per ``plan.stages``, in order)."""
-    return stage_costs_for(plan.profile, plan.cluster, plan.stages, plan.microbatches, plan.optimizer,
-                           plan.precision)
+    """What each stage of ``plan`` costs per micro-batch (one per ``plan.stages``, in order), with
+    the overheads of the plan's engine on its cluster (:mod:`planner.costmodel.engine`)."""
+    return charge_plan(plan, stage_costs_for(plan.profile, plan.cluster, plan.stages, plan.microbatches,
+                                             plan.optimizer, plan.precision))

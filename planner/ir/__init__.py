@@ -6,7 +6,7 @@ frozen dataclass; ``to_dict`` writes the contract form (docs/ and ``../shared/DE
 of anything malformed. Contract fields are required; the others are optional and default,
 so a hand-written profile with only the contract fields loads.
 """
-from planner.ir.cluster import GPU, LINK_LEVELS, NUMBER_FORMATS, Cluster, Link, Node
+from planner.ir.cluster import GPU, LINK_LEVELS, NUMBER_FORMATS, Cluster, EngineOverhead, Link, Node
 from planner.ir.costs import StageCost
 from planner.ir.plan import (
     ALL_FORMS,
@@ -25,5 +25,5 @@ from planner.ir.plan import (
 from planner.ir.profile import BlockShape, LayerProfile, ModelProfile, Tie
 
 __all__ = ["ALL_FORMS", "FORMS", "GPU", "LINK_LEVELS", "NUMBER_FORMATS", "OPTIMIZERS", "PLAN_VERSION", "PRECISIONS",
-           "RECOMPUTE", "TENSOR_FORMS", "ZERO_STAGES", "BlockShape", "Cluster", "LayerProfile", "Link", "ModelProfile",
-           "Node", "Plan", "Prediction", "Stage", "StageCost", "Tie", "config_string"]
+           "RECOMPUTE", "TENSOR_FORMS", "ZERO_STAGES", "BlockShape", "Cluster", "EngineOverhead", "LayerProfile",
+           "Link", "ModelProfile", "Node", "Plan", "Prediction", "Stage", "StageCost", "Tie", "config_string"]

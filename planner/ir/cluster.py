@@ -106,6 +106,59 @@ class Link:
         return cls(_num(d, "bandwidth_Bps", where, positive=True), _num(d, "latency_s", where))
 
 
+@dataclass(frozen=True)
+class EngineOverhead:
+    """What an engine adds to the cost model's times on a cluster, measured by ``planner calibrate``.
+
+    ``per_action_s``: each forward or backward action of a stage (the engine's Python
+    scheduling of it); ``per_microbatch_s``: each micro-batch a stage sends over a pipeline
+    boundary, activation or gradient (the engine's point-to-point set-up);
+    ``per_step_s``: each training step (its optimizer wrapper, loss and step bookkeeping).
+    How the cost model charges them: :mod:`planner.costmodel.engine`.
+    """
+
+    per_action_s: float = 0.0
+    per_microbatch_s: float = 0.0
+    per_step_s: float = 0.0
+
+    FIELDS = ("per_action_s", "per_microbatch_s", "per_step_s")
+
+    @property
+    def is_zero(self) -> bool:
+        return self.per_action_s == 0 and self.per_microbatch_s == 0 and self.per_step_s == 0
+
+    def to_dict(self) -> dict[str, float]:
+        return {"per_action_s": self.per_action_s, "per_microbatch_s": self.per_microbatch_s,
+                "per_step_s": self.per_step_s}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str) -> EngineOverhead:
+        if not isinstance(d, Mapping):
+            raise FormatError(f"{where} must be an object of {', '.join(cls.FIELDS)}, got {d!r:.60}",
+                              'e.g. {"per_action_s": 2e-4, "per_microbatch_s": 1e-4, "per_step_s": 3e-3}')
+        bad = [k for k in d if k not in cls.FIELDS]
+        if bad:
+            raise FormatError(f"{where} has unknown field {bad[0]!r}", f"use {', '.join(cls.FIELDS)}")
+        return cls(*(_num(d, k, where) if k in d else 0.0 for k in cls.FIELDS))
+
+
+def _overheads(doc: Mapping[str, Any], source: str) -> tuple[tuple[str, EngineOverhead], ...]:
+    """The optional ``engine_overheads`` object: engine name -> EngineOverhead (in ENGINES order)."""
+    d = doc.get("engine_overheads")
+    if d is None:
+        return ()
+    from planner.schedule.kinds import ENGINES  # here: `import planner` stays free of numpy
+
+    where = f"{source}.engine_overheads"
+    if not isinstance(d, Mapping):
+        raise FormatError(f"{where} must be an object of engine -> overheads, got {d!r:.60}",
+                          f"e.g. {{\"deepspeed\": {{\"per_action_s\": 2e-4}}}} with engines {', '.join(ENGINES)}")
+    bad = [k for k in d if k not in ENGINES]
+    if bad:
+        raise FormatError(f"{where} has unknown engine {bad[0]!r}", f"use {', '.join(ENGINES)}")
+    return tuple((e, EngineOverhead.from_dict(d[e], f"{where}.{e}")) for e in ENGINES if e in d)
+
+
 LINK_LEVELS = ("intra_node", "inter_node")
 """Link levels from the innermost out; a cluster file must define both."""
 
@@ -117,6 +170,7 @@ class Cluster:
     name: str
     nodes: tuple[Node, ...]
     links: tuple[tuple[str, Link], ...]
+    engine_overheads: tuple[tuple[str, EngineOverhead], ...] = ()
 
     def __hash__(self) -> int:
         return self._hash
@@ -132,15 +186,22 @@ class Cluster:
                 return link
         raise KeyError(level)
 
+    def engine_overhead(self, engine: str) -> EngineOverhead | None:
+        """What ``engine`` adds on this cluster (measured by ``planner calibrate``), or None if not known."""
+        return next((o for name, o in self.engine_overheads if name == engine), None)
+
     @functools.cached_property
     def gpus(self) -> tuple[GPU, ...]:
         """Every GPU in cluster order (computed once: a frozen value)."""
         return tuple(g for node in self.nodes for g in node.gpus)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": "cluster", "version": SUPPORTED_VERSION, "name": self.name,
-                "nodes": [n.to_dict() for n in self.nodes],
-                "links": {name: link.to_dict() for name, link in self.links}}
+        d = {"kind": "cluster", "version": SUPPORTED_VERSION, "name": self.name,
+             "nodes": [n.to_dict() for n in self.nodes],
+             "links": {name: link.to_dict() for name, link in self.links}}
+        if self.engine_overheads:
+            d["engine_overheads"] = {name: o.to_dict() for name, o in self.engine_overheads}
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], source: str = "cluster") -> Cluster:
@@ -157,4 +218,4 @@ class Cluster:
         if dupes:
             raise FormatError(f"{source}: GPU names must be unique in the cluster, repeated: {dupes[:5]}",
                               "name GPUs like 'n0.g0'")
-        return cls(_str(doc, "name", source), nodes, links)
+        return cls(_str(doc, "name", source), nodes, links, _overheads(doc, source))

@@ -46,6 +46,7 @@ from planner.export.program import engine_module
 from planner.runnable import check_runnable
 from planner.runner.processes import last_lines, rendezvous_failure, wait_workers, worker_cause
 from planner.runner.reference import max_rel_diff, reference_losses
+from planner.runner.terms import stage_terms
 
 DEFAULT_TIMEOUT_S = 900
 __all__ = ["DEFAULT_RDZV_TIMEOUT_S", "DEFAULT_TIMEOUT_S", "Launch", "run_plan"]
@@ -195,6 +196,7 @@ def _run_doc(plan: ir.Plan, launch: Launch, warmup: int, res: dict[str, Any]) ->
         "peak_memory_bytes": max(r["peak_memory_bytes"] for r in ranks),
     }
     doc["ratio"] = doc["measured_iteration_s"] / doc["predicted_iteration_s"] if plan.predicted.iteration_s else None
+    doc["stages"] = stage_terms(plan, launch.engine, res.get("terms"), [r["stage"] for r in ranks])
     return doc
 
 

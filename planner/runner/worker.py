@@ -6,8 +6,11 @@ steps on synthetic data of the profile's input shape (the same data on every pro
 seeded generator per step) and times every step between barriers (the slowest rank counts).
 It measures its peak memory over the run: on CUDA ``torch.cuda.max_memory_allocated``, on
 CPU the growth of the process's peak resident set (``ru_maxrss``) from before the engine is
-built to the last step. Local rank 0 of every server writes the result (losses, times, every
-rank's peak and node rank) as JSON; a worker that fails writes ``error-rank<N>.txt`` first.
+built to the last step. After the timed steps it trains one more step under the torch
+profiler (CPU events) and puts its time in terms (:mod:`planner.runner.terms`). Local rank 0
+of every server writes the result (losses, times, every rank's peak, node rank and terms) as
+JSON; a worker that fails writes ``error-rank<N>.txt`` first. :func:`train_plan` (one plan in
+a process group that is already up) is also what ``planner calibrate`` times its pipelines with.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -31,9 +35,12 @@ from planner.export import ENGINES, deepspeed
 from planner.export.data import data_spec
 from planner.export.layers import disable_dropout, load_layers
 from planner.export.program import engine_module
+from planner.runner.terms import MEASURED, classify
+
+Step = Callable[[torch.Tensor, torch.Tensor], float]
 
 
-def _init(engine: str) -> None:
+def init_group(engine: str) -> None:
     """Join the process group: gloo on CPU, nccl on CUDA (DeepSpeed through its own init)."""
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if engine == "deepspeed":
@@ -66,8 +73,7 @@ def _peak_memory(start: int) -> int:
     return max(0, _peak_rss_bytes() - start)
 
 
-def _train(step_fn: Callable[[torch.Tensor, torch.Tensor], float],
-           data: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[list[float], list[float], list[float]]:
+def _train(step_fn: Step, data: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[list[float], ...]:
     """Every step between barriers: losses, wall seconds and CPU seconds."""
     losses, times, cpu = [], [], []
     for x, y in data:
@@ -90,25 +96,54 @@ def _gather(values: list[int]) -> list[list[int]]:
     return [[int(v) for v in t.tolist()] for t in out]
 
 
+def profiled_step(step_fn: Step, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+    """One more step under the torch profiler (CPU events): its seconds per measured term."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.distributed.barrier()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        step_fn(x, y)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    top = [e for e in prof.events() if e.cpu_parent is None]
+    return classify(top, wall, lambda e: e.time_range.elapsed_us() * 1e-6)  # type: ignore[attr-defined]
+
+
+def train_plan(plan: ir.Plan, model: str, engine: str, steps: int, seed: int, loss: str,
+               profile_terms: bool = True) -> dict[str, Any]:
+    """Train ``plan`` for ``steps`` timed steps in this (already joined) process group: this rank's
+    ``losses``, ``iteration_s``, ``cpu_s``, ``peak_memory_bytes`` and ``terms`` (one profiled step)."""
+    layers, example = load_layers(model, plan, seed)
+    for layer in layers:
+        disable_dropout(layer)
+    spec = data_spec(layers, example, loss)
+    data = [spec.batch(s, plan.batch_size, seed) for s in range(steps + profile_terms)]
+    start = _start_memory()
+    step_fn = engine_module(engine).make_trainer(layers, plan, spec.loss)
+    losses, times, cpu = _train(step_fn, data[:steps])
+    terms = profiled_step(step_fn, *data[steps]) if profile_terms else {}
+    return {"losses": losses, "iteration_s": times, "cpu_s": cpu, "peak_memory_bytes": _peak_memory(start),
+            "terms": terms}
+
+
 def _worker(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     plan = ir.Plan.from_dict(json.loads(Path(args.plan).read_text()))
-    _init(args.engine)
-    layers, example = load_layers(args.model, plan, args.seed)
-    for layer in layers:
-        disable_dropout(layer)
-    spec = data_spec(layers, example, args.loss)
-    data = [spec.batch(s, plan.batch_size, args.seed) for s in range(args.steps)]
-    start = _start_memory()
-    losses, times, cpu = _train(engine_module(args.engine).make_trainer(layers, plan, spec.loss), data)
+    init_group(args.engine)
+    res = train_plan(plan, args.model, args.engine, args.steps, args.seed, args.loss)
     # torchrun's node rank (GROUP_RANK) says which server really ran each rank
-    peaks, nodes = zip(*_gather([_peak_memory(start), int(os.environ.get("GROUP_RANK", "0"))]), strict=True)
-    t = torch.tensor([times, cpu], dtype=torch.float64)
+    peaks, nodes = zip(*_gather([res["peak_memory_bytes"], int(os.environ.get("GROUP_RANK", "0"))]), strict=True)
+    t = torch.tensor([res["iteration_s"], res["cpu_s"]], dtype=torch.float64)
     torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    terms = [torch.zeros(len(MEASURED), dtype=torch.float64) for _ in range(torch.distributed.get_world_size())]
+    torch.distributed.all_gather(terms, torch.tensor([res["terms"][k] for k in MEASURED], dtype=torch.float64))
     if int(os.environ.get("LOCAL_RANK", "0")) == 0:  # every server's launcher gets the result
         (Path(args.out) / "result.json").write_text(json.dumps(
-            {"losses": losses, "iteration_s": t[0].tolist(), "cpu_s": t[1].tolist(), "peak_memory_bytes": peaks,
-             "node_rank": nodes}))
+            {"losses": res["losses"], "iteration_s": t[0].tolist(), "cpu_s": t[1].tolist(),
+             "peak_memory_bytes": peaks, "node_rank": nodes,
+             "terms": [dict(zip(MEASURED, x.tolist(), strict=True)) for x in terms]}))
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 

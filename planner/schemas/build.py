@@ -118,7 +118,9 @@ def cluster_schema() -> dict[str, Any]:
     return obj({**header("cluster", (1,)), "name": string(), "nodes": array({"$ref": "#/$defs/node"}),
                 "links": {"type": "object", "required": list(ir.LINK_LEVELS),
                           "additionalProperties": {"$ref": "#/$defs/link"}}},
-               {"description": {"type": "string", "maxLength": 100_000}})
+               {"description": {"type": "string", "maxLength": 100_000},
+                "engine_overheads": obj({}, {e: {"$ref": "#/$defs/engine_overhead"} for e in runnable.ENGINES},
+                                        closed=True)})
 
 
 def _cluster_defs() -> dict[str, Any]:
@@ -126,7 +128,9 @@ def _cluster_defs() -> dict[str, Any]:
     gpu = obj({"name": string(), "flops": flops, "memory_bytes": integer(MAX_BYTES, lo=1, what="bytes")},
               {"memory_bandwidth_Bps": number(MAX_BYTES, positive=True, nullable=True, what="bytes/s"),
                "peak_flops": obj({}, {f: flops for f in ir.NUMBER_FORMATS}, closed=True)})
+    overhead = obj({}, {f: number(MAX_TIME_S, what="seconds") for f in ir.EngineOverhead.FIELDS}, closed=True)
     return {"gpu": gpu, "node": obj({"name": string(), "gpus": array({"$ref": "#/$defs/gpu"})}),
+            "engine_overhead": overhead,
             "link": obj({"bandwidth_Bps": number(MAX_BYTES, positive=True, what="bytes/s"),
                          "latency_s": SECONDS})}
 

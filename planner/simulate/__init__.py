@@ -36,6 +36,11 @@ The simulator plays a :class:`planner.schedule.Schedule` over per-stage costs
   all-reduce (after the last backward when it has none; with ``overlap_allreduce``, once
   the lane's last all-reduce bucket is done), blocks the lane, and counts as busy time:
   it is part of the iteration.
+* **Engine overhead.** A plan that names its engine, on a cluster that carries that engine's
+  measured overheads, plays its stage costs charged with them
+  (:mod:`planner.costmodel.engine`): every F, B and W action ``per_action_s`` longer, every
+  micro-batch sent over a boundary ``per_microbatch_s`` on the sender, every device group's
+  optimizer step ``per_step_s`` longer. Without them the costs are those of the cost model alone.
 * **Memory** per lane over time: static bytes (weights, gradients, optimizer state) of its
   chunks; + ``activation_bytes`` of a chunk from the start of a micro-batch's F until the
   end of its B (its W under ``zb-h1``); + ``workspace_bytes`` during B and W; when the

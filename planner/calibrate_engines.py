@@ -1,0 +1,192 @@
+"""``planner calibrate``'s engine step: what DeepSpeed and torch pipelining add to the cost model.
+
+For each engine, a few plans of a tiny model (:func:`tiny_mlp` at batch 16, profiled here and
+now; its compute is a fraction of a millisecond, so that what the engine adds dominates each
+step and an error in the layer times hardly moves the fit) on 2 processes -- one stage of 2 data-parallel
+ranks and two pipeline stages, 1 to 8 micro-batches, 1F1B (:data:`SHAPES`) -- are trained by
+the engine itself, through the runner's own code (:func:`planner.runner.worker.train_plan`,
+the engines' ``make_trainer``), all plans of one engine in one process group. Each plan's
+time is the median of its timed steps after warm-up, the fastest over :data:`ROUNDS` rounds
+(the engine's cost, not another user's load). The cost model predicts each plan without
+overheads (``T0``) and, by the simulator, how much one second of each overhead adds to it
+(its features ``f = dT / d overhead``: about ``2(M+K-1)`` actions on the critical path, the
+boundary's sends, one step). The overheads ``x >= 0`` minimise ``sum (T - T0 - f.x)^2``
+(non-negative least squares: the unconstrained fit on every subset of the three, the best
+non-negative one), so a model that is already pessimistic charges nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import os
+import socket
+import statistics
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from planner import ir
+from planner.errors import PlannerError, RunError
+
+MODEL = "planner.calibrate_engines:tiny_mlp"
+INPUT_SHAPE = (32,)
+BATCH = 16
+SHAPES: tuple[tuple[tuple[int, ...], int], ...] = (((2,), 1), ((2,), 4), ((1, 1), 2), ((1, 1), 4), ((1, 1), 8))
+"""(GPUs per stage, micro-batches) of the calibration plans: K = 1 (dp 2) and K = 2 (torch's 1F1B
+needs M >= K), M = 1..8."""
+STEPS, WARMUP, ROUNDS = 8, 2, 3
+DELTA_S = 1e-3  # the overhead step the features are measured with
+
+
+def tiny_mlp() -> Any:
+    """The calibration model: four Linear layers of width 64 on 32 features, 10 classes (~11k parameters)."""
+    from torch import nn
+
+    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
+                         nn.Linear(64, 10))
+
+
+def fit_overheads(features: np.ndarray, residual_s: np.ndarray) -> ir.EngineOverhead:
+    """The non-negative least-squares overheads: ``min |features @ x - residual|`` with ``x >= 0``."""
+    best: tuple[float, np.ndarray] | None = None
+    n = features.shape[1]
+    for size in range(n + 1):
+        for cols in itertools.combinations(range(n), size):
+            x = np.zeros(n)
+            if cols:
+                sol, *_ = np.linalg.lstsq(features[:, cols], residual_s, rcond=None)
+                if (sol < 0).any():
+                    continue
+                x[list(cols)] = sol
+            err = float(np.sum((features @ x - residual_s) ** 2))
+            if best is None or err < best[0] - 1e-18:
+                best = (err, x)
+    assert best is not None  # the empty subset always qualifies
+    return ir.EngineOverhead(*(float(v) for v in best[1]))
+
+
+def overhead_features(plan: ir.Plan, engine: str) -> tuple[float, np.ndarray]:
+    """The plan's prediction without overheads, and what one second of each overhead adds to it."""
+    from planner.simulate import SimOptions, simulate
+
+    quiet = SimOptions(record_events=False)
+
+    def predicted(overhead: ir.EngineOverhead | None) -> float:
+        cluster = dataclasses.replace(plan.cluster, engine_overheads=((engine, overhead),) if overhead else ())
+        return simulate(dataclasses.replace(plan, cluster=cluster, engine=engine), quiet).iteration_s
+
+    base = predicted(None)
+    units = [ir.EngineOverhead(**{f: DELTA_S}) for f in ir.EngineOverhead.FIELDS]
+    return base, np.array([(predicted(u) - base) / DELTA_S for u in units])
+
+
+def calibration_plans(profile: ir.ModelProfile, cluster: ir.Cluster, engine: str,
+                      shapes: Sequence[tuple[tuple[int, ...], int]] = SHAPES) -> list[ir.Plan]:
+    """The calibration plans for ``engine`` on the first 2 devices of ``cluster`` (flops pinned to
+    the profile's, so that the cost model predicts its measured layer times unchanged)."""
+    from planner.search import search
+
+    node = cluster.nodes[0]
+    gpus = tuple(dataclasses.replace(g, flops=profile.device_flops, peak_flops=()) for g in node.gpus[:2])
+    two = dataclasses.replace(cluster, nodes=(dataclasses.replace(node, gpus=gpus),), engine_overheads=())
+    return [search(profile, two, config=config, microbatches=m, engine=engine, schedule="1f1b", candidates=0)
+            for config, m in shapes]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _engine_worker(rank: int, world: int, port: int, engine: str, plans_path: str, model: str, threads: int,
+                   steps: int, rounds: int, out: str) -> None:
+    """One rank: join the group through the engine, train every plan ``rounds`` times, rank 0 writes the times."""
+    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+                       "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                       "OMP_NUM_THREADS": str(threads)})
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import torch
+
+    from planner.runner.worker import init_group, train_plan
+
+    torch.set_num_threads(threads)
+    init_group(engine)
+    plans = [ir.Plan.from_dict(d) for d in json.loads(Path(plans_path).read_text())]
+    times: list[list[float]] = [[] for _ in plans]
+    for _ in range(rounds):
+        for i, plan in enumerate(plans):
+            res = train_plan(plan, model, engine, steps, 0, "cross_entropy", profile_terms=False)
+            t = torch.tensor(res["iteration_s"], dtype=torch.float64)
+            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+            times[i].append(statistics.median(t.tolist()[WARMUP:]))
+    if rank == 0:
+        Path(out).write_text(json.dumps(times))
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
+def time_plans(plans: Sequence[ir.Plan], engine: str, threads: int, steps: int = STEPS, rounds: int = ROUNDS,
+               model: str = MODEL) -> list[list[float]]:
+    """Seconds per step of each plan (of one world size) trained by ``engine``, once per round: the
+    median of the steps after :data:`WARMUP`, the slowest rank's (module doc)."""
+    import torch.multiprocessing as mp
+
+    world = plans[0].world_size
+    if steps <= WARMUP or any(p.world_size != world for p in plans):
+        raise RunError(f"{len(plans)} plans of world sizes {sorted({p.world_size for p in plans})} with {steps} "
+                       "steps", f"time plans of one world size, with more than {WARMUP} steps")
+    with tempfile.TemporaryDirectory(prefix="planner-calibrate-engine-") as tmp:
+        plans_path, out = os.path.join(tmp, "plans.json"), os.path.join(tmp, "times.json")
+        Path(plans_path).write_text(json.dumps([p.to_dict() for p in plans]))
+        args = (world, _free_port(), engine, plans_path, model, threads, steps, rounds, out)
+        try:
+            mp.start_processes(_engine_worker, args=args, nprocs=world, join=True, start_method="spawn")
+        except Exception as exc:
+            raise RunError(f"training with {engine} failed: {str(exc).strip().splitlines()[-1]}",
+                           f"leave the engine out (calibrate --engines), or run `planner run` on a plan with "
+                           f"--engine {engine} to see the cause") from None
+        return [[float(t) for t in row] for row in json.loads(Path(out).read_text())]
+
+
+def measure_engine(cluster: ir.Cluster, engine: str, threads: int, profile: ir.ModelProfile,
+                   shapes: Sequence[tuple[tuple[int, ...], int]] = SHAPES, steps: int = STEPS,
+                   rounds: int = ROUNDS) -> tuple[ir.EngineOverhead, list[dict[str, Any]]]:
+    """``engine``'s fitted overheads on this machine, and every calibration run (plan, measured, predicted)."""
+    plans = calibration_plans(profile, cluster, engine, shapes)
+    measured = [min(row) for row in time_plans(plans, engine, threads, steps, rounds)]
+    rows = [overhead_features(p, engine) for p in plans]
+    base = np.array([b for b, _ in rows])
+    features = np.array([f for _, f in rows])
+    overhead = fit_overheads(features, np.array(measured) - base)
+    fitted = base + features @ np.array([getattr(overhead, f) for f in ir.EngineOverhead.FIELDS])
+    runs = [{"config": p.config, "microbatches": p.microbatches, "measured_s": t, "predicted_s": float(b),
+             "fitted_s": float(f)} for p, t, b, f in zip(plans, measured, base, fitted, strict=True)]
+    return overhead, runs
+
+
+def measure_engines(cluster: ir.Cluster, engines: Sequence[str], threads: int,
+                    ) -> tuple[tuple[tuple[str, ir.EngineOverhead], ...], dict[str, Any]]:
+    """Every engine's overheads (in the cluster's engine order) and their runs, over one tiny profile."""
+    from planner.api import profile_model
+    from planner.runner.launch import engine_available
+
+    for engine in engines:
+        try:
+            engine_available(engine)
+        except PlannerError as exc:
+            others = [e for e in engines if e != engine]
+            raise RunError(exc.cause, f"install it, or leave it out: --engines {','.join(others) or 'none'}",
+                               ) from None
+    profile = profile_model(MODEL, batch_size=BATCH, input_shape=INPUT_SHAPE, threads=threads)
+    overheads, runs = [], {}
+    for engine in engines:
+        overhead, rows = measure_engine(cluster, engine, threads, profile)
+        overheads.append((engine, overhead))
+        runs[engine] = rows
+    return tuple(overheads), {"model": MODEL, "batch_size": BATCH, "runs": runs}

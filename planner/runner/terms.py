@@ -1,0 +1,131 @@
+"""Where a real step's time went, per term, beside where the cost model says it goes (``planner run --json``).
+
+Measured (:func:`classify`, from the torch profiler's CPU events of one extra, untimed step
+that each worker profiles after its timed steps): every top-level operator is put in one
+term by its name: ``compute`` (``aten::`` operators and autograd's backward functions),
+``transfers`` (point-to-point ``c10d::send``/``recv`` and ``broadcast``, which DeepSpeed's
+pipeline uses between stages), ``allreduce`` (``c10d::allreduce``, all-gather,
+reduce-scatter: data-parallel gradient synchronisation and the engines' loss reductions),
+``optimizer`` (``Optimizer.step``/``zero_grad``); an event of no term (a user range) is
+looked into. ``other`` is the profiled step's wall time minus those: the engine's Python
+(scheduling, its wrappers) and waiting for an input that is not inside a communication call.
+Gloo's own ``gloo:`` events run on its threads and duplicate ``c10d::`` ones; they are skipped.
+A blocking receive counts its wait as ``transfers``, so idle time shows partly there.
+
+Predicted (:func:`predicted_terms`, from the plan simulated with the run's engine): per
+pipeline stage ``compute`` (M x forward + backward, without the engine), ``transfers``
+(M x the incoming activation and incoming gradient, alpha-beta, unshared), ``allreduce``, ``optimizer``,
+``engine`` (what the engine's measured overheads add: actions, sends and step) and ``idle``
+(iteration minus the stage's busy time: bubble and waiting). Pure: no torch import.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol
+
+from planner import ir
+from planner.costmodel import stage_costs, stage_costs_for
+from planner.errors import PlannerError
+
+MEASURED = ("compute", "transfers", "allreduce", "optimizer", "other")
+PREDICTED = ("compute", "transfers", "allreduce", "optimizer", "engine", "idle")
+
+_PREFIXES = (("c10d::send", "transfers"), ("c10d::recv", "transfers"), ("c10d::broadcast", "transfers"),
+             ("c10d::allreduce", "allreduce"), ("c10d::allgather", "allreduce"), ("c10d::_allgather", "allreduce"),
+             ("c10d::reduce_scatter", "allreduce"), ("c10d::_reduce_scatter", "allreduce"),
+             ("Optimizer.step", "optimizer"), ("Optimizer.zero_grad", "optimizer"),
+             ("aten::", "compute"), ("autograd::", "compute"))
+
+
+class ProfEvent(Protocol):
+    """What :func:`classify` reads of a profiler event (torch's FunctionEvent has it)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def cpu_children(self) -> Sequence[ProfEvent]: ...
+
+
+def term_of(name: str) -> str | None:
+    """The term an operator's time belongs to (module doc), None when not known by name."""
+    for prefix, term in _PREFIXES:
+        if name.startswith(prefix):
+            return term
+    return None
+
+
+def classify(events: Iterable[ProfEvent], wall_s: float, elapsed_s: Callable[[ProfEvent], float]) -> dict[str, float]:
+    """Seconds per measured term of one step from its top-level profiler ``events``;
+    ``elapsed_s(event)`` gives an event's seconds; ``other`` is ``wall_s`` minus the rest."""
+    out = dict.fromkeys(MEASURED, 0.0)
+    stack = list(events)
+    while stack:
+        e = stack.pop()
+        if e.name.startswith("gloo:"):
+            continue
+        term = term_of(e.name)
+        if term is None:
+            stack.extend(e.cpu_children)
+        else:
+            out[term] += float(elapsed_s(e))
+    out["other"] = max(0.0, wall_s - sum(out[t] for t in MEASURED if t != "other"))
+    return out
+
+
+def _incoming_s(costs: Sequence[ir.StageCost], c: int) -> float:
+    """One micro-batch's incoming activation (from chunk c-1) and gradient (from c+1), alpha-beta."""
+    return (costs[c - 1].send_s if c > 0 else 0.0) + (costs[c].send_s if c < len(costs) - 1 else 0.0)
+
+
+def _lane_chunks(n_chunks: int, lanes: int) -> list[list[int]]:
+    return [list(range(lane, n_chunks, lanes)) for lane in range(lanes)]
+
+
+def predicted_terms(plan: ir.Plan, engine: str) -> list[dict[str, float]]:
+    """Per pipeline stage (device group): the predicted seconds of each term of one step
+    (module doc), the plan simulated as run by ``engine``."""
+    from planner.simulate import SimOptions, simulate
+
+    as_run = dataclasses.replace(plan, engine=engine)
+    bare = stage_costs_for(plan.profile, plan.cluster, plan.stages, plan.microbatches, plan.optimizer,
+                           plan.precision)
+    charged = stage_costs(as_run)
+    sim = simulate(as_run, SimOptions(record_events=False))
+    m = plan.microbatches
+    out = []
+    for lane, chunks in enumerate(_lane_chunks(len(bare), len(sim.lanes))):
+        terms = {
+            "compute": sum(m * (bare[c].forward_s + bare[c].backward_s) for c in chunks),
+            "transfers": sum(m * _incoming_s(bare, c) for c in chunks),
+            "allreduce": sum(bare[c].allreduce_s for c in chunks),
+            "optimizer": sum(bare[c].optimizer_step_s for c in chunks),
+            "engine": sum(m * (charged[c].forward_s + charged[c].backward_s - bare[c].forward_s - bare[c].backward_s)
+                          + charged[c].optimizer_step_s - bare[c].optimizer_step_s for c in chunks),
+        }
+        terms["idle"] = max(0.0, sim.iteration_s - sim.lane_result(lane).busy_s)
+        out.append(terms)
+    return out
+
+
+def stage_terms(plan: ir.Plan, engine: str, measured: Sequence[dict[str, float]] | None,
+                rank_stages: Sequence[int]) -> list[dict[str, Any]]:
+    """Per pipeline stage: ``measured`` (the median over the stage's ranks of each term; None
+    when the workers measured none) and ``predicted`` seconds per term (None when the cost model
+    cannot cost the plan, e.g. a hand-written plan with forms its profile does not allow)."""
+    stages = max(rank_stages, default=0) + 1
+    try:
+        predicted: list[dict[str, float] | None] = list(predicted_terms(plan, engine))
+    except PlannerError:
+        predicted = [None] * stages
+    out = []
+    for stage, pred in enumerate(predicted):
+        ranks = [r for r, s in enumerate(rank_stages) if s == stage]
+        got = None
+        if measured:
+            got = {t: statistics.median(measured[r][t] for r in ranks) for t in MEASURED}
+        out.append({"stage": stage, "ranks": ranks, "measured": got, "predicted": pred})
+    return out
