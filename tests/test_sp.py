@@ -136,6 +136,26 @@ def test_prediction_matches_dp_objective() -> None:
     assert plan.predicted.iteration_s == pytest.approx(sol.objective, rel=1e-9)
 
 
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "zb-h1"])
+def test_dp_objective_charges_the_engine_overheads_the_prediction_charges(schedule: str) -> None:
+    """With measured engine overheads in the cluster, the DP's objective and the plan's analytic
+    prediction (planner.costmodel.engine charges the plan's stage costs) are one number, and the
+    overheads make the plan slower than without them."""
+    import dataclasses
+
+    from planner.ir import EngineOverhead
+
+    profile = ir.ModelProfile.from_dict(make_profile_dict(8, batch_size=8))
+    bare = cluster_from_dict(make_cluster_dict(2, 2))
+    cluster = dataclasses.replace(bare, engine_overheads=(("torch", EngineOverhead(2e-3, 1e-3, 5e-3)),))
+    prob = build_problem(profile, cluster, microbatches=4, schedule=schedule, optimizer="sgd", engine="torch")
+    sol = solve(prob)
+    plan = search(profile, cluster, microbatches=4, schedule=schedule, candidates=0, engine="torch")
+    assert plan.predicted.iteration_s == pytest.approx(sol.objective, rel=1e-9)
+    plain = solve(build_problem(profile, bare, microbatches=4, schedule=schedule, optimizer="sgd", engine="torch"))
+    assert sol.objective > plain.objective
+
+
 def test_default_prediction_and_dp_time_come_from_the_simulator() -> None:
     from planner.search.rerank import dp_simulated_s
     from planner.simulate import SimOptions, simulate

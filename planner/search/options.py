@@ -198,7 +198,8 @@ def engine_widths(cluster: ir.Cluster) -> list[int]:
 
 def problems(profile: ir.ModelProfile, cluster: ir.Cluster, m: int, req: Request) -> list[Problem]:
     """The problems one micro-batch count ``m`` solves (module doc)."""
-    common = dict(microbatches=m, schedule=req.schedule, optimizer=req.optimizer, max_blocks=req.max_blocks)
+    common = dict(microbatches=m, schedule=req.schedule, optimizer=req.optimizer, max_blocks=req.max_blocks,
+                  engine=req.engine)
     limits = ENGINE_LIMITS.get(req.engine)
     if limits is None or not limits.uniform_stages:
         return [build_problem(profile, cluster, config=req.config, space=req.space, **common)]  # type: ignore[arg-type]

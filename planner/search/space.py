@@ -40,6 +40,7 @@ import numpy as np
 from planner import ir
 from planner.cluster import Group, group_of, index
 from planner.costmodel import Grid, Variant, layer_table, p2p_s, schedule_weights, variant_cost, variants
+from planner.costmodel.engine import EngineOverhead, engine_overhead
 from planner.costmodel.precision import Bytes
 from planner.schedule import in_flight_microbatches
 from planner.search.hpp import StageTables, only_dp, stage_tables_many
@@ -131,6 +132,8 @@ class Problem:
     cand: dict[tuple[int, int], Candidate] = field(default_factory=dict)
     r_eff: int = 1
     capacity_override: float | None = None
+    overhead: EngineOverhead = field(default_factory=EngineOverhead)
+    """What the plan's engine adds per action, micro-batch sent and step (planner.costmodel.engine)."""
     move_groups: list | None = None  # type: ignore[type-arg]
     """The DP's moves grouped per position (planner.search.sp.move_groups), made on first use."""
 
@@ -242,7 +245,7 @@ def tensor_degrees(group: Group, batch_size: int, microbatches: int, space: Spac
 def build_problem(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int, schedule: str, optimizer: str,
                   forms: Sequence[str] | None = None, mode: str = "hierarchy", widths: Sequence[int] | None = None,
                   config: Sequence[int] | None = None, max_blocks: int | None = None, stages: int | None = None,
-                  space: Space | None = None) -> Problem:
+                  space: Space | None = None, engine: str = "any") -> Problem:
     """Tabulate everything the stage DP and brute force read (see the module doc)."""
     from planner.search.tables import build_candidates
 
@@ -260,7 +263,8 @@ def build_problem(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches
     r_cap = max(1, min(len(bounds) - 1, len(skip)))  # the most stages a plan can have
     exact_k = len(config) if config is not None else stages
     prob = Problem(profile, cluster, microbatches, schedule, optimizer, space, bounds, moves, skip, grids, tables,
-                   exact_k, tuple(config) if config is not None else None, r_cap, a, b)
+                   exact_k, tuple(config) if config is not None else None, r_cap, a, b,
+                   overhead=engine_overhead(cluster, engine))
     build_candidates(prob)
     return prob
 

@@ -70,12 +70,27 @@ def _drop_dominated(cand: Candidate) -> None:
 
 
 def _period_and_term(prob: Problem, v: object, recv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    time, fwd, sync = v.time, v.fwd, v.sync  # type: ignore[attr-defined]
+    time, fwd = _with_engine(prob, v.time, v.fwd)  # type: ignore[attr-defined]
+    sync = v.sync + prob.overhead.per_step_s  # type: ignore[attr-defined]
     period = time + 2.0 * recv
     with np.errstate(invalid="ignore"):
         busy = schedule_kind(prob.schedule).steady_busy(fwd, time - fwd, recv, time)
         term = np.where(np.isfinite(period), prob.b * busy + sync, np.inf)
     return period, term
+
+
+def _with_engine(prob: Problem, time: np.ndarray, fwd: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per micro-batch, what the plan's engine adds to a stage [a, b) (planner.costmodel.engine.charge):
+    each action, and a send where a stage follows (its forward) or precedes (its backward)."""
+    o = prob.overhead
+    if o.is_zero:
+        return time, fwd
+    idx = np.arange(prob.nb + 1)
+    before = (idx > 0)[:, None].astype(float)  # a > 0: a stage precedes
+    after = (idx < prob.nb)[None, :].astype(float)  # b < nb: a stage follows
+    actions = 3 if schedule_kind(prob.schedule).splits_weight_grad else 2
+    return (time + actions * o.per_action_s + o.per_microbatch_s * (before + after),
+            fwd + o.per_action_s + o.per_microbatch_s * after)
 
 
 def _fit_limit(prob: Problem, v: object, weight: np.ndarray, ties: np.ndarray, cap: float, in_fl: list[int],
