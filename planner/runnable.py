@@ -136,6 +136,11 @@ def engine_problems(plan: ir.Plan, engine: str) -> list[str]:
     if kind is None or not kind.runs_on(engine):
         names = [k.name for k in SCHEDULE_KINDS.values() if k.runs_on(engine)]
         out.append(f"{engine} runs the schedules {', '.join(names)}, not {plan.schedule!r}")
+    if kind is not None and kind.torch_needs_full_pipeline and engine in ("torch", "torchtitan") and \
+            plan.microbatches < plan.pipeline_stages:
+        out.append(f"torch's {kind.torch_class} needs at least as many micro-batches as stages: the plan has "
+                   f"{plan.microbatches} on {plan.pipeline_stages} stages (use --microbatches "
+                   f"{plan.pipeline_stages} or more)")
     if plan.precision not in limits.precisions:
         out.append(f"{engine} trains in {', '.join(limits.precisions)}, not {plan.precision}")
     if plan.virtual_stages > 1 and not limits.virtual_stages:

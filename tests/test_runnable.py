@@ -49,6 +49,14 @@ def test_dp_form_in_a_tensor_group_needs_samples_the_group_divides() -> None:
     assert any("micro-batch's 3 samples over the tensor group of 2" in p for p in found)
 
 
+def test_torch_1f1b_needs_as_many_micro_batches_as_stages() -> None:
+    plan = _plan(batch=8, m=1)  # 2 stages, 1 micro-batch: torch's Schedule1F1B refuses it
+    assert any("needs at least as many micro-batches as stages: the plan has 1 on 2 stages" in p
+               for p in problems(plan, "torch"))
+    assert is_runnable(plan, "deepspeed") and is_runnable(_plan(batch=8, m=2), "torch")
+    assert is_runnable(dataclasses.replace(plan, schedule="gpipe"), "torch")
+
+
 def test_batch_shape_rule() -> None:
     assert problems(_plan(batch=8, m=2)) == []
     bad = _plan(batch=8, m=8)  # 8 samples over 8 micro-batches x 2 ranks

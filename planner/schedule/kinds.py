@@ -270,6 +270,8 @@ class ScheduleKind:
     engines: frozenset[str] = frozenset()
     torch_class: str | None = None
     torch_stage_list: bool = False
+    torch_needs_full_pipeline: bool = False
+    """torch's class refuses fewer micro-batches than stages (Schedule1F1B's M >= K check)."""
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.engines) - set(ENGINES))
@@ -335,7 +337,7 @@ SCHEDULE_KINDS: dict[str, ScheduleKind] = {kind.name: kind for kind in (
     ScheduleKind("gpipe", lambda k, m, v, blocks: gpipe(k, m), _all, phased=True, engines=_TORCH,
                  torch_class="ScheduleGPipe"),
     ScheduleKind("1f1b", lambda k, m, v, blocks: one_f_one_b(k, m), _k_minus_s,
-                 engines=_TORCH | {"deepspeed"}, torch_class="Schedule1F1B"),
+                 engines=_TORCH | {"deepspeed"}, torch_class="Schedule1F1B", torch_needs_full_pipeline=True),
     ScheduleKind("interleaved", lambda k, m, v, blocks: interleaved(k, m, v), _interleaved_in_flight,
                  takes_virtual_stages=True, engines=_TORCH, torch_class="ScheduleInterleaved1F1B",
                  torch_stage_list=True),
