@@ -81,6 +81,15 @@ def test_partition_balanced_fast_equals_the_loop_on_floats(weights: list[float],
 # ----------------------------------------------------------------------------- torchgpipe
 
 
+def test_block_partition_stops_where_torchgpipes_loop_cycles() -> None:
+    """torchgpipe's move loop cycles for ever on this sequence (zeros and ties); ours stops, with
+    non-empty blocks covering every element."""
+    seq = [0.5, 0, 2, 1, 0, 0, 0.0223, 3, 3, 0.5, 3, 0.5, 1, 3, 0, 0.5, 0, 0.186, 0, 0.743, 0.5, 3, 0.508, 2, 3,
+           0.5, 0, 0.48, 3]
+    counts = bl.block_partition(seq, 27)
+    assert len(counts) == 27 and sum(counts) == len(seq) and min(counts) >= 1
+
+
 def test_block_partition_matches_torchgpipes_own_tests() -> None:
     # torchgpipe tests/test_balance.py: solve([1..6], 2) == [[1, 2, 3, 4], [5, 6]]; solve([0, 0], 2)
     assert bl.block_partition([1, 2, 3, 4, 5, 6], 2) == [4, 2]

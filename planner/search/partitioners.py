@@ -17,6 +17,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from planner import ir
 
 # ----------------------------------------------------------------------------- DeepSpeed
@@ -176,24 +178,40 @@ def block_partition(sequence: Sequence[float], partitions: int) -> list[int]:
     def block_size(i: int) -> float:
         return sum(normal[(splits[i - 1] if i > 0 else 0):splits[i]])
 
-    def leaderboard() -> list[tuple[float, int]]:
-        return [(block_size(i), i) for i in range(partitions)]
-
+    sizes = np.array([block_size(i) for i in range(partitions)])  # kept as torchgpipe's sums: same ties
+    moves = 0
     while True:
-        max_size, p = max(leaderboard())  # (1) a largest block, the last of equals
+        p = partitions - 1 - int(np.argmax(sizes[::-1]))  # (1) a largest block, the last of equals
+        max_size = sizes[p]
         while True:
-            min_size, q = min(leaderboard())  # (2) a smallest block, the first of equals
-            if max_size <= min_size + 1:
-                starts = [0, *splits[:-1]]
-                return [stop - start for start, stop in zip(starts, splits, strict=True)]
+            q = int(np.argmin(sizes))  # (2) a smallest block, the first of equals
+            moves += 1
+            if max_size <= sizes[q] + 1:
+                return _counts(splits)
+            if moves > MAX_BLOCK_MOVES * n:  # cycling: keep the blocks if they are whole, else equal counts
+                counts = _counts(splits)
+                return counts if min(counts) >= 1 else _counts(
+                    [n // partitions * (x + 1) for x in range(partitions - 1)] + [n])
             if p < q:  # (3) move the last element of the block before q into q
                 h = q - 1
                 splits[h] -= 1
             else:  # or the first element of the block after q into q
                 h = q + 1
                 splits[q] += 1
+            sizes[h], sizes[q] = block_size(h), block_size(q)  # only these two blocks changed
             if p == h:
                 break
+
+
+MAX_BLOCK_MOVES = 64
+"""Moves per element after which :func:`block_partition` stops: torchgpipe's loop can cycle
+for ever on some sequences (zeros and ties, e.g. 27 blocks of 29 elements); the answer is then
+the blocks as they are if none is empty, else equal counts (the cycle can move splits past each other)."""
+
+
+def _counts(splits: Sequence[int]) -> list[int]:
+    starts = [0, *splits[:-1]]
+    return [stop - start for start, stop in zip(starts, splits, strict=True)]
 
 
 def balance_by_time(profile: ir.ModelProfile, partitions: int) -> list[int]:
