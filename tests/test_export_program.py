@@ -32,7 +32,7 @@ def test_one_server_gets_one_standalone_script() -> None:
 
 
 def test_a_plan_that_cannot_span_its_servers_says_why_in_the_readme() -> None:
-    files = program_files(tiny_plan("tiny_mlp", [0, 1, 2, -1], servers=(2, 2)), "torch")
+    files = program_files(tiny_plan("tiny_mlp", [0, 1, 2, -1], servers=(2, 2), microbatches=3, batch=6), "torch")
     assert "launch_node1.sh" not in files and "--standalone --nproc-per-node=3" in files["launch_node0.sh"]
     assert "cannot be started server by server: the plan uses different numbers of GPUs per server (n0: 2, n1: 1)" \
         in files["README.md"]

@@ -167,7 +167,7 @@ def test_model_that_does_not_match_the_profile_is_refused_before_launch() -> Non
 
 
 def test_world_size_the_machine_cannot_start(monkeypatch: pytest.MonkeyPatch) -> None:
-    plan = tiny_plan("tiny_mlp", [0, 1, 2, 3, 4], width=2)  # 8 processes
+    plan = tiny_plan("tiny_mlp", [0, 1, 2, 3, 4], width=2, microbatches=4, batch=16)  # 8 processes
     monkeypatch.setattr("planner.runner.launch.max_world_size", lambda: 4)
     with pytest.raises(RunError, match="8 processes"):
         run_plan(plan, "tests.test_runner:tiny_mlp", engine="torch", steps=2, warmup=1)
