@@ -3,8 +3,8 @@
 Pure (no torch, click or rich). Three parts:
 
 * Partitioners, reimplemented from each system's own algorithm and tested against it
-  (:mod:`planner.search.partitioners`, re-exported here): DeepSpeed's, torchgpipe's and
-  PipeDream's.
+  (re-exported here): DeepSpeed's and torchgpipe's (:mod:`planner.search.partitioners`) and
+  PipeDream's (:mod:`planner.search.pipedream`).
 * Layouts: each baseline's answer as stages on the same cluster (:class:`Layout`, turned
   into an :class:`~planner.ir.Plan` by :meth:`Layout.plan`), so that the same cost model and
   simulator judge every strategy.
@@ -24,7 +24,6 @@ from itertools import accumulate
 
 from planner import ir
 from planner.search.partitioners import (
-    PipeDreamStage,
     balance_by_size,
     balance_by_time,
     block_partition,
@@ -34,8 +33,8 @@ from planner.search.partitioners import (
     partition_balanced,
     partition_balanced_fast,
     partition_uniform,
-    pipedream_partition,
 )
+from planner.search.pipedream import PipeDreamStage, pipedream_partition
 
 __all__ = ["BASELINE_SCHEDULES", "FORMER_STRATEGIES", "PIPEDREAM_MODES", "STRATEGIES", "Layout", "NotFitting",
            "PipeDreamStage", "Setting", "accpar_layout", "balance_by_size", "balance_by_time", "block_partition",
