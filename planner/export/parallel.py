@@ -269,16 +269,6 @@ def shard_splits(module: nn.Sequential, forms: Sequence[str], mesh: Any, stage: 
 # ----------------------------------------------------------------------------- dp forms in a tensor group
 
 
-def check_samples(tp: int, samples: float, stage: int, index: int) -> None:
-    """A ``dp`` layer in a tensor group of ``tp`` computes ``samples / tp`` of each micro-batch's samples:
-    ``tp`` must divide them."""
-    if samples % tp:
-        raise ExportError(f"stage {stage}: layer {index} runs the dp form in a tensor group of {tp}, which splits "
-                          f"each micro-batch's samples over the group, but the micro-batch has {samples:g} samples "
-                          "per data-parallel rank", f"search with --micro-batch-size a multiple of {tp}, or give the "
-                          "layer a tensor form (tp, split_in, split_out)")
-
-
 def check_sample_independent(layer: nn.Module, tp: int, stage: int, index: int) -> None:
     """A ``dp`` layer in a tensor group must treat samples independently (no batch norm)."""
     norms = [type(m).__name__ for m in layer.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]

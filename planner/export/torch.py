@@ -70,20 +70,15 @@ def tensor_parallel(plan: ir.Plan) -> bool:
 def check_plan(plan: ir.Plan, layers: Sequence[nn.Module] | None = None) -> int:
     """Refuse what the torch export cannot run; return the data-parallel degree ``dp``.
 
-    Plan-level rules (schedules, one grid for every stage, batch shapes, heads that ``tp``
-    divides) are planner.runnable's; the layers' own checks (a Linear to split, attention and
-    MLP modules to shard) need the model.
+    Plan-level rules (schedules, precisions, one grid for every stage, batch shapes, heads that
+    ``tp`` divides, samples a tensor group splits) are planner.runnable's; the layers' own checks
+    (a Linear to split, attention and MLP modules to shard) need the model.
     """
     try:
         runnable.check_runnable(plan, "torch")
     except PlanError as exc:
         raise ExportError(exc.cause, exc.hint) from None
-    if plan.precision == "fp16":
-        raise ExportError("the plan trains in fp16, which needs a dynamic loss scale the torch pipelining "
-                          "schedule's loss function does not carry", "search with --precision bf16 (or fp32)")
     for i, st in enumerate(plan.stages):
-        if st.tp > 1 and "dp" in st.forms:
-            parallel.check_samples(st.tp, plan.micro_batch_size(st), i, st.layers[0] + st.forms.index("dp"))
         if layers is not None:
             _check_stage_layers(layers, plan, st, i)
     return plan.stages[0].dp
