@@ -44,7 +44,7 @@ import numpy as np
 
 from planner.errors import PlanError
 from planner.search.bounds import candidate_terms, lower_bound_top
-from planner.search.space import Move, Option, Problem, build_problem, coarse_bounds
+from planner.search.space import Move, MoveGroup, Option, Problem, build_problem, coarse_bounds
 
 __all__ = ["Move", "Problem", "Solution", "StageChoice", "build_problem", "coarse_bounds", "infeasible", "solve",
            "solve_cap"]
@@ -212,26 +212,6 @@ class _CapSweep:
         np.minimum(best[1:, lo:hi], np.minimum.reduce(tmp, axis=0), out=best[1:, lo:hi])
 
 
-@dataclass(frozen=True)
-class MoveGroup:
-    """The moves from one position onto the same devices, link and next position: one per tensor degree.
-
-    The DP needs only their least period per stage range; the backtrack finds the move that gave it."""
-
-    keys: tuple[int, ...]
-    devices: tuple[str, ...]
-    next: int
-    link: int
-
-
-def move_groups(moves: Sequence[Move]) -> list[MoveGroup]:
-    """``moves`` of one position grouped by (devices, link, next), in first-seen order."""
-    keys: dict[tuple[tuple[str, ...], int, int], list[int]] = {}
-    for mv in moves:
-        keys.setdefault((mv.devices, mv.link, mv.next), []).append(mv.key)
-    return [MoveGroup(tuple(k), devs, nxt, link) for (devs, link, nxt), k in keys.items()]
-
-
 def solve_cap(prob: Problem, cap: float, r_top: int | None = None) -> Solution | None:
     """Least sum of periods over plans whose every term is <= ``cap`` (None: no plan).
 
@@ -247,8 +227,7 @@ def solve_cap(prob: Problem, cap: float, r_top: int | None = None) -> Solution |
     empty[0, nb] = 0.0
     h: list[np.ndarray] = [empty] * (g_total + 1)
     sweep = _CapSweep(prob, cap, r_top, exact)
-    groups = prob.move_groups if prob.move_groups is not None else [move_groups(row) for row in prob.moves]
-    prob.move_groups = groups
+    groups = prob.move_groups
     for d in range(g_total - 1, -1, -1):
         best = h[prob.skip[d]].copy()
         sweep.position(groups[d], h, best)

@@ -39,10 +39,8 @@ import numpy as np
 
 from planner import ir
 from planner.cluster import Group, group_of, index
-from planner.costmodel import Grid, Variant, layer_table, p2p_s, schedule_weights, variant_cost, variants
+from planner.costmodel import Grid, Variant, layer_table, schedule_weights, variant_cost, variants
 from planner.costmodel.engine import EngineOverhead, engine_overhead
-from planner.costmodel.precision import Bytes
-from planner.schedule import in_flight_microbatches
 from planner.search.hpp import StageTables, only_dp, stage_tables_many
 
 INTRA, INTER = 0, 1
@@ -69,6 +67,26 @@ class Option:
 
     lean: bool
     variant: Variant
+
+
+@dataclass(frozen=True)
+class MoveGroup:
+    """The moves from one position onto the same devices, link and next position: one per tensor degree.
+
+    The DP needs only their least period per stage range; the backtrack finds the move that gave it."""
+
+    keys: tuple[int, ...]
+    devices: tuple[str, ...]
+    next: int
+    link: int
+
+
+def move_groups(moves: Sequence[Move]) -> list[MoveGroup]:
+    """``moves`` of one position grouped by (devices, link, next), in first-seen order."""
+    keys: dict[tuple[tuple[str, ...], int, int], list[int]] = {}
+    for mv in moves:
+        keys.setdefault((mv.devices, mv.link, mv.next), []).append(mv.key)
+    return [MoveGroup(tuple(k), devs, nxt, link) for (devs, link, nxt), k in keys.items()]
 
 
 @dataclass
@@ -134,8 +152,8 @@ class Problem:
     capacity_override: float | None = None
     overhead: EngineOverhead = field(default_factory=EngineOverhead)
     """What the plan's engine adds per action, micro-batch sent and step (planner.costmodel.engine)."""
-    move_groups: list | None = None  # type: ignore[type-arg]
-    """The DP's moves grouped per position (planner.search.sp.move_groups), made on first use."""
+    move_groups: list[list[MoveGroup]] = field(default_factory=list)
+    """Per position, its moves grouped by devices, link and next position (:func:`move_groups`)."""
 
     @property
     def nb(self) -> int:
@@ -265,6 +283,7 @@ def build_problem(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches
     prob = Problem(profile, cluster, microbatches, schedule, optimizer, space, bounds, moves, skip, grids, tables,
                    exact_k, tuple(config) if config is not None else None, r_cap, a, b,
                    overhead=engine_overhead(cluster, engine))
+    prob.move_groups = [move_groups(row) for row in moves]
     build_candidates(prob)
     return prob
 
@@ -311,33 +330,6 @@ def _stage_tables(profile: ir.ModelProfile, grids: Sequence[Grid], bounds: np.nd
     return out
 
 
-def in_flight_counts(prob: Problem, r_hi: int) -> list[int]:
-    """Micro-batches in flight on a stage with r = 1..r_hi stages left (its own included)."""
-    k_fixed = prob.stages_exact
-    if k_fixed is not None:  # exact: stage s = K - r of K
-        return [in_flight_microbatches(prob.schedule, k_fixed, prob.microbatches, k_fixed - r)
-                for r in range(1, r_hi + 1)]
-    if memory_depends_on_k(prob.schedule, prob.microbatches, min(r_hi, 16)):
-        # the count depends on K itself (zb-h1): the largest over every K the stage could be part of
-        return [max(in_flight_microbatches(prob.schedule, k, prob.microbatches, k - r)
-                    for k in range(r, r_hi + 1)) for r in range(1, r_hi + 1)]
-    return [in_flight_microbatches(prob.schedule, r, prob.microbatches, 0) for r in range(1, r_hi + 1)]
-
-
-def memory_depends_on_k(schedule: str, microbatches: int, max_stages: int) -> bool:
-    """Whether a stage's micro-batches in flight depend on more than the stages after it."""
-    for k in range(1, max_stages + 1):
-        for s in range(k):
-            if in_flight_microbatches(schedule, k, microbatches, s) != \
-                    in_flight_microbatches(schedule, k - s, microbatches, 0):
-                return True
-    return False
-
-
-def link_of(cluster: ir.Cluster, link: int) -> ir.Link:
-    return cluster.link("intra_node" if link == INTRA else "inter_node")
-
-
 def option_cost(prob: Problem, key: int, option: Option) -> tuple[StageTables, object]:
     """The stage tables of ``option`` on grid ``key`` and its variant's costs (planner.costmodel.variant)."""
     t = prob.tables[key][1 if option.lean else 0]
@@ -352,35 +344,3 @@ def options(prob: Problem, key: int) -> list[Option]:
         modes = tuple(m for m in modes if m != "selective") or modes
     var = variants(modes, prob.space.zero, grid.dp)
     return [Option(lean, v) for lean in (False, True)[:len(prob.tables[key])] for v in var]
-
-
-def tie_copies(prob: Problem) -> np.ndarray:
-    """``out[a, b]``: bytes of tied-weight copies a stage [bounds[a], bounds[b]) keeps besides the
-    layers' own (it holds a tied layer but not the one the tie is counted in); weights, gradient
-    and optimizer state at the problem's precision (planner.costmodel.stage.with_ties)."""
-    nb = prob.nb
-    out = np.zeros((nb + 1, nb + 1))
-    nbytes = Bytes.of(prob.profile, prob.space.precision, prob.optimizer)
-    starts, ends = prob.bounds[:, None], prob.bounds[None, :]
-    for tie in prob.profile.ties:
-        copy = 2 * tie.param_bytes * nbytes.weight_scale + nbytes.state_per_param * tie.param_count
-        owner = tie.layers[0]
-        holds_owner = (starts <= owner) & (owner < ends)
-        holds_other = np.zeros_like(holds_owner)
-        for layer in tie.layers[1:]:
-            holds_other |= (starts <= layer) & (layer < ends)
-        out += np.where(holds_other & ~holds_owner, copy, 0.0)
-    return out
-
-
-def p2p_times(prob: Problem, link: int, dp: int = 1) -> np.ndarray:
-    """Per start block: the time its stage's input takes to arrive over ``link`` (0 for block 0), each
-    of the stage's ``dp`` replicas receiving its share of the micro-batch on its own links
-    (planner.costmodel.stage)."""
-    nbytes = Bytes.of(prob.profile, prob.space.precision, prob.optimizer)
-    out_b = np.array([float(x.output_bytes) for x in prob.profile.layers]) * nbytes.activation_scale
-    recv = np.zeros(prob.nb + 1)
-    for a in range(1, prob.nb):
-        layer = int(prob.bounds[a]) - 1
-        recv[a] = p2p_s(out_b[layer] / (prob.microbatches * dp), link_of(prob.cluster, link))
-    return recv

@@ -12,16 +12,21 @@ stage; planner.search.space) and a stage [a, b) on a grid receiving over a link:
   stashed weight versions + tied-weight copies, against the grid's smallest device memory,
   as ``rmax``, the largest stages-left count it fits with.
 
-The objective ``T = a * sum_s l_s + max_s term_s`` and the exact descent over the max term
-are in :mod:`planner.search.sp`.
+Their inputs live here too: micro-batches in flight per stages-left count
+(:func:`in_flight_counts`), tied-weight copies per range (:func:`tie_copies`) and each start
+block's input transfer (:func:`p2p_times`). The objective ``T = a * sum_s l_s + max_s term_s``
+and the exact descent over the max term are in :mod:`planner.search.sp`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from planner.schedule import schedule_kind
-from planner.search.space import Candidate, Problem, in_flight_counts, option_cost, options, p2p_times, tie_copies
+from planner import ir
+from planner.costmodel import p2p_s
+from planner.costmodel.precision import Bytes
+from planner.schedule import in_flight_microbatches, schedule_kind
+from planner.search.space import INTRA, Candidate, Problem, option_cost, options
 
 
 def build_candidates(prob: Problem) -> None:
@@ -113,3 +118,62 @@ def _fit_limit(prob: Problem, v: object, weight: np.ndarray, ties: np.ndarray, c
         for r, k in enumerate(in_fl, start=1):
             rmax = np.where((static + k * act + work <= cap) & (rmax == r - 1), r, rmax)
     return np.where(finite, rmax, 0)
+
+
+def in_flight_counts(prob: Problem, r_hi: int) -> list[int]:
+    """Micro-batches in flight on a stage with r = 1..r_hi stages left (its own included)."""
+    k_fixed = prob.stages_exact
+    if k_fixed is not None:  # exact: stage s = K - r of K
+        return [in_flight_microbatches(prob.schedule, k_fixed, prob.microbatches, k_fixed - r)
+                for r in range(1, r_hi + 1)]
+    if memory_depends_on_k(prob.schedule, prob.microbatches, min(r_hi, 16)):
+        # the count depends on K itself (zb-h1): the largest over every K the stage could be part of
+        return [max(in_flight_microbatches(prob.schedule, k, prob.microbatches, k - r)
+                    for k in range(r, r_hi + 1)) for r in range(1, r_hi + 1)]
+    return [in_flight_microbatches(prob.schedule, r, prob.microbatches, 0) for r in range(1, r_hi + 1)]
+
+
+def memory_depends_on_k(schedule: str, microbatches: int, max_stages: int) -> bool:
+    """Whether a stage's micro-batches in flight depend on more than the stages after it."""
+    for k in range(1, max_stages + 1):
+        for s in range(k):
+            if in_flight_microbatches(schedule, k, microbatches, s) != \
+                    in_flight_microbatches(schedule, k - s, microbatches, 0):
+                return True
+    return False
+
+
+def link_of(cluster: ir.Cluster, link: int) -> ir.Link:
+    return cluster.link("intra_node" if link == INTRA else "inter_node")
+
+
+def tie_copies(prob: Problem) -> np.ndarray:
+    """``out[a, b]``: bytes of tied-weight copies a stage [bounds[a], bounds[b]) keeps besides the
+    layers' own (it holds a tied layer but not the one the tie is counted in); weights, gradient
+    and optimizer state at the problem's precision (planner.costmodel.stage.with_ties)."""
+    nb = prob.nb
+    out = np.zeros((nb + 1, nb + 1))
+    nbytes = Bytes.of(prob.profile, prob.space.precision, prob.optimizer)
+    starts, ends = prob.bounds[:, None], prob.bounds[None, :]
+    for tie in prob.profile.ties:
+        copy = 2 * tie.param_bytes * nbytes.weight_scale + nbytes.state_per_param * tie.param_count
+        owner = tie.layers[0]
+        holds_owner = (starts <= owner) & (owner < ends)
+        holds_other = np.zeros_like(holds_owner)
+        for layer in tie.layers[1:]:
+            holds_other |= (starts <= layer) & (layer < ends)
+        out += np.where(holds_other & ~holds_owner, copy, 0.0)
+    return out
+
+
+def p2p_times(prob: Problem, link: int, dp: int = 1) -> np.ndarray:
+    """Per start block: the time its stage's input takes to arrive over ``link`` (0 for block 0), each
+    of the stage's ``dp`` replicas receiving its share of the micro-batch on its own links
+    (planner.costmodel.stage)."""
+    nbytes = Bytes.of(prob.profile, prob.space.precision, prob.optimizer)
+    out_b = np.array([float(x.output_bytes) for x in prob.profile.layers]) * nbytes.activation_scale
+    recv = np.zeros(prob.nb + 1)
+    for a in range(1, prob.nb):
+        layer = int(prob.bounds[a]) - 1
+        recv[a] = p2p_s(out_b[layer] / (prob.microbatches * dp), link_of(prob.cluster, link))
+    return recv
