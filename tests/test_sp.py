@@ -91,6 +91,20 @@ def test_relaxed_stages_left_count_is_still_exact(inst, space, log_share, schedu
         assert sp.fits(prob, a)
 
 
+@given(instances(), spaces())
+def test_dropping_dominated_options_keeps_the_optimum(inst, space) -> None:
+    """Brute force reads the same pruned options as the DP, so check the pruning itself: the
+    optimum with every option kept is the same."""
+    profile, cluster, m, schedule, optimizer = inst
+    prob = build_problem(profile, cluster, microbatches=m, schedule=schedule, optimizer=optimizer, space=space)
+    with mock.patch("planner.search.tables._drop_dominated", lambda cand: None):
+        full = build_problem(profile, cluster, microbatches=m, schedule=schedule, optimizer=optimizer, space=space)
+    a, b = brute(prob), brute(full)
+    assert (a is None) == (b is None)
+    if a is not None and b is not None:
+        assert a.objective == pytest.approx(b.objective, rel=1e-9, abs=1e-15)
+
+
 @given(instances(max_layers=4), st.sampled_from([(1,), (1, 1), (2, 1), (1, 2)]))
 def test_dp_equals_brute_with_config(inst, config) -> None:
     profile, cluster, m, schedule, optimizer = inst
