@@ -6,7 +6,7 @@ import math
 from unittest import mock
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from planner import ir
@@ -14,11 +14,11 @@ from planner.cluster import cluster_from_dict
 from planner.costmodel import plan_memory, stage_costs
 from planner.errors import InfeasibleError
 from planner.runnable import is_runnable
-from planner.search import _solve, search, sp
+from planner.search import _solve, search
 from planner.search.brute import brute
-from planner.search.sp import build_problem, coarse_bounds, solve
+from planner.search.descent import solve
+from planner.search.sp import build_problem, coarse_bounds
 from planner.search.space import Space
-from planner.search.tables import build_candidates
 from tests.conftest import make_cluster_dict, make_profile_dict
 
 
@@ -67,28 +67,6 @@ def test_dp_equals_brute(inst, space) -> None:
     assert (a is None) == (b is None)
     if a is not None and b is not None:
         assert a.objective == pytest.approx(b.objective, rel=1e-9, abs=1e-15)
-
-
-@settings(max_examples=150, suppress_health_check=[HealthCheck.filter_too_much])
-@given(instances(max_layers=5, max_gpus=3), spaces(), st.floats(-1.5, 0.5),
-       st.sampled_from(["1f1b", "zb-h1", "interleaved", "gpipe"]))
-def test_relaxed_stages_left_count_is_still_exact(inst, space, log_share, schedule) -> None:
-    """Tracking one stages-left count first (and doubling while the plan found does not fit) ends
-    at brute force's optimum, with a plan that fits with its true counts. The memory is set near
-    the model's activations so that it depends on the stages-left count (r_eff > 1)."""
-    profile, cluster, _, _, optimizer = inst
-    prob = build_problem(profile, cluster, microbatches=8, schedule=schedule, optimizer=optimizer, space=space)
-    act_bytes = sum(x.saved_bytes for x in profile.layers) / 8
-    prob.capacity_override = act_bytes * 10**log_share + 4 * max(x.param_bytes for x in profile.layers)
-    build_candidates(prob)
-    assume(prob.r_eff > 1)
-    with mock.patch.object(sp, "RELAXED_STAGES", 1):
-        a = solve(prob)
-    b = brute(prob)
-    assert (a is None) == (b is None)
-    if a is not None and b is not None:
-        assert a.objective == pytest.approx(b.objective, rel=1e-9, abs=1e-15)
-        assert sp.fits(prob, a)
 
 
 @given(instances(), spaces())

@@ -50,6 +50,7 @@ from planner.costmodel import Grid, LayerTable, dp_iteration, layer_table, plan_
 from planner.judge import Judged
 from planner.runnable import is_runnable
 from planner.search import rerank
+from planner.search.descent import Opening, open_problem, solve
 from planner.search.hpp import hpp
 from planner.search.options import (
     ENGINES,
@@ -61,7 +62,7 @@ from planner.search.options import (
     problems,
     resolve_virtual_stages,
 )
-from planner.search.sp import Problem, Solution, build_problem, infeasible, solve
+from planner.search.sp import Problem, Solution, build_problem, infeasible
 
 __all__ = ["ENGINES", "RERANK", "SOLVERS", "build_problem", "hpp", "microbatch_candidates", "parse_config", "search",
            "solution_plan"]
@@ -131,25 +132,31 @@ def _collect(profile: ir.ModelProfile, cluster: ir.Cluster, req: Request, cands:
     objective first; InfeasibleError when no plan fits at all, PlanError when no grid gives whole
     micro-batches."""
     found: list[tuple[float, int, Problem, Solution]] = []
-    probs: list[Problem] = []
-    for m in cands:
-        for prob in problems(profile, cluster, m, req):
-            if not any(prob.moves):
-                continue
-            probs.append(prob)
-            pool: list[Solution] = []
-            sol = _solve(prob, req.solver, pool, found[0][0] if found else math.inf)
-            if progress:
-                progress(f"M={m}: " + ("no plan fits" if sol is None else f"{sol.objective:.6g} s"))
-            for x in ([sol] if sol is not None else []) + pool:
-                found.append((x.objective, len(found), prob, x))
-            found.sort(key=lambda t: (t[0], t[1]))
+    probs = [prob for m in cands for prob in problems(profile, cluster, m, req) if any(prob.moves)]
+    for prob, opening in _best_opened_first(probs, req.solver):
+        pool: list[Solution] = []
+        sol = _solve(prob, req.solver, pool, found[0][0] if found else math.inf, opening)
+        if progress:
+            progress(f"M={prob.microbatches}: " + ("no plan fits" if sol is None else f"{sol.objective:.6g} s"))
+        for x in ([sol] if sol is not None else []) + pool:
+            found.append((x.objective, len(found), prob, x))
+        found.sort(key=lambda t: (t[0], t[1]))
     if not probs:
         raise _no_batch_shape(profile, cluster, cands, req)
     if not found:
         raise _no_width_shape(profile, req, probs) or infeasible(probs[-1])
     found.sort(key=lambda t: (t[0], t[1]))
     return found, probs
+
+
+def _best_opened_first(probs: list[Problem], solver: str) -> list[tuple[Problem, Opening | None]]:
+    """The problems in the order to solve them: by the objective of their unconstrained plan (a good
+    incumbent early closes the other problems' branch and bound sooner; the optimum is unchanged)."""
+    if solver != "dp":
+        return [(prob, None) for prob in probs]
+    opened = [(prob, open_problem(prob)) for prob in probs]
+    opened.sort(key=lambda po: math.inf if po[1].solution is None else po[1].solution.objective)
+    return [(prob, opening) for prob, opening in opened]
 
 
 def _no_width_shape(profile: ir.ModelProfile, req: Request, probs: list[Problem]) -> Exception | None:
@@ -208,12 +215,13 @@ def _with_prediction(plan: ir.Plan, predicted: ir.Prediction) -> ir.Plan:
 
 
 def _solve(prob: Problem, solver: str, pool: list[Solution] | None = None,
-           incumbent: float = math.inf) -> Solution | None:
+           incumbent: float = math.inf, opening: Opening | None = None) -> Solution | None:
     """Solve with the chosen solver (the DP, or brute force over the same space); ``incumbent`` the
-    best objective of the search's other problems (planner.search.sp.solve)."""
+    best objective of the search's other problems, ``opening`` the DP's first solve made ahead
+    (planner.search.descent.solve)."""
     from planner.search.brute import brute
 
-    return brute(prob, pool) if solver == "brute" else solve(prob, pool=pool, incumbent=incumbent)
+    return brute(prob, pool) if solver == "brute" else solve(prob, pool=pool, incumbent=incumbent, opening=opening)
 
 
 def solution_stages(prob: Problem, sol: Solution,

@@ -1,55 +1,33 @@
-"""SP, Algorithm 2 of PipePar: contiguous stages on device grids, minimising the iteration.
+"""SP, Algorithm 2 of PipePar: contiguous stages on device grids, the DP under a cap on the max term.
 
 The space (groups, tensor degrees, forms, recomputation and ZeRO options) is tabulated by
-:mod:`planner.search.space` and :mod:`planner.search.tables`; this module solves it.
+:mod:`planner.search.space` and :mod:`planner.search.tables`; this module solves it for one
+cap, and :mod:`planner.search.descent` searches the caps.
 
-Objective and exactness
------------------------
 ``T = a * sum_s l_s + max_s(b * max(c_s, x_s) + sync_s)`` (planner.costmodel.analytic_iteration).
 For a cap C on the max term, a backward DP over (stages left, next free device, first layer)
 gives the least ``sum_s l_s`` of plans whose every term is <= C (Alpa, Zheng et al. OSDI'22,
 section 5.2); each stage takes the option (forms, recomputation, ZeRO stage) with the least
 period among those that fit and whose term is under the cap, which is exact because a
-stage's option changes only its own period, term and memory. Starting from C = inf, if the
-best plan has max term m, any better plan must have max < m, so the next cap is just below
-m; the descent stops when the DP finds no plan or when ``sum + (lower bound of the max)``
-cannot beat the best. This is exact. With a = 0 (pipedream) the smallest feasible cap is
-found by bisection over the candidate terms.
-
-The descent is a branch and bound over the sorted candidate values of the max term. An open
-interval [lo, hi] of candidate indices carries S, a lower bound on the sum of periods of any
-plan whose max term lies in it, so every such plan costs at least ``a*S + vals[lo]``.
-Intervals are opened best bound first; solving at cap vals[mid] gives the least sum S' of
-plans with max <= vals[mid] and a plan whose max is vals[t] (t <= mid): plans with max in
-[t, mid] cost at least the plan's own objective, [lo, t-1] gets bound S', [mid+1, hi] keeps
-S. It stops when the smallest bound cannot beat the best plan (or another problem's best,
-the ``incumbent``: the search's optimum is unchanged). The first interval starts at a lower
-bound on any plan's max term: the larger of the worst-covered block's least term and the
-least cap under which the blocks can be covered with no more devices than the cluster has.
+stage's option changes only its own period, term and memory.
 
 Memory depends on the stages-left count, which the DP tracks up to ``r_eff`` (up to M under
-1f1b). :func:`solve` first tracks :data:`RELAXED_STAGES` counts, holding a stage with more
-stages left to that count's memory -- a relaxation whose optimum is exact when its plan fits
-with its true counts; else the count doubles.
+1f1b); :func:`solve_cap` may track fewer, ``r_top``, holding a stage with more stages left to
+``r_top``'s memory (a relaxation, see :func:`planner.search.descent.solve`).
 """
 
 from __future__ import annotations
 
-import heapq
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from planner.errors import PlanError
-from planner.search.bounds import candidate_terms, lower_bound_top
 from planner.search.space import Move, MoveGroup, Option, Problem, build_problem, coarse_bounds
 
-__all__ = ["Move", "Problem", "Solution", "StageChoice", "build_problem", "coarse_bounds", "infeasible", "solve",
-           "solve_cap"]
-
-
+__all__ = ["Move", "Problem", "Solution", "StageChoice", "build_problem", "coarse_bounds", "infeasible", "solve_cap"]
 
 
 @dataclass(frozen=True)
@@ -277,99 +255,6 @@ def _solution(prob: Problem, stages: Sequence[StageChoice]) -> Solution:
         total = s.period + total
     top = max(s.term for s in stages)
     return Solution(tuple(stages), total, top, prob.a * total + top)
-
-
-_Interval = tuple[float, int, int, float]
-"""An open interval of candidate max-term indices: (bound on the objective, lo, hi, bound S on the sum)."""
-
-
-def _push_intervals(heap: list[_Interval], prob: Problem, vals: np.ndarray, lo: int, mid: int, hi: int,
-                    s_lo: float, sol: Solution | None) -> None:
-    """After solving [lo, hi] at cap vals[mid]: [lo, t-1] bounded by the plan's sum (its max is vals[t]),
-    [mid+1, hi] keeping the interval's bound."""
-    if sol is not None:
-        t = int(np.searchsorted(vals, sol.top))
-        if lo <= t - 1:
-            heapq.heappush(heap, (prob.a * sol.total + float(vals[lo]), lo, t - 1, sol.total))
-    if mid + 1 <= hi:
-        heapq.heappush(heap, (prob.a * s_lo + float(vals[mid + 1]), mid + 1, hi, s_lo))
-
-
-RELAXED_STAGES = 8
-"""The stages-left count the DP first tracks exactly (:func:`solve`); doubled while it is not enough."""
-
-
-def fits(prob: Problem, sol: Solution) -> bool:
-    """Whether every stage of ``sol`` fits with its true stages-left count (K - s)."""
-    k = len(sol.stages)
-    for s, ch in enumerate(sol.stages):
-        c = prob.cand[(ch.move.key, ch.move.link)]
-        if c.rmax[c.options.index(ch.option)][ch.a, ch.b] < k - s:
-            return False
-    return True
-
-
-def solve(prob: Problem, max_solves: int = 10_000, progress: Callable[[int, float], None] | None = None,
-          pool: list[Solution] | None = None, incumbent: float = math.inf) -> Solution | None:
-    """The exact optimum of the objective over the problem's space (None: nothing fits).
-
-    The DP's cost grows with the stages-left counts it tracks (``prob.r_eff``, up to the
-    micro-batch count under 1f1b). It first tracks :data:`RELAXED_STAGES` of them, holding a
-    stage with more stages left to that count's memory: a relaxation (memory only grows with
-    the count), so its optimum is a lower bound, and the optimum itself when that plan fits
-    with its true counts -- the usual case, as plans of more stages than that are rare. Else
-    the count doubles, up to ``r_eff`` (exact). Plans met that do not fit are not pooled.
-    ``incumbent`` (the best objective of the search's other problems) closes intervals that
-    cannot beat it: the result is then this problem's optimum when that is below the
-    incumbent, else a plan no better than the incumbent.
-    """
-    r_top = RELAXED_STAGES if prob.stages_exact is None else prob.r_eff
-    while True:
-        met: list[Solution] = []
-        best = _solve_at(prob, r_top, max_solves, progress, met, incumbent)
-        if r_top >= prob.r_eff or best is None or fits(prob, best):
-            if pool is not None:
-                pool.extend(x for x in met if r_top >= prob.r_eff or fits(prob, x))
-            return best
-        r_top *= 2
-
-
-def _solve_at(prob: Problem, r_top: int, max_solves: int, progress: Callable[[int, float], None] | None,
-              pool: list[Solution] | None, incumbent: float) -> Solution | None:
-    """Branch and bound over the max term at stages-left bound ``r_top`` (the relaxation of :func:`solve`;
-    the bounds are explained in the module doc). Every plan met is appended to ``pool`` when given;
-    intervals that cannot beat ``incumbent`` (another problem's best) are closed too."""
-    first = solve_cap(prob, math.inf, r_top)
-    if first is None:
-        return None
-    met = pool if pool is not None else []
-    met.append(first)
-    vals = candidate_terms(prob)
-    heap = _first_interval(prob, vals, first)
-    best, solves = first, 1
-    while heap and solves < max_solves:
-        bound, lo, hi, s_lo = heapq.heappop(heap)
-        if bound >= min(best.objective, incumbent):
-            break
-        if progress:
-            progress(solves, best.objective)
-        mid = (lo + hi) // 2
-        sol = solve_cap(prob, float(vals[mid]), r_top)
-        solves += 1
-        if sol is not None:
-            met.append(sol)
-            best = sol if sol.objective < best.objective else best
-        _push_intervals(heap, prob, vals, lo, mid, hi, s_lo, sol)
-    return best
-
-
-def _first_interval(prob: Problem, vals: np.ndarray, first: Solution) -> list[_Interval]:
-    """The open interval below the unconstrained plan's max term, from the lower bound on any plan's max."""
-    lo0 = int(np.searchsorted(vals, lower_bound_top(prob, vals)))
-    top_idx = int(np.searchsorted(vals, first.top))
-    if lo0 > top_idx - 1:
-        return []
-    return [(prob.a * first.total + float(vals[lo0]), lo0, top_idx - 1, first.total)]
 
 
 def infeasible(prob: Problem) -> Exception:
