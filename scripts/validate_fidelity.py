@@ -121,13 +121,25 @@ def spec(name: str) -> str:
 # ----------------------------------------------------------------------------- steps
 
 
-def profile(name: str) -> Any:
-    """``planner profile`` of the model at its batch, measured at --threads 1 (9 repeats)."""
+def profile(name: str, attempts: int = 3) -> Any:
+    """``planner profile`` of the model at its batch, measured at --threads 1 (9 repeats) on an
+    idle machine: it waits for one, and profiles again (up to ``attempts`` times in all) while
+    other work took cores meanwhile (a layer's wall time counts the time it waited for a core)."""
     from planner.profiler import profile_model
     from planner.profiler.loader import load_model
+    from planner.runner.machine import IDLE_CORES, background_cores, busy_cpu_s, wait_idle
 
-    torch.manual_seed(0)
-    return profile_model(load_model(spec(name), MODELS[name][1]), mode="measured", threads=1, repeats=9)
+    for _ in range(attempts):
+        wait_idle(timeout_s=60)
+        torch.manual_seed(0)
+        b0, t0, c0 = busy_cpu_s(), time.perf_counter(), time.process_time()
+        prof = profile_model(load_model(spec(name), MODELS[name][1]), mode="measured", threads=1, repeats=9)
+        b1 = busy_cpu_s()
+        bg = background_cores((b1 or 0.0) - (b0 or 0.0), time.process_time() - c0, time.perf_counter() - t0)
+        print(f"  profiled {name}: other work {bg:.2f} cores", file=sys.stderr)
+        if bg <= IDLE_CORES:
+            break
+    return prof
 
 
 def clusters(engines: list[str]) -> dict[int, Any]:
@@ -171,11 +183,14 @@ def bare(plan: Any) -> float:
     return float(simulate(dataclasses.replace(plan, engine="any")).iteration_s)
 
 
-def timed(plans: list[Any], name: str, engine: str, steps: int, repeats: int) -> list[float]:
-    """Each plan's median over ``repeats`` rounds (plans of one world size, one process group)."""
+def timed(plans: list[Any], name: str, engine: str, steps: int, repeats: int) -> list[tuple[float, float]]:
+    """Each plan's median over ``repeats`` rounds (plans of one world size, one process group),
+    and the median cores other work used during its rounds."""
     from planner.calibrate_engines import time_plans
 
-    return [statistics.median(r) for r in time_plans(plans, engine, 1, steps, repeats, model=spec(name))]
+    got = time_plans(plans, engine, 1, steps, repeats, model=spec(name))
+    return [(statistics.median(t), statistics.median(b)) for t, b in zip(got.times_s, got.background_cores,
+                                                                          strict=True)]
 
 
 def parse_plans(text: str) -> list[tuple[int, int]]:
@@ -191,11 +206,11 @@ def fidelity(args: argparse.Namespace, cl: dict[int, Any]) -> list[tuple[Any, ..
             for world in sorted({p for p, _ in shapes}):
                 cluster = matched(cl[world], prof)
                 plans = [plan_for(prof, cluster, world, m, engine) for p, m in shapes if p == world]
-                for plan, meas in zip(plans, timed(plans, name, engine, args.steps, args.repeats), strict=True):
+                for plan, (meas, bg) in zip(plans, timed(plans, name, engine, args.steps, args.repeats), strict=True):
                     pred = plan.predicted.iteration_s
-                    rows.append((name, engine, world, plan.microbatches, pred, bare(plan), meas))
+                    rows.append((name, engine, world, plan.microbatches, pred, bare(plan), meas, bg))
                     print(f"  {name} {engine} P={world} M={plan.microbatches}: predicted {pred:.4f} measured "
-                          f"{meas:.4f} ratio {meas / pred:.3f}", file=sys.stderr)
+                          f"{meas:.4f} ratio {meas / pred:.3f} (other work {bg:.2f} cores)", file=sys.stderr)
     return rows
 
 
@@ -204,19 +219,19 @@ def print_fidelity(rows: list[tuple[Any, ...]], load: tuple[float, ...], args: a
           f"steps ({args.steps - 2} timed); load average before {load[0]:.1f}, now {os.getloadavg()[0]:.1f} on "
           f"{os.cpu_count()} cores")
     print(f"{'model':7} {'engine':10} {'P':>2} {'M':>2} {'predicted_s':>11} {'measured_s':>10} {'ratio':>6}  "
-          f"{'bare_s':>8} {'ratio':>6}  target {TARGET[0]}..{TARGET[1]}")
+          f"{'bare_s':>8} {'ratio':>6} {'other':>5}  target {TARGET[0]}..{TARGET[1]}")
     inside = 0
-    for name, engine, world, m, pred, bare_s, meas in rows:
+    for name, engine, world, m, pred, bare_s, meas, bg in rows:
         ok = TARGET[0] <= meas / pred <= TARGET[1]
         inside += ok
         print(f"{name:7} {engine:10} {world:2d} {m:2d} {pred:11.4f} {meas:10.4f} {meas / pred:6.3f}  {bare_s:8.4f} "
-              f"{meas / bare_s:6.3f}  {'PASS' if ok else 'FAIL'}")
+              f"{meas / bare_s:6.3f} {bg:5.2f}  {'PASS' if ok else 'FAIL'}")
     ratios = [r[6] / r[4] for r in rows]
     if ratios:
         print(f"{inside} of {len(rows)} inside the target; median ratio {statistics.median(ratios):.3f} (bare: "
               f"{statistics.median(r[6] / r[5] for r in rows):.3f})")
     print("predicted: the plan's prediction with its engine's measured overheads; bare: the same plan without "
-          "them (the cost model alone)")
+          "them (the cost model alone); other: cores other work on the machine used during the row's rounds (median)")
 
 
 def quality(args: argparse.Namespace, cl: dict[int, Any]) -> None:
@@ -237,7 +252,7 @@ def quality(args: argparse.Namespace, cl: dict[int, Any]) -> None:
         return dataclasses.replace(ours, stages=stages)
 
     plans = [ours, *(split_plan(c) for c in splits)]
-    times = timed(plans, "vgg", "deepspeed", args.steps, args.repeats)
+    times = [t for t, _ in timed(plans, "vgg", "deepspeed", args.steps, args.repeats)]
     mine, every = times[0], dict(zip(splits, times[1:], strict=True))
     best_cut = min(every, key=lambda c: every[c])
     theirs = every[parts[1]]
