@@ -142,13 +142,17 @@ def _worker(args: argparse.Namespace) -> None:
     peaks, nodes = zip(*_gather([res["peak_memory_bytes"], int(os.environ.get("GROUP_RANK", "0"))]), strict=True)
     t = torch.tensor([res["iteration_s"], res["cpu_s"]], dtype=torch.float64)
     torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    # every rank's CPU seconds per step, and the machine's busy seconds as the first rank read them
+    first = torch.distributed.get_rank() == 0
+    used = torch.tensor([res["cpu_s"], res["machine_busy_s"] if first else [0.0] * args.steps], dtype=torch.float64)
+    torch.distributed.all_reduce(used)
     terms = [torch.zeros(len(MEASURED), dtype=torch.float64) for _ in range(torch.distributed.get_world_size())]
     torch.distributed.all_gather(terms, torch.tensor([res["terms"][k] for k in MEASURED], dtype=torch.float64))
     if int(os.environ.get("LOCAL_RANK", "0")) == 0:  # every server's launcher gets the result
         (Path(args.out) / "result.json").write_text(json.dumps(
             {"losses": res["losses"], "iteration_s": t[0].tolist(), "cpu_s": t[1].tolist(),
-             "peak_memory_bytes": peaks, "node_rank": nodes,
-             "terms": [dict(zip(MEASURED, x.tolist(), strict=True)) for x in terms]}))
+             "all_cpu_s": used[0].tolist(), "machine_busy_s": used[1].tolist(), "peak_memory_bytes": peaks,
+             "node_rank": nodes, "terms": [dict(zip(MEASURED, x.tolist(), strict=True)) for x in terms]}))
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
