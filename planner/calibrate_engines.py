@@ -216,6 +216,14 @@ def measure_engine(cluster: ir.Cluster, engine: str, threads: int, profile: ir.M
     return overhead, runs
 
 
+def at_share(overheads: Sequence[tuple[str, ir.EngineOverhead]], share: float,
+             ) -> tuple[tuple[str, ir.EngineOverhead], ...]:
+    """Overheads measured on processes with a core each, as a cluster whose devices get ``share``
+    of a core charges them (its nominal speed, as its flops: :mod:`planner.calibrate`): divided by ``share``."""
+    return tuple((engine, ir.EngineOverhead(*(getattr(o, f) / share for f in ir.EngineOverhead.FIELDS)))
+                 for engine, o in overheads)
+
+
 def measure_engines(cluster: ir.Cluster, engines: Sequence[str], threads: int,
                     ) -> tuple[tuple[tuple[str, ir.EngineOverhead], ...], dict[str, Any]]:
     """Every engine's overheads (in the cluster's engine order) and their runs, over one tiny profile."""

@@ -146,6 +146,7 @@ def clusters(engines: list[str]) -> dict[int, Any]:
     """This machine as 2 and as 4 processes of 1 thread (with their core shares); engine
     overheads measured once (on 2)."""
     from planner.calibrate import calibrate
+    from planner.calibrate_engines import at_share
 
     two, meta = calibrate(2, 1, engines=engines)
     four, meta4 = calibrate(4, 1)
@@ -155,8 +156,9 @@ def clusters(engines: list[str]) -> dict[int, Any]:
     for engine, o in two.engine_overheads:
         print(f"  {engine}: per action {o.per_action_s * 1e3:.3f} ms, per micro-batch sent "
               f"{o.per_microbatch_s * 1e3:.3f} ms, per step {o.per_step_s * 1e3:.3f} ms", file=sys.stderr)
+    overheads4 = at_share(two.engine_overheads, meta4["core_share"] / meta["core_share"])
     return {1: (two, 1.0), 2: (two, meta["core_share"]),
-            4: (dataclasses.replace(four, engine_overheads=two.engine_overheads), meta4["core_share"])}
+            4: (dataclasses.replace(four, engine_overheads=overheads4), meta4["core_share"])}
 
 
 def matched(calibrated: tuple[Any, float], prof: Any) -> Any:
