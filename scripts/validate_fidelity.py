@@ -5,19 +5,24 @@ Fidelity: models (a CNN, a residual CNN, a GPT-2-style and a Llama-style decoder
 built from transformers configs, no download) x engines (DeepSpeed, torch pipelining) x plans
 (1, 2 and 4 processes of 1 thread, 1 to 8 micro-batches, 1F1B, a pipeline stage per process):
 measured/predicted, the median over ``--repeats`` rounds, target 0.9..1.1. The machine's load
-average is printed before and after.
+average is printed before and after, and per row the cores other work used during its rounds.
 
-Predicted comes only from the planner: ``profile_model`` (measured, 1 thread, 9 repeats),
-``planner.calibrate.calibrate`` (2 and 4 processes x 1 thread; flops from the profile as
-``--match-profile`` does, times the core share: cores / processes when processes outnumber cores; engine
-overheads measured once, by ``--engines``, on 2 processes), ``search`` with ``--engine``
-(so the plan pays its engine's overheads) and ``simulate``. ``bare`` is the same plan's
-prediction without engine overheads (what the cost model said before issue 15).
+Predicted comes only from the planner: ``profile_model`` (measured, 1 thread, 9 repeats, on
+an idle machine: profiled again while other work took cores), ``planner.calibrate.calibrate``
+(2 and 4 processes x 1 thread; flops from the profile as ``--match-profile`` does, times the
+core share: cores / processes when processes outnumber cores, with the node's
+``concurrent_devices`` so that the simulator shares the cores among the stages computing;
+engine overheads measured once, by ``--engines``, on 2 processes, at the 4-process cluster's
+core share for it), ``search`` with ``--engine`` (so the plan pays its engine's overheads) and
+``simulate``. ``bare`` is the same plan's prediction without engine overheads.
 
 Measured: every plan of one (model, engine, world size) is trained in one process group by
 the runner's own code (:func:`planner.runner.worker.train_plan`: the engines' trainers, steps
 between barriers, the slowest rank; :func:`planner.calibrate_engines.time_plans`), each plan
-``--repeats`` times in turn; a round's time is the median of its steps after warm-up.
+``--repeats`` times in turn; a round's time is the median of its steps after warm-up. Each
+round waits for an idle machine and is timed again (3 attempts) while other work took more
+than 0.3 cores during it: this machine is shared, and one other busy process on its 2 cores
+made 2-process pipelines 1.4 to 2.1 times slower (their own CPU time unchanged).
 
 Quality: on a VGG-like model (compute in the convolutions, parameters in the classifier),
 DeepSpeed, 2 stages, M=4: the planner's plan measured against DeepSpeed's default
