@@ -90,10 +90,9 @@ class Engine:
     """One run: the lanes' state as attributes, the event handlers as methods."""
 
     __slots__ = ("act_in", "actions", "ar_after", "block_end", "busy", "bwd", "comm_free", "cores", "costs", "events",
-                 "fwd",
-                 "grad_in", "k", "lane_end", "lane_track", "lanes_devices", "lanes_left", "last_kind", "m", "memory",
-                 "n", "n_chunks", "net", "now", "opts", "pos", "queue", "record", "sched", "settle", "stop_pos",
-                 "texts", "v", "wgt")
+                 "fwd", "grad_in", "k", "lane_end", "lane_track", "lanes_devices", "lanes_left", "last_kind", "m",
+                 "memory", "n", "n_chunks", "net", "now", "opts", "pos", "queue", "record", "sched", "settle",
+                 "stop_pos", "texts", "v", "wgt")
 
     def __init__(self, costs: Sequence[ir.StageCost], sched: Schedule, v: int, opts: SimOptions,
                  settle: int) -> None:
