@@ -7,7 +7,7 @@ built from transformers configs, no download) x engines (DeepSpeed, torch pipeli
 measured/predicted, the median over ``--repeats`` rounds, target 0.9..1.1. The machine's load
 average is printed before and after, and per row the cores other work used during its rounds.
 
-Predicted comes only from the planner: ``profile_model`` (measured, 1 thread, 9 repeats, on
+Predicted comes only from the planner: ``profile_model`` (measured, 1 thread, 25 repeats, on
 an idle machine: profiled again while other work took cores), ``planner.calibrate.calibrate``
 (2 and 4 processes x 1 thread; flops from the profile as ``--match-profile`` does, times the
 core share: cores / processes when processes outnumber cores, with the node's
@@ -126,10 +126,13 @@ def spec(name: str) -> str:
 # ----------------------------------------------------------------------------- steps
 
 
-def profile(name: str, attempts: int = 3) -> Any:
-    """``planner profile`` of the model at its batch, measured at --threads 1 (9 repeats) on an
+def profile(name: str, attempts: int = 3, repeats: int = 25) -> Any:
+    """``planner profile`` of the model at its batch, measured at --threads 1 (``repeats``) on an
     idle machine: it waits for one, and profiles again (up to ``attempts`` times in all) while
-    other work took cores meanwhile (a layer's wall time counts the time it waited for a core)."""
+    other work took cores meanwhile (a layer's wall time counts the time it waited for a core).
+    25 repeats, not 9: four GPT-2 profiles in a row on the idle machine gave whole-model times
+    0.224-0.258 s and fixed parts (every micro-batch pays them) 0.6-11 ms at 9 repeats;
+    0.250-0.256 s and 3.6-8.3 ms at 25."""
     from planner.profiler import profile_model
     from planner.profiler.loader import load_model
     from planner.runner.machine import IDLE_CORES, background_cores, busy_cpu_s, wait_idle
@@ -138,7 +141,8 @@ def profile(name: str, attempts: int = 3) -> Any:
         wait_idle(timeout_s=60)
         torch.manual_seed(0)
         b0, t0, c0 = busy_cpu_s(), time.perf_counter(), time.process_time()
-        prof = profile_model(load_model(spec(name), MODELS[name][1]), mode="measured", threads=1, repeats=9)
+        prof = profile_model(load_model(spec(name), MODELS[name][1]), mode="measured", threads=1,
+                             repeats=repeats)
         b1 = busy_cpu_s()
         bg = background_cores((b1 or 0.0) - (b0 or 0.0), time.process_time() - c0, time.perf_counter() - t0)
         print(f"  profiled {name}: other work {bg:.2f} cores", file=sys.stderr)
