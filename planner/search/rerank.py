@@ -55,10 +55,11 @@ def with_memory(plan: ir.Plan, recompute: Sequence[str] = LIGHTER) -> Costed | N
     None when it still does not fit."""
     caps = {g.name: g.memory_bytes for g in plan.cluster.gpus}
     modes = [m for m in LIGHTER if m in recompute]
+    if len(modes) > 1 and _overflows(dataclasses.replace(plan, stages=tuple(
+            dataclasses.replace(s, recompute=modes[-1]) for s in plan.stages)), caps)[0]:
+        return None  # a stage overflows even at the leanest mode (a stage's memory is its own mode's)
     for _ in range(len(modes)):
-        costs = stage_costs(plan)
-        mem = plan_memory(plan, costs)
-        over = [m > min(caps[d] for d in s.devices) for s, m in zip(plan.stages, mem, strict=True)]
+        _, over, costs, mem = _overflows(plan, caps)
         stages = tuple(dataclasses.replace(s, memory_bytes=m) for s, m in zip(plan.stages, mem, strict=True))
         plan = dataclasses.replace(plan, stages=stages)
         if not any(over):
@@ -69,6 +70,14 @@ def with_memory(plan: ir.Plan, recompute: Sequence[str] = LIGHTER) -> Costed | N
             dataclasses.replace(s, recompute=_leaner(s.recompute, modes) or s.recompute) if o else s
             for s, o in zip(plan.stages, over, strict=True)))
     return None
+
+
+def _overflows(plan: ir.Plan, caps: dict[str, int]) -> tuple[bool, list[bool], tuple[ir.StageCost, ...], list[int]]:
+    """Whether any stage overflows its smallest device, which do, and the stage costs and memory."""
+    costs = stage_costs(plan)
+    mem = plan_memory(plan, costs)
+    over = [m > min(caps[d] for d in s.devices) for s, m in zip(plan.stages, mem, strict=True)]
+    return any(over), over, costs, mem
 
 
 def _leaner(mode: str, modes: Sequence[str]) -> str | None:
