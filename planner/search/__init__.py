@@ -118,10 +118,10 @@ def search(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int |
 
 def _seeds(probs: list[Problem], engine: str, solver: str) -> list[rerank.Costed]:
     """The structured seed plans of every problem (planner.search.rerank.seed_plans), splits shared."""
-    split_cache: dict[int, list[list[int]]] = {}
+    cache = rerank.SeedCache()
     out: list[rerank.Costed] = []
     for prob in probs:
-        out += rerank.seed_plans(prob, engine=engine, solver=solver, split_cache=split_cache)
+        out += rerank.seed_plans(prob, engine=engine, solver=solver, cache=cache)
     return out
 
 
