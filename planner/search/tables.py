@@ -67,11 +67,19 @@ def _drop_dominated(cand: Candidate) -> None:
     The DP takes, per range, the least period among the options that fit under the cap, so a dominated
     option never decides a plan's objective: the optimum is unchanged."""
     n = len(cand.options)
-    period, term, rmax = np.stack(cand.period), np.stack(cand.term), np.stack(cand.rmax)
-    axes = tuple(range(1, period.ndim))
-    # beats[j, i]: option j is no worse than option i on every range
-    beats = np.stack([np.all(period[j] <= period, axis=axes) & np.all(term[j] <= term, axis=axes)
-                      & np.all(rmax[j] >= rmax, axis=axes) for j in range(n)])
+    period, term, rmax = (np.stack(x).reshape(n, -1) for x in (cand.period, cand.term, cand.rmax))
+
+    def no_worse(cols: np.ndarray | slice) -> np.ndarray:  # [j, i]: option j no worse than i on the columns
+        p, t, r = period[:, cols], term[:, cols], rmax[:, cols]
+        return np.stack([np.all(p[j] <= p, axis=1) & np.all(t[j] <= t, axis=1) & np.all(r[j] >= r, axis=1)
+                         for j in range(n)])
+
+    beats = no_worse(slice(0, period.shape[1], max(period.shape[1] // 64, 1)))  # a sample first: most fail
+    if beats.sum() > n:
+        pairs = np.argwhere(beats & ~np.eye(n, dtype=bool))
+        for j, i in pairs:
+            beats[j, i] = bool(np.all(period[j] <= period[i]) and np.all(term[j] <= term[i])
+                               and np.all(rmax[j] >= rmax[i]))
     keep = [i for i in range(n) if not any(j != i and beats[j, i] and (j < i or not beats[i, j]) for j in range(n))]
     for name in ("options", "period", "term", "rmax"):
         values = getattr(cand, name)
@@ -106,6 +114,9 @@ def _fit_limit(prob: Problem, static: np.ndarray, act: np.ndarray, work: np.ndar
                ties: np.ndarray, cap: float, in_fl: list[int], finite: np.ndarray) -> np.ndarray:
     """Per stage range (of every option, stacked): the largest stages-left count r (1..) whose in-flight
     micro-batches fit ``cap``, from the static bytes, activations per micro-batch, workspace and weights."""
+    out = np.zeros(finite.shape, dtype=np.int64)
+    ties = np.broadcast_to(ties, finite.shape)  # only ranges that exist are computed
+    static, act, work, weight, ties = (x[finite] for x in (static, act, work, weight, ties))
     static = np.ceil(static) + ties
     act, work, wt = np.ceil(act), np.ceil(work), np.ceil(weight)
     if schedule_kind(prob.schedule).stashes_weights:  # one weight version per extra micro-batch in flight
@@ -122,7 +133,8 @@ def _fit_limit(prob: Problem, static: np.ndarray, act: np.ndarray, work: np.ndar
         rmax = np.zeros(np.broadcast(static, act).shape, dtype=np.int64)
         for r, k in enumerate(in_fl, start=1):
             rmax = np.where((static + k * act + work <= cap) & (rmax == r - 1), r, rmax)
-    return np.where(finite, rmax, 0)
+    out[finite] = rmax
+    return out
 
 
 def in_flight_counts(prob: Problem, r_hi: int) -> list[int]:
