@@ -41,7 +41,7 @@ from synthetic import cluster, gpt_profile
 
 from planner import ir
 from planner.costmodel import plan_memory, stage_costs
-from planner.judge import judge
+from planner.judge import Judged, judge
 from planner.search import search
 
 
@@ -113,6 +113,16 @@ def _forms(profile: ir.ModelProfile, first: int, end: int, t: int) -> list[str]:
     return ["tp" if profile.layers[i].block is not None else "split_out" for i in range(first, end)]
 
 
+def published_fidelity(row: Published) -> tuple[ir.ModelProfile, ir.Cluster, Judged, float]:
+    """A published run written as a plan and judged: its profile and cluster, the judged plan (fits, predicted
+    iteration, peak memory) and its predicted/published TFLOP/s per GPU (validate_fidelity.py's second table)."""
+    prof = gpt_profile(row.name, row.layers, row.hidden, row.heads, row.seq, row.vocab, row.batch)
+    clus = cluster("a100", row.gpus // 8, inter_Bps=row.inter_Bps)
+    pub = judge(published_plan(prof, clus, row))
+    tflops = model_flops(row) / pub.prediction.iteration_s / row.gpus / 1e12
+    return prof, clus, pub, tflops / row.tflops
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=len(ROWS))
@@ -121,18 +131,15 @@ def main() -> None:
           f"{'TF/GPU':>6} {'paper':>5} {'ratio':>5} | {'planner':>18} {'fits':>4} {'iter s':>7} {'<= pub':>6} "
           f"{'search s':>8}")
     for row in ROWS[:args.rows]:
-        prof = gpt_profile(row.name, row.layers, row.hidden, row.heads, row.seq, row.vocab, row.batch)
-        clus = cluster("a100", row.gpus // 8, inter_Bps=row.inter_Bps)
-        pub = judge(published_plan(prof, clus, row))
-        tflops = model_flops(row) / pub.prediction.iteration_s / row.gpus / 1e12
+        prof, clus, pub, ratio = published_fidelity(row)
+        pub_s = pub.prediction.iteration_s
         t0 = time.perf_counter()
         mine = search(prof, clus, optimizer="adam", precision="bf16")
         took = time.perf_counter() - t0
         grid = "-".join(f"{s.tp}x{s.dp}" for s in mine.stages)
-        faster = mine.predicted.iteration_s <= pub.prediction.iteration_s * (1 + 1e-9)
+        faster = mine.predicted.iteration_s <= pub_s * (1 + 1e-9)
         print(f"{row.name:10} {row.gpus:>5} {row.batch:>5} | {f'{row.t}-{row.p}':>13} {pub.fits!s:>4} "
-              f"{pub.prediction.peak_memory_bytes / 2**30:6.1f} {pub.prediction.iteration_s:7.2f} {tflops:6.0f} "
-              f"{row.tflops:>5.0f} {tflops / row.tflops:5.2f} | {grid[:18]:>18} {'True':>4} "
+              f"{pub.prediction.peak_memory_bytes / 2**30:6.1f} {pub_s:7.2f} {ratio * row.tflops:6.0f} {row.tflops:>5.0f} {ratio:5.2f} | {grid[:18]:>18} {'True':>4} "
               f"{mine.predicted.iteration_s:7.2f} {faster!s:>6} {took:8.1f}", flush=True)
     print("targets: published plan fits; planner fits and <= published; TFLOP/s ratio within 0.85..1.15")
 
