@@ -16,7 +16,7 @@ from typing import Any
 
 from planner import ir
 
-GPUS = {
+GPUS: dict[str, dict[str, Any]] = {
     "a100": {"flops": 19.5e12, "memory_bytes": 80 * 2**30, "memory_bandwidth_Bps": 2.039e12,
              "peak_flops": {"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp16": 312e12},
              "intra": (3e11, 3e-6), "inter": (2.5e10, 5e-6)},
@@ -59,9 +59,12 @@ def _layer(name: str, kind: str, flops_f: float, params: int, out: int, saved: i
             "param_bytes": 2 * params, "output_bytes": out, "saved_bytes": saved}
 
 
-def cluster(gpu: str, nodes: int, gpus: int = 8) -> ir.Cluster:
-    """``nodes`` servers of ``gpus`` GPUs of kind ``gpu`` (a100, h100) on NVLink + InfiniBand."""
-    spec = GPUS[gpu]
+def cluster(gpu: str, nodes: int, gpus: int = 8, inter_Bps: float | None = None) -> ir.Cluster:
+    """``nodes`` servers of ``gpus`` GPUs of kind ``gpu`` (a100, h100) on NVLink + InfiniBand
+    (``inter_Bps``: another inter-server bandwidth per GPU)."""
+    spec = dict(GPUS[gpu])
+    if inter_Bps is not None:
+        spec["inter"] = (inter_Bps, GPUS[gpu]["inter"][1])
     dev = {k: spec[k] for k in ("flops", "memory_bytes", "memory_bandwidth_Bps", "peak_flops")}
     doc = {"kind": "cluster", "version": 1, "name": f"{gpu}-{nodes}x{gpus}",
            "nodes": [{"name": f"s{n}", "gpus": [{"name": f"s{n}.g{g}", **dev} for g in range(gpus)]}

@@ -100,3 +100,48 @@ def test_pruned_re_ranking_equals_simulating_every_candidate() -> None:
         first_best = min(range(len(plans)), key=lambda i: (times[i], i))
         assert best.prediction.iteration_s == times[first_best]
         assert rerank.plan_key(best.plan) == rerank.plan_key(plans[first_best][0])
+
+
+def _mixed_problem(microbatches: int = 4):  # type: ignore[no-untyped-def]
+    d = make_profile_dict(8, batch_size=16)
+    for i, layer in enumerate(d["layers"]):  # uneven layers so the partition is not trivial
+        layer["forward_s"] = 0.001 * (1 + i % 3)
+        layer["backward_s"] = 2 * layer["forward_s"]
+    profile = ir.ModelProfile.from_dict(d)
+    cluster = cluster_from_dict(make_cluster_dict(2, 2, 10**10))
+    return build_problem(profile, cluster, microbatches=microbatches, schedule="1f1b", optimizer="sgd")
+
+
+def test_pipedream_seeds_are_its_partitions_in_both_settings() -> None:
+    prob = _mixed_problem()
+    seeds = rerank.pipedream_seeds(prob, engine="any", solver="dp")
+    got = {tuple((s.layers, s.devices) for s in p.stages) for p, _ in seeds}
+    for _, ratio in bl.PIPEDREAM_MODES:
+        layout = bl.pipedream_layout(prob.profile, prob.cluster, (4,), ratio)
+        want = tuple((layers, devices) for layers, devices, _ in layout.stages)
+        if all(16 % (4 * len(devices)) == 0 for _, devices in want):
+            assert want in got
+    assert all(p.microbatches == 4 and p.schedule == "1f1b" for p, _ in seeds)
+    assert all(s.zero == 0 for p, _ in seeds for s in p.stages if s.width == 1)  # no ZeRO on one device
+
+
+def test_pipedream_seeds_left_out_beyond_their_work_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rerank, "PIPEDREAM_SEED_WORK", 10)
+    assert rerank.pipedream_seeds(_mixed_problem(), engine="any", solver="dp") == []
+
+
+def test_search_is_never_slower_than_pipedream_flush_on_resnet34() -> None:
+    """The case the analytic ranking missed (docs/reproduction.md): PipeDream-Flush's 1-1-2-2-2 is in
+    the search's space, and now among the simulated candidates."""
+    from pathlib import Path
+
+    from planner.api import load_profile
+    from planner.cluster import load_cluster
+    from planner.compare import compare
+
+    profile = load_profile(str(Path(__file__).resolve().parents[1] / "profiles" / "resnet34-b64-2080ti.json"))
+    c = compare(profile, load_cluster("pipepar-4x2-2080ti"), schedule="1f1b", optimizer="momentum",
+                strategies=("pipedream", "planner"))
+    planner_s, pipedream_s = c.get("planner").iteration_s, c.get("pipedream").iteration_s
+    assert planner_s is not None and pipedream_s is not None
+    assert planner_s <= pipedream_s * (1 + 1e-9)

@@ -23,11 +23,18 @@ Two layers (planner.search.rerank):
    equal-width pipeline x data-parallel grids (K stages of GPUs/K consecutive GPUs, every
    K dividing the GPU count; DeepSpeed's space) with DeepSpeed's uniform and
    parameter-balanced splits and torchgpipe's time-balanced split, ``dp`` forms; K = 1
-   is pure data parallel, also seeded under HPP's forms (AccPar's layout). A seed is
+   is pure data parallel, also seeded under HPP's forms (AccPar's layout); and PipeDream's
+   partitions as ``planner compare`` runs them (small inputs). A seed is
    kept only when its groups are ones the solver may form (and its widths obey
    ``--config``/``--engine``) and it fits in memory (recomputation where a stage
    overflows, as the solver does). So the planner is never slower, under the simulator,
    than a baseline whose plan lies in its space and schedule (tests/test_compare.py).
+
+The problems (one per micro-batch count) are solved best unconstrained plan first
+(planner.search.descent.open_problem); a problem's branch and bound closes what cannot beat
+the larger of the best analytic objective met and the best simulated time of the problems'
+optima so far: the optimum is unchanged, and plans that may still win the simulator's
+re-rank are met.
 
 Schedules: ``gpipe`` and ``1f1b`` are planned with their own objective and in-flight
 memory; ``zb-h1`` is planned like 1f1b in time (its smaller bubble is left to the
@@ -118,10 +125,10 @@ def search(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int |
 
 def _seeds(probs: list[Problem], engine: str, solver: str) -> list[rerank.Costed]:
     """The structured seed plans of every problem (planner.search.rerank.seed_plans), splits shared."""
-    split_cache: dict[int, list[list[int]]] = {}
+    cache = rerank.SeedCache()
     out: list[rerank.Costed] = []
     for prob in probs:
-        out += rerank.seed_plans(prob, engine=engine, solver=solver, split_cache=split_cache)
+        out += rerank.seed_plans(prob, engine=engine, solver=solver, cache=cache)
     return out
 
 
@@ -133,20 +140,32 @@ def _collect(profile: ir.ModelProfile, cluster: ir.Cluster, req: Request, cands:
     micro-batches."""
     found: list[tuple[float, int, Problem, Solution]] = []
     probs = [prob for m in cands for prob in problems(profile, cluster, m, req) if any(prob.moves)]
+    simulated_s = math.inf
     for prob, opening in _best_opened_first(probs, req.solver):
         pool: list[Solution] = []
-        sol = _solve(prob, req.solver, pool, found[0][0] if found else math.inf, opening)
+        threshold = max(found[0][0], simulated_s) if found else math.inf
+        sol = _solve(prob, req.solver, pool, threshold, opening)
         if progress:
             progress(f"M={prob.microbatches}: " + ("no plan fits" if sol is None else f"{sol.objective:.6g} s"))
         for x in ([sol] if sol is not None else []) + pool:
             found.append((x.objective, len(found), prob, x))
         found.sort(key=lambda t: (t[0], t[1]))
+        if sol is not None and sol.objective < threshold:
+            simulated_s = min(simulated_s, _simulated_s(prob, sol, req.engine))
     if not probs:
         raise _no_batch_shape(profile, cluster, cands, req)
     if not found:
         raise _no_width_shape(profile, req, probs) or infeasible(probs[-1])
     found.sort(key=lambda t: (t[0], t[1]))
     return found, probs
+
+
+def _simulated_s(prob: Problem, sol: Solution, engine: str) -> float:
+    """The simulated iteration of a solution: other problems are solved fully while they may hold a
+    plan whose analytic objective is below it (the simulator re-ranks the plans met, and the analytic
+    objective is optimistic), not only while they may beat the best analytic objective."""
+    plan, costs = _memory_plan(prob, sol, engine=engine, solver="dp")
+    return rerank.simulated(plan, costs).prediction.iteration_s
 
 
 def _best_opened_first(probs: list[Problem], solver: str) -> list[tuple[Problem, Opening | None]]:

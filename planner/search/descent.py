@@ -47,7 +47,7 @@ from planner.search.sp import Problem, Solution, solve_cap
 
 __all__ = ["RELAXED_STAGES", "Opening", "fits", "open_problem", "solve"]
 
-RELAXED_STAGES = 8
+RELAXED_STAGES = 4
 """The stages-left count the DP first tracks exactly (:func:`solve`); doubled while it is not enough."""
 
 _Interval = tuple[float, int, int, float, bool]

@@ -2,8 +2,9 @@
 
 Owns what :func:`planner.search.search` does after the dynamic programs: the structured
 seed plans (equal-width pipeline x data-parallel grids with balanced layer splits, pure
-data parallel, one stage on every GPU under HPP's forms), the memory check that admits a
-seed, and the simulated prediction of the plan it returns. Pure: no torch, click or rich.
+data parallel, one stage on every GPU under HPP's forms, and PipeDream's partitions as
+``planner compare`` runs them), the memory check that admits a seed, and the simulated
+prediction of the plan it returns. Pure: no torch, click or rich.
 
 Why: the analytic objective (planner.costmodel.analytic_iteration) is 30-100% optimistic
 against the simulator on slow links (1f1b keeps only K - s micro-batches in flight on
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from planner import ir
 from planner.cluster import group_of
@@ -55,10 +57,11 @@ def with_memory(plan: ir.Plan, recompute: Sequence[str] = LIGHTER) -> Costed | N
     None when it still does not fit."""
     caps = {g.name: g.memory_bytes for g in plan.cluster.gpus}
     modes = [m for m in LIGHTER if m in recompute]
+    if len(modes) > 1 and _overflows(dataclasses.replace(plan, stages=tuple(
+            dataclasses.replace(s, recompute=modes[-1]) for s in plan.stages)), caps)[0]:
+        return None  # a stage overflows even at the leanest mode (a stage's memory is its own mode's)
     for _ in range(len(modes)):
-        costs = stage_costs(plan)
-        mem = plan_memory(plan, costs)
-        over = [m > min(caps[d] for d in s.devices) for s, m in zip(plan.stages, mem, strict=True)]
+        _, over, costs, mem = _overflows(plan, caps)
         stages = tuple(dataclasses.replace(s, memory_bytes=m) for s, m in zip(plan.stages, mem, strict=True))
         plan = dataclasses.replace(plan, stages=stages)
         if not any(over):
@@ -69,6 +72,14 @@ def with_memory(plan: ir.Plan, recompute: Sequence[str] = LIGHTER) -> Costed | N
             dataclasses.replace(s, recompute=_leaner(s.recompute, modes) or s.recompute) if o else s
             for s, o in zip(plan.stages, over, strict=True)))
     return None
+
+
+def _overflows(plan: ir.Plan, caps: dict[str, int]) -> tuple[bool, list[bool], tuple[ir.StageCost, ...], list[int]]:
+    """Whether any stage overflows its smallest device, which do, and the stage costs and memory."""
+    costs = stage_costs(plan)
+    mem = plan_memory(plan, costs)
+    over = [m > min(caps[d] for d in s.devices) for s, m in zip(plan.stages, mem, strict=True)]
+    return any(over), over, costs, mem
 
 
 def _leaner(mode: str, modes: Sequence[str]) -> str | None:
@@ -111,8 +122,17 @@ def _width_allowed(prob: Problem, width: int, k: int) -> bool:
     return prob.config is None or tuple(prob.config) == (width,) * k
 
 
-def seed_plans(prob: Problem, *, engine: str, solver: str,
-               split_cache: dict[int, list[list[int]]] | None = None) -> list[Costed]:
+@dataclass
+class SeedCache:
+    """What the seeds of a search's problems share: the splits per stage count, PipeDream's stages per
+    activation setting (both independent of the micro-batch count)."""
+
+    splits: dict[int, list[list[int]]] = field(default_factory=dict)
+    pipedream: dict[float | None, tuple[tuple[tuple[int, int], tuple[str, ...], tuple[str, ...]], ...]] = field(
+        default_factory=dict)
+
+
+def seed_plans(prob: Problem, *, engine: str, solver: str, cache: SeedCache | None = None) -> list[Costed]:
     """Grid seeds of ``prob``'s space: K stages x (GPUs / K) consecutive GPUs, every K that
     divides the GPU count, each seed split, ``dp`` forms; K = 1 is pure data parallel, and
     also the one stage under HPP's forms (AccPar's layout). Only plans whose groups the
@@ -125,7 +145,7 @@ def seed_plans(prob: Problem, *, engine: str, solver: str,
         ks = [prob.stages_exact] if total % prob.stages_exact == 0 else []
     else:
         ks = [k for k in bl.divisors(total) if k <= n]
-    cache = {} if split_cache is None else split_cache
+    cache = SeedCache() if cache is None else cache
     plans: list[Costed] = []
     for k in ks:
         width = total // k
@@ -134,13 +154,48 @@ def seed_plans(prob: Problem, *, engine: str, solver: str,
             continue
         if prob.profile.batch_size % (prob.microbatches * width):
             continue  # the data-parallel ranks would get a fractional micro-batch
-        if k not in cache:
-            cache[k] = splits(prob.profile, k)
-        for parts in cache[k]:
+        if k not in cache.splits:
+            cache.splits[k] = splits(prob.profile, k)
+        for parts in cache.splits[k]:
             forms = [("dp",) * (parts[s + 1] - parts[s]) for s in range(k)]
             plans += _fitting(prob, groups, parts, forms, engine, solver)
         if k == 1:
             plans += _fitting(prob, groups, [0, n], [_hpp_forms(prob, groups[0])], engine, solver)
+    return plans + pipedream_seeds(prob, engine=engine, solver=solver, cache=cache)
+
+
+PIPEDREAM_SEED_WORK = 2e6
+"""Largest layers^3 x units^2 (units: the larger of GPUs per server and servers; every GPU when
+servers differ in size) for which PipeDream's partitioner (pure Python; 52 layers on 4 x 2 GPUs:
+0.08 s, 50 layers on 1 x 8: 1.2 s here) is run for seeds."""
+
+
+def _pipedream_work(prob: Problem) -> int:
+    sizes = {len(node.gpus) for node in prob.cluster.nodes}
+    units = max(sizes.pop(), len(prob.cluster.nodes)) if len(sizes) == 1 else len(prob.cluster.gpus)
+    return len(prob.profile.layers) ** 3 * units ** 2
+
+
+def pipedream_seeds(prob: Problem, *, engine: str, solver: str, cache: SeedCache | None = None) -> list[Costed]:
+    """PipeDream's partitions, in both of ``planner compare``'s settings, as plans of ``prob``
+    (its micro-batch count and schedule) where their groups are stages the search may form, every
+    data-parallel rank gets whole micro-batches, and they fit: the simulator then judges them with
+    the DP's plans, so a baseline plan in the search's space never beats the search's pick."""
+    if prob.config is not None or _pipedream_work(prob) > PIPEDREAM_SEED_WORK:
+        return []
+    cache = SeedCache() if cache is None else cache
+    plans: list[Costed] = []
+    for _, ratio in bl.PIPEDREAM_MODES:
+        if ratio not in cache.pipedream:
+            cache.pipedream[ratio] = bl.pipedream_layout(prob.profile, prob.cluster, (prob.microbatches,),
+                                                         ratio).stages
+        stages = cache.pipedream[ratio]
+        groups = [devices for _, devices, _ in stages]
+        if not _groups_in_space(prob, groups) or any(
+                prob.profile.batch_size % (prob.microbatches * len(g)) for g in groups):
+            continue
+        parts = [first for (first, _), _, _ in stages] + [stages[-1][0][1]]
+        plans += _fitting(prob, groups, parts, [forms for _, _, forms in stages], engine, solver)
     return plans
 
 
@@ -161,10 +216,9 @@ def _hpp_forms(prob: Problem, devices: tuple[str, ...]) -> tuple[str, ...]:
 def _fitting(prob: Problem, groups: Sequence[tuple[str, ...]], parts: Sequence[int],
              forms: Sequence[tuple[str, ...]], engine: str, solver: str) -> list[Costed]:
     """The seed as a plan with memory (and costs), or nothing when it does not fit."""
-    zero = _seed_zero(prob, groups)
     mode = next(m for m in LIGHTER if m in prob.space.recompute)
-    stages = tuple(ir.Stage((parts[s], parts[s + 1]), groups[s], tuple(forms[s]), 0, mode, 1, zero)
-                   for s in range(len(groups)))
+    stages = tuple(ir.Stage((parts[s], parts[s + 1]), groups[s], tuple(forms[s]), 0, mode, 1,
+                            _seed_zero(prob, groups[s])) for s in range(len(groups)))
     stages = tuple(dataclasses.replace(st, tp=st.width, zero=0) if set(st.forms) - {"dp"} else st for st in stages)
     draft = ir.Plan(prob.profile, prob.cluster, prob.schedule, prob.microbatches, prob.optimizer, stages,
                     ir.Prediction(0.0, 0.0, 0.0, 0), engine=engine, solver=solver, precision=prob.space.precision)
@@ -172,9 +226,10 @@ def _fitting(prob: Problem, groups: Sequence[tuple[str, ...]], parts: Sequence[i
     return [] if fitted is None else [fitted]
 
 
-def _seed_zero(prob: Problem, groups: Sequence[tuple[str, ...]]) -> int:
-    """The ZeRO stage a data-parallel seed takes: 1 where allowed (as fast as 0, leaner), else the least allowed."""
-    if len(groups[0]) == 1:
+def _seed_zero(prob: Problem, devices: tuple[str, ...]) -> int:
+    """The ZeRO stage a data-parallel seed stage takes: 1 where allowed (as fast as 0, leaner), else the least
+    allowed; 0 on one device."""
+    if len(devices) == 1:
         return 0
     return 1 if 1 in prob.space.zero else min(prob.space.zero)
 

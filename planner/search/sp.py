@@ -91,8 +91,9 @@ def _windows(nxt: np.ndarray, width: int) -> np.ndarray:
     padded = np.full((rows, nb1 - 1 + width + 1), np.inf)
     padded[:, :nb1 - 1] = nxt[:, 1:]
     st_row, st_col = padded.strides
-    return np.lib.stride_tricks.as_strided(padded, shape=(width, rows, nb1), strides=(st_col, st_row, st_col),
-                                           writeable=False)
+    win: np.ndarray = np.ndarray((width, rows, nb1), padded.dtype, padded, 0, (st_col, st_row, st_col))
+    win.flags.writeable = False
+    return win
 
 
 def _next_rows(h: list[np.ndarray], nxt: int, r_top: int, exact: bool) -> np.ndarray:

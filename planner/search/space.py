@@ -32,6 +32,7 @@ Pure (numpy). The same space for ``--solver dp`` (planner.search.sp) and ``--sol
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -39,7 +40,7 @@ import numpy as np
 
 from planner import ir
 from planner.cluster import Group, group_of, index
-from planner.costmodel import Grid, Variant, layer_table, schedule_weights, variant_cost, variants
+from planner.costmodel import Grid, Variant, VariantCost, layer_table, schedule_weights, variant_cost, variants
 from planner.costmodel.engine import EngineOverhead, engine_overhead
 from planner.search.hpp import StageTables, only_dp, stage_tables_many
 
@@ -79,14 +80,6 @@ class MoveGroup:
     devices: tuple[str, ...]
     next: int
     link: int
-
-
-def move_groups(moves: Sequence[Move]) -> list[MoveGroup]:
-    """``moves`` of one position grouped by (devices, link, next), in first-seen order."""
-    keys: dict[tuple[tuple[str, ...], int, int], list[int]] = {}
-    for mv in moves:
-        keys.setdefault((mv.devices, mv.link, mv.next), []).append(mv.key)
-    return [MoveGroup(tuple(k), devs, nxt, link) for (devs, link, nxt), k in keys.items()]
 
 
 @dataclass
@@ -206,30 +199,41 @@ def _group_options(d: int, c: int, u: int, size: int, starts: Sequence[int], s_t
     return opts
 
 
-def build_moves(cluster: ir.Cluster, mode: str, widths: Sequence[int] | None
-                ) -> tuple[list[list[Move]], list[int], list[tuple[str, ...]]]:
-    """Moves (tp 1) from every free-device position, the skip target, and the distinct groups."""
+@dataclass(frozen=True)
+class BaseMoves:
+    """The moves of every position before tensor degrees: per position, (group index, devices, next
+    position, link); the distinct groups (as the cost model sees them, in one number format); and each
+    position's skip target. The same for every micro-batch count, so made once per cluster and space."""
+
+    rows: tuple[tuple[tuple[int, tuple[str, ...], int, int], ...], ...]
+    groups: tuple[Group, ...]
+    skip: tuple[int, ...]
+
+
+@functools.lru_cache(maxsize=8)
+def base_moves(cluster: ir.Cluster, mode: str, widths: tuple[int, ...] | None, number_format: str) -> BaseMoves:
+    """The moves from every free-device position, the distinct groups, and the skip targets (cached)."""
     idx = index(cluster)
     names, starts = idx.names, idx.node_start
     node_at = [idx.node_of[dev] for dev in names]
     allowed = None if widths is None else set(widths)
-    moves: list[list[Move]] = []
-    skip: list[int] = []
-    groups: list[tuple[str, ...]] = []
+    rows: list[tuple[tuple[int, tuple[str, ...], int, int], ...]] = []
+    group_key: dict[Group, int] = {}
     for d in range(len(names)):
         c = node_at[d]
         u, size = d - starts[c], starts[c + 1] - starts[c]
-        skip.append(starts[c + 1])
         row, seen = [], set()
         for w, nxt in _group_options(d, c, u, size, starts, len(cluster.nodes), len(names), mode, allowed):
             if (allowed is not None and w not in allowed) or (w, nxt) in seen:
                 continue
             seen.add((w, nxt))
-            link = INTRA if u > 0 and node_at[nxt - 1] == c else INTER
-            row.append(Move(-1, tuple(names[d:nxt]), nxt, link))
-            groups.append(tuple(names[d:nxt]))
-        moves.append(row)
-    return moves, skip, groups
+            devices = tuple(names[d:nxt])
+            group = group_of(cluster, devices, number_format)
+            gi = group_key.setdefault(group, len(group_key))
+            row.append((gi, devices, nxt, INTRA if u > 0 and node_at[nxt - 1] == c else INTER))
+        rows.append(tuple(row))
+    skip = tuple(starts[node_at[d] + 1] for d in range(len(names)))
+    return BaseMoves(tuple(rows), tuple(group_key), skip)
 
 
 def _shardable(profile: ir.ModelProfile) -> bool:
@@ -272,44 +276,39 @@ def build_problem(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches
         space = Space(**{**space.__dict__, "forms": tuple(forms)})
     if config is not None:
         mode, widths = "contiguous", sorted(set(config))
-    moves, skip, _ = build_moves(cluster, mode, widths)
+    base = base_moves(cluster, mode, None if widths is None else tuple(widths), space.precision)
     if max_blocks is None:
         max_blocks = 256 if len(cluster.gpus) <= 64 else 128
     bounds = coarse_bounds(profile, max_blocks)
-    grids, tables = _grid_moves(profile, cluster, moves, bounds, microbatches, optimizer, space)
+    grids, moves, groups = _grid_moves(profile, base, microbatches, space)
+    tables = _stage_tables(profile, grids, bounds, microbatches, optimizer, space.forms)
     a, b = schedule_weights(schedule, microbatches)
-    r_cap = max(1, min(len(bounds) - 1, len(skip)))  # the most stages a plan can have
+    r_cap = max(1, min(len(bounds) - 1, len(base.skip)))  # the most stages a plan can have
     exact_k = len(config) if config is not None else stages
-    prob = Problem(profile, cluster, microbatches, schedule, optimizer, space, bounds, moves, skip, grids, tables,
-                   exact_k, tuple(config) if config is not None else None, r_cap, a, b,
-                   overhead=engine_overhead(cluster, engine))
-    prob.move_groups = [move_groups(row) for row in moves]
+    prob = Problem(profile, cluster, microbatches, schedule, optimizer, space, bounds, moves, list(base.skip), grids,
+                   tables, exact_k, tuple(config) if config is not None else None, r_cap, a, b,
+                   overhead=engine_overhead(cluster, engine), move_groups=groups)
     build_candidates(prob)
     return prob
 
 
-def _grid_moves(profile: ir.ModelProfile, cluster: ir.Cluster, moves: list[list[Move]], bounds: np.ndarray,
-                microbatches: int, optimizer: str, space: Space) -> tuple[list[Grid], list[list[StageTables]]]:
-    """Expand every move into one per tensor degree (in place) and tabulate each distinct grid:
-    the fastest and (when different) the leanest HPP stage tables."""
-    key_of: dict[Grid, int] = {}
+def _grid_moves(profile: ir.ModelProfile, base: BaseMoves, microbatches: int, space: Space
+                ) -> tuple[list[Grid], list[list[Move]], list[list[MoveGroup]]]:
+    """Every base move once per tensor degree its group may run (:func:`tensor_degrees`), the distinct
+    grids they run on, and per position the moves grouped by devices, link and next position."""
     grids: list[Grid] = []
-    groups: dict[tuple[str, ...], Group] = {}
+    keys_of: list[list[tuple[int, int]]] = []  # per base group: (grid key, tp)
     shardable = _shardable(profile)
-    for d, row in enumerate(moves):
-        out = []
-        for mv in row:
-            group = groups.get(mv.devices)
-            if group is None:
-                group = groups[mv.devices] = group_of(cluster, mv.devices, space.precision)
-            for tp in tensor_degrees(group, profile.batch_size, microbatches, space, shardable):
-                grid = Grid(group, tp, space.precision, space.sequence_parallel and tp > 1)
-                if grid not in key_of:
-                    key_of[grid] = len(grids)
-                    grids.append(grid)
-                out.append(Move(key_of[grid], mv.devices, mv.next, mv.link, tp))
-        moves[d] = out
-    return grids, _stage_tables(profile, grids, bounds, microbatches, optimizer, space.forms)
+    for group in base.groups:
+        keys_of.append([])
+        for tp in tensor_degrees(group, profile.batch_size, microbatches, space, shardable):
+            keys_of[-1].append((len(grids), tp))
+            grids.append(Grid(group, tp, space.precision, space.sequence_parallel and tp > 1))
+    moves = [[Move(key, devices, nxt, link, tp) for gi, devices, nxt, link in row for key, tp in keys_of[gi]]
+             for row in base.rows]
+    groups = [[MoveGroup(tuple(key for key, _ in keys_of[gi]), devices, nxt, link)
+               for gi, devices, nxt, link in row if keys_of[gi]] for row in base.rows]
+    return grids, moves, groups
 
 
 def _stage_tables(profile: ir.ModelProfile, grids: Sequence[Grid], bounds: np.ndarray, microbatches: int,
@@ -330,7 +329,7 @@ def _stage_tables(profile: ir.ModelProfile, grids: Sequence[Grid], bounds: np.nd
     return out
 
 
-def option_cost(prob: Problem, key: int, option: Option) -> tuple[StageTables, object]:
+def option_cost(prob: Problem, key: int, option: Option) -> tuple[StageTables, VariantCost]:
     """The stage tables of ``option`` on grid ``key`` and its variant's costs (planner.costmodel.variant)."""
     t = prob.tables[key][1 if option.lean else 0]
     return t, variant_cost(t.agg, t.in_bytes[:, None], option.variant, prob.microbatches, t.sync_const)

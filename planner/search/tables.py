@@ -42,12 +42,16 @@ def build_candidates(prob: Problem) -> None:
         cap = prob.grids[key].group.memory_bytes if prob.capacity_override is None else prob.capacity_override
         opts = options(prob, key)
         cand = Candidate(opts, [], [], [])
-        for opt in opts:
-            t, v = option_cost(prob, key, opt)
+        costs = [option_cost(prob, key, opt) for opt in opts]
+        for _, v in costs:
             period, term = _period_and_term(prob, v, recv_of[(link, prob.grids[key].dp)])
             cand.period.append(period)
             cand.term.append(term)
-            cand.rmax.append(_fit_limit(prob, v, t.agg["weight"], ties, cap, in_fl, np.isfinite(period)))
+        shape = cand.period[0].shape
+        static, act, work, weight = (np.stack([np.broadcast_to(x, shape) for x in xs]) for xs in zip(
+            *((v.static, v.act, v.workspace, t.agg["weight"]) for t, v in costs), strict=True))
+        cand.rmax = list(_fit_limit(prob, static, act, work, weight, ties, cap, in_fl,
+                                    np.isfinite(np.stack(cand.period))))
         _drop_dominated(cand)
         cand.make_band()
         prob.cand[(key, link)] = cand
@@ -63,12 +67,20 @@ def _drop_dominated(cand: Candidate) -> None:
     The DP takes, per range, the least period among the options that fit under the cap, so a dominated
     option never decides a plan's objective: the optimum is unchanged."""
     n = len(cand.options)
+    period, term, rmax = (np.stack(x).reshape(n, -1) for x in (cand.period, cand.term, cand.rmax))
 
-    def beats(j: int, i: int) -> bool:
-        return bool(np.all(cand.period[j] <= cand.period[i]) and np.all(cand.term[j] <= cand.term[i])
-                    and np.all(cand.rmax[j] >= cand.rmax[i]))
+    def no_worse(cols: np.ndarray | slice) -> np.ndarray:  # [j, i]: option j no worse than i on the columns
+        p, t, r = period[:, cols], term[:, cols], rmax[:, cols]
+        return np.stack([np.all(p[j] <= p, axis=1) & np.all(t[j] <= t, axis=1) & np.all(r[j] >= r, axis=1)
+                         for j in range(n)])
 
-    keep = [i for i in range(n) if not any(j != i and beats(j, i) and (j < i or not beats(i, j)) for j in range(n))]
+    beats = no_worse(slice(0, period.shape[1], max(period.shape[1] // 64, 1)))  # a sample first: most fail
+    if beats.sum() > n:
+        pairs = np.argwhere(beats & ~np.eye(n, dtype=bool))
+        for j, i in pairs:
+            beats[j, i] = bool(np.all(period[j] <= period[i]) and np.all(term[j] <= term[i])
+                               and np.all(rmax[j] >= rmax[i]))
+    keep = [i for i in range(n) if not any(j != i and beats[j, i] and (j < i or not beats[i, j]) for j in range(n))]
     for name in ("options", "period", "term", "rmax"):
         values = getattr(cand, name)
         setattr(cand, name, [values[i] for i in keep])
@@ -98,11 +110,15 @@ def _with_engine(prob: Problem, time: np.ndarray, fwd: np.ndarray) -> tuple[np.n
             fwd + o.per_action_s + o.per_microbatch_s * after)
 
 
-def _fit_limit(prob: Problem, v: object, weight: np.ndarray, ties: np.ndarray, cap: float, in_fl: list[int],
-               finite: np.ndarray) -> np.ndarray:
-    """Per stage range: the largest stages-left count r (1..) whose in-flight micro-batches fit ``cap``."""
-    static = np.ceil(v.static) + ties  # type: ignore[attr-defined]
-    act, work, wt = np.ceil(v.act), np.ceil(v.workspace), np.ceil(weight)  # type: ignore[attr-defined]
+def _fit_limit(prob: Problem, static: np.ndarray, act: np.ndarray, work: np.ndarray, weight: np.ndarray,
+               ties: np.ndarray, cap: float, in_fl: list[int], finite: np.ndarray) -> np.ndarray:
+    """Per stage range (of every option, stacked): the largest stages-left count r (1..) whose in-flight
+    micro-batches fit ``cap``, from the static bytes, activations per micro-batch, workspace and weights."""
+    out = np.zeros(finite.shape, dtype=np.int64)
+    ties = np.broadcast_to(ties, finite.shape)  # only ranges that exist are computed
+    static, act, work, weight, ties = (x[finite] for x in (static, act, work, weight, ties))
+    static = np.ceil(static) + ties
+    act, work, wt = np.ceil(act), np.ceil(work), np.ceil(weight)
     if schedule_kind(prob.schedule).stashes_weights:  # one weight version per extra micro-batch in flight
         static, act = static - wt, act + wt
     counts = np.asarray(in_fl)
@@ -117,7 +133,8 @@ def _fit_limit(prob: Problem, v: object, weight: np.ndarray, ties: np.ndarray, c
         rmax = np.zeros(np.broadcast(static, act).shape, dtype=np.int64)
         for r, k in enumerate(in_fl, start=1):
             rmax = np.where((static + k * act + work <= cap) & (rmax == r - 1), r, rmax)
-    return np.where(finite, rmax, 0)
+    out[finite] = rmax
+    return out
 
 
 def in_flight_counts(prob: Problem, r_hi: int) -> list[int]:
