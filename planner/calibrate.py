@@ -19,15 +19,25 @@
 
 * Sharing the cores: with more threads (P x T) than the cores this process may run on, each
   device gets ``core_share = cores / (P x T)`` of its measured (or profile's) ``flops`` and
-  memory bandwidth. The matmul benchmark also runs in all P processes at once (after the
-  links): ``meta.concurrent_share`` (concurrent / alone) is what every process computing at
-  once would get at that moment, other work on the machine included; it is reported, not
-  used: a pipeline's processes compute at once only part of the time, and other work comes
-  and goes (on a 2-core machine shared with other users, 4 processes measured 0.24 where the
-  pipelines ran at about 0.5).
+  memory bandwidth: their speed when all P compute at once. The node's ``concurrent_devices``
+  is ``cores / T``, so that the simulator gives the cores of the stages waiting for their
+  input to the ones computing (processor sharing, :mod:`planner.simulate.cores`: on 2 cores, 4
+  processes of a CNN pipeline ran at 0.70 of the flat share's prediction). The matmul
+  benchmark also runs in all P processes at once (after the links): ``meta.concurrent_share``
+  (concurrent / alone) is what every process computing at once would get at that moment,
+  other work on the machine included; it is reported, not used (on a 2-core machine shared
+  with other users, 4 processes measured 0.24 beside another user's busy process; the
+  compute a process does per CPU second is the same alone and beside others: the cores are
+  time-sliced, not slowed).
 * Engines (:mod:`planner.calibrate_engines`): what DeepSpeed's and torch pipelining's own work
   adds to the cost model, per action, per micro-batch sent and per step, fitted by least
-  squares over tiny pipelines trained by each engine (``engine_overheads``).
+  squares over tiny pipelines trained by each engine (``engine_overheads``) on 2 processes;
+  stored divided by the P-process cluster's core share over theirs (they are the processes' own
+  CPU work, slowed by sharing the cores as compute is: :func:`planner.calibrate_engines.at_share`).
+* Other work: calibrate first waits (up to :data:`IDLE_TIMEOUT_S`) until the machine is idle
+  (:func:`planner.runner.machine.wait_idle`: other processes' busy cores below 0.3; ``meta.waited_for_idle_s``):
+  on a machine shared with other users a benchmark beside a busy process measures the time it
+  waited for a core (a p2p latency of 1.2 ms was measured so, 0.12 ms idle).
 
 The result is a cluster JSON (kind cluster, version 1) with one node ``cpu`` of P devices
 ``cpu0..cpu{P-1}``; ``inter_node`` repeats ``intra_node`` (there is one node).
@@ -49,6 +59,10 @@ import torch
 
 from planner import ir
 from planner.errors import PlannerError, UsageError
+from planner.runner.machine import wait_idle
+
+IDLE_TIMEOUT_S = 30.0
+"""How long calibrate waits for an idle machine before it measures (module doc)."""
 
 
 def _median_time(fn: Callable[[], object], repeats: int = 7, warmup: int = 2) -> float:
@@ -186,10 +200,14 @@ def measure_links(nproc: int, threads: int) -> dict[str, float]:
         return json.loads(Path(out).read_text())  # type: ignore[no-any-return]
 
 
+def usable_cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def core_share(nproc: int, threads: int) -> float:
     """The share of a core each of ``nproc x threads`` threads gets on the cores this process may use."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return min(1.0, cores / (nproc * threads))
+    return min(1.0, usable_cores() / (nproc * threads))
 
 
 def machine_memory_bytes() -> int:
@@ -208,6 +226,7 @@ def calibrate(nproc: int, threads: int = 1, name: str | None = None, profile: ir
         raise UsageError(f"--nproc must be 2 or more to measure links, got {nproc}", "use --nproc 2")
     if threads < 1:
         raise UsageError(f"--threads must be positive, got {threads}", "use --threads 1")
+    waited_s = wait_idle(timeout_s=IDLE_TIMEOUT_S)
     compute = measure_flops(threads)
     bandwidth = measure_memory_bandwidth(threads)
     links = measure_links(nproc, threads)
@@ -219,15 +238,16 @@ def calibrate(nproc: int, threads: int = 1, name: str | None = None, profile: ir
     link = ir.Link(links["bandwidth_Bps"], links["latency_s"])
     cluster = ir.Cluster(name or f"calibrated-cpu-{nproc}x{threads}t",
                          (ir.Node("cpu", tuple(ir.GPU(f"cpu{i}", float(flops), memory, compute["memory_bandwidth_Bps"])
-                                           for i in range(nproc))),),
+                                           for i in range(nproc)), usable_cores() / threads),),
                          (("intra_node", link), ("inter_node", link)))
     meta: dict[str, Any] = {**compute, **links, "threads": threads, "nproc": nproc, "core_share": share,
-                            "flops_source": "profile" if profile is not None else "benchmark"}
+                            "flops_source": "profile" if profile is not None else "benchmark",
+                            "waited_for_idle_s": waited_s}
     if engines:
-        from planner.calibrate_engines import measure_engines
+        from planner.calibrate_engines import at_share, measure_engines
 
         overheads, runs = measure_engines(cluster, engines, threads)
-        cluster = dataclasses.replace(cluster, engine_overheads=overheads)
+        cluster = dataclasses.replace(cluster, engine_overheads=at_share(overheads, core_share(2, threads) / share))
         meta["engine_runs"] = runs
     return cluster, meta
 

@@ -7,8 +7,10 @@ ranks and two pipeline stages, 1 to 8 micro-batches, 1F1B (:data:`SHAPES`) -- ar
 the engine itself, through the runner's own code (:func:`planner.runner.worker.train_plan`,
 the engines' ``make_trainer``), all plans of one engine in one process group. Each plan's
 time is the median of its timed steps after warm-up, the fastest over :data:`ROUNDS` rounds
-(the engine's cost, not another user's load). The cost model predicts each plan without
-overheads (``T0``) and, by the simulator, how much one second of each overhead adds to it
+(the engine's cost, not another user's load); each round waits for an idle machine first and is
+timed again while other work took cores from it (:mod:`planner.runner.machine`: on a 2-core
+machine one other busy process made 2-process pipelines 1.4 to 2 times slower). The cost model
+predicts each plan without overheads (``T0``) and, by the simulator, how much one second of each overhead adds to it
 (its features ``f = dT / d overhead``: about ``2(M+K-1)`` actions on the critical path, the
 boundary's sends, one step). The overheads ``x >= 0`` minimise ``sum (T - T0 - f.x)^2``
 (non-negative least squares: the unconstrained fit on every subset of the three, the best
@@ -40,6 +42,10 @@ SHAPES: tuple[tuple[tuple[int, ...], int], ...] = (((2,), 1), ((2,), 4), ((1, 1)
 """(GPUs per stage, micro-batches) of the calibration plans: K = 1 (dp 2) and K = 2 (torch's 1F1B
 needs M >= K), M = 1..8."""
 STEPS, WARMUP, ROUNDS = 8, 2, 3
+ATTEMPTS, IDLE_TIMEOUT_S = 3, 30.0
+"""A round is timed again (up to ATTEMPTS times in all) while other work took more than
+:data:`planner.runner.machine.IDLE_CORES` cores during it; each attempt first waits up to
+IDLE_TIMEOUT_S for an idle machine."""
 DELTA_S = 1e-3  # the overhead step the features are measured with
 
 
@@ -104,37 +110,75 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _timed_round(plan: ir.Plan, model: str, engine: str, steps: int, idle_timeout_s: float) -> tuple[float, float]:
+    """One round of ``plan`` on an idle machine (module doc): the median of its steps after
+    :data:`WARMUP` (the slowest rank's), and the cores other work used meanwhile; the same on every rank."""
+    import torch
+
+    from planner.runner.machine import IDLE_CORES, background_cores, wait_idle
+    from planner.runner.worker import train_plan
+
+    dist = torch.distributed
+    median_s, background = 0.0, 0.0
+    for _ in range(ATTEMPTS):
+        if idle_timeout_s > 0 and dist.get_rank() == 0:
+            wait_idle(timeout_s=idle_timeout_s)
+        dist.barrier()
+        res = train_plan(plan, model, engine, steps, 0, "cross_entropy", profile_terms=False)
+        wall = torch.tensor(res["iteration_s"], dtype=torch.float64)
+        dist.all_reduce(wall, op=dist.ReduceOp.MAX)
+        machine = res["machine_busy_s"] if dist.get_rank() == 0 else [0.0] * steps
+        used = torch.tensor([res["cpu_s"], machine], dtype=torch.float64)[:, WARMUP:].sum(dim=1)
+        dist.all_reduce(used)  # every rank's CPU seconds; the machine's busy seconds as rank 0 read them
+        median_s = statistics.median(wall.tolist()[WARMUP:])
+        background = background_cores(float(used[1]), float(used[0]), float(wall[WARMUP:].sum()))
+        if background <= IDLE_CORES:
+            break
+    return median_s, background
+
+
 def _engine_worker(rank: int, world: int, port: int, engine: str, plans_path: str, model: str, threads: int,
-                   steps: int, rounds: int, out: str) -> None:
-    """One rank: join the group through the engine, train every plan ``rounds`` times, rank 0 writes the times."""
+                   steps: int, rounds: int, idle_timeout_s: float, out: str) -> None:
+    """One rank: join the group through the engine, time every plan ``rounds`` times, rank 0 writes
+    the times and the background cores."""
     os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
                        "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                        "OMP_NUM_THREADS": str(threads)})
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import torch
 
-    from planner.runner.worker import init_group, train_plan
+    from planner.runner.worker import init_group
 
     torch.set_num_threads(threads)
     init_group(engine)
     plans = [ir.Plan.from_dict(d) for d in json.loads(Path(plans_path).read_text())]
     times: list[list[float]] = [[] for _ in plans]
+    backgrounds: list[list[float]] = [[] for _ in plans]
     for _ in range(rounds):
         for i, plan in enumerate(plans):
-            res = train_plan(plan, model, engine, steps, 0, "cross_entropy", profile_terms=False)
-            t = torch.tensor(res["iteration_s"], dtype=torch.float64)
-            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-            times[i].append(statistics.median(t.tolist()[WARMUP:]))
+            t, bg = _timed_round(plan, model, engine, steps, idle_timeout_s)
+            times[i].append(t)
+            backgrounds[i].append(bg)
     if rank == 0:
-        Path(out).write_text(json.dumps(times))
+        Path(out).write_text(json.dumps({"times": times, "background_cores": backgrounds}))
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
 
+@dataclasses.dataclass(frozen=True)
+class Timings:
+    """Per plan, per round: seconds per step, and the cores other work used during the round."""
+
+    times_s: tuple[tuple[float, ...], ...]
+    background_cores: tuple[tuple[float, ...], ...]
+
+
 def time_plans(plans: Sequence[ir.Plan], engine: str, threads: int, steps: int = STEPS, rounds: int = ROUNDS,
-               model: str = MODEL) -> list[list[float]]:
+               model: str = MODEL, idle_timeout_s: float = IDLE_TIMEOUT_S) -> Timings:
     """Seconds per step of each plan (of one world size) trained by ``engine``, once per round: the
-    median of the steps after :data:`WARMUP`, the slowest rank's (module doc)."""
+    median of the steps after :data:`WARMUP`, the slowest rank's, each round started on an idle
+    machine (waiting up to ``idle_timeout_s``; 0: not waiting) and retried while other work took
+    cores from it (module doc)."""
     import torch.multiprocessing as mp
 
     world = plans[0].world_size
@@ -144,14 +188,16 @@ def time_plans(plans: Sequence[ir.Plan], engine: str, threads: int, steps: int =
     with tempfile.TemporaryDirectory(prefix="planner-calibrate-engine-") as tmp:
         plans_path, out = os.path.join(tmp, "plans.json"), os.path.join(tmp, "times.json")
         Path(plans_path).write_text(json.dumps([p.to_dict() for p in plans]))
-        args = (world, _free_port(), engine, plans_path, model, threads, steps, rounds, out)
+        args = (world, _free_port(), engine, plans_path, model, threads, steps, rounds, idle_timeout_s, out)
         try:
             mp.start_processes(_engine_worker, args=args, nprocs=world, join=True, start_method="spawn")
         except Exception as exc:
             raise RunError(f"training with {engine} failed: {str(exc).strip().splitlines()[-1]}",
                            f"leave the engine out (calibrate --engines), or run `planner run` on a plan with "
                            f"--engine {engine} to see the cause") from None
-        return [[float(t) for t in row] for row in json.loads(Path(out).read_text())]
+        doc = json.loads(Path(out).read_text())
+        return Timings(*(tuple(tuple(float(t) for t in row) for row in doc[key])
+                         for key in ("times", "background_cores")))
 
 
 def measure_engine(cluster: ir.Cluster, engine: str, threads: int, profile: ir.ModelProfile,
@@ -159,7 +205,7 @@ def measure_engine(cluster: ir.Cluster, engine: str, threads: int, profile: ir.M
                    rounds: int = ROUNDS) -> tuple[ir.EngineOverhead, list[dict[str, Any]]]:
     """``engine``'s fitted overheads on this machine, and every calibration run (plan, measured, predicted)."""
     plans = calibration_plans(profile, cluster, engine, shapes)
-    measured = [min(row) for row in time_plans(plans, engine, threads, steps, rounds)]
+    measured = [min(row) for row in time_plans(plans, engine, threads, steps, rounds).times_s]
     rows = [overhead_features(p, engine) for p in plans]
     base = np.array([b for b, _ in rows])
     features = np.array([f for _, f in rows])
@@ -168,6 +214,14 @@ def measure_engine(cluster: ir.Cluster, engine: str, threads: int, profile: ir.M
     runs = [{"config": p.config, "microbatches": p.microbatches, "measured_s": t, "predicted_s": float(b),
              "fitted_s": float(f)} for p, t, b, f in zip(plans, measured, base, fitted, strict=True)]
     return overhead, runs
+
+
+def at_share(overheads: Sequence[tuple[str, ir.EngineOverhead]], share: float,
+             ) -> tuple[tuple[str, ir.EngineOverhead], ...]:
+    """Overheads measured on processes with a core each, as a cluster whose devices get ``share``
+    of a core charges them (its nominal speed, as its flops: :mod:`planner.calibrate`): divided by ``share``."""
+    return tuple((engine, ir.EngineOverhead(*(getattr(o, f) / share for f in ir.EngineOverhead.FIELDS)))
+                 for engine, o in overheads)
 
 
 def measure_engines(cluster: ir.Cluster, engines: Sequence[str], threads: int,

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from planner import ir
 from planner.costmodel import stage_costs
-from planner.simulate import SimOptions, SimResult, simulate_costs
+from planner.simulate import SimOptions, SimResult, plan_options, simulate_costs
 from planner.validate import validate_plan
 
 GIB = 1024**3
@@ -65,7 +65,7 @@ def simulate_plan(plan: ir.Plan, costs: Sequence[ir.StageCost] | None = None,
     """``plan`` checked and simulated (over ``costs`` when given, else its stage costs)."""
     validate_plan(plan)
     costs = stage_costs(plan) if costs is None else costs
-    return simulate_costs(costs, plan.schedule, plan.microbatches, plan.virtual_stages, options)
+    return simulate_costs(costs, plan.schedule, plan.microbatches, plan.virtual_stages, plan_options(plan, options))
 
 
 def verdict(plan: ir.Plan, result: SimResult) -> Judged:

@@ -32,6 +32,7 @@ def test_calibrated_cluster_is_a_valid_cluster_of_p_devices() -> None:
     assert 0 < meta["core_share"] <= 1 and meta["concurrent_share"] > 0
     assert [g.flops for g in back.gpus] == pytest.approx([meta["flops"] * meta["core_share"]] * 2)
     assert {g.memory_bandwidth_Bps for g in back.gpus} == {meta["memory_bandwidth_Bps"]}
+    assert back.nodes[0].concurrent_devices == len(os.sched_getaffinity(0))  # 1 thread each: one per core
 
 
 def test_memory_bandwidth_benchmark_is_plausible() -> None:
@@ -51,6 +52,14 @@ def test_more_threads_than_cores_share_them() -> None:
     cores = len(os.sched_getaffinity(0))
     assert core_share(1, 1) == 1.0 and core_share(cores, 1) == 1.0
     assert core_share(2 * cores, 1) == pytest.approx(0.5) and core_share(cores, 4) == pytest.approx(0.25)
+
+
+def test_overheads_at_a_core_share_are_the_processes_own_work_slowed_as_compute_is() -> None:
+    from planner.calibrate_engines import at_share
+
+    got = at_share((("torch", ir.EngineOverhead(1e-4, 2e-4, 3e-3)),), 0.5)
+    assert got[0][0] == "torch"
+    assert [getattr(got[0][1], f) for f in ir.EngineOverhead.FIELDS] == pytest.approx([2e-4, 4e-4, 6e-3])
 
 
 def test_one_process_is_refused() -> None:

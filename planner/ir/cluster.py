@@ -73,18 +73,33 @@ def _peaks(d: Mapping[str, Any], where: str) -> tuple[tuple[str, float], ...]:
 
 @dataclass(frozen=True)
 class Node:
-    """One server: GPUs joined by the ``intra_node`` link."""
+    """One server: GPUs joined by the ``intra_node`` link.
+
+    ``concurrent_devices`` (optional): how many of its devices compute at full speed at once,
+    when they share processors (CPU processes: cores / threads per process, set by ``planner
+    calibrate``); their ``flops`` are then their speed when all compute at once, and the
+    simulator speeds up those computing while others wait (:mod:`planner.simulate.cores`).
+    """
 
     name: str
     gpus: tuple[GPU, ...]
+    concurrent_devices: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "gpus": [g.to_dict() for g in self.gpus]}
+        d: dict[str, Any] = {"name": self.name, "gpus": [g.to_dict() for g in self.gpus]}
+        if self.concurrent_devices is not None:
+            d["concurrent_devices"] = self.concurrent_devices
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str) -> Node:
         gpus = _list(d, "gpus", where)
-        return cls(_str(d, "name", where), tuple(GPU.from_dict(g, f"{where}.gpus[{i}]") for i, g in enumerate(gpus)))
+        concurrent = _opt_num(d, "concurrent_devices", where)
+        if concurrent is not None and concurrent <= 0:
+            raise FormatError(f"{where}.concurrent_devices must be positive, got {concurrent!r}",
+                              "e.g. 2 (cores / threads per process), or leave it out")
+        return cls(_str(d, "name", where), tuple(GPU.from_dict(g, f"{where}.gpus[{i}]") for i, g in enumerate(gpus)),
+                   concurrent)
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ from planner.export.nodes import (
 )
 from planner.export.program import engine_module
 from planner.runnable import check_runnable
+from planner.runner.machine import background_cores
 from planner.runner.processes import last_lines, rendezvous_failure, wait_workers, worker_cause
 from planner.runner.reference import max_rel_diff, reference_losses
 from planner.runner.terms import stage_terms
@@ -179,6 +180,15 @@ def _ranks(plan: ir.Plan, res: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _background(launch: Launch, warmup: int, res: dict[str, Any]) -> float | None:
+    """Cores other work on this machine used during the timed steps (planner.runner.machine);
+    None on several servers (the ranks' CPU time is every server's) or where it cannot be read."""
+    busy = res["machine_busy_s"][warmup:]
+    if launch.nnodes > 1 or not any(busy):
+        return None
+    return background_cores(sum(busy), sum(res["all_cpu_s"][warmup:]), sum(res["iteration_s"][warmup:]))
+
+
 def _run_doc(plan: ir.Plan, launch: Launch, warmup: int, res: dict[str, Any]) -> dict[str, Any]:
     """The run JSON (without the reference losses) from the workers' result."""
     times = res["iteration_s"]
@@ -192,6 +202,7 @@ def _run_doc(plan: ir.Plan, launch: Launch, warmup: int, res: dict[str, Any]) ->
         # CPU seconds of the busiest process per step (wall time well above it: waiting or
         # a machine shared with other work)
         "cpu_iteration_s": statistics.median(res["cpu_s"][warmup:]),
+        "background_cores": _background(launch, warmup, res),
         "losses": res["losses"], "ranks": ranks,
         "peak_memory_bytes": max(r["peak_memory_bytes"] for r in ranks),
     }

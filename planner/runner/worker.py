@@ -35,6 +35,7 @@ from planner.export import ENGINES, deepspeed
 from planner.export.data import data_spec
 from planner.export.layers import disable_dropout, load_layers
 from planner.export.program import engine_module
+from planner.runner.machine import busy_cpu_s
 from planner.runner.terms import MEASURED, classify
 
 Step = Callable[[torch.Tensor, torch.Tensor], float]
@@ -74,18 +75,21 @@ def _peak_memory(start: int) -> int:
 
 
 def _train(step_fn: Step, data: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[list[float], ...]:
-    """Every step between barriers: losses, wall seconds and CPU seconds."""
-    losses, times, cpu = [], [], []
+    """Every step between barriers: losses, wall seconds, this process's CPU seconds and the
+    machine's busy CPU seconds (all its cores, every process: :mod:`planner.runner.machine`; 0 where unknown)."""
+    losses, times, cpu, machine = [], [], [], []
     for x, y in data:
         torch.distributed.barrier()
-        t0, c0 = time.perf_counter(), time.process_time()
+        b0, t0, c0 = busy_cpu_s(), time.perf_counter(), time.process_time()
         loss = step_fn(x, y)
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
+        b1 = busy_cpu_s()
+        machine.append(b1 - b0 if b0 is not None and b1 is not None else 0.0)
         losses.append(loss)
-    return losses, times, cpu
+    return losses, times, cpu, machine
 
 
 def _gather(values: list[int]) -> list[list[int]]:
@@ -114,7 +118,8 @@ def profiled_step(step_fn: Step, x: torch.Tensor, y: torch.Tensor) -> dict[str, 
 def train_plan(plan: ir.Plan, model: str, engine: str, steps: int, seed: int, loss: str,
                profile_terms: bool = True) -> dict[str, Any]:
     """Train ``plan`` for ``steps`` timed steps in this (already joined) process group: this rank's
-    ``losses``, ``iteration_s``, ``cpu_s``, ``peak_memory_bytes`` and ``terms`` (one profiled step)."""
+    ``losses``, ``iteration_s``, ``cpu_s``, the machine's ``machine_busy_s`` per step,
+    ``peak_memory_bytes`` and ``terms`` (one profiled step)."""
     layers, example = load_layers(model, plan, seed)
     for layer in layers:
         disable_dropout(layer)
@@ -122,10 +127,10 @@ def train_plan(plan: ir.Plan, model: str, engine: str, steps: int, seed: int, lo
     data = [spec.batch(s, plan.batch_size, seed) for s in range(steps + profile_terms)]
     start = _start_memory()
     step_fn = engine_module(engine).make_trainer(layers, plan, spec.loss)
-    losses, times, cpu = _train(step_fn, data[:steps])
+    losses, times, cpu, machine = _train(step_fn, data[:steps])
     terms = profiled_step(step_fn, *data[steps]) if profile_terms else {}
-    return {"losses": losses, "iteration_s": times, "cpu_s": cpu, "peak_memory_bytes": _peak_memory(start),
-            "terms": terms}
+    return {"losses": losses, "iteration_s": times, "cpu_s": cpu, "machine_busy_s": machine,
+            "peak_memory_bytes": _peak_memory(start), "terms": terms}
 
 
 def _worker(args: argparse.Namespace) -> None:
@@ -137,13 +142,17 @@ def _worker(args: argparse.Namespace) -> None:
     peaks, nodes = zip(*_gather([res["peak_memory_bytes"], int(os.environ.get("GROUP_RANK", "0"))]), strict=True)
     t = torch.tensor([res["iteration_s"], res["cpu_s"]], dtype=torch.float64)
     torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    # every rank's CPU seconds per step, and the machine's busy seconds as the first rank read them
+    first = torch.distributed.get_rank() == 0
+    used = torch.tensor([res["cpu_s"], res["machine_busy_s"] if first else [0.0] * args.steps], dtype=torch.float64)
+    torch.distributed.all_reduce(used)
     terms = [torch.zeros(len(MEASURED), dtype=torch.float64) for _ in range(torch.distributed.get_world_size())]
     torch.distributed.all_gather(terms, torch.tensor([res["terms"][k] for k in MEASURED], dtype=torch.float64))
     if int(os.environ.get("LOCAL_RANK", "0")) == 0:  # every server's launcher gets the result
         (Path(args.out) / "result.json").write_text(json.dumps(
             {"losses": res["losses"], "iteration_s": t[0].tolist(), "cpu_s": t[1].tolist(),
-             "peak_memory_bytes": peaks, "node_rank": nodes,
-             "terms": [dict(zip(MEASURED, x.tolist(), strict=True)) for x in terms]}))
+             "all_cpu_s": used[0].tolist(), "machine_busy_s": used[1].tolist(), "peak_memory_bytes": peaks,
+             "node_rank": nodes, "terms": [dict(zip(MEASURED, x.tolist(), strict=True)) for x in terms]}))
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 

@@ -41,6 +41,11 @@ The simulator plays a :class:`planner.schedule.Schedule` over per-stage costs
   (:mod:`planner.costmodel.engine`): every F, B and W action ``per_action_s`` longer, every
   micro-batch sent over a boundary ``per_microbatch_s`` on the sender, every device group's
   optimizer step ``per_step_s`` longer. Without them the costs are those of the cost model alone.
+* **Shared cores.** On a node that runs more devices than it has processors for
+  (``concurrent_devices``: CPU processes on fewer cores, :mod:`planner.simulate.cores`), a
+  lane's F, B and W run faster than their nominal (all-computing) time while fewer of the
+  node's devices compute: processor sharing of its cores among the computing lanes
+  (``busy_s`` and the bubble still count the lanes' nominal work).
 * **Memory** per lane over time: static bytes (weights, gradients, optimizer state) of its
   chunks; + ``activation_bytes`` of a chunk from the start of a micro-batch's F until the
   end of its B (its W under ``zb-h1``); + ``workspace_bytes`` during B and W; when the
@@ -76,6 +81,7 @@ Times and the bubble:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from planner import ir
@@ -88,8 +94,8 @@ from planner.simulate.measure import result as _result
 from planner.simulate.result import DeviceResult, SimOptions, SimResult
 from planner.validate import validate_plan
 
-__all__ = ["DeviceResult", "Event", "SimOptions", "SimResult", "pipedream_settle_blocks", "simulate", "simulate_costs",
-           "validate_plan"]
+__all__ = ["DeviceResult", "Event", "SimOptions", "SimResult", "pipedream_settle_blocks", "plan_options", "simulate",
+           "simulate_costs", "validate_plan"]
 
 
 def pipedream_settle_blocks(stages: int, microbatches: int) -> int:
@@ -141,8 +147,18 @@ def _run(costs: Sequence[ir.StageCost], sched: Schedule, v: int, opts: SimOption
     return _result(engine)
 
 
+def plan_options(plan: ir.Plan, options: SimOptions | None = None) -> SimOptions:
+    """``options`` (default ones when None) with the plan's cluster's nodes that share their
+    cores (``concurrent_devices``; :mod:`planner.simulate.cores`), unless they name some already."""
+    opts = options or SimOptions()
+    if opts.core_nodes:
+        return opts
+    shared = tuple(n for n in plan.cluster.nodes if n.concurrent_devices is not None)
+    return dataclasses.replace(opts, core_nodes=shared) if shared else opts
+
+
 def simulate(plan: ir.Plan, options: SimOptions | None = None) -> SimResult:
     """Simulate one training iteration of ``plan`` (checked with :func:`validate_plan`)."""
     validate_plan(plan)
     costs = stage_costs(plan)
-    return simulate_costs(costs, plan.schedule, plan.microbatches, plan.virtual_stages, options)
+    return simulate_costs(costs, plan.schedule, plan.microbatches, plan.virtual_stages, plan_options(plan, options))

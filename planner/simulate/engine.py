@@ -18,7 +18,8 @@ from collections.abc import Sequence
 from planner import ir
 from planner.errors import PlanError, ScheduleError
 from planner.schedule import Action, Schedule
-from planner.simulate.events import COMPUTE, LATENCY, LINK, Event, EventQueue, new_event
+from planner.simulate.cores import CoreShare
+from planner.simulate.events import COMPUTE, LATENCY, LINK, SHARED, Event, EventQueue, new_event
 from planner.simulate.links import Network
 from planner.simulate.memory import LaneMemory
 from planner.simulate.result import SimOptions
@@ -88,10 +89,10 @@ def pass_times(costs: Sequence[ir.StageCost], split_backward: bool) -> tuple[lis
 class Engine:
     """One run: the lanes' state as attributes, the event handlers as methods."""
 
-    __slots__ = ("act_in", "actions", "ar_after", "block_end", "busy", "bwd", "comm_free", "costs", "events", "fwd",
-                 "grad_in", "k", "lane_end", "lane_track", "lanes_devices", "lanes_left", "last_kind", "m", "memory",
-                 "n", "n_chunks", "net", "now", "opts", "pos", "queue", "record", "sched", "settle", "stop_pos",
-                 "texts", "v", "wgt")
+    __slots__ = ("act_in", "actions", "ar_after", "block_end", "busy", "bwd", "comm_free", "cores", "costs", "events",
+                 "fwd", "grad_in", "k", "lane_end", "lane_track", "lanes_devices", "lanes_left", "last_kind", "m",
+                 "memory", "n", "n_chunks", "net", "now", "opts", "pos", "queue", "record", "sched", "settle",
+                 "stop_pos", "texts", "v", "wgt")
 
     def __init__(self, costs: Sequence[ir.StageCost], sched: Schedule, v: int, opts: SimOptions,
                  settle: int) -> None:
@@ -112,6 +113,7 @@ class Engine:
         self.net = Network(costs, k, opts, self.queue, self.events)
         self.stop_pos, self.lanes_left = steady_stop(sched, self.last_kind, settle) if opts.shortcuts else ([], 0)
         self.memory = LaneMemory(costs, k, sched.stashes_weights)
+        self.cores = CoreShare(self.lanes_devices, opts.core_nodes)
         # Arrival times of inputs, None until they arrive: act_in[c*n+mb] (activations into
         # chunk c; chunk 0's are there at 0), grad_in[c*n+mb] (gradients; the last chunk's at 0).
         size = self.n_chunks * self.n
@@ -147,13 +149,31 @@ class Engine:
             dur = self.wgt[c]
             self.memory.backward_starts(lane, c, now)
         self.busy[lane] = True
-        end = now + dur
-        if self.record:
-            self.events.append(new_event(Event, (self.lane_track[lane], self.texts[lane][p], kind, c, mb, now, end)))
         if self.opts.overlap_allreduce and p in self.ar_after[lane]:
             for ch, blk in self.ar_after[lane][p]:
                 self._overlapped_ar(lane, ch, blk, now, dur)
+        pool = self.cores.pool_of.get(lane) if self.cores else None
+        if pool is not None:  # its end depends on the other lanes computing meanwhile
+            for end, other, version in pool.begin(lane, dur, now):
+                self.queue.push(end, SHARED, (other, version))
+            return
+        end = now + dur
+        if self.record:
+            self.events.append(new_event(Event, (self.lane_track[lane], self.texts[lane][p], kind, c, mb, now, end)))
         self.queue.push(end, COMPUTE, (lane, a))
+
+    def shared_done(self, lane: int, version: int, now: float) -> bool:
+        """A lane's action on shared cores may end (a stale version: it was rescheduled); True once the run may stop."""
+        start, ends = self.cores.pool_of[lane].finish(lane, version, now)
+        if start is None:
+            return False
+        for end, other, later in ends:
+            self.queue.push(end, SHARED, (other, later))
+        p = self.pos[lane]
+        a = self.actions[lane][p]
+        if self.record:
+            self.events.append(Event(self.lane_track[lane], self.texts[lane][p], a.kind, a.stage, a.mb, start, now))
+        return self.lane_done(lane, a, now)
 
     def _overlapped_ar(self, lane: int, c: int, blk: int, t0: float, dur: float) -> None:
         """Chunk c's all-reduce in DDP buckets on the lane's communication stream, during [t0, t0 + dur]."""
@@ -248,7 +268,8 @@ class Engine:
             self.try_start(lane, 0.0)
         heap, net = self.queue.heap, self.net
         now = 0.0
-        budget = 64 * sum(len(a) for a in self.actions) + 1024  # a guard against engine bugs, never hit
+        # a guard against engine bugs, never hit (shared cores reschedule every computing lane per start and end)
+        budget = (64 + 2 * self.k * bool(self.cores)) * sum(len(a) for a in self.actions) + 1024
         while heap:
             budget -= 1
             if budget < 0:
@@ -256,6 +277,9 @@ class Engine:
             now, _, typ, payload = heapq.heappop(heap)
             if typ == COMPUTE:
                 if self.lane_done(payload[0], payload[1], now):
+                    break
+            elif typ == SHARED:
+                if self.shared_done(payload[0], payload[1], now):
                     break
             elif typ == LATENCY:
                 net.join(payload, now)

@@ -12,9 +12,10 @@ import heapq
 import operator
 from typing import Any, NamedTuple
 
-COMPUTE, LATENCY, LINK, ARRIVE = 0, 1, 2, 3
+COMPUTE, LATENCY, LINK, ARRIVE, SHARED = 0, 1, 2, 3, 4
 """Queue entries: a lane's action (or blocking all-reduce) ends; a transfer's latency is
-over; a link's transfer may end (if the link's version still matches); a transfer arrives."""
+over; a link's transfer may end (if the link's version still matches); a transfer arrives;
+a lane's action on shared cores may end (if its version still matches: :mod:`planner.simulate.cores`)."""
 
 
 class Event(NamedTuple):

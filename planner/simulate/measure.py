@@ -22,7 +22,7 @@ def lane_work(run: Engine, lane: int) -> tuple[float, float]:
 def steady_bound(run: Engine) -> float:
     """No steady state is faster than its busiest resource: a lane's work, one flow's
     transfers (in order), or a link's transfers (its bandwidth shared), per iteration."""
-    busiest_lane = max(lane_work(run, lane)[1] for lane in range(run.k))
+    busiest_lane = max(lane_work(run, lane)[1] / run.cores.fastest_rate(lane) for lane in range(run.k))
     return max(busiest_lane, run.net.busiest_s(run.m))
 
 

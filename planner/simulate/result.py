@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from planner import ir
 from planner.schedule import find_kind
 from planner.simulate.events import Event
 from planner.simulate.trace import chrome_trace
@@ -28,6 +29,9 @@ class SimOptions:
     # False: play every transfer through the link-sharing code and pipedream's trailing
     # iterations to the end (the reference definition; the shortcuts give the same times).
     shortcuts: bool = True
+    # Nodes whose devices share processors (``concurrent_devices`` set): their lanes' compute is
+    # processor-shared (planner.simulate.cores). simulate() takes them from the plan's cluster.
+    core_nodes: tuple[ir.Node, ...] = ()
 
 
 @dataclass(frozen=True)

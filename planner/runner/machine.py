@@ -1,0 +1,70 @@
+"""How busy this machine is: the CPU time other work takes beside a timed run (Linux ``/proc/stat``).
+
+A timed run on a machine shared with other users runs slower than its cost model says when
+their processes take cores from it (measured on a 2-core machine: a 2-process pipeline beside
+one other busy process ran at 1.4 to 2.1 times its idle time, with its own processes' CPU time
+unchanged). These helpers say how much of the machine such other work took, so that a
+measurement can wait for an idle machine and report what it ran beside:
+
+* :func:`busy_cpu_s`: the machine's cumulative busy CPU seconds over every core (user, nice,
+  system, irq, softirq and steal time of ``/proc/stat``'s ``cpu`` line; ``proc(5)``), None
+  where there is no ``/proc/stat``.
+* :func:`background_cores`: the cores other work used during a run: the machine's busy CPU
+  seconds minus the run's own processes' CPU seconds, per wall second.
+* :func:`wait_idle`: wait (polling in short windows) until the machine's busy cores stay
+  below a threshold, so that a timed round starts on an idle machine.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+STAT = Path("/proc/stat")
+BUSY_FIELDS = (0, 1, 2, 5, 6, 7)
+"""user, nice, system, irq, softirq, steal: the busy columns of ``/proc/stat``'s ``cpu`` line (``proc(5)``)."""
+IDLE_CORES = 0.3
+"""Busy cores below which the machine counts as idle (the polling's own reads and a waiting
+process's wake-ups stay well under it)."""
+
+
+def busy_cpu_s(stat: Path = STAT) -> float | None:
+    """The machine's busy CPU seconds so far, summed over its cores; None without ``/proc/stat``."""
+    try:
+        first = stat.read_text().split("\n", 1)[0].split()
+    except OSError:
+        return None
+    if not first or first[0] != "cpu":
+        return None
+    ticks = [int(v) for v in first[1:]]
+    return sum(ticks[i] for i in BUSY_FIELDS if i < len(ticks)) / os.sysconf("SC_CLK_TCK")
+
+
+def background_cores(machine_busy_s: float, own_cpu_s: float, wall_s: float) -> float:
+    """Cores that other work used during ``wall_s``: the machine's busy CPU seconds beyond the
+    run's own (never below 0: the two clocks tick at different rates)."""
+    if wall_s <= 0:
+        return 0.0
+    return max(0.0, machine_busy_s - own_cpu_s) / wall_s
+
+
+def wait_idle(max_busy_cores: float = IDLE_CORES, window_s: float = 0.5, timeout_s: float = 60.0,
+              busy: Callable[[], float | None] = busy_cpu_s, sleep: Callable[[float], None] = time.sleep,
+              ) -> float | None:
+    """Wait until a ``window_s`` window in which the machine used fewer than ``max_busy_cores``
+    cores (or ``timeout_s`` has passed): the seconds waited, None when the load cannot be read."""
+    start = busy()
+    if start is None:
+        return None
+    waited = 0.0
+    while True:
+        sleep(window_s)
+        waited += window_s
+        now = busy()
+        if now is None:
+            return None
+        if (now - start) / window_s < max_busy_cores or waited >= timeout_s:
+            return waited
+        start = now

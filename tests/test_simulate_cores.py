@@ -1,0 +1,97 @@
+"""simulate.cores: devices sharing a node's processors run faster while fewer of them compute."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from planner import ir
+from planner.errors import FormatError
+from planner.simulate import SimOptions, simulate, simulate_costs
+from planner.simulate.cores import CorePool, CoreShare
+from tests.test_simulate import uniform
+from tests.test_validate import make_plan
+
+
+def node(devices: int, concurrent: float | None, prefix: str = "g") -> ir.Node:
+    return ir.Node("n", tuple(ir.GPU(f"{prefix}{i}", 1e12, 10**9) for i in range(devices)), concurrent)
+
+
+def sim(k: int, m: int, concurrent: float | None, devices: int | None = None, tf: float = 1.0,
+        tb: float = 2.0) -> float:
+    nodes = (node(devices or k, concurrent),) if concurrent is not None else ()
+    opts = SimOptions(core_nodes=nodes)
+    return simulate_costs(uniform(k, tf, tb), "1f1b", m, options=opts).iteration_s
+
+
+def test_one_stage_at_a_time_runs_at_a_whole_devices_speed() -> None:
+    # K=4, M=1: one lane computes at a time; on 2 cores each gets a whole one, twice its nominal (shared) speed
+    assert sim(4, 1, 2.0) == pytest.approx(sim(4, 1, None) / 2)
+
+
+def test_as_many_cores_as_devices_changes_nothing() -> None:
+    for k, m in ((2, 4), (3, 5), (1, 3)):
+        assert sim(k, m, float(k)) == pytest.approx(sim(k, m, None))
+
+
+def test_four_processes_on_two_cores_between_the_work_bound_and_the_flat_share() -> None:
+    flat, shared = sim(4, 4, None), sim(4, 4, 2.0)
+    work = 4 * 4 * 3.0 * 0.5 / 2  # every lane's nominal work, at a whole core (twice nominal), on 2 cores
+    assert work <= shared < flat
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 8), st.floats(0.5, 6.0))
+def test_never_slower_than_the_flat_share_nor_faster_than_the_cores_allow(k: int, m: int, cores: float) -> None:
+    flat, shared = sim(k, m, None), sim(k, m, cores)
+    nominal = min(1.0, cores / k)
+    assert shared <= flat * (1 + 1e-9)
+    # every lane computes alone at most 1 / nominal times faster; all together on the cores no faster than they allow
+    assert shared >= flat * nominal * (1 - 1e-9) or math.isclose(shared, flat * nominal)
+    assert shared >= k * m * 3.0 * nominal / min(k, cores) * (1 - 1e-9)
+
+
+def test_events_keep_their_real_start_and_end() -> None:
+    opts = SimOptions(core_nodes=(node(4, 2.0),))
+    res = simulate_costs(uniform(4), "1f1b", 1, options=opts)
+    f0 = next(e for e in res.events if e.track == "lane:0" and e.op == "F")
+    assert (f0.start, f0.end) == pytest.approx((0.0, 0.5))
+    assert max(e.end for e in res.events) == pytest.approx(res.iteration_s)
+
+
+def test_a_stale_end_event_is_ignored() -> None:
+    pool = CorePool(1.0, 2, {0: 1, 1: 1})
+    (end0, _, v0), = pool.begin(0, 1.0, 0.0)
+    assert end0 == pytest.approx(0.5)  # alone: twice the nominal speed of two sharing one core
+    ends = pool.begin(1, 1.0, 0.25)
+    assert pool.finish(0, v0, end0) == (None, [])  # lane 0 was slowed down meanwhile
+    new0 = next(e for e in ends if e[1] == 0)
+    start, others = pool.finish(0, new0[2], new0[0])
+    assert start == 0.0 and new0[0] == pytest.approx(0.25 + 0.5) and [o[1] for o in others] == [1]
+
+
+def test_only_the_lanes_on_a_sharing_node_share() -> None:
+    share = CoreShare([("a0",), ("b0",)], [node(1, 1.0, "a"), node(1, None, "b")])
+    assert set(share.pool_of) == {0} and share.fastest_rate(1) == 1.0
+    assert not CoreShare([("a0",)], [node(1, None, "a")])
+
+
+def test_a_plans_cluster_that_shares_cores_is_simulated_so() -> None:
+    plan = make_plan(microbatches=4, stages=[((0, 2), ("n0.g0",)), ((2, 4), ("n0.g1",))])
+    nodes = tuple(dataclasses.replace(n, concurrent_devices=1.0) for n in plan.cluster.nodes)
+    shared = dataclasses.replace(plan, cluster=dataclasses.replace(plan.cluster, nodes=nodes))
+    assert simulate(shared).iteration_s < simulate(plan).iteration_s
+
+
+def test_node_json_carries_concurrent_devices_and_old_files_load() -> None:
+    doc = node(2, 2.0).to_dict()
+    assert doc["concurrent_devices"] == 2.0 and ir.Node.from_dict(doc, "n").concurrent_devices == 2.0
+    del doc["concurrent_devices"]
+    assert ir.Node.from_dict(doc, "n").concurrent_devices is None
+    assert "concurrent_devices" not in node(1, None).to_dict()
+    with pytest.raises(FormatError, match="concurrent_devices"):
+        ir.Node.from_dict({**doc, "concurrent_devices": 0}, "n")
