@@ -27,10 +27,15 @@ made 2-process pipelines 1.4 to 2.1 times slower (their own CPU time unchanged).
 Quality: on a VGG-like model (compute in the convolutions, parameters in the classifier),
 DeepSpeed, 2 stages, M=4: the planner's plan measured against DeepSpeed's default
 ``partition_method='parameters'`` split and against every 2-stage split measured (target:
-faster than ``parameters``, within 10% of the best). Usage::
+faster than ``parameters``, within 10% of the best).
+
+Published: the second table, large-scale runs as their papers report them, written as plans
+and predicted (scripts/bench_published.py: Megatron-LM SC'21 Table 1, BLOOM-176B), target
+predicted/published TFLOP/s per GPU within 0.85..1.15; no torch, a few seconds. Usage::
 
     .venv/bin/python scripts/validate_fidelity.py [--models cnn,rescnn,gpt2,llama] [--engines deepspeed,torch]
         [--plans 1x1,1x4,2x2,2x8,4x4,4x8] [--repeats 3] [--steps 6] [--no-quality] [--quality-only]
+        [--no-published] [--published-only]
 """
 
 from __future__ import annotations
@@ -278,6 +283,25 @@ def quality(args: argparse.Namespace, cl: dict[int, Any]) -> None:
           f"{mine / every[best_cut]:.3f} of the best (target <= 1.10: {'PASS' if near else 'FAIL'})")
 
 
+def print_published() -> None:
+    """The second table (module doc): every published run's fit and predicted/published throughput."""
+    from bench_published import ROWS, published_fidelity
+
+    print("\npublished runs written as plans (predicted/published TFLOP/s per GPU, target "
+          f"{PUBLISHED_TARGET[0]}..{PUBLISHED_TARGET[1]}):")
+    inside = 0
+    for row in ROWS:
+        _, _, judged, ratio = published_fidelity(row)
+        ok = PUBLISHED_TARGET[0] <= ratio <= PUBLISHED_TARGET[1]
+        inside += ok
+        print(f"  {row.name:11} {row.gpus:>5} A100s t={row.t} p={row.p} micro-batch {row.micro_batch} ZeRO {row.zero}: "
+              f"fits {judged.fits!s:5} predicted/published {ratio:.2f}{'' if ok else '  (outside)'}")
+    print(f"  {inside} of {len(ROWS)} inside")
+
+
+PUBLISHED_TARGET = (0.85, 1.15)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=6)
@@ -287,7 +311,12 @@ def main() -> None:
     ap.add_argument("--plans", default="1x1,1x4,2x2,2x8,4x4,4x8", help="PROCESSESxMICROBATCHES, comma-separated")
     ap.add_argument("--no-quality", action="store_true")
     ap.add_argument("--quality-only", action="store_true")
+    ap.add_argument("--no-published", action="store_true")
+    ap.add_argument("--published-only", action="store_true")
     args = ap.parse_args()
+    if args.published_only:
+        print_published()
+        return
     os.chdir(ROOT)
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "scripts"), *filter(None, [os.environ.get("PYTHONPATH")])])
     t0 = time.perf_counter()
@@ -298,6 +327,8 @@ def main() -> None:
         print_fidelity(fidelity(args, cl), load, args)
     if not args.no_quality:
         quality(args, cl)
+    if not args.no_published:
+        print_published()
     print(f"\n(total {time.perf_counter() - t0:.0f} s, load average now {os.getloadavg()[0]:.1f})")
 
 
