@@ -59,7 +59,7 @@ import torch
 
 from planner import ir
 from planner.errors import PlannerError, UsageError
-from planner.runner.machine import wait_idle
+from planner.runner.machine import idle_timeout_s, wait_idle
 
 IDLE_TIMEOUT_S = 30.0
 """How long calibrate waits for an idle machine before it measures (module doc)."""
@@ -226,7 +226,7 @@ def calibrate(nproc: int, threads: int = 1, name: str | None = None, profile: ir
         raise UsageError(f"--nproc must be 2 or more to measure links, got {nproc}", "use --nproc 2")
     if threads < 1:
         raise UsageError(f"--threads must be positive, got {threads}", "use --threads 1")
-    waited_s = wait_idle(timeout_s=IDLE_TIMEOUT_S)
+    waited_s = wait_idle(timeout_s=idle_timeout_s(IDLE_TIMEOUT_S))
     compute = measure_flops(threads)
     bandwidth = measure_memory_bandwidth(threads)
     links = measure_links(nproc, threads)

@@ -120,7 +120,7 @@ def _timed_round(plan: ir.Plan, model: str, engine: str, steps: int, idle_timeou
 
     dist = torch.distributed
     median_s, background = 0.0, 0.0
-    for _ in range(ATTEMPTS):
+    for _ in range(ATTEMPTS if idle_timeout_s > 0 else 1):
         if idle_timeout_s > 0 and dist.get_rank() == 0:
             wait_idle(timeout_s=idle_timeout_s)
         dist.barrier()
@@ -174,12 +174,17 @@ class Timings:
 
 
 def time_plans(plans: Sequence[ir.Plan], engine: str, threads: int, steps: int = STEPS, rounds: int = ROUNDS,
-               model: str = MODEL, idle_timeout_s: float = IDLE_TIMEOUT_S) -> Timings:
+               model: str = MODEL, idle_timeout_s: float | None = None) -> Timings:
     """Seconds per step of each plan (of one world size) trained by ``engine``, once per round: the
     median of the steps after :data:`WARMUP`, the slowest rank's, each round started on an idle
-    machine (waiting up to ``idle_timeout_s``; 0: not waiting) and retried while other work took
-    cores from it (module doc)."""
+    machine (waiting up to ``idle_timeout_s``, default :data:`IDLE_TIMEOUT_S` or
+    ``$PLANNER_IDLE_TIMEOUT_S``, planner.runner.machine.idle_timeout_s) and retried while
+    other work took cores from it (module doc); 0: neither waiting nor retrying."""
     import torch.multiprocessing as mp
+
+    from planner.runner.machine import idle_timeout_s as configured
+
+    idle_timeout_s = configured(IDLE_TIMEOUT_S) if idle_timeout_s is None else idle_timeout_s
 
     world = plans[0].world_size
     if steps <= WARMUP or any(p.world_size != world for p in plans):

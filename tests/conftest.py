@@ -11,6 +11,9 @@ from hypothesis import settings
 settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True)  # CI: the same examples every run
 settings.register_profile("dev", max_examples=25, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+# The suite's workers share the cores on purpose: calibration and timed rounds must not wait for an idle
+# machine (nor retry) -- inherited by the processes the tests start (planner.runner.machine.idle_timeout_s).
+os.environ.setdefault("PLANNER_IDLE_TIMEOUT_S", "0")
 
 
 def make_profile_dict(n_layers: int = 4, batch_size: int = 8, **overrides: Any) -> dict[str, Any]:

@@ -64,3 +64,22 @@ def test_wait_idle_gives_up_at_its_timeout() -> None:
 def test_wait_idle_without_a_load_reading_does_not_wait() -> None:
     slept: list[float] = []
     assert wait_idle(busy=lambda: None, sleep=slept.append) is None and slept == []
+
+
+def test_wait_idle_with_no_time_to_wait_returns_at_once() -> None:
+    slept: list[float] = []
+    assert wait_idle(0.3, 0.5, 0.0, busy=lambda: 0.0, sleep=slept.append) == 0.0 and slept == []
+
+
+def test_idle_timeout_comes_from_the_environment_when_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    from planner.errors import UsageError
+    from planner.runner.machine import IDLE_TIMEOUT_ENV, idle_timeout_s
+
+    monkeypatch.delenv(IDLE_TIMEOUT_ENV, raising=False)
+    assert idle_timeout_s(30.0) == 30.0
+    monkeypatch.setenv(IDLE_TIMEOUT_ENV, "2.5")
+    assert idle_timeout_s(30.0) == 2.5
+    for bad in ("soon", "-1", "nan"):
+        monkeypatch.setenv(IDLE_TIMEOUT_ENV, bad)
+        with pytest.raises(UsageError, match=IDLE_TIMEOUT_ENV):
+            idle_timeout_s(30.0)

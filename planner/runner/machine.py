@@ -12,7 +12,9 @@ measurement can wait for an idle machine and report what it ran beside:
 * :func:`background_cores`: the cores other work used during a run: the machine's busy CPU
   seconds minus the run's own processes' CPU seconds, per wall second.
 * :func:`wait_idle`: wait (polling in short windows) until the machine's busy cores stay
-  below a threshold, so that a timed round starts on an idle machine.
+  below a threshold, so that a timed round starts on an idle machine; for how long at most,
+  :func:`idle_timeout_s` (``PLANNER_IDLE_TIMEOUT_S`` overrides it: 0 never waits nor retries,
+  for runs that share the cores on purpose, such as a test suite on several workers).
 """
 
 from __future__ import annotations
@@ -42,6 +44,27 @@ def busy_cpu_s(stat: Path = STAT) -> float | None:
     return sum(ticks[i] for i in BUSY_FIELDS if i < len(ticks)) / os.sysconf("SC_CLK_TCK")
 
 
+IDLE_TIMEOUT_ENV = "PLANNER_IDLE_TIMEOUT_S"
+
+
+def idle_timeout_s(default_s: float) -> float:
+    """How long a measurement waits for an idle machine: ``$PLANNER_IDLE_TIMEOUT_S`` when set, else
+    ``default_s``; a UsageError when the variable is not a number of seconds >= 0."""
+    from planner.errors import UsageError
+
+    text = os.environ.get(IDLE_TIMEOUT_ENV)
+    if text is None:
+        return default_s
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise UsageError(f"{IDLE_TIMEOUT_ENV}={text!r} is not a number of seconds >= 0",
+                         "unset it, or set it to e.g. 30 (0: never wait for an idle machine)")
+    return value
+
+
 def background_cores(machine_busy_s: float, own_cpu_s: float, wall_s: float) -> float:
     """Cores that other work used during ``wall_s``: the machine's busy CPU seconds beyond the
     run's own (never below 0: the two clocks tick at different rates)."""
@@ -55,6 +78,8 @@ def wait_idle(max_busy_cores: float = IDLE_CORES, window_s: float = 0.5, timeout
               ) -> float | None:
     """Wait until a ``window_s`` window in which the machine used fewer than ``max_busy_cores``
     cores (or ``timeout_s`` has passed): the seconds waited, None when the load cannot be read."""
+    if timeout_s <= 0:
+        return 0.0
     start = busy()
     if start is None:
         return None
