@@ -23,9 +23,10 @@ from __future__ import annotations
 import numpy as np
 
 from planner import ir
-from planner.costmodel import p2p_s
+from planner.costmodel import VariantCost, p2p_s
 from planner.costmodel.precision import Bytes
 from planner.schedule import in_flight_microbatches, schedule_kind
+from planner.search.hpp import StageTables
 from planner.search.space import INTRA, Candidate, Problem, option_cost, options
 
 
@@ -38,8 +39,8 @@ def build_candidates(prob: Problem) -> None:
     used = {(mv.key, mv.link) for row in prob.moves for mv in row}
     recv_of = {(link, dp): p2p_times(prob, link, dp)[:, None]
                for link, dp in {(k[1], prob.grids[k[0]].dp) for k in used}}
+    fit_of: dict[int, np.ndarray] = {}  # per grid: memory does not depend on the link
     for key, link in sorted(used):
-        cap = prob.grids[key].group.memory_bytes if prob.capacity_override is None else prob.capacity_override
         opts = options(prob, key)
         cand = Candidate(opts, [], [], [])
         costs = [option_cost(prob, key, opt) for opt in opts]
@@ -47,11 +48,9 @@ def build_candidates(prob: Problem) -> None:
             period, term = _period_and_term(prob, v, recv_of[(link, prob.grids[key].dp)])
             cand.period.append(period)
             cand.term.append(term)
-        shape = cand.period[0].shape
-        static, act, work, weight = (np.stack([np.broadcast_to(x, shape) for x in xs]) for xs in zip(
-            *((v.static, v.act, v.workspace, t.agg["weight"]) for t, v in costs), strict=True))
-        cand.rmax = list(_fit_limit(prob, static, act, work, weight, ties, cap, in_fl,
-                                    np.isfinite(np.stack(cand.period))))
+        if key not in fit_of:
+            fit_of[key] = _option_limits(prob, key, costs, ties, in_fl)
+        cand.rmax = list(np.where(np.isfinite(np.stack(cand.period)), fit_of[key], 0))
         _drop_dominated(cand)
         cand.make_band()
         prob.cand[(key, link)] = cand
@@ -61,25 +60,31 @@ def build_candidates(prob: Problem) -> None:
     prob.r_eff = r_hi if prob.stages_exact is not None else min(r_hi, 1 + max(limits, default=0))
 
 
+def _option_limits(prob: Problem, key: int, costs: list[tuple[StageTables, VariantCost]], ties: np.ndarray,
+                   in_fl: list[int]) -> np.ndarray:
+    """:func:`_fit_limit` of every option of grid ``key`` at once (stacked), against its smallest memory."""
+    cap = prob.grids[key].group.memory_bytes if prob.capacity_override is None else prob.capacity_override
+    shape = costs[0][1].time.shape
+    static, act, work, weight = (np.stack([np.broadcast_to(x, shape) for x in xs]) for xs in zip(
+        *((v.static, v.act, v.workspace, t.agg["weight"]) for t, v in costs), strict=True))
+    finite = np.isfinite(np.stack([v.time for _, v in costs]))
+    return _fit_limit(prob, static, act, work, weight, ties, cap, in_fl, finite)
+
+
 def _drop_dominated(cand: Candidate) -> None:
     """Remove (in place) the options another one beats everywhere: period and max term no larger and
     memory fitting at least as many stages left, for every stage range (of equal ones the first stays).
     The DP takes, per range, the least period among the options that fit under the cap, so a dominated
     option never decides a plan's objective: the optimum is unchanged."""
     n = len(cand.options)
-    period, term, rmax = (np.stack(x).reshape(n, -1) for x in (cand.period, cand.term, cand.rmax))
-
-    def no_worse(cols: np.ndarray | slice) -> np.ndarray:  # [j, i]: option j no worse than i on the columns
-        p, t, r = period[:, cols], term[:, cols], rmax[:, cols]
-        return np.stack([np.all(p[j] <= p, axis=1) & np.all(t[j] <= t, axis=1) & np.all(r[j] >= r, axis=1)
-                         for j in range(n)])
-
-    beats = no_worse(slice(0, period.shape[1], max(period.shape[1] // 64, 1)))  # a sample first: most fail
-    if beats.sum() > n:
-        pairs = np.argwhere(beats & ~np.eye(n, dtype=bool))
-        for j, i in pairs:
-            beats[j, i] = bool(np.all(period[j] <= period[i]) and np.all(term[j] <= term[i])
-                               and np.all(rmax[j] >= rmax[i]))
+    step = max(cand.period[0].size // 64, 1)
+    period, term, rmax = (np.stack([x.ravel()[::step] for x in xs]) for xs in (cand.period, cand.term, cand.rmax))
+    # beats[j, i]: option j no worse than option i -- on a sample of ranges first (most pairs fail there)
+    beats = np.stack([np.all(period[j] <= period, axis=1) & np.all(term[j] <= term, axis=1)
+                      & np.all(rmax[j] >= rmax, axis=1) for j in range(n)])
+    for j, i in np.argwhere(beats & ~np.eye(n, dtype=bool)):
+        beats[j, i] = bool(np.all(cand.period[j] <= cand.period[i]) and np.all(cand.term[j] <= cand.term[i])
+                           and np.all(cand.rmax[j] >= cand.rmax[i]))
     keep = [i for i in range(n) if not any(j != i and beats[j, i] and (j < i or not beats[i, j]) for j in range(n))]
     for name in ("options", "period", "term", "rmax"):
         values = getattr(cand, name)
