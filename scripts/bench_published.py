@@ -33,14 +33,12 @@ at 50% of the bf16 peak), so no torch is needed. ``--rows N`` runs the first N r
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import time
 from dataclasses import dataclass
 
 from synthetic import cluster, gpt_profile
 
 from planner import ir
-from planner.costmodel import plan_memory, stage_costs
 from planner.judge import Judged, judge
 from planner.search import search
 
@@ -88,7 +86,8 @@ def model_flops(row: Published) -> float:
 
 
 def published_plan(profile: ir.ModelProfile, clus: ir.Cluster, row: Published) -> ir.Plan:
-    """The published configuration: p stages of equal blocks, each on t x d GPUs, its micro-batch size."""
+    """The published configuration: p stages of equal blocks, each on t x d GPUs, its micro-batch size
+    (unjudged: the judge fills in memory and the prediction)."""
     names = [g.name for g in clus.gpus]
     width = len(names) // row.p
     dp = width // row.t
@@ -101,10 +100,7 @@ def published_plan(profile: ir.ModelProfile, clus: ir.Cluster, row: Published) -
                             tuple(_forms(profile, bounds[s], bounds[s + 1], row.t)), 0, "full", row.t, row.zero)
                    for s in range(row.p))
     m = profile.batch_size // (dp * row.micro_batch)
-    draft = ir.Plan(profile, clus, "1f1b", m, "adam", stages, ir.Prediction(0, 0, 0, 0), precision="bf16")
-    mem = plan_memory(draft, stage_costs(draft))
-    return dataclasses.replace(draft, stages=tuple(dataclasses.replace(s, memory_bytes=mm)
-                                                   for s, mm in zip(stages, mem, strict=True)))
+    return ir.Plan(profile, clus, "1f1b", m, "adam", stages, ir.Prediction(0, 0, 0, 0), precision="bf16")
 
 
 def _forms(profile: ir.ModelProfile, first: int, end: int, t: int) -> list[str]:

@@ -168,14 +168,13 @@ def _simulated_s(prob: Problem, sol: Solution, engine: str) -> float:
     return rerank.simulated(plan, costs).prediction.iteration_s
 
 
-def _best_opened_first(probs: list[Problem], solver: str) -> list[tuple[Problem, Opening | None]]:
+def _best_opened_first(probs: list[Problem], solver: str) -> Sequence[tuple[Problem, Opening | None]]:
     """The problems in the order to solve them: by the objective of their unconstrained plan (a good
     incumbent early closes the other problems' branch and bound sooner; the optimum is unchanged)."""
     if solver != "dp":
         return [(prob, None) for prob in probs]
     opened = [(prob, open_problem(prob)) for prob in probs]
-    opened.sort(key=lambda po: math.inf if po[1].solution is None else po[1].solution.objective)
-    return [(prob, opening) for prob, opening in opened]
+    return sorted(opened, key=lambda po: math.inf if po[1].solution is None else po[1].solution.objective)
 
 
 def _no_width_shape(profile: ir.ModelProfile, req: Request, probs: list[Problem]) -> Exception | None:

@@ -57,11 +57,11 @@ def with_memory(plan: ir.Plan, recompute: Sequence[str] = LIGHTER) -> Costed | N
     None when it still does not fit."""
     caps = {g.name: g.memory_bytes for g in plan.cluster.gpus}
     modes = [m for m in LIGHTER if m in recompute]
-    if len(modes) > 1 and _overflows(dataclasses.replace(plan, stages=tuple(
-            dataclasses.replace(s, recompute=modes[-1]) for s in plan.stages)), caps)[0]:
+    if len(modes) > 1 and any(_overflows(dataclasses.replace(plan, stages=tuple(
+            dataclasses.replace(s, recompute=modes[-1]) for s in plan.stages)), caps)[0]):
         return None  # a stage overflows even at the leanest mode (a stage's memory is its own mode's)
     for _ in range(len(modes)):
-        _, over, costs, mem = _overflows(plan, caps)
+        over, costs, mem = _overflows(plan, caps)
         stages = tuple(dataclasses.replace(s, memory_bytes=m) for s, m in zip(plan.stages, mem, strict=True))
         plan = dataclasses.replace(plan, stages=stages)
         if not any(over):
@@ -74,12 +74,11 @@ def with_memory(plan: ir.Plan, recompute: Sequence[str] = LIGHTER) -> Costed | N
     return None
 
 
-def _overflows(plan: ir.Plan, caps: dict[str, int]) -> tuple[bool, list[bool], tuple[ir.StageCost, ...], list[int]]:
-    """Whether any stage overflows its smallest device, which do, and the stage costs and memory."""
+def _overflows(plan: ir.Plan, caps: dict[str, int]) -> tuple[list[bool], tuple[ir.StageCost, ...], list[int]]:
+    """Which stages overflow their smallest device, and the stage costs and memory."""
     costs = stage_costs(plan)
     mem = plan_memory(plan, costs)
-    over = [m > min(caps[d] for d in s.devices) for s, m in zip(plan.stages, mem, strict=True)]
-    return any(over), over, costs, mem
+    return [m > min(caps[d] for d in s.devices) for s, m in zip(plan.stages, mem, strict=True)], costs, mem
 
 
 def _leaner(mode: str, modes: Sequence[str]) -> str | None:
@@ -118,6 +117,13 @@ def _groups_in_space(prob: Problem, groups: Sequence[tuple[str, ...]]) -> bool:
     return all(any(mv.devices == grp for mv in prob.moves[at[grp[0]]]) for grp in groups)
 
 
+def _admitted(prob: Problem, groups: Sequence[tuple[str, ...]]) -> bool:
+    """Whether a data-parallel seed on ``groups`` lies in ``prob``'s space: each group a stage the search
+    may form, and each of its ranks (tp 1: one per GPU) given whole micro-batches."""
+    return _groups_in_space(prob, groups) and not any(
+        prob.profile.batch_size % (prob.microbatches * len(g)) for g in groups)
+
+
 def _width_allowed(prob: Problem, width: int, k: int) -> bool:
     return prob.config is None or tuple(prob.config) == (width,) * k
 
@@ -150,10 +156,8 @@ def seed_plans(prob: Problem, *, engine: str, solver: str, cache: SeedCache | No
     for k in ks:
         width = total // k
         groups = [tuple(names[s * width:(s + 1) * width]) for s in range(k)]
-        if not _width_allowed(prob, width, k) or not _groups_in_space(prob, groups):
+        if not _width_allowed(prob, width, k) or not _admitted(prob, groups):
             continue
-        if prob.profile.batch_size % (prob.microbatches * width):
-            continue  # the data-parallel ranks would get a fractional micro-batch
         if k not in cache.splits:
             cache.splits[k] = splits(prob.profile, k)
         for parts in cache.splits[k]:
@@ -191,8 +195,7 @@ def pipedream_seeds(prob: Problem, *, engine: str, solver: str, cache: SeedCache
                                                          ratio).stages
         stages = cache.pipedream[ratio]
         groups = [devices for _, devices, _ in stages]
-        if not _groups_in_space(prob, groups) or any(
-                prob.profile.batch_size % (prob.microbatches * len(g)) for g in groups):
+        if not _admitted(prob, groups):
             continue
         parts = [first for (first, _), _, _ in stages] + [stages[-1][0][1]]
         plans += _fitting(prob, groups, parts, [forms for _, _, forms in stages], engine, solver)

@@ -146,7 +146,7 @@ class Problem:
     overhead: EngineOverhead = field(default_factory=EngineOverhead)
     """What the plan's engine adds per action, micro-batch sent and step (planner.costmodel.engine)."""
     move_groups: list[list[MoveGroup]] = field(default_factory=list)
-    """Per position, its moves grouped by devices, link and next position (:func:`move_groups`)."""
+    """Per position, its moves grouped by devices, link and next position (made by :func:`_grid_moves`)."""
 
     @property
     def nb(self) -> int:

@@ -1,0 +1,49 @@
+"""scripts/bench_published.py: published runs written as plans, as their papers ran them (issue 15's and
+issue 11's published figures): they fit, Megatron-LM's are predicted within 0.85..1.15 of the published
+throughput, and the planner's own plan is no slower."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+
+import bench_published as bp
+
+from planner.search import search
+
+SC21 = [row for row in bp.ROWS if row.name.startswith("gpt-")]
+
+
+@pytest.mark.parametrize("row", bp.ROWS, ids=lambda r: r.name)
+def test_published_plan_is_the_papers_layout_and_fits(row: bp.Published) -> None:
+    prof, _, judged, _ = bp.published_fidelity(row)
+    plan = judged.plan
+    dp = row.gpus // (row.t * row.p)
+    assert len(plan.stages) == row.p and {(s.tp, s.dp, s.zero) for s in plan.stages} == {(row.t, dp, row.zero)}
+    assert plan.microbatches * dp * row.micro_batch == row.batch
+    assert sum(s.layers[1] - s.layers[0] for s in plan.stages) == len(prof.layers)
+    assert judged.fits, judged.reason
+
+
+@pytest.mark.parametrize("row", SC21, ids=lambda r: r.name)
+def test_megatron_runs_are_predicted_within_15_percent(row: bp.Published) -> None:
+    _, _, _, ratio = bp.published_fidelity(row)
+    assert 0.85 <= ratio <= 1.15
+
+
+def test_model_flops_is_the_sc21_formula() -> None:
+    """96 B s l h^2 (1 + s/6h + V/16lh): the 1.7B row's per-iteration FLOPs, by hand."""
+    row = bp.ROWS[0]
+    b, s, h, lay, v = 512, 2048, 2304, 24, 51200
+    assert bp.model_flops(row) == pytest.approx(96 * b * s * lay * h * h * (1 + s / (6 * h) + v / (16 * lay * h)))
+
+
+def test_planner_plan_fits_and_is_no_slower_than_the_published_one() -> None:
+    prof, clus, judged, _ = bp.published_fidelity(bp.ROWS[0])
+    mine = search(prof, clus, optimizer="adam", precision="bf16")
+    assert mine.predicted.iteration_s <= judged.prediction.iteration_s * (1 + 1e-9)
+    assert all(s.memory_bytes <= min(g.memory_bytes for g in clus.gpus if g.name in s.devices) for s in mine.stages)
