@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from planner.errors import RunError
-from planner.runner.processes import rendezvous_failure, wait_workers, worker_cause
+from planner.runner.processes import rendezvous_failure, wait_workers, worker_cause, write_error
 
 
 def test_worker_cause_reads_past_torchrun_summary(tmp_path: Path) -> None:
@@ -29,6 +29,27 @@ def test_worker_cause_prefers_the_first_ranks_own_message(tmp_path: Path) -> Non
     (tmp_path / "error-rank3.txt").write_text("ValueError: later")
     (tmp_path / "error-rank1.txt").write_text("ValueError: first")
     assert worker_cause(tmp_path, "RuntimeError: other") == "rank 1: ValueError: first"
+
+
+def test_worker_cause_is_the_rank_that_failed_first_not_its_peers(tmp_path: Path) -> None:
+    """Rank 0's broken-connection error follows rank 1's own failure: the earlier one is the cause."""
+    (tmp_path / "error-rank0.txt").write_text("1000.5\nRuntimeError: Connection closed by peer")
+    (tmp_path / "error-rank1.txt").write_text("1000.2\nValueError: boom")
+    assert worker_cause(tmp_path, "") == "rank 1: ValueError: boom"
+
+
+def test_worker_cause_skips_an_error_file_left_empty(tmp_path: Path) -> None:
+    (tmp_path / "error-rank0.txt").write_text("")
+    (tmp_path / "error-rank2.txt").write_text("5.0\nValueError: real")
+    assert worker_cause(tmp_path, "") == "rank 2: ValueError: real"
+    (tmp_path / "error-rank2.txt").write_text("")
+    assert worker_cause(tmp_path, "RuntimeError: from the log") == "RuntimeError: from the log"
+
+
+def test_write_error_leaves_one_whole_file(tmp_path: Path) -> None:
+    write_error(tmp_path, "3", "ValueError: x")
+    assert [p.name for p in tmp_path.iterdir()] == ["error-rank3.txt"]
+    assert worker_cause(tmp_path, "") == "rank 3: ValueError: x"
 
 
 def test_rendezvous_failure_lines() -> None:

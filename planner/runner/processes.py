@@ -87,12 +87,39 @@ def rendezvous_failure(text: str) -> str | None:
     return None
 
 
+def write_error(out: Path, rank: str, cause: str) -> None:
+    """Record a failing worker's cause in ``out/error-rank<rank>.txt``: when it failed, then the message.
+
+    Written whole or not at all (a temporary file renamed), so a worker killed while writing
+    leaves no empty file behind; the time lets the reader pick the failure that came first.
+    """
+    tmp = out / f".error-rank{rank}.{os.getpid()}"
+    tmp.write_text(f"{time.time():.6f}\n{cause}")
+    os.replace(tmp, out / f"error-rank{rank}.txt")
+
+
+def _recorded_errors(tmp: Path) -> list[tuple[float, int, str]]:
+    """(time, rank, message) of each worker's error file; files without a time sort last."""
+    found = []
+    for path in tmp.glob("error-rank*.txt"):
+        rank_text = path.stem.split("rank")[1]
+        head, _, rest = path.read_text(errors="replace").partition("\n")
+        try:
+            when, message = float(head), rest.strip()
+        except ValueError:
+            when, message = float("inf"), f"{head}\n{rest}".strip()
+        if message and rank_text.isdigit():
+            found.append((when, int(rank_text), message))
+    return sorted(found)
+
+
 def worker_cause(tmp: Path, text: str) -> str:
-    """The first failing rank's own message; else the workers' last error line and torchrun's exit code."""
-    errors = sorted(tmp.glob("error-rank*.txt"), key=lambda p: int(p.stem.split("rank")[1]))
+    """The message of the rank that failed first (its peers' errors follow from it); else the
+    workers' last error line and torchrun's exit code."""
+    errors = _recorded_errors(tmp)
     if errors:
-        first = errors[0]
-        return f"rank {first.stem.split('rank')[1]}: {first.read_text().strip()}"
+        _, rank, message = errors[0]
+        return f"rank {rank}: {message}"
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     exit_line = next((ln for ln in reversed(lines) if ln.startswith("exitcode")), "")
     signal_line = next((ln for ln in reversed(lines) if "Signal" in ln or "signal" in ln), "")

@@ -9,7 +9,7 @@ CPU the growth of the process's peak resident set (``ru_maxrss``) from before th
 built to the last step. After the timed steps it trains one more step under the torch
 profiler (CPU events) and puts its time in terms (:mod:`planner.runner.terms`). Local rank 0
 of every server writes the result (losses, times, every rank's peak, node rank and terms) as
-JSON; a worker that fails writes ``error-rank<N>.txt`` first. :func:`train_plan` (one plan in
+JSON; a worker that fails writes when and why in ``error-rank<N>.txt`` first. :func:`train_plan` (one plan in
 a process group that is already up) is also what ``planner calibrate`` times its pipelines with.
 """
 
@@ -36,6 +36,7 @@ from planner.export.data import data_spec
 from planner.export.layers import disable_dropout, load_layers
 from planner.export.program import engine_module
 from planner.runner.machine import busy_cpu_s
+from planner.runner.processes import write_error
 from planner.runner.terms import MEASURED, classify
 
 Step = Callable[[torch.Tensor, torch.Tensor], float]
@@ -175,7 +176,7 @@ def main(argv: list[str] | None = None) -> None:
         cause = exc.cause if isinstance(exc, PlannerError) else f"{type(exc).__name__}: {exc}".strip()
         first = cause.splitlines()[0] if cause else type(exc).__name__
         with contextlib.suppress(OSError):
-            (Path(args.out) / f"error-rank{rank}.txt").write_text(first)
+            write_error(Path(args.out), rank, first)
         traceback.print_exc()
         sys.stderr.flush()
         os._exit(1)
