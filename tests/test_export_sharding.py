@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -55,3 +56,30 @@ def test_autocast_computes_products_in_bf16_with_fp32_weights() -> None:
     out = sharding.with_precision(lin, "bf16")(torch.randn(2, 4))
     assert out.dtype == torch.bfloat16 and lin.weight.dtype == torch.float32
     assert sharding.with_precision(lin, "fp32") is lin
+
+
+def test_grad_buckets_keep_order_and_split_by_dtype_and_size() -> None:
+    a, b, c, d = torch.zeros(10), torch.zeros(20), torch.zeros(5, dtype=torch.float64), torch.zeros(300)
+    buckets = sharding.grad_buckets([a, b, c, d], limit_bytes=4 * 40)
+    assert [[t.numel() for t in bucket] for bucket in buckets] == [[10, 20], [5], [300]]
+    assert sharding.grad_buckets([]) == []
+
+
+def test_sum_grads_is_one_all_reduce_per_bucket_and_writes_every_gradient_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch.distributed as dist
+
+    calls: list[int] = []
+
+    def all_reduce(t: torch.Tensor, group: object = None) -> None:
+        calls.append(t.numel())
+        t.mul_(2)  # two replicas holding the same gradient
+
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    params = [nn.Parameter(torch.ones(3, 4)), nn.Parameter(torch.ones(5)), nn.Parameter(torch.ones(2))]
+    params[0].grad = torch.arange(12.0).reshape(4, 3).t()  # not contiguous
+    params[1].grad = torch.full((5,), 3.0)
+    sharding.sum_grads(params, None, divisor=2)
+    assert calls == [19]
+    assert torch.equal(params[0].grad, torch.arange(12.0).reshape(4, 3).t())
+    assert torch.equal(params[1].grad, torch.full((5,), 3.0)) and torch.equal(params[2].grad, torch.zeros(2))

@@ -143,17 +143,47 @@ def zero1_grads(opt: Any) -> None:
             proxy.grad = local(param.grad)
 
 
+GRAD_BUCKET_BYTES = 25 * 2**20
+"""Gradients are summed in flat buckets of at most this many bytes (one all-reduce each), as PyTorch
+DDP does by default (``bucket_cap_mb=25``) and as the cost model charges (SimOptions.bucket_bytes):
+one all-reduce per parameter would pay one collective latency per tensor (measured on gloo, 2 CPU
+processes: 8 tensors of a 4-layer MLP took 13 ms a step against 1.5 ms predicted)."""
+
+
+def grad_buckets(grads: Sequence[torch.Tensor], limit_bytes: int = GRAD_BUCKET_BYTES) -> list[list[torch.Tensor]]:
+    """Consecutive gradients in buckets of one dtype and device, each at most ``limit_bytes``
+    (a single larger tensor is a bucket of its own)."""
+    buckets: list[list[torch.Tensor]] = []
+    size = 0
+    for g in grads:
+        nbytes = g.numel() * g.element_size()
+        last = buckets[-1] if buckets else None
+        if last is None or (last[0].dtype, last[0].device) != (g.dtype, g.device) or size + nbytes > limit_bytes:
+            buckets.append([g])
+            size = nbytes
+        else:
+            last.append(g)
+            size += nbytes
+    return buckets
+
+
 def sum_grads(params: Sequence[nn.Parameter], group: Any, divisor: int = 1) -> None:
-    """Sum the gradients (their local tensors) over ``group``, then divide by ``divisor``."""
+    """Sum the gradients (their local tensors) over ``group``, then divide by ``divisor``: one
+    all-reduce per bucket of flattened gradients (:func:`grad_buckets`), copied back in place."""
     import torch.distributed as dist
 
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-        g = local(p.grad)
-        dist.all_reduce(g, group=group)
+    for bucket in grad_buckets([local(p.grad) for p in params if p.grad is not None]):
+        flat = torch.cat([g.reshape(-1) for g in bucket])
+        dist.all_reduce(flat, group=group)
         if divisor != 1:
-            g /= divisor
+            flat /= divisor
+        offset = 0
+        for g in bucket:
+            g.copy_(flat[offset:offset + g.numel()].view(g.shape))
+            offset += g.numel()
 
 
 def average_grads(params: Sequence[nn.Parameter], group: Any, dp: int) -> None:
