@@ -130,8 +130,15 @@ def optimizer(name: str, params: list[nn.Parameter], lr: float, zero: int, group
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     proto = torch_optimizer(name, [nn.Parameter(torch.zeros(1))], lr)
-    proxies = [p if local(p) is p.data else nn.Parameter(local(p)) for p in params]
-    opt = ZeroRedundancyOptimizer(proxies, optimizer_class=type(proto), process_group=group, **proto.defaults)
+    from torch.distributed.tensor import DTensor
+
+    proxies = [nn.Parameter(local(p)) if isinstance(p.data, DTensor) else p for p in params]
+    # parameters as views of one flat buffer per rank: one broadcast per rank a step, not one per
+    # parameter (a 2-rank step of a 4-layer MLP: 8 broadcasts, 5 ms); not with tensor-parallel
+    # proxies, whose storage must stay their DTensor's local tensor
+    bucket_view = all(proxy is param for proxy, param in zip(proxies, params, strict=True))
+    opt = ZeroRedundancyOptimizer(proxies, optimizer_class=type(proto), process_group=group,
+                                  parameters_as_bucket_view=bucket_view, **proto.defaults)
     opt.planner_params = list(zip(params, proxies, strict=True))
     return opt
 
