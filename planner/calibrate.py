@@ -31,9 +31,8 @@
   time-sliced, not slowed).
 * Engines (:mod:`planner.calibrate_engines`): what DeepSpeed's and torch pipelining's own work
   adds to the cost model, per action, per micro-batch sent and per step, fitted by least
-  squares over tiny pipelines trained by each engine (``engine_overheads``) on 2 processes;
-  stored divided by the P-process cluster's core share over theirs (they are the processes' own
-  CPU work, slowed by sharing the cores as compute is: :func:`planner.calibrate_engines.at_share`).
+  squares over tiny pipelines trained by each engine (``engine_overheads``) on the cluster's own
+  P processes (with more processes than cores, their costs grow faster than the core share says).
 * Other work: calibrate first waits (up to :data:`IDLE_TIMEOUT_S`) until the machine is idle
   (:func:`planner.runner.machine.wait_idle`: other processes' busy cores below 0.3; ``meta.waited_for_idle_s``):
   on a machine shared with other users a benchmark beside a busy process measures the time it
@@ -244,10 +243,10 @@ def calibrate(nproc: int, threads: int = 1, name: str | None = None, profile: ir
                             "flops_source": "profile" if profile is not None else "benchmark",
                             "waited_for_idle_s": waited_s}
     if engines:
-        from planner.calibrate_engines import at_share, measure_engines
+        from planner.calibrate_engines import measure_engines
 
-        overheads, runs = measure_engines(cluster, engines, threads)
-        cluster = dataclasses.replace(cluster, engine_overheads=at_share(overheads, core_share(2, threads) / share))
+        overheads, runs = measure_engines(cluster, engines, threads, share)
+        cluster = dataclasses.replace(cluster, engine_overheads=overheads)
         meta["engine_runs"] = runs
     return cluster, meta
 

@@ -1,11 +1,15 @@
 """``planner calibrate``'s engine step: what DeepSpeed and torch pipelining add to the cost model.
 
-For each engine, a few plans of a tiny model (:func:`tiny_mlp` at batch 16, profiled here and
-now; its compute is a fraction of a millisecond, so that what the engine adds dominates each
-step and an error in the layer times hardly moves the fit) on 2 processes -- one stage of 2 data-parallel
-ranks and two pipeline stages, 1 to 8 micro-batches, 1F1B (:data:`SHAPES`) -- are trained by
-the engine itself, through the runner's own code (:func:`planner.runner.worker.train_plan`,
-the engines' ``make_trainer``), all plans of one engine in one process group. Each plan's
+For each engine, a few plans of a tiny model (:func:`tiny_mlp`, profiled here and now; its
+compute is a fraction of a millisecond, so that what the engine adds dominates each step and an
+error in the layer times hardly moves the fit) on the cluster's own P processes -- one stage of
+P data-parallel ranks at 1 and 4 micro-batches, and P pipeline stages at P, 2P and 4P
+micro-batches, 1F1B (:func:`shapes`) -- are trained by the engine itself, through the runner's
+own code (:func:`planner.runner.worker.train_plan`, the engines' ``make_trainer``), all plans of
+one engine in one process group. They run on P processes, not on 2 scaled to P: with more
+processes than cores the engine's per-action and per-step costs grew twice as fast as the core
+share says (4 processes on 2 cores, torch: 1.05 ms per action and 17.9 ms per step, against
+0.86 and 8.5 from 2 processes scaled), so only a measurement at P predicts P. Each plan's
 time is the median of its timed steps after warm-up, the fastest over :data:`ROUNDS` rounds
 (the engine's cost, not another user's load); each round waits for an idle machine first and is
 timed again while other work took cores from it (:mod:`planner.runner.machine`: on a 2-core
@@ -38,9 +42,25 @@ from planner.errors import PlannerError, RunError
 MODEL = "planner.calibrate_engines:tiny_mlp"
 INPUT_SHAPE = (32,)
 BATCH = 16
-SHAPES: tuple[tuple[tuple[int, ...], int], ...] = (((2,), 1), ((2,), 4), ((1, 1), 2), ((1, 1), 4), ((1, 1), 8))
-"""(GPUs per stage, micro-batches) of the calibration plans: K = 1 (dp 2) and K = 2 (torch's 1F1B
-needs M >= K), M = 1..8."""
+"""The least batch the calibration model is profiled and trained at (:func:`batch_size`)."""
+Shape = tuple[tuple[int, ...], int]
+"""(GPUs per stage, micro-batches) of one calibration plan."""
+
+
+def shapes(nproc: int) -> tuple[Shape, ...]:
+    """The calibration plans on ``nproc`` processes: one data-parallel stage at M = 1 and 4, and
+    ``nproc`` pipeline stages at M = P, 2P and 4P (torch's 1F1B needs M >= K); on 2 processes
+    ((2,), 1), ((2,), 4), ((1, 1), 2), ((1, 1), 4), ((1, 1), 8)."""
+    pipe = (1,) * nproc
+    return ((nproc,), 1), ((nproc,), 4), (pipe, nproc), (pipe, 2 * nproc), (pipe, 4 * nproc)
+
+
+def batch_size(nproc: int) -> int:
+    """The least multiple of ``4 * nproc`` (every shape's micro-batches divide it) that is at least :data:`BATCH`."""
+    step = 4 * nproc
+    return step * -(-BATCH // step)
+
+
 STEPS, WARMUP, ROUNDS = 8, 2, 3
 ATTEMPTS, IDLE_TIMEOUT_S = 3, 30.0
 """A round is timed again (up to ATTEMPTS times in all) while other work took more than
@@ -91,17 +111,18 @@ def overhead_features(plan: ir.Plan, engine: str) -> tuple[float, np.ndarray]:
     return base, np.array([(predicted(u) - base) / DELTA_S for u in units])
 
 
-def calibration_plans(profile: ir.ModelProfile, cluster: ir.Cluster, engine: str,
-                      shapes: Sequence[tuple[tuple[int, ...], int]] = SHAPES) -> list[ir.Plan]:
-    """The calibration plans for ``engine`` on the first 2 devices of ``cluster`` (flops pinned to
-    the profile's, so that the cost model predicts its measured layer times unchanged)."""
+def calibration_plans(profile: ir.ModelProfile, cluster: ir.Cluster, engine: str, plan_shapes: Sequence[Shape],
+                      share: float = 1.0) -> list[ir.Plan]:
+    """The calibration plans for ``engine`` on the devices of ``cluster``'s first node (flops pinned
+    to the profile's times ``share``, the processes' core share, so that the cost model predicts
+    its measured layer times as the cores are shared)."""
     from planner.search import search
 
     node = cluster.nodes[0]
-    gpus = tuple(dataclasses.replace(g, flops=profile.device_flops, peak_flops=()) for g in node.gpus[:2])
-    two = dataclasses.replace(cluster, nodes=(dataclasses.replace(node, gpus=gpus),), engine_overheads=())
-    return [search(profile, two, config=config, microbatches=m, engine=engine, schedule="1f1b", candidates=0)
-            for config, m in shapes]
+    gpus = tuple(dataclasses.replace(g, flops=profile.device_flops * share, peak_flops=()) for g in node.gpus)
+    own = dataclasses.replace(cluster, nodes=(dataclasses.replace(node, gpus=gpus),), engine_overheads=())
+    return [search(profile, own, config=config, microbatches=m, engine=engine, schedule="1f1b", candidates=0)
+            for config, m in plan_shapes]
 
 
 def _free_port() -> int:
@@ -206,10 +227,10 @@ def time_plans(plans: Sequence[ir.Plan], engine: str, threads: int, steps: int =
 
 
 def measure_engine(cluster: ir.Cluster, engine: str, threads: int, profile: ir.ModelProfile,
-                   shapes: Sequence[tuple[tuple[int, ...], int]] = SHAPES, steps: int = STEPS,
+                   plan_shapes: Sequence[Shape], share: float = 1.0, steps: int = STEPS,
                    rounds: int = ROUNDS) -> tuple[ir.EngineOverhead, list[dict[str, Any]]]:
     """``engine``'s fitted overheads on this machine, and every calibration run (plan, measured, predicted)."""
-    plans = calibration_plans(profile, cluster, engine, shapes)
+    plans = calibration_plans(profile, cluster, engine, plan_shapes, share)
     measured = [min(row) for row in time_plans(plans, engine, threads, steps, rounds).times_s]
     rows = [overhead_features(p, engine) for p in plans]
     base = np.array([b for b, _ in rows])
@@ -221,17 +242,10 @@ def measure_engine(cluster: ir.Cluster, engine: str, threads: int, profile: ir.M
     return overhead, runs
 
 
-def at_share(overheads: Sequence[tuple[str, ir.EngineOverhead]], share: float,
-             ) -> tuple[tuple[str, ir.EngineOverhead], ...]:
-    """Overheads measured on processes with a core each, as a cluster whose devices get ``share``
-    of a core charges them (its nominal speed, as its flops: :mod:`planner.calibrate`): divided by ``share``."""
-    return tuple((engine, ir.EngineOverhead(*(getattr(o, f) / share for f in ir.EngineOverhead.FIELDS)))
-                 for engine, o in overheads)
-
-
-def measure_engines(cluster: ir.Cluster, engines: Sequence[str], threads: int,
+def measure_engines(cluster: ir.Cluster, engines: Sequence[str], threads: int, share: float = 1.0,
                     ) -> tuple[tuple[tuple[str, ir.EngineOverhead], ...], dict[str, Any]]:
-    """Every engine's overheads (in the cluster's engine order) and their runs, over one tiny profile."""
+    """Every engine's overheads (in the cluster's engine order) and their runs, over one tiny profile,
+    on the processes of ``cluster``'s first node (``share``: the core share each gets)."""
     from planner.api import profile_model
     from planner.runner.launch import engine_available
 
@@ -242,10 +256,12 @@ def measure_engines(cluster: ir.Cluster, engines: Sequence[str], threads: int,
             others = [e for e in engines if e != engine]
             raise RunError(exc.cause, f"install it, or leave it out: --engines {','.join(others) or 'none'}",
                                ) from None
-    profile = profile_model(MODEL, batch_size=BATCH, input_shape=INPUT_SHAPE, threads=threads)
+    nproc = len(cluster.nodes[0].gpus)
+    batch = batch_size(nproc)
+    profile = profile_model(MODEL, batch_size=batch, input_shape=INPUT_SHAPE, threads=threads)
     overheads, runs = [], {}
     for engine in engines:
-        overhead, rows = measure_engine(cluster, engine, threads, profile)
+        overhead, rows = measure_engine(cluster, engine, threads, profile, shapes(nproc), share)
         overheads.append((engine, overhead))
         runs[engine] = rows
-    return tuple(overheads), {"model": MODEL, "batch_size": BATCH, "runs": runs}
+    return tuple(overheads), {"model": MODEL, "batch_size": batch, "processes": nproc, "runs": runs}

@@ -12,8 +12,8 @@ an idle machine: profiled again while other work took cores), ``planner.calibrat
 (2 and 4 processes x 1 thread; flops from the profile as ``--match-profile`` does, times the
 core share: cores / processes when processes outnumber cores, with the node's
 ``concurrent_devices`` so that the simulator shares the cores among the stages computing;
-engine overheads measured once, by ``--engines``, on 2 processes, at the 4-process cluster's
-core share for it), ``search`` with ``--engine`` (so the plan pays its engine's overheads) and
+engine overheads measured by ``--engines`` on each cluster's own processes, the 2-process ones
+for one process), ``search`` with ``--engine`` (so the plan pays its engine's overheads) and
 ``simulate``. ``bare`` is the same plan's prediction without engine overheads.
 
 Measured: every plan of one (model, engine, world size) is trained in one process group by
@@ -157,22 +157,20 @@ def profile(name: str, attempts: int = 3, repeats: int = 25) -> Any:
 
 
 def clusters(engines: list[str]) -> dict[int, Any]:
-    """This machine as 2 and as 4 processes of 1 thread (with their core shares); engine
-    overheads measured once (on 2)."""
+    """This machine as 2 and as 4 processes of 1 thread (with their core shares), each with its engine
+    overheads measured on its own processes; one process uses the 2-process overheads."""
     from planner.calibrate import calibrate
-    from planner.calibrate_engines import at_share
 
     two, meta = calibrate(2, 1, engines=engines)
-    four, meta4 = calibrate(4, 1)
+    four, meta4 = calibrate(4, 1, engines=engines)
     print(f"  calibrated: p2p {meta['bandwidth_Bps'] / 1e9:.2f} GB/s, latency {meta['latency_s'] * 1e6:.0f} us; "
           f"core share 2 processes {meta['core_share']:.2f}, 4 processes {meta4['core_share']:.2f} (all computing "
           f"at once measured {meta['concurrent_share']:.2f} and {meta4['concurrent_share']:.2f})", file=sys.stderr)
-    for engine, o in two.engine_overheads:
-        print(f"  {engine}: per action {o.per_action_s * 1e3:.3f} ms, per micro-batch sent "
-              f"{o.per_microbatch_s * 1e3:.3f} ms, per step {o.per_step_s * 1e3:.3f} ms", file=sys.stderr)
-    overheads4 = at_share(two.engine_overheads, meta4["core_share"] / meta["core_share"])
-    return {1: (two, 1.0), 2: (two, meta["core_share"]),
-            4: (dataclasses.replace(four, engine_overheads=overheads4), meta4["core_share"])}
+    for nproc, cluster in ((2, two), (4, four)):
+        for engine, o in cluster.engine_overheads:
+            print(f"  {engine} on {nproc}: per action {o.per_action_s * 1e3:.3f} ms, per micro-batch sent "
+                  f"{o.per_microbatch_s * 1e3:.3f} ms, per step {o.per_step_s * 1e3:.3f} ms", file=sys.stderr)
+    return {1: (two, 1.0), 2: (two, meta["core_share"]), 4: (four, meta4["core_share"])}
 
 
 def matched(calibrated: tuple[Any, float], prof: Any) -> Any:

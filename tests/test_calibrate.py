@@ -54,12 +54,18 @@ def test_more_threads_than_cores_share_them() -> None:
     assert core_share(2 * cores, 1) == pytest.approx(0.5) and core_share(cores, 4) == pytest.approx(0.25)
 
 
-def test_overheads_at_a_core_share_are_the_processes_own_work_slowed_as_compute_is() -> None:
-    from planner.calibrate_engines import at_share
+@pytest.mark.parametrize("nproc", [2, 3, 4, 5, 8])
+def test_engine_calibration_runs_on_the_clusters_own_processes(nproc: int) -> None:
+    from planner.calibrate_engines import BATCH, batch_size, shapes
 
-    got = at_share((("torch", ir.EngineOverhead(1e-4, 2e-4, 3e-3)),), 0.5)
-    assert got[0][0] == "torch"
-    assert [getattr(got[0][1], f) for f in ir.EngineOverhead.FIELDS] == pytest.approx([2e-4, 4e-4, 6e-3])
+    plans = shapes(nproc)
+    assert all(sum(gpus) == nproc for gpus, _ in plans)
+    assert {len(gpus) for gpus, _ in plans} == {1, nproc}  # data parallel, and one stage per process
+    batch = batch_size(nproc)
+    assert batch >= BATCH and all(batch % (m * gpus[0]) == 0 for gpus, m in plans)
+    assert all(m >= len(gpus) for gpus, m in plans)  # 1F1B on torch needs M >= K
+    if nproc == 2:
+        assert plans == (((2,), 1), ((2,), 4), ((1, 1), 2), ((1, 1), 4), ((1, 1), 8)) and batch == 16
 
 
 def test_one_process_is_refused() -> None:
@@ -116,7 +122,7 @@ def test_tiny_torch_calibration_fits_non_negative_overheads_from_real_runs() -> 
 
     profile = profile_model(MODEL, batch_size=BATCH, input_shape=INPUT_SHAPE, threads=1, repeats=3, warmup=1)
     cluster = ir.Cluster.from_dict(make_cluster_dict(1, 2))
-    overhead, runs = measure_engine(cluster, "torch", 1, profile, shapes=(((2,), 1), ((1, 1), 2), ((1, 1), 4)),
+    overhead, runs = measure_engine(cluster, "torch", 1, profile, (((2,), 1), ((1, 1), 2), ((1, 1), 4)),
                                     steps=4, rounds=1)
     assert [(r["config"], r["microbatches"]) for r in runs] == [("2", 1), ("1-1", 2), ("1-1", 4)]
     assert all(r["measured_s"] > 0 and r["predicted_s"] > 0 for r in runs)

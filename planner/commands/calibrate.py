@@ -25,7 +25,7 @@ from planner.jsonio import dumps, read_json
 def calibrate(out: str, nproc: int, threads: int, name: str | None, profile_path: str | None, engines_text: str,
               progress: bool | None, as_json: bool) -> None:
     """Measure compute, point-to-point and all-reduce over gloo with P processes (about 15-20 s), and what
-    each engine adds per action, micro-batch and step (tiny pipelines on 2 processes)."""
+    each engine adds per action, micro-batch and step (tiny pipelines on the --nproc processes)."""
     from planner.calibrate import calibrate as measure
     from planner.calibrate import cluster_doc
     from planner.render.progress import status
