@@ -136,14 +136,12 @@ def _timed_round(plan: ir.Plan, model: str, engine: str, steps: int, idle_timeou
     :data:`WARMUP` (the slowest rank's), and the cores other work used meanwhile; the same on every rank."""
     import torch
 
-    from planner.runner.machine import IDLE_CORES, background_cores, wait_idle
+    from planner.runner.machine import background_cores, on_idle_machine, wait_idle
     from planner.runner.worker import train_plan
 
     dist = torch.distributed
-    median_s, background = 0.0, 0.0
-    for _ in range(ATTEMPTS if idle_timeout_s > 0 else 1):
-        if idle_timeout_s > 0 and dist.get_rank() == 0:
-            wait_idle(timeout_s=idle_timeout_s)
+
+    def measure() -> tuple[float, float]:
         dist.barrier()
         res = train_plan(plan, model, engine, steps, 0, "cross_entropy", profile_terms=False)
         wall = torch.tensor(res["iteration_s"], dtype=torch.float64)
@@ -151,11 +149,14 @@ def _timed_round(plan: ir.Plan, model: str, engine: str, steps: int, idle_timeou
         machine = res["machine_busy_s"] if dist.get_rank() == 0 else [0.0] * steps
         used = torch.tensor([res["cpu_s"], machine], dtype=torch.float64)[:, WARMUP:].sum(dim=1)
         dist.all_reduce(used)  # every rank's CPU seconds; the machine's busy seconds as rank 0 read them
-        median_s = statistics.median(wall.tolist()[WARMUP:])
-        background = background_cores(float(used[1]), float(used[0]), float(wall[WARMUP:].sum()))
-        if background <= IDLE_CORES:
-            break
-    return median_s, background
+        return (statistics.median(wall.tolist()[WARMUP:]),
+                background_cores(float(used[1]), float(used[0]), float(wall[WARMUP:].sum())))
+
+    def wait(limit_s: float) -> None:  # rank 0 watches the machine; the others meet it at the barrier
+        if dist.get_rank() == 0:
+            wait_idle(timeout_s=limit_s)
+
+    return on_idle_machine(measure, ATTEMPTS, idle_timeout_s, wait)
 
 
 def _engine_worker(rank: int, world: int, port: int, engine: str, plans_path: str, model: str, threads: int,

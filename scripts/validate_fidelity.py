@@ -140,20 +140,19 @@ def profile(name: str, attempts: int = 3, repeats: int = 25) -> Any:
     0.250-0.256 s and 3.6-8.3 ms at 25."""
     from planner.profiler import profile_model
     from planner.profiler.loader import load_model
-    from planner.runner.machine import IDLE_CORES, background_cores, busy_cpu_s, wait_idle
+    from planner.runner.machine import background_cores, busy_cpu_s, idle_timeout_s, on_idle_machine
 
-    for _ in range(attempts):
-        wait_idle(timeout_s=60)
+    def measure() -> tuple[Any, float]:
         torch.manual_seed(0)
         b0, t0, c0 = busy_cpu_s(), time.perf_counter(), time.process_time()
         prof = profile_model(load_model(spec(name), MODELS[name][1]), mode="measured", threads=1,
                              repeats=repeats)
-        b1 = busy_cpu_s()
-        bg = background_cores((b1 or 0.0) - (b0 or 0.0), time.process_time() - c0, time.perf_counter() - t0)
+        bg = background_cores((busy_cpu_s() or 0.0) - (b0 or 0.0), time.process_time() - c0,
+                              time.perf_counter() - t0)
         print(f"  profiled {name}: other work {bg:.2f} cores", file=sys.stderr)
-        if bg <= IDLE_CORES:
-            break
-    return prof
+        return prof, bg
+
+    return on_idle_machine(measure, attempts, idle_timeout_s(60.0))[0]
 
 
 def clusters(engines: list[str]) -> dict[int, Any]:

@@ -83,3 +83,20 @@ def test_idle_timeout_comes_from_the_environment_when_set(monkeypatch: pytest.Mo
         monkeypatch.setenv(IDLE_TIMEOUT_ENV, bad)
         with pytest.raises(UsageError, match=IDLE_TIMEOUT_ENV):
             idle_timeout_s(30.0)
+
+
+def test_on_idle_machine_measures_again_while_other_work_took_cores() -> None:
+    from planner.runner.machine import on_idle_machine
+
+    backgrounds, waits = iter([0.9, 0.5, 0.1, 0.0]), []
+    value, bg = on_idle_machine(lambda: ("m", next(backgrounds)), 5, 2.0, waits.append)
+    assert (value, bg) == ("m", 0.1) and waits == [2.0, 2.0, 2.0]
+    always_busy = on_idle_machine(lambda: (1, 0.8), 2, 2.0, waits.append)
+    assert always_busy == (1, 0.8) and len(waits) == 5  # gives up after its attempts, with the last value
+
+
+def test_on_idle_machine_with_no_time_to_wait_measures_once() -> None:
+    from planner.runner.machine import on_idle_machine
+
+    calls: list[float] = []
+    assert on_idle_machine(lambda: (len(calls), 0.9), 3, 0.0, calls.append) == (0, 0.9) and calls == []

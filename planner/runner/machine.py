@@ -15,6 +15,8 @@ measurement can wait for an idle machine and report what it ran beside:
   below a threshold, so that a timed round starts on an idle machine; for how long at most,
   :func:`idle_timeout_s` (``PLANNER_IDLE_TIMEOUT_S`` overrides it: 0 never waits nor retries,
   for runs that share the cores on purpose, such as a test suite on several workers).
+* :func:`on_idle_machine`: a measurement started on an idle machine and taken again while
+  other work took cores during it (what calibrate and scripts/validate_fidelity.py time with).
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 STAT = Path("/proc/stat")
 BUSY_FIELDS = (0, 1, 2, 5, 6, 7)
@@ -93,3 +98,19 @@ def wait_idle(max_busy_cores: float = IDLE_CORES, window_s: float = 0.5, timeout
         if (now - start) / window_s < max_busy_cores or waited >= timeout_s:
             return waited
         start = now
+
+
+def on_idle_machine(measure: Callable[[], tuple[T, float]], attempts: int, timeout_s: float,
+                    wait: Callable[[float], object] | None = None) -> tuple[T, float]:
+    """``measure()`` -- its value and the cores other work used during it -- after waiting up to
+    ``timeout_s`` for an idle machine (``wait(timeout_s)``, :func:`wait_idle` by default), taken
+    again (``attempts`` in all) while that other work exceeded :data:`IDLE_CORES`: the last
+    value and its background cores. ``timeout_s`` 0 neither waits nor retries."""
+    wait_for = wait or (lambda limit_s: wait_idle(timeout_s=limit_s))
+    for _ in range(max(1, attempts) if timeout_s > 0 else 1):
+        if timeout_s > 0:
+            wait_for(timeout_s)
+        value, background = measure()
+        if background <= IDLE_CORES:
+            break
+    return value, background
