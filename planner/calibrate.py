@@ -29,10 +29,6 @@
   with other users, 4 processes measured 0.24 beside another user's busy process; the
   compute a process does per CPU second is the same alone and beside others: the cores are
   time-sliced, not slowed).
-* Cores really shared: with more processes than cores, how many devices the node runs at once
-  is measured on a compute-bound pipeline (:mod:`planner.calibrate_cores`; the processes of a
-  pipeline lose CPU to blocking and waking), and sets ``concurrent_devices`` and each device's
-  share of its flops (``meta.effective_share``; ``meta.capacity_run``); else cores / threads.
 * Engines (:mod:`planner.calibrate_engines`): what DeepSpeed's and torch pipelining's own work
   adds to the cost model, per action, per micro-batch sent and per step, fitted by least
   squares over tiny pipelines trained by each engine (``engine_overheads``) on the cluster's own
@@ -252,22 +248,7 @@ def calibrate(nproc: int, threads: int = 1, name: str | None = None, profile: ir
         overheads, runs = measure_engines(cluster, engines, threads, share)
         cluster = dataclasses.replace(cluster, engine_overheads=overheads)
         meta["engine_runs"] = runs
-    return _measured_capacity(cluster, meta, flops / share)
-
-
-def _measured_capacity(cluster: ir.Cluster, meta: dict[str, Any], device_flops: float,
-                       ) -> tuple[ir.Cluster, dict[str, Any]]:
-    """With more threads than cores, the node's concurrent devices measured (:mod:`planner.calibrate_cores`)
-    instead of assumed to be cores / threads; ``meta.effective_share`` is each device's share either way."""
-    from planner.calibrate_cores import DEPTH, measure_capacity, with_capacity
-
-    nproc, threads = meta["nproc"], meta["threads"]
-    cores = usable_cores() / threads
-    if nproc <= cores or nproc > DEPTH:
-        return cluster, {**meta, "effective_share": meta["core_share"]}
-    capacity, run = measure_capacity(cluster, threads, cores)
-    return (with_capacity(cluster, capacity, device_flops),
-            {**meta, "effective_share": min(1.0, capacity / nproc), "capacity_run": run})
+    return cluster, meta
 
 
 def cluster_doc(cluster: ir.Cluster, meta: dict[str, Any]) -> dict[str, Any]:

@@ -10,8 +10,8 @@ average is printed before and after, and per row the cores other work used durin
 Predicted comes only from the planner: ``profile_model`` (measured, 1 thread, 25 repeats, on
 an idle machine: profiled again while other work took cores), ``planner.calibrate.calibrate``
 (2 and 4 processes x 1 thread; flops from the profile as ``--match-profile`` does, times the
-core share: the node's measured capacity / processes when processes outnumber cores, with the
-node's ``concurrent_devices`` so that the simulator shares the cores among the stages computing;
+core share: cores / processes when processes outnumber cores, with the node's
+``concurrent_devices`` so that the simulator shares the cores among the stages computing;
 engine overheads measured by ``--engines`` on each cluster's own processes, the 2-process ones
 for one process), ``search`` with ``--engine`` (so the plan pays its engine's overheads) and
 ``simulate``. ``bare`` is the same plan's prediction without engine overheads.
@@ -169,12 +169,7 @@ def clusters(engines: list[str]) -> dict[int, Any]:
         for engine, o in cluster.engine_overheads:
             print(f"  {engine} on {nproc}: per action {o.per_action_s * 1e3:.3f} ms, per micro-batch sent "
                   f"{o.per_microbatch_s * 1e3:.3f} ms, per step {o.per_step_s * 1e3:.3f} ms", file=sys.stderr)
-    if "capacity_run" in meta4:
-        run = meta4["capacity_run"]
-        print(f"  4 processes run {run['capacity']:.2f} devices at once on {run['cores']:g} cores (a pipeline of "
-              f"{run['processes']} stages measured {run['measured_s']:.3f} s, {run['predicted_at_cores_s']:.3f} s "
-              f"predicted with every core)", file=sys.stderr)
-    return {1: (two, 1.0), 2: (two, meta["effective_share"]), 4: (four, meta4["effective_share"])}
+    return {1: (two, 1.0), 2: (two, meta["core_share"]), 4: (four, meta4["core_share"])}
 
 
 def matched(calibrated: tuple[Any, float], prof: Any) -> Any:
