@@ -71,7 +71,7 @@ def test_exported_script_trains_under_torchrun(tmp_path: Path, engine: str) -> N
     launch = ["sh", "launch_node0.sh"]  # the torch export runs through its one-server launch script
     run = subprocess.run([*(torchrun if engine == "deepspeed" else launch), "--model", "tests.test_runner:tiny_mlp",
                           "--steps", "2"], cwd=out, env=env, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.returncode == 0, f"{run.stderr[:3000]}\n...\n{run.stderr[-2000:]}"
     assert "step 1 loss" in run.stdout
 
 

@@ -260,6 +260,10 @@ def main() -> None:
         loss = engine.train_batch(data_iter=batches(step))
         if int(os.environ.get("RANK", "0")) == 0:
             print(f"step {{step}} loss {{float(loss):.6f}}", flush=True)
+    # every rank done before any leaves: a rank exiting while its peers' gloo threads still talk
+    # to it made a peer abort (SIGABRT) after training had finished
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -357,6 +357,7 @@ def main() -> None:
     if args.report:  # what this rank built (read back from its modules), the server it ran on, its losses
         report = {{**step.describe(), "node_rank": int(os.environ.get("GROUP_RANK", "0")), "losses": losses}}
         Path(args.report, f"rank{{dist.get_rank()}}.json").write_text(json.dumps(report))
+    dist.barrier()  # every rank done before any leaves (a peer's gloo threads may still talk to it)
     dist.destroy_process_group()
 
 
