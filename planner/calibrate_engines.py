@@ -136,21 +136,15 @@ def _timed_round(plan: ir.Plan, model: str, engine: str, steps: int, idle_timeou
     :data:`WARMUP` (the slowest rank's), and the cores other work used meanwhile; the same on every rank."""
     import torch
 
-    from planner.runner.machine import background_cores, on_idle_machine, wait_idle
-    from planner.runner.worker import train_plan
+    from planner.runner.machine import on_idle_machine, steps_background, wait_idle
+    from planner.runner.worker import group_timing, train_plan
 
     dist = torch.distributed
 
     def measure() -> tuple[float, float]:
         dist.barrier()
-        res = train_plan(plan, model, engine, steps, 0, "cross_entropy", profile_terms=False)
-        wall = torch.tensor(res["iteration_s"], dtype=torch.float64)
-        dist.all_reduce(wall, op=dist.ReduceOp.MAX)
-        machine = res["machine_busy_s"] if dist.get_rank() == 0 else [0.0] * steps
-        used = torch.tensor([res["cpu_s"], machine], dtype=torch.float64)[:, WARMUP:].sum(dim=1)
-        dist.all_reduce(used)  # every rank's CPU seconds; the machine's busy seconds as rank 0 read them
-        return (statistics.median(wall.tolist()[WARMUP:]),
-                background_cores(float(used[1]), float(used[0]), float(wall[WARMUP:].sum())))
+        timing = group_timing(train_plan(plan, model, engine, steps, 0, "cross_entropy", profile_terms=False))
+        return statistics.median(timing["iteration_s"][WARMUP:]), steps_background(timing, WARMUP) or 0.0
 
     def wait(limit_s: float) -> None:  # rank 0 watches the machine; the others meet it at the barrier
         if dist.get_rank() == 0:

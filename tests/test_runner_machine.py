@@ -100,3 +100,11 @@ def test_on_idle_machine_with_no_time_to_wait_measures_once() -> None:
 
     calls: list[float] = []
     assert on_idle_machine(lambda: (len(calls), 0.9), 3, 0.0, calls.append) == (0, 0.9) and calls == []
+
+
+def test_steps_background_counts_the_timed_steps_and_is_unknown_without_readings() -> None:
+    from planner.runner.machine import steps_background
+
+    timing = {"machine_busy_s": [9.0, 3.0, 3.0], "all_cpu_s": [1.0, 2.0, 2.0], "iteration_s": [5.0, 1.0, 1.0]}
+    assert steps_background(timing, 1) == pytest.approx(1.0)  # 6 busy - 4 own over 2 s; the warm-up step left out
+    assert steps_background({**timing, "machine_busy_s": [0.0, 0.0, 0.0]}, 1) is None

@@ -44,7 +44,7 @@ from planner.export.nodes import (
 )
 from planner.export.program import engine_module
 from planner.runnable import check_runnable
-from planner.runner.machine import background_cores
+from planner.runner.machine import steps_background
 from planner.runner.processes import last_lines, rendezvous_failure, wait_workers, worker_cause
 from planner.runner.reference import max_rel_diff, reference_losses
 from planner.runner.terms import stage_terms
@@ -183,10 +183,7 @@ def _ranks(plan: ir.Plan, res: dict[str, Any]) -> list[dict[str, Any]]:
 def _background(launch: Launch, warmup: int, res: dict[str, Any]) -> float | None:
     """Cores other work on this machine used during the timed steps (planner.runner.machine);
     None on several servers (the ranks' CPU time is every server's) or where it cannot be read."""
-    busy = res["machine_busy_s"][warmup:]
-    if launch.nnodes > 1 or not any(busy):
-        return None
-    return background_cores(sum(busy), sum(res["all_cpu_s"][warmup:]), sum(res["iteration_s"][warmup:]))
+    return None if launch.nnodes > 1 else steps_background(res, warmup)
 
 
 def _run_doc(plan: ir.Plan, launch: Launch, warmup: int, res: dict[str, Any]) -> dict[str, Any]:

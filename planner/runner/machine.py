@@ -10,7 +10,8 @@ measurement can wait for an idle machine and report what it ran beside:
   system, irq, softirq and steal time of ``/proc/stat``'s ``cpu`` line; ``proc(5)``), None
   where there is no ``/proc/stat``.
 * :func:`background_cores`: the cores other work used during a run: the machine's busy CPU
-  seconds minus the run's own processes' CPU seconds, per wall second.
+  seconds minus the run's own processes' CPU seconds, per wall second; :func:`steps_background`
+  the same over a process group's timed steps.
 * :func:`wait_idle`: wait (polling in short windows) until the machine's busy cores stay
   below a threshold, so that a timed round starts on an idle machine; for how long at most,
   :func:`idle_timeout_s` (``PLANNER_IDLE_TIMEOUT_S`` overrides it: 0 never waits nor retries,
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -76,6 +77,16 @@ def background_cores(machine_busy_s: float, own_cpu_s: float, wall_s: float) -> 
     if wall_s <= 0:
         return 0.0
     return max(0.0, machine_busy_s - own_cpu_s) / wall_s
+
+
+def steps_background(timing: Mapping[str, Sequence[float]], first: int = 0) -> float | None:
+    """Cores other work used during the steps from ``first`` on, from a process group's per-step
+    ``machine_busy_s``, ``all_cpu_s`` and ``iteration_s`` (planner.runner.worker.group_timing);
+    None when the machine's busy time could not be read."""
+    busy = timing["machine_busy_s"][first:]
+    if not any(busy):
+        return None
+    return background_cores(sum(busy), sum(timing["all_cpu_s"][first:]), sum(timing["iteration_s"][first:]))
 
 
 def wait_idle(max_busy_cores: float = IDLE_CORES, window_s: float = 0.5, timeout_s: float = 60.0,
