@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -83,3 +84,25 @@ def test_sum_grads_is_one_all_reduce_per_bucket_and_writes_every_gradient_back(
     assert calls == [19]
     assert torch.equal(params[0].grad, torch.arange(12.0).reshape(4, 3).t())
     assert torch.equal(params[1].grad, torch.full((5,), 3.0)) and torch.equal(params[2].grad, torch.zeros(2))
+
+
+def test_zero1_steps_the_modules_own_parameters_from_one_buffer(tmp_path: Path) -> None:
+    """ZeRO-1 broadcasts one flat buffer per rank a step, not each parameter, and the module trains
+    the very tensors the optimizer updates."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already up in this process")
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        lin = nn.Linear(4, 3)
+        opt = sharding.optimizer("sgd", list(lin.parameters()), 0.1, 1, dist.group.WORLD)
+        assert opt.parameters_as_bucket_view
+        assert all(proxy is param for param, proxy in opt.planner_params)
+        before = lin.weight.detach().clone()
+        lin(torch.randn(2, 4)).sum().backward()
+        sharding.zero1_grads(opt)
+        opt.step()
+        assert not torch.equal(lin.weight.detach(), before)  # the module's own weight moved
+    finally:
+        dist.destroy_process_group()

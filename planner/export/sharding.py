@@ -128,17 +128,16 @@ def optimizer(name: str, params: list[nn.Parameter], lr: float, zero: int, group
     if zero != 1:
         return torch_optimizer(name, params, lr)
     from torch.distributed.optim import ZeroRedundancyOptimizer
-
-    proto = torch_optimizer(name, [nn.Parameter(torch.zeros(1))], lr)
     from torch.distributed.tensor import DTensor
 
-    proxies = [nn.Parameter(local(p)) if isinstance(p.data, DTensor) else p for p in params]
+    proto = torch_optimizer(name, [nn.Parameter(torch.zeros(1))], lr)
+    sharded = [isinstance(p.data, DTensor) for p in params]
+    proxies = [nn.Parameter(local(p)) if tp else p for p, tp in zip(params, sharded, strict=True)]
     # parameters as views of one flat buffer per rank: one broadcast per rank a step, not one per
     # parameter (a 2-rank step of a 4-layer MLP: 8 broadcasts, 5 ms); not with tensor-parallel
     # proxies, whose storage must stay their DTensor's local tensor
-    bucket_view = all(proxy is param for proxy, param in zip(proxies, params, strict=True))
     opt = ZeroRedundancyOptimizer(proxies, optimizer_class=type(proto), process_group=group,
-                                  parameters_as_bucket_view=bucket_view, **proto.defaults)
+                                  parameters_as_bucket_view=not any(sharded), **proto.defaults)
     opt.planner_params = list(zip(params, proxies, strict=True))
     return opt
 
@@ -179,10 +178,12 @@ def sum_grads(params: Sequence[nn.Parameter], group: Any, divisor: int = 1) -> N
     all-reduce per bucket of flattened gradients (:func:`grad_buckets`), copied back in place."""
     import torch.distributed as dist
 
+    grads = []
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-    for bucket in grad_buckets([local(p.grad) for p in params if p.grad is not None]):
+        grads.append(local(p.grad))
+    for bucket in grad_buckets(grads):
         flat = torch.cat([g.reshape(-1) for g in bucket])
         dist.all_reduce(flat, group=group)
         if divisor != 1:
