@@ -245,7 +245,7 @@ def calibrate(nproc: int, threads: int = 1, name: str | None = None, profile: ir
     if engines:
         from planner.calibrate_engines import measure_engines
 
-        overheads, runs = measure_engines(cluster, engines, threads, share)
+        overheads, runs = measure_engines(cluster, engines, threads)
         cluster = dataclasses.replace(cluster, engine_overheads=overheads)
         meta["engine_runs"] = runs
     return cluster, meta

@@ -111,15 +111,15 @@ def overhead_features(plan: ir.Plan, engine: str) -> tuple[float, np.ndarray]:
     return base, np.array([(predicted(u) - base) / DELTA_S for u in units])
 
 
-def calibration_plans(profile: ir.ModelProfile, cluster: ir.Cluster, engine: str, plan_shapes: Sequence[Shape],
-                      share: float = 1.0) -> list[ir.Plan]:
+def calibration_plans(profile: ir.ModelProfile, cluster: ir.Cluster, engine: str,
+                      plan_shapes: Sequence[Shape]) -> list[ir.Plan]:
     """The calibration plans for ``engine`` on the devices of ``cluster``'s first node (flops pinned
-    to the profile's times ``share``, the processes' core share, so that the cost model predicts
-    its measured layer times as the cores are shared)."""
+    to the profile's times the node's core share, so that the cost model predicts its measured
+    layer times as the cores are shared)."""
     from planner.search import search
 
     node = cluster.nodes[0]
-    gpus = tuple(dataclasses.replace(g, flops=profile.device_flops * share, peak_flops=()) for g in node.gpus)
+    gpus = tuple(dataclasses.replace(g, flops=profile.device_flops * node.core_share, peak_flops=()) for g in node.gpus)
     own = dataclasses.replace(cluster, nodes=(dataclasses.replace(node, gpus=gpus),), engine_overheads=())
     return [search(profile, own, config=config, microbatches=m, engine=engine, schedule="1f1b", candidates=0)
             for config, m in plan_shapes]
@@ -222,10 +222,10 @@ def time_plans(plans: Sequence[ir.Plan], engine: str, threads: int, steps: int =
 
 
 def measure_engine(cluster: ir.Cluster, engine: str, threads: int, profile: ir.ModelProfile,
-                   plan_shapes: Sequence[Shape], share: float = 1.0, steps: int = STEPS,
+                   plan_shapes: Sequence[Shape], steps: int = STEPS,
                    rounds: int = ROUNDS) -> tuple[ir.EngineOverhead, list[dict[str, Any]]]:
     """``engine``'s fitted overheads on this machine, and every calibration run (plan, measured, predicted)."""
-    plans = calibration_plans(profile, cluster, engine, plan_shapes, share)
+    plans = calibration_plans(profile, cluster, engine, plan_shapes)
     measured = [min(row) for row in time_plans(plans, engine, threads, steps, rounds).times_s]
     rows = [overhead_features(p, engine) for p in plans]
     base = np.array([b for b, _ in rows])
@@ -237,10 +237,10 @@ def measure_engine(cluster: ir.Cluster, engine: str, threads: int, profile: ir.M
     return overhead, runs
 
 
-def measure_engines(cluster: ir.Cluster, engines: Sequence[str], threads: int, share: float = 1.0,
+def measure_engines(cluster: ir.Cluster, engines: Sequence[str], threads: int,
                     ) -> tuple[tuple[tuple[str, ir.EngineOverhead], ...], dict[str, Any]]:
     """Every engine's overheads (in the cluster's engine order) and their runs, over one tiny profile,
-    on the processes of ``cluster``'s first node (``share``: the core share each gets)."""
+    on the processes of ``cluster``'s first node (at its core share)."""
     from planner.api import profile_model
     from planner.runner.launch import engine_available
 
@@ -256,7 +256,7 @@ def measure_engines(cluster: ir.Cluster, engines: Sequence[str], threads: int, s
     profile = profile_model(MODEL, batch_size=batch, input_shape=INPUT_SHAPE, threads=threads)
     overheads, runs = [], {}
     for engine in engines:
-        overhead, rows = measure_engine(cluster, engine, threads, profile, shapes(nproc), share)
+        overhead, rows = measure_engine(cluster, engine, threads, profile, shapes(nproc))
         overheads.append((engine, overhead))
         runs[engine] = rows
     return tuple(overheads), {"model": MODEL, "batch_size": batch, "processes": nproc, "runs": runs}

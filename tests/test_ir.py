@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from planner.errors import FormatError
-from planner.ir import Cluster, Link, ModelProfile, Plan, Prediction, Stage
+from planner.ir import Cluster, Link, ModelProfile, Node, Plan, Prediction, Stage
 from tests.conftest import make_cluster_dict, make_profile_dict
 
 
@@ -166,3 +166,13 @@ def test_optional_fields_round_trip() -> None:
     assert out["loss_fixed_s"] == 0.001 and out["layers"][0]["backward_fixed_s"] == 0.002
     assert "forward_fixed_s" not in out["layers"][1]
     assert ModelProfile.from_dict(out) == profile
+
+
+@pytest.mark.parametrize(("gpus", "concurrent", "share"), [(4, 2.0, 0.5), (2, 2.0, 1.0), (2, 8.0, 1.0), (3, None, 1.0)])
+def test_node_core_share_is_each_devices_speed_when_all_compute(gpus: int, concurrent: float | None,
+                                                               share: float) -> None:
+    doc: dict[str, Any] = {"name": "n", "gpus": [{"name": f"g{i}", "flops": 1e9, "memory_bytes": 10**9}
+                                                 for i in range(gpus)]}
+    if concurrent is not None:
+        doc["concurrent_devices"] = concurrent
+    assert Node.from_dict(doc, "n").core_share == share

@@ -85,6 +85,14 @@ class Node:
     gpus: tuple[GPU, ...]
     concurrent_devices: float | None = None
 
+    @property
+    def core_share(self) -> float:
+        """Each device's speed when all compute at once, as a share of its speed alone: ``min(1,
+        concurrent_devices / devices)``, 1 when they share nothing."""
+        if self.concurrent_devices is None:
+            return 1.0
+        return min(1.0, self.concurrent_devices / len(self.gpus))
+
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"name": self.name, "gpus": [g.to_dict() for g in self.gpus]}
         if self.concurrent_devices is not None:
