@@ -86,6 +86,7 @@ def test_sum_grads_is_one_all_reduce_per_bucket_and_writes_every_gradient_back(
     assert torch.equal(params[1].grad, torch.full((5,), 3.0)) and torch.equal(params[2].grad, torch.zeros(2))
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.:DeprecationWarning")  # torch's own, importing ZeRO
 def test_zero1_steps_the_modules_own_parameters_from_one_buffer(tmp_path: Path) -> None:
     """ZeRO-1 broadcasts one flat buffer per rank a step, not each parameter, and the module trains
     the very tensors the optimizer updates."""
