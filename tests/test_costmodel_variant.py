@@ -47,7 +47,7 @@ def test_fp32_adam_is_16_bytes_and_mixed_adam_too_but_sgd_differs() -> None:
 def test_zero_traffic_per_iteration() -> None:
     # plain all-reduce and ZeRO-1/2: 2 Psi (reduce-scatter + all-gather); ZeRO-3: 3 Psi, per micro-batch
     agg = {"sync": 2.0, "time": 10.0, "fwd": 4.0, "static0": 0.0, "static1": 0.0, "static2": 0.0, "static3": 0.0,
-           "act": 1.0, "act_sel": 0.5, "core": 0.25}
+           "act": 1.0, "act_sel": 0.5, "core": 0.25, "fwd_head": 0.0, "act_head": 0.0}
     m, const = 4, 0.0
     cost = {z: cm.variant_cost(agg, 0.1, cm.Variant("none", z), m, const) for z in range(4)}
     assert cost[0].sync == cost[1].sync == 2.0
@@ -61,11 +61,14 @@ def test_zero_traffic_per_iteration() -> None:
 
 def test_recomputation_modes() -> None:
     agg = {"sync": 0.0, "time": 10.0, "fwd": 4.0, "static0": 0.0, "static1": 0.0, "static2": 0.0, "static3": 0.0,
-           "act": 100.0, "act_sel": 60.0, "core": 0.5}
+           "act": 100.0, "act_sel": 60.0, "core": 0.5, "fwd_head": 0.0, "act_head": 0.0}
     none, sel, full = (cm.variant_cost(agg, 7.0, cm.Variant(r, 0), 2, 0.0) for r in ("none", "selective", "full"))
     assert (none.time, none.act, none.workspace) == (10.0, 100.0, 0.0)
     assert (sel.time, sel.act, sel.workspace) == (10.5, 60.0, 0.0)
     assert (full.time, full.act, full.workspace) == (14.0, 7.0, 100.0)
+    # the head after the last block is not redone and keeps its activations
+    head = cm.variant_cost({**agg, "fwd_head": 1.0, "act_head": 30.0}, 7.0, cm.Variant("full", 0), 2, 0.0)
+    assert (head.time, head.act, head.workspace) == (13.0, 37.0, 70.0)
 
 
 def _block_profile(s: int, b: int, h: int, a: int, kv: int | None = None) -> ir.ModelProfile:
@@ -99,6 +102,33 @@ def test_activation_memory_per_layer_korthikanti_table_2(t: int, s: int, h: int,
     assert table.act_sel[0, col] == pytest.approx(want_sel, rel=1e-6)
     # full recomputation keeps the layer input: 2 s b h
     assert table.in_bytes[0] == pytest.approx(2 * sbh)
+
+
+def _decoder(blocks_at: tuple[int, ...], n: int = 4) -> ir.ModelProfile:
+    d = make_profile_dict(n, batch_size=8)
+    for i in blocks_at:
+        d["layers"][i].update(in_features=64, out_features=64,
+                              block={"hidden": 64, "heads": 4, "kv_heads": 4, "ffn": 256, "seq_len": 16})
+    return ir.ModelProfile.from_dict(d)
+
+
+@pytest.mark.parametrize(("blocks_at", "redone"), [((1, 2), 3), ((), 4), ((0, 1, 2, 3), 4), ((3,), 4)])
+def test_full_recomputation_leaves_out_the_layers_after_the_last_block(blocks_at: tuple[int, ...],
+                                                                       redone: int) -> None:
+    # Megatron-LM and torchtitan checkpoint the transformer layers only: the final norm and logits head after the
+    # last block keep their activations and are not redone; a model without blocks redoes its whole stage
+    profile = _decoder(blocks_at)
+    assert profile.recomputed_layers(0, 4) == redone
+    assert profile.recomputed_layers(redone, 4) == 0
+    cluster = cluster_from_dict(make_cluster_dict(1, 1, 10**12))
+    costs = {r: cm.stage_cost_values(profile, cluster, ir.Stage((0, 4), ("n0.g0",), ("dp",) * 4, 0, r), 1, "sgd",
+                                    None)
+             for r in ("none", "full")}
+    layer = profile.layers[0]
+    assert costs["full"].backward_s - costs["none"].backward_s == pytest.approx(redone * layer.forward_s)
+    kept = costs["full"].activation_bytes - profile.input_bytes  # activations of the layers not redone
+    assert kept == pytest.approx((4 - redone) * layer.saved_bytes)
+    assert costs["full"].workspace_bytes == pytest.approx(redone * layer.saved_bytes)
 
 
 def test_megatron_block_form_two_allreduces_each_way() -> None:

@@ -52,6 +52,18 @@ def test_selective_recomputes_the_attention_core_only_and_full_recomputes_everyt
     assert full_mm > none_mm  # full recomputation redoes every product
 
 
+def test_full_recomputation_checkpoints_the_first_layers_and_runs_the_head_as_it_is() -> None:
+    layers = [nn.Linear(4, 4) for _ in range(3)]
+    stage = sharding.with_recompute(nn.Sequential(*layers), "full", 2)
+    assert isinstance(stage, nn.Sequential) and isinstance(stage[0], sharding.Checkpointed)
+    assert list(stage[0].inner) == layers[:2] and stage[1] is layers[2]
+    assert isinstance(sharding.with_recompute(nn.Sequential(*layers), "full", 3), sharding.Checkpointed)
+    plain = nn.Sequential(*layers)
+    assert sharding.with_recompute(plain, "full", 0) is plain
+    x = torch.randn(2, 4)
+    assert torch.equal(stage(x), nn.Sequential(*layers)(x))
+
+
 def test_autocast_computes_products_in_bf16_with_fp32_weights() -> None:
     lin = nn.Linear(4, 4)
     out = sharding.with_precision(lin, "bf16")(torch.randn(2, 4))

@@ -109,12 +109,16 @@ class LayerTable:
     core: np.ndarray
     in_bytes: np.ndarray
     out_bytes: np.ndarray
+    head: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    """Per layer, whether it follows the model's last transformer block (``ModelProfile.head_start``:
+    full recomputation does not redo it); none when empty."""
     agg_rows: np.ndarray = field(default_factory=lambda: np.zeros(0))
     """What each layer adds to each aggregate of :data:`KEYS`, per form: (len(KEYS), layers, forms)."""
 
     def __post_init__(self) -> None:
+        head = self.head[:, None] if len(self.head) else np.zeros((len(self.fwd), 1), dtype=bool)
         rows = np.stack([self.fwd + self.bwd, self.fwd, self.sync, *self.static, self.weight, self.act,
-                         self.act_sel, self.core])
+                         self.act_sel, self.core, np.where(head, self.fwd, 0.0), np.where(head, self.act, 0.0)])
         object.__setattr__(self, "agg_rows", rows)
 
     def layout_change(self, a: int, b: int) -> bool:
@@ -126,12 +130,15 @@ class LayerTable:
         return self.agg_rows[:, layer]
 
 
-KEYS = ("time", "fwd", "sync", "static0", "static1", "static2", "static3", "weight", "act", "act_sel", "core")
+KEYS = ("time", "fwd", "sync", "static0", "static1", "static2", "static3", "weight", "act", "act_sel", "core",
+        "fwd_head", "act_head")
 """The aggregates of a stage under its forms, per micro-batch and device (``time`` = forward + backward
 with collectives and re-layouts, ``fwd`` its forward part, ``sync`` the gradient synchronisation per
 iteration without latency, ``static<z>`` memory at ZeRO stage z, ``weight`` one copy of the weights,
-``act``/``act_sel`` activations per micro-batch, ``core`` selective recomputation's time); the
-re-layouts add to ``time`` and ``fwd`` (rows 0 and 1)."""
+``act``/``act_sel`` activations per micro-batch, ``core`` selective recomputation's time,
+``fwd_head``/``act_head`` the forward time and activations of the layers after the model's last
+transformer block, which full recomputation leaves out); the re-layouts add to ``time`` and ``fwd``
+(rows 0 and 1)."""
 
 
 @dataclass(frozen=True)
@@ -231,7 +238,8 @@ def layer_table(profile: ir.ModelProfile, grid: Grid | Group, microbatches: int,
                        weight + (weight + state) / shard, (weight + weight + state) / shard])
     return LayerTable(n=n, dp=grid.dp, fwd=fwd, bwd=bwd, bww=bww, allowed=allowed, enter=ag_in, leave=ag_out,
                       sync=sync, sync_const=const, weight=weight, static=static, act=act, act_sel=act_sel, core=core,
-                      in_bytes=c.in_b, out_bytes=c.out_b)
+                      in_bytes=c.in_b, out_bytes=c.out_b,
+                      head=np.arange(len(profile.layers)) >= profile.head_start)
 
 
 def _times(c: _Columns, n: int, link: ir.Link, ag_in: np.ndarray, ag_out: np.ndarray

@@ -7,7 +7,11 @@ and the scalar cost of one stage come from the same definition).
   attention core (Korthikanti et al. 2022, section 4.2): activations ``act_sel``, backward
   plus ``core``; ``full`` keeps only the stage input per micro-batch and redoes the forward
   in backward (GPipe, Huang et al. 2019, section 2.3; Chen et al. 2016), needing one
-  micro-batch's activations as workspace during a backward.
+  micro-batch's activations as workspace during a backward. Layers after the model's last
+  transformer block (final norm, logits head: ``fwd_head``, ``act_head``) are not redone and
+  keep their activations, as in Megatron-LM's and torchtitan's full activation checkpointing,
+  which wrap the transformer layers only (``ModelProfile.recomputed_layers``; the exported
+  engines checkpoint the same layers).
 - ZeRO over the data-parallel group (Rajbhandari et al. SC'20, sections 5 and 7), with
   ``A`` the gradient all-reduce of the stage (reduce-scatter + all-gather, ``2 Psi``) and
   ``H = A / 2`` one reduce-scatter or all-gather (``Psi``): stage 0 and 1 pay ``A`` per
@@ -76,7 +80,7 @@ def variant_cost(agg: Mapping[str, Any], in_bytes: Any, variant: Variant, microb
     elif variant.zero == 2:
         whole = whole + (microbatches - 1) * half
     if variant.recompute == "full":
-        time, act, work = time + fwd, in_bytes, agg["act"]
+        time, act, work = time + fwd - agg["fwd_head"], in_bytes + agg["act_head"], agg["act"] - agg["act_head"]
     elif variant.recompute == "selective":
         time, act, work = time + agg["core"], agg["act_sel"], 0.0 * in_bytes
     else:

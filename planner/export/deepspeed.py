@@ -12,7 +12,8 @@ ExportError naming the stage and ``--engine deepspeed``): a pipe x data grid wit
 the same width ``W`` and no tensor parallelism (DeepSpeed's pipeline has no tensor-split
 layers), schedule ``1f1b`` (its ``TrainSchedule``), ZeRO 0 or 1 (its pipeline engine asserts
 stage < 2) in ``zero_optimization``, recomputation none or full (``activation_checkpoint_interval``
-= the stage's layer count), fp32 or bf16/fp16 in the config.
+= the stage's layers up to the model's last transformer block, the only chunk checkpointed), fp32
+or bf16/fp16 in the config.
 
 Tied weights (a parameter object used by several layers, GPT-2's ``wte``/``lm_head``) go
 through ``TiedLayerSpec``: the layers of one tie group live in one holder module that every
@@ -159,6 +160,11 @@ def _explicit_class() -> type:
             stage_id = self._topo.get_coord(self.global_rank).pipe
             self._set_bounds(start=self.parts[stage_id], stop=self.parts[stage_id + 1])
 
+        def _is_checkpointable(self, funcs: Sequence[Any]) -> bool:
+            """Only the stage's first chunk of ``activation_checkpoint_interval`` layers is checkpointed:
+            its layers up to the model's last transformer block; the head after it runs as it is."""
+            return len(funcs) > 0 and funcs[0] is self.forward_funcs[0]
+
         def _synchronize_tied_weights(self) -> None:
             # DeepSpeed broadcasts the tied parameters in place with autograd on: c10d's
             # broadcast_ then enters the graph and the tied weights' gradients go wrong.
@@ -177,7 +183,8 @@ def build_pipeline_module(model_or_layers: Any, plan: ir.Plan,
     """A DeepSpeed ``PipelineModule`` over exactly the profile's layers and the plan's stages.
 
     Needs ``torch.distributed`` initialised with ``len(plan.stages) * width`` processes.
-    A stage with ``recompute`` checkpoints its layers' activations.
+    A stage with ``recompute="full"`` checkpoints its layers up to the model's last transformer block
+    (``ModelProfile.recomputed_layers``) as one region; the head after it keeps its activations.
     """
     from deepspeed.runtime.pipe.topology import PipeDataParallelTopology
 
@@ -191,7 +198,7 @@ def build_pipeline_module(model_or_layers: Any, plan: ir.Plan,
     topo = PipeDataParallelTopology(num_pp=len(plan.stages), num_dp=width)
     rank = torch.distributed.get_rank()
     stage = plan.stages[topo.get_coord(rank).pipe]
-    interval = (stage.layers[1] - stage.layers[0]) if stage.recompute == "full" else 0
+    interval = plan.profile.recomputed_layers(*stage.layers) if stage.recompute == "full" else 0
     ckpt = partial(torch.utils.checkpoint.checkpoint, use_reentrant=False)
     return _CLASS[0](layer_specs(layers), boundaries(plan), topology=topo, loss_fn=loss_fn,
                      activation_checkpoint_interval=interval, activation_checkpoint_func=ckpt)

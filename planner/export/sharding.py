@@ -11,8 +11,11 @@
   rank steps its share of the parameters and broadcasts them). Each layer of the stage is one
   FSDP unit (a layer sharing a parameter with another layer of the stage stays in the stage's
   root unit), the stage is the root.
-* Recomputation (``recompute``): ``full`` checkpoints the whole stage (only each micro-batch's
-  stage input is kept; GPipe's re-materialisation); ``selective`` checkpoints each layer with a
+* Recomputation (``recompute``): ``full`` checkpoints the stage's layers up to the model's last
+  transformer block as one region (only each micro-batch's stage input is kept; GPipe's
+  re-materialisation); the layers after it (final norm, logits head) run outside the region and
+  keep their activations (``ModelProfile.recomputed_layers``; Megatron-LM and torchtitan
+  checkpoint the transformer layers only); ``selective checkpoints each layer with a
   selective-checkpoint policy that recomputes only the attention core (every
   ``scaled_dot_product`` op; Korthikanti et al. 2022) and saves every other activation.
 * Precision: ``bf16`` runs each stage's forward under ``torch.autocast(dtype=bfloat16)``:
@@ -85,10 +88,14 @@ class Autocast(nn.Module):  # type: ignore[misc]
             return self.inner(x)
 
 
-def with_recompute(stage: nn.Sequential, recompute: str) -> nn.Module:
-    """The stage with its recomputation: the whole stage (full), each layer (selective), or as is."""
+def with_recompute(stage: nn.Sequential, recompute: str, recomputed: int | None = None) -> nn.Module:
+    """The stage with its recomputation: its first ``recomputed`` layers (default all) as one
+    checkpointed region and the rest as they are (full), each layer (selective), or as is."""
     if recompute == "full":
-        return Checkpointed(stage, "full")
+        k = len(stage) if recomputed is None else recomputed
+        if k >= len(stage):
+            return Checkpointed(stage, "full")
+        return nn.Sequential(Checkpointed(stage[:k], "full"), *stage[k:]) if k > 0 else stage
     if recompute == "selective":
         for j, layer in enumerate(stage):
             stage[j] = Checkpointed(layer, "selective")

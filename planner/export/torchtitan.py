@@ -14,7 +14,9 @@ interleaved chunks as explicit module lists: ``tok_embeddings``, ``layers.i``, `
 ``output``), ``pipeline_parallel_schedule``, ``pipeline_parallel_microbatch_size`` = the plan's
 per-rank micro-batch; ``[training]`` local (per data-parallel rank) and global batch, sequence
 length, ``mixed_precision_param`` (bf16: bfloat16 parameters in FSDP's policy, or autocast
-under DDP; fp32 master weights either way); ``[activation_checkpoint] mode`` none or full.
+under DDP; fp32 master weights either way); ``[activation_checkpoint] mode`` none or full
+(torchtitan's full mode checkpoints each block: the blocks are redone and the norm and output
+not, as the plan's cost counts, but each block's input is kept rather than only the stage's).
 
 What torchtitan cannot express is refused (ExportError with the reason; ZeRO-1 and selective
 recomputation by planner.runnable's torchtitan limits): ZeRO-1 (torchtitan shards with FSDP or

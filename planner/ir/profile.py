@@ -191,6 +191,21 @@ class ModelProfile:
     def param_bytes(self) -> int:
         return sum(layer.param_bytes for layer in self.layers)
 
+    @property
+    def head_start(self) -> int:
+        """Index of the first layer after the last transformer block (the final norm and the logits
+        head, which full recomputation leaves out: ``recomputed_layers``); ``len(layers)`` when no
+        layer is a block."""
+        blocks = [i for i, layer in enumerate(self.layers) if layer.block is not None]
+        return blocks[-1] + 1 if blocks else len(self.layers)
+
+    def recomputed_layers(self, first: int, end: int) -> int:
+        """How many of stage ``[first, end)``'s layers, from its first, full recomputation checkpoints:
+        all of them, but for the layers after the model's last transformer block, whose forward is
+        not redone (Megatron-LM's and torchtitan's full activation checkpointing wrap the transformer
+        layers only; the logits head would be recomputed for little memory)."""
+        return max(0, min(end, self.head_start) - first)
+
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
             "kind": "profile",
