@@ -160,3 +160,42 @@ def number_format_of_dtype(dtype: str) -> str:
     if key not in _DTYPE_FORMATS:
         raise UsageError(f"no number format for dtype {dtype!r}", f"use one of {', '.join(_DTYPE_FORMATS)}")
     return _DTYPE_FORMATS[key]
+
+
+TILE_ELEMENTS = 128 * 128
+"""Output elements of one GEMM tile (NVIDIA's Matrix Multiplication Background guide, section 2.3)."""
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """One GPU in one number format, as the roofline sees it: a kernel's time from its FLOPs, bytes
+    and size in tiles (the law and its sources: ``planner.profiler.roofline``, which applies it to
+    every kernel a layer runs)."""
+
+    peak_flops: float
+    gemm_share: float
+    sm_count: int
+    bandwidth_Bps: float
+    launch_s: float
+    attention_share: float | None = None
+    """Large fused-attention share of peak (None: ``gemm_share``)."""
+
+    def efficiency(self, tiles: float, attention: bool = False) -> float:
+        """Share of peak a GEMM-like (or fused attention) kernel over ``tiles`` 128 x 128 tiles reaches
+        (module docstring); at least one element's worth of a tile."""
+        tiles = max(tiles, 1 / TILE_ELEMENTS)
+        share = self.attention_share if attention and self.attention_share is not None else self.gemm_share
+        return share * tiles / (tiles + self.sm_count / 2)
+
+    def kernel(self, flops: float, bytes_moved: float, tiles: float, attention: bool = False) -> tuple[float, bool]:
+        """(seconds, memory-bound?) of one kernel: ``max(compute, memory) + launch_s``."""
+        memory_s = bytes_moved / self.bandwidth_Bps
+        compute_s = flops / (self.peak_flops * self.efficiency(tiles, attention)) if flops > 0 else 0.0
+        return max(compute_s, memory_s) + self.launch_s, memory_s >= compute_s
+
+
+def roofline_of(gpu: str, number_format: str) -> Roofline:
+    """The roofline of catalogued GPU ``gpu`` computing in ``number_format`` (fp32, tf32, bf16, fp16)."""
+    spec = gpu_spec(gpu)
+    return Roofline(spec.peak(number_format), spec.large_gemm_share(number_format), spec.sm_count,
+                    spec.memory_bandwidth_Bps, spec.launch_s, spec.fused_attention_share(number_format))

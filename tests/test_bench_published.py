@@ -29,10 +29,25 @@ def test_published_plan_is_the_papers_layout_and_fits(row: bp.Published) -> None
     assert judged.fits, judged.reason
 
 
-@pytest.mark.parametrize("row", SC21, ids=lambda r: r.name)
-def test_megatron_runs_are_predicted_within_15_percent(row: bp.Published) -> None:
+@pytest.mark.parametrize("row", bp.ROWS, ids=lambda r: r.name)
+def test_published_runs_are_predicted_within_15_percent(row: bp.Published) -> None:
     _, _, _, ratio = bp.published_fidelity(row)
     assert 0.85 <= ratio <= 1.15
+
+
+def test_the_sustained_share_is_the_fit_on_the_fit_rows_only() -> None:
+    assert bp.fit_share() == pytest.approx(bp.SUSTAINED_SHARE, abs=0.005)
+    assert all(row in SC21 for row in bp.FIT_ROWS) and bp.ROWS[-1] not in bp.FIT_ROWS
+    assert len(bp.ROWS) - len(bp.FIT_ROWS) >= 5  # held out
+
+
+def test_larger_layers_reach_a_larger_share_of_peak() -> None:
+    """The roofline's shape law: the 1008B model's layers (h/t = 3200) run nearer the peak than 18.4B's (768)."""
+    def tflops(row: bp.Published) -> float:
+        block = next(x for x in bp.row_profile(row).layers if x.block is not None)
+        return block.forward_flops / block.forward_s / 1e12
+    small, large = (next(r for r in bp.ROWS if r.name == n) for n in ("gpt-18.4b", "gpt-1008b"))
+    assert tflops(large) > 1.1 * tflops(small)
 
 
 def test_model_flops_is_the_sc21_formula() -> None:

@@ -11,15 +11,10 @@ from hypothesis import strategies as st
 from torch import nn
 from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
+from planner.gpus import Roofline, roofline_of
 from planner.profiler import load_model
 from planner.profiler.layers import split_model
-from planner.profiler.roofline import (
-    Roofline,
-    attention_flops,
-    profile_roofline,
-    roofline_of,
-    roofline_pass,
-)
+from planner.profiler.roofline import attention_flops, profile_roofline, roofline_pass
 
 BF16 = torch.bfloat16
 LAUNCH_S = 4e-6

@@ -28,6 +28,7 @@ from typing import Any, Literal
 import torch
 
 from planner.errors import ProfileError, UsageError
+from planner.gpus import roofline_of
 from planner.ir import LayerProfile, ModelProfile
 from planner.profiler.analytic import (
     ANALYTIC_EFFICIENCY,
@@ -52,7 +53,7 @@ from planner.profiler.measure import (
     whole_model_pass,
 )
 from planner.profiler.repeats import instrumented_pass_once_per_kind
-from planner.profiler.roofline import profile_roofline, roofline_meta, roofline_of
+from planner.profiler.roofline import profile_roofline, roofline_meta
 
 Progress = Callable[[int, int, str], None]
 """progress(done, total, what): called as profiling advances."""

@@ -48,51 +48,15 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from planner import gpus
+from planner.gpus import TILE_ELEMENTS, Roofline
 from planner.profiler.flops import op_flops
 from planner.profiler.measure import _backward_walk, _forward_walk, _zero_grads, fit_fixed, small_batch_of
 from planner.profiler.repeats import fact_sources
-
-TILE_ELEMENTS = 128 * 128
-"""Output elements of one GEMM tile (NVIDIA's Matrix Multiplication Background guide, section 2.3)."""
 
 _aten = torch.ops.aten
 _NO_KERNEL = {_aten._unsafe_view.default, _aten.empty.memory_format, _aten.empty_like.default,
               _aten.empty_strided.default, _aten.new_empty.default, _aten.new_empty_strided.default,
               _aten.lift_fresh.default, _aten.detach.default}
-
-
-@dataclass(frozen=True)
-class Roofline:
-    """One GPU in one number format, as the roofline sees it."""
-
-    peak_flops: float
-    gemm_share: float
-    sm_count: int
-    bandwidth_Bps: float
-    launch_s: float
-    attention_share: float | None = None
-    """Large fused-attention share of peak (None: ``gemm_share``)."""
-
-    def efficiency(self, tiles: float, attention: bool = False) -> float:
-        """Share of peak a GEMM-like (or fused attention) kernel over ``tiles`` 128 x 128 tiles reaches
-        (module docstring); at least one element's worth of a tile."""
-        tiles = max(tiles, 1 / TILE_ELEMENTS)
-        share = self.attention_share if attention and self.attention_share is not None else self.gemm_share
-        return share * tiles / (tiles + self.sm_count / 2)
-
-    def kernel(self, flops: float, bytes_moved: float, tiles: float, attention: bool = False) -> tuple[float, bool]:
-        """(seconds, memory-bound?) of one kernel: ``max(compute, memory) + launch_s``."""
-        memory_s = bytes_moved / self.bandwidth_Bps
-        compute_s = flops / (self.peak_flops * self.efficiency(tiles, attention)) if flops > 0 else 0.0
-        return max(compute_s, memory_s) + self.launch_s, memory_s >= compute_s
-
-
-def roofline_of(gpu: str, number_format: str) -> Roofline:
-    """The roofline of catalogued GPU ``gpu`` computing in ``number_format`` (fp32, tf32, bf16, fp16)."""
-    spec = gpus.gpu_spec(gpu)
-    return Roofline(spec.peak(number_format), spec.large_gemm_share(number_format), spec.sm_count,
-                    spec.memory_bandwidth_Bps, spec.launch_s, spec.fused_attention_share(number_format))
 
 
 @dataclass
