@@ -30,19 +30,19 @@ Profiles are synthetic (scripts/synthetic.py: closed-form FLOPs and activation b
 blocks and head timed kernel by kernel by the roofline at each row's tensor degree and micro-batch
 (scripts/megatron_roofline.py: Megatron's GEMMs, materialised attention scores and fused
 memory-bound kernels on the A100's bandwidth), so that larger layers reach a larger share of peak.
-The one fitted constant is the GEMM share of peak sustained in training, :data:`SUSTAINED_SHARE`:
-``--fit`` fits it so that the median predicted/published ratio of the :data:`FIT_ROWS` (SC'21's six
+The one fitted constant is the share of the catalogue's best-case GEMM share that training
+sustains, ``planner.gpus.SUSTAINED`` (the analytic profiler's roofline uses it too): ``--fit``
+fits it so that the median predicted/published ratio of the :data:`FIT_ROWS` (SC'21's six
 smallest models, up to 1024 GPUs) is 1; the other rows (SC'21's 145.6B to 1008B, BLOOM-176B on
-another cluster and code base) are held out. The catalogue's large-GEMM share (Bekman's MAMF, a
-best case over shapes on one GPU) predicts every row 7-32% faster than published; the fitted share
-is what a training run sustains of it. No torch is needed. ``--rows N`` runs the first N rows (the
-planner's own search takes about a minute a row above 1500 GPUs here).
+another cluster and code base) are held out. At the best case itself (Bekman's MAMF, over shapes
+on one GPU; ``sustained`` 1) every row is predicted 7-32% faster than published. No torch is
+needed. ``--rows N`` runs the first N rows (the planner's own search takes about a minute a row
+above 1500 GPUs here).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import statistics
 import time
 from dataclasses import dataclass
@@ -96,10 +96,7 @@ ROWS = [  # SC'21 Table 1, then BLOOM-176B
               inter_Bps=4 * 100e9 / 8 / 8, embeddings_count=True, dropout=False),
 ]
 FIT_ROWS = ROWS[:6]
-"""The rows :data:`SUSTAINED_SHARE` is fitted on (SC'21's 1.7B to 76.1B); the others are held out."""
-SUSTAINED_SHARE = 0.70
-"""The A100's bf16 GEMM share of peak sustained in training: ``--fit`` over :data:`FIT_ROWS`
-(the median predicted/published ratio 1), rounded to 0.01."""
+"""The rows ``planner.gpus.SUSTAINED`` is fitted on (SC'21's 1.7B to 76.1B); the others are held out."""
 
 
 def model_flops(row: Published) -> float:
@@ -132,29 +129,29 @@ def _forms(profile: ir.ModelProfile, first: int, end: int, t: int) -> list[str]:
     return ["tp" if profile.layers[i].block is not None else "split_out" for i in range(first, end)]
 
 
-def row_profile(row: Published, share: float = SUSTAINED_SHARE) -> ir.ModelProfile:
-    """The row's model at its batch, timed by the roofline at its tensor degree and micro-batch with
-    GEMMs at ``share`` of the A100's bf16 peak."""
+def row_profile(row: Published, sustained: float = gpus.SUSTAINED) -> ir.ModelProfile:
+    """The row's model at its batch, timed by the A100's bf16 roofline at its tensor degree and micro-batch,
+    GEMMs at ``sustained`` of their best-case share."""
     prof = gpt_profile(row.name, row.layers, row.hidden, row.heads, row.seq, row.vocab, row.batch)
-    roofline = dataclasses.replace(gpus.roofline_of("a100", "bf16"), gemm_share=share)
+    roofline = gpus.roofline_of("a100", "bf16", sustained)
     layout = Layout(row.micro_batch, row.seq, row.hidden, row.heads, 4 * row.hidden, row.t, row.dropout)
     return timed(prof, layout, row.vocab, roofline)
 
 
-def published_fidelity(row: Published, share: float = SUSTAINED_SHARE
+def published_fidelity(row: Published, sustained: float = gpus.SUSTAINED
                        ) -> tuple[ir.ModelProfile, ir.Cluster, Judged, float]:
     """A published run written as a plan and judged: its profile and cluster, the judged plan (fits, predicted
     iteration, peak memory) and its predicted/published TFLOP/s per GPU (validate_fidelity.py's second table)."""
-    prof = row_profile(row, share)
+    prof = row_profile(row, sustained)
     clus = cluster("a100", row.gpus // 8, inter_Bps=row.inter_Bps)
     pub = judge(published_plan(prof, clus, row))
     tflops = model_flops(row) / pub.prediction.iteration_s / row.gpus / 1e12
     return prof, clus, pub, tflops / row.tflops
 
 
-def fit_share(rows: list[Published] = FIT_ROWS, low: float = 0.3, high: float = 1.0) -> float:
-    """The GEMM share at which the median predicted/published ratio of ``rows`` is 1 (bisection: the ratio
-    grows with the share)."""
+def fit_sustained(rows: list[Published] = FIT_ROWS, low: float = 0.3, high: float = 1.0) -> float:
+    """The sustained share at which the median predicted/published ratio of ``rows`` is 1 (bisection: the
+    ratio grows with it)."""
     for _ in range(30):
         mid = (low + high) / 2
         if statistics.median(published_fidelity(row, mid)[3] for row in rows) < 1.0:
@@ -170,8 +167,10 @@ def main() -> None:
     parser.add_argument("--fit", action="store_true", help="fit the sustained GEMM share on FIT_ROWS and stop")
     args = parser.parse_args()
     if args.fit:
-        print(f"sustained GEMM share fitted on {', '.join(r.name for r in FIT_ROWS)}: {fit_share():.4f} "
-              f"(SUSTAINED_SHARE = {SUSTAINED_SHARE})")
+        fit = fit_sustained()
+        share = gpus.roofline_of("a100", "bf16", fit).gemm_share
+        print(f"sustained share fitted on {', '.join(r.name for r in FIT_ROWS)}: {fit:.4f} of the best case, "
+              f"an A100 bf16 GEMM share of {share:.4f} (planner.gpus.SUSTAINED = {gpus.SUSTAINED})")
         return
     print(f"{'model':10} {'GPUs':>5} {'batch':>5} | {'published t-p':>13} {'fits':>4} {'GiB':>6} {'iter s':>7} "
           f"{'TF/GPU':>6} {'paper':>5} {'ratio':>5} | {'planner':>18} {'fits':>4} {'iter s':>7} {'<= pub':>6} "

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from torch import nn
 from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
+from planner import gpus
 from planner.gpus import Roofline, roofline_of
 from planner.profiler import load_model
 from planner.profiler.layers import split_model
@@ -31,15 +32,19 @@ def _eff(share: float, sms: int, largest_elements: float) -> float:
 
 
 def test_constants_come_from_the_gpu_catalog() -> None:
-    h100 = roofline_of("h100", "bf16")
-    assert h100 == Roofline(989.4e12, 792.1 / 989, 132, 3.35e12, LAUNCH_S, attention_share=0.35)
-    assert roofline_of("a100", "fp32").gemm_share == 0.80 and roofline_of("a100", "tf32").peak_flops == 156e12
+    best = roofline_of("h100", "bf16", 1.0)
+    assert best == Roofline(989.4e12, 792.1 / 989, 132, 3.35e12, LAUNCH_S, attention_share=0.35)
+    assert roofline_of("a100", "fp32", 1.0).gemm_share == 0.80 and roofline_of("a100", "tf32").peak_flops == 156e12
+    # by default the shares are what training sustains of the best cases (planner.gpus.SUSTAINED)
+    sustained = roofline_of("h100", "bf16")
+    assert sustained.gemm_share == pytest.approx(792.1 / 989 * gpus.SUSTAINED)
+    assert sustained.attention_share == pytest.approx(0.35 * gpus.SUSTAINED)
 
 
 def test_a_large_gemm_runs_at_the_share_of_peak_its_tiles_allow() -> None:
     n = 8192
     layer = nn.Linear(n, n, bias=False).to(device="meta", dtype=BF16)
-    roof = roofline_of("h100", "bf16")
+    roof = roofline_of("h100", "bf16", 1.0)
     out = roofline_pass([layer], _meta(n, n, grad=True), roof)
     gemm_s = 2 * n**3 / (989.4e12 * _eff(792.1 / 989, 132, n * n)) + LAUNCH_S
     assert out.forward_s == [pytest.approx(gemm_s, rel=1e-12)]
@@ -119,7 +124,7 @@ def test_attention_runs_as_one_fused_kernel_each_way() -> None:
     assert attention_flops(q.shape, q.shape, q.shape, False, False) == sdpa_flop_count(q.shape, q.shape, q.shape)
     assert attention_flops(q.shape, q.shape, q.shape, False, True) == sdpa_backward_flop_count(
         q.shape, q.shape, q.shape, q.shape)
-    roof = roofline_of("a100", "bf16")
+    roof = roofline_of("a100", "bf16", 1.0)
     full = roofline_pass([_Attention((b, h, s, d), causal=False)], q, roof)
     causal = roofline_pass([_Attention((b, h, s, d), causal=True)], q, roof)
     assert full.launches == [2] and causal.launches == [2]  # no S x S scores, softmax or mask kernels
