@@ -31,7 +31,7 @@ faster than ``parameters``, within 10% of the best).
 
 Published: the second table, large-scale runs as their papers report them, written as plans
 and predicted (scripts/bench_published.py: Megatron-LM SC'21 Table 1, BLOOM-176B; layers timed by the
-roofline at each row's tensor degree, one fitted GEMM share), target
+roofline at each row's tensor degree, one fitted constant: planner.gpus.SUSTAINED), target
 predicted/published TFLOP/s per GPU within 0.85..1.15; no torch, a few seconds. Usage::
 
     .venv/bin/python scripts/validate_fidelity.py [--models cnn,rescnn,gpt2,llama] [--engines deepspeed,torch]

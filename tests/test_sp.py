@@ -86,8 +86,7 @@ def test_dropping_dominated_options_keeps_the_optimum(inst, space) -> None:
 @given(instances(max_layers=4), st.sampled_from([(1,), (1, 1), (2, 1), (1, 2)]))
 def test_dp_equals_brute_with_config(inst, config) -> None:
     profile, cluster, m, schedule, optimizer = inst
-    if sum(config) > len(cluster.gpus) or len(config) > len(profile.layers):
-        return
+    assume(sum(config) <= len(cluster.gpus) and len(config) <= len(profile.layers))
     prob = build_problem(profile, cluster, microbatches=m, schedule=schedule, optimizer=optimizer, config=config)
     a, b = solve(prob), brute(prob)
     assert (a is None) == (b is None)

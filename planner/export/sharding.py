@@ -15,7 +15,7 @@
   transformer block as one region (only each micro-batch's stage input is kept; GPipe's
   re-materialisation); the layers after it (final norm, logits head) run outside the region and
   keep their activations (``ModelProfile.recomputed_layers``; Megatron-LM and torchtitan
-  checkpoint the transformer layers only); ``selective checkpoints each layer with a
+  checkpoint the transformer layers only); ``selective`` checkpoints each layer with a
   selective-checkpoint policy that recomputes only the attention core (every
   ``scaled_dot_product`` op; Korthikanti et al. 2022) and saves every other activation.
 * Precision: ``bf16`` runs each stage's forward under ``torch.autocast(dtype=bfloat16)``:
