@@ -131,6 +131,24 @@ def test_full_recomputation_leaves_out_the_layers_after_the_last_block(blocks_at
     assert costs["full"].workspace_bytes == pytest.approx(redone * layer.saved_bytes)
 
 
+@given(st.lists(st.booleans(), min_size=1, max_size=6), st.data())
+def test_full_recomputation_redoes_exactly_the_stages_layers_before_the_head(blocks: list[bool], data: st.DataObject
+                                                                             ) -> None:
+    n = len(blocks)
+    profile = _decoder(tuple(i for i, is_block in enumerate(blocks) if is_block), n)
+    first = data.draw(st.integers(0, n - 1))
+    end = data.draw(st.integers(first + 1, n))
+    k = profile.recomputed_layers(first, end)
+    redone = [i for i in range(first, end) if not any(blocks) or i <= max(j for j, x in enumerate(blocks) if x)]
+    assert k == len(redone) and redone == list(range(first, first + k))
+    cluster = cluster_from_dict(make_cluster_dict(1, 1, 10**12))
+    costs = {r: cm.stage_cost_values(profile, cluster, ir.Stage((first, end), ("n0.g0",), ("dp",) * (end - first), 0,
+                                                                r), 1, "sgd", None) for r in ("none", "full")}
+    layer = profile.layers[0]
+    assert costs["full"].backward_s - costs["none"].backward_s == pytest.approx(k * layer.forward_s)
+    assert costs["full"].workspace_bytes == pytest.approx(k * layer.saved_bytes)
+
+
 def test_megatron_block_form_two_allreduces_each_way() -> None:
     s, b, h, a, t = 1024, 4, 2048, 16, 4
     profile = _block_profile(s, b, h, a)
