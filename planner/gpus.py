@@ -206,10 +206,9 @@ class Roofline:
         return max(compute_s, memory_s) + self.launch_s, memory_s >= compute_s
 
 
-def roofline_of(gpu: str, number_format: str, sustained: float | None = None) -> Roofline:
+def roofline_of(gpu: str, number_format: str, sustained: float = SUSTAINED) -> Roofline:
     """The roofline of catalogued GPU ``gpu`` computing in ``number_format`` (fp32, tf32, bf16, fp16), its
-    GEMM and attention shares at ``sustained`` (default :data:`SUSTAINED`) of their best cases."""
+    GEMM and attention shares at ``sustained`` of their best cases."""
     spec = gpu_spec(gpu)
-    keep = SUSTAINED if sustained is None else sustained
-    return Roofline(spec.peak(number_format), spec.large_gemm_share(number_format) * keep, spec.sm_count,
-                    spec.memory_bandwidth_Bps, spec.launch_s, spec.fused_attention_share(number_format) * keep)
+    return Roofline(spec.peak(number_format), spec.large_gemm_share(number_format) * sustained, spec.sm_count,
+                    spec.memory_bandwidth_Bps, spec.launch_s, spec.fused_attention_share(number_format) * sustained)

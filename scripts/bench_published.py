@@ -183,8 +183,7 @@ def main() -> None:
         took = time.perf_counter() - t0
         grid = "-".join(f"{s.tp}x{s.dp}" for s in mine.stages)
         faster = mine.predicted.iteration_s <= pub_s * (1 + 1e-9)
-        capacity = {g.name: g.memory_bytes for g in clus.gpus}
-        fits = all(s.memory_bytes <= min(capacity[d] for d in s.devices) for s in mine.stages)
+        fits = judge(mine).fits
         print(f"{row.name:10} {row.gpus:>5} {row.batch:>5} | {f'{row.t}-{row.p}':>13} {pub.fits!s:>4} "
               f"{pub.prediction.peak_memory_bytes / 2**30:6.1f} {pub_s:7.2f} {ratio * row.tflops:6.0f} "
               f"{row.tflops:>5.0f} {ratio:5.2f} | {grid[:18]:>18} {fits!s:>4} "

@@ -60,14 +60,10 @@ def gpu_name(device: str) -> str:
 
 
 def one_gpu(gpu: str) -> ir.Cluster:
-    """A cluster of one catalogued GPU."""
-    spec = gpus.gpu_spec(gpu)
-    dev = {"name": "n0.g0", "flops": spec.peak_flops["fp32"], "memory_bytes": spec.memory_bytes,
-           "memory_bandwidth_Bps": spec.memory_bandwidth_Bps, "peak_flops": dict(spec.peak_flops)}
-    link = {"bandwidth_Bps": 1e11, "latency_s": 1e-6}
-    return ir.Cluster.from_dict({"kind": "cluster", "version": 1, "name": f"one-{gpu}",
-                                 "nodes": [{"name": "n0", "gpus": [dev]}],
-                                 "links": {"intra_node": link, "inter_node": link}})
+    """A cluster of one catalogued GPU (its links are never used)."""
+    link = ir.Link(1e11, 1e-6)
+    node = ir.Node("n0", (gpus.gpu_spec(gpu).to_gpu("n0.g0"),))
+    return ir.Cluster(f"one-{gpu}", (node,), (("intra_node", link), ("inter_node", link)))
 
 
 def layer_ratios(analytic: ir.ModelProfile, measured: ir.ModelProfile) -> dict[str, list[float]]:

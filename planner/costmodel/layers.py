@@ -109,14 +109,14 @@ class LayerTable:
     core: np.ndarray
     in_bytes: np.ndarray
     out_bytes: np.ndarray
-    head: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    head: np.ndarray
     """Per layer, whether it follows the model's last transformer block (``ModelProfile.head_start``:
-    full recomputation does not redo it); none when empty."""
+    full recomputation does not redo it)."""
     agg_rows: np.ndarray = field(default_factory=lambda: np.zeros(0))
     """What each layer adds to each aggregate of :data:`KEYS`, per form: (len(KEYS), layers, forms)."""
 
     def __post_init__(self) -> None:
-        head = self.head[:, None] if len(self.head) else np.zeros((len(self.fwd), 1), dtype=bool)
+        head = self.head[:, None]
         rows = np.stack([self.fwd + self.bwd, self.fwd, self.sync, *self.static, self.weight, self.act,
                          self.act_sel, self.core, np.where(head, self.fwd, 0.0), np.where(head, self.act, 0.0)])
         object.__setattr__(self, "agg_rows", rows)
