@@ -17,7 +17,7 @@ simulates and compares from JSON. The names carry their object (``search_plan``,
 from __future__ import annotations
 
 import importlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -75,17 +75,19 @@ def _need(module: str, extra: str, step: str) -> None:
 
 def profile_model(model: str, *, batch_size: int = 32, mode: str = "measured",
                   input_shape: Sequence[int] | None = None, device: str = "cpu", dtype: str = "float32",
-                  **options: Any) -> ir.ModelProfile:
+                  overrides: Mapping[str, Any] | None = None, **options: Any) -> ir.ModelProfile:
     """Profile ``model`` (a zoo name or ``package.module:factory``): per-layer times, FLOPs and
     bytes. ``mode`` ``measured`` times it on ``device``; ``analytic`` counts on the meta
-    device. ``options`` go to :func:`planner.profiler.profile_model` (threads, repeats,
-    warmup, device_flops, efficiency, progress). Needs torch."""
+    device. ``overrides`` set config fields of a zoo transformer (``planner profile --set``).
+    ``options`` go to :func:`planner.profiler.profile_model` (threads, repeats, warmup,
+    device_flops, efficiency, progress). Needs torch."""
     _need("torch", "torch", "profiling")
     from planner.profiler import load_model
     from planner.profiler import profile_model as run_profile
 
     shape = tuple(input_shape) if input_shape is not None else None
-    loaded = load_model(model, batch_size, shape, dtype=dtype, device="meta" if mode == "analytic" else device)
+    loaded = load_model(model, batch_size, shape, dtype=dtype, device="meta" if mode == "analytic" else device,
+                        overrides=overrides)
     return run_profile(loaded, mode=mode, **options)
 
 

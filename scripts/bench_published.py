@@ -37,7 +37,8 @@ smallest models, up to 1024 GPUs) is 1; the other rows (SC'21's 145.6B to 1008B,
 another cluster and code base) are held out. At the best case itself (Bekman's MAMF, over shapes
 on one GPU; ``sustained`` 1) every row is predicted 7-32% faster than published. No torch is
 needed. ``--rows N`` runs the first N rows (the planner's own search takes about a minute a row
-above 1500 GPUs here).
+above 1500 GPUs here). ``--profiler`` predicts each row through ``planner profile``'s own analytic
+roofline on a GPT-2 of the row's widths instead (torch on the meta device, a few seconds a row).
 """
 
 from __future__ import annotations
@@ -138,15 +139,32 @@ def row_profile(row: Published, sustained: float = gpus.SUSTAINED) -> ir.ModelPr
     return timed(prof, layout, row.vocab, roofline)
 
 
+def judged(row: Published, prof: ir.ModelProfile) -> tuple[ir.Cluster, Judged, float]:
+    """The row's cluster, its published plan over ``prof`` judged, and the predicted/published TFLOP/s per GPU."""
+    clus = cluster("a100", row.gpus // 8, inter_Bps=row.inter_Bps)
+    pub = judge(published_plan(prof, clus, row))
+    tflops = model_flops(row) / pub.prediction.iteration_s / row.gpus / 1e12
+    return clus, pub, tflops / row.tflops
+
+
 def published_fidelity(row: Published, sustained: float = gpus.SUSTAINED
                        ) -> tuple[ir.ModelProfile, ir.Cluster, Judged, float]:
     """A published run written as a plan and judged: its profile and cluster, the judged plan (fits, predicted
     iteration, peak memory) and its predicted/published TFLOP/s per GPU (validate_fidelity.py's second table)."""
     prof = row_profile(row, sustained)
-    clus = cluster("a100", row.gpus // 8, inter_Bps=row.inter_Bps)
-    pub = judge(published_plan(prof, clus, row))
-    tflops = model_flops(row) / pub.prediction.iteration_s / row.gpus / 1e12
-    return prof, clus, pub, tflops / row.tflops
+    return (prof, *judged(row, prof))
+
+
+def profiler_fidelity(row: Published) -> tuple[ir.ModelProfile, ir.Cluster, Judged, float]:
+    """:func:`published_fidelity` through the planner's own analytic profiler instead of Megatron's kernels:
+    ``planner profile gpt2 --mode analytic --device-flops a100 --dtype bfloat16`` with the row's widths,
+    depth and vocabulary (``--set``), as a user would profile the model. Needs torch."""
+    from planner.api import profile_model
+
+    widths = {"n_embd": row.hidden, "n_head": row.heads, "n_layer": row.layers, "vocab_size": row.vocab}
+    prof = profile_model("gpt2", batch_size=row.batch, mode="analytic", input_shape=(row.seq,), dtype="bfloat16",
+                         device_flops="a100", overrides=widths)
+    return (prof, *judged(row, prof))
 
 
 def fit_sustained(rows: list[Published] = FIT_ROWS, low: float = 0.3, high: float = 1.0) -> float:
@@ -165,7 +183,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=len(ROWS))
     parser.add_argument("--fit", action="store_true", help="fit the sustained GEMM share on FIT_ROWS and stop")
+    parser.add_argument("--profiler", action="store_true",
+                        help="predict each row through planner profile's analytic roofline instead (needs torch)")
     args = parser.parse_args()
+    if args.profiler:
+        for row in ROWS[:args.rows]:
+            _, _, pub, ratio = profiler_fidelity(row)
+            print(f"{row.name:11} via planner profile: predicted/published {ratio:.3f}, published plan fits {pub.fits}"
+                  f"{'' if pub.fits else f' ({pub.reason})'}", flush=True)
+        return
     if args.fit:
         fit = fit_sustained()
         share = gpus.roofline_of("a100", "bf16", fit).gemm_share

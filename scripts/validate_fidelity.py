@@ -32,7 +32,8 @@ faster than ``parameters``, within 10% of the best).
 Published: the second table, large-scale runs as their papers report them, written as plans
 and predicted (scripts/bench_published.py: Megatron-LM SC'21 Table 1, BLOOM-176B; layers timed by the
 roofline at each row's tensor degree, one fitted constant: planner.gpus.SUSTAINED), target
-predicted/published TFLOP/s per GPU within 0.85..1.15; no torch, a few seconds. Usage::
+predicted/published TFLOP/s per GPU within 0.85..1.15, also through planner profile's own analytic
+profile; about 30 s. Usage::
 
     .venv/bin/python scripts/validate_fidelity.py [--models cnn,rescnn,gpt2,llama] [--engines deepspeed,torch]
         [--plans 1x1,1x4,2x2,2x8,4x4,4x8] [--repeats 3] [--steps 6] [--no-quality] [--quality-only]
@@ -283,7 +284,7 @@ def quality(args: argparse.Namespace, cl: dict[int, Any]) -> None:
 
 def print_published() -> None:
     """The second table (module doc): every published run's fit and predicted/published throughput."""
-    from bench_published import FIT_ROWS, ROWS, published_fidelity
+    from bench_published import FIT_ROWS, ROWS, profiler_fidelity, published_fidelity
 
     from planner.gpus import SUSTAINED
 
@@ -292,12 +293,14 @@ def print_published() -> None:
     inside = 0
     for row in ROWS:
         _, _, judged, ratio = published_fidelity(row)
+        via = profiler_fidelity(row)[3]
         ok = PUBLISHED_TARGET[0] <= ratio <= PUBLISHED_TARGET[1]
         inside += ok
         print(f"  {row.name:11} {row.gpus:>5} A100s t={row.t} p={row.p} micro-batch {row.micro_batch} ZeRO {row.zero}: "
               f"fits {judged.fits!s:5} predicted/published {ratio:.2f} {'fit' if row in FIT_ROWS else 'held out'}"
-              f"{'' if ok else '  (outside)'}")
-    print(f"  {inside} of {len(ROWS)} inside; sustained share {SUSTAINED} fitted on the 'fit' rows")
+              f"{'' if ok else '  (outside)'}; via planner profile {via:.2f}")
+    print(f"  {inside} of {len(ROWS)} inside; sustained share {SUSTAINED} fitted on the 'fit' rows; 'via planner "
+          "profile': the same plan over planner profile's analytic profile of a GPT-2 of the row's widths")
 
 
 PUBLISHED_TARGET = (0.85, 1.15)

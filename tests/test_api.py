@@ -65,6 +65,13 @@ def test_profile_model_analytic() -> None:
     assert prof.batch_size == 8 and prof.layers
 
 
+def test_profile_model_takes_config_overrides_as_planner_profile_set_does() -> None:
+    pytest.importorskip("torch")
+    prof = planner.profile_model("llama-tiny", batch_size=2, mode="analytic", input_shape=(16,), device_flops="a100",
+                                 overrides={"num_hidden_layers": 3})
+    assert sum(layer.block is not None for layer in prof.layers) == 3
+
+
 def test_export_plan_writes_the_program(files: tuple[Path, Path], tmp_path: Path) -> None:
     pytest.importorskip("torch")
     prof, clus = files

@@ -64,3 +64,14 @@ def test_planner_plan_fits_and_is_no_slower_than_the_published_one() -> None:
     mine = search(prof, clus, optimizer="adam", precision="bf16")
     assert mine.predicted.iteration_s <= judged.prediction.iteration_s * (1 + 1e-9)
     assert judge(mine).fits
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["gpt-1.7b", "gpt-1008b"])
+def test_the_planners_own_analytic_profile_predicts_published_runs(name: str) -> None:
+    """Issue 15's complaint: the analytic path predicted a published data-parallel GPT run on A100s 1.41x too
+    fast. Through planner profile's roofline (at the share training sustains) the 1.7B run is within 15%
+    (1.32 at the best-case share), and so is the largest, held out of the fit."""
+    row = next(r for r in bp.ROWS if r.name == name)
+    _, _, judged, ratio = bp.profiler_fidelity(row)
+    assert 0.85 <= ratio <= 1.15 and judged.fits
