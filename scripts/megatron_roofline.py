@@ -96,8 +96,8 @@ def timed(profile: ir.ModelProfile, x: Layout, vocab: int, roofline: gpus.Roofli
     block_f = forward_s(roofline, block_kernels(x)) * scale
     head_f = forward_s(roofline, head_kernels(x, vocab)) * scale
 
-    def retime(layer: ir.LayerProfile) -> ir.LayerProfile:
-        f = block_f if layer.block is not None else head_f if layer.type == "Head" else None
+    def retime(i: int, layer: ir.LayerProfile) -> ir.LayerProfile:
+        f = block_f if layer.block is not None else head_f if i >= profile.head_start else None
         return layer if f is None else dataclasses.replace(layer, forward_s=f, backward_s=2 * f)
 
-    return dataclasses.replace(profile, layers=tuple(retime(layer) for layer in profile.layers))
+    return dataclasses.replace(profile, layers=tuple(retime(i, layer) for i, layer in enumerate(profile.layers)))
