@@ -2,13 +2,14 @@
 
 Measured mode times every layer's forward and backward on the model's device (``warmup``
 passes, then the median of ``repeats``); ``device_flops`` defaults to the FLOP/s achieved
-there. It also times ``whole_repeats`` whole-model iterations (``meta.whole_model_fwd_bwd_s``):
-at the defaults 1 instrumented pass (the warm-up: FLOPs, saved and output bytes), 3 timed
-passes and 1 whole-model pass, 5 forward+backward iterations in all; then ``repeats`` passes
-at a quarter of the batch (:func:`small_batch_of`), from which every layer's
-``forward_fixed_s``/``backward_fixed_s`` are fitted (:func:`fit_fixed`; None where the batch is
-1 or the layers refuse a smaller batch), and a cross-entropy loss on the last layer's output at
-both sizes (``loss_s``, ``loss_fixed_s``).
+there. Each timed pass at the whole batch is followed by one at a quarter of the batch
+(:func:`small_batch_of`; :mod:`planner.profiler.passes` says why they alternate), from which
+every layer's ``forward_fixed_s``/``backward_fixed_s`` are fitted (:func:`fit_fixed`; None
+where the batch is 1 or the layers refuse a smaller batch). It also times ``whole_repeats``
+whole-model iterations (``meta.whole_model_fwd_bwd_s``) and a cross-entropy loss on the last
+layer's output at both sizes (``loss_s``, ``loss_fixed_s``). At the defaults: 1 instrumented
+pass (the warm-up: FLOPs, saved and output bytes), 3 timed passes, 1 whole-model pass, and 4
+passes at the small batch (one of them its warm-up).
 
 Analytic mode (load the model on ``device="meta"``: no memory, no compute) times a named
 GPU's kernels by the roofline (``planner.profiler.roofline``; default device: the RTX 2080Ti)
@@ -41,17 +42,8 @@ from planner.profiler.flops import FLOP_COUNTER
 from planner.profiler.layered import LayeredModel, rejects_input
 from planner.profiler.layers import split_model
 from planner.profiler.loader import LoadedModel, dtype_name
-from planner.profiler.measure import (
-    LayerFacts,
-    fit_fixed,
-    instrumented_pass,
-    loss_fit,
-    make_sync,
-    median,
-    small_batch_of,
-    timed_pass,
-    whole_model_pass,
-)
+from planner.profiler.measure import LayerFacts, fit_fixed, instrumented_pass, make_sync, median, small_batch_of
+from planner.profiler.passes import NO_RUNS, Passes, Runs, measure_passes
 from planner.profiler.repeats import instrumented_pass_once_per_kind
 from planner.profiler.roofline import profile_roofline, roofline_meta
 
@@ -86,27 +78,6 @@ def _weight_share(facts_fwd: float, facts_bwd: float, params: int, input_grad: b
     return max(0.0, min(1.0, (facts_bwd - facts_fwd) / facts_bwd))
 
 
-def _small_pass_times(lm: LayeredModel, x: torch.Tensor, params: list[torch.Tensor], sync: Any, small: int,
-                      repeats: int, tick: Callable[[str], None]) -> tuple[list[float], list[float]] | None:
-    """Median per-layer times at batch ``small``, or None if the layers refuse it.
-
-    No warm-up pass (the passes at the whole batch warmed the layers up): the median of
-    ``repeats`` passes (3 by default) drops a first pass slowed by new-shape set-up."""
-    xs = x[:small]
-    fwd: list[list[float]] = [[] for _ in range(len(lm))]
-    bwd: list[list[float]] = [[] for _ in range(len(lm))]
-    try:
-        for _ in range(repeats):
-            fw, bw = timed_pass(lm.layers, xs, params, sync)
-            for i in range(len(lm)):
-                fwd[i].append(fw[i])
-                bwd[i].append(bw[i])
-            tick("timing layers at a small batch")
-    except (RuntimeError, ValueError, IndexError, TypeError):  # a traced shape fixed to the batch
-        return None
-    return [median(t) for t in fwd], [median(t) for t in bwd]
-
-
 def profile_model(loaded: LoadedModel, *, mode: Literal["measured", "analytic"] | str = "measured",
                   device: str | None = None, dtype: str | torch.dtype | None = None, threads: int | None = None,
                   repeats: int = DEFAULT_REPEATS, warmup: int = DEFAULT_WARMUP, device_flops: str | float | None = None,
@@ -126,7 +97,7 @@ def profile_model(loaded: LoadedModel, *, mode: Literal["measured", "analytic"] 
     flops = resolve_device_flops(device_flops, default="rtx2080ti" if mode == "analytic" else None, dtype=dtype_label)
     start = time.perf_counter()
     small = small_batch_of(int(x.shape[0])) if mode == "measured" else None
-    passes = _Passes(warmup, repeats, whole_repeats, small)
+    passes = Passes(warmup, repeats, whole_repeats, small)
     with _threads(threads):
         lm, facts, counted, runs = _walk(module, x, params, loaded.name, mode, layered, passes, progress)
     elapsed = time.perf_counter() - start
@@ -151,20 +122,18 @@ def profile_model(loaded: LoadedModel, *, mode: Literal["measured", "analytic"] 
 
 
 def _walk(module: torch.nn.Module, x: torch.Tensor, params: list[torch.Tensor], name: str, mode: str,
-          layered: LayeredModel | None, passes: _Passes, progress: Progress | None) -> tuple[Any, Any, Any, Any]:
+          layered: LayeredModel | None, passes: Passes, progress: Progress | None) -> tuple[Any, Any, Any, Any]:
     """Split the model (or reuse ``layered``), count each layer's FLOPs and bytes, and in measured mode
     time the passes; returns (layered model, per-layer facts, instrumented layer count, runs)."""
     measured = mode == "measured"
-    n_passes = (max(passes.warmup, 1) + passes.repeats + passes.whole_repeats
-                + (passes.repeats if passes.small else 0)) if measured else 1
-    tick = _Ticker(progress, n_passes + 1)
+    tick = _Ticker(progress, (passes.count if measured else 1) + 1)
     tick.start("tracing")
     lm = layered if layered is not None else split_model(module, x)
     tick("traced")
     facts, counted = _instrumented(lm, x, params, name)
     tick("counted FLOPs and bytes")
-    runs = _measure(lm, module, x, params, make_sync(x.device), facts[-1].output_shape, passes, tick) if measured \
-        else _NO_RUNS
+    runs = measure_passes(lm.layers, module, x, params, make_sync(x.device), facts[-1].output_shape, passes,
+                          tick) if measured else NO_RUNS
     return lm, facts, counted, runs
 
 
@@ -239,57 +208,6 @@ def _instrumented(lm: LayeredModel, x: torch.Tensor, params: list[torch.Tensor],
 
 
 @dataclass(frozen=True)
-class _Passes:
-    """How many passes of each kind measured mode times (``small``: the fixed-cost fit's batch)."""
-
-    warmup: int
-    repeats: int
-    whole_repeats: int
-    small: int | None
-
-
-@dataclass(frozen=True)
-class _Runs:
-    """What the timed passes measured: per layer the forward and backward times of each
-    repeat, the whole-model times, the small-batch medians (or None), and the loss fit."""
-
-    fwd_times: list[list[float]]
-    bwd_times: list[list[float]]
-    whole: list[float]
-    small_times: tuple[list[float], list[float]] | None
-    loss: tuple[float | None, float | None]
-
-
-_NO_RUNS = _Runs([], [], [], None, (None, None))
-
-
-def _measure(lm: LayeredModel, module: torch.nn.Module, x: torch.Tensor, params: list[torch.Tensor], sync: Any,
-             out_shape: tuple[int, ...], passes: _Passes, tick: _Ticker) -> _Runs:
-    """Warm-up, timed layer passes, whole-model passes, small-batch passes and the loss."""
-    n = len(lm)
-    fwd_times: list[list[float]] = [[] for _ in range(n)]
-    bwd_times: list[list[float]] = [[] for _ in range(n)]
-    whole: list[float] = []
-    for _ in range(max(0, passes.warmup - 1)):
-        timed_pass(lm.layers, x, params, sync)
-        tick("warm-up")
-    for _ in range(passes.repeats):
-        fw, bw = timed_pass(lm.layers, x, params, sync)
-        for i in range(n):
-            fwd_times[i].append(fw[i])
-            bwd_times[i].append(bw[i])
-        tick("timing layers")
-    for _ in range(passes.whole_repeats):
-        whole.append(whole_model_pass(module, x, params, sync))
-        tick("timing the whole model")
-    small = passes.small
-    small_times = _small_pass_times(lm, x, params, sync, small, passes.repeats, tick) if small else None
-    loss = loss_fit(out_shape, _param_dtype(params), x.device, sync, passes.repeats,
-                     small if small_times is not None else None)
-    return _Runs(fwd_times, bwd_times, whole, small_times, loss)
-
-
-@dataclass(frozen=True)
 class _LayerTimes:
     """Per-layer forward and backward seconds, their sum, the device FLOP/s and its source, the device's name."""
 
@@ -301,7 +219,7 @@ class _LayerTimes:
     device_name: str
 
 
-def _measured_times(runs: _Runs, facts: list[LayerFacts], flops_value: float | None, flops_label: str,
+def _measured_times(runs: Runs, facts: list[LayerFacts], flops_value: float | None, flops_label: str,
                     dev: torch.device) -> _LayerTimes:
     """Medians of the timed passes; the FLOP/s achieved unless ``flops_value`` is given."""
     total_flops = sum(f.forward_flops + f.backward_flops for f in facts)
@@ -378,7 +296,7 @@ def _meta(lm: LayeredModel, times: _LayerTimes, threads: int | None, elapsed: fl
     }
 
 
-def _measured_meta(times: _LayerTimes, runs: _Runs, dev: torch.device, warmup: int, repeats: int, elapsed: float,
+def _measured_meta(times: _LayerTimes, runs: Runs, dev: torch.device, warmup: int, repeats: int, elapsed: float,
                    fit_batch: int | None) -> dict[str, Any]:
     whole_s = median(runs.whole) if runs.whole else None
     return {

@@ -11,7 +11,6 @@ only a synchronisation per layer (on CUDA) and a clock read.
   ``torch.autograd.graph.saved_tensors_hooks``: each storage counted once over the whole
   pass (a tensor saved by two layers counts in the first), parameters excluded.
 - ``output_bytes``: the real size of the layer's output tensor (numel x element size).
-- ``loss_time``: a cross-entropy forward+backward on the last layer's output (the loss the runner trains).
 """
 
 from __future__ import annotations
@@ -216,35 +215,6 @@ def fit_fixed(t_big: float, t_small: float, big: int, small: int) -> float:
 def small_batch_of(batch: int) -> int | None:
     """The smaller batch the fixed-cost fit measures at: a quarter of the batch (None below 2)."""
     return max(1, batch // 4) if batch >= 2 else None
-
-
-def loss_time(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, sync: Sync, repeats: int) -> float:
-    """Median seconds of a cross-entropy forward+backward over the last dimension of ``shape``
-    (the training loss the runner and the exported scripts use on the last stage's output)."""
-    logits = torch.randn(shape, dtype=dtype, device=device, requires_grad=True)
-    target = torch.randint(0, shape[-1], shape[:-1], device=device)
-    times = []
-    for _ in range(repeats + 1):
-        sync()
-        t0 = time.perf_counter()
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, shape[-1]).float(), target.reshape(-1))
-        loss.backward()
-        sync()
-        times.append(time.perf_counter() - t0)
-        logits.grad = None
-    return median(times[1:])
-
-
-def loss_fit(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, sync: Sync, repeats: int,
-              small: int | None) -> tuple[float | None, float | None]:
-    """(loss_s, loss_fixed_s) for an output of ``shape``; (None, None) when it is no float logits."""
-    if len(shape) < 2 or not dtype.is_floating_point or shape[-1] < 2:
-        return None, None
-    whole = loss_time(shape, dtype, device, sync, repeats)
-    if not small:
-        return whole, None
-    part = loss_time((small, *shape[1:]), dtype, device, sync, repeats)
-    return whole, fit_fixed(whole, part, shape[0], small)
 
 
 def median(values: Sequence[float]) -> float:
