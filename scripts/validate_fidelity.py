@@ -8,7 +8,11 @@ measured/predicted, the median over ``--repeats`` rounds, target 0.9..1.1. The m
 average is printed before and after, and per row the cores other work used during its rounds.
 
 Predicted comes only from the planner: ``profile_model`` (measured, 1 thread, 25 repeats, on
-an idle machine: profiled again while other work took cores), ``planner.calibrate.calibrate``
+an idle machine: profiled again while other work took cores; once per (model, engine, world
+size), right before that group's plans are timed: this VM's own speed moved by 20-25% within
+20 minutes with nothing else running, a profile taken once per model was minutes older than
+most of its rows, and two such profiles of GPT-2 hours apart predicted the same step 24%
+apart while the step measured the same), ``planner.calibrate.calibrate``
 (2 and 4 processes x 1 thread; flops from the profile as ``--match-profile`` does, times the
 core share: cores / processes when processes outnumber cores, with the node's
 ``concurrent_devices`` so that the simulator shares the cores among the stages computing;
@@ -19,7 +23,9 @@ for one process), ``search`` with ``--engine`` (so the plan pays its engine's ov
 Measured: every plan of one (model, engine, world size) is trained in one process group by
 the runner's own code (:func:`planner.runner.worker.train_plan`: the engines' trainers, steps
 between barriers, the slowest rank; :func:`planner.calibrate_engines.time_plans`), each plan
-``--repeats`` times in turn; a round's time is the median of its steps after warm-up. Each
+``--repeats`` times in turn; a round's time is the median of its steps after warm-up. The
+model's single-process forward+backward, timed before the group's profile and after its rounds
+(``speed``, :func:`speed_probe`), says how far the machine's own speed moved meanwhile. Each
 round waits for an idle machine and is timed again (3 attempts) while other work took more
 than 0.3 cores during it: this machine is shared, and one other busy process on its 2 cores
 made 2-process pipelines 1.4 to 2.1 times slower (their own CPU time unchanged).
@@ -59,6 +65,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 TARGET = (0.9, 1.1)
+DRIFT = 0.05
+"""A group whose speed probes (speed_probe) differ by more than this ran on a machine that changed speed."""
 
 
 # ----------------------------------------------------------------------------- the models (factories)
@@ -157,6 +165,27 @@ def profile(name: str, attempts: int = 3, repeats: int = 25) -> Any:
     return on_idle_machine(measure, attempts, idle_timeout_s(60.0))[0]
 
 
+def speed_probe(name: str, repeats: int = 5) -> float:
+    """Seconds of one forward+backward of the whole model at its batch on 1 thread (the median of
+    ``repeats`` after one warm-up): how fast this machine runs the model now. Taken before each
+    group's profile and after its timed rounds, it shows how far the machine's own speed moved
+    between prediction and measurement (module doc)."""
+    from planner.profiler.loader import load_model
+    from planner.profiler.measure import whole_model_pass
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        torch.manual_seed(0)
+        loaded = load_model(spec(name), MODELS[name][1])
+        params = list(loaded.module.parameters())
+        times = [whole_model_pass(loaded.module, loaded.example_input, params, lambda: None)
+                 for _ in range(repeats + 1)]
+    finally:
+        torch.set_num_threads(old)
+    return statistics.median(times[1:])
+
+
 def clusters(engines: list[str]) -> dict[int, Any]:
     """This machine as 2 and as 4 processes of 1 thread (with their core shares), each with its engine
     overheads measured on its own processes; one process uses the 2-process overheads."""
@@ -212,21 +241,28 @@ def parse_plans(text: str) -> list[tuple[int, int]]:
     return [(int(p), int(m)) for p, m in (x.split("x") for x in text.split(",") if x)]
 
 
-def fidelity(args: argparse.Namespace, cl: dict[int, Any]) -> list[tuple[Any, ...]]:
+def group(name: str, engine: str, world: int, args: argparse.Namespace, cl: dict[int, Any]) -> list[tuple[Any, ...]]:
+    """The rows of one (model, engine, world size): profiled right before its plans are timed (module
+    doc), the machine's speed probed before the profile and after the rounds."""
+    before = speed_probe(name)
+    prof = profile(name)
+    cluster = matched(cl[world], prof)
+    plans = [plan_for(prof, cluster, world, m, engine) for p, m in parse_plans(args.plans) if p == world]
+    got = timed(plans, name, engine, args.steps, args.repeats)
+    drift = speed_probe(name) / before
     rows = []
-    shapes = parse_plans(args.plans)
-    for name in args.models.split(","):
-        prof = profile(name)
-        for engine in args.engines.split(","):
-            for world in sorted({p for p, _ in shapes}):
-                cluster = matched(cl[world], prof)
-                plans = [plan_for(prof, cluster, world, m, engine) for p, m in shapes if p == world]
-                for plan, (meas, bg) in zip(plans, timed(plans, name, engine, args.steps, args.repeats), strict=True):
-                    pred = plan.predicted.iteration_s
-                    rows.append((name, engine, world, plan.microbatches, pred, bare(plan), meas, bg))
-                    print(f"  {name} {engine} P={world} M={plan.microbatches}: predicted {pred:.4f} measured "
-                          f"{meas:.4f} ratio {meas / pred:.3f} (other work {bg:.2f} cores)", file=sys.stderr)
+    for plan, (meas, bg) in zip(plans, got, strict=True):
+        pred = plan.predicted.iteration_s
+        rows.append((name, engine, world, plan.microbatches, pred, bare(plan), meas, bg, drift))
+        print(f"  {name} {engine} P={world} M={plan.microbatches}: predicted {pred:.4f} measured {meas:.4f} ratio "
+              f"{meas / pred:.3f} (other work {bg:.2f} cores, machine speed moved {drift:.3f})", file=sys.stderr)
     return rows
+
+
+def fidelity(args: argparse.Namespace, cl: dict[int, Any]) -> list[tuple[Any, ...]]:
+    worlds = sorted({p for p, _ in parse_plans(args.plans)})
+    return [row for name in args.models.split(",") for engine in args.engines.split(",") for world in worlds
+            for row in group(name, engine, world, args, cl)]
 
 
 def print_fidelity(rows: list[tuple[Any, ...]], load: tuple[float, ...], args: argparse.Namespace) -> None:
@@ -234,19 +270,23 @@ def print_fidelity(rows: list[tuple[Any, ...]], load: tuple[float, ...], args: a
           f"steps ({args.steps - 2} timed); load average before {load[0]:.1f}, now {os.getloadavg()[0]:.1f} on "
           f"{os.cpu_count()} cores")
     print(f"{'model':7} {'engine':10} {'P':>2} {'M':>2} {'predicted_s':>11} {'measured_s':>10} {'ratio':>6}  "
-          f"{'bare_s':>8} {'ratio':>6} {'other':>5}  target {TARGET[0]}..{TARGET[1]}")
-    inside = 0
-    for name, engine, world, m, pred, bare_s, meas, bg in rows:
+          f"{'bare_s':>8} {'ratio':>6} {'other':>5} {'speed':>5}  target {TARGET[0]}..{TARGET[1]}")
+    inside = drifted = 0
+    for name, engine, world, m, pred, bare_s, meas, bg, drift in rows:
         ok = TARGET[0] <= meas / pred <= TARGET[1]
         inside += ok
+        drifted += not ok and abs(drift - 1) > DRIFT
         print(f"{name:7} {engine:10} {world:2d} {m:2d} {pred:11.4f} {meas:10.4f} {meas / pred:6.3f}  {bare_s:8.4f} "
-              f"{meas / bare_s:6.3f} {bg:5.2f}  {'PASS' if ok else 'FAIL'}")
+              f"{meas / bare_s:6.3f} {bg:5.2f} {drift:5.3f}  {'PASS' if ok else 'FAIL'}")
     ratios = [r[6] / r[4] for r in rows]
     if ratios:
         print(f"{inside} of {len(rows)} inside the target; median ratio {statistics.median(ratios):.3f} (bare: "
-              f"{statistics.median(r[6] / r[5] for r in rows):.3f})")
+              f"{statistics.median(r[6] / r[5] for r in rows):.3f}); {drifted} of the {len(rows) - inside} outside ran "
+              f"while the machine's own speed moved by more than {DRIFT:.0%}")
     print("predicted: the plan's prediction with its engine's measured overheads; bare: the same plan without "
-          "them (the cost model alone); other: cores other work on the machine used during the row's rounds (median)")
+          "them (the cost model alone); other: cores other work on the machine used during the row's rounds (median); "
+          "speed: the model's single-process step after the row's rounds over the same before its profile (above 1: "
+          "the machine slowed down)")
 
 
 def quality(args: argparse.Namespace, cl: dict[int, Any]) -> None:
