@@ -19,16 +19,21 @@
 
 * Sharing the cores: with more threads (P x T) than the cores this process may run on, each
   device gets ``core_share = cores / (P x T)`` of its measured (or profile's) ``flops`` and
-  memory bandwidth: their speed when all P compute at once. The node's ``concurrent_devices``
-  is ``cores / T``, so that the simulator gives the cores of the stages waiting for their
-  input to the ones computing (processor sharing, :mod:`planner.simulate.cores`: on 2 cores, 4
-  processes of a CNN pipeline ran at 0.70 of the flat share's prediction). The matmul
-  benchmark also runs in all P processes at once (after the links): ``meta.concurrent_share``
-  (concurrent / alone) is what every process computing at once would get at that moment,
-  other work on the machine included; it is reported, not used (on a 2-core machine shared
-  with other users, 4 processes measured 0.24 beside another user's busy process; the
-  compute a process does per CPU second is the same alone and beside others: the cores are
-  time-sliced, not slowed).
+  memory bandwidth, times the node's ``sharing_efficiency``: their speed when all P compute at
+  once. The node's ``concurrent_devices`` is ``cores / T``, so that the simulator gives the
+  cores of the stages waiting for their input to the ones computing (processor sharing,
+  :mod:`planner.simulate.cores`: on 2 cores, 4 processes of a CNN pipeline ran at 0.70 of the
+  flat share's prediction). ``sharing_efficiency`` is measured, after the links: every process
+  times a matmul and a convolution alone (the others waiting in a barrier) and with all P
+  computing at once, alternately, 3 times each (:func:`_concurrent_share`); the mean of
+  together / alone (``meta.concurrent_share``) over the fair share ``cores / (P x T)``, at most 1.
+  Time-sliced processes do not get all of their fair share: 4 one-thread processes on this
+  project's 2 cores measured 0.45-0.47 of one alone (0.90-0.94 of the fair 0.5) in most
+  calibrations, while 2 on 2 measured 0.96-1.02; 4-process pipelines then ran 8-25% slower than
+  a fair share predicted. The efficiency applies only while more devices compute than
+  ``concurrent_devices`` (:meth:`planner.ir.Node.speed`). The machine is measured idle (below),
+  so other users' work does not enter it (beside another user's busy process, 4 processes once
+  measured 0.24).
 * Engines (:mod:`planner.calibrate_engines`): what DeepSpeed's and torch pipelining's own work
   adds to the cost model, per action, per micro-batch sent and per step, fitted by least
   squares over tiny pipelines trained by each engine (``engine_overheads``) on the cluster's own
@@ -62,6 +67,8 @@ from planner.runner.machine import idle_timeout_s, wait_idle
 
 IDLE_TIMEOUT_S = 30.0
 """How long calibrate waits for an idle machine before it measures (module doc)."""
+SHARING_ROUNDS, SHARING_WINDOW_S = 3, 0.2
+"""How many times each process's compute rate is timed alone and with all computing, and for how long."""
 
 
 def _median_time(fn: Callable[[], object], repeats: int = 7, warmup: int = 2) -> float:
@@ -161,6 +168,41 @@ def _measure_allreduce(world: int, latency_s: float) -> dict[str, float]:
             "allreduce_ring_bandwidth_Bps": 2 * (n - 1) / n * size / beta_time}
 
 
+def _calls_per_s(fn: Callable[[], object], window_s: float) -> float:
+    """Calls of ``fn`` per wall second over about ``window_s`` (after one untimed call)."""
+    fn()
+    calls, t0 = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - t0) < window_s:
+        fn()
+        calls += 1
+    return calls / elapsed
+
+
+def _concurrent_share(rank: int, world: int, window_s: float = SHARING_WINDOW_S) -> float:
+    """This rank's compute rate (a matmul and a convolution, as :func:`measure_flops`) while every
+    rank computes, over its rate alone (the others waiting in a barrier), alone and together
+    alternating :data:`SHARING_ROUNDS` times so that a drift of the machine's speed moves both."""
+    import torch.distributed as dist
+
+    a, b = torch.randn(512, 512), torch.randn(512, 512)
+    x, w = torch.randn(8, 64, 32, 32), torch.randn(64, 64, 3, 3)
+
+    def kernel() -> None:
+        a @ b
+        torch.nn.functional.conv2d(x, w, padding=1)
+
+    alone, together = [], []
+    with torch.no_grad():
+        for _ in range(SHARING_ROUNDS):
+            for r in range(world):
+                dist.barrier()
+                if r == rank:
+                    alone.append(_calls_per_s(kernel, window_s))
+            dist.barrier()
+            together.append(_calls_per_s(kernel, window_s))
+    return statistics.median(together) / statistics.median(alone)
+
+
 def _worker(rank: int, world: int, init: str, threads: int, out: str) -> None:
     import torch.distributed as dist
 
@@ -170,9 +212,9 @@ def _worker(rank: int, world: int, init: str, threads: int, out: str) -> None:
     dist.barrier()
     res.update(_measure_allreduce(world, res["latency_s"]))
     dist.barrier()
-    flops = torch.tensor([measure_flops(threads, repeats=15)["matmul_flops"]], dtype=torch.float64)
-    dist.all_reduce(flops)
-    res["concurrent_matmul_flops"] = float(flops[0]) / world
+    share = torch.tensor([_concurrent_share(rank, world)], dtype=torch.float64)
+    dist.all_reduce(share)
+    res["concurrent_share"] = float(share[0]) / world
     if rank == 0:
         import json
 
@@ -209,6 +251,15 @@ def core_share(nproc: int, threads: int) -> float:
     return min(1.0, usable_cores() / (nproc * threads))
 
 
+def sharing_efficiency(concurrent_share: float, fair_share: float) -> float | None:
+    """The share of its fair share of the cores a process kept while all computed at once
+    (measured ``concurrent_share`` over ``fair_share``, at most 1); None when nothing is
+    shared (``fair_share`` 1) or the measure is unusable."""
+    if fair_share >= 1.0 or not concurrent_share > 0:
+        return None
+    return min(1.0, concurrent_share / fair_share)
+
+
 def machine_memory_bytes() -> int:
     with contextlib.suppress(OSError):  # no /proc: ask the OS for its page count instead
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -229,17 +280,18 @@ def calibrate(nproc: int, threads: int = 1, name: str | None = None, profile: ir
     compute = measure_flops(threads)
     bandwidth = measure_memory_bandwidth(threads)
     links = measure_links(nproc, threads)
-    share = core_share(nproc, threads)
-    links["concurrent_share"] = links["concurrent_matmul_flops"] / compute["matmul_flops"]
+    efficiency = sharing_efficiency(links["concurrent_share"], core_share(nproc, threads))
+    shared = ir.Node("cpu", (), usable_cores() / threads, efficiency)
+    share = shared.speed(nproc)
     compute["memory_bandwidth_Bps"] = bandwidth * share
     flops = (profile.device_flops if profile is not None else compute["flops"]) * share
     memory = machine_memory_bytes() // nproc
     link = ir.Link(links["bandwidth_Bps"], links["latency_s"])
-    cluster = ir.Cluster(name or f"calibrated-cpu-{nproc}x{threads}t",
-                         (ir.Node("cpu", tuple(ir.GPU(f"cpu{i}", float(flops), memory, compute["memory_bandwidth_Bps"])
-                                           for i in range(nproc)), usable_cores() / threads),),
+    gpus = tuple(ir.GPU(f"cpu{i}", float(flops), memory, compute["memory_bandwidth_Bps"]) for i in range(nproc))
+    cluster = ir.Cluster(name or f"calibrated-cpu-{nproc}x{threads}t", (dataclasses.replace(shared, gpus=gpus),),
                          (("intra_node", link), ("inter_node", link)))
     meta: dict[str, Any] = {**compute, **links, "threads": threads, "nproc": nproc, "core_share": share,
+                            "sharing_efficiency": efficiency,
                             "flops_source": "profile" if profile is not None else "benchmark",
                             "waited_for_idle_s": waited_s}
     if engines:

@@ -14,7 +14,8 @@ size), right before that group's plans are timed: this VM's own speed moved by 2
 most of its rows, and two such profiles of GPT-2 hours apart predicted the same step 24%
 apart while the step measured the same), ``planner.calibrate.calibrate``
 (2 and 4 processes x 1 thread; flops from the profile as ``--match-profile`` does, times the
-core share: cores / processes when processes outnumber cores, with the node's
+core share: cores / processes when processes outnumber cores, times the sharing efficiency
+calibrate measured, with the node's
 ``concurrent_devices`` so that the simulator shares the cores among the stages computing;
 engine overheads measured by ``--engines`` on each cluster's own processes, the 2-process ones
 for one process), ``search`` with ``--engine`` (so the plan pays its engine's overheads) and
@@ -195,7 +196,8 @@ def clusters(engines: list[str]) -> dict[int, Any]:
     four, meta4 = calibrate(4, 1, engines=engines)
     print(f"  calibrated: p2p {meta['bandwidth_Bps'] / 1e9:.2f} GB/s, latency {meta['latency_s'] * 1e6:.0f} us; "
           f"core share 2 processes {meta['core_share']:.2f}, 4 processes {meta4['core_share']:.2f} (all computing "
-          f"at once measured {meta['concurrent_share']:.2f} and {meta4['concurrent_share']:.2f})", file=sys.stderr)
+          f"at once measured {meta['concurrent_share']:.2f} and {meta4['concurrent_share']:.2f} of one alone; "
+          f"sharing efficiency on 4: {meta4['sharing_efficiency'] or 1:.3f})", file=sys.stderr)
     for nproc, cluster in ((2, two), (4, four)):
         for engine, o in cluster.engine_overheads:
             print(f"  {engine} on {nproc}: per action {o.per_action_s * 1e3:.3f} ms, per micro-batch sent "

@@ -17,13 +17,13 @@ from tests.test_simulate import uniform
 from tests.test_validate import make_plan
 
 
-def node(devices: int, concurrent: float | None, prefix: str = "g") -> ir.Node:
-    return ir.Node("n", tuple(ir.GPU(f"{prefix}{i}", 1e12, 10**9) for i in range(devices)), concurrent)
+def node(devices: int, concurrent: float | None, prefix: str = "g", efficiency: float | None = None) -> ir.Node:
+    return ir.Node("n", tuple(ir.GPU(f"{prefix}{i}", 1e12, 10**9) for i in range(devices)), concurrent, efficiency)
 
 
 def sim(k: int, m: int, concurrent: float | None, devices: int | None = None, tf: float = 1.0,
-        tb: float = 2.0) -> float:
-    nodes = (node(devices or k, concurrent),) if concurrent is not None else ()
+        tb: float = 2.0, efficiency: float | None = None) -> float:
+    nodes = (node(devices or k, concurrent, efficiency=efficiency),) if concurrent is not None else ()
     opts = SimOptions(core_nodes=nodes)
     return simulate_costs(uniform(k, tf, tb), "1f1b", m, options=opts).iteration_s
 
@@ -64,7 +64,7 @@ def test_events_keep_their_real_start_and_end() -> None:
 
 
 def test_a_stale_end_event_is_ignored() -> None:
-    pool = CorePool(1.0, 2, {0: 1, 1: 1})
+    pool = CorePool(node(2, 1.0), {0: 1, 1: 1})
     (end0, _, v0), = pool.begin(0, 1.0, 0.0)
     assert end0 == pytest.approx(0.5)  # alone: twice the nominal speed of two sharing one core
     ends = pool.begin(1, 1.0, 0.25)
@@ -95,3 +95,34 @@ def test_node_json_carries_concurrent_devices_and_old_files_load() -> None:
     assert "concurrent_devices" not in node(1, None).to_dict()
     with pytest.raises(FormatError, match="concurrent_devices"):
         ir.Node.from_dict({**doc, "concurrent_devices": 0}, "n")
+
+
+def test_a_node_keeps_its_sharing_efficiency_only_while_devices_outnumber_its_cores() -> None:
+    n = node(4, 2.0, efficiency=0.9)
+    assert n.speed(1) == n.speed(2) == 1.0
+    assert n.speed(3) == pytest.approx(2 / 3 * 0.9) and n.core_share == pytest.approx(0.5 * 0.9)
+    assert node(4, 2.0).core_share == 0.5 and node(2, 2.0, efficiency=0.9).core_share == 1.0
+
+
+def test_one_lane_alone_on_a_shared_node_runs_at_a_whole_cores_speed_whatever_the_efficiency() -> None:
+    # K=4, M=1: one lane computes at a time, nominal speed 0.5 x 0.8 of a core, so alone 1 / 0.4 times faster
+    assert sim(4, 1, 2.0, efficiency=0.8) == pytest.approx(sim(4, 1, None) * 0.5 * 0.8)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(2, 6), st.integers(1, 8), st.floats(0.5, 1.0))
+def test_with_every_lane_computing_the_nominal_times_hold(k: int, m: int, efficiency: float) -> None:
+    """Nominal stage times already carry the efficiency (the devices' flops are their speed when
+    all compute at once): a node of one core per device shares nothing, so nothing changes; on
+    fewer cores the pipeline is never slower than the flat share."""
+    assert sim(k, m, float(k), efficiency=efficiency) == pytest.approx(sim(k, m, None))
+    assert sim(k, m, k / 2, efficiency=efficiency) <= sim(k, m, None) * (1 + 1e-9)
+
+
+def test_node_json_carries_its_sharing_efficiency_and_refuses_one_out_of_range() -> None:
+    doc = node(2, 1.0, efficiency=0.93).to_dict()
+    assert ir.Node.from_dict(doc, "n").sharing_efficiency == 0.93
+    assert "sharing_efficiency" not in node(2, 1.0).to_dict()
+    for bad in (0, 1.2, -0.5):
+        with pytest.raises(FormatError, match="sharing_efficiency"):
+            ir.Node.from_dict({**doc, "sharing_efficiency": bad}, "n")

@@ -79,24 +79,37 @@ class Node:
     when they share processors (CPU processes: cores / threads per process, set by ``planner
     calibrate``); their ``flops`` are then their speed when all compute at once, and the
     simulator speeds up those computing while others wait (:mod:`planner.simulate.cores`).
+    ``sharing_efficiency`` (optional, in (0, 1], 1 when absent): the share of its fair share
+    of the cores a device keeps while more of them compute than ``concurrent_devices``
+    (time-sliced processes: switches, and other threads on the same cores; measured by
+    ``planner calibrate``).
     """
 
     name: str
     gpus: tuple[GPU, ...]
     concurrent_devices: float | None = None
+    sharing_efficiency: float | None = None
+
+    def speed(self, computing: float) -> float:
+        """Each device's speed, as a share of its speed alone, while ``computing`` devices of
+        this node compute: ``min(1, concurrent_devices / computing)``, times
+        ``sharing_efficiency`` while they outnumber ``concurrent_devices``."""
+        if self.concurrent_devices is None or computing <= self.concurrent_devices:
+            return 1.0
+        return self.concurrent_devices / computing * (self.sharing_efficiency or 1.0)
 
     @property
     def core_share(self) -> float:
-        """Each device's speed when all compute at once, as a share of its speed alone: ``min(1,
-        concurrent_devices / devices)``, 1 when they share nothing."""
-        if self.concurrent_devices is None:
-            return 1.0
-        return min(1.0, self.concurrent_devices / len(self.gpus))
+        """Each device's speed when all compute at once, as a share of its speed alone (1 when
+        they share nothing): :meth:`speed` of all its devices."""
+        return self.speed(len(self.gpus))
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"name": self.name, "gpus": [g.to_dict() for g in self.gpus]}
         if self.concurrent_devices is not None:
             d["concurrent_devices"] = self.concurrent_devices
+        if self.sharing_efficiency is not None:
+            d["sharing_efficiency"] = self.sharing_efficiency
         return d
 
     @classmethod
@@ -106,8 +119,12 @@ class Node:
         if concurrent is not None and concurrent <= 0:
             raise FormatError(f"{where}.concurrent_devices must be positive, got {concurrent!r}",
                               "e.g. 2 (cores / threads per process), or leave it out")
+        efficiency = _opt_num(d, "sharing_efficiency", where)
+        if efficiency is not None and not 0 < efficiency <= 1:
+            raise FormatError(f"{where}.sharing_efficiency must be in (0, 1], got {efficiency!r}",
+                              "e.g. 0.92 (what planner calibrate measured), or leave it out (1)")
         return cls(_str(d, "name", where), tuple(GPU.from_dict(g, f"{where}.gpus[{i}]") for i, g in enumerate(gpus)),
-                   concurrent)
+                   concurrent, efficiency)
 
 
 @dataclass(frozen=True)

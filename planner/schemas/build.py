@@ -129,7 +129,10 @@ def _cluster_defs() -> dict[str, Any]:
               {"memory_bandwidth_Bps": number(MAX_BYTES, positive=True, nullable=True, what="bytes/s"),
                "peak_flops": obj({}, {f: flops for f in ir.NUMBER_FORMATS}, closed=True)})
     overhead = obj({}, {f: number(MAX_TIME_S, what="seconds") for f in ir.EngineOverhead.FIELDS}, closed=True)
-    return {"gpu": gpu, "node": obj({"name": string(), "gpus": array({"$ref": "#/$defs/gpu"})}),
+    node = obj({"name": string(), "gpus": array({"$ref": "#/$defs/gpu"})},
+               {"concurrent_devices": number(MAX_ITEMS, positive=True, what="devices"),
+                "sharing_efficiency": number(1, positive=True, what="share")})
+    return {"gpu": gpu, "node": node,
             "engine_overhead": overhead,
             "link": obj({"bandwidth_Bps": number(MAX_BYTES, positive=True, what="bytes/s"),
                          "latency_s": SECONDS})}

@@ -10,8 +10,9 @@ Its devices' ``flops`` are their speed when all of them compute at once (the cor
 model's stage times are those of a pipeline whose every stage computes all the time. In a
 real pipeline a stage waiting for its input does not compute (a process blocked in a receive
 takes no core), so the others run faster: with ``d`` of the node's devices computing, each
-runs at ``min(1, concurrent / d)`` of a device alone, which is ``min(1, concurrent / d) /
-min(1, concurrent / devices)`` times its nominal (cost model) speed. The simulator plays a
+runs at ``min(1, concurrent / d)`` of a device alone (times the node's measured
+``sharing_efficiency`` while ``d > concurrent``: :meth:`planner.ir.Node.speed`), which is that
+speed over the node's ``core_share`` times its nominal (cost model) speed. The simulator plays a
 lane's F, B and W actions at that rate, changing as lanes start and finish (processor
 sharing, as :class:`planner.simulate.links.LinkPool` shares a link's bandwidth; the Linux
 scheduler's fair share of the cores among runnable processes, Love, *Linux Kernel
@@ -31,11 +32,11 @@ class CorePool:
     """One node's cores shared by its lanes' compute: every lane's nominal seconds left, and
     the version of its pending end event (a rate change makes the earlier one stale)."""
 
-    __slots__ = ("concurrent", "last", "left", "nominal", "start", "version", "widths")
+    __slots__ = ("last", "left", "node", "nominal", "start", "version", "widths")
 
-    def __init__(self, concurrent: float, devices: int, widths: dict[int, int]) -> None:
-        self.concurrent = concurrent
-        self.nominal = min(1.0, concurrent / devices)
+    def __init__(self, node: ir.Node, widths: dict[int, int]) -> None:
+        self.node = node
+        self.nominal = node.core_share
         self.widths = widths  # lane -> its devices on this node
         self.left: dict[int, float] = {}
         self.start: dict[int, float] = {}
@@ -45,7 +46,7 @@ class CorePool:
     def rate(self) -> float:
         """Nominal seconds of work done per second by each computing lane, now."""
         computing = sum(self.widths[lane] for lane in self.left)
-        return min(1.0, self.concurrent / computing) / self.nominal if computing else 1.0
+        return self.node.speed(computing) / self.nominal if computing else 1.0
 
     def _progress(self, now: float) -> None:
         if self.left and now > self.last:
@@ -93,7 +94,7 @@ class CoreShare:
             names = {g.name for g in node.gpus}
             widths = {lane: n for lane, devs in enumerate(lanes_devices) if (n := sum(d in names for d in devs))}
             if widths:
-                pool = CorePool(node.concurrent_devices, len(node.gpus), widths)
+                pool = CorePool(node, widths)
                 self.pool_of.update(dict.fromkeys(widths, pool))
 
     def __bool__(self) -> bool:
@@ -104,4 +105,4 @@ class CoreShare:
         pool = self.pool_of.get(lane)
         if pool is None:
             return 1.0
-        return min(1.0, pool.concurrent / pool.widths[lane]) / pool.nominal
+        return pool.node.speed(pool.widths[lane]) / pool.nominal
