@@ -62,13 +62,12 @@ from typing import Any
 import torch
 
 from planner import ir
+from planner.calibrate_sharing import measure_sharing, sharing_efficiency
 from planner.errors import PlannerError, UsageError
 from planner.runner.machine import idle_timeout_s, wait_idle
 
 IDLE_TIMEOUT_S = 30.0
 """How long calibrate waits for an idle machine before it measures (module doc)."""
-SHARING_ROUNDS, SHARING_WINDOW_S = 3, 0.2
-"""How many times each process's compute rate is timed alone and with all computing, and for how long."""
 
 
 def _median_time(fn: Callable[[], object], repeats: int = 7, warmup: int = 2) -> float:
@@ -168,41 +167,6 @@ def _measure_allreduce(world: int, latency_s: float) -> dict[str, float]:
             "allreduce_ring_bandwidth_Bps": 2 * (n - 1) / n * size / beta_time}
 
 
-def _calls_per_s(fn: Callable[[], object], window_s: float) -> float:
-    """Calls of ``fn`` per wall second over about ``window_s`` (after one untimed call)."""
-    fn()
-    calls, t0 = 0, time.perf_counter()
-    while (elapsed := time.perf_counter() - t0) < window_s:
-        fn()
-        calls += 1
-    return calls / elapsed
-
-
-def _concurrent_share(rank: int, world: int, window_s: float = SHARING_WINDOW_S) -> float:
-    """This rank's compute rate (a matmul and a convolution, as :func:`measure_flops`) while every
-    rank computes, over its rate alone (the others waiting in a barrier), alone and together
-    alternating :data:`SHARING_ROUNDS` times so that a drift of the machine's speed moves both."""
-    import torch.distributed as dist
-
-    a, b = torch.randn(512, 512), torch.randn(512, 512)
-    x, w = torch.randn(8, 64, 32, 32), torch.randn(64, 64, 3, 3)
-
-    def kernel() -> None:
-        a @ b
-        torch.nn.functional.conv2d(x, w, padding=1)
-
-    alone, together = [], []
-    with torch.no_grad():
-        for _ in range(SHARING_ROUNDS):
-            for r in range(world):
-                dist.barrier()
-                if r == rank:
-                    alone.append(_calls_per_s(kernel, window_s))
-            dist.barrier()
-            together.append(_calls_per_s(kernel, window_s))
-    return statistics.median(together) / statistics.median(alone)
-
-
 def _worker(rank: int, world: int, init: str, threads: int, out: str) -> None:
     import torch.distributed as dist
 
@@ -211,10 +175,6 @@ def _worker(rank: int, world: int, init: str, threads: int, out: str) -> None:
     res = _measure_p2p(rank)
     dist.barrier()
     res.update(_measure_allreduce(world, res["latency_s"]))
-    dist.barrier()
-    share = torch.tensor([_concurrent_share(rank, world)], dtype=torch.float64)
-    dist.all_reduce(share)
-    res["concurrent_share"] = float(share[0]) / world
     if rank == 0:
         import json
 
@@ -251,21 +211,25 @@ def core_share(nproc: int, threads: int) -> float:
     return min(1.0, usable_cores() / (nproc * threads))
 
 
-def sharing_efficiency(concurrent_share: float, fair_share: float) -> float | None:
-    """The share of its fair share of the cores a process kept while all computed at once
-    (measured ``concurrent_share`` over ``fair_share``, at most 1); None when nothing is
-    shared (``fair_share`` 1) or the measure is unusable."""
-    if fair_share >= 1.0 or not concurrent_share > 0:
-        return None
-    return min(1.0, concurrent_share / fair_share)
-
-
 def machine_memory_bytes() -> int:
     with contextlib.suppress(OSError):  # no /proc: ask the OS for its page count instead
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemTotal:"):
                 return int(line.split()[1]) * 1024
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def _sharing_model(profile: ir.ModelProfile | None) -> tuple[str, int] | None:
+    """The profile's model and batch, to measure the shared cores with, when it can be built here."""
+    if profile is None:
+        return None
+    from planner.calibrate_sharing import model_kernel
+
+    try:
+        model_kernel(profile.model, profile.batch_size)
+    except Exception:  # any model that does not build here: the benchmark kernel instead
+        return None
+    return profile.model, profile.batch_size
 
 
 def calibrate(nproc: int, threads: int = 1, name: str | None = None, profile: ir.ModelProfile | None = None,
@@ -280,6 +244,8 @@ def calibrate(nproc: int, threads: int = 1, name: str | None = None, profile: ir
     compute = measure_flops(threads)
     bandwidth = measure_memory_bandwidth(threads)
     links = measure_links(nproc, threads)
+    kernel = _sharing_model(profile)
+    links["concurrent_share"] = measure_sharing(nproc, threads, kernel)
     efficiency = sharing_efficiency(links["concurrent_share"], core_share(nproc, threads))
     shared = ir.Node("cpu", (), usable_cores() / threads, efficiency)
     share = shared.speed(nproc)
@@ -292,6 +258,7 @@ def calibrate(nproc: int, threads: int = 1, name: str | None = None, profile: ir
                          (("intra_node", link), ("inter_node", link)))
     meta: dict[str, Any] = {**compute, **links, "threads": threads, "nproc": nproc, "core_share": share,
                             "sharing_efficiency": efficiency,
+                            "sharing_kernel": kernel[0] if kernel is not None else "matmul+conv",
                             "flops_source": "profile" if profile is not None else "benchmark",
                             "waited_for_idle_s": waited_s}
     if engines:

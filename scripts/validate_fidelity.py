@@ -15,7 +15,8 @@ most of its rows, and two such profiles of GPT-2 hours apart predicted the same 
 apart while the step measured the same), ``planner.calibrate.calibrate``
 (2 and 4 processes x 1 thread; flops from the profile as ``--match-profile`` does, times the
 core share: cores / processes when processes outnumber cores, times the sharing efficiency
-calibrate measured, with the node's
+measured on the profile's own model as ``calibrate --match-profile`` does
+(:mod:`planner.calibrate_sharing`), with the node's
 ``concurrent_devices`` so that the simulator shares the cores among the stages computing;
 engine overheads measured by ``--engines`` on each cluster's own processes, the 2-process ones
 for one process), ``search`` with ``--engine`` (so the plan pays its engine's overheads) and
@@ -188,8 +189,8 @@ def speed_probe(name: str, repeats: int = 5) -> float:
 
 
 def clusters(engines: list[str]) -> dict[int, Any]:
-    """This machine as 2 and as 4 processes of 1 thread (with their core shares), each with its engine
-    overheads measured on its own processes; one process uses the 2-process overheads."""
+    """This machine as 2 and as 4 processes of 1 thread, each with its engine overheads measured on
+    its own processes; one process uses the 2-process overheads."""
     from planner.calibrate import calibrate
 
     two, meta = calibrate(2, 1, engines=engines)
@@ -202,17 +203,28 @@ def clusters(engines: list[str]) -> dict[int, Any]:
         for engine, o in cluster.engine_overheads:
             print(f"  {engine} on {nproc}: per action {o.per_action_s * 1e3:.3f} ms, per micro-batch sent "
                   f"{o.per_microbatch_s * 1e3:.3f} ms, per step {o.per_step_s * 1e3:.3f} ms", file=sys.stderr)
-    return {1: (two, 1.0), 2: (two, meta["core_share"]), 4: (four, meta4["core_share"])}
+    return {1: two, 2: two, 4: four}
 
 
-def matched(calibrated: tuple[Any, float], prof: Any) -> Any:
-    """``--match-profile``: every device's flops the profile's, times the core share
-    (1 for one process: nothing else of ours computes beside it)."""
-    cluster, share = calibrated
-    nodes = tuple(dataclasses.replace(n, gpus=tuple(dataclasses.replace(g, flops=prof.device_flops * share,
-                                                                        peak_flops=()) for g in n.gpus))
-                  for n in cluster.nodes)
-    return dataclasses.replace(cluster, nodes=nodes)
+def matched(cluster: Any, prof: Any, world: int) -> Any:
+    """``--match-profile``: every device's flops the profile's, times what a device of ``world``
+    processes computing at once keeps of it (:meth:`planner.ir.Node.speed`), with the sharing
+    efficiency measured on the profile's own model (module doc; one process: nothing of ours
+    computes beside it, so nothing shared)."""
+    from planner.calibrate_sharing import measure_sharing, sharing_efficiency
+
+    nodes = []
+    for n in cluster.nodes:
+        efficiency = None
+        if world > 1:
+            fair = min(1.0, (n.concurrent_devices or world) / world)
+            efficiency = sharing_efficiency(measure_sharing(world, 1, (prof.model, prof.batch_size)), fair)
+        n = dataclasses.replace(n, sharing_efficiency=efficiency)
+        flops = prof.device_flops * n.speed(world)
+        nodes.append(dataclasses.replace(n, gpus=tuple(dataclasses.replace(g, flops=flops, peak_flops=())
+                                                       for g in n.gpus)))
+        print(f"  {prof.model} on {world}: sharing efficiency {efficiency or 1:.3f}", file=sys.stderr)
+    return dataclasses.replace(cluster, nodes=tuple(nodes))
 
 
 def plan_for(prof: Any, cluster: Any, world: int, m: int, engine: str, config: tuple[int, ...] | None = None) -> Any:
@@ -248,7 +260,7 @@ def group(name: str, engine: str, world: int, args: argparse.Namespace, cl: dict
     doc), the machine's speed probed before the profile and after the rounds."""
     before = speed_probe(name)
     prof = profile(name)
-    cluster = matched(cl[world], prof)
+    cluster = matched(cl[world], prof, world)
     plans = [plan_for(prof, cluster, world, m, engine) for p, m in parse_plans(args.plans) if p == world]
     got = timed(plans, name, engine, args.steps, args.repeats)
     drift = speed_probe(name) / before
@@ -296,7 +308,7 @@ def quality(args: argparse.Namespace, cl: dict[int, Any]) -> None:
     from deepspeed.runtime import utils as ds_utils
 
     prof = profile("vgg")
-    cluster = matched(cl[2], prof)
+    cluster = matched(cl[2], prof, 2)
     ours = plan_for(prof, cluster, 2, 4, "deepspeed")
     n = len(prof.layers)
     counts = [layer.param_count for layer in prof.layers]

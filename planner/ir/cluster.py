@@ -80,9 +80,9 @@ class Node:
     calibrate``); their ``flops`` are then their speed when all compute at once, and the
     simulator speeds up those computing while others wait (:mod:`planner.simulate.cores`).
     ``sharing_efficiency`` (optional, in (0, 1], 1 when absent): the share of its fair share
-    of the cores a device keeps while more of them compute than ``concurrent_devices``
-    (time-sliced processes: switches, and other threads on the same cores; measured by
-    ``planner calibrate``).
+    of the cores a device keeps while two or more of the node's devices compute at once (CPU
+    processes share the last-level cache and the memory bus, and time-sliced ones lose
+    switches; measured by ``planner calibrate``, :mod:`planner.calibrate_sharing`).
     """
 
     name: str
@@ -93,10 +93,11 @@ class Node:
     def speed(self, computing: float) -> float:
         """Each device's speed, as a share of its speed alone, while ``computing`` devices of
         this node compute: ``min(1, concurrent_devices / computing)``, times
-        ``sharing_efficiency`` while they outnumber ``concurrent_devices``."""
-        if self.concurrent_devices is None or computing <= self.concurrent_devices:
+        ``sharing_efficiency`` while two or more compute; 1 on a node that shares nothing."""
+        if self.concurrent_devices is None:
             return 1.0
-        return self.concurrent_devices / computing * (self.sharing_efficiency or 1.0)
+        efficiency = (self.sharing_efficiency or 1.0) if computing >= 2 else 1.0
+        return min(1.0, self.concurrent_devices / computing) * efficiency
 
     @property
     def core_share(self) -> float:

@@ -9,7 +9,7 @@ error ``e`` in ``t_s`` alone moves it by ``4e/3``, and every micro-batch of a pl
 the passes at the two sizes ran one after the other, a machine whose speed changed between
 them (a shared VM: 5-10% within a minute, measured on this project's 2-core machine) moved
 ``t_s`` but not ``t_B``: six GPT-2 profiles in a row fitted whole-model fixed parts of
-5.4-12.7 ms, which, at 8 micro-batches, moved a step's prediction by up to 20%. Alternating
+5.4-12.7 ms, which, at 8 micro-batches, moved a 0.32 s step's prediction by up to 18%. Alternating
 the sizes makes both medians sample the same moments, so a drift moves both alike and the
 fit keeps only what the batch size changes; the mirrored order (ABBA, counterbalancing)
 puts both sizes' median passes at the same moment under a steady drift when ``repeats`` is

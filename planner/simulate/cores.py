@@ -11,8 +11,8 @@ model's stage times are those of a pipeline whose every stage computes all the t
 real pipeline a stage waiting for its input does not compute (a process blocked in a receive
 takes no core), so the others run faster: with ``d`` of the node's devices computing, each
 runs at ``min(1, concurrent / d)`` of a device alone (times the node's measured
-``sharing_efficiency`` while ``d > concurrent``: :meth:`planner.ir.Node.speed`), which is that
-speed over the node's ``core_share`` times its nominal (cost model) speed. The simulator plays a
+``sharing_efficiency`` while ``d >= 2``: :meth:`planner.ir.Node.speed`), which is that speed
+over the node's ``core_share`` times its nominal (cost model) speed. The simulator plays a
 lane's F, B and W actions at that rate, changing as lanes start and finish (processor
 sharing, as :class:`planner.simulate.links.LinkPool` shares a link's bandwidth; the Linux
 scheduler's fair share of the cores among runnable processes, Love, *Linux Kernel
