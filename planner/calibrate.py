@@ -62,7 +62,7 @@ from typing import Any
 import torch
 
 from planner import ir
-from planner.calibrate_sharing import measure_sharing, sharing_efficiency
+from planner.calibrate_sharing import measure_sharing, sharing_efficiency, sharing_model
 from planner.errors import PlannerError, UsageError
 from planner.runner.machine import idle_timeout_s, wait_idle
 
@@ -219,19 +219,6 @@ def machine_memory_bytes() -> int:
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
-def _sharing_model(profile: ir.ModelProfile | None) -> tuple[str, int] | None:
-    """The profile's model and batch, to measure the shared cores with, when it can be built here."""
-    if profile is None:
-        return None
-    from planner.calibrate_sharing import model_kernel
-
-    try:
-        model_kernel(profile.model, profile.batch_size)
-    except Exception:  # any model that does not build here: the benchmark kernel instead
-        return None
-    return profile.model, profile.batch_size
-
-
 def calibrate(nproc: int, threads: int = 1, name: str | None = None, profile: ir.ModelProfile | None = None,
               engines: Sequence[str] = ()) -> tuple[ir.Cluster, dict[str, Any]]:
     """Measure this machine as ``nproc`` devices; ``profile`` pins ``flops`` to its device_flops;
@@ -244,7 +231,7 @@ def calibrate(nproc: int, threads: int = 1, name: str | None = None, profile: ir
     compute = measure_flops(threads)
     bandwidth = measure_memory_bandwidth(threads)
     links = measure_links(nproc, threads)
-    kernel = _sharing_model(profile)
+    kernel = sharing_model(profile)
     links["concurrent_share"] = measure_sharing(nproc, threads, kernel)
     efficiency = sharing_efficiency(links["concurrent_share"], core_share(nproc, threads))
     shared = ir.Node("cpu", (), usable_cores() / threads, efficiency)
@@ -258,7 +245,7 @@ def calibrate(nproc: int, threads: int = 1, name: str | None = None, profile: ir
                          (("intra_node", link), ("inter_node", link)))
     meta: dict[str, Any] = {**compute, **links, "threads": threads, "nproc": nproc, "core_share": share,
                             "sharing_efficiency": efficiency,
-                            "sharing_kernel": kernel[0] if kernel is not None else "matmul+conv",
+                            "sharing_kernel": kernel.spec if kernel is not None else "matmul+conv",
                             "flops_source": "profile" if profile is not None else "benchmark",
                             "waited_for_idle_s": waited_s}
     if engines:

@@ -8,7 +8,8 @@ that a drift of the machine's speed moves both), and report the mean of together
 ``min(1, cores / (P x T))``, at most 1.
 
 The kernel is the profile's own model (a forward and backward of the whole model at the
-profile's batch) when it can be built here, else a 512 x 512 matmul and a 3 x 3 convolution.
+profile's batch, :func:`sharing_model`) when it was measured on a CPU and builds here, else a
+512 x 512 matmul and a 3 x 3 convolution.
 The model matters: processes on separate cores still share the last-level cache and the
 memory bus, and on this project's 2-core VM two processes training GPT-2 (width 128) at once
 each ran 12-15% slower than one alone, with as much more CPU time, a CNN 5-9% slower, while
@@ -25,10 +26,12 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from planner import ir
 from planner.errors import PlannerError
 
 ROUNDS, WINDOW_S = 3, 0.3
@@ -57,14 +60,40 @@ def _benchmark_kernel() -> Kernel:
     return kernel
 
 
-def model_kernel(model: str, batch: int, input_shape: tuple[int, ...] | None = None) -> Kernel:
-    """A forward and backward of the whole ``model`` (a ``planner profile`` spec) at ``batch``."""
+@dataclass(frozen=True)
+class SharingModel:
+    """The model to time: a ``planner profile`` spec, its batch and input shape (without the batch)."""
+
+    spec: str
+    batch_size: int
+    input_shape: tuple[int, ...] | None = None
+
+
+def model_kernel(model: SharingModel) -> Kernel:
+    """A forward and backward of the whole model at its batch."""
     from planner.profiler.loader import load_model
     from planner.profiler.measure import whole_model_pass
 
-    loaded = load_model(model, batch, input_shape)
+    loaded = load_model(model.spec, model.batch_size, model.input_shape)
     params = list(loaded.module.parameters())
     return lambda: whole_model_pass(loaded.module, loaded.example_input, params, lambda: None)
+
+
+def sharing_model(profile: ir.ModelProfile | None) -> SharingModel | None:
+    """The profile's own model, when it was measured on this kind of machine (a CPU) and builds
+    here with as many parameters as the profile counts (a profile made with ``--set`` names its
+    base model only); else None: the benchmark kernel."""
+    if profile is None or profile.mode != "measured" or profile.device != "cpu":
+        return None
+    from planner.profiler.loader import load_model
+
+    model = SharingModel(profile.model, profile.batch_size, profile.input_shape or None)
+    try:
+        loaded = load_model(model.spec, model.batch_size, model.input_shape)
+    except Exception:  # any model that does not build here: the benchmark kernel instead
+        return None
+    params = sum(p.numel() for p in loaded.module.parameters())
+    return model if params == sum(layer.param_count for layer in profile.layers) else None
 
 
 def _calls_per_s(fn: Kernel, window_s: float) -> float:
@@ -92,12 +121,12 @@ def concurrent_share(kernel: Kernel, rank: int, world: int, rounds: int = ROUNDS
     return statistics.median(together) / statistics.median(alone)
 
 
-def _worker(rank: int, world: int, init: str, threads: int, model: tuple[str, int] | None, out: str) -> None:
+def _worker(rank: int, world: int, init: str, threads: int, model: SharingModel | None, out: str) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(threads)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    kernel = model_kernel(*model) if model is not None else _benchmark_kernel()
+    kernel = model_kernel(model) if model is not None else _benchmark_kernel()
     share = torch.tensor([concurrent_share(kernel, rank, world)], dtype=torch.float64)
     dist.all_reduce(share)
     if rank == 0:
@@ -106,9 +135,9 @@ def _worker(rank: int, world: int, init: str, threads: int, model: tuple[str, in
     dist.destroy_process_group()
 
 
-def measure_sharing(nproc: int, threads: int, model: tuple[str, int] | None = None) -> float:
+def measure_sharing(nproc: int, threads: int, model: SharingModel | None = None) -> float:
     """The mean share of its speed alone each of ``nproc`` processes of ``threads`` threads keeps
-    while all compute ``model`` (spec, batch) at once, or the benchmark kernel (module doc)."""
+    while all compute ``model`` at once, or the benchmark kernel (module doc)."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory(prefix="planner-calibrate-sharing-") as tmp:

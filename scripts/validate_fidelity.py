@@ -211,14 +211,14 @@ def matched(cluster: Any, prof: Any, world: int) -> Any:
     processes computing at once keeps of it (:meth:`planner.ir.Node.speed`), with the sharing
     efficiency measured on the profile's own model (module doc; one process: nothing of ours
     computes beside it, so nothing shared)."""
-    from planner.calibrate_sharing import measure_sharing, sharing_efficiency
+    from planner.calibrate_sharing import SharingModel, measure_sharing, sharing_efficiency
 
     nodes = []
     for n in cluster.nodes:
         efficiency = None
         if world > 1:
             fair = min(1.0, (n.concurrent_devices or world) / world)
-            efficiency = sharing_efficiency(measure_sharing(world, 1, (prof.model, prof.batch_size)), fair)
+            efficiency = sharing_efficiency(measure_sharing(world, 1, SharingModel(prof.model, prof.batch_size)), fair)
         n = dataclasses.replace(n, sharing_efficiency=efficiency)
         flops = prof.device_flops * n.speed(world)
         nodes.append(dataclasses.replace(n, gpus=tuple(dataclasses.replace(g, flops=flops, peak_flops=())
