@@ -24,15 +24,15 @@
   cores of the stages waiting for their input to the ones computing (processor sharing,
   :mod:`planner.simulate.cores`: on 2 cores, 4 processes of a CNN pipeline ran at 0.70 of the
   flat share's prediction). ``sharing_efficiency`` is measured, after the links: every process
-  times a matmul and a convolution alone (the others waiting in a barrier) and with all P
-  computing at once, alternately, 3 times each (:func:`_concurrent_share`); the mean of
-  together / alone (``meta.concurrent_share``) over the fair share ``cores / (P x T)``, at most 1.
-  Time-sliced processes do not get all of their fair share: 4 one-thread processes on this
-  project's 2 cores measured 0.45-0.47 of one alone (0.90-0.94 of the fair 0.5) in most
-  calibrations, while 2 on 2 measured 0.96-1.02; 4-process pipelines then ran 8-25% slower than
-  a fair share predicted. The efficiency applies only while more devices compute than
-  ``concurrent_devices`` (:meth:`planner.ir.Node.speed`). The machine is measured idle (below),
-  so other users' work does not enter it (beside another user's busy process, 4 processes once
+  runs the profile's model (or a matmul and a convolution) alone, the others waiting in a
+  barrier, and with all P computing at once, alternately, 3 times each; the mean of CPU seconds
+  per call alone over together, at most 1 (:mod:`planner.calibrate_sharing`);
+  ``meta.concurrent_share`` is it times the fair share ``cores / (P x T)``.
+  Processes computing beside each other do less work per CPU second than one alone: 4
+  one-thread GPT-2 processes on this project's 2 cores 0.85-0.90 (2 to 16 samples a call), 2
+  on 2 0.87, a matmul and a convolution 0.93. The efficiency applies while two or more devices
+  compute (:meth:`planner.ir.Node.speed`). The machine is measured idle (below), so other
+  users' work does not enter it (beside another user's busy process, 4 processes once
   measured 0.24).
 * Engines (:mod:`planner.calibrate_engines`): what DeepSpeed's and torch pipelining's own work
   adds to the cost model, per action, per micro-batch sent and per step, fitted by least
@@ -232,8 +232,8 @@ def calibrate(nproc: int, threads: int = 1, name: str | None = None, profile: ir
     bandwidth = measure_memory_bandwidth(threads)
     links = measure_links(nproc, threads)
     kernel = sharing_model(profile)
-    links["concurrent_share"] = measure_sharing(nproc, threads, kernel)
-    efficiency = sharing_efficiency(links["concurrent_share"], core_share(nproc, threads))
+    efficiency = sharing_efficiency(measure_sharing(nproc, threads, kernel))
+    links["concurrent_share"] = (efficiency or 1.0) * core_share(nproc, threads)
     shared = ir.Node("cpu", (), usable_cores() / threads, efficiency)
     share = shared.speed(nproc)
     compute["memory_bandwidth_Bps"] = bandwidth * share

@@ -1,14 +1,21 @@
 """What a process keeps of its share of the cores while others compute beside it (``planner calibrate``).
 
-Owns :func:`measure_sharing`: ``nproc`` processes each time a kernel alone (the others waiting
-in a barrier) and with all of them computing at once, alternately (:data:`ROUNDS` times, so
-that a drift of the machine's speed moves both), and report the mean of together / alone
-(``concurrent_share``). :func:`sharing_efficiency` turns it into the node's
-``sharing_efficiency`` (:meth:`planner.ir.Node.speed`): that share over the fair share
-``min(1, cores / (P x T))``, at most 1.
+Owns :func:`measure_sharing`: ``nproc`` processes each run a kernel the same number of times
+alone (the others waiting in a barrier) and with all of them computing at once, alternately
+(:data:`ROUNDS` times, so that a drift of the machine's speed moves both), and report the mean
+of the CPU seconds per call alone over together (:func:`work_ratio`). That ratio is the
+node's ``sharing_efficiency`` (:func:`sharing_efficiency`, :meth:`planner.ir.Node.speed`): the
+work a core does for a process while others compute beside it, whether the processes share
+the cores by time slices or only the caches and the memory bus. CPU time, not calls per wall
+second: a wall-clock rate over a time window overstated what was kept, because the ranks
+whose window ended first left the cores to the others (4 GPT-2 processes on 2 cores together
+took 2.14 cores' worth of the fair share by wall rates), and the same number of calls on
+every rank keeps all of them computing until nearly the end.
 
 The kernel is the profile's own model (a forward and backward of the whole model at the
-profile's batch, :func:`sharing_model`) when it was measured on a CPU and builds here, else a
+profile's batch, :func:`sharing_model`; a caller that knows the plan's micro-batch passes that:
+the smaller the batch, the more a process loses, 0.88 of its work rate for GPT-2 at 2 samples
+against 0.94 at 16, 4 processes on 2 cores) when it was measured on a CPU and builds here, else a
 512 x 512 matmul and a 3 x 3 convolution.
 The model matters: processes on separate cores still share the last-level cache and the
 memory bus, and on this project's 2-core VM two processes training GPT-2 (width 128) at once
@@ -40,12 +47,12 @@ ROUNDS, WINDOW_S = 3, 0.3
 Kernel = Callable[[], object]
 
 
-def sharing_efficiency(concurrent_share: float, fair_share: float) -> float | None:
-    """The share of its fair share of the cores a process kept while all computed at once
-    (measured ``concurrent_share`` over ``fair_share``, at most 1); None when the measure is unusable."""
-    if not concurrent_share > 0 or not fair_share > 0:
+def sharing_efficiency(ratio: float) -> float | None:
+    """The node's ``sharing_efficiency`` from a measured :func:`work_ratio` (CPU seconds per call
+    alone over together): at most 1 (noise above it is no gain); None when the measure is unusable."""
+    if not ratio > 0:
         return None
-    return min(1.0, concurrent_share / fair_share)
+    return min(1.0, ratio)
 
 
 def _benchmark_kernel() -> Kernel:
@@ -96,29 +103,43 @@ def sharing_model(profile: ir.ModelProfile | None) -> SharingModel | None:
     return model if params == sum(layer.param_count for layer in profile.layers) else None
 
 
-def _calls_per_s(fn: Kernel, window_s: float) -> float:
-    """Calls of ``fn`` per wall second over about ``window_s`` (after one untimed call)."""
+def _cpu_per_call_s(fn: Kernel, calls: int) -> float:
+    """CPU seconds of this process (all its threads) per call of ``fn`` over ``calls`` calls, after one untimed."""
     fn()
-    calls, t0 = 0, time.perf_counter()
-    while (elapsed := time.perf_counter() - t0) < window_s or not calls:
+    c0 = time.process_time()
+    for _ in range(calls):
         fn()
-        calls += 1
-    return calls / elapsed
+    return (time.process_time() - c0) / calls
 
 
-def concurrent_share(kernel: Kernel, rank: int, world: int, rounds: int = ROUNDS, window_s: float = WINDOW_S) -> float:
-    """This rank's rate of ``kernel`` with every rank computing over its rate alone (module doc)."""
+def _agreed_calls(kernel: Kernel, window_s: float) -> int:
+    """Calls of ``kernel`` that take the slowest rank about ``window_s`` alone (all ranks agree)."""
     import torch.distributed as dist
 
+    kernel()
+    t0 = time.perf_counter()
+    kernel()
+    calls = torch.tensor([max(1, int(window_s / max(time.perf_counter() - t0, 1e-9)))])
+    dist.all_reduce(calls, op=dist.ReduceOp.MIN)
+    return int(calls)
+
+
+def work_ratio(kernel: Kernel, rank: int, world: int, rounds: int = ROUNDS, window_s: float = WINDOW_S) -> float:
+    """This rank's CPU seconds per call of ``kernel`` alone over the same with every rank
+    computing (module doc): every rank makes the same number of calls, so that all compute
+    at once until nearly the end."""
+    import torch.distributed as dist
+
+    calls = _agreed_calls(kernel, window_s)
     alone, together = [], []
     for _ in range(rounds):
         for r in range(world):
             dist.barrier()
             if r == rank:
-                alone.append(_calls_per_s(kernel, window_s))
+                alone.append(_cpu_per_call_s(kernel, calls))
         dist.barrier()
-        together.append(_calls_per_s(kernel, window_s))
-    return statistics.median(together) / statistics.median(alone)
+        together.append(_cpu_per_call_s(kernel, calls))
+    return statistics.median(alone) / statistics.median(together)
 
 
 def _worker(rank: int, world: int, init: str, threads: int, model: SharingModel | None, out: str) -> None:
@@ -127,17 +148,17 @@ def _worker(rank: int, world: int, init: str, threads: int, model: SharingModel 
     torch.set_num_threads(threads)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     kernel = model_kernel(model) if model is not None else _benchmark_kernel()
-    share = torch.tensor([concurrent_share(kernel, rank, world)], dtype=torch.float64)
-    dist.all_reduce(share)
+    ratio = torch.tensor([work_ratio(kernel, rank, world)], dtype=torch.float64)
+    dist.all_reduce(ratio)
     if rank == 0:
-        Path(out).write_text(json.dumps({"concurrent_share": float(share[0]) / world}))
+        Path(out).write_text(json.dumps({"work_ratio": float(ratio[0]) / world}))
     dist.barrier()
     dist.destroy_process_group()
 
 
 def measure_sharing(nproc: int, threads: int, model: SharingModel | None = None) -> float:
-    """The mean share of its speed alone each of ``nproc`` processes of ``threads`` threads keeps
-    while all compute ``model`` at once, or the benchmark kernel (module doc)."""
+    """The mean :func:`work_ratio` of ``nproc`` processes of ``threads`` threads computing ``model``
+    (or the benchmark kernel) alone and all at once (module doc)."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory(prefix="planner-calibrate-sharing-") as tmp:
@@ -149,4 +170,4 @@ def measure_sharing(nproc: int, threads: int, model: SharingModel | None = None)
         except Exception as exc:
             raise PlannerError(f"calibration workers failed measuring shared cores: "
                                f"{str(exc).strip().splitlines()[-1]}", "try fewer --nproc") from None
-        return float(json.loads(Path(out).read_text())["concurrent_share"])
+        return float(json.loads(Path(out).read_text())["work_ratio"])

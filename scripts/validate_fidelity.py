@@ -15,8 +15,8 @@ most of its rows, and two such profiles of GPT-2 hours apart predicted the same 
 apart while the step measured the same), ``planner.calibrate.calibrate``
 (2 and 4 processes x 1 thread; flops from the profile as ``--match-profile`` does, times the
 core share: cores / processes when processes outnumber cores, times the sharing efficiency
-measured on the profile's own model as ``calibrate --match-profile`` does
-(:mod:`planner.calibrate_sharing`), with the node's
+measured on the profile's own model as ``calibrate --match-profile`` does, but at each
+plan's micro-batch (:mod:`planner.calibrate_sharing`), with the node's
 ``concurrent_devices`` so that the simulator shares the cores among the stages computing;
 engine overheads measured by ``--engines`` on each cluster's own processes, the 2-process ones
 for one process), ``search`` with ``--engine`` (so the plan pays its engine's overheads) and
@@ -206,24 +206,25 @@ def clusters(engines: list[str]) -> dict[int, Any]:
     return {1: two, 2: two, 4: four}
 
 
-def matched(cluster: Any, prof: Any, world: int) -> Any:
+def matched(cluster: Any, prof: Any, world: int, microbatches: int) -> Any:
     """``--match-profile``: every device's flops the profile's, times what a device of ``world``
     processes computing at once keeps of it (:meth:`planner.ir.Node.speed`), with the sharing
-    efficiency measured on the profile's own model (module doc; one process: nothing of ours
-    computes beside it, so nothing shared)."""
+    efficiency measured on the profile's own model at the plan's micro-batch (module doc; one
+    process: nothing of ours computes beside it, so nothing shared)."""
     from planner.calibrate_sharing import SharingModel, measure_sharing, sharing_efficiency
 
     nodes = []
     for n in cluster.nodes:
         efficiency = None
         if world > 1:
-            fair = min(1.0, (n.concurrent_devices or world) / world)
-            efficiency = sharing_efficiency(measure_sharing(world, 1, SharingModel(prof.model, prof.batch_size)), fair)
+            kernel = SharingModel(prof.model, prof.batch_size // microbatches)
+            efficiency = sharing_efficiency(measure_sharing(world, 1, kernel))
         n = dataclasses.replace(n, sharing_efficiency=efficiency)
         flops = prof.device_flops * n.speed(world)
         nodes.append(dataclasses.replace(n, gpus=tuple(dataclasses.replace(g, flops=flops, peak_flops=())
                                                        for g in n.gpus)))
-        print(f"  {prof.model} on {world}: sharing efficiency {efficiency or 1:.3f}", file=sys.stderr)
+        print(f"  {prof.model} on {world} at M={microbatches}: sharing efficiency {efficiency or 1:.3f}",
+              file=sys.stderr)
     return dataclasses.replace(cluster, nodes=tuple(nodes))
 
 
@@ -260,8 +261,8 @@ def group(name: str, engine: str, world: int, args: argparse.Namespace, cl: dict
     doc), the machine's speed probed before the profile and after the rounds."""
     before = speed_probe(name)
     prof = profile(name)
-    cluster = matched(cl[world], prof, world)
-    plans = [plan_for(prof, cluster, world, m, engine) for p, m in parse_plans(args.plans) if p == world]
+    plans = [plan_for(prof, matched(cl[world], prof, world, m), world, m, engine)
+             for p, m in parse_plans(args.plans) if p == world]
     got = timed(plans, name, engine, args.steps, args.repeats)
     drift = speed_probe(name) / before
     rows = []

@@ -10,12 +10,32 @@ from planner.calibrate_sharing import SharingModel, measure_sharing, model_kerne
 from tests.conftest import make_profile_dict
 
 
-def test_sharing_efficiency_is_the_measured_share_over_the_fair_one_at_most_1() -> None:
-    assert sharing_efficiency(0.45, 0.5) == pytest.approx(0.9)
-    assert sharing_efficiency(0.88, 1.0) == pytest.approx(0.88)  # a core each, still sharing caches and memory
-    assert sharing_efficiency(0.51, 0.5) == 1.0  # noise above the fair share: no loss
-    assert sharing_efficiency(0.0, 0.5) is None and sharing_efficiency(float("nan"), 0.5) is None
-    assert sharing_efficiency(0.5, 0.0) is None
+def test_sharing_efficiency_is_the_measured_work_ratio_at_most_1() -> None:
+    assert sharing_efficiency(0.88) == pytest.approx(0.88)  # more CPU seconds per call beside the others
+    assert sharing_efficiency(1.02) == 1.0  # noise above 1: no gain
+    assert sharing_efficiency(0.0) is None and sharing_efficiency(float("nan")) is None
+
+
+def test_work_ratio_is_cpu_per_call_alone_over_together_with_the_same_calls_on_every_rank(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch.distributed as dist
+
+    from planner import calibrate_sharing as cs
+
+    cpu_s = [0.0]
+    barriers: list[int] = []
+    monkeypatch.setattr(dist, "barrier", lambda: barriers.append(1))
+    monkeypatch.setattr(cs.time, "process_time", lambda: cpu_s[0])
+    calls: list[bool] = []
+
+    def kernel() -> None:  # rank 0 of 2: alone after barrier 1 of a round's 3, together after barrier 3
+        together = len(barriers) % 3 == 0
+        calls.append(together)
+        cpu_s[0] += 0.0125 if together else 0.010  # 10 ms of CPU alone, 12.5 ms beside the other
+
+    monkeypatch.setattr(cs, "_agreed_calls", lambda k, w: 7)
+    assert cs.work_ratio(kernel, rank=0, world=2, rounds=3) == pytest.approx(0.8)
+    assert len(calls) == 3 * 2 * (7 + 1)  # 3 rounds, alone and together, 7 timed calls and one untimed each
 
 
 def test_model_kernel_trains_the_whole_model_once_per_call() -> None:
@@ -40,9 +60,9 @@ def test_the_profiles_own_model_only_when_measured_on_a_cpu_and_it_builds_as_pro
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", [None, SharingModel("mlp", 8)])
-def test_two_processes_keep_a_plausible_share_of_their_speed_alone(model: SharingModel | None) -> None:
-    share = measure_sharing(2, 1, model)
-    assert 0.2 < share < 1.3  # with one core each and nothing else running, near 1 (0.85-1.0 here)
+def test_two_processes_keep_a_plausible_share_of_their_work_rate_alone(model: SharingModel | None) -> None:
+    ratio = measure_sharing(2, 1, model)
+    assert 0.5 < ratio < 1.3  # with one core each and nothing else running, near 1
 
 
 @pytest.mark.slow
