@@ -58,7 +58,8 @@ def speedup_table(results: list[Comparison]) -> tuple[str, str]:
             row.append(f"{s.speedup_over_dp:.2f}" if s.fits and s.speedup_over_dp else "n/f")
         planner, accpar = c.get("planner"), c.get("accpar")
         row.append(planner.config or "-")
-        ratio = (accpar.iteration_s / planner.iteration_s) if planner.fits and accpar.fits else None
+        ours, theirs = planner.iteration_s, accpar.iteration_s
+        ratio = theirs / ours if planner.fits and accpar.fits and ours and theirs is not None else None
         row.append("-" if ratio is None else f"{ratio:.2f}")
         rows.append(row)
     md = "| " + " | ".join(header) + " |\n|" + "---|" * len(header) + "\n"
@@ -72,7 +73,7 @@ def speedup_table(results: list[Comparison]) -> tuple[str, str]:
 
 def config_detail(c: Comparison, name: str) -> str:
     s = c.get(name)
-    if not s.fits or s.plan is None:
+    if not s.fits or s.plan is None or s.iteration_s is None:
         return f"does not fit: {s.reason}"
     stages = ", ".join(f"L{st.layers[0]}-{st.layers[1] - 1} on {st.width}" + (" (split forms)" if any(
         f != "dp" for f in st.forms) else "") for st in s.plan.stages)

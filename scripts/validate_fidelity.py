@@ -309,8 +309,7 @@ def quality(args: argparse.Namespace, cl: dict[int, Any]) -> None:
     from deepspeed.runtime import utils as ds_utils
 
     prof = profile("vgg")
-    cluster = matched(cl[2], prof, 2)
-    ours = plan_for(prof, cluster, 2, 4, "deepspeed")
+    ours = plan_for(prof, matched(cl[2], prof, 2, 4), 2, 4, "deepspeed")
     n = len(prof.layers)
     counts = [layer.param_count for layer in prof.layers]
     parts = [int(p) for p in ds_utils.partition_balanced(weights=counts, num_parts=2)]
