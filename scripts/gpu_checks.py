@@ -101,8 +101,8 @@ def report(rows: list[dict[str, Any]], gpu: str, args: argparse.Namespace) -> st
     for r in rows:
         cells = [f"{statistics.median(v):.2f} ({min(v):.2f}-{max(v):.2f})" for v in r["ratios"].values()]
         lines.append(f"| {r['model']} | {r['layers']} | {cells[0]} | {cells[1]} | M={r['microbatches']}, "
-                     f"{r['recompute']} | {r['predicted_s']:.4f} | {r['analytic_s']:.4f} | {r['measured_s']:.4f} | "
-                     f"{r['measured_s'] / r['predicted_s']:.3f} |")
+                     f"{r['recompute']} | {r['predicted_s']:.4g} | {r['analytic_s']:.4g} | {r['measured_s']:.4g} | "
+                     f"{r['measured_s'] / r['predicted_s']:.4g} |")
     return "\n".join(lines) + "\n"
 
 
