@@ -25,7 +25,8 @@
   :mod:`planner.simulate.cores`: on 2 cores, 4 processes of a CNN pipeline ran at 0.70 of the
   flat share's prediction). ``sharing_efficiency`` is measured, after the links: every process
   runs the profile's model (or a matmul and a convolution) alone, the others waiting in a
-  barrier, and with all P computing at once, alternately, 3 times each; the mean of CPU seconds
+  barrier, and with all P computing at once, handing a token round a ring between calls as
+  pipeline stages hand on their outputs, alternately, 3 times each; the mean of CPU seconds
   per call alone over together, at most 1 (:mod:`planner.calibrate_sharing`);
   ``meta.concurrent_share`` is it times the fair share ``cores / (P x T)``.
   Processes computing beside each other do less work per CPU second than one alone: 4

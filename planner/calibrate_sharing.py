@@ -12,6 +12,16 @@ whose window ended first left the cores to the others (4 GPT-2 processes on 2 co
 took 2.14 cores' worth of the fair share by wall rates), and the same number of calls on
 every rank keeps all of them computing until nearly the end.
 
+Together, the processes compute the way the stages of a pipeline do: after each call a
+process hands a token to the next rank and waits for one from the previous (a ring, so that
+every rank does the same), blocking as a stage blocks for its input; only the call's own CPU
+seconds are counted, since what the hand-off itself costs is the engine's per-action overhead
+(:mod:`planner.calibrate_engines`). A process that blocks and is woken between calls computes
+slower than one that runs on: on this project's 2-core VM, GPT-2 (width 128) at 2 and 4
+samples a call on 4 processes kept 0.84-0.85 of its work rate alone running on, and 0.79-0.80
+handing off between calls; 2 processes 0.99 and 0.95 (they block although each has a core).
+A matmul on a 4 MiB weight lost nothing running on and 4-6% handing off.
+
 The kernel is the profile's own model (a forward and backward of the whole model at the
 profile's batch, :func:`sharing_model`; a caller that knows the plan's micro-batch passes that:
 the smaller the batch, the more a process loses, 0.88 of its work rate for GPT-2 at 2 samples
@@ -103,13 +113,36 @@ def sharing_model(profile: ir.ModelProfile | None) -> SharingModel | None:
     return model if params == sum(layer.param_count for layer in profile.layers) else None
 
 
-def _cpu_per_call_s(fn: Kernel, calls: int) -> float:
-    """CPU seconds of this process (all its threads) per call of ``fn`` over ``calls`` calls, after one untimed."""
+def _cpu_per_call_s(fn: Kernel, calls: int, handoff: Callable[[], None] | None = None) -> float:
+    """CPU seconds of this process (all its threads) per call of ``fn`` over ``calls`` calls, after
+    one untimed; with ``handoff``, that runs after every call and its CPU seconds are not counted."""
     fn()
-    c0 = time.process_time()
+    if handoff is not None:
+        handoff()
+    cpu_s = 0.0
     for _ in range(calls):
+        c0 = time.process_time()
         fn()
-    return (time.process_time() - c0) / calls
+        cpu_s += time.process_time() - c0
+        if handoff is not None:
+            handoff()
+    return cpu_s / calls
+
+
+def ring_handoff(rank: int, world: int) -> Callable[[], None]:
+    """A token sent to the next rank and one received from the previous, both waited for: what
+    a pipeline stage does between its actions (module doc)."""
+    import torch.distributed as dist
+
+    token, got = torch.zeros(1), torch.zeros(1)
+
+    def handoff() -> None:
+        send = dist.isend(token, (rank + 1) % world)
+        recv = dist.irecv(got, (rank - 1) % world)
+        send.wait()
+        recv.wait()
+
+    return handoff
 
 
 def _agreed_calls(kernel: Kernel, window_s: float) -> int:
@@ -124,12 +157,16 @@ def _agreed_calls(kernel: Kernel, window_s: float) -> int:
     return int(calls)
 
 
-def work_ratio(kernel: Kernel, rank: int, world: int, rounds: int = ROUNDS, window_s: float = WINDOW_S) -> float:
+def work_ratio(kernel: Kernel, rank: int, world: int, rounds: int = ROUNDS, window_s: float = WINDOW_S,
+               handoff: Callable[[], None] | None = None) -> float:
     """This rank's CPU seconds per call of ``kernel`` alone over the same with every rank
-    computing (module doc): every rank makes the same number of calls, so that all compute
-    at once until nearly the end."""
+    computing and calling ``handoff`` between calls (module doc; default :func:`ring_handoff`,
+    none with one rank): every rank makes the same number of calls, so that all compute at once
+    until nearly the end."""
     import torch.distributed as dist
 
+    if handoff is None and world > 1:
+        handoff = ring_handoff(rank, world)
     calls = _agreed_calls(kernel, window_s)
     alone, together = [], []
     for _ in range(rounds):
@@ -138,7 +175,7 @@ def work_ratio(kernel: Kernel, rank: int, world: int, rounds: int = ROUNDS, wind
             if r == rank:
                 alone.append(_cpu_per_call_s(kernel, calls))
         dist.barrier()
-        together.append(_cpu_per_call_s(kernel, calls))
+        together.append(_cpu_per_call_s(kernel, calls, handoff))
     return statistics.median(alone) / statistics.median(together)
 
 

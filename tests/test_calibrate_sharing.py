@@ -27,15 +27,22 @@ def test_work_ratio_is_cpu_per_call_alone_over_together_with_the_same_calls_on_e
     monkeypatch.setattr(dist, "barrier", lambda: barriers.append(1))
     monkeypatch.setattr(cs.time, "process_time", lambda: cpu_s[0])
     calls: list[bool] = []
+    handoffs: list[int] = []
 
     def kernel() -> None:  # rank 0 of 2: alone after barrier 1 of a round's 3, together after barrier 3
         together = len(barriers) % 3 == 0
         calls.append(together)
         cpu_s[0] += 0.0125 if together else 0.010  # 10 ms of CPU alone, 12.5 ms beside the other
 
+    def handoff() -> None:  # a stage's hand-off: its CPU seconds are the engine's, not the call's
+        handoffs.append(len(calls))
+        cpu_s[0] += 0.5
+
     monkeypatch.setattr(cs, "_agreed_calls", lambda k, w: 7)
-    assert cs.work_ratio(kernel, rank=0, world=2, rounds=3) == pytest.approx(0.8)
+    assert cs.work_ratio(kernel, rank=0, world=2, rounds=3, handoff=handoff) == pytest.approx(0.8)
     assert len(calls) == 3 * 2 * (7 + 1)  # 3 rounds, alone and together, 7 timed calls and one untimed each
+    together_calls = [i + 1 for i, t in enumerate(calls) if t]
+    assert handoffs == together_calls  # after every call together, and only then
 
 
 def test_model_kernel_trains_the_whole_model_once_per_call() -> None:
@@ -61,7 +68,7 @@ def test_the_profiles_own_model_only_when_measured_on_a_cpu_and_it_builds_as_pro
 @pytest.mark.slow
 @pytest.mark.parametrize("model", [None, SharingModel("mlp", 8)])
 def test_two_processes_keep_a_plausible_share_of_their_work_rate_alone(model: SharingModel | None) -> None:
-    ratio = measure_sharing(2, 1, model)
+    ratio = measure_sharing(2, 1, model)  # handing a token round the ring between calls, over gloo
     assert 0.5 < ratio < 1.3  # with one core each and nothing else running, near 1
 
 
