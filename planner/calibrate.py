@@ -28,7 +28,10 @@
   barrier, and with all P computing at once, handing a token round a ring between calls as
   pipeline stages hand on their outputs, alternately, 3 times each; the mean of CPU seconds
   per call alone over together, at most 1 (:mod:`planner.calibrate_sharing`);
-  ``meta.concurrent_share`` is it times the fair share ``cores / (P x T)``.
+  ``meta.concurrent_share`` is it times the fair share ``cores / (P x T)``. The same
+  measurement gives the node's ``handoff_s``: the CPU seconds a process spends on each hand-off
+  while all compute, less the same on idle cores (the cost model charges it with each
+  micro-batch sent).
   Processes computing beside each other do less work per CPU second than one alone: 4
   one-thread GPT-2 processes on this project's 2 cores 0.85-0.90 (2 to 16 samples a call), 2
   on 2 0.87, a matmul and a convolution 0.93. The efficiency applies while two or more devices
@@ -63,7 +66,7 @@ from typing import Any
 import torch
 
 from planner import ir
-from planner.calibrate_sharing import measure_sharing, sharing_efficiency, sharing_model
+from planner.calibrate_sharing import handoff_cost, measure_sharing, sharing_efficiency, sharing_model
 from planner.errors import PlannerError, UsageError
 from planner.runner.machine import idle_timeout_s, wait_idle
 
@@ -233,9 +236,10 @@ def calibrate(nproc: int, threads: int = 1, name: str | None = None, profile: ir
     bandwidth = measure_memory_bandwidth(threads)
     links = measure_links(nproc, threads)
     kernel = sharing_model(profile)
-    efficiency = sharing_efficiency(measure_sharing(nproc, threads, kernel))
+    sharing = measure_sharing(nproc, threads, kernel)
+    efficiency, handoff_s = sharing_efficiency(sharing.work_ratio), handoff_cost(sharing)
     links["concurrent_share"] = (efficiency or 1.0) * core_share(nproc, threads)
-    shared = ir.Node("cpu", (), usable_cores() / threads, efficiency)
+    shared = ir.Node("cpu", (), usable_cores() / threads, efficiency, handoff_s)
     share = shared.speed(nproc)
     compute["memory_bandwidth_Bps"] = bandwidth * share
     flops = (profile.device_flops if profile is not None else compute["flops"]) * share
@@ -245,7 +249,7 @@ def calibrate(nproc: int, threads: int = 1, name: str | None = None, profile: ir
     cluster = ir.Cluster(name or f"calibrated-cpu-{nproc}x{threads}t", (dataclasses.replace(shared, gpus=gpus),),
                          (("intra_node", link), ("inter_node", link)))
     meta: dict[str, Any] = {**compute, **links, "threads": threads, "nproc": nproc, "core_share": share,
-                            "sharing_efficiency": efficiency,
+                            "sharing_efficiency": efficiency, "handoff_s": handoff_s,
                             "sharing_kernel": kernel.spec if kernel is not None else "matmul+conv",
                             "flops_source": "profile" if profile is not None else "benchmark",
                             "waited_for_idle_s": waited_s}

@@ -115,12 +115,14 @@ def calibration_plans(profile: ir.ModelProfile, cluster: ir.Cluster, engine: str
                       plan_shapes: Sequence[Shape]) -> list[ir.Plan]:
     """The calibration plans for ``engine`` on the devices of ``cluster``'s first node (flops pinned
     to the profile's times the node's core share, so that the cost model predicts its measured
-    layer times as the cores are shared)."""
+    layer times as the cores are shared). The node's hand-off cost is left out: it is what a
+    hand-off costs on busy cores, and the tiny model leaves them mostly idle."""
     from planner.search import search
 
     node = cluster.nodes[0]
     gpus = tuple(dataclasses.replace(g, flops=profile.device_flops * node.core_share, peak_flops=()) for g in node.gpus)
-    own = dataclasses.replace(cluster, nodes=(dataclasses.replace(node, gpus=gpus),), engine_overheads=())
+    own = dataclasses.replace(cluster, nodes=(dataclasses.replace(node, gpus=gpus, handoff_s=None),),
+                              engine_overheads=())
     return [search(profile, own, config=config, microbatches=m, engine=engine, schedule="1f1b", candidates=0)
             for config, m in plan_shapes]
 

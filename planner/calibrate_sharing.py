@@ -3,7 +3,7 @@
 Owns :func:`measure_sharing`: ``nproc`` processes each run a kernel the same number of times
 alone (the others waiting in a barrier) and with all of them computing at once, alternately
 (:data:`ROUNDS` times, so that a drift of the machine's speed moves both), and report the mean
-of the CPU seconds per call alone over together (:func:`work_ratio`). That ratio is the
+of the CPU seconds per call alone over together (:func:`rank_sharing`). That ratio is the
 node's ``sharing_efficiency`` (:func:`sharing_efficiency`, :meth:`planner.ir.Node.speed`): the
 work a core does for a process while others compute beside it, whether the processes share
 the cores by time slices or only the caches and the memory bus. CPU time, not calls per wall
@@ -15,12 +15,21 @@ every rank keeps all of them computing until nearly the end.
 Together, the processes compute the way the stages of a pipeline do: after each call a
 process hands a token to the next rank and waits for one from the previous (a ring, so that
 every rank does the same), blocking as a stage blocks for its input; only the call's own CPU
-seconds are counted, since what the hand-off itself costs is the engine's per-action overhead
-(:mod:`planner.calibrate_engines`). A process that blocks and is woken between calls computes
+seconds count towards the ratio. A process that blocks and is woken between calls may compute
 slower than one that runs on: on this project's 2-core VM, GPT-2 (width 128) at 2 and 4
 samples a call on 4 processes kept 0.84-0.85 of its work rate alone running on, and 0.79-0.80
-handing off between calls; 2 processes 0.99 and 0.95 (they block although each has a core).
+handing off between calls in one measurement, the same in another; 2 processes 0.99 and 0.95.
 A matmul on a 4 MiB weight lost nothing running on and 4-6% handing off.
+
+The hand-offs' own CPU seconds are measured too, with every rank computing and with every rank
+only handing off, each after :data:`IDLE_GAP_S` asleep (idle cores); the difference is the
+node's ``handoff_s`` (:func:`handoff_cost`), which the cost model charges with each micro-batch
+sent (:mod:`planner.costmodel.engine`). What a hand-off costs on idle cores is the engine's
+per-micro-batch overhead, fitted on a tiny model that leaves the cores mostly idle
+(:mod:`planner.calibrate_engines`); on busy, time-sliced cores it costs more: a token handed
+round 4 processes on 2 cores took 0.9-1.7 ms of CPU per process between calls of GPT-2,
+rescnn and Llama models (the woken process waits for, and takes, a core from one that
+computes), against 0.25-0.47 ms on idle cores; on 2 processes no more than idle.
 
 The kernel is the profile's own model (a forward and backward of the whole model at the
 profile's batch, :func:`sharing_model`; a caller that knows the plan's micro-batch passes that:
@@ -53,12 +62,14 @@ from planner.errors import PlannerError
 
 ROUNDS, WINDOW_S = 3, 0.3
 """How many times each process's kernel is timed alone and with all computing, and for how long (at least one call)."""
+IDLE_GAP_S = 0.002
+"""How long each rank sleeps before each hand-off timed on idle cores."""
 
 Kernel = Callable[[], object]
 
 
 def sharing_efficiency(ratio: float) -> float | None:
-    """The node's ``sharing_efficiency`` from a measured :func:`work_ratio` (CPU seconds per call
+    """The node's ``sharing_efficiency`` from a measured :attr:`Sharing.work_ratio` (CPU seconds per call
     alone over together): at most 1 (noise above it is no gain); None when the measure is unusable."""
     if not ratio > 0:
         return None
@@ -113,20 +124,33 @@ def sharing_model(profile: ir.ModelProfile | None) -> SharingModel | None:
     return model if params == sum(layer.param_count for layer in profile.layers) else None
 
 
-def _cpu_per_call_s(fn: Kernel, calls: int, handoff: Callable[[], None] | None = None) -> float:
+def _cpu_per_call_s(fn: Kernel, calls: int, handoff: Callable[[], None] | None = None) -> tuple[float, float]:
     """CPU seconds of this process (all its threads) per call of ``fn`` over ``calls`` calls, after
-    one untimed; with ``handoff``, that runs after every call and its CPU seconds are not counted."""
+    one untimed, and per ``handoff`` run after each call (0 without one): counted apart."""
     fn()
     if handoff is not None:
         handoff()
-    cpu_s = 0.0
+    call_s = handoff_s = 0.0
     for _ in range(calls):
         c0 = time.process_time()
         fn()
-        cpu_s += time.process_time() - c0
+        c1 = time.process_time()
         if handoff is not None:
             handoff()
-    return cpu_s / calls
+        call_s += c1 - c0
+        handoff_s += time.process_time() - c1
+    return call_s / calls, handoff_s / calls
+
+
+def _idle_handoff_s(handoff: Callable[[], None], calls: int) -> float:
+    """CPU seconds per ``handoff`` of this process while every rank only hands off, each after
+    :data:`IDLE_GAP_S` asleep: what a hand-off costs on idle cores."""
+    handoff()
+    c0 = time.process_time()
+    for _ in range(calls):
+        time.sleep(IDLE_GAP_S)
+        handoff()
+    return (time.process_time() - c0) / calls
 
 
 def ring_handoff(rank: int, world: int) -> Callable[[], None]:
@@ -157,26 +181,50 @@ def _agreed_calls(kernel: Kernel, window_s: float) -> int:
     return int(calls)
 
 
-def work_ratio(kernel: Kernel, rank: int, world: int, rounds: int = ROUNDS, window_s: float = WINDOW_S,
-               handoff: Callable[[], None] | None = None) -> float:
-    """This rank's CPU seconds per call of ``kernel`` alone over the same with every rank
-    computing and calling ``handoff`` between calls (module doc; default :func:`ring_handoff`,
-    none with one rank): every rank makes the same number of calls, so that all compute at once
-    until nearly the end."""
+@dataclass(frozen=True)
+class Sharing:
+    """What processes computing side by side measured (module doc): ``work_ratio``, CPU seconds
+    per call alone over together; ``handoff_s``, CPU seconds per hand-off with all computing less
+    the same on idle cores (below 0 only by noise)."""
+
+    work_ratio: float
+    handoff_s: float = 0.0
+
+
+def handoff_cost(sharing: Sharing) -> float | None:
+    """The node's ``handoff_s`` from a measurement: its hand-off cost, 0 when noise put it below;
+    None when unusable."""
+    if sharing.handoff_s != sharing.handoff_s:  # NaN
+        return None
+    return max(0.0, sharing.handoff_s)
+
+
+def rank_sharing(kernel: Kernel, rank: int, world: int, rounds: int = ROUNDS, window_s: float = WINDOW_S,
+                 handoff: Callable[[], None] | None = None) -> Sharing:
+    """This rank's :class:`Sharing`: CPU seconds per call of ``kernel`` alone over the same with
+    every rank computing and calling ``handoff`` between calls (module doc; default
+    :func:`ring_handoff`, none with one rank), and the hand-offs' CPU seconds then less on idle
+    cores. Every rank makes the same number of calls, so that all compute at once until nearly the end."""
     import torch.distributed as dist
 
     if handoff is None and world > 1:
         handoff = ring_handoff(rank, world)
     calls = _agreed_calls(kernel, window_s)
-    alone, together = [], []
+    alone, together, busy, idle = [], [], [], []
     for _ in range(rounds):
         for r in range(world):
             dist.barrier()
             if r == rank:
-                alone.append(_cpu_per_call_s(kernel, calls))
+                alone.append(_cpu_per_call_s(kernel, calls)[0])
         dist.barrier()
-        together.append(_cpu_per_call_s(kernel, calls, handoff))
-    return statistics.median(alone) / statistics.median(together)
+        call_s, handoff_s = _cpu_per_call_s(kernel, calls, handoff)
+        together.append(call_s)
+        busy.append(handoff_s)
+        if handoff is not None:
+            dist.barrier()
+            idle.append(_idle_handoff_s(handoff, calls))
+    extra_s = statistics.median(busy) - statistics.median(idle) if idle else 0.0
+    return Sharing(statistics.median(alone) / statistics.median(together), extra_s)
 
 
 def _worker(rank: int, world: int, init: str, threads: int, model: SharingModel | None, out: str) -> None:
@@ -185,16 +233,17 @@ def _worker(rank: int, world: int, init: str, threads: int, model: SharingModel 
     torch.set_num_threads(threads)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     kernel = model_kernel(model) if model is not None else _benchmark_kernel()
-    ratio = torch.tensor([work_ratio(kernel, rank, world)], dtype=torch.float64)
-    dist.all_reduce(ratio)
+    got = rank_sharing(kernel, rank, world)
+    means = torch.tensor([got.work_ratio, got.handoff_s], dtype=torch.float64)
+    dist.all_reduce(means)
     if rank == 0:
-        Path(out).write_text(json.dumps({"work_ratio": float(ratio[0]) / world}))
+        Path(out).write_text(json.dumps({"work_ratio": float(means[0]) / world, "handoff_s": float(means[1]) / world}))
     dist.barrier()
     dist.destroy_process_group()
 
 
-def measure_sharing(nproc: int, threads: int, model: SharingModel | None = None) -> float:
-    """The mean :func:`work_ratio` of ``nproc`` processes of ``threads`` threads computing ``model``
+def measure_sharing(nproc: int, threads: int, model: SharingModel | None = None) -> Sharing:
+    """The mean :class:`Sharing` of ``nproc`` processes of ``threads`` threads computing ``model``
     (or the benchmark kernel) alone and all at once (module doc)."""
     import torch.multiprocessing as mp
 
@@ -207,4 +256,5 @@ def measure_sharing(nproc: int, threads: int, model: SharingModel | None = None)
         except Exception as exc:
             raise PlannerError(f"calibration workers failed measuring shared cores: "
                                f"{str(exc).strip().splitlines()[-1]}", "try fewer --nproc") from None
-        return float(json.loads(Path(out).read_text())["work_ratio"])
+        doc = json.loads(Path(out).read_text())
+        return Sharing(float(doc["work_ratio"]), float(doc["handoff_s"]))

@@ -16,7 +16,7 @@ apart while the step measured the same), ``planner.calibrate.calibrate``
 (2 and 4 processes x 1 thread; flops from the profile as ``--match-profile`` does, times the
 core share: cores / processes when processes outnumber cores, times the sharing efficiency
 measured on the profile's own model as ``calibrate --match-profile`` does, but at each
-plan's micro-batch (:mod:`planner.calibrate_sharing`), with the node's
+plan's micro-batch, and so is the node's hand-off cost (:mod:`planner.calibrate_sharing`), with the node's
 ``concurrent_devices`` so that the simulator shares the cores among the stages computing;
 engine overheads measured by ``--engines`` on each cluster's own processes, the 2-process ones
 for one process), ``search`` with ``--engine`` (so the plan pays its engine's overheads) and
@@ -211,20 +211,20 @@ def matched(cluster: Any, prof: Any, world: int, microbatches: int) -> Any:
     processes computing at once keeps of it (:meth:`planner.ir.Node.speed`), with the sharing
     efficiency measured on the profile's own model at the plan's micro-batch (module doc; one
     process: nothing of ours computes beside it, so nothing shared)."""
-    from planner.calibrate_sharing import SharingModel, measure_sharing, sharing_efficiency
+    from planner.calibrate_sharing import SharingModel, handoff_cost, measure_sharing, sharing_efficiency
 
     nodes = []
     for n in cluster.nodes:
-        efficiency = None
+        efficiency = handoff_s = None
         if world > 1:
-            kernel = SharingModel(prof.model, prof.batch_size // microbatches)
-            efficiency = sharing_efficiency(measure_sharing(world, 1, kernel))
-        n = dataclasses.replace(n, sharing_efficiency=efficiency)
+            sharing = measure_sharing(world, 1, SharingModel(prof.model, prof.batch_size // microbatches))
+            efficiency, handoff_s = sharing_efficiency(sharing.work_ratio), handoff_cost(sharing)
+        n = dataclasses.replace(n, sharing_efficiency=efficiency, handoff_s=handoff_s)
         flops = prof.device_flops * n.speed(world)
         nodes.append(dataclasses.replace(n, gpus=tuple(dataclasses.replace(g, flops=flops, peak_flops=())
                                                        for g in n.gpus)))
-        print(f"  {prof.model} on {world} at M={microbatches}: sharing efficiency {efficiency or 1:.3f}",
-              file=sys.stderr)
+        print(f"  {prof.model} on {world} at M={microbatches}: sharing efficiency {efficiency or 1:.3f}, hand-off "
+              f"{(handoff_s or 0) * 1e3:.3f} ms", file=sys.stderr)
     return dataclasses.replace(cluster, nodes=tuple(nodes))
 
 

@@ -123,6 +123,24 @@ def test_fit_recovers_the_overheads_that_made_the_residuals() -> None:
     assert min(partial.per_action_s, partial.per_microbatch_s, partial.per_step_s) >= 0.0
 
 
+def test_calibration_plans_leave_the_nodes_handoff_cost_out() -> None:
+    """The tiny model leaves the cores mostly idle, so its plans are predicted without what a
+    hand-off costs on busy cores, and the engine's fit does not absorb it."""
+    import dataclasses
+
+    from planner.calibrate_engines import calibration_plans, shapes
+    from tests.conftest import make_cluster_dict
+
+    profile = ir.ModelProfile.from_dict(make_profile_dict(4, batch_size=16))
+    base = ir.Cluster.from_dict(make_cluster_dict(1, 2))
+    node = dataclasses.replace(base.nodes[0], concurrent_devices=1.0, handoff_s=1e-3)
+    cluster = dataclasses.replace(base, nodes=(node,))
+    plans = calibration_plans(profile, cluster, "torch", shapes(2))
+    assert [p.config for p in plans] == ["2", "2", "1-1", "1-1", "1-1"]
+    assert all(p.cluster.nodes[0].handoff_s is None for p in plans)
+    assert all(p.cluster.nodes[0].concurrent_devices == 1.0 for p in plans)
+
+
 def test_features_count_actions_on_the_critical_path_and_sends_only_between_stages() -> None:
     from planner.calibrate_engines import overhead_features
     from tests.test_validate import make_plan

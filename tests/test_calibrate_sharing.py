@@ -6,7 +6,15 @@ import pytest
 
 from planner import ir
 from planner.calibrate import calibrate
-from planner.calibrate_sharing import SharingModel, measure_sharing, model_kernel, sharing_efficiency, sharing_model
+from planner.calibrate_sharing import (
+    Sharing,
+    SharingModel,
+    handoff_cost,
+    measure_sharing,
+    model_kernel,
+    sharing_efficiency,
+    sharing_model,
+)
 from tests.conftest import make_profile_dict
 
 
@@ -26,23 +34,34 @@ def test_work_ratio_is_cpu_per_call_alone_over_together_with_the_same_calls_on_e
     barriers: list[int] = []
     monkeypatch.setattr(dist, "barrier", lambda: barriers.append(1))
     monkeypatch.setattr(cs.time, "process_time", lambda: cpu_s[0])
+    monkeypatch.setattr(cs.time, "sleep", lambda s: None)
     calls: list[bool] = []
-    handoffs: list[int] = []
+    handoffs: list[tuple[int, bool]] = []
 
-    def kernel() -> None:  # rank 0 of 2: alone after barrier 1 of a round's 3, together after barrier 3
-        together = len(barriers) % 3 == 0
+    def kernel() -> None:  # rank 0 of 2: alone after barrier 1 of a round's 4, together after barrier 3
+        together = len(barriers) % 4 == 3
         calls.append(together)
         cpu_s[0] += 0.0125 if together else 0.010  # 10 ms of CPU alone, 12.5 ms beside the other
 
-    def handoff() -> None:  # a stage's hand-off: its CPU seconds are the engine's, not the call's
-        handoffs.append(len(calls))
-        cpu_s[0] += 0.5
+    def handoff() -> None:  # a stage's hand-off: 0.5 ms of CPU while the other computes, 0.2 ms on idle cores
+        busy = len(barriers) % 4 == 3
+        handoffs.append((len(calls), busy))
+        cpu_s[0] += 5e-4 if busy else 2e-4
 
     monkeypatch.setattr(cs, "_agreed_calls", lambda k, w: 7)
-    assert cs.work_ratio(kernel, rank=0, world=2, rounds=3, handoff=handoff) == pytest.approx(0.8)
+    got = cs.rank_sharing(kernel, rank=0, world=2, rounds=3, handoff=handoff)
+    assert got.work_ratio == pytest.approx(0.8)  # the hand-offs' CPU seconds are not the calls'
+    assert got.handoff_s == pytest.approx(3e-4)  # busy less idle
     assert len(calls) == 3 * 2 * (7 + 1)  # 3 rounds, alone and together, 7 timed calls and one untimed each
     together_calls = [i + 1 for i, t in enumerate(calls) if t]
-    assert handoffs == together_calls  # after every call together, and only then
+    assert [n for n, busy in handoffs if busy] == together_calls  # after every call together
+    assert sum(not busy for _, busy in handoffs) == 3 * 8  # and 8 on idle cores a round
+
+
+def test_a_handoff_cost_below_0_is_noise_and_none_is_unusable() -> None:
+    assert handoff_cost(Sharing(0.9, 4e-4)) == pytest.approx(4e-4)
+    assert handoff_cost(Sharing(0.9, -1e-4)) == 0.0
+    assert handoff_cost(Sharing(0.9, float("nan"))) is None
 
 
 def test_model_kernel_trains_the_whole_model_once_per_call() -> None:
@@ -68,8 +87,9 @@ def test_the_profiles_own_model_only_when_measured_on_a_cpu_and_it_builds_as_pro
 @pytest.mark.slow
 @pytest.mark.parametrize("model", [None, SharingModel("mlp", 8)])
 def test_two_processes_keep_a_plausible_share_of_their_work_rate_alone(model: SharingModel | None) -> None:
-    ratio = measure_sharing(2, 1, model)  # handing a token round the ring between calls, over gloo
-    assert 0.5 < ratio < 1.3  # with one core each and nothing else running, near 1
+    got = measure_sharing(2, 1, model)  # handing a token round the ring between calls, over gloo
+    assert 0.5 < got.work_ratio < 1.3  # with one core each and nothing else running, near 1
+    assert abs(got.handoff_s) < 0.05  # a hand-off costs well under a millisecond or two here
 
 
 @pytest.mark.slow

@@ -244,6 +244,23 @@ def test_engine_overhead_is_charged_only_when_the_plan_names_an_engine_its_clust
         got[0].forward_s + got[0].backward_s - bare[0].forward_s - bare[0].backward_s)
 
 
+def test_a_nodes_handoff_cost_is_charged_with_each_microbatch_sent_whatever_the_engine() -> None:
+    p, c = _profile(4), _cluster(1, 2)
+    stages = [ir.Stage((0, 2), ("n0.g0",), ("dp", "dp"), 0), ir.Stage((2, 4), ("n0.g1",), ("dp", "dp"), 0)]
+    bare = cm.stage_costs_for(p, c, stages, 4, "sgd")
+    shared = dataclasses.replace(c, nodes=tuple(dataclasses.replace(n, concurrent_devices=1.0, handoff_s=1e-3)
+                                                for n in c.nodes))  # 2 devices on 1 core: 2 ms of device time
+    assert cm.engine_overhead(shared, "any") == ir.EngineOverhead(0.0, 2e-3, 0.0)
+    got = cm.stage_costs(_plan(p, shared, stages, m=4))
+    assert got[0].forward_s - bare[0].forward_s == pytest.approx(2e-3)  # sends activations
+    assert got[1].backward_s - bare[1].backward_s == pytest.approx(2e-3)  # sends gradients
+    assert (got[0].backward_s, got[1].forward_s) == pytest.approx((bare[0].backward_s, bare[1].forward_s))
+    ds = _with_overheads(shared, deepspeed=ir.EngineOverhead(1e-3, 2e-3, 5e-3))
+    assert cm.engine_overhead(ds, "deepspeed") == ir.EngineOverhead(1e-3, 4e-3, 5e-3)
+    one = [ir.Stage((0, 4), ("n0.g0",), ("dp",) * 4, 0)]  # one stage hands nothing on
+    assert cm.stage_costs(_plan(p, shared, one, m=4)) == cm.stage_costs_for(p, shared, one, 4, "sgd")
+
+
 def test_split_weight_gradient_charges_w_and_interleaved_charges_a_step_per_device_group() -> None:
     costs = [ir.StageCost(("d",), 1.0, 2.0, 0.5, 0, None, None, 0, 0, 0, 0, 0, 0, 1) for _ in range(4)]
     over = ir.EngineOverhead(0.1, 0.0, 0.3)

@@ -131,3 +131,21 @@ def test_node_json_carries_its_sharing_efficiency_and_refuses_one_out_of_range()
     for bad in (0, 1.2, -0.5):
         with pytest.raises(FormatError, match="sharing_efficiency"):
             ir.Node.from_dict({**doc, "sharing_efficiency": bad}, "n")
+
+
+def test_node_json_carries_its_handoff_cost_and_refuses_a_negative_one() -> None:
+    doc = dataclasses.replace(node(4, 2.0), handoff_s=6e-4).to_dict()
+    assert ir.Node.from_dict(doc, "n").handoff_s == 6e-4
+    assert "handoff_s" not in node(4, 2.0).to_dict()  # old files: absent, charged nothing
+    assert ir.Node.from_dict(node(4, 2.0).to_dict(), "n").handoff_s is None
+    for bad in (-1e-3, "1ms"):
+        with pytest.raises(FormatError, match="handoff_s"):
+            ir.Node.from_dict({**doc, "handoff_s": bad}, "n")
+
+
+def test_the_handoff_in_cost_model_seconds_is_its_cpu_seconds_over_each_devices_core_share() -> None:
+    # 4 devices on 2 cores: all computing, each has half a core, so 1 ms of CPU takes 2 ms of a device's time
+    assert dataclasses.replace(node(4, 2.0, efficiency=0.8), handoff_s=1e-3).handoff_work_s == pytest.approx(2e-3)
+    assert dataclasses.replace(node(2, 2.0), handoff_s=1e-3).handoff_work_s == pytest.approx(1e-3)
+    assert dataclasses.replace(node(2, None), handoff_s=1e-3).handoff_work_s == pytest.approx(1e-3)
+    assert node(4, 2.0).handoff_work_s == 0.0

@@ -147,6 +147,25 @@ def test_dp_objective_charges_the_engine_overheads_the_prediction_charges(schedu
     assert sol.objective > plain.objective
 
 
+def test_dp_objective_charges_the_nodes_handoff_cost_the_prediction_charges() -> None:
+    """A node's measured hand-off cost (planner.ir.Node.handoff_s) is charged by the DP and the plan's
+    prediction alike, with no engine named, and only a plan that hands micro-batches on pays it."""
+    import dataclasses
+
+    profile = ir.ModelProfile.from_dict(make_profile_dict(8, batch_size=8))
+    bare = cluster_from_dict(make_cluster_dict(2, 2))
+    cluster = dataclasses.replace(bare, nodes=tuple(dataclasses.replace(n, handoff_s=2e-3) for n in bare.nodes))
+    sol = solve(build_problem(profile, cluster, microbatches=4, schedule="1f1b", optimizer="sgd"))
+    plan = search(profile, cluster, microbatches=4, schedule="1f1b", candidates=0)
+    assert plan.predicted.iteration_s == pytest.approx(sol.objective, rel=1e-9)
+    piped = search(profile, cluster, microbatches=4, schedule="1f1b", candidates=0, config=(2, 2))
+    plain = search(profile, bare, microbatches=4, schedule="1f1b", candidates=0, config=(2, 2))
+    assert piped.predicted.iteration_s > plain.predicted.iteration_s
+    whole = search(profile, cluster, microbatches=2, schedule="1f1b", candidates=0, config=(4,))
+    assert whole.predicted.iteration_s == search(profile, bare, microbatches=2, schedule="1f1b", candidates=0,
+                                                 config=(4,)).predicted.iteration_s
+
+
 def test_default_prediction_and_dp_time_come_from_the_simulator() -> None:
     from planner.search.rerank import dp_simulated_s
     from planner.simulate import SimOptions, simulate

@@ -20,7 +20,14 @@ iteration, the simulator, the judge and the explanation all see them:
   the optimizer step of the group's first chunk).
 
 A plan without an engine (``any``) or whose cluster has no overheads for its engine is
-charged nothing: its costs are the same values as before.
+charged nothing for the engine: its costs are the same values as before.
+
+Whatever the engine, processes that share a node's cores pay for handing a micro-batch on
+(:attr:`planner.ir.Node.handoff_s`, measured by ``planner calibrate``: a process blocked for its
+input and woken on busy, time-sliced cores costs CPU seconds that the engine's overheads, fitted
+on a tiny model whose cores stay mostly idle, do not hold). It is charged with each micro-batch
+sent, like ``per_microbatch_s`` (:func:`engine_overhead`), at the largest of the cluster's nodes
+(exact for the one node ``planner calibrate`` writes).
 """
 
 from __future__ import annotations
@@ -40,8 +47,11 @@ NONE = EngineOverhead()
 
 
 def engine_overhead(cluster: ir.Cluster, engine: str) -> EngineOverhead:
-    """What ``engine`` adds on ``cluster`` (:data:`NONE` for ``any`` or an engine the cluster has no figures for)."""
-    return cluster.engine_overhead(engine) or NONE
+    """What ``engine`` adds on ``cluster`` (:data:`NONE` for ``any`` or an engine the cluster has no
+    figures for), with the nodes' hand-off cost added to each micro-batch sent (module doc)."""
+    own = cluster.engine_overhead(engine) or NONE
+    handoff_s = max((node.handoff_work_s for node in cluster.nodes), default=0.0)
+    return replace(own, per_microbatch_s=own.per_microbatch_s + handoff_s) if handoff_s else own
 
 
 def plan_overhead(plan: ir.Plan) -> EngineOverhead:

@@ -83,12 +83,18 @@ class Node:
     of the cores a device keeps while two or more of the node's devices compute at once (CPU
     processes share the last-level cache and the memory bus, and time-sliced ones lose
     switches; measured by ``planner calibrate``, :mod:`planner.calibrate_sharing`).
+    ``handoff_s`` (optional, >= 0, 0 when absent): the CPU seconds each micro-batch handed
+    from one of its devices to another costs, while all of them compute, beyond what it costs
+    on idle cores (a process that blocks for its input and is woken on busy, time-sliced
+    cores; measured by ``planner calibrate`` as well); :attr:`handoff_work_s` is what the cost
+    model charges for it (:func:`planner.costmodel.engine.engine_overhead`).
     """
 
     name: str
     gpus: tuple[GPU, ...]
     concurrent_devices: float | None = None
     sharing_efficiency: float | None = None
+    handoff_s: float | None = None
 
     def speed(self, computing: float) -> float:
         """Each device's speed, as a share of its speed alone, while ``computing`` devices of
@@ -105,12 +111,25 @@ class Node:
         they share nothing): :meth:`speed` of all its devices."""
         return self.speed(len(self.gpus))
 
+    @property
+    def handoff_work_s(self) -> float:
+        """:attr:`handoff_s` in the cost model's seconds, whose unit is a device's time while all
+        compute: CPU seconds over the share of a core each then has (``concurrent_devices /
+        devices``, at most 1; the sharing efficiency does not enter, since these are CPU seconds)."""
+        if not self.handoff_s:
+            return 0.0
+        if self.concurrent_devices is None or not self.gpus:
+            return self.handoff_s
+        return self.handoff_s / min(1.0, self.concurrent_devices / len(self.gpus))
+
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"name": self.name, "gpus": [g.to_dict() for g in self.gpus]}
         if self.concurrent_devices is not None:
             d["concurrent_devices"] = self.concurrent_devices
         if self.sharing_efficiency is not None:
             d["sharing_efficiency"] = self.sharing_efficiency
+        if self.handoff_s is not None:
+            d["handoff_s"] = self.handoff_s
         return d
 
     @classmethod
@@ -124,8 +143,12 @@ class Node:
         if efficiency is not None and not 0 < efficiency <= 1:
             raise FormatError(f"{where}.sharing_efficiency must be in (0, 1], got {efficiency!r}",
                               "e.g. 0.92 (what planner calibrate measured), or leave it out (1)")
+        handoff = _opt_num(d, "handoff_s", where)
+        if handoff is not None and not handoff >= 0:
+            raise FormatError(f"{where}.handoff_s must be 0 or more seconds, got {handoff!r}",
+                              "e.g. 0.0006 (what planner calibrate measured), or leave it out (0)")
         return cls(_str(d, "name", where), tuple(GPU.from_dict(g, f"{where}.gpus[{i}]") for i, g in enumerate(gpus)),
-                   concurrent, efficiency)
+                   concurrent, efficiency, handoff)
 
 
 @dataclass(frozen=True)

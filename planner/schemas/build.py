@@ -131,7 +131,8 @@ def _cluster_defs() -> dict[str, Any]:
     overhead = obj({}, {f: number(MAX_TIME_S, what="seconds") for f in ir.EngineOverhead.FIELDS}, closed=True)
     node = obj({"name": string(), "gpus": array({"$ref": "#/$defs/gpu"})},
                {"concurrent_devices": number(MAX_ITEMS, positive=True, what="devices"),
-                "sharing_efficiency": number(1, positive=True, what="share")})
+                "sharing_efficiency": number(1, positive=True, what="share"),
+                "handoff_s": number(MAX_TIME_S, what="seconds")})
     return {"gpu": gpu, "node": node,
             "engine_overhead": overhead,
             "link": obj({"bandwidth_Bps": number(MAX_BYTES, positive=True, what="bytes/s"),
