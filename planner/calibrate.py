@@ -26,7 +26,7 @@
   flat share's prediction). ``sharing_efficiency`` is measured, after the links: every process
   runs the profile's model (or a matmul and a convolution) alone, the others waiting in a
   barrier, and with all P computing at once, handing a token round a ring between calls as
-  pipeline stages hand on their outputs, alternately, 3 times each; the mean of CPU seconds
+  pipeline stages hand on their outputs, alternately, 5 times each; the mean of CPU seconds
   per call alone over together, at most 1 (:mod:`planner.calibrate_sharing`);
   ``meta.concurrent_share`` is it times the fair share ``cores / (P x T)``. The same
   measurement gives the node's ``handoff_s``: the CPU seconds a process spends on each hand-off

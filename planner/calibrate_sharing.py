@@ -60,8 +60,9 @@ import torch
 from planner import ir
 from planner.errors import PlannerError
 
-ROUNDS, WINDOW_S = 3, 0.3
-"""How many times each process's kernel is timed alone and with all computing, and for how long (at least one call)."""
+ROUNDS, WINDOW_S = 5, 0.3
+"""How many times each process's kernel is timed alone and with all computing, and for how long (at least one call):
+5 rounds, not 3, since the hand-off cost of one model measured twice in a row at 3 differed by up to 40%."""
 IDLE_GAP_S = 0.002
 """How long each rank sleeps before each hand-off timed on idle cores."""
 
