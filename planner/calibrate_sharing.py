@@ -18,8 +18,9 @@ every rank does the same), blocking as a stage blocks for its input; only the ca
 seconds count towards the ratio. A process that blocks and is woken between calls may compute
 slower than one that runs on: on this project's 2-core VM, GPT-2 (width 128) at 2 and 4
 samples a call on 4 processes kept 0.84-0.85 of its work rate alone running on, and 0.79-0.80
-handing off between calls in one measurement, the same in another; 2 processes 0.99 and 0.95.
-A matmul on a 4 MiB weight lost nothing running on and 4-6% handing off.
+handing off between calls, in one measurement, but 0.81 and 0.82 in the next (2 processes: 0.99
+and 0.95); a matmul on a 4 MiB weight lost nothing running on and 4-6% handing off. A small
+effect, if any, beside the noise; the hand-off's own cost is the larger one (below).
 
 The hand-offs' own CPU seconds are measured too, with every rank computing and with every rank
 only handing off, each after :data:`IDLE_GAP_S` asleep (idle cores); the difference is the
