@@ -61,9 +61,10 @@ import torch
 from planner import ir
 from planner.errors import PlannerError
 
-ROUNDS, WINDOW_S = 5, 0.3
-"""How many times each process's kernel is timed alone and with all computing, and for how long (at least one call):
-5 rounds, not 3, since the hand-off cost of one model measured twice in a row at 3 differed by up to 40%."""
+ROUNDS, WINDOW_S = 5, 0.8
+"""How many times each process's kernel is timed alone and with all computing, and for how long (at least one call).
+The hand-off cost is a small difference of two noisy figures: three measurements in a row of a CNN's on 4 processes
+spread over 0.20-1.11 ms with 5 rounds of 0.3 s, 0.79-0.96 ms with 5 rounds of 0.8 s (about 15 s a measurement)."""
 IDLE_GAP_S = 0.002
 """How long each rank sleeps before each hand-off timed on idle cores."""
 
