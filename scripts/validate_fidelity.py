@@ -20,7 +20,8 @@ plan's micro-batch, and so is the node's hand-off cost (:mod:`planner.calibrate_
 ``concurrent_devices`` so that the simulator shares the cores among the stages computing;
 engine overheads measured by ``--engines`` on each cluster's own processes, the 2-process ones
 for one process), ``search`` with ``--engine`` (so the plan pays its engine's overheads) and
-``simulate``. ``bare`` is the same plan's prediction without engine overheads.
+``simulate``. ``bare`` is the same plan's prediction without engine overheads (the node's
+hand-off cost stays: it is the machine's, whatever the engine).
 
 Measured: every plan of one (model, engine, world size) is trained in one process group by
 the runner's own code (:func:`planner.runner.worker.train_plan`: the engines' trainers, steps
@@ -236,7 +237,7 @@ def plan_for(prof: Any, cluster: Any, world: int, m: int, engine: str, config: t
 
 
 def bare(plan: Any) -> float:
-    """The plan's simulated iteration without engine overheads."""
+    """The plan's simulated iteration without engine overheads (the node's hand-off cost stays)."""
     from planner.simulate import simulate
 
     return float(simulate(dataclasses.replace(plan, engine="any")).iteration_s)
@@ -299,7 +300,8 @@ def print_fidelity(rows: list[tuple[Any, ...]], load: tuple[float, ...], args: a
               f"{statistics.median(r[6] / r[5] for r in rows):.3f}); {drifted} of the {len(rows) - inside} outside ran "
               f"while the machine's own speed moved by more than {DRIFT:.0%}")
     print("predicted: the plan's prediction with its engine's measured overheads; bare: the same plan without "
-          "them (the cost model alone); other: cores other work on the machine used during the row's rounds (median); "
+          "them (the cost model alone, the node's hand-off cost included); other: cores other work on the machine "
+          "used during the row's rounds (median); "
           "speed: the model's single-process step after the row's rounds over the same before its profile (above 1: "
           "the machine slowed down)")
 

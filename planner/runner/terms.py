@@ -15,7 +15,9 @@ A blocking receive counts its wait as ``transfers``, so idle time shows partly t
 Predicted (:func:`predicted_terms`, from the plan simulated with the run's engine): per
 pipeline stage ``compute`` (M x forward + backward, without the engine), ``transfers``
 (M x the incoming activation and incoming gradient, alpha-beta, unshared), ``allreduce``, ``optimizer``,
-``engine`` (what the engine's measured overheads add: actions, sends and step) and ``idle``
+``engine`` (what the engine's measured overheads add: actions, sends and step; with them, on
+processes that share a node's cores, the node's hand-off cost per micro-batch sent,
+:func:`planner.costmodel.engine.engine_overhead`) and ``idle``
 (iteration minus the stage's busy time: bubble and waiting). Pure: no torch import.
 """
 
