@@ -33,8 +33,10 @@
   while all compute, less the same on idle cores (the cost model charges it with each
   micro-batch sent).
   Processes computing beside each other do less work per CPU second than one alone: 4
-  one-thread GPT-2 processes on this project's 2 cores 0.85-0.90 (2 to 16 samples a call), 2
-  on 2 0.87, a matmul and a convolution 0.93. The efficiency applies while two or more devices
+  one-thread GPT-2 processes on this project's 2 cores 0.78-0.86 (2 to 4 samples a call, handing
+  off between calls; 0.85-0.90 at 2 to 16 samples running on), 2 on 2 0.87-0.99, a matmul and a
+  convolution 0.93; and a hand-off among 4 on 2 cores cost 0.35-1.6 ms of CPU beyond its 0.25-0.47
+  ms on idle cores. The efficiency applies while two or more devices
   compute (:meth:`planner.ir.Node.speed`). The machine is measured idle (below), so other
   users' work does not enter it (beside another user's busy process, 4 processes once
   measured 0.24).
