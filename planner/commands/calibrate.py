@@ -45,7 +45,8 @@ def calibrate(out: str, nproc: int, threads: int, name: str | None, profile_path
                f"{meta['memory_bandwidth_Bps'] / 1e9:.1f} GB/s, p2p "
                f"{link.bandwidth_Bps / 1e9:.2f} GB/s, latency {link.latency_s * 1e6:.0f} us, all-reduce "
                f"{meta['allreduce_s'] * 1e3:.2f} ms for {meta['allreduce_bytes'] / 2**20:.0f} MiB; each process kept "
-               f"{meta['concurrent_share']:.2f} of its speed alone with all computing ({meta['sharing_kernel']}); "
+               f"{meta['concurrent_share']:.2f} of its speed alone with all computing ({meta['sharing_kernel']}) "
+               f"and spent {(meta['handoff_s'] or 0.0) * 1e3:.3f} ms more CPU on each hand-off than on idle cores; "
                f"wrote {out}", err=True)
     for engine, o in cluster.engine_overheads:
         click.echo(f"{engine}: {o.per_action_s * 1e3:.3f} ms per action, {o.per_microbatch_s * 1e3:.3f} ms per "
