@@ -143,12 +143,8 @@ class Node:
         if efficiency is not None and not 0 < efficiency <= 1:
             raise FormatError(f"{where}.sharing_efficiency must be in (0, 1], got {efficiency!r}",
                               "e.g. 0.92 (what planner calibrate measured), or leave it out (1)")
-        handoff = _opt_num(d, "handoff_s", where)
-        if handoff is not None and not handoff >= 0:
-            raise FormatError(f"{where}.handoff_s must be 0 or more seconds, got {handoff!r}",
-                              "e.g. 0.0006 (what planner calibrate measured), or leave it out (0)")
         return cls(_str(d, "name", where), tuple(GPU.from_dict(g, f"{where}.gpus[{i}]") for i, g in enumerate(gpus)),
-                   concurrent, efficiency, handoff)
+                   concurrent, efficiency, _opt_num(d, "handoff_s", where))  # _num refuses a negative one
 
 
 @dataclass(frozen=True)
