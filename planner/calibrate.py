@@ -213,8 +213,9 @@ def usable_cores() -> int:
 
 
 def core_share(nproc: int, threads: int) -> float:
-    """The share of a core each of ``nproc x threads`` threads gets on the cores this process may use."""
-    return min(1.0, usable_cores() / (nproc * threads))
+    """The share of a core each of ``nproc x threads`` threads gets on the cores this process may use
+    (:meth:`planner.ir.Node.fair_share` of a node that runs ``cores / threads`` processes at once)."""
+    return ir.Node("cpu", (), usable_cores() / threads).fair_share(nproc)
 
 
 def machine_memory_bytes() -> int:
@@ -240,9 +241,8 @@ def calibrate(nproc: int, threads: int = 1, name: str | None = None, profile: ir
     kernel = sharing_model(profile)
     sharing = measure_sharing(nproc, threads, kernel)
     efficiency, handoff_s = sharing_efficiency(sharing.work_ratio), handoff_cost(sharing)
-    links["concurrent_share"] = (efficiency or 1.0) * core_share(nproc, threads)
     shared = ir.Node("cpu", (), usable_cores() / threads, efficiency, handoff_s)
-    share = shared.speed(nproc)
+    share = links["concurrent_share"] = shared.speed(nproc)
     compute["memory_bandwidth_Bps"] = bandwidth * share
     flops = (profile.device_flops if profile is not None else compute["flops"]) * share
     memory = machine_memory_bytes() // nproc

@@ -96,14 +96,21 @@ class Node:
     sharing_efficiency: float | None = None
     handoff_s: float | None = None
 
+    def fair_share(self, computing: float) -> float:
+        """The share of a core each of ``computing`` devices of this node gets while they compute:
+        ``min(1, concurrent_devices / computing)``; 1 on a node that shares nothing."""
+        if self.concurrent_devices is None or computing <= 0:
+            return 1.0
+        return min(1.0, self.concurrent_devices / computing)
+
     def speed(self, computing: float) -> float:
         """Each device's speed, as a share of its speed alone, while ``computing`` devices of
-        this node compute: ``min(1, concurrent_devices / computing)``, times
-        ``sharing_efficiency`` while two or more compute; 1 on a node that shares nothing."""
+        this node compute: its :meth:`fair_share`, times ``sharing_efficiency`` while two or
+        more compute; 1 on a node that shares nothing."""
         if self.concurrent_devices is None:
             return 1.0
         efficiency = (self.sharing_efficiency or 1.0) if computing >= 2 else 1.0
-        return min(1.0, self.concurrent_devices / computing) * efficiency
+        return self.fair_share(computing) * efficiency
 
     @property
     def core_share(self) -> float:
@@ -114,13 +121,9 @@ class Node:
     @property
     def handoff_work_s(self) -> float:
         """:attr:`handoff_s` in the cost model's seconds, whose unit is a device's time while all
-        compute: CPU seconds over the share of a core each then has (``concurrent_devices /
-        devices``, at most 1; the sharing efficiency does not enter, since these are CPU seconds)."""
-        if not self.handoff_s:
-            return 0.0
-        if self.concurrent_devices is None or not self.gpus:
-            return self.handoff_s
-        return self.handoff_s / min(1.0, self.concurrent_devices / len(self.gpus))
+        compute: CPU seconds over the :meth:`fair_share` of a core each then has (the sharing
+        efficiency does not enter, since these are CPU seconds)."""
+        return (self.handoff_s or 0.0) / self.fair_share(len(self.gpus))
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"name": self.name, "gpus": [g.to_dict() for g in self.gpus]}
