@@ -68,7 +68,7 @@ from typing import Any
 import torch
 
 from planner import ir
-from planner.calibrate_sharing import handoff_cost, measure_sharing, sharing_efficiency, sharing_model
+from planner.calibrate_sharing import measure_sharing, sharing_model
 from planner.errors import PlannerError, UsageError
 from planner.runner.machine import idle_timeout_s, wait_idle
 
@@ -239,9 +239,7 @@ def calibrate(nproc: int, threads: int = 1, name: str | None = None, profile: ir
     bandwidth = measure_memory_bandwidth(threads)
     links = measure_links(nproc, threads)
     kernel = sharing_model(profile)
-    sharing = measure_sharing(nproc, threads, kernel)
-    efficiency, handoff_s = sharing_efficiency(sharing.work_ratio), handoff_cost(sharing)
-    shared = ir.Node("cpu", (), usable_cores() / threads, efficiency, handoff_s)
+    shared = measure_sharing(nproc, threads, kernel).on(ir.Node("cpu", (), usable_cores() / threads))
     share = links["concurrent_share"] = shared.speed(nproc)
     compute["memory_bandwidth_Bps"] = bandwidth * share
     flops = (profile.device_flops if profile is not None else compute["flops"]) * share
@@ -251,7 +249,7 @@ def calibrate(nproc: int, threads: int = 1, name: str | None = None, profile: ir
     cluster = ir.Cluster(name or f"calibrated-cpu-{nproc}x{threads}t", (dataclasses.replace(shared, gpus=gpus),),
                          (("intra_node", link), ("inter_node", link)))
     meta: dict[str, Any] = {**compute, **links, "threads": threads, "nproc": nproc, "core_share": share,
-                            "sharing_efficiency": efficiency, "handoff_s": handoff_s,
+                            "sharing_efficiency": shared.sharing_efficiency, "handoff_s": shared.handoff_s,
                             "sharing_kernel": kernel.spec if kernel is not None else "matmul+conv",
                             "flops_source": "profile" if profile is not None else "benchmark",
                             "waited_for_idle_s": waited_s}

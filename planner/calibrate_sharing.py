@@ -24,7 +24,7 @@ effect, if any, beside the noise; the hand-off's own cost is the larger one (bel
 
 The hand-offs' own CPU seconds are measured too, with every rank computing and with every rank
 only handing off, each after :data:`IDLE_GAP_S` asleep (idle cores); the difference is the
-node's ``handoff_s`` (:func:`handoff_cost`), which the cost model charges with each micro-batch
+node's ``handoff_s`` (:meth:`Sharing.on`), which the cost model charges with each micro-batch
 sent (:mod:`planner.costmodel.engine`). What a hand-off costs on idle cores is the engine's
 per-micro-batch overhead, fitted on a tiny model that leaves the cores mostly idle
 (:mod:`planner.calibrate_engines`); on busy, time-sliced cores it costs more: a token handed
@@ -53,7 +53,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -193,13 +193,11 @@ class Sharing:
     work_ratio: float
     handoff_s: float = 0.0
 
-
-def handoff_cost(sharing: Sharing) -> float | None:
-    """The node's ``handoff_s`` from a measurement: its hand-off cost, 0 when noise put it below;
-    None when unusable."""
-    if sharing.handoff_s != sharing.handoff_s:  # NaN
-        return None
-    return max(0.0, sharing.handoff_s)
+    def on(self, node: ir.Node) -> ir.Node:
+        """``node`` carrying this measurement: its ``sharing_efficiency`` (:func:`sharing_efficiency`)
+        and its ``handoff_s``, 0 where noise put it below (None where either is unusable)."""
+        handoff_s = max(0.0, self.handoff_s) if self.handoff_s == self.handoff_s else None  # NaN: unusable
+        return replace(node, sharing_efficiency=sharing_efficiency(self.work_ratio), handoff_s=handoff_s)
 
 
 def rank_sharing(kernel: Kernel, rank: int, world: int, rounds: int = ROUNDS, window_s: float = WINDOW_S,

@@ -212,20 +212,18 @@ def matched(cluster: Any, prof: Any, world: int, microbatches: int) -> Any:
     processes computing at once keeps of it (:meth:`planner.ir.Node.speed`), with the sharing
     efficiency measured on the profile's own model at the plan's micro-batch (module doc; one
     process: nothing of ours computes beside it, so nothing shared)."""
-    from planner.calibrate_sharing import SharingModel, handoff_cost, measure_sharing, sharing_efficiency
+    from planner.calibrate_sharing import SharingModel, measure_sharing
 
     nodes = []
     for n in cluster.nodes:
-        efficiency = handoff_s = None
+        n = dataclasses.replace(n, sharing_efficiency=None, handoff_s=None)
         if world > 1:
-            sharing = measure_sharing(world, 1, SharingModel(prof.model, prof.batch_size // microbatches))
-            efficiency, handoff_s = sharing_efficiency(sharing.work_ratio), handoff_cost(sharing)
-        n = dataclasses.replace(n, sharing_efficiency=efficiency, handoff_s=handoff_s)
+            n = measure_sharing(world, 1, SharingModel(prof.model, prof.batch_size // microbatches)).on(n)
         flops = prof.device_flops * n.speed(world)
         nodes.append(dataclasses.replace(n, gpus=tuple(dataclasses.replace(g, flops=flops, peak_flops=())
                                                        for g in n.gpus)))
-        print(f"  {prof.model} on {world} at M={microbatches}: sharing efficiency {efficiency or 1:.3f}, hand-off "
-              f"{(handoff_s or 0) * 1e3:.3f} ms", file=sys.stderr)
+        print(f"  {prof.model} on {world} at M={microbatches}: sharing efficiency {n.sharing_efficiency or 1:.3f}, "
+              f"hand-off {(n.handoff_s or 0) * 1e3:.3f} ms", file=sys.stderr)
     return dataclasses.replace(cluster, nodes=tuple(nodes))
 
 

@@ -9,7 +9,6 @@ from planner.calibrate import calibrate
 from planner.calibrate_sharing import (
     Sharing,
     SharingModel,
-    handoff_cost,
     measure_sharing,
     model_kernel,
     sharing_efficiency,
@@ -58,10 +57,14 @@ def test_work_ratio_is_cpu_per_call_alone_over_together_with_the_same_calls_on_e
     assert sum(not busy for _, busy in handoffs) == 3 * 8  # and 8 on idle cores a round
 
 
-def test_a_handoff_cost_below_0_is_noise_and_none_is_unusable() -> None:
-    assert handoff_cost(Sharing(0.9, 4e-4)) == pytest.approx(4e-4)
-    assert handoff_cost(Sharing(0.9, -1e-4)) == 0.0
-    assert handoff_cost(Sharing(0.9, float("nan"))) is None
+def test_a_node_carries_the_measurement_a_handoff_cost_below_0_being_noise() -> None:
+    node = ir.Node("cpu", (), 2.0)
+    got = Sharing(0.9, 4e-4).on(node)
+    assert (got.sharing_efficiency, got.handoff_s) == (pytest.approx(0.9), pytest.approx(4e-4))
+    assert got.concurrent_devices == 2.0 and got.name == "cpu"
+    assert Sharing(1.02, -1e-4).on(node).handoff_s == 0.0 and Sharing(1.02, -1e-4).on(node).sharing_efficiency == 1.0
+    unusable = Sharing(float("nan"), float("nan")).on(node)
+    assert unusable.handoff_s is None and unusable.sharing_efficiency is None
 
 
 def test_model_kernel_trains_the_whole_model_once_per_call() -> None:
