@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from planner.errors import FormatError
-from planner.ir import Cluster, Link, ModelProfile, Node, Plan, Prediction, Stage
+from planner.ir import BatchTimes, Cluster, Link, ModelProfile, Node, Plan, Prediction, Stage
 from tests.conftest import make_cluster_dict, make_profile_dict
 
 
@@ -176,3 +176,37 @@ def test_node_core_share_is_each_devices_speed_when_all_compute(gpus: int, concu
     if concurrent is not None:
         doc["concurrent_devices"] = concurrent
     assert Node.from_dict(doc, "n").core_share == share
+
+
+def _with_batch_times(doc: dict[str, Any], points: list[tuple[int, float, float]]) -> dict[str, Any]:
+    for layer in doc["layers"]:
+        layer["batch_times"] = [{"batch": b, "forward_s": f, "backward_s": w} for b, f, w in points]
+    return doc
+
+
+def test_batch_times_round_trip_and_are_left_out_when_absent() -> None:
+    prof = ModelProfile.from_dict(_with_batch_times(make_profile_dict(2), [(4, 0.006, 0.011), (2, 0.004, 0.007)]))
+    assert prof.layers[1].batch_times == (BatchTimes(4, 0.006, 0.011), BatchTimes(2, 0.004, 0.007))
+    assert ModelProfile.from_dict(prof.to_dict()) == prof
+    assert "batch_times" not in ModelProfile.from_dict(make_profile_dict(2)).to_dict()["layers"][0]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "needle"),
+    [
+        (lambda d: _with_batch_times(d, [(8, 0.01, 0.02)]), "each must be below the batch size 8"),
+        (lambda d: _with_batch_times(d, [(2, 0.004, 0.007), (4, 0.006, 0.011)]), "largest first"),
+        (lambda d: _with_batch_times(d, [(4, 0.006, 0.011), (4, 0.006, 0.011)]), "distinct"),
+        (lambda d: d["layers"][0].update(batch_times=[{"batch": 4, "forward_s": 0.006, "backward_s": 0.011}]),
+         "layers[1].batch_times are at batches []"),
+        (lambda d: _with_batch_times(d, [(4, -0.006, 0.011)]), "batch_times[0].forward_s must be a non-negative"),
+        (lambda d: _with_batch_times(d, [(0, 0.006, 0.011)]), "batch_times[0].batch must be a positive integer"),
+        (lambda d: d["layers"][0].update(batch_times={"batch": 4}), "batch_times must be a list, got {"),
+    ],
+)
+def test_bad_batch_times_are_refused_with_the_field(mutate: Any, needle: str) -> None:
+    doc = make_profile_dict(2)
+    mutate(doc)
+    with pytest.raises(FormatError) as info:
+        ModelProfile.from_dict(doc)
+    assert needle in str(info.value)

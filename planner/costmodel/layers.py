@@ -28,10 +28,11 @@ without weights follow their neighbours' layout. A layer whose weight shape is u
 ``dp`` only; on a tensor group of one device every layer is ``dp``.
 
 Compute: a profiled time scales by ``device_flops / peak`` (the group's slowest GPU in the
-plan's number format) and by the micro-batch's share ``b/B``; the fixed part
-(``forward_fixed_s``) is paid whole per call: ``fixed + (b/B)(t - fixed)/n`` (PipeDream,
-Narayanan et al. SOSP'19 section 3.1 and Alpa, Zheng et al. OSDI'22 section 5.2 profile at the
-micro-batch size). Activation memory of a block (Korthikanti et al. 2022, Table 2, per layer
+plan's number format); at the micro-batch ``b`` it is a fixed part, paid whole per call, and a
+variable part divided over the devices that share the work: ``fixed(b) + var(b)/n``, read off
+the layer's times at several batches where measured, else ``fixed + (b/B)(t - fixed)``
+(:mod:`planner.costmodel.batch`, the one home of that law). Activation memory of a block
+(Korthikanti et al. 2022, Table 2, per layer
 ``s b h (34 + 5 a s / h)`` bytes at 16 bits) scales by the table's variants: tensor parallel
 ``10 + 24/t + 5as/(ht)``, with sequence parallelism ``34/t + 5as/(ht)``, selective
 recomputation drops the ``5as/h`` attention-core term; its time is the core's share of the
@@ -49,6 +50,7 @@ import numpy as np
 
 from planner import ir
 from planner.cluster import Group
+from planner.costmodel.batch import times_at
 from planner.costmodel.collectives import allreduce_coefficients, ring_allgather_s, ring_allreduce_s
 from planner.costmodel.precision import Bytes, flop_scale
 
@@ -163,10 +165,9 @@ def _columns(profile: ir.ModelProfile, grid: Grid, microbatches: int, nbytes: By
     layers = profile.layers
     share = 1.0 / (microbatches * grid.dp)
     scale = flop_scale(profile, grid.group.flops)
-    fwd_fixed = np.array([x.forward_fixed_s or 0.0 for x in layers]) * scale
-    bwd_fixed = np.array([x.backward_fixed_s or 0.0 for x in layers]) * scale
-    fwd_full = (np.array([x.forward_s for x in layers]) * scale - fwd_fixed) * share
-    bwd_full = (np.array([x.backward_s for x in layers]) * scale - bwd_fixed) * share
+    at = times_at(profile, profile.batch_size * share)
+    fwd_fixed, bwd_fixed = at.fwd_fixed * scale, at.bwd_fixed * scale
+    fwd_full, bwd_full = at.fwd_var * scale, at.bwd_var * scale
     bww_full = np.array([ZERO_BUBBLE_W_SHARE * x.backward_s if x.backward_weight_s is None else x.backward_weight_s
                          for x in layers]) * scale * share
     out_b = np.array([float(x.output_bytes) for x in layers]) * share * nbytes.activation_scale

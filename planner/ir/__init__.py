@@ -22,8 +22,9 @@ from planner.ir.plan import (
     Stage,
     config_string,
 )
-from planner.ir.profile import BlockShape, LayerProfile, ModelProfile, Tie
+from planner.ir.profile import BatchTimes, BlockShape, LayerProfile, ModelProfile, Tie
 
 __all__ = ["ALL_FORMS", "FORMS", "GPU", "LINK_LEVELS", "NUMBER_FORMATS", "OPTIMIZERS", "PLAN_VERSION", "PRECISIONS",
-           "RECOMPUTE", "TENSOR_FORMS", "ZERO_STAGES", "BlockShape", "Cluster", "EngineOverhead", "LayerProfile",
-           "Link", "ModelProfile", "Node", "Plan", "Prediction", "Stage", "StageCost", "Tie", "config_string"]
+           "RECOMPUTE", "TENSOR_FORMS", "ZERO_STAGES", "BatchTimes", "BlockShape", "Cluster", "EngineOverhead",
+           "LayerProfile", "Link", "ModelProfile", "Node", "Plan", "Prediction", "Stage", "StageCost", "Tie",
+           "config_string"]

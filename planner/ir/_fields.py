@@ -53,7 +53,8 @@ def _opt_num(d: Mapping[str, Any], key: str, where: str) -> float | None:
 def _list(d: Mapping[str, Any], key: str, where: str, *, nonempty: bool = True) -> list[Any]:
     value = _need(d, key, where)
     if not isinstance(value, list) or (nonempty and not value):
-        raise FormatError(f"{where}.{key} must be a non-empty list, got {value!r:.60}", f"fix '{key}'")
+        want = "a non-empty list" if nonempty else "a list"
+        raise FormatError(f"{where}.{key} must be {want}, got {value!r:.60}", f"fix '{key}'")
     return value
 
 

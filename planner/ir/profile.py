@@ -1,4 +1,4 @@
-"""profile.json as values: a model's per-layer costs (LayerProfile, BlockShape, Tie, ModelProfile)."""
+"""profile.json as values: a model's per-layer costs (LayerProfile, BatchTimes, BlockShape, Tie, ModelProfile)."""
 
 from __future__ import annotations
 
@@ -43,6 +43,22 @@ class BlockShape:
 
 
 @dataclass(frozen=True)
+class BatchTimes:
+    """A layer's forward and backward seconds measured at ``batch`` samples, fewer than its profile's."""
+
+    batch: int
+    forward_s: float
+    backward_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"batch": self.batch, "forward_s": self.forward_s, "backward_s": self.backward_s}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str = "batch_times") -> BatchTimes:
+        return cls(_int(d, "batch", where, positive=True), _num(d, "forward_s", where), _num(d, "backward_s", where))
+
+
+@dataclass(frozen=True)
 class LayerProfile:
     """Costs of one layer for the whole ``batch_size`` of its profile.
 
@@ -56,6 +72,13 @@ class LayerProfile:
     ``t(b) = fixed + b * per_sample`` of times measured at two batch sizes; a micro-batch
     of ``b`` samples then costs ``fixed + b / batch_size * (t - fixed)``. None means unknown
     (treated as 0: time proportional to the batch, as analytic profiles assume).
+
+    ``batch_times``: the layer's times measured at smaller batches as well (measured profiles:
+    a half, a quarter, an eighth and a sixteenth of the batch), largest first. A layer's time is
+    not one straight line in the batch: on a CPU a convolution ran 18% faster per sample at half
+    the batch than at the whole (caches), and a small transformer 24% slower per sample at an
+    eighth (fixed costs). Where they are given, a micro-batch's time is read off the line
+    through them (``planner.costmodel.batch``); ``forward_fixed_s`` stays the two-point summary.
     """
 
     name: str
@@ -75,6 +98,7 @@ class LayerProfile:
     forward_fixed_s: float | None = None
     backward_fixed_s: float | None = None
     block: BlockShape | None = None
+    batch_times: tuple[BatchTimes, ...] = ()
 
     @property
     def splittable(self) -> bool:
@@ -100,6 +124,8 @@ class LayerProfile:
             d["output_shape"] = list(self.output_shape)
         if self.block is not None:
             d["block"] = self.block.to_dict()
+        if self.batch_times:
+            d["batch_times"] = [point.to_dict() for point in self.batch_times]
         return d
 
     @classmethod
@@ -124,6 +150,9 @@ class LayerProfile:
             forward_fixed_s=_opt_num(d, "forward_fixed_s", where),
             backward_fixed_s=_opt_num(d, "backward_fixed_s", where),
             block=None if block is None else BlockShape.from_dict(block, f"{where}.block"),
+            batch_times=tuple(BatchTimes.from_dict(item, f"{where}.batch_times[{i}]")
+                              for i, item in enumerate(_list(d, "batch_times", where, nonempty=False)))
+            if d.get("batch_times") is not None else (),
         )
         _check_part(where, "forward_fixed_s", layer.forward_fixed_s, "forward_s", layer.forward_s)
         _check_part(where, "backward_fixed_s", layer.backward_fixed_s, "backward_s", layer.backward_s)
@@ -182,6 +211,9 @@ class ModelProfile:
     meta: Mapping[str, Any] = field(default_factory=dict, compare=False)
     loss_s: float | None = None
     loss_fixed_s: float | None = None
+
+    def __post_init__(self) -> None:
+        _check_batch_times(self, f"profile of {self.model!r}")
 
     @property
     def param_count(self) -> int:
@@ -258,3 +290,18 @@ class ModelProfile:
         if profile.loss_fixed_s is not None:
             _check_part(source, "loss_fixed_s", profile.loss_fixed_s, "loss_s", profile.loss_s or 0.0)
         return profile
+
+
+def _check_batch_times(profile: ModelProfile, source: str) -> None:
+    """Every layer's ``batch_times`` at the same batches, each below the profile's, largest first, or none."""
+    batches = [tuple(p.batch for p in layer.batch_times) for layer in profile.layers]
+    if not any(batches):
+        return
+    first = batches[0]
+    for i, got in enumerate(batches):
+        if got != first:
+            raise FormatError(f"{source}: layers[{i}].batch_times are at batches {list(got)}, layers[0]'s at "
+                              f"{list(first)}", "measure every layer at the same batches, or drop batch_times")
+    if any(b >= profile.batch_size for b in first) or list(first) != sorted(set(first), reverse=True):
+        raise FormatError(f"{source}: batch_times at batches {list(first)}: each must be below the batch size "
+                          f"{profile.batch_size}, distinct, largest first", "fix or drop batch_times")

@@ -97,7 +97,9 @@ def _layer() -> dict[str, Any]:
                 "out_features": integer(MAX_DIM, lo=1, nullable=True),
                 "backward_weight_s": number(MAX_TIME_S, nullable=True), "output_shape": DIMS,
                 "forward_fixed_s": number(MAX_TIME_S, nullable=True),
-                "backward_fixed_s": number(MAX_TIME_S, nullable=True), "block": {"$ref": "#/$defs/block"}})
+                "backward_fixed_s": number(MAX_TIME_S, nullable=True), "block": {"$ref": "#/$defs/block"},
+                "batch_times": array(obj({"batch": integer(MAX_BATCH, lo=1), "forward_s": SECONDS,
+                                          "backward_s": SECONDS}), lo=0, hi=64)})
 
 
 def profile_schema() -> dict[str, Any]:
