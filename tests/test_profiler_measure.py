@@ -9,7 +9,7 @@ from torch import nn
 from planner.ir import ModelProfile
 from planner.profiler import load_model, profile_model, split_model
 from planner.profiler.loader import LoadedModel
-from planner.profiler.measure import fit_fixed, instrumented_pass, small_batch_of
+from planner.profiler.measure import curve_batches_of, fit_fixed, instrumented_pass, small_batch_of
 
 
 def test_saved_bytes_count_each_storage_once_and_exclude_parameters() -> None:
@@ -47,6 +47,14 @@ def test_measured_profile_of_a_small_model() -> None:
     for layer in prof.layers:
         assert layer.forward_fixed_s is not None and 0 <= layer.forward_fixed_s <= layer.forward_s
         assert layer.backward_fixed_s is not None and 0 <= layer.backward_fixed_s <= layer.backward_s
+        assert [p.batch for p in layer.batch_times] == [8, 4, 2, 1]
+        assert all(p.forward_s > 0 and p.backward_s > 0 for p in layer.batch_times)
+
+
+def test_the_smaller_batches_are_halvings_down_to_a_sixteenth_and_hold_the_fit_batch() -> None:
+    assert curve_batches_of(64) == (32, 16, 8, 4)
+    assert curve_batches_of(6) == (3, 1) and curve_batches_of(2) == (1,) and curve_batches_of(1) == ()
+    assert all(small_batch_of(b) in curve_batches_of(b) for b in range(2, 300))
 
 
 def test_fixed_part_fit_through_two_batch_sizes() -> None:
@@ -60,7 +68,7 @@ def test_fixed_part_fit_through_two_batch_sizes() -> None:
 
 def test_batch_one_and_flat_analytic_profiles_have_no_fixed_part() -> None:
     one = profile_model(load_model("mlp", 1), mode="measured", threads=1, repeats=1)
-    assert all(layer.forward_fixed_s is None for layer in one.layers)
+    assert all(layer.forward_fixed_s is None and not layer.batch_times for layer in one.layers)
     assert one.meta["fixed_cost_fit_batch"] is None
     analytic = profile_model(load_model("mlp", 8), mode="analytic", efficiency=0.5)  # the roofline fits one
     assert all(layer.backward_fixed_s is None for layer in analytic.layers)

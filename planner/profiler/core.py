@@ -2,14 +2,18 @@
 
 Measured mode times every layer's forward and backward on the model's device (``warmup``
 passes, then the median of ``repeats``); ``device_flops`` defaults to the FLOP/s achieved
-there. Each timed pass at the whole batch is followed by one at a quarter of the batch
-(:func:`small_batch_of`; :mod:`planner.profiler.passes` says why they alternate), from which
-every layer's ``forward_fixed_s``/``backward_fixed_s`` are fitted (:func:`fit_fixed`; None
-where the batch is 1 or the layers refuse a smaller batch). It also times ``whole_repeats``
-whole-model iterations (``meta.whole_model_fwd_bwd_s``) and a cross-entropy loss on the last
-layer's output at both sizes (``loss_s``, ``loss_fixed_s``). At the defaults: 1 instrumented
-pass (the warm-up: FLOPs, saved and output bytes), 3 timed passes, 1 whole-model pass, and 4
-passes at the small batch (one of them its warm-up).
+there. The timed passes at the whole batch alternate with as many at a half, a quarter, an
+eighth and a sixteenth of it (:func:`curve_batches_of`; :mod:`planner.profiler.passes` says in
+which order, and why), each layer's medians there kept as its ``batch_times``
+(:mod:`planner.costmodel.batch` reads a micro-batch's time off them); every layer's
+``forward_fixed_s``/``backward_fixed_s`` are fitted through the whole batch and the quarter
+(:func:`small_batch_of`, :func:`fit_fixed`; None where the batch is 1 or the layers refuse a
+smaller batch). It also times ``whole_repeats`` whole-model iterations
+(``meta.whole_model_fwd_bwd_s``) and a cross-entropy loss on the last layer's output at the
+whole batch and the quarter (``loss_s``, ``loss_fixed_s``). At the defaults (batch 16 or more):
+1 instrumented pass (the warm-up: FLOPs, saved and output bytes), 4 timed passes at each of the
+5 batch sizes (3 repeats, rounded up to even), the untimed settling passes between sizes, 1
+whole-model pass, and a warm-up at each smaller batch.
 
 Analytic mode (load the model on ``device="meta"``: no memory, no compute) times a named
 GPU's kernels by the roofline (``planner.profiler.roofline``; default device: the RTX 2080Ti)
@@ -30,7 +34,7 @@ import torch
 
 from planner.errors import ProfileError, UsageError
 from planner.gpus import roofline_of
-from planner.ir import LayerProfile, ModelProfile
+from planner.ir import BatchTimes, LayerProfile, ModelProfile
 from planner.profiler.analytic import (
     ANALYTIC_EFFICIENCY,
     DEVICE_FLOPS_NAMES,
@@ -42,7 +46,15 @@ from planner.profiler.flops import FLOP_COUNTER
 from planner.profiler.layered import LayeredModel, rejects_input
 from planner.profiler.layers import split_model
 from planner.profiler.loader import LoadedModel, dtype_name
-from planner.profiler.measure import LayerFacts, fit_fixed, instrumented_pass, make_sync, median, small_batch_of
+from planner.profiler.measure import (
+    LayerFacts,
+    curve_batches_of,
+    fit_fixed,
+    instrumented_pass,
+    make_sync,
+    median,
+    small_batch_of,
+)
 from planner.profiler.passes import NO_RUNS, Passes, Runs, measure_passes
 from planner.profiler.repeats import instrumented_pass_once_per_kind
 from planner.profiler.roofline import profile_roofline, roofline_meta
@@ -97,15 +109,15 @@ def profile_model(loaded: LoadedModel, *, mode: Literal["measured", "analytic"] 
     flops = resolve_device_flops(device_flops, default="rtx2080ti" if mode == "analytic" else None, dtype=dtype_label)
     start = time.perf_counter()
     small = small_batch_of(int(x.shape[0])) if mode == "measured" else None
-    passes = Passes(warmup, repeats, whole_repeats, small)
+    passes = Passes(warmup, repeats, whole_repeats, curve_batches_of(int(x.shape[0])) if mode == "measured" else ())
     with _threads(threads):
         lm, facts, counted, runs = _walk(module, x, params, loaded.name, mode, layered, passes, progress)
     elapsed = time.perf_counter() - start
     if mode == "measured":
         times = _measured_times(runs, facts, flops[0], flops[1], x.device)
-        fixed = _fixed_costs(times, runs.small_times, int(x.shape[0]), small, len(facts))
+        fixed = _fixed_costs(times, runs, int(x.shape[0]), small, len(facts))
         extra = _measured_meta(times, runs, x.device, warmup, repeats, elapsed,
-                               small if runs.small_times is not None else None)
+                               small if small in runs.smaller else None)
     else:
         if flops[0] is None:  # pragma: no cover - analytic mode always has a default device
             raise UsageError("analytic mode needs a device's FLOP/s", "pass --device-flops")
@@ -115,7 +127,7 @@ def profile_model(loaded: LoadedModel, *, mode: Literal["measured", "analytic"] 
         model=loaded.name, batch_size=int(x.shape[0]), dtype=dtype_label,
         mode=mode, device=times.device_name if mode == "analytic" else (
             "cpu" if x.device.type == "cpu" else str(x.device.type)),
-        device_flops=float(times.flops_value), layers=_layer_profiles(lm, facts, times, fixed),
+        device_flops=float(times.flops_value), layers=_layer_profiles(lm, facts, times, fixed, runs),
         input_shape=tuple(x.shape[1:]), input_bytes=x.numel() * x.element_size(),
         ties=lm.ties, meta=meta, loss_s=runs.loss[0], loss_fixed_s=runs.loss[1],
     )
@@ -258,9 +270,10 @@ def _analytic_times(lm: LayeredModel, x: torch.Tensor, facts: list[LayerFacts], 
     return _LayerTimes(fwd_s, bwd_s, sum(fwd_s) + sum(bwd_s), flops_value, flops_label, flops_label), fixed, meta
 
 
-def _fixed_costs(times: _LayerTimes, small_times: tuple[list[float], list[float]] | None, batch: int,
-                 small: int | None, n: int) -> list[tuple[float | None, float | None]]:
-    """Per layer (forward_fixed_s, backward_fixed_s) fitted through both batch sizes, or Nones."""
+def _fixed_costs(times: _LayerTimes, runs: Runs, batch: int, small: int | None,
+                 n: int) -> list[tuple[float | None, float | None]]:
+    """Per layer (forward_fixed_s, backward_fixed_s) fitted through the whole and the small batch, or Nones."""
+    small_times = runs.medians_at(small) if small is not None else None
     if small_times is None or small is None:
         return [(None, None)] * n
     return [(fit_fixed(times.fwd_s[i], small_times[0][i], batch, small),
@@ -268,7 +281,7 @@ def _fixed_costs(times: _LayerTimes, small_times: tuple[list[float], list[float]
 
 
 def _layer_profiles(lm: LayeredModel, facts: list[LayerFacts], times: _LayerTimes,
-                    fixed: list[tuple[float | None, float | None]]) -> tuple[LayerProfile, ...]:
+                    fixed: list[tuple[float | None, float | None]], runs: Runs) -> tuple[LayerProfile, ...]:
     layers = []
     for i, f in enumerate(facts):
         share = _weight_share(f.forward_flops, f.backward_flops, lm.param_counts[i], f.input_requires_grad)
@@ -280,6 +293,8 @@ def _layer_profiles(lm: LayeredModel, facts: list[LayerFacts], times: _LayerTime
             in_features=lm.in_features[i], out_features=lm.out_features[i],
             backward_weight_s=times.bwd_s[i] * share, output_shape=f.output_shape,
             forward_fixed_s=fixed[i][0], backward_fixed_s=fixed[i][1], block=lm.block(i),
+            batch_times=tuple(BatchTimes(b, fwd[i], bwd[i]) for b, (fwd, bwd) in zip(runs.smaller, runs.smaller_times,
+                                                                                    strict=True)),
         ))
     return tuple(layers)
 

@@ -213,8 +213,16 @@ def fit_fixed(t_big: float, t_small: float, big: int, small: int) -> float:
 
 
 def small_batch_of(batch: int) -> int | None:
-    """The smaller batch the fixed-cost fit measures at: a quarter of the batch (None below 2)."""
+    """The smaller batch the fixed-cost fit measures at: a quarter of the batch (None below 2);
+    always one of :func:`curve_batches_of`."""
     return max(1, batch // 4) if batch >= 2 else None
+
+
+def curve_batches_of(batch: int) -> tuple[int, ...]:
+    """The smaller batches measured mode times every layer at too, largest first: a half, a quarter,
+    an eighth and a sixteenth of the batch, those of at least one sample (none below 2); a plan's
+    micro-batch is read off the line through them (:mod:`planner.costmodel.batch`)."""
+    return tuple(sorted({batch >> k for k in range(1, 5) if batch >> k >= 1}, reverse=True))
 
 
 def median(values: Sequence[float]) -> float:

@@ -1,20 +1,30 @@
 """The timed passes of measured mode, in the order that keeps a drifting machine out of the fit.
 
-Owns :func:`measure_passes`: after the warm-up, the timed passes at the whole batch and at the
-fixed-cost fit's small batch (:func:`planner.profiler.measure.small_batch_of`) alternate in
-the order big, small, small, big, big, small, ..., and the loss is timed the same way. The
-fixed part of ``t(b) = fixed + b * per_sample`` through two batch sizes ``B > s`` is
-``(B t_s - s t_B) / (B - s)`` (:func:`planner.profiler.measure.fit_fixed`): at ``s = B/4`` an
-error ``e`` in ``t_s`` alone moves it by ``4e/3``, and every micro-batch of a plan pays it. When
-the passes at the two sizes ran one after the other, a machine whose speed changed between
-them (a shared VM: 5-10% within a minute, measured on this project's 2-core machine) moved
-``t_s`` but not ``t_B``: six GPT-2 profiles in a row fitted whole-model fixed parts of
-5.4-12.7 ms, which, at 8 micro-batches, moved a 0.32 s step's prediction by up to 18%. Alternating
-the sizes makes both medians sample the same moments, so a drift moves both alike and the
-fit keeps only what the batch size changes; the mirrored order (ABBA, counterbalancing)
-puts both sizes' median passes at the same moment under a steady drift when ``repeats`` is
-even (Box, Hunter and Hunter, *Statistics for Experimenters*, 2nd ed., ch. 3 on paired and
-blocked comparisons).
+Owns :func:`pass_order` and :func:`measure_passes`: after the warm-up, the timed passes at the
+whole batch and at the fixed-cost fit's small batch (:func:`planner.profiler.measure.small_batch_of`)
+alternate in the mirrored order big, small, small, big, big, small, ..., each pass that follows
+one at the other size preceded by an untimed one at its own; the loss is timed the same way.
+
+Why alternate. The fixed part of ``t(b) = fixed + b * per_sample`` through two batch sizes
+``B > s`` is ``(B t_s - s t_B) / (B - s)`` (:func:`planner.profiler.measure.fit_fixed`): at
+``s = B/4`` an error ``e`` in ``t_s`` alone moves it by ``4e/3``, and every micro-batch of a
+plan pays it. When the passes at the two sizes ran one after the other, a machine whose speed
+changed between them (a shared VM: 5-10% within a minute, measured on this project's 2-core
+machine) moved ``t_s`` but not ``t_B``: six GPT-2 profiles in a row fitted whole-model fixed
+parts of 5.4-12.7 ms, which, at 8 micro-batches, moved a 0.32 s step's prediction by up to 18%.
+Alternating the sizes makes both medians sample the same moments, so a drift moves both alike.
+
+Why settle. A pass right after one at the other size runs slower than one after its own size:
+on this project's 2-core machine, 1 thread, a quarter-batch pass after a whole-batch one took
+2-7% longer (the CNN of ``scripts/validate_fidelity.py`` 39.4 against 38.3 ms over 30 pairs;
+29.4 against 27.4 ms over 36 in another series), which put the fixed part, and every 1-process
+CNN prediction at 4 micro-batches, 5-15% high. So no pass is timed right after a switch.
+
+Why an even number of cycles. With the settling passes, the two sizes' timed passes sit
+symmetrically in time only over whole mirrored pairs of cycles (ABBA, counterbalancing: Box,
+Hunter and Hunter, *Statistics for Experimenters*, 2nd ed., ch. 3 on paired and blocked
+comparisons): at an odd count their medians lie two passes apart and a steady drift moves the
+fit by up to 16% at 3 repeats. An odd ``repeats`` therefore times one more pass at each size.
 """
 
 from __future__ import annotations
@@ -22,130 +32,180 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from torch import nn
 
-from planner.profiler.measure import Sync, fit_fixed, median, timed_pass, whole_model_pass
+from planner.profiler.measure import Sync, fit_fixed, median, small_batch_of, timed_pass, whole_model_pass
 
 Tick = Callable[[str], None]
 """Called after each pass with what it was."""
 Clock = Callable[[], float]
 """Seconds now (wall time by default)."""
+_T = TypeVar("_T")
+Times = tuple[list[float], list[float]]
+"""Per layer, forward and backward seconds."""
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One pass at batch ``size`` (0: the whole batch, ``i``: the ``i``-th smaller one), timed or settling."""
+
+    size: int
+    timed: bool
+
+
+def pass_order(repeats: int, sizes: int = 2) -> tuple[Pass, ...]:
+    """The passes at ``sizes`` batch sizes after their warm-ups, which end at the smallest (module
+    doc): ``repeats`` rounded up to even mirrored cycles (0, 1, ..., then ..., 1, 0), one timed pass
+    of each size per cycle, an untimed one before each timed pass that follows another size."""
+    order: list[Pass] = []
+    last = sizes - 1
+    for cycle in range(repeats + repeats % 2):
+        for size in (range(sizes) if cycle % 2 == 0 else reversed(range(sizes))):
+            if size != last:
+                order.append(Pass(size, timed=False))
+            order.append(Pass(size, timed=True))
+            last = size
+    return tuple(order)
+
+
+def run_in_order(order: Sequence[Pass], run: Callable[[Pass], _T], sizes: int) -> list[list[_T]]:
+    """``run(one)`` for every pass of ``order``; per size, the timed passes' results."""
+    got: list[list[_T]] = [[] for _ in range(sizes)]
+    for one in order:
+        result = run(one)
+        if one.timed:
+            got[one.size].append(result)
+    return got
 
 
 @dataclass(frozen=True)
 class Passes:
-    """How many passes of each kind measured mode times (``small``: the fixed-cost fit's batch)."""
+    """How many passes of each kind measured mode times; ``smaller``: the batches timed besides the
+    whole one, largest first (:func:`planner.profiler.measure.curve_batches_of`)."""
 
     warmup: int
     repeats: int
     whole_repeats: int
-    small: int | None
+    smaller: tuple[int, ...] = ()
 
     @property
     def count(self) -> int:
-        """Every pass :func:`measure_passes` makes at most, the small batch's warm-up included."""
-        small = self.repeats + 1 if self.small else 0
-        return max(self.warmup, 1) + self.repeats + self.whole_repeats + small
+        """Every pass :func:`measure_passes` makes at most, the smaller batches' warm-ups included."""
+        sizes = 1 + len(self.smaller)
+        timed = len(pass_order(self.repeats, sizes)) + len(self.smaller) if self.smaller else self.repeats
+        return max(self.warmup, 1) + timed + self.whole_repeats
 
 
 @dataclass(frozen=True)
 class Runs:
-    """What the timed passes measured: per layer the forward and backward times of each
-    repeat, the whole-model times, the small-batch medians (or None), and the loss fit."""
+    """What the timed passes measured: per layer the forward and backward times of each repeat at
+    the whole batch, the whole-model times, per smaller batch measured (``smaller``, largest
+    first) the layers' medians, and the loss fit."""
 
     fwd_times: list[list[float]]
     bwd_times: list[list[float]]
     whole: list[float]
-    small_times: tuple[list[float], list[float]] | None
+    smaller: tuple[int, ...]
+    smaller_times: tuple[Times, ...]
     loss: tuple[float | None, float | None]
 
-
-NO_RUNS = Runs([], [], [], None, (None, None))
-
-
-class _Series:
-    """Per layer, the forward and backward seconds of every timed pass at one batch size."""
-
-    def __init__(self, n: int) -> None:
-        self.fwd: list[list[float]] = [[] for _ in range(n)]
-        self.bwd: list[list[float]] = [[] for _ in range(n)]
-
-    def add(self, times: tuple[list[float], list[float]]) -> None:
-        for i, (f, b) in enumerate(zip(*times, strict=True)):
-            self.fwd[i].append(f)
-            self.bwd[i].append(b)
-
-    def medians(self) -> tuple[list[float], list[float]]:
-        return [median(t) for t in self.fwd], [median(t) for t in self.bwd]
+    def medians_at(self, batch: int) -> Times | None:
+        """The layers' medians at smaller batch ``batch``, None if it was not measured."""
+        return self.smaller_times[self.smaller.index(batch)] if batch in self.smaller else None
 
 
-def _takes_small(layers: Sequence[nn.Module], xs: torch.Tensor, params: Sequence[torch.Tensor], sync: Sync) -> bool:
-    """One untimed pass at the small batch (its warm-up: new shapes); False if the layers refuse it."""
-    try:
-        timed_pass(layers, xs, params, sync)
-    except (RuntimeError, ValueError, IndexError, TypeError):  # a traced shape fixed to the batch
-        return False
-    return True
+NO_RUNS = Runs([], [], [], (), (), (None, None))
 
 
-def _alternated(layers: Sequence[nn.Module], x: torch.Tensor, xs: torch.Tensor | None, params: Sequence[torch.Tensor],
-                sync: Sync, repeats: int, tick: Tick, clock: Clock) -> tuple[_Series, _Series]:
-    """``repeats`` timed passes at each size, in the order big, small, small, big, big, ... (module doc)."""
-    big, small = _Series(len(layers)), _Series(len(layers))
-    for k in range(repeats):
-        order = ((big, x), (small, xs)) if k % 2 == 0 else ((small, xs), (big, x))
-        for series, batch in order:
-            if batch is not None:
-                series.add(timed_pass(layers, batch, params, sync, clock))
-                tick("timing layers" if series is big else "timing layers at a small batch")
-    return big, small
+def _per_layer(n: int, passes: Sequence[Times]) -> tuple[list[list[float]], list[list[float]]]:
+    """Per layer, the forward and backward seconds of every pass."""
+    return [[f[i] for f, _ in passes] for i in range(n)], [[b[i] for _, b in passes] for i in range(n)]
+
+
+def _medians(n: int, passes: Sequence[Times]) -> Times:
+    fwd, bwd = _per_layer(n, passes)
+    return [median(t) for t in fwd], [median(t) for t in bwd]
+
+
+def _warmed(layers: Sequence[nn.Module], x: torch.Tensor, smaller: Sequence[int], params: Sequence[torch.Tensor],
+            sync: Sync, tick: Tick) -> tuple[int, ...]:
+    """One untimed pass at each smaller batch, largest first (their warm-up: new shapes); none of
+    them when the layers refuse one (a traced shape fixed to the batch)."""
+    for batch in smaller:
+        tick("warm-up at a smaller batch")
+        try:
+            timed_pass(layers, x[:batch], params, sync)
+        except (RuntimeError, ValueError, IndexError, TypeError):
+            return ()
+    return tuple(smaller)
+
+
+def _timed(layers: Sequence[nn.Module], x: torch.Tensor, smaller: Sequence[int], params: Sequence[torch.Tensor],
+           sync: Sync, repeats: int, tick: Tick, clock: Clock) -> list[list[Times]]:
+    """Per batch size (the whole one first, then ``smaller``), the layers' times of every timed pass
+    in :func:`pass_order`; ``repeats`` at the whole batch alone when there is no smaller one."""
+    batches = [x, *(x[:b] for b in smaller)]
+    order = pass_order(repeats, len(batches)) if smaller else (Pass(0, True),) * repeats
+
+    def run(one: Pass) -> Times:
+        times = timed_pass(layers, batches[one.size], params, sync, clock)
+        size = " at a smaller batch" if one.size else ""
+        tick(f"timing layers{size}" if one.timed else f"settling{size}")
+        return times
+
+    return run_in_order(order, run, len(batches))
 
 
 def measure_passes(layers: Sequence[nn.Module], module: nn.Module, x: torch.Tensor, params: Sequence[torch.Tensor],
                    sync: Sync, out_shape: tuple[int, ...], passes: Passes, tick: Tick,
                    clock: Clock = time.perf_counter) -> Runs:
-    """Warm-up, then ``repeats`` timed passes at the whole batch alternating with as many at the
-    small batch (module doc), the whole-model passes and the loss fit."""
+    """Warm-up, then the timed passes at the whole batch and at each smaller one, as many each, in
+    :func:`pass_order`, the whole-model passes and the loss fit (through the whole batch and
+    :func:`planner.profiler.measure.small_batch_of`'s, when it was measured)."""
     for _ in range(max(0, passes.warmup - 1)):
         timed_pass(layers, x, params, sync, clock)
         tick("warm-up")
-    xs = x[:passes.small] if passes.small else None
-    if xs is not None:
-        tick("warm-up at a small batch")
-        if not _takes_small(layers, xs, params, sync):
-            xs = None
-    big, small = _alternated(layers, x, xs, params, sync, passes.repeats, tick, clock)
+    smaller = _warmed(layers, x, passes.smaller, params, sync, tick)
+    got = _timed(layers, x, smaller, params, sync, passes.repeats, tick, clock)
     whole = []
     for _ in range(passes.whole_repeats):
         whole.append(whole_model_pass(module, x, params, sync, clock))
         tick("timing the whole model")
     dtype = next(iter(params)).dtype if params else torch.float32
-    loss = loss_fit(out_shape, dtype, x.device, sync, passes.repeats, passes.small if xs is not None else None, clock)
-    return Runs(big.fwd, big.bwd, whole, small.medians() if xs is not None else None, loss)
+    fit = small_batch_of(int(x.shape[0]))
+    loss = loss_fit(out_shape, dtype, x.device, sync, passes.repeats, fit if fit in smaller else None, clock)
+    fwd, bwd = _per_layer(len(layers), got[0])
+    return Runs(fwd, bwd, whole, smaller, tuple(_medians(len(layers), g) for g in got[1:]), loss)
 
 
-def loss_times(shapes: Sequence[tuple[int, ...]], dtype: torch.dtype, device: torch.device, sync: Sync,
+def loss_times(shape: tuple[int, ...], small: int | None, dtype: torch.dtype, device: torch.device, sync: Sync,
                repeats: int, clock: Clock = time.perf_counter) -> list[float]:
-    """Median seconds of a cross-entropy forward+backward over the last dimension of each of
-    ``shapes`` (the training loss the runner and the exported scripts use on the last stage's
-    output), the shapes timed in turn, after one untimed round."""
+    """Median seconds of a cross-entropy forward+backward over the last dimension of an output of
+    ``shape`` (the training loss the runner and the exported scripts use on the last stage's
+    output) and, given ``small``, of the same at that many samples: one untimed pass at each
+    size, then the sizes in :func:`pass_order` (module doc)."""
     cases = []
-    for shape in shapes:
-        logits = torch.randn(shape, dtype=dtype, device=device, requires_grad=True)
-        cases.append((logits, torch.randint(0, shape[-1], shape[:-1], device=device)))
-    times: list[list[float]] = [[] for _ in shapes]
-    for r in range(repeats + 1):
-        for k, (logits, target) in (enumerate(cases) if r % 2 == 0 else reversed(list(enumerate(cases)))):
-            sync()
-            t0 = clock()
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1))
-            loss.backward()
-            sync()
-            times[k].append(clock() - t0)
-            logits.grad = None
-    return [median(t[1:]) for t in times]
+    for rows in (shape[0], small or 0):
+        logits = torch.randn((rows, *shape[1:]), dtype=dtype, device=device, requires_grad=True)
+        cases.append((logits, torch.randint(0, shape[-1], (rows, *shape[1:-1]), device=device)))
+
+    def run(one: Pass) -> float:
+        logits, target = cases[one.size]
+        sync()
+        t0 = clock()
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1))
+        loss.backward()
+        sync()
+        logits.grad = None
+        return clock() - t0
+
+    if not small:
+        return [median(run_in_order((Pass(0, False),) + (Pass(0, True),) * repeats, run, 1)[0])]
+    whole, part = run_in_order((Pass(0, False), Pass(1, False), *pass_order(repeats)), run, 2)
+    return [median(whole), median(part)]
 
 
 def loss_fit(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, sync: Sync, repeats: int,
@@ -154,6 +214,6 @@ def loss_fit(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, s
     if len(shape) < 2 or not dtype.is_floating_point or shape[-1] < 2:
         return None, None
     if not small:
-        return loss_times([shape], dtype, device, sync, repeats, clock)[0], None
-    whole, part = loss_times([shape, (small, *shape[1:])], dtype, device, sync, repeats, clock)
+        return loss_times(shape, None, dtype, device, sync, repeats, clock)[0], None
+    whole, part = loss_times(shape, small, dtype, device, sync, repeats, clock)
     return whole, fit_fixed(whole, part, shape[0], small)
