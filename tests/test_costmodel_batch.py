@@ -81,3 +81,10 @@ def test_a_stage_on_one_device_pays_the_measured_time_of_its_micro_batch() -> No
     two = cm.stage_cost_values(_profile(), cluster, ir.Stage((0, 1), ("n0.g0", "n0.g1"), ("dp",), 0), 2, "sgd",
                                None)
     assert (two.forward_s, two.backward_s) == pytest.approx((0.016, 0.034))
+
+
+def test_each_profile_is_read_off_its_own_times_however_many_are_asked_in_turn() -> None:
+    profiles = [_profile([(8, 0.028 + k * 1e-3, 0.060), (4, 0.016, 0.034), (2, 0.010, 0.021)]) for k in range(12)]
+    for _ in range(2):
+        for k, prof in enumerate(profiles):
+            assert _total(times_at(prof, 8))[0] == pytest.approx(0.028 + k * 1e-3)

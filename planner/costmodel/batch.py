@@ -47,12 +47,31 @@ def times_at(profile: ir.ModelProfile, micro_batch: float) -> AtBatch:
     layers = profile.layers
     if not layers or not layers[0].batch_times:
         return _two_point(profile, micro_batch / profile.batch_size)
-    batches = np.array([p.batch for p in reversed(layers[0].batch_times)] + [profile.batch_size], dtype=float)
-    fwd = np.array([[p.forward_s for p in reversed(x.batch_times)] + [x.forward_s] for x in layers])
-    bwd = np.array([[p.backward_s for p in reversed(x.batch_times)] + [x.backward_s] for x in layers])
+    batches, fwd, bwd = _curves(profile)
     fwd_fixed, fwd_var = local_line(batches, fwd, micro_batch)
     bwd_fixed, bwd_var = local_line(batches, bwd, micro_batch)
     return AtBatch(fwd_fixed, fwd_var, bwd_fixed, bwd_var)
+
+
+_CURVES: dict[int, tuple[ir.ModelProfile, tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
+_CURVES_KEPT = 8
+
+
+def _curves(profile: ir.ModelProfile) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The measured batches (ascending, the whole batch last) and per layer the forward and backward
+    times there; kept for the last few profiles (a search asks once per grid and micro-batch count;
+    the profile is held with them, so its id stays its own)."""
+    kept = _CURVES.get(id(profile))
+    if kept is not None and kept[0] is profile:
+        return kept[1]
+    layers = profile.layers
+    batches = np.array([p.batch for p in reversed(layers[0].batch_times)] + [profile.batch_size], dtype=float)
+    fwd = np.array([[p.forward_s for p in reversed(x.batch_times)] + [x.forward_s] for x in layers])
+    bwd = np.array([[p.backward_s for p in reversed(x.batch_times)] + [x.backward_s] for x in layers])
+    if len(_CURVES) >= _CURVES_KEPT:
+        del _CURVES[next(iter(_CURVES))]
+    _CURVES[id(profile)] = (profile, (batches, fwd, bwd))
+    return batches, fwd, bwd
 
 
 def _two_point(profile: ir.ModelProfile, share: float) -> AtBatch:
