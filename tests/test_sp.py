@@ -26,9 +26,16 @@ from tests.conftest import make_cluster_dict, make_profile_dict
 def instances(draw, max_layers=5, max_nodes=2, max_gpus=2):
     n = draw(st.integers(1, max_layers))
     d = make_profile_dict(n, batch_size=8)
+    curve = draw(st.booleans())  # times measured at 4, 2 and 1 samples too, not one line in the batch
     for layer in d["layers"]:
         layer["forward_s"] = draw(st.floats(1e-4, 0.05))
         layer["backward_s"] = 2 * layer["forward_s"] * draw(st.floats(0.5, 1.5))
+        if curve:
+            f, b, points = layer["forward_s"], layer["backward_s"], []
+            for batch in (4, 2, 1):
+                f, b = f * draw(st.floats(0.3, 0.9)), b * draw(st.floats(0.3, 0.9))
+                points.append({"batch": batch, "forward_s": f, "backward_s": b})
+            layer["batch_times"] = points
         layer["param_bytes"] = draw(st.sampled_from([0, 4_000, 400_000, 40_000_000]))
         layer["param_count"] = layer["param_bytes"] // 4
         layer["output_bytes"] = draw(st.sampled_from([1_000, 100_000, 10_000_000]))
