@@ -30,7 +30,7 @@ import os
 import socket
 import statistics
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +67,8 @@ ATTEMPTS, IDLE_TIMEOUT_S = 3, 30.0
 :data:`planner.runner.machine.IDLE_CORES` cores during it; each attempt first waits up to
 IDLE_TIMEOUT_S for an idle machine."""
 DELTA_S = 1e-3  # the overhead step the features are measured with
+PROBE_REPEATS = 3
+"""Whole-model passes of each speed probe after a round (:func:`time_plans`), after one untimed one."""
 
 
 def tiny_mlp() -> Any:
@@ -155,10 +157,21 @@ def _timed_round(plan: ir.Plan, model: str, engine: str, steps: int, idle_timeou
     return on_idle_machine(measure, ATTEMPTS, idle_timeout_s, wait)
 
 
+def _speed_probe(plan: ir.Plan, model: str) -> Callable[[], float]:
+    """Rank 0's probe of the machine's speed after each round (:func:`time_plans`): the whole model
+    at the plan's batch, forward and backward on this process, while the other ranks wait."""
+    from planner.profiler.loader import load_model
+    from planner.profiler.measure import speed_s
+
+    loaded = load_model(model, plan.batch_size, plan.profile.input_shape)
+    return lambda: speed_s(loaded.module, loaded.example_input, PROBE_REPEATS)
+
+
 def _engine_worker(rank: int, world: int, port: int, engine: str, plans_path: str, model: str, threads: int,
-                   steps: int, rounds: int, idle_timeout_s: float, out: str) -> None:
-    """One rank: join the group through the engine, time every plan ``rounds`` times, rank 0 writes
-    the times and the background cores."""
+                   steps: int, rounds: int, idle_timeout_s: float, out: str, probe: bool = False) -> None:
+    """One rank: join the group through the engine, time every plan ``rounds`` times (each round
+    followed by rank 0's speed probe when ``probe``), rank 0 writes the times, the background cores
+    and the probes."""
     os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
                        "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                        "OMP_NUM_THREADS": str(threads)})
@@ -170,34 +183,44 @@ def _engine_worker(rank: int, world: int, port: int, engine: str, plans_path: st
     torch.set_num_threads(threads)
     init_group(engine)
     plans = [ir.Plan.from_dict(d) for d in json.loads(Path(plans_path).read_text())]
-    times: list[list[float]] = [[] for _ in plans]
-    backgrounds: list[list[float]] = [[] for _ in plans]
+    speed = _speed_probe(plans[0], model) if probe and rank == 0 else None
+    got: dict[str, list[list[float]]] = {key: [[] for _ in plans] for key in ("times", "background_cores", "probe_s")}
     for _ in range(rounds):
         for i, plan in enumerate(plans):
             t, bg = _timed_round(plan, model, engine, steps, idle_timeout_s)
-            times[i].append(t)
-            backgrounds[i].append(bg)
+            got["times"][i].append(t)
+            got["background_cores"][i].append(bg)
+            if probe:
+                torch.distributed.barrier()
+                if speed is not None:
+                    got["probe_s"][i].append(speed())
+                torch.distributed.barrier()
     if rank == 0:
-        Path(out).write_text(json.dumps({"times": times, "background_cores": backgrounds}))
+        Path(out).write_text(json.dumps(got))
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
 
 @dataclasses.dataclass(frozen=True)
 class Timings:
-    """Per plan, per round: seconds per step, and the cores other work used during the round."""
+    """Per plan, per round: seconds per step, the cores other work used during the round, and the
+    seconds of the speed probe that followed it (no probes when not asked for)."""
 
     times_s: tuple[tuple[float, ...], ...]
     background_cores: tuple[tuple[float, ...], ...]
+    probe_s: tuple[tuple[float, ...], ...] = ()
 
 
 def time_plans(plans: Sequence[ir.Plan], engine: str, threads: int, steps: int = STEPS, rounds: int = ROUNDS,
-               model: str = MODEL, idle_timeout_s: float | None = None) -> Timings:
+               model: str = MODEL, idle_timeout_s: float | None = None, probe: bool = False) -> Timings:
     """Seconds per step of each plan (of one world size) trained by ``engine``, once per round: the
     median of the steps after :data:`WARMUP`, the slowest rank's, each round started on an idle
     machine (waiting up to ``idle_timeout_s``, default :data:`IDLE_TIMEOUT_S` or
     ``$PLANNER_IDLE_TIMEOUT_S``, planner.runner.machine.idle_timeout_s) and retried while
-    other work took cores from it (module doc); 0: neither waiting nor retrying."""
+    other work took cores from it (module doc); 0: neither waiting nor retrying. ``probe``: after
+    each round rank 0 times the whole model at the plan's batch on its own
+    (:func:`planner.profiler.measure.speed_s`), the machine's speed then, against which a round
+    can be compared with a profile taken minutes before (``probe_s``)."""
     import torch.multiprocessing as mp
 
     from planner.runner.machine import idle_timeout_s as configured
@@ -211,7 +234,7 @@ def time_plans(plans: Sequence[ir.Plan], engine: str, threads: int, steps: int =
     with tempfile.TemporaryDirectory(prefix="planner-calibrate-engine-") as tmp:
         plans_path, out = os.path.join(tmp, "plans.json"), os.path.join(tmp, "times.json")
         Path(plans_path).write_text(json.dumps([p.to_dict() for p in plans]))
-        args = (world, _free_port(), engine, plans_path, model, threads, steps, rounds, idle_timeout_s, out)
+        args = (world, _free_port(), engine, plans_path, model, threads, steps, rounds, idle_timeout_s, out, probe)
         try:
             mp.start_processes(_engine_worker, args=args, nprocs=world, join=True, start_method="spawn")
         except Exception as exc:
@@ -220,7 +243,7 @@ def time_plans(plans: Sequence[ir.Plan], engine: str, threads: int, steps: int =
                            f"--engine {engine} to see the cause") from None
         doc = json.loads(Path(out).read_text())
         return Timings(*(tuple(tuple(float(t) for t in row) for row in doc[key])
-                         for key in ("times", "background_cores")))
+                         for key in ("times", "background_cores", "probe_s")))
 
 
 def measure_engine(cluster: ir.Cluster, engine: str, threads: int, profile: ir.ModelProfile,

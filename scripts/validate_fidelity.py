@@ -28,9 +28,14 @@ Measured: every plan of one (model, engine, world size) is trained in one proces
 runner's own code (:func:`planner.runner.worker.train_plan`: the engines' trainers, steps
 between barriers, the slowest rank; :func:`planner.calibrate_engines.time_plans`), each plan
 ``--repeats`` times in turn; a round's time is the median of its steps after warm-up. The
-model's single-process forward+backward, timed before the group's profile and after its rounds
-(``speed``, :func:`speed_probe`), says how far the machine's own speed moved meanwhile; a group
-whose speed moved by more than :data:`DRIFT` is measured again, profile and all (up to
+model's single-process forward+backward, timed before and after the group's profile
+(:func:`speed_probe`) and by rank 0 after every round while the other ranks wait
+(``time_plans(probe=True)``), says how far the machine's own speed moved between the profile
+and each round (``speed``: the rounds' probes over the profile's). ``at_prof`` is measured over
+predicted with each round taken at the profile's speed (its time times the profile's probe over
+its own): what the ratio would have been on a machine that kept its speed, a diagnosis printed
+beside the target's ratio, not in its place. A group in which a row's speed moved by more than
+:data:`DRIFT` is measured again, profile and all (up to
 ``--group-attempts``, 3, in all; the steadiest attempt is shown, ``tries`` says which): on this
 VM the speed moved by up to 35% within a group's minute with nothing else running, and such a
 row measures the machine, not the model (2026-11-26: 18 of the 23 rows outside the target, in a
@@ -74,11 +79,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from fidelity_models import MODELS, spec  # noqa: E402 (after the path set-up)
-
-TARGET = (0.9, 1.1)
-DRIFT = 0.05
-"""A group whose speed probes (speed_probe) differ by more than this ran on a machine that changed speed."""
-
+from fidelity_table import DRIFT, Row, Timed, print_fidelity  # noqa: E402
 
 # ----------------------------------------------------------------------------- steps
 
@@ -107,25 +108,21 @@ def profile(name: str, attempts: int = 3, repeats: int = 25) -> Any:
     return on_idle_machine(measure, attempts, idle_timeout_s(60.0))[0]
 
 
-def speed_probe(name: str, repeats: int = 5) -> float:
-    """Seconds of one forward+backward of the whole model at its batch on 1 thread (the median of
-    ``repeats`` after one warm-up): how fast this machine runs the model now. Taken before each
-    group's profile and after its timed rounds, it shows how far the machine's own speed moved
-    between prediction and measurement (module doc)."""
+def speed_probe(name: str) -> float:
+    """Seconds of the model's whole forward+backward at its batch on 1 thread, now
+    (:func:`planner.profiler.measure.speed_s`, as the rounds' own probes): taken before and after
+    each group's profile, the machine's speed at the profile (module doc)."""
     from planner.profiler.loader import load_model
-    from planner.profiler.measure import whole_model_pass
+    from planner.profiler.measure import speed_s
 
     old = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         torch.manual_seed(0)
         loaded = load_model(spec(name), MODELS[name][1])
-        params = list(loaded.module.parameters())
-        times = [whole_model_pass(loaded.module, loaded.example_input, params, lambda: None)
-                 for _ in range(repeats + 1)]
+        return speed_s(loaded.module, loaded.example_input)
     finally:
         torch.set_num_threads(old)
-    return statistics.median(times[1:])
 
 
 def clusters(engines: list[str]) -> dict[int, Any]:
@@ -180,77 +177,61 @@ def bare(plan: Any) -> float:
     return float(simulate(dataclasses.replace(plan, engine="any")).iteration_s)
 
 
-def timed(plans: list[Any], name: str, engine: str, steps: int, repeats: int) -> list[tuple[float, float, float]]:
-    """Each plan's median over ``repeats`` rounds (plans of one world size, one process group), the
-    median cores other work used during its rounds, and its slowest round over its fastest."""
+def timed(plans: list[Any], name: str, engine: str, steps: int, repeats: int, profile_probe_s: float = 0.0,
+          ) -> list[Timed]:
+    """Each plan's rounds (plans of one world size, one process group; :class:`Timed`), with a speed
+    probe after every round when ``profile_probe_s`` (the machine's speed at the profile) is given."""
     from planner.calibrate_engines import time_plans
 
-    got = time_plans(plans, engine, 1, steps, repeats, model=spec(name))
-    return [(statistics.median(t), statistics.median(b), max(t) / min(t))
-            for t, b in zip(got.times_s, got.background_cores, strict=True)]
+    got = time_plans(plans, engine, 1, steps, repeats, model=spec(name), probe=profile_probe_s > 0)
+    probes = got.probe_s or tuple(() for _ in plans)
+    out = []
+    for t, b, p in zip(got.times_s, got.background_cores, probes, strict=True):
+        at_profile = statistics.median(ti * profile_probe_s / pi for ti, pi in zip(t, p, strict=True)) if p else 0.0
+        out.append(Timed(statistics.median(t), statistics.median(b), max(t) / min(t), at_profile,
+                         statistics.median(p) if p else 0.0))
+    return out
 
 
 def parse_plans(text: str) -> list[tuple[int, int]]:
     return [(int(p), int(m)) for p, m in (x.split("x") for x in text.split(",") if x)]
 
 
-@dataclasses.dataclass(frozen=True)
-class Row:
-    """One row of the table: a plan's prediction (with and without its engine's overheads), its
-    measurement, the cores other work used, the machine's speed drift over the group, the spread
-    of its rounds and the group's attempts."""
-
-    name: str
-    engine: str
-    world: int
-    microbatches: int
-    predicted_s: float
-    bare_s: float
-    measured_s: float
-    background: float
-    drift: float
-    spread: float
-    attempts: int
-
-    @property
-    def ratio(self) -> float:
-        return self.measured_s / self.predicted_s
-
-    @property
-    def inside(self) -> bool:
-        return TARGET[0] <= self.ratio <= TARGET[1]
-
-
 def group(name: str, engine: str, world: int, args: argparse.Namespace, cl: dict[int, Any]) -> list[Row]:
     """The rows of one (model, engine, world size), measured again (``--group-attempts`` in all)
-    while the machine's own speed moved by more than :data:`DRIFT` between the profile and the
-    rounds: such rows measure the machine, not the model (module doc); the steadiest attempt's."""
+    while the machine's own speed during a row's rounds differed by more than :data:`DRIFT` from
+    its speed at the profile: such rows measure the machine, not the model (module doc); the
+    steadiest attempt's."""
     attempts: list[list[Row]] = []
+
+    def moved(rows: list[Row]) -> float:
+        return max(abs(r.drift - 1) for r in rows)
+
     for attempt in range(1, max(1, args.group_attempts) + 1):
         attempts.append(group_once(name, engine, world, args, cl, attempt))
-        if abs(attempts[-1][0].drift - 1) <= DRIFT:
+        if moved(attempts[-1]) <= DRIFT:
             break
-    return min(attempts, key=lambda rows: abs(rows[0].drift - 1))
+    return min(attempts, key=moved)
 
 
 def group_once(name: str, engine: str, world: int, args: argparse.Namespace, cl: dict[int, Any],
                attempt: int) -> list[Row]:
     """One attempt: profiled right before its plans are timed (module doc), the machine's speed
-    probed before the profile and after the rounds."""
+    probed before and after the profile and after every round."""
     before = speed_probe(name)
     prof = profile(name)
+    at_profile = (before + speed_probe(name)) / 2
     plans = [plan_for(prof, matched(cl[world], prof, world, m), world, m, engine)
              for p, m in parse_plans(args.plans) if p == world]
-    got = timed(plans, name, engine, args.steps, args.repeats)
-    drift = speed_probe(name) / before
     rows = []
-    for plan, (meas, bg, spread) in zip(plans, got, strict=True):
-        row = Row(name, engine, world, plan.microbatches, plan.predicted.iteration_s, bare(plan), meas, bg, drift,
-                  spread, attempt)
+    for plan, got in zip(plans, timed(plans, name, engine, args.steps, args.repeats, at_profile), strict=True):
+        row = Row(name, engine, world, plan.microbatches, plan.predicted.iteration_s, bare(plan), got.measured_s,
+                  got.at_profile_s, got.background, got.probe_s / at_profile, got.spread, attempt)
         rows.append(row)
         print(f"  {name} {engine} P={world} M={plan.microbatches}: predicted {row.predicted_s:.4f} measured "
-              f"{meas:.4f} ratio {row.ratio:.3f} (other work {bg:.2f} cores, machine speed moved {drift:.3f}, "
-              f"rounds spread {spread:.2f}, attempt {attempt})", file=sys.stderr)
+              f"{row.measured_s:.4f} ratio {row.ratio:.3f}, at the profile's speed {row.at_profile_ratio:.3f} (other "
+              f"work {row.background:.2f} cores, machine speed {row.drift:.3f} of the profile's, rounds spread "
+              f"{row.spread:.2f}, attempt {attempt})", file=sys.stderr)
     return rows
 
 
@@ -258,31 +239,6 @@ def fidelity(args: argparse.Namespace, cl: dict[int, Any]) -> list[Row]:
     worlds = sorted({p for p, _ in parse_plans(args.plans)})
     return [row for name in args.models.split(",") for engine in args.engines.split(",") for world in worlds
             for row in group(name, engine, world, args, cl)]
-
-
-def print_fidelity(rows: list[Row], load: tuple[float, ...], args: argparse.Namespace) -> None:
-    print(f"\nfidelity: 1F1B, one stage per process (1 thread), median of {args.repeats} rounds of {args.steps} "
-          f"steps ({args.steps - 2} timed); load average before {load[0]:.1f}, now {os.getloadavg()[0]:.1f} on "
-          f"{os.cpu_count()} cores")
-    print(f"{'model':7} {'engine':10} {'P':>2} {'M':>2} {'predicted_s':>11} {'measured_s':>10} {'ratio':>6}  "
-          f"{'bare_s':>8} {'ratio':>6} {'other':>5} {'speed':>5} {'spread':>6} {'tries':>5}  "
-          f"target {TARGET[0]}..{TARGET[1]}")
-    for r in rows:
-        print(f"{r.name:7} {r.engine:10} {r.world:2d} {r.microbatches:2d} {r.predicted_s:11.4f} {r.measured_s:10.4f} "
-              f"{r.ratio:6.3f}  {r.bare_s:8.4f} {r.measured_s / r.bare_s:6.3f} {r.background:5.2f} {r.drift:5.3f} "
-              f"{r.spread:6.2f} {r.attempts:5d}  {'PASS' if r.inside else 'FAIL'}")
-    if rows:
-        steady = [r for r in rows if abs(r.drift - 1) <= DRIFT]
-        print(f"{sum(r.inside for r in rows)} of {len(rows)} inside the target; median ratio "
-              f"{statistics.median(r.ratio for r in rows):.3f} (bare: "
-              f"{statistics.median(r.measured_s / r.bare_s for r in rows):.3f}); on a steady machine (speed within "
-              f"{DRIFT:.0%}): {sum(r.inside for r in steady)} of {len(steady)} inside")
-    print("predicted: the plan's prediction with its engine's measured overheads; bare: the same plan without "
-          "them (the cost model alone, the node's hand-off cost included); other: cores other work on the machine "
-          "used during the row's rounds (median); speed: the model's single-process step after the row's rounds "
-          "over the same before its profile (above 1: the machine slowed down); spread: the row's slowest round "
-          "over its fastest; tries: the attempt shown, the steadiest of the group's (measured again while its "
-          f"speed moved by more than {DRIFT:.0%})")
 
 
 def quality(args: argparse.Namespace, cl: dict[int, Any]) -> None:
@@ -302,7 +258,7 @@ def quality(args: argparse.Namespace, cl: dict[int, Any]) -> None:
         return dataclasses.replace(ours, stages=stages)
 
     plans = [ours, *(split_plan(c) for c in splits)]
-    times = [t for t, _, _ in timed(plans, "vgg", "deepspeed", args.steps, args.repeats)]
+    times = [t.measured_s for t in timed(plans, "vgg", "deepspeed", args.steps, args.repeats)]
     mine, every = times[0], dict(zip(splits, times[1:], strict=True))
     best_cut = min(every, key=lambda c: every[c])
     theirs = every[parts[1]]

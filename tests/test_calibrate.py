@@ -186,3 +186,19 @@ def test_engine_list_auto_none_and_duplicates() -> None:
 
     assert "torch" in engine_list("auto") and engine_list("none") == [] and engine_list("") == []
     assert engine_list("torch, deepspeed,torch") == ["torch", "deepspeed"]
+
+
+@pytest.mark.slow
+def test_time_plans_probes_the_machines_speed_after_every_round_when_asked() -> None:
+    from planner.api import profile_model
+    from planner.calibrate_engines import BATCH, INPUT_SHAPE, MODEL, calibration_plans, time_plans
+    from tests.conftest import make_cluster_dict
+
+    profile = profile_model(MODEL, batch_size=BATCH, input_shape=INPUT_SHAPE, threads=1, repeats=3, warmup=1)
+    cluster = ir.Cluster.from_dict(make_cluster_dict(1, 2))
+    plans = calibration_plans(profile, cluster, "torch", (((2,), 1), ((1, 1), 2)))
+    got = time_plans(plans, "torch", 1, steps=3, rounds=2, idle_timeout_s=0, probe=True)
+    assert [len(t) for t in got.times_s] == [2, 2]
+    assert [len(p) for p in got.probe_s] == [2, 2]
+    # the probe is the whole tiny model at the plan's batch, forward and backward: well under a second
+    assert all(0 < p < 1.0 for row in got.probe_s for p in row)

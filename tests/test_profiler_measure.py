@@ -108,3 +108,24 @@ def test_measured_llama_profile_records_block_shapes() -> None:
     assert prof.layers[1].block == prof.layers[2].block == BlockShape(64, 4, 2, 128, 16, gated=True)
     assert ModelProfile.from_dict(prof.to_dict()) == prof
     assert prof.meta["whole_model_fwd_bwd_s"] > 0 and all(layer.forward_s > 0 for layer in prof.layers)
+
+
+def test_speed_probe_times_whole_passes_after_an_untimed_one() -> None:
+    from planner.profiler.measure import speed_s
+
+    calls = []
+
+    class Counted(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            calls.append(1)
+            return self.lin(x)
+
+    model = Counted()
+    t = speed_s(model, torch.randn(8, 4), repeats=3)
+    assert len(calls) == 4  # one untimed pass, then the three timed
+    assert t > 0
+    assert all(p.grad is None or not p.grad.any() for p in model.parameters())  # gradients left at zero

@@ -200,6 +200,16 @@ def whole_model_pass(module: nn.Module, x: torch.Tensor, params: Sequence[torch.
     return dt
 
 
+def speed_s(module: nn.Module, x: torch.Tensor, repeats: int = 5) -> float:
+    """How fast this machine runs the model now: the median seconds of ``repeats`` whole-model
+    forward+backward passes (:func:`whole_model_pass`, on the CPU) after one untimed pass. Taken
+    beside a profile and beside timed runs, it says how far the machine's own speed moved between
+    them (scripts/validate_fidelity.py; :func:`planner.calibrate_engines.time_plans`)."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    times = [whole_model_pass(module, x, params, lambda: None) for _ in range(max(1, repeats) + 1)]
+    return median(times[1:])
+
+
 def fit_fixed(t_big: float, t_small: float, big: int, small: int) -> float:
     """The fixed part of ``t(b) = fixed + b * per_sample`` through two measurements.
 
