@@ -20,15 +20,34 @@ machine that changed speed."""
 
 @dataclasses.dataclass(frozen=True)
 class Timed:
-    """One plan's rounds: their median seconds per step, the median cores other work used, the
-    slowest round over the fastest, and the median of the rounds each taken at the profile's speed
-    (each round times the profile's speed probe over the probe that followed it; 0 when not probed)."""
+    """One plan's rounds: seconds per step of each, the median cores other work used, and the speed
+    probe that followed each round (seconds of the model's whole step on rank 0, in the workers'
+    process; empty when not probed)."""
 
-    measured_s: float
+    times_s: tuple[float, ...]
     background: float
-    spread: float
-    at_profile_s: float
-    probe_s: float
+    probes_s: tuple[float, ...] = ()
+
+    @property
+    def measured_s(self) -> float:
+        return statistics.median(self.times_s)
+
+    @property
+    def spread(self) -> float:
+        """The slowest round over the fastest."""
+        return max(self.times_s) / min(self.times_s)
+
+    def at_profile_s(self, scale_s: float) -> float:
+        """The median round taken at the profile's speed: each round's time times ``scale_s`` (the
+        profile's probe in the workers' units) over its own probe; 0 when not probed."""
+        if not self.probes_s:
+            return 0.0
+        return statistics.median(t * scale_s / p for t, p in zip(self.times_s, self.probes_s, strict=True))
+
+    def speed(self, scale_s: float) -> float:
+        """The rounds' median probe over the profile's (``scale_s``, in the workers' units): above 1,
+        the machine ran slower than at the profile; 1 when not probed."""
+        return statistics.median(self.probes_s) / scale_s if self.probes_s else 1.0
 
 
 @dataclasses.dataclass(frozen=True)

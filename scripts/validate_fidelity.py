@@ -177,20 +177,15 @@ def bare(plan: Any) -> float:
     return float(simulate(dataclasses.replace(plan, engine="any")).iteration_s)
 
 
-def timed(plans: list[Any], name: str, engine: str, steps: int, repeats: int, profile_probe_s: float = 0.0,
-          ) -> list[Timed]:
-    """Each plan's rounds (plans of one world size, one process group; :class:`Timed`), with a speed
-    probe after every round when ``profile_probe_s`` (the machine's speed at the profile) is given."""
+def timed(plans: list[Any], name: str, engine: str, steps: int, repeats: int, probe: bool = False) -> list[Timed]:
+    """Each plan's rounds (plans of one world size, one process group; :class:`Timed`), with rank 0's
+    speed probe after every round when ``probe``."""
     from planner.calibrate_engines import time_plans
 
-    got = time_plans(plans, engine, 1, steps, repeats, model=spec(name), probe=profile_probe_s > 0)
+    got = time_plans(plans, engine, 1, steps, repeats, model=spec(name), probe=probe)
     probes = got.probe_s or tuple(() for _ in plans)
-    out = []
-    for t, b, p in zip(got.times_s, got.background_cores, probes, strict=True):
-        at_profile = statistics.median(ti * profile_probe_s / pi for ti, pi in zip(t, p, strict=True)) if p else 0.0
-        out.append(Timed(statistics.median(t), statistics.median(b), max(t) / min(t), at_profile,
-                         statistics.median(p) if p else 0.0))
-    return out
+    return [Timed(t, statistics.median(b), p)
+            for t, b, p in zip(got.times_s, got.background_cores, probes, strict=True)]
 
 
 def parse_plans(text: str) -> list[tuple[int, int]]:
@@ -217,16 +212,21 @@ def group(name: str, engine: str, world: int, args: argparse.Namespace, cl: dict
 def group_once(name: str, engine: str, world: int, args: argparse.Namespace, cl: dict[int, Any],
                attempt: int) -> list[Row]:
     """One attempt: profiled right before its plans are timed (module doc), the machine's speed
-    probed before and after the profile and after every round."""
+    probed here before and after the profile and after the rounds, and in the workers after every
+    round. A probe in the workers ran 5-20% slower than one here with the machine's speed unchanged
+    (1-process rows on target), so the workers' probes are compared only with their own last, and
+    that with the probe here right after it."""
     before = speed_probe(name)
     prof = profile(name)
     at_profile = (before + speed_probe(name)) / 2
     plans = [plan_for(prof, matched(cl[world], prof, world, m), world, m, engine)
              for p, m in parse_plans(args.plans) if p == world]
+    got = timed(plans, name, engine, args.steps, args.repeats, probe=True)
+    scale_s = at_profile * got[-1].probes_s[-1] / speed_probe(name)  # the profile's probe in the workers' units
     rows = []
-    for plan, got in zip(plans, timed(plans, name, engine, args.steps, args.repeats, at_profile), strict=True):
-        row = Row(name, engine, world, plan.microbatches, plan.predicted.iteration_s, bare(plan), got.measured_s,
-                  got.at_profile_s, got.background, got.probe_s / at_profile, got.spread, attempt)
+    for plan, g in zip(plans, got, strict=True):
+        row = Row(name, engine, world, plan.microbatches, plan.predicted.iteration_s, bare(plan), g.measured_s,
+                  g.at_profile_s(scale_s), g.background, g.speed(scale_s), g.spread, attempt)
         rows.append(row)
         print(f"  {name} {engine} P={world} M={plan.microbatches}: predicted {row.predicted_s:.4f} measured "
               f"{row.measured_s:.4f} ratio {row.ratio:.3f}, at the profile's speed {row.at_profile_ratio:.3f} (other "
