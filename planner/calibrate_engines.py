@@ -157,14 +157,16 @@ def _timed_round(plan: ir.Plan, model: str, engine: str, steps: int, idle_timeou
     return on_idle_machine(measure, ATTEMPTS, idle_timeout_s, wait)
 
 
-def _speed_probe(plan: ir.Plan, model: str) -> Callable[[], float]:
-    """Rank 0's probe of the machine's speed after each round (:func:`time_plans`): the whole model
-    at the plan's batch, forward and backward on this process, while the other ranks wait."""
+def speed_probe(model: str, batch_size: int, input_shape: tuple[int, ...] | None = None,
+                repeats: int = PROBE_REPEATS) -> Callable[[], float]:
+    """A probe of how fast this machine runs ``model`` now: built once, each call times its whole
+    forward and backward at ``batch_size`` on this process (:func:`planner.profiler.measure.speed_s`).
+    :func:`time_plans` probes after every round; scripts/validate_fidelity.py beside each profile."""
     from planner.profiler.loader import load_model
     from planner.profiler.measure import speed_s
 
-    loaded = load_model(model, plan.batch_size, plan.profile.input_shape)
-    return lambda: speed_s(loaded.module, loaded.example_input, PROBE_REPEATS)
+    loaded = load_model(model, batch_size, input_shape)
+    return lambda: speed_s(loaded.module, loaded.example_input, repeats)
 
 
 def _engine_worker(rank: int, world: int, port: int, engine: str, plans_path: str, model: str, threads: int,
@@ -183,7 +185,8 @@ def _engine_worker(rank: int, world: int, port: int, engine: str, plans_path: st
     torch.set_num_threads(threads)
     init_group(engine)
     plans = [ir.Plan.from_dict(d) for d in json.loads(Path(plans_path).read_text())]
-    speed = _speed_probe(plans[0], model) if probe and rank == 0 else None
+    first = plans[0]
+    speed = speed_probe(model, first.batch_size, first.profile.input_shape) if probe and rank == 0 else None
     got: dict[str, list[list[float]]] = {key: [[] for _ in plans] for key in ("times", "background_cores", "probe_s")}
     for _ in range(rounds):
         for i, plan in enumerate(plans):
@@ -208,7 +211,12 @@ class Timings:
 
     times_s: tuple[tuple[float, ...], ...]
     background_cores: tuple[tuple[float, ...], ...]
-    probe_s: tuple[tuple[float, ...], ...] = ()
+    probe_s: tuple[tuple[float, ...], ...]
+
+    @property
+    def last_probe_s(self) -> float | None:
+        """The probe taken last (after the last plan's last round: the rounds run plan after plan), or None."""
+        return self.probe_s[-1][-1] if self.probe_s and self.probe_s[-1] else None
 
 
 def time_plans(plans: Sequence[ir.Plan], engine: str, threads: int, steps: int = STEPS, rounds: int = ROUNDS,

@@ -75,16 +75,21 @@ class Row:
         return self.measured_s / self.predicted_s
 
     @property
-    def inside(self) -> bool:
-        return TARGET[0] <= self.ratio <= TARGET[1]
+    def bare_ratio(self) -> float:
+        return self.measured_s / self.bare_s
 
     @property
     def at_profile_ratio(self) -> float:
         return self.at_profile_s / self.predicted_s
 
     @property
-    def at_profile_inside(self) -> bool:
-        return TARGET[0] <= self.at_profile_ratio <= TARGET[1]
+    def inside(self) -> bool:
+        return within(self.ratio)
+
+
+def within(ratio: float) -> bool:
+    """Whether a measured/predicted ratio is inside :data:`TARGET`."""
+    return TARGET[0] <= ratio <= TARGET[1]
 
 
 def print_fidelity(rows: list[Row], load: tuple[float, ...], args: argparse.Namespace) -> None:
@@ -96,15 +101,15 @@ def print_fidelity(rows: list[Row], load: tuple[float, ...], args: argparse.Name
           f"target {TARGET[0]}..{TARGET[1]}")
     for r in rows:
         print(f"{r.name:7} {r.engine:10} {r.world:2d} {r.microbatches:2d} {r.predicted_s:11.4f} {r.measured_s:10.4f} "
-              f"{r.ratio:6.3f}  {r.bare_s:8.4f} {r.measured_s / r.bare_s:6.3f} {r.at_profile_ratio:7.3f} "
+              f"{r.ratio:6.3f}  {r.bare_s:8.4f} {r.bare_ratio:6.3f} {r.at_profile_ratio:7.3f} "
               f"{r.background:5.2f} {r.drift:5.3f} {r.spread:6.2f} {r.attempts:5d}  {'PASS' if r.inside else 'FAIL'}")
     if rows:
         steady = [r for r in rows if abs(r.drift - 1) <= DRIFT]
         print(f"{sum(r.inside for r in rows)} of {len(rows)} inside the target; median ratio "
               f"{statistics.median(r.ratio for r in rows):.3f} (bare: "
-              f"{statistics.median(r.measured_s / r.bare_s for r in rows):.3f}); on a steady machine (speed within "
+              f"{statistics.median(r.bare_ratio for r in rows):.3f}); on a steady machine (speed within "
               f"{DRIFT:.0%}): {sum(r.inside for r in steady)} of {len(steady)} inside; at the profile's speed: "
-              f"{sum(r.at_profile_inside for r in rows)} of {len(rows)} inside, median "
+              f"{sum(within(r.at_profile_ratio) for r in rows)} of {len(rows)} inside, median "
               f"{statistics.median(r.at_profile_ratio for r in rows):.3f}")
     print("predicted: the plan's prediction with its engine's measured overheads; bare: the same plan without "
           "them (the cost model alone, the node's hand-off cost included); at_prof: measured over predicted with "

@@ -109,18 +109,16 @@ def profile(name: str, attempts: int = 3, repeats: int = 25) -> Any:
 
 
 def speed_probe(name: str) -> float:
-    """Seconds of the model's whole forward+backward at its batch on 1 thread, now
-    (:func:`planner.profiler.measure.speed_s`, as the rounds' own probes): taken before and after
-    each group's profile, the machine's speed at the profile (module doc)."""
-    from planner.profiler.loader import load_model
-    from planner.profiler.measure import speed_s
+    """Seconds of the model's whole forward+backward at its batch on 1 thread, now (the rounds' own
+    probe, :func:`planner.calibrate_engines.speed_probe`, with 5 passes): taken before and after each
+    group's profile, the machine's speed at the profile (module doc)."""
+    from planner.calibrate_engines import speed_probe as probe
 
     old = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         torch.manual_seed(0)
-        loaded = load_model(spec(name), MODELS[name][1])
-        return speed_s(loaded.module, loaded.example_input)
+        return probe(spec(name), MODELS[name][1], repeats=5)()
     finally:
         torch.set_num_threads(old)
 
@@ -177,15 +175,15 @@ def bare(plan: Any) -> float:
     return float(simulate(dataclasses.replace(plan, engine="any")).iteration_s)
 
 
-def timed(plans: list[Any], name: str, engine: str, steps: int, repeats: int, probe: bool = False) -> list[Timed]:
+def timed(plans: list[Any], name: str, engine: str, steps: int, repeats: int,
+          probe: bool = False) -> tuple[list[Timed], float | None]:
     """Each plan's rounds (plans of one world size, one process group; :class:`Timed`), with rank 0's
-    speed probe after every round when ``probe``."""
+    speed probe after every round when ``probe``, and the probe taken last (None without)."""
     from planner.calibrate_engines import time_plans
 
     got = time_plans(plans, engine, 1, steps, repeats, model=spec(name), probe=probe)
-    probes = got.probe_s or tuple(() for _ in plans)
-    return [Timed(t, statistics.median(b), p)
-            for t, b, p in zip(got.times_s, got.background_cores, probes, strict=True)]
+    return ([Timed(t, statistics.median(b), p)
+             for t, b, p in zip(got.times_s, got.background_cores, got.probe_s, strict=True)], got.last_probe_s)
 
 
 def parse_plans(text: str) -> list[tuple[int, int]]:
@@ -221,8 +219,8 @@ def group_once(name: str, engine: str, world: int, args: argparse.Namespace, cl:
     at_profile = (before + speed_probe(name)) / 2
     plans = [plan_for(prof, matched(cl[world], prof, world, m), world, m, engine)
              for p, m in parse_plans(args.plans) if p == world]
-    got = timed(plans, name, engine, args.steps, args.repeats, probe=True)
-    scale_s = at_profile * got[-1].probes_s[-1] / speed_probe(name)  # the profile's probe in the workers' units
+    got, last_s = timed(plans, name, engine, args.steps, args.repeats, probe=True)
+    scale_s = at_profile * (last_s or 0.0) / speed_probe(name)  # the profile's probe in the workers' units
     rows = []
     for plan, g in zip(plans, got, strict=True):
         row = Row(name, engine, world, plan.microbatches, plan.predicted.iteration_s, bare(plan), g.measured_s,
@@ -258,7 +256,7 @@ def quality(args: argparse.Namespace, cl: dict[int, Any]) -> None:
         return dataclasses.replace(ours, stages=stages)
 
     plans = [ours, *(split_plan(c) for c in splits)]
-    times = [t.measured_s for t in timed(plans, "vgg", "deepspeed", args.steps, args.repeats)]
+    times = [t.measured_s for t in timed(plans, "vgg", "deepspeed", args.steps, args.repeats)[0]]
     mine, every = times[0], dict(zip(splits, times[1:], strict=True))
     best_cut = min(every, key=lambda c: every[c])
     theirs = every[parts[1]]

@@ -202,3 +202,11 @@ def test_time_plans_probes_the_machines_speed_after_every_round_when_asked() -> 
     assert [len(p) for p in got.probe_s] == [2, 2]
     # the probe is the whole tiny model at the plan's batch, forward and backward: well under a second
     assert all(0 < p < 1.0 for row in got.probe_s for p in row)
+
+
+def test_the_last_probe_is_the_last_plans_last_round_and_none_without_probes() -> None:
+    from planner.calibrate_engines import Timings
+
+    probed = Timings(((1.0, 1.1), (2.0, 2.1)), ((0.0, 0.0), (0.0, 0.0)), ((0.5, 0.6), (0.7, 0.8)))
+    assert probed.last_probe_s == 0.8
+    assert Timings(((1.0,),), ((0.0,),), ((),)).last_probe_s is None
