@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -41,3 +42,13 @@ def test_primary_output_and_the_rejection_message() -> None:
     err = rejects_input(torch.zeros(4, 7), RuntimeError("mat1 and mat2 shapes cannot be multiplied\nmore"))
     assert err.cause == "the model rejects input of shape (7,) (batch 4): mat1 and mat2 shapes cannot be multiplied"
     assert "--input-shape" in err.hint
+
+
+def test_floats_given_to_an_embedding_get_a_hint_for_integer_examples() -> None:
+    embedding = torch.nn.Embedding(10, 4)
+    with pytest.raises(RuntimeError) as info:
+        embedding(torch.zeros(2, 3))
+    err = rejects_input(torch.zeros(2, 3), info.value)
+    assert "integer indices" in err.hint and "torch.long" in err.hint
+    ints = rejects_input(torch.zeros(2, 3, dtype=torch.long), info.value)
+    assert "--input-shape" in ints.hint

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from planner.errors import ProfileError
 from planner.profiler.hfzoo import gpt2, llama
 from planner.profiler.layers import split_model
 from planner.profiler.loader import load_model
@@ -22,3 +23,10 @@ def test_transformers_are_split_by_structure_and_other_models_by_fx() -> None:
 def test_layer_counts(name: str, count: int) -> None:
     loaded = load_model(name, 1, (8,) if name != "vgg16" else None, device="meta")
     assert len(split_model(loaded.module, loaded.example_input)) == count
+
+
+@pytest.mark.parametrize("model", [torch.nn.Sequential(), torch.nn.Identity()])
+def test_a_model_that_computes_nothing_is_refused_with_what_to_do(model: torch.nn.Module) -> None:
+    with pytest.raises(ProfileError, match="computes nothing") as info:
+        split_model(model, torch.zeros(4, 8))
+    assert "at least one layer" in info.value.hint

@@ -9,6 +9,7 @@ layers recorded as a ``planner.ir.Tie``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -87,8 +88,16 @@ def rejects_input(example_input: torch.Tensor, exc: BaseException) -> ProfileErr
     lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
     lines = [line for line in lines if not line.startswith("While executing")] or [type(exc).__name__]
     shape = tuple(example_input.shape[1:])
+    hint = "pass the --input-shape (without batch) the model expects"
+    if example_input.is_floating_point() and _WANTS_INDICES.search(lines[0]):
+        hint = ("the model takes integer indices (token ids), not floats: have your factory return "
+                "(model, example_input) with a torch.long example, e.g. torch.randint(0, vocab_size, (1, seq_len))")
     return ProfileError(f"the model rejects input of shape {shape} (batch {example_input.shape[0]}): {lines[0][:300]}",
-                        "pass the --input-shape (without batch) the model expects")
+                        hint)
+
+
+_WANTS_INDICES = re.compile(r"indices|Long, Int|scalar type Long", re.IGNORECASE)
+"""torch's messages for a float tensor given to an embedding or an index op."""
 
 
 def weight_features(module: nn.Module) -> tuple[int | None, int | None]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from planner.errors import ProfileError
 from planner.profiler.fxsplit import split_fx
 from planner.profiler.hfsplit import split_hf
 from planner.profiler.layered import LayeredModel, primary_output
@@ -27,9 +28,13 @@ def split_model(module: nn.Module, example_input: torch.Tensor) -> LayeredModel:
     """Cut ``module`` into layers at the points where one activation tensor crosses.
 
     Raises TraceError when the model cannot be traced (with why and what to do), and
-    ProfileError when the model rejects ``example_input``.
+    ProfileError when the model rejects ``example_input`` or computes nothing from it.
     """
     hf = split_hf(module, example_input)
     if hf is not None:
         return hf
-    return split_fx(module, example_input)
+    layered = split_fx(module, example_input)
+    if len(layered) == 0:
+        raise ProfileError(f"{type(module).__name__} computes nothing: its forward returns its input unchanged "
+                           "(0 layers to place)", "profile a model with at least one layer")
+    return layered
