@@ -55,6 +55,25 @@ def test_never_slower_than_the_flat_share_nor_faster_than_the_cores_allow(k: int
     assert shared >= k * m * 3.0 * nominal / min(k, cores) * (1 - 1e-9)
 
 
+def test_busy_time_counts_compute_at_the_rate_it_ran() -> None:
+    # K=4, M=1 on 2 cores: one lane at a time, each at twice its nominal speed, so the lanes take turns
+    opts = SimOptions(core_nodes=(node(4, 2.0),))
+    res = simulate_costs(uniform(4), "1f1b", 1, options=opts)
+    nominal = simulate_costs(uniform(4), "1f1b", 1)
+    assert all(d.compute_s == pytest.approx(n.compute_s / 2) for d, n in zip(res.devices, nominal.devices, strict=True))
+    assert sum(d.busy_s for d in res.devices) == pytest.approx(res.iteration_s)
+    assert res.bubble_fraction == pytest.approx(0.75)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 8), st.floats(0.5, 6.0), st.floats(0.5, 1.0))
+def test_no_device_is_busy_longer_than_the_iteration(k: int, m: int, cores: float, efficiency: float) -> None:
+    opts = SimOptions(core_nodes=(node(k, cores, efficiency=efficiency),))
+    res = simulate_costs(uniform(k, 1.0, 2.0), "1f1b", m, options=opts)
+    assert all(d.busy_s <= res.iteration_s * (1 + 1e-9) for d in res.devices)
+    assert 0.0 <= res.bubble_fraction < 1.0
+
+
 def test_events_keep_their_real_start_and_end() -> None:
     opts = SimOptions(core_nodes=(node(4, 2.0),))
     res = simulate_costs(uniform(4), "1f1b", 1, options=opts)

@@ -45,7 +45,8 @@ The simulator plays a :class:`planner.schedule.Schedule` over per-stage costs
   (``concurrent_devices``: CPU processes on fewer cores, :mod:`planner.simulate.cores`), a
   lane's F, B and W run faster than their nominal (all-computing) time while fewer of the
   node's devices compute: processor sharing of its cores among the computing lanes
-  (``busy_s`` and the bubble still count the lanes' nominal work).
+  (``compute_s``, ``busy_s`` and the bubble count each lane's compute at the rates it ran:
+  its nominal work over its mean rate, ``Engine.compute_rate``).
 * **Memory** per lane over time: static bytes (weights, gradients, optimizer state) of its
   chunks; + ``activation_bytes`` of a chunk from the start of a micro-batch's F until the
   end of its B (its W under ``zb-h1``); + ``workspace_bytes`` during B and W; when the

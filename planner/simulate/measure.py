@@ -11,10 +11,14 @@ from planner.simulate.events import BY_START_TRACK
 from planner.simulate.result import DeviceResult, SimResult
 
 
-def lane_work(run: Engine, lane: int) -> tuple[float, float]:
-    """The lane's compute and busy time (compute, blocking all-reduce, optimizer steps) per iteration."""
+def lane_work(run: Engine, lane: int, *, played: bool = True) -> tuple[float, float]:
+    """The lane's compute and busy time (compute, blocking all-reduce, optimizer steps) per iteration:
+    its compute as played (on shared cores, at the rates it ran; ``Engine.compute_rate``), or with
+    ``played=False`` its nominal (cost model) seconds."""
     chunks = range(lane, run.n_chunks, run.k)
     compute = run.m * sum(run.fwd[c] + run.bwd[c] + run.wgt[c] for c in chunks)
+    if played:
+        compute /= run.compute_rate(lane)
     ar = 0.0 if run.opts.overlap_allreduce else sum(run.costs[c].allreduce_s for c in chunks)
     return compute, compute + ar + sum(run.costs[c].optimizer_step_s for c in chunks)
 
@@ -22,7 +26,7 @@ def lane_work(run: Engine, lane: int) -> tuple[float, float]:
 def steady_bound(run: Engine) -> float:
     """No steady state is faster than its busiest resource: a lane's work, one flow's
     transfers (in order), or a link's transfers (its bandwidth shared), per iteration."""
-    busiest_lane = max(lane_work(run, lane)[1] / run.cores.fastest_rate(lane) for lane in range(run.k))
+    busiest_lane = max(lane_work(run, lane, played=False)[1] / run.cores.fastest_rate(lane) for lane in range(run.k))
     return max(busiest_lane, run.net.busiest_s(run.m))
 
 
