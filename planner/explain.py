@@ -4,19 +4,23 @@ Pure (no torch, click or rich). From a plan, its stage costs (:func:`planner.cos
 and its simulation (:func:`planner.simulate.simulate`) this module computes, per pipeline rank
 ("stage"; under ``interleaved`` the chunks on one device group add up):
 
-* ``compute_s`` = M x (forward + backward) per micro-batch on the stage's slowest device;
+* ``compute_s`` = M x (forward + backward) per micro-batch on the stage's slowest device, as the
+  simulation played it (on a node whose devices share processors, faster while fewer compute);
 * ``transfer_s`` = M x the busier direction of the stage's incoming transfers (activations from
   the previous stage, gradients from the next; alpha + bytes / bandwidth each, the two directions
   side by side on a full-duplex link): they overlap compute and bound the stage only when they
   exceed it (:func:`planner.costmodel.stage_terms`);
 * ``allreduce_s`` and ``optimizer_s``: the gradient all-reduce and optimizer step once per iteration;
+* ``engine_s``: what the plan's engine adds (:mod:`planner.costmodel.engine`: per action and
+  micro-batch sent, played like compute, and ``engine_step_s`` once per step after the optimizer
+  step), left out of ``compute_s`` and ``optimizer_s``; 0 for a plan without an engine;
 * ``idle_s`` = iteration - the simulated busy time of the stage's devices (its share of the bubble:
   waiting for the pipeline to fill and drain, or for transfers);
 * memory headroom: per device capacity minus the simulated peak, the least over the stage's devices.
 
 The bottleneck is the stage with the most work (``max(compute, transfers) + all-reduce +
-optimizer``, the steady-state term of the cost model); its bound is its largest part (compute,
-transfers, all-reduce, optimizer or bubble).
+optimizer``, the engine's share in each, the steady-state term of the cost model); its bound is its
+largest part (compute, transfers, all-reduce, optimizer, engine or bubble).
 Given the candidates the search judged (plan and simulated prediction, best first), it names
 the runner-up configurations and the best plan that uses every GPU of the cluster (or says
 that none was judged), with that plan's own bottleneck: why using the idle GPUs is slower.
@@ -29,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner import ir
-from planner.costmodel import stage_costs
+from planner.costmodel import charge_plan, stage_costs_for
 from planner.simulate import DeviceResult, SimOptions, SimResult, simulate
 
 RUNNER_UPS = 3
@@ -53,16 +57,19 @@ class StageExplanation:
     peak_memory_bytes: int
     capacity_bytes: int
     headroom_bytes: int
+    engine_s: float = 0.0
+    engine_step_s: float = 0.0
 
     @property
     def work_s(self) -> float:
         """The stage's steady-state work: transfers hide behind compute unless they exceed it."""
-        return max(self.compute_s, self.transfer_s) + self.allreduce_s + self.optimizer_s
+        busy_s = self.compute_s + self.engine_s - self.engine_step_s
+        return max(busy_s, self.transfer_s) + self.allreduce_s + self.optimizer_s + self.engine_step_s
 
     def terms(self) -> dict[str, float]:
         """The parts of this stage's iteration by name, largest first (transfers overlap compute)."""
         terms = {"compute": self.compute_s, "transfers": self.transfer_s, "all-reduce": self.allreduce_s,
-                 "optimizer": self.optimizer_s, "bubble": self.idle_s}
+                 "optimizer": self.optimizer_s, "engine": self.engine_s, "bubble": self.idle_s}
         return dict(sorted(terms.items(), key=lambda kv: -kv[1]))
 
     def bound(self) -> str:
@@ -72,6 +79,7 @@ class StageExplanation:
     def to_dict(self) -> dict[str, Any]:
         return {"stage": self.stage, "devices": list(self.devices), "compute_s": self.compute_s,
                 "transfer_s": self.transfer_s, "allreduce_s": self.allreduce_s, "optimizer_s": self.optimizer_s,
+                "engine_s": self.engine_s, "engine_step_s": self.engine_step_s,
                 "idle_s": self.idle_s, "peak_memory_bytes": self.peak_memory_bytes,
                 "capacity_bytes": self.capacity_bytes, "headroom_bytes": self.headroom_bytes}
 
@@ -128,29 +136,43 @@ def _lane_chunks(n_chunks: int, lanes: int) -> list[list[int]]:
     return [[c for c in range(n_chunks) if c % lanes == lane] for lane in range(lanes)]
 
 
-def _stage(lane: int, chunks: Sequence[int], costs: Sequence[ir.StageCost], microbatches: int,
+_Costs = tuple[Sequence[ir.StageCost], Sequence[ir.StageCost]]
+"""A plan's stage costs without and with its engine's overheads."""
+
+
+def _stage(lane: int, chunks: Sequence[int], costs: _Costs, microbatches: int,
            devices: Sequence[DeviceResult], iteration_s: float) -> StageExplanation:
-    """One lane's terms from its chunks' costs and its devices' simulated results."""
-    per_mb = sum(costs[c].forward_s + costs[c].backward_s for c in chunks)
-    activations_in = sum(costs[c - 1].send_s for c in chunks if c > 0)
-    gradients_in = sum(costs[c].send_s for c in chunks)  # the same bytes come back as gradients
+    """One lane's terms from its chunks' costs (bare and charged with the engine) and its devices'
+    simulated results."""
+    bare, charged = costs
+    per_mb = sum(charged[c].forward_s + charged[c].backward_s for c in chunks)
+    engine_mb = per_mb - sum(bare[c].forward_s + bare[c].backward_s for c in chunks)
+    played_s = max((d.compute_s for d in devices), default=microbatches * per_mb)  # shared cores: as played
+    engine_actions_s = played_s * engine_mb / per_mb if per_mb > 0 else 0.0
+    optimizer_s = sum(bare[c].optimizer_step_s for c in chunks)
+    engine_step_s = sum(charged[c].optimizer_step_s for c in chunks) - optimizer_s
+    activations_in = sum(bare[c - 1].send_s for c in chunks if c > 0)
+    gradients_in = sum(bare[c].send_s for c in chunks)  # the same bytes come back as gradients
     recv = max(activations_in, gradients_in)  # the two directions of a full-duplex link run side by side
     busy_s = max((d.busy_s for d in devices), default=0.0)
     peak = max((d.peak_memory_bytes for d in devices), default=0)
     caps = [d.capacity_bytes for d in devices if d.capacity_bytes > 0]
     headroom = min((d.capacity_bytes - d.peak_memory_bytes for d in devices if d.capacity_bytes > 0), default=0)
     return StageExplanation(
-        stage=lane, devices=tuple(d.device for d in devices), compute_s=microbatches * per_mb,
-        transfer_s=microbatches * recv, allreduce_s=sum(costs[c].allreduce_s for c in chunks),
-        optimizer_s=sum(costs[c].optimizer_step_s for c in chunks), idle_s=max(0.0, iteration_s - busy_s),
-        peak_memory_bytes=peak, capacity_bytes=min(caps, default=0), headroom_bytes=headroom)
+        stage=lane, devices=tuple(d.device for d in devices), compute_s=played_s - engine_actions_s,
+        transfer_s=microbatches * recv, allreduce_s=sum(bare[c].allreduce_s for c in chunks),
+        optimizer_s=optimizer_s, idle_s=max(0.0, iteration_s - busy_s), peak_memory_bytes=peak,
+        capacity_bytes=min(caps, default=0), headroom_bytes=headroom, engine_s=engine_actions_s + engine_step_s,
+        engine_step_s=engine_step_s)
 
 
 def stage_explanations(plan: ir.Plan, result: SimResult) -> tuple[StageExplanation, ...]:
-    """Per pipeline rank: compute, transfers, all-reduce, optimizer, idle and memory headroom
+    """Per pipeline rank: compute, transfers, all-reduce, optimizer, engine, idle and memory headroom
     (``result``: the plan's simulation)."""
-    costs = stage_costs(plan)
-    chunks = _lane_chunks(len(costs), len(result.lanes))
+    bare = stage_costs_for(plan.profile, plan.cluster, plan.stages, plan.microbatches, plan.optimizer,
+                           plan.precision)
+    costs = (bare, charge_plan(plan, bare))
+    chunks = _lane_chunks(len(bare), len(result.lanes))
     return tuple(_stage(lane, chunks[lane], costs, plan.microbatches,
                         [d for d in result.devices if d.lane == lane], result.iteration_s)
                  for lane in range(len(result.lanes)))

@@ -112,6 +112,28 @@ def test_a_compute_bound_single_stage_has_no_bubble_bound() -> None:
     assert e.stages[0].terms()["compute"] == pytest.approx(e.stages[0].compute_s)
 
 
+def test_the_engines_overheads_are_a_term_of_their_own() -> None:
+    """What the plan's engine adds (per action, per micro-batch sent, per step) is the ``engine``
+    term, taken out of compute and the optimizer step; the stage's work is unchanged."""
+    from planner.ir import EngineOverhead
+
+    profile = ir.ModelProfile.from_dict(make_profile_dict(8, batch_size=8))
+    bare = ir.Cluster.from_dict(make_cluster_dict(2, 2))
+    over = EngineOverhead(per_action_s=2e-3, per_microbatch_s=1e-3, per_step_s=5e-3)
+    cluster = dataclasses.replace(bare, engine_overheads=(("torch", over),))
+    plan = search(profile, cluster, microbatches=4, engine="torch", config=(2, 2))
+    charged, plain = explain(plan), explain(dataclasses.replace(plan, cluster=bare))
+    m = plan.microbatches
+    for s, (c, p) in enumerate(zip(charged.stages, plain.stages, strict=True)):
+        sends = (s < len(plan.stages) - 1) + (s > 0)
+        assert c.engine_step_s == pytest.approx(5e-3)
+        assert c.engine_s == pytest.approx(m * (2 * 2e-3 + sends * 1e-3) + 5e-3)
+        assert c.compute_s == pytest.approx(p.compute_s) and c.optimizer_s == pytest.approx(p.optimizer_s)
+        assert c.work_s == pytest.approx(p.work_s + c.engine_s)
+        assert c.terms()["engine"] == c.engine_s and c.to_dict()["engine_s"] == c.engine_s
+    assert all(p.engine_s == 0.0 for p in plain.stages)
+
+
 def test_a_plan_over_capacity_shows_negative_headroom(vgg_search) -> None:
     plan, _ = vgg_search
     tiny = dataclasses.replace(plan.cluster, nodes=tuple(

@@ -57,3 +57,15 @@ def test_long_form_prints_the_tables() -> None:
     out = console.export_text()
     assert "where the 498.00 ms iteration goes, per stage" in out and "other plans the search judged" in out
     assert "0 *" in out and "450.00 ms (90%)" in out and "stage 0: transfers 206.00 ms, bubble 188.00 ms" in out
+
+
+def test_the_engine_column_shows_only_when_an_engine_adds_time() -> None:
+    def table(e: Explanation) -> str:
+        console = Console(record=True, width=240)
+        print_explanation(e, console, long=True)
+        return console.export_text()
+
+    assert " engine " not in table(_e())
+    charged = (dataclasses.replace(STAGES[0], engine_s=0.0249, engine_step_s=0.005), STAGES[1])
+    out = table(_e(stages=charged))
+    assert " engine " in out and "24.90 ms (5%)" in out

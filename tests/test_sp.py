@@ -185,6 +185,27 @@ def test_default_prediction_and_dp_time_come_from_the_simulator() -> None:
     assert plan.speedup_over_dp == pytest.approx(plan.dp_iteration_s / plan.predicted.iteration_s)
 
 
+def test_the_data_parallel_yardstick_is_run_by_the_plans_engine() -> None:
+    """A plan searched for an engine is set against pure data parallel run by that engine, with
+    its overheads, not against data parallel with none (a speed-up the engine cannot show)."""
+    import dataclasses
+
+    from planner.ir import EngineOverhead
+    from planner.search.rerank import dp_simulated_s
+
+    profile = ir.ModelProfile.from_dict(make_profile_dict(8, batch_size=8))
+    bare = cluster_from_dict(make_cluster_dict(2, 2))
+    cluster = dataclasses.replace(bare, engine_overheads=(("torch", EngineOverhead(2e-3, 1e-3, 5e-3)),))
+    plan = search(profile, cluster, microbatches=4, schedule="1f1b", engine="torch")
+    assert plan.dp_iteration_s == dp_simulated_s(profile, cluster, "sgd", engine="torch")
+    assert plan.dp_iteration_s is not None and plan.dp_iteration_s > dp_simulated_s(profile, cluster, "sgd")
+    analytic = search(profile, cluster, microbatches=4, schedule="1f1b", engine="torch", candidates=0)
+    from planner.costmodel import dp_iteration
+
+    assert analytic.dp_iteration_s == dp_iteration(profile, cluster, "sgd", engine="torch")[0]
+    assert analytic.dp_iteration_s > dp_iteration(profile, cluster, "sgd")[0]
+
+
 def test_infeasible_reports_needed_memory() -> None:
     profile = ir.ModelProfile.from_dict(make_profile_dict(3, batch_size=8))
     cluster = cluster_from_dict(make_cluster_dict(1, 2, memory_bytes=1_000))

@@ -40,6 +40,7 @@ from planner.costmodel.engine import (
 from planner.costmodel.iteration import (
     analytic_iteration,
     dp_iteration,
+    dp_plan,
     dp_stage,
     in_flight,
     plan_memory,
@@ -88,7 +89,7 @@ from planner.costmodel.variant import Variant, VariantCost, variant_cost, varian
 __all__ = ["DP", "FORM_INDEX", "KEYS", "NF", "OPTIMIZER_BYTES_PER_PARAM", "OPTIMIZER_TRAFFIC", "SHARDED", "SPLIT_IN",
            "SPLIT_OUT", "TP", "ZERO_BUBBLE_W_SHARE", "Bytes", "EngineOverhead", "Grid", "LayerTable", "Variant",
            "VariantCost", "allreduce_coefficients", "allreduce_s", "analytic_iteration", "cached_layer_table", "charge",
-           "charge_plan", "default_precision", "dp_iteration", "dp_stage", "dtype_bytes", "engine_overhead",
+           "charge_plan", "default_precision", "dp_iteration", "dp_plan", "dp_stage", "dtype_bytes", "engine_overhead",
            "grad_accumulation_s", "in_flight", "layer_table", "loss_s", "memory_bandwidth_Bps", "optimizer_step_s",
            "p2p_s", "plan_memory", "plan_overhead", "predict", "ring_allgather_s", "ring_allreduce_s",
            "schedule_weights", "stage_cost_values", "stage_costs", "stage_costs_for", "stage_grid", "stage_overhead_s",

@@ -131,10 +131,21 @@ def dp_stage(profile: ir.ModelProfile, cluster: ir.Cluster, devices: Sequence[st
     return ir.Stage((0, n), devs, ("dp",) * n, mem)
 
 
-def dp_iteration(profile: ir.ModelProfile, cluster: ir.Cluster, optimizer: str = "sgd",
-                 precision: str = "fp32") -> tuple[float, int, bool]:
-    """Pure data parallel over every GPU: (iteration seconds, peak bytes per device, fits)."""
+def dp_plan(profile: ir.ModelProfile, cluster: ir.Cluster, optimizer: str = "sgd", precision: str = "fp32",
+            engine: str = "any") -> ir.Plan:
+    """Pure data parallel over every GPU as a plan (one stage, M = 1) run by ``engine``, whose
+    overheads it is charged with where the cluster carries them: the yardstick of a plan for it."""
     stage = dp_stage(profile, cluster, optimizer=optimizer, precision=precision)
-    cost = stage_cost_values(profile, cluster, stage, 1, optimizer, None, precision)
+    return ir.Plan(profile, cluster, "1f1b", 1, optimizer, (stage,), ir.Prediction(0.0, 0.0, 0.0, 0),
+                   precision=precision, engine=engine)
+
+
+def dp_iteration(profile: ir.ModelProfile, cluster: ir.Cluster, optimizer: str = "sgd",
+                 precision: str = "fp32", engine: str = "any") -> tuple[float, int, bool]:
+    """Pure data parallel over every GPU, run by ``engine``: (iteration seconds, peak bytes per
+    device, fits)."""
+    plan = dp_plan(profile, cluster, optimizer, precision, engine)
+    (cost,) = stage_costs(plan)
     t, _ = analytic_iteration([cost], "gpipe", 1)
+    stage = plan.stages[0]
     return t, stage.memory_bytes, stage.memory_bytes <= cost.capacity_bytes

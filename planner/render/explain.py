@@ -79,20 +79,22 @@ def short_lines(e: Explanation) -> list[str]:
 def stage_table(e: Explanation) -> Table:
     """Per stage: where its iteration goes and its memory headroom (the bottleneck marked)."""
     table = Table(title=f"where the {ms(e.iteration_s)} iteration goes, per stage", title_justify="left")
-    for col in ("stage", "devices", "compute", "transfers", "all-reduce", "optimizer", "idle", "peak GiB",
-                "capacity GiB", "headroom GiB"):
+    engine = any(s.engine_s > 0 for s in e.stages)
+    for col in ("stage", "devices", "compute", "transfers", "all-reduce", "optimizer", *(("engine",) if engine else ()),
+                "idle", "peak GiB", "capacity GiB", "headroom GiB"):
         table.add_column(col, justify="left" if col == "devices" else "right", overflow="fold")
     for s in e.stages:
         mark = " *" if s.stage == e.bottleneck and len(e.stages) > 1 else ""
-        table.add_row(f"{s.stage}{mark}", safe_text(_devices(s.devices)), *_stage_times(s, e.iteration_s),
+        table.add_row(f"{s.stage}{mark}", safe_text(_devices(s.devices)), *_stage_times(s, e.iteration_s, engine),
                       *(f"{b / GIB:.2f}" for b in (s.peak_memory_bytes, s.capacity_bytes, s.headroom_bytes)),
                       style="bold" if mark else "")
     return table
 
 
-def _stage_times(s: StageExplanation, iteration_s: float) -> list[str]:
-    """Compute, transfers, all-reduce, optimizer and idle, each in ms and as a share of the iteration."""
-    values = (s.compute_s, s.transfer_s, s.allreduce_s, s.optimizer_s, s.idle_s)
+def _stage_times(s: StageExplanation, iteration_s: float, engine: bool) -> list[str]:
+    """Compute, transfers, all-reduce, optimizer, the engine's overheads (when shown) and idle, each
+    in ms and as a share of the iteration."""
+    values = (s.compute_s, s.transfer_s, s.allreduce_s, s.optimizer_s, *((s.engine_s,) if engine else ()), s.idle_s)
     return [f"{ms(v)} ({_share(v, iteration_s)})" for v in values]
 
 

@@ -25,8 +25,9 @@ MAX_LABELS = 3000
 MAX_LEGEND = 12
 MAX_PANEL_IN = 12.0
 """Tallest Gantt panel (inches); past it rows get thinner (64 stages and their links still fit)."""
-SHADE = {"AR": "0.35", "OPT": "0.15", "act": "0.6", "grad": "0.8"}
-"""Grey levels of the collectives and transfers (activations forward, gradients backward)."""
+SHADE = {"AR": "0.35", "OPT": "0.15", "act": "0.6", "grad": "0.8", "engine": "0.5"}
+"""Grey levels of the collectives and transfers (activations forward, gradients backward), and of the
+engine's overheads."""
 
 
 def lane_label(devices: Sequence[str]) -> str:
@@ -183,11 +184,14 @@ def _draw_memory(axm: Any, result: SimResult, cmap: Any) -> None:
 
 
 def _draw_breakdown(axb: Any, e: Explanation, cmap: Any) -> None:
-    """Per stage, stacked: compute, all-reduce, optimizer step, idle; transfers (overlapping) as a thin bar."""
+    """Per stage, stacked: compute, all-reduce, optimizer step, the engine's overheads (when any),
+    idle; transfers (overlapping) as a thin bar."""
     ys = range(len(e.stages))
     left = [0.0] * len(e.stages)
+    engine = any(s.engine_s > 0 for s in e.stages)
     parts = (("compute", "compute_s", None), ("all-reduce", "allreduce_s", SHADE["AR"]),
-             ("optimizer step", "optimizer_s", SHADE["OPT"]), ("idle (bubble)", "idle_s", "white"))
+             ("optimizer step", "optimizer_s", SHADE["OPT"]), *((("engine", "engine_s", SHADE["engine"]),) if engine
+                                                                else ()), ("idle (bubble)", "idle_s", "white"))
     for name, attr, color in parts:
         widths = [getattr(s, attr) * 1e3 for s in e.stages]
         colors = [_color(cmap, s.stage) for s in e.stages] if color is None else color

@@ -225,9 +225,10 @@ def _distinct(found: list[tuple[float, int, Problem, Solution]], n: int, engine:
 
 def _with_prediction(plan: ir.Plan, predicted: ir.Prediction) -> ir.Plan:
     """``plan`` with a simulated prediction, and the simulated data-parallel time beside it."""
-    _, _, dp_fits = dp_iteration(plan.profile, plan.cluster, plan.optimizer, plan.precision)
+    _, _, dp_fits = dp_iteration(plan.profile, plan.cluster, plan.optimizer, plan.precision, plan.engine)
     dp_fits = dp_fits and plan.batch_size % len(plan.cluster.gpus) == 0  # pure data parallel runs
-    dp_s = rerank.dp_simulated_s(plan.profile, plan.cluster, plan.optimizer, plan.precision) if dp_fits else None
+    dp_s = (rerank.dp_simulated_s(plan.profile, plan.cluster, plan.optimizer, plan.precision, plan.engine)
+            if dp_fits else None)
     speedup = dp_s / predicted.iteration_s if dp_s is not None and predicted.iteration_s > 0 else None
     return dataclasses.replace(plan, predicted=predicted, dp_iteration_s=dp_s, speedup_over_dp=speedup)
 
@@ -276,7 +277,7 @@ def solution_plan(prob: Problem, sol: Solution, *, engine: str = "any", solver: 
     """Turn a DP solution into an ``ir.Plan`` with forms, memory, analytic prediction and dp speed-up."""
     draft, _ = _memory_plan(prob, sol, engine=engine, solver=solver)
     pred = predict(draft)
-    dp_t, _, dp_fits = dp_iteration(prob.profile, prob.cluster, prob.optimizer, prob.space.precision)
+    dp_t, _, dp_fits = dp_iteration(prob.profile, prob.cluster, prob.optimizer, prob.space.precision, engine)
     dp_s = dp_t if dp_fits else None
     speedup = dp_t / pred.iteration_s if dp_fits and pred.iteration_s > 0 else None
     return dataclasses.replace(draft, predicted=pred, dp_iteration_s=dp_s, speedup_over_dp=speedup)

@@ -283,11 +283,9 @@ def best_simulated(plans: Sequence[Costed], judged: list[Judged] | None = None) 
     return best[2]
 
 
-def dp_simulated_s(profile: ir.ModelProfile, cluster: ir.Cluster, optimizer: str, precision: str = "fp32") -> float:
-    """Pure data parallel (one stage on every GPU, M = 1), simulated: the speed-up's yardstick."""
-    from planner.costmodel import dp_stage
+def dp_simulated_s(profile: ir.ModelProfile, cluster: ir.Cluster, optimizer: str, precision: str = "fp32",
+                   engine: str = "any") -> float:
+    """Pure data parallel (one stage on every GPU, M = 1) run by ``engine``, simulated: the speed-up's yardstick."""
+    from planner.costmodel import dp_plan
 
-    stage = dp_stage(profile, cluster, optimizer=optimizer, precision=precision)
-    plan = ir.Plan(profile, cluster, "1f1b", 1, optimizer, (stage,), ir.Prediction(0.0, 0.0, 0.0, 0),
-                   precision=precision)
-    return simulated(plan).prediction.iteration_s
+    return simulated(dp_plan(profile, cluster, optimizer, precision, engine)).prediction.iteration_s
