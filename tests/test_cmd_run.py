@@ -93,3 +93,17 @@ def test_model_mismatch_exits_1_with_cause(tmp_path: Path) -> None:
 def test_unknown_model_exits_1(tmp_path: Path) -> None:
     res = CliRunner().invoke(main, ["run", _write(tmp_path), "--model", "nosuchmodel", "--engine", "torch"])
     assert res.exit_code == 1 and "unknown model" in res.stderr
+
+
+def test_the_text_says_the_measured_terms_come_from_one_profiled_step(capsys: pytest.CaptureFixture[str]) -> None:
+    from planner.commands.run import _print
+
+    doc = {"ratio": 1.2, "measured_iteration_s": 0.006, "predicted_iteration_s": 0.005, "warmup": 1, "losses": [1.0],
+           "ranks": [], "stages": [{"stage": 0, "measured": {"compute": 0.002, "other": 0.008},
+                                    "predicted": {"compute": 0.003, "engine": 0.002}},
+                                   {"stage": 1, "measured": None, "predicted": {"compute": 0.003}}]}
+    _print(doc, 3, check=False)
+    lines = capsys.readouterr().out.splitlines()
+    assert "stage 0 (ms per step)  measured (one profiled step, 10.0 in all) compute 2.0, other 8.0  predicted " \
+           "compute 3.0, engine 2.0" in lines
+    assert "stage 1 (ms per step)  measured -  predicted compute 3.0" in lines

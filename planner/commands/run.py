@@ -99,7 +99,9 @@ def _print(doc: dict[str, Any], steps: int, check: bool) -> None:
         f"{r['device']}:{r['peak_memory_bytes'] / 2**20:.1f}/{r['predicted_memory_bytes'] / 2**20:.1f}"
         for r in doc["ranks"]))
     for stage in doc.get("stages") or []:
-        click.echo(f"stage {stage['stage']} (ms per step)  measured " + _terms_text(stage["measured"])
+        measured = stage["measured"]
+        step = f"(one profiled step, {sum(measured.values()) * 1e3:.1f} in all) " if measured else ""
+        click.echo(f"stage {stage['stage']} (ms per step)  measured {step}" + _terms_text(measured)
                    + "  predicted " + _terms_text(stage["predicted"]))
     if check:
         click.echo("reference " + " ".join(f"{x:.5f}" for x in doc["reference_losses"]))
