@@ -59,7 +59,19 @@ def plan_table(plan: ir.Plan, bottleneck: int) -> Table:
                       f"{stage.tp} x {stage.dp}", forms,
                       _ms(cost.forward_s + cost.backward_s), _ms(recv), _ms(cost.allreduce_s),
                       _gib(stage.memory_bytes), _gib(cost.capacity_bytes))
+    table.caption = _shared_cores_caption(plan)
+    table.caption_justify = "left"
     return table
+
+
+def _shared_cores_caption(plan: ir.Plan) -> str | None:
+    """What ``fwd+bwd / mb`` means on nodes whose devices share processors (CPU processes), else None."""
+    shared = [n for n in plan.cluster.nodes if n.core_share < 1.0]
+    if not shared:
+        return None
+    node = min(shared, key=lambda n: n.core_share)
+    return (f"fwd+bwd / mb: with all {len(node.gpus)} processes of {safe_text(node.name)} computing at once; "
+            f"one computing alone runs up to {1 / node.core_share:.2f}x faster (the simulation plays that)")
 
 
 def print_plan(plan: ir.Plan, explanation: Explanation, *, elapsed_s: float | None = None, output: str | None = None,
