@@ -96,6 +96,29 @@ def test_breakdown_panel_from_the_explanation() -> None:
         plt.close(fig)
 
 
+def test_an_engines_overheads_have_their_bar_and_their_word_in_the_legend() -> None:
+    import dataclasses
+
+    profile = ir.ModelProfile.from_dict(make_profile_dict(4, batch_size=8))
+    bare = ir.Cluster.from_dict(make_cluster_dict(2, 2))
+    cluster = dataclasses.replace(bare, engine_overheads=(("torch", ir.EngineOverhead(1e-3, 1e-3, 5e-3)),))
+    plan = search(profile, cluster, config=(2, 2), microbatches=2, engine="torch")
+    result = simulate(plan)
+    fig = figure(result, explanation=explain(plan, result=result))
+    try:
+        assert "engine" in _legend(fig.axes[2])
+        assert "optimizer step\n+ the engine's per-step cost" in _legend(fig.axes[0])
+    finally:
+        plt.close(fig)
+    plain = search(profile, bare, config=(2, 1), microbatches=4)
+    result = simulate(plain)
+    fig = figure(result, explanation=explain(plain, result=result))
+    try:
+        assert "engine" not in _legend(fig.axes[2]) and "optimizer step" in _legend(fig.axes[0])
+    finally:
+        plt.close(fig)
+
+
 def test_plot_writes_a_png_atomically(tmp_path: Path) -> None:
     link = ir.Link(1e6, 1e-3)
     r = simulate_costs([cost(f"g{s}", 1.0, 2.0, 0.5, link=link, nbytes=1e5, static=2**30, act=2**28,

@@ -102,8 +102,9 @@ def _draw_labels(ax: Any, labels: Sequence[tuple[float, float, int, str]]) -> in
     return len(fitting)
 
 
-def _legend_handles(result: SimResult, cmap: Any) -> list[Any]:
-    """Stage colours (the first few), then every kind of bar the Gantt draws."""
+def _legend_handles(result: SimResult, cmap: Any, engine_step: bool = False) -> list[Any]:
+    """Stage colours (the first few), then every kind of bar the Gantt draws (``engine_step``: the
+    optimizer step's bar holds the engine's per-step cost too)."""
     from matplotlib.patches import Patch
 
     stages = sorted({e.stage for e in result.events if e.op in ("F", "B", "W")})
@@ -118,13 +119,14 @@ def _legend_handles(result: SimResult, cmap: Any) -> list[Any]:
                 Patch(label="backward (dark)", **_bar_style("B", grey)),
                 Patch(label="weight gradient (hatched)", **_bar_style("W", grey)),
                 Patch(facecolor=SHADE["AR"], label="gradient all-reduce"),
-                Patch(facecolor=SHADE["OPT"], label="optimizer step"),
+                Patch(facecolor=SHADE["OPT"], label="optimizer step" + ("\n+ the engine's per-step cost" if engine_step
+                                                                         else "")),
                 Patch(facecolor=SHADE["act"], label="transfer: activations (fwd)"),
                 Patch(facecolor=SHADE["grad"], label="transfer: gradients (bwd)")]
     return handles
 
 
-def _gantt_axes(ax: Any, result: SimResult, title: str | None, cmap: Any) -> None:
+def _gantt_axes(ax: Any, result: SimResult, title: str | None, cmap: Any, engine_step: bool = False) -> None:
     """Row names, time range, a steady-state run's measured window, title and the complete legend."""
     links = list(result.links)
     n_rows = len(result.lanes) + len(links)
@@ -142,7 +144,8 @@ def _gantt_axes(ax: Any, result: SimResult, title: str | None, cmap: Any) -> Non
                            f"{count(result.microbatches, 'micro-batch')}, iteration "
                            f"{result.iteration_s * 1000:.3f} ms, bubble {result.bubble_fraction:.1%}"),
                  fontsize=10, loc="left")
-    ax.legend(handles=_legend_handles(result, cmap), fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.legend(handles=_legend_handles(result, cmap, engine_step), fontsize=7, loc="upper left",
+              bbox_to_anchor=(1.0, 1.0))
 
 
 def _capacities(result: SimResult) -> dict[int, list[str]]:
@@ -225,7 +228,8 @@ def figure(result: SimResult, title: str | None = None, explanation: Explanation
     try:
         cmap = plt.get_cmap("tab20" if result.stages * result.virtual_stages > 9 else "tab10")
         labels = _draw_bars(axes[0], result, cmap)
-        _gantt_axes(axes[0], result, title, cmap)
+        engine_step = explanation is not None and any(st.engine_step_s > 0 for st in explanation.stages)
+        _gantt_axes(axes[0], result, title, cmap, engine_step)
         _draw_memory(axes[1], result, cmap)
         if explanation is not None:
             _draw_breakdown(axes[2], explanation, cmap)
