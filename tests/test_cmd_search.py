@@ -274,3 +274,16 @@ def test_progress_lines_when_asked_off_a_terminal(files) -> None:
     loud = _run("search", prof, "--cluster", clus, "--progress")
     assert "searching plans" not in quiet.stderr
     assert "searching plans for toy" in loud.stderr and " s  M=" in loud.stderr
+
+
+def test_a_cpu_profile_off_its_calibrated_clusters_speed_is_warned_on_stderr_and_in_json(tmp_path) -> None:
+    profile = {**make_profile_dict(6, batch_size=8), "device": "cpu", "device_flops": 9e10}
+    cluster = make_cluster_dict(1, 2)
+    cluster["nodes"][0]["concurrent_devices"] = 2.0  # calibrated: two processes, two cores, flops 1e12
+    r = _run("search", _write(tmp_path, "p.json", profile), "--cluster", _write(tmp_path, "c.json", cluster), "--json")
+    assert r.exit_code == 0, r.output
+    assert "warning: this CPU profile's times are scaled x0.09" in r.stderr and "--match-profile" in r.stderr
+    assert "--match-profile" in json.loads(r.stdout)["rescale"]["warning"]
+    matched = {**profile, "device_flops": 1e12}
+    r = _run("search", _write(tmp_path, "m.json", matched), "--cluster", _write(tmp_path, "c.json", cluster), "--json")
+    assert r.exit_code == 0 and "warning" not in r.stderr and "rescale" not in json.loads(r.stdout)

@@ -122,5 +122,7 @@ def _plan_document(plan: ir.Plan) -> dict[str, Any]:
     note = rescale_note(plan.profile, plan.cluster, plan.precision)
     if note is not None:
         click.echo(f"note: {note.text}", err=True)
+        if note.warning is not None:
+            click.echo(f"warning: {note.warning}", err=True)
         doc["rescale"] = note.to_dict()
     return doc

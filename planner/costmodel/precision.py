@@ -104,20 +104,48 @@ def flop_scale(profile: ir.ModelProfile, peak_flops: float) -> float:
     return profile.device_flops / peak_flops
 
 
+MATCH_TOLERANCE = 1.5
+"""How far (either way) a CPU profile's factor on a calibrated CPU cluster may be from the one a
+profile of the model the cluster was matched to has before search warns (:attr:`Rescale.warning`)."""
+
+
 @dataclass(frozen=True)
 class Rescale:
-    """A profile's times moved to a cluster's GPUs: the two peaks and the factor."""
+    """A profile's times moved to a cluster's GPUs: the two peaks and the factor.
+
+    ``matched_factor``: for a profile measured on a CPU and a cluster of CPU processes sharing
+    cores (``planner calibrate``), the factor a profile of the model the cluster was matched to
+    has (1 / the node's core share: the cluster's flops are the processes' speed when all compute
+    at once); None elsewhere. Two models' measured FLOP/s on one CPU differ by up to 100x (a tiny
+    MLP 0.5 GFLOP/s, a small Llama 40 here), so a factor far from it means the cluster was
+    calibrated against another model's profile (or the matmul benchmark), and the times it scales
+    are not this machine's.
+    """
 
     profile_device: str
     profile_flops: float
     cluster: str
     cluster_flops: float
     number_format: str
+    matched_factor: float | None = None
 
     @property
     def factor(self) -> float:
         """Multiplier on the profile's times (> 1: the cluster's GPUs are slower)."""
         return self.profile_flops / self.cluster_flops
+
+    @property
+    def warning(self) -> str | None:
+        """Why the factor is suspect, with what to do; None when it is not (class doc)."""
+        if self.matched_factor is None:
+            return None
+        off = self.factor / self.matched_factor
+        if 1 / MATCH_TOLERANCE <= off <= MATCH_TOLERANCE:
+            return None
+        return (f"this CPU profile's times are scaled x{self.factor:.4g} onto {self.cluster!r}, {off:.3g} times "
+                f"the x{self.matched_factor:.4g} of a profile of the model its speed was measured on: its FLOP/s "
+                "come from another model (or the matmul benchmark), and the prediction is not this machine's; "
+                "run planner calibrate --match-profile with this profile")
 
     @property
     def text(self) -> str:
@@ -127,7 +155,8 @@ class Rescale:
 
     def to_dict(self) -> dict[str, object]:
         return {"profile_device": self.profile_device, "profile_flops": self.profile_flops, "cluster": self.cluster,
-                "cluster_flops": self.cluster_flops, "number_format": self.number_format, "factor": self.factor}
+                "cluster_flops": self.cluster_flops, "number_format": self.number_format, "factor": self.factor,
+                "warning": self.warning}
 
 
 def rescale_note(profile: ir.ModelProfile, cluster: ir.Cluster, precision: str) -> Rescale | None:
@@ -136,4 +165,13 @@ def rescale_note(profile: ir.ModelProfile, cluster: ir.Cluster, precision: str) 
     peak = min(g.flops_for(fmt) for g in cluster.gpus)
     if abs(profile.device_flops / peak - 1.0) <= 0.01:
         return None
-    return Rescale(profile.device, profile.device_flops, cluster.name, peak, fmt)
+    return Rescale(profile.device, profile.device_flops, cluster.name, peak, fmt, _matched_factor(profile, cluster))
+
+
+def _matched_factor(profile: ir.ModelProfile, cluster: ir.Cluster) -> float | None:
+    """:attr:`Rescale.matched_factor`: 1 / the least core share, for a CPU profile on a cluster whose
+    every node shares its cores among CPU processes; else None."""
+    shared = all(node.concurrent_devices is not None for node in cluster.nodes)
+    if not profile.device.lower().startswith("cpu") or not shared or not cluster.nodes:
+        return None
+    return 1.0 / min(node.core_share for node in cluster.nodes)
