@@ -170,7 +170,7 @@ def stage_explanations(plan: ir.Plan, result: SimResult) -> tuple[StageExplanati
     """Per pipeline rank: compute, transfers, all-reduce, optimizer, engine, idle and memory headroom
     (``result``: the plan's simulation)."""
     bare = stage_costs_for(plan.profile, plan.cluster, plan.stages, plan.microbatches, plan.optimizer,
-                           plan.precision)
+                           plan.precision, plan.engine)
     costs = (bare, charge_plan(plan, bare))
     chunks = _lane_chunks(len(bare), len(result.lanes))
     return tuple(_stage(lane, chunks[lane], costs, plan.microbatches,

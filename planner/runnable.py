@@ -41,6 +41,9 @@ class EngineLimits:
     virtual_stages: bool
     uniform_zero: bool = True
     precisions: tuple[str, ...] = ("fp32", "bf16", "fp16")
+    zero1_gather_share: float = 0.0
+    """What its ZeRO-1 communicates beyond the gradient all-reduce, as a share of it (0: the
+    paper's reduce-scatter + all-gather; planner.costmodel.variant)."""
 
 
 ENGINES: dict[str, EngineLimits] = {
@@ -49,9 +52,13 @@ ENGINES: dict[str, EngineLimits] = {
     # activation checkpointing only.
     "deepspeed": EngineLimits("deepspeed", True, False, (0, 1), ("none", "full"), False),
     # torch.distributed.pipelining on a (pp, dp, tp) DeviceMesh: one mesh, so equal grids per stage;
-    # FSDP2 covers ZeRO 1-3 (reshard after forward or not), DTensor the tensor forms.
+    # FSDP2 covers ZeRO 2-3 (reshard after forward or not), DTensor the tensor forms; ZeRO-1 is the
+    # gradients' all-reduce and ZeroRedundancyOptimizer, which broadcasts every parameter from the
+    # rank that stepped it (torch/distributed/optim/zero_redundancy_optimizer.py, _sync_params):
+    # an all-gather's volume, half an all-reduce's, more than the paper's ZeRO-1.
     "torch": EngineLimits("torch", True, True, (0, 1, 2, 3), ("none", "selective", "full"), True,
-                          uniform_zero=False, precisions=("fp32", "bf16")),  # no loss scale in the schedule's loss
+                          uniform_zero=False, precisions=("fp32", "bf16"),  # no loss scale in the schedule's loss
+                          zero1_gather_share=0.5),
     # torchtitan: FSDP2 (shard = ZeRO-3, or never reshard = ZeRO-2) or replicate (0), tensor and
     # pipeline degrees, per-job activation checkpointing: none or full (its selective modes are
     # per-op SAC or every n-th layer, not the attention core; planner.export.torchtitan).

@@ -59,6 +59,24 @@ def test_zero_traffic_per_iteration() -> None:
     assert (one[3].sync + one[3].time - agg["time"]) / one[0].sync == pytest.approx(1.5)
 
 
+def test_torchs_zero1_broadcasts_the_parameters_after_the_all_reduce() -> None:
+    """torch's ZeRO-1 (all-reduce, then ZeroRedundancyOptimizer's broadcast from each owner): 3 Psi
+    against the paper's 2 Psi; DeepSpeed's ZeRO-1 and every other stage as the paper has them."""
+    assert cm.zero1_gather_share("torch") == 0.5
+    assert cm.zero1_gather_share("deepspeed") == cm.zero1_gather_share("any") == 0.0
+    agg = {"sync": 2.0, "time": 10.0, "fwd": 4.0, "static0": 0.0, "static1": 0.0, "static2": 0.0, "static3": 0.0,
+           "act": 1.0, "act_sel": 0.5, "core": 0.25, "fwd_head": 0.0, "act_head": 0.0}
+    torch = {z: cm.variant_cost(agg, 0.1, cm.Variant("none", z), 4, 0.0, 0.5).sync for z in range(4)}
+    paper = {z: cm.variant_cost(agg, 0.1, cm.Variant("none", z), 4, 0.0).sync for z in range(4)}
+    assert torch[1] == pytest.approx(3.0) and paper[1] == 2.0
+    assert all(torch[z] == paper[z] for z in (0, 2, 3))
+    cluster = _big_cluster(1, 8)
+    stage = ir.Stage((0, 1), tuple(g.name for g in cluster.gpus), ("dp",), 0, zero=1)
+    by = {e: cm.stage_cost_values(_one_layer(10**8), cluster, stage, 1, "adam", None, "bf16", engine=e).allreduce_s
+          for e in ("torch", "deepspeed")}
+    assert by["torch"] == pytest.approx(1.5 * by["deepspeed"])
+
+
 def test_recomputation_modes() -> None:
     agg = {"sync": 0.0, "time": 10.0, "fwd": 4.0, "static0": 0.0, "static1": 0.0, "static2": 0.0, "static3": 0.0,
            "act": 100.0, "act_sel": 60.0, "core": 0.5, "fwd_head": 0.0, "act_head": 0.0}

@@ -154,6 +154,24 @@ def test_dp_objective_charges_the_engine_overheads_the_prediction_charges(schedu
     assert sol.objective > plain.objective
 
 
+@pytest.mark.parametrize("engine", ["torch", "deepspeed"])
+def test_dp_objective_charges_the_engines_zero1_communication_the_prediction_charges(engine: str) -> None:
+    """torch's ZeRO-1 broadcasts the parameters after the all-reduce (planner.costmodel.variant):
+    the DP and the plan's prediction charge it alike, and only torch pays more than ZeRO-0."""
+    profile = ir.ModelProfile.from_dict(make_profile_dict(8, batch_size=8))
+    cluster = cluster_from_dict(make_cluster_dict(2, 2))
+    objective = {}
+    for zero in (0, 1):
+        sol = solve(build_problem(profile, cluster, microbatches=2, schedule="1f1b", optimizer="adam", engine=engine,
+                                  config=(4,), space=Space(zero=(zero,))))
+        plan = search(profile, cluster, microbatches=2, candidates=0, engine=engine, config=(4,), zero=zero,
+                      optimizer="adam")
+        assert plan.stages[0].zero == zero
+        assert plan.predicted.iteration_s == pytest.approx(sol.objective, rel=1e-9)
+        objective[zero] = sol.objective
+    assert (objective[1] > objective[0]) == (engine == "torch")
+
+
 def test_dp_objective_charges_the_nodes_handoff_cost_the_prediction_charges() -> None:
     """A node's measured hand-off cost (planner.ir.Node.handoff_s) is charged by the DP and the plan's
     prediction alike, with no engine named, and only a plan that hands micro-batches on pays it."""

@@ -36,6 +36,7 @@ from planner.costmodel.engine import (
     plan_overhead,
     stage_overhead_s,
     step_overhead_s,
+    zero1_gather_share,
 )
 from planner.costmodel.iteration import (
     analytic_iteration,
@@ -94,4 +95,4 @@ __all__ = ["DP", "FORM_INDEX", "KEYS", "NF", "OPTIMIZER_BYTES_PER_PARAM", "OPTIM
            "p2p_s", "plan_memory", "plan_overhead", "predict", "ring_allgather_s", "ring_allreduce_s",
            "schedule_weights", "stage_cost_values", "stage_costs", "stage_costs_for", "stage_grid", "stage_overhead_s",
            "stage_peak_memory", "stage_period", "stage_terms", "step_overhead_s", "summarise", "variant_cost",
-           "variants", "with_ties"]
+           "variants", "with_ties", "zero1_gather_share"]

@@ -40,7 +40,7 @@ from planner.ir import EngineOverhead
 from planner.schedule import schedule_kind
 
 __all__ = ["EngineOverhead", "charge", "charge_plan", "engine_overhead", "plan_overhead", "stage_overhead_s",
-           "step_overhead_s"]
+           "step_overhead_s", "zero1_gather_share"]
 
 NONE = EngineOverhead()
 """No overhead: what a plan without an engine, or a cluster without measured overheads, pays."""
@@ -52,6 +52,15 @@ def engine_overhead(cluster: ir.Cluster, engine: str) -> EngineOverhead:
     own = cluster.engine_overhead(engine) or NONE
     handoff_s = max((node.handoff_work_s for node in cluster.nodes), default=0.0)
     return replace(own, per_microbatch_s=own.per_microbatch_s + handoff_s) if handoff_s else own
+
+
+def zero1_gather_share(engine: str) -> float:
+    """What ``engine``'s ZeRO-1 communicates beyond the gradient all-reduce, as a share of it
+    (:attr:`planner.runnable.EngineLimits.zero1_gather_share`; 0 for ``any``)."""
+    from planner.runnable import ENGINES  # here: the engines' limits import the schedules, not the cost model
+
+    limits = ENGINES.get(engine)
+    return limits.zero1_gather_share if limits is not None else 0.0
 
 
 def plan_overhead(plan: ir.Plan) -> EngineOverhead:

@@ -15,6 +15,9 @@ recomputation and ZeRO stage applied by the same formula the stage DP uses
   section 4.1, sizes the CPU Adam step by memory traffic): the bytes it reads and writes /
   the slowest device's ``memory_bandwidth_Bps``; 0 when a device's bandwidth is unknown.
   With ZeRO, each rank updates its shard only.
+- The engine's ZeRO-1 (``engine``): torch's all-reduces the gradients and then broadcasts every
+  parameter from the rank that stepped it, half an all-reduce more than the paper's ZeRO-1
+  (:mod:`planner.costmodel.variant`, :data:`planner.runnable.ENGINES`).
 - Point-to-point between stages: the activation of the stage's last layer per micro-batch
   crosses ``link_between`` forward and its gradient (same size) backward, ``alpha + S/B``.
   Each data-parallel replica of the next stage receives its own share of the micro-batch on
@@ -39,7 +42,7 @@ import numpy as np
 from planner import ir
 from planner.cluster import Group, group_of, index, link_between
 from planner.costmodel.collectives import ring_allreduce_s
-from planner.costmodel.engine import charge_plan
+from planner.costmodel.engine import charge_plan, zero1_gather_share
 from planner.costmodel.layers import FORM_INDEX, KEYS, Grid, LayerTable, layer_table
 from planner.costmodel.precision import Bytes
 from planner.costmodel.variant import Variant, variant_cost
@@ -139,9 +142,9 @@ def stage_grid(cluster: ir.Cluster, stage: ir.Stage, precision: str) -> Grid:
 
 def stage_cost_values(profile: ir.ModelProfile, cluster: ir.Cluster, stage: ir.Stage, microbatches: int,
                       optimizer: str, next_devices: Sequence[str] | None, precision: str = "fp32",
-                      next_dp: int | None = None) -> ir.StageCost:
+                      next_dp: int | None = None, engine: str = "any") -> ir.StageCost:
     """The :class:`ir.StageCost` of one stage given the next stage's devices (None: last) and its
-    data-parallel degree (None: this stage's)."""
+    data-parallel degree (None: this stage's), run by ``engine`` (its ZeRO-1 communication)."""
     grid = stage_grid(cluster, stage, precision)
     table = cached_layer_table(profile, grid, microbatches, optimizer)
     first, end = stage.layers
@@ -149,7 +152,8 @@ def stage_cost_values(profile: ir.ModelProfile, cluster: ir.Cluster, stage: ir.S
         raise PlanError(f"stage layers {list(stage.layers)} do not fit the profile's {len(profile.layers)} layers",
                         "check the plan's stages")
     agg = summarise(table, first, end, [FORM_INDEX[f] for f in stage.forms])
-    v = variant_cost(agg, agg["in_bytes"], Variant(stage.recompute, stage.zero), microbatches, table.sync_const)
+    v = variant_cost(agg, agg["in_bytes"], Variant(stage.recompute, stage.zero), microbatches, table.sync_const,
+                     zero1_gather_share(engine))
     return _stage_cost(profile, cluster, stage, grid, agg, v, microbatches, optimizer, next_devices, table,
                        next_dp or grid.dp)
 
@@ -188,14 +192,16 @@ def _weight_part(table: LayerTable, stage: ir.Stage) -> float:
 
 
 def stage_costs_for(profile: ir.ModelProfile, cluster: ir.Cluster, stages: Sequence[ir.Stage], microbatches: int,
-                    optimizer: str, precision: str = "fp32") -> tuple[ir.StageCost, ...]:
+                    optimizer: str, precision: str = "fp32", engine: str = "any") -> tuple[ir.StageCost, ...]:
     """One StageCost per entry of ``stages``, in order (for interleaved, the K*v chunks in model
-    order; chunk c sends to chunk c+1), tied weights' copies and all-reduce included."""
+    order; chunk c sends to chunk c+1), tied weights' copies and all-reduce included; ``engine``'s
+    ZeRO-1 communication (not its measured overheads: :func:`stage_costs`)."""
     out = []
     for s, stage in enumerate(stages):
         nxt = stages[s + 1] if s + 1 < len(stages) else None
         out.append(stage_cost_values(profile, cluster, stage, microbatches, optimizer,
-                                     None if nxt is None else nxt.devices, precision, None if nxt is None else nxt.dp))
+                                     None if nxt is None else nxt.devices, precision, None if nxt is None else nxt.dp,
+                                     engine))
     return with_ties(profile, cluster, stages, out, Bytes.of(profile, precision, optimizer))
 
 
@@ -230,4 +236,4 @@ def stage_costs(plan: ir.Plan) -> tuple[ir.StageCost, ...]:
     """What each stage of ``plan`` costs per micro-batch (one per ``plan.stages``, in order), with
     the overheads of the plan's engine on its cluster (:mod:`planner.costmodel.engine`)."""
     return charge_plan(plan, stage_costs_for(plan.profile, plan.cluster, plan.stages, plan.microbatches,
-                                             plan.optimizer, plan.precision))
+                                             plan.optimizer, plan.precision, plan.engine))

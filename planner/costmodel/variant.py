@@ -21,7 +21,10 @@ and the scalar cost of one stage come from the same definition).
   too: every micro-batch all-gathers them in forward and again in backward and
   reduce-scatters the gradient (``3 Psi`` per micro-batch and iteration, section 7.2.2):
   ``H`` added to each forward and backward and ``M H`` per iteration. Memory of each stage
-  is in the table's ``static<z>``.
+  is in the table's ``static<z>``. An engine whose ZeRO-1 moves more than the paper's ``A``
+  pays its extra share of ``A`` too (``gather_share``: torch's, whose gradients are all-reduced
+  and whose ZeroRedundancyOptimizer then broadcasts every parameter from the rank that stepped
+  it, an all-gather's volume more: ``A + H``; :data:`planner.runnable.ENGINES`).
 """
 
 from __future__ import annotations
@@ -69,8 +72,9 @@ class VariantCost:
 
 
 def variant_cost(agg: Mapping[str, Any], in_bytes: Any, variant: Variant, microbatches: int,
-                 sync_const: float) -> VariantCost:
-    """The stage's costs under ``variant`` from its aggregates (planner.search.hpp.KEYS)."""
+                 sync_const: float, gather_share: float = 0.0) -> VariantCost:
+    """The stage's costs under ``variant`` from its aggregates (planner.search.hpp.KEYS);
+    ``gather_share``: the engine's ZeRO-1 communication beyond ``A``, as a share of it (module doc)."""
     sync = agg["sync"]
     whole = sync + np.where(sync > 0, sync_const, 0.0)
     half = whole / 2.0
@@ -79,6 +83,8 @@ def variant_cost(agg: Mapping[str, Any], in_bytes: Any, variant: Variant, microb
         time, fwd, whole = time + 2.0 * half, fwd + half, microbatches * half
     elif variant.zero == 2:
         whole = whole + (microbatches - 1) * half
+    elif variant.zero == 1:
+        whole = whole * (1.0 + gather_share)
     if variant.recompute == "full":
         time, act, work = time + fwd - agg["fwd_head"], in_bytes + agg["act_head"], agg["act"] - agg["act_head"]
     elif variant.recompute == "selective":

@@ -94,7 +94,7 @@ def predicted_terms(plan: ir.Plan, engine: str) -> list[dict[str, float]]:
 
     as_run = dataclasses.replace(plan, engine=engine)
     bare = stage_costs_for(plan.profile, plan.cluster, plan.stages, plan.microbatches, plan.optimizer,
-                           plan.precision)
+                           plan.precision, engine)  # torch's ZeRO-1 broadcast in allreduce (measured in optimizer)
     charged = stage_costs(as_run)
     sim = simulate(as_run, SimOptions(record_events=False))
     m = plan.microbatches

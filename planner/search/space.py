@@ -41,7 +41,7 @@ import numpy as np
 from planner import ir
 from planner.cluster import Group, group_of, index
 from planner.costmodel import Grid, Variant, VariantCost, layer_table, schedule_weights, variant_cost, variants
-from planner.costmodel.engine import EngineOverhead, engine_overhead
+from planner.costmodel.engine import EngineOverhead, engine_overhead, zero1_gather_share
 from planner.search.hpp import StageTables, only_dp, stage_tables_many
 
 INTRA, INTER = 0, 1
@@ -145,6 +145,8 @@ class Problem:
     capacity_override: float | None = None
     overhead: EngineOverhead = field(default_factory=EngineOverhead)
     """What the plan's engine adds per action, micro-batch sent and step (planner.costmodel.engine)."""
+    zero1_gather_share: float = 0.0
+    """What the engine's ZeRO-1 communicates beyond the all-reduce (planner.costmodel.variant)."""
     move_groups: list[list[MoveGroup]] = field(default_factory=list)
     """Per position, its moves grouped by devices, link and next position (made by :func:`_grid_moves`)."""
 
@@ -287,7 +289,8 @@ def build_problem(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches
     exact_k = len(config) if config is not None else stages
     prob = Problem(profile, cluster, microbatches, schedule, optimizer, space, bounds, moves, list(base.skip), grids,
                    tables, exact_k, tuple(config) if config is not None else None, r_cap, a, b,
-                   overhead=engine_overhead(cluster, engine), move_groups=groups)
+                   overhead=engine_overhead(cluster, engine), move_groups=groups,
+                   zero1_gather_share=zero1_gather_share(engine))
     build_candidates(prob)
     return prob
 
@@ -332,7 +335,8 @@ def _stage_tables(profile: ir.ModelProfile, grids: Sequence[Grid], bounds: np.nd
 def option_cost(prob: Problem, key: int, option: Option) -> tuple[StageTables, VariantCost]:
     """The stage tables of ``option`` on grid ``key`` and its variant's costs (planner.costmodel.variant)."""
     t = prob.tables[key][1 if option.lean else 0]
-    return t, variant_cost(t.agg, t.in_bytes[:, None], option.variant, prob.microbatches, t.sync_const)
+    return t, variant_cost(t.agg, t.in_bytes[:, None], option.variant, prob.microbatches, t.sync_const,
+                           prob.zero1_gather_share)
 
 
 def options(prob: Problem, key: int) -> list[Option]:
