@@ -122,6 +122,16 @@ class Explanation:
     judged: bool
     dp_iteration_s: float | None
 
+    @property
+    def engine_charged(self) -> bool:
+        """Whether the plan's engine adds time to any stage (its column and bar are then shown)."""
+        return any(s.engine_s > 0 for s in self.stages)
+
+    @property
+    def engine_step_charged(self) -> bool:
+        """Whether the engine adds a per-step cost (after the optimizer step, in the same bar of the time line)."""
+        return any(s.engine_step_s > 0 for s in self.stages)
+
     def to_dict(self) -> dict[str, Any]:
         return {"iteration_s": self.iteration_s, "bubble_fraction": self.bubble_fraction,
                 "bottleneck_stage": self.bottleneck, "bound": self.bound, "gpus": self.gpus,

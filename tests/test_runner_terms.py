@@ -66,6 +66,19 @@ def test_the_engine_term_is_what_its_overheads_add() -> None:
     assert stage_terms(known, "torch", None, [0, 1])[1]["measured"] is None
 
 
+def test_on_shared_cores_the_terms_but_transfers_add_up_to_the_iteration_per_stage() -> None:
+    """Processes sharing cores compute faster while fewer compute: the terms are the explanation's,
+    compute as played, so busy and idle still make up the iteration."""
+    plan = make_plan("1f1b", 4)
+    nodes = tuple(dataclasses.replace(n, concurrent_devices=1.0, sharing_efficiency=0.9) for n in plan.cluster.nodes)
+    over = ir.EngineOverhead(1e-3, 2e-3, 5e-3)
+    shared = dataclasses.replace(plan, cluster=dataclasses.replace(plan.cluster, nodes=nodes,
+                                                                   engine_overheads=(("torch", over),)))
+    sim = simulate(dataclasses.replace(shared, engine="torch"))
+    for t in predicted_terms(shared, "torch"):
+        assert sum(v for k, v in t.items() if k != "transfers") == pytest.approx(sim.iteration_s)
+
+
 def test_a_plan_the_cost_model_cannot_cost_has_no_prediction() -> None:
     plan = make_plan("1f1b", 4)
     bad = dataclasses.replace(plan, stages=(dataclasses.replace(plan.stages[0], forms=("split_out", "dp")),

@@ -74,6 +74,14 @@ def test_no_device_is_busy_longer_than_the_iteration(k: int, m: int, cores: floa
     assert 0.0 <= res.bubble_fraction < 1.0
 
 
+def test_a_pool_keeps_each_lanes_mean_rate_over_its_finished_actions() -> None:
+    pool = CorePool(node(2, 1.0), {0: 1, 1: 1})
+    assert pool.mean_rate(0) == 1.0  # nothing finished yet
+    (end0, _, v0), = pool.begin(0, 1.0, 0.0)
+    pool.finish(0, v0, end0)  # alone on the core: twice its nominal (shared) speed
+    assert pool.mean_rate(0) == pytest.approx(2.0) and pool.mean_rate(1) == 1.0
+
+
 def test_events_keep_their_real_start_and_end() -> None:
     opts = SimOptions(core_nodes=(node(4, 2.0),))
     res = simulate_costs(uniform(4), "1f1b", 1, options=opts)

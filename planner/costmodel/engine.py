@@ -37,6 +37,7 @@ from dataclasses import replace
 
 from planner import ir
 from planner.ir import EngineOverhead
+from planner.runnable import ENGINES
 from planner.schedule import schedule_kind
 
 __all__ = ["EngineOverhead", "charge", "charge_plan", "engine_overhead", "plan_overhead", "stage_overhead_s",
@@ -57,8 +58,6 @@ def engine_overhead(cluster: ir.Cluster, engine: str) -> EngineOverhead:
 def zero1_gather_share(engine: str) -> float:
     """What ``engine``'s ZeRO-1 communicates beyond the gradient all-reduce, as a share of it
     (:attr:`planner.runnable.EngineLimits.zero1_gather_share`; 0 for ``any``)."""
-    from planner.runnable import ENGINES  # here: the engines' limits import the schedules, not the cost model
-
     limits = ENGINES.get(engine)
     return limits.zero1_gather_share if limits is not None else 0.0
 

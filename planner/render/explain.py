@@ -79,7 +79,7 @@ def short_lines(e: Explanation) -> list[str]:
 def stage_table(e: Explanation) -> Table:
     """Per stage: where its iteration goes and its memory headroom (the bottleneck marked)."""
     table = Table(title=f"where the {ms(e.iteration_s)} iteration goes, per stage", title_justify="left")
-    engine = any(s.engine_s > 0 for s in e.stages)
+    engine = e.engine_charged
     for col in ("stage", "devices", "compute", "transfers", "all-reduce", "optimizer", *(("engine",) if engine else ()),
                 "idle", "peak GiB", "capacity GiB", "headroom GiB"):
         table.add_column(col, justify="left" if col == "devices" else "right", overflow="fold")

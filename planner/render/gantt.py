@@ -191,7 +191,7 @@ def _draw_breakdown(axb: Any, e: Explanation, cmap: Any) -> None:
     idle; transfers (overlapping) as a thin bar."""
     ys = range(len(e.stages))
     left = [0.0] * len(e.stages)
-    engine = any(s.engine_s > 0 for s in e.stages)
+    engine = e.engine_charged
     parts = (("compute", "compute_s", None), ("all-reduce", "allreduce_s", SHADE["AR"]),
              ("optimizer step", "optimizer_s", SHADE["OPT"]), *((("engine", "engine_s", SHADE["engine"]),) if engine
                                                                 else ()), ("idle (bubble)", "idle_s", "white"))
@@ -228,7 +228,7 @@ def figure(result: SimResult, title: str | None = None, explanation: Explanation
     try:
         cmap = plt.get_cmap("tab20" if result.stages * result.virtual_stages > 9 else "tab10")
         labels = _draw_bars(axes[0], result, cmap)
-        engine_step = explanation is not None and any(st.engine_step_s > 0 for st in explanation.stages)
+        engine_step = explanation is not None and explanation.engine_step_charged
         _gantt_axes(axes[0], result, title, cmap, engine_step)
         _draw_memory(axes[1], result, cmap)
         if explanation is not None:

@@ -12,8 +12,9 @@ looked into. ``other`` is the profiled step's wall time minus those: the engine'
 Gloo's own ``gloo:`` events run on its threads and duplicate ``c10d::`` ones; they are skipped.
 A blocking receive counts its wait as ``transfers``, so idle time shows partly there.
 
-Predicted (:func:`predicted_terms`, from the plan simulated with the run's engine): per
-pipeline stage ``compute`` (M x forward + backward, without the engine), ``transfers``
+Predicted (:func:`predicted_terms`, from the plan simulated with the run's engine, the
+explanation's terms): per pipeline stage ``compute`` (M x forward + backward, without the
+engine, as the simulation played it), ``transfers``
 (M x the incoming activation and incoming gradient, alpha-beta, unshared), ``allreduce``, ``optimizer``,
 ``engine`` (what the engine's measured overheads add: actions, sends and step; with them, on
 processes that share a node's cores, the node's hand-off cost per micro-batch sent,
@@ -29,7 +30,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from planner import ir
-from planner.costmodel import stage_costs, stage_costs_for
+from planner.costmodel import stage_costs_for
 from planner.errors import PlannerError
 
 MEASURED = ("compute", "transfers", "allreduce", "optimizer", "other")
@@ -83,34 +84,22 @@ def _incoming_s(costs: Sequence[ir.StageCost], c: int) -> float:
     return (costs[c - 1].send_s if c > 0 else 0.0) + (costs[c].send_s if c < len(costs) - 1 else 0.0)
 
 
-def _lane_chunks(n_chunks: int, lanes: int) -> list[list[int]]:
-    return [list(range(lane, n_chunks, lanes)) for lane in range(lanes)]
-
-
 def predicted_terms(plan: ir.Plan, engine: str) -> list[dict[str, float]]:
     """Per pipeline stage (device group): the predicted seconds of each term of one step
-    (module doc), the plan simulated as run by ``engine``."""
+    (module doc), the plan simulated as run by ``engine``: the explanation's terms
+    (:func:`planner.explain.stage_explanations`) but for transfers, here both directions' own."""
+    from planner.explain import stage_explanations
     from planner.simulate import SimOptions, simulate
 
     as_run = dataclasses.replace(plan, engine=engine)
+    sim = simulate(as_run, SimOptions(record_events=False))
     bare = stage_costs_for(plan.profile, plan.cluster, plan.stages, plan.microbatches, plan.optimizer,
                            plan.precision, engine)  # torch's ZeRO-1 broadcast in allreduce (measured in optimizer)
-    charged = stage_costs(as_run)
-    sim = simulate(as_run, SimOptions(record_events=False))
-    m = plan.microbatches
-    out = []
-    for lane, chunks in enumerate(_lane_chunks(len(bare), len(sim.lanes))):
-        terms = {
-            "compute": sum(m * (bare[c].forward_s + bare[c].backward_s) for c in chunks),
-            "transfers": sum(m * _incoming_s(bare, c) for c in chunks),
-            "allreduce": sum(bare[c].allreduce_s for c in chunks),
-            "optimizer": sum(bare[c].optimizer_step_s for c in chunks),
-            "engine": sum(m * (charged[c].forward_s + charged[c].backward_s - bare[c].forward_s - bare[c].backward_s)
-                          + charged[c].optimizer_step_s - bare[c].optimizer_step_s for c in chunks),
-        }
-        terms["idle"] = max(0.0, sim.iteration_s - sim.lane_result(lane).busy_s)
-        out.append(terms)
-    return out
+    lanes = len(sim.lanes)
+    return [{"compute": e.compute_s,
+             "transfers": sum(plan.microbatches * _incoming_s(bare, c) for c in range(e.stage, len(bare), lanes)),
+             "allreduce": e.allreduce_s, "optimizer": e.optimizer_s, "engine": e.engine_s, "idle": e.idle_s}
+            for e in stage_explanations(as_run, sim)]
 
 
 def stage_terms(plan: ir.Plan, engine: str, measured: Sequence[dict[str, float]] | None,

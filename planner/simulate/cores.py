@@ -32,7 +32,7 @@ class CorePool:
     """One node's cores shared by its lanes' compute: every lane's nominal seconds left, and
     the version of its pending end event (a rate change makes the earlier one stale)."""
 
-    __slots__ = ("last", "left", "node", "nominal", "start", "version", "widths")
+    __slots__ = ("last", "left", "node", "nominal", "played", "start", "version", "widths", "work")
 
     def __init__(self, node: ir.Node, widths: dict[int, int]) -> None:
         self.node = node
@@ -40,6 +40,8 @@ class CorePool:
         self.widths = widths  # lane -> its devices on this node
         self.left: dict[int, float] = {}
         self.start: dict[int, float] = {}
+        self.work: dict[int, float] = {}
+        self.played = {lane: [0.0, 0.0] for lane in widths}  # lane -> [nominal seconds done, seconds taken]
         self.version: dict[int, int] = dict.fromkeys(widths, 0)
         self.last = 0.0
 
@@ -69,6 +71,7 @@ class CorePool:
         self._progress(now)
         self.left[lane] = work_s
         self.start[lane] = now
+        self.work[lane] = work_s
         return self._ends(now)
 
     def finish(self, lane: int, version: int, now: float) -> tuple[float | None, list[tuple[float, int, int]]]:
@@ -78,7 +81,16 @@ class CorePool:
             return None, []
         self._progress(now)
         del self.left[lane]
-        return self.start.pop(lane), self._ends(now)
+        start = self.start.pop(lane)
+        played = self.played[lane]
+        played[0] += self.work.pop(lane)
+        played[1] += now - start
+        return start, self._ends(now)
+
+    def mean_rate(self, lane: int) -> float:
+        """Nominal seconds of compute the lane did per second it took, over its finished actions (1 before any)."""
+        nominal_s, taken_s = self.played[lane]
+        return nominal_s / taken_s if taken_s > 0 and nominal_s > 0 else 1.0
 
 
 class CoreShare:

@@ -91,8 +91,8 @@ class Engine:
 
     __slots__ = ("act_in", "actions", "ar_after", "block_end", "busy", "bwd", "comm_free", "cores", "costs", "events",
                  "fwd", "grad_in", "k", "lane_end", "lane_track", "lanes_devices", "lanes_left", "last_kind", "m",
-                 "memory", "n", "n_chunks", "net", "now", "opts", "played", "pos", "queue", "record", "sched",
-                 "settle", "stop_pos", "texts", "v", "wgt")
+                 "memory", "n", "n_chunks", "net", "now", "opts", "pos", "queue", "record", "sched", "settle",
+                 "stop_pos", "texts", "v", "wgt")
 
     def __init__(self, costs: Sequence[ir.StageCost], sched: Schedule, v: int, opts: SimOptions,
                  settle: int) -> None:
@@ -114,7 +114,6 @@ class Engine:
         self.stop_pos, self.lanes_left = steady_stop(sched, self.last_kind, settle) if opts.shortcuts else ([], 0)
         self.memory = LaneMemory(costs, k, sched.stashes_weights)
         self.cores = CoreShare(self.lanes_devices, opts.core_nodes)
-        self.played = [[0.0, 0.0] for _ in range(k)]  # per lane on shared cores: nominal seconds done, seconds taken
         # Arrival times of inputs, None until they arrive: act_in[c*n+mb] (activations into
         # chunk c; chunk 0's are there at 0), grad_in[c*n+mb] (gradients; the last chunk's at 0).
         size = self.n_chunks * self.n
@@ -172,9 +171,6 @@ class Engine:
             self.queue.push(end, SHARED, (other, later))
         p = self.pos[lane]
         a = self.actions[lane][p]
-        played = self.played[lane]
-        played[0] += (self.fwd if a.kind == "F" else self.bwd if a.kind == "B" else self.wgt)[a.stage]
-        played[1] += now - start
         if self.record:
             self.events.append(Event(self.lane_track[lane], self.texts[lane][p], a.kind, a.stage, a.mb, start, now))
         return self.lane_done(lane, a, now)
@@ -182,8 +178,8 @@ class Engine:
     def compute_rate(self, lane: int) -> float:
         """Nominal (cost model) seconds of compute the lane did per second it took, over the run:
         above 1 on shared cores while fewer of the node's devices computed; 1 elsewhere."""
-        nominal_s, taken_s = self.played[lane]
-        return nominal_s / taken_s if taken_s > 0 and nominal_s > 0 else 1.0
+        pool = self.cores.pool_of.get(lane) if self.cores else None
+        return pool.mean_rate(lane) if pool is not None else 1.0
 
     def _overlapped_ar(self, lane: int, c: int, blk: int, t0: float, dur: float) -> None:
         """Chunk c's all-reduce in DDP buckets on the lane's communication stream, during [t0, t0 + dur]."""
