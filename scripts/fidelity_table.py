@@ -39,15 +39,13 @@ class Timed:
 
     def at_profile_s(self, scale_s: float) -> float:
         """The median round taken at the profile's speed: each round's time times ``scale_s`` (the
-        profile's probe in the workers' units) over its own probe; 0 when not probed."""
-        if not self.probes_s:
-            return 0.0
+        profile's probe in the workers' units) over its own probe (rounds timed with probes only)."""
         return statistics.median(t * scale_s / p for t, p in zip(self.times_s, self.probes_s, strict=True))
 
     def speed(self, scale_s: float) -> float:
         """The rounds' median probe over the profile's (``scale_s``, in the workers' units): above 1,
-        the machine ran slower than at the profile; 1 when not probed."""
-        return statistics.median(self.probes_s) / scale_s if self.probes_s else 1.0
+        the machine ran slower than at the profile (rounds timed with probes only)."""
+        return statistics.median(self.probes_s) / scale_s
 
 
 @dataclasses.dataclass(frozen=True)

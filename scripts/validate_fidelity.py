@@ -220,7 +220,9 @@ def group_once(name: str, engine: str, world: int, args: argparse.Namespace, cl:
     plans = [plan_for(prof, matched(cl[world], prof, world, m), world, m, engine)
              for p, m in parse_plans(args.plans) if p == world]
     got, last_s = timed(plans, name, engine, args.steps, args.repeats, probe=True)
-    scale_s = at_profile * (last_s or 0.0) / speed_probe(name)  # the profile's probe in the workers' units
+    if last_s is None:
+        raise RuntimeError(f"{name} on {engine}: the workers took no speed probe after their rounds")
+    scale_s = at_profile * last_s / speed_probe(name)  # the profile's probe in the workers' units
     rows = []
     for plan, g in zip(plans, got, strict=True):
         row = Row(name, engine, world, plan.microbatches, plan.predicted.iteration_s, bare(plan), g.measured_s,
