@@ -4,9 +4,13 @@ For each engine, a few plans of a tiny model (:func:`tiny_mlp`, profiled here an
 compute is a fraction of a millisecond, so that what the engine adds dominates each step and an
 error in the layer times hardly moves the fit) on the cluster's own P processes -- one stage of
 P data-parallel ranks at 1 and 4 micro-batches, and P pipeline stages at P, 2P and 4P
-micro-batches, 1F1B (:func:`shapes`) -- are trained by the engine itself, through the runner's
-own code (:func:`planner.runner.worker.train_plan`, the engines' ``make_trainer``), all plans of
-one engine in one process group. They run on P processes, not on 2 scaled to P: with more
+micro-batches, 1F1B, and for torch the data-parallel stage under ZeRO-2 and 3 too (FSDP: on this
+2-core VM each gather or reduction of one unit of the tiny model cost 1.2-2.3 ms where its bytes
+take microseconds, a 4-unit ZeRO-2 step 16-18 ms more than ZeRO-0; GPT-2 small's 2-process
+data-parallel step took 114 ms under ZeRO-2 against 71 under ZeRO-0; :func:`shapes`) -- are
+trained by the engine itself, through the runner's own code
+(:func:`planner.runner.worker.train_plan`, the engines' ``make_trainer``), all plans of one
+engine in one process group. They run on P processes, not on 2 scaled to P: with more
 processes than cores the engine's per-action and per-step costs grew twice as fast as the core
 share says (4 processes on 2 cores, torch: 1.05 ms per action and 17.9 ms per step, against
 0.86 and 8.5 from 2 processes scaled), so only a measurement at P predicts P. Each plan's
@@ -16,8 +20,8 @@ timed again while other work took cores from it (:mod:`planner.runner.machine`: 
 machine one other busy process made 2-process pipelines 1.4 to 2 times slower). The cost model
 predicts each plan without overheads (``T0``) and, by the simulator, how much one second of each overhead adds to it
 (its features ``f = dT / d overhead``: about ``2(M+K-1)`` actions on the critical path, the
-boundary's sends, one step). The overheads ``x >= 0`` minimise ``sum (T - T0 - f.x)^2``
-(non-negative least squares: the unconstrained fit on every subset of the three, the best
+boundary's sends, one step, the FSDP units' collectives). The overheads ``x >= 0`` minimise
+``sum (T - T0 - f.x)^2`` (non-negative least squares: the unconstrained fit on every subset of them, the best
 non-negative one), so a model that is already pessimistic charges nothing.
 """
 
@@ -43,16 +47,25 @@ MODEL = "planner.calibrate_engines:tiny_mlp"
 INPUT_SHAPE = (32,)
 BATCH = 16
 """The least batch the calibration model is profiled and trained at (:func:`batch_size`)."""
-Shape = tuple[tuple[int, ...], int]
-"""(GPUs per stage, micro-batches) of one calibration plan."""
+Shape = tuple[tuple[int, ...], int, int]
+"""(GPUs per stage, micro-batches, ZeRO stage) of one calibration plan."""
 
 
-def shapes(nproc: int) -> tuple[Shape, ...]:
+def shapes(nproc: int, engine: str = "deepspeed") -> tuple[Shape, ...]:
     """The calibration plans on ``nproc`` processes: one data-parallel stage at M = 1 and 4, and
     ``nproc`` pipeline stages at M = P, 2P and 4P (torch's 1F1B needs M >= K); on 2 processes
-    ((2,), 1), ((2,), 4), ((1, 1), 2), ((1, 1), 4), ((1, 1), 8)."""
+    ((2,), 1, 0), ((2,), 4, 0), ((1, 1), 2, 0), ((1, 1), 4, 0), ((1, 1), 8, 0). An engine that runs
+    ZeRO-2 and 3 (torch's FSDP) also trains the data-parallel stage at ZeRO-2, M = 1 and 4, and at
+    ZeRO-3, M = 4: what each unit's gathers and reductions cost beyond their bytes (``per_shard_s``)."""
+    from planner.runnable import ENGINES
+
     pipe = (1,) * nproc
-    return ((nproc,), 1), ((nproc,), 4), (pipe, nproc), (pipe, 2 * nproc), (pipe, 4 * nproc)
+    out: tuple[Shape, ...] = (((nproc,), 1, 0), ((nproc,), 4, 0), (pipe, nproc, 0), (pipe, 2 * nproc, 0),
+                              (pipe, 4 * nproc, 0))
+    limits = ENGINES.get(engine)
+    if limits is not None and {2, 3} <= set(limits.zero):
+        out += (((nproc,), 1, 2), ((nproc,), 4, 2), ((nproc,), 4, 3))
+    return out
 
 
 def batch_size(nproc: int) -> int:
@@ -117,7 +130,8 @@ def calibration_plans(profile: ir.ModelProfile, cluster: ir.Cluster, engine: str
                       plan_shapes: Sequence[Shape]) -> list[ir.Plan]:
     """The calibration plans for ``engine`` on the devices of ``cluster``'s first node (flops pinned
     to the profile's times the node's core share, so that the cost model predicts its measured
-    layer times as the cores are shared). The node's hand-off cost is left out: it is what a
+    layer times as the cores are shared), every stage without tensor parallelism (a stage of P
+    devices is P data-parallel ranks). The node's hand-off cost is left out: it is what a
     hand-off costs on busy cores, and the tiny model leaves them mostly idle."""
     from planner.search import search
 
@@ -125,8 +139,8 @@ def calibration_plans(profile: ir.ModelProfile, cluster: ir.Cluster, engine: str
     gpus = tuple(dataclasses.replace(g, flops=profile.device_flops * node.core_share, peak_flops=()) for g in node.gpus)
     own = dataclasses.replace(cluster, nodes=(dataclasses.replace(node, gpus=gpus, handoff_s=None),),
                               engine_overheads=())
-    return [search(profile, own, config=config, microbatches=m, engine=engine, schedule="1f1b", candidates=0)
-            for config, m in plan_shapes]
+    return [search(profile, own, config=config, microbatches=m, engine=engine, schedule="1f1b", candidates=0,
+                   tp=1, zero=zero) for config, m, zero in plan_shapes]
 
 
 def _free_port() -> int:
@@ -265,7 +279,8 @@ def measure_engine(cluster: ir.Cluster, engine: str, threads: int, profile: ir.M
     features = np.array([f for _, f in rows])
     overhead = fit_overheads(features, np.array(measured) - base)
     fitted = base + features @ np.array([getattr(overhead, f) for f in ir.EngineOverhead.FIELDS])
-    runs = [{"config": p.config, "microbatches": p.microbatches, "measured_s": t, "predicted_s": float(b),
+    runs = [{"config": p.config, "microbatches": p.microbatches, "zero": p.stages[0].zero, "measured_s": t,
+             "predicted_s": float(b),
              "fitted_s": float(f)} for p, t, b, f in zip(plans, measured, base, fitted, strict=True)]
     return overhead, runs
 
@@ -289,7 +304,7 @@ def measure_engines(cluster: ir.Cluster, engines: Sequence[str], threads: int,
     profile = profile_model(MODEL, batch_size=batch, input_shape=INPUT_SHAPE, threads=threads)
     overheads, runs = [], {}
     for engine in engines:
-        overhead, rows = measure_engine(cluster, engine, threads, profile, shapes(nproc))
+        overhead, rows = measure_engine(cluster, engine, threads, profile, shapes(nproc, engine))
         overheads.append((engine, overhead))
         runs[engine] = rows
     return tuple(overheads), {"model": MODEL, "batch_size": batch, "processes": nproc, "runs": runs}

@@ -44,6 +44,9 @@ class EngineLimits:
     zero1_gather_share: float = 0.0
     """What its ZeRO-1 communicates beyond the gradient all-reduce, as a share of it (0: the
     paper's reduce-scatter + all-gather; planner.costmodel.variant)."""
+    sync_last_backward: bool = False
+    """Whether its schedule reduce-scatters ZeRO-2/3 gradients once a step, after the last backward,
+    and keeps the weights gathered between backwards (planner.costmodel.variant)."""
 
 
 ENGINES: dict[str, EngineLimits] = {
@@ -55,15 +58,18 @@ ENGINES: dict[str, EngineLimits] = {
     # FSDP2 covers ZeRO 2-3 (reshard after forward or not), DTensor the tensor forms; ZeRO-1 is the
     # gradients' all-reduce and ZeroRedundancyOptimizer, which broadcasts every parameter from the
     # rank that stepped it (torch/distributed/optim/zero_redundancy_optimizer.py, _sync_params):
-    # an all-gather's volume, half an all-reduce's, more than the paper's ZeRO-1.
+    # an all-gather's volume, half an all-reduce's, more than the paper's ZeRO-1. Its schedules defer
+    # an FSDP module's reduce-scatter and resharding to the step's last backward
+    # (torch/distributed/pipelining/stage.py: backward_maybe_with_nosync, _post_backward).
     "torch": EngineLimits("torch", True, True, (0, 1, 2, 3), ("none", "selective", "full"), True,
                           uniform_zero=False, precisions=("fp32", "bf16"),  # no loss scale in the schedule's loss
-                          zero1_gather_share=0.5),
+                          zero1_gather_share=0.5, sync_last_backward=True),
     # torchtitan: FSDP2 (shard = ZeRO-3, or never reshard = ZeRO-2) or replicate (0), tensor and
     # pipeline degrees, per-job activation checkpointing: none or full (its selective modes are
-    # per-op SAC or every n-th layer, not the attention core; planner.export.torchtitan).
+    # per-op SAC or every n-th layer, not the attention core; planner.export.torchtitan); its
+    # pipelines run torch's schedules, which reduce FSDP's gradients once a step.
     "torchtitan": EngineLimits("torchtitan", True, True, (0, 2, 3), ("none", "full"), True,
-                               precisions=("fp32", "bf16")),
+                               precisions=("fp32", "bf16"), sync_last_backward=True),
 }
 
 

@@ -137,7 +137,8 @@ def clusters(engines: list[str]) -> dict[int, Any]:
     for nproc, cluster in ((2, two), (4, four)):
         for engine, o in cluster.engine_overheads:
             print(f"  {engine} on {nproc}: per action {o.per_action_s * 1e3:.3f} ms, per micro-batch sent "
-                  f"{o.per_microbatch_s * 1e3:.3f} ms, per step {o.per_step_s * 1e3:.3f} ms", file=sys.stderr)
+                  f"{o.per_microbatch_s * 1e3:.3f} ms, per step {o.per_step_s * 1e3:.3f} ms, per FSDP unit's "
+                  f"collective {o.per_shard_s * 1e3:.3f} ms", file=sys.stderr)
     return {1: two, 2: two, 4: four}
 
 

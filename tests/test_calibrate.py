@@ -81,14 +81,17 @@ def test_more_threads_than_cores_share_them() -> None:
 def test_engine_calibration_runs_on_the_clusters_own_processes(nproc: int) -> None:
     from planner.calibrate_engines import BATCH, batch_size, shapes
 
-    plans = shapes(nproc)
-    assert all(sum(gpus) == nproc for gpus, _ in plans)
-    assert {len(gpus) for gpus, _ in plans} == {1, nproc}  # data parallel, and one stage per process
+    plans = shapes(nproc, "torch")
+    assert all(sum(gpus) == nproc for gpus, _, _ in plans)
+    assert {len(gpus) for gpus, _, _ in plans} == {1, nproc}  # data parallel, and one stage per process
     batch = batch_size(nproc)
-    assert batch >= BATCH and all(batch % (m * gpus[0]) == 0 for gpus, m in plans)
-    assert all(m >= len(gpus) for gpus, m in plans)  # 1F1B on torch needs M >= K
+    assert batch >= BATCH and all(batch % (m * gpus[0]) == 0 for gpus, m, _ in plans)
+    assert all(m >= len(gpus) for gpus, m, _ in plans)  # 1F1B on torch needs M >= K
+    assert all(len(gpus) == 1 for gpus, _, zero in plans if zero)  # ZeRO shards over a data-parallel stage
+    plain = (((2,), 1, 0), ((2,), 4, 0), ((1, 1), 2, 0), ((1, 1), 4, 0), ((1, 1), 8, 0))
     if nproc == 2:
-        assert plans == (((2,), 1), ((2,), 4), ((1, 1), 2), ((1, 1), 4), ((1, 1), 8)) and batch == 16
+        assert shapes(2, "deepspeed") == plain and batch == 16  # DeepSpeed's pipelines run ZeRO-1 at most
+        assert plans == (*plain, ((2,), 1, 2), ((2,), 4, 2), ((2,), 4, 3))  # torch's FSDP: ZeRO-2 and 3
 
 
 def test_one_process_is_refused() -> None:
@@ -137,8 +140,10 @@ def test_calibration_plans_leave_the_nodes_handoff_cost_out() -> None:
     base = ir.Cluster.from_dict(make_cluster_dict(1, 2))
     node = dataclasses.replace(base.nodes[0], concurrent_devices=1.0, handoff_s=1e-3)
     cluster = dataclasses.replace(base, nodes=(node,))
-    plans = calibration_plans(profile, cluster, "torch", shapes(2))
-    assert [p.config for p in plans] == ["2", "2", "1-1", "1-1", "1-1"]
+    plans = calibration_plans(profile, cluster, "torch", shapes(2, "torch"))
+    assert [p.config for p in plans] == ["2", "2", "1-1", "1-1", "1-1", "2", "2", "2"]
+    assert [p.stages[0].zero for p in plans] == [0, 0, 0, 0, 0, 2, 2, 3]
+    assert all(st.tp == 1 for p in plans for st in p.stages)  # a stage of 2 devices is 2 data-parallel ranks
     assert all(p.cluster.nodes[0].handoff_s is None for p in plans)
     assert all(p.cluster.nodes[0].concurrent_devices == 1.0 for p in plans)
 
@@ -152,7 +157,7 @@ def test_features_count_actions_on_the_critical_path_and_sends_only_between_stag
     assert base > 0 and f[0] == pytest.approx(2 * (4 + 2 - 1), rel=0.05) and f[2] == pytest.approx(1.0, rel=0.05)
     one = make_plan("1f1b", 4, stages=[((0, 4), ("n0.g0",))])
     _, f1 = overhead_features(one, "torch")
-    assert f1 == pytest.approx([8.0, 0.0, 1.0])
+    assert f1 == pytest.approx([8.0, 0.0, 1.0, 0.0])  # no FSDP units under ZeRO-0
 
 
 @pytest.mark.slow
@@ -163,13 +168,16 @@ def test_tiny_torch_calibration_fits_non_negative_overheads_from_real_runs() -> 
 
     profile = profile_model(MODEL, batch_size=BATCH, input_shape=INPUT_SHAPE, threads=1, repeats=3, warmup=1)
     cluster = ir.Cluster.from_dict(make_cluster_dict(1, 2))
-    overhead, runs = measure_engine(cluster, "torch", 1, profile, (((2,), 1), ((1, 1), 2), ((1, 1), 4)),
-                                    steps=4, rounds=1)
-    assert [(r["config"], r["microbatches"]) for r in runs] == [("2", 1), ("1-1", 2), ("1-1", 4)]
+    overhead, runs = measure_engine(cluster, "torch", 1, profile,
+                                    (((2,), 1, 0), ((1, 1), 2, 0), ((1, 1), 4, 0), ((2,), 1, 2)), steps=4, rounds=1)
+    assert [(r["config"], r["microbatches"], r["zero"]) for r in runs] == [("2", 1, 0), ("1-1", 2, 0), ("1-1", 4, 0),
+                                                                          ("2", 1, 2)]
     assert all(r["measured_s"] > 0 and r["predicted_s"] > 0 for r in runs)
-    assert min(overhead.per_action_s, overhead.per_microbatch_s, overhead.per_step_s) >= 0.0
+    assert min(overhead.per_action_s, overhead.per_microbatch_s, overhead.per_step_s, overhead.per_shard_s) >= 0.0
     # the engine costs something beyond the layers' own time on this machine: the fit charges it
     assert sum(r["fitted_s"] for r in runs) > sum(r["predicted_s"] for r in runs)
+    # FSDP's gathers and reductions on gloo cost milliseconds where the tiny model's bytes take microseconds
+    assert overhead.per_shard_s > 1e-4
 
 
 def test_unknown_engine_is_bad_usage(tmp_path: Path) -> None:
@@ -196,7 +204,7 @@ def test_time_plans_probes_the_machines_speed_after_every_round_when_asked() -> 
 
     profile = profile_model(MODEL, batch_size=BATCH, input_shape=INPUT_SHAPE, threads=1, repeats=3, warmup=1)
     cluster = ir.Cluster.from_dict(make_cluster_dict(1, 2))
-    plans = calibration_plans(profile, cluster, "torch", (((2,), 1), ((1, 1), 2)))
+    plans = calibration_plans(profile, cluster, "torch", (((2,), 1, 0), ((1, 1), 2, 0)))
     got = time_plans(plans, "torch", 1, steps=3, rounds=2, idle_timeout_s=0, probe=True)
     assert [len(t) for t in got.times_s] == [2, 2]
     assert [len(p) for p in got.probe_s] == [2, 2]

@@ -44,10 +44,14 @@ def test_fp32_adam_is_16_bytes_and_mixed_adam_too_but_sgd_differs() -> None:
                       ("bf16", "sgd"): 8_000}
 
 
+AGG = {"sync": 2.0, "time": 10.0, "fwd": 4.0, "static0": 0.0, "static1": 0.0, "static2": 0.0, "static3": 0.0,
+       "act": 1.0, "act_sel": 0.5, "core": 0.25, "fwd_head": 0.0, "act_head": 0.0, "units": 3.0}
+"""A stage's aggregates: an all-reduce A = 2 (so one all-gather or reduce-scatter H = 1), 3 FSDP units."""
+
+
 def test_zero_traffic_per_iteration() -> None:
     # plain all-reduce and ZeRO-1/2: 2 Psi (reduce-scatter + all-gather); ZeRO-3: 3 Psi, per micro-batch
-    agg = {"sync": 2.0, "time": 10.0, "fwd": 4.0, "static0": 0.0, "static1": 0.0, "static2": 0.0, "static3": 0.0,
-           "act": 1.0, "act_sel": 0.5, "core": 0.25, "fwd_head": 0.0, "act_head": 0.0}
+    agg = AGG
     m, const = 4, 0.0
     cost = {z: cm.variant_cost(agg, 0.1, cm.Variant("none", z), m, const) for z in range(4)}
     assert cost[0].sync == cost[1].sync == 2.0
@@ -61,20 +65,73 @@ def test_zero_traffic_per_iteration() -> None:
 
 def test_torchs_zero1_broadcasts_the_parameters_after_the_all_reduce() -> None:
     """torch's ZeRO-1 (all-reduce, then ZeroRedundancyOptimizer's broadcast from each owner): 3 Psi
-    against the paper's 2 Psi; DeepSpeed's ZeRO-1 and every other stage as the paper has them."""
-    assert cm.zero1_gather_share("torch") == 0.5
-    assert cm.zero1_gather_share("deepspeed") == cm.zero1_gather_share("any") == 0.0
-    agg = {"sync": 2.0, "time": 10.0, "fwd": 4.0, "static0": 0.0, "static1": 0.0, "static2": 0.0, "static3": 0.0,
-           "act": 1.0, "act_sel": 0.5, "core": 0.25, "fwd_head": 0.0, "act_head": 0.0}
-    torch = {z: cm.variant_cost(agg, 0.1, cm.Variant("none", z), 4, 0.0, 0.5).sync for z in range(4)}
-    paper = {z: cm.variant_cost(agg, 0.1, cm.Variant("none", z), 4, 0.0).sync for z in range(4)}
-    assert torch[1] == pytest.approx(3.0) and paper[1] == 2.0
-    assert all(torch[z] == paper[z] for z in (0, 2, 3))
+    against the paper's 2 Psi; DeepSpeed's ZeRO-1 as the paper has it."""
     cluster = _big_cluster(1, 8)
+    assert cm.zero_comms(cluster, "torch").gather_share == 0.5
+    assert cm.zero_comms(cluster, "deepspeed") == cm.zero_comms(cluster, "any") == cm.PAPER
+    torch = cm.variant_cost(AGG, 0.1, cm.Variant("none", 1), 4, 0.0, cm.ZeroComms(gather_share=0.5)).sync
+    assert torch == pytest.approx(3.0) and cm.variant_cost(AGG, 0.1, cm.Variant("none", 1), 4, 0.0).sync == 2.0
     stage = ir.Stage((0, 1), tuple(g.name for g in cluster.gpus), ("dp",), 0, zero=1)
     by = {e: cm.stage_cost_values(_one_layer(10**8), cluster, stage, 1, "adam", None, "bf16", engine=e).allreduce_s
           for e in ("torch", "deepspeed")}
     assert by["torch"] == pytest.approx(1.5 * by["deepspeed"])
+
+
+def test_zero0_stays_a_choice_where_zero1_moves_more() -> None:
+    """ZeRO-0 is dropped for ZeRO-1 only where ZeRO-1 moves the same bytes (the paper's, DeepSpeed's)."""
+    paper = {v.zero for v in cm.variants(["none"], (0, 1, 2), 4)}
+    torch = {v.zero for v in cm.variants(["none"], (0, 1, 2), 4, cm.ZeroComms(gather_share=0.5))}
+    assert paper == {1, 2} and torch == {0, 1, 2}
+    assert {v.zero for v in cm.variants(["none"], (0, 1), 1, cm.ZeroComms(gather_share=0.5))} == {0}
+
+
+@given(st.integers(1, 16), st.floats(0.0, 1e-2))
+def test_fsdp_under_a_schedule_that_reduces_after_the_last_backward(m: int, op_s: float) -> None:
+    """torch pipelining defers an FSDP module's reduction and resharding to the step's last backward:
+    ZeRO-2 moves A (one all-gather, one reduce-scatter) at any M; ZeRO-3 gathers in every backward
+    and once more at the first forward. Each unit's collective adds ``unit_op_s``."""
+    torch = cm.ZeroComms(0.5, sync_last_backward=True, unit_op_s=op_s)
+    two = cm.variant_cost(AGG, 0.1, cm.Variant("none", 2), m, 0.0, torch)
+    assert (two.sync, two.time, two.fwd) == pytest.approx((2.0 + 2 * 3 * op_s, 10.0, 4.0))
+    three = cm.variant_cost(AGG, 0.1, cm.Variant("none", 3), m, 0.0, torch)
+    assert three.time == pytest.approx(10.0 + 1.0 + 3 * op_s) and three.fwd == 4.0
+    assert three.sync == pytest.approx(2 * (1.0 + 3 * op_s))
+    # the step's whole traffic: M backward gathers, one forward gather, one reduce-scatter
+    assert m * (three.time - 10.0) + three.sync == pytest.approx((m + 2) * (1.0 + 3 * op_s))
+
+
+@given(st.integers(1, 16), st.floats(0.0, 1e-2))
+def test_fsdp_per_micro_batch_as_the_paper_with_each_units_collective_cost(m: int, op_s: float) -> None:
+    """The paper's ZeRO-2 reduce-scatters every backward and gathers the weights once; ZeRO-3 gathers
+    in every forward and backward and reduces every backward: each collective of each unit adds ``unit_op_s``."""
+    paper = cm.ZeroComms(unit_op_s=op_s)
+    two = cm.variant_cost(AGG, 0.1, cm.Variant("none", 2), m, 0.0, paper)
+    assert two.sync == pytest.approx(2.0 + (m - 1) * 1.0 + (1 + m) * 3 * op_s)
+    three = cm.variant_cost(AGG, 0.1, cm.Variant("none", 3), m, 0.0, paper)
+    assert (three.time, three.fwd) == pytest.approx((10.0 + 2 * (1.0 + 3 * op_s), 4.0 + 1.0 + 3 * op_s))
+    assert three.sync == pytest.approx(m * (1.0 + 3 * op_s))
+    none = cm.variant_cost(AGG, 0.1, cm.Variant("none", 0), m, 0.0, paper)
+    assert none.sync == 2.0  # ZeRO-0's all-reduce has no FSDP units
+
+
+def test_a_stage_pays_the_clusters_measured_unit_cost_for_each_layer_with_weights() -> None:
+    """``per_shard_s`` in the cluster's torch overheads reaches a ZeRO-2 stage's all-reduce: one
+    all-gather and one reduce-scatter per layer with weights; a weightless layer is no FSDP unit."""
+    import dataclasses
+
+    d = make_profile_dict(3, batch_size=8)
+    d["layers"][1].update(param_count=0, param_bytes=0)
+    profile = ir.ModelProfile.from_dict(d)
+    base = _big_cluster(1, 4)
+    names = tuple(g.name for g in base.gpus)
+    stage = ir.Stage((0, 3), names, ("dp",) * 3, 0, zero=2)
+    op = 1e-3
+    costs = {}
+    for shard_s in (0.0, op):
+        cluster = dataclasses.replace(base, engine_overheads=(("torch", ir.EngineOverhead(per_shard_s=shard_s)),))
+        costs[shard_s] = cm.stage_cost_values(profile, cluster, stage, 2, "sgd", None, engine="torch").allreduce_s
+    assert costs[op] - costs[0.0] == pytest.approx(2 * 2 * op)  # 2 units (layers 0 and 2), 2 collectives each
+    assert cm.zero_comms(base, "torch").unit_op_s == 0.0  # no measured overheads: bytes only
 
 
 def test_recomputation_modes() -> None:

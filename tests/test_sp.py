@@ -172,6 +172,30 @@ def test_dp_objective_charges_the_engines_zero1_communication_the_prediction_cha
     assert (objective[1] > objective[0]) == (engine == "torch")
 
 
+@pytest.mark.parametrize("zero", [2, 3])
+@pytest.mark.parametrize("microbatches", [1, 4])
+def test_dp_objective_charges_fsdp_units_collectives_the_prediction_charges(zero: int, microbatches: int) -> None:
+    """torch's FSDP (ZeRO-2/3) reduces once a step and pays each unit's measured collective cost
+    (``per_shard_s``): the DP and the plan's prediction charge both alike, and the cost makes the plan slower."""
+    import dataclasses
+
+    from planner.ir import EngineOverhead
+
+    profile = ir.ModelProfile.from_dict(make_profile_dict(8, batch_size=16))
+    bare = cluster_from_dict(make_cluster_dict(2, 2))
+    objective = {}
+    for shard_s in (0.0, 2e-3):
+        cluster = dataclasses.replace(bare, engine_overheads=(("torch", EngineOverhead(per_shard_s=shard_s)),))
+        sol = solve(build_problem(profile, cluster, microbatches=microbatches, schedule="1f1b", optimizer="adam",
+                                  engine="torch", config=(4,), space=Space(zero=(zero,), tp=1)))
+        plan = search(profile, cluster, microbatches=microbatches, candidates=0, engine="torch", config=(4,),
+                      zero=zero, optimizer="adam", tp=1)
+        assert plan.stages[0].zero == zero
+        assert plan.predicted.iteration_s == pytest.approx(sol.objective, rel=1e-9)
+        objective[shard_s] = sol.objective
+    assert objective[2e-3] > objective[0.0]
+
+
 def test_dp_objective_charges_the_nodes_handoff_cost_the_prediction_charges() -> None:
     """A node's measured hand-off cost (planner.ir.Node.handoff_s) is charged by the DP and the plan's
     prediction alike, with no engine named, and only a plan that hands micro-batches on pays it."""

@@ -49,8 +49,9 @@ def calibrate(out: str, nproc: int, threads: int, name: str | None, profile_path
                f"and spent {(meta['handoff_s'] or 0.0) * 1e3:.3f} ms more CPU on each hand-off than on idle cores; "
                f"wrote {out}", err=True)
     for engine, o in cluster.engine_overheads:
+        shard = f", {o.per_shard_s * 1e3:.3f} ms per FSDP unit's gather or reduction" if o.per_shard_s else ""
         click.echo(f"{engine}: {o.per_action_s * 1e3:.3f} ms per action, {o.per_microbatch_s * 1e3:.3f} ms per "
-                   f"micro-batch sent, {o.per_step_s * 1e3:.3f} ms per step", err=True)
+                   f"micro-batch sent, {o.per_step_s * 1e3:.3f} ms per step{shard}", err=True)
     if as_json:
         emit_json(doc)
     staged.commit()

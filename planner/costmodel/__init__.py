@@ -36,7 +36,7 @@ from planner.costmodel.engine import (
     plan_overhead,
     stage_overhead_s,
     step_overhead_s,
-    zero1_gather_share,
+    zero_comms,
 )
 from planner.costmodel.iteration import (
     analytic_iteration,
@@ -85,14 +85,14 @@ from planner.costmodel.stage import (
     summarise,
     with_ties,
 )
-from planner.costmodel.variant import Variant, VariantCost, variant_cost, variants
+from planner.costmodel.variant import PAPER, Variant, VariantCost, ZeroComms, variant_cost, variants
 
-__all__ = ["DP", "FORM_INDEX", "KEYS", "NF", "OPTIMIZER_BYTES_PER_PARAM", "OPTIMIZER_TRAFFIC", "SHARDED", "SPLIT_IN",
-           "SPLIT_OUT", "TP", "ZERO_BUBBLE_W_SHARE", "Bytes", "EngineOverhead", "Grid", "LayerTable", "Variant",
-           "VariantCost", "allreduce_coefficients", "allreduce_s", "analytic_iteration", "cached_layer_table", "charge",
-           "charge_plan", "default_precision", "dp_iteration", "dp_plan", "dp_stage", "dtype_bytes", "engine_overhead",
-           "grad_accumulation_s", "in_flight", "layer_table", "loss_s", "memory_bandwidth_Bps", "optimizer_step_s",
-           "p2p_s", "plan_memory", "plan_overhead", "predict", "ring_allgather_s", "ring_allreduce_s",
-           "schedule_weights", "stage_cost_values", "stage_costs", "stage_costs_for", "stage_grid", "stage_overhead_s",
-           "stage_peak_memory", "stage_period", "stage_terms", "step_overhead_s", "summarise", "variant_cost",
-           "variants", "with_ties", "zero1_gather_share"]
+__all__ = ["DP", "FORM_INDEX", "KEYS", "NF", "OPTIMIZER_BYTES_PER_PARAM", "OPTIMIZER_TRAFFIC", "PAPER", "SHARDED",
+           "SPLIT_IN", "SPLIT_OUT", "TP", "ZERO_BUBBLE_W_SHARE", "Bytes", "EngineOverhead", "Grid", "LayerTable",
+           "Variant", "VariantCost", "ZeroComms", "allreduce_coefficients", "allreduce_s", "analytic_iteration",
+           "cached_layer_table", "charge", "charge_plan", "default_precision", "dp_iteration", "dp_plan", "dp_stage",
+           "dtype_bytes", "engine_overhead", "grad_accumulation_s", "in_flight", "layer_table", "loss_s",
+           "memory_bandwidth_Bps", "optimizer_step_s", "p2p_s", "plan_memory", "plan_overhead", "predict",
+           "ring_allgather_s", "ring_allreduce_s", "schedule_weights", "stage_cost_values", "stage_costs",
+           "stage_costs_for", "stage_grid", "stage_overhead_s", "stage_peak_memory", "stage_period", "stage_terms",
+           "step_overhead_s", "summarise", "variant_cost", "variants", "with_ties", "zero_comms"]

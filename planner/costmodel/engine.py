@@ -17,7 +17,10 @@ iteration, the simulator, the judge and the explanation all see them:
   sending stage: its F when a later stage follows (activations), its B when an earlier one
   precedes (gradients);
 * each step takes ``per_step_s`` on every device group, after its optimizer step (added to
-  the optimizer step of the group's first chunk).
+  the optimizer step of the group's first chunk);
+* each all-gather or reduce-scatter of one ZeRO-2/3 unit takes ``per_shard_s`` beyond its bytes:
+  charged with ZeRO's collectives, by the stage's variant (:func:`zero_comms`,
+  :mod:`planner.costmodel.variant`), in its all-reduce and, for ZeRO-3's gathers, its actions.
 
 A plan without an engine (``any``) or whose cluster has no overheads for its engine is
 charged nothing for the engine: its costs are the same values as before.
@@ -36,12 +39,13 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from planner import ir
+from planner.costmodel.variant import PAPER, ZeroComms
 from planner.ir import EngineOverhead
 from planner.runnable import ENGINES
 from planner.schedule import schedule_kind
 
 __all__ = ["EngineOverhead", "charge", "charge_plan", "engine_overhead", "plan_overhead", "stage_overhead_s",
-           "step_overhead_s", "zero1_gather_share"]
+           "step_overhead_s", "zero_comms"]
 
 NONE = EngineOverhead()
 """No overhead: what a plan without an engine, or a cluster without measured overheads, pays."""
@@ -55,11 +59,15 @@ def engine_overhead(cluster: ir.Cluster, engine: str) -> EngineOverhead:
     return replace(own, per_microbatch_s=own.per_microbatch_s + handoff_s) if handoff_s else own
 
 
-def zero1_gather_share(engine: str) -> float:
-    """What ``engine``'s ZeRO-1 communicates beyond the gradient all-reduce, as a share of it
-    (:attr:`planner.runnable.EngineLimits.zero1_gather_share`; 0 for ``any``)."""
+def zero_comms(cluster: ir.Cluster, engine: str) -> ZeroComms:
+    """How ``engine`` runs ZeRO's collectives on ``cluster`` (:class:`planner.costmodel.variant.ZeroComms`):
+    its ZeRO-1 traffic and ZeRO-2/3 reduction from :data:`planner.runnable.ENGINES`, each FSDP unit's
+    collective cost from the cluster's measured ``per_shard_s``; the paper's for ``any``."""
     limits = ENGINES.get(engine)
-    return limits.zero1_gather_share if limits is not None else 0.0
+    if limits is None:
+        return PAPER
+    own = cluster.engine_overhead(engine)
+    return ZeroComms(limits.zero1_gather_share, limits.sync_last_backward, own.per_shard_s if own else 0.0)
 
 
 def plan_overhead(plan: ir.Plan) -> EngineOverhead:

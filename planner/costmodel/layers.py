@@ -119,8 +119,10 @@ class LayerTable:
 
     def __post_init__(self) -> None:
         head = self.head[:, None]
+        units = np.broadcast_to(self.weight[:, :1] > 0, self.weight.shape).astype(float)
         rows = np.stack([self.fwd + self.bwd, self.fwd, self.sync, *self.static, self.weight, self.act,
-                         self.act_sel, self.core, np.where(head, self.fwd, 0.0), np.where(head, self.act, 0.0)])
+                         self.act_sel, self.core, np.where(head, self.fwd, 0.0), np.where(head, self.act, 0.0),
+                         units])
         object.__setattr__(self, "agg_rows", rows)
 
     def layout_change(self, a: int, b: int) -> bool:
@@ -133,13 +135,14 @@ class LayerTable:
 
 
 KEYS = ("time", "fwd", "sync", "static0", "static1", "static2", "static3", "weight", "act", "act_sel", "core",
-        "fwd_head", "act_head")
+        "fwd_head", "act_head", "units")
 """The aggregates of a stage under its forms, per micro-batch and device (``time`` = forward + backward
 with collectives and re-layouts, ``fwd`` its forward part, ``sync`` the gradient synchronisation per
 iteration without latency, ``static<z>`` memory at ZeRO stage z, ``weight`` one copy of the weights,
 ``act``/``act_sel`` activations per micro-batch, ``core`` selective recomputation's time,
 ``fwd_head``/``act_head`` the forward time and activations of the layers after the model's last
-transformer block, which full recomputation leaves out); the re-layouts add to ``time`` and ``fwd``
+transformer block, which full recomputation leaves out; ``units`` the layers with weights, each an
+FSDP unit under ZeRO-2/3, planner.costmodel.variant); the re-layouts add to ``time`` and ``fwd``
 (rows 0 and 1)."""
 
 

@@ -42,7 +42,7 @@ import numpy as np
 from planner import ir
 from planner.cluster import Group, group_of, index, link_between
 from planner.costmodel.collectives import ring_allreduce_s
-from planner.costmodel.engine import charge_plan, zero1_gather_share
+from planner.costmodel.engine import charge_plan, zero_comms
 from planner.costmodel.layers import FORM_INDEX, KEYS, Grid, LayerTable, layer_table
 from planner.costmodel.precision import Bytes
 from planner.costmodel.variant import Variant, variant_cost
@@ -144,7 +144,8 @@ def stage_cost_values(profile: ir.ModelProfile, cluster: ir.Cluster, stage: ir.S
                       optimizer: str, next_devices: Sequence[str] | None, precision: str = "fp32",
                       next_dp: int | None = None, engine: str = "any") -> ir.StageCost:
     """The :class:`ir.StageCost` of one stage given the next stage's devices (None: last) and its
-    data-parallel degree (None: this stage's), run by ``engine`` (its ZeRO-1 communication)."""
+    data-parallel degree (None: this stage's), run by ``engine`` (how it runs ZeRO's collectives:
+    :func:`planner.costmodel.engine.zero_comms`)."""
     grid = stage_grid(cluster, stage, precision)
     table = cached_layer_table(profile, grid, microbatches, optimizer)
     first, end = stage.layers
@@ -153,7 +154,7 @@ def stage_cost_values(profile: ir.ModelProfile, cluster: ir.Cluster, stage: ir.S
                         "check the plan's stages")
     agg = summarise(table, first, end, [FORM_INDEX[f] for f in stage.forms])
     v = variant_cost(agg, agg["in_bytes"], Variant(stage.recompute, stage.zero), microbatches, table.sync_const,
-                     zero1_gather_share(engine))
+                     zero_comms(cluster, engine))
     return _stage_cost(profile, cluster, stage, grid, agg, v, microbatches, optimizer, next_devices, table,
                        next_dp or grid.dp)
 
@@ -194,8 +195,8 @@ def _weight_part(table: LayerTable, stage: ir.Stage) -> float:
 def stage_costs_for(profile: ir.ModelProfile, cluster: ir.Cluster, stages: Sequence[ir.Stage], microbatches: int,
                     optimizer: str, precision: str = "fp32", engine: str = "any") -> tuple[ir.StageCost, ...]:
     """One StageCost per entry of ``stages``, in order (for interleaved, the K*v chunks in model
-    order; chunk c sends to chunk c+1), tied weights' copies and all-reduce included; ``engine``'s
-    ZeRO-1 communication (not its measured overheads: :func:`stage_costs`)."""
+    order; chunk c sends to chunk c+1), tied weights' copies and all-reduce included; ZeRO's
+    collectives as ``engine`` runs them (not its other measured overheads: :func:`stage_costs`)."""
     out = []
     for s, stage in enumerate(stages):
         nxt = stages[s + 1] if s + 1 < len(stages) else None

@@ -21,10 +21,19 @@ and the scalar cost of one stage come from the same definition).
   too: every micro-batch all-gathers them in forward and again in backward and
   reduce-scatters the gradient (``3 Psi`` per micro-batch and iteration, section 7.2.2):
   ``H`` added to each forward and backward and ``M H`` per iteration. Memory of each stage
-  is in the table's ``static<z>``. An engine whose ZeRO-1 moves more than the paper's ``A``
-  pays its extra share of ``A`` too (``gather_share``: torch's, whose gradients are all-reduced
-  and whose ZeroRedundancyOptimizer then broadcasts every parameter from the rank that stepped
-  it, an all-gather's volume more: ``A + H``; :data:`planner.runnable.ENGINES`).
+  is in the table's ``static<z>``.
+- How an engine runs them (:class:`ZeroComms`, :func:`planner.costmodel.engine.zero_comms`). An
+  engine whose ZeRO-1 moves more than the paper's ``A`` pays its extra share of ``A`` too
+  (``gather_share``: torch's, whose gradients are all-reduced and whose ZeroRedundancyOptimizer
+  then broadcasts every parameter from the rank that stepped it, an all-gather's volume more:
+  ``A + H``). An engine whose schedule defers ZeRO-2/3's reduction to the step's last backward
+  (``sync_last_backward``: torch pipelining keeps an FSDP module's gradients unreduced and its
+  weights gathered after every other backward, torch/distributed/pipelining/stage.py,
+  ``backward_maybe_with_nosync`` and ``_post_backward``) reduce-scatters once a step: ZeRO-2 moves
+  ``A`` (one all-gather at the first forward, one reduce-scatter), ZeRO-3 all-gathers in every
+  backward and once at the first forward (``H`` per backward, ``2H`` per step). Each all-gather or
+  reduce-scatter of one FSDP unit (``units``: a layer with weights) costs ``unit_op_s`` beyond its
+  bytes (the engine's ``per_shard_s``, measured by ``planner calibrate``).
 """
 
 from __future__ import annotations
@@ -45,14 +54,30 @@ class Variant:
     zero: int = 0
 
 
-def variants(recompute: Iterable[str], zero: Iterable[int], dp: int) -> list[Variant]:
+@dataclass(frozen=True)
+class ZeroComms:
+    """How an engine runs ZeRO's collectives, where it departs from the paper's volumes (module doc):
+    ZeRO-1's traffic beyond ``A`` as a share of it, whether ZeRO-2/3 reduce once a step after the
+    last backward, and the seconds of each FSDP unit's all-gather or reduce-scatter beyond its bytes."""
+
+    gather_share: float = 0.0
+    sync_last_backward: bool = False
+    unit_op_s: float = 0.0
+
+
+PAPER = ZeroComms()
+"""The ZeRO paper's volumes, nothing more (an engine-less plan, DeepSpeed)."""
+
+
+def variants(recompute: Iterable[str], zero: Iterable[int], dp: int, comms: ZeroComms = PAPER) -> list[Variant]:
     """Every (recompute, zero) pair allowed; ZeRO > 0 only with a data-parallel group of 2 or more.
 
-    ZeRO 0 is left out when 1 is allowed: stage 1 moves the same bytes and keeps less
-    (it can only be as fast and is leaner; section 7.2.1 of the ZeRO paper).
+    ZeRO 0 is left out when 1 is allowed and the engine's ZeRO-1 moves the paper's bytes: stage 1
+    then moves the same bytes and keeps less (it can only be as fast and is leaner; section 7.2.1
+    of the ZeRO paper). Where ZeRO-1 moves more (torch's), ZeRO 0 stays a choice.
     """
     zs = sorted({z for z in zero if z == 0 or dp > 1}) or [0]
-    if 1 in zs and 0 in zs:
+    if 1 in zs and 0 in zs and comms.gather_share == 0:
         zs.remove(0)
     return [Variant(r, z) for r, z in itertools.product(recompute, zs)]
 
@@ -72,19 +97,24 @@ class VariantCost:
 
 
 def variant_cost(agg: Mapping[str, Any], in_bytes: Any, variant: Variant, microbatches: int,
-                 sync_const: float, gather_share: float = 0.0) -> VariantCost:
-    """The stage's costs under ``variant`` from its aggregates (planner.search.hpp.KEYS);
-    ``gather_share``: the engine's ZeRO-1 communication beyond ``A``, as a share of it (module doc)."""
+                 sync_const: float, comms: ZeroComms = PAPER) -> VariantCost:
+    """The stage's costs under ``variant`` from its aggregates (planner.search.hpp.KEYS), with the
+    ZeRO collectives run as ``comms`` says (module doc)."""
     sync = agg["sync"]
     whole = sync + np.where(sync > 0, sync_const, 0.0)
     half = whole / 2.0
+    op = agg.get("units", 0.0) * comms.unit_op_s  # one collective of every unit of the stage
     time, fwd = agg["time"], agg["fwd"]
     if variant.zero == 3:
-        time, fwd, whole = time + 2.0 * half, fwd + half, microbatches * half
+        if comms.sync_last_backward:  # gathered in each backward; the first forward's and the reduce per step
+            time, whole = time + half + op, 2.0 * (half + op)
+        else:  # gathered in each forward and backward, reduced in each backward
+            time, fwd, whole = time + 2.0 * (half + op), fwd + half + op, microbatches * (half + op)
     elif variant.zero == 2:
-        whole = whole + (microbatches - 1) * half
+        reduces = 1 if comms.sync_last_backward else microbatches
+        whole = whole + (reduces - 1) * half + (1 + reduces) * op
     elif variant.zero == 1:
-        whole = whole * (1.0 + gather_share)
+        whole = whole * (1.0 + comms.gather_share)
     if variant.recompute == "full":
         time, act, work = time + fwd - agg["fwd_head"], in_bytes + agg["act_head"], agg["act"] - agg["act_head"]
     elif variant.recompute == "selective":

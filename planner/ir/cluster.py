@@ -176,23 +176,26 @@ class EngineOverhead:
     ``per_action_s``: each forward or backward action of a stage (the engine's Python
     scheduling of it); ``per_microbatch_s``: each micro-batch a stage sends over a pipeline
     boundary, activation or gradient (the engine's point-to-point set-up);
-    ``per_step_s``: each training step (its optimizer wrapper, loss and step bookkeeping).
-    How the cost model charges them: :mod:`planner.costmodel.engine`.
+    ``per_step_s``: each training step (its optimizer wrapper, loss and step bookkeeping);
+    ``per_shard_s``: each all-gather or reduce-scatter of one ZeRO-2/3 (FSDP) unit, a layer with
+    parameters, beyond its bytes over the link (its copies in and out, its hooks, the ranks meeting).
+    How the cost model charges them: :mod:`planner.costmodel.engine` and, for ``per_shard_s``,
+    :mod:`planner.costmodel.variant`. A file without a field reads it as 0.
     """
 
     per_action_s: float = 0.0
     per_microbatch_s: float = 0.0
     per_step_s: float = 0.0
+    per_shard_s: float = 0.0
 
-    FIELDS = ("per_action_s", "per_microbatch_s", "per_step_s")
+    FIELDS = ("per_action_s", "per_microbatch_s", "per_step_s", "per_shard_s")
 
     @property
     def is_zero(self) -> bool:
-        return self.per_action_s == 0 and self.per_microbatch_s == 0 and self.per_step_s == 0
+        return all(getattr(self, f) == 0 for f in self.FIELDS)
 
     def to_dict(self) -> dict[str, float]:
-        return {"per_action_s": self.per_action_s, "per_microbatch_s": self.per_microbatch_s,
-                "per_step_s": self.per_step_s}
+        return {f: float(getattr(self, f)) for f in self.FIELDS}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str) -> EngineOverhead:

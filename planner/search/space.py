@@ -40,8 +40,18 @@ import numpy as np
 
 from planner import ir
 from planner.cluster import Group, group_of, index
-from planner.costmodel import Grid, Variant, VariantCost, layer_table, schedule_weights, variant_cost, variants
-from planner.costmodel.engine import EngineOverhead, engine_overhead, zero1_gather_share
+from planner.costmodel import (
+    PAPER,
+    Grid,
+    Variant,
+    VariantCost,
+    ZeroComms,
+    layer_table,
+    schedule_weights,
+    variant_cost,
+    variants,
+)
+from planner.costmodel.engine import EngineOverhead, engine_overhead, zero_comms
 from planner.search.hpp import StageTables, only_dp, stage_tables_many
 
 INTRA, INTER = 0, 1
@@ -145,8 +155,8 @@ class Problem:
     capacity_override: float | None = None
     overhead: EngineOverhead = field(default_factory=EngineOverhead)
     """What the plan's engine adds per action, micro-batch sent and step (planner.costmodel.engine)."""
-    zero1_gather_share: float = 0.0
-    """What the engine's ZeRO-1 communicates beyond the all-reduce (planner.costmodel.variant)."""
+    comms: ZeroComms = PAPER
+    """How the engine runs ZeRO's collectives (planner.costmodel.variant)."""
     move_groups: list[list[MoveGroup]] = field(default_factory=list)
     """Per position, its moves grouped by devices, link and next position (made by :func:`_grid_moves`)."""
 
@@ -290,7 +300,7 @@ def build_problem(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches
     prob = Problem(profile, cluster, microbatches, schedule, optimizer, space, bounds, moves, list(base.skip), grids,
                    tables, exact_k, tuple(config) if config is not None else None, r_cap, a, b,
                    overhead=engine_overhead(cluster, engine), move_groups=groups,
-                   zero1_gather_share=zero1_gather_share(engine))
+                   comms=zero_comms(cluster, engine))
     build_candidates(prob)
     return prob
 
@@ -335,8 +345,7 @@ def _stage_tables(profile: ir.ModelProfile, grids: Sequence[Grid], bounds: np.nd
 def option_cost(prob: Problem, key: int, option: Option) -> tuple[StageTables, VariantCost]:
     """The stage tables of ``option`` on grid ``key`` and its variant's costs (planner.costmodel.variant)."""
     t = prob.tables[key][1 if option.lean else 0]
-    return t, variant_cost(t.agg, t.in_bytes[:, None], option.variant, prob.microbatches, t.sync_const,
-                           prob.zero1_gather_share)
+    return t, variant_cost(t.agg, t.in_bytes[:, None], option.variant, prob.microbatches, t.sync_const, prob.comms)
 
 
 def options(prob: Problem, key: int) -> list[Option]:
@@ -345,5 +354,5 @@ def options(prob: Problem, key: int) -> list[Option]:
     modes = prob.space.recompute
     if not any(x.block is not None for x in prob.profile.layers):  # selective recomputes attention cores only
         modes = tuple(m for m in modes if m != "selective") or modes
-    var = variants(modes, prob.space.zero, grid.dp)
+    var = variants(modes, prob.space.zero, grid.dp, prob.comms)
     return [Option(lean, v) for lean in (False, True)[:len(prob.tables[key])] for v in var]
