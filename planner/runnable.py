@@ -66,10 +66,11 @@ ENGINES: dict[str, EngineLimits] = {
                           zero1_gather_share=0.5, sync_last_backward=True),
     # torchtitan: FSDP2 (shard = ZeRO-3, or never reshard = ZeRO-2) or replicate (0), tensor and
     # pipeline degrees, per-job activation checkpointing: none or full (its selective modes are
-    # per-op SAC or every n-th layer, not the attention core; planner.export.torchtitan); its
-    # pipelines run torch's schedules, which reduce FSDP's gradients once a step.
+    # per-op SAC or every n-th layer, not the attention core; planner.export.torchtitan). Charged
+    # the paper's ZeRO, as its FSDP runs without a pipeline; with one (K > 1) it runs torch's
+    # schedules, which reduce once a step and keep the weights gathered (sync_last_backward).
     "torchtitan": EngineLimits("torchtitan", True, True, (0, 2, 3), ("none", "full"), True,
-                               precisions=("fp32", "bf16"), sync_last_backward=True),
+                               precisions=("fp32", "bf16")),
 }
 
 

@@ -45,7 +45,7 @@ def test_fp32_adam_is_16_bytes_and_mixed_adam_too_but_sgd_differs() -> None:
 
 
 AGG = {"sync": 2.0, "time": 10.0, "fwd": 4.0, "static0": 0.0, "static1": 0.0, "static2": 0.0, "static3": 0.0,
-       "act": 1.0, "act_sel": 0.5, "core": 0.25, "fwd_head": 0.0, "act_head": 0.0, "units": 3.0}
+       "weight": 1.0, "act": 1.0, "act_sel": 0.5, "core": 0.25, "fwd_head": 0.0, "act_head": 0.0, "units": 3.0}
 """A stage's aggregates: an all-reduce A = 2 (so one all-gather or reduce-scatter H = 1), 3 FSDP units."""
 
 
@@ -98,6 +98,22 @@ def test_fsdp_under_a_schedule_that_reduces_after_the_last_backward(m: int, op_s
     assert three.sync == pytest.approx(2 * (1.0 + 3 * op_s))
     # the step's whole traffic: M backward gathers, one forward gather, one reduce-scatter
     assert m * (three.time - 10.0) + three.sync == pytest.approx((m + 2) * (1.0 + 3 * op_s))
+
+
+def test_fsdp_that_keeps_weights_gathered_holds_zero1s_memory_and_a_sharded_copy() -> None:
+    """Under torch pipelining FSDP keeps each unit's gathered weights and unreduced gradients until the
+    step's last backward: ZeRO-2 and 3 hold ZeRO-1's memory plus the weights' shard (8-way, Adam fp32:
+    W = 4, gradients 4, state 8 bytes a parameter); the paper's shard the gradients (and weights)."""
+    cluster = _big_cluster(1, 8)
+    stage = {z: ir.Stage((0, 1), tuple(g.name for g in cluster.gpus), ("dp",), 0, zero=z) for z in range(4)}
+    prof = _one_layer(10**6)
+    by = {(e, z): cm.stage_cost_values(prof, cluster, stage[z], 4, "adam", None, "fp32", engine=e).static_bytes
+          for e in ("torch", "any") for z in range(4)}
+    mb = 10**6
+    assert by["any", 1] == by["torch", 1] == pytest.approx(4 * mb + 4 * mb + 8 * mb / 8, abs=2)
+    assert by["any", 2] == pytest.approx(4 * mb + (4 + 8) * mb / 8, abs=2)
+    assert by["any", 3] == pytest.approx(16 * mb / 8, abs=2)
+    assert by["torch", 2] == by["torch", 3] == pytest.approx(by["torch", 1] + 4 * mb / 8, abs=2)
 
 
 @given(st.integers(1, 16), st.floats(0.0, 1e-2))

@@ -27,11 +27,16 @@ and the scalar cost of one stage come from the same definition).
   (``gather_share``: torch's, whose gradients are all-reduced and whose ZeroRedundancyOptimizer
   then broadcasts every parameter from the rank that stepped it, an all-gather's volume more:
   ``A + H``). An engine whose schedule defers ZeRO-2/3's reduction to the step's last backward
-  (``sync_last_backward``: torch pipelining keeps an FSDP module's gradients unreduced and its
-  weights gathered after every other backward, torch/distributed/pipelining/stage.py,
-  ``backward_maybe_with_nosync`` and ``_post_backward``) reduce-scatters once a step: ZeRO-2 moves
+  (``sync_last_backward``: torch pipelining runs every backward of an FSDP module without
+  reducing its gradients or resharding its weights, and reduces and reshards once after the last,
+  torch/distributed/pipelining/stage.py, ``backward_maybe_with_nosync`` and
+  ``perform_reduce_grad``) reduce-scatters once a step: ZeRO-2 moves
   ``A`` (one all-gather at the first forward, one reduce-scatter), ZeRO-3 all-gathers in every
-  backward and once at the first forward (``H`` per backward, ``2H`` per step). Each all-gather or
+  backward and once at the first forward (``H`` per backward, ``2H`` per step), and both hold the
+  gathered weights and the unreduced gradients until the step's end: ZeRO-1's memory, and the
+  weights' sharded copy besides (FSDP2's ``set_reshard_after_backward(False)`` and
+  ``set_requires_gradient_sync(False)``: "uses more gradient memory (storing the unsharded
+  gradients)", pytorch/pytorch#126166). Each all-gather or
   reduce-scatter of one FSDP unit (``units``: a layer with weights) costs ``unit_op_s`` beyond its
   bytes (the engine's ``per_shard_s``, measured by ``planner calibrate``).
 """
@@ -121,4 +126,14 @@ def variant_cost(agg: Mapping[str, Any], in_bytes: Any, variant: Variant, microb
         time, act, work = time + agg["core"], agg["act_sel"], 0.0 * in_bytes
     else:
         act, work = agg["act"], 0.0 * in_bytes
-    return VariantCost(time, fwd, whole, agg[f"static{variant.zero}"], act, work)
+    return VariantCost(time, fwd, whole, _static(agg, variant.zero, comms), act, work)
+
+
+def _static(agg: Mapping[str, Any], zero: int, comms: ZeroComms) -> Any:
+    """Weights, gradients and optimizer state per device under ZeRO stage ``zero``: the table's
+    ``static<z>``, but for an engine that keeps FSDP's weights gathered and its gradients unreduced
+    through the step (``sync_last_backward``), whose ZeRO-2 and 3 hold ZeRO-1's memory and the
+    sharded copy of the weights besides (``2 W + (W + S) / d`` = ``W + static2``; module doc)."""
+    if zero >= 2 and comms.sync_last_backward:
+        return agg["weight"] + agg["static2"]
+    return agg[f"static{zero}"]
