@@ -108,6 +108,8 @@ BAD_INPUTS = [
     (["profile", "llama-tiny", "--mode", "analytic", "--set", "num_hiden_layers=2"], 2, "num_hidden_layers"),
     (["profile", "llama-tiny", "--mode", "analytic", "--set", "layers"], 2, "KEY=VALUE"),
     (["profile", "mlp", "--mode", "analytic", "--set", "depth=2"], 2, "no transformer"),
+    (["profile", "llama", "--set", "hidden_size=64"], 1, "built-in models: mlp"),  # a misspelt zoo name with --set
+    (["profile", "tests.test_cmd_profile:fixed_linear", "--set", "n_layer=1"], 2, "your own model"),
     (["profile", "llama-tiny", "--mode", "analytic", "--dtype", "bfloat16", "--device-flops", "v100"], 2, "bf16"),
 ]
 

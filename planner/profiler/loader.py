@@ -213,13 +213,13 @@ def load_model(spec: str, batch_size: int, input_shape: tuple[int, ...] | None =
     dev = _torch_device(device)
     if spec in ZOO:
         module, example, shape = _from_zoo(spec, batch_size, input_shape, dev, overrides or {})
+    elif ":" not in spec:
+        raise _unknown(spec)
     elif overrides:
         raise UsageError(f"--set overrides a zoo transformer's config, and {spec} is your own model",
                          "set the fields in your factory instead")
-    elif ":" in spec:
-        module, example, shape = _from_factory(spec, batch_size, input_shape, dev, tdtype)
     else:
-        raise _unknown(spec)
+        module, example, shape = _from_factory(spec, batch_size, input_shape, dev, tdtype)
     module = module.to(device=dev)
     if tdtype != torch.float32:
         module = module.to(dtype=tdtype)
