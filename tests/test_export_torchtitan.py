@@ -75,6 +75,19 @@ def test_uneven_pipeline_by_fsdp_grid_with_bf16_and_full_recompute() -> None:
     assert doc["model"] == {"name": "llama3", "flavor": "debugmodel"}
 
 
+def test_without_a_pipeline_torchtitan_accumulates_the_plans_micro_batches() -> None:
+    """K = 1: the local batch is one micro-batch, so torchtitan's gradient accumulation steps
+    (global // (local x dp)) are the plan's M, not one pass over the rank's batch with M times the
+    activations; with a pipeline the local batch is the rank's and its schedule makes the M."""
+    one = titan_plan([0, 8], dp=2, zero=2)
+    training = _parse(one)["training"]
+    assert training["local_batch_size"] == 2 and training["global_batch_size"] == 8
+    assert training["global_batch_size"] // (training["local_batch_size"] * 2) == one.microbatches
+    piped = _parse(titan_plan([0, 4, 8], dp=2))
+    assert piped["training"]["local_batch_size"] == 4
+    assert piped["training"]["local_batch_size"] // piped["parallelism"]["pipeline_parallel_microbatch_size"] == 2
+
+
 def test_tensor_by_replicated_data_grid_with_zero2_and_interleaved_chunks() -> None:
     plan = titan_plan([0, 8], tp=2, dp=2, sequence_parallel=True)
     par = _parse(plan)["parallelism"]

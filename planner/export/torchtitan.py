@@ -12,7 +12,8 @@ tp, data parallelism per the plan's ZeRO stage (0: ``data_parallel_replicate_deg
 with ``"always"``), ``module_fqns_per_model_part`` = the plan's stages (uneven stages and
 interleaved chunks as explicit module lists: ``tok_embeddings``, ``layers.i``, ``norm`` +
 ``output``), ``pipeline_parallel_schedule``, ``pipeline_parallel_microbatch_size`` = the plan's
-per-rank micro-batch; ``[training]`` local (per data-parallel rank) and global batch, sequence
+per-rank micro-batch; ``[training]`` local (per data-parallel rank: its batch with a pipeline, one
+micro-batch without, which torchtitan accumulates; :func:`local_batch_size`) and global batch, sequence
 length, ``mixed_precision_param`` (bf16: bfloat16 parameters in FSDP's policy, or autocast
 under DDP; fp32 master weights either way); ``[activation_checkpoint] mode`` none or full
 (torchtitan's full mode checkpoints each block: the blocks are redone and the norm and output
@@ -125,6 +126,17 @@ def _data_parallel(stage: ir.Stage) -> dict[str, Any]:
             "fsdp_reshard_after_forward": "always" if stage.zero == 3 else "never"}
 
 
+def local_batch_size(plan: ir.Plan, dp: int) -> int:
+    """torchtitan's ``local_batch_size``: a pipeline's whole batch per data-parallel rank, which its
+    schedule cuts into the plan's micro-batches; without a pipeline (K = 1) one micro-batch, so that
+    torchtitan accumulates the plan's M of them (its ``gradient_accumulation_steps`` =
+    ``global_batch_size // (local_batch_size * dp)``; torchtitan/train.py) rather than running the
+    rank's whole batch at once with M times the activations the plan counts."""
+    if plan.pipeline_stages > 1:
+        return plan.batch_size // dp
+    return int(plan.micro_batch_size(plan.stages[0]))
+
+
 def job_config(plan: ir.Plan, steps: int = 10, lr: float = 8e-4) -> dict[str, dict[str, Any]]:
     """The job config as nested sections (see :data:`SCHEMA`)."""
     dp = check_plan(plan)
@@ -135,7 +147,7 @@ def job_config(plan: ir.Plan, steps: int = 10, lr: float = 8e-4) -> dict[str, di
         "job": {"description": f"planner plan {plan.config} for {plan.model}", "dump_folder": "./outputs"},
         "model": {"name": "llama3", "flavor": flavor},
         "optimizer": {"name": "AdamW", "lr": lr},
-        "training": {"local_batch_size": plan.batch_size // dp, "global_batch_size": plan.batch_size,
+        "training": {"local_batch_size": local_batch_size(plan, dp), "global_batch_size": plan.batch_size,
                      "seq_len": seq_len, "steps": steps, "max_norm": 1.0,
                      "mixed_precision_param": "bfloat16" if plan.precision == "bf16" else "float32",
                      "mixed_precision_reduce": "float32"},
