@@ -19,13 +19,14 @@ from planner.jsonio import dumps, read_json
               help="Use this measured profile's device_flops as each device's flops (scale 1).")
 @click.option("--engines", "engines_text", default="auto", show_default=True, metavar="LIST",
               help="Engines whose overheads to measure (comma-separated: deepspeed, torch), 'auto' (those "
-                   "installed) or 'none' (about 35 s each).")
+                   "installed) or 'none' (about 35 s each, torch 45 s).")
 @progress_option
 @click.option("--json", "as_json", is_flag=True, help="Print the cluster JSON document.")
 def calibrate(out: str, nproc: int, threads: int, name: str | None, profile_path: str | None, engines_text: str,
               progress: bool | None, as_json: bool) -> None:
     """Measure compute, point-to-point and all-reduce over gloo with P processes (about 15-20 s), and what
-    each engine adds per action, micro-batch and step (tiny pipelines on the --nproc processes)."""
+    each engine adds per action, micro-batch and step, and torch per FSDP unit's gather or reduction
+    (tiny pipelines and data-parallel stages on the --nproc processes)."""
     from planner.calibrate import calibrate as measure
     from planner.calibrate import cluster_doc
     from planner.render.progress import status
