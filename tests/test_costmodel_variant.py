@@ -85,6 +85,20 @@ def test_zero0_stays_a_choice_where_zero1_moves_more() -> None:
     assert {v.zero for v in cm.variants(["none"], (0, 1), 1, cm.ZeroComms(gather_share=0.5))} == {0}
 
 
+@given(st.integers(1, 16), st.floats(0.0, 1e-2), st.sampled_from(["none", "selective", "full"]))
+def test_zero3_is_dropped_where_it_holds_zero2s_memory_for_more_time(m: int, op_s: float, mode: str) -> None:
+    """An engine that reduces once a step (torch's FSDP under its schedules): ZeRO-3 keeps ZeRO-2's
+    memory and gathers again in every backward, so ``variants`` leaves it out beside 2 (not alone)."""
+    torch = cm.ZeroComms(0.5, sync_last_backward=True, unit_op_s=op_s)
+    two, three = (cm.variant_cost(AGG, 0.1, cm.Variant(mode, z), m, 0.0, torch) for z in (2, 3))
+    assert (three.static, three.act, three.workspace) == (two.static, two.act, two.workspace)
+    assert three.time >= two.time and three.fwd >= two.fwd
+    assert m * three.time + three.sync >= m * two.time + two.sync
+    assert {v.zero for v in cm.variants([mode], (0, 1, 2, 3), 4, torch)} == {0, 1, 2}
+    assert {v.zero for v in cm.variants([mode], (3,), 4, torch)} == {3}
+    assert {v.zero for v in cm.variants([mode], (0, 1, 2, 3), 4)} == {1, 2, 3}  # the paper's ZeRO-3 shards more
+
+
 @given(st.integers(1, 16), st.floats(0.0, 1e-2))
 def test_fsdp_under_a_schedule_that_reduces_after_the_last_backward(m: int, op_s: float) -> None:
     """torch pipelining defers an FSDP module's reduction and resharding to the step's last backward:

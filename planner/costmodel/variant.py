@@ -79,11 +79,15 @@ def variants(recompute: Iterable[str], zero: Iterable[int], dp: int, comms: Zero
 
     ZeRO 0 is left out when 1 is allowed and the engine's ZeRO-1 moves the paper's bytes: stage 1
     then moves the same bytes and keeps less (it can only be as fast and is leaner; section 7.2.1
-    of the ZeRO paper). Where ZeRO-1 moves more (torch's), ZeRO 0 stays a choice.
+    of the ZeRO paper). Where ZeRO-1 moves more (torch's), ZeRO 0 stays a choice. ZeRO 3 is left
+    out when 2 is allowed and the engine reduces once a step (``sync_last_backward``): it then holds
+    the same memory as 2 and gathers the weights again in every backward (:func:`variant_cost`).
     """
     zs = sorted({z for z in zero if z == 0 or dp > 1}) or [0]
     if 1 in zs and 0 in zs and comms.gather_share == 0:
         zs.remove(0)
+    if 2 in zs and 3 in zs and comms.sync_last_backward:
+        zs.remove(3)
     return [Variant(r, z) for r, z in itertools.product(recompute, zs)]
 
 
