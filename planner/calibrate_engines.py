@@ -51,7 +51,7 @@ Shape = tuple[tuple[int, ...], int, int]
 """(GPUs per stage, micro-batches, ZeRO stage) of one calibration plan."""
 
 
-def shapes(nproc: int, engine: str = "deepspeed") -> tuple[Shape, ...]:
+def shapes(nproc: int, engine: str) -> tuple[Shape, ...]:
     """The calibration plans on ``nproc`` processes: one data-parallel stage at M = 1 and 4, and
     ``nproc`` pipeline stages at M = P, 2P and 4P (torch's 1F1B needs M >= K); on 2 processes
     ((2,), 1, 0), ((2,), 4, 0), ((1, 1), 2, 0), ((1, 1), 4, 0), ((1, 1), 8, 0). An engine that runs

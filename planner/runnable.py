@@ -59,8 +59,8 @@ ENGINES: dict[str, EngineLimits] = {
     # gradients' all-reduce and ZeroRedundancyOptimizer, which broadcasts every parameter from the
     # rank that stepped it (torch/distributed/optim/zero_redundancy_optimizer.py, _sync_params):
     # an all-gather's volume, half an all-reduce's, more than the paper's ZeRO-1. Its schedules defer
-    # an FSDP module's reduce-scatter and resharding to the step's last backward
-    # (torch/distributed/pipelining/stage.py: backward_maybe_with_nosync, _post_backward).
+    # an FSDP module's reduce-scatter and resharding to after the step's last backward
+    # (torch/distributed/pipelining/stage.py: backward_maybe_with_nosync, perform_reduce_grad).
     "torch": EngineLimits("torch", True, True, (0, 1, 2, 3), ("none", "selective", "full"), True,
                           uniform_zero=False, precisions=("fp32", "bf16"),  # no loss scale in the schedule's loss
                           zero1_gather_share=0.5, sync_last_backward=True),

@@ -166,7 +166,7 @@ def test_a_stage_pays_the_clusters_measured_unit_cost_for_each_layer_with_weight
 
 def test_recomputation_modes() -> None:
     agg = {"sync": 0.0, "time": 10.0, "fwd": 4.0, "static0": 0.0, "static1": 0.0, "static2": 0.0, "static3": 0.0,
-           "act": 100.0, "act_sel": 60.0, "core": 0.5, "fwd_head": 0.0, "act_head": 0.0}
+           "act": 100.0, "act_sel": 60.0, "core": 0.5, "fwd_head": 0.0, "act_head": 0.0, "units": 1.0}
     none, sel, full = (cm.variant_cost(agg, 7.0, cm.Variant(r, 0), 2, 0.0) for r in ("none", "selective", "full"))
     assert (none.time, none.act, none.workspace) == (10.0, 100.0, 0.0)
     assert (sel.time, sel.act, sel.workspace) == (10.5, 60.0, 0.0)

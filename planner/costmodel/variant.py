@@ -112,7 +112,7 @@ def variant_cost(agg: Mapping[str, Any], in_bytes: Any, variant: Variant, microb
     sync = agg["sync"]
     whole = sync + np.where(sync > 0, sync_const, 0.0)
     half = whole / 2.0
-    op = agg.get("units", 0.0) * comms.unit_op_s  # one collective of every unit of the stage
+    op = agg["units"] * comms.unit_op_s  # one collective of every unit of the stage
     time, fwd = agg["time"], agg["fwd"]
     if variant.zero == 3:
         if comms.sync_last_backward:  # gathered in each backward; the first forward's and the reduce per step
