@@ -1,0 +1,170 @@
+#!/usr/bin/env python
+"""torch's ZeRO stages, measured against predicted on this machine (docs/fidelity.md, "torch's ZeRO-2/3").
+
+One data-parallel stage of 2 processes (1 thread each) of ``--model``, searched with ``--engine
+torch`` at ZeRO 0, 1, 2 and 3 for each of ``--microbatches``, on this machine calibrated by
+``planner.calibrate.calibrate`` against the model's own profile (its torch overheads, FSDP's
+``per_shard_s`` among them). Each plan is trained by the runner's own code:
+
+- time: :func:`planner.calibrate_engines.time_plans` (the median step, the fastest of ``--rounds``);
+- memory: the heap in use (glibc ``mallinfo2``, sampled every 0.2 ms by a thread) over the trainer's
+  set-up and ``--steps`` steps, its peak above the heap before the layers are built, the larger of
+  the two ranks': what CUDA's ``max_memory_allocated`` would say on a GPU, without the allocator's
+  slack that RSS growth holds.
+
+It prints per plan measured and predicted, and each over ZeRO-0's at the same M (a machine slower or
+faster than at the profile moves both alike), then two checks: at each M the ZeRO stage the model
+predicts fastest is the fastest measured (within 5%), and the model orders the stages' memory as
+measured (ZeRO-2 and 3 above ZeRO-1 under torch, whose schedules keep FSDP's weights gathered and
+gradients unreduced until the step's end). The heap is measured after one untimed step of the first
+plan (the process's first-use allocations). About 2 minutes for the default model. Linux only.
+
+    .venv/bin/python scripts/bench_zero.py [--model mlp] [--batch 16]
+        [--microbatches 1,4] [--rounds 3] [--steps 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import socket
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+ZEROS = (0, 1, 2, 3)
+FASTEST_TOLERANCE = 1.05
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                      "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def heap_in_use_bytes() -> int:
+    """Bytes glibc's allocator has handed out and not taken back (small blocks and mmapped ones)."""
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = _MallInfo2
+    info = libc.mallinfo2()
+    return int(info.uordblks + info.hblkhd)
+
+
+def _heap_worker(rank: int, world: int, port: int, plans_path: str, model: str, steps: int, out: str) -> None:
+    """One rank: every plan's heap peak above the heap before its layers are built."""
+    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+                       "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    import torch
+
+    from planner import ir
+    from planner.runner.worker import init_group, train_plan
+
+    torch.set_num_threads(1)
+    init_group("torch")
+    docs = json.loads(Path(plans_path).read_text())
+    train_plan(ir.Plan.from_dict(docs[0]), model, "torch", 1, 0, "cross_entropy", profile_terms=False)  # first-use
+    peaks = []
+    for doc in docs:
+        base, peak, done = heap_in_use_bytes(), [0], threading.Event()
+
+        def sample(peak: list[int] = peak, done: threading.Event = done) -> None:
+            while not done.is_set():
+                peak[0] = max(peak[0], heap_in_use_bytes())
+                time.sleep(2e-4)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        train_plan(ir.Plan.from_dict(doc), model, "torch", steps, 0, "cross_entropy", profile_terms=False)
+        done.set()
+        sampler.join()
+        peaks.append(max(0, peak[0] - base))
+    mine = torch.tensor(peaks, dtype=torch.float64)
+    torch.distributed.all_reduce(mine, op=torch.distributed.ReduceOp.MAX)
+    if rank == 0:
+        Path(out).write_text(json.dumps(mine.tolist()))
+    torch.distributed.destroy_process_group()
+
+
+def heap_peaks(plans: list[Any], model: str, steps: int) -> list[float]:
+    """Each plan's heap peak in bytes (the larger rank's), its ranks in one process group."""
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    with tempfile.TemporaryDirectory(prefix="planner-bench-zero-") as tmp:
+        plans_path, out = os.path.join(tmp, "plans.json"), os.path.join(tmp, "peaks.json")
+        Path(plans_path).write_text(json.dumps([p.to_dict() for p in plans]))
+        mp.start_processes(_heap_worker, args=(2, port, plans_path, model, steps, out), nprocs=2, join=True,
+                           start_method="spawn")
+        return [float(x) for x in json.loads(Path(out).read_text())]
+
+
+def plans_for(args: argparse.Namespace) -> list[Any]:
+    """The model profiled, this machine calibrated against it, and one plan per (M, ZeRO stage)."""
+    from planner.api import profile_model
+    from planner.calibrate import calibrate
+    from planner.search import search
+
+    prof = profile_model(args.model, batch_size=args.batch, threads=1)
+    cluster, _ = calibrate(2, 1, profile=prof, engines=["torch"])
+    over = cluster.engine_overhead("torch")
+    print(f"calibrated: torch per FSDP unit's gather or reduction {(over.per_shard_s if over else 0) * 1e3:.3f} ms",
+          file=sys.stderr)
+    return [search(prof, cluster, config=(2,), tp=1, zero=z, microbatches=m, engine="torch", schedule="1f1b",
+                   candidates=0) for m in args.microbatches for z in ZEROS]
+
+
+def report(plans: list[Any], times_s: list[float], peaks: list[float]) -> bool:
+    """The table and the two checks (module doc); whether both pass."""
+    print(f"{'M':>3} {'ZeRO':>4} {'measured ms':>11} {'predicted ms':>12} {'ratio':>6} {'meas/ZeRO-0':>11} "
+          f"{'pred/ZeRO-0':>11} {'heap MiB':>9} {'predicted MiB':>13}")
+    fastest_ok, memory_ok = True, True
+    for i in range(0, len(plans), len(ZEROS)):
+        group = list(range(i, i + len(ZEROS)))
+        pred = [plans[j].predicted.iteration_s for j in group]
+        meas = [times_s[j] for j in group]
+        mem_pred = [max(s.memory_bytes for s in plans[j].stages) for j in group]
+        for z, j in zip(ZEROS, group, strict=True):
+            print(f"{plans[j].microbatches:>3} {z:>4} {meas[z] * 1e3:>11.1f} {pred[z] * 1e3:>12.1f} "
+                  f"{meas[z] / pred[z]:>6.3f} {meas[z] / meas[0]:>11.2f} {pred[z] / pred[0]:>11.2f} "
+                  f"{peaks[j] / 2**20:>9.1f} {mem_pred[z] / 2**20:>13.1f}")
+        best = min(ZEROS, key=lambda z: pred[z])
+        fastest_ok &= meas[best] <= FASTEST_TOLERANCE * min(meas)
+        memory_ok &= all((mem_pred[z] >= mem_pred[1]) == (peaks[group[z]] >= peaks[group[1]]) for z in (2, 3))
+    print(f"the predicted fastest ZeRO stage is the measured fastest (within {FASTEST_TOLERANCE - 1:.0%}) at every M: "
+          f"{'PASS' if fastest_ok else 'FAIL'}")
+    print("the model puts ZeRO-2 and 3's memory on the side of ZeRO-1's that the heap does, at every M: "
+          + ("PASS" if memory_ok else "FAIL"))
+    return fastest_ok and memory_ok
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="mlp", help="its weights should outweigh its activations, so that "
+                    "ZeRO's memory shows (the zoo mlp: 11 MiB of weights, activations of a few KiB a sample)")
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--microbatches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=6)
+    args = ap.parse_args()
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "scripts"), *filter(None, [os.environ.get("PYTHONPATH")])])
+    from planner.calibrate_engines import time_plans
+
+    plans = plans_for(args)
+    times = [min(r) for r in time_plans(plans, "torch", 1, args.steps, args.rounds, model=args.model).times_s]
+    peaks = heap_peaks(plans, args.model, 4)
+    print(f"{args.model}, batch {args.batch}, 2 processes x 1 thread, torch; time: fastest of {args.rounds} rounds' "
+          f"median step; heap: peak in use over set-up and 4 steps, the larger rank (load {os.getloadavg()[0]:.1f})")
+    return 0 if report(plans, times, peaks) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
