@@ -26,6 +26,30 @@ from planner import ir
 from planner.errors import PlanError
 from planner.schedule import SCHEDULE_KINDS, find_kind
 
+GRAD_BUCKET_BYTES = 25 * 2**20
+"""The torch export's data-parallel gradients are summed in flat buckets of at most this many bytes
+(one all-reduce each; a larger gradient is reduced in place), as PyTorch DDP does by default
+(``bucket_cap_mb=25``; planner.export.sharding)."""
+
+DEEPSPEED_ALLREDUCE_PARAMS = 500_000_000
+"""DeepSpeed's pipeline engine all-reduces ZeRO-0 gradients in flat buckets of this many elements
+(``MEMORY_OPT_ALLREDUCE_SIZE``, deepspeed/runtime/engine.py: ``allreduce_gradients``,
+``allreduce_no_retain``)."""
+
+
+@dataclass(frozen=True)
+class GradCopy:
+    """How an engine's data-parallel gradient all-reduce copies the gradients into flat buffers (under
+    the ZeRO stages ``zero``): at most ``cap_bytes``, or ``cap_params`` elements, at a time, while the
+    gradients themselves are still held: a transient on top of the static memory after the last
+    backward (planner.costmodel.variant). The gradients reduced are fp32 (the torch export keeps
+    fp32 parameters under autocast; DeepSpeed's bf16 optimizer reduces its fp32 gradients), fp16
+    ones under fp16. No copy: the empty default."""
+
+    zero: tuple[int, ...] = ()
+    cap_bytes: float = 0.0
+    cap_params: float = 0.0
+
 
 @dataclass(frozen=True)
 class EngineLimits:
@@ -47,13 +71,18 @@ class EngineLimits:
     sync_last_backward: bool = False
     """Whether its schedule reduce-scatters ZeRO-2/3 gradients once a step, after the last backward,
     and keeps the weights gathered between backwards (planner.costmodel.variant)."""
+    grad_copy: GradCopy = GradCopy()
+    """The flat copies its ZeRO-0/1 gradient all-reduce makes (:class:`GradCopy`)."""
 
 
 ENGINES: dict[str, EngineLimits] = {
     # DeepSpeed's PipelineEngine: 1F1B on a pipe x data grid of equal widths; ZeRO-1 at most with
     # pipeline parallelism (deepspeed/runtime/pipe/engine.py asserts zero stage < 2); layer-interval
     # activation checkpointing only.
-    "deepspeed": EngineLimits("deepspeed", True, False, (0, 1), ("none", "full"), False),
+    # Its ZeRO-0 all-reduce flattens up to 5e8 gradient elements at a time; its ZeRO-1 moves the
+    # gradients into a reduce_bucket_size buffer (stage_1_and_2.py) and is not modelled.
+    "deepspeed": EngineLimits("deepspeed", True, False, (0, 1), ("none", "full"), False,
+                              grad_copy=GradCopy((0,), cap_params=DEEPSPEED_ALLREDUCE_PARAMS)),
     # torch.distributed.pipelining on a (pp, dp, tp) DeviceMesh: one mesh, so equal grids per stage;
     # FSDP2 covers ZeRO 2-3 (reshard after forward or not), DTensor the tensor forms; ZeRO-1 is the
     # gradients' all-reduce and ZeroRedundancyOptimizer, which broadcasts every parameter from the
@@ -63,12 +92,14 @@ ENGINES: dict[str, EngineLimits] = {
     # (torch/distributed/pipelining/stage.py: backward_maybe_with_nosync, perform_reduce_grad).
     "torch": EngineLimits("torch", True, True, (0, 1, 2, 3), ("none", "selective", "full"), True,
                           uniform_zero=False, precisions=("fp32", "bf16"),  # no loss scale in the schedule's loss
-                          zero1_gather_share=0.5, sync_last_backward=True),
+                          zero1_gather_share=0.5, sync_last_backward=True,
+                          grad_copy=GradCopy((0, 1), cap_bytes=GRAD_BUCKET_BYTES)),
     # torchtitan: FSDP2 (shard = ZeRO-3, or never reshard = ZeRO-2) or replicate (0), tensor and
     # pipeline degrees, per-job activation checkpointing: none or full (its selective modes are
     # per-op SAC or every n-th layer, not the attention core; planner.export.torchtitan). Charged
     # the paper's ZeRO, as its FSDP runs without a pipeline; with one (K > 1) it runs torch's
-    # schedules, which reduce once a step and keep the weights gathered (sync_last_backward).
+    # schedules, which reduce once a step and keep the weights gathered (sync_last_backward). Its
+    # replicate's (ZeRO-0) gradient buckets are not modelled.
     "torchtitan": EngineLimits("torchtitan", True, True, (0, 2, 3), ("none", "full"), True,
                                precisions=("fp32", "bf16")),
 }

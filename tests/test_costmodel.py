@@ -121,6 +121,9 @@ def test_memory_in_flight_by_schedule() -> None:
     assert cm.stage_peak_memory(cost, "gpipe", 4, 8, 0) == 100 + 8 * 7
     assert cm.stage_peak_memory(cost, "1f1b", 4, 8, 1) == 100 + 3 * 7
     assert cm.stage_peak_memory(cost, "pipedream", 4, 8, 0) == 100 + 4 * 7 + 3 * 10
+    copying = dataclasses.replace(cost, grad_copy_bytes=50)  # after the last backward, the activations gone
+    assert cm.stage_peak_memory(copying, "1f1b", 4, 8, 1) == 100 + 50
+    assert cm.stage_peak_memory(copying, "gpipe", 4, 8, 0) == 100 + 8 * 7
 
 
 def test_dp_iteration_and_predict() -> None:

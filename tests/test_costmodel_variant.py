@@ -68,7 +68,9 @@ def test_torchs_zero1_broadcasts_the_parameters_after_the_all_reduce() -> None:
     against the paper's 2 Psi; DeepSpeed's ZeRO-1 as the paper has it."""
     cluster = _big_cluster(1, 8)
     assert cm.zero_comms(cluster, "torch").gather_share == 0.5
-    assert cm.zero_comms(cluster, "deepspeed") == cm.zero_comms(cluster, "any") == cm.PAPER
+    deepspeed = cm.zero_comms(cluster, "deepspeed")
+    assert (deepspeed.gather_share, deepspeed.sync_last_backward, deepspeed.unit_op_s) == (0.0, False, 0.0)
+    assert cm.zero_comms(cluster, "any") == cm.PAPER
     torch = cm.variant_cost(AGG, 0.1, cm.Variant("none", 1), 4, 0.0, cm.ZeroComms(gather_share=0.5)).sync
     assert torch == pytest.approx(3.0) and cm.variant_cost(AGG, 0.1, cm.Variant("none", 1), 4, 0.0).sync == 2.0
     stage = ir.Stage((0, 1), tuple(g.name for g in cluster.gpus), ("dp",), 0, zero=1)
@@ -295,3 +297,37 @@ def test_variants_leave_out_zero_0_when_1_is_allowed_and_zero_needs_data_paralle
     assert {v.zero for v in cm.variants(["none"], [0, 1, 2, 3], 4)} == {1, 2, 3}
     assert {v.zero for v in cm.variants(["none"], [0, 1, 2, 3], 1)} == {0}
     assert {v.zero for v in cm.variants(["none"], [0, 2], 2)} == {0, 2}
+
+
+@given(st.floats(0.0, 1e10), st.floats(1.0, 1e9), st.floats(0.5, 2.0), st.integers(0, 3), st.booleans())
+def test_the_gradient_all_reduces_flat_copy_is_the_gradients_up_to_the_cap(
+        weight: float, cap: float, scale: float, zero: int, synced: bool) -> None:
+    """``min(G, cap)`` with ``G`` the gradients as reduced, under the engine's copying ZeRO stages and only
+    where the stage synchronises its gradients."""
+    comms = cm.ZeroComms(copy_zero=(0, 1), copy_cap_bytes=cap, copy_scale=scale)
+    agg = {**AGG, "weight": weight, "sync": 2.0 if synced else 0.0}
+    got = float(cm.variant_cost(agg, 0.1, cm.Variant("none", zero), 4, 0.0, comms).transient)
+    expect = min(weight * scale, cap) if zero in (0, 1) and synced else 0.0
+    assert got == pytest.approx(expect)
+    assert float(cm.variant_cost(agg, 0.1, cm.Variant("none", zero), 4, 0.0).transient) == 0.0  # the paper's: none
+
+
+@pytest.mark.parametrize(("engine", "precision", "zero", "params", "copy"), [
+    ("torch", "fp32", 0, 10**6, 4 * 10**6),  # fp32 gradients, under the 25 MiB bucket
+    ("torch", "bf16", 1, 10**6, 4 * 10**6),  # autocast keeps fp32 parameters: fp32 gradients
+    ("torch", "fp32", 0, 10**8, 25 * 2**20),  # capped at one bucket
+    ("torch", "fp32", 2, 10**6, 0),  # FSDP: no flat copy
+    ("deepspeed", "fp32", 0, 10**8, 4 * 10**8),  # up to 5e8 elements at once
+    ("deepspeed", "bf16", 0, 10**8, 4 * 10**8),  # its bf16 optimizer reduces fp32 gradients
+    ("deepspeed", "fp32", 1, 10**8, 0),  # its ZeRO-1 buffer: not modelled
+    ("any", "fp32", 0, 10**8, 0),
+])
+def test_a_data_parallel_stage_holds_its_engines_flat_gradient_copy(engine: str, precision: str, zero: int,
+                                                                      params: int, copy: int) -> None:
+    cluster = _big_cluster(1, 8)
+    stage = ir.Stage((0, 1), tuple(g.name for g in cluster.gpus), ("dp",), 0, zero=zero)
+    cost = cm.stage_cost_values(_one_layer(params), cluster, stage, 2, "adam", None, precision, engine=engine)
+    assert cost.grad_copy_bytes == pytest.approx(copy, rel=1e-6)
+    one = ir.Stage((0, 1), (cluster.gpus[0].name,), ("dp",), 0)
+    assert cm.stage_cost_values(_one_layer(params), cluster, one, 2, "adam", None, precision,
+                                engine=engine).grad_copy_bytes == 0  # nothing to all-reduce

@@ -98,6 +98,27 @@ def test_sum_grads_is_one_all_reduce_per_bucket_and_writes_every_gradient_back(
     assert torch.equal(params[1].grad, torch.full((5,), 3.0)) and torch.equal(params[2].grad, torch.zeros(2))
 
 
+def test_sum_grads_reduces_a_gradient_over_the_bucket_limit_in_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bucket of one contiguous gradient is all-reduced as it is: the flat copy never holds more
+    than the limit (the transient the cost model charges, planner.runnable.GradCopy)."""
+    import torch.distributed as dist
+
+    seen: list[torch.Tensor] = []
+
+    def all_reduce(t: torch.Tensor, group: object = None) -> None:
+        seen.append(t)
+        t.mul_(2)
+
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    params = [nn.Parameter(torch.ones(100)), nn.Parameter(torch.ones(3)), nn.Parameter(torch.ones(4))]
+    for p in params:
+        p.grad = torch.full_like(p, 5.0)
+    big = params[0].grad
+    sharding.sum_grads(params, None, divisor=2, limit_bytes=4 * 10)
+    assert seen[0] is big and [t.numel() for t in seen] == [100, 7]
+    assert all(torch.equal(p.grad, torch.full_like(p, 5.0)) for p in params)
+
+
 @pytest.mark.filterwarnings("ignore:`torch.jit.:DeprecationWarning")  # torch's own, importing ZeRO
 def test_zero1_steps_the_modules_own_parameters_from_one_buffer(tmp_path: Path) -> None:
     """ZeRO-1 broadcasts one flat buffer per rank a step, not each parameter, and the module trains

@@ -326,6 +326,23 @@ def test_memory_timeline_and_peak() -> None:
     assert one.device("a").peak_memory_bytes == 1000 + 2 * 10 + 5
 
 
+@given(st.integers(1, 4), st.integers(1, 6), st.integers(0, 50), st.integers(0, 20), st.integers(0, 400),
+       st.sampled_from(["gpipe", "1f1b"]))
+def test_the_gradient_copy_is_held_during_the_all_reduce_after_the_activations_go(
+        k: int, m: int, act: int, work: int, copy: int, schedule: str) -> None:
+    """A stage's peak is static + the larger of its activations in flight with a backward's workspace
+    and the engine's flat gradient copy during its all-reduce: the cost model's stage_peak_memory."""
+    from planner.costmodel import stage_peak_memory
+
+    costs = [dataclasses.replace(cost(f"g{s}", ar=0.5, static=1000, act=act, workspace=work), grad_copy_bytes=copy)
+             for s in range(k)]
+    r = simulate_costs(costs, schedule, m)
+    for s in range(k):
+        d = r.device(f"g{s}")
+        assert d.peak_memory_bytes == stage_peak_memory(costs[s], schedule, k, m, s)
+        assert d.memory[-1][1] == 1000  # the copy and the activations gone at the end
+
+
 def test_zb_h1_holds_activations_until_w() -> None:
     costs = [cost(f"g{s}", 1.0, 2.0, 1.0, act=10) for s in range(3)]
     r = simulate_costs(costs, "zb-h1", 6)

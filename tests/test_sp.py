@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from planner import ir
 from planner.cluster import cluster_from_dict
-from planner.costmodel import plan_memory, stage_costs
+from planner.costmodel import plan_memory, stage_cost_values, stage_costs
 from planner.errors import InfeasibleError
 from planner.runnable import is_runnable
 from planner.search import _solve, search
@@ -194,6 +194,30 @@ def test_dp_objective_charges_fsdp_units_collectives_the_prediction_charges(zero
         assert plan.predicted.iteration_s == pytest.approx(sol.objective, rel=1e-9)
         objective[shard_s] = sol.objective
     assert objective[2e-3] > objective[0.0]
+
+
+@pytest.mark.parametrize("engine", ["torch", "deepspeed"])
+def test_the_dp_fits_the_gradient_copy_after_the_last_backward_as_the_plans_memory_does(engine: str) -> None:
+    """A data-parallel stage whose engine copies its gradients into a flat buffer to all-reduce them
+    (planner.runnable.GradCopy) fits only where its static bytes and that copy do: the DP's fit and the
+    plan's peak memory agree at the byte."""
+    d = make_profile_dict(2, batch_size=8)
+    for layer in d["layers"]:
+        layer.update(param_count=5_000_000, param_bytes=20_000_000, saved_bytes=1_000, output_bytes=1_000)
+    profile = ir.ModelProfile.from_dict(d)
+    probe = cluster_from_dict(make_cluster_dict(1, 2))
+    stage = ir.Stage((0, 2), tuple(g.name for g in probe.gpus), ("dp", "dp"), 0)
+    cost = stage_cost_values(profile, probe, stage, 2, "sgd", None, engine=engine)
+    assert cost.grad_copy_bytes > 2 * cost.activation_bytes + cost.workspace_bytes  # the copy sets the peak
+    need = cost.static_bytes + cost.grad_copy_bytes
+    for memory, fits in ((need, True), (need - 1, False)):
+        cluster = cluster_from_dict(make_cluster_dict(1, 2, memory))
+        sol = solve(build_problem(profile, cluster, microbatches=2, schedule="1f1b", optimizer="sgd", engine=engine,
+                                  config=(2,), space=Space(zero=(0,), tp=1)))
+        assert (sol is not None) == fits
+        if fits:
+            plan = search(profile, cluster, microbatches=2, candidates=0, engine=engine, config=(2,), zero=0, tp=1)
+            assert plan_memory(plan) == [need]
 
 
 def test_dp_objective_charges_the_nodes_handoff_cost_the_prediction_charges() -> None:

@@ -59,15 +59,21 @@ def engine_overhead(cluster: ir.Cluster, engine: str) -> EngineOverhead:
     return replace(own, per_microbatch_s=own.per_microbatch_s + handoff_s) if handoff_s else own
 
 
-def zero_comms(cluster: ir.Cluster, engine: str) -> ZeroComms:
+def zero_comms(cluster: ir.Cluster, engine: str, precision: str = "fp32") -> ZeroComms:
     """How ``engine`` runs ZeRO's collectives on ``cluster`` (:class:`planner.costmodel.variant.ZeroComms`):
-    its ZeRO-1 traffic and ZeRO-2/3 reduction from :data:`planner.runnable.ENGINES`, each FSDP unit's
-    collective cost from the cluster's measured ``per_shard_s``; the paper's for ``any``."""
+    its ZeRO-1 traffic, ZeRO-2/3 reduction and gradient copies from :data:`planner.runnable.ENGINES`
+    (the copies' bytes at ``precision``), each FSDP unit's collective cost from the cluster's measured
+    ``per_shard_s``; the paper's for ``any``."""
     limits = ENGINES.get(engine)
     if limits is None:
         return PAPER
     own = cluster.engine_overhead(engine)
-    return ZeroComms(limits.zero1_gather_share, limits.sync_last_backward, own.per_shard_s if own else 0.0)
+    copy = limits.grad_copy
+    grad_elem = 2 if precision == "fp16" else 4  # fp32 gradients reduced, but under fp16 (GradCopy)
+    weight_elem = 4 if precision == "fp32" else 2
+    cap = copy.cap_bytes or copy.cap_params * grad_elem
+    return ZeroComms(limits.zero1_gather_share, limits.sync_last_backward, own.per_shard_s if own else 0.0,
+                     copy.zero, cap, grad_elem / weight_elem)
 
 
 def plan_overhead(plan: ir.Plan) -> EngineOverhead:

@@ -10,7 +10,8 @@ micro-batches while the others fill and drain once); asynchronous pipedream has 
 ``T = max_s(M max(c_s, x_s) + ar_s)`` (PipeDream's steady state). Memory (ZeRO section 3;
 GPipe section 2.3): static bytes plus the activations of the micro-batches in flight
 (:func:`planner.schedule.in_flight_microbatches`), pipedream's stashed weight versions
-(Narayanan et al. SOSP'19, section 3.3) and a recomputing stage's workspace. A plan that names
+(Narayanan et al. SOSP'19, section 3.3) and a recomputing stage's workspace, or, if more, the
+engine's flat copy of the gradients while it all-reduces them (planner.costmodel.variant). A plan that names
 its engine pays that engine's measured overheads (:mod:`planner.costmodel.engine`): they are in
 its stage costs (:func:`planner.costmodel.stage_costs`), so ``l_s``, ``c_s`` and the optimizer
 step above include them; a plan whose cluster has none predicts as without them.
@@ -32,14 +33,16 @@ def in_flight(schedule: str, stages: int, microbatches: int, stage: int, virtual
 
 def stage_peak_memory(cost: ir.StageCost, schedule: str, stages: int, microbatches: int, stage: int,
                       virtual_stages: int = 1) -> int:
-    """Peak memory per device of a stage: static + activations in flight + workspace (+ stashes).
+    """Peak memory per device of a stage: static + activations in flight + workspace (+ stashes),
+    or static + the gradient all-reduce's flat copy after the last backward, whichever is more.
 
     pipedream keeps one extra weight version per extra micro-batch in flight (weight
     stashing, PipeDream section 3.3).
     """
     k = in_flight(schedule, stages, microbatches, stage, virtual_stages)
     stash = schedule_kind(schedule).stash_bytes(k, cost.weight_bytes)
-    return int(cost.static_bytes + k * cost.activation_bytes + cost.workspace_bytes + stash)
+    return int(cost.static_bytes + max(k * cost.activation_bytes + cost.workspace_bytes + stash,
+                                       cost.grad_copy_bytes))
 
 
 def schedule_weights(schedule: str, microbatches: int) -> tuple[float, float]:

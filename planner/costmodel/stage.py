@@ -154,7 +154,7 @@ def stage_cost_values(profile: ir.ModelProfile, cluster: ir.Cluster, stage: ir.S
                         "check the plan's stages")
     agg = summarise(table, first, end, [FORM_INDEX[f] for f in stage.forms])
     v = variant_cost(agg, agg["in_bytes"], Variant(stage.recompute, stage.zero), microbatches, table.sync_const,
-                     zero_comms(cluster, engine))
+                     zero_comms(cluster, engine, precision))
     return _stage_cost(profile, cluster, stage, grid, agg, v, microbatches, optimizer, next_devices, table,
                        next_dp or grid.dp)
 
@@ -184,7 +184,8 @@ def _stage_cost(profile: ir.ModelProfile, cluster: ir.Cluster, stage: ir.Stage, 
         allreduce_bytes=agg["weight"] if agg["sync"] > 0 else 0.0, static_bytes=math.ceil(float(v.static)),
         weight_bytes=math.ceil(agg["weight"]), activation_bytes=math.ceil(float(v.act)),
         workspace_bytes=math.ceil(float(v.workspace)), capacity_bytes=grid.group.memory_bytes,
-        optimizer_step_s=optimizer_step_s(agg["weight"] / (grid.dp if stage.zero else 1), state, nbytes, bandwidth))
+        optimizer_step_s=optimizer_step_s(agg["weight"] / (grid.dp if stage.zero else 1), state, nbytes, bandwidth),
+        grad_copy_bytes=math.ceil(float(v.transient)))
 
 
 def _weight_part(table: LayerTable, stage: ir.Stage) -> float:

@@ -38,7 +38,13 @@ and the scalar cost of one stage come from the same definition).
   ``set_requires_gradient_sync(False)``: "uses more gradient memory (storing the unsharded
   gradients)", pytorch/pytorch#126166). Each all-gather or
   reduce-scatter of one FSDP unit (``units``: a layer with weights) costs ``unit_op_s`` beyond its
-  bytes (the engine's ``per_shard_s``, measured by ``planner calibrate``).
+  bytes (the engine's ``per_shard_s``, measured by ``planner calibrate``). An engine whose ZeRO-0/1
+  all-reduce copies the gradients into flat buffers (``copy_zero``; torch's export and DeepSpeed's
+  pipeline engine, :class:`planner.runnable.GradCopy`) holds ``min(G, cap)`` more bytes while it
+  reduces, ``G`` the gradients as reduced (``copy_scale`` times the weights' bytes: fp32 gradients
+  of 16-bit weights are twice their bytes): after the last backward, when the activations are
+  gone, so a stage's peak is ``static + max(activations in flight + workspace, copy)``
+  (``transient``).
 """
 
 from __future__ import annotations
@@ -68,6 +74,12 @@ class ZeroComms:
     gather_share: float = 0.0
     sync_last_backward: bool = False
     unit_op_s: float = 0.0
+    copy_zero: tuple[int, ...] = ()
+    """The ZeRO stages whose gradient all-reduce copies the gradients into flat buffers (module doc)."""
+    copy_cap_bytes: float = 0.0
+    """The most bytes one such copy holds."""
+    copy_scale: float = 1.0
+    """The gradients' bytes as reduced over the weights' bytes at the plan's precision."""
 
 
 PAPER = ZeroComms()
@@ -95,7 +107,8 @@ def variants(recompute: Iterable[str], zero: Iterable[int], dp: int, comms: Zero
 class VariantCost:
     """A stage under a variant, per micro-batch and device (arrays or floats): forward+backward,
     its forward part, gradient synchronisation per iteration, static memory, activations kept
-    per micro-batch in flight, and workspace during a backward."""
+    per micro-batch in flight, workspace during a backward, and the gradient all-reduce's flat copy
+    after the last backward (module doc)."""
 
     time: Any
     fwd: Any
@@ -103,6 +116,7 @@ class VariantCost:
     static: Any
     act: Any
     workspace: Any
+    transient: Any = 0.0
 
 
 def variant_cost(agg: Mapping[str, Any], in_bytes: Any, variant: Variant, microbatches: int,
@@ -130,7 +144,15 @@ def variant_cost(agg: Mapping[str, Any], in_bytes: Any, variant: Variant, microb
         time, act, work = time + agg["core"], agg["act_sel"], 0.0 * in_bytes
     else:
         act, work = agg["act"], 0.0 * in_bytes
-    return VariantCost(time, fwd, whole, _static(agg, variant.zero, comms), act, work)
+    return VariantCost(time, fwd, whole, _static(agg, variant.zero, comms), act, work,
+                       _copy(agg, variant.zero, comms))
+
+
+def _copy(agg: Mapping[str, Any], zero: int, comms: ZeroComms) -> Any:
+    """The gradient all-reduce's flat copy, ``min(G, cap)``, where the stage synchronises (module doc)."""
+    if zero not in comms.copy_zero or comms.copy_cap_bytes <= 0:
+        return 0.0
+    return np.where(agg["sync"] > 0, np.minimum(agg["weight"] * comms.copy_scale, comms.copy_cap_bytes), 0.0)
 
 
 def _static(agg: Mapping[str, Any], zero: int, comms: ZeroComms) -> Any:

@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from planner.export.optim import torch_optimizer
+from planner.runnable import GRAD_BUCKET_BYTES
 
 ATTENTION_CORE = "scaled_dot_product"
 """Ops whose name contains this are the attention core that selective recomputation redoes."""
@@ -156,16 +157,12 @@ def zero1_grads(opt: Any) -> None:
             proxy.grad = local(param.grad)
 
 
-GRAD_BUCKET_BYTES = 25 * 2**20
-"""Gradients are summed in flat buckets of at most this many bytes (one all-reduce each), as PyTorch
-DDP does by default (``bucket_cap_mb=25``) and as the cost model charges (SimOptions.bucket_bytes):
-one all-reduce per parameter would pay one collective latency per tensor (measured on gloo, 2 CPU
-processes: 8 tensors of a 4-layer MLP took 13 ms a step against 1.5 ms predicted)."""
-
-
 def grad_buckets(grads: Sequence[torch.Tensor], limit_bytes: int = GRAD_BUCKET_BYTES) -> list[list[torch.Tensor]]:
-    """Consecutive gradients in buckets of one dtype and device, each at most ``limit_bytes``
-    (a single larger tensor is a bucket of its own)."""
+    """Consecutive gradients in buckets of one dtype and device, each at most ``limit_bytes`` (a
+    single larger tensor is a bucket of its own). One all-reduce per bucket, as the cost model
+    charges (SimOptions.bucket_bytes): one all-reduce per parameter would pay one collective latency
+    per tensor (measured on gloo, 2 CPU processes: 8 tensors of a 4-layer MLP took 13 ms a step
+    against 1.5 ms predicted)."""
     buckets: list[list[torch.Tensor]] = []
     size = 0
     for g in grads:
@@ -180,9 +177,14 @@ def grad_buckets(grads: Sequence[torch.Tensor], limit_bytes: int = GRAD_BUCKET_B
     return buckets
 
 
-def sum_grads(params: Sequence[nn.Parameter], group: Any, divisor: int = 1) -> None:
+def sum_grads(params: Sequence[nn.Parameter], group: Any, divisor: int = 1,
+              limit_bytes: int = GRAD_BUCKET_BYTES) -> None:
     """Sum the gradients (their local tensors) over ``group``, then divide by ``divisor``: one
-    all-reduce per bucket of flattened gradients (:func:`grad_buckets`), copied back in place."""
+    all-reduce per bucket of flattened gradients (:func:`grad_buckets`, at most ``limit_bytes``),
+    copied back in place; a
+    bucket of one contiguous gradient is reduced in place, so the flat copy never exceeds
+    :data:`planner.runnable.GRAD_BUCKET_BYTES` (the transient the cost model charges,
+    :class:`planner.runnable.GradCopy`)."""
     import torch.distributed as dist
 
     grads = []
@@ -190,7 +192,12 @@ def sum_grads(params: Sequence[nn.Parameter], group: Any, divisor: int = 1) -> N
         if p.grad is None:
             p.grad = torch.zeros_like(p)
         grads.append(local(p.grad))
-    for bucket in grad_buckets(grads):
+    for bucket in grad_buckets(grads, limit_bytes):
+        if len(bucket) == 1 and bucket[0].is_contiguous():
+            dist.all_reduce(bucket[0], group=group)
+            if divisor != 1:
+                bucket[0].div_(divisor)
+            continue
         flat = torch.cat([g.reshape(-1) for g in bucket])
         dist.all_reduce(flat, group=group)
         if divisor != 1:

@@ -22,7 +22,9 @@ class StageCost:
     micro-batch in flight, ``workspace_bytes`` transient during one backward,
     ``capacity_bytes`` the smallest memory in the group. ``optimizer_step_s`` is the
     optimizer step of the stage's parameters, run once per iteration after its all-reduce
-    (0 when the devices' memory bandwidth is unknown).
+    (0 when the devices' memory bandwidth is unknown). ``grad_copy_bytes`` is held while the
+    gradients are all-reduced after the last backward, when the activations are gone: the
+    engine's flat copy of them (planner.costmodel.variant).
     """
 
     devices: tuple[str, ...]
@@ -40,6 +42,7 @@ class StageCost:
     workspace_bytes: int
     capacity_bytes: int
     optimizer_step_s: float = 0.0
+    grad_copy_bytes: int = 0
 
     @property
     def send_s(self) -> float:

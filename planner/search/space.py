@@ -300,7 +300,7 @@ def build_problem(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches
     prob = Problem(profile, cluster, microbatches, schedule, optimizer, space, bounds, moves, list(base.skip), grids,
                    tables, exact_k, tuple(config) if config is not None else None, r_cap, a, b,
                    overhead=engine_overhead(cluster, engine), move_groups=groups,
-                   comms=zero_comms(cluster, engine))
+                   comms=zero_comms(cluster, engine, space.precision))
     build_candidates(prob)
     return prob
 

@@ -10,7 +10,8 @@ stage; planner.search.space) and a stage [a, b) on a grid receiving over a link:
   phases (GPipe section 2.2); ``sync`` the gradient synchronisation per iteration;
 - memory: static bytes + micro-batches in flight x activations + workspace + pipedream's
   stashed weight versions + tied-weight copies, against the grid's smallest device memory,
-  as ``rmax``, the largest stages-left count it fits with.
+  as ``rmax``, the largest stages-left count it fits with; 0 where the static bytes and the
+  gradient all-reduce's flat copy do not fit at all (``transient``, planner.costmodel.variant).
 
 Their inputs live here too: micro-batches in flight per stages-left count
 (:func:`in_flight_counts`), tied-weight copies per range (:func:`tie_copies`) and each start
@@ -65,10 +66,12 @@ def _option_limits(prob: Problem, key: int, costs: list[tuple[StageTables, Varia
     """:func:`_fit_limit` of every option of grid ``key`` at once (stacked), against its smallest memory."""
     cap = prob.grids[key].group.memory_bytes if prob.capacity_override is None else prob.capacity_override
     shape = costs[0][1].time.shape
-    static, act, work, weight = (np.stack([np.broadcast_to(x, shape) for x in xs]) for xs in zip(
-        *((v.static, v.act, v.workspace, t.agg["weight"]) for t, v in costs), strict=True))
+    static, act, work, weight, copy = (np.stack([np.broadcast_to(x, shape) for x in xs]) for xs in zip(
+        *((v.static, v.act, v.workspace, t.agg["weight"], v.transient) for t, v in costs), strict=True))
     finite = np.isfinite(np.stack([v.time for _, v in costs]))
-    return _fit_limit(prob, static, act, work, weight, ties, cap, in_fl, finite)
+    rmax = _fit_limit(prob, static, act, work, weight, ties, cap, in_fl, finite)
+    step_fits = np.ceil(static) + np.broadcast_to(ties, static.shape) + np.ceil(copy) <= cap
+    return np.where(step_fits, rmax, 0)
 
 
 def _drop_dominated(cand: Candidate) -> None:

@@ -52,7 +52,8 @@ The simulator plays a :class:`planner.schedule.Schedule` over per-stage costs
   end of its B (its W under ``zb-h1``); + ``workspace_bytes`` during B and W; when the
   schedule stashes weights (``pipedream``) + ``weight_bytes`` per stashed weight version: a
   stage with n micro-batches in flight keeps n versions, one of which is the live weights
-  (so n - 1 extra).
+  (so n - 1 extra); + ``grad_copy_bytes`` during a blocking all-reduce (the engine's flat copy
+  of the gradients; not tracked under ``overlap_allreduce``).
 
 Times and the bubble:
 

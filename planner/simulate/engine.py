@@ -208,6 +208,9 @@ class Engine:
         for kind, dur in steps:
             if dur <= 0:
                 continue
+            if kind == "AR" and cost.grad_copy_bytes:  # the gradients' flat copy while they are reduced
+                self.memory.change(lane, t, cost.grad_copy_bytes)
+                self.memory.change(lane, t + dur, -cost.grad_copy_bytes)
             if self.record:
                 self.events.append(Event(f"lane:{lane}", f"{kind} {ch}", kind, ch, -1, t, t + dur))
             t += dur
@@ -221,6 +224,8 @@ class Engine:
         p = self.pos[lane]
         self.pos[lane] = p + 1
         self.lane_end[lane] = now
+        if kind != "F":  # the pass's memory goes before an all-reduce that follows it
+            self.memory.backward_ends(lane, c, kind == self.last_kind, now)
         due = self.ar_after[lane].get(p)
         overlap = self.opts.overlap_allreduce
         blocked = due is not None and (not overlap or any(self.costs[ch].optimizer_step_s > 0 for ch, _ in due))
@@ -236,7 +241,6 @@ class Engine:
                 self.send(c, c + 1, mb, now, True)
         else:
             last = kind == self.last_kind
-            self.memory.backward_ends(lane, c, last, now)
             if last and now > self.block_end[mb // self.m]:
                 self.block_end[mb // self.m] = now
             if kind == "B" and c > 0:

@@ -5,7 +5,8 @@ Owns the memory model of :mod:`planner.simulate`: a lane starts with the static 
 held from the start of a micro-batch's F until the end of its last backward pass (B, or W
 when the schedule splits the weight gradient); ``workspace_bytes`` during B and W; when the
 schedule stashes weights (pipedream) ``weight_bytes`` per extra version: a chunk with n
-micro-batches in flight keeps n versions, one of which is the live weights (so n - 1 extra).
+micro-batches in flight keeps n versions, one of which is the live weights (so n - 1 extra);
+``grad_copy_bytes`` during a blocking all-reduce (:mod:`planner.simulate.engine` adds it).
 """
 
 from __future__ import annotations
