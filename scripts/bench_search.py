@@ -7,8 +7,9 @@ weighted layer with shapes so the split forms are open; homogeneous servers of 8
 (RTX 2080Ti-like, 1 Gbit/s between servers) unless stated. M = 8 micro-batches, 1f1b.
 Grid cases (the tensor x data x pipeline space: every tensor degree, ZeRO stage and
 recomputation mode, bf16, Adam, every micro-batch count): a Llama-2-70B-like decoder of 80
-blocks (scripts/synthetic.py) on A100 servers, batch 1024 sequences of 4096; target 10 s
-on 1024 GPUs and a peak memory of the search under 2 GB.
+blocks (scripts/synthetic.py) on A100 servers, batch 1024 sequences of 4096, with no engine
+named and for each engine (one grid for every stage); target 10 s of CPU on 1024 GPUs and a
+peak memory of the search under 2 GB.
 
     python scripts/bench_search.py            # all cases
     python scripts/bench_search.py --quick    # the two small cases
@@ -30,9 +31,13 @@ from planner import ir
 from planner.cluster import cluster_from_dict
 from planner.search import search
 
-GRID_CASES = [  # servers of 8 A100, target seconds
-    (16, 10.0),
-    (128, 10.0),
+GRID_CASES = [  # servers of 8 A100, engine, target seconds
+    (16, "any", 10.0),
+    (128, "any", 10.0),
+    (16, "torch", 10.0),  # one grid for every stage: one problem per width, tensor degree and M
+    (128, "torch", 10.0),
+    (128, "deepspeed", 10.0),
+    (128, "torchtitan", 10.0),  # and per ZeRO stage
 ]
 
 CASES = [  # layers, servers, gpus per server, target seconds
@@ -110,17 +115,17 @@ def grid_cases() -> int:
     from synthetic import gpt_profile
 
     prof = gpt_profile("llama2-70b-like", 80, 8192, 64, 4096, 32000, 1024, kv_heads=8, ffn=28672)
-    print(f"{'blocks':>7} {'GPUs':>10} {'wall s':>8} {'cpu s':>8} {'target s':>9} {'peak MiB':>9}  plan")
+    print(f"{'blocks':>7} {'GPUs':>10} {'engine':>10} {'wall s':>8} {'cpu s':>8} {'target s':>9} {'peak MiB':>9}  plan")
     worst = 0.0
-    for servers, target in GRID_CASES:
+    for servers, engine, target in GRID_CASES:
         t0, c0 = time.perf_counter(), time.process_time()
-        plan = search(prof, a100_cluster("a100", servers), optimizer="adam", precision="bf16")
+        plan = search(prof, a100_cluster("a100", servers), optimizer="adam", precision="bf16", engine=engine)
         dt, cpu = time.perf_counter() - t0, time.process_time() - c0
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         worst = max(worst, cpu / target)
         grid = " | ".join(f"{s.layers[0]}-{s.layers[1]} tp{s.tp} dp{s.dp} z{s.zero} {s.recompute}" for s in plan.stages)
-        print(f"{80:>7} {f'{servers}x8':>10} {dt:>8.1f} {cpu:>8.1f} {target:>9.1f} {peak:>9.0f}  M={plan.microbatches} "
-              f"{grid[:70]}", flush=True)
+        print(f"{80:>7} {f'{servers}x8':>10} {engine:>10} {dt:>8.1f} {cpu:>8.1f} {target:>9.1f} {peak:>9.0f}  "
+              f"M={plan.microbatches} {grid[:70]}", flush=True)
     verdict = "OK" if worst <= 1 else "SLOW"
     print(f"worst cpu-time ratio to target: {worst:.2f} ({verdict}); load {os.getloadavg()[0]:.1f}")
     return 0 if worst <= 1 else 1

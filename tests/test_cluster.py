@@ -7,6 +7,8 @@ import math
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from planner import ir
 from planner.cluster import (
@@ -132,3 +134,38 @@ def test_bad_engine_overheads_name_the_field(overheads: Any, word: str) -> None:
     d["engine_overheads"] = overheads
     with pytest.raises(FormatError, match=word):
         ir.Cluster.from_dict(d)
+
+
+@given(st.lists(st.integers(1, 4), min_size=1, max_size=5), st.data())
+def test_a_run_of_consecutive_devices_is_described_as_any_other_group(sizes: list[int], data: st.DataObject) -> None:
+    """group_of reads a run of consecutive devices off per-device slices (the search asks for every run of
+    every width); it gives what the device-by-device description of the same devices, out of order, gives."""
+    import planner.cluster as cl
+
+    d = make_cluster_dict(len(sizes), max(sizes))
+    for node, size in zip(d["nodes"], sizes, strict=True):
+        node["gpus"] = node["gpus"][:size]
+        for gpu in node["gpus"]:
+            gpu["flops"] = data.draw(st.sampled_from([1e12, 5e11]))
+            gpu["memory_bytes"] = data.draw(st.sampled_from([10**9, 10**10]))
+    cluster = cluster_from_dict(d)
+    names = cl.index(cluster).names
+    start = data.draw(st.integers(0, len(names) - 1))
+    run = tuple(names[start:data.draw(st.integers(start + 1, len(names)))])
+    shuffled = (*run[1:], run[0]) if len(run) > 1 else run
+    assert cl.group_of(cluster, run) == cl._run_group(cluster, start, len(run), "fp32")
+    assert cl.group_of(cluster, shuffled) == cl.group_of(cluster, run)
+
+
+def test_clusters_are_equal_by_value_and_cheaply_once_compared() -> None:
+    """Cached look-ups compare equal clusters that are different objects: equality is by every field
+    (a digest made once per cluster), so a change anywhere makes two clusters differ."""
+    import dataclasses
+
+    d = make_cluster_dict(2, 2)
+    a, b = cluster_from_dict(d), cluster_from_dict(d)
+    assert a == b and a is not b and hash(a) == hash(b)
+    d["nodes"][1]["gpus"][1]["memory_bytes"] += 1
+    assert cluster_from_dict(d) != a
+    assert dataclasses.replace(a, engine_overheads=(("torch", ir.EngineOverhead(per_step_s=1e-3)),)) != a
+    assert a != "cluster"

@@ -30,11 +30,14 @@ Two layers (planner.search.rerank):
    overflows, as the solver does). So the planner is never slower, under the simulator,
    than a baseline whose plan lies in its space and schedule (tests/test_compare.py).
 
-The problems (one per micro-batch count) are solved best unconstrained plan first
-(planner.search.descent.open_problem); a problem's branch and bound closes what cannot beat
-the larger of the best analytic objective met and the best simulated time of the problems'
-optima so far: the optimum is unchanged, and plans that may still win the simulator's
-re-rank are met.
+The problems (one per micro-batch count, or per engine grid) are framed first, with a lower
+bound on their objective (planner.search.framed). Those whose bound is below the best
+unconstrained plan's objective met are tabulated and solved best unconstrained plan first
+(planner.search.descent.open_problem); the others after, best bound first. A problem whose bound,
+or a branch of its branch and bound, cannot beat the larger of the best analytic objective met
+and the best simulated time of the problems' optima so far is closed (not tabulated at all): the
+optimum is unchanged, and plans that may still win the simulator's re-rank are met (the analytic
+objective is optimistic). Seeds come from the problems tabulated.
 
 Schedules: ``gpipe`` and ``1f1b`` are planned with their own objective and in-flight
 memory; ``zb-h1`` is planned like 1f1b in time (its smaller bubble is left to the
@@ -50,7 +53,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from planner import ir
 from planner.costmodel import Grid, LayerTable, dp_iteration, layer_table, plan_memory, predict, stage_costs
@@ -58,6 +61,7 @@ from planner.judge import Judged
 from planner.runnable import is_runnable
 from planner.search import rerank
 from planner.search.descent import Opening, open_problem, solve
+from planner.search.framed import Framed
 from planner.search.hpp import hpp
 from planner.search.options import (
     ENGINES,
@@ -139,11 +143,18 @@ def _collect(profile: ir.ModelProfile, cluster: ir.Cluster, req: Request, cands:
     objective first; InfeasibleError when no plan fits at all, PlanError when no grid gives whole
     micro-batches."""
     found: list[tuple[float, int, Problem, Solution]] = []
-    probs = [prob for m in cands for prob in problems(profile, cluster, m, req) if any(prob.moves)]
+    framed = [f for m in cands for f in problems(profile, cluster, m, req) if f.has_moves]
+    probs: list[Problem] = []
     simulated_s = math.inf
-    for prob, opening in _best_opened_first(probs, req.solver):
-        pool: list[Solution] = []
+    for bound_s, item, opening in _in_order(framed, req.solver):
         threshold = max(found[0][0], simulated_s) if found else math.inf
+        if isinstance(item, Framed):
+            if bound_s >= threshold:  # this and every later problem (their bounds only grow) cannot beat it
+                break
+            item = item.build()
+        prob = item
+        probs.append(prob)
+        pool: list[Solution] = []
         sol = _solve(prob, req.solver, pool, threshold, opening)
         if progress:
             progress(f"M={prob.microbatches}: " + ("no plan fits" if sol is None else f"{sol.objective:.6g} s"))
@@ -156,8 +167,29 @@ def _collect(profile: ir.ModelProfile, cluster: ir.Cluster, req: Request, cands:
         raise _no_batch_shape(profile, cluster, cands, req)
     if not found:
         raise _no_width_shape(profile, req, probs) or infeasible(probs[-1])
-    found.sort(key=lambda t: (t[0], t[1]))
     return found, probs
+
+
+def _in_order(framed: list[Framed], solver: str) -> Iterator[tuple[float, Problem | Framed, Opening | None]]:
+    """The problems in the order to solve them, each with its lower bound (planner.search.framed): those
+    whose bound is below the best unconstrained plan's objective met, tabulated and opened (solved once
+    unconstrained, planner.search.descent.open_problem), best unconstrained plan first (a good incumbent
+    early closes the others' branch and bound sooner); then the others, best bound first, still framed
+    (tabulated when reached, if their bound can still win). Brute force: every problem, best bound first."""
+    ranked = sorted(((f.lower_bound_s(), i, f) for i, f in enumerate(framed)), key=lambda t: (t[0], t[1]))
+    opened: list[tuple[float, Problem, Opening]] = []
+    best_open_s, k = math.inf, 0
+    while solver == "dp" and k < len(ranked) and ranked[k][0] < best_open_s:
+        prob = ranked[k][2].build()
+        opening = open_problem(prob)
+        opened.append((ranked[k][0], prob, opening))
+        if opening.solution is not None:
+            best_open_s = min(best_open_s, opening.solution.objective)
+        k += 1
+    opened.sort(key=lambda t: math.inf if t[2].solution is None else t[2].solution.objective)
+    yield from opened
+    for bound_s, _, frame in ranked[k:]:
+        yield bound_s, frame, None
 
 
 def _simulated_s(prob: Problem, sol: Solution, engine: str) -> float:
@@ -166,15 +198,6 @@ def _simulated_s(prob: Problem, sol: Solution, engine: str) -> float:
     objective is optimistic), not only while they may beat the best analytic objective."""
     plan, costs = _memory_plan(prob, sol, engine=engine, solver="dp")
     return rerank.simulated(plan, costs).prediction.iteration_s
-
-
-def _best_opened_first(probs: list[Problem], solver: str) -> Sequence[tuple[Problem, Opening | None]]:
-    """The problems in the order to solve them: by the objective of their unconstrained plan (a good
-    incumbent early closes the other problems' branch and bound sooner; the optimum is unchanged)."""
-    if solver != "dp":
-        return [(prob, None) for prob in probs]
-    opened = [(prob, open_problem(prob)) for prob in probs]
-    return sorted(opened, key=lambda po: math.inf if po[1].solution is None else po[1].solution.objective)
 
 
 def _no_width_shape(profile: ir.ModelProfile, req: Request, probs: list[Problem]) -> Exception | None:

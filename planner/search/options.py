@@ -20,7 +20,8 @@ from planner.costmodel import default_precision
 from planner.errors import UsageError
 from planner.runnable import ENGINES as ENGINE_LIMITS
 from planner.schedule import SCHEDULES, schedule_kind, virtual_stage_schedules
-from planner.search.space import Problem, Space, build_problem, pow2_upto
+from planner.search.framed import Framed, frame_problem
+from planner.search.space import Space, pow2_upto
 
 SOLVERS = ("dp", "brute")
 ENGINES = ("any", *ENGINE_LIMITS)
@@ -196,13 +197,14 @@ def engine_widths(cluster: ir.Cluster) -> list[int]:
     return [w for w in range(1, total + 1) if w <= max(sizes) or (len(sizes) == 1 and w % g == 0)]
 
 
-def problems(profile: ir.ModelProfile, cluster: ir.Cluster, m: int, req: Request) -> list[Problem]:
-    """The problems one micro-batch count ``m`` solves (module doc)."""
+def problems(profile: ir.ModelProfile, cluster: ir.Cluster, m: int, req: Request) -> list[Framed]:
+    """The problems one micro-batch count ``m`` solves (module doc), framed: tabulated by their
+    ``build`` (planner.search.framed)."""
     common = dict(microbatches=m, schedule=req.schedule, optimizer=req.optimizer, max_blocks=req.max_blocks,
                   engine=req.engine)
     limits = ENGINE_LIMITS.get(req.engine)
     if limits is None or not limits.uniform_stages:
-        return [build_problem(profile, cluster, config=req.config, space=req.space, **common)]  # type: ignore[arg-type]
+        return [frame_problem(profile, cluster, config=req.config, space=req.space, **common)]  # type: ignore[arg-type]
     out = []
     widths = sorted(set(req.config)) if req.config else engine_widths(cluster)
     for w in widths:
@@ -214,10 +216,10 @@ def problems(profile: ir.ModelProfile, cluster: ir.Cluster, m: int, req: Request
             for zero in _uniform_zeros(req.space.zero, limits.uniform_zero, w // tp):
                 space = Space(req.space.precision, tp, zero, req.space.recompute, req.space.forms,
                               req.space.micro_batch_size)
-                prob = build_problem(profile, cluster, config=req.config, mode="contiguous", widths=[w], space=space,
-                                     **common)  # type: ignore[arg-type]
-                if any(prob.moves):
-                    out.append(prob)
+                framed = frame_problem(profile, cluster, config=req.config, mode="contiguous", widths=[w],
+                                       space=space, **common)  # type: ignore[arg-type]
+                if framed.has_moves:
+                    out.append(framed)
     return out
 
 

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.errors import PlanError
-from planner.search.space import Move, MoveGroup, Option, Problem, build_problem, coarse_bounds
+from planner.search.framed import build_problem
+from planner.search.space import Move, MoveGroup, Option, Problem, coarse_bounds
 
 __all__ = ["Move", "Problem", "Solution", "StageChoice", "build_problem", "coarse_bounds", "infeasible", "solve_cap"]
 

@@ -40,19 +40,9 @@ import numpy as np
 
 from planner import ir
 from planner.cluster import Group, group_of, index
-from planner.costmodel import (
-    PAPER,
-    Grid,
-    Variant,
-    VariantCost,
-    ZeroComms,
-    layer_table,
-    schedule_weights,
-    variant_cost,
-    variants,
-)
-from planner.costmodel.engine import EngineOverhead, engine_overhead, zero_comms
-from planner.search.hpp import StageTables, only_dp, stage_tables_many
+from planner.costmodel import PAPER, Grid, Variant, VariantCost, ZeroComms, variant_cost, variants
+from planner.costmodel.engine import EngineOverhead
+from planner.search.hpp import StageTables
 
 INTRA, INTER = 0, 1
 
@@ -222,7 +212,7 @@ class BaseMoves:
     skip: tuple[int, ...]
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=1024)  # an engine's search asks for one per stage width: 136 on 1024 GPUs
 def base_moves(cluster: ir.Cluster, mode: str, widths: tuple[int, ...] | None, number_format: str) -> BaseMoves:
     """The moves from every free-device position, the distinct groups, and the skip targets (cached)."""
     idx = index(cluster)
@@ -248,7 +238,7 @@ def base_moves(cluster: ir.Cluster, mode: str, widths: tuple[int, ...] | None, n
     return BaseMoves(tuple(rows), tuple(group_key), skip)
 
 
-def _shardable(profile: ir.ModelProfile) -> bool:
+def shardable(profile: ir.ModelProfile) -> bool:
     """Whether any layer can shard its weight (split or tp forms): else a tensor group only repeats tp 1."""
     return any(x.splittable or x.block is not None for x in profile.layers)
 
@@ -274,72 +264,6 @@ def tensor_degrees(group: Group, batch_size: int, microbatches: int, space: Spac
 
 
 # ----------------------------------------------------------------------------- problems
-
-
-def build_problem(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int, schedule: str, optimizer: str,
-                  forms: Sequence[str] | None = None, mode: str = "hierarchy", widths: Sequence[int] | None = None,
-                  config: Sequence[int] | None = None, max_blocks: int | None = None, stages: int | None = None,
-                  space: Space | None = None, engine: str = "any") -> Problem:
-    """Tabulate everything the stage DP and brute force read (see the module doc)."""
-    from planner.search.tables import build_candidates
-
-    space = space or Space()
-    if forms is not None:
-        space = Space(**{**space.__dict__, "forms": tuple(forms)})
-    if config is not None:
-        mode, widths = "contiguous", sorted(set(config))
-    base = base_moves(cluster, mode, None if widths is None else tuple(widths), space.precision)
-    if max_blocks is None:
-        max_blocks = 256 if len(cluster.gpus) <= 64 else 128
-    bounds = coarse_bounds(profile, max_blocks)
-    grids, moves, groups = _grid_moves(profile, base, microbatches, space)
-    tables = _stage_tables(profile, grids, bounds, microbatches, optimizer, space.forms)
-    a, b = schedule_weights(schedule, microbatches)
-    r_cap = max(1, min(len(bounds) - 1, len(base.skip)))  # the most stages a plan can have
-    exact_k = len(config) if config is not None else stages
-    prob = Problem(profile, cluster, microbatches, schedule, optimizer, space, bounds, moves, list(base.skip), grids,
-                   tables, exact_k, tuple(config) if config is not None else None, r_cap, a, b,
-                   overhead=engine_overhead(cluster, engine), move_groups=groups,
-                   comms=zero_comms(cluster, engine, space.precision))
-    build_candidates(prob)
-    return prob
-
-
-def _grid_moves(profile: ir.ModelProfile, base: BaseMoves, microbatches: int, space: Space
-                ) -> tuple[list[Grid], list[list[Move]], list[list[MoveGroup]]]:
-    """Every base move once per tensor degree its group may run (:func:`tensor_degrees`), the distinct
-    grids they run on, and per position the moves grouped by devices, link and next position."""
-    grids: list[Grid] = []
-    keys_of: list[list[tuple[int, int]]] = []  # per base group: (grid key, tp)
-    shardable = _shardable(profile)
-    for group in base.groups:
-        keys_of.append([])
-        for tp in tensor_degrees(group, profile.batch_size, microbatches, space, shardable):
-            keys_of[-1].append((len(grids), tp))
-            grids.append(Grid(group, tp, space.precision, space.sequence_parallel and tp > 1))
-    moves = [[Move(key, devices, nxt, link, tp) for gi, devices, nxt, link in row for key, tp in keys_of[gi]]
-             for row in base.rows]
-    groups = [[MoveGroup(tuple(key for key, _ in keys_of[gi]), devices, nxt, link)
-               for gi, devices, nxt, link in row if keys_of[gi]] for row in base.rows]
-    return grids, moves, groups
-
-
-def _stage_tables(profile: ir.ModelProfile, grids: Sequence[Grid], bounds: np.ndarray, microbatches: int,
-                  optimizer: str, forms: Sequence[str]) -> list[list[StageTables]]:
-    """Per grid: the fastest HPP stage tables, and the leanest where they differ (one sweep for all grids)."""
-    lts = [layer_table(profile, grid, microbatches, optimizer, forms) for grid in grids]
-    fast = stage_tables_many(lts, bounds, microbatches, [False] * len(lts))
-    open_ = [i for i, lt in enumerate(lts) if not only_dp(lt)]
-    lean = dict(zip(open_, stage_tables_many([lts[i] for i in open_], bounds, microbatches, [True] * len(open_)),
-                    strict=True))
-    out = []
-    for i, f in enumerate(fast):
-        ln = lean.get(i)
-        if ln is None or all(np.array_equal(f.agg[k], ln.agg[k]) for k in f.agg):
-            out.append([f])
-        else:
-            out.append([f, ln])
-    return out
 
 
 def option_cost(prob: Problem, key: int, option: Option) -> tuple[StageTables, VariantCost]:

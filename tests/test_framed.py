@@ -1,0 +1,63 @@
+"""A framed problem (planner.search.framed): its lower bound holds for every plan in it, and the search
+that skips problems by it finds the optimum of solving every problem."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from planner.errors import PlannerError
+from planner.ir import EngineOverhead
+from planner.search import search
+from planner.search.descent import solve
+from planner.search.framed import frame_problem
+from planner.search.options import check_request, microbatch_candidates, problems
+from tests.test_sp import instances, spaces
+
+ENGINES = ["any", "torch", "deepspeed", "torchtitan"]
+
+
+@given(instances(), spaces())
+def test_the_bound_is_below_the_problems_optimum(inst, space) -> None:
+    profile, cluster, m, schedule, optimizer = inst
+    framed = frame_problem(profile, cluster, microbatches=m, schedule=schedule, optimizer=optimizer, space=space)
+    sol = solve(framed.build())
+    if sol is not None:
+        assert framed.lower_bound_s() <= sol.objective * (1 + 1e-9)
+
+
+def _request(profile, cluster, schedule: str, optimizer: str, engine: str):
+    return check_request(profile, cluster, schedule=schedule, optimizer=optimizer, solver="dp", engine=engine,
+                         config=None, precision=None, tp=None, zero="auto", recompute="auto",
+                         micro_batch_size=None)
+
+
+@settings(max_examples=40)
+@given(instances(max_layers=4), st.sampled_from(ENGINES), st.booleans())
+def test_skipping_problems_by_their_bound_keeps_the_optimum(inst, engine: str, overheads: bool) -> None:
+    """``search(candidates=0)`` (problems best bound first, the rest skipped once they cannot win) returns
+    the least objective of every problem of every micro-batch count solved in full, each problem's bound
+    below its own optimum, for every engine (one problem per grid where the engine runs one)."""
+    profile, cluster, _, schedule, optimizer = inst
+    if schedule not in ("gpipe", "1f1b"):
+        schedule = "1f1b"  # every engine runs 1f1b
+    if overheads:
+        cluster = dataclasses.replace(cluster, engine_overheads=(
+            (engine if engine != "any" else "torch", EngineOverhead(1e-3, 2e-3, 5e-3, 1e-3)),))
+    req = _request(profile, cluster, schedule, optimizer, engine)
+    best = None
+    for m in microbatch_candidates(profile.batch_size, "auto"):
+        for framed in problems(profile, cluster, m, req):
+            sol = solve(framed.build())
+            if sol is not None:
+                assert framed.lower_bound_s() <= sol.objective * (1 + 1e-9)
+                best = sol.objective if best is None else min(best, sol.objective)
+    try:
+        plan = search(profile, cluster, schedule=schedule, optimizer=optimizer, engine=engine, candidates=0)
+    except PlannerError:  # nothing fits (or no grid gives whole micro-batches): none of the problems had a plan
+        assert best is None
+        return
+    assert best is not None and plan.predicted.iteration_s == pytest.approx(best, rel=1e-9)
