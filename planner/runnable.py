@@ -71,6 +71,9 @@ class EngineLimits:
     sync_last_backward: bool = False
     """Whether its schedule reduce-scatters ZeRO-2/3 gradients once a step, after the last backward,
     and keeps the weights gathered between backwards (planner.costmodel.variant)."""
+    sync_last_backward_pipelined: bool = False
+    """Whether it does so only with a pipeline of two or more stages (torchtitan runs torch's schedules
+    then, and its FSDP alone without one)."""
     grad_copy: GradCopy = GradCopy()
     """The flat copies its ZeRO-0/1 gradient all-reduce makes (:class:`GradCopy`)."""
 
@@ -96,12 +99,12 @@ ENGINES: dict[str, EngineLimits] = {
                           grad_copy=GradCopy((0, 1), cap_bytes=GRAD_BUCKET_BYTES)),
     # torchtitan: FSDP2 (shard = ZeRO-3, or never reshard = ZeRO-2) or replicate (0), tensor and
     # pipeline degrees, per-job activation checkpointing: none or full (its selective modes are
-    # per-op SAC or every n-th layer, not the attention core; planner.export.torchtitan). Charged
-    # the paper's ZeRO, as its FSDP runs without a pipeline; with one (K > 1) it runs torch's
-    # schedules, which reduce once a step and keep the weights gathered (sync_last_backward). Its
+    # per-op SAC or every n-th layer, not the attention core; planner.export.torchtitan). Without a
+    # pipeline its FSDP runs as the paper's ZeRO; with one (K > 1) it runs torch's schedules, which
+    # reduce once a step and keep the weights gathered (sync_last_backward_pipelined). Its
     # replicate's (ZeRO-0) gradient buckets are not modelled.
     "torchtitan": EngineLimits("torchtitan", True, True, (0, 2, 3), ("none", "full"), True,
-                               precisions=("fp32", "bf16")),
+                               precisions=("fp32", "bf16"), sync_last_backward_pipelined=True),
 }
 
 

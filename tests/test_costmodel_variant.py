@@ -331,3 +331,22 @@ def test_a_data_parallel_stage_holds_its_engines_flat_gradient_copy(engine: str,
     one = ir.Stage((0, 1), (cluster.gpus[0].name,), ("dp",), 0)
     assert cm.stage_cost_values(_one_layer(params), cluster, one, 2, "adam", None, precision,
                                 engine=engine).grad_copy_bytes == 0  # nothing to all-reduce
+
+
+def test_torchtitan_runs_fsdp_as_the_paper_alone_and_as_torch_in_a_pipeline() -> None:
+    """torchtitan's FSDP without a pipeline reduces in every backward (the paper's ZeRO-2 memory); with
+    one it runs torch's schedules, which keep the gradients unreduced until the step's end."""
+    cluster = _big_cluster(1, 8)
+    names = tuple(g.name for g in cluster.gpus)
+    prof = _one_layer(10**6)
+    d = make_profile_dict(2, batch_size=64)
+    for layer in d["layers"]:
+        layer.update(param_count=10**6, param_bytes=4 * 10**6)
+    two_layers = ir.ModelProfile.from_dict(d)
+    alone = ir.Stage((0, 1), names, ("dp",), 0, zero=2)
+    single = cm.stage_costs_for(prof, cluster, [alone], 4, "adam", engine="torchtitan")[0].static_bytes
+    paper = cm.stage_costs_for(prof, cluster, [alone], 4, "adam", engine="any")[0].static_bytes
+    piped = [ir.Stage((0, 1), names[:4], ("dp",), 0, zero=2), ir.Stage((1, 2), names[4:], ("dp",), 0, zero=2)]
+    in_pipeline = cm.stage_costs_for(two_layers, cluster, piped, 4, "adam", engine="torchtitan")[0].static_bytes
+    as_torch = cm.stage_costs_for(two_layers, cluster, piped, 4, "adam", engine="torch")[0].static_bytes
+    assert single == paper and in_pipeline == as_torch > single

@@ -61,3 +61,17 @@ def test_skipping_problems_by_their_bound_keeps_the_optimum(inst, engine: str, o
         assert best is None
         return
     assert best is not None and plan.predicted.iteration_s == pytest.approx(best, rel=1e-9)
+
+
+@given(instances(max_layers=4))
+def test_a_problem_of_two_stages_or_more_has_no_plan_of_one(inst) -> None:
+    profile, cluster, m, _, optimizer = inst
+    framed = frame_problem(profile, cluster, microbatches=m, schedule="1f1b", optimizer=optimizer, min_stages=2)
+    one = frame_problem(profile, cluster, microbatches=m, schedule="1f1b", optimizer=optimizer, stages=1)
+    both = [solve(f.build()) for f in (framed, one)]
+    whole = solve(frame_problem(profile, cluster, microbatches=m, schedule="1f1b", optimizer=optimizer).build())
+    assert both[0] is None or len(both[0].stages) >= 2
+    found = [s.objective for s in both if s is not None]
+    assert (whole is None) == (not found)
+    if whole is not None:
+        assert min(found) == pytest.approx(whole.objective, rel=1e-9)

@@ -59,11 +59,11 @@ def engine_overhead(cluster: ir.Cluster, engine: str) -> EngineOverhead:
     return replace(own, per_microbatch_s=own.per_microbatch_s + handoff_s) if handoff_s else own
 
 
-def zero_comms(cluster: ir.Cluster, engine: str, precision: str = "fp32") -> ZeroComms:
+def zero_comms(cluster: ir.Cluster, engine: str, precision: str = "fp32", pipelined: bool = True) -> ZeroComms:
     """How ``engine`` runs ZeRO's collectives on ``cluster`` (:class:`planner.costmodel.variant.ZeroComms`):
-    its ZeRO-1 traffic, ZeRO-2/3 reduction and gradient copies from :data:`planner.runnable.ENGINES`
-    (the copies' bytes at ``precision``), each FSDP unit's collective cost from the cluster's measured
-    ``per_shard_s``; the paper's for ``any``."""
+    its ZeRO-1 traffic, ZeRO-2/3 reduction (for a plan of two or more stages where ``pipelined``) and
+    gradient copies from :data:`planner.runnable.ENGINES` (the copies' bytes at ``precision``), each
+    FSDP unit's collective cost from the cluster's measured ``per_shard_s``; the paper's for ``any``."""
     limits = ENGINES.get(engine)
     if limits is None:
         return PAPER
@@ -72,7 +72,8 @@ def zero_comms(cluster: ir.Cluster, engine: str, precision: str = "fp32") -> Zer
     grad_elem = 2 if precision == "fp16" else 4  # fp32 gradients reduced, but under fp16 (GradCopy)
     weight_elem = 4 if precision == "fp32" else 2
     cap = copy.cap_bytes or copy.cap_params * grad_elem
-    return ZeroComms(limits.zero1_gather_share, limits.sync_last_backward, own.per_shard_s if own else 0.0,
+    sync_last = limits.sync_last_backward or (pipelined and limits.sync_last_backward_pipelined)
+    return ZeroComms(limits.zero1_gather_share, sync_last, own.per_shard_s if own else 0.0,
                      copy.zero, cap, grad_elem / weight_elem)
 
 

@@ -142,10 +142,10 @@ def stage_grid(cluster: ir.Cluster, stage: ir.Stage, precision: str) -> Grid:
 
 def stage_cost_values(profile: ir.ModelProfile, cluster: ir.Cluster, stage: ir.Stage, microbatches: int,
                       optimizer: str, next_devices: Sequence[str] | None, precision: str = "fp32",
-                      next_dp: int | None = None, engine: str = "any") -> ir.StageCost:
+                      next_dp: int | None = None, engine: str = "any", pipelined: bool = True) -> ir.StageCost:
     """The :class:`ir.StageCost` of one stage given the next stage's devices (None: last) and its
-    data-parallel degree (None: this stage's), run by ``engine`` (how it runs ZeRO's collectives:
-    :func:`planner.costmodel.engine.zero_comms`)."""
+    data-parallel degree (None: this stage's), run by ``engine`` (how it runs ZeRO's collectives,
+    in a plan of two or more stages where ``pipelined``: :func:`planner.costmodel.engine.zero_comms`)."""
     grid = stage_grid(cluster, stage, precision)
     table = cached_layer_table(profile, grid, microbatches, optimizer)
     first, end = stage.layers
@@ -154,7 +154,7 @@ def stage_cost_values(profile: ir.ModelProfile, cluster: ir.Cluster, stage: ir.S
                         "check the plan's stages")
     agg = summarise(table, first, end, [FORM_INDEX[f] for f in stage.forms])
     v = variant_cost(agg, agg["in_bytes"], Variant(stage.recompute, stage.zero), microbatches, table.sync_const,
-                     zero_comms(cluster, engine, precision))
+                     zero_comms(cluster, engine, precision, pipelined))
     return _stage_cost(profile, cluster, stage, grid, agg, v, microbatches, optimizer, next_devices, table,
                        next_dp or grid.dp)
 
@@ -199,11 +199,12 @@ def stage_costs_for(profile: ir.ModelProfile, cluster: ir.Cluster, stages: Seque
     order; chunk c sends to chunk c+1), tied weights' copies and all-reduce included; ZeRO's
     collectives as ``engine`` runs them (not its other measured overheads: :func:`stage_costs`)."""
     out = []
+    pipelined = len({tuple(st.devices) for st in stages}) > 1
     for s, stage in enumerate(stages):
         nxt = stages[s + 1] if s + 1 < len(stages) else None
         out.append(stage_cost_values(profile, cluster, stage, microbatches, optimizer,
                                      None if nxt is None else nxt.devices, precision, None if nxt is None else nxt.dp,
-                                     engine))
+                                     engine, pipelined))
     return with_ties(profile, cluster, stages, out, Bytes.of(profile, precision, optimizer))
 
 

@@ -20,8 +20,9 @@ the sum over its layers of each layer's fastest form on any of the problem's gri
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -44,7 +45,8 @@ from planner.search.space import (
 
 @dataclass(frozen=True)
 class Framed:
-    """A problem's inputs, grids, moves and layer tables (one per grid), before its stage tables."""
+    """A problem's inputs, grids and layer tables (one per grid), before its stage tables and moves. A
+    problem of exactly one stage runs its engine's ZeRO without a pipeline (planner.runnable)."""
 
     profile: ir.ModelProfile
     cluster: ir.Cluster
@@ -61,6 +63,10 @@ class Framed:
     layer_tables: tuple[LayerTable, ...]
     config: tuple[int, ...] | None
     exact_k: int | None
+    min_stages: int = 1
+    shared: dict[str, list[list[StageTables]]] = field(default_factory=dict, compare=False, repr=False)
+    """The stage tables once made, shared with the problems framed from this one by
+    :meth:`with_stages` (the same grids and layers: only the plans' stage counts differ)."""
 
     @property
     def has_moves(self) -> bool:
@@ -86,18 +92,25 @@ class Framed:
         a, b = schedule_weights(self.schedule, self.microbatches)
         return float((a + b / self.most_stages()) * least.sum())
 
+    def with_stages(self, exact: int | None = None, least: int = 1) -> Framed:
+        """The same problem with exactly ``exact`` stages (None: any), at least ``least``."""
+        return dataclasses.replace(self, exact_k=exact, min_stages=least)
+
     def build(self) -> Problem:
         """The problem, tabulated (planner.search.space.Problem; its candidates made)."""
         from planner.search.tables import build_candidates
 
         a, b = schedule_weights(self.schedule, self.microbatches)
         r_cap = max(1, min(len(self.bounds) - 1, len(self.base.skip)))  # the most stages a plan can have
-        tables = _stage_tables(self.layer_tables, self.bounds, self.microbatches)
+        if "tables" not in self.shared:
+            self.shared["tables"] = _stage_tables(self.layer_tables, self.bounds, self.microbatches)
+        tables = self.shared["tables"]
         moves, groups = _moves(self.base, self.keys_of)
         prob = Problem(self.profile, self.cluster, self.microbatches, self.schedule, self.optimizer, self.space,
                        self.bounds, moves, list(self.base.skip), list(self.grids), tables, self.exact_k,
                        self.config, r_cap, a, b, overhead=engine_overhead(self.cluster, self.engine),
-                       move_groups=groups, comms=zero_comms(self.cluster, self.engine, self.space.precision))
+                       move_groups=groups, comms=zero_comms(self.cluster, self.engine, self.space.precision,
+                                                            self.exact_k != 1), min_stages=self.min_stages)
         build_candidates(prob)
         return prob
 
@@ -106,8 +119,9 @@ def frame_problem(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches
                   optimizer: str, forms: Sequence[str] | None = None, mode: str = "hierarchy",
                   widths: Sequence[int] | None = None, config: Sequence[int] | None = None,
                   max_blocks: int | None = None, stages: int | None = None, space: Space | None = None,
-                  engine: str = "any") -> Framed:
-    """The problem's grids, moves and layer tables (see planner.search.space's module doc for the space)."""
+                  engine: str = "any", min_stages: int = 1) -> Framed:
+    """The problem's grids and layer tables (see planner.search.space's module doc for the space); its
+    plans have exactly ``stages`` stages when given, at least ``min_stages``."""
     space = space or Space()
     if forms is not None:
         space = Space(**{**space.__dict__, "forms": tuple(forms)})
@@ -120,7 +134,8 @@ def frame_problem(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches
     lts = tuple(layer_table(profile, grid, microbatches, optimizer, space.forms) for grid in grids)
     return Framed(profile, cluster, microbatches, schedule, optimizer, space, engine,
                   coarse_bounds(profile, max_blocks), base, tuple(grids), keys_of, lts,
-                  tuple(config) if config is not None else None, len(config) if config is not None else stages)
+                  tuple(config) if config is not None else None, len(config) if config is not None else stages,
+                  min_stages)
 
 
 def build_problem(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int, schedule: str, optimizer: str,

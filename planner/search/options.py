@@ -19,6 +19,7 @@ from planner.cluster import group_of
 from planner.costmodel import default_precision
 from planner.errors import UsageError
 from planner.runnable import ENGINES as ENGINE_LIMITS
+from planner.runnable import EngineLimits
 from planner.schedule import SCHEDULES, schedule_kind, virtual_stage_schedules
 from planner.search.framed import Framed, frame_problem
 from planner.search.space import Space, pow2_upto
@@ -216,11 +217,21 @@ def problems(profile: ir.ModelProfile, cluster: ir.Cluster, m: int, req: Request
             for zero in _uniform_zeros(req.space.zero, limits.uniform_zero, w // tp):
                 space = Space(req.space.precision, tp, zero, req.space.recompute, req.space.forms,
                               req.space.micro_batch_size)
-                framed = frame_problem(profile, cluster, config=req.config, mode="contiguous", widths=[w],
-                                       space=space, **common)  # type: ignore[arg-type]
-                if framed.has_moves:
-                    out.append(framed)
+                out += _uniform_problems(profile, cluster, req, limits, w, space, common)
     return out
+
+
+def _uniform_problems(profile: ir.ModelProfile, cluster: ir.Cluster, req: Request, limits: EngineLimits, width: int,
+                      space: Space, common: dict[str, object]) -> list[Framed]:
+    """The problem of one grid; for an engine whose ZeRO runs otherwise without a pipeline
+    (``sync_last_backward_pipelined``), two: its plans of two stages or more, and of one."""
+    framed = frame_problem(profile, cluster, config=req.config, mode="contiguous", widths=[width], space=space,
+                           **common)  # type: ignore[arg-type]
+    if not framed.has_moves:
+        return []
+    if not limits.sync_last_backward_pipelined or limits.sync_last_backward or req.config is not None:
+        return [framed]
+    return [framed.with_stages(least=2), framed.with_stages(exact=1)]
 
 
 def _uniform_zeros(zeros: tuple[int, ...], uniform: bool, dp: int) -> list[tuple[int, ...]]:

@@ -143,6 +143,8 @@ class Problem:
     cand: dict[tuple[int, int], Candidate] = field(default_factory=dict)
     r_eff: int = 1
     capacity_override: float | None = None
+    min_stages: int = 1
+    """The fewest stages a plan has: 2 closes the whole model as one stage's range (planner.search.tables)."""
     overhead: EngineOverhead = field(default_factory=EngineOverhead)
     """What the plan's engine adds per action, micro-batch sent and step (planner.costmodel.engine)."""
     comms: ZeroComms = PAPER

@@ -49,6 +49,9 @@ def build_candidates(prob: Problem) -> None:
             period, term = _period_and_term(prob, v, recv_of[(link, prob.grids[key].dp)])
             cand.period.append(period)
             cand.term.append(term)
+        if prob.min_stages > 1:  # no plan of one stage: the whole model is no stage's range
+            for arr in cand.period + cand.term:
+                arr[0, prob.nb] = np.inf
         if key not in fit_of:
             fit_of[key] = _option_limits(prob, key, costs, ties, in_fl)
         cand.rmax = list(np.where(np.isfinite(np.stack(cand.period)), fit_of[key], 0))
