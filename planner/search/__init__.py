@@ -175,7 +175,7 @@ def _in_order(framed: list[Framed], solver: str) -> Iterator[tuple[float, Proble
     whose bound is below the best unconstrained plan's objective met, tabulated and opened (solved once
     unconstrained, planner.search.descent.open_problem), best unconstrained plan first (a good incumbent
     early closes the others' branch and bound sooner); then the others, best bound first, still framed
-    (tabulated when reached, if their bound can still win). Brute force: every problem, best bound first."""
+    (tabulated when reached, if their bound can still win). Brute force: none opened, best bound first."""
     ranked = sorted(((f.lower_bound_s(), i, f) for i, f in enumerate(framed)), key=lambda t: (t[0], t[1]))
     opened: list[tuple[float, Problem, Opening]] = []
     best_open_s, k = math.inf, 0
