@@ -37,6 +37,21 @@ DEEPSPEED_ALLREDUCE_PARAMS = 500_000_000
 ``allreduce_no_retain``)."""
 
 
+DEEPSPEED_ZERO1_BUCKET_PARAMS = 50_000_000
+"""The most elements the DeepSpeed export lets its ZeRO-1 reduce at a time (``reduce_bucket_size``).
+DeepSpeed's ZeRO-1 allocates two fp32 buffers of ``reduce_bucket_size`` elements whole, for the
+step's reduction (deepspeed/runtime/zero/stage_1_and_2.py: ``setup_buckets``, ``reduce_gradients``
+with a pipeline): 3.8 GB on every rank at its default of 5e8, whatever the model (measured on CPU,
+``scripts/bench_zero.py --engine deepspeed``). The export writes :func:`deepspeed_bucket_params`."""
+
+
+def deepspeed_bucket_params(param_count: int) -> int:
+    """``reduce_bucket_size`` for a model of ``param_count`` parameters: no more than the model, at most
+    :data:`DEEPSPEED_ZERO1_BUCKET_PARAMS` (200 MB of fp32 gradients per all-reduce keeps a link's
+    bandwidth)."""
+    return max(1, min(DEEPSPEED_ZERO1_BUCKET_PARAMS, param_count))
+
+
 @dataclass(frozen=True)
 class GradCopy:
     """How an engine's data-parallel gradient all-reduce copies the gradients into flat buffers (under
@@ -76,16 +91,19 @@ class EngineLimits:
     then, and its FSDP alone without one)."""
     grad_copy: GradCopy = GradCopy()
     """The flat copies its ZeRO-0/1 gradient all-reduce makes (:class:`GradCopy`)."""
+    zero1_buffers: int = 0
+    """How many fp32 buffers of :func:`deepspeed_bucket_params` elements its ZeRO-1 holds through the
+    step's backward (DeepSpeed: 2; planner.costmodel.variant)."""
 
 
 ENGINES: dict[str, EngineLimits] = {
     # DeepSpeed's PipelineEngine: 1F1B on a pipe x data grid of equal widths; ZeRO-1 at most with
     # pipeline parallelism (deepspeed/runtime/pipe/engine.py asserts zero stage < 2); layer-interval
     # activation checkpointing only.
-    # Its ZeRO-0 all-reduce flattens up to 5e8 gradient elements at a time; its ZeRO-1 moves the
-    # gradients into a reduce_bucket_size buffer (stage_1_and_2.py) and is not modelled.
+    # Its ZeRO-0 all-reduce flattens up to 5e8 gradient elements at a time; its ZeRO-1 holds two fp32
+    # buffers of reduce_bucket_size elements (stage_1_and_2.py; DEEPSPEED_ZERO1_BUCKET_PARAMS).
     "deepspeed": EngineLimits("deepspeed", True, False, (0, 1), ("none", "full"), False,
-                              grad_copy=GradCopy((0,), cap_params=DEEPSPEED_ALLREDUCE_PARAMS)),
+                              grad_copy=GradCopy((0,), cap_params=DEEPSPEED_ALLREDUCE_PARAMS), zero1_buffers=2),
     # torch.distributed.pipelining on a (pp, dp, tp) DeviceMesh: one mesh, so equal grids per stage;
     # FSDP2 covers ZeRO 2-3 (reshard after forward or not), DTensor the tensor forms; ZeRO-1 is the
     # gradients' all-reduce and ZeroRedundancyOptimizer, which broadcasts every parameter from the

@@ -1,25 +1,27 @@
 #!/usr/bin/env python
-"""torch's ZeRO stages, measured against predicted on this machine (docs/fidelity.md, "torch's ZeRO-2/3").
+"""An engine's ZeRO stages, measured against predicted on this machine (docs/fidelity.md, "torch's ZeRO-2/3").
 
-One data-parallel stage of 2 processes (1 thread each) of ``--model``, searched with ``--engine
-torch`` at ZeRO 0, 1, 2 and 3 for each of ``--microbatches``, on this machine calibrated by
-``planner.calibrate.calibrate`` against the model's own profile (its torch overheads, FSDP's
-``per_shard_s`` among them). Each plan is trained by the runner's own code:
+One data-parallel stage of 2 processes (1 thread each) of ``--model``, searched with ``--engine``
+(torch: ZeRO 0-3; deepspeed: 0 and 1) for each of ``--microbatches``, on this machine calibrated by
+``planner.calibrate.calibrate`` against the model's own profile (the engine's overheads, torch's
+FSDP ``per_shard_s`` among them). Each plan is trained by the runner's own code:
 
 - time: :func:`planner.calibrate_engines.time_plans` (the median step, the fastest of ``--rounds``);
 - memory: the heap in use (glibc ``mallinfo2``, sampled every 0.2 ms by a thread) over the trainer's
   set-up and ``--steps`` steps, its peak above the heap before the layers are built, the larger of
   the two ranks': what CUDA's ``max_memory_allocated`` would say on a GPU, without the allocator's
-  slack that RSS growth holds.
+  slack that RSS growth holds (and with buffers allocated but never touched, which a GPU holds too).
 
 It prints per plan measured and predicted, and each over ZeRO-0's at the same M (a machine slower or
 faster than at the profile moves both alike), then two checks: at each M the ZeRO stage the model
-predicts fastest is the fastest measured (within 5%), and the model orders the stages' memory as
-measured (ZeRO-2 and 3 above ZeRO-1 under torch, whose schedules keep FSDP's weights gathered and
-gradients unreduced until the step's end). The heap is measured after one untimed step of the first
-plan (the process's first-use allocations). About 2 minutes for the default model. Linux only.
+predicts fastest is the fastest measured (within 5%), and the model puts each stage's memory on the
+side of ZeRO-0's that the heap does (under torch ZeRO-2 and 3 hold more than ZeRO-1, as its schedules
+keep FSDP's weights gathered and gradients unreduced until the step's end; ZeRO-0 and 1 copy the
+gradients into flat buckets to all-reduce them; DeepSpeed's ZeRO-1 holds two reduction buffers).
+The heap is measured after one untimed step of the first plan (the process's first-use allocations).
+About 1-2 minutes for the default model. Linux only.
 
-    .venv/bin/python scripts/bench_zero.py [--model mlp] [--batch 16]
+    .venv/bin/python scripts/bench_zero.py [--engine torch|deepspeed] [--model mlp] [--batch 16]
         [--microbatches 1,4] [--rounds 3] [--steps 6]
 """
 
@@ -40,7 +42,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
-ZEROS = (0, 1, 2, 3)
 FASTEST_TOLERANCE = 1.05
 
 
@@ -57,7 +58,8 @@ def heap_in_use_bytes() -> int:
     return int(info.uordblks + info.hblkhd)
 
 
-def _heap_worker(rank: int, world: int, port: int, plans_path: str, model: str, steps: int, out: str) -> None:
+def _heap_worker(rank: int, world: int, port: int, plans_path: str, model: str, steps: int, out: str,
+                 engine: str) -> None:
     """One rank: every plan's heap peak above the heap before its layers are built."""
     os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
                        "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
@@ -67,9 +69,9 @@ def _heap_worker(rank: int, world: int, port: int, plans_path: str, model: str, 
     from planner.runner.worker import init_group, train_plan
 
     torch.set_num_threads(1)
-    init_group("torch")
+    init_group(engine)
     docs = json.loads(Path(plans_path).read_text())
-    train_plan(ir.Plan.from_dict(docs[0]), model, "torch", 1, 0, "cross_entropy", profile_terms=False)  # first-use
+    train_plan(ir.Plan.from_dict(docs[0]), model, engine, 1, 0, "cross_entropy", profile_terms=False)  # first-use
     peaks = []
     for doc in docs:
         base, peak, done = heap_in_use_bytes(), [0], threading.Event()
@@ -81,7 +83,7 @@ def _heap_worker(rank: int, world: int, port: int, plans_path: str, model: str, 
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
-        train_plan(ir.Plan.from_dict(doc), model, "torch", steps, 0, "cross_entropy", profile_terms=False)
+        train_plan(ir.Plan.from_dict(doc), model, engine, steps, 0, "cross_entropy", profile_terms=False)
         done.set()
         sampler.join()
         peaks.append(max(0, peak[0] - base))
@@ -92,7 +94,7 @@ def _heap_worker(rank: int, world: int, port: int, plans_path: str, model: str, 
     torch.distributed.destroy_process_group()
 
 
-def heap_peaks(plans: list[Any], model: str, steps: int) -> list[float]:
+def heap_peaks(plans: list[Any], model: str, steps: int, engine: str) -> list[float]:
     """Each plan's heap peak in bytes (the larger rank's), its ranks in one process group."""
     import torch.multiprocessing as mp
 
@@ -102,7 +104,7 @@ def heap_peaks(plans: list[Any], model: str, steps: int) -> list[float]:
     with tempfile.TemporaryDirectory(prefix="planner-bench-zero-") as tmp:
         plans_path, out = os.path.join(tmp, "plans.json"), os.path.join(tmp, "peaks.json")
         Path(plans_path).write_text(json.dumps([p.to_dict() for p in plans]))
-        mp.start_processes(_heap_worker, args=(2, port, plans_path, model, steps, out), nprocs=2, join=True,
+        mp.start_processes(_heap_worker, args=(2, port, plans_path, model, steps, out, engine), nprocs=2, join=True,
                            start_method="spawn")
         return [float(x) for x in json.loads(Path(out).read_text())]
 
@@ -114,34 +116,42 @@ def plans_for(args: argparse.Namespace) -> list[Any]:
     from planner.search import search
 
     prof = profile_model(args.model, batch_size=args.batch, threads=1)
-    cluster, _ = calibrate(2, 1, profile=prof, engines=["torch"])
-    over = cluster.engine_overhead("torch")
-    print(f"calibrated: torch per FSDP unit's gather or reduction {(over.per_shard_s if over else 0) * 1e3:.3f} ms",
-          file=sys.stderr)
-    return [search(prof, cluster, config=(2,), tp=1, zero=z, microbatches=m, engine="torch", schedule="1f1b",
-                   candidates=0) for m in args.microbatches for z in ZEROS]
+    cluster, _ = calibrate(2, 1, profile=prof, engines=[args.engine])
+    over = cluster.engine_overhead(args.engine)
+    print(f"calibrated: {args.engine} per FSDP unit's gather or reduction "
+          f"{(over.per_shard_s if over else 0) * 1e3:.3f} ms", file=sys.stderr)
+    return [search(prof, cluster, config=(2,), tp=1, zero=z, microbatches=m, engine=args.engine, schedule="1f1b",
+                   candidates=0) for m in args.microbatches for z in zeros(args.engine)]
 
 
-def report(plans: list[Any], times_s: list[float], peaks: list[float]) -> bool:
+def zeros(engine: str) -> tuple[int, ...]:
+    """The ZeRO stages ``engine`` runs."""
+    from planner.runnable import ENGINES
+
+    return ENGINES[engine].zero
+
+
+def report(plans: list[Any], times_s: list[float], peaks: list[float], stages: tuple[int, ...]) -> bool:
     """The table and the two checks (module doc); whether both pass."""
     print(f"{'M':>3} {'ZeRO':>4} {'measured ms':>11} {'predicted ms':>12} {'ratio':>6} {'meas/ZeRO-0':>11} "
           f"{'pred/ZeRO-0':>11} {'heap MiB':>9} {'predicted MiB':>13}")
     fastest_ok, memory_ok = True, True
-    for i in range(0, len(plans), len(ZEROS)):
-        group = list(range(i, i + len(ZEROS)))
+    for i in range(0, len(plans), len(stages)):
+        group = list(range(i, i + len(stages)))
         pred = [plans[j].predicted.iteration_s for j in group]
         meas = [times_s[j] for j in group]
         mem_pred = [max(s.memory_bytes for s in plans[j].stages) for j in group]
-        for z, j in zip(ZEROS, group, strict=True):
-            print(f"{plans[j].microbatches:>3} {z:>4} {meas[z] * 1e3:>11.1f} {pred[z] * 1e3:>12.1f} "
+        for z, j in enumerate(group):
+            print(f"{plans[j].microbatches:>3} {stages[z]:>4} {meas[z] * 1e3:>11.1f} {pred[z] * 1e3:>12.1f} "
                   f"{meas[z] / pred[z]:>6.3f} {meas[z] / meas[0]:>11.2f} {pred[z] / pred[0]:>11.2f} "
                   f"{peaks[j] / 2**20:>9.1f} {mem_pred[z] / 2**20:>13.1f}")
-        best = min(ZEROS, key=lambda z: pred[z])
+        best = min(range(len(stages)), key=lambda z: pred[z])
         fastest_ok &= meas[best] <= FASTEST_TOLERANCE * min(meas)
-        memory_ok &= all((mem_pred[z] >= mem_pred[1]) == (peaks[group[z]] >= peaks[group[1]]) for z in (2, 3))
+        memory_ok &= all((mem_pred[z] >= mem_pred[0]) == (peaks[group[z]] >= peaks[group[0]])
+                         for z in range(1, len(stages)))
     print(f"the predicted fastest ZeRO stage is the measured fastest (within {FASTEST_TOLERANCE - 1:.0%}) at every M: "
           f"{'PASS' if fastest_ok else 'FAIL'}")
-    print("the model puts ZeRO-2 and 3's memory on the side of ZeRO-1's that the heap does, at every M: "
+    print("the model puts each ZeRO stage's memory on the side of ZeRO-0's that the heap does, at every M: "
           + ("PASS" if memory_ok else "FAIL"))
     return fastest_ok and memory_ok
 
@@ -154,16 +164,18 @@ def main() -> int:
     ap.add_argument("--microbatches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--engine", choices=["torch", "deepspeed"], default="torch")
     args = ap.parse_args()
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "scripts"), *filter(None, [os.environ.get("PYTHONPATH")])])
     from planner.calibrate_engines import time_plans
 
     plans = plans_for(args)
-    times = [min(r) for r in time_plans(plans, "torch", 1, args.steps, args.rounds, model=args.model).times_s]
-    peaks = heap_peaks(plans, args.model, 4)
-    print(f"{args.model}, batch {args.batch}, 2 processes x 1 thread, torch; time: fastest of {args.rounds} rounds' "
-          f"median step; heap: peak in use over set-up and 4 steps, the larger rank (load {os.getloadavg()[0]:.1f})")
-    return 0 if report(plans, times, peaks) else 1
+    times = [min(r) for r in time_plans(plans, args.engine, 1, args.steps, args.rounds, model=args.model).times_s]
+    peaks = heap_peaks(plans, args.model, 4, args.engine)
+    print(f"{args.model}, batch {args.batch}, 2 processes x 1 thread, {args.engine}; time: fastest of {args.rounds} "
+          f"rounds' median step; heap: peak in use over set-up and 4 steps, the larger rank "
+          f"(load {os.getloadavg()[0]:.1f})")
+    return 0 if report(plans, times, peaks, zeros(args.engine)) else 1
 
 
 if __name__ == "__main__":

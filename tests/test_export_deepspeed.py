@@ -40,7 +40,27 @@ def test_config_carries_zero_1_and_bf16() -> None:
     plan = dataclasses.replace(plan, precision="bf16",
                                stages=tuple(dataclasses.replace(s, zero=1) for s in plan.stages))
     cfg = dsx.ds_config(plan)
-    assert cfg["zero_optimization"] == {"stage": 1} and cfg["bf16"] == {"enabled": True}
+    assert cfg["bf16"] == {"enabled": True}
+    # ZeRO-1's two fp32 reduction buffers bounded by the model (DeepSpeed's 5e8 elements: 3.8 GB a rank)
+    assert cfg["zero_optimization"] == {"stage": 1, "reduce_bucket_size": plan.profile.param_count}
+
+
+def test_zero_1s_buffers_are_bounded_and_charged_as_the_export_writes_them() -> None:
+    """The cost model charges a DeepSpeed ZeRO-1 stage the two fp32 buffers of the reduce_bucket_size the
+    export writes: at most the model's parameters, at most 5e7 elements."""
+    from planner import runnable
+    from planner.costmodel import stage_cost_values
+
+    assert runnable.deepspeed_bucket_params(10**6) == 10**6
+    assert runnable.deepspeed_bucket_params(10**10) == runnable.DEEPSPEED_ZERO1_BUCKET_PARAMS == 5 * 10**7
+    plan = tiny_plan("tiny_mlp", [0, 2, -1], width=2)
+    one = dataclasses.replace(plan.stages[0], zero=1)
+    zero = dataclasses.replace(plan.stages[0], zero=0)
+    costs = {e: [stage_cost_values(plan.profile, plan.cluster, st, 2, "sgd", None, engine=e).static_bytes
+                 for st in (zero, one)] for e in ("deepspeed", "any")}
+    buffers = 2 * 4 * dsx.ds_config(dataclasses.replace(plan, stages=tuple(
+        dataclasses.replace(s, zero=1) for s in plan.stages)))["zero_optimization"]["reduce_bucket_size"]
+    assert costs["deepspeed"][1] - costs["any"][1] == buffers and costs["deepspeed"][0] == costs["any"][0]
 
 
 def test_zero_above_1_selective_recompute_and_tensor_parallel_stages_are_refused() -> None:

@@ -41,7 +41,7 @@ from dataclasses import replace
 from planner import ir
 from planner.costmodel.variant import PAPER, ZeroComms
 from planner.ir import EngineOverhead
-from planner.runnable import ENGINES
+from planner.runnable import ENGINES, deepspeed_bucket_params
 from planner.schedule import schedule_kind
 
 __all__ = ["EngineOverhead", "charge", "charge_plan", "engine_overhead", "plan_overhead", "stage_overhead_s",
@@ -59,11 +59,13 @@ def engine_overhead(cluster: ir.Cluster, engine: str) -> EngineOverhead:
     return replace(own, per_microbatch_s=own.per_microbatch_s + handoff_s) if handoff_s else own
 
 
-def zero_comms(cluster: ir.Cluster, engine: str, precision: str = "fp32", pipelined: bool = True) -> ZeroComms:
+def zero_comms(cluster: ir.Cluster, engine: str, precision: str = "fp32", pipelined: bool = True,
+               param_count: int = 0) -> ZeroComms:
     """How ``engine`` runs ZeRO's collectives on ``cluster`` (:class:`planner.costmodel.variant.ZeroComms`):
     its ZeRO-1 traffic, ZeRO-2/3 reduction (for a plan of two or more stages where ``pipelined``) and
     gradient copies from :data:`planner.runnable.ENGINES` (the copies' bytes at ``precision``), each
-    FSDP unit's collective cost from the cluster's measured ``per_shard_s``; the paper's for ``any``."""
+    FSDP unit's collective cost from the cluster's measured ``per_shard_s``, ZeRO-1's buffers for a model
+    of ``param_count`` parameters; the paper's for ``any``."""
     limits = ENGINES.get(engine)
     if limits is None:
         return PAPER
@@ -73,8 +75,9 @@ def zero_comms(cluster: ir.Cluster, engine: str, precision: str = "fp32", pipeli
     weight_elem = 4 if precision == "fp32" else 2
     cap = copy.cap_bytes or copy.cap_params * grad_elem
     sync_last = limits.sync_last_backward or (pipelined and limits.sync_last_backward_pipelined)
+    buffers = limits.zero1_buffers * 4.0 * deepspeed_bucket_params(param_count) if limits.zero1_buffers else 0.0
     return ZeroComms(limits.zero1_gather_share, sync_last, own.per_shard_s if own else 0.0,
-                     copy.zero, cap, grad_elem / weight_elem)
+                     copy.zero, cap, grad_elem / weight_elem, buffers)
 
 
 def plan_overhead(plan: ir.Plan) -> EngineOverhead:

@@ -154,7 +154,7 @@ def stage_cost_values(profile: ir.ModelProfile, cluster: ir.Cluster, stage: ir.S
                         "check the plan's stages")
     agg = summarise(table, first, end, [FORM_INDEX[f] for f in stage.forms])
     v = variant_cost(agg, agg["in_bytes"], Variant(stage.recompute, stage.zero), microbatches, table.sync_const,
-                     zero_comms(cluster, engine, precision, pipelined))
+                     zero_comms(cluster, engine, precision, pipelined, profile.param_count))
     return _stage_cost(profile, cluster, stage, grid, agg, v, microbatches, optimizer, next_devices, table,
                        next_dp or grid.dp)
 

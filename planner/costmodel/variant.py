@@ -44,7 +44,9 @@ and the scalar cost of one stage come from the same definition).
   reduces, ``G`` the gradients as reduced (``copy_scale`` times the weights' bytes: fp32 gradients
   of 16-bit weights are twice their bytes): after the last backward, when the activations are
   gone, so a stage's peak is ``static + max(activations in flight + workspace, copy)``
-  (``transient``).
+  (``transient``). DeepSpeed's ZeRO-1 holds two fp32 reduction buffers of ``reduce_bucket_size``
+  elements through the step's backward (``zero1_buffer_bytes``, counted with its static bytes; the
+  export bounds that size, planner.runnable.deepspeed_bucket_params); ZeRO 0 then stays a choice beside 1.
 """
 
 from __future__ import annotations
@@ -80,6 +82,9 @@ class ZeroComms:
     """The most bytes one such copy holds."""
     copy_scale: float = 1.0
     """The gradients' bytes as reduced over the weights' bytes at the plan's precision."""
+    zero1_buffer_bytes: float = 0.0
+    """What the engine's ZeRO-1 holds besides the paper's bytes, through the step (DeepSpeed's reduction
+    buffers; module doc)."""
 
 
 PAPER = ZeroComms()
@@ -96,7 +101,7 @@ def variants(recompute: Iterable[str], zero: Iterable[int], dp: int, comms: Zero
     the same memory as 2 and gathers the weights again in every backward (:func:`variant_cost`).
     """
     zs = sorted({z for z in zero if z == 0 or dp > 1}) or [0]
-    if 1 in zs and 0 in zs and comms.gather_share == 0:
+    if 1 in zs and 0 in zs and comms.gather_share == 0 and comms.zero1_buffer_bytes == 0:
         zs.remove(0)
     if 2 in zs and 3 in zs and comms.sync_last_backward:
         zs.remove(3)
@@ -162,4 +167,6 @@ def _static(agg: Mapping[str, Any], zero: int, comms: ZeroComms) -> Any:
     sharded copy of the weights besides (``2 W + (W + S) / d`` = ``W + static2``; module doc)."""
     if zero >= 2 and comms.sync_last_backward:
         return agg["weight"] + agg["static2"]
+    if zero == 1 and comms.zero1_buffer_bytes:
+        return agg["static1"] + np.where(agg["weight"] > 0, comms.zero1_buffer_bytes, 0.0)
     return agg[f"static{zero}"]

@@ -103,7 +103,11 @@ def ds_config(plan: ir.Plan, lr: float | None = None) -> dict[str, Any]:
         "gradient_clipping": 0.0,
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
-        "zero_optimization": {"stage": plan.stages[0].zero},
+        # ZeRO-1 allocates two fp32 buffers of reduce_bucket_size elements (5e8 by default: 3.8 GB a
+        # rank); bounded here, and charged by the cost model (planner.runnable.deepspeed_bucket_params)
+        "zero_optimization": {"stage": plan.stages[0].zero,
+                              **({"reduce_bucket_size": runnable.deepspeed_bucket_params(plan.profile.param_count)}
+                                 if plan.stages[0].zero == 1 else {})},
         # ZeRO wraps the torch optimizers above; DeepSpeed asks to confirm those it did not test
         **({"zero_allow_untested_optimizer": True} if plan.stages[0].zero else {}),
         **precision_config(plan.precision),

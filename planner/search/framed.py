@@ -110,7 +110,8 @@ class Framed:
                        self.bounds, moves, list(self.base.skip), list(self.grids), tables, self.exact_k,
                        self.config, r_cap, a, b, overhead=engine_overhead(self.cluster, self.engine),
                        move_groups=groups, comms=zero_comms(self.cluster, self.engine, self.space.precision,
-                                                            self.exact_k != 1), min_stages=self.min_stages)
+                                                            self.exact_k != 1, self.profile.param_count),
+                       min_stages=self.min_stages)
         build_candidates(prob)
         return prob
 
