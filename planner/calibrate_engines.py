@@ -56,7 +56,8 @@ def shapes(nproc: int, engine: str) -> tuple[Shape, ...]:
     ``nproc`` pipeline stages at M = P, 2P and 4P (torch's 1F1B needs M >= K); on 2 processes
     ((2,), 1, 0), ((2,), 4, 0), ((1, 1), 2, 0), ((1, 1), 4, 0), ((1, 1), 8, 0). An engine that runs
     ZeRO-2 and 3 (torch's FSDP) also trains the data-parallel stage at ZeRO-2, M = 1 and 4, and at
-    ZeRO-3, M = 4: what each unit's gathers and reductions cost beyond their bytes (``per_shard_s``)."""
+    ZeRO-3, M = 4: what each unit's gathers and reductions cost beyond their bytes (``per_shard_s``);
+    one whose ZeRO-1 pays it (DeepSpeed's) trains the stage at ZeRO-1, M = 1 and 4."""
     from planner.runnable import ENGINES
 
     pipe = (1,) * nproc
@@ -65,6 +66,8 @@ def shapes(nproc: int, engine: str) -> tuple[Shape, ...]:
     limits = ENGINES.get(engine)
     if limits is not None and {2, 3} <= set(limits.zero):
         out += (((nproc,), 1, 2), ((nproc,), 4, 2), ((nproc,), 4, 3))
+    if limits is not None and limits.zero1_per_unit:
+        out += (((nproc,), 1, 1), ((nproc,), 4, 1))
     return out
 
 

@@ -91,6 +91,9 @@ class EngineLimits:
     then, and its FSDP alone without one)."""
     grad_copy: GradCopy = GradCopy()
     """The flat copies its ZeRO-0/1 gradient all-reduce makes (:class:`GradCopy`)."""
+    zero1_per_unit: bool = False
+    """Whether its ZeRO-1 pays each layer's unit cost (``per_shard_s``) twice a step: its reduction into
+    partitions and its parameters' all-gather run parameter by parameter (DeepSpeed, stage_1_and_2.py)."""
     zero1_buffers: int = 0
     """How many fp32 buffers of :func:`deepspeed_bucket_params` elements its ZeRO-1 holds through the
     step's backward (DeepSpeed: 2; planner.costmodel.variant)."""
@@ -103,7 +106,8 @@ ENGINES: dict[str, EngineLimits] = {
     # Its ZeRO-0 all-reduce flattens up to 5e8 gradient elements at a time; its ZeRO-1 holds two fp32
     # buffers of reduce_bucket_size elements (stage_1_and_2.py; DEEPSPEED_ZERO1_BUCKET_PARAMS).
     "deepspeed": EngineLimits("deepspeed", True, False, (0, 1), ("none", "full"), False,
-                              grad_copy=GradCopy((0,), cap_params=DEEPSPEED_ALLREDUCE_PARAMS), zero1_buffers=2),
+                              grad_copy=GradCopy((0,), cap_params=DEEPSPEED_ALLREDUCE_PARAMS), zero1_buffers=2,
+                              zero1_per_unit=True),
     # torch.distributed.pipelining on a (pp, dp, tp) DeviceMesh: one mesh, so equal grids per stage;
     # FSDP2 covers ZeRO 2-3 (reshard after forward or not), DTensor the tensor forms; ZeRO-1 is the
     # gradients' all-reduce and ZeroRedundancyOptimizer, which broadcasts every parameter from the

@@ -118,7 +118,7 @@ def plans_for(args: argparse.Namespace) -> list[Any]:
     prof = profile_model(args.model, batch_size=args.batch, threads=1)
     cluster, _ = calibrate(2, 1, profile=prof, engines=[args.engine])
     over = cluster.engine_overhead(args.engine)
-    print(f"calibrated: {args.engine} per FSDP unit's gather or reduction "
+    print(f"calibrated: {args.engine} per unit's collective (FSDP's gathers and reductions, DeepSpeed ZeRO-1's) "
           f"{(over.per_shard_s if over else 0) * 1e3:.3f} ms", file=sys.stderr)
     return [search(prof, cluster, config=(2,), tp=1, zero=z, microbatches=m, engine=args.engine, schedule="1f1b",
                    candidates=0) for m in args.microbatches for z in zeros(args.engine)]

@@ -3,6 +3,8 @@ memory per transformer layer (Table 2), Megatron's per-block tensor-parallel com
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -358,3 +360,15 @@ def test_zero0_stays_a_choice_where_zero1_holds_buffers_of_its_own() -> None:
     assert {v.zero for v in cm.variants(("none",), (0, 1), 4)} == {1}
     static = cm.variant_cost(AGG, 0.1, cm.Variant("none", 1), 4, 0.0, cm.ZeroComms(zero1_buffer_bytes=8.0)).static
     assert float(static) == AGG["static1"] + 8.0
+
+
+@given(st.floats(0.0, 1e-2), st.integers(1, 8))
+def test_deepspeeds_zero1_pays_each_layers_unit_cost_twice_a_step(op_s: float, m: int) -> None:
+    """DeepSpeed's ZeRO-1 reduces into partitions and all-gathers the parameters parameter by parameter:
+    ``unit_op_s`` twice a step per layer with weights, on top of the paper's all-reduce volume."""
+    ds = cm.variant_cost(AGG, 0.1, cm.Variant("none", 1), m, 0.0, cm.ZeroComms(unit_op_s=op_s, zero1_unit_ops=True))
+    assert ds.sync == pytest.approx(2.0 + 2 * 3 * op_s) and ds.time == AGG["time"]
+    assert cm.variant_cost(AGG, 0.1, cm.Variant("none", 1), m, 0.0, cm.ZeroComms(unit_op_s=op_s)).sync == 2.0
+    cluster = dataclasses.replace(_big_cluster(1, 8), engine_overheads=(
+        ("deepspeed", ir.EngineOverhead(per_shard_s=op_s)),))
+    assert cm.zero_comms(cluster, "deepspeed").zero1_unit_ops and cm.zero_comms(cluster, "deepspeed").unit_op_s == op_s

@@ -77,7 +77,7 @@ def zero_comms(cluster: ir.Cluster, engine: str, precision: str = "fp32", pipeli
     sync_last = limits.sync_last_backward or (pipelined and limits.sync_last_backward_pipelined)
     buffers = limits.zero1_buffers * 4.0 * deepspeed_bucket_params(param_count) if limits.zero1_buffers else 0.0
     return ZeroComms(limits.zero1_gather_share, sync_last, own.per_shard_s if own else 0.0,
-                     copy.zero, cap, grad_elem / weight_elem, buffers)
+                     copy.zero, cap, grad_elem / weight_elem, limits.zero1_per_unit, buffers)
 
 
 def plan_overhead(plan: ir.Plan) -> EngineOverhead:

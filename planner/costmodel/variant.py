@@ -47,6 +47,8 @@ and the scalar cost of one stage come from the same definition).
   (``transient``). DeepSpeed's ZeRO-1 holds two fp32 reduction buffers of ``reduce_bucket_size``
   elements through the step's backward (``zero1_buffer_bytes``, counted with its static bytes; the
   export bounds that size, planner.runnable.deepspeed_bucket_params); ZeRO 0 then stays a choice beside 1.
+  Its ZeRO-1 reduces into partitions and all-gathers the parameters parameter by parameter in Python:
+  ``unit_op_s`` twice a step per layer with weights (``zero1_unit_ops``), measured as torch's FSDP is.
 """
 
 from __future__ import annotations
@@ -82,6 +84,8 @@ class ZeroComms:
     """The most bytes one such copy holds."""
     copy_scale: float = 1.0
     """The gradients' bytes as reduced over the weights' bytes at the plan's precision."""
+    zero1_unit_ops: bool = False
+    """Whether ZeRO-1 pays ``unit_op_s`` per layer with weights twice a step (module doc)."""
     zero1_buffer_bytes: float = 0.0
     """What the engine's ZeRO-1 holds besides the paper's bytes, through the step (DeepSpeed's reduction
     buffers; module doc)."""
@@ -142,7 +146,7 @@ def variant_cost(agg: Mapping[str, Any], in_bytes: Any, variant: Variant, microb
         reduces = 1 if comms.sync_last_backward else microbatches
         whole = whole + (reduces - 1) * half + (1 + reduces) * op
     elif variant.zero == 1:
-        whole = whole * (1.0 + comms.gather_share)
+        whole = whole * (1.0 + comms.gather_share) + (2.0 * op if comms.zero1_unit_ops else 0.0)
     if variant.recompute == "full":
         time, act, work = time + fwd - agg["fwd_head"], in_bytes + agg["act_head"], agg["act"] - agg["act_head"]
     elif variant.recompute == "selective":

@@ -180,7 +180,9 @@ class EngineOverhead:
     boundary, activation or gradient (the engine's point-to-point set-up);
     ``per_step_s``: each training step (its optimizer wrapper, loss and step bookkeeping);
     ``per_shard_s``: each all-gather or reduce-scatter of one ZeRO-2/3 (FSDP) unit, a layer with
-    parameters, beyond its bytes over the link (its copies in and out, its hooks, the ranks meeting).
+    parameters, beyond its bytes over the link (its copies in and out, its hooks, the ranks meeting);
+    for DeepSpeed, each layer's share of its ZeRO-1 reduction into partitions and of its parameters'
+    all-gather, which run parameter by parameter in Python.
     How the cost model charges them: :mod:`planner.costmodel.engine` and, for ``per_shard_s``,
     :mod:`planner.costmodel.variant`. A file without a field reads it as 0.
     """
