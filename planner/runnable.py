@@ -83,12 +83,10 @@ class EngineLimits:
     zero1_gather_share: float = 0.0
     """What its ZeRO-1 communicates beyond the gradient all-reduce, as a share of it (0: the
     paper's reduce-scatter + all-gather; planner.costmodel.variant)."""
-    sync_last_backward: bool = False
-    """Whether its schedule reduce-scatters ZeRO-2/3 gradients once a step, after the last backward,
-    and keeps the weights gathered between backwards (planner.costmodel.variant)."""
-    sync_last_backward_pipelined: bool = False
-    """Whether it does so only with a pipeline of two or more stages (torchtitan runs torch's schedules
-    then, and its FSDP alone without one)."""
+    sync_last_backward_stages: int | None = None
+    """From how many pipeline stages its schedule reduce-scatters ZeRO-2/3 gradients once a step, after
+    the last backward, keeping the weights gathered between backwards (planner.costmodel.variant):
+    torch's always (1), torchtitan's with a pipeline (2: without one its FSDP runs alone), never (None)."""
     grad_copy: GradCopy = GradCopy()
     """The flat copies its ZeRO-0/1 gradient all-reduce makes (:class:`GradCopy`)."""
     zero1_per_unit: bool = False
@@ -97,6 +95,16 @@ class EngineLimits:
     zero1_buffers: int = 0
     """How many fp32 buffers of :func:`deepspeed_bucket_params` elements its ZeRO-1 holds through the
     step's backward (DeepSpeed: 2; planner.costmodel.variant)."""
+
+    def syncs_last_backward(self, pipelined: bool) -> bool:
+        """Whether a plan of two or more stages (``pipelined``), or of one, reduces once a step."""
+        first = self.sync_last_backward_stages
+        return first is not None and (pipelined or first <= 1)
+
+    @property
+    def sync_depends_on_stages(self) -> bool:
+        """Whether a plan of one stage runs its ZeRO otherwise than a pipeline's (torchtitan)."""
+        return self.syncs_last_backward(True) != self.syncs_last_backward(False)
 
 
 ENGINES: dict[str, EngineLimits] = {
@@ -117,16 +125,16 @@ ENGINES: dict[str, EngineLimits] = {
     # (torch/distributed/pipelining/stage.py: backward_maybe_with_nosync, perform_reduce_grad).
     "torch": EngineLimits("torch", True, True, (0, 1, 2, 3), ("none", "selective", "full"), True,
                           uniform_zero=False, precisions=("fp32", "bf16"),  # no loss scale in the schedule's loss
-                          zero1_gather_share=0.5, sync_last_backward=True,
+                          zero1_gather_share=0.5, sync_last_backward_stages=1,
                           grad_copy=GradCopy((0, 1), cap_bytes=GRAD_BUCKET_BYTES)),
     # torchtitan: FSDP2 (shard = ZeRO-3, or never reshard = ZeRO-2) or replicate (0), tensor and
     # pipeline degrees, per-job activation checkpointing: none or full (its selective modes are
     # per-op SAC or every n-th layer, not the attention core; planner.export.torchtitan). Without a
     # pipeline its FSDP runs as the paper's ZeRO; with one (K > 1) it runs torch's schedules, which
-    # reduce once a step and keep the weights gathered (sync_last_backward_pipelined). Its
+    # reduce once a step and keep the weights gathered (sync_last_backward_stages). Its
     # replicate's (ZeRO-0) gradient buckets are not modelled.
     "torchtitan": EngineLimits("torchtitan", True, True, (0, 2, 3), ("none", "full"), True,
-                               precisions=("fp32", "bf16"), sync_last_backward_pipelined=True),
+                               precisions=("fp32", "bf16"), sync_last_backward_stages=2),
 }
 
 

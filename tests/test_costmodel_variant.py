@@ -358,6 +358,7 @@ def test_zero0_stays_a_choice_where_zero1_holds_buffers_of_its_own() -> None:
     """DeepSpeed's ZeRO-1 moves the paper's bytes but holds two reduction buffers: it is not always leaner."""
     assert {v.zero for v in cm.variants(("none",), (0, 1), 4, cm.ZeroComms(zero1_buffer_bytes=8.0))} == {0, 1}
     assert {v.zero for v in cm.variants(("none",), (0, 1), 4)} == {1}
+    assert {v.zero for v in cm.variants(("none",), (0, 1), 4, cm.ZeroComms(zero1_unit_ops=True))} == {0, 1}
     static = cm.variant_cost(AGG, 0.1, cm.Variant("none", 1), 4, 0.0, cm.ZeroComms(zero1_buffer_bytes=8.0)).static
     assert float(static) == AGG["static1"] + 8.0
 

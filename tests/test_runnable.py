@@ -105,3 +105,14 @@ def test_shipped_profiles_on_shipped_presets_give_runnable_plans(preset: str, sc
         assert problems(plan) == [] and problems(plan, plan.engine) == []
     ds = search(profile, cluster, schedule="1f1b", engine="deepspeed", candidates=2)
     assert problems(ds, "deepspeed") == []
+
+
+def test_when_each_engine_reduces_fsdp_gradients_once_a_step() -> None:
+    """torch's schedules reduce ZeRO-2/3 gradients once a step; torchtitan runs them only with a pipeline
+    (its FSDP alone without one), so only its plans of one stage run otherwise; DeepSpeed never."""
+    from planner.runnable import ENGINES
+
+    got = {name: (e.syncs_last_backward(True), e.syncs_last_backward(False), e.sync_depends_on_stages)
+           for name, e in ENGINES.items()}
+    assert got == {"torch": (True, True, False), "torchtitan": (True, False, True),
+                   "deepspeed": (False, False, False)}

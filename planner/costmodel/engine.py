@@ -74,9 +74,8 @@ def zero_comms(cluster: ir.Cluster, engine: str, precision: str = "fp32", pipeli
     grad_elem = 2 if precision == "fp16" else 4  # fp32 gradients reduced, but under fp16 (GradCopy)
     weight_elem = 4 if precision == "fp32" else 2
     cap = copy.cap_bytes or copy.cap_params * grad_elem
-    sync_last = limits.sync_last_backward or (pipelined and limits.sync_last_backward_pipelined)
     buffers = limits.zero1_buffers * 4.0 * deepspeed_bucket_params(param_count) if limits.zero1_buffers else 0.0
-    return ZeroComms(limits.zero1_gather_share, sync_last, own.per_shard_s if own else 0.0,
+    return ZeroComms(limits.zero1_gather_share, limits.syncs_last_backward(pipelined), own.per_shard_s if own else 0.0,
                      copy.zero, cap, grad_elem / weight_elem, limits.zero1_per_unit, buffers)
 
 

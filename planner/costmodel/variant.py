@@ -90,6 +90,18 @@ class ZeroComms:
     """What the engine's ZeRO-1 holds besides the paper's bytes, through the step (DeepSpeed's reduction
     buffers; module doc)."""
 
+    @property
+    def zero1_beats_zero0(self) -> bool:
+        """Whether ZeRO-1 is never slower nor fuller than ZeRO-0: it moves the paper's bytes and pays and
+        holds nothing more (ZeRO section 7.2.1)."""
+        return self.gather_share == 0 and not self.zero1_unit_ops and self.zero1_buffer_bytes == 0
+
+    @property
+    def zero2_beats_zero3(self) -> bool:
+        """Whether ZeRO-2 is never slower nor fuller than ZeRO-3: where the engine reduces once a step,
+        3 holds 2's memory and gathers the weights again in every backward (:func:`variant_cost`)."""
+        return self.sync_last_backward
+
 
 PAPER = ZeroComms()
 """The ZeRO paper's volumes, nothing more (an engine-less plan, DeepSpeed)."""
@@ -98,16 +110,14 @@ PAPER = ZeroComms()
 def variants(recompute: Iterable[str], zero: Iterable[int], dp: int, comms: ZeroComms = PAPER) -> list[Variant]:
     """Every (recompute, zero) pair allowed; ZeRO > 0 only with a data-parallel group of 2 or more.
 
-    ZeRO 0 is left out when 1 is allowed and the engine's ZeRO-1 moves the paper's bytes: stage 1
-    then moves the same bytes and keeps less (it can only be as fast and is leaner; section 7.2.1
-    of the ZeRO paper). Where ZeRO-1 moves more (torch's), ZeRO 0 stays a choice. ZeRO 3 is left
-    out when 2 is allowed and the engine reduces once a step (``sync_last_backward``): it then holds
-    the same memory as 2 and gathers the weights again in every backward (:func:`variant_cost`).
+    A stage the engine's next one beats (:attr:`ZeroComms.zero1_beats_zero0`,
+    :attr:`ZeroComms.zero2_beats_zero3`) is left out when both are allowed; where ZeRO-1 moves, pays
+    or holds more (torch's, DeepSpeed's), ZeRO 0 stays a choice.
     """
     zs = sorted({z for z in zero if z == 0 or dp > 1}) or [0]
-    if 1 in zs and 0 in zs and comms.gather_share == 0 and comms.zero1_buffer_bytes == 0:
+    if 1 in zs and 0 in zs and comms.zero1_beats_zero0:
         zs.remove(0)
-    if 2 in zs and 3 in zs and comms.sync_last_backward:
+    if 2 in zs and 3 in zs and comms.zero2_beats_zero3:
         zs.remove(3)
     return [Variant(r, z) for r, z in itertools.product(recompute, zs)]
 

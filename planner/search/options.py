@@ -224,12 +224,12 @@ def problems(profile: ir.ModelProfile, cluster: ir.Cluster, m: int, req: Request
 def _uniform_problems(profile: ir.ModelProfile, cluster: ir.Cluster, req: Request, limits: EngineLimits, width: int,
                       space: Space, common: dict[str, object]) -> list[Framed]:
     """The problem of one grid; for an engine whose ZeRO runs otherwise without a pipeline
-    (``sync_last_backward_pipelined``), two: its plans of two stages or more, and of one."""
+    (``EngineLimits.sync_depends_on_stages``), two: its plans of two stages or more, and of one."""
     framed = frame_problem(profile, cluster, config=req.config, mode="contiguous", widths=[width], space=space,
                            **common)  # type: ignore[arg-type]
     if not framed.has_moves:
         return []
-    if not limits.sync_last_backward_pipelined or limits.sync_last_backward or req.config is not None:
+    if not limits.sync_depends_on_stages or req.config is not None:
         return [framed]
     return [framed.with_stages(least=2), framed.with_stages(exact=1)]
 
