@@ -172,6 +172,10 @@ class Index:
     gpu_of: dict[str, ir.GPU]
     node_start: tuple[int, ...]
     """Flat index of each server's first GPU (cluster order), plus the total at the end."""
+    position: dict[str, int]
+    """Each device's place in cluster order."""
+    node_at: tuple[int, ...]
+    """The server of each device, in cluster order."""
 
     def __hash__(self) -> int:
         return hash(self.names)
@@ -191,7 +195,8 @@ def index(cluster: ir.Cluster) -> Index:
             node_of[gpu.name] = n
             gpu_of[gpu.name] = gpu
     starts.append(len(names))
-    return Index(tuple(names), node_of, gpu_of, tuple(starts))
+    return Index(tuple(names), node_of, gpu_of, tuple(starts), {d: i for i, d in enumerate(names)},
+                 tuple(node_of[d] for d in names))
 
 
 @dataclass(frozen=True)
@@ -248,22 +253,19 @@ def group_of(cluster: ir.Cluster, devices: Sequence[str], number_format: str = "
 
 
 @functools.lru_cache(maxsize=64)
-def _columns(cluster: ir.Cluster, number_format: str) -> tuple[dict[str, int], list[float], list[int], list[int]]:
-    """Per device in cluster order: its position by name, its peak in ``number_format``, its memory and its
-    server (for :func:`_run_group`)."""
-    idx = index(cluster)
-    gpus = [idx.gpu_of[d] for d in idx.names]
-    return ({d: i for i, d in enumerate(idx.names)}, [g.flops_for(number_format) for g in gpus],
-            [g.memory_bytes for g in gpus], [idx.node_of[d] for d in idx.names])
+def _peaks(cluster: ir.Cluster, number_format: str) -> tuple[list[float], list[int]]:
+    """Per device in cluster order: its peak in ``number_format`` and its memory (for :func:`_run_group`)."""
+    gpus = cluster.gpus
+    return [g.flops_for(number_format) for g in gpus], [g.memory_bytes for g in gpus]
 
 
 def _run_group(cluster: ir.Cluster, start: int, n: int, number_format: str) -> Group:
     """:func:`group_of` of the ``n`` consecutive devices from position ``start`` in cluster order, from
     slices (the search asks for every run of every width: 1024 GPUs, 136 widths)."""
     idx = index(cluster)
-    _, flops, memory, node_at = _columns(cluster, number_format)
+    flops, memory = _peaks(cluster, number_format)
     end, starts = start + n, idx.node_start
-    first, last = node_at[start], node_at[end - 1]
+    first, last = idx.node_at[start], idx.node_at[end - 1]
     per_node = n if first == last else min([starts[first + 1] - start, end - starts[last]]
                                            + [starts[k + 1] - starts[k] for k in range(first + 1, last)])
     intra, inter = cluster.link("intra_node"), cluster.link("inter_node")
@@ -274,7 +276,7 @@ def _run_group(cluster: ir.Cluster, start: int, n: int, number_format: str) -> G
 @functools.lru_cache(maxsize=4096)
 def _group_of(cluster: ir.Cluster, devices: tuple[str, ...], number_format: str) -> Group:
     idx = index(cluster)
-    start = _columns(cluster, number_format)[0].get(devices[0]) if devices else None
+    start = idx.position.get(devices[0]) if devices else None
     if start is not None and idx.names[start:start + len(devices)] == devices:
         return _run_group(cluster, start, len(devices), number_format)
     unknown = [d for d in devices if d not in idx.gpu_of]

@@ -37,7 +37,8 @@ GRID_CASES = [  # servers of 8 A100, engine, target seconds
     (16, "torch", 10.0),  # one grid for every stage: one problem per width, tensor degree and M
     (128, "torch", 10.0),
     (128, "deepspeed", 10.0),
-    (128, "torchtitan", 10.0),  # and per ZeRO stage
+    (16, "torchtitan", 10.0),  # and per ZeRO stage, and its plans of one stage apart (their FSDP runs alone)
+    (128, "torchtitan", 10.0),
 ]
 
 CASES = [  # layers, servers, gpus per server, target seconds

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from planner import ir
-from planner.cluster import group_of
+from planner.cluster import group_of, index
 from planner.costmodel import plan_memory, stage_costs
 from planner.judge import Judged, judge
 from planner.search import baselines as bl
@@ -112,8 +112,7 @@ def splits(profile: ir.ModelProfile, k: int) -> list[list[int]]:
 
 def _groups_in_space(prob: Problem, groups: Sequence[tuple[str, ...]]) -> bool:
     """Whether each group is a stage the search may form where it starts (planner.search.sp)."""
-    names = [g.name for g in prob.cluster.gpus]
-    at = {d: i for i, d in enumerate(names)}
+    at = index(prob.cluster).position
     return all(any(mv.devices == grp for mv in prob.moves[at[grp[0]]]) for grp in groups)
 
 

@@ -218,8 +218,7 @@ class BaseMoves:
 def base_moves(cluster: ir.Cluster, mode: str, widths: tuple[int, ...] | None, number_format: str) -> BaseMoves:
     """The moves from every free-device position, the distinct groups, and the skip targets (cached)."""
     idx = index(cluster)
-    names, starts = idx.names, idx.node_start
-    node_at = [idx.node_of[dev] for dev in names]
+    names, starts, node_at = idx.names, idx.node_start, idx.node_at
     allowed = None if widths is None else set(widths)
     rows: list[tuple[tuple[int, tuple[str, ...], int, int], ...]] = []
     group_key: dict[Group, int] = {}

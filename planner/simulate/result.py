@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planner import ir
+from planner.runnable import GRAD_BUCKET_BYTES
 from planner.schedule import find_kind
 from planner.simulate.events import Event
 from planner.simulate.trace import chrome_trace
@@ -21,7 +22,7 @@ class SimOptions:
     """Knobs of the simulation (defaults match the analytic cost model)."""
 
     overlap_allreduce: bool = False
-    bucket_bytes: float = 25 * 2**20
+    bucket_bytes: float = GRAD_BUCKET_BYTES  # the torch export's, as DDP's
     duplex: bool = True
     share_links: bool = True
     pipedream_blocks: int | None = None  # measured steady-state iterations (default 2)
