@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from planner import ir
 from planner.cluster import cluster_from_dict, group_of
 from planner.costmodel import FORM_INDEX, Grid, layer_table, summarise
-from planner.search.hpp import hpp, memory_weight, stage_tables
+from planner.search.hpp import hpp, memory_weight, stage_tables, stage_tables_many
 from tests.conftest import make_cluster_dict, make_profile_dict
 
 
@@ -22,8 +22,8 @@ def _objective(table, first, end, forms, m, lean=False) -> float:
 
 
 @st.composite
-def tables(draw):
-    n = draw(st.integers(1, 6))
+def tables(draw, n=None, m=None):
+    n = draw(st.integers(1, 6)) if n is None else n
     d = make_profile_dict(n, batch_size=8)
     for layer in d["layers"]:
         layer["forward_s"] = draw(st.floats(1e-5, 0.05))
@@ -40,7 +40,7 @@ def tables(draw):
     c["links"]["inter_node"]["bandwidth_Bps"] = draw(st.sampled_from([1e8, 1e10]))
     cluster = cluster_from_dict(c)
     devices = draw(st.sampled_from([["n0.g0"], ["n0.g0", "n0.g1"], [g.name for g in cluster.gpus]]))
-    m = draw(st.sampled_from([1, 4]))
+    m = draw(st.sampled_from([1, 4])) if m is None else m
     group = group_of(cluster, devices)
     tp = draw(st.sampled_from([t for t in (1, 2, len(devices)) if len(devices) % t == 0]))
     grid = Grid(group, tp, draw(st.sampled_from(["fp32", "bf16"])), draw(st.booleans()))
@@ -78,6 +78,21 @@ def test_stage_tables_agree_with_hpp(arg, lean) -> None:
             for key, values in t.agg.items():
                 assert values[first, end] == pytest.approx(s[key], rel=1e-9, abs=1e-12), key
     assert np.isinf(t.time[1, 0]) or n == 0
+
+
+@given(st.integers(1, 6), st.sampled_from([1, 4]), st.data())
+def test_tables_swept_together_equal_each_alone(n, m, data) -> None:
+    """One sweep over several tables of one layer count (the search's way) gives each table's own, over
+    any boundaries, fastest or leanest per table."""
+    same = [t for t, _, _ in data.draw(st.lists(tables(n, m), min_size=2, max_size=3))]
+    cuts = data.draw(st.sets(st.integers(1, n - 1), max_size=n - 1)) if n > 1 else set()
+    bounds = [0, *sorted(cuts), n]
+    lean = [data.draw(st.booleans()) for _ in same]
+    together = stage_tables_many(same, bounds, m, lean)
+    for table, flag, got in zip(same, lean, together, strict=True):
+        alone = stage_tables(table, bounds, m, flag)
+        for key in alone.agg:
+            np.testing.assert_array_equal(got.agg[key], alone.agg[key], err_msg=key)
 
 
 def test_big_fc_layer_splits_on_slow_link() -> None:

@@ -148,64 +148,94 @@ def _chain_sweep(tables: Sequence[LayerTable], b: np.ndarray, m: int, mem_w: Seq
     """``res[g, key, a, j]``: the aggregates of stage [b[a], b[j]) of table g under its best forms (time
     inf where none).
 
-    One pass over the layers carries, per table, start ``a`` begun so far and form of the last
-    layer, the cheapest chain's cost (``cost[g, a, form]``) and its aggregates (``agg[g, :, a, form]``).
+    One pass over the layers carries, per start ``a`` begun so far, table and form of the last layer,
+    the cheapest chain's cost (``cost[a, g, form]``) and its aggregates (``agg[a, g, :, form]``). The
+    start comes first so that the starts begun are one contiguous block, whose forms are picked by flat
+    indices made once (the arrays are small: numpy's per-call set-up would dominate).
     """
     nb, n_t = len(b) - 1, len(tables)
     lcs = np.stack([_layer_costs(t, m, w) for t, w in zip(tables, mem_w, strict=True)])  # (g, layer, form)
     rows = np.stack([t.agg_rows for t in tables])  # (g, key, layer, form)
     enter = np.stack([t.enter for t in tables])  # (g, layer)
     leave = np.stack([t.leave for t in tables])
-    cost = np.full((n_t, nb, NF), np.inf)
-    agg = np.zeros((n_t, len(KEYS), nb, NF))
+    cost = np.full((nb, n_t, NF), np.inf)
+    agg = np.zeros((nb, n_t, len(KEYS), NF))
     res = np.zeros((n_t, len(KEYS), nb + 1, nb + 1))
     res[:, 0] = np.inf
+    pick = _Pick(n_t, nb)
     start_of = {int(x): a for a, x in enumerate(b[:nb])}
     end_of = {int(x): j for j, x in enumerate(b) if j > 0}
     active = 0  # starts [0, active) have begun
     for layer in range(int(b[-1])):
         ent = enter[:, layer]
         if active:
-            _extend_chains(cost[:, :active], agg[:, :, :active], m, ent, lcs[:, layer], rows[:, :, layer])
+            _extend_chains(cost[:active], agg[:active], m, ent, lcs[:, layer], rows[:, :, layer], pick)
         if layer in start_of:
             a = start_of[layer]
-            cost[:, a] = m * ent[:, None] * _SPLIT + lcs[:, layer]
-            agg[:, :, a] = rows[:, :, layer]
-            agg[:, 0, a] += ent[:, None] * _SPLIT
-            agg[:, 1, a] += ent[:, None] * _SPLIT
+            cost[a] = m * ent[:, None] * _SPLIT + lcs[:, layer]
+            agg[a] = rows[:, :, layer]
+            agg[a, :, 0] += ent[:, None] * _SPLIT
+            agg[a, :, 1] += ent[:, None] * _SPLIT
             active = a + 1
         if layer + 1 in end_of:
             j = end_of[layer + 1]
-            _close_stages(res[:, :, :j, j], cost[:, :j], agg[:, :, :j], m, leave[:, layer, None] * _SPLIT)
+            closed = _close_stages(cost[:j], agg[:j], m, leave[:, layer, None] * _SPLIT, pick)  # (start, g, key)
+            res[:, :, :j, j] = closed.transpose(1, 2, 0)
     return res
 
 
+class _Pick:
+    """Flat indices that pick one form per (start, g[, key][, to]) from the contiguous leading block of
+    starts of arrays (start, g, key, form) and (start, g, form): what ``np.take_along_axis`` does,
+    without its per-call set-up."""
+
+    def __init__(self, n_t: int, nb: int) -> None:
+        k = len(KEYS)
+        self.to = (np.arange(nb * n_t * k) * NF).reshape(nb, n_t, k, 1)
+        self.one = (np.arange(nb * n_t * k) * NF).reshape(nb, n_t, k)
+        self.cost = (np.arange(nb * n_t) * NF).reshape(nb, n_t)
+
+    def agg_to(self, agg: np.ndarray, arg: np.ndarray) -> np.ndarray:
+        """``out[a, g, key, to] = agg[a, g, key, arg[a, g, to]]``."""
+        return agg.ravel()[self.to[:len(agg)] + arg[:, :, None, :]]
+
+    def agg_one(self, agg: np.ndarray, arg: np.ndarray) -> np.ndarray:
+        """``out[a, g, key] = agg[a, g, key, arg[a, g]]``."""
+        return agg.ravel()[self.one[:len(agg)] + arg[:, :, None]]
+
+    def cost_one(self, cost: np.ndarray, arg: np.ndarray) -> np.ndarray:
+        """``out[a, g] = cost[a, g, arg[a, g]]``."""
+        return cost.ravel()[self.cost[:len(cost)] + arg]
+
+
+_COLS = np.arange(NF)
+
+
 def _extend_chains(cost: np.ndarray, agg: np.ndarray, m: int, enter: np.ndarray, lc: np.ndarray,
-                   add: np.ndarray) -> None:
+                   add: np.ndarray, pick: _Pick) -> None:
     """Add one layer to every begun chain of every table (in place): best previous form per form,
-    re-layout if it changes. ``cost`` (g, start, form), ``agg`` (g, key, start, form), ``enter`` (g,),
+    re-layout if it changes. ``cost`` (start, g, form), ``agg`` (start, g, key, form), ``enter`` (g,),
     ``lc`` (g, form), ``add`` (g, key, form)."""
-    trans = cost[:, :, :, None] + (m * enter)[:, None, None, None] * _CHANGE  # [g, start, from, to]
-    arg = np.argmin(trans, axis=2)  # [g, start, to]
-    new_cost = np.take_along_axis(trans, arg[:, :, None, :], axis=2)[:, :, 0, :] + lc[:, None, :]
-    cols = np.arange(NF)
-    ef = _ENTER_FWD[arg, cols] * enter[:, None, None]
-    eb = _ENTER_BWD[arg, cols] * enter[:, None, None]
-    agg[:] = np.take_along_axis(agg, arg[:, None], axis=3) + add[:, :, None, :]
-    agg[:, 0] += ef + eb
-    agg[:, 1] += ef
-    cost[:] = new_cost
+    trans = cost[:, :, :, None] + (m * enter)[None, :, None, None] * _CHANGE  # [start, g, from, to]
+    arg = np.argmin(trans, axis=2)  # [start, g, to]
+    cost[:] = trans.min(axis=2) + lc[None]
+    ef = _ENTER_FWD[arg, _COLS] * enter[None, :, None]
+    eb = _ENTER_BWD[arg, _COLS] * enter[None, :, None]
+    agg[:] = pick.agg_to(agg, arg) + add[None]
+    agg[:, :, 0] += ef + eb
+    agg[:, :, 1] += ef
 
 
-def _close_stages(res: np.ndarray, cost: np.ndarray, agg: np.ndarray, m: int, leave: np.ndarray) -> None:
-    """Write ``res[g, :, a]`` (in place) for every stage ending here: the best last form with its re-layout
-    out. ``res`` (g, key, start), ``cost`` (g, start, form), ``agg`` (g, key, start, form), ``leave`` (g, form)."""
-    last = cost + m * leave[:, None, :]
-    arg1 = np.argmin(last, axis=2)  # (g, start)
-    ok = np.isfinite(np.take_along_axis(last, arg1[:, :, None], axis=2)[:, :, 0])
-    res[:] = np.take_along_axis(agg, arg1[:, None, :, None], axis=3)[..., 0]
-    res[:, 0] += np.take_along_axis(leave, arg1, axis=1)
-    res[:, 0] = np.where(ok, res[:, 0], np.inf)
+def _close_stages(cost: np.ndarray, agg: np.ndarray, m: int, leave: np.ndarray, pick: _Pick) -> np.ndarray:
+    """``out[a, g, key]``: every stage from start ``a`` ending here, with the best last form and its
+    re-layout out (time inf where no form is open). ``cost`` (start, g, form), ``agg`` (start, g, key,
+    form), ``leave`` (g, form)."""
+    last = cost + m * leave[None]
+    arg1 = np.argmin(last, axis=2)  # (start, g)
+    ok = np.isfinite(pick.cost_one(last, arg1))
+    out = pick.agg_one(agg, arg1)
+    out[:, :, 0] = np.where(ok, out[:, :, 0] + leave[np.arange(len(leave))[None, :], arg1], np.inf)
+    return out
 
 
 def _dp_only(table: LayerTable, b: np.ndarray) -> dict[str, np.ndarray]:
