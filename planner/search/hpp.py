@@ -197,15 +197,18 @@ class _Pick:
 
     def agg_to(self, agg: np.ndarray, arg: np.ndarray) -> np.ndarray:
         """``out[a, g, key, to] = agg[a, g, key, arg[a, g, to]]``."""
-        return agg.ravel()[self.to[:len(agg)] + arg[:, :, None, :]]
+        out: np.ndarray = agg.ravel()[self.to[:len(agg)] + arg[:, :, None, :]]
+        return out
 
     def agg_one(self, agg: np.ndarray, arg: np.ndarray) -> np.ndarray:
         """``out[a, g, key] = agg[a, g, key, arg[a, g]]``."""
-        return agg.ravel()[self.one[:len(agg)] + arg[:, :, None]]
+        out: np.ndarray = agg.ravel()[self.one[:len(agg)] + arg[:, :, None]]
+        return out
 
     def cost_one(self, cost: np.ndarray, arg: np.ndarray) -> np.ndarray:
         """``out[a, g] = cost[a, g, arg[a, g]]``."""
-        return cost.ravel()[self.cost[:len(cost)] + arg]
+        out: np.ndarray = cost.ravel()[self.cost[:len(cost)] + arg]
+        return out
 
 
 _COLS = np.arange(NF)
