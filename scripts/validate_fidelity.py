@@ -48,7 +48,10 @@ CPU time unchanged).
 Quality: on a VGG-like model (compute in the convolutions, parameters in the classifier),
 DeepSpeed, 2 stages, M=4: the planner's plan measured against DeepSpeed's default
 ``partition_method='parameters'`` split and against every 2-stage split measured (target:
-faster than ``parameters``, within 10% of the best).
+faster than ``parameters``, within 10% of the best). Every split is measured once, then the
+planner's split, the best of them and ``parameters`` again, head to head over twice the rounds: the
+least of a dozen noisy times is biased low (the same split measured 19% apart in two rounds), and the
+targets are judged on the head-to-head rounds.
 
 Published: the second table, large-scale runs as their papers report them, written as plans
 and predicted (scripts/bench_published.py: Megatron-LM SC'21 Table 1, BLOOM-176B; layers timed by the
@@ -260,18 +263,26 @@ def quality(args: argparse.Namespace, cl: dict[int, Any]) -> None:
 
     plans = [ours, *(split_plan(c) for c in splits)]
     times = [t.measured_s for t in timed(plans, "vgg", "deepspeed", args.steps, args.repeats)[0]]
-    mine, every = times[0], dict(zip(splits, times[1:], strict=True))
-    best_cut = min(every, key=lambda c: every[c])
-    theirs = every[parts[1]]
+    every = dict(zip(splits, times[1:], strict=True))
+    cut, best_cut = ours.stages[1].layers[0], min(every, key=lambda c: every[c])
     print(f"\nquality (VGG-like, DeepSpeed, 2 stages, M=4, median of {args.repeats} rounds; load "
           f"{os.getloadavg()[0]:.1f}): every split (first layer of stage 1: s/it) "
-          + ", ".join(f"{c}: {t:.4f}" for c, t in every.items()))
-    print(f"  planner split at {ours.stages[1].layers[0]}: {mine:.4f} s/it (predicted "
+          + ", ".join(f"{c}: {t:.4f}" for c, t in every.items()) + f"; the planner's plan {times[0]:.4f}")
+    # The sweep's least time is the least of many noisy ones (the same plan measured up to 19% apart in
+    # two rounds): the planner's split, the sweep's best and 'parameters' are timed again head to head,
+    # each round running all three in turn, and compared on those rounds alone.
+    final = sorted({cut, best_cut, parts[1]})
+    rivals = [ours if c == cut else split_plan(c) for c in final]
+    again = timed(rivals, "vgg", "deepspeed", args.steps, 2 * args.repeats)[0]
+    head = {c: t.measured_s for c, t in zip(final, again, strict=True)}
+    mine, theirs = head[cut], head[parts[1]]
+    best_cut = min(head, key=lambda c: head[c])
+    print(f"  head to head, median of {2 * args.repeats} rounds: planner split at {cut}: {mine:.4f} s/it (predicted "
           f"{ours.predicted.iteration_s:.4f}); DeepSpeed 'parameters' split at {parts[1]}: {theirs:.4f} s/it; "
-          f"best split at {best_cut}: {every[best_cut]:.4f} s/it")
-    faster, near = mine < theirs, mine <= 1.1 * every[best_cut]
+          f"best split at {best_cut}: {head[best_cut]:.4f} s/it")
+    faster, near = mine < theirs, mine <= 1.1 * head[best_cut]
     print(f"  planner {theirs / mine:.2f}x 'parameters' (target > 1: {'PASS' if faster else 'FAIL'}), "
-          f"{mine / every[best_cut]:.3f} of the best (target <= 1.10: {'PASS' if near else 'FAIL'})")
+          f"{mine / head[best_cut]:.3f} of the best (target <= 1.10: {'PASS' if near else 'FAIL'})")
 
 
 def print_published() -> None:
