@@ -59,11 +59,17 @@ class GradCopy:
     gradients themselves are still held: a transient on top of the static memory after the last
     backward (planner.costmodel.variant). The gradients reduced are fp32 (the torch export keeps
     fp32 parameters under autocast; DeepSpeed's bf16 optimizer reduces its fp32 gradients), fp16
-    ones under fp16. No copy: the empty default."""
+    ones under fp16. No copy: the empty default.
+
+    ``held``: the buffers cover every gradient and live as long as the model, allocated once (PyTorch
+    DDP's buckets with its default ``gradient_as_bucket_view=False``, which torchtitan's ``replicate``
+    keeps: torch/nn/parallel/distributed.py; DDP's documentation puts the memory that setting saves at
+    "the total gradients size"): static memory, not a transient, and no cap."""
 
     zero: tuple[int, ...] = ()
     cap_bytes: float = 0.0
     cap_params: float = 0.0
+    held: bool = False
 
 
 @dataclass(frozen=True)
@@ -131,10 +137,13 @@ ENGINES: dict[str, EngineLimits] = {
     # pipeline degrees, per-job activation checkpointing: none or full (its selective modes are
     # per-op SAC or every n-th layer, not the attention core; planner.export.torchtitan). Without a
     # pipeline its FSDP runs as the paper's ZeRO; with one (K > 1) it runs torch's schedules, which
-    # reduce once a step and keep the weights gathered (sync_last_backward_stages). Its
-    # replicate's (ZeRO-0) gradient buckets are not modelled.
+    # reduce once a step and keep the weights gathered (sync_last_backward_stages). Its ZeRO-0 is
+    # replicate (DDP, bucket_cap_mb=100, torchtitan's apply_ddp), whose buckets hold a second copy of
+    # every gradient for the model's life (GradCopy.held); under bf16 it trains fp32 parameters in
+    # autocast, so those gradients are fp32.
     "torchtitan": EngineLimits("torchtitan", True, True, (0, 2, 3), ("none", "full"), True,
-                               precisions=("fp32", "bf16"), sync_last_backward_stages=2),
+                               precisions=("fp32", "bf16"), sync_last_backward_stages=2,
+                               grad_copy=GradCopy((0,), held=True)),
 }
 
 

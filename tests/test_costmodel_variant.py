@@ -321,7 +321,8 @@ def test_the_gradient_all_reduces_flat_copy_is_the_gradients_up_to_the_cap(
     ("torch", "fp32", 2, 10**6, 0),  # FSDP: no flat copy
     ("deepspeed", "fp32", 0, 10**8, 4 * 10**8),  # up to 5e8 elements at once
     ("deepspeed", "bf16", 0, 10**8, 4 * 10**8),  # its bf16 optimizer reduces fp32 gradients
-    ("deepspeed", "fp32", 1, 10**8, 0),  # its ZeRO-1 buffer: not modelled
+    ("deepspeed", "fp32", 1, 10**8, 0),  # its ZeRO-1 buffers: static bytes (below)
+    ("torchtitan", "bf16", 0, 10**8, 0),  # DDP's buckets live with the model: static bytes (below)
     ("any", "fp32", 0, 10**8, 0),
 ])
 def test_a_data_parallel_stage_holds_its_engines_flat_gradient_copy(engine: str, precision: str, zero: int,
@@ -373,3 +374,28 @@ def test_deepspeeds_zero1_pays_each_layers_unit_cost_twice_a_step(op_s: float, m
     cluster = dataclasses.replace(_big_cluster(1, 8), engine_overheads=(
         ("deepspeed", ir.EngineOverhead(per_shard_s=op_s)),))
     assert cm.zero_comms(cluster, "deepspeed").zero1_unit_ops and cm.zero_comms(cluster, "deepspeed").unit_op_s == op_s
+
+
+@pytest.mark.parametrize(("precision", "grad_bytes"), [("fp32", 4), ("bf16", 4)])
+def test_torchtitans_replicate_holds_every_gradient_twice(precision: str, grad_bytes: int) -> None:
+    """torchtitan's ZeRO-0 is DDP, whose buckets (``gradient_as_bucket_view=False``) hold a copy of every
+    gradient for the model's life: static bytes, not a transient; fp32 gradients under bf16 (autocast
+    over fp32 parameters). None on one rank, and FSDP has none."""
+    params = 10**7
+    cluster = _big_cluster(1, 8)
+    names = tuple(g.name for g in cluster.gpus)
+
+    def cost(engine: str, zero: int, devices: tuple[str, ...] = names) -> ir.StageCost:
+        stage = ir.Stage((0, 1), devices, ("dp",), 0, zero=zero)
+        return cm.stage_cost_values(_one_layer(params), cluster, stage, 2, "adam", None, precision, engine=engine)
+
+    titan, torch = cost("torchtitan", 0), cost("torch", 0)
+    assert titan.static_bytes - torch.static_bytes == pytest.approx(grad_bytes * params, rel=1e-6)
+    assert titan.grad_copy_bytes == 0
+    assert cost("torchtitan", 0, names[:1]).static_bytes == cost("torch", 0, names[:1]).static_bytes
+    assert cost("torchtitan", 2).static_bytes == cost("torch", 2).static_bytes  # FSDP in a pipeline: as torch
+    held = cm.zero_comms(cluster, "torchtitan", precision)
+    assert held.copy_held and held.copy_zero == (0,)
+    agg = {**AGG, "weight": 3.0, "sync": 2.0}
+    got = cm.variant_cost(agg, 0.1, cm.Variant("none", 0), 4, 0.0, held)
+    assert float(got.static) == pytest.approx(AGG["static0"] + 3.0 * held.copy_scale) and float(got.transient) == 0

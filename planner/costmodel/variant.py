@@ -44,7 +44,9 @@ and the scalar cost of one stage come from the same definition).
   reduces, ``G`` the gradients as reduced (``copy_scale`` times the weights' bytes: fp32 gradients
   of 16-bit weights are twice their bytes): after the last backward, when the activations are
   gone, so a stage's peak is ``static + max(activations in flight + workspace, copy)``
-  (``transient``). DeepSpeed's ZeRO-1 holds two fp32 reduction buffers of ``reduce_bucket_size``
+  (``transient``). An engine whose buckets cover every gradient and live with the model
+  (``copy_held``: DDP's, with its default ``gradient_as_bucket_view=False``; torchtitan's ZeRO-0)
+  holds ``G`` more static bytes instead. DeepSpeed's ZeRO-1 holds two fp32 reduction buffers of ``reduce_bucket_size``
   elements through the step's backward (``zero1_buffer_bytes``, counted with its static bytes; the
   export bounds that size, planner.runnable.deepspeed_bucket_params); ZeRO 0 then stays a choice beside 1.
   Its ZeRO-1 reduces into partitions and all-gathers the parameters parameter by parameter in Python:
@@ -89,6 +91,9 @@ class ZeroComms:
     zero1_buffer_bytes: float = 0.0
     """What the engine's ZeRO-1 holds besides the paper's bytes, through the step (DeepSpeed's reduction
     buffers; module doc)."""
+    copy_held: bool = False
+    """Whether the flat copy lives with the model (DDP's buckets: static bytes) rather than while the
+    gradients are reduced (a transient; module doc)."""
 
     @property
     def zero1_beats_zero0(self) -> bool:
@@ -169,7 +174,7 @@ def variant_cost(agg: Mapping[str, Any], in_bytes: Any, variant: Variant, microb
 
 def _copy(agg: Mapping[str, Any], zero: int, comms: ZeroComms) -> Any:
     """The gradient all-reduce's flat copy, ``min(G, cap)``, where the stage synchronises (module doc)."""
-    if zero not in comms.copy_zero or comms.copy_cap_bytes <= 0:
+    if zero not in comms.copy_zero or comms.copy_cap_bytes <= 0 or comms.copy_held:
         return 0.0
     return np.where(agg["sync"] > 0, np.minimum(agg["weight"] * comms.copy_scale, comms.copy_cap_bytes), 0.0)
 
@@ -183,4 +188,6 @@ def _static(agg: Mapping[str, Any], zero: int, comms: ZeroComms) -> Any:
         return agg["weight"] + agg["static2"]
     if zero == 1 and comms.zero1_buffer_bytes:
         return agg["static1"] + np.where(agg["weight"] > 0, comms.zero1_buffer_bytes, 0.0)
+    if zero in comms.copy_zero and comms.copy_held:  # DDP's buckets: every gradient once more
+        return agg[f"static{zero}"] + np.where(agg["sync"] > 0, agg["weight"] * comms.copy_scale, 0.0)
     return agg[f"static{zero}"]
