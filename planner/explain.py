@@ -11,6 +11,9 @@ and its simulation (:func:`planner.simulate.simulate`) this module computes, per
   side by side on a full-duplex link): they overlap compute and bound the stage only when they
   exceed it (:func:`planner.costmodel.stage_terms`);
 * ``allreduce_s`` and ``optimizer_s``: the gradient all-reduce and optimizer step once per iteration;
+  ``allreduce_s`` also holds ZeRO-3's collectives in each micro-batch's forward and backward
+  (``zero_gather_s``, M x :attr:`planner.ir.StageCost.zero_gather_s`, as played), which the stage
+  waits for like compute but which are data-parallel communication, as ``planner run`` measures them;
 * ``engine_s``: what the plan's engine adds (:mod:`planner.costmodel.engine`: per action and
   micro-batch sent, played like compute, and ``engine_step_s`` once per step after the optimizer
   step), left out of ``compute_s`` and ``optimizer_s``; 0 for a plan without an engine;
@@ -59,12 +62,15 @@ class StageExplanation:
     headroom_bytes: int
     engine_s: float = 0.0
     engine_step_s: float = 0.0
+    zero_gather_s: float = 0.0
 
     @property
     def work_s(self) -> float:
-        """The stage's steady-state work: transfers hide behind compute unless they exceed it."""
-        busy_s = self.compute_s + self.engine_s - self.engine_step_s
-        return max(busy_s, self.transfer_s) + self.allreduce_s + self.optimizer_s + self.engine_step_s
+        """The stage's steady-state work: transfers hide behind compute and ZeRO-3's gathers unless they
+        exceed them."""
+        busy_s = self.compute_s + self.zero_gather_s + self.engine_s - self.engine_step_s
+        once_s = self.allreduce_s - self.zero_gather_s
+        return max(busy_s, self.transfer_s) + once_s + self.optimizer_s + self.engine_step_s
 
     def terms(self) -> dict[str, float]:
         """The parts of this stage's iteration by name, largest first (transfers overlap compute)."""
@@ -79,7 +85,7 @@ class StageExplanation:
     def to_dict(self) -> dict[str, Any]:
         return {"stage": self.stage, "devices": list(self.devices), "compute_s": self.compute_s,
                 "transfer_s": self.transfer_s, "allreduce_s": self.allreduce_s, "optimizer_s": self.optimizer_s,
-                "engine_s": self.engine_s, "engine_step_s": self.engine_step_s,
+                "engine_s": self.engine_s, "engine_step_s": self.engine_step_s, "zero_gather_s": self.zero_gather_s,
                 "idle_s": self.idle_s, "peak_memory_bytes": self.peak_memory_bytes,
                 "capacity_bytes": self.capacity_bytes, "headroom_bytes": self.headroom_bytes}
 
@@ -159,6 +165,7 @@ def _stage(lane: int, chunks: Sequence[int], costs: _Costs, microbatches: int,
     engine_mb = per_mb - sum(bare[c].forward_s + bare[c].backward_s for c in chunks)
     played_s = max((d.compute_s for d in devices), default=microbatches * per_mb)  # shared cores: as played
     engine_actions_s = played_s * engine_mb / per_mb if per_mb > 0 else 0.0
+    gather_s = played_s * sum(bare[c].zero_gather_s for c in chunks) / per_mb if per_mb > 0 else 0.0
     optimizer_s = sum(bare[c].optimizer_step_s for c in chunks)
     engine_step_s = sum(charged[c].optimizer_step_s for c in chunks) - optimizer_s
     activations_in = sum(bare[c - 1].send_s for c in chunks if c > 0)
@@ -169,11 +176,11 @@ def _stage(lane: int, chunks: Sequence[int], costs: _Costs, microbatches: int,
     caps = [d.capacity_bytes for d in devices if d.capacity_bytes > 0]
     headroom = min((d.capacity_bytes - d.peak_memory_bytes for d in devices if d.capacity_bytes > 0), default=0)
     return StageExplanation(
-        stage=lane, devices=tuple(d.device for d in devices), compute_s=played_s - engine_actions_s,
-        transfer_s=microbatches * recv, allreduce_s=sum(bare[c].allreduce_s for c in chunks),
+        stage=lane, devices=tuple(d.device for d in devices), compute_s=played_s - engine_actions_s - gather_s,
+        transfer_s=microbatches * recv, allreduce_s=sum(bare[c].allreduce_s for c in chunks) + gather_s,
         optimizer_s=optimizer_s, idle_s=max(0.0, iteration_s - busy_s), peak_memory_bytes=peak,
         capacity_bytes=min(caps, default=0), headroom_bytes=headroom, engine_s=engine_actions_s + engine_step_s,
-        engine_step_s=engine_step_s)
+        engine_step_s=engine_step_s, zero_gather_s=gather_s)
 
 
 def stage_explanations(plan: ir.Plan, result: SimResult) -> tuple[StageExplanation, ...]:

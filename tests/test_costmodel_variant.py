@@ -113,6 +113,7 @@ def test_fsdp_under_a_schedule_that_reduces_after_the_last_backward(m: int, op_s
     assert (two.sync, two.time, two.fwd) == pytest.approx((2.0 + 2 * 3 * op_s, 10.0, 4.0))
     three = cm.variant_cost(AGG, 0.1, cm.Variant("none", 3), m, 0.0, torch)
     assert three.time == pytest.approx(10.0 + 1.0 + 3 * op_s) and three.fwd == 4.0
+    assert three.gather == pytest.approx(three.time - 10.0) and float(two.gather) == 0.0  # the backward's gather
     assert three.sync == pytest.approx(2 * (1.0 + 3 * op_s))
     # the step's whole traffic: M backward gathers, one forward gather, one reduce-scatter
     assert m * (three.time - 10.0) + three.sync == pytest.approx((m + 2) * (1.0 + 3 * op_s))
@@ -144,6 +145,9 @@ def test_fsdp_per_micro_batch_as_the_paper_with_each_units_collective_cost(m: in
     three = cm.variant_cost(AGG, 0.1, cm.Variant("none", 3), m, 0.0, paper)
     assert (three.time, three.fwd) == pytest.approx((10.0 + 2 * (1.0 + 3 * op_s), 4.0 + 1.0 + 3 * op_s))
     assert three.sync == pytest.approx(m * (1.0 + 3 * op_s))
+    assert three.gather == pytest.approx(2 * (1.0 + 3 * op_s))  # the forward's and the backward's gathers
+    redone = cm.variant_cost(AGG, 0.1, cm.Variant("full", 3), m, 0.0, paper)
+    assert redone.gather == pytest.approx(3 * (1.0 + 3 * op_s))  # and the forward redone gathers again
     none = cm.variant_cost(AGG, 0.1, cm.Variant("none", 0), m, 0.0, paper)
     assert none.sync == 2.0  # ZeRO-0's all-reduce has no FSDP units
 

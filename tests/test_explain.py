@@ -141,3 +141,30 @@ def test_a_plan_over_capacity_shows_negative_headroom(vgg_search) -> None:
         for n in plan.cluster.nodes))
     e = explain(dataclasses.replace(plan, cluster=tiny))
     assert all(s.headroom_bytes < 0 for s in e.stages)
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_zero3s_gathers_are_data_parallel_communication_not_compute(recompute: str) -> None:
+    """ZeRO-3's all-gathers in each micro-batch's forward and backward are reported with the all-reduce
+    (``planner run`` measures them there), taken out of compute; the stage's work is unchanged."""
+    d = make_profile_dict(4, batch_size=8)
+    for layer in d["layers"]:
+        layer.update(param_count=10**6, param_bytes=4 * 10**6)
+    profile = ir.ModelProfile.from_dict(d)
+    cluster = ir.Cluster.from_dict(make_cluster_dict(1, 4))
+    devices = tuple(g.name for g in cluster.gpus)
+    plan = search(profile, cluster, microbatches=2)
+    stage = ir.Stage((0, 4), devices, ("dp",) * 4, 0, recompute=recompute, zero=3)
+    plan = dataclasses.replace(plan, stages=(stage,))
+    (c,), (st,) = stage_costs(plan), explain(plan).stages
+    m = plan.microbatches
+    assert c.zero_gather_s > 0
+    assert st.zero_gather_s == pytest.approx(m * c.zero_gather_s)
+    assert st.allreduce_s == pytest.approx(c.allreduce_s + m * c.zero_gather_s)
+    assert st.compute_s == pytest.approx(m * (c.forward_s + c.backward_s - c.zero_gather_s))
+    assert st.work_s == pytest.approx(m * (c.forward_s + c.backward_s) + c.allreduce_s + c.optimizer_step_s)
+    z0 = stage_costs(dataclasses.replace(plan, stages=(dataclasses.replace(stage, zero=0),)))[0]
+    assert c.forward_s + c.backward_s - c.zero_gather_s == pytest.approx(z0.forward_s + z0.backward_s)
+    plain = stage_costs(dataclasses.replace(plan, stages=(dataclasses.replace(stage, recompute="none"),)))[0]
+    gathers = 3 if recompute == "full" else 2  # forward and backward, and the forward redone
+    assert c.zero_gather_s == pytest.approx(plain.zero_gather_s * gathers / 2)

@@ -185,7 +185,7 @@ def _stage_cost(profile: ir.ModelProfile, cluster: ir.Cluster, stage: ir.Stage, 
         weight_bytes=math.ceil(agg["weight"]), activation_bytes=math.ceil(float(v.act)),
         workspace_bytes=math.ceil(float(v.workspace)), capacity_bytes=grid.group.memory_bytes,
         optimizer_step_s=optimizer_step_s(agg["weight"] / (grid.dp if stage.zero else 1), state, nbytes, bandwidth),
-        grad_copy_bytes=math.ceil(float(v.transient)))
+        grad_copy_bytes=math.ceil(float(v.transient)), zero_gather_s=float(v.gather))
 
 
 def _weight_part(table: LayerTable, stage: ir.Stage) -> float:

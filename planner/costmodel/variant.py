@@ -131,8 +131,9 @@ def variants(recompute: Iterable[str], zero: Iterable[int], dp: int, comms: Zero
 class VariantCost:
     """A stage under a variant, per micro-batch and device (arrays or floats): forward+backward,
     its forward part, gradient synchronisation per iteration, static memory, activations kept
-    per micro-batch in flight, workspace during a backward, and the gradient all-reduce's flat copy
-    after the last backward (module doc)."""
+    per micro-batch in flight, workspace during a backward, the gradient all-reduce's flat copy
+    after the last backward (module doc), and ``gather``: the part of ``time`` that is ZeRO-3's
+    collectives in each micro-batch's forward and backward (recomputation's forward gathers again)."""
 
     time: Any
     fwd: Any
@@ -141,6 +142,7 @@ class VariantCost:
     act: Any
     workspace: Any
     transient: Any = 0.0
+    gather: Any = 0.0
 
 
 def variant_cost(agg: Mapping[str, Any], in_bytes: Any, variant: Variant, microbatches: int,
@@ -151,12 +153,13 @@ def variant_cost(agg: Mapping[str, Any], in_bytes: Any, variant: Variant, microb
     whole = sync + np.where(sync > 0, sync_const, 0.0)
     half = whole / 2.0
     op = agg["units"] * comms.unit_op_s  # one collective of every unit of the stage
-    time, fwd = agg["time"], agg["fwd"]
+    time, fwd, gather = agg["time"], agg["fwd"], 0.0 * sync
     if variant.zero == 3:
         if comms.sync_last_backward:  # gathered in each backward; the first forward's and the reduce per step
-            time, whole = time + half + op, 2.0 * (half + op)
+            time, whole, gather = time + half + op, 2.0 * (half + op), half + op
         else:  # gathered in each forward and backward, reduced in each backward
             time, fwd, whole = time + 2.0 * (half + op), fwd + half + op, microbatches * (half + op)
+            gather = 2.0 * (half + op)
     elif variant.zero == 2:
         reduces = 1 if comms.sync_last_backward else microbatches
         whole = whole + (reduces - 1) * half + (1 + reduces) * op
@@ -164,12 +167,13 @@ def variant_cost(agg: Mapping[str, Any], in_bytes: Any, variant: Variant, microb
         whole = whole * (1.0 + comms.gather_share) + (2.0 * op if comms.zero1_unit_ops else 0.0)
     if variant.recompute == "full":
         time, act, work = time + fwd - agg["fwd_head"], in_bytes + agg["act_head"], agg["act"] - agg["act_head"]
+        gather = gather + (fwd - agg["fwd"])  # the forward redone gathers its weights again
     elif variant.recompute == "selective":
         time, act, work = time + agg["core"], agg["act_sel"], 0.0 * in_bytes
     else:
         act, work = agg["act"], 0.0 * in_bytes
     return VariantCost(time, fwd, whole, _static(agg, variant.zero, comms), act, work,
-                       _copy(agg, variant.zero, comms))
+                       _copy(agg, variant.zero, comms), gather)
 
 
 def _copy(agg: Mapping[str, Any], zero: int, comms: ZeroComms) -> Any:

@@ -24,7 +24,10 @@ class StageCost:
     optimizer step of the stage's parameters, run once per iteration after its all-reduce
     (0 when the devices' memory bandwidth is unknown). ``grad_copy_bytes`` is held while the
     gradients are all-reduced after the last backward, when the activations are gone: the
-    engine's flat copy of them (planner.costmodel.variant).
+    engine's flat copy of them (planner.costmodel.variant). ``zero_gather_s`` is the part of
+    ``forward_s + backward_s`` that is ZeRO-3's collectives (its weights' all-gathers in forward and
+    backward, and the reduce-scatter in backward where it runs per micro-batch): data-parallel
+    communication that blocks the stage, reported with the all-reduce (planner.explain).
     """
 
     devices: tuple[str, ...]
@@ -43,6 +46,7 @@ class StageCost:
     capacity_bytes: int
     optimizer_step_s: float = 0.0
     grad_copy_bytes: int = 0
+    zero_gather_s: float = 0.0
 
     @property
     def send_s(self) -> float:
