@@ -177,11 +177,12 @@ def _moves(base: BaseMoves, keys_of: Sequence[Sequence[tuple[int, int]]]
 
 
 def _stage_tables(lts: Sequence[LayerTable], bounds: np.ndarray, microbatches: int) -> list[list[StageTables]]:
-    """Per grid: the fastest HPP stage tables, and the leanest where they differ (one sweep for all grids)."""
-    fast = stage_tables_many(lts, bounds, microbatches, [False] * len(lts))
+    """Per grid: the fastest HPP stage tables, and the leanest where they differ (one sweep for all grids,
+    fastest and leanest together)."""
     open_ = [i for i, lt in enumerate(lts) if not only_dp(lt)]
-    lean = dict(zip(open_, stage_tables_many([lts[i] for i in open_], bounds, microbatches, [True] * len(open_)),
-                    strict=True))
+    both = stage_tables_many([*lts, *(lts[i] for i in open_)], bounds, microbatches,
+                             [False] * len(lts) + [True] * len(open_))
+    fast, lean = both[:len(lts)], dict(zip(open_, both[len(lts):], strict=True))
     out = []
     for i, f in enumerate(fast):
         ln = lean.get(i)
