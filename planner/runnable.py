@@ -101,6 +101,11 @@ class EngineLimits:
     zero1_buffers: int = 0
     """How many fp32 buffers of :func:`deepspeed_bucket_params` elements its ZeRO-1 holds through the
     step's backward (DeepSpeed: 2; planner.costmodel.variant)."""
+    zero1_partition_copies: bool = False
+    """Whether its ZeRO-1 keeps an fp32 copy of its partition of the weights even when they are fp32,
+    and flattens its partition's gradients into a new fp32 tensor for the optimizer step (DeepSpeed,
+    stage_1_and_2.py: ``single_partition_of_fp32_groups``, ``single_grad_partition``;
+    planner.costmodel.variant)."""
 
     def syncs_last_backward(self, pipelined: bool) -> bool:
         """Whether a plan of two or more stages (``pipelined``), or of one, reduces once a step."""
@@ -121,7 +126,7 @@ ENGINES: dict[str, EngineLimits] = {
     # buffers of reduce_bucket_size elements (stage_1_and_2.py; DEEPSPEED_ZERO1_BUCKET_PARAMS).
     "deepspeed": EngineLimits("deepspeed", True, False, (0, 1), ("none", "full"), False,
                               grad_copy=GradCopy((0,), cap_params=DEEPSPEED_ALLREDUCE_PARAMS), zero1_buffers=2,
-                              zero1_per_unit=True),
+                              zero1_per_unit=True, zero1_partition_copies=True),
     # torch.distributed.pipelining on a (pp, dp, tp) DeviceMesh: one mesh, so equal grids per stage;
     # FSDP2 covers ZeRO 2-3 (reshard after forward or not), DTensor the tensor forms; ZeRO-1 is the
     # gradients' all-reduce and ZeroRedundancyOptimizer, which broadcasts every parameter from the

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from planner import costmodel as cm
 from planner import ir
 from planner.cluster import cluster_from_dict, group_of
+from planner.runnable import deepspeed_bucket_params
 from tests.conftest import make_cluster_dict, make_profile_dict
 
 PSI = 7_500_000_000  # the ZeRO paper's 7.5B-parameter example
@@ -325,7 +326,8 @@ def test_the_gradient_all_reduces_flat_copy_is_the_gradients_up_to_the_cap(
     ("torch", "fp32", 2, 10**6, 0),  # FSDP: no flat copy
     ("deepspeed", "fp32", 0, 10**8, 4 * 10**8),  # up to 5e8 elements at once
     ("deepspeed", "bf16", 0, 10**8, 4 * 10**8),  # its bf16 optimizer reduces fp32 gradients
-    ("deepspeed", "fp32", 1, 10**8, 0),  # its ZeRO-1 buffers: static bytes (below)
+    ("deepspeed", "fp32", 1, 10**8, 4 * 10**8 // 8),  # its ZeRO-1's fp32 gradient partition in the step
+    ("deepspeed", "bf16", 1, 10**8, 4 * 10**8 // 8),  # fp32 whatever the weights
     ("torchtitan", "bf16", 0, 10**8, 0),  # DDP's buckets live with the model: static bytes (below)
     ("any", "fp32", 0, 10**8, 0),
 ])
@@ -403,3 +405,21 @@ def test_torchtitans_replicate_holds_every_gradient_twice(precision: str, grad_b
     agg = {**AGG, "weight": 3.0, "sync": 2.0}
     got = cm.variant_cost(agg, 0.1, cm.Variant("none", 0), 4, 0.0, held)
     assert float(got.static) == pytest.approx(AGG["static0"] + 3.0 * held.copy_scale) and float(got.transient) == 0
+
+
+@pytest.mark.parametrize(("precision", "master"), [("fp32", 1), ("bf16", 0)])
+def test_deepspeeds_zero1_keeps_an_fp32_master_partition_of_fp32_weights(precision: str, master: int) -> None:
+    """DeepSpeed's ZeRO-1 clones its partition of the weights into fp32 even when they are fp32 (the
+    paper's mixed-precision state already holds that copy under bf16): ``W / d`` more static bytes,
+    besides its two reduction buffers."""
+    params, d = 10**8, 8
+    cluster = _big_cluster(1, d)
+    stage = ir.Stage((0, 1), tuple(g.name for g in cluster.gpus), ("dp",), 0, zero=1)
+
+    def static(engine: str) -> int:
+        return cm.stage_cost_values(_one_layer(params), cluster, stage, 2, "adam", None, precision,
+                                    engine=engine).static_bytes
+
+    buffers = 2 * 4 * deepspeed_bucket_params(params)
+    weight_bytes = 4 if precision == "fp32" else 2
+    assert static("deepspeed") - static("any") == pytest.approx(buffers + master * weight_bytes * params / d, rel=1e-6)

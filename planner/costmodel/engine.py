@@ -76,8 +76,10 @@ def zero_comms(cluster: ir.Cluster, engine: str, precision: str = "fp32", pipeli
     weight_elem = 4 if precision == "fp32" else 2
     cap = math.inf if copy.held else copy.cap_bytes or copy.cap_params * grad_elem
     buffers = limits.zero1_buffers * 4.0 * deepspeed_bucket_params(param_count) if limits.zero1_buffers else 0.0
+    copies = limits.zero1_partition_copies
     return ZeroComms(limits.zero1_gather_share, limits.syncs_last_backward(pipelined), own.per_shard_s if own else 0.0,
-                     copy.zero, cap, grad_elem / weight_elem, limits.zero1_per_unit, buffers, copy.held)
+                     copy.zero, cap, grad_elem / weight_elem, limits.zero1_per_unit, buffers, copy.held,
+                     float(copies and precision == "fp32"), 4.0 / weight_elem if copies else 0.0)
 
 
 def plan_overhead(plan: ir.Plan) -> EngineOverhead:

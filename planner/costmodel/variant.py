@@ -51,6 +51,11 @@ and the scalar cost of one stage come from the same definition).
   export bounds that size, planner.runnable.deepspeed_bucket_params); ZeRO 0 then stays a choice beside 1.
   Its ZeRO-1 reduces into partitions and all-gathers the parameters parameter by parameter in Python:
   ``unit_op_s`` twice a step per layer with weights (``zero1_unit_ops``), measured as torch's FSDP is.
+  It also keeps an fp32 master copy of its partition ``W / d`` when the weights are fp32 (the paper's
+  mixed-precision state holds one already; ``zero1_master_share``), and flattens the partition's
+  gradients into a new fp32 tensor for the optimizer step, after the last backward
+  (``zero1_grad_share``, in the transient; stage_1_and_2.py: ``single_partition_of_fp32_groups``,
+  ``single_grad_partition``).
 """
 
 from __future__ import annotations
@@ -94,6 +99,12 @@ class ZeroComms:
     copy_held: bool = False
     """Whether the flat copy lives with the model (DDP's buckets: static bytes) rather than while the
     gradients are reduced (a transient; module doc)."""
+    zero1_master_share: float = 0.0
+    """ZeRO-1's static bytes beyond the paper's, in shares of the weights' partition ``W / d``: an fp32
+    master copy of fp32 weights (DeepSpeed's; module doc)."""
+    zero1_grad_share: float = 0.0
+    """ZeRO-1's transient through the optimizer step, in shares of ``W / d``: its partition's gradients
+    flattened into fp32 (DeepSpeed's; module doc)."""
 
     @property
     def zero1_beats_zero0(self) -> bool:
@@ -176,8 +187,17 @@ def variant_cost(agg: Mapping[str, Any], in_bytes: Any, variant: Variant, microb
                        _copy(agg, variant.zero, comms), gather)
 
 
+def _partition(agg: Mapping[str, Any]) -> Any:
+    """``W / d``, the weights' partition per device: ZeRO-1 and 2 differ by the gradients, ``W - W / d``
+    at the weights' precision (planner.costmodel.layers)."""
+    return agg["weight"] - (agg["static1"] - agg["static2"])
+
+
 def _copy(agg: Mapping[str, Any], zero: int, comms: ZeroComms) -> Any:
-    """The gradient all-reduce's flat copy, ``min(G, cap)``, where the stage synchronises (module doc)."""
+    """The gradient all-reduce's flat copy, ``min(G, cap)``, where the stage synchronises, or ZeRO-1's
+    fp32 gradient partition through the step (module doc)."""
+    if zero == 1 and comms.zero1_grad_share:
+        return np.where(agg["sync"] > 0, comms.zero1_grad_share * _partition(agg), 0.0)
     if zero not in comms.copy_zero or comms.copy_cap_bytes <= 0 or comms.copy_held:
         return 0.0
     return np.where(agg["sync"] > 0, np.minimum(agg["weight"] * comms.copy_scale, comms.copy_cap_bytes), 0.0)
@@ -190,8 +210,9 @@ def _static(agg: Mapping[str, Any], zero: int, comms: ZeroComms) -> Any:
     sharded copy of the weights besides (``2 W + (W + S) / d`` = ``W + static2``; module doc)."""
     if zero >= 2 and comms.sync_last_backward:
         return agg["weight"] + agg["static2"]
-    if zero == 1 and comms.zero1_buffer_bytes:
-        return agg["static1"] + np.where(agg["weight"] > 0, comms.zero1_buffer_bytes, 0.0)
+    if zero == 1 and (comms.zero1_buffer_bytes or comms.zero1_master_share):
+        return (agg["static1"] + np.where(agg["weight"] > 0, comms.zero1_buffer_bytes, 0.0)
+                + comms.zero1_master_share * _partition(agg))
     if zero in comms.copy_zero and comms.copy_held:  # DDP's buckets: every gradient once more
         return agg[f"static{zero}"] + np.where(agg["sync"] > 0, agg["weight"] * comms.copy_scale, 0.0)
     return agg[f"static{zero}"]
