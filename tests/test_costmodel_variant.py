@@ -423,3 +423,17 @@ def test_deepspeeds_zero1_keeps_an_fp32_master_partition_of_fp32_weights(precisi
     buffers = 2 * 4 * deepspeed_bucket_params(params)
     weight_bytes = 4 if precision == "fp32" else 2
     assert static("deepspeed") - static("any") == pytest.approx(buffers + master * weight_bytes * params / d, rel=1e-6)
+
+
+@given(st.floats(0.0, 1e9), st.floats(0.0, 1e9), st.floats(0.0, 2.0), st.floats(0.0, 4.0), st.booleans())
+def test_what_an_engine_holds_adds_up_and_its_transients_overlap(buffers: float, cap: float, master: float,
+                                                                 grad: float, held: bool) -> None:
+    """An engine's extra memory under ZeRO-1 is the sum of what it holds for good (DDP's bucket copy,
+    reduction buffers, an fp32 master partition) and, after the last backward, the larger of its
+    transients (the all-reduce's flat copy, the fp32 gradient partition): none hides another."""
+    agg = {**AGG, "weight": 8.0, "static1": 6.0, "static2": 3.0}  # W = 8, partition W / d = 8 - (6 - 3) = 5
+    comms = cm.ZeroComms(copy_zero=(1,), copy_cap_bytes=cap, copy_scale=1.5, copy_held=held,
+                         zero1_buffer_bytes=buffers, zero1_master_share=master, zero1_grad_share=grad)
+    got = cm.variant_cost(agg, 0.1, cm.Variant("none", 1), 4, 0.0, comms)
+    assert float(got.static) == pytest.approx(6.0 + (12.0 if held else 0.0) + buffers + 5.0 * master)
+    assert float(got.transient) == pytest.approx(max(0.0 if held else min(12.0, cap), 5.0 * grad))

@@ -35,7 +35,6 @@ sent, like ``per_microbatch_s`` (:func:`engine_overhead`), at the largest of the
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -74,12 +73,13 @@ def zero_comms(cluster: ir.Cluster, engine: str, precision: str = "fp32", pipeli
     copy = limits.grad_copy
     grad_elem = 2 if precision == "fp16" else 4  # fp32 gradients reduced, but under fp16 (GradCopy)
     weight_elem = 4 if precision == "fp32" else 2
-    cap = math.inf if copy.held else copy.cap_bytes or copy.cap_params * grad_elem
+    cap = copy.cap_bytes or copy.cap_params * grad_elem
     buffers = limits.zero1_buffers * 4.0 * deepspeed_bucket_params(param_count) if limits.zero1_buffers else 0.0
-    copies = limits.zero1_partition_copies
+    copies = limits.zero1_partition_copies  # an fp32 master partition (beyond the paper's only for fp32 weights)
+    master = 1.0 if copies and precision == "fp32" else 0.0  # and an fp32 gradient partition in the step
     return ZeroComms(limits.zero1_gather_share, limits.syncs_last_backward(pipelined), own.per_shard_s if own else 0.0,
                      copy.zero, cap, grad_elem / weight_elem, limits.zero1_per_unit, buffers, copy.held,
-                     float(copies and precision == "fp32"), 4.0 / weight_elem if copies else 0.0)
+                     master, 4.0 / weight_elem if copies else 0.0)
 
 
 def plan_overhead(plan: ir.Plan) -> EngineOverhead:

@@ -107,10 +107,15 @@ class ZeroComms:
     flattened into fp32 (DeepSpeed's; module doc)."""
 
     @property
+    def zero1_holds_more(self) -> bool:
+        """Whether the engine's ZeRO-1 holds memory beyond the paper's (buffers or partition copies)."""
+        return bool(self.zero1_buffer_bytes or self.zero1_master_share or self.zero1_grad_share)
+
+    @property
     def zero1_beats_zero0(self) -> bool:
         """Whether ZeRO-1 is never slower nor fuller than ZeRO-0: it moves the paper's bytes and pays and
         holds nothing more (ZeRO section 7.2.1)."""
-        return self.gather_share == 0 and not self.zero1_unit_ops and self.zero1_buffer_bytes == 0
+        return self.gather_share == 0 and not self.zero1_unit_ops and not self.zero1_holds_more
 
     @property
     def zero2_beats_zero3(self) -> bool:
@@ -194,25 +199,37 @@ def _partition(agg: Mapping[str, Any]) -> Any:
 
 
 def _copy(agg: Mapping[str, Any], zero: int, comms: ZeroComms) -> Any:
-    """The gradient all-reduce's flat copy, ``min(G, cap)``, where the stage synchronises, or ZeRO-1's
-    fp32 gradient partition through the step (module doc)."""
-    if zero == 1 and comms.zero1_grad_share:
-        return np.where(agg["sync"] > 0, comms.zero1_grad_share * _partition(agg), 0.0)
-    if zero not in comms.copy_zero or comms.copy_cap_bytes <= 0 or comms.copy_held:
+    """What the stage holds for a while after its last backward, where it synchronises: the larger of the
+    gradient all-reduce's flat copy, ``min(G, cap)`` (unless held for good: :func:`_held`), and ZeRO-1's
+    fp32 gradient partition for the optimizer step (module doc)."""
+    bucket = zero in comms.copy_zero and not comms.copy_held
+    partition = zero == 1 and comms.zero1_grad_share > 0
+    if not (bucket or partition):
         return 0.0
-    return np.where(agg["sync"] > 0, np.minimum(agg["weight"] * comms.copy_scale, comms.copy_cap_bytes), 0.0)
+    copy = np.minimum(agg["weight"] * comms.copy_scale, comms.copy_cap_bytes) if bucket else 0.0
+    part = comms.zero1_grad_share * _partition(agg) if partition else 0.0
+    return np.where(agg["sync"] > 0, np.maximum(copy, part), 0.0)
+
+
+def _held(agg: Mapping[str, Any], zero: int, comms: ZeroComms) -> Any:
+    """What the engine holds with the model beyond the paper's bytes under ZeRO stage ``zero`` (module
+    doc): DDP's buckets, a copy of every gradient where the stage synchronises; ZeRO-1's reduction
+    buffers and fp32 master partition."""
+    held: Any = 0.0
+    if zero in comms.copy_zero and comms.copy_held:
+        held = held + np.where(agg["sync"] > 0, agg["weight"] * comms.copy_scale, 0.0)
+    if zero == 1 and comms.zero1_holds_more:
+        held = held + np.where(agg["weight"] > 0, comms.zero1_buffer_bytes, 0.0) \
+            + comms.zero1_master_share * _partition(agg)
+    return held
 
 
 def _static(agg: Mapping[str, Any], zero: int, comms: ZeroComms) -> Any:
     """Weights, gradients and optimizer state per device under ZeRO stage ``zero``: the table's
     ``static<z>``, but for an engine that keeps FSDP's weights gathered and its gradients unreduced
     through the step (``sync_last_backward``), whose ZeRO-2 and 3 hold ZeRO-1's memory and the
-    sharded copy of the weights besides (``2 W + (W + S) / d`` = ``W + static2``; module doc)."""
+    sharded copy of the weights besides (``2 W + (W + S) / d`` = ``W + static2``; module doc); plus what
+    the engine holds besides (:func:`_held`)."""
     if zero >= 2 and comms.sync_last_backward:
-        return agg["weight"] + agg["static2"]
-    if zero == 1 and (comms.zero1_buffer_bytes or comms.zero1_master_share):
-        return (agg["static1"] + np.where(agg["weight"] > 0, comms.zero1_buffer_bytes, 0.0)
-                + comms.zero1_master_share * _partition(agg))
-    if zero in comms.copy_zero and comms.copy_held:  # DDP's buckets: every gradient once more
-        return agg[f"static{zero}"] + np.where(agg["sync"] > 0, agg["weight"] * comms.copy_scale, 0.0)
-    return agg[f"static{zero}"]
+        return agg["weight"] + agg["static2"] + _held(agg, zero, comms)
+    return agg[f"static{zero}"] + _held(agg, zero, comms)
