@@ -185,29 +185,16 @@ def _chain_sweep(tables: Sequence[LayerTable], b: np.ndarray, m: int, mem_w: Seq
 
 
 class _Pick:
-    """Flat indices that pick one form per (start, g[, key][, to]) from the contiguous leading block of
-    starts of arrays (start, g, key, form) and (start, g, form): what ``np.take_along_axis`` does,
-    without its per-call set-up."""
+    """Picks one form per (start, table, key) from the contiguous leading block of starts of an array
+    (start, table, key, form) by flat indices made once: what ``np.take_along_axis`` does, without its
+    per-call set-up."""
 
     def __init__(self, n_t: int, nb: int) -> None:
-        k = len(KEYS)
-        self.to = (np.arange(nb * n_t * k) * NF).reshape(nb, n_t, k, 1)
-        self.one = (np.arange(nb * n_t * k) * NF).reshape(nb, n_t, k)
-        self.cost = (np.arange(nb * n_t) * NF).reshape(nb, n_t)
+        self.rows = (np.arange(nb * n_t * len(KEYS)) * NF).reshape(nb, n_t, len(KEYS), 1)
 
-    def agg_to(self, agg: np.ndarray, arg: np.ndarray) -> np.ndarray:
-        """``out[a, g, key, to] = agg[a, g, key, arg[a, g, to]]``."""
-        out: np.ndarray = agg.ravel()[self.to[:len(agg)] + arg[:, :, None, :]]
-        return out
-
-    def agg_one(self, agg: np.ndarray, arg: np.ndarray) -> np.ndarray:
-        """``out[a, g, key] = agg[a, g, key, arg[a, g]]``."""
-        out: np.ndarray = agg.ravel()[self.one[:len(agg)] + arg[:, :, None]]
-        return out
-
-    def cost_one(self, cost: np.ndarray, arg: np.ndarray) -> np.ndarray:
-        """``out[a, g] = cost[a, g, arg[a, g]]``."""
-        out: np.ndarray = cost.ravel()[self.cost[:len(cost)] + arg]
+    def __call__(self, agg: np.ndarray, arg: np.ndarray) -> np.ndarray:
+        """``out[a, g, key, i] = agg[a, g, key, arg[a, g, i]]``."""
+        out: np.ndarray = agg.ravel()[self.rows[:len(agg)] + arg[:, :, None, :]]
         return out
 
 
@@ -224,7 +211,7 @@ def _extend_chains(cost: np.ndarray, agg: np.ndarray, m: int, enter: np.ndarray,
     cost[:] = trans.min(axis=2) + lc[None]
     ef = _ENTER_FWD[arg, _COLS] * enter[None, :, None]
     eb = _ENTER_BWD[arg, _COLS] * enter[None, :, None]
-    agg[:] = pick.agg_to(agg, arg) + add[None]
+    agg[:] = pick(agg, arg) + add[None]
     agg[:, :, 0] += ef + eb
     agg[:, :, 1] += ef
 
@@ -235,8 +222,8 @@ def _close_stages(cost: np.ndarray, agg: np.ndarray, m: int, leave: np.ndarray, 
     form), ``leave`` (g, form)."""
     last = cost + m * leave[None]
     arg1 = np.argmin(last, axis=2)  # (start, g)
-    ok = np.isfinite(pick.cost_one(last, arg1))
-    out = pick.agg_one(agg, arg1)
+    ok = np.isfinite(last.min(axis=2))
+    out = pick(agg, arg1[:, :, None])[..., 0]
     out[:, :, 0] = np.where(ok, out[:, :, 0] + leave[np.arange(len(leave))[None, :], arg1], np.inf)
     return out
 
