@@ -164,8 +164,9 @@ def _stage(lane: int, chunks: Sequence[int], costs: _Costs, microbatches: int,
     per_mb = sum(charged[c].forward_s + charged[c].backward_s for c in chunks)
     engine_mb = per_mb - sum(bare[c].forward_s + bare[c].backward_s for c in chunks)
     played_s = max((d.compute_s for d in devices), default=microbatches * per_mb)  # shared cores: as played
-    engine_actions_s = played_s * engine_mb / per_mb if per_mb > 0 else 0.0
-    gather_s = played_s * sum(bare[c].zero_gather_s for c in chunks) / per_mb if per_mb > 0 else 0.0
+    as_played = played_s / per_mb if per_mb > 0 else 0.0  # a per-micro-batch part's seconds as played
+    engine_actions_s = as_played * engine_mb
+    gather_s = as_played * sum(bare[c].zero_gather_s for c in chunks)
     optimizer_s = sum(bare[c].optimizer_step_s for c in chunks)
     engine_step_s = sum(charged[c].optimizer_step_s for c in chunks) - optimizer_s
     activations_in = sum(bare[c - 1].send_s for c in chunks if c > 0)
