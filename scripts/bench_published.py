@@ -15,8 +15,20 @@ Two sources, each run as written in its paper or log:
   links per server: 6.25 GB/s per GPU), bf16, ZeRO 1, activation checkpointing; "about 150
   TFLOPs" per GPU.
 
-Both report model FLOPs with recomputation, 96 B s l h^2 (1 + s/6h + V/16lh) per iteration
-(SC'21 section 5.1; Megatron-DeepSpeed logs the same formula), over time and GPUs.
+- Megatron-LM with sequence parallelism and selective recomputation (Korthikanti et al.,
+  "Reducing Activation Recomputation in Large Transformer Models", MLSys 2023, arXiv
+  2205.05198, Tables 3 and 5): GPT models of 22B, 175B, 530B and 1T parameters on 8, 64, 280
+  and 512 A100 80GB GPUs, t=8 and p=1, 8, 35, 64, no data parallelism, global batch 4, 64,
+  280, 512 (micro-batch 1 is assumed: Table 3 gives the global batch only), each timed once
+  with full recomputation and no sequence parallelism and once with both of the paper's
+  techniques: 1.42 and 1.10 s, 18.13 and 13.75 s, 49.05 and 37.83 s, 94.42 and 71.49 s an
+  iteration (the "present work" rows' model FLOPs utilisation, 41.5-56.3%, follows from those
+  times by SC'21's FLOP count without recomputation).
+
+SC'21 and BLOOM report model FLOPs with recomputation, 96 B s l h^2 (1 + s/6h + V/16lh) per
+iteration (SC'21 section 5.1; Megatron-DeepSpeed logs the same formula), over time and GPUs;
+Korthikanti et al. report iteration times, which this script turns into TFLOP/s per GPU by the
+same count, so that every row's ratio is the published iteration time over the predicted one.
 
 For each row this prints: the published configuration written as a plan (stages of t x d
 GPUs, 1F1B, the row's micro-batch size and ZeRO stage) -- whether it fits in 80 GB and its
@@ -44,6 +56,7 @@ roofline on a GPT-2 of the row's widths instead (torch on the meta device, a few
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 from dataclasses import dataclass
@@ -80,9 +93,24 @@ class Published:
     ``--pp-partition-method type:transformer|embedding``); else blocks only, evenly."""
     dropout: bool = True
     """Whether the run used dropout (Megatron-LM's default 0.1; BLOOM trained without)."""
+    recompute: str = "full"
+    sequence_parallel: bool = False
 
 
-ROWS = [  # SC'21 Table 1, then BLOOM-176B
+def model_flops(row: Published) -> float:
+    """FLOPs per iteration with full recomputation (SC'21 section 5.1)."""
+    b, s, h, lay, v = row.batch, row.seq, row.hidden, row.layers, row.vocab
+    return 96.0 * b * s * lay * h * h * (1 + s / (6 * h) + v / (16 * lay * h))
+
+
+def timed_run(name: str, heads: int, hidden: int, layers: int, t: int, p: int, gpus: int, batch: int,
+              iteration_s: float, **kw: object) -> Published:
+    """A run whose source gives its iteration time: its TFLOP/s per GPU by :func:`model_flops`."""
+    row = Published(name, heads, hidden, layers, t, p, gpus, batch, 0.0, **kw)  # type: ignore[arg-type]
+    return dataclasses.replace(row, tflops=model_flops(row) / iteration_s / gpus / 1e12)
+
+
+ROWS = [  # SC'21 Table 1, then BLOOM-176B, then Korthikanti et al. 2022
     Published("gpt-1.7b", 24, 2304, 24, 1, 1, 32, 512, 137),
     Published("gpt-3.6b", 32, 3072, 30, 2, 1, 64, 512, 138),
     Published("gpt-7.5b", 32, 4096, 36, 4, 1, 128, 512, 142),
@@ -96,14 +124,14 @@ ROWS = [  # SC'21 Table 1, then BLOOM-176B
     Published("bloom-176b", 112, 14336, 70, 4, 12, 384, 2048, 150, vocab=250880, micro_batch=2, zero=1,
               inter_Bps=4 * 100e9 / 8 / 8, embeddings_count=True, dropout=False),
 ]
+_KORTHIKANTI = [  # Korthikanti et al. 2022: Table 3's models, Table 5's times (full recompute, present work)
+    ("22b", 64, 6144, 48, 1, 8, 4, 1.42, 1.10), ("175b", 96, 12288, 96, 8, 64, 64, 18.13, 13.75),
+    ("530b", 128, 20480, 105, 35, 280, 280, 49.05, 37.83), ("1t", 160, 25600, 128, 64, 512, 512, 94.42, 71.49)]
+ROWS += [timed_run(f"sp-{n}-{mode}", a, h, lay, 8, p, g, b, time_s, recompute=mode, sequence_parallel=sp)
+         for n, a, h, lay, p, g, b, full_s, sel_s in _KORTHIKANTI
+         for mode, sp, time_s in (("full", False, full_s), ("selective", True, sel_s))]
 FIT_ROWS = ROWS[:6]
 """The rows ``planner.gpus.SUSTAINED`` is fitted on (SC'21's 1.7B to 76.1B); the others are held out."""
-
-
-def model_flops(row: Published) -> float:
-    """FLOPs per iteration with full recomputation (SC'21 section 5.1)."""
-    b, s, h, lay, v = row.batch, row.seq, row.hidden, row.layers, row.vocab
-    return 96.0 * b * s * lay * h * h * (1 + s / (6 * h) + v / (16 * lay * h))
 
 
 def published_plan(profile: ir.ModelProfile, clus: ir.Cluster, row: Published) -> ir.Plan:
@@ -118,7 +146,8 @@ def published_plan(profile: ir.ModelProfile, clus: ir.Cluster, row: Published) -
     else:
         bounds = [0] + [1 + round((n - 2) * (s + 1) / row.p) for s in range(row.p - 1)] + [n]
     stages = tuple(ir.Stage((bounds[s], bounds[s + 1]), tuple(names[s * width:(s + 1) * width]),
-                            tuple(_forms(profile, bounds[s], bounds[s + 1], row.t)), 0, "full", row.t, row.zero)
+                            tuple(_forms(profile, bounds[s], bounds[s + 1], row.t)), 0, row.recompute, row.t, row.zero,
+                            row.sequence_parallel and row.t > 1)
                    for s in range(row.p))
     m = profile.batch_size // (dp * row.micro_batch)
     return ir.Plan(profile, clus, "1f1b", m, "adam", stages, ir.Prediction(0, 0, 0, 0), precision="bf16")
@@ -135,7 +164,8 @@ def row_profile(row: Published, sustained: float = gpus.SUSTAINED) -> ir.ModelPr
     GEMMs at ``sustained`` of their best-case share."""
     prof = gpt_profile(row.name, row.layers, row.hidden, row.heads, row.seq, row.vocab, row.batch)
     roofline = gpus.roofline_of("a100", "bf16", sustained)
-    layout = Layout(row.micro_batch, row.seq, row.hidden, row.heads, 4 * row.hidden, row.t, row.dropout)
+    layout = Layout(row.micro_batch, row.seq, row.hidden, row.heads, 4 * row.hidden, row.t, row.dropout,
+                    row.sequence_parallel)
     return timed(prof, layout, row.vocab, roofline)
 
 
@@ -198,7 +228,7 @@ def main() -> None:
         print(f"sustained share fitted on {', '.join(r.name for r in FIT_ROWS)}: {fit:.4f} of the best case, "
               f"an A100 bf16 GEMM share of {share:.4f} (planner.gpus.SUSTAINED = {gpus.SUSTAINED})")
         return
-    print(f"{'model':10} {'GPUs':>5} {'batch':>5} | {'published t-p':>13} {'fits':>4} {'GiB':>6} {'iter s':>7} "
+    print(f"{'model':17} {'GPUs':>5} {'batch':>5} | {'published t-p':>13} {'fits':>4} {'GiB':>6} {'iter s':>7} "
           f"{'TF/GPU':>6} {'paper':>5} {'ratio':>5} | {'planner':>18} {'fits':>4} {'iter s':>7} {'<= pub':>6} "
           f"{'search s':>8}")
     for row in ROWS[:args.rows]:
@@ -210,7 +240,7 @@ def main() -> None:
         grid = "-".join(f"{s.tp}x{s.dp}" for s in mine.stages)
         faster = mine.predicted.iteration_s <= pub_s * (1 + 1e-9)
         fits = judge(mine).fits
-        print(f"{row.name:10} {row.gpus:>5} {row.batch:>5} | {f'{row.t}-{row.p}':>13} {pub.fits!s:>4} "
+        print(f"{row.name:17} {row.gpus:>5} {row.batch:>5} | {f'{row.t}-{row.p}':>13} {pub.fits!s:>4} "
               f"{pub.prediction.peak_memory_bytes / 2**30:6.1f} {pub_s:7.2f} {ratio * row.tflops:6.0f} "
               f"{row.tflops:>5.0f} {ratio:5.2f} | {grid[:18]:>18} {fits!s:>4} "
               f"{mine.predicted.iteration_s:7.2f} {faster!s:>6} {took:8.1f}", flush=True)

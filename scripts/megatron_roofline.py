@@ -4,7 +4,8 @@
 (``planner.profiler.roofline``). Published runs used Megatron-LM's own kernels, so this module
 writes them down in closed form for one transformer layer on one rank of a tensor group of ``t``
 (Shoeybi et al. 2019, section 3: attention heads and the MLP split column- then row-parallel;
-no sequence parallelism, so norms, dropouts and residual adds run whole on every rank), micro-
+without sequence parallelism norms, dropouts and residual adds run whole on every rank, with it
+on ``s/t`` of the sequence: Korthikanti et al. 2022, section 4.2.2), micro-
 batch ``b`` of ``s`` tokens, hidden ``h``, ``a`` heads, MLP width ``f``, 16-bit values:
 
 - GEMMs: QKV ``(sb, h) x (h, 3h/t)``, output projection ``(sb, h/t) x (h/t, h)``, MLP
@@ -50,6 +51,7 @@ class Layout:
     f: int
     t: int
     dropout: bool = True
+    sequence_parallel: bool = False
 
 
 def gemm(m: float, k: float, n: float, batch: float = 1.0) -> Kernel:
@@ -66,14 +68,15 @@ def block_kernels(x: Layout) -> list[Kernel]:
     """One rank's forward kernels of a transformer layer (module docstring)."""
     tok, d, heads = x.s * x.b, x.h // x.a, x.b * x.a // x.t
     act = 2.0 * tok * x.h  # one whole activation, bytes
+    norm = act / x.t if x.sequence_parallel else act  # what a norm or a bias+dropout+add touches on this rank
     scores = 2.0 * heads * x.s * x.s
     mask = 0.5 if x.dropout else 0.0  # one byte per value against two
-    out = [memory(2 * act), gemm(tok, x.h, 3 * x.h / x.t), gemm(x.s, d, x.s, heads), memory(2 * scores)]
+    out = [memory(2 * norm), gemm(tok, x.h, 3 * x.h / x.t), gemm(x.s, d, x.s, heads), memory(2 * scores)]
     if x.dropout:
         out.append(memory(scores * (2 + mask)))
-    out += [gemm(x.s, x.s, d, heads), gemm(tok, x.h / x.t, x.h), memory(act * (3 + mask)), memory(2 * act),
+    out += [gemm(x.s, x.s, d, heads), gemm(tok, x.h / x.t, x.h), memory(norm * (3 + mask)), memory(2 * norm),
             gemm(tok, x.h, x.f / x.t), memory(2 * 2.0 * tok * x.f / x.t), gemm(tok, x.f / x.t, x.h),
-            memory(act * (3 + mask))]
+            memory(norm * (3 + mask))]
     return out
 
 

@@ -54,7 +54,8 @@ least of a dozen noisy times is biased low (the same split measured 19% apart in
 targets are judged on the head-to-head rounds.
 
 Published: the second table, large-scale runs as their papers report them, written as plans
-and predicted (scripts/bench_published.py: Megatron-LM SC'21 Table 1, BLOOM-176B; layers timed by the
+and predicted (scripts/bench_published.py: Megatron-LM SC'21 Table 1, BLOOM-176B, Korthikanti et al. 2022's
+runs with full and with selective recomputation and sequence parallelism; layers timed by the
 roofline at each row's tensor degree, one fitted constant: planner.gpus.SUSTAINED), target
 predicted/published TFLOP/s per GPU within 0.85..1.15, also through planner profile's own analytic
 profile; about 30 s. Usage::
@@ -299,7 +300,9 @@ def print_published() -> None:
         via = profiler_fidelity(row)[3]
         ok = PUBLISHED_TARGET[0] <= ratio <= PUBLISHED_TARGET[1]
         inside += ok
-        print(f"  {row.name:11} {row.gpus:>5} A100s t={row.t} p={row.p} micro-batch {row.micro_batch} ZeRO {row.zero}: "
+        sp = " + sequence parallel" if row.sequence_parallel else ""
+        print(f"  {row.name:17} {row.gpus:>5} A100s t={row.t} p={row.p} micro-batch {row.micro_batch} ZeRO {row.zero}, "
+              f"{row.recompute} recomputation{sp}: "
               f"fits {judged.fits!s:5} predicted/published {ratio:.2f} {'fit' if row in FIT_ROWS else 'held out'}"
               f"{'' if ok else '  (outside)'}; via planner profile {via:.2f}")
     print(f"  {inside} of {len(ROWS)} inside; sustained share {SUSTAINED} fitted on the 'fit' rows; 'via planner "

@@ -42,3 +42,15 @@ def test_forward_time_is_the_rooflines_sum_over_kernels() -> None:
     # every kernel pays at least its compute at the share of peak, or its bytes at the bandwidth
     floor = sum(max(f / (roof.peak_flops * roof.gemm_share), n / roof.bandwidth_Bps) for f, n, _ in kernels)
     assert mr.forward_s(roof, kernels) > floor
+
+
+def test_sequence_parallelism_runs_norms_and_adds_on_a_tth_of_the_sequence() -> None:
+    """Korthikanti et al. 2022, section 4.2.2: with sequence parallelism the layer norms and the
+    bias+dropout+add kernels touch s/t of the tokens on each rank; the GEMMs and the attention core do not change."""
+    t = 8
+    whole, sp = (mr.block_kernels(mr.Layout(1, 2048, 12288, 96, 4 * 12288, t, True, p)) for p in (False, True))
+    assert [k[0] for k in whole] == [k[0] for k in sp]
+    act = 2.0 * 2048 * 12288
+    norm_bytes = act * (2 + 3.5 + 2 + 3.5)  # two norms (read, write), two bias+dropout+adds (two reads, write, mask)
+    saved = sum(k[1] for k in whole) - sum(k[1] for k in sp)
+    assert saved == pytest.approx(norm_bytes * (1 - 1 / t))
