@@ -10,8 +10,13 @@
   processes running; the fastest of 20 (latency) and of 5 (bandwidth) round trips: the
   link's own cost, not the time a process waited for a core on a machine shared with other
   work (on an idle machine the fastest and the median differ by a few microseconds); and
-  an all-reduce of 4 MiB over all P, reported with the bandwidth a ring all-reduce
-  ``2(n-1)/n * S/B + 2(n-1) * alpha`` would need to match it (``meta``).
+  the bus bandwidth collectives reach over the links: an all-reduce, an all-gather and a
+  reduce-scatter of 4 MiB over all P (the median of 5 each), their bus bytes (``2(n-1)/n * S``,
+  ``(n-1)/n * S``) over their time less the ring's latencies; the all-reduce's is the links'
+  ``allreduce_bandwidth_Bps``, the all-gather's and reduce-scatter's together their
+  ``allgather_bandwidth_Bps`` (each one's time and bus bandwidth in ``meta``). gloo's collectives on
+  this project's 2-core VM reach a half (all-reduce) to a fifth (reduce-scatter) of the
+  point-to-point bandwidth, which is what a data-parallel or ZeRO step's gradients and weights pay.
 * Memory: the machine's memory divided among the P processes; ``memory_bandwidth_Bps``
   per device is what one process reaches with ``threads`` threads adding two 32 MiB
   tensors into a third (STREAM "add", McCalpin 1995: 3 x 32 MiB moved per call), the
@@ -153,24 +158,49 @@ def _measure_p2p(rank: int) -> dict[str, float]:
     return {"latency_s": latency, "bandwidth_Bps": big.numel() * 4 / max(one_way - latency, 1e-9)}
 
 
-def _measure_allreduce(world: int, latency_s: float) -> dict[str, float]:
-    """A 4 MiB all-reduce over every rank, and the bandwidth a ring all-reduce would need to match it."""
+COLLECTIVE_BYTES = 4 * 1024 * 1024
+"""The size of each collective :func:`_measure_collectives` times (the all-gather's output, the others' input)."""
+
+
+def _median_s(op: Callable[[], object], repeats: int = 5) -> float:
+    """The median of ``repeats`` timed calls of ``op`` after two untimed ones, every rank starting together."""
     import torch.distributed as dist
 
-    ar = torch.zeros(1024 * 1024)  # 4 MiB
     for _ in range(2):
-        dist.all_reduce(ar)
+        op()
     times = []
-    for _ in range(5):
+    for _ in range(repeats):
         dist.barrier()
         t0 = time.perf_counter()
-        dist.all_reduce(ar)
+        op()
         times.append(time.perf_counter() - t0)
-    t_ar = statistics.median(times)
-    n, size = world, ar.numel() * 4
-    beta_time = max(t_ar - 2 * (n - 1) * latency_s, 1e-9)
-    return {"allreduce_bytes": size, "allreduce_s": t_ar,
-            "allreduce_ring_bandwidth_Bps": 2 * (n - 1) / n * size / beta_time}
+    return statistics.median(times)
+
+
+def _measure_collectives(world: int, latency_s: float) -> dict[str, float]:
+    """A 4 MiB all-reduce, all-gather and reduce-scatter over every rank, each with its bus bandwidth (nccl-tests'
+    ``busbw``: the ring formula's bandwidth, latency removed); the link's ``allgather_bandwidth_Bps`` is the
+    all-gather's and the reduce-scatter's bus bytes over their time (on this project's 2-core VM, gloo: all-reduce
+    0.9-1.6 GB/s, all-gather 0.8, reduce-scatter 0.4, which takes an all-reduce's time; point to point 2.5-4.9)."""
+    import torch.distributed as dist
+
+    n = world
+    part = torch.zeros(COLLECTIVE_BYTES // 4 // n)
+    whole = torch.zeros(part.numel() * n)  # n equal shards
+    size = whole.numel() * 4
+    ops: dict[str, tuple[Callable[[], object], int]] = {  # each with its rings' count: an all-reduce is two
+        "allreduce": (lambda: dist.all_reduce(whole), 2),
+        "allgather": (lambda: dist.all_gather_single(whole, part), 1),
+        "reduce_scatter": (lambda: dist.reduce_scatter_single(part, whole), 1)}
+    out: dict[str, float] = {"collective_bytes": size}
+    for name, (op, rings) in ops.items():
+        t = _median_s(op)
+        out[f"{name}_s"] = t
+        out[f"{name}_bus_bandwidth_Bps"] = rings * (n - 1) / n * size / max(t - rings * (n - 1) * latency_s, 1e-9)
+    gather, scatter = out["allgather_bus_bandwidth_Bps"], out["reduce_scatter_bus_bandwidth_Bps"]
+    out["allreduce_bandwidth_Bps"] = out["allreduce_bus_bandwidth_Bps"]
+    out["allgather_bandwidth_Bps"] = 2 / (1 / gather + 1 / scatter)  # the pair's bus bytes over its time
+    return out
 
 
 def _worker(rank: int, world: int, init: str, threads: int, out: str) -> None:
@@ -180,7 +210,7 @@ def _worker(rank: int, world: int, init: str, threads: int, out: str) -> None:
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     res = _measure_p2p(rank)
     dist.barrier()
-    res.update(_measure_allreduce(world, res["latency_s"]))
+    res.update(_measure_collectives(world, res["latency_s"]))
     if rank == 0:
         import json
 
@@ -190,7 +220,7 @@ def _worker(rank: int, world: int, init: str, threads: int, out: str) -> None:
 
 
 def measure_links(nproc: int, threads: int) -> dict[str, float]:
-    """p2p latency/bandwidth and all-reduce over gloo with ``nproc`` processes."""
+    """p2p latency/bandwidth and the collectives' bus bandwidth over gloo with ``nproc`` processes."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory(prefix="planner-calibrate-") as tmp:
@@ -244,7 +274,8 @@ def calibrate(nproc: int, threads: int = 1, name: str | None = None, profile: ir
     compute["memory_bandwidth_Bps"] = bandwidth * share
     flops = (profile.device_flops if profile is not None else compute["flops"]) * share
     memory = machine_memory_bytes() // nproc
-    link = ir.Link(links["bandwidth_Bps"], links["latency_s"])
+    link = ir.Link(links["bandwidth_Bps"], links["latency_s"], links["allreduce_bandwidth_Bps"],
+                   links["allgather_bandwidth_Bps"])
     gpus = tuple(ir.GPU(f"cpu{i}", float(flops), memory, compute["memory_bandwidth_Bps"]) for i in range(nproc))
     cluster = ir.Cluster(name or f"calibrated-cpu-{nproc}x{threads}t", (dataclasses.replace(shared, gpus=gpus),),
                          (("intra_node", link), ("inter_node", link)))

@@ -106,6 +106,11 @@ def validate_cluster(cluster: ir.Cluster, source: str = "cluster") -> None:
         if not (math.isfinite(link.bandwidth_Bps) and link.bandwidth_Bps > 0):
             raise ClusterError(f"{source}: links.{level}.bandwidth_Bps is {link.bandwidth_Bps!r}",
                                "a link needs a positive bandwidth in bytes per second")
+        for field in ir.Link.BUS_FIELDS:
+            bus = getattr(link, field)
+            if bus is not None and not (math.isfinite(bus) and bus > 0):
+                raise ClusterError(f"{source}: links.{level}.{field} is {bus!r}",
+                                   "use the positive bus bandwidth the collective reaches (bytes/s), or leave it out")
         if not (math.isfinite(link.latency_s) and link.latency_s >= 0):
             raise ClusterError(f"{source}: links.{level}.latency_s is {link.latency_s!r}",
                                "a link needs a non-negative latency in seconds")
@@ -128,8 +133,8 @@ def hierarchy_graph(cluster: ir.Cluster) -> Any:
     Node attributes: ``level`` ("network", "node", "gpu"); GPUs carry ``flops`` and
     ``memory_bytes``. Edge attributes: ``level`` (the link level a message crossing the
     edge uses: ``intra_node`` for GPU-server edges, ``inter_node`` for server-network
-    edges), ``bandwidth_Bps``, ``latency_s``. The path between two GPUs crosses the
-    slowest link of the pair (:func:`path_link`).
+    edges), ``bandwidth_Bps``, ``latency_s``, ``link`` (the level's ir.Link, for its collectives' bandwidths). The path
+    between two GPUs crosses the slowest link of the pair (:func:`path_link`).
     """
     import networkx as nx
 
@@ -139,11 +144,11 @@ def hierarchy_graph(cluster: ir.Cluster) -> Any:
     for node in cluster.nodes:
         g.add_node(f"node:{node.name}", level="node")
         g.add_edge("network", f"node:{node.name}", level="inter_node", bandwidth_Bps=inter.bandwidth_Bps,
-                   latency_s=inter.latency_s)
+                   latency_s=inter.latency_s, link=inter)
         for gpu in node.gpus:
             g.add_node(gpu.name, level="gpu", flops=gpu.flops, memory_bytes=gpu.memory_bytes, server=node.name)
             g.add_edge(f"node:{node.name}", gpu.name, level="intra_node", bandwidth_Bps=intra.bandwidth_Bps,
-                       latency_s=intra.latency_s)
+                       latency_s=intra.latency_s, link=intra)
     return g
 
 
@@ -157,7 +162,9 @@ def path_link(graph: Any, a: str, b: str) -> ir.Link | None:
     edges = [graph.edges[u, v] for u, v in itertools.pairwise(path)]
     slow = min(edges, key=lambda e: e["bandwidth_Bps"])
     lat = max(e["latency_s"] for e in edges)
-    return ir.Link(slow["bandwidth_Bps"], lat)
+    ar, ag = (min(getattr(e["link"], kind) for e in edges) for kind in ("allreduce_Bps", "allgather_Bps"))
+    bw = slow["bandwidth_Bps"]
+    return ir.Link(bw, lat, None if ar == bw else ar, None if ag == bw else ag)
 
 
 # ----------------------------------------------------------------------------- groups

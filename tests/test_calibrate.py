@@ -29,6 +29,10 @@ def test_calibrated_cluster_is_a_valid_cluster_of_p_devices() -> None:
     link = back.link("intra_node")
     assert link.bandwidth_Bps > 1e6 and 0 < link.latency_s < 0.1
     assert meta["allreduce_s"] > 0 and meta["flops_source"] == "benchmark"
+    gather, scatter = meta["allgather_bus_bandwidth_Bps"], meta["reduce_scatter_bus_bandwidth_Bps"]
+    assert link.allreduce_bandwidth_Bps == meta["allreduce_bus_bandwidth_Bps"] > 0
+    assert link.allgather_bandwidth_Bps == pytest.approx(2 / (1 / gather + 1 / scatter))
+    assert back.link("inter_node") == link  # one node: the network is the node's
     assert 0 < meta["core_share"] <= 1 and meta["concurrent_share"] > 0
     assert [g.flops for g in back.gpus] == pytest.approx([meta["flops"] * meta["core_share"]] * 2)
     assert {g.memory_bandwidth_Bps for g in back.gpus} == {meta["memory_bandwidth_Bps"]}

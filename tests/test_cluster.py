@@ -89,6 +89,16 @@ def test_hierarchy_graph_levels_and_slowest_link() -> None:
     assert path_link(g, "n0.g0", "n0.g0") is None
 
 
+
+def test_a_path_takes_the_slowest_collectives_bandwidths_on_it() -> None:
+    d = make_cluster_dict(2, 2)
+    d["links"]["intra_node"].update(allreduce_bandwidth_Bps=5e8, allgather_bandwidth_Bps=2e9)
+    g = hierarchy_graph(cluster_from_dict(d))
+    inside, across = path_link(g, "n0.g0", "n0.g1"), path_link(g, "n0.g0", "n1.g1")
+    assert inside is not None and (inside.allreduce_Bps, inside.allgather_Bps) == (5e8, 2e9)
+    assert across is not None and (across.bandwidth_Bps, across.allreduce_Bps, across.allgather_Bps) == (1e9, 5e8, 1e9)
+
+
 def test_groups_and_links() -> None:
     d = make_cluster_dict(2, 2)
     d["nodes"][1]["gpus"][0]["flops"] = 5e11

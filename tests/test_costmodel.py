@@ -44,6 +44,24 @@ def test_hierarchical_allreduce_across_servers() -> None:
     assert cm.allreduce_s(s, g) < cm.ring_allreduce_s(s, 4, c.link("inter_node"))
 
 
+def test_collectives_run_at_the_links_bus_bandwidths() -> None:
+    """An all-reduce at the link's all-reduce bus bandwidth, an all-gather at its all-gather one, a transfer at its
+    own; across servers, the in-server reduce-scatter and all-gather at the intra link's all-gather bandwidth and the
+    servers' all-reduce at the inter link's."""
+    link = ir.Link(1e9, 1e-5, 5e8, 2.5e8)
+    assert cm.ring_allreduce_s(1e9, 4, link) == pytest.approx(2 * 3 / 4 * 2.0 + 2 * 3 * 1e-5)
+    assert cm.ring_allgather_s(1e9, 4, link) == pytest.approx(3 / 4 * 4.0 + 3e-5)
+    assert cm.p2p_s(1e9, link) == pytest.approx(1 + 1e-5)
+    d = make_cluster_dict(2, 2)
+    d["links"]["intra_node"].update(allreduce_bandwidth_Bps=4e9, allgather_bandwidth_Bps=2e9)
+    d["links"]["inter_node"].update(allreduce_bandwidth_Bps=5e8)
+    c = cluster_from_dict(d)
+    s = 4e8
+    want = (2 * 1 / 2 * s / 2e9 + 2 * 1 * 1e-5) + (2 * 1 / 2 * (s / 2) / 5e8 + 2 * 1e-4)
+    assert cm.allreduce_s(s, group_of(c, [x.name for x in c.gpus])) == pytest.approx(want)
+    assert cm.allreduce_s(s, group_of(c, ["n0.g0", "n0.g1"])) == pytest.approx(s / 4e9 + 2e-5)
+
+
 def test_rmsprop_is_12_bytes_per_fp32_param() -> None:
     p, c = _profile(1), _cluster(1, 1)
     stage = ir.Stage((0, 1), ("n0.g0",), ("dp",), 0)

@@ -437,3 +437,28 @@ def test_what_an_engine_holds_adds_up_and_its_transients_overlap(buffers: float,
     got = cm.variant_cost(agg, 0.1, cm.Variant("none", 1), 4, 0.0, comms)
     assert float(got.static) == pytest.approx(6.0 + (12.0 if held else 0.0) + buffers + 5.0 * master)
     assert float(got.transient) == pytest.approx(max(0.0 if held else min(12.0, cap), 5.0 * grad))
+
+
+@given(st.integers(1, 16), st.floats(1.0, 5.0), st.sampled_from([0.0, 0.5]))
+def test_zeros_gathers_and_reductions_run_at_the_links_all_gather_bandwidth(m: int, scale: float, share: float) -> None:
+    """Each all-gather or reduce-scatter costs ``shard_scale`` times half the all-reduce's bytes time (the links'
+    all-reduce over all-gather bus bandwidth; gloo's on CPU reduce-scatters slower than it all-reduces); ZeRO-0's
+    all-reduce, and torch's ZeRO-1 all-reduce before its broadcast, keep the all-reduce's."""
+    comms = cm.ZeroComms(gather_share=share, shard_scale=scale)
+    cost = {z: cm.variant_cost(AGG, 0.1, cm.Variant("none", z), m, 0.0, comms) for z in range(4)}
+    half = scale * 1.0  # AGG's all-reduce is 2.0
+    assert cost[0].sync == 2.0
+    assert cost[1].sync == pytest.approx((2.0 if share else 2 * half) + share * 2 * half)
+    assert cost[2].sync == pytest.approx((m + 1) * half)
+    assert cost[3].sync == pytest.approx(m * half) and cost[3].time == pytest.approx(10.0 + 2 * half)
+    kept = 0 in {v.zero for v in cm.variants(["none"], (0, 1), 4, comms)}
+    assert kept == (scale > 1.0 or share > 0)  # ZeRO-0 stays a choice where ZeRO-1 costs more
+
+
+def test_zero_comms_take_the_intra_node_links_bus_bandwidths() -> None:
+    d = make_cluster_dict(2, 2)
+    d["links"]["intra_node"].update(allreduce_bandwidth_Bps=2e9, allgather_bandwidth_Bps=5e8)
+    cluster = cluster_from_dict(d)
+    assert cm.zero_comms(cluster, "any").shard_scale == pytest.approx(4.0)
+    assert cm.zero_comms(cluster, "deepspeed").shard_scale == pytest.approx(4.0)
+    assert cm.zero_comms(_big_cluster(1, 8), "torch").shard_scale == 1.0  # none given: NCCL's rings, alike

@@ -64,6 +64,20 @@ def test_link_alpha_beta() -> None:
     assert link.transfer_s(1e9) == pytest.approx(1.0001)
 
 
+def test_a_links_collectives_bandwidths_default_to_its_own_and_round_trip() -> None:
+    link = Link(1e9, 1e-4)
+    assert (link.allreduce_Bps, link.allgather_Bps) == (1e9, 1e9) and link.to_dict() == {"bandwidth_Bps": 1e9,
+                                                                                          "latency_s": 1e-4}
+    bus = Link(1e9, 1e-4, 4e8, 2e8)
+    assert (bus.allreduce_Bps, bus.allgather_Bps) == (4e8, 2e8)
+    assert bus.transfer_s(1e9) == pytest.approx(1.0001)  # point to point: its own bandwidth
+    assert Link.from_dict(bus.to_dict(), "links.intra_node") == bus
+    doc = make_cluster_dict()
+    doc["links"]["intra_node"]["allgather_bandwidth_Bps"] = -1
+    with pytest.raises(FormatError, match="allgather_bandwidth_Bps must be a positive"):
+        Cluster.from_dict(doc)
+
+
 def test_plan_round_trip_and_config() -> None:
     profile = ModelProfile.from_dict(make_profile_dict())
     cluster = Cluster.from_dict(make_cluster_dict())

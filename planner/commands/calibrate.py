@@ -44,8 +44,9 @@ def calibrate(out: str, nproc: int, threads: int, name: str | None, profile_path
     link = cluster.link("intra_node")
     click.echo(f"flops {cluster.gpus[0].flops:.3g}/s per device ({meta['flops_source']}), memory "
                f"{meta['memory_bandwidth_Bps'] / 1e9:.1f} GB/s, p2p "
-               f"{link.bandwidth_Bps / 1e9:.2f} GB/s, latency {link.latency_s * 1e6:.0f} us, all-reduce "
-               f"{meta['allreduce_s'] * 1e3:.2f} ms for {meta['allreduce_bytes'] / 2**20:.0f} MiB; each process kept "
+               f"{link.bandwidth_Bps / 1e9:.2f} GB/s, latency {link.latency_s * 1e6:.0f} us, collectives "
+               f"{link.allreduce_Bps / 1e9:.2f} GB/s (all-reduce), {link.allgather_Bps / 1e9:.2f} GB/s (all-gather, "
+               f"reduce-scatter) bus bandwidth; each process kept "
                f"{meta['concurrent_share']:.2f} of its speed alone with all computing ({meta['sharing_kernel']}) "
                f"and spent {(meta['handoff_s'] or 0.0) * 1e3:.3f} ms more CPU on each hand-off than on idle cores; "
                f"wrote {out}", err=True)

@@ -6,7 +6,9 @@ Rabenseifner & Gropp 2005): ``2(n-1)/n * S/B + 2(n-1) * alpha``, ring all-gather
 reduce-scatter ``(n-1)/n * S/B + (n-1) * alpha`` each (half an all-reduce); hierarchical
 all-reduce for a group spanning servers (Jia et al. 2018, 2D/hierarchical ring; Horovod/
 NCCL tree-of-rings): reduce-scatter inside each server, ring all-reduce of the ``S/g``
-shards across the ``m`` servers, all-gather inside each server.
+shards across the ``m`` servers, all-gather inside each server. The collectives divide by the
+link's bus bandwidth for their kind (``Link.allreduce_Bps``, ``Link.allgather_Bps``: nccl-tests'
+``busbw``, measured where the cluster gives it), a point-to-point transfer by its own bandwidth.
 """
 
 from __future__ import annotations
@@ -24,14 +26,14 @@ def ring_allreduce_s(nbytes: float, n: int, link: ir.Link) -> float:
     """Ring all-reduce (Patarasuk & Yuan 2009): ``2(n-1)/n * S/B + 2(n-1) alpha``."""
     if n <= 1 or nbytes <= 0:
         return 0.0
-    return 2 * (n - 1) / n * nbytes / link.bandwidth_Bps + 2 * (n - 1) * link.latency_s
+    return 2 * (n - 1) / n * nbytes / link.allreduce_Bps + 2 * (n - 1) * link.latency_s
 
 
 def ring_allgather_s(nbytes: float, n: int, link: ir.Link) -> float:
     """Ring all-gather of a tensor of ``nbytes`` in total: ``(n-1)/n * S/B + (n-1) alpha``."""
     if n <= 1 or nbytes <= 0:
         return 0.0
-    return (n - 1) / n * nbytes / link.bandwidth_Bps + (n - 1) * link.latency_s
+    return (n - 1) / n * nbytes / link.allgather_Bps + (n - 1) * link.latency_s
 
 
 def allreduce_coefficients(group: Group) -> tuple[float, float]:
@@ -47,9 +49,9 @@ def allreduce_coefficients(group: Group) -> tuple[float, float]:
         return 0.0, 0.0
     if not group.spans_servers:
         link = group.intra
-        return 2 * (n - 1) / n / link.bandwidth_Bps, 2 * (n - 1) * link.latency_s
+        return 2 * (n - 1) / n / link.allreduce_Bps, 2 * (n - 1) * link.latency_s
     g, m = group.per_node, group.nodes
-    coef = 2 * (g - 1) / g / group.intra.bandwidth_Bps + 2 * (m - 1) / m / g / group.inter.bandwidth_Bps
+    coef = 2 * (g - 1) / g / group.intra.allgather_Bps + 2 * (m - 1) / m / g / group.inter.allreduce_Bps
     const = 2 * (g - 1) * group.intra.latency_s + 2 * (m - 1) * group.inter.latency_s
     return coef, const
 

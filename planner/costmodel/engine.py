@@ -65,10 +65,13 @@ def zero_comms(cluster: ir.Cluster, engine: str, precision: str = "fp32", pipeli
     its ZeRO-1 traffic, ZeRO-2/3 reduction (for a plan of two or more stages where ``pipelined``) and
     gradient copies from :data:`planner.runnable.ENGINES` (the copies' bytes at ``precision``), each
     FSDP unit's collective cost from the cluster's measured ``per_shard_s``, ZeRO-1's buffers for a model
-    of ``param_count`` parameters; the paper's for ``any``."""
+    of ``param_count`` parameters; the paper's for ``any``; an all-gather's cost over half an all-reduce's from
+    the intra-node links' bus bandwidths (ZeRO's groups inside a server, as a calibrated CPU cluster's are)."""
+    intra = cluster.link("intra_node")
+    scale = intra.allreduce_Bps / intra.allgather_Bps
     limits = ENGINES.get(engine)
     if limits is None:
-        return PAPER
+        return replace(PAPER, shard_scale=scale)
     own = cluster.engine_overhead(engine)
     copy = limits.grad_copy
     grad_elem = 2 if precision == "fp16" else 4  # fp32 gradients reduced, but under fp16 (GradCopy)
@@ -79,7 +82,7 @@ def zero_comms(cluster: ir.Cluster, engine: str, precision: str = "fp32", pipeli
     master = 1.0 if copies and precision == "fp32" else 0.0  # and an fp32 gradient partition in the step
     return ZeroComms(limits.zero1_gather_share, limits.syncs_last_backward(pipelined), own.per_shard_s if own else 0.0,
                      copy.zero, cap, grad_elem / weight_elem, limits.zero1_per_unit, buffers, copy.held,
-                     master, 4.0 / weight_elem if copies else 0.0)
+                     master, 4.0 / weight_elem if copies else 0.0, scale)
 
 
 def plan_overhead(plan: ir.Plan) -> EngineOverhead:

@@ -14,8 +14,10 @@ and the scalar cost of one stage come from the same definition).
   engines checkpoint the same layers).
 - ZeRO over the data-parallel group (Rajbhandari et al. SC'20, sections 5 and 7), with
   ``A`` the gradient all-reduce of the stage (reduce-scatter + all-gather, ``2 Psi``) and
-  ``H = A / 2`` one reduce-scatter or all-gather (``Psi``): stage 0 and 1 pay ``A`` per
-  iteration (1 shards the optimizer state: the same volume, ZeRO section 7.2.1); stage 2
+  ``H = A / 2`` one reduce-scatter or all-gather (``Psi``; at the links' all-gather bus bandwidth
+  where it differs from the all-reduce's, ``shard_scale``): stage 0 pays ``A`` per iteration,
+  1 a reduce-scatter and an all-gather, ``2H`` (it shards the optimizer state: the same volume,
+  ZeRO section 7.2.1); stage 2
   also shards the gradients, so with ``M`` micro-batches each of the other ``M - 1``
   backwards reduce-scatters its gradient (``A + (M-1) H``); stage 3 shards the weights
   too: every micro-batch all-gathers them in forward and again in backward and
@@ -105,6 +107,10 @@ class ZeroComms:
     zero1_grad_share: float = 0.0
     """ZeRO-1's transient through the optimizer step, in shares of ``W / d``: its partition's gradients
     flattened into fp32 (DeepSpeed's; module doc)."""
+    shard_scale: float = 1.0
+    """One all-gather or reduce-scatter over half an all-reduce of the same bytes: the links' all-reduce bus
+    bandwidth over their all-gather's (``planner.ir.Link``; 1 where the cluster gives neither, as NCCL's
+    rings reach about the same bus bandwidth in both; gloo's on CPU 1.1-2.3)."""
 
     @property
     def zero1_holds_more(self) -> bool:
@@ -114,8 +120,10 @@ class ZeroComms:
     @property
     def zero1_beats_zero0(self) -> bool:
         """Whether ZeRO-1 is never slower nor fuller than ZeRO-0: it moves the paper's bytes and pays and
-        holds nothing more (ZeRO section 7.2.1)."""
-        return self.gather_share == 0 and not self.zero1_unit_ops and not self.zero1_holds_more
+        holds nothing more (ZeRO section 7.2.1), and its reduce-scatter and all-gather cost no more than an
+        all-reduce (``shard_scale``)."""
+        return (self.gather_share == 0 and not self.zero1_unit_ops and not self.zero1_holds_more
+                and self.shard_scale <= 1.0)
 
     @property
     def zero2_beats_zero3(self) -> bool:
@@ -166,8 +174,9 @@ def variant_cost(agg: Mapping[str, Any], in_bytes: Any, variant: Variant, microb
     """The stage's costs under ``variant`` from its aggregates (planner.search.hpp.KEYS), with the
     ZeRO collectives run as ``comms`` says (module doc)."""
     sync = agg["sync"]
-    whole = sync + np.where(sync > 0, sync_const, 0.0)
-    half = whole / 2.0
+    latency = np.where(sync > 0, sync_const, 0.0)
+    whole = sync + latency  # the gradients' all-reduce
+    half = (sync * comms.shard_scale + latency) / 2.0  # one all-gather or reduce-scatter of them
     op = agg["units"] * comms.unit_op_s  # one collective of every unit of the stage
     time, fwd, gather = agg["time"], agg["fwd"], 0.0 * sync
     if variant.zero == 3:
@@ -178,9 +187,10 @@ def variant_cost(agg: Mapping[str, Any], in_bytes: Any, variant: Variant, microb
             gather = 2.0 * (half + op)
     elif variant.zero == 2:
         reduces = 1 if comms.sync_last_backward else microbatches
-        whole = whole + (reduces - 1) * half + (1 + reduces) * op
-    elif variant.zero == 1:
-        whole = whole * (1.0 + comms.gather_share) + (2.0 * op if comms.zero1_unit_ops else 0.0)
+        whole = (1 + reduces) * (half + op)
+    elif variant.zero == 1:  # all-reduced and then gathered beyond the paper (torch's), else reduce-scattered
+        reduced = whole if comms.gather_share else 2.0 * half
+        whole = reduced + comms.gather_share * 2.0 * half + (2.0 * op if comms.zero1_unit_ops else 0.0)
     if variant.recompute == "full":
         time, act, work = time + fwd - agg["fwd_head"], in_bytes + agg["act_head"], agg["act"] - agg["act_head"]
         gather = gather + (fwd - agg["fwd"])  # the forward redone gathers its weights again

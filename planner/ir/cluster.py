@@ -154,21 +154,46 @@ class Node:
 
 @dataclass(frozen=True)
 class Link:
-    """An alpha-beta link: ``latency_s`` per message plus bytes / ``bandwidth_Bps``."""
+    """An alpha-beta link: ``latency_s`` per message plus bytes / ``bandwidth_Bps``.
+
+    The bus bandwidth collectives reach over it, where it differs from a point-to-point transfer's
+    (nccl-tests' ``busbw``: over n ranks an all-reduce of S bytes takes ``2(n-1)/n * S / busbw``, an
+    all-gather or reduce-scatter ``(n-1)/n * S / busbw``): ``allreduce_bandwidth_Bps`` for
+    all-reduces, ``allgather_bandwidth_Bps`` for all-gathers and reduce-scatters; None:
+    ``bandwidth_Bps``. ``planner calibrate`` measures both (gloo's collectives on CPU reach a half to
+    a fifth of its point-to-point bandwidth; NCCL's on NVLink most of it).
+    """
 
     bandwidth_Bps: float
     latency_s: float
+    allreduce_bandwidth_Bps: float | None = None
+    allgather_bandwidth_Bps: float | None = None
+
+    BUS_FIELDS = ("allreduce_bandwidth_Bps", "allgather_bandwidth_Bps")
+
+    @property
+    def allreduce_Bps(self) -> float:
+        """The bandwidth the ring all-reduce's formula divides by."""
+        return self.bandwidth_Bps if self.allreduce_bandwidth_Bps is None else self.allreduce_bandwidth_Bps
+
+    @property
+    def allgather_Bps(self) -> float:
+        """The bandwidth the ring all-gather's and reduce-scatter's formula divides by."""
+        return self.bandwidth_Bps if self.allgather_bandwidth_Bps is None else self.allgather_bandwidth_Bps
 
     def transfer_s(self, nbytes: float) -> float:
         """Time to move ``nbytes`` over this link (alpha + n/beta); 0 bytes cost nothing."""
         return 0.0 if nbytes <= 0 else self.latency_s + nbytes / self.bandwidth_Bps
 
     def to_dict(self) -> dict[str, Any]:
-        return {"bandwidth_Bps": self.bandwidth_Bps, "latency_s": self.latency_s}
+        d: dict[str, Any] = {"bandwidth_Bps": self.bandwidth_Bps, "latency_s": self.latency_s}
+        d.update({f: getattr(self, f) for f in self.BUS_FIELDS if getattr(self, f) is not None})
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str) -> Link:
-        return cls(_num(d, "bandwidth_Bps", where, positive=True), _num(d, "latency_s", where))
+        bus = [None if d.get(f) is None else _num(d, f, where, positive=True) for f in cls.BUS_FIELDS]
+        return cls(_num(d, "bandwidth_Bps", where, positive=True), _num(d, "latency_s", where), *bus)
 
 
 @dataclass(frozen=True)

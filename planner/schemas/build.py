@@ -138,7 +138,9 @@ def _cluster_defs() -> dict[str, Any]:
     return {"gpu": gpu, "node": node,
             "engine_overhead": overhead,
             "link": obj({"bandwidth_Bps": number(MAX_BYTES, positive=True, what="bytes/s"),
-                         "latency_s": SECONDS})}
+                         "latency_s": SECONDS},
+                        {f: number(MAX_BYTES, positive=True, nullable=True, what="bytes/s")
+                         for f in ir.Link.BUS_FIELDS})}
 
 
 def _stage(version: int) -> dict[str, Any]:
