@@ -59,6 +59,35 @@ def test_not_a_plan(tmp_path: Path) -> None:
     assert res.exit_code == 1 and "kind" in res.stderr
 
 
+
+@pytest.mark.parametrize("name", ["s0 slots=2\nevil-host slots=64\n#", "my server"])
+def test_deepspeed_refuses_a_server_name_that_is_not_a_host_name(tmp_path: Path, name: str) -> None:
+    """A newline in a server name once added hosts to the hostfile; nothing is written."""
+    doc = tiny_plan("tiny_mlp", [0, 2, -1], width=2, servers=(2, 2)).to_dict()
+    doc["cluster"]["nodes"][1]["name"] = name
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(doc))
+    res = CliRunner().invoke(main, ["export", str(path), "--to", "deepspeed", "-o", str(tmp_path / "x")])
+    assert res.exit_code == 1, res.output
+    assert "cannot go into DeepSpeed's hostfile: a host name is letters, digits" in res.stderr
+    assert "slots=2" in res.stderr if "\n" in name else "'my server'" in res.stderr
+    assert "hint: rename the server" in res.stderr
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("engine", ["deepspeed", "torch"])
+def test_a_hostile_model_name_writes_a_script_that_compiles(tmp_path: Path, engine: str) -> None:
+    """The fuzzer's model names: a triple quote closing the docstring, a newline and code after it."""
+    for i, name in enumerate(['mlp"""; import os; os.system("id") #\\', 'mlp\n"""\nraise SystemExit(42)\n"""']):
+        doc = tiny_plan("tiny_mlp", [0, 2, -1]).to_dict()
+        doc["model"] = doc["profile"]["model"] = name
+        path = tmp_path / f"plan{i}.json"
+        path.write_text(json.dumps(doc))
+        out = tmp_path / f"{engine}{i}"
+        res = CliRunner().invoke(main, ["export", str(path), "--to", engine, "-o", str(out)])
+        assert res.exit_code == 0, res.output
+        compile((out / "train.py").read_text(), "train.py", "exec")
+
 @pytest.mark.slow
 @pytest.mark.parametrize("engine", ["deepspeed", "torch"])
 def test_exported_script_trains_under_torchrun(tmp_path: Path, engine: str) -> None:

@@ -19,6 +19,7 @@ from planner.export import deepspeed as dsx
 from planner.export.data import data_spec, sub_batch
 from planner.export.partition import boundaries
 from planner.runner import max_rel_diff
+from tests.test_export_quoting import HOSTILE, check_script
 from tests.test_runner import tiny_plan
 
 pytest.importorskip("deepspeed")
@@ -170,6 +171,14 @@ def test_script_explains_itself_and_names_both_launchers() -> None:
     assert "torchrun --standalone --nproc_per_node 4" in text and "deepspeed --num_gpus 4" in text
     assert "[0, 2), [2, 4)" in text
     compile(text, "train.py", "exec")
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_a_hostile_model_name_stays_text(name: str) -> None:
+    """Quotes, triple quotes, backslashes or newlines in the plan's model name once broke train.py (or ran code)."""
+    plan = tiny_plan("tiny_mlp", [0, 2, -1], width=2)
+    hostile = dataclasses.replace(plan, profile=dataclasses.replace(plan.profile, model=name))
+    check_script(dsx.script_text(hostile), dsx.script_text(plan), name)
 
 
 def _grid_worker(rank: int, world: int, port: int, plan_json: str, out: str) -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from planner.errors import ExportError, RunError, UsageError
 from planner.export.nodes import (
+    check_host_names,
     check_nnodes,
     check_node_rank,
     node_layout,
@@ -88,3 +89,13 @@ def test_nodes_is_pure() -> None:
     code = "import sys, planner.export.nodes; print(any(m.split('.')[0] == 'torch' for m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_host_names_are_letters_digits_dashes_dots_and_underscores() -> None:
+    check_host_names(["s0", "gpu-01.cluster.local", "10.0.0.2", "box_1", "A" * 253])
+    for bad in ["s0 slots=2\nevil-host slots=64", "a b", "a\tb", "-oProxyCommand=x", ".hidden", "$(id)", "n0;id",
+                "\u00e4", "n0\n", "x" * 254, ""]:
+        with pytest.raises(ExportError) as err:
+            check_host_names(["s0", bad])
+        assert err.value.cause.startswith(f"server name {bad!r} cannot go into DeepSpeed's hostfile")
+        assert "nodes[].name" in err.value.hint

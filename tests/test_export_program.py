@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
 
+from planner import ir
 from planner.errors import ExportError, PlanError
 from planner.export.program import export_plan, program_files, server_commands
 from tests.test_runner import tiny_plan
@@ -51,3 +54,58 @@ def test_scripts_are_executable(tmp_path: Path) -> None:
     written = export_plan(tiny_plan("tiny_mlp", [0, 2, -1], servers=(2, 1)), "torch", tmp_path)
     assert {p.name for p in written} == {"plan.json", "train.py", "launch_node0.sh", "launch_node1.sh", "README.md"}
     assert all((tmp_path / n).stat().st_mode & 0o111 for n in ("train.py", "launch_node0.sh", "launch_node1.sh"))
+
+
+def _renamed(plan: ir.Plan, servers: dict[str, str], device: str = "") -> ir.Plan:
+    """``plan`` with its cluster's servers renamed (and, with ``device``, n1.g1 renamed to it)."""
+    doc = plan.to_dict()
+    for node in doc["cluster"]["nodes"]:
+        node["name"] = servers.get(node["name"], node["name"])
+        for gpu in node["gpus"]:
+            gpu["name"] = device if device and gpu["name"] == "n1.g1" else gpu["name"]
+    for stage in doc["stages"]:
+        stage["devices"] = [device if device and d == "n1.g1" else d for d in stage["devices"]]
+    return ir.Plan.from_dict(doc)
+
+
+@pytest.mark.parametrize("name", ["s0 slots=2\nevil-host slots=64\n#", "a b", "$(touch PWNED)", "-oProxy", "n0;id",
+                                  "n\u00e4", "x" * 254])
+def test_a_server_that_is_not_a_host_name_is_refused_before_the_hostfile(tmp_path: Path, name: str) -> None:
+    plan = _renamed(tiny_plan("tiny_mlp", [0, 2, -1], width=2, servers=(2, 2)), {"n1": name})
+    with pytest.raises(ExportError) as err:
+        export_plan(plan, "deepspeed", tmp_path / "x")
+    assert f"server name {name!r} cannot go into DeepSpeed's hostfile" in err.value.cause
+    assert "letters, digits" in err.value.cause and "rename the server" in err.value.hint
+    assert not (tmp_path / "x").exists()
+
+
+def test_the_hostfile_has_one_line_per_server_and_takes_host_names() -> None:
+    names = {"n0": "gpu-01.cluster.local", "n1": "10.0.0.2"}
+    files = program_files(_renamed(tiny_plan("tiny_mlp", [0, 2, -1], width=2, servers=(2, 2)), names), "deepspeed")
+    assert files["hostfile"].splitlines() == ["gpu-01.cluster.local slots=2", "10.0.0.2 slots=2"]
+    one = program_files(_renamed(tiny_plan("tiny_mlp", [0, 2, -1]), {"n0": "box_1"}), "deepspeed")
+    assert one["hostfile"] == "box_1 slots=2\n"
+
+
+def test_launch_scripts_and_readme_keep_hostile_names_in_one_comment_line(tmp_path: Path) -> None:
+    """torch needs no host names: odd server and device names only label the scripts, one printable line each."""
+    plan = tiny_plan("tiny_mlp", [0, 2, -1], width=2, servers=(2, 2))
+    server, device = "n1\nid > PWNED\n#", "g\r$(id)\x1b[2J"
+    files, ordinary = program_files(_renamed(plan, {"n1": server}, device), "torch"), program_files(plan, "torch")
+    for name in ("launch_node0.sh", "launch_node1.sh"):
+        lines, plain = files[name].splitlines(), ordinary[name].splitlines()
+        assert len(lines) == len(plain)
+        assert [ln for ln in lines if not ln.startswith("#")] == [ln for ln in plain if not ln.startswith("#")]
+        subprocess.run(["sh", "-n"], input=files[name], text=True, check=True)
+    assert f"# Server {server!r} (node rank 1 of 2): ranks 2-3 on n1.g0 {device!r}." in files["launch_node1.sh"]
+    assert files["README.md"].count("\n") == ordinary["README.md"].count("\n")
+    assert f"# on server {server!r}" in files["README.md"]
+    commands = server_commands(_renamed(plan, {"n1": server}), "o")
+    assert commands[1] == f"server {server!r}: cd o && sh launch_node1.sh HOST:PORT"
+
+
+def test_torchrun_arguments_are_shell_quoted() -> None:
+    files = program_files(tiny_plan("tiny_mlp", [0, 2, -1], width=2, servers=(2, 2)), "torch")
+    command = files["launch_node1.sh"].split("\nexec ")[1].replace("\\\n", " ")
+    assert shlex.split(command)[1:6] == ["--nnodes=2", "--node-rank=1", "--nproc-per-node=2",
+                                           "--rdzv-backend=static", '--rdzv-endpoint=$ENDPOINT']

@@ -12,6 +12,7 @@ from planner import ir
 from planner.errors import ExportError
 from planner.export import torch as tx
 from planner.runner import run_plan
+from tests.test_export_quoting import HOSTILE, check_script
 from tests.test_runner import tiny_plan
 
 
@@ -88,6 +89,14 @@ def test_script_names_the_schedule_class() -> None:
     assert "ScheduleGPipe" in text and "torchrun --standalone --nproc_per_node 2" in text
     compile(text, "train.py", "exec")
 
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_a_hostile_model_name_stays_text(name: str) -> None:
+    """Quotes, triple quotes, backslashes or newlines in the plan's model name once broke train.py (or ran code)."""
+    plan = tiny_plan("tiny_mlp", [0, 2, -1])
+    hostile = dataclasses.replace(plan, profile=dataclasses.replace(plan.profile, model=name))
+    check_script(tx.script_text(hostile), tx.script_text(plan), name)
 
 @pytest.mark.slow
 def test_torch_split_forms_match_single_process() -> None:

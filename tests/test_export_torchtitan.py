@@ -20,8 +20,10 @@ from planner import ir
 from planner.cli import main
 from planner.errors import ExportError
 from planner.export import torchtitan as tt
+from planner.export.quoting import one_line
 from tests.conftest import make_cluster_dict
 from tests.test_export_grids import grid_plan
+from tests.test_export_quoting import HOSTILE
 
 
 def llama_profile(blocks: int = 6, hidden: int = 256, heads: int = 16, kv_heads: int = 16) -> ir.ModelProfile:
@@ -163,3 +165,21 @@ def test_a_profiled_llama_exports_with_its_own_flavor_to_register() -> None:
     assert "TransformerModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2" in text
     assert doc["parallelism"]["module_fqns_per_model_part"] == [["tok_embeddings", "layers.0"],
                                                                 ["layers.1", "norm", "output"]]
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_a_hostile_model_name_stays_in_its_toml_string(name: str) -> None:
+    plan = titan_plan([0, 4, 8], dp=2, zero=3)
+    hostile = dataclasses.replace(plan, profile=dataclasses.replace(plan.profile, model=name))
+    files, ordinary = tt.files(hostile), tt.files(plan)
+    assert tomllib.loads(files["job_config.toml"]).keys() == tomllib.loads(ordinary["job_config.toml"]).keys()
+    assert _parse(hostile)["job"]["description"] == f"planner plan {plan.config} for {one_line(name)}"
+    assert files["job_config.toml"].count("\n") == ordinary["job_config.toml"].count("\n")
+    assert files["README.md"].count("\n") == ordinary["README.md"].count("\n")
+    files["job_config.toml"].encode("utf-8")
+
+
+def test_toml_strings_escape_quotes_backslashes_and_control_characters() -> None:
+    text = tt.toml_text({"job": {"description": 'a"b\\c\nd = 1\n[x]\x00'}}, "line one\nline\x1b two")
+    assert tomllib.loads(text) == {"job": {"description": 'a"b\\c\nd = 1\n[x]\x00'}}
+    assert text.splitlines()[:2] == ["# line one", "# 'line\\x1b two'"]

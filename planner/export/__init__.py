@@ -9,9 +9,10 @@
 - ``partition``: the plan's stages as both engines lay them out (ranges, boundaries, width);
 - ``data``, ``losses``, ``optim``, ``args``: synthetic data, losses, optimizers, a script's
   command line.
+- ``quoting``: plan-derived names in the generated files (docstrings, comments, TOML strings).
 
 Nothing here imports ``planner.runner`` (which imports this package). Importing the package
-imports no torch; its modules (but ``nodes``) do.
+imports no torch; its modules (but ``nodes`` and ``quoting``) do.
 """
 
 from __future__ import annotations

@@ -38,6 +38,7 @@ from planner.export.layers import as_layers, check_layers_match
 from planner.export.losses import make_loss
 from planner.export.optim import DEFAULT_LR
 from planner.export.partition import boundaries, check_common, micro_batch_size, ranges
+from planner.export.quoting import docstring_fields
 from planner.export.ties import find_ties, tie_groups
 
 
@@ -221,7 +222,7 @@ Run with either launcher (CPU: gloo; GPU: nccl):
     deepspeed --num_gpus {world} train.py [--model MODEL] [--steps N]
 
 What it does:
-  1. builds the model MODEL (default: the profiled one, {model!r}) and splits it into exactly
+  1. builds the model MODEL (default: the profiled one, {model_repr}) and splits it into exactly
      the layers that were profiled (planner.profiler.layers.split_model);
   2. wraps them in a DeepSpeed PipelineModule whose stage boundaries are the plan's
      (planner.export.deepspeed.build_pipeline_module overrides DeepSpeed's partitioning),
@@ -247,7 +248,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def main() -> None:
-    args = script_args(__doc__, {model!r}, local_rank=True)  # the deepspeed launcher sets --local_rank
+    args = script_args(__doc__, {default_model}, local_rank=True)  # the deepspeed launcher sets --local_rank
     plan = ir.Plan.from_dict(json.loads((HERE / "plan.json").read_text()))
     config = json.loads((HERE / "ds_config.json").read_text())
     skip_shm_build()  # a CPU-only C++ op DeepSpeed would JIT-build (~35 s); training does not use it
@@ -284,10 +285,10 @@ if __name__ == "__main__":
 
 def script_text(plan: ir.Plan) -> str:
     width = check_plan(plan)
-    return SCRIPT.format(model=plan.model, stages=len(plan.stages), width=width, world=plan.world_size,
-                         config=plan.config, schedule=plan.schedule, micro=plan.microbatches,
-                         mb=micro_batch_size(plan, width), batch=plan.batch_size,
-                         ranges=", ".join(f"[{a}, {b})" for a, b in ranges(plan)))
+    return SCRIPT.format(default_model=repr(plan.model), **docstring_fields(
+        model=plan.model, model_repr=repr(plan.model), stages=len(plan.stages), width=width, world=plan.world_size,
+        config=plan.config, schedule=plan.schedule, micro=plan.microbatches, mb=micro_batch_size(plan, width),
+        batch=plan.batch_size, ranges=", ".join(f"[{a}, {b})" for a, b in ranges(plan))))
 
 
 def make_trainer(layers: Sequence[nn.Module], plan: ir.Plan, loss: str,

@@ -16,6 +16,8 @@ and the plan's device names would no longer say which server runs which rank.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from planner import ir
@@ -23,6 +25,9 @@ from planner.errors import ExportError, PlannerError, UsageError
 
 DEFAULT_RDZV_PORT = 29500
 DEFAULT_RDZV_TIMEOUT_S = 60
+HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
+"""A host name as DeepSpeed's hostfile and ssh take it: letters, digits, '-', '.' and '_', starting with a
+letter or digit, at most 253 characters (no whitespace, control characters, quotes or shell syntax)."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,17 @@ def node_layout(plan: ir.Plan, error: type[PlannerError] = ExportError) -> NodeL
                     "number of processes on every server (--nproc-per-node)",
                     "search a plan that uses as many GPUs on every server it uses (e.g. with --config)")
     return NodeLayout(tuple(servers), devices, counts[servers[0]])
+
+
+def check_host_names(names: Iterable[str], where: str = "DeepSpeed's hostfile") -> None:
+    """ExportError naming the first of ``names`` that is not a host name (:data:`HOST_NAME`)."""
+    for name in names:
+        if not HOST_NAME.fullmatch(name):
+            raise ExportError(f"server name {name!r} cannot go into {where}: a host name is letters, digits, '-', "
+                              "'.' and '_', starting with a letter or digit (at most 253 characters; no spaces, "
+                              "control characters or quotes)",
+                              "rename the server (the cluster's nodes[].name in the plan) to its host name, "
+                              "e.g. node-01, or export --to torch")
 
 
 def check_node_rank(nnodes: int, node_rank: int) -> None:

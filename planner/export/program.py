@@ -7,6 +7,10 @@ DeepSpeed, with the ``deepspeed`` launcher), the engine's config (``ds_config.js
 ``launch_node<R>.sh`` per server the plan uses (torchrun for that server's ranks; on several
 servers the rendezvous endpoint is ``$1`` or ``$RDZV_ENDPOINT``), for DeepSpeed a ``hostfile``
 (the plan's servers, one slot per GPU used) and a ``README.md`` with the commands.
+
+Plan-derived names are quoted for where they land (planner.export.quoting): the launch scripts and
+READMEs show them as one printable line, and the hostfile's server names must be host names
+(:func:`planner.export.nodes.check_host_names`, refused before anything is written).
 """
 
 from __future__ import annotations
@@ -19,7 +23,15 @@ from types import ModuleType
 from planner import ir
 from planner.errors import ExportError, PlannerError
 from planner.export import ENGINES, deepspeed, torch
-from planner.export.nodes import DEFAULT_RDZV_PORT, DEFAULT_RDZV_TIMEOUT_S, NodeLayout, node_layout, torchrun_args
+from planner.export.nodes import (
+    DEFAULT_RDZV_PORT,
+    DEFAULT_RDZV_TIMEOUT_S,
+    NodeLayout,
+    check_host_names,
+    node_layout,
+    torchrun_args,
+)
+from planner.export.quoting import one_line
 from planner.jsonio import dumps, write_text_atomic
 from planner.runnable import check_runnable
 
@@ -48,23 +60,26 @@ def launch_scripts(plan: ir.Plan, layout: NodeLayout | None) -> dict[str, str]:
     """``launch_node<R>.sh`` per server; one standalone script when the plan uses one server (or cannot span)."""
     if layout is None or layout.nnodes == 1:
         return {"launch_node0.sh": STANDALONE.format(world=plan.world_size,
-                                                     torchrun=" ".join(torchrun_args(plan.world_size)))}
+                                                     torchrun=shlex.join(torchrun_args(plan.world_size)))}
     out = {}
     for rank, server in enumerate(layout.servers):
         ranks = layout.ranks(rank)
         args = [a for a in torchrun_args(layout.nproc_per_node, layout.nnodes, rank, "x")
                 if not a.startswith(("--rdzv-endpoint", "--rdzv-conf"))]
         out[f"launch_node{rank}.sh"] = LAUNCH.format(
-            server=server, rank=rank, nnodes=layout.nnodes, first=ranks[0], last=ranks[-1],
-            devices=" ".join(layout.devices[r] for r in ranks), lastnode=layout.nnodes - 1, port=DEFAULT_RDZV_PORT,
-            torchrun=" ".join(args), timeout=DEFAULT_RDZV_TIMEOUT_S)
+            server=one_line(server), rank=rank, nnodes=layout.nnodes, first=ranks[0], last=ranks[-1],
+            devices=" ".join(one_line(layout.devices[r]) for r in ranks), lastnode=layout.nnodes - 1,
+            port=DEFAULT_RDZV_PORT, torchrun=shlex.join(args), timeout=DEFAULT_RDZV_TIMEOUT_S)
     return out
 
 
 def hostfile(layout: NodeLayout | None, plan: ir.Plan) -> str:
-    """DeepSpeed's hostfile: one line per server in node-rank order, ``slots`` = GPUs the plan uses there."""
+    """DeepSpeed's hostfile: one line per server in node-rank order, ``slots`` = GPUs the plan uses there.
+
+    ExportError when a server's name is not a host name (it would break the file into other lines)."""
     if layout is None:
         return f"localhost slots={plan.world_size}\n"
+    check_host_names(layout.servers)
     return "".join(f"{server} slots={layout.nproc_per_node}\n" for server in layout.servers)
 
 
@@ -81,22 +96,23 @@ def _commands(plan: ir.Plan, engine: str, layout: NodeLayout | None, why: str) -
     world = plan.world_size
     lines = [f"torchrun --standalone --nproc-per-node {world} train.py   # every rank on one machine"]
     if layout is not None and layout.nnodes > 1:
-        lines += [f"sh launch_node{r}.sh HOST:PORT   # on server {s}" for r, s in enumerate(layout.servers)]
+        lines += [f"sh launch_node{r}.sh HOST:PORT   # on server {one_line(s)}" for r, s in enumerate(layout.servers)]
     if engine == "deepspeed":
         lines.append(f"deepspeed --num_gpus {world} train.py   # or DeepSpeed's own launcher")
         if layout is not None and layout.nnodes > 1:
             lines.append("deepspeed --hostfile hostfile --master_addr HOST --master_port PORT train.py")
-    note = f"\nThe plan cannot be started server by server: {why}.\n" if why else ""
+    note = f"\nThe plan cannot be started server by server: {one_line(why)}.\n" if why else ""
     return "```\n" + "\n".join(lines) + "\n```\n" + note
 
 
 def readme(plan: ir.Plan, engine: str, layout: NodeLayout | None, why: str) -> str:
     servers = ("" if layout is None or layout.nnodes == 1 else
-               f"\nThe plan runs on {layout.nnodes} servers ({', '.join(layout.servers)}), "
+               f"\nThe plan runs on {layout.nnodes} servers ({', '.join(map(one_line, layout.servers))}), "
                f"{layout.nproc_per_node} processes each: start `launch_node<R>.sh` on server R with node rank 0's "
                "address and a free port (the same on every server). Rename the servers in `hostfile` to your "
                "hosts' names.\n")
-    return (f"# {plan.model} on {engine}: config {plan.config}, {plan.schedule}, {plan.microbatches} micro-batches\n\n"
+    return (f"# {one_line(plan.model)} on {engine}: config {plan.config}, {plan.schedule}, {plan.microbatches} "
+            "micro-batches\n\n"
             f"Exported by `planner export --to {engine}`. Predicted iteration: {plan.predicted.iteration_s:.6g} s.\n"
             f"{servers}\n{_commands(plan, engine, layout, why)}\nOptions: `--model MODEL` (default the profiled "
             "model), `--steps N`, `--loss cross_entropy|mse`. `planner run plan.json --model MODEL --engine "
@@ -152,4 +168,5 @@ def server_commands(plan: ir.Plan, out_dir: str) -> list[str]:
     folder = shlex.quote(out_dir)
     if layout is None or layout.nnodes == 1:
         return [f"cd {folder} && sh launch_node0.sh"]
-    return [f"server {s}: cd {folder} && sh launch_node{r}.sh HOST:PORT" for r, s in enumerate(layout.servers)]
+    return [f"server {one_line(s)}: cd {folder} && sh launch_node{r}.sh HOST:PORT"
+            for r, s in enumerate(layout.servers)]

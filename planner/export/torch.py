@@ -53,6 +53,7 @@ from planner.export.layers import check_layers_match
 from planner.export.losses import make_loss
 from planner.export.optim import DEFAULT_LR
 from planner.export.partition import ranges
+from planner.export.quoting import docstring_fields
 from planner.export.ties import find_ties, sum_tie_grads, tie_sync
 from planner.schedule import SCHEDULE_KINDS, schedule_kind
 
@@ -316,7 +317,7 @@ Run (CPU: gloo; GPU: nccl):
     torchrun --standalone --nproc_per_node {world} train.py [--model MODEL] [--steps N] [--lr LR] [--report DIR]
 
 What it does:
-  1. builds the model MODEL (default: the profiled one, {model!r}) and splits it into exactly
+  1. builds the model MODEL (default: the profiled one, {model_repr}) and splits it into exactly
      the profiled layers (planner.profiler.layers.split_model);
   2. on a (pp={pp}, dp={dp}, tp={tp}) DeviceMesh, makes this rank's PipelineStage(s) from the
      plan's layer ranges, shards tp/split forms over the tensor group with DTensor (Megatron
@@ -343,7 +344,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def main() -> None:
-    args = script_args(__doc__, {model!r}, report=True)
+    args = script_args(__doc__, {default_model}, report=True)
     plan = ir.Plan.from_dict(json.loads((HERE / "plan.json").read_text()))
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     layers, example = load_layers(args.model, plan, args.seed)
@@ -370,10 +371,10 @@ if __name__ == "__main__":
 def script_text(plan: ir.Plan) -> str:
     check_plan(plan)
     first = plan.stages[0]
-    return SCRIPT.format(
-        model=plan.model, stages=len(plan.stages), tp=first.tp, dp=first.dp, world=plan.world_size,
-        config=plan.config, schedule=plan.schedule, cls=SCHEDULES[plan.schedule], micro=plan.microbatches,
-        batch=plan.batch_size, precision=plan.precision, pp=plan.pipeline_stages, optimizer=plan.optimizer,
-        zero=first.zero, recompute=", ".join(s.recompute for s in plan.stages),
+    return SCRIPT.format(default_model=repr(plan.model), **docstring_fields(
+        model=plan.model, model_repr=repr(plan.model), stages=len(plan.stages), tp=first.tp, dp=first.dp,
+        world=plan.world_size, config=plan.config, schedule=plan.schedule, cls=SCHEDULES[plan.schedule],
+        micro=plan.microbatches, batch=plan.batch_size, precision=plan.precision, pp=plan.pipeline_stages,
+        optimizer=plan.optimizer, zero=first.zero, recompute=", ".join(s.recompute for s in plan.stages),
         ranges=", ".join(f"[{a}, {b})" for a, b in ranges(plan)),
-        forms="; ".join(",".join(s.forms) for s in plan.stages))
+        forms="; ".join(",".join(s.forms) for s in plan.stages)))

@@ -38,6 +38,7 @@ from typing import Any
 
 from planner import ir, runnable
 from planner.errors import ExportError, PlanError
+from planner.export.quoting import one_line, toml_string
 from planner.jsonio import dumps
 
 SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B", "zb-h1": "InterleavedZeroBubble"}
@@ -144,7 +145,7 @@ def job_config(plan: ir.Plan, steps: int = 10, lr: float = 8e-4) -> dict[str, di
     flavor, _ = _flavor(plan.profile)
     seq_len = next(lp.block.seq_len for lp in plan.profile.layers if lp.block is not None)
     return {
-        "job": {"description": f"planner plan {plan.config} for {plan.model}", "dump_folder": "./outputs"},
+        "job": {"description": f"planner plan {plan.config} for {one_line(plan.model)}", "dump_folder": "./outputs"},
         "model": {"name": "llama3", "flavor": flavor},
         "optimizer": {"name": "AdamW", "lr": lr},
         "training": {"local_batch_size": local_batch_size(plan, dp), "global_batch_size": plan.batch_size,
@@ -165,13 +166,14 @@ def _value(v: Any) -> str:
     if isinstance(v, (int, float)):
         return repr(v)
     if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        return toml_string(v)
     return "[" + ", ".join(_value(x) for x in v) + "]"
 
 
 def toml_text(doc: Mapping[str, Mapping[str, Any]], header: str = "") -> str:
-    """TOML of sections of scalars and (nested) lists: what :func:`job_config` returns."""
-    lines = [f"# {ln}" for ln in header.splitlines()]
+    """TOML of sections of scalars and (nested) lists: what :func:`job_config` returns (strings escaped; the
+    header's lines as comments, each one printable line)."""
+    lines = [f"# {one_line(ln)}" for ln in header.splitlines()]
     for section, values in doc.items():
         lines += ["", f"[{section}]", *(f"{k} = {_value(v)}" for k, v in values.items())]
     return "\n".join(lines).lstrip("\n") + "\n"
@@ -197,7 +199,7 @@ def launch_command(plan: ir.Plan, out_dir: str) -> str:
 
 def files(plan: ir.Plan) -> dict[str, str]:
     """The export folder: the plan, the job config and a README with the command."""
-    readme = (f"# {plan.model} on torchtitan: config {plan.config}, {plan.schedule}, {plan.microbatches} "
+    readme = (f"# {one_line(plan.model)} on torchtitan: config {plan.config}, {plan.schedule}, {plan.microbatches} "
               f"micro-batches\n\nExported by `planner export --to torchtitan` for torchtitan 0.2.0 (TOML job "
               f"configs). Predicted iteration: {plan.predicted.iteration_s:.6g} s.\n\n```\n"
               f"{launch_command(plan, '.')}\n```\n\nSet `[model] hf_assets_path` (the tokenizer) and "
