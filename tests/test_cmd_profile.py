@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -15,6 +16,7 @@ from torch import nn
 
 from planner.cli import main
 from planner.ir import ModelProfile
+from planner.schemas.build import MAX_BATCH, MAX_BYTES, MAX_DIM, MAX_FLOPS, MAX_ITEMS
 
 
 def fixed_linear() -> nn.Module:
@@ -36,6 +38,32 @@ class _Branchy(nn.Module):
 
 def untraceable() -> nn.Module:
     return _Branchy()
+
+
+class _Two(nn.Module):
+    """Two linear layers; ``frozen``: none trains; ``argmax``: returns class indices, no gradient."""
+
+    def __init__(self, frozen: bool = False, argmax: bool = False) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+        self.argmax = argmax
+        self.requires_grad_(not frozen)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.b(self.a(x))
+        return y.argmax(-1) if self.argmax else y
+
+
+def no_params() -> nn.Module:
+    return nn.Sequential(nn.ReLU(), nn.Tanh())
+
+
+def frozen() -> nn.Module:
+    return _Two(frozen=True)
+
+
+def int_out() -> nn.Module:
+    return _Two(argmax=True)
 
 
 def _run(args: list[str]) -> tuple[int, str, str]:
@@ -96,6 +124,14 @@ def test_set_parses_ints_floats_and_bools(tmp_path: Path) -> None:
     assert len(doc["layers"]) == 3 and doc["ties"] == [] and doc["layers"][1]["block"]["seq_len"] == 2048
 
 
+GPT2 = ["profile", "gpt2", "--mode", "analytic", "-b", "2"]
+
+
+def own(factory: str, *args: str) -> list[str]:
+    """``planner profile`` of a factory of this file at batch 2, one thread, with ``args``."""
+    return ["profile", f"tests.test_cmd_profile:{factory}", "-b", "2", "--threads", "1", *args]
+
+
 BAD_INPUTS = [
     (["profile", "vgg17"], 1, "built-in models: mlp"),
     (["profile", "no_such_pkg.nets:build", "--input-shape", "4"], 1, "cannot import"),
@@ -111,6 +147,45 @@ BAD_INPUTS = [
     (["profile", "llama", "--set", "hidden_size=64"], 1, "built-in models: mlp"),  # a misspelt zoo name with --set
     (["profile", "tests.test_cmd_profile:fixed_linear", "--set", "n_layer=1"], 2, "your own model"),
     (["profile", "llama-tiny", "--mode", "analytic", "--dtype", "bfloat16", "--device-flops", "v100"], 2, "bf16"),
+    # --set values of the wrong kind, sizes below 1, models the library refuses to build
+    ([*GPT2, "--set", "num_hidden_layers=abc"], 2, "--set num_hidden_layers='abc': num_hidden_layers is a size"),
+    ([*GPT2, "--set", "num_hidden_layers=2=3"], 2, "--set num_hidden_layers='2=3'"),
+    ([*GPT2, "--set", "num_hidden_layers=-1"], 2, f"a whole number from 1 to {MAX_ITEMS:,}"),
+    ([*GPT2, "--set", "vocab_size=0"], 2, "--set vocab_size=0"),
+    ([*GPT2, "--set", "n_head=5"], 2, "gpt2 cannot be built with --set n_head=5: `embed_dim` must be divisible"),
+    ([*GPT2, "--set", "n_embd=7"], 2, "cannot be built with --set n_embd=7"),
+    ([*GPT2, "--set", "activation_function=evil"], 2, "activation_function=evil: unknown name 'evil'"),
+    ([*GPT2, "--set", "n_positions=4"], 2, "--set n_positions=4: gpt2 then holds 4 positions, fewer than the 128"),
+    (["profile", "gpt2", "-b", "2", "--threads", "1", "--set", "n_positions=4"], 2, "fewer than the 128 tokens"),
+    # models with nothing to train or no gradient, measured and analytic alike
+    (own("no_params", "--input-shape", "4"), 1, "has no parameters, so training it has nothing to update"),
+    (own("no_params", "--input-shape", "4", "--mode", "analytic"), 1, "has no parameters"),
+    (own("frozen", "--input-shape", "4"), 1, "4 parameter tensors requires grad (all frozen)"),
+    (own("frozen", "--input-shape", "4", "--mode", "analytic"), 1, "(all frozen)"),
+    (own("int_out", "--input-shape", "4"), 1, "is a tensor of int64, not floating point"),
+    (own("int_out", "--input-shape", "4", "--mode", "analytic"), 1, "not floating point"),
+    # input shapes: empty sizes, sizes and batches beyond what a profile holds
+    (["profile", "mlp", "--mode", "analytic", "-b", "2", "--input-shape", "3,,224"], 2, "has an empty size"),
+    (["profile", "mlp", "--mode", "analytic", "-b", "2", "--input-shape", "3,224,"], 2, "has an empty size"),
+    (["profile", "vgg11", "--mode", "analytic", "-b", "2", "--input-shape", "99999999999999999999999"], 2,
+     f"above the {MAX_DIM:,} a profile holds per dimension"),
+    (["profile", "mlp", "-b", "64", "--input-shape", "1000000000000"], 2, f"above the {MAX_DIM:,}"),
+    (["profile", "mlp", "--mode", "analytic", "-b", "8", "--input-shape", "1000000000000"], 2,
+     f"above the {MAX_DIM:,}"),
+    (["profile", "vgg11", "--mode", "analytic", "-b", "2", "--input-shape", f"3,{MAX_DIM},{MAX_DIM}"], 2,
+     f"above the {MAX_BYTES:.0e} bytes a profile holds"),
+    (["profile", "mlp", "--mode", "analytic", "-b", str(MAX_BATCH + 1)], 2,
+     f"--batch-size must be from 1 to {MAX_BATCH:,}"),
+    # rates beyond the profile's bounds
+    (["profile", "mlp", "--mode", "analytic", "-b", "8", "--device-flops", "1e30"], 2,
+     f"--device-flops must be a FLOP/s figure above 0 and at most {MAX_FLOPS:.0e}"),
+    (["profile", "mlp", "-b", "8", "--device-flops", "1e30"], 2, "--device-flops must be a FLOP/s figure"),
+    (["profile", "mlp", "--mode", "analytic", "-b", "8", "--device-flops", "1e-300"], 2,
+     "--device-flops 1e-300 x --efficiency 0.5 is 5e-301 FLOP/s: one FLOP would take longer than"),
+    (["profile", "mlp", "--mode", "analytic", "-b", "8", "--efficiency", "1e-300"], 2, "one FLOP would take longer"),
+    (["profile", "mlp", "--mode", "analytic", "--efficiency", "1.5"], 2, "--efficiency must be a share of peak"),
+    (["profile", "vgg11", "--mode", "analytic", "-b", "8", "--device-flops", "1e9", "--efficiency", "1e-5"], 1,
+     "above the maximum 1e+06 (seconds): out of what a profile file holds, so none is written"),
 ]
 
 
@@ -149,3 +224,36 @@ def test_console_script_runs_as_a_process(tmp_path: Path) -> None:
                            "--mode", "analytic", "-o", str(out)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert len(json.loads(out.read_text())["layers"]) == 10
+
+
+CPU_OOM = ("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried to "
+           "allocate {} bytes. Error code 12 (Cannot allocate memory)")
+
+
+def test_an_input_too_big_for_memory_is_one_error_with_the_sizes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                                 ) -> None:
+    def no_memory(*args: object, **_kwargs: object) -> torch.Tensor:
+        raise RuntimeError(CPU_OOM.format(240000000000))
+
+    monkeypatch.setattr(torch, "randn", no_memory)  # as on a machine with less than 240 GB
+    code, stdout, stderr = _run(["profile", "vgg11", "-b", "2", "--input-shape", "3,100000,100000", "--threads", "1",
+                                 "-o", str(tmp_path / "p.json")])
+    assert code == 1 and stdout == "" and "internal error" not in stderr
+    assert "error: out of memory making the input batch (2, 3, 100000, 100000) (2.4e+11 bytes) on cpu" in stderr
+    assert "--batch-size" in stderr and "--mode analytic" in stderr and list(tmp_path.iterdir()) == []
+
+
+def test_a_model_too_big_for_memory_is_one_error_with_the_sizes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                                ) -> None:
+    from planner.profiler.zoo import ZOO
+
+    def no_memory(**_kwargs: object) -> nn.Module:
+        raise RuntimeError(CPU_OOM.format(4096000000000))
+
+    monkeypatch.setitem(ZOO, "mlp", dataclasses.replace(ZOO["mlp"], factory=no_memory))
+    code, stdout, stderr = _run(["profile", "mlp", "-b", "64", "--input-shape", "1000000000", "--threads", "1",
+                                 "-o", str(tmp_path / "p.json")])
+    assert code == 1 and stdout == "" and "internal error" not in stderr
+    assert "error: out of memory building mlp for input shape (1000000000,) on cpu (torch asked for 4.1e+12 bytes)" \
+        in stderr
+    assert "--mode analytic" in stderr and list(tmp_path.iterdir()) == []

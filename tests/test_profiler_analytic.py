@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from planner import gpus
-from planner.errors import UsageError
+from planner.errors import ProfileError, UsageError
 from planner.profiler import load_model, profile_model
-from planner.profiler.analytic import DEVICE_FLOPS_NAMES, GPU_PEAK_FLOPS, analytic_time, resolve_device_flops
+from planner.profiler.analytic import (
+    DEVICE_FLOPS_NAMES,
+    GPU_PEAK_FLOPS,
+    analytic_time,
+    check_flat_rate,
+    resolve_device_flops,
+)
+from planner.schemas.build import MAX_FLOPS, MAX_TIME_S
 
 
 def test_device_flops_names_and_numbers() -> None:
@@ -75,3 +84,29 @@ def test_the_default_is_the_roofline_with_fixed_parts_and_efficiency_overrides_i
     assert all(layer.forward_fixed_s is None for layer in flat.layers)
     number = profile_model(loaded, mode="analytic", device_flops="1e15")  # no GPU: no bandwidth, flat 0.5
     assert number.meta["efficiency"] == 0.5
+
+
+def test_a_device_flops_number_above_what_a_profile_holds_is_refused() -> None:
+    assert resolve_device_flops(str(MAX_FLOPS))[0] == MAX_FLOPS
+    for bad in ("1e30", str(MAX_FLOPS * 10), "inf", "nan"):
+        with pytest.raises(UsageError, match=re.escape(f"at most {MAX_FLOPS:.0e}")) as err:
+            resolve_device_flops(bad)
+        assert bad in err.value.cause and "13.4e12" in err.value.hint
+
+
+def test_a_flat_rate_that_cannot_time_one_flop_within_the_bound_is_refused() -> None:
+    check_flat_rate(None, None)  # measured mode without --device-flops
+    check_flat_rate(13.4e12, 1e-10)
+    check_flat_rate(2.0 / MAX_TIME_S, None)  # at 0.5: exactly one FLOP in the longest time
+    for flops, efficiency in ((1e-300, None), (13.4e12, 1e-300), (5e-324, 5e-324)):
+        with pytest.raises(UsageError, match="one FLOP would take longer than") as err:
+            check_flat_rate(flops, efficiency)
+        assert "0.5" in err.value.hint
+
+
+def test_analytic_profiles_refuse_the_rate_and_times_beyond_the_bounds() -> None:
+    loaded = load_model("vgg11", 8, device="meta")
+    with pytest.raises(UsageError, match="one FLOP would take longer"):
+        profile_model(loaded, mode="analytic", efficiency=1e-300)
+    with pytest.raises(ProfileError, match=r"the profile of vgg11: layers\[\d+\]\.forward_s is .*above the maximum"):
+        profile_model(loaded, mode="analytic", device_flops=1e9, efficiency=1e-5)

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from planner.errors import UsageError
-from planner.profiler.hfzoo import HF_MODELS, build, check_overrides, config_keys, llama
+from planner.profiler.hfzoo import HF_MODELS, build, check_overrides, checked_values, config_keys, llama
 from planner.profiler.loader import load_model
+from planner.schemas.build import MAX_DIM, MAX_ITEMS
 
 
 @pytest.mark.parametrize(("name", "params"), [
@@ -59,3 +60,56 @@ def test_load_model_applies_overrides_to_zoo_transformers_only() -> None:
         load_model("mlp", 2, overrides={"depth": 2})
     with pytest.raises(UsageError, match="your own model"):
         load_model("tests.test_profiler_zoo:_pair_factory", 2, overrides={"n_layer": 2})
+
+
+@pytest.mark.parametrize(("overrides", "needle"), [
+    ({"num_hidden_layers": "abc"}, "--set num_hidden_layers='abc': num_hidden_layers is a size"),
+    ({"num_hidden_layers": "2=3"}, "num_hidden_layers='2=3'"),
+    ({"num_hidden_layers": -1}, f"a whole number from 1 to {MAX_ITEMS:,}"),
+    ({"n_layer": 0}, "n_layer=0"),
+    ({"vocab_size": 0}, "vocab_size=0"),
+    ({"n_embd": MAX_DIM + 1}, f"from 1 to {MAX_DIM:,}"),
+    ({"n_inner": 2.5}, "n_inner=2.5"),
+    ({"tie_word_embeddings": 1}, "tie_word_embeddings is true or false (default 'true')"),
+    ({"layer_norm_epsilon": "small"}, "layer_norm_epsilon is a number"),
+    ({"activation_function": 3}, "activation_function is text"),
+])
+def test_an_override_of_the_wrong_kind_or_a_size_below_one_is_refused(overrides: dict[str, object],
+                                                                        needle: str) -> None:
+    with pytest.raises(UsageError) as err:
+        checked_values("gpt2", overrides)
+    assert needle in err.value.cause and err.value.hint.startswith("e.g. --set ")
+
+
+def test_overrides_take_the_configs_own_names_and_floats_for_float_fields() -> None:
+    got = checked_values("gpt2", {"num_hidden_layers": 2, "layer_norm_epsilon": 1, "n_inner": 64})
+    assert got == {"n_layer": 2, "layer_norm_epsilon": 1.0, "n_inner": 64}
+    assert isinstance(got["layer_norm_epsilon"], float)
+    with torch.device("meta"):
+        assert build("gpt2", overrides={"layer_norm_epsilon": 1}).config.layer_norm_epsilon == 1.0
+
+
+@pytest.mark.parametrize(("overrides", "needle"), [
+    ({"n_head": 5}, "gpt2 cannot be built with --set n_head=5: `embed_dim` must be divisible by num_heads"),
+    ({"n_embd": 7}, "--set n_embd=7: `embed_dim` must be divisible"),
+    ({"activation_function": "evil"}, "--set activation_function=evil: unknown name 'evil'"),
+])
+def test_a_model_the_library_cannot_build_names_the_overrides_and_its_message(overrides: dict[str, object],
+                                                                              needle: str) -> None:
+    with torch.device("meta"), pytest.raises(UsageError) as err:
+        build("gpt2", overrides=overrides)
+    assert needle in err.value.cause and err.value.hint == "fix the --set values"
+
+
+def test_a_position_range_shorter_than_the_sequence_is_refused() -> None:
+    for key in ("n_positions", "max_position_embeddings"):  # the config's name and its alias
+        with torch.device("meta"), pytest.raises(UsageError) as err:
+            build("gpt2", seq_len=128, overrides={key: 4})
+        assert err.value.cause == (f"--set {key}=4: gpt2 then holds 4 positions, fewer than the 128 tokens of the "
+                                   "input sequence")
+        assert "--input-shape 4 or less" in err.value.hint
+    with torch.device("meta"), pytest.raises(UsageError, match="fewer than the 64 tokens"):
+        build("llama-tiny", seq_len=64, overrides={"max_position_embeddings": 32})
+    with torch.device("meta"):
+        assert build("gpt2", seq_len=128, overrides={"n_positions": 128}).config.n_positions == 128
+        assert build("gpt2", overrides={"n_positions": 4}).config.n_positions == 4  # no sequence given

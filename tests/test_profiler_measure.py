@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 from torch import nn
@@ -129,3 +131,86 @@ def test_speed_probe_times_whole_passes_after_an_untimed_one() -> None:
     assert len(calls) == 4  # one untimed pass, then the three timed
     assert t > 0
     assert all(p.grad is None or not p.grad.any() for p in model.parameters())  # gradients left at zero
+
+
+class _Frozen(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+        self.requires_grad_(False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.a(x))
+
+
+class _ArgMax(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.a(x)).argmax(-1)
+
+
+class _Detached(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.a(x).detach()
+
+
+@pytest.mark.parametrize("mode", ["measured", "analytic"])
+@pytest.mark.parametrize(("make", "needle"), [
+    (lambda: nn.Sequential(nn.ReLU(), nn.Tanh()), "m has no parameters, so training it has nothing to update"),
+    (_Frozen, "none of m's 4 parameter tensors requires grad"),
+    (_ArgMax, "m's output (its last layer 'b') is a tensor of int64, not floating point"),
+    (_Detached, "m's output (its last layer 'a') does not require grad"),
+])
+def test_a_model_that_cannot_be_trained_is_refused(make: Callable[[], nn.Module], needle: str, mode: str) -> None:
+    from planner.errors import ProfileError
+
+    x = torch.randn(2, 4, device="meta" if mode == "analytic" else "cpu")
+    with pytest.raises(ProfileError) as err:
+        profile_model(LoadedModel("m", make().to(x.device), x, (4,)), mode=mode, threads=1, repeats=1)
+    assert needle in err.value.cause
+
+
+def test_instrumented_pass_records_the_output_kind() -> None:
+    x = torch.randn(2, 4)
+    facts = instrumented_pass([nn.Linear(4, 4)], x, [])
+    assert facts[0].output_dtype == torch.float32 and facts[0].output_requires_grad
+
+
+def test_the_whole_model_pass_refuses_an_output_without_a_gradient() -> None:
+    from planner.errors import ProfileError
+    from planner.profiler.measure import whole_model_pass
+
+    model = _Detached()
+    with pytest.raises(ProfileError, match="the output of the whole _Detached does not require grad"):
+        whole_model_pass(model, torch.randn(2, 4), list(model.parameters()), lambda: None)
+
+
+def test_an_error_running_an_overridden_model_names_the_overrides() -> None:
+    from planner.errors import ProfileError
+
+    loaded = LoadedModel("m", nn.Sequential(nn.Linear(10, 4)), torch.randn(2, 7), (7,), overrides={"n_layer": 2})
+    with pytest.raises(ProfileError) as err:
+        profile_model(loaded, mode="measured")
+    assert "rejects input of shape (7,)" in err.value.cause and err.value.cause.endswith("(with --set n_layer=2)")
+    assert err.value.hint.endswith("or fix the --set values")
+
+
+def test_running_out_of_memory_while_timing_is_a_profile_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from planner.errors import ProfileError
+    from planner.profiler import core
+
+    def no_memory(*_args: object, **_kwargs: object) -> None:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(core, "measure_passes", no_memory)
+    with pytest.raises(ProfileError) as err:
+        profile_model(load_model("mlp", 4), mode="measured", threads=1, repeats=1)
+    assert err.value.cause == "out of memory timing mlp at batch 4 on cpu (torch asked for 2.00 GiB)"
+    assert "--mode analytic" in err.value.hint

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
+import types
+
 import pytest
 import torch
 
-from planner.errors import ModelLoadError, UsageError
-from planner.profiler.loader import load_model
-from planner.profiler.zoo import ZOO_NAMES
+from planner.errors import ModelLoadError, ProfileError, UsageError
+from planner.profiler.loader import check_input_bytes, load_model, random_input, token_ids
+from planner.profiler.zoo import ZOO, ZOO_NAMES
+from planner.schemas.build import MAX_BATCH, MAX_BYTES, MAX_DIM
 
 
 def test_zoo_names_cover_the_contract() -> None:
@@ -74,3 +79,60 @@ def test_factory_returning_module_and_example_input() -> None:
 def test_batch_size_zero_is_a_usage_error() -> None:
     with pytest.raises(UsageError):
         load_model("mlp", 0)
+
+
+def test_batch_and_input_sizes_are_bounded_by_the_profile_format() -> None:
+    with pytest.raises(UsageError, match=f"from 1 to {MAX_BATCH:,}"):
+        load_model("mlp", MAX_BATCH + 1, device="meta")
+    with pytest.raises(UsageError, match=f"sizes from 1 to {MAX_DIM:,}"):
+        load_model("vgg11", 2, (3, MAX_DIM + 1, 8), device="meta")
+    with pytest.raises(UsageError, match=re.escape(f"the input batch (2, 3, {MAX_DIM}, {MAX_DIM}) of float32 is")):
+        load_model("vgg11", 2, (3, MAX_DIM, MAX_DIM), device="meta")
+    assert check_input_bytes((2, 3, 224, 224), torch.float32) == 2 * 3 * 224 * 224 * 4
+    with pytest.raises(UsageError, match=re.escape(f"above the {MAX_BYTES:.0e} bytes a profile holds")):
+        check_input_bytes((MAX_BYTES,), torch.int64)
+
+
+CPU_OOM = ("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried to "
+           "allocate 240000000000 bytes. Error code 12 (Cannot allocate memory)")
+
+
+def _no_memory(*_args: object, **_kwargs: object) -> torch.Tensor:
+    raise RuntimeError(CPU_OOM)
+
+
+def test_an_input_or_model_that_does_not_fit_in_memory_is_a_profile_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    with monkeypatch.context() as patch:
+        patch.setattr(torch, "randn", _no_memory)
+        with pytest.raises(ProfileError) as err:
+            random_input((2, 3, 100_000, 100_000), torch.device("cpu"), torch.float32)
+    assert err.value.cause == ("out of memory making the input batch (2, 3, 100000, 100000) (2.4e+11 bytes) on cpu "
+                               "(torch asked for 2.4e+11 bytes)")
+    assert "--batch-size" in err.value.hint
+    monkeypatch.setitem(ZOO, "mlp", dataclasses.replace(ZOO["mlp"], factory=_no_memory))
+    with pytest.raises(ProfileError, match=r"out of memory building mlp for input shape \(100000,\) on cpu"):
+        load_model("mlp", 2, (100_000,))
+
+
+def test_other_failures_making_the_input_still_raise(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*_args: object, **_kwargs: object) -> torch.Tensor:
+        raise RuntimeError("something else")
+
+    monkeypatch.setattr(torch, "randn", broken)
+    with pytest.raises(RuntimeError, match="something else"):
+        random_input((2, 4), torch.device("cpu"), torch.float32)
+
+
+class _NoVocab(torch.nn.Module):
+    config = types.SimpleNamespace(vocab_size=0)
+
+
+def test_a_model_without_a_vocabulary_has_no_token_ids() -> None:
+    with pytest.raises(ModelLoadError, match=r"config\.vocab_size is 0"):
+        token_ids(_NoVocab(), (2, 8), torch.device("meta"))
+
+
+def test_the_loaded_model_keeps_its_overrides() -> None:
+    loaded = load_model("llama-tiny", 1, (8,), device="meta", overrides={"num_hidden_layers": 1})
+    assert loaded.overrides == {"num_hidden_layers": 1}
+    assert load_model("mlp", 1, device="meta").overrides == {}

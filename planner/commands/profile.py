@@ -7,20 +7,28 @@ import contextlib
 import click
 
 from planner.errors import UsageError
+from planner.schemas.build import MAX_BATCH, MAX_DIM
+
+SHAPE_HINT = "give the input shape without batch, e.g. --input-shape 3,224,224"
 
 
 def parse_shape(text: str | None) -> tuple[int, ...] | None:
-    """``"3,224,224"`` (or ``3x224x224``) -> (3, 224, 224)."""
+    """``"3,224,224"`` (or ``3x224x224``) -> (3, 224, 224); every size from 1 to MAX_DIM, none left empty."""
     if text is None:
         return None
-    parts = [p for p in text.replace("x", ",").replace(" ", "").split(",") if p]
+    parts = text.replace("x", ",").replace(" ", "").split(",")
+    if not all(parts):
+        raise UsageError(f"--input-shape {text!r} has an empty size (two separators in a row, or one at an end)",
+                         SHAPE_HINT)
     try:
         shape = tuple(int(p) for p in parts)
     except ValueError:
         shape = ()
     if not shape or any(d < 1 for d in shape):
-        raise UsageError(f"--input-shape {text!r} is not a list of positive sizes",
-                         "give the input shape without batch, e.g. --input-shape 3,224,224")
+        raise UsageError(f"--input-shape {text!r} is not a list of positive sizes", SHAPE_HINT)
+    if max(shape) > MAX_DIM:
+        raise UsageError(f"--input-shape {text!r} has a size of {max(shape):,}, above the {MAX_DIM:,} a profile "
+                         "holds per dimension", "use a smaller --input-shape")
     return shape
 
 
@@ -96,10 +104,10 @@ def profile(model: str, output: str | None, batch_size: int, input_shape: str | 
     overrides = parse_overrides(settings)
     staged = outputs([output])
 
-    from planner.profiler import load_model, profile_model, resolve_device_flops
+    from planner.profiler import load_model, profile_model
     from planner.render.profile import print_summary, progress_bar
 
-    resolve_device_flops(device_flops, default=None, dtype=dtype)  # a bad value fails before any work
+    _check_device(device_flops, efficiency, dtype, mode)  # a bad value fails before any work
     load_device = "meta" if mode == "analytic" else device
     loaded = load_model(model, batch_size, shape, dtype=dtype, device=load_device, overrides=overrides)
     title = f"profiling {model}" if mode == "measured" else f"counting {model}"
@@ -120,8 +128,9 @@ def _check_numbers(output: str | None, as_json: bool, batch_size: int, threads: 
     """The options' values, before any work (UsageError with the value and a fix)."""
     if output is None and not as_json:
         raise UsageError("no output file given", "add -o FILE (or --json to print the profile)")
-    if batch_size < 1:
-        raise UsageError(f"--batch-size must be 1 or more, got {batch_size}", "e.g. --batch-size 32")
+    if not 1 <= batch_size <= MAX_BATCH:
+        raise UsageError(f"--batch-size must be from 1 to {MAX_BATCH:,} (the most a profile holds), got {batch_size}",
+                         "e.g. --batch-size 32")
     if threads is not None and threads < 1:
         raise UsageError(f"--threads must be 1 or more, got {threads}", "e.g. --threads 1")
     if repeats < 1 or warmup < 0:
@@ -129,3 +138,16 @@ def _check_numbers(output: str | None, as_json: bool, batch_size: int, threads: 
                          "e.g. --repeats 3 --warmup 1")
     if efficiency is not None and mode != "analytic":
         raise UsageError("--efficiency applies to --mode analytic only", "drop --efficiency or use --mode analytic")
+    if efficiency is not None and not 0 < efficiency <= 1:
+        raise UsageError(f"--efficiency must be a share of peak above 0 and at most 1, got {efficiency}",
+                         "e.g. --efficiency 0.5")
+
+
+def _check_device(device_flops: str | None, efficiency: float | None, dtype: str, mode: str) -> None:
+    """``--device-flops`` a known GPU or a FLOP/s figure in the profile's bounds; in analytic mode, with
+    ``--efficiency``, a rate that times a FLOP within them."""
+    from planner.profiler.analytic import check_flat_rate, resolve_device_flops
+
+    flops, _ = resolve_device_flops(device_flops, default=None, dtype=dtype)
+    if mode == "analytic":
+        check_flat_rate(flops, efficiency)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from planner import gpus
 from planner.errors import UsageError
+from planner.schemas.build import MAX_FLOPS, MAX_TIME_S
 
 TF32_SUFFIX = "-tf32"
 DEFAULT_GPU = "rtx2080ti"
@@ -77,9 +78,23 @@ def resolve_device_flops(value: str | float | None, default: str | None = DEFAUL
             raise UsageError(f"--device-flops {value!r} is neither a number nor a known GPU",
                              f"use a FLOP/s figure such as 13.4e12 or one of {', '.join(DEVICE_FLOPS_NAMES)}"
                              ) from None
-    if not number > 0 or number == float("inf"):
-        raise UsageError(f"--device-flops must be a positive number, got {value!r}", "e.g. 13.4e12")
+    if not 0 < number <= MAX_FLOPS:
+        raise UsageError(f"--device-flops must be a FLOP/s figure above 0 and at most {MAX_FLOPS:.0e} (one "
+                         f"device's peak, the most a profile holds), got {value!r}",
+                         "e.g. 13.4e12 for an RTX 2080Ti, or a GPU name such as h100")
     return number, f"{number:g} FLOP/s"
+
+
+def check_flat_rate(device_flops: float | None, efficiency: float | None) -> None:
+    """A UsageError when a flat analytic time's FLOP/s (``device_flops`` x ``efficiency``, default
+    :data:`ANALYTIC_EFFICIENCY`) would take longer than the longest time a profile holds for one FLOP."""
+    if device_flops is None:
+        return
+    share = ANALYTIC_EFFICIENCY if efficiency is None else efficiency
+    if device_flops * share * MAX_TIME_S < 1:
+        raise UsageError(f"--device-flops {device_flops:g} x --efficiency {share:g} is {device_flops * share:.3g} "
+                         f"FLOP/s: one FLOP would take longer than {MAX_TIME_S:.0e} s, the longest time a profile "
+                         "holds", "give the device's real peak (e.g. 13.4e12) and a share of it such as 0.5")
 
 
 def analytic_time(flops: float, device_flops: float, efficiency: float = ANALYTIC_EFFICIENCY) -> float:

@@ -20,6 +20,11 @@ GPU's kernels by the roofline (``planner.profiler.roofline``; default device: th
 and fits each layer's fixed part through the roofline at a quarter of the batch; with an
 ``efficiency`` or a FLOP/s number it computes FLOPs / (``device_flops`` x ``efficiency``,
 default 0.5) and leaves the fixed parts None.
+
+Both modes refuse what cannot be trained or written (:mod:`planner.profiler.guards`): a model
+with no parameter that requires grad, an output that is not a floating-point tensor requiring
+grad, and a profile with a value beyond the profile schema's bounds; errors of a zoo transformer
+built with ``--set`` overrides name them.
 """
 
 from __future__ import annotations
@@ -39,10 +44,19 @@ from planner.profiler.analytic import (
     ANALYTIC_EFFICIENCY,
     DEVICE_FLOPS_NAMES,
     analytic_time,
+    check_flat_rate,
     gpu_format,
     resolve_device_flops,
 )
 from planner.profiler.flops import FLOP_COUNTER
+from planner.profiler.guards import (
+    check_loadable,
+    check_output,
+    check_trainable,
+    is_out_of_memory,
+    out_of_memory,
+    with_overrides,
+)
 from planner.profiler.layered import LayeredModel, rejects_input
 from planner.profiler.layers import split_model
 from planner.profiler.loader import LoadedModel, dtype_name
@@ -105,13 +119,19 @@ def profile_model(loaded: LoadedModel, *, mode: Literal["measured", "analytic"] 
     if mode == "measured" and x.device.type == "meta":
         raise UsageError("measured mode needs a real device, the model is on 'meta'", "use --mode analytic")
     params = list(module.parameters())
+    check_trainable(params, loaded.name)
     dtype_label = dtype_name(_profile_dtype(x, params))
     flops = resolve_device_flops(device_flops, default="rtx2080ti" if mode == "analytic" else None, dtype=dtype_label)
+    if mode == "analytic":
+        check_flat_rate(flops[0], efficiency)
     start = time.perf_counter()
     small = small_batch_of(int(x.shape[0])) if mode == "measured" else None
     passes = Passes(warmup, repeats, whole_repeats, curve_batches_of(int(x.shape[0])) if mode == "measured" else ())
     with _threads(threads):
-        lm, facts, counted, runs = _walk(module, x, params, loaded.name, mode, layered, passes, progress)
+        try:
+            lm, facts, counted, runs = _walk(module, x, params, loaded.name, mode, layered, passes, progress)
+        except ProfileError as exc:
+            raise with_overrides(exc, loaded.overrides) from None
     elapsed = time.perf_counter() - start
     if mode == "measured":
         times = _measured_times(runs, facts, flops[0], flops[1], x.device)
@@ -123,7 +143,7 @@ def profile_model(loaded: LoadedModel, *, mode: Literal["measured", "analytic"] 
             raise UsageError("analytic mode needs a device's FLOP/s", "pass --device-flops")
         times, fixed, extra = _analytic_times(lm, x, facts, (flops[0], flops[1]), efficiency, dtype_label)
     meta = {**_meta(lm, times, threads, time.perf_counter() - start), "instrumented_layers": counted, **extra}
-    return ModelProfile(
+    prof = ModelProfile(
         model=loaded.name, batch_size=int(x.shape[0]), dtype=dtype_label,
         mode=mode, device=times.device_name if mode == "analytic" else (
             "cpu" if x.device.type == "cpu" else str(x.device.type)),
@@ -131,6 +151,8 @@ def profile_model(loaded: LoadedModel, *, mode: Literal["measured", "analytic"] 
         input_shape=tuple(x.shape[1:]), input_bytes=x.numel() * x.element_size(),
         ties=lm.ties, meta=meta, loss_s=runs.loss[0], loss_fixed_s=runs.loss[1],
     )
+    check_loadable(prof)
+    return prof
 
 
 def _walk(module: torch.nn.Module, x: torch.Tensor, params: list[torch.Tensor], name: str, mode: str,
@@ -143,10 +165,23 @@ def _walk(module: torch.nn.Module, x: torch.Tensor, params: list[torch.Tensor], 
     lm = layered if layered is not None else split_model(module, x)
     tick("traced")
     facts, counted = _instrumented(lm, x, params, name)
+    check_output(facts[-1].output_dtype, facts[-1].output_requires_grad,
+                 f"{name}'s output (its last layer {lm.names[-1]!r})", facts[-1].output_shape)
     tick("counted FLOPs and bytes")
-    runs = measure_passes(lm.layers, module, x, params, make_sync(x.device), facts[-1].output_shape, passes,
-                          tick) if measured else NO_RUNS
+    runs = _timed_runs(lm, module, x, params, facts, passes, tick, name) if measured else NO_RUNS
     return lm, facts, counted, runs
+
+
+def _timed_runs(lm: LayeredModel, module: torch.nn.Module, x: torch.Tensor, params: list[torch.Tensor],
+                facts: list[LayerFacts], passes: Passes, tick: _Ticker, name: str) -> Runs:
+    """Measured mode's timed passes; a ProfileError when they run out of memory."""
+    try:
+        return measure_passes(lm.layers, module, x, params, make_sync(x.device), facts[-1].output_shape, passes,
+                              tick)
+    except (RuntimeError, MemoryError) as exc:
+        if not is_out_of_memory(exc):
+            raise
+        raise out_of_memory(f"timing {name} at batch {x.shape[0]}", x.device, exc) from None
 
 
 def _check_options(mode: str, repeats: int, warmup: int, efficiency: float | None) -> None:
@@ -212,10 +247,9 @@ def _instrumented(lm: LayeredModel, x: torch.Tensor, params: list[torch.Tensor],
         return instrumented_pass(lm.layers, x, params), len(lm)
     except ProfileError:
         raise
-    except (RuntimeError, ValueError, IndexError, TypeError) as exc:
-        if "out of memory" in str(exc).lower():
-            raise ProfileError(f"out of memory running {name} at batch {x.shape[0]} on {x.device}",
-                               "use a smaller --batch-size, or --mode analytic (no memory needed)") from None
+    except (RuntimeError, ValueError, IndexError, TypeError, MemoryError) as exc:
+        if is_out_of_memory(exc):
+            raise out_of_memory(f"running {name} at batch {x.shape[0]}", x.device, exc) from None
         raise rejects_input(x, exc) from None
 
 

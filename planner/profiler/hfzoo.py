@@ -8,7 +8,10 @@ context, RMSNorm epsilon, rotary base; table in ``docs``/the shared facts file),
 model for a sequence length, raising the learned or rotary position range
 (``n_positions``/``max_position_embeddings``) to it when it is longer, and applies
 ``overrides`` (``planner profile --set KEY=VALUE``): any field of the config class, an
-unknown one being a UsageError that names the close ones. Dropout is 0 so that the split
+unknown one being a UsageError that names the close ones; so is a value of another kind than
+the field's, a size or count (``SIZE_BOUNDS``) outside 1 to the profile format's bound, a
+position range shorter than the sequence, and a config or model the library refuses (its
+message, with the overrides). Dropout is 0 so that the split
 layers run one by one equal the whole model bit for bit; SDPA attention (the causal mask
 inside the blocks, which the structural split needs).
 """
@@ -24,6 +27,8 @@ from typing import Any
 from torch import nn
 
 from planner.errors import UsageError
+from planner.profiler.guards import is_out_of_memory, shown_overrides
+from planner.schemas.build import MAX_DIM, MAX_ITEMS
 
 DEFAULT_SEQ_LEN = 128
 
@@ -105,25 +110,119 @@ def check_overrides(name: str, overrides: Mapping[str, Any]) -> None:
             raise UsageError(f"--set {key}: {name}'s {HF_MODELS[name].config_class} has no field {key!r}", hint)
 
 
+def _canonical(name: str, key: str) -> str:
+    """The config's own name of field ``key`` (GPT-2's ``num_hidden_layers`` is ``n_layer``)."""
+    return str(getattr(_config_class(name), "attribute_map", {}).get(key, key))
+
+
+def _defaults(name: str) -> dict[str, Any]:
+    """Every field of ``name``'s config with its value in the zoo entry (else the config class's default)."""
+    return {**_config_class(name)().to_dict(), **HF_MODELS[name].fields}
+
+
+SIZE_BOUNDS: Mapping[str, int] = MappingProxyType({
+    **dict.fromkeys(("n_layer", "num_hidden_layers", "n_head", "num_attention_heads", "num_key_value_heads"),
+                    MAX_ITEMS),
+    **dict.fromkeys(("vocab_size", "n_positions", "max_position_embeddings", "n_embd", "hidden_size",
+                     "intermediate_size", "n_inner", "head_dim", "type_vocab_size"), MAX_DIM),
+})
+"""Config fields that are sizes or counts: a whole number from 1 to the profile format's bound (a
+count of blocks or heads: its list items; a width: its dimensions)."""
+
+_KINDS: tuple[tuple[type, tuple[type, ...], str], ...] = (
+    (bool, (bool,), "true or false"), (int, (int,), "a whole number"), (float, (int, float), "a number"),
+    (str, (str,), "text"))
+"""(type of a field's default, types of the values it takes, the kind in words); bool before int."""
+
+
+def checked_values(name: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """The overrides under the config's own field names, a whole number given for a float field as a float;
+    a UsageError for the first value not of its field's kind (a size: a whole number, 1 or more)."""
+    defaults = _defaults(name)
+    out: dict[str, Any] = {}
+    for key, value in overrides.items():
+        field = _canonical(name, key)
+        if field in SIZE_BOUNDS:
+            _check_size(key, value, SIZE_BOUNDS[field], defaults.get(field))
+        else:
+            _check_kind(name, key, value, defaults.get(field))
+        is_float = isinstance(defaults.get(field), float) and isinstance(value, int) and not isinstance(value, bool)
+        out[field] = float(value) if is_float else value
+    return out
+
+
+def _check_size(key: str, value: Any, bound: int, default: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= bound:
+        example = f"e.g. --set {key}={default}" if isinstance(default, int) else f"e.g. --set {key}=4"
+        raise UsageError(f"--set {key}={value!r}: {key} is a size, a whole number from 1 to {bound:,}", example)
+
+
+def _check_kind(name: str, key: str, value: Any, default: Any) -> None:
+    for default_type, accepted, words in _KINDS:
+        if isinstance(default, default_type):
+            if isinstance(value, accepted) and (bool in accepted or not isinstance(value, bool)):
+                return
+            shown = str(default).lower() if isinstance(default, bool) else default
+            raise UsageError(f"--set {key}={value!r}: {name}'s {key} is {words} (default {shown!r})",
+                             f"e.g. --set {key}={shown}")
+
+
 def build(name: str, seq_len: int | None = None, overrides: Mapping[str, Any] | None = None) -> nn.Module:
-    """Zoo transformer ``name`` with ``overrides``, its position range covering ``seq_len`` tokens."""
+    """Zoo transformer ``name`` with ``overrides``, its position range covering ``seq_len`` tokens.
+
+    A bad override (unknown field, wrong kind of value, a size below 1, a position range shorter
+    than ``seq_len``, a config or model the library refuses) is a UsageError naming it.
+    """
     import transformers
 
     spec = HF_MODELS[name]
-    overrides = dict(overrides or {})
-    check_overrides(name, overrides)
-    fields = {**spec.fields, **overrides}
-    if seq_len is not None and spec.positions_key not in overrides:
+    given = dict(overrides or {})
+    check_overrides(name, given)
+    canonical = checked_values(name, given)
+    fields = {**spec.fields, **canonical}
+    if seq_len is not None and spec.positions_key not in canonical:
         fields[spec.positions_key] = max(int(fields[spec.positions_key]), seq_len)
-    try:  # transformers validates configs with its own error classes: any failure here is the fields'
-        config = _config_class(name)(**fields)
+    config = _config(name, fields, given)
+    _check_positions(name, config, given, seq_len)
+    config._attn_implementation = "sdpa"
+    try:
+        model: nn.Module = getattr(transformers, spec.model_class)(config)
+    except Exception as exc:  # the library checks some fields only when it builds the model
+        if not given or is_out_of_memory(exc):
+            raise
+        raise UsageError(f"{name} cannot be built with --set {shown_overrides(given)}: {_first_line(exc)}",
+                         "fix the --set values") from None
+    return model
+
+
+def _config(name: str, fields: Mapping[str, Any], given: Mapping[str, Any]) -> Any:
+    """The config of ``fields``; transformers validates it with its own error classes: any failure is the fields'."""
+    try:
+        return _config_class(name)(**fields)
     except Exception as exc:
         cause = exc.__cause__ or exc
-        raise UsageError(f"{name} rejects the config {overrides}: {str(cause).strip().splitlines()[0][:200]}",
+        raise UsageError(f"{name} rejects the config --set {shown_overrides(given)}: {_first_line(cause)}",
                          "fix the --set values") from None
-    config._attn_implementation = "sdpa"
-    model: nn.Module = getattr(transformers, spec.model_class)(config)
-    return model
+
+
+def _first_line(exc: BaseException) -> str:
+    """The library's message, first line; a KeyError (an unknown name, e.g. an activation) says so."""
+    if isinstance(exc, KeyError) and exc.args:
+        return f"unknown name {exc.args[0]!r}"
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else type(exc).__name__
+
+
+def _check_positions(name: str, config: Any, given: Mapping[str, Any], seq_len: int | None) -> None:
+    """The position range the overrides set must hold the ``seq_len`` input tokens."""
+    positions = int(getattr(config, HF_MODELS[name].positions_key))
+    if seq_len is None or positions >= seq_len:
+        return
+    keys = [k for k in given if _canonical(name, k) == HF_MODELS[name].positions_key]
+    key = keys[-1] if keys else HF_MODELS[name].positions_key
+    raise UsageError(f"--set {key}={positions}: {name} then holds {positions} positions, fewer than the "
+                     f"{seq_len} tokens of the input sequence",
+                     f"set {key} to {seq_len} or more, or pass --input-shape {positions} or less")
 
 
 def gpt2(size: str = "gpt2", dropout: float = 0.0, **config: Any) -> nn.Module:

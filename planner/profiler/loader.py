@@ -6,7 +6,7 @@ import importlib
 import math
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +14,10 @@ import torch
 from torch import nn
 
 from planner.errors import ModelLoadError, UsageError
+from planner.profiler.guards import is_out_of_memory, nbytes_text, out_of_memory, shown_overrides
 from planner.profiler.hfzoo import HF_MODELS, build
 from planner.profiler.zoo import ZOO, ZOO_NAMES
+from planner.schemas.build import MAX_BATCH, MAX_BYTES, MAX_DIM
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -37,13 +39,15 @@ def dtype_name(dtype: torch.dtype) -> str:
 class LoadedModel:
     """A model ready to profile: ``module`` (train mode) and an ``example_input`` of the whole batch.
 
-    ``input_shape`` is the input's shape without the batch dimension.
+    ``input_shape`` is the input's shape without the batch dimension; ``overrides`` the config
+    fields a zoo transformer was built with (``planner profile --set``), named in its errors.
     """
 
     name: str
     module: nn.Module
     example_input: torch.Tensor
     input_shape: tuple[int, ...]
+    overrides: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def batch_size(self) -> int:
@@ -86,10 +90,37 @@ _Built = tuple[nn.Module, torch.Tensor | None, tuple[int, ...]]
 
 
 def _check_sizes(batch_size: int, input_shape: tuple[int, ...] | None) -> None:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise UsageError(f"batch size must be a positive integer, got {batch_size!r}", "use --batch-size 1 or more")
-    if input_shape is not None and (not input_shape or any(int(d) < 1 for d in input_shape)):
-        raise UsageError(f"input shape must be positive sizes, got {input_shape!r}", "e.g. --input-shape 3,224,224")
+    """The batch in [1, MAX_BATCH] and every input dimension in [1, MAX_DIM] (the profile format's bounds)."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= MAX_BATCH:
+        raise UsageError(f"batch size must be a whole number from 1 to {MAX_BATCH:,}, got {batch_size!r}",
+                         "e.g. --batch-size 32")
+    if input_shape is not None and (not input_shape or any(not 1 <= int(d) <= MAX_DIM for d in input_shape)):
+        raise UsageError(f"input shape must be sizes from 1 to {MAX_DIM:,}, got {input_shape!r}",
+                         "e.g. --input-shape 3,224,224")
+
+
+def check_input_bytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    """The bytes of an input batch of ``shape`` (batch first); a UsageError above the profile format's MAX_BYTES."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes > MAX_BYTES:
+        raise UsageError(f"the input batch {shape} of {dtype_name(dtype)} is {nbytes_text(nbytes)}, above the "
+                         f"{MAX_BYTES:.0e} bytes a profile holds", "use a smaller --batch-size or --input-shape")
+    return nbytes
+
+
+def random_input(shape: tuple[int, ...], dev: torch.device, dtype: torch.dtype, high: int | None = None
+                 ) -> torch.Tensor:
+    """Random ``dtype`` values of ``shape`` (batch first), or integers in [0, ``high``); a ProfileError
+    naming the size when it does not fit in memory."""
+    nbytes = check_input_bytes(shape, torch.long if high is not None else dtype)
+    try:
+        if high is not None:
+            return torch.randint(0, high, shape, device=dev)
+        return torch.randn(*shape, device=dev, dtype=dtype)
+    except (RuntimeError, MemoryError) as exc:
+        if not is_out_of_memory(exc):
+            raise
+        raise out_of_memory(f"making the input batch {shape} ({nbytes_text(nbytes)})", dev, exc) from None
 
 
 def _torch_device(device: str | torch.device) -> torch.device:
@@ -115,7 +146,7 @@ def _zoo_kwargs(spec: str, shape: tuple[int, ...]) -> dict[str, object]:
 
 
 def _from_zoo(spec: str, batch_size: int, input_shape: tuple[int, ...] | None, dev: torch.device,
-              overrides: Mapping[str, Any]) -> _Built:
+              tdtype: torch.dtype, overrides: Mapping[str, Any]) -> _Built:
     entry = ZOO[spec]
     shape = tuple(int(d) for d in (input_shape or entry.input_shape))
     if overrides and entry.transformer is None:
@@ -123,19 +154,37 @@ def _from_zoo(spec: str, batch_size: int, input_shape: tuple[int, ...] | None, d
                          f"drop --set, or use one of {', '.join(HF_MODELS)}")
     if entry.tokens:
         _check_tokens(spec, shape)
-    with dev:
-        if entry.transformer is not None:
-            module = build(entry.transformer, seq_len=shape[0], overrides=overrides)
-        else:
-            module = entry.factory(**_zoo_kwargs(spec, shape))
+    check_input_bytes((batch_size, *shape), torch.long if entry.tokens else tdtype)
+    module = _build_zoo(spec, shape, dev, overrides)
     if not entry.tokens:
         return module, None, shape
     return module, token_ids(module, (batch_size, *shape), dev), shape
 
 
+def _build_zoo(spec: str, shape: tuple[int, ...], dev: torch.device, overrides: Mapping[str, Any]) -> nn.Module:
+    """Zoo model ``spec`` for inputs of ``shape`` on ``dev``; a ProfileError when it does not fit in memory."""
+    entry = ZOO[spec]
+    try:
+        with dev:
+            if entry.transformer is not None:
+                return build(entry.transformer, seq_len=shape[0], overrides=overrides)
+            return entry.factory(**_zoo_kwargs(spec, shape))
+    except (RuntimeError, MemoryError) as exc:
+        if not is_out_of_memory(exc):
+            raise
+        with_set = f" with --set {shown_overrides(overrides)}" if overrides else ""
+        raise out_of_memory(f"building {spec} for input shape {shape}{with_set}", dev, exc,
+                            "use a smaller --input-shape or --set sizes, or --mode analytic (no memory needed)"
+                            ) from None
+
+
 def token_ids(module: nn.Module, shape: tuple[int, ...], dev: torch.device) -> torch.Tensor:
     """Random token ids of ``shape`` below the model's ``config.vocab_size``."""
-    return torch.randint(0, int(module.config.vocab_size), shape, device=dev)
+    vocab = int(module.config.vocab_size)
+    if vocab < 1:
+        raise ModelLoadError(f"the model's config.vocab_size is {vocab}: there is no token id to feed it",
+                             "give the model a vocabulary of 1 or more tokens")
+    return random_input(shape, dev, torch.long, high=vocab)
 
 
 def _is_transformers_model(module: object) -> bool:
@@ -153,28 +202,39 @@ def _call_factory(spec: str, dev: torch.device) -> object:
                 return factory()  # type: ignore[operator]
     except ModelLoadError:
         raise
+    except (RuntimeError, MemoryError) as exc:
+        if not is_out_of_memory(exc):
+            raise _factory_failed(spec, exc) from None
+        raise out_of_memory(f"in model factory {spec!r}", dev, exc,
+                            "make the model smaller, or use --mode analytic (the factory then builds on 'meta')"
+                            ) from None
     except (SystemExit, KeyboardInterrupt) as exc:
         what = f"exit({exc.code!r})" if isinstance(exc, SystemExit) else "KeyboardInterrupt"
         raise ModelLoadError(f"model factory {spec!r} raised {what}",
                              "a factory must return a model, not exit") from None
     except Exception as exc:
-        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise ModelLoadError(f"model factory {spec!r} raised {type(exc).__name__}: {msg}",
-                             "fix the factory; it must return an nn.Module or (module, example_input)") from None
+        raise _factory_failed(spec, exc) from None
+
+
+def _factory_failed(spec: str, exc: Exception) -> ModelLoadError:
+    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return ModelLoadError(f"model factory {spec!r} raised {type(exc).__name__}: {msg}",
+                          "fix the factory; it must return an nn.Module or (module, example_input)")
 
 
 def _factory_example(ex: torch.Tensor, batch_size: int, input_shape: tuple[int, ...] | None, dev: torch.device,
                      tdtype: torch.dtype) -> tuple[torch.Tensor, tuple[int, ...]]:
     """The factory's example cut or repeated to ``batch_size``; with ``input_shape``, random values like it."""
     if input_shape is None:
+        check_input_bytes((batch_size, *ex.shape[1:]), ex.dtype)
         reps = [batch_size] + [1] * (ex.dim() - 1)
         example = ex[:1].repeat(*reps) if ex.shape[0] != batch_size else ex
         return example.to(dev), tuple(ex.shape[1:])
     shape = tuple(int(d) for d in input_shape)
     if ex.is_floating_point():
-        return torch.randn(batch_size, *shape, device=dev, dtype=tdtype), shape
+        return random_input((batch_size, *shape), dev, tdtype), shape
     high = max(int(ex.max()) + 1, 2) if dev.type != "meta" else 2
-    return torch.randint(0, high, (batch_size, *shape), device=dev), shape
+    return random_input((batch_size, *shape), dev, tdtype, high=high), shape
 
 
 def _from_factory(spec: str, batch_size: int, input_shape: tuple[int, ...] | None, dev: torch.device,
@@ -199,6 +259,20 @@ def _from_factory(spec: str, batch_size: int, input_shape: tuple[int, ...] | Non
                          "return an nn.Module or (module, example_input)")
 
 
+def _placed(spec: str, module: nn.Module, dev: torch.device, tdtype: torch.dtype) -> nn.Module:
+    """``module`` on ``dev`` in ``tdtype``, in train mode; a ProfileError when it does not fit in memory."""
+    try:
+        module = module.to(device=dev)
+        if tdtype != torch.float32:
+            module = module.to(dtype=tdtype)
+    except (RuntimeError, MemoryError) as exc:
+        if not is_out_of_memory(exc):
+            raise
+        raise out_of_memory(f"placing {spec} in {dtype_name(tdtype)}", dev, exc) from None
+    module.train()
+    return module
+
+
 def load_model(spec: str, batch_size: int, input_shape: tuple[int, ...] | None = None,
                dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu",
                overrides: Mapping[str, Any] | None = None) -> LoadedModel:
@@ -212,7 +286,7 @@ def load_model(spec: str, batch_size: int, input_shape: tuple[int, ...] | None =
     tdtype = parse_dtype(dtype)
     dev = _torch_device(device)
     if spec in ZOO:
-        module, example, shape = _from_zoo(spec, batch_size, input_shape, dev, overrides or {})
+        module, example, shape = _from_zoo(spec, batch_size, input_shape, dev, tdtype, overrides or {})
     elif ":" not in spec:
         raise _unknown(spec)
     elif overrides:
@@ -220,12 +294,10 @@ def load_model(spec: str, batch_size: int, input_shape: tuple[int, ...] | None =
                          "set the fields in your factory instead")
     else:
         module, example, shape = _from_factory(spec, batch_size, input_shape, dev, tdtype)
-    module = module.to(device=dev)
-    if tdtype != torch.float32:
-        module = module.to(dtype=tdtype)
-    module.train()
+    module = _placed(spec, module, dev, tdtype)
     if example is None:
-        example = torch.randn(batch_size, *shape, device=dev, dtype=tdtype)
+        example = random_input((batch_size, *shape), dev, tdtype)
     elif example.is_floating_point():
         example = example.to(dtype=tdtype)
-    return LoadedModel(name=spec, module=module, example_input=example, input_shape=tuple(shape))
+    return LoadedModel(name=spec, module=module, example_input=example, input_shape=tuple(shape),
+                       overrides=dict(overrides or {}))

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from planner.profiler.flops import flop_counter
+from planner.profiler.guards import check_output
 from planner.profiler.layered import primary_output
 
 Sync = Callable[[], None]
@@ -45,6 +46,8 @@ class LayerFacts:
     output_shape: tuple[int, ...]
     saved_bytes: int
     input_requires_grad: bool
+    output_dtype: torch.dtype = torch.float32
+    output_requires_grad: bool = True
 
 
 def _storage_key(t: torch.Tensor) -> int:
@@ -120,7 +123,8 @@ def instrumented_pass(layers: Sequence[nn.Module], x: torch.Tensor, params: Sequ
     bwd_flops = _backward_walk(inputs, outputs, lambda _i, run: _counted(run, count_flops))
     facts = [
         LayerFacts(fwd_flops[i], bwd_flops[i], outputs[i].numel() * outputs[i].element_size(),
-                   tuple(outputs[i].shape), saved.saved[i], inputs[i].requires_grad)
+                   tuple(outputs[i].shape), saved.saved[i], inputs[i].requires_grad, outputs[i].dtype,
+                   outputs[i].requires_grad)
         for i in range(len(layers))
     ]
     _zero_grads(params)
@@ -193,6 +197,7 @@ def whole_model_pass(module: nn.Module, x: torch.Tensor, params: Sequence[torch.
     sync()
     t0 = clock()
     out = primary_output(module(x))
+    check_output(out.dtype, out.requires_grad, f"the output of the whole {type(module).__name__}")
     out.backward(torch.ones_like(out))
     sync()
     dt = clock() - t0
