@@ -9,7 +9,6 @@ traceback reaches the user unless ``PLANNER_DEBUG=1``.
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import sys
 from collections.abc import Mapping
@@ -43,8 +42,10 @@ def fail(exc: PlannerError) -> None:
 
 
 def emit_json(doc: Mapping[str, Any]) -> None:
-    """Print exactly one JSON document on stdout (the ``--json`` contract)."""
-    click.echo(json.dumps(doc, indent=2, allow_nan=False))
+    """Print exactly one JSON document on stdout (the ``--json`` contract), one that would load again."""
+    from planner.jsonio import dumps
+
+    click.echo(dumps(doc), nl=False)
 
 
 class LazyGroup(click.Group):

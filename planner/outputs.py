@@ -5,7 +5,9 @@ whose folder exists and is writable, and which is not a folder, a device, a pipe
 non-regular file (:func:`check_output`). A symlink is written through to its target (the link
 stays). While the command works, each output is written to a temporary file (or folder) beside
 its target; :meth:`Outputs.commit` renames them all into place at the end, after the command's
-printing succeeded. If one rename fails, the ones already made are undone (a replaced file is
+printing succeeded, after checking that none lands on a folder or on one of the command's inputs
+(:meth:`Outputs.ready`, which a command may call before it prints; an output that is an input is
+refused when declared). If one rename fails, the ones already made are undone (a replaced file is
 restored from a hard-link backup), so a command that fails leaves none of its outputs and never
 a half-written file. :meth:`Outputs.close` removes whatever was staged and not committed.
 """
@@ -58,8 +60,15 @@ def check_output(path: str | os.PathLike[str] | None, *, folder: bool = False) -
     shown = str(path)
     if not shown.strip():
         raise UsageError("an output path is empty", "give a file name, e.g. -o plan.json")
-    real = target_of(path)
-    via = "" if real == Path(os.path.abspath(path)) else f" (a link to {real})"
+    try:
+        return _checked(shown, folder)
+    except OSError as exc:  # a name too long, a loop of links, ...
+        raise _refuse(shown, exc.strerror or str(exc), "give a shorter or plainer path") from None
+
+
+def _checked(shown: str, folder: bool) -> Path:
+    real = target_of(shown)
+    via = "" if real == Path(os.path.abspath(shown)) else f" (a link to {real})"
     if folder:
         if real.exists() and not real.is_dir():
             raise _refuse(shown, f"it is not a folder{via}", "give a new or existing folder")
@@ -118,25 +127,28 @@ def _backup(target: Path) -> Path | None:
 
 def _place_file(temp: Path, target: Path, item: _Staged) -> Undo:
     backup = _backup(target)
+    if backup is not None:
+        item.backups.append(backup)  # dropped after the commit, whether this replace succeeds or not
     os.replace(temp, target)
     if backup is None:
         return lambda: target.unlink(missing_ok=True)
-    item.backups.append(backup)
     return lambda: os.replace(backup, target)
 
 
-def _place_folder(item: _Staged) -> list[Undo]:
-    """A new folder is renamed into place whole; an existing one receives the files one by one."""
+def _place_folder(item: _Staged, done: list[Undo]) -> None:
+    """A new folder is renamed into place whole; an existing one receives the files one by one. Each step's
+    undo goes into ``done`` as soon as it is made, so a failure part way is undone whole."""
     target = item.target
     if target.is_dir():
-        return [_place_file(f, target / f.name, item) for f in sorted(item.temp.iterdir())]
-    made = []
+        for f in sorted(item.temp.iterdir()):
+            done.append(_place_file(f, target / f.name, item))
+        return
     for parent in reversed(target.parents):
         if not parent.exists():
             parent.mkdir()
-            made.append(parent)
+            done.append(_remover(parent))
     os.rename(item.temp, target)
-    return [_remover(p) for p in made] + [lambda: shutil.rmtree(target, ignore_errors=True)]  # undone backwards
+    done.append(lambda: shutil.rmtree(target, ignore_errors=True))  # undone backwards
 
 
 def _remover(folder: Path) -> Undo:
@@ -148,7 +160,9 @@ class Outputs:
     :meth:`folder`, committed together by :meth:`commit`; :meth:`close` drops what was not committed."""
 
     def __init__(self, files: Sequence[str | os.PathLike[str] | None] = (),
-                 folders: Sequence[str | os.PathLike[str] | None] = ()) -> None:
+                 folders: Sequence[str | os.PathLike[str] | None] = (),
+                 inputs: Sequence[str | os.PathLike[str] | None] = ()) -> None:
+        self._inputs = {target_of(p): str(p) for p in inputs if p is not None and str(p).strip()}
         self._targets: dict[str, tuple[Path, bool]] = {}
         for paths, is_folder in ((files, False), (folders, True)):
             for path in paths:
@@ -161,7 +175,30 @@ class Outputs:
         clash = [shown for shown, (other, _) in self._targets.items() if other == real]
         if clash:
             raise UsageError(f"{key} and {clash[0]} are the same file ({real})", "give each output its own path")
+        self._refuse_input(key, real)
         self._targets[key] = (real, folder)
+
+    def _refuse_input(self, shown: str, real: Path) -> None:
+        if real in self._inputs:
+            given = self._inputs[real]
+            same = given == shown and Path(os.path.abspath(shown)) == real
+            which = "" if same else f" {given} ({real})"
+            raise UsageError(f"output {shown} is the command's input{which}: writing it would replace what the "
+                             "command reads", "give the output another path")
+
+    def ready(self) -> None:
+        """Fail, before anything is placed, where a staged file would land on a folder or another non-regular
+        file, or on an input, in an existing output folder (a new file or folder was checked when declared)."""
+        for item in self._staged:
+            if not (item.folder and item.target.is_dir()):
+                continue
+            for f in sorted(item.temp.iterdir()):
+                dest = target_of(item.target / f.name)
+                shown = str(Path(item.shown) / f.name)
+                if dest.is_dir() or (dest.exists() and not dest.is_file()):
+                    raise _refuse(shown, "it is a folder or another non-regular file",
+                                  f"move it away or choose another folder than {item.shown}")
+                self._refuse_input(shown, dest)
 
     def _target(self, path: str | os.PathLike[str], folder: bool) -> Path:
         key = str(path)
@@ -207,14 +244,20 @@ class Outputs:
             raise _refuse(str(path), str(exc.strerror), "free some space or choose another path") from None
 
     def commit(self) -> None:
-        """Move every staged output into place; if one fails, undo the others and raise."""
+        """Move every staged output into place (after :meth:`ready`); if one fails, undo the others and raise."""
         done: list[Undo] = []
+        shown = ", ".join(item.shown for item in self._staged)
         try:
+            self.ready()
             for item in self._staged:
-                done += _place_folder(item) if item.folder else [_place_file(item.temp, item.target, item)]
+                shown = item.shown
+                if item.folder:
+                    _place_folder(item, done)
+                else:
+                    done.append(_place_file(item.temp, item.target, item))
         except OSError as exc:
             _undo(done)
-            raise _refuse(item.shown, str(exc.strerror)) from None
+            raise _refuse(shown, str(exc.strerror)) from None
         except BaseException:
             _undo(done)
             raise

@@ -118,6 +118,21 @@ def test_cli_writes_a_cluster_file(tmp_path: Path) -> None:
     assert "engine_overheads" not in doc
 
 
+def test_the_cli_refuses_an_analytic_profile_to_match_and_an_overlong_name_before_measuring(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from planner.cli import main
+    from tests.conftest import make_profile_dict
+
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps(make_profile_dict()))  # analytic, for a device called "test"
+    out = tmp_path / "cluster.json"
+    res = CliRunner().invoke(main, ["calibrate", "-o", str(out), "--match-profile", str(profile)])
+    assert res.exit_code == 2 and "is an analytic profile" in res.stderr and not out.exists()
+    res = CliRunner().invoke(main, ["calibrate", "-o", str(out), "--name", "x" * 2000])
+    assert res.exit_code == 2 and "2000 characters" in res.stderr and not out.exists()
+
+
 def test_fit_recovers_the_overheads_that_made_the_residuals() -> None:
     import numpy as np
 

@@ -51,6 +51,31 @@ def test_every_schedule_runs(tmp_path: Path) -> None:
         assert "Step 00:" in result.stderr
 
 
+def test_a_trace_onto_the_plan_itself_is_refused_and_the_plan_kept(tmp_path: Path, plan_doc: dict[str, Any]) -> None:
+    plan = write(tmp_path / "plan.json", plan_doc)
+    before = plan.read_text()
+    result = run(str(plan), "--trace", str(plan))
+    assert result.exit_code == 2 and "is the command's input" in result.stderr
+    assert plan.read_text() == before and sorted(p.name for p in tmp_path.iterdir()) == ["plan.json"]
+
+
+def test_a_plan_that_overflows_memory_says_so_in_a_warning(tmp_path: Path, plan_doc: dict[str, Any]) -> None:
+    for node in plan_doc["cluster"]["nodes"]:
+        for gpu in node["gpus"]:
+            gpu["memory_bytes"] = 1000
+    result = run(str(write(tmp_path / "plan.json", plan_doc)), "--json")
+    assert result.exit_code == 0, result.output
+    warnings = json.loads(result.stdout)["warnings"]
+    assert any("the plan does not fit: 2 of 2 devices" in w for w in warnings)
+    assert "warning: the plan does not fit" in result.stderr
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_a_number_option_that_is_not_finite_is_bad_usage(tmp_path: Path, plan_doc: dict[str, Any], value: str) -> None:
+    result = run(str(write(tmp_path / "plan.json", plan_doc)), "--overlap-allreduce", "--bucket-mb", value)
+    assert result.exit_code == 2 and "--bucket-mb" in result.stderr
+
+
 def test_trace_and_plot(tmp_path: Path, plan_doc: dict[str, Any]) -> None:
     trace, png = tmp_path / "t.json", tmp_path / "g.png"
     result = run(str(write(tmp_path / "plan.json", plan_doc)), "--trace", str(trace), "--plot", str(png),

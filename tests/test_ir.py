@@ -224,3 +224,13 @@ def test_bad_batch_times_are_refused_with_the_field(mutate: Any, needle: str) ->
     with pytest.raises(FormatError) as info:
         ModelProfile.from_dict(doc)
     assert needle in str(info.value)
+
+
+def test_a_profile_whose_layers_take_no_time_is_refused() -> None:
+    doc = make_profile_dict()
+    for layer in doc["layers"]:
+        layer.update(forward_s=0.0, backward_s=0.0)
+    with pytest.raises(FormatError, match="takes 0 s forward and backward: there is no work"):
+        ModelProfile.from_dict(doc)
+    doc["layers"][-1]["backward_s"] = 1e-6
+    assert ModelProfile.from_dict(doc).layers[-1].backward_s == 1e-6

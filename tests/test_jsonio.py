@@ -38,9 +38,22 @@ def test_atomic_write_leaves_nothing_on_failure(tmp_path: Path) -> None:
 
 
 def test_nan_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(PlannerError, match="cannot write JSON"):
+    with pytest.raises(PlannerError, match=r"the document this command made: x is nan: not a finite number"):
         write_json(tmp_path / "x.json", {"x": float("nan")})
+    with pytest.raises(PlannerError, match=r"the plan this command made: stages\[0\].t is inf"):
+        write_json(tmp_path / "x.json", {"kind": "plan", "stages": [{"t": float("inf")}]})
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_document_beyond_its_schemas_bounds_would_not_load_and_is_refused() -> None:
+    from planner.jsonio import check_loadable
+    from tests.conftest import make_cluster_dict
+
+    doc = make_cluster_dict()
+    check_loadable(doc)
+    doc["links"]["intra_node"]["latency_s"] = 1e5
+    with pytest.raises(PlannerError, match=r"latency_s is 100000\.0, above the maximum 60 .*it would not load again"):
+        check_loadable(doc)
 
 
 def test_written_files_get_the_usual_mode(tmp_path: Path) -> None:

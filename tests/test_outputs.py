@@ -122,6 +122,64 @@ def test_a_failed_folder_commit_removes_the_folders_it_made(tmp_path: Path, monk
     assert _names(tmp_path) == []
 
 
+def test_a_failure_part_way_into_an_existing_folder_restores_every_file(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = tmp_path / "out"
+    folder.mkdir()
+    for name in "abc":
+        (folder / name).write_text(f"old {name}")
+    out = Outputs(folders=[folder])
+    for name in "abc":
+        (out.folder(folder) / name).write_text(f"new {name}")
+    real_replace = os.replace
+
+    def replace(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+        if Path(dst).name == "c":
+            raise OSError(28, "No space left on device")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(outputs.os, "replace", replace)
+    with pytest.raises(PlannerError, match="No space left"):
+        out.commit()
+    monkeypatch.undo()
+    assert _names(folder) == ["a", "b", "c"]
+    assert [(folder / n).read_text() for n in "abc"] == ["old a", "old b", "old c"]
+
+
+def test_a_file_that_would_land_on_a_folder_is_refused_before_anything_is_placed(tmp_path: Path) -> None:
+    folder = tmp_path / "out"
+    (folder / "train.py").mkdir(parents=True)
+    (folder / "README.md").write_text("mine")
+    out = Outputs(folders=[folder])
+    for name in ("README.md", "train.py"):
+        (out.folder(folder) / name).write_text("new")
+    with pytest.raises(PlannerError, match=r"train.py: it is a folder"):
+        out.ready()
+    with pytest.raises(PlannerError, match=r"train.py: it is a folder"):
+        out.commit()
+    assert _names(folder) == ["README.md", "train.py"] and (folder / "README.md").read_text() == "mine"
+
+
+def test_an_output_that_is_an_input_is_refused(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.json"
+    plan.write_text("input")
+    os.symlink("plan.json", tmp_path / "alias.json")
+    with pytest.raises(UsageError, match="is the command's input"):
+        Outputs([tmp_path / "alias.json"], inputs=[plan])
+    out = Outputs(folders=[tmp_path], inputs=[plan])  # a folder that holds the input, and a file of that name
+    (out.folder(tmp_path) / "plan.json").write_text("exported")
+    with pytest.raises(UsageError, match=r"plan\.json is the command's input"):
+        out.commit()
+    assert plan.read_text() == "input"
+
+
+def test_a_name_the_system_refuses_is_a_planner_error(tmp_path: Path) -> None:
+    with pytest.raises(PlannerError, match="too long"):
+        check_output(tmp_path / ("a" * 300 + ".json"))
+    with pytest.raises(PlannerError, match="too long"):
+        Outputs(folders=[tmp_path / ("b" * 300)])
+
+
 def test_stdout_to_stderr_moves_python_and_fd_level_writes() -> None:
     code = ("import os, sys\nfrom planner.outputs import stdout_to_stderr\n"
             "with stdout_to_stderr():\n    print('py')\n    os.write(1, b'fd\\n')\nprint('after')\n")

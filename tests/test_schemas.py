@@ -43,7 +43,7 @@ def _set(doc: dict[str, Any], path: tuple[str | int, ...], value: Any) -> dict[s
 @pytest.mark.parametrize(("path", "value", "message"), [
     (("layers", 1, "param_bytes"), 1e308, "layers[1].param_bytes is 1e+308, above the maximum 1e+15 (bytes)"),
     (("layers", 0, "forward_s"), -0.5, "layers[0].forward_s is -0.5, below the minimum 0 (seconds)"),
-    (("device_flops"), 0, "device_flops is 0, must be above 0 (FLOP/s)"),
+    (("device_flops"), 0, "device_flops is 0, below the minimum 1000 (FLOP/s)"),
     (("batch_size",), 10**8, "batch_size is 100000000, above the maximum 1e+07"),
     (("batch_size",), 1.5, "batch_size is 1.5, expected an integer"),
     (("model",), "", "model is '', too short"),
@@ -100,7 +100,7 @@ def test_a_value_is_refused_exactly_when_above_its_bound(which: tuple[tuple[str 
     path, bound = which
     profile, _, _ = hostile.base_docs()
     value: float = round(bound * scale)
-    value = max(value, 1)
+    value = max(value, build.MIN_RATE)  # every bounded field accepts the least device rate
     try:
         schemas.validate(_set(profile, path, value), "profile", 1, "p")
         refused = False
@@ -108,6 +108,20 @@ def test_a_value_is_refused_exactly_when_above_its_bound(which: tuple[tuple[str 
         refused = True
         assert str(path[-1]) in exc.cause and "above the maximum" in exc.cause
     assert refused == (value > bound)
+
+
+@pytest.mark.parametrize("path", [("nodes", 0, "gpus", 0, "flops"), ("links", "inter_node", "bandwidth_Bps"),
+                                  ("links", "intra_node", "allgather_bandwidth_Bps"),
+                                  ("nodes", 0, "gpus", 0, "memory_bandwidth_Bps")])
+def test_a_rate_below_any_real_machines_is_refused(path: tuple[str | int, ...]) -> None:
+    """1e-300 bytes/s would make an iteration of 1e300 s: a device's FLOP/s and a link's or memory's bytes/s are
+    at least build.MIN_RATE; a link's latency at most build.MAX_LATENCY_S."""
+    _, cluster, _ = hostile.base_docs()
+    schemas.validate(_set(cluster, path, build.MIN_RATE), "cluster", 1, "c")
+    with pytest.raises(FormatError, match="below the minimum 1000"):
+        schemas.validate(_set(cluster, path, 1e-300), "cluster", 1, "c")
+    with pytest.raises(FormatError, match="above the maximum 60"):
+        schemas.validate(_set(cluster, ("links", "intra_node", "latency_s"), 1e6), "cluster", 1, "c")
 
 
 def test_agrees_with_the_jsonschema_library() -> None:

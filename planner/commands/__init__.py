@@ -7,6 +7,7 @@ committed together at the end) and reading a plan file with its warnings (:func:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -82,6 +83,19 @@ def rerank_option(help_text: str) -> Callable[[F], F]:
     return click.option("--rerank", type=click.IntRange(min=0), default=RERANK, show_default=True, help=help_text)
 
 
+class FiniteRange(click.FloatRange):
+    """A float option in ``[min, max]`` that also refuses NaN and infinities (which click's range lets through: a
+    NaN compares false with every bound), so that a timeout of ``nan`` cannot disable a watchdog."""
+
+    name = "finite float range"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
 def parse_microbatches(value: str) -> int | str:
     """``--microbatches``: ``N`` (a positive integer) or ``auto``; anything else is a UsageError (exit 2)."""
     if value == "auto":
@@ -101,9 +115,11 @@ def check_folder(path: str | None) -> None:
     check_output(path)
 
 
-def outputs(files: list[str | None] | None = None, folders: list[str | None] | None = None) -> Outputs:
-    """The command's outputs, checked now; staged files not committed are removed when the command ends."""
-    return click.get_current_context().with_resource(Outputs(files or [], folders or []))
+def outputs(files: list[str | None] | None = None, folders: list[str | None] | None = None,
+            inputs: list[str | None] | None = None) -> Outputs:
+    """The command's outputs, checked now (none may be one of its ``inputs``); staged files not committed are
+    removed when the command ends."""
+    return click.get_current_context().with_resource(Outputs(files or [], folders or [], inputs or []))
 
 
 def read_plan(path: str | os.PathLike[str], quiet: bool = False) -> tuple[ir.Plan, list[str]]:

@@ -7,7 +7,9 @@ import click
 from planner import ir
 from planner.cli import emit_json
 from planner.commands import outputs, progress_option
-from planner.jsonio import dumps, read_json
+from planner.errors import UsageError
+from planner.jsonio import check_loadable, dumps, read_json
+from planner.schemas.build import MAX_NAME
 
 
 @click.command("calibrate")
@@ -33,13 +35,21 @@ def calibrate(out: str, nproc: int, threads: int, name: str | None, profile_path
     from planner.render.text import count
 
     engines = engine_list(engines_text)
-    staged = outputs([out])
+    staged = outputs([out], inputs=[profile_path])
+    if name is not None and not 0 < len(name) <= MAX_NAME:
+        raise UsageError(f"--name is {len(name)} characters long; a cluster's name has 1 to {MAX_NAME}",
+                         "give a shorter name, e.g. --name cpu2")
     profile = ir.ModelProfile.from_dict(read_json(profile_path, "profile"), profile_path) if profile_path else None
+    if profile is not None and profile.mode != "measured":
+        raise UsageError(f"--match-profile {profile_path} is an {profile.mode} profile (for {profile.device}): its "
+                         "FLOP/s are not this machine's", "profile the model here: planner profile MODEL --mode "
+                         "measured -o PROFILE, then --match-profile PROFILE")
     title = f"measuring {count(nproc, 'process')} x {count(threads, 'thread')}: compute, memory, gloo links" + (
         f", engines {', '.join(engines)}" if engines else "")
     with status(title, progress, as_json):
         cluster, meta = measure(nproc, threads, name, profile, engines)
     doc = cluster_doc(cluster, meta)
+    check_loadable(doc)
     staged.write_text(out, dumps(doc))
     link = cluster.link("intra_node")
     click.echo(f"flops {cluster.gpus[0].flops:.3g}/s per device ({meta['flops_source']}), memory "

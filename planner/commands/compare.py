@@ -55,7 +55,7 @@ def compare(profile_path: str, cluster_name: str, microbatches: str, schedule: s
     from planner.render.progress import status
 
     mb = parse_microbatches(microbatches)
-    out = outputs([plot_path])
+    out = outputs([plot_path], inputs=[profile_path, cluster_name])
     names = None if strategies is None else [s.strip() for s in strategies.split(",") if s.strip()]
     if names == []:
         raise UsageError(f"--strategies {strategies!r} names no strategy", STRATEGY_HELP)

@@ -22,10 +22,11 @@ def export(plan_path: str, engine: str, out_dir: str, as_json: bool) -> None:
     from planner.export.program import export_plan, server_commands
     from planner.export.torchtitan import launch_command as titan_command
 
-    out = outputs(folders=[out_dir])
+    out = outputs(folders=[out_dir], inputs=[plan_path])
     plan, warnings = read_plan(plan_path)
     files = [Path(out_dir) / f.name for f in export_plan(plan, engine, out.folder(out_dir))]
     commands = server_commands(plan, out_dir) if engine != "torchtitan" else [titan_command(plan, out_dir)]
+    out.ready()  # nothing printed as written before it can be
     if as_json:
         emit_json({"engine": engine, "world_size": plan.world_size, "files": [str(f) for f in files],
                    "commands": commands, "warnings": warnings})

@@ -11,7 +11,7 @@ import click
 
 from planner import ir
 from planner.cli import emit_json
-from planner.commands import progress_option, read_plan
+from planner.commands import FiniteRange, progress_option, read_plan
 from planner.render.text import plain_text
 
 
@@ -32,7 +32,7 @@ from planner.render.text import plain_text
               help="Seed of the weights and the synthetic data (the same in every process and in --check).")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="torch threads per process (default: CPU cores / processes).")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=900, show_default=True,
+@click.option("--timeout", "timeout_s", type=FiniteRange(min=1), default=900, show_default=True,
               help="Seconds before the workers are stopped and the run fails.")
 @click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True,
               help="Servers to run on: the plan's servers, one `planner run` each (1: every rank here).")
@@ -40,7 +40,7 @@ from planner.render.text import plain_text
               help="This server's place (0..nnodes-1) in the plan's order of servers.")
 @click.option("--rdzv-endpoint", default=None, metavar="HOST:PORT",
               help="Node rank 0's address and a free port, the same on every server (needed with --nnodes > 1).")
-@click.option("--rdzv-timeout", "rdzv_timeout_s", type=click.FloatRange(min=1), default=60, show_default=True,
+@click.option("--rdzv-timeout", "rdzv_timeout_s", type=FiniteRange(min=1), default=60, show_default=True,
               help="Seconds the servers have to meet at the endpoint.")
 @progress_option
 @click.option("--json", "as_json", is_flag=True, help="Print the run JSON document on stdout.")

@@ -21,7 +21,7 @@ from planner.commands import (
     progress_option,
     rerank_option,
 )
-from planner.jsonio import dumps, read_json
+from planner.jsonio import check_loadable, dumps, read_json
 from planner.schedule import SCHEDULES
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ def search(profile_path: str, cluster_name: str, output: str | None, microbatche
     mb = parse_microbatches(microbatches)
     tp_value, zero_value = parse_grid(tp, zero)
     widths = parse_config(config) if config else None
-    out = outputs([output])
+    out = outputs([output], inputs=[profile_path, cluster_name])
     profile = ir.ModelProfile.from_dict(read_json(profile_path, "profile"), profile_path)
     cluster = load_cluster(cluster_name)
     t0 = time.perf_counter()
@@ -89,6 +89,7 @@ def search(profile_path: str, cluster_name: str, output: str | None, microbatche
     elapsed = time.perf_counter() - t0
     check_emitted(plan)  # the plan document is the JSON output: its warnings go to stderr only
     doc = _plan_document(plan)
+    check_loadable(doc)
     out.write_text(output, dumps(doc))
     print_plan(plan, explanation, elapsed_s=elapsed, output=output, long=long_explanation)
     if as_json:

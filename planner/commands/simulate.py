@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from planner import ir
-from planner.commands import outputs, progress_option, read_plan
+from planner.commands import FiniteRange, outputs, progress_option, read_plan
 from planner.jsonio import dumps
 
 if TYPE_CHECKING:
@@ -60,6 +60,17 @@ def _json_doc(result: SimResult, plan: ir.Plan, explanation: Explanation) -> dic
     return doc
 
 
+def _memory_warnings(result: SimResult) -> list[str]:
+    """One warning when devices overflow their memory: how many, the worst one and its bytes."""
+    over = [d for d in result.devices if not d.fits]
+    if not over:
+        return []
+    worst = max(over, key=lambda d: d.peak_memory_bytes - d.capacity_bytes)
+    return [f"the plan does not fit: {len(over)} of {len(result.devices)} devices need more memory than they have "
+            f"(worst {worst.device}: {worst.peak_memory_bytes / 2**30:.2f} GiB of {worst.capacity_bytes / 2**30:.2f}); "
+            "planner search finds a plan that fits"]
+
+
 @click.command("simulate")
 @click.argument("plan_path", metavar="PLAN", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the simulation as one JSON document on stdout.")
@@ -70,7 +81,7 @@ def _json_doc(result: SimResult, plan: ir.Plan, explanation: Explanation) -> dic
                    "over time against capacity, and where each stage's time goes.")
 @click.option("--overlap-allreduce", is_flag=True,
               help="All-reduce gradients in DDP buckets overlapped with the last backward (default: after it).")
-@click.option("--bucket-mb", type=click.FloatRange(min=0.001), default=25.0, show_default=True,
+@click.option("--bucket-mb", type=FiniteRange(min=0.001), default=25.0, show_default=True,
               help="DDP bucket size in MiB for --overlap-allreduce.")
 @click.option("--half-duplex", is_flag=True, help="Activations and gradients share a link's bandwidth.")
 @click.option("--width", type=click.IntRange(min=16, max=1000), default=None,
@@ -96,7 +107,7 @@ def simulate(plan_path: str, as_json: bool, trace_path: str | None, plot_path: s
     from planner.simulate import SimOptions
     from planner.simulate import simulate as run_simulation
 
-    out = outputs([trace_path, plot_path])
+    out = outputs([trace_path, plot_path], inputs=[plan_path])
     plan, warnings = read_plan(plan_path, quiet)
     options = SimOptions(overlap_allreduce=overlap_allreduce, bucket_bytes=bucket_mb * 2**20,
                          duplex=not half_duplex)
@@ -109,11 +120,14 @@ def simulate(plan_path: str, as_json: bool, trace_path: str | None, plot_path: s
         if plot_path:
             update(f"drawing {plot_path}")
             _plot(result, plan, str(out.temp(plot_path)), explanation)
+    memory = _memory_warnings(result)
     if not quiet:
+        for warning in memory:
+            click.echo(f"warning: {warning}", err=True)
         _report(result, plan, width, show_table, ((trace_path, "trace"), (plot_path, "picture")), explanation,
                 long_explanation)
     if as_json:
         from planner.cli import emit_json
 
-        emit_json({**_json_doc(result, plan, explanation), "warnings": warnings})
+        emit_json({**_json_doc(result, plan, explanation), "warnings": warnings + memory})
     out.commit()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -322,7 +323,7 @@ class Cluster:
             _need(links_doc, level, f"{source}.links")
         links = tuple((str(k), Link.from_dict(v, f"{source}.links.{k}")) for k, v in links_doc.items())
         names = [g.name for n in nodes for g in n.gpus]
-        dupes = sorted({x for x in names if names.count(x) > 1})
+        dupes = sorted(name for name, n in Counter(names).items() if n > 1)
         if dupes:
             raise FormatError(f"{source}: GPU names must be unique in the cluster, repeated: {dupes[:5]}",
                               "name GPUs like 'n0.g0'")

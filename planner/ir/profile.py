@@ -289,6 +289,9 @@ class ModelProfile:
         )
         if profile.loss_fixed_s is not None:
             _check_part(source, "loss_fixed_s", profile.loss_fixed_s, "loss_s", profile.loss_s or 0.0)
+        if not any(layer.forward_s > 0 or layer.backward_s > 0 for layer in layers):
+            raise FormatError(f"{source}: every one of the {len(layers)} layers takes 0 s forward and backward: "
+                              "there is no work to place", "profile the model again (planner profile)")
         return profile
 
 

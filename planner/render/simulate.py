@@ -98,7 +98,7 @@ def headline(result: SimResult, batch_size: int | None = None) -> str:
     line = (f"{result.schedule}: {count(result.stages, 'stage')} x {count(result.microbatches, 'micro-batch')}"
             + (f" x {result.virtual_stages} chunks" if result.virtual_stages > 1 else "")
             + f", iteration {result.iteration_s * 1000:.3f} ms, bubble {result.bubble_fraction:.1%}")
-    if batch_size:
+    if batch_size and result.iteration_s > 0:
         line += f", {batch_size / result.iteration_s:.1f} samples/s"
     if result.steady_state:
         line += " (steady state)"

@@ -40,10 +40,20 @@ BOUNDS = {"FLOP/s": MAX_FLOPS, "FLOPs per layer": MAX_FLOP_COUNT, "bytes": MAX_B
 ENGINES = ("any", *runnable.ENGINES)
 
 
-def number(hi: int, *, positive: bool = False, nullable: bool = False, what: str = "") -> dict[str, Any]:
-    """A finite number in [0, hi] (``positive``: (0, hi])."""
+MIN_RATE = 1000
+"""The least FLOP/s of a device and bytes/s of a link or memory: below it a plan's times overflow (a link of
+1e-300 bytes/s makes an iteration of 1e300 s); the slowest real ones are millions of times faster."""
+MAX_LATENCY_S = 60  # a link's latency (TCP across continents is a tenth of a second)
+
+
+def number(hi: float, *, positive: bool = False, nullable: bool = False, what: str = "",
+           lo: float | None = None) -> dict[str, Any]:
+    """A finite number in [0, hi] (``positive``: (0, hi]; ``lo``: [lo, hi])."""
     s: dict[str, Any] = {"type": ["number", "null"] if nullable else "number", "maximum": hi}
-    s["exclusiveMinimum" if positive else "minimum"] = 0
+    if lo is not None:
+        s["minimum"] = lo
+    else:
+        s["exclusiveMinimum" if positive else "minimum"] = 0
     if what:
         s["description"] = what
     return s
@@ -108,7 +118,7 @@ def profile_schema() -> dict[str, Any]:
                "param_bytes": BYTES})
     return obj({**header("profile", (1,)), "model": string(), "batch_size": integer(MAX_BATCH, lo=1),
                 "dtype": string(64), "mode": string(64), "device": string(),
-                "device_flops": number(MAX_FLOPS, positive=True, what="FLOP/s"),
+                "device_flops": number(MAX_FLOPS, lo=MIN_RATE, what="FLOP/s"),
                 "layers": array({"$ref": "#/$defs/layer"})},
                {"input_shape": DIMS, "input_bytes": BYTES, "ties": array(tie, lo=0),
                 "meta": {"type": ["object", "null"]}, "loss_s": number(MAX_TIME_S, nullable=True),
@@ -126,9 +136,9 @@ def cluster_schema() -> dict[str, Any]:
 
 
 def _cluster_defs() -> dict[str, Any]:
-    flops = number(MAX_FLOPS, positive=True, what="FLOP/s")
+    flops = number(MAX_FLOPS, lo=MIN_RATE, what="FLOP/s")
     gpu = obj({"name": string(), "flops": flops, "memory_bytes": integer(MAX_BYTES, lo=1, what="bytes")},
-              {"memory_bandwidth_Bps": number(MAX_BYTES, positive=True, nullable=True, what="bytes/s"),
+              {"memory_bandwidth_Bps": number(MAX_BYTES, lo=MIN_RATE, nullable=True, what="bytes/s"),
                "peak_flops": obj({}, {f: flops for f in ir.NUMBER_FORMATS}, closed=True)})
     overhead = obj({}, {f: number(MAX_TIME_S, what="seconds") for f in ir.EngineOverhead.FIELDS}, closed=True)
     node = obj({"name": string(), "gpus": array({"$ref": "#/$defs/gpu"})},
@@ -137,9 +147,9 @@ def _cluster_defs() -> dict[str, Any]:
                 "handoff_s": number(MAX_TIME_S, what="seconds")})
     return {"gpu": gpu, "node": node,
             "engine_overhead": overhead,
-            "link": obj({"bandwidth_Bps": number(MAX_BYTES, positive=True, what="bytes/s"),
-                         "latency_s": SECONDS},
-                        {f: number(MAX_BYTES, positive=True, nullable=True, what="bytes/s")
+            "link": obj({"bandwidth_Bps": number(MAX_BYTES, lo=MIN_RATE, what="bytes/s"),
+                         "latency_s": number(MAX_LATENCY_S, what="seconds")},
+                        {f: number(MAX_BYTES, lo=MIN_RATE, nullable=True, what="bytes/s")
                          for f in ir.Link.BUS_FIELDS})}
 
 
