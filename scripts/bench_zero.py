@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import gc
 import json
 import os
 import socket
@@ -74,6 +75,7 @@ def _heap_worker(rank: int, world: int, port: int, plans_path: str, model: str, 
     train_plan(ir.Plan.from_dict(docs[0]), model, engine, 1, 0, "cross_entropy", profile_terms=False)  # first-use
     peaks = []
     for doc in docs:
+        gc.collect()  # the last plan's trainer (its reference cycles) freed before the base, not during this plan
         base, peak, done = heap_in_use_bytes(), [0], threading.Event()
 
         def sample(peak: list[int] = peak, done: threading.Event = done) -> None:
