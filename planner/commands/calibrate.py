@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from planner import ir
@@ -39,11 +41,7 @@ def calibrate(out: str, nproc: int, threads: int, name: str | None, profile_path
     if name is not None and not 0 < len(name) <= MAX_NAME:
         raise UsageError(f"--name is {len(name)} characters long; a cluster's name has 1 to {MAX_NAME}",
                          "give a shorter name, e.g. --name cpu2")
-    profile = ir.ModelProfile.from_dict(read_json(profile_path, "profile"), profile_path) if profile_path else None
-    if profile is not None and profile.mode != "measured":
-        raise UsageError(f"--match-profile {profile_path} is an {profile.mode} profile (for {profile.device}): its "
-                         "FLOP/s are not this machine's", "profile the model here: planner profile MODEL --mode "
-                         "measured -o PROFILE, then --match-profile PROFILE")
+    profile = _matched_profile(profile_path)
     title = f"measuring {count(nproc, 'process')} x {count(threads, 'thread')}: compute, memory, gloo links" + (
         f", engines {', '.join(engines)}" if engines else "")
     with status(title, progress, as_json):
@@ -51,6 +49,26 @@ def calibrate(out: str, nproc: int, threads: int, name: str | None, profile_path
     doc = cluster_doc(cluster, meta)
     check_loadable(doc)
     staged.write_text(out, dumps(doc))
+    _report(cluster, meta, out)
+    if as_json:
+        emit_json(doc)
+    staged.commit()
+
+
+def _matched_profile(path: str | None) -> ir.ModelProfile | None:
+    """``--match-profile``'s profile, which must have been measured (on this machine)."""
+    if path is None:
+        return None
+    profile = ir.ModelProfile.from_dict(read_json(path, "profile"), path)
+    if profile.mode != "measured":
+        raise UsageError(f"--match-profile {path} is an {profile.mode} profile (for {profile.device}): its FLOP/s "
+                         "are not this machine's", "profile the model here: planner profile MODEL --mode measured "
+                         "-o PROFILE, then --match-profile PROFILE")
+    return profile
+
+
+def _report(cluster: ir.Cluster, meta: dict[str, Any], out: str) -> None:
+    """What was measured, on stderr."""
     link = cluster.link("intra_node")
     click.echo(f"flops {cluster.gpus[0].flops:.3g}/s per device ({meta['flops_source']}), memory "
                f"{meta['memory_bandwidth_Bps'] / 1e9:.1f} GB/s, p2p "
@@ -64,9 +82,6 @@ def calibrate(out: str, nproc: int, threads: int, name: str | None, profile_path
         shard = f", {o.per_shard_s * 1e3:.3f} ms per FSDP unit's gather or reduction" if o.per_shard_s else ""
         click.echo(f"{engine}: {o.per_action_s * 1e3:.3f} ms per action, {o.per_microbatch_s * 1e3:.3f} ms per "
                    f"micro-batch sent, {o.per_step_s * 1e3:.3f} ms per step{shard}", err=True)
-    if as_json:
-        emit_json(doc)
-    staged.commit()
 
 
 CALIBRATED_ENGINES = ("deepspeed", "torch")

@@ -115,15 +115,7 @@ def profile_model(loaded: LoadedModel, *, mode: Literal["measured", "analytic"] 
     ``dtype`` move or cast the model if given; ``layered`` reuses a split already made.
     """
     _check_options(mode, repeats, warmup, efficiency)
-    module, x = _placed(loaded, device, dtype)
-    if mode == "measured" and x.device.type == "meta":
-        raise UsageError("measured mode needs a real device, the model is on 'meta'", "use --mode analytic")
-    params = list(module.parameters())
-    check_trainable(params, loaded.name)
-    dtype_label = dtype_name(_profile_dtype(x, params))
-    flops = resolve_device_flops(device_flops, default="rtx2080ti" if mode == "analytic" else None, dtype=dtype_label)
-    if mode == "analytic":
-        check_flat_rate(flops[0], efficiency)
+    module, x, params, dtype_label, flops = _prepared(loaded, mode, device, dtype, device_flops, efficiency)
     start = time.perf_counter()
     small = small_batch_of(int(x.shape[0])) if mode == "measured" else None
     passes = Passes(warmup, repeats, whole_repeats, curve_batches_of(int(x.shape[0])) if mode == "measured" else ())
@@ -153,6 +145,23 @@ def profile_model(loaded: LoadedModel, *, mode: Literal["measured", "analytic"] 
     )
     check_loadable(prof)
     return prof
+
+
+def _prepared(loaded: LoadedModel, mode: str, device: str | None, dtype: str | torch.dtype | None,
+              device_flops: str | float | None, efficiency: float | None
+              ) -> tuple[torch.nn.Module, torch.Tensor, list[torch.Tensor], str, Any]:
+    """The model placed and cast, its input, its parameters (trainable ones required), its dtype's name and the
+    device's FLOP/s (resolved, and checked against ``efficiency`` in analytic mode)."""
+    module, x = _placed(loaded, device, dtype)
+    if mode == "measured" and x.device.type == "meta":
+        raise UsageError("measured mode needs a real device, the model is on 'meta'", "use --mode analytic")
+    params = list(module.parameters())
+    check_trainable(params, loaded.name)
+    dtype_label = dtype_name(_profile_dtype(x, params))
+    flops = resolve_device_flops(device_flops, default="rtx2080ti" if mode == "analytic" else None, dtype=dtype_label)
+    if mode == "analytic":
+        check_flat_rate(flops[0], efficiency)
+    return module, x, params, dtype_label, flops
 
 
 def _walk(module: torch.nn.Module, x: torch.Tensor, params: list[torch.Tensor], name: str, mode: str,
