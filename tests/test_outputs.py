@@ -61,19 +61,24 @@ def test_close_without_commit_leaves_nothing(tmp_path: Path) -> None:
     assert _names(tmp_path) == ["old"] and (tmp_path / "old").read_text() == "previous"
 
 
+def _fail_replacing(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """Replacing a file called ``name`` into place fails as a full disk does; other renames go through."""
+    real_replace = os.replace
+
+    def replace(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+        if Path(dst).name == name:
+            raise OSError(28, "No space left on device")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(outputs.os, "replace", replace)
+
+
 def test_a_failed_commit_rolls_back_and_restores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "a").write_text("old a")
     out = Outputs([tmp_path / "a", tmp_path / "b", tmp_path / "c"])
     for name in "abc":
         out.write_text(tmp_path / name, f"new {name}")
-    real_replace = os.replace
-
-    def replace(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
-        if Path(dst).name == "c":
-            raise OSError(28, "No space left on device")
-        real_replace(src, dst)
-
-    monkeypatch.setattr(outputs.os, "replace", replace)
+    _fail_replacing(monkeypatch, "c")
     with pytest.raises(PlannerError, match=r"cannot write .*c: No space left"):
         out.commit()
     monkeypatch.undo()
@@ -131,14 +136,7 @@ def test_a_failure_part_way_into_an_existing_folder_restores_every_file(tmp_path
     out = Outputs(folders=[folder])
     for name in "abc":
         (out.folder(folder) / name).write_text(f"new {name}")
-    real_replace = os.replace
-
-    def replace(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
-        if Path(dst).name == "c":
-            raise OSError(28, "No space left on device")
-        real_replace(src, dst)
-
-    monkeypatch.setattr(outputs.os, "replace", replace)
+    _fail_replacing(monkeypatch, "c")
     with pytest.raises(PlannerError, match="No space left"):
         out.commit()
     monkeypatch.undo()
