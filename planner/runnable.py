@@ -106,6 +106,12 @@ class EngineLimits:
     and flattens its partition's gradients into a new fp32 tensor for the optimizer step (DeepSpeed,
     stage_1_and_2.py: ``single_partition_of_fp32_groups``, ``single_grad_partition``;
     planner.costmodel.variant)."""
+    llama_only: bool = False
+    """Whether it trains only its own Llama-family definition (one embedding, gated-MLP transformer blocks,
+    one norm + head: :func:`llama_problem`), and shards every block of a tensor group Megatron-style, in the
+    ``tp`` form with sequence parallelism (torchtitan)."""
+    uniform_recompute: bool = False
+    """Whether one recomputation mode runs for the whole job (torchtitan's ``activation_checkpoint.mode``)."""
 
     def syncs_last_backward(self, pipelined: bool) -> bool:
         """Whether a plan of two or more stages (``pipelined``), or of one, reduces once a step."""
@@ -148,7 +154,7 @@ ENGINES: dict[str, EngineLimits] = {
     # autocast, so those gradients are fp32.
     "torchtitan": EngineLimits("torchtitan", True, True, (0, 2, 3), ("none", "full"), True,
                                precisions=("fp32", "bf16"), sync_last_backward_stages=2,
-                               grad_copy=GradCopy((0,), held=True)),
+                               grad_copy=GradCopy((0,), held=True), llama_only=True, uniform_recompute=True),
 }
 
 
@@ -238,6 +244,10 @@ def engine_problems(plan: ir.Plan, engine: str) -> list[str]:
     if plan.virtual_stages > 1 and not limits.virtual_stages:
         out.append(f"{engine} runs one model chunk per device, the plan has {plan.virtual_stages}")
     out += _uniform_problems(plan.stages, engine, limits.uniform_zero) if limits.uniform_stages else []
+    out += _llama_problems(plan, engine) if limits.llama_only else []
+    if limits.uniform_recompute and len({st.recompute for st in plan.stages}) > 1:
+        out.append(f"the stages recompute {', '.join(sorted({st.recompute for st in plan.stages}))}; {engine} runs "
+                   "one recomputation mode for the whole job")
     for i, st in enumerate(plan.stages):
         if not limits.tensor_parallel and st.tp > 1:
             out.append(f"stage {i} is tensor parallel (tp {st.tp}, forms {', '.join(sorted(set(st.forms)))}), "
@@ -246,6 +256,34 @@ def engine_problems(plan: ir.Plan, engine: str) -> list[str]:
             out.append(f"stage {i} uses ZeRO stage {st.zero}; {engine} runs {', '.join(map(str, limits.zero))}")
         if st.recompute not in limits.recompute:
             out.append(f"stage {i} recomputes {st.recompute!r}; {engine} runs {', '.join(limits.recompute)}")
+    return out
+
+
+def llama_problem(profile: ir.ModelProfile) -> str | None:
+    """Why ``profile`` is not a Llama-family model (one embedding, gated-MLP transformer blocks, one norm + head,
+    as torchtitan defines it), or None."""
+    shapes = [(i, lp.block) for i, lp in enumerate(profile.layers) if lp.block is not None]
+    n = len(profile.layers)
+    if shapes and all(b.gated for _, b in shapes) and [i for i, _ in shapes] == list(range(1, n - 1)):
+        return None
+    return (f"{profile.model} is not a Llama-family model (one embedding, gated-MLP transformer blocks, one norm + "
+            f"head; its layers are {', '.join(lp.type for lp in profile.layers[:4])}{'...' if n > 4 else ''})")
+
+
+def _llama_problems(plan: ir.Plan, engine: str) -> list[str]:
+    """What an engine that trains its own Llama (torchtitan) cannot run: another model; under tensor parallelism,
+    a block not in the ``tp`` form or a stage without sequence parallelism."""
+    family = llama_problem(plan.profile)
+    out = [f"{family}, which {engine} trains only"] if family else []
+    for i, st in enumerate(plan.stages):
+        blocks = [st.layers[0] + j for j, form in enumerate(st.forms)
+                  if form != "tp" and plan.profile.layers[st.layers[0] + j].block is not None]
+        if st.tp > 1 and blocks:
+            out.append(f"stage {i} runs transformer block(s) {', '.join(map(str, blocks[:4]))} in a tensor group of "
+                       f"{st.tp} without the tp form; {engine} shards every block Megatron-style")
+        if st.tp > 1 and not st.sequence_parallel:
+            out.append(f"stage {i} runs tp {st.tp} without sequence parallelism; {engine}'s Llama shards its norms "
+                       "over the sequence under tensor parallelism")
     return out
 
 

@@ -115,7 +115,7 @@ def grid_cases() -> int:
     from synthetic import cluster as a100_cluster
     from synthetic import gpt_profile
 
-    prof = gpt_profile("llama2-70b-like", 80, 8192, 64, 4096, 32000, 1024, kv_heads=8, ffn=28672)
+    prof = gpt_profile("llama2-70b-like", 80, 8192, 64, 4096, 32000, 1024, kv_heads=8, ffn=28672, gated=True)
     print(f"{'blocks':>7} {'GPUs':>10} {'engine':>10} {'wall s':>8} {'cpu s':>8} {'target s':>9} {'peak MiB':>9}  plan")
     worst = 0.0
     for servers, engine, target in GRID_CASES:

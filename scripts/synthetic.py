@@ -3,7 +3,8 @@
 A GPT/Llama-style decoder as profile layers: the embedding, ``layers`` blocks and the final
 norm + logit layer, at a global batch ``batch`` of ``seq`` tokens, in 16-bit. Per block
 (Narayanan et al. SC'21, section 5.1): forward FLOPs ``24 B s h^2 + 4 B s^2 h``, backward
-twice that, ``12 h^2`` parameters; the logit layer ``2 B s h V`` forward FLOPs and ``h V``
+twice that, ``12 h^2`` parameters (Llama's gated blocks: ``2 h^2 + 2 h^2 kv/a + 3 h f`` parameters,
+``2 B s`` FLOPs each, plus the attention core's); the logit layer ``2 B s h V`` forward FLOPs and ``h V``
 parameters; activations saved per block ``s B h (34 + 5 a s / h)`` bytes (Korthikanti et al.
 2022, Table 2), output ``2 s B h`` bytes. Times are FLOPs over ``peak * efficiency``.
 Clusters: ``nodes`` servers of ``gpus`` A100 80GB or H100 80GB (NVIDIA data sheets) on
@@ -28,16 +29,18 @@ GPUS: dict[str, dict[str, Any]] = {
 
 def gpt_profile(name: str, layers: int, hidden: int, heads: int, seq: int, vocab: int, batch: int, *,
                 kv_heads: int | None = None, ffn: int | None = None, peak: float = 312e12,
-                efficiency: float = 0.5) -> ir.ModelProfile:
-    """A decoder of ``layers`` blocks as a profile for the whole ``batch`` (module doc)."""
+                efficiency: float = 0.5, gated: bool = False) -> ir.ModelProfile:
+    """A decoder of ``layers`` blocks as a profile for the whole ``batch`` (module doc); ``gated``: Llama's
+    blocks (grouped-query attention, a gated MLP of three ``h x ffn`` matrices) instead of GPT's."""
     b, s, h, v = batch, seq, hidden, vocab
     rate = peak * efficiency
     ffn = ffn or 4 * h
-    block_params = 4 * h * h + 2 * h * ffn
+    kv = kv_heads or heads
+    block_params = 2 * h * h + 2 * h * (h * kv // heads) + 3 * h * ffn if gated else 4 * h * h + 2 * h * ffn
     block_f = 2 * b * s * block_params + 4 * b * s * s * h
     act = int(s * b * h * (34 + 5 * heads * s / h))
     out = 2 * s * b * h
-    shape = {"hidden": h, "heads": heads, "kv_heads": kv_heads or heads, "ffn": ffn, "seq_len": s}
+    shape = {"hidden": h, "heads": heads, "kv_heads": kv, "ffn": ffn, "seq_len": s, "gated": gated}
     rows: list[dict[str, Any]] = [_layer("embed", "Embedding", 0.0, v * h, out, out, rate)]
     rows[0].update(in_features=v, out_features=h)
     for i in range(layers):

@@ -275,6 +275,9 @@ def test_megatron_block_form_two_allreduces_each_way() -> None:
     assert table.fwd[0, cm.TP] == pytest.approx(compute_f + 2 * ar)
     assert table.bwd[0, cm.TP] == pytest.approx(layer.backward_s / t + 2 * ar)
     assert table.allowed[0, cm.TP]
+    assert table.allowed[0, cm.DP]  # the block may also run on the group's share of the samples
+    only = cm.layer_table(profile, cm.Grid(group, t, "bf16"), 1, "adam", blocks_tp=True)
+    assert only.allowed[0, cm.TP] and not only.allowed[0, cm.DP]  # but not under an engine that shards every block
 
 
 def test_tp_needs_heads_and_kv_heads_it_divides() -> None:

@@ -123,7 +123,7 @@ def test_blocks_in_a_tensor_group_without_the_tp_form_are_refused() -> None:
     plan = titan_plan([0, 8], tp=2, sequence_parallel=True)
     st = plan.stages[0]
     one_dp = dataclasses.replace(plan, stages=(dataclasses.replace(st, forms=("dp", "dp", *st.forms[2:])),))
-    with pytest.raises(ExportError, match=r"transformer block\(s\) 1 in a tensor group without the tp form"):
+    with pytest.raises(ExportError, match=r"transformer block\(s\) 1 in a tensor group of 2 without the tp form"):
         tt.check_plan(one_dp)
 
 

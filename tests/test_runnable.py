@@ -116,3 +116,38 @@ def test_when_each_engine_reduces_fsdp_gradients_once_a_step() -> None:
            for name, e in ENGINES.items()}
     assert got == {"torch": (True, True, False), "torchtitan": (True, False, True),
                    "deepspeed": (False, False, False)}
+
+
+def test_torchtitan_runs_its_llama_only_with_every_block_sharded_and_the_sequence_too() -> None:
+    """torchtitan trains its own Llama; under tensor parallelism every block takes the tp form with sequence
+    parallelism, and one recomputation mode runs for the whole job."""
+    from tests.test_export_torchtitan import titan_plan
+
+    plan = titan_plan([0, 8], tp=2, sequence_parallel=True)
+    assert problems(plan) == []
+    st = plan.stages[0]
+    assert any("without the tp form" in p for p in problems(dataclasses.replace(
+        plan, stages=(dataclasses.replace(st, forms=("dp", "dp", *st.forms[2:])),))))
+    assert any("without sequence parallelism" in p for p in problems(dataclasses.replace(
+        plan, stages=(dataclasses.replace(st, sequence_parallel=False),))))
+    two = titan_plan([0, 4, 8], dp=1)
+    mixed = dataclasses.replace(two, stages=(two.stages[0], dataclasses.replace(two.stages[1], recompute="full")))
+    assert any("one recomputation mode" in p for p in problems(mixed))
+    gpt = ir.ModelProfile.from_dict(make_profile_dict(8, batch_size=8))
+    assert any("not a Llama-family model" in p for p in problems(dataclasses.replace(plan, profile=gpt)))
+
+
+@given(st.sampled_from([(1, 2), (1, 4), (2, 2)]), st.sampled_from([4, 8]), st.sampled_from([None, 1, 2]),
+       st.sampled_from(["auto", "full"]))
+@settings(max_examples=12, deadline=None)
+def test_a_torchtitan_search_emits_plans_torchtitan_runs(shape: tuple[int, int], batch: int, tp: int | None,
+                                                         recompute: str) -> None:
+    from tests.test_export_torchtitan import llama_profile
+
+    profile = dataclasses.replace(llama_profile(blocks=4, heads=4, kv_heads=2), batch_size=batch)
+    cluster = cluster_from_dict(make_cluster_dict(*shape))
+    plan = search(profile, cluster, engine="torchtitan", tp=tp, recompute=recompute, candidates=2)
+    assert problems(plan) == [], problems(plan)
+    assert all(s.sequence_parallel for s in plan.stages if s.tp > 1)
+    with pytest.raises(Exception, match="not a Llama-family model"):
+        search(ir.ModelProfile.from_dict(make_profile_dict(5, batch_size=batch)), cluster, engine="torchtitan")

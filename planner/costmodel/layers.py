@@ -217,8 +217,10 @@ def tp_open(profile: ir.ModelProfile, tp: int) -> np.ndarray:
 
 
 def layer_table(profile: ir.ModelProfile, grid: Grid | Group, microbatches: int, optimizer: str,
-                forms: Sequence[str] = ir.ALL_FORMS) -> LayerTable:
-    """Build the per-layer, per-form costs of ``profile`` on ``grid`` (see the module doc).
+                forms: Sequence[str] = ir.ALL_FORMS, blocks_tp: bool = False) -> LayerTable:
+    """Build the per-layer, per-form costs of ``profile`` on ``grid`` (see the module doc); ``blocks_tp``: in a
+    tensor group of 2 or more, a transformer block takes the ``tp`` form only (an engine that shards every block
+    Megatron-style, torchtitan).
 
     A bare ``Group`` is a grid of one tensor group of all its devices (``tp = n``, version 1).
     """
@@ -231,7 +233,7 @@ def layer_table(profile: ir.ModelProfile, grid: Grid | Group, microbatches: int,
     ag_in = np.array([ring_allgather_s(x, n, link) for x in c.in_b])
     ag_out = np.array([ring_allgather_s(x, n, link) for x in c.out_b])
     fwd, bwd, bww = _times(c, n, link, ag_in, ag_out)
-    allowed = _allowed(profile, c, n, forms, profile.batch_size / (microbatches * grid.dp))
+    allowed = _allowed(profile, c, n, forms, profile.batch_size / (microbatches * grid.dp), blocks_tp)
     act, act_sel, core = _activations(profile, grid, c, n)
     sync, const, shard = _sync(grid, c, n)
     weight = np.empty_like(fwd)
@@ -267,13 +269,17 @@ def _times(c: _Columns, n: int, link: ir.Link, ag_in: np.ndarray, ag_out: np.nda
     return fwd, bwd, bww
 
 
-def _allowed(profile: ir.ModelProfile, c: _Columns, n: int, forms: Sequence[str], samples: float) -> np.ndarray:
+def _allowed(profile: ir.ModelProfile, c: _Columns, n: int, forms: Sequence[str], samples: float,
+             blocks_tp: bool = False) -> np.ndarray:
     """Which forms each layer may take on a tensor group of ``n``; ``samples`` per micro-batch and replica:
-    the dp form splits them over the group, so it is open only when ``n`` divides them."""
+    the dp form splits them over the group, so it is open only when ``n`` divides them (and, ``blocks_tp``,
+    not to a transformer block)."""
     allowed = np.zeros((len(c.pcount), NF), dtype=bool)
     allowed[:, DP] = n == 1 or math.isclose(samples / n, round(samples / n))
     if n > 1:
         blocks = np.array([x.block is not None for x in profile.layers])
+        if blocks_tp:
+            allowed[:, DP] &= ~blocks
         for f in (SPLIT_IN, SPLIT_OUT):  # a transformer block is no single matrix: it shards as Megatron's tp form
             if ir.ALL_FORMS[f] in forms:
                 allowed[:, f] = (c.weightless | c.splittable) & ~blocks

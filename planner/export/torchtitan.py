@@ -19,8 +19,8 @@ under DDP; fp32 master weights either way); ``[activation_checkpoint] mode`` non
 (torchtitan's full mode checkpoints each block: the blocks are redone and the norm and output
 not, as the plan's cost counts, but each block's input is kept rather than only the stage's).
 
-What torchtitan cannot express is refused (ExportError with the reason; ZeRO-1 and selective
-recomputation by planner.runnable's torchtitan limits): ZeRO-1 (torchtitan shards with FSDP or
+What torchtitan cannot express is refused (ExportError with the reason, from planner.runnable's
+torchtitan limits, which the search honours): ZeRO-1 (torchtitan shards with FSDP or
 replicates), selective recomputation (torchtitan's selective modes are per-op SAC, which saves
 matrix products and attention outputs and recomputes the rest, or every n-th layer, not the
 attention core only), fp16 (``mixed_precision_param`` is bfloat16 or float32), tensor
@@ -62,7 +62,6 @@ SCHEMA: dict[str, dict[str, type]] = {
 }
 """Every key :func:`job_config` writes, with its type in torchtitan 0.2.0's JobConfig."""
 
-_FIX = "search with `planner search --engine torchtitan`, or export --to torch"
 
 
 def check_plan(plan: ir.Plan) -> int:
@@ -71,39 +70,16 @@ def check_plan(plan: ir.Plan) -> int:
         runnable.check_runnable(plan, "torchtitan")
     except PlanError as exc:
         raise ExportError(exc.cause, exc.hint) from None
-    first = plan.stages[0]
-    reasons = [
-        (plan.precision == "fp16", "the plan trains in fp16; torchtitan's mixed_precision_param is bfloat16 or "
-                                   "float32"),
-        (any(s.recompute != first.recompute for s in plan.stages),
-         "the stages recompute differently; torchtitan has one activation_checkpoint mode per job"),
-        (first.tp > 1 and not all(s.sequence_parallel for s in plan.stages),
-         f"the plan runs tp {first.tp} without sequence parallelism; torchtitan's Llama always shards norms "
-         "over the sequence under tensor parallelism"),
-    ]
-    blocks = [st.layers[0] + j for st in plan.stages if st.tp > 1 for j, form in enumerate(st.forms)
-              if form != "tp" and plan.profile.layers[st.layers[0] + j].block is not None]
-    reasons.append((bool(blocks), f"the plan runs transformer block(s) {', '.join(map(str, blocks[:4]))} in a tensor "
-                                  "group without the tp form; torchtitan shards every block Megatron-style under "
-                                  "tensor parallelism"))
-    for bad, why in reasons:
-        if bad:
-            raise ExportError(why, _FIX)
-    module_fqns(plan)
-    return first.dp
+    return plan.stages[0].dp
 
 
 def _layer_fqns(profile: ir.ModelProfile) -> list[list[str]]:
     """torchtitan's Llama modules for each profiled layer: embedding, blocks, final norm with the head."""
-    blocks = [i for i, lp in enumerate(profile.layers) if lp.block is not None]
-    n = len(profile.layers)
-    gated = all(profile.layers[i].block.gated for i in blocks)  # type: ignore[union-attr]
-    if not blocks or not gated or blocks != list(range(1, n - 1)):
-        raise ExportError(f"{profile.model} is not a Llama-family model as torchtitan trains it (one embedding, "
-                          f"gated-MLP transformer blocks, one norm + head; its layers are "
-                          f"{', '.join(lp.type for lp in profile.layers[:4])}...)",
-                          "torchtitan trains its own model definitions: export --to torch or deepspeed")
-    return [["tok_embeddings"], *([f"layers.{k}"] for k in range(len(blocks))), ["norm", "output"]]
+    family = runnable.llama_problem(profile)
+    if family is not None:
+        raise ExportError(family, "torchtitan trains its own model definitions: export --to torch or deepspeed")
+    blocks = sum(lp.block is not None for lp in profile.layers)
+    return [["tok_embeddings"], *([f"layers.{k}"] for k in range(blocks)), ["norm", "output"]]
 
 
 def module_fqns(plan: ir.Plan) -> list[list[str]]:

@@ -54,10 +54,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 
 from planner import ir
 from planner.costmodel import Grid, LayerTable, dp_iteration, layer_table, plan_memory, predict, stage_costs
 from planner.judge import Judged
+from planner.runnable import ENGINES as ENGINE_LIMITS
 from planner.runnable import is_runnable
 from planner.search import rerank
 from planner.search.descent import Opening, open_problem, solve
@@ -136,60 +138,100 @@ def _seeds(probs: list[Problem], engine: str, solver: str) -> list[rerank.Costed
     return out
 
 
+Found = list[tuple[float, int, Problem, Solution]]
+"""Solutions met: (objective, order met, problem, solution), best first."""
+
+
+@dataclass
+class _Met:
+    """What a search has met so far: its solutions, the problems it solved, and the least simulated iteration
+    of the best plans it met (other problems are solved while they may beat either)."""
+
+    req: Request
+    progress: Callable[[str], None] | None
+    found: Found = field(default_factory=list)
+    probs: list[Problem] = field(default_factory=list)
+    simulated_s: float = math.inf
+
+    @property
+    def threshold_s(self) -> float:
+        return max(self.found[0][0], self.simulated_s) if self.found else math.inf
+
+    @property
+    def uniform(self) -> bool:
+        """Whether the engine runs one recomputation mode for the whole job (planner.runnable)."""
+        limits = ENGINE_LIMITS.get(self.req.engine)
+        return limits is not None and limits.uniform_recompute
+
+    def solve(self, item: Problem | Framed, opening: Opening | None) -> bool:
+        """Solve one problem, keeping its solutions (only those whose stages share a recomputation mode where
+        :attr:`uniform`); False when its best plan mixed modes (then it is solved once per mode)."""
+        prob = item.build() if isinstance(item, Framed) else item
+        self.probs.append(prob)
+        pool: list[Solution] = []
+        threshold = self.threshold_s
+        sol = _solve(prob, self.req.solver, pool, threshold, opening)
+        if self.progress:
+            self.progress(f"M={prob.microbatches}: " + ("no plan fits" if sol is None else f"{sol.objective:.6g} s"))
+        kept = [x for x in ([sol] if sol is not None else []) + pool if not (self.uniform and _mixed(x))]
+        for x in kept:
+            self.found.append((x.objective, len(self.found), prob, x))
+        self.found.sort(key=lambda t: (t[0], t[1]))
+        if sol is not None and sol in kept and sol.objective < threshold:
+            self.simulated_s = min(self.simulated_s, _simulated_s(prob, sol, self.req.engine))
+        return sol is None or sol in kept
+
+
 def _collect(profile: ir.ModelProfile, cluster: ir.Cluster, req: Request, cands: list[int],
-             progress: Callable[[str], None] | None) -> tuple[list[tuple[float, int, Problem, Solution]],
-                                                              list[Problem]]:
+             progress: Callable[[str], None] | None) -> tuple[Found, list[Problem]]:
     """Every problem (one per micro-batch count, or per engine grid) and the solutions met, best
     objective first; InfeasibleError when no plan fits at all, PlanError when no grid gives whole
-    micro-batches."""
-    found: list[tuple[float, int, Problem, Solution]] = []
+    micro-batches. An engine that runs one recomputation mode for the whole job solves a problem whose
+    best plan mixed modes again once per mode (exact: together they hold its plans that agree)."""
     framed = [f for m in cands for f in problems(profile, cluster, m, req) if f.has_moves]
-    probs: list[Problem] = []
-    simulated_s = math.inf
-    for bound_s, item, opening in _in_order(framed, req.solver):
-        threshold = max(found[0][0], simulated_s) if found else math.inf
-        if isinstance(item, Framed):
-            if bound_s >= threshold:  # this and every later problem (their bounds only grow) cannot beat it
-                break
-            item = item.build()
-        prob = item
-        probs.append(prob)
-        pool: list[Solution] = []
-        sol = _solve(prob, req.solver, pool, threshold, opening)
-        if progress:
-            progress(f"M={prob.microbatches}: " + ("no plan fits" if sol is None else f"{sol.objective:.6g} s"))
-        for x in ([sol] if sol is not None else []) + pool:
-            found.append((x.objective, len(found), prob, x))
-        found.sort(key=lambda t: (t[0], t[1]))
-        if sol is not None and sol.objective < threshold:
-            simulated_s = min(simulated_s, _simulated_s(prob, sol, req.engine))
-    if not probs:
+    met = _Met(req, progress)
+    split: list[Framed] = []
+    for bound_s, item, opening, frame in _in_order(framed, req.solver):
+        if isinstance(item, Framed) and bound_s >= met.threshold_s:
+            break  # this and every later problem (their bounds only grow) cannot beat it
+        if not met.solve(item, opening):
+            split += frame.one_mode_each()
+    for frame in sorted(split, key=lambda f: f.lower_bound_s()):
+        if frame.lower_bound_s() < met.threshold_s:
+            met.solve(frame, None)
+    if not met.probs:
         raise _no_batch_shape(profile, cluster, cands, req)
-    if not found:
-        raise _no_width_shape(profile, req, probs) or infeasible(probs[-1])
-    return found, probs
+    if not met.found:
+        raise _no_width_shape(profile, req, met.probs) or infeasible(met.probs[-1])
+    return met.found, met.probs
 
 
-def _in_order(framed: list[Framed], solver: str) -> Iterator[tuple[float, Problem | Framed, Opening | None]]:
+def _mixed(sol: Solution) -> bool:
+    """Whether the solution's stages recompute in more than one way."""
+    return len({ch.option.variant.recompute for ch in sol.stages}) > 1
+
+
+def _in_order(framed: list[Framed], solver: str
+              ) -> Iterator[tuple[float, Problem | Framed, Opening | None, Framed]]:
     """The problems in the order to solve them, each with its lower bound (planner.search.framed): those
     whose bound is below the best unconstrained plan's objective met, tabulated and opened (solved once
     unconstrained, planner.search.descent.open_problem), best unconstrained plan first (a good incumbent
     early closes the others' branch and bound sooner); then the others, best bound first, still framed
     (tabulated when reached, if their bound can still win). Brute force: none opened, best bound first."""
     ranked = sorted(((f.lower_bound_s(), i, f) for i, f in enumerate(framed)), key=lambda t: (t[0], t[1]))
-    opened: list[tuple[float, Problem, Opening]] = []
+    opened: list[tuple[float, Problem, Opening, Framed]] = []
     best_open_s, k = math.inf, 0
     while solver == "dp" and k < len(ranked) and ranked[k][0] < best_open_s:
         prob = ranked[k][2].build()
         opening = open_problem(prob)
-        opened.append((ranked[k][0], prob, opening))
+        opened.append((ranked[k][0], prob, opening, ranked[k][2]))
         if opening.solution is not None:
             best_open_s = min(best_open_s, opening.solution.objective)
         k += 1
     opened.sort(key=lambda t: math.inf if t[2].solution is None else t[2].solution.objective)
     yield from opened
     for bound_s, _, frame in ranked[k:]:
-        yield bound_s, frame, None
+        yield bound_s, frame, None, frame
 
 
 def _simulated_s(prob: Problem, sol: Solution, engine: str) -> float:
@@ -229,7 +271,7 @@ def _no_batch_shape(profile: ir.ModelProfile, cluster: ir.Cluster, cands: list[i
                      "--microbatches auto, another --micro-batch-size or --tp auto")
 
 
-def _distinct(found: list[tuple[float, int, Problem, Solution]], n: int, engine: str, solver: str
+def _distinct(found: Found, n: int, engine: str, solver: str
               ) -> list[rerank.Costed]:
     """The ``n`` best distinct plans among the solutions met (as plans with memory, and costs)."""
     seen: set[tuple] = set()
@@ -276,11 +318,12 @@ def solution_stages(prob: Problem, sol: Solution,
         grid: Grid = prob.grids[ch.move.key]
         key = (id(prob), ch.move.key, ch.option.lean)
         if key not in cache:
-            cache[key] = layer_table(prob.profile, grid, prob.microbatches, prob.optimizer, prob.forms)
+            cache[key] = layer_table(prob.profile, grid, prob.microbatches, prob.optimizer, prob.forms,
+                                     prob.space.blocks_tp)
         forms, _ = hpp(cache[key], first, end, prob.microbatches, lean=ch.option.lean)
         v = ch.option.variant
-        stages.append(ir.Stage((first, end), ch.move.devices, forms, 0, v.recompute, ch.move.tp, v.zero,
-                               grid.sequence_parallel and "tp" in forms))
+        sequence = grid.sequence_parallel and ("tp" in forms or (prob.space.blocks_tp and ch.move.tp > 1))
+        stages.append(ir.Stage((first, end), ch.move.devices, forms, 0, v.recompute, ch.move.tp, v.zero, sequence))
     return stages
 
 

@@ -96,6 +96,12 @@ class Framed:
         """The same problem with exactly ``exact`` stages (None: any), at least ``least``."""
         return dataclasses.replace(self, exact_k=exact, min_stages=least)
 
+    def one_mode_each(self) -> list[Framed]:
+        """The same problem once per recomputation mode, every stage in it (an engine that runs one mode for the
+        whole job: together they hold exactly the plans of this problem whose stages agree)."""
+        return [dataclasses.replace(self, space=dataclasses.replace(self.space, recompute=(mode,)))
+                for mode in self.space.recompute]
+
     def build(self) -> Problem:
         """The problem, tabulated (planner.search.space.Problem; its candidates made)."""
         from planner.search.tables import build_candidates
@@ -132,7 +138,7 @@ def frame_problem(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches
     if max_blocks is None:
         max_blocks = 256 if len(cluster.gpus) <= 64 else 128
     grids, keys_of = _grids(profile, base, microbatches, space)
-    lts = tuple(layer_table(profile, grid, microbatches, optimizer, space.forms) for grid in grids)
+    lts = tuple(layer_table(profile, grid, microbatches, optimizer, space.forms, space.blocks_tp) for grid in grids)
     return Framed(profile, cluster, microbatches, schedule, optimizer, space, engine,
                   coarse_bounds(profile, max_blocks), base, tuple(grids), keys_of, lts,
                   tuple(config) if config is not None else None, len(config) if config is not None else stages,

@@ -11,6 +11,7 @@ takes one for the whole job).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -19,7 +20,7 @@ from planner.cluster import group_of
 from planner.costmodel import default_precision
 from planner.errors import UsageError
 from planner.runnable import ENGINES as ENGINE_LIMITS
-from planner.runnable import EngineLimits
+from planner.runnable import EngineLimits, llama_problem
 from planner.schedule import SCHEDULES, schedule_kind, virtual_stage_schedules
 from planner.search.framed import Framed, frame_problem
 from planner.search.space import Space, pow2_upto
@@ -170,9 +171,13 @@ def check_request(profile: ir.ModelProfile, cluster: ir.Cluster, *, schedule: st
     if config is not None:
         _check_config(config, profile, cluster, engine)
     limits = ENGINE_LIMITS.get(engine)
+    family = llama_problem(profile) if limits is not None and limits.llama_only else None
+    if family is not None:
+        raise UsageError(f"--engine {engine}: {family}, which {engine} trains only",
+                         "search with --engine torch or deepspeed (or any)")
     forms = ir.ALL_FORMS if limits is None or limits.tensor_parallel else ("dp",)
     space = Space(prec, tp, _zero_set(zero, engine, cluster), _recompute_set(recompute, engine), forms,
-                  micro_batch_size)
+                  micro_batch_size, blocks_tp=limits is not None and limits.llama_only)
     return Request(schedule, optimizer, solver, engine, tuple(config) if config else None, space, max_blocks)
 
 
@@ -215,8 +220,7 @@ def problems(profile: ir.ModelProfile, cluster: ir.Cluster, m: int, req: Request
             if w % tp or (req.space.tp is not None and tp != req.space.tp):
                 continue
             for zero in _uniform_zeros(req.space.zero, limits.uniform_zero, w // tp):
-                space = Space(req.space.precision, tp, zero, req.space.recompute, req.space.forms,
-                              req.space.micro_batch_size)
+                space = dataclasses.replace(req.space, tp=tp, zero=zero)
                 out += _uniform_problems(profile, cluster, req, limits, w, space, common)
     return out
 

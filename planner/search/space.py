@@ -118,6 +118,8 @@ class Space:
     forms: tuple[str, ...] = ir.ALL_FORMS
     micro_batch_size: int | None = None
     sequence_parallel: bool = True
+    blocks_tp: bool = False
+    """In a tensor group, every transformer block in the ``tp`` form (planner.runnable.EngineLimits.llama_only)."""
 
 
 @dataclass
