@@ -73,6 +73,25 @@ class GradCopy:
 
 
 @dataclass(frozen=True)
+class FormRules:
+    """Which layers may take which forms under an engine, beyond the cost model's own rules (a tensor group
+    splits a layer's weight or runs Megatron's block): ``blocks_tp``, in a tensor group every transformer block
+    in the ``tp`` form (an engine that shards every block, torchtitan); ``split_types``, the layer types a split
+    form may shard (None: any whose weight shape is known; the torch export shards one ``nn.Linear``)."""
+
+    blocks_tp: bool = False
+    split_types: tuple[str, ...] | None = None
+
+    def splits(self, layer: ir.LayerProfile) -> bool:
+        """Whether a split form may shard ``layer`` (a layer without weights runs on split activations)."""
+        return self.split_types is None or layer.param_count == 0 or layer.type in self.split_types
+
+
+ANY_FORMS = FormRules()
+"""No engine's limits: every form the cost model allows."""
+
+
+@dataclass(frozen=True)
 class EngineLimits:
     """What one engine runs besides its schedules (each schedule kind says which engines run it,
     planner.schedule): whether stages may differ in width or tensor degree, tensor-parallel and
@@ -112,6 +131,15 @@ class EngineLimits:
     ``tp`` form with sequence parallelism (torchtitan)."""
     uniform_recompute: bool = False
     """Whether one recomputation mode runs for the whole job (torchtitan's ``activation_checkpoint.mode``)."""
+    split_types: tuple[str, ...] | None = None
+    """The layer types its split forms shard (:class:`FormRules`)."""
+    even_servers: bool = True
+    """Whether its launcher starts the same number of processes on every server it uses (torchrun's
+    ``--nproc-per-node``, DeepSpeed's hostfile slots)."""
+
+    @property
+    def form_rules(self) -> FormRules:
+        return FormRules(blocks_tp=self.llama_only, split_types=self.split_types)
 
     def syncs_last_backward(self, pipelined: bool) -> bool:
         """Whether a plan of two or more stages (``pipelined``), or of one, reduces once a step."""
@@ -143,7 +171,7 @@ ENGINES: dict[str, EngineLimits] = {
     "torch": EngineLimits("torch", True, True, (0, 1, 2, 3), ("none", "selective", "full"), True,
                           uniform_zero=False, precisions=("fp32", "bf16"),  # no loss scale in the schedule's loss
                           zero1_gather_share=0.5, sync_last_backward_stages=1,
-                          grad_copy=GradCopy((0, 1), cap_bytes=GRAD_BUCKET_BYTES)),
+                          grad_copy=GradCopy((0, 1), cap_bytes=GRAD_BUCKET_BYTES), split_types=("Linear",)),
     # torchtitan: FSDP2 (shard = ZeRO-3, or never reshard = ZeRO-2) or replicate (0), tensor and
     # pipeline degrees, per-job activation checkpointing: none or full (its selective modes are
     # per-op SAC or every n-th layer, not the attention core; planner.export.torchtitan). Without a
@@ -234,17 +262,17 @@ def engine_problems(plan: ir.Plan, engine: str) -> list[str]:
     if kind is None or not kind.runs_on(engine):
         names = [k.name for k in SCHEDULE_KINDS.values() if k.runs_on(engine)]
         out.append(f"{engine} runs the schedules {', '.join(names)}, not {plan.schedule!r}")
-    if kind is not None and kind.torch_needs_full_pipeline and engine in ("torch", "torchtitan") and \
-            plan.microbatches < plan.pipeline_stages:
-        out.append(f"torch's {kind.torch_class} needs at least as many micro-batches as stages: the plan has "
-                   f"{plan.microbatches} on {plan.pipeline_stages} stages (use --microbatches "
-                   f"{plan.pipeline_stages} or more)")
+    refusal = kind.torch_refusal(plan.microbatches, plan.pipeline_stages) if kind is not None else None
+    if refusal is not None and engine in ("torch", "torchtitan"):
+        out.append(refusal)
     if plan.precision not in limits.precisions:
         out.append(f"{engine} trains in {', '.join(limits.precisions)}, not {plan.precision}")
     if plan.virtual_stages > 1 and not limits.virtual_stages:
         out.append(f"{engine} runs one model chunk per device, the plan has {plan.virtual_stages}")
     out += _uniform_problems(plan.stages, engine, limits.uniform_zero) if limits.uniform_stages else []
     out += _llama_problems(plan, engine) if limits.llama_only else []
+    out += _split_problems(plan, engine, limits.form_rules) + (_server_problems(plan, engine) if limits.even_servers
+                                                               else [])
     if limits.uniform_recompute and len({st.recompute for st in plan.stages}) > 1:
         out.append(f"the stages recompute {', '.join(sorted({st.recompute for st in plan.stages}))}; {engine} runs "
                    "one recomputation mode for the whole job")
@@ -285,6 +313,32 @@ def _llama_problems(plan: ir.Plan, engine: str) -> list[str]:
             out.append(f"stage {i} runs tp {st.tp} without sequence parallelism; {engine}'s Llama shards its norms "
                        "over the sequence under tensor parallelism")
     return out
+
+
+def _split_problems(plan: ir.Plan, engine: str, rules: FormRules) -> list[str]:
+    """Split forms on layers the engine cannot shard (the torch export: one nn.Linear a layer)."""
+    for i, st in enumerate(plan.stages):
+        for j, form in enumerate(st.forms):
+            layer = plan.profile.layers[st.layers[0] + j]
+            if form.startswith("split") and not rules.splits(layer):
+                return [f"stage {i}: layer {st.layers[0] + j} ({layer.name}, a {layer.type}) runs the {form} form; "
+                        f"{engine} splits the weight of {', '.join(rules.split_types or ())} layers only"]
+    return []
+
+
+def _server_problems(plan: ir.Plan, engine: str) -> list[str]:
+    """A plan whose servers run different numbers of its processes: a launcher starts as many on each."""
+    per_server: dict[str, int] = {}
+    used = {d for st in plan.stages for d in st.devices}
+    for node in plan.cluster.nodes:
+        count = sum(g.name in used for g in node.gpus)
+        if count:
+            per_server[node.name] = count
+    if len(set(per_server.values())) <= 1:
+        return []
+    shown = ", ".join(f"{name}: {n}" for name, n in per_server.items())
+    return [f"the plan runs different numbers of processes per server ({shown}); {engine}'s launcher starts the "
+            "same number on every server"]
 
 
 def _uniform_problems(stages: Sequence[ir.Stage], engine: str, uniform_zero: bool) -> list[str]:

@@ -144,7 +144,7 @@ def test_unknown_preset(files) -> None:
     (["--config", "2-1", "--engine", "deepspeed"], "one width"),
     (["--virtual-stages", "2"], "needs --schedule interleaved"),
     (["--virtual-stages", "0", "--schedule", "interleaved"], "--virtual-stages"),
-    (["--schedule", "interleaved", "--engine", "deepspeed"], "DeepSpeed"),
+    (["--schedule", "interleaved", "--engine", "deepspeed"], "deepspeed runs the schedules 1f1b, not interleaved"),
 ])
 def test_bad_options(tmp_path, args, word) -> None:
     prof = _write(tmp_path, "p.json", make_profile_dict(3, batch_size=8))

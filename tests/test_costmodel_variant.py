@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from planner import costmodel as cm
 from planner import ir
 from planner.cluster import cluster_from_dict, group_of
-from planner.runnable import deepspeed_bucket_params
+from planner.runnable import FormRules, deepspeed_bucket_params
 from tests.conftest import make_cluster_dict, make_profile_dict
 
 PSI = 7_500_000_000  # the ZeRO paper's 7.5B-parameter example
@@ -276,7 +276,7 @@ def test_megatron_block_form_two_allreduces_each_way() -> None:
     assert table.bwd[0, cm.TP] == pytest.approx(layer.backward_s / t + 2 * ar)
     assert table.allowed[0, cm.TP]
     assert table.allowed[0, cm.DP]  # the block may also run on the group's share of the samples
-    only = cm.layer_table(profile, cm.Grid(group, t, "bf16"), 1, "adam", blocks_tp=True)
+    only = cm.layer_table(profile, cm.Grid(group, t, "bf16"), 1, "adam", rules=FormRules(blocks_tp=True))
     assert only.allowed[0, cm.TP] and not only.allowed[0, cm.DP]  # but not under an engine that shards every block
 
 

@@ -34,11 +34,12 @@ def test_one_server_gets_one_standalone_script() -> None:
     assert "--standalone --nproc-per-node=4 train.py" in files["launch_node0.sh"]
 
 
-def test_a_plan_that_cannot_span_its_servers_says_why_in_the_readme() -> None:
-    files = program_files(tiny_plan("tiny_mlp", [0, 1, 2, -1], servers=(2, 2), microbatches=3, batch=6), "torch")
-    assert "launch_node1.sh" not in files and "--standalone --nproc-per-node=3" in files["launch_node0.sh"]
-    assert "cannot be started server by server: the plan uses different numbers of GPUs per server (n0: 2, n1: 1)" \
-        in files["README.md"]
+def test_a_plan_with_different_process_counts_per_server_is_refused() -> None:
+    """torchrun and DeepSpeed's hostfile start as many processes on every server: 2 on n0 and 1 on n1 cannot run."""
+    plan = tiny_plan("tiny_mlp", [0, 1, 2, -1], servers=(2, 2), microbatches=3, batch=6)
+    for engine in ("torch", "deepspeed"):
+        with pytest.raises(PlanError, match=r"different numbers of processes per server \(n0: 2, n1: 1\)"):
+            program_files(plan, engine)
 
 
 def test_the_shared_runnability_check_refuses_first(tmp_path: Path) -> None:

@@ -151,3 +151,33 @@ def test_a_torchtitan_search_emits_plans_torchtitan_runs(shape: tuple[int, int],
     assert all(s.sequence_parallel for s in plan.stages if s.tp > 1)
     with pytest.raises(Exception, match="not a Llama-family model"):
         search(ir.ModelProfile.from_dict(make_profile_dict(5, batch_size=batch)), cluster, engine="torchtitan")
+
+
+def test_torchs_interleaved_schedules_need_micro_batches_in_whole_rounds() -> None:
+    """torch's interleaved and zero-bubble classes run M in rounds of max(1, M // K): 7 on 2 ranks (3 rounds) fails."""
+    for schedule in ("zb-h1", "interleaved"):
+        for m, ok in ((7, False), (5, False), (6, True), (2, True), (1, True)):
+            plan = dataclasses.replace(_plan(batch=2 * m, m=m, widths=(1, 1)), schedule=schedule)
+            found = [p for p in problems(plan, "torch") if "rounds" in p]
+            assert (found == []) == ok, (schedule, m, found)
+            assert not [p for p in problems(plan, "any") if "rounds" in p]
+
+
+def test_the_torch_export_splits_linear_layers_only() -> None:
+    plan = _plan(tp=2, widths=(2, 2))
+    split = dataclasses.replace(plan.stages[0], forms=("split_out", "dp"))
+    for kind, ok in (("Linear", True), ("Embedding", False), ("Conv2d", False)):
+        layers = (dataclasses.replace(plan.profile.layers[0], type=kind), *plan.profile.layers[1:])
+        edited = dataclasses.replace(plan, profile=dataclasses.replace(plan.profile, layers=layers),
+                                     stages=(split, plan.stages[1]))
+        found = [p for p in problems(edited, "torch") if "splits the weight of Linear layers only" in p]
+        assert (found == []) == ok, (kind, found)
+        assert not [p for p in problems(edited, "any") if "Linear layers only" in p]
+
+
+def test_a_launcher_starts_as_many_processes_on_every_server() -> None:
+    uneven = _plan(widths=(2, 1))  # n0.g0, n0.g1 | n1.g0: 2 on n0, 1 on n1
+    for engine in ("torch", "deepspeed"):
+        assert any("different numbers of processes per server (n0: 2, n1: 1)" in p for p in problems(uneven, engine))
+    assert not [p for p in problems(uneven, "any") if "per server" in p]
+    assert not [p for p in problems(_plan(widths=(2, 2)), "torch") if "per server" in p]

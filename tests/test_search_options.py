@@ -34,6 +34,8 @@ def _cluster(nodes: int = 2, gpus: int = 4, mem: int = 10**10) -> ir.Cluster:
     ({"engine": "deepspeed", "zero": 3}, "deepspeed runs ZeRO stages 0, 1, not 3"),
     ({"engine": "deepspeed", "tp": 2}, "deepspeed runs no tensor parallelism"),
     ({"engine": "torch", "precision": "fp16"}, "torch trains in fp32, bf16, not fp16"),
+    ({"engine": "deepspeed", "schedule": "gpipe"}, "deepspeed runs the schedules 1f1b, not gpipe"),
+    ({"engine": "torch", "schedule": "pipedream"}, "torch runs the schedules gpipe, 1f1b, interleaved, zb-h1, not"),
     ({"micro_batch_size": 3}, "--micro-batch-size 3 does not divide the batch size 16"),
     ({"micro_batch_size": 4, "microbatches": 8}, "--microbatches 8 x --micro-batch-size 4"),
 ])

@@ -53,6 +53,7 @@ from planner.cluster import Group
 from planner.costmodel.batch import times_at
 from planner.costmodel.collectives import allreduce_coefficients, ring_allgather_s, ring_allreduce_s
 from planner.costmodel.precision import Bytes, flop_scale
+from planner.runnable import ANY_FORMS, FormRules
 
 DP, SPLIT_IN, SPLIT_OUT, TP = 0, 1, 2, 3
 NF = len(ir.ALL_FORMS)
@@ -217,10 +218,9 @@ def tp_open(profile: ir.ModelProfile, tp: int) -> np.ndarray:
 
 
 def layer_table(profile: ir.ModelProfile, grid: Grid | Group, microbatches: int, optimizer: str,
-                forms: Sequence[str] = ir.ALL_FORMS, blocks_tp: bool = False) -> LayerTable:
-    """Build the per-layer, per-form costs of ``profile`` on ``grid`` (see the module doc); ``blocks_tp``: in a
-    tensor group of 2 or more, a transformer block takes the ``tp`` form only (an engine that shards every block
-    Megatron-style, torchtitan).
+                forms: Sequence[str] = ir.ALL_FORMS, rules: FormRules = ANY_FORMS) -> LayerTable:
+    """Build the per-layer, per-form costs of ``profile`` on ``grid`` (see the module doc); ``rules``: an engine's
+    own limits on which layers take which forms (planner.runnable.FormRules).
 
     A bare ``Group`` is a grid of one tensor group of all its devices (``tp = n``, version 1).
     """
@@ -233,7 +233,7 @@ def layer_table(profile: ir.ModelProfile, grid: Grid | Group, microbatches: int,
     ag_in = np.array([ring_allgather_s(x, n, link) for x in c.in_b])
     ag_out = np.array([ring_allgather_s(x, n, link) for x in c.out_b])
     fwd, bwd, bww = _times(c, n, link, ag_in, ag_out)
-    allowed = _allowed(profile, c, n, forms, profile.batch_size / (microbatches * grid.dp), blocks_tp)
+    allowed = _allowed(profile, c, n, forms, profile.batch_size / (microbatches * grid.dp), rules)
     act, act_sel, core = _activations(profile, grid, c, n)
     sync, const, shard = _sync(grid, c, n)
     weight = np.empty_like(fwd)
@@ -270,19 +270,20 @@ def _times(c: _Columns, n: int, link: ir.Link, ag_in: np.ndarray, ag_out: np.nda
 
 
 def _allowed(profile: ir.ModelProfile, c: _Columns, n: int, forms: Sequence[str], samples: float,
-             blocks_tp: bool = False) -> np.ndarray:
+             rules: FormRules = ANY_FORMS) -> np.ndarray:
     """Which forms each layer may take on a tensor group of ``n``; ``samples`` per micro-batch and replica:
-    the dp form splits them over the group, so it is open only when ``n`` divides them (and, ``blocks_tp``,
-    not to a transformer block)."""
+    the dp form splits them over the group, so it is open only when ``n`` divides them; ``rules``, the engine's
+    (a block only in the tp form, split forms only on the layer types it shards)."""
     allowed = np.zeros((len(c.pcount), NF), dtype=bool)
     allowed[:, DP] = n == 1 or math.isclose(samples / n, round(samples / n))
     if n > 1:
         blocks = np.array([x.block is not None for x in profile.layers])
-        if blocks_tp:
+        if rules.blocks_tp:
             allowed[:, DP] &= ~blocks
+        shards = np.array([rules.splits(x) for x in profile.layers])
         for f in (SPLIT_IN, SPLIT_OUT):  # a transformer block is no single matrix: it shards as Megatron's tp form
             if ir.ALL_FORMS[f] in forms:
-                allowed[:, f] = (c.weightless | c.splittable) & ~blocks
+                allowed[:, f] = (c.weightless | (c.splittable & shards)) & ~blocks
         if "tp" in forms:
             allowed[:, TP] = tp_open(profile, n)
     return allowed

@@ -272,6 +272,21 @@ class ScheduleKind:
     torch_stage_list: bool = False
     torch_needs_full_pipeline: bool = False
     """torch's class refuses fewer micro-batches than stages (Schedule1F1B's M >= K check)."""
+    torch_rounds: bool = False
+    """torch's class runs the micro-batches in rounds of K and refuses M that is not a multiple of
+    ``max(1, M // K)`` (torch/distributed/pipelining/schedules.py, the interleaved schedules' check)."""
+
+    def torch_refusal(self, microbatches: int, groups: int) -> str | None:
+        """Why torch's class refuses M micro-batches on K pipeline ranks, or None."""
+        if self.torch_needs_full_pipeline and microbatches < groups:
+            return (f"torch's {self.torch_class} needs at least as many micro-batches as stages: the plan has "
+                    f"{microbatches} on {groups} stages (use --microbatches {groups} or more)")
+        rounds = max(1, microbatches // groups)
+        if self.torch_rounds and microbatches % rounds:
+            return (f"torch's {self.torch_class} runs micro-batches in rounds and needs their number to be a "
+                    f"multiple of the rounds ({rounds} for {microbatches} on {groups} pipeline ranks) (use "
+                    f"--microbatches {groups}, {2 * groups} or another multiple of {groups})")
+        return None
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.engines) - set(ENGINES))
@@ -340,11 +355,12 @@ SCHEDULE_KINDS: dict[str, ScheduleKind] = {kind.name: kind for kind in (
                  engines=_TORCH | {"deepspeed"}, torch_class="Schedule1F1B", torch_needs_full_pipeline=True),
     ScheduleKind("interleaved", lambda k, m, v, blocks: interleaved(k, m, v), _interleaved_in_flight,
                  takes_virtual_stages=True, engines=_TORCH, torch_class="ScheduleInterleaved1F1B",
-                 torch_stage_list=True),
+                 torch_stage_list=True, torch_rounds=True),
     ScheduleKind("pipedream", lambda k, m, v, blocks: pipedream(k, m, blocks), _k_minus_s_unflushed,
                  flushes=False, stashes_weights=True),
     ScheduleKind("zb-h1", lambda k, m, v, blocks: zb_h1(k, m), _min_k_m, splits_weight_grad=True,
-                 engines=_TORCH, torch_class="ScheduleInterleavedZeroBubble", torch_stage_list=True),
+                 engines=_TORCH, torch_class="ScheduleInterleavedZeroBubble", torch_stage_list=True,
+                 torch_rounds=True),
 )}
 """Every named schedule, in the order the CLI lists them."""
 

@@ -319,10 +319,10 @@ def solution_stages(prob: Problem, sol: Solution,
         key = (id(prob), ch.move.key, ch.option.lean)
         if key not in cache:
             cache[key] = layer_table(prob.profile, grid, prob.microbatches, prob.optimizer, prob.forms,
-                                     prob.space.blocks_tp)
+                                     prob.space.rules)
         forms, _ = hpp(cache[key], first, end, prob.microbatches, lean=ch.option.lean)
         v = ch.option.variant
-        sequence = grid.sequence_parallel and ("tp" in forms or (prob.space.blocks_tp and ch.move.tp > 1))
+        sequence = grid.sequence_parallel and ("tp" in forms or (prob.space.rules.blocks_tp and ch.move.tp > 1))
         stages.append(ir.Stage((first, end), ch.move.devices, forms, 0, v.recompute, ch.move.tp, v.zero, sequence))
     return stages
 

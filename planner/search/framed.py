@@ -138,7 +138,7 @@ def frame_problem(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches
     if max_blocks is None:
         max_blocks = 256 if len(cluster.gpus) <= 64 else 128
     grids, keys_of = _grids(profile, base, microbatches, space)
-    lts = tuple(layer_table(profile, grid, microbatches, optimizer, space.forms, space.blocks_tp) for grid in grids)
+    lts = tuple(layer_table(profile, grid, microbatches, optimizer, space.forms, space.rules) for grid in grids)
     return Framed(profile, cluster, microbatches, schedule, optimizer, space, engine,
                   coarse_bounds(profile, max_blocks), base, tuple(grids), keys_of, lts,
                   tuple(config) if config is not None else None, len(config) if config is not None else stages,

@@ -46,6 +46,7 @@ from planner.cluster import link_between
 from planner.costmodel import layer_table, p2p_s, stage_grid
 from planner.errors import InfeasibleError, UsageError
 from planner.judge import Judged, judge
+from planner.schedule import schedule_kind
 from planner.search.hpp import hpp, stage_tables
 from planner.search.options import DEFAULT_VIRTUAL_STAGES, resolve_virtual_stages
 
@@ -124,7 +125,7 @@ def _receive_times(plan: ir.Plan, out_bytes: np.ndarray) -> list[np.ndarray] | N
 
 def torch_runs(microbatches: int, groups: int) -> bool:
     """Whether torch's ScheduleInterleaved1F1B accepts M micro-batches on K ranks."""
-    return microbatches % max(1, microbatches // groups) == 0
+    return schedule_kind("interleaved").torch_refusal(microbatches, groups) is None
 
 
 def search_interleaved(profile: ir.ModelProfile, cluster: ir.Cluster, virtual_stages: int, *,

@@ -19,8 +19,8 @@ from planner import ir
 from planner.cluster import group_of
 from planner.costmodel import default_precision
 from planner.errors import UsageError
+from planner.runnable import ANY_FORMS, EngineLimits, llama_problem
 from planner.runnable import ENGINES as ENGINE_LIMITS
-from planner.runnable import EngineLimits, llama_problem
 from planner.schedule import SCHEDULES, schedule_kind, virtual_stage_schedules
 from planner.search.framed import Framed, frame_problem
 from planner.search.space import Space, pow2_upto
@@ -162,6 +162,10 @@ def check_request(profile: ir.ModelProfile, cluster: ir.Cluster, *, schedule: st
     from planner.costmodel.precision import check_optimizer, check_precision
 
     check_optimizer(optimizer)
+    if engine in ENGINE_LIMITS and not schedule_kind(schedule).runs_on(engine):
+        runs = [name for name in SCHEDULES if schedule_kind(name).runs_on(engine)]
+        raise UsageError(f"--engine {engine} runs the schedules {', '.join(runs)}, not {schedule}",
+                         f"use --schedule {runs[0]}, or another --engine")
     prec = check_precision(precision) if precision is not None else default_precision(profile)
     if ENGINE_LIMITS.get(engine) is not None and prec not in ENGINE_LIMITS[engine].precisions:
         raise UsageError(f"--engine {engine} trains in {', '.join(ENGINE_LIMITS[engine].precisions)}, not {prec}"
@@ -177,7 +181,7 @@ def check_request(profile: ir.ModelProfile, cluster: ir.Cluster, *, schedule: st
                          "search with --engine torch or deepspeed (or any)")
     forms = ir.ALL_FORMS if limits is None or limits.tensor_parallel else ("dp",)
     space = Space(prec, tp, _zero_set(zero, engine, cluster), _recompute_set(recompute, engine), forms,
-                  micro_batch_size, blocks_tp=limits is not None and limits.llama_only)
+                  micro_batch_size, rules=limits.form_rules if limits is not None else ANY_FORMS)
     return Request(schedule, optimizer, solver, engine, tuple(config) if config else None, space, max_blocks)
 
 

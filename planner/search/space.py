@@ -42,6 +42,7 @@ from planner import ir
 from planner.cluster import Group, group_of, index
 from planner.costmodel import PAPER, Grid, Variant, VariantCost, ZeroComms, variant_cost, variants
 from planner.costmodel.engine import EngineOverhead
+from planner.runnable import ANY_FORMS, FormRules
 from planner.search.hpp import StageTables
 
 INTRA, INTER = 0, 1
@@ -118,8 +119,8 @@ class Space:
     forms: tuple[str, ...] = ir.ALL_FORMS
     micro_batch_size: int | None = None
     sequence_parallel: bool = True
-    blocks_tp: bool = False
-    """In a tensor group, every transformer block in the ``tp`` form (planner.runnable.EngineLimits.llama_only)."""
+    rules: FormRules = ANY_FORMS
+    """The engine's limits on which layers take which forms (planner.runnable.FormRules)."""
 
 
 @dataclass
