@@ -120,8 +120,7 @@ def search(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int |
     if candidates <= 0:
         _, _, prob, sol = found[0]
         return solution_plan(prob, sol, engine=engine, solver=solver)
-    plans = _distinct(found, candidates, engine, solver) + _seeds(probs, engine, solver)
-    plans = [pc for pc in plans if is_runnable(pc[0], engine)]
+    plans = _runnable(_distinct(found, candidates, engine, solver) + _seeds(probs, engine, solver), engine)
     if evaluate is None:
         best = rerank.best_simulated(plans, alternatives)
     else:
@@ -180,6 +179,19 @@ class _Met:
         if sol is not None and sol in kept and sol.objective < threshold:
             self.simulated_s = min(self.simulated_s, _simulated_s(prob, sol, self.req.engine))
         return sol is None or sol in kept
+
+
+def _runnable(plans: list[rerank.Costed], engine: str) -> list[rerank.Costed]:
+    """The plans ``engine`` runs; an InfeasibleError saying why when it runs none of them."""
+    kept = [pc for pc in plans if is_runnable(pc[0], engine)]
+    if plans and not kept:
+        from planner.errors import InfeasibleError
+        from planner.runnable import problems as limits_broken
+
+        raise InfeasibleError(f"the {len(plans)} best plans found break a limit of --engine {engine}, the best: "
+                              f"{limits_broken(plans[0][0], engine)[0]}",
+                              "search another --config, cluster or micro-batch count, or another --engine")
+    return kept
 
 
 def _collect(profile: ir.ModelProfile, cluster: ir.Cluster, req: Request, cands: list[int],
