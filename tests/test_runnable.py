@@ -181,3 +181,21 @@ def test_a_launcher_starts_as_many_processes_on_every_server() -> None:
         assert any("different numbers of processes per server (n0: 2, n1: 1)" in p for p in problems(uneven, engine))
     assert not [p for p in problems(uneven, "any") if "per server" in p]
     assert not [p for p in problems(_plan(widths=(2, 2)), "torch") if "per server" in p]
+
+
+def test_a_search_whose_plans_all_break_an_engine_limit_says_which() -> None:
+    """Servers of 3 and 1 GPUs, memory for about a layer each: the plans that fit span them 3 + 1, which torchrun
+    cannot start; the search says so instead of emitting one."""
+    from planner.errors import InfeasibleError
+
+    profile = ir.ModelProfile.from_dict(make_profile_dict(4, batch_size=8))
+    doc = make_cluster_dict(2, 3, 10**12)
+    doc["nodes"][1]["gpus"] = doc["nodes"][1]["gpus"][:1]
+    for node in doc["nodes"]:
+        for gpu in node["gpus"]:
+            gpu["memory_bytes"] = 3_000_000  # a layer's 1 MB of weights, its gradients and its activations
+    cluster = cluster_from_dict(doc)
+    assert {d for s in search(profile, cluster, candidates=4).stages for d in s.devices} == {
+        "n0.g0", "n0.g1", "n0.g2", "n1.g0"}
+    with pytest.raises(InfeasibleError, match=r"break a limit of --engine torch, the best: .*processes per server"):
+        search(profile, cluster, engine="torch", candidates=4)
