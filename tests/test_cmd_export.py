@@ -89,10 +89,13 @@ def test_a_hostile_model_name_writes_a_script_that_compiles(tmp_path: Path, engi
         compile((out / "train.py").read_text(), "train.py", "exec")
 
 @pytest.mark.slow
-@pytest.mark.parametrize("engine", ["deepspeed", "torch"])
-def test_exported_script_trains_under_torchrun(tmp_path: Path, engine: str) -> None:
+@pytest.mark.parametrize(("engine", "precision"), [("deepspeed", "fp32"), ("torch", "fp32"), ("deepspeed", "bf16")])
+def test_exported_script_trains_under_torchrun(tmp_path: Path, engine: str, precision: str) -> None:
+    """bf16 under DeepSpeed: the MLP's float inputs meet its bf16 weights in bf16 (they once did not)."""
     out = tmp_path / engine
-    res = CliRunner().invoke(main, ["export", _write(tmp_path), "--to", engine, "-o", str(out)])
+    path = Path(_write(tmp_path))
+    path.write_text(json.dumps({**json.loads(path.read_text()), "precision": precision}))
+    res = CliRunner().invoke(main, ["export", str(path), "--to", engine, "-o", str(out)])
     assert res.exit_code == 0, res.output
     env = {**os.environ, "PYTHONPATH": str(ROOT), "DS_ACCELERATOR": "cpu",
            "TORCHRUN": f"{sys.executable} -m torch.distributed.run"}

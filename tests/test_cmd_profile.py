@@ -79,6 +79,7 @@ def test_analytic_profile_written_and_loadable(tmp_path: Path) -> None:
     prof = ModelProfile.from_dict(json.loads(out.read_text()))
     assert prof.model == "vgg11" and prof.batch_size == 8 and prof.mode == "analytic"
     assert prof.device_flops == 15.7e12 and len(prof.layers) == 11
+    assert "overrides" not in prof.meta  # no --set, nothing recorded
     assert "features.0" in stderr and "total" in stderr  # the summary table, on stderr
     assert stdout == ""
 
@@ -122,6 +123,8 @@ def test_set_parses_ints_floats_and_bools(tmp_path: Path) -> None:
     assert code == 0, stderr
     doc = json.loads(out.read_text())
     assert len(doc["layers"]) == 3 and doc["ties"] == [] and doc["layers"][1]["block"]["seq_len"] == 2048
+    # recorded, so that `planner run PLAN --model gpt2` builds this model and not the full-size one
+    assert doc["meta"]["overrides"] == {"n_layer": 1, "layer_norm_epsilon": 1e-6, "tie_word_embeddings": False}
 
 
 GPT2 = ["profile", "gpt2", "--mode", "analytic", "-b", "2"]

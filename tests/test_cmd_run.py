@@ -73,6 +73,45 @@ def test_two_servers_on_this_machine_train_like_one_process(tmp_path: Path) -> N
     assert "node rank 1: planner run" in results[0][2]  # the command for every server
 
 
+@pytest.mark.slow
+def test_a_zoo_transformer_profiled_with_set_overrides_runs_by_its_name(tmp_path: Path) -> None:
+    """profile gpt2 --set ..., search, run --model gpt2: the run builds the profiled (tiny) gpt2 from the
+    overrides the profile recorded (it once built the full-size one: "the model has 14 layers but ... 4")."""
+    from tests.conftest import make_cluster_dict
+
+    prof, plan, cluster = tmp_path / "g.json", tmp_path / "plan.json", tmp_path / "cpu2.json"
+    cluster.write_text(json.dumps(make_cluster_dict(1, 2)))
+    sets = [a for kv in ("n_layer=2", "n_embd=32", "n_head=2", "vocab_size=64") for a in ("--set", kv)]
+    steps = [["profile", "gpt2", *sets, "--input-shape", "8", "--batch-size", "4", "--repeats", "1", "--warmup", "0",
+              "--threads", "1", "-o", str(prof)],
+             ["search", str(prof), "--cluster", str(cluster), "--engine", "deepspeed", "--config", "1-1",
+              "-o", str(plan)]]
+    for args in steps:
+        res = CliRunner().invoke(main, args)
+        assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(main, ["run", str(plan), "--model", "gpt2", "--engine", "deepspeed", "--steps", "2",
+                                    "--warmup", "1", "--threads", "1", "--check", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["world_size"] == 2 and doc["max_rel_loss_diff"] < 1e-5
+
+
+def test_fp16_on_a_machine_without_gpus_exits_1_before_launching(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                                 ) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("DS_ACCELERATOR", raising=False)
+    path = Path(_write(tmp_path))
+    path.write_text(json.dumps({**json.loads(path.read_text()), "precision": "fp16"}))
+    res = CliRunner().invoke(main, ["run", str(path), "--model", "tests.test_runner:tiny_mlp", "--engine", "deepspeed",
+                                    "--steps", "2"])
+    assert res.exit_code == 1, res.output
+    assert "error: the plan trains in fp16, which DeepSpeed runs only on GPUs; this machine has none" in res.stderr
+    assert "hint: search the plan again with --precision bf16 or fp32" in res.stderr
+    assert "Traceback" not in res.stderr and "not supported on your device" not in res.stderr
+
+
 def test_node_rank_out_of_range_and_wrong_nnodes_exit_2(tmp_path: Path) -> None:
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(tiny_plan("tiny_mlp", [0, 2, -1], servers=(2, 1)).to_dict()))

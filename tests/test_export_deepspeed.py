@@ -46,6 +46,21 @@ def test_config_carries_zero_1_and_bf16() -> None:
     assert cfg["zero_optimization"] == {"stage": 1, "reduce_bucket_size": plan.profile.param_count}
 
 
+def test_stage_inputs_are_cast_to_the_compute_dtype_and_token_ids_stay_integers() -> None:
+    """DeepSpeed's bf16/fp16 weights meet float inputs in their dtype (a float MLP input once met bf16 weights:
+    "mat1 and mat2 must have the same dtype"); token ids and fp32 plans are left alone."""
+    x, ids = torch.randn(2, 3), torch.randint(0, 5, (2, 3))
+    assert dsx.to_compute_dtype(x, dsx.COMPUTE_DTYPES["bf16"]).dtype == torch.bfloat16
+    assert dsx.to_compute_dtype(x, dsx.COMPUTE_DTYPES["fp16"]).dtype == torch.float16
+    assert dsx.to_compute_dtype(ids, torch.bfloat16).dtype == torch.int64
+    assert dsx.to_compute_dtype(x, dsx.COMPUTE_DTYPES.get("fp32")) is x
+    pair = dsx.to_compute_dtype((x, ids), torch.bfloat16)
+    assert isinstance(pair, tuple) and [t.dtype for t in pair] == [torch.bfloat16, torch.int64]
+    grad = x.clone().requires_grad_()
+    dsx.to_compute_dtype(grad, torch.bfloat16).sum().backward()  # the cast stays in the graph
+    assert grad.grad is not None and grad.grad.dtype == torch.float32
+
+
 def test_zero_1s_buffers_are_bounded_and_charged_as_the_export_writes_them() -> None:
     """The cost model charges a DeepSpeed ZeRO-1 stage the two fp32 buffers of the reduce_bucket_size the
     export writes: at most the model's parameters, at most 5e7 elements (and, for fp32 weights, its fp32

@@ -52,3 +52,34 @@ def test_ties_must_be_the_profiles() -> None:
     claims = dataclasses.replace(tiny_plan("tiny_mlp", [0, 2, -1]).profile, ties=(ir.Tie("x", (0, 3), 32, 128),))
     with pytest.raises(ExportError, match=r"tied weights \(none\) are not the plan's profile's \(layers 0, 3\)"):
         check_layers_match(untied, claims, ExportError)
+
+
+TINY_GPT2 = {"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 64}
+
+
+def tiny_gpt2_plan() -> ir.Plan:
+    """A 2-stage plan over gpt2 profiled (analytic: no timing) with --set overrides, as `planner profile` does."""
+    from planner.api import profile_model
+    from planner.export.partition import manual_plan
+    from tests.conftest import make_cluster_dict
+
+    prof = profile_model("gpt2", batch_size=4, mode="analytic", input_shape=(8,), overrides=TINY_GPT2)
+    return manual_plan(prof, ir.Cluster.from_dict(make_cluster_dict(1, 2)), [0, 2, 4], microbatches=2)
+
+
+def test_the_profiled_zoo_model_is_built_with_the_profiles_overrides() -> None:
+    """`planner run PLAN --model gpt2` once built the full-size gpt2 (14 layers) for a profile of 4."""
+    plan = tiny_gpt2_plan()
+    assert plan.profile.meta["overrides"] == TINY_GPT2
+    layers, example = load_layers("gpt2", plan, seed=0)
+    assert len(layers) == 4 and tuple(example.shape) == (4, 8)
+    assert layers[0].wte.num_embeddings == 64  # type: ignore[union-attr]
+
+
+def test_a_model_that_does_not_match_names_the_profiles_overrides() -> None:
+    plan = tiny_gpt2_plan()
+    with pytest.raises(RunError, match=r"has 4 \(the profile was made from gpt2 with --set n_layer=2 n_embd=32 "
+                                       r"n_head=2 vocab_size=64\)") as err:
+        check_layers_match([nn.Linear(16, 10)], plan.profile, RunError)
+    assert "--model gpt2, which builds it with those overrides" in err.value.hint
+    assert "package.module:factory" in err.value.hint

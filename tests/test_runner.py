@@ -7,6 +7,7 @@ train; workers import them as ``tests.test_runner:<name>``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import socket
@@ -91,16 +92,17 @@ def tiny_plan(factory: str, parts: list[int], width: int = 1, *, microbatches: i
 
     torch.manual_seed(0)
     module, example = globals()[factory]()
-    layers = split_model(module, example).layers
+    split = split_model(module, example)
+    layers = split.layers
     counts = layer_param_counts(layers)
     doc: dict[str, Any] = {
         "kind": "profile", "version": 1, "model": f"tests.test_runner:{factory}", "batch_size": batch,
         "dtype": "float32", "mode": "measured", "device": "cpu", "device_flops": 1e10,
         "input_shape": list(example.shape[1:]),
-        "layers": [{"name": f"l{i}", "type": type(layer).__name__, "forward_s": 1e-4, "backward_s": 2e-4,
+        "layers": [{"name": f"l{i}", "type": kind, "forward_s": 1e-4, "backward_s": 2e-4,  # the profiler's types
                     "forward_flops": 1e6, "backward_flops": 2e6, "param_count": c, "param_bytes": 4 * c,
                     "output_bytes": 1, "saved_bytes": 1}
-                   for i, (layer, c) in enumerate(zip(layers, counts, strict=True))],
+                   for i, (kind, c) in enumerate(zip(split.types, counts, strict=True))],
     }
     parts = [p if p >= 0 else len(layers) + 1 + p for p in parts]
     cluster = ir.Cluster.from_dict(make_cluster_dict(*servers))
@@ -210,6 +212,54 @@ def test_deepspeed_two_by_two_with_tied_weights() -> None:
                    log=sys.stdout)
     assert doc["world_size"] == 4
     assert doc["max_rel_loss_diff"] < 1e-5
+
+
+@pytest.mark.slow
+def test_deepspeed_bf16_trains_a_float_input_model_like_single_process() -> None:
+    """bf16 weights with float inputs (an MLP, not token ids): the stages take their inputs in bf16
+    (once: "mat1 and mat2 must have the same dtype"); the losses are fp32 training's within bf16's tolerance."""
+    from tests.test_export_grids import BF16_TOL
+
+    plan = dataclasses.replace(tiny_plan("tiny_mlp", [0, 2, -1], microbatches=2), precision="bf16")
+    doc = run_plan(plan, "tests.test_runner:tiny_mlp", engine="deepspeed", steps=2, warmup=1, check=True,
+                   log=sys.stdout)
+    assert doc["world_size"] == 2 and len(doc["losses"]) == 2
+    assert doc["max_rel_loss_diff"] < BF16_TOL
+
+
+def _no_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("DS_ACCELERATOR", raising=False)
+
+
+def test_fp16_under_deepspeed_without_a_gpu_is_refused_before_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DeepSpeed's CPU accelerator has no fp16 ("Type fp16 is not supported on your device" in a worker)."""
+    _no_cuda(monkeypatch)
+    monkeypatch.setattr("planner.runner.launch._run_workers", lambda *a: pytest.fail("workers launched"))
+    plan = dataclasses.replace(tiny_plan("tiny_mlp", [0, 2, -1]), precision="fp16")
+    with pytest.raises(RunError, match="fp16, which DeepSpeed runs only on GPUs; this machine has none") as err:
+        run_plan(plan, "tests.test_runner:tiny_mlp", engine="deepspeed", steps=2, warmup=1)
+    assert "--precision bf16 or fp32" in err.value.hint
+    with pytest.raises(PlanError, match="trains in fp32, bf16, not fp16"):  # the torch engine trains no fp16 at all
+        run_plan(plan, "tests.test_runner:tiny_mlp", engine="torch", steps=2, warmup=1)
+
+
+def test_precision_the_gpus_here_cannot_run_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from planner.runner.launch import check_precision
+
+    plan = tiny_plan("tiny_mlp", [0, 2, -1])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    with pytest.raises(RunError, match="runs only on GPUs; DS_ACCELERATOR=cpu is set"):
+        check_precision(dataclasses.replace(plan, precision="fp16"), "deepspeed")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Tesla V100")
+    with pytest.raises(RunError, match=r"bf16, which this machine's GPU \(Tesla V100\) does not support") as err:
+        check_precision(dataclasses.replace(plan, precision="bf16"), "torch")
+    assert "--precision fp16 or fp32" in err.value.hint
+    _no_cuda(monkeypatch)
+    for precision in ("fp32", "bf16"):  # what the CPU runs
+        check_precision(dataclasses.replace(plan, precision=precision), "deepspeed")
 
 
 @pytest.mark.slow

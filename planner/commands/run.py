@@ -18,7 +18,8 @@ from planner.render.text import plain_text
 @click.command("run")
 @click.argument("plan_path", metavar="PLAN", type=click.Path(dir_okay=False))
 @click.option("--model", required=True,
-              help="The model the plan was made for: a zoo name or package.module:factory (as given to profile).")
+              help="The model the plan was made for: a zoo name or package.module:factory (as given to profile; "
+                   "the profiled zoo model is built with the profile's --set overrides).")
 @click.option("--engine", type=click.Choice(["deepspeed", "torch"]), default="deepspeed", show_default=True,
               help="Training engine: DeepSpeed's PipelineModule or torch.distributed.pipelining.")
 @click.option("--steps", type=click.IntRange(min=1), default=10, show_default=True,

@@ -146,15 +146,40 @@ def layer_specs(layers: Sequence[nn.Module]) -> list[Any]:
     return specs
 
 
+COMPUTE_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16}
+"""The dtype DeepSpeed's bf16 and fp16 modes cast the weights to (fp32 plans: none)."""
+
+
+def to_compute_dtype(value: Any, dtype: torch.dtype | None) -> Any:
+    """Floating-point tensors (alone, or in a tuple or list) in ``dtype``; integers (token ids) as they are.
+
+    DeepSpeed casts the weights to bf16 or fp16 but hands a stage its input unchanged: the first stage's
+    float data, or another stage's fp32 output, would meet bf16 weights ("mat1 and mat2 must have the same dtype").
+    """
+    if dtype is None:
+        return value
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype) if value.is_floating_point() and value.dtype != dtype else value
+    if isinstance(value, (tuple, list)):
+        return type(value)(to_compute_dtype(v, dtype) for v in value)
+    return value
+
+
 def _explicit_class() -> type:
     from deepspeed.pipe import PipelineModule
 
     class ExplicitPipelineModule(PipelineModule):  # type: ignore[misc]
-        """A PipelineModule whose stage boundaries are given, not computed."""
+        """A PipelineModule whose stage boundaries are given, not computed, and whose stages take
+        their floating-point inputs in the engine's compute dtype."""
 
-        def __init__(self, layers: Sequence[Any], parts: Sequence[int], **kwargs: Any) -> None:
+        def __init__(self, layers: Sequence[Any], parts: Sequence[int], compute_dtype: torch.dtype | None = None,
+                     **kwargs: Any) -> None:
             object.__setattr__(self, "_explicit_parts", list(parts))
+            object.__setattr__(self, "_compute_dtype", compute_dtype)
             super().__init__(layers, partition_method="uniform", **kwargs)
+
+        def forward(self, forward_input: Any) -> Any:
+            return super().forward(to_compute_dtype(forward_input, object.__getattribute__(self, "_compute_dtype")))
 
         def _partition_layers(self, method: str = "uniform") -> None:
             parts = object.__getattribute__(self, "_explicit_parts")
@@ -188,6 +213,7 @@ def build_pipeline_module(model_or_layers: Any, plan: ir.Plan,
     """A DeepSpeed ``PipelineModule`` over exactly the profile's layers and the plan's stages.
 
     Needs ``torch.distributed`` initialised with ``len(plan.stages) * width`` processes.
+    Every stage casts its floating-point input to the plan's compute dtype (:func:`to_compute_dtype`).
     A stage with ``recompute="full"`` checkpoints its layers up to the model's last transformer block
     (``ModelProfile.recomputed_layers``) as one region; the head after it keeps its activations.
     """
@@ -205,8 +231,8 @@ def build_pipeline_module(model_or_layers: Any, plan: ir.Plan,
     stage = plan.stages[topo.get_coord(rank).pipe]
     interval = plan.profile.recomputed_layers(*stage.layers) if stage.recompute == "full" else 0
     ckpt = partial(torch.utils.checkpoint.checkpoint, use_reentrant=False)
-    return _CLASS[0](layer_specs(layers), boundaries(plan), topology=topo, loss_fn=loss_fn,
-                     activation_checkpoint_interval=interval, activation_checkpoint_func=ckpt)
+    return _CLASS[0](layer_specs(layers), boundaries(plan), COMPUTE_DTYPES.get(plan.precision), topology=topo,
+                     loss_fn=loss_fn, activation_checkpoint_interval=interval, activation_checkpoint_func=ckpt)
 
 
 SCRIPT = '''\
@@ -222,8 +248,9 @@ Run with either launcher (CPU: gloo; GPU: nccl):
     deepspeed --num_gpus {world} train.py [--model MODEL] [--steps N]
 
 What it does:
-  1. builds the model MODEL (default: the profiled one, {model_repr}) and splits it into exactly
-     the layers that were profiled (planner.profiler.layers.split_model);
+  1. builds the model MODEL (default: the profiled one, {model_repr}, with the profile's --set
+     overrides if it has any) and splits it into exactly the layers that were profiled
+     (planner.profiler.layers.split_model); its stages take float inputs in the plan's precision;
   2. wraps them in a DeepSpeed PipelineModule whose stage boundaries are the plan's
      (planner.export.deepspeed.build_pipeline_module overrides DeepSpeed's partitioning),
      on a PipeDataParallelTopology(num_pp={stages}, num_dp={width});

@@ -21,18 +21,20 @@ from planner import ir
 from planner.errors import ExportError, RunError
 from planner.profiler.layered import param_accounting
 from planner.profiler.layers import split_model
-from planner.profiler.loader import load_model
+from planner.profiler.loader import load_model, overrides_for, overrides_note
 
 
 def load_layers(spec: str, plan: ir.Plan, seed: int | None = None) -> tuple[tuple[nn.Module, ...], torch.Tensor]:
     """Build ``spec`` (zoo name or package.module:factory) and split it into the profiled layers.
 
-    The layers are checked against the plan's profile (count and parameters per layer);
-    ``seed`` seeds torch first, so every process builds the same weights.
+    The profiled zoo model is built with the profile's ``--set`` overrides (``meta.overrides``; another
+    model without them). The layers are checked against the plan's profile (count and parameters per
+    layer); ``seed`` seeds torch first, so every process builds the same weights.
     """
     if seed is not None:
         torch.manual_seed(seed)
-    loaded = load_model(spec, plan.batch_size, plan.profile.input_shape)
+    overrides = overrides_for(spec, plan.profile.model, plan.profile.meta)
+    loaded = load_model(spec, plan.batch_size, plan.profile.input_shape, overrides=overrides)
     layers = as_layers(loaded.module, loaded.example_input)
     check_layers_match(layers, plan.profile, RunError)
     return layers, loaded.example_input
@@ -76,20 +78,25 @@ def layer_param_counts(layers: Sequence[nn.Module]) -> list[int]:
 
 
 def check_layers_match(layers: Sequence[nn.Module], profile: ir.ModelProfile, error: type = RunError) -> None:
-    """The layers must be the profile's: same count, same parameters per layer."""
+    """The layers must be the profile's: same count, same parameters per layer (errors name the
+    profile's ``--set`` overrides, if it has any)."""
+    note = overrides_note(profile.model, profile.meta)
+    again = (f"run the plan with --model {profile.model}, which builds it with those overrides, or a "
+             "package.module:factory returning that model") if note else ""
     if len(layers) != len(profile.layers):
         raise error(f"the model has {len(layers)} layers but the plan's profile ({profile.model}) has "
-                    f"{len(profile.layers)}", "run the plan with the model it was profiled from, or "
-                    "profile and search this model again")
+                    f"{len(profile.layers)}{note}", again or "run the plan with the model it was profiled from, "
+                    "or profile and search this model again")
     counts, ties = param_accounting_of(layers)
     for i, (n, lp) in enumerate(zip(counts, profile.layers, strict=False)):
         if n != lp.param_count:
             raise error(f"layer {i} ({lp.name}) has {n} parameters in the model but {lp.param_count} in the "
-                        f"plan's profile", "the model's shapes differ from the profiled one: profile it again")
+                        f"plan's profile{note}", again or "the model's shapes differ from the profiled one: "
+                        "profile it again")
     found, recorded = sorted(t.layers for t in ties), sorted(t.layers for t in profile.ties)
     if profile.ties and found != recorded:
-        raise error(f"the model's tied weights ({_groups(found)}) are not the plan's profile's ({_groups(recorded)})",
-                    "run the plan with the model it was profiled from, or profile it again")
+        raise error(f"the model's tied weights ({_groups(found)}) are not the plan's profile's ({_groups(recorded)})"
+                    f"{note}", again or "run the plan with the model it was profiled from, or profile it again")
 
 
 def _groups(layer_sets: Sequence[tuple[int, ...]]) -> str:

@@ -317,8 +317,9 @@ Run (CPU: gloo; GPU: nccl):
     torchrun --standalone --nproc_per_node {world} train.py [--model MODEL] [--steps N] [--lr LR] [--report DIR]
 
 What it does:
-  1. builds the model MODEL (default: the profiled one, {model_repr}) and splits it into exactly
-     the profiled layers (planner.profiler.layers.split_model);
+  1. builds the model MODEL (default: the profiled one, {model_repr}, with the profile's --set
+     overrides if it has any) and splits it into exactly the profiled layers
+     (planner.profiler.layers.split_model);
   2. on a (pp={pp}, dp={dp}, tp={tp}) DeviceMesh, makes this rank's PipelineStage(s) from the
      plan's layer ranges, shards tp/split forms over the tensor group with DTensor (Megatron
      blocks, ColwiseParallel/RowwiseParallel), wraps recomputation and autocast, applies ZeRO

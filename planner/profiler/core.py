@@ -30,7 +30,7 @@ built with ``--set`` overrides name them.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -134,7 +134,8 @@ def profile_model(loaded: LoadedModel, *, mode: Literal["measured", "analytic"] 
         if flops[0] is None:  # pragma: no cover - analytic mode always has a default device
             raise UsageError("analytic mode needs a device's FLOP/s", "pass --device-flops")
         times, fixed, extra = _analytic_times(lm, x, facts, (flops[0], flops[1]), efficiency, dtype_label)
-    meta = {**_meta(lm, times, threads, time.perf_counter() - start), "instrumented_layers": counted, **extra}
+    meta = {**_meta(lm, times, threads, time.perf_counter() - start, loaded.overrides),
+            "instrumented_layers": counted, **extra}
     prof = ModelProfile(
         model=loaded.name, batch_size=int(x.shape[0]), dtype=dtype_label,
         mode=mode, device=times.device_name if mode == "analytic" else (
@@ -342,7 +343,10 @@ def _layer_profiles(lm: LayeredModel, facts: list[LayerFacts], times: _LayerTime
     return tuple(layers)
 
 
-def _meta(lm: LayeredModel, times: _LayerTimes, threads: int | None, elapsed: float) -> dict[str, Any]:
+def _meta(lm: LayeredModel, times: _LayerTimes, threads: int | None, elapsed: float,
+          overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """How the profile was made; ``overrides``: a zoo transformer's ``--set`` fields, kept so that
+    ``planner run`` and the exported programs build the model that was profiled."""
     return {
         "tool": "planner profile",
         "torch_version": torch.__version__,
@@ -351,6 +355,7 @@ def _meta(lm: LayeredModel, times: _LayerTimes, threads: int | None, elapsed: fl
         "device_flops_source": times.flops_label,
         "threads": torch.get_num_threads() if threads is None else threads,
         "profiling_s": elapsed,
+        **({"overrides": dict(overrides)} if overrides else {}),
     }
 
 

@@ -301,3 +301,28 @@ def load_model(spec: str, batch_size: int, input_shape: tuple[int, ...] | None =
         example = example.to(dtype=tdtype)
     return LoadedModel(name=spec, module=module, example_input=example, input_shape=tuple(shape),
                        overrides=dict(overrides or {}))
+
+
+def recorded_overrides(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``--set`` overrides a profile's zoo transformer was built with (its ``meta["overrides"]``; {}: none)."""
+    found = meta.get("overrides") or {}
+    if not isinstance(found, Mapping) or not all(isinstance(k, str) for k in found):
+        raise ModelLoadError(f"the profile's meta.overrides ({found!r}) is not a mapping of config fields to values",
+                             "profile the model again with planner profile --set KEY=VALUE")
+    return dict(found)
+
+
+def overrides_for(spec: str, model: str, meta: Mapping[str, Any]) -> dict[str, Any]:
+    """The overrides to build ``spec`` with for a profile of ``model`` with ``meta``: the profile's own when
+    ``spec`` is the profiled zoo model (the same model again), none for any other model."""
+    return recorded_overrides(meta) if spec == model and spec in ZOO else {}
+
+
+def overrides_note(model: str, meta: Mapping[str, Any]) -> str:
+    """`` (the profile was made from gpt2 with --set n_layer=2)`` when it was, else ''."""
+    try:
+        found = recorded_overrides(meta)
+    except ModelLoadError:
+        return ""
+    return f" (the profile was made from {model} with --set {shown_overrides(found)})" if found else ""
+

@@ -1,12 +1,13 @@
 """The parent of ``planner run``: check, launch torchrun for this server, read the result back.
 
 :func:`run_plan` checks everything it can before starting processes (engine installed, plan
-runnable on it, servers and node rank fitting the plan, model matching the plan's profile,
-processes startable), then launches ``torchrun ... -m planner.runner.worker`` in its own
-process group (gloo on CPU, nccl on CUDA): ``--standalone`` with every rank on this machine
-(``nnodes`` 1, the default), or, on several servers, this server's ranks meeting the others
-at torchrun's static rendezvous at ``rdzv_endpoint`` (planner.export.nodes says which ranks
-each server runs). Every server's launcher gets the same run JSON (DESIGN.md section 4 and 6).
+runnable on it, its precision trainable on this machine, servers and node rank fitting the plan,
+model matching the plan's profile, processes startable), then launches
+``torchrun ... -m planner.runner.worker`` in its own process group (gloo on CPU, nccl on CUDA):
+``--standalone`` with every rank on this machine (``nnodes`` 1, the default), or, on several
+servers, this server's ranks meeting the others at torchrun's static rendezvous at
+``rdzv_endpoint`` (planner.export.nodes says which ranks each server runs). Every server's
+launcher gets the same run JSON (DESIGN.md section 4 and 6).
 
 Dropout is switched off in every run (synthetic data; equivalence needs a deterministic
 forward).
@@ -62,6 +63,20 @@ def engine_available(engine: str) -> None:
     if engine == "torch" and importlib.util.find_spec("torch.distributed.pipelining") is None:
         raise RunError(f"torch {torch.__version__} has no torch.distributed.pipelining",
                        "install torch 2.4 or newer, or use --engine deepspeed")
+
+
+def check_precision(plan: ir.Plan, engine: str) -> None:
+    """RunError when the workers here could not train the plan's precision: DeepSpeed's fp16 runs only
+    on CUDA GPUs (its CPU accelerator refuses it), and bf16 needs a GPU that has it."""
+    accelerator = os.environ.get("DS_ACCELERATOR") or ("cuda" if torch.cuda.is_available() else "cpu")
+    if plan.precision == "fp16" and engine == "deepspeed" and accelerator != "cuda":
+        where = "this machine has none" if not torch.cuda.is_available() else f"DS_ACCELERATOR={accelerator} is set"
+        raise RunError(f"the plan trains in fp16, which DeepSpeed runs only on GPUs; {where}",
+                       "search the plan again with --precision bf16 or fp32 to run it here, or run it on a CUDA "
+                       "machine")
+    if plan.precision == "bf16" and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
+        raise RunError(f"the plan trains in bf16, which this machine's GPU ({torch.cuda.get_device_name()}) "
+                       "does not support", "search the plan again with --precision fp16 or fp32")
 
 
 def max_world_size() -> int:
@@ -218,6 +233,7 @@ def run_plan(plan: ir.Plan, model: str, *, engine: str = "deepspeed", steps: int
     engine_available(engine)
     check_runnable(plan, engine)
     width: int = engine_module(engine).check_plan(plan)
+    check_precision(plan, engine)
     _check_processes(nproc)
     threads = threads or max(1, (os.cpu_count() or 1) // nproc)
     torch.set_num_threads(max(1, threads))

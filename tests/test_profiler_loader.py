@@ -1,0 +1,35 @@
+"""profiler.loader: the ``--set`` overrides a profile records, and when a run builds its model with them.
+
+(load_model itself is tested with the zoo in tests/test_profiler_zoo.py.)
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.errors import ModelLoadError
+from planner.profiler.loader import overrides_for, overrides_note, recorded_overrides
+
+META = {"tool": "planner profile", "overrides": {"n_layer": 2, "n_embd": 32, "tie_word_embeddings": False}}
+
+
+def test_recorded_overrides_are_the_profiles_meta_and_none_without_them() -> None:
+    assert recorded_overrides(META) == {"n_layer": 2, "n_embd": 32, "tie_word_embeddings": False}
+    assert recorded_overrides({"tool": "planner profile"}) == {} and recorded_overrides({"overrides": None}) == {}
+    for bad in ([["n_layer", 2]], "n_layer=2", {1: 2}):
+        with pytest.raises(ModelLoadError, match=r"meta\.overrides .* is not a mapping") as err:
+            recorded_overrides({"overrides": bad})
+        assert "planner profile --set" in err.value.hint
+
+
+def test_overrides_apply_to_the_profiled_zoo_model_only() -> None:
+    assert overrides_for("gpt2", "gpt2", META) == META["overrides"]
+    assert overrides_for("gpt2-medium", "gpt2", META) == {}  # another model: built as it is
+    assert overrides_for("pkg.mod:factory", "pkg.mod:factory", META) == {}  # a factory sets its own fields
+    assert overrides_for("gpt2", "gpt2", {}) == {}
+
+
+def test_the_note_lists_the_overrides() -> None:
+    assert overrides_note("gpt2", META) == (" (the profile was made from gpt2 with --set n_layer=2 n_embd=32 "
+                                            "tie_word_embeddings=false)")
+    assert overrides_note("gpt2", {}) == "" and overrides_note("gpt2", {"overrides": 3}) == ""
