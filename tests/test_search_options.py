@@ -98,3 +98,14 @@ def test_config_width_without_whole_micro_batches_says_so_not_memory() -> None:
                                            r"whole micro-batches of the batch of 8") as err:
         search(profile, _cluster(1, 4), config=(3, 1))
     assert "memory" not in str(err.value)
+
+
+@pytest.mark.parametrize("engine", ["any", "torch"])
+@pytest.mark.parametrize("zero", [1, 2, 3])
+def test_a_fixed_zero_stage_is_honoured_on_data_parallel_ranks(engine: str, zero: int) -> None:
+    """--zero N shards over two or more data-parallel ranks: the plan runs it, never a grid of one rank at ZeRO 0."""
+    profile = ir.ModelProfile.from_dict(make_profile_dict(4, batch_size=16)) if engine == "torch" else _llama_like()
+    plan = search(profile, _cluster(1, 4), engine=engine, zero=zero, candidates=2)
+    assert plan.stages and all(s.zero == zero and s.dp >= 2 for s in plan.stages)
+    with pytest.raises(PlannerError, match=f"--zero {zero} \\(two or more data-parallel ranks\\)"):
+        search(profile, _cluster(1, 4), engine=engine, zero=zero, tp=4, candidates=2)

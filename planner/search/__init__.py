@@ -276,9 +276,11 @@ def _no_batch_shape(profile: ir.ModelProfile, cluster: ir.Cluster, cands: list[i
 
     fixed = req.space.micro_batch_size
     what = f"micro-batch size {fixed}" if fixed else f"micro-batch counts {cands[:8]}"
+    zero = "" if 0 in req.space.zero else (f" and --zero {'/'.join(map(str, req.space.zero))} (two or more "
+                                           "data-parallel ranks)")
     return PlanError(f"no stage grid of {cluster.name!r} splits the batch of {profile.batch_size} into whole "
                      f"micro-batches per data-parallel rank with {what}"
-                     + (f" and --tp {req.space.tp}" if req.space.tp else ""),
+                     + (f" and --tp {req.space.tp}" if req.space.tp else "") + zero,
                      "batch = micro_batch_size x microbatches x dp: use a batch size with more divisors, "
                      "--microbatches auto, another --micro-batch-size or --tp auto")
 

@@ -244,8 +244,11 @@ def _uniform_problems(profile: ir.ModelProfile, cluster: ir.Cluster, req: Reques
 
 def _uniform_zeros(zeros: tuple[int, ...], uniform: bool, dp: int) -> list[tuple[int, ...]]:
     """ZeRO stages to try one at a time for an engine that takes one for the whole job (torch's
-    FSDP wraps each stage on its own, so it takes them all at once)."""
-    usable = tuple(z for z in zeros if z == 0 or dp > 1) or (0,)
+    FSDP wraps each stage on its own, so it takes them all at once); none on one data-parallel rank when the
+    user fixed a ZeRO stage (``--zero N``: it shards over two or more)."""
+    usable = tuple(z for z in zeros if z == 0 or dp > 1)
+    if not usable:
+        return []
     if not uniform:
         return [usable]
     return [(z,) for z in usable]

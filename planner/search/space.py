@@ -250,8 +250,9 @@ def shardable(profile: ir.ModelProfile) -> bool:
 def tensor_degrees(group: Group, batch_size: int, microbatches: int, space: Space, shardable: bool = True
                    ) -> list[int]:
     """The tensor degrees a group may run: powers of two dividing its GPUs in each server, with
-    whole micro-batches per data-parallel rank (and the fixed ``--tp`` / ``--micro-batch-size``);
-    only 1 when no layer can shard (a tensor group of dp forms costs what tp 1 costs)."""
+    whole micro-batches per data-parallel rank (and the fixed ``--tp`` / ``--micro-batch-size``), and
+    two or more of them where the ZeRO stages allowed exclude 0 (``--zero N``); only 1 when no layer can
+    shard (a tensor group of dp forms costs what tp 1 costs)."""
     out = []
     for tp in pow2_upto(group.per_node if group.nodes > 1 else group.n) if shardable else [1]:
         dp = group.n // tp
@@ -262,6 +263,8 @@ def tensor_degrees(group: Group, batch_size: int, microbatches: int, space: Spac
         if space.micro_batch_size is not None and batch_size != space.micro_batch_size * microbatches * dp:
             continue
         if tp > 1 and not set(space.forms) - {"dp"}:
+            continue
+        if dp == 1 and 0 not in space.zero:  # a ZeRO stage fixed by the user shards over data-parallel ranks
             continue
         out.append(tp)
     return out
