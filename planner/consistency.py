@@ -15,11 +15,14 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from planner import ir, runnable
 from planner.errors import FormatError, PlannerError
 from planner.jsonio import read_json
+
+if TYPE_CHECKING:
+    from planner.simulate import SimResult
 
 TOLERANCE = 0.02
 """Relative difference between a plan's predicted and simulated iteration that is worth a warning."""
@@ -81,17 +84,28 @@ def _check_stages(doc: Mapping[str, Any], plan: ir.Plan, source: str) -> None:
 
 
 def prediction_warnings(plan: ir.Plan, source: str) -> list[str]:
-    """A warning when the plan's predicted iteration and its simulation differ by more than :data:`TOLERANCE`."""
-    predicted = plan.predicted.iteration_s
-    if predicted <= 0 or len(plan.stages) * plan.microbatches > MAX_SIMULATED_ACTIONS:
+    """Warnings from the plan's simulation: its predicted iteration and the simulated one differ by more than
+    :data:`TOLERANCE`; devices overflow their memory (as the simulator plays the plan on its cluster)."""
+    if len(plan.stages) * plan.microbatches > MAX_SIMULATED_ACTIONS:
         return []
     from planner.simulate import simulate
 
     try:
-        simulated = simulate(plan).iteration_s
+        result = simulate(plan)
     except PlannerError:  # what the plan's own command meets, it reports in its own words
         return []
-    return prediction_gap(predicted, simulated, source)
+    return prediction_gap(plan.predicted.iteration_s, result.iteration_s, source) + memory_warnings(result, source)
+
+
+def memory_warnings(result: SimResult, source: str) -> list[str]:
+    """One warning when devices overflow their memory: how many, the worst one and its bytes."""
+    over = [d for d in result.devices if not d.fits]
+    if not over:
+        return []
+    worst = max(over, key=lambda d: d.peak_memory_bytes - d.capacity_bytes)
+    return [f"{source}: the plan does not fit: {len(over)} of {len(result.devices)} devices need more memory than "
+            f"they have (worst {worst.device}: {worst.peak_memory_bytes / 2**30:.2f} GiB of "
+            f"{worst.capacity_bytes / 2**30:.2f}); planner search finds a plan that fits"]
 
 
 def prediction_gap(predicted_s: float, simulated_s: float, source: str) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,17 @@ def test_edited_times_are_a_warning_beyond_the_tolerance(tmp_path: Path) -> None
     _, warnings = load_plan(_write(tmp_path, hostile.mutate(doc, ("predicted", "iteration_s"), predicted * 2)),
                             check_prediction=False)
     assert warnings == []
+
+
+def test_a_plan_whose_devices_overflow_their_memory_is_a_warning(tmp_path: Path) -> None:
+    """simulate, export and run all read plans through load_plan: each warns of a plan that does not fit."""
+    _, _, shared = hostile.base_docs()
+    doc = copy.deepcopy(shared)
+    for node in doc["cluster"]["nodes"]:
+        for gpu in node["gpus"]:
+            gpu["memory_bytes"] = 1000
+    _, warnings = load_plan(_write(tmp_path, doc))
+    assert any("the plan does not fit: 4 of 4 devices need more memory than they have" in w for w in warnings)
 
 
 def test_prediction_gap_wording() -> None:

@@ -60,17 +60,6 @@ def _json_doc(result: SimResult, plan: ir.Plan, explanation: Explanation) -> dic
     return doc
 
 
-def _memory_warnings(result: SimResult) -> list[str]:
-    """One warning when devices overflow their memory: how many, the worst one and its bytes."""
-    over = [d for d in result.devices if not d.fits]
-    if not over:
-        return []
-    worst = max(over, key=lambda d: d.peak_memory_bytes - d.capacity_bytes)
-    return [f"the plan does not fit: {len(over)} of {len(result.devices)} devices need more memory than they have "
-            f"(worst {worst.device}: {worst.peak_memory_bytes / 2**30:.2f} GiB of {worst.capacity_bytes / 2**30:.2f}); "
-            "planner search finds a plan that fits"]
-
-
 @click.command("simulate")
 @click.argument("plan_path", metavar="PLAN", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the simulation as one JSON document on stdout.")
@@ -120,14 +109,11 @@ def simulate(plan_path: str, as_json: bool, trace_path: str | None, plot_path: s
         if plot_path:
             update(f"drawing {plot_path}")
             _plot(result, plan, str(out.temp(plot_path)), explanation)
-    memory = _memory_warnings(result)
     if not quiet:
-        for warning in memory:
-            click.echo(f"warning: {warning}", err=True)
         _report(result, plan, width, show_table, ((trace_path, "trace"), (plot_path, "picture")), explanation,
                 long_explanation)
     if as_json:
         from planner.cli import emit_json
 
-        emit_json({**_json_doc(result, plan, explanation), "warnings": warnings + memory})
+        emit_json({**_json_doc(result, plan, explanation), "warnings": warnings})
     out.commit()
