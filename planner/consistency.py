@@ -45,9 +45,22 @@ def load_plan(path: str | os.PathLike[str], *, check_prediction: bool = True) ->
     plan = ir.Plan.from_dict(doc, source)
     check_plan(doc, plan, source)
     warnings = [f"{source}: the plan cannot run on {plan.engine}: {p}" for p in runnable.problems(plan)[:3]]
+    warnings += idle_settings(plan, source)
     if check_prediction:
         warnings += prediction_warnings(plan, source)
     return plan, warnings
+
+
+def idle_settings(plan: ir.Plan, source: str) -> list[str]:
+    """Warnings for settings that change nothing: sequence parallelism without a tensor group, selective
+    recomputation (of attention cores) in a model without transformer blocks."""
+    out = [f"{source}: stage {i} sets sequence_parallel at tp 1, which changes nothing (it shards norms over a "
+           "tensor group's sequence)" for i, st in enumerate(plan.stages) if st.sequence_parallel and st.tp == 1]
+    if not any(layer.block is not None for layer in plan.profile.layers):
+        out += [f"{source}: stage {i} recomputes 'selective' (the attention cores), but the model has no "
+                "transformer block: it keeps every activation, as 'none' does"
+                for i, st in enumerate(plan.stages) if st.recompute == "selective"]
+    return out
 
 
 def _refuse(source: str, what: str, hint: str = "re-create the plan with planner search") -> FormatError:

@@ -68,6 +68,16 @@ def test_a_plan_whose_devices_overflow_their_memory_is_a_warning(tmp_path: Path)
     assert any("the plan does not fit: 4 of 4 devices need more memory than they have" in w for w in warnings)
 
 
+def test_settings_that_change_nothing_are_a_warning(tmp_path: Path) -> None:
+    _, _, doc = hostile.base_docs()
+    edited = hostile.mutate(hostile.mutate(doc, ("stages", 0, "sequence_parallel"), True), ("stages", 1, "recompute"),
+                            "selective")
+    _, warnings = load_plan(_write(tmp_path, edited), check_prediction=False)
+    assert any("stage 0 sets sequence_parallel at tp 1, which changes nothing" in w for w in warnings)
+    blocks = any(layer.get("block") for layer in doc["profile"]["layers"])
+    assert any("stage 1 recomputes 'selective'" in w for w in warnings) == (not blocks)
+
+
 def test_prediction_gap_wording() -> None:
     assert prediction_gap(1.0, 1.019, "p") == [] and prediction_gap(1.0, 0.981, "p") == []
     [warning] = prediction_gap(0.010, 10.0, "p")
