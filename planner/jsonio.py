@@ -177,12 +177,12 @@ def _check_finite(value: Any, path: tuple[str | int, ...], p: Path) -> None:
         _check_finite(item, (*path, key), p)
 
 
-def check_loadable(doc: Mapping[str, Any], schema: bool = True) -> None:
+def check_loadable(doc: Mapping[str, Any], schema: bool = True, where: str | None = None) -> None:
     """Refuse to write a document planner would refuse to read: a number that is not finite, or (``schema``, for a
     kind with a shipped schema) a field beyond its bounds. Both come from inputs far from real hardware (a link of
     1e-300 bytes/s makes an iteration of 1e300 s)."""
     kind = doc.get("kind", "document")
-    where = f"the {kind} this command made"
+    where = where or f"the {kind} this command made"
     try:
         _check_finite(doc, (), Path(where))
         from planner import schemas
@@ -190,9 +190,9 @@ def check_loadable(doc: Mapping[str, Any], schema: bool = True) -> None:
         if schema and isinstance(doc.get("version"), int):
             schemas.validate(doc, str(kind), doc["version"], where)
     except FormatError as exc:
-        raise PlannerError(f"{exc.cause}; it would not load again",
-                           "check the inputs' figures (a link's bandwidth and latency, a device's flops and memory, "
-                           "the profile's times): one is far from any real machine") from None
+        raise PlannerError(exc.cause, "it would not load again: check the inputs' figures (a link's bandwidth and "
+                           "latency, a device's flops and memory, the profile's times); one is far from any real "
+                           "machine") from None
 
 
 def dumps(doc: Mapping[str, Any]) -> str:

@@ -52,8 +52,9 @@ def test_a_document_beyond_its_schemas_bounds_would_not_load_and_is_refused() ->
     doc = make_cluster_dict()
     check_loadable(doc)
     doc["links"]["intra_node"]["latency_s"] = 1e5
-    with pytest.raises(PlannerError, match=r"latency_s is 100000\.0, above the maximum 60 .*it would not load again"):
+    with pytest.raises(PlannerError, match=r"latency_s is 100000\.0, above the maximum 60 ") as err:
         check_loadable(doc)
+    assert "it would not load again" in err.value.hint
 
 
 def test_written_files_get_the_usual_mode(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from planner.errors import FormatError, PlannerError, ProfileError
+from planner.errors import PlannerError, ProfileError
 from planner.ir import ModelProfile
 
 MEMORY_HINT = "use a smaller --batch-size or --input-shape, or --mode analytic (no memory needed)"
@@ -85,13 +85,13 @@ def nbytes_text(n: int) -> str:
 
 def check_loadable(prof: ModelProfile) -> None:
     """A ProfileError when ``prof`` holds a value the profile reader refuses (a bound of the schema)."""
-    from planner import schemas
+    from planner import jsonio
 
-    doc: Mapping[str, Any] = json.loads(json.dumps(prof.to_dict()))  # what a file holds (NaN/inf kept, then refused)
+    doc = prof.to_dict()
     try:
-        schemas.validate(doc, "profile", 1, f"the profile of {prof.model}")
-        ModelProfile.from_dict(doc, f"the profile of {prof.model}")
-    except FormatError as exc:
+        jsonio.check_loadable(doc, where=f"the profile of {prof.model}")  # finite, within the schema's bounds
+        ModelProfile.from_dict(json.loads(json.dumps(doc)), f"the profile of {prof.model}")
+    except PlannerError as exc:
         raise ProfileError(f"{exc.cause}: out of what a profile file holds, so none is written",
                            "times shrink with a faster --device-flops or --efficiency, sizes with a smaller "
                            "--batch-size or --input-shape (the bounds: planner/schemas/README.md)") from None
