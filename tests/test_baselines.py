@@ -349,3 +349,43 @@ def test_megatron_layouts_are_tp_in_a_server_uniform_pipelines_and_data_parallel
     cnn, _ = _pc(16)
     refused = bl.megatron_layouts(cnn, cluster, (1,))
     assert isinstance(refused, bl.NotFitting) and "transformer blocks" in refused.reason
+
+
+def _shaped_llama(dtype: str = "float32") -> ir.ModelProfile:
+    """A Llama profile whose embedding and output layer carry their weight shapes (the split forms open)."""
+    import dataclasses
+
+    profile = _llama(16, 8)
+    layers = list(profile.layers)
+    layers[0] = dataclasses.replace(layers[0], in_features=32000, out_features=256)
+    layers[-1] = dataclasses.replace(layers[-1], in_features=256, out_features=32000)
+    return dataclasses.replace(profile, layers=tuple(layers), dtype=dtype)
+
+
+def test_megatron_shards_the_embedding_and_output_layer_so_a_micro_batch_of_one_runs() -> None:
+    # Megatron-LM runs the vocabulary-parallel embedding and a column-parallel output layer (Shoeybi et
+    # al. 2019, section 3): every rank of the tensor group takes the whole micro-batch.
+    from planner.runnable import problems
+    from tests.conftest import make_cluster_dict
+
+    profile, cluster = _shaped_llama(), ir.Cluster.from_dict(make_cluster_dict(2, 4))
+    layouts = bl.megatron_layouts(profile, cluster, (8,))
+    assert isinstance(layouts, list)
+    forms = [f for _, _, fs in layouts[1].stages for f in fs]
+    assert forms == ["split_in"] + ["tp"] * 6 + ["split_out"]
+    one_sample = layouts[1].plan(profile, cluster, 8, "sgd")  # batch 8 in 8 micro-batches of one sample
+    assert problems(one_sample) == []
+    unshaped = bl.megatron_layouts(_llama(16, 8), cluster, (8,))
+    assert isinstance(unshaped, list) and unshaped[1].stages[0][2][0] == "dp"  # no weight shape: no split form
+
+
+def test_a_baseline_trains_in_the_profiles_precision_as_the_planners_row_does() -> None:
+    from tests.conftest import make_cluster_dict
+
+    cluster = ir.Cluster.from_dict(make_cluster_dict(2, 4))
+    for dtype, precision in (("bfloat16", "bf16"), ("float32", "fp32")):
+        layouts = bl.megatron_layouts(_shaped_llama(dtype), cluster, (2,))
+        assert isinstance(layouts, list)
+        assert layouts[0].plan(_shaped_llama(dtype), cluster, 2, "sgd").precision == precision
+        assert bl.dp_layout(_shaped_llama(dtype), cluster).plan(_shaped_llama(dtype), cluster, 1, "sgd").precision \
+            == precision

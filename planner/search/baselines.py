@@ -93,13 +93,17 @@ class Layout:
 
     def plan(self, profile: ir.ModelProfile, cluster: ir.Cluster, microbatches: int, optimizer: str,
              recompute: Sequence[bool] | None = None) -> ir.Plan:
-        """This layout as an unjudged plan: memory and prediction are filled in by the judge."""
+        """This layout as an unjudged plan, in the profile's own precision (as ``planner search`` trains
+        by default, so that a baseline and the planner's row compute in the same number format):
+        memory and prediction are filled in by the judge."""
+        from planner.costmodel import default_precision
+
         flags = list(recompute) if recompute is not None else [False] * len(self.stages)
         stages = tuple(ir.Stage(layers, devices, forms, 0, "full" if flag else "none", tp=self.tp)
                        for (layers, devices, forms), flag in zip(self.stages, flags, strict=True))
         return ir.Plan(profile=profile, cluster=cluster, schedule=self.schedule, microbatches=microbatches,
                        optimizer=optimizer, stages=stages, predicted=ir.Prediction(0.0, 0.0, 0.0, 0),
-                       engine="any", solver=self.name)
+                       engine="any", solver=self.name, precision=default_precision(profile))
 
 
 @dataclass(frozen=True)
@@ -280,12 +284,25 @@ def megatron_tp(profile: ir.ModelProfile, cluster: ir.Cluster) -> int:
     return max(t for t in divisors(per_server) if all(b.heads % t == 0 and b.kv_heads % t == 0 for b in blocks))
 
 
+def megatron_form(layer: ir.LayerProfile) -> str:
+    """A layer's form in Megatron-LM's tensor group (Shoeybi et al. 2019, section 3): a transformer
+    block ``tp``; the input embedding sharded over the vocabulary, its partial outputs all-reduced
+    (``split_in``); the output layer, and any other layer, column-parallel (``split_out``): every rank
+    takes the whole micro-batch, so a micro-batch of one sample runs. ``dp`` where the weight's shape
+    is unknown (the split forms are closed to it)."""
+    if layer.block is not None:
+        return "tp"
+    if layer.param_count and not layer.splittable:
+        return "dp"
+    return "split_in" if layer.type == "Embedding" else "split_out"
+
+
 def megatron_layouts(profile: ir.ModelProfile, cluster: ir.Cluster,
                      microbatches: tuple[int, ...]) -> list[Layout] | NotFitting:
     """``megatron``: Megatron-LM's default 3-D layout (Narayanan et al., SC'21, section 3.3).
 
-    Tensor parallel inside a server (``tp`` = :func:`megatron_tp`; the ``tp`` form on every
-    transformer block, the other layers data parallel over the tensor group), pipeline
+    Tensor parallel inside a server (``tp`` = :func:`megatron_tp`; every layer in its
+    :func:`megatron_form`: the blocks ``tp``, the embedding and the output layer sharded), pipeline
     parallel across servers with uniform layer counts per stage, data parallel for the
     rest, 1F1B; ranks in Megatron's order (tensor innermost, then data, then pipeline), so a
     stage holds consecutive GPUs. Every pipeline depth pp that divides the GPUs left by tp
@@ -297,7 +314,7 @@ def megatron_layouts(profile: ir.ModelProfile, cluster: ir.Cluster,
         return NotFitting("megatron", "Megatron-LM's tensor parallelism shards transformer blocks; the model has none")
     gpus = [g.name for g in cluster.gpus]
     tp, n = megatron_tp(profile, cluster), len(profile.layers)
-    forms = tuple("tp" if layer.block is not None and tp > 1 else "dp" for layer in profile.layers)
+    forms = tuple(megatron_form(layer) if tp > 1 else "dp" for layer in profile.layers)
     layouts = []
     for pp in divisors(len(gpus) // tp):
         if pp > n:
