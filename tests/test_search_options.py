@@ -38,6 +38,8 @@ def _cluster(nodes: int = 2, gpus: int = 4, mem: int = 10**10) -> ir.Cluster:
     ({"engine": "torch", "schedule": "pipedream"}, "torch runs the schedules gpipe, 1f1b, interleaved, zb-h1, not"),
     ({"micro_batch_size": 3}, "--micro-batch-size 3 does not divide the batch size 16"),
     ({"micro_batch_size": 4, "microbatches": 8}, "--microbatches 8 x --micro-batch-size 4"),
+    ({"tp": 2, "config": (1, 1)}, r"--tp 2 does not divide the 1 devices of a stage of --config 1-1"),
+    ({"tp": 4, "config": (4, 2)}, r"--tp 4 does not divide the 2 devices of a stage of --config 4-2"),
 ])
 def test_bad_options_are_usage_errors_with_the_numbers(kwargs: dict, match: str) -> None:
     with pytest.raises(UsageError, match=match) as err:

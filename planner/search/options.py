@@ -173,7 +173,7 @@ def check_request(profile: ir.ModelProfile, cluster: ir.Cluster, *, schedule: st
                          f"pass --precision {ENGINE_LIMITS[engine].precisions[-1]}, or another --engine")
     _check_tp(tp, profile, cluster, engine)
     if config is not None:
-        _check_config(config, profile, cluster, engine)
+        _check_config(config, profile, cluster, engine, tp)
     limits = ENGINE_LIMITS.get(engine)
     family = llama_problem(profile) if limits is not None and limits.llama_only else None
     if family is not None:
@@ -185,8 +185,13 @@ def check_request(profile: ir.ModelProfile, cluster: ir.Cluster, *, schedule: st
     return Request(schedule, optimizer, solver, engine, tuple(config) if config else None, space, max_blocks)
 
 
-def _check_config(config: Sequence[int], profile: ir.ModelProfile, cluster: ir.Cluster, engine: str) -> None:
+def _check_config(config: Sequence[int], profile: ir.ModelProfile, cluster: ir.Cluster, engine: str,
+                  tp: int | None = None) -> None:
     text = "-".join(map(str, config))
+    narrow = [w for w in config if tp is not None and w % tp]
+    if narrow:
+        raise UsageError(f"--tp {tp} does not divide the {narrow[0]} devices of a stage of --config {text}: a stage "
+                         f"runs tp x dp devices", f"give every stage a multiple of {tp} devices, or --tp auto")
     n_gpu, n_layers = len(cluster.gpus), len(profile.layers)
     if sum(config) > n_gpu:
         raise UsageError(f"--config {text} needs {sum(config)} devices, the cluster {cluster.name!r} has {n_gpu}",
