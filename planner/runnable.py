@@ -326,17 +326,27 @@ def _split_problems(plan: ir.Plan, engine: str, rules: FormRules) -> list[str]:
     return []
 
 
+def processes_per_server(plan: ir.Plan) -> dict[str, int]:
+    """The servers the plan uses, in the cluster's order, and how many of its processes (devices) each runs."""
+    used = {d for st in plan.stages for d in st.devices}
+    counts = {node.name: sum(g.name in used for g in node.gpus) for node in plan.cluster.nodes}
+    return {name: n for name, n in counts.items() if n}
+
+
+def uneven_servers(plan: ir.Plan) -> str | None:
+    """``"s0: 4, s1: 2"`` when the plan's servers run different numbers of its processes (a launcher such as
+    torchrun or DeepSpeed's starts as many on every server), else None."""
+    per_server = processes_per_server(plan)
+    if len(set(per_server.values())) <= 1:
+        return None
+    return ", ".join(f"{name}: {n}" for name, n in per_server.items())
+
+
 def _server_problems(plan: ir.Plan, engine: str) -> list[str]:
     """A plan whose servers run different numbers of its processes: a launcher starts as many on each."""
-    per_server: dict[str, int] = {}
-    used = {d for st in plan.stages for d in st.devices}
-    for node in plan.cluster.nodes:
-        count = sum(g.name in used for g in node.gpus)
-        if count:
-            per_server[node.name] = count
-    if len(set(per_server.values())) <= 1:
+    shown = uneven_servers(plan)
+    if shown is None:
         return []
-    shown = ", ".join(f"{name}: {n}" for name, n in per_server.items())
     return [f"the plan runs different numbers of processes per server ({shown}); {engine}'s launcher starts the "
             "same number on every server"]
 

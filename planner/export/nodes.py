@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from planner import ir
 from planner.errors import ExportError, PlannerError, UsageError
+from planner.runnable import uneven_servers
 
 DEFAULT_RDZV_PORT = 29500
 DEFAULT_RDZV_TIMEOUT_S = 60
@@ -77,8 +78,8 @@ def node_layout(plan: ir.Plan, error: type[PlannerError] = ExportError) -> NodeL
         if server not in counts:
             servers.append(server)
         counts[server] = counts.get(server, 0) + 1
-    if len(set(counts.values())) > 1:
-        used = ", ".join(f"{s}: {counts[s]}" for s in servers)
+    used = uneven_servers(plan)
+    if used is not None:
         raise error(f"the plan uses different numbers of GPUs per server ({used}); torchrun starts the same "
                     "number of processes on every server (--nproc-per-node)",
                     "search a plan that uses as many GPUs on every server it uses (e.g. with --config)")
