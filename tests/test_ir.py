@@ -30,6 +30,9 @@ def test_contract_only_profile_loads_and_round_trips() -> None:
         (lambda d: d["layers"][0].update(param_bytes=math.nan), "param_bytes"),
         (lambda d: d.update(batch_size=0), "batch_size must be a positive"),
         (lambda d: d.update(layers=[]), "non-empty list"),
+        (lambda d: d.update(dtype="int8"), "dtype 'int8' is not a floating-point dtype"),
+        (lambda d: d.update(dtype="float99"), "dtype 'float99'"),
+        (lambda d: d.update(mode="guessed"), "mode 'guessed' is neither of measured, analytic"),
     ],
 )
 def test_bad_profile_names_field_and_value(mutate: Any, needle: str) -> None:
@@ -234,3 +237,10 @@ def test_a_profile_whose_layers_take_no_time_is_refused() -> None:
         ModelProfile.from_dict(doc)
     doc["layers"][-1]["backward_s"] = 1e-6
     assert ModelProfile.from_dict(doc).layers[-1].backward_s == 1e-6
+
+
+@pytest.mark.parametrize("dtype", ["float32", "torch.bfloat16", "BFloat16", "fp16", "half", "float64"])
+def test_every_dtype_name_a_profile_is_made_in_loads(dtype: str) -> None:
+    doc = make_profile_dict()
+    doc.update(dtype=dtype, mode="measured")
+    assert ModelProfile.from_dict(doc).dtype == dtype

@@ -31,14 +31,9 @@ bytes, passes over its fp32 state bytes). Every update reads the weight and the 
 writes the weight (3); momentum/adam/rmsprop also read and write their state (2). E.g. fp32
 adam: 3 * 4 + 2 * 8 = 28 bytes per parameter (ZeRO-Offload, Ren et al. ATC'21, section 4.1)."""
 
-DTYPE_BYTES = {"float32": 4, "fp32": 4, "float": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
-               "float64": 8, "double": 8}
-"""Bytes per element of the dtype names profiles carry (``torch.`` prefix ignored)."""
-
-
-
-def _dtype_name(dtype: str) -> str:
-    return dtype.strip().lower().removeprefix("torch.")
+DTYPE_BYTES = ir.DTYPE_BYTES
+"""Bytes per element of the dtype names profiles carry (:data:`planner.ir.DTYPE_BYTES`)."""
+_dtype_name = ir.dtype_key
 
 
 def dtype_bytes(dtype: str) -> int:

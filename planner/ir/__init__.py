@@ -22,9 +22,18 @@ from planner.ir.plan import (
     Stage,
     config_string,
 )
-from planner.ir.profile import BatchTimes, BlockShape, LayerProfile, ModelProfile, Tie
+from planner.ir.profile import (
+    DTYPE_BYTES,
+    PROFILE_MODES,
+    BatchTimes,
+    BlockShape,
+    LayerProfile,
+    ModelProfile,
+    Tie,
+    dtype_key,
+)
 
-__all__ = ["ALL_FORMS", "FORMS", "GPU", "LINK_LEVELS", "NUMBER_FORMATS", "OPTIMIZERS", "PLAN_VERSION", "PRECISIONS",
-           "RECOMPUTE", "TENSOR_FORMS", "ZERO_STAGES", "BatchTimes", "BlockShape", "Cluster", "EngineOverhead",
-           "LayerProfile", "Link", "ModelProfile", "Node", "Plan", "Prediction", "Stage", "StageCost", "Tie",
-           "config_string"]
+__all__ = ["ALL_FORMS", "DTYPE_BYTES", "FORMS", "GPU", "LINK_LEVELS", "NUMBER_FORMATS", "OPTIMIZERS", "PLAN_VERSION",
+           "PRECISIONS", "PROFILE_MODES", "RECOMPUTE", "TENSOR_FORMS", "ZERO_STAGES", "BatchTimes", "BlockShape",
+           "Cluster", "EngineOverhead", "LayerProfile", "Link", "ModelProfile", "Node", "Plan", "Prediction",
+           "Stage", "StageCost", "Tie", "config_string", "dtype_key"]

@@ -10,6 +10,34 @@ from planner.errors import FormatError
 from planner.ir._fields import _check_part, _int, _list, _num, _opt_int, _opt_num, _optional, _shape, _str
 from planner.jsonio import SUPPORTED_VERSION, check_kind
 
+DTYPE_BYTES = {"float32": 4, "fp32": 4, "float": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
+               "float64": 8, "double": 8}
+"""Bytes per element of the dtype names a profile may carry (``torch.`` prefix and case ignored)."""
+
+PROFILE_MODES = ("measured", "analytic")
+"""How a profile's times were taken: on this machine, or by the roofline of a named GPU."""
+
+
+def dtype_key(dtype: str) -> str:
+    """A profile's ``dtype`` as :data:`DTYPE_BYTES` names it: ``torch.`` prefix and case dropped."""
+    return dtype.strip().lower().removeprefix("torch.")
+
+
+def _profile_dtype(doc: Mapping[str, Any], source: str) -> str:
+    dtype = _str(doc, "dtype", source)
+    if dtype_key(dtype) not in DTYPE_BYTES:
+        raise FormatError(f"{source}: dtype {dtype!r:.40} is not a floating-point dtype a profile is made in",
+                          f"use one of {', '.join(DTYPE_BYTES)} (planner profile --dtype)")
+    return dtype
+
+
+def _profile_mode(doc: Mapping[str, Any], source: str) -> str:
+    mode = _str(doc, "mode", source)
+    if mode not in PROFILE_MODES:
+        raise FormatError(f"{source}: mode {mode!r:.40} is neither of {', '.join(PROFILE_MODES)}",
+                          "profile the model again (planner profile --mode measured or analytic)")
+    return mode
+
 
 @dataclass(frozen=True)
 class BlockShape:
@@ -275,8 +303,8 @@ class ModelProfile:
         profile = cls(
             model=_str(doc, "model", source),
             batch_size=_int(doc, "batch_size", source, positive=True),
-            dtype=_str(doc, "dtype", source),
-            mode=_str(doc, "mode", source),
+            dtype=_profile_dtype(doc, source),
+            mode=_profile_mode(doc, source),
             device=_str(doc, "device", source),
             device_flops=_num(doc, "device_flops", source, positive=True),
             layers=layers,
