@@ -17,7 +17,7 @@ Rules of the judge, the same for every strategy:
   fits is kept: each baseline is shown at its best.
 * Where a system documents several settings (PipeDream with and without its activation
   term, DeepSpeed's ``partition_method``, torchgpipe's balance by time or by size, the
-  schedules a system runs: :func:`planner.search.baselines.strategy_settings`), each
+  schedules a system runs: :func:`planner.search.settings.strategy_settings`), each
   setting is judged alike and the best one is the strategy's row, named in ``setting``; the
   row is never slower than any of its settings, and ``settings`` lists each one's verdict.
 * The ``planner`` row is the default ``planner search``: the search's best distinct plans
@@ -46,6 +46,7 @@ from planner.jsonio import SUPPORTED_VERSION
 from planner.judge import Judged, fastest, judge
 from planner.runnable import is_runnable, problems
 from planner.search import baselines as bl
+from planner.search.settings import Setting, strategy_settings
 
 RERANK = 16
 """How many of the search's best plans the simulator re-ranks for the ``planner`` row
@@ -184,7 +185,7 @@ def best_setting(rows: Sequence[StrategyResult]) -> StrategyResult:
     return dataclasses.replace(best, settings=tuple(r.as_setting() for r in rows))
 
 
-def _judge_setting(name: str, setting: bl.Setting, profile: ir.ModelProfile, cluster: ir.Cluster,
+def _judge_setting(name: str, setting: Setting, profile: ir.ModelProfile, cluster: ir.Cluster,
                    optimizer: str) -> StrategyResult:
     """One setting judged: every runnable layout x micro-batch count, the fastest that fits kept."""
     if setting.reason is not None:
@@ -235,7 +236,7 @@ def run_strategy(name: str, profile: ir.ModelProfile, cluster: ir.Cluster, *, mi
         if name == "planner":
             return _planner(profile, cluster, microbatches=microbatches, schedule=schedule, optimizer=optimizer,
                             rerank=rerank)
-        settings = bl.strategy_settings(name, profile, cluster, choices, optimizer)
+        settings = strategy_settings(name, profile, cluster, choices, optimizer)
     except PlannerError as exc:  # no plan at all (the search found none that fits): a row, never fatal
         return _result(name, None, exc.cause)
     return best_setting([_judge_setting(name, s, profile, cluster, optimizer) for s in settings])

@@ -1,6 +1,6 @@
 """The baselines ``planner compare`` sets against the planner: what a user would otherwise run.
 
-Pure (no torch, click or rich). Three parts:
+Pure (no torch, click or rich). Two parts here:
 
 * Partitioners, reimplemented from each system's own algorithm and tested against it
   (re-exported here): DeepSpeed's and torchgpipe's (:mod:`planner.search.partitioners`) and
@@ -8,16 +8,11 @@ Pure (no torch, click or rich). Three parts:
 * Layouts: each baseline's answer as stages on the same cluster (:class:`Layout`, turned
   into an :class:`~planner.ir.Plan` by :meth:`Layout.plan`), so that the same cost model and
   simulator judge every strategy.
-* Settings (:func:`strategy_settings`): every documented setting of a baseline (PipeDream
-  with and without its activation term, DeepSpeed's ``partition_method`` values, torchgpipe's
-  balance by time or by size, the schedules a system runs), each with its layouts;
-  ``planner compare`` judges them all and shows the baseline at its best setting, named. A
-  setting that cannot run on the cluster carries the reason instead of layouts.
+* The settings that run them: :mod:`planner.search.settings`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
@@ -37,11 +32,11 @@ from planner.search.partitioners import (
 from planner.search.pipedream import PipeDreamStage, pipedream_partition
 
 __all__ = ["BASELINE_SCHEDULES", "FORMER_STRATEGIES", "PIPEDREAM_MODES", "STRATEGIES", "Layout", "NotFitting",
-           "PipeDreamStage", "Setting", "accpar_layout", "balance_by_size", "balance_by_time", "block_partition",
+           "PipeDreamStage", "accpar_layout", "balance_by_size", "balance_by_time", "block_partition",
            "deepspeed_layer_weights", "deepspeed_layouts", "deepspeed_methods", "deepspeed_parts",
            "deepspeed_type_weights", "divisors", "dp_layout", "gpipe_uniform_layout", "megatron_layouts",
            "megatron_tp", "partition_balanced", "partition_balanced_fast", "partition_uniform", "pipedream_layout",
-           "pipedream_partition", "strategy_settings", "torchgpipe_layout", "torchgpipe_param_scale"]
+           "pipedream_partition", "torchgpipe_layout", "torchgpipe_param_scale"]
 
 
 # ----------------------------------------------------------------------------- baselines as plans
@@ -78,7 +73,8 @@ class Layout:
     ``microbatches`` lists the micro-batch counts the strategy may use; the comparison
     simulates each and keeps the fastest that fits (a user would tune it too). ``tp``: the
     tensor degree of every stage (1: data parallel only; AccPar's split forms span the
-    whole stage).
+    whole stage). ``zero``: the ZeRO stage of every stage with two or more data-parallel ranks (the
+    others run 0: there is nothing to shard over).
     """
 
     name: str
@@ -86,6 +82,12 @@ class Layout:
     schedule: str
     microbatches: tuple[int, ...]
     tp: int = 1
+    zero: int = 0
+
+    @property
+    def data_parallel(self) -> bool:
+        """Whether a stage has two or more data-parallel ranks (a ZeRO stage then shards something)."""
+        return any(len(devices) // self.tp >= 2 for _, devices, _ in self.stages)
 
     @property
     def config(self) -> str:
@@ -99,29 +101,12 @@ class Layout:
         from planner.costmodel import default_precision
 
         flags = list(recompute) if recompute is not None else [False] * len(self.stages)
-        stages = tuple(ir.Stage(layers, devices, forms, 0, "full" if flag else "none", tp=self.tp)
+        stages = tuple(ir.Stage(layers, devices, forms, 0, "full" if flag else "none", tp=self.tp,
+                                zero=self.zero if len(devices) // self.tp >= 2 else 0)
                        for (layers, devices, forms), flag in zip(self.stages, flags, strict=True))
         return ir.Plan(profile=profile, cluster=cluster, schedule=self.schedule, microbatches=microbatches,
                        optimizer=optimizer, stages=stages, predicted=ir.Prediction(0.0, 0.0, 0.0, 0),
                        engine="any", solver=self.name, precision=default_precision(profile))
-
-
-@dataclass(frozen=True)
-class Setting:
-    """One documented setting of a baseline, named as its authors would (``label``), with its
-    layouts (every layout x micro-batch count is judged; the fastest that fits stands for the
-    setting), or, when it cannot run on the cluster, ``reason`` and no layouts."""
-
-    label: str
-    layouts: tuple[Layout, ...] = ()
-    reason: str | None = None
-
-    @classmethod
-    def of(cls, label: str, found: Layout | Sequence[Layout] | NotFitting) -> Setting:
-        """A setting from a layout builder's answer."""
-        if isinstance(found, NotFitting):
-            return cls(label, (), found.reason)
-        return cls(label, (found,) if isinstance(found, Layout) else tuple(found))
 
 
 def divisors(n: int) -> tuple[int, ...]:
@@ -333,65 +318,3 @@ PIPEDREAM_MODES: tuple[tuple[str, float | None], ...] = (
     ("activations not counted (default)", None), ("--activation_compression_ratio 1", 1.0))
 """PipeDream's partitioner settings: its default leaves activation transfers out of the DP; its
 README (optimizer/README.md) runs ``--activation_compression_ratio 1``, which counts them."""
-
-
-def _settings_dp(profile: ir.ModelProfile, cluster: ir.Cluster, choices: tuple[int, ...],
-                 optimizer: str) -> list[Setting]:
-    return [Setting("all-reduce, one step", (dp_layout(profile, cluster),))]
-
-
-def _settings_accpar(profile: ir.ModelProfile, cluster: ir.Cluster, choices: tuple[int, ...],
-                     optimizer: str) -> list[Setting]:
-    return [Setting("chain search over dp/split forms", (accpar_layout(profile, cluster, optimizer),))]
-
-
-def _settings_gpipe(profile: ir.ModelProfile, cluster: ir.Cluster, choices: tuple[int, ...],
-                    optimizer: str) -> list[Setting]:
-    return [Setting.of("uniform layer counts", gpipe_uniform_layout(profile, cluster, choices))]
-
-
-def _settings_torchgpipe(profile: ir.ModelProfile, cluster: ir.Cluster, choices: tuple[int, ...],
-                         optimizer: str) -> list[Setting]:
-    scale = torchgpipe_param_scale(optimizer)
-    by_size = [torchgpipe_layout(profile, cluster, (m,), scale) for m in choices]
-    failed = next((f for f in by_size if isinstance(f, NotFitting)), None)
-    size = [f for f in by_size if isinstance(f, Layout)]
-    return [Setting.of("balance_by_time", torchgpipe_layout(profile, cluster, choices)),
-            Setting.of(f"balance_by_size, param_scale {scale:g}", size or failed or [])]
-
-
-def _settings_deepspeed(profile: ir.ModelProfile, cluster: ir.Cluster, choices: tuple[int, ...],
-                        optimizer: str) -> list[Setting]:
-    return [Setting.of(f"partition_method={method}", deepspeed_layouts(profile, cluster, method, choices))
-            for method in deepspeed_methods(profile)]
-
-
-def _settings_pipedream(profile: ir.ModelProfile, cluster: ir.Cluster, choices: tuple[int, ...],
-                        optimizer: str) -> list[Setting]:
-    out = []
-    for label, ratio in PIPEDREAM_MODES:
-        layout = pipedream_layout(profile, cluster, choices, ratio)
-        out += [Setting(label, (dataclasses.replace(layout, schedule=sched),))
-                for sched in BASELINE_SCHEDULES["pipedream"]]
-    return out
-
-
-def _settings_megatron(profile: ir.ModelProfile, cluster: ir.Cluster, choices: tuple[int, ...],
-                       optimizer: str) -> list[Setting]:
-    found = megatron_layouts(profile, cluster, choices)
-    tp = f"tp={found[0].tp}" if isinstance(found, list) and found else "tp = GPUs per server"
-    return [Setting.of(f"{tp} in a server, uniform pp, dp the rest", found)]
-
-
-_SETTINGS: dict[str, Callable[[ir.ModelProfile, ir.Cluster, tuple[int, ...], str], list[Setting]]] = {
-    "dp": _settings_dp, "accpar": _settings_accpar, "gpipe-uniform": _settings_gpipe,
-    "torchgpipe": _settings_torchgpipe, "deepspeed": _settings_deepspeed, "pipedream": _settings_pipedream,
-    "megatron": _settings_megatron,
-}
-
-
-def strategy_settings(name: str, profile: ir.ModelProfile, cluster: ir.Cluster, microbatches: tuple[int, ...],
-                      optimizer: str) -> list[Setting]:
-    """Every setting of baseline ``name`` (any of :data:`STRATEGIES` but ``planner``), the
-    system's default first, each with its layouts for the micro-batch counts ``microbatches``."""
-    return _SETTINGS[name](profile, cluster, microbatches, optimizer)

@@ -1,0 +1,136 @@
+"""Every documented setting of each baseline ``planner compare`` runs (pure: no torch, click or rich).
+
+A setting (:class:`Setting`) is a baseline run as its authors document it: PipeDream with and without
+its activation term, DeepSpeed's ``partition_method`` values (each also with ZeRO stage 1, which its
+pipeline engine runs), torchgpipe's balance by time or by size, Megatron-LM with and without its
+distributed optimizer, the schedules a system runs; each holds its layouts
+(:mod:`planner.search.baselines`). ``planner compare`` judges them all and shows the baseline at its
+best setting, named (:func:`strategy_settings`). A setting that cannot run on the cluster carries the
+reason instead of layouts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from planner import ir
+from planner.search.baselines import (
+    BASELINE_SCHEDULES,
+    PIPEDREAM_MODES,
+    Layout,
+    NotFitting,
+    accpar_layout,
+    deepspeed_layouts,
+    deepspeed_methods,
+    dp_layout,
+    gpipe_uniform_layout,
+    megatron_layouts,
+    pipedream_layout,
+    torchgpipe_layout,
+    torchgpipe_param_scale,
+)
+
+__all__ = ["Setting", "strategy_settings"]
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One documented setting of a baseline, named as its authors would (``label``), with its
+    layouts (every layout x micro-batch count is judged; the fastest that fits stands for the
+    setting), or, when it cannot run on the cluster, ``reason`` and no layouts."""
+
+    label: str
+    layouts: tuple[Layout, ...] = ()
+    reason: str | None = None
+
+    @classmethod
+    def of(cls, label: str, found: Layout | Sequence[Layout] | NotFitting) -> Setting:
+        """A setting from a layout builder's answer."""
+        if isinstance(found, NotFitting):
+            return cls(label, (), found.reason)
+        return cls(label, (found,) if isinstance(found, Layout) else tuple(found))
+
+    def sharded(self, label: str) -> Setting | None:
+        """The same layouts with ZeRO-1 (optimizer state sharded over each stage's data-parallel ranks),
+        named ``label``; None when no layout has a stage with two or more of them, or none runs."""
+        sharded = tuple(dataclasses.replace(layout, zero=1) for layout in self.layouts if layout.data_parallel)
+        return Setting(label, sharded) if sharded else None
+
+
+def _settings_dp(profile: ir.ModelProfile, cluster: ir.Cluster, choices: tuple[int, ...],
+                 optimizer: str) -> list[Setting]:
+    return [Setting("all-reduce, one step", (dp_layout(profile, cluster),))]
+
+
+def _settings_accpar(profile: ir.ModelProfile, cluster: ir.Cluster, choices: tuple[int, ...],
+                     optimizer: str) -> list[Setting]:
+    return [Setting("chain search over dp/split forms", (accpar_layout(profile, cluster, optimizer),))]
+
+
+def _settings_gpipe(profile: ir.ModelProfile, cluster: ir.Cluster, choices: tuple[int, ...],
+                    optimizer: str) -> list[Setting]:
+    return [Setting.of("uniform layer counts", gpipe_uniform_layout(profile, cluster, choices))]
+
+
+def _settings_torchgpipe(profile: ir.ModelProfile, cluster: ir.Cluster, choices: tuple[int, ...],
+                         optimizer: str) -> list[Setting]:
+    scale = torchgpipe_param_scale(optimizer)
+    by_size = [torchgpipe_layout(profile, cluster, (m,), scale) for m in choices]
+    failed = next((f for f in by_size if isinstance(f, NotFitting)), None)
+    size = [f for f in by_size if isinstance(f, Layout)]
+    return [Setting.of("balance_by_time", torchgpipe_layout(profile, cluster, choices)),
+            Setting.of(f"balance_by_size, param_scale {scale:g}", size or failed or [])]
+
+
+def _with_zero1(setting: Setting, label: str) -> list[Setting]:
+    """``setting``, and after it its ZeRO-1 twin named ``label`` where a stage has data-parallel ranks."""
+    twin = setting.sharded(label)
+    return [setting] if twin is None else [setting, twin]
+
+
+def _settings_deepspeed(profile: ir.ModelProfile, cluster: ir.Cluster, choices: tuple[int, ...],
+                        optimizer: str) -> list[Setting]:
+    """Each ``partition_method``, and each again with ``"zero_optimization": {"stage": 1}`` (the ZeRO
+    stage DeepSpeed's pipeline engine runs beside a pipeline)."""
+    out: list[Setting] = []
+    for method in deepspeed_methods(profile):
+        label = f"partition_method={method}"
+        out += _with_zero1(Setting.of(label, deepspeed_layouts(profile, cluster, method, choices)),
+                           f"{label}, ZeRO stage 1")
+    return out
+
+
+def _settings_pipedream(profile: ir.ModelProfile, cluster: ir.Cluster, choices: tuple[int, ...],
+                        optimizer: str) -> list[Setting]:
+    out = []
+    for label, ratio in PIPEDREAM_MODES:
+        layout = pipedream_layout(profile, cluster, choices, ratio)
+        out += [Setting(label, (dataclasses.replace(layout, schedule=sched),))
+                for sched in BASELINE_SCHEDULES["pipedream"]]
+    return out
+
+
+def _settings_megatron(profile: ir.ModelProfile, cluster: ir.Cluster, choices: tuple[int, ...],
+                       optimizer: str) -> list[Setting]:
+    """Megatron-LM's layout, and again with ``--use-distributed-optimizer`` (ZeRO-1 over the data-parallel
+    ranks, as its example training scripts run it)."""
+    found = megatron_layouts(profile, cluster, choices)
+    tp = f"tp={found[0].tp}" if isinstance(found, list) and found else "tp = GPUs per server"
+    label = f"{tp} in a server, uniform pp, dp the rest"
+    return _with_zero1(Setting.of(label, found), f"{label}, distributed optimizer")
+
+
+_SETTINGS: dict[str, Callable[[ir.ModelProfile, ir.Cluster, tuple[int, ...], str], list[Setting]]] = {
+    "dp": _settings_dp, "accpar": _settings_accpar, "gpipe-uniform": _settings_gpipe,
+    "torchgpipe": _settings_torchgpipe, "deepspeed": _settings_deepspeed, "pipedream": _settings_pipedream,
+    "megatron": _settings_megatron,
+}
+
+
+def strategy_settings(name: str, profile: ir.ModelProfile, cluster: ir.Cluster, microbatches: tuple[int, ...],
+                      optimizer: str) -> list[Setting]:
+    """Every setting of baseline ``name`` (any of :data:`STRATEGIES` but ``planner``), the
+    system's default first, each with its layouts for the micro-batch counts ``microbatches``."""
+    return _SETTINGS[name](profile, cluster, microbatches, optimizer)

@@ -1,0 +1,69 @@
+"""search.settings: every documented setting of a baseline, named, with its layouts or the reason it cannot run."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner import ir
+from planner.judge import judge
+from planner.search import baselines as bl
+from planner.search.settings import Setting, strategy_settings
+from tests.conftest import make_cluster_dict, make_profile_dict
+from tests.test_baselines import _pc, _shaped_llama
+
+
+@pytest.mark.parametrize("name", [s for s in bl.STRATEGIES if s != "planner"])
+def test_every_baseline_has_named_settings_with_layouts_or_a_reason(name: str) -> None:
+    profile, cluster = _pc(16)
+    found = strategy_settings(name, profile, cluster, (1, 2, 4), "sgd")
+    assert found and len({(s.label, tuple(lay.schedule for lay in s.layouts)) for s in found}) == len(found)
+    for setting in found:
+        assert setting.label and (setting.layouts or setting.reason)
+        for layout in setting.layouts:
+            assert layout.schedule in ("1f1b", "gpipe", "pipedream")
+            plan = layout.plan(profile, cluster, layout.microbatches[0], "sgd")
+            assert [s.tp for s in plan.stages] == [layout.tp] * len(plan.stages)
+
+
+def test_deepspeed_and_megatron_also_run_with_zero_stage_1_where_a_stage_has_data_parallel_ranks() -> None:
+    # DeepSpeed's pipeline engine runs ZeRO stage 1; Megatron-LM's --use-distributed-optimizer is ZeRO-1
+    cluster = ir.Cluster.from_dict(make_cluster_dict(2, 4))
+    labels = [s.label for s in strategy_settings("deepspeed", _shaped_llama(), cluster, (2,), "adam")]
+    assert "partition_method=parameters" in labels and "partition_method=parameters, ZeRO stage 1" in labels
+    megatron = strategy_settings("megatron", _shaped_llama(), cluster, (2,), "adam")
+    assert [s.label for s in megatron] == ["tp=4 in a server, uniform pp, dp the rest",
+                                           "tp=4 in a server, uniform pp, dp the rest, distributed optimizer"]
+    sharded = megatron[1]
+    assert sharded.layouts and all(lay.zero == 1 and lay.data_parallel for lay in sharded.layouts)
+    # the 2-stage layout has dp 1 per stage (4 GPUs, tp 4): nothing to shard, so it is not a ZeRO-1 layout
+    assert {lay.config for lay in sharded.layouts} == {"8"}
+    plan = sharded.layouts[0].plan(_shaped_llama(), cluster, 2, "adam")
+    assert [(s.dp, s.zero) for s in plan.stages] == [(2, 1)]
+
+
+def test_a_zero_1_layout_keeps_zero_0_on_stages_without_data_parallel_ranks() -> None:
+    profile = ir.ModelProfile.from_dict(make_profile_dict(4, batch_size=16))
+    cluster = ir.Cluster.from_dict(make_cluster_dict(1, 3))
+    devices = [g.name for g in cluster.gpus]
+    layout = bl.Layout("deepspeed", (((0, 2), tuple(devices[:2]), ("dp",) * 2), ((2, 4), (devices[2],), ("dp",) * 2)),
+                       "1f1b", (2,), zero=1)
+    plan = layout.plan(profile, cluster, 2, "adam")
+    assert [(s.dp, s.zero) for s in plan.stages] == [(2, 1), (1, 0)]
+    assert judge(plan).plan.predicted.iteration_s > 0
+
+
+def test_zero_1_saves_the_optimizer_state_that_decides_whether_a_baseline_fits() -> None:
+    # Adam's 8 bytes of state per parameter: sharded over 4 ranks it fits where ZeRO-0 does not
+    doc = make_profile_dict(4, batch_size=16)
+    for layer in doc["layers"]:
+        layer.update(param_count=250_000_000, param_bytes=1_000_000_000, saved_bytes=1000, output_bytes=1000)
+    profile = ir.ModelProfile.from_dict(doc)
+    cluster = ir.Cluster.from_dict(make_cluster_dict(1, 4, memory_bytes=12 * 10**9))
+    plain = Setting.of("dp over 4", bl.Layout("deepspeed", (((0, 4), tuple(g.name for g in cluster.gpus),
+                                                             ("dp",) * 4),), "1f1b", (1,)))
+    sharded = plain.sharded("dp over 4, ZeRO stage 1")
+    assert sharded is not None
+    fits = [judge(s.layouts[0].plan(profile, cluster, 1, "adam")).fits for s in (plain, sharded)]
+    assert fits == [False, True]
+    one_rank = Setting.of("one rank", bl.Layout("deepspeed", (((0, 4), ("n0.g0",), ("dp",) * 4),), "1f1b", (1,)))
+    assert one_rank.sharded("one rank, ZeRO stage 1") is None
