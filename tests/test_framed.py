@@ -87,3 +87,48 @@ def test_a_problem_of_two_stages_or_more_has_no_plan_of_one(inst) -> None:
     assert (whole is None) == (not found)
     if whole is not None:
         assert min(found) == pytest.approx(whole.objective, rel=1e-9)
+
+
+def _tight_llama(batch: int, saved_bytes: int) -> ir.ModelProfile:
+    """A Llama whose blocks keep ``saved_bytes`` of activations at the whole batch: memory decides the modes."""
+    from tests.test_export_torchtitan import llama_profile
+
+    profile = llama_profile(blocks=6, heads=4, kv_heads=2)
+    layers = tuple(dataclasses.replace(lp, saved_bytes=saved_bytes) if lp.block else lp for lp in profile.layers)
+    return dataclasses.replace(profile, layers=layers, batch_size=batch)
+
+
+def _tight_cluster(tight: int) -> ir.Cluster:
+    from tests.conftest import make_cluster_dict
+
+    return ir.Cluster.from_dict(make_cluster_dict(1, 4, memory_bytes=10**5 + tight * 2 * 10**5))
+
+
+@pytest.mark.parametrize("batch", [4, 8])
+@pytest.mark.parametrize("tight", [1, 2, 3, 4, 5, 8])
+def test_one_mode_for_the_whole_job_is_the_best_of_the_plans_forced_to_each_mode(batch: int, tight: int) -> None:
+    """torchtitan runs one recomputation mode per job: where the best plan mixes modes, the search solves the
+    problem once per mode, so its optimum is the best of the searches forced to none and to full."""
+    profile, cluster = _tight_llama(batch, 10**6), _tight_cluster(tight)
+    forced = {}
+    for mode in ("none", "full"):
+        try:
+            forced[mode] = search(profile, cluster, engine="torchtitan", recompute=mode, candidates=0)
+        except PlannerError:
+            continue
+    if not forced:  # neither mode fits: neither does the search
+        with pytest.raises(PlannerError):
+            search(profile, cluster, engine="torchtitan", candidates=0)
+        return
+    best = search(profile, cluster, engine="torchtitan", candidates=0)
+    assert len({s.recompute for s in best.stages}) == 1
+    assert best.predicted.iteration_s == pytest.approx(min(p.predicted.iteration_s for p in forced.values()),
+                                                       rel=1e-12)
+    mixed = search(profile, cluster, engine="any", recompute="auto", candidates=0)
+    assert mixed.predicted.iteration_s <= best.predicted.iteration_s * (1 + 1e-12)
+
+
+def test_the_tight_case_mixes_none_and_full_where_one_job_may_mix_them() -> None:
+    """The case above whose unconstrained optimum mixes the two modes torchtitan runs (so the search splits it)."""
+    plan = search(_tight_llama(8, 10**6), _tight_cluster(1), engine="any", candidates=0)
+    assert [s.recompute for s in plan.stages] == ["full", "full", "full", "none"]
