@@ -74,7 +74,9 @@ class Layout:
     simulates each and keeps the fastest that fits (a user would tune it too). ``tp``: the
     tensor degree of every stage (1: data parallel only; AccPar's split forms span the
     whole stage). ``zero``: the ZeRO stage of every stage with two or more data-parallel ranks (the
-    others run 0: there is nothing to shard over).
+    others run 0: there is nothing to shard over). ``recompute``: every stage's recomputation before
+    the judge gives an overflowing stage ``full``; ``sequence_parallel``: Megatron-LM's sequence
+    parallelism on the blocks of every tensor-parallel stage.
     """
 
     name: str
@@ -83,6 +85,8 @@ class Layout:
     microbatches: tuple[int, ...]
     tp: int = 1
     zero: int = 0
+    recompute: str = "none"
+    sequence_parallel: bool = False
 
     @property
     def data_parallel(self) -> bool:
@@ -101,8 +105,9 @@ class Layout:
         from planner.costmodel import default_precision
 
         flags = list(recompute) if recompute is not None else [False] * len(self.stages)
-        stages = tuple(ir.Stage(layers, devices, forms, 0, "full" if flag else "none", tp=self.tp,
-                                zero=self.zero if len(devices) // self.tp >= 2 else 0)
+        stages = tuple(ir.Stage(layers, devices, forms, 0, "full" if flag else self.recompute, tp=self.tp,
+                                zero=self.zero if len(devices) // self.tp >= 2 else 0,
+                                sequence_parallel=self.sequence_parallel and self.tp > 1)
                        for (layers, devices, forms), flag in zip(self.stages, flags, strict=True))
         return ir.Plan(profile=profile, cluster=cluster, schedule=self.schedule, microbatches=microbatches,
                        optimizer=optimizer, stages=stages, predicted=ir.Prediction(0.0, 0.0, 0.0, 0),
