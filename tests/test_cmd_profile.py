@@ -110,7 +110,7 @@ def test_llama_in_bfloat16_on_a100_uses_the_bf16_peak_and_records_blocks(tmp_pat
     doc = json.loads(out.read_text())
     assert doc["device_flops"] == 312e12 and doc["dtype"] == "bfloat16" and len(doc["layers"]) == 4
     assert doc["layers"][1]["block"] == {"hidden": 8192, "heads": 64, "kv_heads": 8, "ffn": 28672, "seq_len": 4096,
-                                         "gated": True}
+                                         "gated": True, "attention_saved": False}  # SDPA: fused kernels
     assert "block" not in doc["layers"][0] and doc["input_shape"] == [4096]
     assert ModelProfile.from_dict(doc).layers[2].block is not None
 

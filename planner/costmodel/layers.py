@@ -196,7 +196,7 @@ def block_activation_ratios(profile: ir.ModelProfile, tp: int, sequence_parallel
             tp_sel.append(1.0 / tp)
             dp_sel.append(1.0)
             continue
-        core = 5.0 * b.heads * b.seq_len / b.hidden
+        core = 5.0 * b.heads * b.seq_len / b.hidden if b.attention_saved else 0.0  # fused: no s x s weights kept
         base = 34.0 + core
         rest = 34.0 / tp if sequence_parallel else 10.0 + 24.0 / tp
         tp_act.append((rest + core / tp) / base)

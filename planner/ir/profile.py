@@ -46,6 +46,10 @@ class BlockShape:
     ``hidden`` h, attention ``heads`` a, ``kv_heads`` (grouped-query attention: fewer than
     ``heads``), ``ffn`` the MLP's inner size, ``seq_len`` s the tokens per sample, ``gated``
     whether the MLP has three matrices (SwiGLU, Llama) rather than two (GPT-2, BERT).
+    ``attention_saved``: whether the layer's profiled ``saved_bytes`` hold the attention weights
+    (Korthikanti et al.'s ``5 a s^2 b``): attention computed with matmuls and softmax keeps them, a
+    fused kernel (SDPA's FlashAttention or memory-efficient kernels, which the profiler runs) does not
+    (``planner.profiler.fused``); absent from a file: True, as profiles written before it counted.
     """
 
     hidden: int
@@ -54,16 +58,18 @@ class BlockShape:
     ffn: int
     seq_len: int
     gated: bool = False
+    attention_saved: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return {"hidden": self.hidden, "heads": self.heads, "kv_heads": self.kv_heads, "ffn": self.ffn,
-                "seq_len": self.seq_len, "gated": self.gated}
+                "seq_len": self.seq_len, "gated": self.gated, "attention_saved": self.attention_saved}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str = "block") -> BlockShape:
         shape = cls(_int(d, "hidden", where, positive=True), _int(d, "heads", where, positive=True),
                     _int(d, "kv_heads", where, positive=True), _int(d, "ffn", where, positive=True),
-                    _int(d, "seq_len", where, positive=True), bool(d.get("gated", False)))
+                    _int(d, "seq_len", where, positive=True), bool(d.get("gated", False)),
+                    bool(d.get("attention_saved", True)))
         if shape.heads % shape.kv_heads or shape.hidden % shape.heads:
             raise FormatError(f"{where}: heads {shape.heads} must be a multiple of kv_heads {shape.kv_heads} and "
                               f"divide hidden {shape.hidden}", "fix the block's shape")

@@ -29,6 +29,7 @@ built with ``--set`` overrides name them.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping
 from contextlib import contextmanager
@@ -39,7 +40,7 @@ import torch
 
 from planner.errors import ProfileError, UsageError
 from planner.gpus import roofline_of
-from planner.ir import BatchTimes, LayerProfile, ModelProfile
+from planner.ir import BatchTimes, BlockShape, LayerProfile, ModelProfile
 from planner.profiler.analytic import (
     ANALYTIC_EFFICIENCY,
     DEVICE_FLOPS_NAMES,
@@ -336,7 +337,7 @@ def _layer_profiles(lm: LayeredModel, facts: list[LayerFacts], times: _LayerTime
             output_bytes=f.output_bytes, saved_bytes=f.saved_bytes,
             in_features=lm.in_features[i], out_features=lm.out_features[i],
             backward_weight_s=times.bwd_s[i] * share, output_shape=f.output_shape,
-            forward_fixed_s=fixed[i][0], backward_fixed_s=fixed[i][1], block=lm.block(i),
+            forward_fixed_s=fixed[i][0], backward_fixed_s=fixed[i][1], block=_block(lm.block(i), facts[i]),
             batch_times=tuple(BatchTimes(b, fwd[i], bwd[i]) for b, (fwd, bwd) in zip(runs.smaller, runs.smaller_times,
                                                                                     strict=True)),
         ))
@@ -373,3 +374,10 @@ def _measured_meta(times: _LayerTimes, runs: Runs, dev: torch.device, warmup: in
         "profiling_cost_iterations": elapsed / whole_s if whole_s else None,
         "fixed_cost_fit_batch": fit_batch,
     }
+
+
+def _block(shape: BlockShape | None, facts: LayerFacts) -> BlockShape | None:
+    """A block's shape, saying whether its saved bytes hold the attention weights (planner.profiler.fused)."""
+    if shape is None or facts.attention_saved:
+        return shape
+    return dataclasses.replace(shape, attention_saved=False)

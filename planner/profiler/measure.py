@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from planner.profiler.flops import flop_counter
+from planner.profiler.fused import FusedAttention
 from planner.profiler.guards import check_output
 from planner.profiler.layered import primary_output
 
@@ -48,6 +49,8 @@ class LayerFacts:
     input_requires_grad: bool
     output_dtype: torch.dtype = torch.float32
     output_requires_grad: bool = True
+    attention_saved: bool = True
+    """False when the layer's attention ran as SDPA's fused kernels and kept no attention weights."""
 
 
 def _storage_key(t: torch.Tensor) -> int:
@@ -110,21 +113,27 @@ def _counted(run: Callable[[], _T], count_flops: bool) -> tuple[_T, float]:
 
 def instrumented_pass(layers: Sequence[nn.Module], x: torch.Tensor, params: Sequence[torch.Tensor],
                       count_flops: bool = True) -> list[LayerFacts]:
-    """One forward+backward with FLOP counting and saved-tensor accounting (works on meta tensors)."""
+    """One forward+backward with FLOP counting and saved-tensor accounting (works on meta tensors, where
+    SDPA runs as the fused kernel runs it: :mod:`planner.profiler.fused`)."""
     saved = _SavedBytes(params, len(layers))
+    attention = FusedAttention()
+    fused = [False] * len(layers)
     _zero_grads(params)
 
     def fwd_meter(i: int, run: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, float]:
         saved.current = i
-        return _counted(run, count_flops)
+        calls, saving = attention.calls, attention.saving
+        result = _counted(run, count_flops)
+        fused[i] = attention.calls > calls and attention.saving == saving
+        return result
 
-    with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
+    with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack), attention:
         fwd_flops, inputs, outputs = _forward_walk(layers, x, fwd_meter)
     bwd_flops = _backward_walk(inputs, outputs, lambda _i, run: _counted(run, count_flops))
     facts = [
         LayerFacts(fwd_flops[i], bwd_flops[i], outputs[i].numel() * outputs[i].element_size(),
                    tuple(outputs[i].shape), saved.saved[i], inputs[i].requires_grad, outputs[i].dtype,
-                   outputs[i].requires_grad)
+                   outputs[i].requires_grad, not fused[i])
         for i in range(len(layers))
     ]
     _zero_grads(params)

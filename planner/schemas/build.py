@@ -95,7 +95,8 @@ DIMS = array(integer(MAX_DIM, lo=1), hi=64)
 def _block() -> dict[str, Any]:
     return obj({"hidden": integer(MAX_DIM, lo=1), "heads": integer(MAX_ITEMS, lo=1),
                 "kv_heads": integer(MAX_ITEMS, lo=1), "ffn": integer(MAX_DIM, lo=1),
-                "seq_len": integer(MAX_DIM, lo=1)}, {"gated": {"type": "boolean"}}, closed=True)
+                "seq_len": integer(MAX_DIM, lo=1)},
+               {"gated": {"type": "boolean"}, "attention_saved": {"type": "boolean"}}, closed=True)
 
 
 def _layer() -> dict[str, Any]:
