@@ -185,7 +185,8 @@ def test_a_launcher_starts_as_many_processes_on_every_server() -> None:
 
 def test_a_search_whose_plans_all_break_an_engine_limit_says_which() -> None:
     """Servers of 3 and 1 GPUs, memory for about a layer each: the plans that fit span them 3 + 1, which torchrun
-    cannot start; the search says so instead of emitting one."""
+    cannot start; the search tries the even parts (3 GPUs of one server, 1 of each) and says so instead of
+    emitting one."""
     from planner.errors import InfeasibleError
 
     profile = ir.ModelProfile.from_dict(make_profile_dict(4, batch_size=8))
@@ -197,5 +198,6 @@ def test_a_search_whose_plans_all_break_an_engine_limit_says_which() -> None:
     cluster = cluster_from_dict(doc)
     assert {d for s in search(profile, cluster, candidates=4).stages for d in s.devices} == {
         "n0.g0", "n0.g1", "n0.g2", "n1.g0"}
-    with pytest.raises(InfeasibleError, match=r"break a limit of --engine torch, the best: .*processes per server"):
+    with pytest.raises(InfeasibleError, match=r"--engine torch starts as many processes on every server, so the "
+                                              r"uneven servers were searched as 3 GPUs \(1 x 3\) and 2 GPUs \(2 x 1\)"):
         search(profile, cluster, engine="torch", candidates=4)

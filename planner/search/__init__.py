@@ -39,6 +39,10 @@ and the best simulated time of the problems' optima so far is closed (not tabula
 optimum is unchanged, and plans that may still win the simulator's re-rank are met (the analytic
 objective is optimistic). Seeds come from the problems tabulated.
 
+An engine whose launcher starts as many processes on every server (torchrun, DeepSpeed's hostfile), on a
+cluster of uneven servers and without ``--config``, is searched on each even sub-cluster
+(planner.search.servers) and the fastest plan kept; its cluster is that sub-cluster.
+
 Schedules: ``gpipe`` and ``1f1b`` are planned with their own objective and in-flight
 memory; ``zb-h1`` is planned like 1f1b in time (its smaller bubble is left to the
 simulator) with each stage held to the most micro-batches in flight it could have
@@ -55,9 +59,11 @@ import dataclasses
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from planner import ir
 from planner.costmodel import Grid, LayerTable, dp_iteration, layer_table, plan_memory, predict, stage_costs
+from planner.errors import PlannerError
 from planner.judge import Judged
 from planner.runnable import ENGINES as ENGINE_LIMITS
 from planner.runnable import is_runnable
@@ -75,6 +81,7 @@ from planner.search.options import (
     problems,
     resolve_virtual_stages,
 )
+from planner.search.servers import even_subclusters, uneven
 from planner.search.sp import Problem, Solution, build_problem, infeasible
 
 __all__ = ["ENGINES", "RERANK", "SOLVERS", "build_problem", "hpp", "microbatch_candidates", "parse_config", "search",
@@ -107,6 +114,13 @@ def search(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int |
     req = check_request(profile, cluster, schedule=schedule, optimizer=optimizer, solver=solver, engine=engine,
                         config=config, precision=precision, tp=tp, zero=zero, recompute=recompute,
                         micro_batch_size=micro_batch_size, max_blocks=max_blocks)
+    limits = ENGINE_LIMITS.get(engine)
+    if limits is not None and limits.even_servers and uneven(cluster) and config is None:
+        return _on_even_servers(profile, cluster, dict(
+            microbatches=microbatches, schedule=schedule, optimizer=optimizer, solver=solver, engine=engine,
+            max_blocks=max_blocks, progress=progress, evaluate=evaluate, candidates=candidates, precision=precision,
+            tp=tp, zero=zero, recompute=recompute, micro_batch_size=micro_batch_size, virtual_stages=virtual_stages,
+            alternatives=alternatives))
     v = resolve_virtual_stages(virtual_stages, schedule)
     if v > 1:
         from planner.search.interleave import search_interleaved
@@ -126,6 +140,29 @@ def search(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int |
     else:
         best = rerank.simulated(*min(plans, key=lambda pc: evaluate(pc[0])))
     return _with_prediction(best.plan, best.prediction)
+
+
+def _on_even_servers(profile: ir.ModelProfile, cluster: ir.Cluster, options: dict[str, Any]) -> ir.Plan:
+    """The fastest plan over the even sub-clusters of ``cluster`` (planner.search.servers), each searched
+    with ``options``; the first one's error when none has a plan. The plan's cluster is its sub-cluster:
+    the servers and GPUs the engine's launcher starts it on."""
+    best: ir.Plan | None = None
+    failure: PlannerError | None = None
+    for sub in even_subclusters(cluster):
+        try:
+            plan = search(profile, sub, **options)
+        except PlannerError as exc:
+            failure = failure or exc
+            continue
+        if best is None or plan.predicted.iteration_s < best.predicted.iteration_s:
+            best = plan
+    if best is None:
+        assert failure is not None
+        searched = " and ".join(f"{len(sub.gpus)} GPUs ({len(sub.nodes)} x {len(sub.nodes[0].gpus)})"
+                                for sub in even_subclusters(cluster))
+        raise type(failure)(f"{failure.cause}; --engine {options['engine']} starts as many processes on every server, "
+                            f"so the uneven servers were searched as {searched}", failure.hint) from None
+    return best
 
 
 def _seeds(probs: list[Problem], engine: str, solver: str) -> list[rerank.Costed]:

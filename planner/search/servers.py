@@ -1,0 +1,37 @@
+"""Even servers: the sub-clusters an engine whose launcher starts as many processes on every server can use.
+
+Pure (no torch, click or rich). torchrun (``--nproc-per-node``) and DeepSpeed's hostfile start the same
+number of processes on every server a job uses (:attr:`planner.runnable.EngineLimits.even_servers`), so
+on a cluster whose servers hold different numbers of GPUs a plan must leave some idle. The search's own
+space does not hold that rule (its device groups follow the GPUs in order), so for such an engine it
+searches each even sub-cluster instead (:func:`even_subclusters`) and keeps the fastest plan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from planner import ir
+
+__all__ = ["even_subclusters", "uneven"]
+
+
+def uneven(cluster: ir.Cluster) -> bool:
+    """Whether the cluster's servers hold different numbers of GPUs."""
+    return len({len(node.gpus) for node in cluster.nodes}) > 1
+
+
+def _cut(cluster: ir.Cluster, nodes: list[ir.Node], per_server: int) -> ir.Cluster:
+    cut = tuple(dataclasses.replace(node, gpus=node.gpus[:per_server]) for node in nodes)
+    return dataclasses.replace(cluster, nodes=cut)
+
+
+def even_subclusters(cluster: ir.Cluster) -> list[ir.Cluster]:
+    """For every server size n the cluster has: the servers of n or more GPUs, each using its first n
+    (the servers of the largest size alone; every server at the smallest size; and those between),
+    largest sub-cluster first. One: the cluster itself, when its servers are even already."""
+    if not uneven(cluster):
+        return [cluster]
+    sizes = sorted({len(node.gpus) for node in cluster.nodes})
+    subs = [_cut(cluster, [nd for nd in cluster.nodes if len(nd.gpus) >= n], n) for n in sizes]
+    return sorted(subs, key=lambda c: -len(c.gpus))

@@ -1,0 +1,50 @@
+"""search.servers: an engine whose launcher starts as many processes on every server searches the even sub-clusters."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner import ir
+from planner.errors import PlannerError
+from planner.runnable import problems, uneven_servers
+from planner.search import search
+from planner.search.servers import even_subclusters, uneven
+from tests.conftest import make_cluster_dict, make_profile_dict
+
+
+def _servers(*sizes: int, memory_bytes: int = 10**10) -> ir.Cluster:
+    doc = make_cluster_dict(len(sizes), max(sizes), memory_bytes=memory_bytes)
+    for node, n in zip(doc["nodes"], sizes, strict=True):
+        node["gpus"] = node["gpus"][:n]
+    return ir.Cluster.from_dict(doc)
+
+
+def test_every_server_size_gives_one_even_sub_cluster() -> None:
+    cluster = _servers(4, 2, 3)
+    subs = even_subclusters(cluster)
+    assert uneven(cluster) and not any(uneven(s) for s in subs)
+    shapes = [[(n.name, len(n.gpus)) for n in s.nodes] for s in subs]
+    assert shapes == [[("n0", 2), ("n1", 2), ("n2", 2)], [("n0", 3), ("n2", 3)], [("n0", 4)]]  # most GPUs first
+    assert [g.name for g in subs[1].gpus] == ["n0.g0", "n0.g1", "n0.g2", "n2.g0", "n2.g1", "n2.g2"]
+    even = _servers(2, 2)
+    assert even_subclusters(even) == [even]
+
+
+@pytest.mark.parametrize("engine", ["torch", "deepspeed"])
+def test_a_launcher_of_equal_processes_per_server_gets_a_plan_it_can_start(engine: str) -> None:
+    profile = ir.ModelProfile.from_dict(make_profile_dict(6, batch_size=24))
+    cluster = _servers(4, 2)
+    plan = search(profile, cluster, engine=engine, candidates=4)
+    assert problems(plan, engine) == [] and uneven_servers(plan) is None
+    assert {g.name for g in plan.cluster.gpus} <= {g.name for g in cluster.gpus}
+    free = search(profile, cluster, engine="any", candidates=4)  # no launcher's rule: any servers
+    assert free.predicted.iteration_s <= plan.predicted.iteration_s * (1 + 1e-9)
+
+
+def test_when_no_even_sub_cluster_has_a_plan_the_error_says_which_were_searched() -> None:
+    doc = make_profile_dict(4, batch_size=8)
+    for layer in doc["layers"]:
+        layer.update(param_count=10**9, param_bytes=4 * 10**9)
+    with pytest.raises(PlannerError, match=r"--engine torch starts as many processes on every server, so the uneven "
+                                           r"servers were searched as 4 GPUs \(2 x 2\) and 4 GPUs \(1 x 4\)"):
+        search(ir.ModelProfile.from_dict(doc), _servers(4, 2, memory_bytes=10**9), engine="torch")
