@@ -133,9 +133,6 @@ class EngineLimits:
     """Whether one recomputation mode runs for the whole job (torchtitan's ``activation_checkpoint.mode``)."""
     split_types: tuple[str, ...] | None = None
     """The layer types its split forms shard (:class:`FormRules`)."""
-    even_servers: bool = True
-    """Whether its launcher starts the same number of processes on every server it uses (torchrun's
-    ``--nproc-per-node``, DeepSpeed's hostfile slots)."""
 
     @property
     def form_rules(self) -> FormRules:
@@ -271,8 +268,7 @@ def engine_problems(plan: ir.Plan, engine: str) -> list[str]:
         out.append(f"{engine} runs one model chunk per device, the plan has {plan.virtual_stages}")
     out += _uniform_problems(plan.stages, engine, limits.uniform_zero) if limits.uniform_stages else []
     out += _llama_problems(plan, engine) if limits.llama_only else []
-    out += _split_problems(plan, engine, limits.form_rules) + (_server_problems(plan, engine) if limits.even_servers
-                                                               else [])
+    out += _split_problems(plan, engine, limits.form_rules) + _server_problems(plan, engine)
     if limits.uniform_recompute and len({st.recompute for st in plan.stages}) > 1:
         out.append(f"the stages recompute {', '.join(sorted({st.recompute for st in plan.stages}))}; {engine} runs "
                    "one recomputation mode for the whole job")
@@ -343,7 +339,8 @@ def uneven_servers(plan: ir.Plan) -> str | None:
 
 
 def _server_problems(plan: ir.Plan, engine: str) -> list[str]:
-    """A plan whose servers run different numbers of its processes: a launcher starts as many on each."""
+    """A plan whose servers run different numbers of its processes: every engine here starts under torchrun
+    (``planner run``, the exported launch scripts), which starts as many on each."""
     shown = uneven_servers(plan)
     if shown is None:
         return []

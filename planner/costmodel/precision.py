@@ -31,20 +31,17 @@ bytes, passes over its fp32 state bytes). Every update reads the weight and the 
 writes the weight (3); momentum/adam/rmsprop also read and write their state (2). E.g. fp32
 adam: 3 * 4 + 2 * 8 = 28 bytes per parameter (ZeRO-Offload, Ren et al. ATC'21, section 4.1)."""
 
-DTYPE_BYTES = ir.DTYPE_BYTES
-"""Bytes per element of the dtype names profiles carry (:data:`planner.ir.DTYPE_BYTES`)."""
-_dtype_name = ir.dtype_key
 
 
 def dtype_bytes(dtype: str) -> int:
     """Bytes per element of a profile's ``dtype`` (4 when unknown: profiles default to fp32)."""
-    return DTYPE_BYTES.get(_dtype_name(dtype), 4)
+    return ir.DTYPE_BYTES.get(ir.dtype_key(dtype), 4)
 
 
 def default_precision(profile: ir.ModelProfile) -> str:
     """The precision a profile was made in: fp32, bf16 or fp16 (planner.gpus; fp32 for other dtypes)."""
     try:
-        fmt = number_format_of_dtype(_dtype_name(profile.dtype))
+        fmt = number_format_of_dtype(ir.dtype_key(profile.dtype))
     except UsageError:
         return "fp32"
     return fmt if fmt in ir.PRECISIONS else "fp32"

@@ -114,8 +114,7 @@ def search(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int |
     req = check_request(profile, cluster, schedule=schedule, optimizer=optimizer, solver=solver, engine=engine,
                         config=config, precision=precision, tp=tp, zero=zero, recompute=recompute,
                         micro_batch_size=micro_batch_size, max_blocks=max_blocks)
-    limits = ENGINE_LIMITS.get(engine)
-    if limits is not None and limits.even_servers and uneven(cluster) and config is None:
+    if engine in ENGINE_LIMITS and uneven(cluster) and config is None:
         return _on_even_servers(profile, cluster, dict(
             microbatches=microbatches, schedule=schedule, optimizer=optimizer, solver=solver, engine=engine,
             max_blocks=max_blocks, progress=progress, evaluate=evaluate, candidates=candidates, precision=precision,
@@ -148,7 +147,8 @@ def _on_even_servers(profile: ir.ModelProfile, cluster: ir.Cluster, options: dic
     the servers and GPUs the engine's launcher starts it on."""
     best: ir.Plan | None = None
     failure: PlannerError | None = None
-    for sub in even_subclusters(cluster):
+    subs = even_subclusters(cluster)
+    for sub in subs:
         try:
             plan = search(profile, sub, **options)
         except PlannerError as exc:
@@ -158,8 +158,7 @@ def _on_even_servers(profile: ir.ModelProfile, cluster: ir.Cluster, options: dic
             best = plan
     if best is None:
         assert failure is not None
-        searched = " and ".join(f"{len(sub.gpus)} GPUs ({len(sub.nodes)} x {len(sub.nodes[0].gpus)})"
-                                for sub in even_subclusters(cluster))
+        searched = " and ".join(f"{len(sub.gpus)} GPUs ({len(sub.nodes)} x {len(sub.nodes[0].gpus)})" for sub in subs)
         raise type(failure)(f"{failure.cause}; --engine {options['engine']} starts as many processes on every server, "
                             f"so the uneven servers were searched as {searched}", failure.hint) from None
     return best

@@ -88,6 +88,10 @@ class Layout:
     recompute: str = "none"
     sequence_parallel: bool = False
 
+    def _zero_of(self, devices: Sequence[str]) -> int:
+        """The stage's ZeRO stage: :attr:`zero` over two or more data-parallel ranks, else 0."""
+        return self.zero if len(devices) // self.tp >= 2 else 0
+
     @property
     def data_parallel(self) -> bool:
         """Whether a stage has two or more data-parallel ranks (a ZeRO stage then shards something)."""
@@ -106,7 +110,7 @@ class Layout:
 
         flags = list(recompute) if recompute is not None else [False] * len(self.stages)
         stages = tuple(ir.Stage(layers, devices, forms, 0, "full" if flag else self.recompute, tp=self.tp,
-                                zero=self.zero if len(devices) // self.tp >= 2 else 0,
+                                zero=self._zero_of(devices),
                                 sequence_parallel=self.sequence_parallel and self.tp > 1)
                        for (layers, devices, forms), flag in zip(self.stages, flags, strict=True))
         return ir.Plan(profile=profile, cluster=cluster, schedule=self.schedule, microbatches=microbatches,
