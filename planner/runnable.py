@@ -288,8 +288,12 @@ def llama_problem(profile: ir.ModelProfile) -> str | None:
     as torchtitan defines it), or None."""
     shapes = [(i, lp.block) for i, lp in enumerate(profile.layers) if lp.block is not None]
     n = len(profile.layers)
+    split = str(profile.meta.get("split_method", "structure:llama"))  # profiles before the field: Llama's shape
     if shapes and all(b.gated for _, b in shapes) and [i for i, _ in shapes] == list(range(1, n - 1)):
-        return None
+        if split == "structure:llama" or not split.startswith("structure:"):
+            return None
+        return (f"{profile.model} is a {split.removeprefix('structure:')} model with Llama's shape, not Llama (its "
+                "blocks differ: q/k/v biases, q/k norms or sliding windows)")
     return (f"{profile.model} is not a Llama-family model (one embedding, gated-MLP transformer blocks, one norm + "
             f"head; its layers are {', '.join(lp.type for lp in profile.layers[:4])}{'...' if n > 4 else ''})")
 

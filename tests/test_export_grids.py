@@ -256,18 +256,42 @@ def tiny_llama() -> tuple[nn.Module, torch.Tensor]:
     return model, torch.randint(0, 256, (BATCH, SEQ))
 
 
-LLAMA_GRIDS: dict[str, dict[str, Any]] = {
-    "llama-pp2-tp2-sp": {"parts": [0, 2, 4], "tp": 2, "sequence_parallel": True},
-    "llama-tp2-dp2-zero3-selective": {"parts": [0, 4], "tp": 2, "dp": 2, "zero": 3, "recompute": "selective"},
-    "llama-pp2-dp2-zero1-full": {"parts": [0, 1, 4], "dp": 2, "zero": 1, "recompute": "full"},
+def tiny_decoder(name: str, **fields: Any) -> tuple[nn.Module, torch.Tensor]:
+    """Zoo decoder ``name`` cut to hidden 64, 2 blocks, 4 heads, 2 KV heads, FFN 128, 256 tokens."""
+    from planner.profiler.hfzoo import build
+
+    model = build(name, SEQ, {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                              "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256,
+                              "bos_token_id": 0, "eos_token_id": 0, **fields})
+    return model, torch.randint(0, 256, (BATCH, SEQ))
+
+
+def tiny_qwen2() -> tuple[nn.Module, torch.Tensor]:
+    """Qwen2: Llama's block with biases on q, k and v (sharded with their columns)."""
+    return tiny_decoder("qwen2-7b")
+
+
+def tiny_qwen3() -> tuple[nn.Module, torch.Tensor]:
+    """Qwen3: per-head q/k norms and a head size (32) that is not hidden / heads (16)."""
+    return tiny_decoder("qwen3-8b", head_dim=32)
+
+
+LLAMA_GRIDS: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama-pp2-tp2-sp": ("tiny_llama", {"parts": [0, 2, 4], "tp": 2, "sequence_parallel": True}),
+    "llama-tp2-dp2-zero3-selective": ("tiny_llama", {"parts": [0, 4], "tp": 2, "dp": 2, "zero": 3,
+                                                     "recompute": "selective"}),
+    "llama-pp2-dp2-zero1-full": ("tiny_llama", {"parts": [0, 1, 4], "dp": 2, "zero": 1, "recompute": "full"}),
+    "qwen2-pp2-tp2-sp": ("tiny_qwen2", {"parts": [0, 2, 4], "tp": 2, "sequence_parallel": True}),
+    "qwen3-tp2-dp2-zero1": ("tiny_qwen3", {"parts": [0, 4], "tp": 2, "dp": 2, "zero": 1}),
 }
 
 
 @pytest.mark.slow
 def test_llama_grids_train_like_one_process() -> None:
     """A tiny Llama (rotary positions, grouped KV heads, gated MLP): tensor-parallel q/k/v/o and
-    gate/up/down with sequence parallelism, ZeRO-3 with selective recomputation, ZeRO-1 with full."""
-    plans = {name: grid_plan("tiny_llama", **kw) for name, kw in LLAMA_GRIDS.items()}
+    gate/up/down with sequence parallelism, ZeRO-3 with selective recomputation, ZeRO-1 with full;
+    and the Llama-family decoders split the same way: Qwen2 (q/k/v biases), Qwen3 (q/k norms)."""
+    plans = {name: grid_plan(factory, **kw) for name, (factory, kw) in LLAMA_GRIDS.items()}
     got = run_grids(plans)
     for name, plan in plans.items():
         check_grid_run(name, plan, got[name])

@@ -1,4 +1,5 @@
-"""profiler.hfsplit (and the hfmodules it runs): GPT-2, BERT and Llama split by structure, exact, with block shapes."""
+"""profiler.hfsplit (and the hfmodules it runs): GPT-2, BERT and the Llama family split by structure, exact, with
+block shapes."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from torch import nn
 from planner import ir
 from planner.errors import TraceError
 from planner.profiler.hfsplit import block_shape, split_hf
-from planner.profiler.hfzoo import bert, gpt2, llama
+from planner.profiler.hfzoo import bert, build, gpt2, llama
 from planner.profiler.layered import LayeredModel, primary_output
 from planner.profiler.loader import load_model
 from tests.test_profiler_fxsplit import check_exact
@@ -76,6 +77,38 @@ def test_layers_run_on_micro_batches_and_shorter_sequences(name: str) -> None:
     micro = torch.randint(0, 50, (1, 6))
     with torch.no_grad():
         assert torch.equal(lm.run(micro), primary_output(model(micro)))
+
+
+@pytest.mark.parametrize(("name", "fields"), [
+    ("mistral-7b", {}), ("qwen2-7b", {}), ("qwen3-8b", {"head_dim": 32}),
+    ("mistral-7b", {"sliding_window": 16}),  # a window as long as the sequence masks as causal does
+])
+def test_llama_family_decoders_split_exactly_like_llama(name: str, fields: dict[str, object]) -> None:
+    """Mistral, Qwen2 (q/k/v biases) and Qwen3 (q/k norms, a head size other than hidden / heads) run
+    Llama's forward: the same split, bit for bit, with gated blocks, the causal LM head or the bare model."""
+    torch.manual_seed(0)
+    model = build(name, 16, {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                             "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 96, **fields})
+    x = torch.randint(0, 96, (2, 16))
+    for m in (model, model.model):
+        lm = _split(m, x)
+        check_exact(m, x, lm.layers, lm.param_counts)
+        assert lm.method == f"structure:{name.split('-')[0]}" and len(lm) == 4 - (m is model.model)
+        assert lm.block(1) == ir.BlockShape(64, 4, 2, 128, 16, gated=True)
+
+
+@pytest.mark.parametrize(("name", "fields"), [
+    ("mistral-7b", {"sliding_window": 8}),
+    ("qwen2-7b", {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1}),
+])
+def test_a_sliding_window_shorter_than_the_sequence_is_refused(name: str, fields: dict[str, object]) -> None:
+    """The split blocks attend over the whole sequence; the model's own forward masks its window."""
+    model = build(name, 16, {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+                             "num_key_value_heads": 1, "intermediate_size": 64, "vocab_size": 32, **fields})
+    with pytest.raises(TraceError, match="sliding window of 8 tokens, shorter than the 16-token") as err:
+        split_hf(model, torch.randint(0, 32, (1, 16)))
+    assert "--input-shape 8 or less" in err.value.hint
+    assert split_hf(model, torch.randint(0, 32, (1, 8))) is not None
 
 
 def test_block_shape_reads_gpt2_bert_and_llama_configs() -> None:

@@ -13,7 +13,8 @@ from planner.schemas.build import MAX_DIM, MAX_ITEMS
 
 @pytest.mark.parametrize(("name", "params"), [
     ("llama2-7b", 6_738_415_616), ("llama2-13b", 13_015_864_320), ("llama2-70b", 68_976_648_192),
-    ("llama3-8b", 8_030_261_248), ("llama3-70b", 70_553_706_496),
+    ("llama3-8b", 8_030_261_248), ("llama3-70b", 70_553_706_496), ("mistral-7b", 7_241_732_096),
+    ("qwen2-7b", 7_615_616_512), ("qwen3-8b", 8_190_735_360),
 ])
 def test_llama_sizes_have_the_published_parameter_counts(name: str, params: int) -> None:
     with torch.device("meta"):

@@ -135,6 +135,10 @@ def test_torchtitan_runs_its_llama_only_with_every_block_sharded_and_the_sequenc
     assert any("one recomputation mode" in p for p in problems(mixed))
     gpt = ir.ModelProfile.from_dict(make_profile_dict(8, batch_size=8))
     assert any("not a Llama-family model" in p for p in problems(dataclasses.replace(plan, profile=gpt)))
+    qwen = dataclasses.replace(plan.profile, meta={"split_method": "structure:qwen2"})  # Llama's shape, not its blocks
+    assert any("a qwen2 model with Llama's shape" in p for p in problems(dataclasses.replace(plan, profile=qwen)))
+    old = dataclasses.replace(plan.profile, meta={})  # a profile from before the field: its shape decides
+    assert problems(dataclasses.replace(plan, profile=old)) == []
 
 
 @given(st.sampled_from([(1, 2), (1, 4), (2, 2)]), st.sampled_from([4, 8]), st.sampled_from([None, 1, 2]),

@@ -4,15 +4,20 @@ HF transformers cannot be traced by ``torch.fx`` (their forward branches on cach
 masks), and ``torch.export`` gives aten graphs specialised to one batch size, which a
 pipeline engine cannot run on micro-batches. So GPT-2 (``GPT2LMHeadModel``, ``GPT2Model``),
 BERT (``BertForMaskedLM``, ``BertModel``) and the Llama family (``LlamaForCausalLM``,
-``LlamaModel``: RMSNorm, SwiGLU, grouped-query attention, rotary embeddings) are split at the
-only one-tensor cuts they have: after the embeddings, after each block, and the final norm
-with the head. The layers are ``planner.profiler.hfmodules`` wrappers; ``planner.profiler.
-verify.verify_cuts`` checks the cuts against the model's exported data flow (tests).
+``LlamaModel``: RMSNorm, SwiGLU, grouped-query attention, rotary embeddings; and the decoders
+whose model runs Llama's forward: Mistral, Qwen2 with its q/k/v biases, Qwen3 with its per-head
+q/k norms, ``...ForCausalLM`` and ``...Model``) are split at the only one-tensor cuts they have:
+after the embeddings, after each block, and the final norm with the head. A block here attends
+causally over the whole sequence, so a model whose layers attend within a sliding window
+shorter than the sequence is refused (its own forward masks the window). The layers are
+``planner.profiler.hfmodules`` wrappers; ``planner.profiler.verify.verify_cuts`` checks the cuts
+against the model's exported data flow (tests).
 
 Each block records the ``planner.ir.BlockShape`` tensor parallelism needs: GPT-2 (``n_embd``,
 ``n_head`` heads and KV heads, ``n_inner`` or 4h, not gated), BERT (``hidden_size``,
 ``num_attention_heads``, ``intermediate_size``), Llama (``num_key_value_heads`` KV heads,
-``intermediate_size``, gated: SwiGLU's three matrices); ``seq_len`` is the example's.
+``intermediate_size``, gated: SwiGLU's three matrices; the Llama-family decoders alike);
+``seq_len`` is the example's.
 """
 
 from __future__ import annotations
@@ -60,6 +65,28 @@ def _check_sdpa(model: nn.Module) -> None:
                          "outside the blocks", "build the model with attn_implementation='sdpa'")
 
 
+def _window(config: Any) -> int | None:
+    """The sliding window some of a decoder's layers attend within (None: every layer attends to all).
+
+    Mistral masks every layer to ``sliding_window`` when it is set; Qwen2/Qwen3 only the layers
+    their ``layer_types`` name ``sliding_attention``.
+    """
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if window is None or (types is not None and "sliding_attention" not in types):
+        return None
+    return int(window)
+
+
+def _check_window(model: nn.Module, seq_len: int) -> None:
+    window = _window(getattr(model, "config", None))
+    if window is not None and window < seq_len:
+        raise TraceError(f"{type(model).__name__} attends within a sliding window of {window} tokens, shorter than "
+                         f"the {seq_len}-token sequence; its split blocks would attend over all of it",
+                         f"profile at --input-shape {window} or less, or give it a window of the sequence or more "
+                         f"(a zoo model: --set sliding_window={seq_len}; your own: sliding_window=None)")
+
+
 def _block_parts(blocks: Sequence[nn.Module], path: str, wrap: _Wrap, norm: tuple[str, nn.Module] | None
                  ) -> list[_Part]:
     """One part per block at ``path.i``; ``norm`` (path, module), if given, runs after the last block."""
@@ -101,7 +128,7 @@ def _bert_parts(model: nn.Module) -> list[_Part]:
 
 def _llama_parts(model: nn.Module) -> list[_Part]:
     """A Llama-family model's layers: token embedding, decoder blocks, final RMSNorm with the LM head."""
-    head = type(model).__name__ == "LlamaForCausalLM"
+    head = type(model).__name__.endswith("ForCausalLM")
     base: Any = model.model if head else model
     pre = "model." if head else ""
     parts = [_Part(f"{pre}embed_tokens", "Embedding", TokenEmbedding(base.embed_tokens), base.embed_tokens,
@@ -117,23 +144,31 @@ def _llama_parts(model: nn.Module) -> list[_Part]:
     return parts
 
 
+_GATED = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+"""The architectures whose MLP is gated (SwiGLU: gate, up and down matrices)."""
+
+
 def block_shape(config: Any, seq_len: int) -> ir.BlockShape:
-    """A GPT-2, BERT or Llama config's block shape at ``seq_len`` tokens."""
+    """A GPT-2, BERT or Llama-family config's block shape at ``seq_len`` tokens."""
     if hasattr(config, "n_embd"):  # GPT-2
         return ir.BlockShape(config.n_embd, config.n_head, config.n_head, config.n_inner or 4 * config.n_embd,
                              seq_len, gated=False)
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    gated = getattr(config, "model_type", "") == "llama"
+    gated = getattr(config, "model_type", "") in _GATED
     return ir.BlockShape(config.hidden_size, heads, kv_heads, config.intermediate_size, seq_len, gated=gated)
 
 
 _ARCHITECTURES: dict[str, tuple[str, Callable[[nn.Module], list[_Part]]]] = {
     "GPT2LMHeadModel": ("gpt2", _gpt2_parts), "GPT2Model": ("gpt2", _gpt2_parts),
     "BertForMaskedLM": ("bert", _bert_parts), "BertModel": ("bert", _bert_parts),
-    "LlamaForCausalLM": ("llama", _llama_parts), "LlamaModel": ("llama", _llama_parts),
+    **{f"{family}{kind}": (family.lower(), _llama_parts)
+       for family in ("Llama", "Mistral", "Qwen2", "Qwen3") for kind in ("ForCausalLM", "Model")},
 }
 """The transformers classes split by structure: class name -> (architecture, its parts)."""
+
+STRUCTURED = ", ".join(_ARCHITECTURES)
+"""The class names split by structure, for messages."""
 
 
 def split_hf(model: nn.Module, example_input: torch.Tensor) -> LayeredModel | None:
@@ -142,6 +177,7 @@ def split_hf(model: nn.Module, example_input: torch.Tensor) -> LayeredModel | No
     if known is None or not type(model).__module__.startswith("transformers."):
         return None
     _check_sdpa(model)
+    _check_window(model, int(example_input.shape[1]))
     arch, parts_of = known
     parts = parts_of(model)
     layer_params = [[(f"{p.name}.{k}", q) for k, q in p.module.named_parameters(remove_duplicate=False)]

@@ -1,9 +1,11 @@
-"""The zoo's transformers: GPT-2, BERT and Llama models built from ``transformers`` configs (no download).
+"""The zoo's transformers: GPT-2, BERT and Llama-family models built from ``transformers`` configs (no download).
 
 Each named model is a config class, a model class and the published config fields:
-GPT-2 small/medium (OpenAI's released sizes), BERT-base, Llama 2 7B/13B/70B and Llama 3
-8B/70B (the models' published ``config.json``: hidden, layers, heads, KV heads, FFN, vocab,
-context, RMSNorm epsilon, rotary base; table in ``docs``/the shared facts file), and
+GPT-2 small/medium (OpenAI's released sizes), BERT-base, Llama 2 7B/13B/70B, Llama 3
+8B/70B, Mistral 7B (v0.1: a 4,096-token sliding window), Qwen2 7B (q/k/v biases) and Qwen3 8B
+(head size 128, q/k norms) (the models' published ``config.json``: hidden, layers, heads, KV
+heads, FFN, vocab, context, RMSNorm epsilon, rotary base; table in ``docs``/the shared facts
+file), and
 ``llama-tiny`` (hidden 64, 2 blocks, 4 heads, 2 KV heads) for tests. ``build`` makes the
 model for a sequence length, raising the learned or rotary position range
 (``n_positions``/``max_position_embeddings``) to it when it is longer, and applies
@@ -60,12 +62,22 @@ _LLAMA2 = _frozen(vocab_size=32000, max_position_embeddings=4096, rms_norm_eps=1
 _LLAMA3 = _frozen(**{**_LLAMA2, "vocab_size": 128256, "max_position_embeddings": 8192, "rope_theta": 500000.0})
 
 
+_MISTRAL = _frozen(**{**_LLAMA2, "max_position_embeddings": 32768}, sliding_window=4096)
+_QWEN2 = _frozen(**{**_LLAMA2, "vocab_size": 152064, "max_position_embeddings": 131072, "rms_norm_eps": 1e-6,
+                    "rope_theta": 1000000.0}, use_sliding_window=False, sliding_window=131072, max_window_layers=28)
+_QWEN3 = _frozen(**{**_LLAMA2, "vocab_size": 151936, "max_position_embeddings": 40960, "rms_norm_eps": 1e-6,
+                    "rope_theta": 1000000.0}, head_dim=128, attention_bias=False, use_sliding_window=False,
+                 sliding_window=None)
+
+
 def _llama(base: Mapping[str, Any], hidden: int, layers: int, heads: int, kv_heads: int, ffn: int,
-           description: str) -> HFModel:
+           description: str, family: str = "Llama", seq_len: int | None = None) -> HFModel:
+    """A Llama-family decoder: ``family`` names its config and causal-LM classes; ``seq_len`` (default its
+    position range) the tokens a profile takes by default."""
     fields = _frozen(**base, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
                      num_key_value_heads=kv_heads, intermediate_size=ffn)
-    return HFModel("LlamaConfig", "LlamaForCausalLM", fields, "max_position_embeddings",
-                   int(base["max_position_embeddings"]), description)
+    return HFModel(f"{family}Config", f"{family}ForCausalLM", fields, "max_position_embeddings",
+                   seq_len or int(base["max_position_embeddings"]), description)
 
 
 HF_MODELS: Mapping[str, HFModel] = MappingProxyType({
@@ -84,6 +96,12 @@ HF_MODELS: Mapping[str, HFModel] = MappingProxyType({
     "llama2-70b": _llama(_LLAMA2, 8192, 80, 64, 8, 28672, "Llama 2 70B (69.0B parameters, 8 KV heads)"),
     "llama3-8b": _llama(_LLAMA3, 4096, 32, 32, 8, 14336, "Llama 3 8B (8.0B parameters, 8 KV heads)"),
     "llama3-70b": _llama(_LLAMA3, 8192, 80, 64, 8, 28672, "Llama 3 70B (70.6B parameters, 8 KV heads)"),
+    "mistral-7b": _llama(_MISTRAL, 4096, 32, 32, 8, 14336, "Mistral 7B v0.1 (7.2B parameters, 8 KV heads, "
+                         "4,096-token sliding window)", "Mistral", 4096),
+    "qwen2-7b": _llama(_QWEN2, 3584, 28, 28, 4, 18944, "Qwen2 7B (7.6B parameters, 4 KV heads, q/k/v biases)",
+                       "Qwen2", 4096),
+    "qwen3-8b": _llama(_QWEN3, 4096, 36, 32, 8, 12288, "Qwen3 8B (8.2B parameters, 8 KV heads, q/k norms)",
+                       "Qwen3", 4096),
 })
 
 

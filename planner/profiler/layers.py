@@ -1,8 +1,9 @@
 """Split a model into layers: contiguous blocks between cut points where one tensor crosses.
 
 The entry point: ``split_model`` tries the structural split of known ``transformers``
-classes first (``planner.profiler.hfsplit``: GPT-2, BERT, Llama), then torch.fx
-(``planner.profiler.fxsplit``). Every layer is a plain ``nn.Module`` taking one tensor and
+classes first (``planner.profiler.hfsplit``: GPT-2, BERT, the Llama family), then torch.fx
+(``planner.profiler.fxsplit``); another ``transformers`` class, which fx cannot trace, gets a
+hint naming the classes split by structure. Every layer is a plain ``nn.Module`` taking one tensor and
 returning one, using the model's own parameter objects (no copies): ``x = layer(x)`` in order
 equals ``module(x)``. The value returned (``LayeredModel``) and the weight accounting live in
 ``planner.profiler.layered``; ``verify_cuts`` (``planner.profiler.verify``) checks a
@@ -15,9 +16,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from planner.errors import ProfileError
+from planner.errors import ProfileError, TraceError
 from planner.profiler.fxsplit import split_fx
-from planner.profiler.hfsplit import split_hf
+from planner.profiler.hfsplit import STRUCTURED, split_hf
 from planner.profiler.layered import LayeredModel, primary_output
 from planner.profiler.verify import verify_cuts
 
@@ -33,7 +34,13 @@ def split_model(module: nn.Module, example_input: torch.Tensor) -> LayeredModel:
     hf = split_hf(module, example_input)
     if hf is not None:
         return hf
-    layered = split_fx(module, example_input)
+    try:
+        layered = split_fx(module, example_input)
+    except TraceError as exc:
+        if not type(module).__module__.startswith("transformers."):
+            raise
+        raise TraceError(exc.cause, f"planner splits these transformers classes by their structure: {STRUCTURED}; "
+                                    "build the model as one of them") from None
     if len(layered) == 0:
         raise ProfileError(f"{type(module).__name__} computes nothing: its forward returns its input unchanged "
                            "(0 layers to place)", "profile a model with at least one layer")

@@ -177,8 +177,9 @@ def check_request(profile: ir.ModelProfile, cluster: ir.Cluster, *, schedule: st
     limits = ENGINE_LIMITS.get(engine)
     family = llama_problem(profile) if limits is not None and limits.llama_only else None
     if family is not None:
-        raise UsageError(f"--engine {engine}: {family}, which {engine} trains only",
-                         "search with --engine torch or deepspeed (or any)")
+        raise UsageError(f"--engine {engine}: {family}",
+                         f"{engine} trains its own Llama definition only: search with --engine torch or deepspeed "
+                         "(or any)")
     forms = ir.ALL_FORMS if limits is None or limits.tensor_parallel else ("dp",)
     space = Space(prec, tp, _zero_set(zero, engine, cluster), _recompute_set(recompute, engine), forms,
                   micro_batch_size, rules=limits.form_rules if limits is not None else ANY_FORMS)
