@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from planner.errors import FormatError
 from planner.ir import BatchTimes, Cluster, Link, ModelProfile, Node, Plan, Prediction, Stage
@@ -244,3 +247,71 @@ def test_every_dtype_name_a_profile_is_made_in_loads(dtype: str) -> None:
     doc = make_profile_dict()
     doc.update(dtype=dtype, mode="measured")
     assert ModelProfile.from_dict(doc).dtype == dtype
+
+
+def _full_plan_doc() -> dict[str, Any]:
+    """A plan document with every optional field set (blocks, batch times, ties, peaks, bus bandwidths)."""
+    profile = make_profile_dict()
+    profile["layers"][1].update(block={"hidden": 64, "heads": 4, "kv_heads": 2, "ffn": 128, "seq_len": 8,
+                                       "gated": True, "attention_saved": False},
+                                output_shape=[8, 64], in_features=64, out_features=64)
+    for layer in profile["layers"]:
+        layer["batch_times"] = [{"batch": 2, "forward_s": layer["forward_s"] / 4,
+                                 "backward_s": layer["backward_s"] / 4}]
+    profile["ties"] = [{"name": "w", "layers": [0, 3], "param_count": 4, "param_bytes": 16}]
+    cluster = make_cluster_dict()
+    cluster["nodes"][0]["gpus"][0]["peak_flops"] = {"bf16": 1e12}
+    cluster["links"]["intra_node"]["allreduce_bandwidth_Bps"] = 1e9
+    stages = (Stage((0, 1), ("n0.g0", "n0.g1"), ("dp",), 123, "selective", 2, 0, True),
+              Stage((1, 4), ("n1.g0",), ("dp",) * 3, 456))
+    plan = Plan(ModelProfile.from_dict(profile), Cluster.from_dict(cluster), "1f1b", 4, "adam", stages,
+                Prediction(1.0, 8.0, 0.2, 456), 2.0, 2.0, engine="torch", precision="bf16")
+    doc = plan.to_dict()
+    assert Plan.from_dict(doc) == plan
+    return doc
+
+
+def _paths(doc: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    if isinstance(doc, dict):
+        items: list[tuple[Any, Any]] = list(doc.items())
+    elif isinstance(doc, list):
+        items = list(enumerate(doc))
+    else:
+        return []
+    return [p for key, value in items for p in ((*prefix, key), *_paths(value, (*prefix, key)))]
+
+
+_HOSTILE = [None, -1, 0, 1.5, math.nan, math.inf, 2**70, "x", "false", "", [], [1], {}, {"a": 1}, True, False]
+
+
+@given(st.data())
+@settings(max_examples=300, deadline=None)
+def test_any_field_set_to_any_value_loads_or_says_which_field(data: st.DataObject) -> None:
+    """A plan (with its profile and cluster) whose one field, at any depth, is replaced by a hostile value, or
+    removed, loads or raises a FormatError; never another exception from the field readers."""
+    doc = _full_plan_doc()
+    path = data.draw(st.sampled_from(_paths(doc)))
+    parent = doc
+    for key in path[:-1]:
+        parent = parent[key]
+    if data.draw(st.booleans()) and isinstance(parent, dict):
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = data.draw(st.sampled_from(_HOSTILE))
+    with contextlib.suppress(FormatError):
+        Plan.from_dict(doc)
+
+
+@pytest.mark.parametrize(("mutate", "needle"), [
+    (lambda d: d["profile"]["layers"][1]["block"].update(gated="false"), "block.gated must be true or false"),
+    (lambda d: d["stages"][0].update(sequence_parallel=1), "sequence_parallel must be true or false"),
+    (lambda d: d["profile"].update(ties="w"), "ties must be a list"),
+    (lambda d: d["cluster"]["links"].update(intra_node=3.0), "expected an object"),
+    (lambda d: d.update(engine=7), "engine must be a string"),
+])
+def test_a_value_of_the_wrong_kind_is_named_not_coerced(mutate: Any, needle: str) -> None:
+    """"false" is not false, and 1 is not true: a bool field takes a JSON boolean only."""
+    doc = _full_plan_doc()
+    mutate(doc)
+    with pytest.raises(FormatError, match=needle):
+        Plan.from_dict(doc)

@@ -9,10 +9,19 @@ from planner.errors import FormatError
 from planner.jsonio import is_finite_number
 
 
-def _need(d: Mapping[str, Any], key: str, where: str) -> Any:
+def _object(d: Any, where: str) -> Mapping[str, Any]:
     if not isinstance(d, Mapping):
         raise FormatError(f"{where}: expected an object, got {type(d).__name__}", "check the JSON structure")
-    if key not in d:
+    return d
+
+
+def _get(d: Mapping[str, Any], key: str, where: str, default: Any = None) -> Any:
+    """An optional field's value (``default`` when absent); a FormatError when ``d`` is no object."""
+    return _object(d, where).get(key, default)
+
+
+def _need(d: Mapping[str, Any], key: str, where: str) -> Any:
+    if key not in _object(d, where):
         raise FormatError(f"{where}: missing field '{key}'", f"add '{key}' (see DESIGN.md section 4)")
     return d[key]
 
@@ -43,11 +52,27 @@ def _int(d: Mapping[str, Any], key: str, where: str, *, positive: bool = False) 
 
 
 def _opt_int(d: Mapping[str, Any], key: str, where: str) -> int | None:
-    return None if d.get(key) is None else _int(d, key, where, positive=True)
+    return None if _get(d, key, where) is None else _int(d, key, where, positive=True)
 
 
-def _opt_num(d: Mapping[str, Any], key: str, where: str) -> float | None:
-    return None if d.get(key) is None else _num(d, key, where)
+def _opt_num(d: Mapping[str, Any], key: str, where: str, *, positive: bool = False) -> float | None:
+    return None if _get(d, key, where) is None else _num(d, key, where, positive=positive)
+
+
+def _bool(d: Mapping[str, Any], key: str, where: str, default: bool) -> bool:
+    """An optional true/false field; anything else (a string "false", a number) is a FormatError."""
+    value = _get(d, key, where, default)
+    if not isinstance(value, bool):
+        raise FormatError(f"{where}.{key} must be true or false, got {value!r:.40}", f"fix '{key}'")
+    return value
+
+
+def _opt_str(d: Mapping[str, Any], key: str, where: str, default: str) -> str:
+    """An optional text field (``default`` when absent)."""
+    value = _get(d, key, where, default)
+    if not isinstance(value, str):
+        raise FormatError(f"{where}.{key} must be a string, got {value!r:.40}", f"fix '{key}'")
+    return value
 
 
 def _list(d: Mapping[str, Any], key: str, where: str, *, nonempty: bool = True) -> list[Any]:
@@ -56,6 +81,11 @@ def _list(d: Mapping[str, Any], key: str, where: str, *, nonempty: bool = True) 
         want = "a non-empty list" if nonempty else "a list"
         raise FormatError(f"{where}.{key} must be {want}, got {value!r:.60}", f"fix '{key}'")
     return value
+
+
+def _opt_list(d: Mapping[str, Any], key: str, where: str) -> list[Any]:
+    """An optional list field ([] when absent or null)."""
+    return [] if _get(d, key, where) is None else _list(d, key, where, nonempty=False)
 
 
 def _shape(value: Any, where: str) -> tuple[int, ...]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner.errors import FormatError
-from planner.ir._fields import _int, _list, _need, _num, _opt_num, _str
+from planner.ir._fields import _get, _int, _list, _need, _num, _opt_num, _str
 from planner.jsonio import SUPPORTED_VERSION, check_kind
 
 
@@ -61,7 +61,7 @@ NUMBER_FORMATS = ("fp32", "tf32", "bf16", "fp16")
 
 
 def _peaks(d: Mapping[str, Any], where: str) -> tuple[tuple[str, float], ...]:
-    doc = d.get("peak_flops")
+    doc = _get(d, "peak_flops", where)
     if doc is None:
         return ()
     if not isinstance(doc, Mapping):
@@ -193,7 +193,7 @@ class Link:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str) -> Link:
-        bus = [None if d.get(f) is None else _num(d, f, where, positive=True) for f in cls.BUS_FIELDS]
+        bus = [_opt_num(d, f, where, positive=True) for f in cls.BUS_FIELDS]
         return cls(_num(d, "bandwidth_Bps", where, positive=True), _num(d, "latency_s", where), *bus)
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner.errors import FormatError
-from planner.ir._fields import _int, _list, _need, _num, _opt_num, _str
+from planner.ir._fields import _bool, _get, _int, _list, _need, _num, _opt_num, _opt_str, _str
 from planner.ir.cluster import Cluster
 from planner.ir.profile import ModelProfile
 from planner.jsonio import check_kind
@@ -111,7 +111,7 @@ class Stage:
                               "give one form per layer")
         tp = _int(d, "tp", where, positive=True) if "tp" in d else _v1_tp(forms, len(devices))
         return cls((layers[0], layers[1]), tuple(devices), tuple(forms), _int(d, "memory_bytes", where),
-                   _recompute(d, where), tp, _zero(d, where), bool(d.get("sequence_parallel", False)))
+                   _recompute(d, where), tp, _zero(d, where), _bool(d, "sequence_parallel", where, False))
 
     def grid_problem(self) -> tuple[str, str] | None:
         """Why the grid is inconsistent, as (cause, fix), or None: ``tp`` must divide the devices,
@@ -142,7 +142,7 @@ def _v1_tp(forms: Sequence[str], width: int) -> int:
 
 
 def _recompute(d: Mapping[str, Any], where: str) -> str:
-    value = d.get("recompute", "none")
+    value = _get(d, "recompute", where, "none")
     if isinstance(value, bool):
         return "full" if value else "none"
     if value not in RECOMPUTE:
@@ -266,7 +266,7 @@ class Plan:
         optimizer = _str(doc, "optimizer", source)
         if optimizer not in OPTIMIZERS:
             raise FormatError(f"{source}.optimizer is {optimizer!r:.40}", f"use one of {', '.join(OPTIMIZERS)}")
-        precision = str(doc.get("precision", "fp32"))
+        precision = _opt_str(doc, "precision", source, "fp32")
         if precision not in PRECISIONS:
             raise FormatError(f"{source}.precision is {precision!r:.40}", f"use one of {', '.join(PRECISIONS)}")
         return cls(
@@ -276,7 +276,8 @@ class Plan:
             dp_iteration_s=_opt_num(doc, "dp_iteration_s", source),
             speedup_over_dp=_opt_num(doc, "speedup_over_dp", source),
             virtual_stages=_int(doc, "virtual_stages", source, positive=True) if "virtual_stages" in doc else 1,
-            engine=str(doc.get("engine", "any")), solver=str(doc.get("solver", "dp")), precision=precision,
+            engine=_opt_str(doc, "engine", source, "any"), solver=_opt_str(doc, "solver", source, "dp"),
+            precision=precision,
         )
 
 

@@ -7,7 +7,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planner.errors import FormatError
-from planner.ir._fields import _check_part, _int, _list, _num, _opt_int, _opt_num, _optional, _shape, _str
+from planner.ir._fields import (
+    _bool,
+    _check_part,
+    _get,
+    _int,
+    _list,
+    _num,
+    _opt_int,
+    _opt_list,
+    _opt_num,
+    _optional,
+    _shape,
+    _str,
+)
 from planner.jsonio import SUPPORTED_VERSION, check_kind
 
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "float": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
@@ -68,8 +81,8 @@ class BlockShape:
     def from_dict(cls, d: Mapping[str, Any], where: str = "block") -> BlockShape:
         shape = cls(_int(d, "hidden", where, positive=True), _int(d, "heads", where, positive=True),
                     _int(d, "kv_heads", where, positive=True), _int(d, "ffn", where, positive=True),
-                    _int(d, "seq_len", where, positive=True), bool(d.get("gated", False)),
-                    bool(d.get("attention_saved", True)))
+                    _int(d, "seq_len", where, positive=True), _bool(d, "gated", where, False),
+                    _bool(d, "attention_saved", where, True))
         if shape.heads % shape.kv_heads or shape.hidden % shape.heads:
             raise FormatError(f"{where}: heads {shape.heads} must be a multiple of kv_heads {shape.kv_heads} and "
                               f"divide hidden {shape.hidden}", "fix the block's shape")
@@ -164,8 +177,8 @@ class LayerProfile:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str = "layer") -> LayerProfile:
-        shape = d.get("output_shape") if isinstance(d, Mapping) else None
-        block = d.get("block") if isinstance(d, Mapping) else None
+        shape = _get(d, "output_shape", where)
+        block = _get(d, "block", where)
         layer = cls(
             name=_str(d, "name", where),
             type=_str(d, "type", where),
@@ -185,8 +198,7 @@ class LayerProfile:
             backward_fixed_s=_opt_num(d, "backward_fixed_s", where),
             block=None if block is None else BlockShape.from_dict(block, f"{where}.block"),
             batch_times=tuple(BatchTimes.from_dict(item, f"{where}.batch_times[{i}]")
-                              for i, item in enumerate(_list(d, "batch_times", where, nonempty=False)))
-            if d.get("batch_times") is not None else (),
+                              for i, item in enumerate(_opt_list(d, "batch_times", where))),
         )
         _check_part(where, "forward_fixed_s", layer.forward_fixed_s, "forward_s", layer.forward_s)
         _check_part(where, "backward_fixed_s", layer.backward_fixed_s, "backward_s", layer.backward_s)
@@ -299,7 +311,7 @@ class ModelProfile:
             LayerProfile.from_dict(item, f"{source}: layers[{i}]")
             for i, item in enumerate(_list(doc, "layers", source))
         )
-        ties = tuple(Tie.from_dict(t, f"{source}: ties[{i}]") for i, t in enumerate(doc.get("ties") or []))
+        ties = tuple(Tie.from_dict(t, f"{source}: ties[{i}]") for i, t in enumerate(_opt_list(doc, "ties", source)))
         for i, tie in enumerate(ties):
             if max(tie.layers) >= len(layers):
                 raise FormatError(f"{source}: ties[{i}] names layer {max(tie.layers)}, the model has "
