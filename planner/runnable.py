@@ -259,8 +259,8 @@ def engine_problems(plan: ir.Plan, engine: str) -> list[str]:
     if kind is None or not kind.runs_on(engine):
         names = [k.name for k in SCHEDULE_KINDS.values() if k.runs_on(engine)]
         out.append(f"{engine} runs the schedules {', '.join(names)}, not {plan.schedule!r}")
-    refusal = kind.torch_refusal(plan.microbatches, plan.pipeline_stages) if kind is not None else None
-    if refusal is not None and engine in ("torch", "torchtitan"):
+    refusal = kind.engine_refusal(engine, plan.microbatches, plan.pipeline_stages) if kind is not None else None
+    if refusal is not None:
         out.append(refusal)
     if plan.precision not in limits.precisions:
         out.append(f"{engine} trains in {', '.join(limits.precisions)}, not {plan.precision}")

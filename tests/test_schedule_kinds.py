@@ -136,3 +136,14 @@ def test_a_kind_is_checked_when_made() -> None:
         ScheduleKind("x", base.generator, base.in_flight, engines=frozenset({"jax"}))
     with pytest.raises(ScheduleError, match="torch_class None"):
         ScheduleKind("x", base.generator, base.in_flight, engines=frozenset({"torch"}))
+
+
+def test_only_torchs_classes_bound_the_stages_by_the_micro_batches() -> None:
+    """torch's Schedule1F1B needs a micro-batch per stage (engine_refusal, most_stages); DeepSpeed's 1F1B and torch's
+    GPipe do not, and a bound of M refuses exactly the plans of more than M stages."""
+    one = schedule_kind("1f1b")
+    assert one.most_stages("torch", 4) == one.most_stages("torchtitan", 4) == 4
+    assert one.most_stages("deepspeed", 4) is None and schedule_kind("gpipe").most_stages("torch", 4) is None
+    for k in range(1, 9):
+        assert (one.engine_refusal("torch", 4, k) is None) == (k <= 4)
+        assert one.engine_refusal("deepspeed", 4, k) is None

@@ -111,3 +111,38 @@ def test_a_fixed_zero_stage_is_honoured_on_data_parallel_ranks(engine: str, zero
     assert plan.stages and all(s.zero == zero and s.dp >= 2 for s in plan.stages)
     with pytest.raises(PlannerError, match=f"--zero {zero} \\(two or more data-parallel ranks\\)"):
         search(profile, _cluster(1, 4), engine=engine, zero=zero, tp=4, candidates=2)
+
+
+def test_an_engine_whose_schedule_needs_a_micro_batch_per_stage_is_searched_for_at_most_m_stages() -> None:
+    """16 layers of slow-to-reduce weights on 2 x 8 GPUs: the fastest plans pipeline every layer, which torch's
+    Schedule1F1B refuses at 2 micro-batches; the search bounds the stages by M and finds the best it runs (the
+    16 best plans found used to break that limit, and the search failed)."""
+    doc = make_profile_dict(16, batch_size=4)
+    for layer in doc["layers"]:
+        layer.update(param_bytes=400_000_000, param_count=100_000_000)
+    profile = ir.ModelProfile.from_dict(doc)
+    cdoc = make_cluster_dict(2, 8, 10**11)
+    cdoc["links"]["intra_node"]["bandwidth_Bps"] = 1e9
+    cluster = cluster_from_dict(cdoc)
+    assert search(profile, cluster, microbatches=2, candidates=4).pipeline_stages == 16  # any engine: every layer
+    for engine, schedule in (("torch", "1f1b"), ("torch", "gpipe")):
+        plan = search(profile, cluster, microbatches=2, engine=engine, schedule=schedule, candidates=4)
+        assert problems(plan, engine) == []
+        assert plan.pipeline_stages <= 2 or schedule == "gpipe"  # torch's GPipe runs fewer micro-batches than stages
+    assert search(profile, cluster, microbatches=2, engine="deepspeed", candidates=4).pipeline_stages > 2
+
+
+def test_when_the_bound_on_stages_leaves_nothing_that_fits_the_error_says_so() -> None:
+    """Each GPU holds a quarter of the model: 4 stages or more fit, and torch's 1F1B at 2 micro-batches runs 2."""
+    from planner.errors import InfeasibleError
+
+    doc = make_profile_dict(8, batch_size=4)
+    for layer in doc["layers"]:
+        layer.update(param_bytes=40_000_000, param_count=10_000_000)
+    profile = ir.ModelProfile.from_dict(doc)
+    cluster = _cluster(1, 8, 300_000_000)
+    assert search(profile, cluster, microbatches=2, candidates=2).pipeline_stages >= 4
+    with pytest.raises(InfeasibleError) as err:
+        search(profile, cluster, microbatches=2, engine="torch", candidates=2)
+    assert "on at most 2 stages" in err.value.hint and "more --microbatches" in err.value.hint
+    assert search(profile, cluster, microbatches=4, engine="torch", candidates=2).pipeline_stages <= 4

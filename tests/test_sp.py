@@ -19,6 +19,7 @@ from planner.search.brute import brute
 from planner.search.descent import solve
 from planner.search.sp import build_problem, coarse_bounds
 from planner.search.space import Space
+from planner.search.tables import memory_depends_on_k
 from tests.conftest import make_cluster_dict, make_profile_dict
 
 
@@ -74,6 +75,27 @@ def test_dp_equals_brute(inst, space) -> None:
     assert (a is None) == (b is None)
     if a is not None and b is not None:
         assert a.objective == pytest.approx(b.objective, rel=1e-9, abs=1e-15)
+
+
+@given(instances(max_layers=5, max_nodes=2, max_gpus=4), spaces(), st.integers(1, 3))
+def test_dp_equals_brute_under_a_bound_on_stages(inst, space, most) -> None:
+    """An engine whose schedule needs a micro-batch per stage searches at most M stages: the DP (relaxed below
+    the bound, exact at it) finds brute force's optimum over plans of at most ``most`` stages; where memory does
+    not depend on the stage count, that is the best of the problems of exactly 1..most stages."""
+    profile, cluster, m, schedule, optimizer = inst
+    prob = build_problem(profile, cluster, microbatches=m, schedule=schedule, optimizer=optimizer, space=space,
+                         max_stages=most)
+    assume(prob.stages_max is not None)  # the bound is below the most stages a plan can have
+    a, b = _solve(prob, "dp"), _solve(prob, "brute")
+    assert (a is None) == (b is None)
+    if a is None or b is None:
+        return
+    assert a.objective == pytest.approx(b.objective, rel=1e-9, abs=1e-15)
+    assert len(a.stages) <= most and len(b.stages) <= most
+    if not memory_depends_on_k(schedule, m, len(cluster.gpus)):
+        exact = [brute(build_problem(profile, cluster, microbatches=m, schedule=schedule, optimizer=optimizer,
+                                     space=space, stages=k)) for k in range(1, most + 1)]
+        assert min(x.objective for x in exact if x is not None) == pytest.approx(b.objective, rel=1e-9, abs=1e-15)
 
 
 @given(instances(), spaces())

@@ -138,6 +138,16 @@ class ScheduleKind:
                     f"--microbatches {groups}, {2 * groups} or another multiple of {groups})")
         return None
 
+    def engine_refusal(self, engine: str, microbatches: int, groups: int) -> str | None:
+        """Why ``engine`` refuses M micro-batches on K pipeline ranks of this schedule, or None (only torch's
+        classes refuse counts; :meth:`torch_refusal`)."""
+        return self.torch_refusal(microbatches, groups) if engine in _TORCH else None
+
+    def most_stages(self, engine: str, microbatches: int) -> int | None:
+        """The most pipeline ranks ``engine`` runs this schedule on with M micro-batches (None: no bound):
+        M where torch's class needs a micro-batch per stage (Schedule1F1B)."""
+        return microbatches if engine in _TORCH and self.torch_needs_full_pipeline else None
+
     def __post_init__(self) -> None:
         unknown = sorted(set(self.engines) - set(ENGINES))
         if unknown:

@@ -73,7 +73,7 @@ def brute(prob: Problem, pool: list[Solution] | None = None) -> Solution | None:
     seen_sequences: set[tuple] = set()
     for seq in _sequences(prob, 0, 0):
         k = len(seq)
-        if prob.stages_exact is not None and k != prob.stages_exact:
+        if (prob.stages_exact is not None and k != prob.stages_exact) or k > (prob.stages_max or k):
             continue
         if prob.config is not None and any(len(mv.devices) != prob.config[s] for s, (_, _, mv) in enumerate(seq)):
             continue

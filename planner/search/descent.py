@@ -76,8 +76,11 @@ def _first_r_top(prob: Problem) -> int:
 
 
 def fits(prob: Problem, sol: Solution) -> bool:
-    """Whether every stage of ``sol`` fits with its true stages-left count (K - s)."""
+    """Whether every stage of ``sol`` fits with its true stages-left count (K - s), and K is within the
+    problem's bound on stages (a relaxed solve may meet more)."""
     k = len(sol.stages)
+    if prob.stages_max is not None and k > prob.stages_max:
+        return False
     for s, ch in enumerate(sol.stages):
         c = prob.cand[(ch.move.key, ch.move.link)]
         if c.rmax[c.options.index(ch.option)][ch.a, ch.b] < k - s:

@@ -64,6 +64,9 @@ class Framed:
     config: tuple[int, ...] | None
     exact_k: int | None
     min_stages: int = 1
+    max_k: int | None = None
+    """The most stages a plan may have (None: as many as fit; an engine's schedule that needs a micro-batch
+    per stage: M)."""
     shared: dict[str, list[list[StageTables]]] = field(default_factory=dict, compare=False, repr=False)
     """The stage tables once made, shared with the problems framed from this one by
     :meth:`with_stages` (the same grids and layers: only the plans' stage counts differ)."""
@@ -79,7 +82,7 @@ class Framed:
         if self.exact_k is not None:
             return self.exact_k
         narrowest = min((g.n for g, keys in zip(self.base.groups, self.keys_of, strict=True) if keys), default=1)
-        return max(1, min(len(self.bounds) - 1, len(self.base.skip) // narrowest))
+        return max(1, min(len(self.bounds) - 1, len(self.base.skip) // narrowest, self.max_k or len(self.bounds)))
 
     def lower_bound_s(self) -> float:
         """A lower bound on the analytic objective of every plan of the problem (module doc); inf
@@ -108,6 +111,7 @@ class Framed:
 
         a, b = schedule_weights(self.schedule, self.microbatches)
         r_cap = max(1, min(len(self.bounds) - 1, len(self.base.skip)))  # the most stages a plan can have
+        bounded = self.exact_k is None and self.max_k is not None and self.max_k < r_cap
         if "tables" not in self.shared:
             self.shared["tables"] = _stage_tables(self.layer_tables, self.bounds, self.microbatches)
         tables = self.shared["tables"]
@@ -117,7 +121,7 @@ class Framed:
                        self.config, r_cap, a, b, overhead=engine_overhead(self.cluster, self.engine),
                        move_groups=groups, comms=zero_comms(self.cluster, self.engine, self.space.precision,
                                                             self.exact_k != 1, self.profile.param_count),
-                       min_stages=self.min_stages)
+                       min_stages=self.min_stages, stages_max=self.max_k if bounded else None)
         build_candidates(prob)
         return prob
 
@@ -126,9 +130,9 @@ def frame_problem(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches
                   optimizer: str, forms: Sequence[str] | None = None, mode: str = "hierarchy",
                   widths: Sequence[int] | None = None, config: Sequence[int] | None = None,
                   max_blocks: int | None = None, stages: int | None = None, space: Space | None = None,
-                  engine: str = "any", min_stages: int = 1) -> Framed:
+                  engine: str = "any", min_stages: int = 1, max_stages: int | None = None) -> Framed:
     """The problem's grids and layer tables (see planner.search.space's module doc for the space); its
-    plans have exactly ``stages`` stages when given, at least ``min_stages``."""
+    plans have exactly ``stages`` stages when given, at least ``min_stages``, at most ``max_stages``."""
     space = space or Space()
     if forms is not None:
         space = Space(**{**space.__dict__, "forms": tuple(forms)})
@@ -142,17 +146,17 @@ def frame_problem(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches
     return Framed(profile, cluster, microbatches, schedule, optimizer, space, engine,
                   coarse_bounds(profile, max_blocks), base, tuple(grids), keys_of, lts,
                   tuple(config) if config is not None else None, len(config) if config is not None else stages,
-                  min_stages)
+                  min_stages, max_stages)
 
 
 def build_problem(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int, schedule: str, optimizer: str,
                   forms: Sequence[str] | None = None, mode: str = "hierarchy", widths: Sequence[int] | None = None,
                   config: Sequence[int] | None = None, max_blocks: int | None = None, stages: int | None = None,
-                  space: Space | None = None, engine: str = "any") -> Problem:
+                  space: Space | None = None, engine: str = "any", max_stages: int | None = None) -> Problem:
     """Tabulate everything the stage DP and brute force read (planner.search.space's module doc)."""
     return frame_problem(profile, cluster, microbatches=microbatches, schedule=schedule, optimizer=optimizer,
                          forms=forms, mode=mode, widths=widths, config=config, max_blocks=max_blocks, stages=stages,
-                         space=space, engine=engine).build()
+                         space=space, engine=engine, max_stages=max_stages).build()
 
 
 def _grids(profile: ir.ModelProfile, base: BaseMoves, microbatches: int, space: Space

@@ -53,6 +53,9 @@ def infeasible_error(prob: Problem) -> InfeasibleError:
         cause += f"; the best plan of this space needs {need / gib:.2f} GiB per device"
     tried = (f"tensor degrees {'auto' if prob.space.tp is None else prob.space.tp}, ZeRO "
              f"{'/'.join(map(str, prob.space.zero))} and recomputation {'/'.join(prob.space.recompute)} were tried")
+    if prob.stages_max is not None:
+        tried += (f", on at most {prob.stages_max} stages (the engine's schedule needs a micro-batch per stage: more "
+                  "--microbatches allow more stages)")
     hint = ("add devices or use GPUs with more memory, use more micro-batches (--microbatches, smaller micro-batches "
             "keep fewer activations), a lighter --optimizer (sgd), --precision bf16, or a schedule with fewer "
             f"micro-batches in flight (1f1b); {tried}")

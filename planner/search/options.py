@@ -217,7 +217,7 @@ def problems(profile: ir.ModelProfile, cluster: ir.Cluster, m: int, req: Request
     """The problems one micro-batch count ``m`` solves (module doc), framed: tabulated by their
     ``build`` (planner.search.framed)."""
     common = dict(microbatches=m, schedule=req.schedule, optimizer=req.optimizer, max_blocks=req.max_blocks,
-                  engine=req.engine)
+                  engine=req.engine, max_stages=schedule_kind(req.schedule).most_stages(req.engine, m))
     limits = ENGINE_LIMITS.get(req.engine)
     if limits is None or not limits.uniform_stages:
         return [frame_problem(profile, cluster, config=req.config, space=req.space, **common)]  # type: ignore[arg-type]

@@ -149,7 +149,7 @@ def seed_plans(prob: Problem, *, engine: str, solver: str, cache: SeedCache | No
     if prob.stages_exact is not None and prob.config is None:
         ks = [prob.stages_exact] if total % prob.stages_exact == 0 else []
     else:
-        ks = [k for k in bl.divisors(total) if k <= n]
+        ks = [k for k in bl.divisors(total) if k <= min(n, prob.stages_max or n)]
     cache = SeedCache() if cache is None else cache
     plans: list[Costed] = []
     for k in ks:

@@ -13,7 +13,9 @@ stage's option changes only its own period, term and memory.
 
 Memory depends on the stages-left count, which the DP tracks up to ``r_eff`` (up to M under
 1f1b); :func:`solve_cap` may track fewer, ``r_top``, holding a stage with more stages left to
-``r_top``'s memory (a relaxation, see :func:`planner.search.descent.solve`).
+``r_top``'s memory (a relaxation, see :func:`planner.search.descent.solve`). Under a bound on the
+stage count (``Problem.stages_max``) the top row at the bound counts exactly that many stages, so
+no plan of more is met; below the bound it is the same relaxation.
 """
 
 from __future__ import annotations
@@ -201,8 +203,9 @@ def solve_cap(prob: Problem, cap: float, r_top: int | None = None) -> Solution |
     with r_top or more stages left is held to r_top's micro-batches in flight (see :func:`solve`).
     """
     nb, g_total = prob.nb, prob.devices
-    exact = prob.stages_exact is not None
-    r_top = max(prob.r_eff if r_top is None or exact else min(r_top, prob.r_eff), 1)
+    fixed = prob.stages_exact is not None
+    r_top = max(prob.r_eff if r_top is None or fixed else min(r_top, prob.r_eff), 1)
+    exact = fixed or (prob.stages_max is not None and r_top >= prob.r_eff)  # rows count stages exactly
     empty = np.full((r_top + 1, nb + 1), np.inf)
     empty[0, nb] = 0.0
     h: list[np.ndarray] = [empty] * (g_total + 1)
@@ -212,7 +215,7 @@ def solve_cap(prob: Problem, cap: float, r_top: int | None = None) -> Solution |
         best = h[prob.skip[d]].copy()
         sweep.position(groups[d], h, best)
         h[d] = best
-    rows = [r_top] if exact else list(range(1, r_top + 1))
+    rows = [r_top] if fixed else list(range(1, r_top + 1))
     value, rho0 = min((float(h[0][r, 0]), r) for r in rows)
     if not math.isfinite(value):
         return None

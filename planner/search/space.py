@@ -148,6 +148,9 @@ class Problem:
     capacity_override: float | None = None
     min_stages: int = 1
     """The fewest stages a plan has: 2 closes the whole model as one stage's range (planner.search.tables)."""
+    stages_max: int | None = None
+    """The most stages a plan may have, below ``r_cap`` (an engine's schedule that needs a micro-batch per
+    stage: at most M); None: no bound. The DP then counts stages exactly up to it (planner.search.sp)."""
     overhead: EngineOverhead = field(default_factory=EngineOverhead)
     """What the plan's engine adds per action, micro-batch sent and step (planner.costmodel.engine)."""
     comms: ZeroComms = PAPER

@@ -34,7 +34,7 @@ from planner.search.space import INTRA, Candidate, Problem, option_cost, options
 def build_candidates(prob: Problem) -> None:
     """Per (grid, link) used by a move: periods, terms and memory limits of every option and range."""
     prob.cand.clear()
-    r_hi = prob.stages_exact if prob.stages_exact is not None else prob.r_cap
+    r_hi = prob.stages_exact if prob.stages_exact is not None else min(prob.r_cap, prob.stages_max or prob.r_cap)
     in_fl = in_flight_counts(prob, r_hi)
     ties = tie_copies(prob)
     used = {(mv.key, mv.link) for row in prob.moves for mv in row}
@@ -61,7 +61,8 @@ def build_candidates(prob: Problem) -> None:
     # the stages-left count matters only up to 1 + the largest limit below the cap
     limits = [int(np.max(arr, initial=0, where=(arr >= 1) & (arr < r_hi))) for c in prob.cand.values()
               for arr in c.rmax]
-    prob.r_eff = r_hi if prob.stages_exact is not None else min(r_hi, 1 + max(limits, default=0))
+    counted = prob.stages_exact is not None or prob.stages_max is not None  # every count up to r_hi, exactly
+    prob.r_eff = r_hi if counted else min(r_hi, 1 + max(limits, default=0))
 
 
 def _option_limits(prob: Problem, key: int, costs: list[tuple[StageTables, VariantCost]], ties: np.ndarray,
