@@ -268,7 +268,7 @@ def calibrate(nproc: int, threads: int = 1, name: str | None = None, profile: ir
     compute = measure_flops(threads)
     bandwidth = measure_memory_bandwidth(threads)
     links = measure_links(nproc, threads)
-    kernel = sharing_model(profile)
+    kernel = sharing_model(profile, machine_memory_bytes() / nproc)
     shared = measure_sharing(nproc, threads, kernel).on(ir.Node("cpu", (), usable_cores() / threads))
     share = links["concurrent_share"] = shared.speed(nproc)
     compute["memory_bandwidth_Bps"] = bandwidth * share

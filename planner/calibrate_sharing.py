@@ -48,6 +48,7 @@ are what is shared.
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import tempfile
@@ -55,6 +56,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -93,38 +95,58 @@ def _benchmark_kernel() -> Kernel:
 
 @dataclass(frozen=True)
 class SharingModel:
-    """The model to time: a ``planner profile`` spec, its batch and input shape (without the batch)."""
+    """The model to time: a ``planner profile`` spec, its batch and input shape (without the batch), and
+    the ``--set`` overrides it was profiled with (a zoo transformer's config fields)."""
 
     spec: str
     batch_size: int
     input_shape: tuple[int, ...] | None = None
+    overrides: tuple[tuple[str, Any], ...] = ()
+
+    def load(self) -> Any:
+        """The model built here (planner.profiler.loader.LoadedModel)."""
+        from planner.profiler.loader import load_model
+
+        return load_model(self.spec, self.batch_size, self.input_shape, overrides=dict(self.overrides))
 
 
 def model_kernel(model: SharingModel) -> Kernel:
     """A forward and backward of the whole model at its batch."""
-    from planner.profiler.loader import load_model
     from planner.profiler.measure import whole_model_pass
 
-    loaded = load_model(model.spec, model.batch_size, model.input_shape)
+    loaded = model.load()
     params = list(loaded.module.parameters())
     return lambda: whole_model_pass(loaded.module, loaded.example_input, params, lambda: None)
 
 
-def sharing_model(profile: ir.ModelProfile | None) -> SharingModel | None:
-    """The profile's own model, when it was measured on this kind of machine (a CPU) and builds
-    here with as many parameters as the profile counts (a profile made with ``--set`` names its
-    base model only); else None: the benchmark kernel."""
+def sharing_model(profile: ir.ModelProfile | None, memory_bytes: float = math.inf) -> SharingModel | None:
+    """The profile's own model, when it was measured on this kind of machine (a CPU), a forward and
+    backward of it takes at most half of ``memory_bytes`` (each process's share of the machine; by the
+    profile's own weights, gradients and activations), and it builds here, with the profile's ``--set``
+    overrides, with as many parameters as the profile counts; else None: the benchmark kernel."""
     if profile is None or profile.mode != "measured" or profile.device != "cpu":
         return None
-    from planner.profiler.loader import load_model
+    if pass_bytes(profile) > memory_bytes / 2:
+        return None
+    from planner.profiler.loader import overrides_for
 
-    model = SharingModel(profile.model, profile.batch_size, profile.input_shape or None)
     try:
-        loaded = load_model(model.spec, model.batch_size, model.input_shape)
+        overrides = overrides_for(profile.model, profile.model, profile.meta)
+        model = SharingModel(profile.model, profile.batch_size, profile.input_shape or None,
+                             tuple(sorted(overrides.items())))
+        loaded = model.load()
     except Exception:  # any model that does not build here: the benchmark kernel instead
         return None
     params = sum(p.numel() for p in loaded.module.parameters())
     return model if params == sum(layer.param_count for layer in profile.layers) else None
+
+
+def pass_bytes(profile: ir.ModelProfile) -> int:
+    """What a forward and backward of the profile's whole model holds: weights, gradients, the bytes
+    saved for backward and the largest output."""
+    layers = profile.layers
+    return (2 * sum(x.param_bytes for x in layers) + sum(x.saved_bytes for x in layers)
+            + max(x.output_bytes for x in layers))
 
 
 def _cpu_per_call_s(fn: Kernel, calls: int, handoff: Callable[[], None] | None = None) -> tuple[float, float]:

@@ -11,6 +11,7 @@ from planner.calibrate_sharing import (
     SharingModel,
     measure_sharing,
     model_kernel,
+    pass_bytes,
     sharing_efficiency,
     sharing_model,
 )
@@ -85,6 +86,25 @@ def test_the_profiles_own_model_only_when_measured_on_a_cpu_and_it_builds_as_pro
     other = {**doc, "layers": [{**x, "param_count": 1} for x in doc["layers"]]}  # made with --set, say
     assert sharing_model(ir.ModelProfile.from_dict(other)) is None
     assert sharing_model(ir.ModelProfile.from_dict({**doc, "model": "toy"})) is None and sharing_model(None) is None
+
+
+def test_a_profile_made_with_set_builds_its_own_model_and_one_too_big_for_the_memory_none() -> None:
+    """llama-tiny profiled with --set: the sharing kernel builds it with the same overrides (it once built the base
+    model, which for a 7B zoo model took 24 GB and was killed); a model whose pass would take more than half of
+    each process's memory is not built at all."""
+    from planner.profiler.hfzoo import build
+
+    fields = {"num_hidden_layers": 1, "hidden_size": 32, "num_attention_heads": 2, "num_key_value_heads": 1}
+    params = sum(p.numel() for p in build("llama-tiny", 16, fields).parameters())
+    doc = make_profile_dict(model="llama-tiny", batch_size=2, mode="measured", device="cpu")
+    doc["layers"] = [{**doc["layers"][0], "param_count": params}] + [{**x, "param_count": 0} for x in doc["layers"][1:]]
+    doc["input_shape"], doc["meta"] = [16], {"overrides": fields}
+    profile = ir.ModelProfile.from_dict(doc)
+    got = sharing_model(profile)
+    assert got == SharingModel("llama-tiny", 2, (16,), tuple(sorted(fields.items())))
+    model_kernel(got)()  # the model the profile measured, a forward and backward
+    assert sharing_model(profile, memory_bytes=pass_bytes(profile) * 1.9) is None
+    assert sharing_model(profile, memory_bytes=pass_bytes(profile) * 2.1) == got
 
 
 @pytest.mark.slow
