@@ -6,9 +6,11 @@
 from __future__ import annotations
 
 import pytest
+import torch
+from torch import nn
 
 from planner.errors import ModelLoadError
-from planner.profiler.loader import overrides_for, overrides_note, recorded_overrides
+from planner.profiler.loader import load_model, overrides_for, overrides_note, recorded_overrides
 
 META = {"tool": "planner profile", "overrides": {"n_layer": 2, "n_embd": 32, "tie_word_embeddings": False}}
 
@@ -33,3 +35,21 @@ def test_the_note_lists_the_overrides() -> None:
     assert overrides_note("gpt2", META) == (" (the profile was made from gpt2 with --set n_layer=2 n_embd=32 "
                                             "tie_word_embeddings=false)")
     assert overrides_note("gpt2", {}) == "" and overrides_note("gpt2", {"overrides": 3}) == ""
+
+
+def lazy_cnn() -> tuple[nn.Module, torch.Tensor]:
+    """A factory whose last layer learns its input size at its first call (nn.LazyLinear)."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.LazyLinear(10)), torch.randn(2, 3, 8, 8)
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_lazy_modules_get_their_weights_from_one_call_of_the_example(device: str) -> None:
+    """Profiled, and on the meta device for an analytic profile, a lazy layer is sized by the example (it used to
+    fail as 'the model rejects input ... Cannot copy out of meta tensor')."""
+    loaded = load_model("tests.test_profiler_loader:lazy_cnn", 2, device=device)
+    head = loaded.module[2]
+    assert isinstance(head, nn.Linear) and head.weight.shape == (10, 4 * 6 * 6)
+    assert loaded.module(loaded.example_input).shape == (2, 10)
+    again = load_model("tests.test_profiler_loader:lazy_cnn", 2)
+    assert device == "meta" or torch.equal(again.module[2].weight, head.weight)  # the same model every time

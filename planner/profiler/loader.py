@@ -16,6 +16,7 @@ from torch import nn
 from planner.errors import ModelLoadError, UsageError
 from planner.profiler.guards import is_out_of_memory, nbytes_text, out_of_memory, shown_overrides
 from planner.profiler.hfzoo import HF_MODELS, build
+from planner.profiler.layered import rejects_input
 from planner.profiler.zoo import ZOO, ZOO_NAMES
 from planner.schemas.build import MAX_BATCH, MAX_BYTES, MAX_DIM
 
@@ -273,6 +274,20 @@ def _placed(spec: str, module: nn.Module, dev: torch.device, tdtype: torch.dtype
     return module
 
 
+def _materialize_lazy(module: nn.Module, example: torch.Tensor) -> None:
+    """Give lazy modules (``nn.LazyLinear``, ``nn.LazyConv2d``, ...) their weights by one forward of the
+    example without gradients, as their first call in training would; a ProfileError when it fails."""
+    from torch.nn.modules.lazy import LazyModuleMixin
+
+    if not any(isinstance(m, LazyModuleMixin) and m.has_uninitialized_params() for m in module.modules()):
+        return
+    try:
+        with torch.no_grad():
+            module(example)
+    except Exception as exc:
+        raise rejects_input(example, exc) from None
+
+
 def load_model(spec: str, batch_size: int, input_shape: tuple[int, ...] | None = None,
                dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu",
                overrides: Mapping[str, Any] | None = None) -> LoadedModel:
@@ -299,6 +314,7 @@ def load_model(spec: str, batch_size: int, input_shape: tuple[int, ...] | None =
         example = random_input((batch_size, *shape), dev, tdtype)
     elif example.is_floating_point():
         example = example.to(dtype=tdtype)
+    _materialize_lazy(module, example)
     return LoadedModel(name=spec, module=module, example_input=example, input_shape=tuple(shape),
                        overrides=dict(overrides or {}))
 
