@@ -17,6 +17,7 @@ from torch import nn
 from planner.errors import ExportError
 from planner.export import deepspeed as dsx
 from planner.export.data import data_spec, sub_batch
+from planner.export.layers import load_layers
 from planner.export.partition import boundaries
 from planner.runner import max_rel_diff
 from tests.test_export_quoting import HOSTILE, check_script
@@ -213,7 +214,7 @@ def _grid_worker(rank: int, world: int, port: int, plan_json: str, out: str) -> 
     spec = data_spec(layers, example, "cross_entropy")
     module = dsx.build_pipeline_module(list(layers), plan, "cross_entropy")
     engine, _, _, _ = deepspeed.initialize(model=module, config=dsx.ds_config(plan, 0.3),
-                                           model_parameters=[p for p in module.parameters() if p.requires_grad])
+                                           model_parameters=dsx.optimizer_params(module))
     m, width = plan.microbatches, engine.grid.get_data_parallel_world_size()
     replica = engine.grid.get_data_parallel_rank()
     losses = []
@@ -253,3 +254,29 @@ def test_pipe_by_data_grid_with_zero1_bf16_and_full_recompute_trains_like_one_pr
     diff = max_rel_diff(got[-1]["losses"], reference(plan))
     print(f"deepspeed pp2 x dp2 zero1 bf16 full recompute: max relative loss difference {diff:.2e}")
     assert diff < BF16_TOL
+
+
+@pytest.mark.slow
+def test_a_first_stage_whose_weights_are_all_frozen_trains_like_one_process() -> None:
+    """Fine-tuning with frozen embeddings as stage 0 of 2: DeepSpeed's optimizer gets an empty group there (torch's
+    refuse an empty list) and its backward runs through an output that needed no gradient."""
+    from tests.test_export_grids import grid_plan, reference
+
+    plan = grid_plan("tiny_gpt2_frozen", [0, 1, 6])
+    with tempfile.TemporaryDirectory() as out:
+        mp.start_processes(_grid_worker, args=(2, _free_port(), json.dumps(plan.to_dict()), out), nprocs=2,
+                           join=True, start_method="spawn")
+        got = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(2)]
+    assert max_rel_diff(got[-1]["losses"], reference(plan)) < 1e-5
+
+
+def test_a_stage_without_trainable_weights_is_refused_in_bf16_and_fp16_naming_it() -> None:
+    """DeepSpeed's bf16 and fp16 optimizers fail on a stage with nothing to step ("stack expects a non-empty
+    TensorList"); fp32 runs it (the test above)."""
+    from tests.test_export_grids import grid_plan
+
+    plan = grid_plan("tiny_gpt2_frozen", [0, 1, 6], precision="bf16")
+    layers, _ = load_layers(plan.model, plan, 0)
+    with pytest.raises(ExportError, match=r"stage 0 \(layer 0\) has no trainable weights.*bf16 optimizer"):
+        dsx.check_trainable(layers, plan)
+    dsx.check_trainable(layers, dataclasses.replace(plan, precision="fp32"))

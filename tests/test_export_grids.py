@@ -90,6 +90,16 @@ def tiny_gpt2_untied() -> tuple[nn.Module, torch.Tensor]:
     return model, torch.randint(0, VOCAB, (BATCH, SEQ))
 
 
+def tiny_gpt2_frozen() -> tuple[nn.Module, torch.Tensor]:
+    """The untied tiny GPT-2 with its embeddings frozen (fine-tuning): a first stage of them trains nothing."""
+    model, x = tiny_gpt2_untied()
+    for p in model.transformer.wte.parameters():
+        p.requires_grad_(False)
+    for p in model.transformer.wpe.parameters():
+        p.requires_grad_(False)
+    return model, x
+
+
 # ----------------------------------------------------------------------------- one launch, many plans
 
 
@@ -283,6 +293,7 @@ LLAMA_GRIDS: dict[str, tuple[str, dict[str, Any]]] = {
     "llama-pp2-dp2-zero1-full": ("tiny_llama", {"parts": [0, 1, 4], "dp": 2, "zero": 1, "recompute": "full"}),
     "qwen2-pp2-tp2-sp": ("tiny_qwen2", {"parts": [0, 2, 4], "tp": 2, "sequence_parallel": True}),
     "qwen3-tp2-dp2-zero1": ("tiny_qwen3", {"parts": [0, 4], "tp": 2, "dp": 2, "zero": 1}),
+    "gpt2-frozen-embeddings-pp2-dp2": ("tiny_gpt2_frozen", {"parts": [0, 1, 6], "dp": 2}),
 }
 
 
@@ -290,7 +301,8 @@ LLAMA_GRIDS: dict[str, tuple[str, dict[str, Any]]] = {
 def test_llama_grids_train_like_one_process() -> None:
     """A tiny Llama (rotary positions, grouped KV heads, gated MLP): tensor-parallel q/k/v/o and
     gate/up/down with sequence parallelism, ZeRO-3 with selective recomputation, ZeRO-1 with full;
-    and the Llama-family decoders split the same way: Qwen2 (q/k/v biases), Qwen3 (q/k norms)."""
+    and the Llama-family decoders split the same way: Qwen2 (q/k/v biases), Qwen3 (q/k norms); and a first stage
+    whose weights are all frozen (fine-tuning: it trains nothing)."""
     plans = {name: grid_plan(factory, **kw) for name, (factory, kw) in LLAMA_GRIDS.items()}
     got = run_grids(plans)
     for name, plan in plans.items():

@@ -146,6 +146,13 @@ def layer_specs(layers: Sequence[nn.Module]) -> list[Any]:
     return specs
 
 
+def optimizer_params(module: nn.Module) -> list[Any]:
+    """The stage's trainable parameters for ``deepspeed.initialize``; one empty parameter group when it has
+    none (every weight frozen): torch's optimizers refuse an empty list, and DeepSpeed drops empty groups."""
+    trainable = [p for p in module.parameters() if p.requires_grad]
+    return trainable if trainable else [{"params": []}]
+
+
 COMPUTE_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16}
 """The dtype DeepSpeed's bf16 and fp16 modes cast the weights to (fp32 plans: none)."""
 
@@ -165,6 +172,16 @@ def to_compute_dtype(value: Any, dtype: torch.dtype | None) -> Any:
     return value
 
 
+def differentiable(value: Any) -> Any:
+    """A stage's output as DeepSpeed's backward needs it: a floating-point tensor that does not require a
+    gradient (a first stage whose weights are all frozen, on data that needs none) becomes a leaf that
+    does, so that the engine's backward through it runs and computes nothing; anything else unchanged."""
+    if (isinstance(value, torch.Tensor) and value.is_floating_point() and not value.requires_grad
+            and torch.is_grad_enabled()):
+        return value.detach().requires_grad_()
+    return value
+
+
 def _explicit_class() -> type:
     from deepspeed.pipe import PipelineModule
 
@@ -179,7 +196,8 @@ def _explicit_class() -> type:
             super().__init__(layers, partition_method="uniform", **kwargs)
 
         def forward(self, forward_input: Any) -> Any:
-            return super().forward(to_compute_dtype(forward_input, object.__getattribute__(self, "_compute_dtype")))
+            out = super().forward(to_compute_dtype(forward_input, object.__getattribute__(self, "_compute_dtype")))
+            return differentiable(out)
 
         def _partition_layers(self, method: str = "uniform") -> None:
             parts = object.__getattribute__(self, "_explicit_parts")
@@ -207,6 +225,21 @@ def _explicit_class() -> type:
 _CLASS: list[type] = []
 
 
+def check_trainable(layers: Sequence[nn.Module], plan: ir.Plan) -> None:
+    """DeepSpeed's bf16 and fp16 optimizers cannot step a stage whose weights are all frozen (its fp32 one
+    steps nothing); such a plan is refused, naming the stage, before any engine is built."""
+    if plan.precision not in COMPUTE_DTYPES:
+        return
+    for i, st in enumerate(plan.stages):
+        if not any(p.requires_grad for layer in layers[st.layers[0]:st.layers[1]] for p in layer.parameters()):
+            where = f"layer {st.layers[0]}" if st.layers[1] - st.layers[0] == 1 else \
+                f"layers {st.layers[0]}-{st.layers[1] - 1}"
+            raise ExportError(f"stage {i} ({where}) has no trainable weights, and "
+                              f"DeepSpeed's {plan.precision} optimizer cannot step a stage without any",
+                              "give the stage a trainable layer (--config), train in --precision fp32, or "
+                              "use --engine torch")
+
+
 def build_pipeline_module(model_or_layers: Any, plan: ir.Plan,
                           loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | str = "cross_entropy",
                           example_input: torch.Tensor | None = None) -> Any:
@@ -222,6 +255,7 @@ def build_pipeline_module(model_or_layers: Any, plan: ir.Plan,
     width = check_plan(plan)
     layers = as_layers(model_or_layers, example_input)
     check_layers_match(layers, plan.profile, ExportError)
+    check_trainable(layers, plan)
     if isinstance(loss_fn, str):
         loss_fn = make_loss(loss_fn)
     if not _CLASS:
@@ -269,7 +303,7 @@ from planner import ir
 from planner.export.args import script_args
 from planner.export.data import data_spec, sub_batch
 from planner.export.layers import load_layers
-from planner.export.deepspeed import build_pipeline_module, skip_shm_build
+from planner.export.deepspeed import build_pipeline_module, optimizer_params, skip_shm_build
 
 HERE = Path(__file__).resolve().parent
 
@@ -286,7 +320,7 @@ def main() -> None:
     if args.lr is not None:
         config["optimizer"]["params"]["lr"] = args.lr
     engine, _, _, _ = deepspeed.initialize(model=module, config=config,
-                                           model_parameters=[p for p in module.parameters() if p.requires_grad])
+                                           model_parameters=optimizer_params(module))
     replica, width = engine.grid.get_data_parallel_rank(), engine.grid.get_data_parallel_world_size()
 
     def batches(step: int):
@@ -333,7 +367,7 @@ def make_trainer(layers: Sequence[nn.Module], plan: ir.Plan, loss: str,
     logger.setLevel(logging.WARNING)
     module = build_pipeline_module(list(layers), plan, loss)
     engine, _, _, _ = deepspeed.initialize(model=module, config=ds_config(plan, lr),
-                                           model_parameters=[p for p in module.parameters() if p.requires_grad])
+                                           model_parameters=optimizer_params(module))
     replica = engine.grid.get_data_parallel_rank()
     width = engine.grid.get_data_parallel_world_size()
     m = plan.microbatches
