@@ -48,8 +48,10 @@ def test_fp32_adam_is_16_bytes_and_mixed_adam_too_but_sgd_differs() -> None:
 
 
 AGG = {"sync": 2.0, "time": 10.0, "fwd": 4.0, "static0": 0.0, "static1": 0.0, "static2": 0.0, "static3": 0.0,
-       "weight": 1.0, "act": 1.0, "act_sel": 0.5, "core": 0.25, "fwd_head": 0.0, "act_head": 0.0, "units": 3.0}
-"""A stage's aggregates: an all-reduce A = 2 (so one all-gather or reduce-scatter H = 1), 3 FSDP units."""
+       "weight": 1.0, "act": 1.0, "act_sel": 0.5, "core": 0.25, "fwd_head": 0.0, "act_head": 0.0, "units": 3.0,
+       "grad": 1.0, "wsync": 2.0}
+"""A stage's aggregates: an all-reduce A = 2 (so one all-gather or reduce-scatter H = 1), 3 FSDP units; every
+weight trains (its gradients ``grad`` are its weights' bytes, ``wsync`` its all-reduce)."""
 
 
 def test_zero_traffic_per_iteration() -> None:
@@ -175,7 +177,8 @@ def test_a_stage_pays_the_clusters_measured_unit_cost_for_each_layer_with_weight
 
 def test_recomputation_modes() -> None:
     agg = {"sync": 0.0, "time": 10.0, "fwd": 4.0, "static0": 0.0, "static1": 0.0, "static2": 0.0, "static3": 0.0,
-           "act": 100.0, "act_sel": 60.0, "core": 0.5, "fwd_head": 0.0, "act_head": 0.0, "units": 1.0}
+           "act": 100.0, "act_sel": 60.0, "core": 0.5, "fwd_head": 0.0, "act_head": 0.0, "units": 1.0,
+           "wsync": 0.0}
     none, sel, full = (cm.variant_cost(agg, 7.0, cm.Variant(r, 0), 2, 0.0) for r in ("none", "selective", "full"))
     assert (none.time, none.act, none.workspace) == (10.0, 100.0, 0.0)
     assert (sel.time, sel.act, sel.workspace) == (10.5, 60.0, 0.0)
@@ -315,7 +318,7 @@ def test_the_gradient_all_reduces_flat_copy_is_the_gradients_up_to_the_cap(
     """``min(G, cap)`` with ``G`` the gradients as reduced, under the engine's copying ZeRO stages and only
     where the stage synchronises its gradients."""
     comms = cm.ZeroComms(copy_zero=(0, 1), copy_cap_bytes=cap, copy_scale=scale)
-    agg = {**AGG, "weight": weight, "sync": 2.0 if synced else 0.0}
+    agg = {**AGG, "weight": weight, "grad": weight, "sync": 2.0 if synced else 0.0}
     got = float(cm.variant_cost(agg, 0.1, cm.Variant("none", zero), 4, 0.0, comms).transient)
     expect = min(weight * scale, cap) if zero in (0, 1) and synced else 0.0
     assert got == pytest.approx(expect)
@@ -405,7 +408,7 @@ def test_torchtitans_replicate_holds_every_gradient_twice(precision: str, grad_b
     assert cost("torchtitan", 2).static_bytes == cost("torch", 2).static_bytes  # FSDP in a pipeline: as torch
     held = cm.zero_comms(cluster, "torchtitan", precision)
     assert held.copy_held and held.copy_zero == (0,)
-    agg = {**AGG, "weight": 3.0, "sync": 2.0}
+    agg = {**AGG, "weight": 3.0, "grad": 3.0, "sync": 2.0}
     got = cm.variant_cost(agg, 0.1, cm.Variant("none", 0), 4, 0.0, held)
     assert float(got.static) == pytest.approx(AGG["static0"] + 3.0 * held.copy_scale) and float(got.transient) == 0
 
@@ -434,7 +437,7 @@ def test_what_an_engine_holds_adds_up_and_its_transients_overlap(buffers: float,
     """An engine's extra memory under ZeRO-1 is the sum of what it holds for good (DDP's bucket copy,
     reduction buffers, an fp32 master partition) and, after the last backward, the larger of its
     transients (the all-reduce's flat copy, the fp32 gradient partition): none hides another."""
-    agg = {**AGG, "weight": 8.0, "static1": 6.0, "static2": 3.0}  # W = 8, partition W / d = 8 - (6 - 3) = 5
+    agg = {**AGG, "weight": 8.0, "grad": 8.0, "static1": 6.0, "static2": 3.0}  # W = 8, W / d = 8 - (6 - 3) = 5
     comms = cm.ZeroComms(copy_zero=(1,), copy_cap_bytes=cap, copy_scale=1.5, copy_held=held,
                          zero1_buffer_bytes=buffers, zero1_master_share=master, zero1_grad_share=grad)
     got = cm.variant_cost(agg, 0.1, cm.Variant("none", 1), 4, 0.0, comms)
@@ -491,3 +494,40 @@ def test_a_block_whose_attention_ran_fused_has_no_attention_term_to_shard_or_dro
         == dataclasses.replace(block, attention_saved=False)
     legacy = {k: v for k, v in block.to_dict().items() if k != "attention_saved"}
     assert ir.BlockShape.from_dict(legacy).attention_saved  # files written before the field counted the weights
+
+
+def _frozen_stage_cost(trainable: int | None, zero: int, precision: str = "fp32", dp: int = 8) -> ir.StageCost:
+    params = 10**8
+    cluster = _big_cluster(1, dp)
+    stage = ir.Stage((0, 1), tuple(g.name for g in cluster.gpus), ("dp",), 0, zero=zero)
+    profile = _one_layer(params, **({} if trainable is None else {"trainable_count": trainable}))
+    return cm.stage_cost_values(profile, cluster, stage, 4, "adam", None, precision)
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_frozen_weights_have_no_gradients_optimizer_state_or_synchronisation(zero: int) -> None:
+    """Fine-tuning: a layer whose weights are all frozen keeps its weights only (4 bytes a parameter in fp32,
+    against mixed Adam's 4 + 4 + 8), reduces nothing and steps nothing; ZeRO-3 still gathers them (FSDP shards
+    frozen weights too: in every micro-batch's forward and backward), and shards them as their only static
+    bytes."""
+    params, d = 10**8, 8
+    frozen, trains = _frozen_stage_cost(0, zero), _frozen_stage_cost(None, zero)
+    assert frozen.static_bytes == pytest.approx(4 * params / (d if zero == 3 else 1), rel=1e-6)
+    assert trains.static_bytes > frozen.static_bytes
+    assert frozen.optimizer_step_s == 0.0 and frozen.allreduce_bytes == 0.0 and frozen.allreduce_s == 0.0
+    gathered = frozen.forward_s + frozen.backward_s - (_frozen_stage_cost(0, 0).forward_s
+                                                       + _frozen_stage_cost(0, 0).backward_s)
+    assert (gathered > 0) == (zero == 3)
+
+
+@given(st.integers(0, 3), st.sampled_from(["fp32", "bf16"]), st.integers(0, 10**8))
+def test_a_trainable_count_of_every_parameter_is_no_count_and_fewer_cost_no_more(zero: int, precision: str,
+                                                                                  trainable: int) -> None:
+    """``trainable_count`` = ``param_count`` costs what a profile without the field does (all train); fewer
+    trainable parameters never cost more memory, synchronisation or optimizer time."""
+    every, none = _frozen_stage_cost(10**8, zero, precision), _frozen_stage_cost(None, zero, precision)
+    assert every == none
+    some = _frozen_stage_cost(trainable, zero, precision)
+    assert some.static_bytes <= none.static_bytes and some.allreduce_s <= none.allreduce_s + 1e-12
+    assert some.optimizer_step_s <= none.optimizer_step_s + 1e-12
+    assert some.static_bytes >= _frozen_stage_cost(0, zero, precision).static_bytes

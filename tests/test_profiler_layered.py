@@ -7,7 +7,14 @@ import torch
 from torch import nn
 
 from planner import ir
-from planner.profiler.layered import dominant, param_accounting, primary_output, rejects_input, weight_features
+from planner.profiler.layered import (
+    dominant,
+    param_accounting,
+    primary_output,
+    rejects_input,
+    trainable_counts,
+    weight_features,
+)
 
 
 def test_weight_features_of_convolution_linear_and_embedding() -> None:
@@ -52,3 +59,31 @@ def test_floats_given_to_an_embedding_get_a_hint_for_integer_examples() -> None:
     assert "integer indices" in err.hint and "torch.long" in err.hint
     ints = rejects_input(torch.zeros(2, 3, dtype=torch.long), info.value)
     assert "--input-shape" in ints.hint
+
+
+def test_trainable_counts_leave_out_frozen_parameters_each_counted_once() -> None:
+    """A frozen first layer trains none of its parameters; a layer sharing a frozen weight with it counts
+    it there, not again; a layer with every parameter training says None (no field in the profile)."""
+    first, second, third = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 2)
+    first.weight.requires_grad_(False)
+    second.weight = first.weight  # tied, counted in the first layer
+    got = trainable_counts([first, second, third], [20, 4, 10])
+    assert got == (4, None, None)  # first: its bias trains (4 of 20); second: its own bias only
+    first.bias.requires_grad_(False)
+    assert trainable_counts([first, second, third], [20, 4, 10])[0] == 0
+
+
+def test_a_frozen_layers_profile_records_it_and_its_backward_computes_no_weight_gradient() -> None:
+    from planner.profiler.core import profile_model
+    from planner.profiler.loader import LoadedModel
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
+    model[2].weight.requires_grad_(False)
+    prof = profile_model(LoadedModel("frozen", model, torch.randn(4, 16), (16,)), mode="analytic",
+                         device_flops=1e12)
+    last = prof.layers[-1]
+    assert last.trainable_count == 8 and last.trainable_share == pytest.approx(8 / (32 * 8 + 8))
+    assert prof.layers[0].trainable_count is None
+    again = ir.ModelProfile.from_dict(prof.to_dict())
+    assert again.layers[-1].trainable_count == 8

@@ -88,8 +88,11 @@ class LayerTable:
     ``allowed`` which forms are open; ``enter[l]``/``leave[l]`` the re-layout all-gathers;
     ``sync`` each layer's gradient synchronisation per iteration (seconds, without the
     collective's latency ``sync_const``); ``weight`` one copy of its weights per device
-    (bytes); ``static`` (4, layers, forms) weights + gradients + optimizer state per device
-    at ZeRO stage 0..3 (sharded over the group its gradients are synchronised over);
+    (bytes), ``grad`` of its gradients (its trainable weights': frozen ones have none, nor
+    optimizer state, nor synchronisation), ``wsync`` what ``sync`` would be for all its weights
+    (ZeRO-3 gathers the frozen ones too); ``static`` (4, layers, forms) weights + gradients +
+    optimizer state per device at ZeRO stage 0..3 (sharded over the group its gradients are
+    synchronised over);
     ``act``/``act_sel`` activations kept per micro-batch without / with selective
     recomputation; ``core`` the selective recomputation's extra backward time;
     ``in_bytes``/``out_bytes`` a layer's input/output per micro-batch and replica.
@@ -115,6 +118,8 @@ class LayerTable:
     head: np.ndarray
     """Per layer, whether it follows the model's last transformer block (``ModelProfile.head_start``:
     full recomputation does not redo it)."""
+    grad: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    wsync: np.ndarray = field(default_factory=lambda: np.zeros(0))
     agg_rows: np.ndarray = field(default_factory=lambda: np.zeros(0))
     """What each layer adds to each aggregate of :data:`KEYS`, per form: (len(KEYS), layers, forms)."""
 
@@ -123,7 +128,7 @@ class LayerTable:
         units = np.broadcast_to(self.weight[:, :1] > 0, self.weight.shape).astype(float)
         rows = np.stack([self.fwd + self.bwd, self.fwd, self.sync, *self.static, self.weight, self.act,
                          self.act_sel, self.core, np.where(head, self.fwd, 0.0), np.where(head, self.act, 0.0),
-                         units])
+                         units, self.grad, self.wsync])
         object.__setattr__(self, "agg_rows", rows)
 
     def layout_change(self, a: int, b: int) -> bool:
@@ -136,15 +141,16 @@ class LayerTable:
 
 
 KEYS = ("time", "fwd", "sync", "static0", "static1", "static2", "static3", "weight", "act", "act_sel", "core",
-        "fwd_head", "act_head", "units")
+        "fwd_head", "act_head", "units", "grad", "wsync")
 """The aggregates of a stage under its forms, per micro-batch and device (``time`` = forward + backward
 with collectives and re-layouts, ``fwd`` its forward part, ``sync`` the gradient synchronisation per
 iteration without latency, ``static<z>`` memory at ZeRO stage z, ``weight`` one copy of the weights,
 ``act``/``act_sel`` activations per micro-batch, ``core`` selective recomputation's time,
 ``fwd_head``/``act_head`` the forward time and activations of the layers after the model's last
 transformer block, which full recomputation leaves out; ``units`` the layers with weights, each an
-FSDP unit under ZeRO-2/3, planner.costmodel.variant); the re-layouts add to ``time`` and ``fwd``
-(rows 0 and 1)."""
+FSDP unit under ZeRO-2/3, planner.costmodel.variant; ``grad`` the gradients' bytes, ``wsync`` the
+synchronisation ``sync`` would be for every weight, frozen ones included); the re-layouts add to
+``time`` and ``fwd`` (rows 0 and 1)."""
 
 
 @dataclass(frozen=True)
@@ -163,6 +169,8 @@ class _Columns:
     weight: np.ndarray
     weightless: np.ndarray
     splittable: np.ndarray
+    trains: np.ndarray
+    """The share of each layer's parameters that train (``LayerProfile.trainable_share``)."""
 
 
 def _columns(profile: ir.ModelProfile, grid: Grid, microbatches: int, nbytes: Bytes) -> _Columns:
@@ -180,7 +188,7 @@ def _columns(profile: ir.ModelProfile, grid: Grid, microbatches: int, nbytes: By
     return _Columns(fwd_fixed, bwd_fixed, fwd_full, bwd_full, bww_full, out_b, in_b,
                     np.array([float(x.saved_bytes) for x in layers]) * share * nbytes.activation_scale, pcount,
                     np.array([float(x.param_bytes) for x in layers]) * nbytes.weight_scale, pcount == 0,
-                    np.array([x.splittable for x in layers]))
+                    np.array([x.splittable for x in layers]), np.array([x.trainable_share for x in layers]))
 
 
 def block_activation_ratios(profile: ir.ModelProfile, tp: int, sequence_parallel: bool
@@ -235,17 +243,25 @@ def layer_table(profile: ir.ModelProfile, grid: Grid | Group, microbatches: int,
     fwd, bwd, bww = _times(c, n, link, ag_in, ag_out)
     allowed = _allowed(profile, c, n, forms, profile.batch_size / (microbatches * grid.dp), rules)
     act, act_sel, core = _activations(profile, grid, c, n)
-    sync, const, shard = _sync(grid, c, n)
-    weight = np.empty_like(fwd)
-    weight[:, DP] = c.weight
-    weight[:, 1:] = (c.weight / n)[:, None]
-    state = nbytes.state_per_param * c.pcount[:, None] * np.where(SHARDED, 1.0 / n, 1.0)[None, :]
-    static = np.stack([weight + weight + state, weight + weight + state / shard,
-                       weight + (weight + state) / shard, (weight + weight + state) / shard])
+    sync, const, shard = _sync(grid, c.weight * c.trains, n)
+    wsync, _, _ = _sync(grid, c.weight, n)
+    weight = _per_device(c.weight, n)
+    grad = _per_device(c.weight * c.trains, n)
+    state = nbytes.state_per_param * (c.pcount * c.trains)[:, None] * np.where(SHARDED, 1.0 / n, 1.0)[None, :]
+    static = np.stack([weight + grad + state, weight + grad + state / shard,
+                       weight + (grad + state) / shard, (weight + grad + state) / shard])
     return LayerTable(n=n, dp=grid.dp, fwd=fwd, bwd=bwd, bww=bww, allowed=allowed, enter=ag_in, leave=ag_out,
                       sync=sync, sync_const=const, weight=weight, static=static, act=act, act_sel=act_sel, core=core,
                       in_bytes=c.in_b, out_bytes=c.out_b,
-                      head=np.arange(len(profile.layers)) >= profile.head_start)
+                      head=np.arange(len(profile.layers)) >= profile.head_start, grad=grad, wsync=wsync)
+
+
+def _per_device(whole: np.ndarray, n: int) -> np.ndarray:
+    """A layer's bytes per device per form: whole under ``dp``, a 1/n shard under the tensor forms."""
+    out = np.empty((len(whole), NF))
+    out[:, DP] = whole
+    out[:, 1:] = (whole / n)[:, None]
+    return out
 
 
 def _times(c: _Columns, n: int, link: ir.Link, ag_in: np.ndarray, ag_out: np.ndarray
@@ -303,14 +319,14 @@ def _activations(profile: ir.ModelProfile, grid: Grid, c: _Columns, n: int
     return act, act_sel, core
 
 
-def _sync(grid: Grid, c: _Columns, n: int) -> tuple[np.ndarray, float, np.ndarray]:
-    """Gradient synchronisation per layer and form (seconds without latency), the latency, and the
-    size of the group each form's state is sharded over by ZeRO."""
+def _sync(grid: Grid, nbytes: np.ndarray, n: int) -> tuple[np.ndarray, float, np.ndarray]:
+    """Synchronisation of ``nbytes`` per layer (its gradients) per form (seconds without latency), the
+    latency, and the size of the group each form's state is sharded over by ZeRO."""
     coef_all, const_all = allreduce_coefficients(grid.group) if grid.group.n > 1 else (0.0, 0.0)
     data = grid.group.data_group(grid.tp) if n < grid.group.n else None
     coef_dp, _ = allreduce_coefficients(data) if data is not None and data.n > 1 else (0.0, 0.0)
-    sync = np.empty((len(c.pcount), NF))
-    sync[:, DP] = coef_all * c.weight
-    sync[:, 1:] = (coef_dp * c.weight / n)[:, None]
+    sync = np.empty((len(nbytes), NF))
+    sync[:, DP] = coef_all * nbytes
+    sync[:, 1:] = (coef_dp * nbytes / n)[:, None]
     shard = np.array([float(grid.group.n)] + [float(grid.dp)] * (NF - 1))
     return sync, const_all, shard

@@ -168,9 +168,9 @@ def _stage_cost(profile: ir.ModelProfile, cluster: ir.Cluster, stage: ir.Stage, 
     if stage.layers[1] == len(profile.layers):
         backward += loss_s(profile, grid.group, microbatches, grid.dp)
     bandwidth = memory_bandwidth_Bps(cluster, stage.devices)
-    accumulate = grad_accumulation_s(agg["weight"], microbatches, bandwidth)
+    accumulate = grad_accumulation_s(agg["grad"], microbatches, bandwidth)
     backward += accumulate
-    state = max(agg["static0"] - 2 * agg["weight"], 0.0) / (grid.dp if stage.zero else 1)
+    state = max(agg["static0"] - agg["weight"] - agg["grad"], 0.0) / (grid.dp if stage.zero else 1)
     if next_devices is None:
         send_bytes, send_link, link_id = 0.0, None, None
     else:
@@ -181,10 +181,10 @@ def _stage_cost(profile: ir.ModelProfile, cluster: ir.Cluster, stage: ir.Stage, 
         devices=tuple(stage.devices), forward_s=fwd, backward_s=backward,
         backward_weight_s=min(_weight_part(table, stage) + accumulate, backward),
         send_bytes=send_bytes, send_link=send_link, send_link_id=link_id, allreduce_s=float(v.sync),
-        allreduce_bytes=agg["weight"] if agg["sync"] > 0 else 0.0, static_bytes=math.ceil(float(v.static)),
+        allreduce_bytes=agg["grad"] if agg["sync"] > 0 else 0.0, static_bytes=math.ceil(float(v.static)),
         weight_bytes=math.ceil(agg["weight"]), activation_bytes=math.ceil(float(v.act)),
         workspace_bytes=math.ceil(float(v.workspace)), capacity_bytes=grid.group.memory_bytes,
-        optimizer_step_s=optimizer_step_s(agg["weight"] / (grid.dp if stage.zero else 1), state, nbytes, bandwidth),
+        optimizer_step_s=optimizer_step_s(agg["grad"] / (grid.dp if stage.zero else 1), state, nbytes, bandwidth),
         grad_copy_bytes=math.ceil(float(v.transient)), zero_gather_s=float(v.gather))
 
 
@@ -208,12 +208,20 @@ def stage_costs_for(profile: ir.ModelProfile, cluster: ir.Cluster, stages: Seque
     return with_ties(profile, cluster, stages, out, Bytes.of(profile, precision, optimizer))
 
 
+def tie_copy_bytes(profile: ir.ModelProfile, tie: ir.Tie, nbytes: Bytes) -> float:
+    """A tie's copy in a stage that holds another of its layers: its weights and, as far as the layer it is
+    counted in trains (``LayerProfile.trainable_share``), their gradients and optimizer state."""
+    weight = tie.param_bytes * nbytes.weight_scale
+    trains = profile.layers[tie.layers[0]].trainable_share
+    return weight + trains * (weight + nbytes.state_per_param * tie.param_count)
+
+
 def with_ties(profile: ir.ModelProfile, cluster: ir.Cluster, stages: Sequence[ir.Stage],
               costs: Sequence[ir.StageCost], nbytes: Bytes) -> tuple[ir.StageCost, ...]:
     """Each tie's extra copies and gradient all-reduce between the stages that hold its layers.
 
     The tie's parameters are counted in its first layer; a stage holding another of its
-    layers (and not the first) keeps a copy: weight, gradient and optimizer state. The
+    layers (and not the first) keeps a copy (:func:`tie_copy_bytes`). The trainable
     copies' gradients are summed by a ring all-reduce of the tie's bytes over the k stages
     holding it (slowest link between the first and the last), added to each one's
     ``allreduce_s``. Stages on the same devices (interleaved chunks) share one copy.
@@ -225,9 +233,10 @@ def with_ties(profile: ir.ModelProfile, cluster: ir.Cluster, stages: Sequence[ir
         if len({tuple(stages[s].devices) for s in holders}) < 2:
             continue
         weight = tie.param_bytes * nbytes.weight_scale
-        copy = math.ceil(2 * weight + nbytes.state_per_param * tie.param_count)
+        copy = math.ceil(tie_copy_bytes(profile, tie, nbytes))
         link, _ = link_between(cluster, stages[holders[0]].devices, stages[holders[-1]].devices)
-        extra = ring_allreduce_s(weight, len(holders), link)
+        trains = profile.layers[tie.layers[0]].trainable_share
+        extra = ring_allreduce_s(weight * trains, len(holders), link) if trains > 0 else 0.0
         owner = next((s for s in holders if stages[s].layers[0] <= tie.layers[0] < stages[s].layers[1]), None)
         for s in holders:
             add = 0 if s == owner else copy

@@ -23,7 +23,9 @@ and the scalar cost of one stage come from the same definition).
   too: every micro-batch all-gathers them in forward and again in backward and
   reduce-scatters the gradient (``3 Psi`` per micro-batch and iteration, section 7.2.2):
   ``H`` added to each forward and backward and ``M H`` per iteration. Memory of each stage
-  is in the table's ``static<z>``.
+  is in the table's ``static<z>``. Frozen weights (fine-tuning: ``LayerProfile.trainable_count``)
+  have no gradients and no optimizer state, so ``A``, ``H`` and the partitions ``W / d`` below are the
+  trainable weights'; only ZeRO-3's gathers move every weight (``wsync``: FSDP shards frozen ones too).
 - How an engine runs them (:class:`ZeroComms`, :func:`planner.costmodel.engine.zero_comms`). An
   engine whose ZeRO-1 moves more than the paper's ``A`` pays its extra share of ``A`` too
   (``gather_share``: torch's, whose gradients are all-reduced and whose ZeroRedundancyOptimizer
@@ -177,14 +179,16 @@ def variant_cost(agg: Mapping[str, Any], in_bytes: Any, variant: Variant, microb
     latency = np.where(sync > 0, sync_const, 0.0)
     whole = sync + latency  # the gradients' all-reduce
     half = (sync * comms.shard_scale + latency) / 2.0  # one all-gather or reduce-scatter of them
+    # ZeRO-3 gathers every weight, frozen ones too (equal to ``half`` where all train)
+    whalf = (agg["wsync"] * comms.shard_scale + np.where(agg["wsync"] > 0, sync_const, 0.0)) / 2.0
     op = agg["units"] * comms.unit_op_s  # one collective of every unit of the stage
     time, fwd, gather = agg["time"], agg["fwd"], 0.0 * sync
     if variant.zero == 3:
         if comms.sync_last_backward:  # gathered in each backward; the first forward's and the reduce per step
-            time, whole, gather = time + half + op, 2.0 * (half + op), half + op
+            time, whole, gather = time + whalf + op, (whalf + op) + (half + op), whalf + op
         else:  # gathered in each forward and backward, reduced in each backward
-            time, fwd, whole = time + 2.0 * (half + op), fwd + half + op, microbatches * (half + op)
-            gather = 2.0 * (half + op)
+            time, fwd, whole = time + 2.0 * (whalf + op), fwd + whalf + op, microbatches * (half + op)
+            gather = 2.0 * (whalf + op)
     elif variant.zero == 2:
         reduces = 1 if comms.sync_last_backward else microbatches
         whole = (1 + reduces) * (half + op)
@@ -203,9 +207,9 @@ def variant_cost(agg: Mapping[str, Any], in_bytes: Any, variant: Variant, microb
 
 
 def _partition(agg: Mapping[str, Any]) -> Any:
-    """``W / d``, the weights' partition per device: ZeRO-1 and 2 differ by the gradients, ``W - W / d``
-    at the weights' precision (planner.costmodel.layers)."""
-    return agg["weight"] - (agg["static1"] - agg["static2"])
+    """``W / d``, the trainable weights' partition per device (all the weights where none is frozen): ZeRO-1
+    and 2 differ by the gradients, ``G - G / d`` at the weights' precision (planner.costmodel.layers)."""
+    return agg["grad"] - (agg["static1"] - agg["static2"])
 
 
 def _copy(agg: Mapping[str, Any], zero: int, comms: ZeroComms) -> Any:
@@ -216,7 +220,7 @@ def _copy(agg: Mapping[str, Any], zero: int, comms: ZeroComms) -> Any:
     partition = zero == 1 and comms.zero1_grad_share > 0
     if not (bucket or partition):
         return 0.0
-    copy = np.minimum(agg["weight"] * comms.copy_scale, comms.copy_cap_bytes) if bucket else 0.0
+    copy = np.minimum(agg["grad"] * comms.copy_scale, comms.copy_cap_bytes) if bucket else 0.0
     part = comms.zero1_grad_share * _partition(agg) if partition else 0.0
     return np.where(agg["sync"] > 0, np.maximum(copy, part), 0.0)
 
@@ -227,9 +231,9 @@ def _held(agg: Mapping[str, Any], zero: int, comms: ZeroComms) -> Any:
     buffers and fp32 master partition."""
     held: Any = 0.0
     if zero in comms.copy_zero and comms.copy_held:
-        held = held + np.where(agg["sync"] > 0, agg["weight"] * comms.copy_scale, 0.0)
+        held = held + np.where(agg["sync"] > 0, agg["grad"] * comms.copy_scale, 0.0)
     if zero == 1 and comms.zero1_holds_more:
-        held = held + np.where(agg["weight"] > 0, comms.zero1_buffer_bytes, 0.0) \
+        held = held + np.where(agg["grad"] > 0, comms.zero1_buffer_bytes, 0.0) \
             + comms.zero1_master_share * _partition(agg)
     return held
 

@@ -126,6 +126,10 @@ class LayerProfile:
     the batch than at the whole (caches), and a small transformer 24% slower per sample at an
     eighth (fixed costs). Where they are given, a micro-batch's time is read off the line
     through them (``planner.costmodel.batch``); ``forward_fixed_s`` stays the two-point summary.
+
+    ``trainable_count``: how many of ``param_count`` parameters train (``requires_grad``); the others
+    are frozen (fine-tuning) and have no gradients, optimizer state or gradient synchronisation.
+    None means all of them (profiles before the field).
     """
 
     name: str
@@ -146,6 +150,14 @@ class LayerProfile:
     backward_fixed_s: float | None = None
     block: BlockShape | None = None
     batch_times: tuple[BatchTimes, ...] = ()
+    trainable_count: int | None = None
+
+    @property
+    def trainable_share(self) -> float:
+        """The share of the layer's parameters that train (1 when all do, or it has none)."""
+        if self.trainable_count is None or self.param_count == 0:
+            return 1.0
+        return self.trainable_count / self.param_count
 
     @property
     def splittable(self) -> bool:
@@ -166,7 +178,7 @@ class LayerProfile:
             "saved_bytes": self.saved_bytes,
         }
         d.update(_optional(self, ("in_features", "out_features", "backward_weight_s", "forward_fixed_s",
-                                  "backward_fixed_s")))
+                                  "backward_fixed_s", "trainable_count")))
         if self.output_shape is not None:
             d["output_shape"] = list(self.output_shape)
         if self.block is not None:
@@ -199,7 +211,11 @@ class LayerProfile:
             block=None if block is None else BlockShape.from_dict(block, f"{where}.block"),
             batch_times=tuple(BatchTimes.from_dict(item, f"{where}.batch_times[{i}]")
                               for i, item in enumerate(_opt_list(d, "batch_times", where))),
+            trainable_count=None if _get(d, "trainable_count", where) is None else _int(d, "trainable_count", where),
         )
+        if layer.trainable_count is not None and layer.trainable_count > layer.param_count:
+            raise FormatError(f"{where}.trainable_count ({layer.trainable_count}) must lie in [0, param_count="
+                              f"{layer.param_count}]", "trainable_count counts the layer's parameters that train")
         _check_part(where, "forward_fixed_s", layer.forward_fixed_s, "forward_s", layer.forward_s)
         _check_part(where, "backward_fixed_s", layer.backward_fixed_s, "backward_s", layer.backward_s)
         _check_part(where, "backward_weight_s", layer.backward_weight_s, "backward_s", layer.backward_s)

@@ -58,7 +58,7 @@ from planner.profiler.guards import (
     out_of_memory,
     with_overrides,
 )
-from planner.profiler.layered import LayeredModel, rejects_input
+from planner.profiler.layered import LayeredModel, rejects_input, trainable_counts
 from planner.profiler.layers import split_model
 from planner.profiler.loader import LoadedModel, dtype_name
 from planner.profiler.measure import (
@@ -328,8 +328,11 @@ def _fixed_costs(times: _LayerTimes, runs: Runs, batch: int, small: int | None,
 def _layer_profiles(lm: LayeredModel, facts: list[LayerFacts], times: _LayerTimes,
                     fixed: list[tuple[float | None, float | None]], runs: Runs) -> tuple[LayerProfile, ...]:
     layers = []
+    trainable = trainable_counts(lm.layers, lm.param_counts)
     for i, f in enumerate(facts):
-        share = _weight_share(f.forward_flops, f.backward_flops, lm.param_counts[i], f.input_requires_grad)
+        count = trainable[i]
+        trains = lm.param_counts[i] if count is None else count
+        share = _weight_share(f.forward_flops, f.backward_flops, trains, f.input_requires_grad)
         layers.append(LayerProfile(
             name=lm.names[i], type=lm.types[i], forward_s=times.fwd_s[i], backward_s=times.bwd_s[i],
             forward_flops=f.forward_flops, backward_flops=f.backward_flops,
@@ -340,6 +343,7 @@ def _layer_profiles(lm: LayeredModel, facts: list[LayerFacts], times: _LayerTime
             forward_fixed_s=fixed[i][0], backward_fixed_s=fixed[i][1], block=_block(lm.block(i), facts[i]),
             batch_times=tuple(BatchTimes(b, fwd[i], bwd[i]) for b, (fwd, bwd) in zip(runs.smaller, runs.smaller_times,
                                                                                     strict=True)),
+            trainable_count=trainable[i],
         ))
     return tuple(layers)
 

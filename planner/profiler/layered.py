@@ -134,6 +134,19 @@ def dominant(modules: Iterable[nn.Module]) -> nn.Module | None:
     return best
 
 
+def trainable_counts(layers: Sequence[nn.Module], counts: Sequence[int]) -> tuple[int | None, ...]:
+    """Per layer, how many of the ``counts`` parameters it is counted with (each in the first layer using it)
+    train (``requires_grad``); None where none of them is frozen."""
+    seen: set[int] = set()
+    out: list[int | None] = []
+    for layer, count in zip(layers, counts, strict=True):
+        own = [p for p in layer.parameters() if id(p) not in seen]
+        seen.update(id(p) for p in own)
+        frozen = sum(p.numel() for p in own if not p.requires_grad)
+        out.append(None if frozen == 0 else max(0, count - frozen))
+    return tuple(out)
+
+
 def param_accounting(model: nn.Module, layer_params: Sequence[list[tuple[str, nn.Parameter]]]
                       ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[ir.Tie, ...]]:
     """Count each parameter once (first layer using it), find ties, give unused ones to the last layer."""

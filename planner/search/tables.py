@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from planner import ir
-from planner.costmodel import VariantCost, p2p_s
+from planner.costmodel import VariantCost, p2p_s, tie_copy_bytes
 from planner.costmodel.precision import Bytes
 from planner.schedule import in_flight_microbatches, schedule_kind
 from planner.search.hpp import StageTables
@@ -185,7 +185,7 @@ def tie_copies(prob: Problem) -> np.ndarray:
     nbytes = Bytes.of(prob.profile, prob.space.precision, prob.optimizer)
     starts, ends = prob.bounds[:, None], prob.bounds[None, :]
     for tie in prob.profile.ties:
-        copy = 2 * tie.param_bytes * nbytes.weight_scale + nbytes.state_per_param * tie.param_count
+        copy = tie_copy_bytes(prob.profile, tie, nbytes)
         owner = tie.layers[0]
         holds_owner = (starts <= owner) & (owner < ends)
         holds_other = np.zeros_like(holds_owner)
