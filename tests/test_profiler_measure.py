@@ -11,7 +11,7 @@ from torch import nn
 from planner.ir import ModelProfile
 from planner.profiler import load_model, profile_model, split_model
 from planner.profiler.loader import LoadedModel
-from planner.profiler.measure import curve_batches_of, fit_fixed, instrumented_pass, small_batch_of
+from planner.profiler.measure import curve_batches_of, fit_fixed, instrumented_pass, small_batch_of, timed_pass
 
 
 def test_saved_bytes_count_each_storage_once_and_exclude_parameters() -> None:
@@ -216,3 +216,19 @@ def test_running_out_of_memory_while_timing_is_a_profile_error(monkeypatch: pyte
         profile_model(load_model("mlp", 4), mode="measured", threads=1, repeats=1)
     assert err.value.cause == "out of memory timing mlp at batch 4 on cpu (torch asked for 2.00 GiB)"
     assert "--mode analytic" in err.value.hint
+
+
+def test_layers_behind_frozen_weights_run_no_backward_as_in_the_whole_model() -> None:
+    """Fine-tuning with a frozen prefix: autograd runs no backward through it (nothing before it trains), so the
+    profile times and counts none there; the first trainable layer computes its weight gradient only."""
+    torch.manual_seed(0)
+    layers = [nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 4)]
+    for layer in layers[:2]:
+        layer.requires_grad_(False)
+    params = [p for layer in layers for p in layer.parameters()]
+    facts = instrumented_pass(layers, torch.randn(4, 8), params)
+    assert [f.backward_flops for f in facts[:2]] == [0.0, 0.0]
+    assert [f.input_requires_grad for f in facts] == [False, False, False]
+    assert facts[2].backward_flops == 2 * 4 * 8 * 4  # dW = x^T dy only: no input gradient
+    _, bwd = timed_pass(layers, torch.randn(4, 8), params, lambda: None)
+    assert bwd[:2] == [0.0, 0.0] and bwd[2] > 0

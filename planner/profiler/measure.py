@@ -57,10 +57,12 @@ def _storage_key(t: torch.Tensor) -> int:
     return int(t.untyped_storage()._cdata)
 
 
-def _leaf(x: torch.Tensor, first: bool = False) -> torch.Tensor:
-    """A detached copy (same storage) that collects the gradient; the model input needs none."""
+def _leaf(x: torch.Tensor) -> torch.Tensor:
+    """A detached copy (same storage) that collects the gradient where the whole model would compute it: not
+    for the model's input, nor behind layers whose weights are all frozen (fine-tuning), which then run no
+    backward at all, as autograd runs the whole model."""
     leaf = x.detach()
-    if leaf.is_floating_point() and not (first and not x.requires_grad):
+    if leaf.is_floating_point() and x.requires_grad:
         leaf.requires_grad_(True)
     return leaf
 
@@ -152,7 +154,7 @@ def _forward_walk(layers: Sequence[nn.Module], x: torch.Tensor, meter: _Meter[to
     outputs: list[torch.Tensor] = []
     cur = x
     for i, layer in enumerate(layers):
-        inp = _leaf(cur, first=i == 0)
+        inp = _leaf(cur)
         out, figure = meter(i, lambda: primary_output(_call(layer, inp)))  # noqa: B023 (called now)
         figures.append(figure)
         inputs.append(inp)
