@@ -133,6 +133,9 @@ class EngineLimits:
     """Whether one recomputation mode runs for the whole job (torchtitan's ``activation_checkpoint.mode``)."""
     split_types: tuple[str, ...] | None = None
     """The layer types its split forms shard (:class:`FormRules`)."""
+    frozen_stage_fp32_only: bool = False
+    """Whether a stage with no trainable weight (all frozen) runs only in fp32 without ZeRO: DeepSpeed's ZeRO and
+    bf16/fp16 optimizers read their first parameter (stage_1_and_2.py, bf16_optimizer.py)."""
 
     @property
     def form_rules(self) -> FormRules:
@@ -157,7 +160,7 @@ ENGINES: dict[str, EngineLimits] = {
     # buffers of reduce_bucket_size elements (stage_1_and_2.py; DEEPSPEED_ZERO1_BUCKET_PARAMS).
     "deepspeed": EngineLimits("deepspeed", True, False, (0, 1), ("none", "full"), False,
                               grad_copy=GradCopy((0,), cap_params=DEEPSPEED_ALLREDUCE_PARAMS), zero1_buffers=2,
-                              zero1_per_unit=True, zero1_partition_copies=True),
+                              zero1_per_unit=True, zero1_partition_copies=True, frozen_stage_fp32_only=True),
     # torch.distributed.pipelining on a (pp, dp, tp) DeviceMesh: one mesh, so equal grids per stage;
     # FSDP2 covers ZeRO 2-3 (reshard after forward or not), DTensor the tensor forms; ZeRO-1 is the
     # gradients' all-reduce and ZeroRedundancyOptimizer, which broadcasts every parameter from the
@@ -269,6 +272,7 @@ def engine_problems(plan: ir.Plan, engine: str) -> list[str]:
     out += _uniform_problems(plan.stages, engine, limits.uniform_zero) if limits.uniform_stages else []
     out += _llama_problems(plan, engine) if limits.llama_only else []
     out += _split_problems(plan, engine, limits.form_rules) + _server_problems(plan, engine)
+    out += frozen_stage_problems(plan, engine) if limits.frozen_stage_fp32_only else []
     if limits.uniform_recompute and len({st.recompute for st in plan.stages}) > 1:
         out.append(f"the stages recompute {', '.join(sorted({st.recompute for st in plan.stages}))}; {engine} runs "
                    "one recomputation mode for the whole job")
@@ -280,6 +284,20 @@ def engine_problems(plan: ir.Plan, engine: str) -> list[str]:
             out.append(f"stage {i} uses ZeRO stage {st.zero}; {engine} runs {', '.join(map(str, limits.zero))}")
         if st.recompute not in limits.recompute:
             out.append(f"stage {i} recomputes {st.recompute!r}; {engine} runs {', '.join(limits.recompute)}")
+    return out
+
+
+def frozen_stage_problems(plan: ir.Plan, engine: str) -> list[str]:
+    """Stages that train no weight (all frozen) in bf16/fp16 or under ZeRO, which ``engine``'s optimizers cannot
+    step (:attr:`EngineLimits.frozen_stage_fp32_only`)."""
+    out = []
+    for i, st in enumerate(plan.stages):
+        layers = plan.profile.layers[st.layers[0]:st.layers[1]]
+        if any(x.param_count * x.trainable_share > 0 for x in layers) or (plan.precision == "fp32" and not st.zero):
+            continue
+        what = f"ZeRO stage {st.zero}" if st.zero else plan.precision
+        out.append(f"stage {i} trains no weight (all frozen), and {engine}'s {what} optimizer cannot step a stage "
+                   "without any (fp32 without ZeRO can)")
     return out
 
 

@@ -270,13 +270,15 @@ def test_a_first_stage_whose_weights_are_all_frozen_trains_like_one_process() ->
     assert max_rel_diff(got[-1]["losses"], reference(plan)) < 1e-5
 
 
-def test_a_stage_without_trainable_weights_is_refused_in_bf16_and_fp16_naming_it() -> None:
+def test_a_stage_without_trainable_weights_is_refused_in_bf16_and_under_zero_naming_it() -> None:
     """DeepSpeed's bf16 and fp16 optimizers fail on a stage with nothing to step ("stack expects a non-empty
-    TensorList"); fp32 runs it (the test above)."""
+    TensorList"), its ZeRO-1 too ("list index out of range"); fp32 without ZeRO runs it (the test above)."""
     from tests.test_export_grids import grid_plan
 
     plan = grid_plan("tiny_gpt2_frozen", [0, 1, 6], precision="bf16")
     layers, _ = load_layers(plan.model, plan, 0)
     with pytest.raises(ExportError, match=r"stage 0 \(layer 0\) has no trainable weights.*bf16 optimizer"):
         dsx.check_trainable(layers, plan)
+    with pytest.raises(ExportError, match=r"stage 0 \(layer 0\) has no trainable weights.*ZeRO stage 1 optimizer"):
+        dsx.check_trainable(layers, grid_plan("tiny_gpt2_frozen", [0, 1, 6], dp=2, zero=1))
     dsx.check_trainable(layers, dataclasses.replace(plan, precision="fp32"))

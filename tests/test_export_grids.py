@@ -293,7 +293,9 @@ LLAMA_GRIDS: dict[str, tuple[str, dict[str, Any]]] = {
     "llama-pp2-dp2-zero1-full": ("tiny_llama", {"parts": [0, 1, 4], "dp": 2, "zero": 1, "recompute": "full"}),
     "qwen2-pp2-tp2-sp": ("tiny_qwen2", {"parts": [0, 2, 4], "tp": 2, "sequence_parallel": True}),
     "qwen3-tp2-dp2-zero1": ("tiny_qwen3", {"parts": [0, 4], "tp": 2, "dp": 2, "zero": 1}),
-    "gpt2-frozen-embeddings-pp2-dp2": ("tiny_gpt2_frozen", {"parts": [0, 1, 6], "dp": 2}),
+    "gpt2-frozen-embeddings-pp2-dp2-zero1": ("tiny_gpt2_frozen", {"parts": [0, 1, 6], "dp": 2, "zero": 1}),
+    "gpt2-frozen-embeddings-pp2-dp2-zero3-bf16": ("tiny_gpt2_frozen", {"parts": [0, 1, 6], "dp": 2, "zero": 3,
+                                                                      "precision": "bf16"}),
 }
 
 

@@ -205,3 +205,34 @@ def test_a_search_whose_plans_all_break_an_engine_limit_says_which() -> None:
     with pytest.raises(InfeasibleError, match=r"--engine torch starts as many processes on every server, so the "
                                               r"uneven servers were searched as 3 GPUs \(1 x 3\) and 2 GPUs \(2 x 1\)"):
         search(profile, cluster, engine="torch", candidates=4)
+
+
+def _frozen_first_two(plan: ir.Plan) -> ir.Plan:
+    """``plan`` on a profile whose first two layers (stage 0 of ``_plan``) are all frozen."""
+    layers = tuple(dataclasses.replace(x, trainable_count=0) if i < 2 else x
+                   for i, x in enumerate(plan.profile.layers))
+    return dataclasses.replace(plan, profile=dataclasses.replace(plan.profile, layers=layers))
+
+
+def test_deepspeed_runs_a_stage_that_trains_nothing_only_in_fp32_without_zero() -> None:
+    """Its ZeRO and bf16/fp16 optimizers index their first parameter; torch runs such a stage either way."""
+    plan = _frozen_first_two(_plan())
+    assert not [p for p in problems(plan, "deepspeed") if "trains no weight" in p]
+    for changed, what in ((dataclasses.replace(plan, precision="bf16"), "bf16"),
+                          (dataclasses.replace(plan, stages=tuple(dataclasses.replace(s, zero=1)
+                                                                  for s in plan.stages)), "ZeRO stage 1")):
+        found = [p for p in problems(changed, "deepspeed") if "trains no weight" in p]
+        assert found == [f"stage 0 trains no weight (all frozen), and deepspeed's {what} optimizer cannot step a "
+                         "stage without any (fp32 without ZeRO can)"]
+        assert not [p for p in problems(changed, "torch") if "trains no weight" in p]
+
+
+def test_a_deepspeed_search_on_a_frozen_prefix_in_bf16_keeps_a_weight_to_train_in_every_stage() -> None:
+    doc = make_profile_dict(6, batch_size=8)
+    for i, layer in enumerate(doc["layers"]):
+        layer.update(param_count=10**7, param_bytes=4 * 10**7, trainable_count=0 if i < 3 else 10**7)
+    profile = ir.ModelProfile.from_dict(doc)
+    cluster = cluster_from_dict(make_cluster_dict(1, 4, 2 * 10**8))
+    plan = search(profile, cluster, engine="deepspeed", precision="bf16", candidates=4)
+    assert problems(plan, "deepspeed") == []
+    assert all(any(x.trainable_share > 0 for x in profile.layers[s.layers[0]:s.layers[1]]) for s in plan.stages)

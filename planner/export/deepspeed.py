@@ -226,18 +226,20 @@ _CLASS: list[type] = []
 
 
 def check_trainable(layers: Sequence[nn.Module], plan: ir.Plan) -> None:
-    """DeepSpeed's bf16 and fp16 optimizers cannot step a stage whose weights are all frozen (its fp32 one
-    steps nothing); such a plan is refused, naming the stage, before any engine is built."""
-    if plan.precision not in COMPUTE_DTYPES:
-        return
+    """DeepSpeed's ZeRO and bf16/fp16 optimizers cannot step a stage whose weights are all frozen (its fp32 one
+    without ZeRO steps nothing: planner.runnable.frozen_stage_problems); such a plan is refused, naming the
+    stage, before any engine is built, by the layers' own ``requires_grad``."""
     for i, st in enumerate(plan.stages):
+        if plan.precision not in COMPUTE_DTYPES and not st.zero:
+            continue
         if not any(p.requires_grad for layer in layers[st.layers[0]:st.layers[1]] for p in layer.parameters()):
             where = f"layer {st.layers[0]}" if st.layers[1] - st.layers[0] == 1 else \
                 f"layers {st.layers[0]}-{st.layers[1] - 1}"
-            raise ExportError(f"stage {i} ({where}) has no trainable weights, and "
-                              f"DeepSpeed's {plan.precision} optimizer cannot step a stage without any",
-                              "give the stage a trainable layer (--config), train in --precision fp32, or "
-                              "use --engine torch")
+            what = f"ZeRO stage {st.zero}" if st.zero else plan.precision
+            raise ExportError(f"stage {i} ({where}) has no trainable weights, and DeepSpeed's {what} optimizer "
+                              "cannot step a stage without any",
+                              "give the stage a trainable layer (--config), or train it in --precision fp32 with "
+                              "--zero 0, or use --engine torch")
 
 
 def build_pipeline_module(model_or_layers: Any, plan: ir.Plan,
