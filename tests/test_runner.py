@@ -312,3 +312,22 @@ def test_failure_is_the_rendezvous_only_when_no_worker_started(tmp_path: Path) -
     assert _failure(launch, tmp_path, workers).cause.startswith("a worker failed: DistNetworkError: x")
     one = Launch("m", "torch", 2, 2, "mse", 0, 1)
     assert _failure(one, tmp_path, rdzv).cause.startswith("a worker failed")  # one server: no rendezvous to miss
+
+
+def test_the_layers_own_limits_are_checked_before_any_process_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A DeepSpeed bf16 plan whose first stage trains nothing is refused before a worker is launched: by the
+    profile's trainable counts, and where the profile says nothing of them (made before the weights were
+    frozen) by the model's own layers, with the hint (a worker's refusal reached the user without it)."""
+    from planner.errors import ExportError
+    from planner.runner import launch
+    from tests.test_export_grids import grid_plan
+
+    plan = dataclasses.replace(grid_plan("tiny_gpt2_frozen", [0, 1, 6], precision="bf16"), engine="deepspeed")
+    monkeypatch.setattr(launch, "_run_workers", lambda *a, **k: pytest.fail("workers launched"))
+    with pytest.raises(PlanError, match="stage 0 trains no weight"):
+        run_plan(plan, plan.model, engine="deepspeed", steps=1, warmup=0)
+    layers = tuple(dataclasses.replace(x, trainable_count=None) for x in plan.profile.layers)
+    unknown = dataclasses.replace(plan, profile=dataclasses.replace(plan.profile, layers=layers))
+    with pytest.raises(ExportError, match="stage 0 \\(layer 0\\) has no trainable weights") as err:
+        run_plan(unknown, plan.model, engine="deepspeed", steps=1, warmup=0)
+    assert "--precision fp32 with --zero 0" in err.value.hint

@@ -58,12 +58,15 @@ def skip_shm_build() -> None:
     ds_comm.build_shm_op = lambda: None
 
 
-def check_plan(plan: ir.Plan) -> int:
-    """Refuse what DeepSpeed cannot run (planner.runnable's rules for it); return the data-parallel width."""
+def check_plan(plan: ir.Plan, layers: Sequence[nn.Module] | None = None) -> int:
+    """Refuse what DeepSpeed cannot run (planner.runnable's rules for it, and with ``layers`` their own: a
+    stage that trains nothing, :func:`check_trainable`); return the data-parallel width."""
     try:
         runnable.check_runnable(plan, "deepspeed")
     except PlanError as exc:
         raise ExportError(exc.cause, exc.hint) from None
+    if layers is not None:
+        check_trainable(layers, plan)
     return check_common(plan, "deepspeed")
 
 
@@ -254,10 +257,9 @@ def build_pipeline_module(model_or_layers: Any, plan: ir.Plan,
     """
     from deepspeed.runtime.pipe.topology import PipeDataParallelTopology
 
-    width = check_plan(plan)
     layers = as_layers(model_or_layers, example_input)
     check_layers_match(layers, plan.profile, ExportError)
-    check_trainable(layers, plan)
+    width = check_plan(plan, layers)
     if isinstance(loss_fn, str):
         loss_fn = make_loss(loss_fn)
     if not _CLASS:

@@ -238,6 +238,7 @@ def run_plan(plan: ir.Plan, model: str, *, engine: str = "deepspeed", steps: int
     threads = threads or max(1, (os.cpu_count() or 1) // nproc)
     torch.set_num_threads(max(1, threads))
     layers, example = load_layers(model, plan, seed)
+    engine_module(engine).check_plan(plan, layers)  # the layers' own limits, before any process starts
     spec = data_spec(layers, example, loss)
     launch = Launch(model, engine, nproc, steps, loss, seed, threads, nnodes, node_rank, rdzv_endpoint or "",
                     rdzv_timeout_s)
