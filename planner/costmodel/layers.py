@@ -118,8 +118,10 @@ class LayerTable:
     head: np.ndarray
     """Per layer, whether it follows the model's last transformer block (``ModelProfile.head_start``:
     full recomputation does not redo it)."""
-    grad: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    wsync: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    grad: np.ndarray
+    """Per layer and form, the bytes of its gradients on each device (those of its trainable weights)."""
+    wsync: np.ndarray
+    """Per layer and form, what ``sync`` would be for every weight, frozen ones too (ZeRO-3's gathers)."""
     agg_rows: np.ndarray = field(default_factory=lambda: np.zeros(0))
     """What each layer adds to each aggregate of :data:`KEYS`, per form: (len(KEYS), layers, forms)."""
 
