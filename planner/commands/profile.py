@@ -62,7 +62,8 @@ def parse_overrides(items: tuple[str, ...] | list[str]) -> dict[str, bool | int 
               help="Samples per iteration profiled (all times and bytes are for this batch).")
 @click.option("--input-shape", type=str, default=None,
               help="Input shape without batch, e.g. 3,224,224; a token model's sequence length, e.g. 4096. "
-                   "Zoo defaults: 3,224,224 for images, 784 for mlp, 128 tokens for gpt2 and bert-base.")
+                   "Zoo defaults: 3,224,224 for images, 784 for mlp, 128 tokens for gpt2 and bert-base, the "
+                   "published context for llama2/llama3, 4096 for mistral and qwen.")
 @click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
               help="Override a config field of a zoo transformer (repeatable), e.g. --set num_hidden_layers=4.")
 @click.option("--mode", type=click.Choice(["measured", "analytic"]), default="measured", show_default=True,
@@ -91,8 +92,9 @@ def profile(model: str, output: str | None, batch_size: int, input_shape: str | 
     """Trace MODEL into layers and write per-layer costs (times, FLOPs, bytes) as profile JSON.
 
     MODEL is a built-in name (mlp, vgg11..vgg19[_bn], resnet18..resnet152, gpt2, gpt2-medium,
-    bert-base, llama-tiny, llama2-7b/13b/70b, llama3-8b/70b) or package.module:factory returning
-    an nn.Module (a transformers GPT-2, BERT or Llama model included) or (module, example_input).
+    bert-base, llama-tiny, llama2-7b/13b/70b, llama3-8b/70b, mistral-7b, qwen2-7b, qwen3-8b) or
+    package.module:factory returning an nn.Module (a transformers GPT-2, BERT, Llama, Mistral, Qwen2
+    or Qwen3 model included) or (module, example_input).
     """
     from planner.cli import emit_json
     from planner.commands import outputs
