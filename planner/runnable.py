@@ -287,15 +287,24 @@ def engine_problems(plan: ir.Plan, engine: str) -> list[str]:
     return out
 
 
+def optimizer_needing_weights(plan: ir.Plan, stage: ir.Stage) -> str | None:
+    """The optimizer that cannot step ``stage`` when it trains no weight under an engine whose limits say
+    :attr:`EngineLimits.frozen_stage_fp32_only` ("ZeRO stage 1", "bf16", "fp16"), or None (fp32 without ZeRO,
+    which steps nothing). One rule for the plan's profile (:func:`frozen_stage_problems`) and for the model's
+    own layers (planner.export.deepspeed.check_trainable)."""
+    if stage.zero:
+        return f"ZeRO stage {stage.zero}"
+    return None if plan.precision == "fp32" else plan.precision
+
+
 def frozen_stage_problems(plan: ir.Plan, engine: str) -> list[str]:
-    """Stages that train no weight (all frozen) in bf16/fp16 or under ZeRO, which ``engine``'s optimizers cannot
-    step (:attr:`EngineLimits.frozen_stage_fp32_only`)."""
+    """Stages that train no weight (all frozen) where ``engine``'s optimizer cannot step them
+    (:func:`optimizer_needing_weights`)."""
     out = []
     for i, st in enumerate(plan.stages):
-        layers = plan.profile.layers[st.layers[0]:st.layers[1]]
-        if any(x.param_count * x.trainable_share > 0 for x in layers) or (plan.precision == "fp32" and not st.zero):
+        what = optimizer_needing_weights(plan, st)
+        if what is None or any(x.trainable_params for x in plan.profile.layers[st.layers[0]:st.layers[1]]):
             continue
-        what = f"ZeRO stage {st.zero}" if st.zero else plan.precision
         out.append(f"stage {i} trains no weight (all frozen), and {engine}'s {what} optimizer cannot step a stage "
                    "without any (fp32 without ZeRO can)")
     return out

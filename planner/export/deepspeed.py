@@ -233,12 +233,12 @@ def check_trainable(layers: Sequence[nn.Module], plan: ir.Plan) -> None:
     without ZeRO steps nothing: planner.runnable.frozen_stage_problems); such a plan is refused, naming the
     stage, before any engine is built, by the layers' own ``requires_grad``."""
     for i, st in enumerate(plan.stages):
-        if plan.precision not in COMPUTE_DTYPES and not st.zero:
+        what = runnable.optimizer_needing_weights(plan, st)
+        if what is None:
             continue
         if not any(p.requires_grad for layer in layers[st.layers[0]:st.layers[1]] for p in layer.parameters()):
             where = f"layer {st.layers[0]}" if st.layers[1] - st.layers[0] == 1 else \
                 f"layers {st.layers[0]}-{st.layers[1] - 1}"
-            what = f"ZeRO stage {st.zero}" if st.zero else plan.precision
             raise ExportError(f"stage {i} ({where}) has no trainable weights, and DeepSpeed's {what} optimizer "
                               "cannot step a stage without any",
                               "give the stage a trainable layer (--config), or train it in --precision fp32 with "

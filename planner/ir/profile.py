@@ -153,6 +153,11 @@ class LayerProfile:
     trainable_count: int | None = None
 
     @property
+    def trainable_params(self) -> int:
+        """How many of its parameters train (all of them where ``trainable_count`` is None)."""
+        return self.param_count if self.trainable_count is None else self.trainable_count
+
+    @property
     def trainable_share(self) -> float:
         """The share of the layer's parameters that train (1 when all do, or it has none)."""
         if self.trainable_count is None or self.param_count == 0:

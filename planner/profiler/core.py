@@ -330,9 +330,9 @@ def _layer_profiles(lm: LayeredModel, facts: list[LayerFacts], times: _LayerTime
     layers = []
     trainable = trainable_counts(lm.layers, lm.param_counts)
     for i, f in enumerate(facts):
-        count = trainable[i]
-        trains = lm.param_counts[i] if count is None else count
-        share = _weight_share(f.forward_flops, f.backward_flops, trains, f.input_requires_grad)
+        trains = trainable[i]
+        share = _weight_share(f.forward_flops, f.backward_flops, lm.param_counts[i] if trains is None else trains,
+                              f.input_requires_grad)
         layers.append(LayerProfile(
             name=lm.names[i], type=lm.types[i], forward_s=times.fwd_s[i], backward_s=times.bwd_s[i],
             forward_flops=f.forward_flops, backward_flops=f.backward_flops,
