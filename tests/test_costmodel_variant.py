@@ -217,8 +217,9 @@ def test_activation_memory_per_layer_korthikanti_table_2(t: int, s: int, h: int,
         want, want_sel = sbh * (10 + 24 / t + 5 * a * s / (h * t)), sbh * (10 + 24 / t)
     assert table.act[0, col] == pytest.approx(want, rel=1e-6)
     assert table.act_sel[0, col] == pytest.approx(want_sel, rel=1e-6)
-    # full recomputation keeps the layer input: 2 s b h
+    # full recomputation keeps the layer input: 2 s b h, 2 s b h / t with sequence parallelism
     assert table.in_bytes[0] == pytest.approx(2 * sbh)
+    assert table.kept_in[0, col] == pytest.approx(2 * sbh / (t if sp else 1))
 
 
 def _decoder(blocks_at: tuple[int, ...], n: int = 4) -> ir.ModelProfile:
@@ -243,9 +244,14 @@ def test_full_recomputation_leaves_out_the_layers_after_the_last_block(blocks_at
              for r in ("none", "full")}
     layer = profile.layers[0]
     assert costs["full"].backward_s - costs["none"].backward_s == pytest.approx(redone * layer.forward_s)
-    kept = costs["full"].activation_bytes - profile.input_bytes  # activations of the layers not redone
-    assert kept == pytest.approx((4 - redone) * layer.saved_bytes)
-    assert costs["full"].workspace_bytes == pytest.approx(redone * layer.saved_bytes)
+    head = (4 - redone) * layer.saved_bytes  # activations of the layers not redone
+    if blocks_at:  # each redone layer its own checkpoint: its input kept, one layer's activations redone at a time
+        inputs = profile.input_bytes + (redone - 1) * layer.output_bytes
+        assert costs["full"].activation_bytes == pytest.approx(inputs + head)
+        assert costs["full"].workspace_bytes == pytest.approx(layer.saved_bytes)
+    else:  # the stage as one region (GPipe): its input kept, all its activations redone at once
+        assert costs["full"].activation_bytes == pytest.approx(profile.input_bytes + head)
+        assert costs["full"].workspace_bytes == pytest.approx(redone * layer.saved_bytes)
 
 
 @given(st.lists(st.booleans(), min_size=1, max_size=6), st.data())
@@ -263,7 +269,25 @@ def test_full_recomputation_redoes_exactly_the_stages_layers_before_the_head(blo
                                                                 r), 1, "sgd", None) for r in ("none", "full")}
     layer = profile.layers[0]
     assert costs["full"].backward_s - costs["none"].backward_s == pytest.approx(k * layer.forward_s)
-    assert costs["full"].workspace_bytes == pytest.approx(k * layer.saved_bytes)
+    one_region = k * layer.saved_bytes
+    assert costs["full"].workspace_bytes == pytest.approx(min(k, 1) * layer.saved_bytes if any(blocks) else one_region)
+
+
+def test_full_recomputation_of_a_deep_decoder_keeps_two_sbh_a_layer_and_redoes_one_layer() -> None:
+    # Korthikanti et al. 2022, Table 2: full recomputation keeps the layer input, 2 s b h bytes at 16 bits, per
+    # layer and micro-batch; the backward redoes one layer at a time, so the workspace is one layer's 34 s b h +
+    # 5 a s^2 b, whatever the depth (the stage as one region would hold every layer's at once)
+    s, b, h, a, layers = 512, 1, 256, 8, 24
+    block = _block_profile(s, b, h, a)
+    d = block.to_dict()
+    d["layers"] = [dict(d["layers"][0], name=f"layers.{i}") for i in range(layers)]
+    profile = ir.ModelProfile.from_dict(d)
+    cluster = cluster_from_dict(make_cluster_dict(1, 8, 10**12))
+    stage = ir.Stage((0, layers), ("n0.g0",), ("dp",) * layers, 0, "full")
+    cost = cm.stage_cost_values(profile, cluster, stage, 1, "adam", None, "bf16")
+    sbh = s * b * h
+    assert cost.activation_bytes == pytest.approx(layers * 2 * sbh, rel=1e-6)
+    assert cost.workspace_bytes == pytest.approx(sbh * (34 + 5 * a * s / h), rel=1e-6)
 
 
 def test_megatron_block_form_two_allreduces_each_way() -> None:

@@ -162,17 +162,23 @@ def _partition_worker(rank: int, world: int, port: int, plan_json: str, out: str
     model, example = tiny_mlp()
     module = dsx.build_pipeline_module(model, plan, "cross_entropy", example_input=example)
     local = sorted(int(n.split(".")[0]) for n, _ in module.named_parameters())
+    interval = module.activation_checkpoint_interval
+    chunks = [module.forward_funcs[i:i + interval] for i in range(0, len(module.forward_funcs), interval or 1)]
     Path(out, f"rank{rank}.json").write_text(json.dumps({
         "parts": list(module.parts), "start": module._local_start, "stop": module._local_stop,
-        "layers": sorted(set(local))}))
+        "layers": sorted(set(local)), "interval": interval,
+        "checkpointed": [module._is_checkpointable(c) for c in chunks] if interval else []}))
     torch.distributed.barrier()
 
 
 @pytest.mark.slow
 def test_each_rank_builds_exactly_the_plans_layer_range() -> None:
-    """DeepSpeed's own methods would split 4 layers 2/1/1 or by parameters; the plan says [0,1) [1,3) [3,4)."""
+    """DeepSpeed's own methods would split 4 layers 2/1/1 or by parameters; the plan says [0,1) [1,3) [3,4).
+    Under full recomputation a model without transformer blocks checkpoints each stage as one chunk (GPipe), as
+    the cost model counts it (``ModelProfile.blockwise_recompute``)."""
     plan = tiny_plan("tiny_mlp", [0, 1, 3, 4])
-    assert boundaries(plan) == [0, 1, 3, 4]
+    plan = dataclasses.replace(plan, stages=tuple(dataclasses.replace(s, recompute="full") for s in plan.stages))
+    assert boundaries(plan) == [0, 1, 3, 4] and not plan.profile.blockwise_recompute
     with tempfile.TemporaryDirectory() as out:
         mp.start_processes(_partition_worker, args=(3, _free_port(), json.dumps(plan.to_dict()), out), nprocs=3,
                            join=True, start_method="spawn")
@@ -180,6 +186,7 @@ def test_each_rank_builds_exactly_the_plans_layer_range() -> None:
     assert [g["parts"] for g in got] == [[0, 1, 3, 4]] * 3
     assert [(g["start"], g["stop"]) for g in got] == [(0, 1), (1, 3), (3, 4)]
     assert [g["layers"] for g in got] == [[0], [1, 2], [3]]
+    assert [(g["interval"], g["checkpointed"]) for g in got] == [(1, [True]), (2, [True]), (1, [True])]
 
 
 def test_script_explains_itself_and_names_both_launchers() -> None:
@@ -248,9 +255,11 @@ def test_pipe_by_data_grid_with_zero1_bf16_and_full_recompute_trains_like_one_pr
                                                              (1, 1, [2, 6])]
     assert {(g["zero"], g["bf16"], g["weights"], g["optimizer"]) for g in got} == {
         (1, True, "torch.bfloat16", "DeepSpeedZeroOptimizer")}  # ZeRO-1 keeps fp32 master partitions
-    # full recomputation checkpoints the layers up to the last block as one chunk; the head runs as it is
-    assert [g["checkpoint_interval"] for g in got] == [2, 2, 3, 3]
-    assert [g["checkpointed"] for g in got] == [[True], [True], [True, False], [True, False]]
+    # full recomputation checkpoints each layer up to the last block (a model with blocks, as the cost model
+    # counts it: ModelProfile.blockwise_recompute); the head runs as it is
+    assert [g["checkpoint_interval"] for g in got] == [1, 1, 1, 1]
+    assert [g["checkpointed"] for g in got] == [[True, True], [True, True], [True, True, True, False],
+                                                [True, True, True, False]]
     diff = max_rel_diff(got[-1]["losses"], reference(plan))
     print(f"deepspeed pp2 x dp2 zero1 bf16 full recompute: max relative loss difference {diff:.2e}")
     assert diff < BF16_TOL

@@ -64,6 +64,43 @@ def test_full_recomputation_checkpoints_the_first_layers_and_runs_the_head_as_it
     assert torch.equal(stage(x), nn.Sequential(*layers)(x))
 
 
+def _saved_bytes(stage: nn.Module, x: torch.Tensor) -> int:
+    """Bytes autograd keeps for the backward after one forward of ``stage`` (a tensor counted once)."""
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        stage(x)
+    return sum(seen.values())
+
+
+def test_full_recomputation_per_layer_keeps_each_layers_input_and_trains_the_same() -> None:
+    # each GPT-2 block checkpointed on its own keeps its input, as ModelProfile.blockwise_recompute's cost counts;
+    # one region keeps the stage's input only; both compute the same gradients as no recomputation
+    from planner.profiler.layers import split_model
+
+    torch.manual_seed(0)
+    model, example = tiny_gpt2()
+    blocks = split_model(model, example).layers[1:4]
+    x = torch.randn(2, 8, 32, requires_grad=True)
+    grads = {}
+    for mode, per_layer in (("none", False), ("full", True), ("full", False)):
+        stage = sharding.with_recompute(nn.Sequential(*blocks), mode, per_layer=per_layer)
+        if mode == "full":
+            kept = _saved_bytes(stage, x)
+            assert kept == x.nbytes * (3 if per_layer else 1)
+            assert all(isinstance(m, sharding.Checkpointed) for m in stage) if per_layer else \
+                isinstance(stage, sharding.Checkpointed)
+        x.grad = None
+        stage(x).sum().backward()
+        grads[(mode, per_layer)] = x.grad.clone()
+    assert torch.allclose(grads[("full", True)], grads[("none", False)], atol=1e-6)
+    assert torch.allclose(grads[("full", False)], grads[("none", False)], atol=1e-6)
+
+
 def test_autocast_computes_products_in_bf16_with_fp32_weights() -> None:
     lin = nn.Linear(4, 4)
     out = sharding.with_precision(lin, "bf16")(torch.randn(2, 4))

@@ -129,6 +129,11 @@ def test_one_mode_for_the_whole_job_is_the_best_of_the_plans_forced_to_each_mode
 
 
 def test_the_tight_case_mixes_none_and_full_where_one_job_may_mix_them() -> None:
-    """The case above whose unconstrained optimum mixes the two modes torchtitan runs (so the search splits it)."""
-    plan = search(_tight_llama(8, 10**6), _tight_cluster(1), engine="any", candidates=0)
-    assert [s.recompute for s in plan.stages] == ["full", "full", "full", "none"]
+    """A tight case whose unconstrained optimum mixes the two modes torchtitan runs; torchtitan, one mode per job,
+    finds that neither mode alone fits, and says so rather than emit the mixed plan."""
+    profile, cluster = _tight_llama(4, 2 * 10**6), _tight_cluster(1)
+    plan = search(profile, cluster, engine="any", candidates=0)
+    assert [s.recompute for s in plan.stages] == ["none", "full", "none"]
+    for mode in ("none", "full", "auto"):
+        with pytest.raises(PlannerError):
+            search(profile, cluster, engine="torchtitan", recompute=mode, candidates=0)

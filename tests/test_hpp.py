@@ -30,6 +30,7 @@ def tables(draw, n=None, m=None):
         layer["param_bytes"] = draw(st.sampled_from([0, 1_000, 100_000_000]))
         layer["param_count"] = layer["param_bytes"] // 4
         layer["output_bytes"] = draw(st.sampled_from([1_000, 1_000_000, 100_000_000]))
+        layer["saved_bytes"] = draw(st.sampled_from([1_000, 500_000, 50_000_000]))  # work_max: a maximum
         if layer["param_count"] and draw(st.booleans()):
             layer["in_features"], layer["out_features"] = 64, 64
         if draw(st.booleans()):

@@ -122,15 +122,23 @@ class LayerTable:
     """Per layer and form, the bytes of its gradients on each device (those of its trainable weights)."""
     wsync: np.ndarray
     """Per layer and form, what ``sync`` would be for every weight, frozen ones too (ZeRO-3's gathers)."""
+    kept_in: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    """Per layer and form, the layer's input as held on each device (batch-sharded under ``dp``, replicated
+    under the other forms, but for ``tp`` with sequence parallelism): what checkpointing the layer keeps."""
+    blockwise: bool = False
+    """Whether full recomputation checkpoints each layer on its own (a model with transformer blocks, as
+    Megatron-LM and torchtitan do) rather than the stage as one region (GPipe): :data:`KEYS`' ``ckpt`` and
+    ``work_max``, planner.costmodel.variant."""
     agg_rows: np.ndarray = field(default_factory=lambda: np.zeros(0))
     """What each layer adds to each aggregate of :data:`KEYS`, per form: (len(KEYS), layers, forms)."""
 
     def __post_init__(self) -> None:
         head = self.head[:, None]
         units = np.broadcast_to(self.weight[:, :1] > 0, self.weight.shape).astype(float)
+        kept = self.kept_in if self.kept_in.shape == self.act.shape else np.zeros_like(self.act)
         rows = np.stack([self.fwd + self.bwd, self.fwd, self.sync, *self.static, self.weight, self.act,
                          self.act_sel, self.core, np.where(head, self.fwd, 0.0), np.where(head, self.act, 0.0),
-                         units, self.grad, self.wsync])
+                         units, self.grad, self.wsync, np.where(head, 0.0, kept), np.where(head, 0.0, self.act)])
         object.__setattr__(self, "agg_rows", rows)
 
     def layout_change(self, a: int, b: int) -> bool:
@@ -143,7 +151,7 @@ class LayerTable:
 
 
 KEYS = ("time", "fwd", "sync", "static0", "static1", "static2", "static3", "weight", "act", "act_sel", "core",
-        "fwd_head", "act_head", "units", "grad", "wsync")
+        "fwd_head", "act_head", "units", "grad", "wsync", "ckpt", "work_max")
 """The aggregates of a stage under its forms, per micro-batch and device (``time`` = forward + backward
 with collectives and re-layouts, ``fwd`` its forward part, ``sync`` the gradient synchronisation per
 iteration without latency, ``static<z>`` memory at ZeRO stage z, ``weight`` one copy of the weights,
@@ -151,8 +159,13 @@ iteration without latency, ``static<z>`` memory at ZeRO stage z, ``weight`` one 
 ``fwd_head``/``act_head`` the forward time and activations of the layers after the model's last
 transformer block, which full recomputation leaves out; ``units`` the layers with weights, each an
 FSDP unit under ZeRO-2/3, planner.costmodel.variant; ``grad`` the gradients' bytes, ``wsync`` the
-synchronisation ``sync`` would be for every weight, frozen ones included); the re-layouts add to
-``time`` and ``fwd`` (rows 0 and 1)."""
+synchronisation ``sync`` would be for every weight, frozen ones included; ``ckpt`` the inputs of the layers
+before the head, which checkpointing each layer keeps, and ``work_max`` the largest of their activations, its
+workspace during a backward: the one aggregate taken as a maximum, not a sum, :data:`MAX_KEY`); the re-layouts
+add to ``time`` and ``fwd`` (rows 0 and 1)."""
+MAX_KEY = KEYS.index("work_max")
+"""The aggregate over a stage's layers that is their maximum (planner.costmodel.stage.summarise,
+planner.search.hpp)."""
 
 
 @dataclass(frozen=True)
@@ -255,7 +268,20 @@ def layer_table(profile: ir.ModelProfile, grid: Grid | Group, microbatches: int,
     return LayerTable(n=n, dp=grid.dp, fwd=fwd, bwd=bwd, bww=bww, allowed=allowed, enter=ag_in, leave=ag_out,
                       sync=sync, sync_const=const, weight=weight, static=static, act=act, act_sel=act_sel, core=core,
                       in_bytes=c.in_b, out_bytes=c.out_b,
-                      head=np.arange(len(profile.layers)) >= profile.head_start, grad=grad, wsync=wsync)
+                      head=np.arange(len(profile.layers)) >= profile.head_start, grad=grad, wsync=wsync,
+                      kept_in=_kept_inputs(c.in_b, n, grid.sequence_parallel), blockwise=profile.blockwise_recompute)
+
+
+def _kept_inputs(in_b: np.ndarray, n: int, sequence_parallel: bool) -> np.ndarray:
+    """Each layer's input per device and form, as a checkpoint keeps it: batch-sharded under ``dp``,
+    replicated (all-gathered) under the split forms and ``tp``, whose input sequence parallelism shards
+    (Korthikanti et al. 2022, Table 2: full recomputation keeps ``2 s b h``, ``2 s b h / t`` with sequence
+    parallelism)."""
+    out = np.empty((len(in_b), NF))
+    out[:, DP] = in_b / n
+    out[:, SPLIT_IN] = out[:, SPLIT_OUT] = in_b
+    out[:, TP] = in_b / n if sequence_parallel else in_b
+    return out
 
 
 def _per_device(whole: np.ndarray, n: int) -> np.ndarray:

@@ -43,15 +43,15 @@ from planner import ir
 from planner.cluster import Group, group_of, index, link_between
 from planner.costmodel.collectives import ring_allreduce_s
 from planner.costmodel.engine import charge_plan, zero_comms
-from planner.costmodel.layers import FORM_INDEX, KEYS, Grid, LayerTable, layer_table
+from planner.costmodel.layers import FORM_INDEX, KEYS, MAX_KEY, Grid, LayerTable, layer_table
 from planner.costmodel.precision import Bytes
 from planner.costmodel.variant import Variant, variant_cost
 from planner.errors import PlanError
 
 
 def summarise(table: LayerTable, first: int, end: int, forms: Sequence[int]) -> dict[str, float]:
-    """Sum a stage's per-layer aggregates (planner.costmodel.layers.KEYS) for ``forms`` (indices),
-    re-layouts included, plus ``in_bytes`` (the stage input per micro-batch and device).
+    """Sum a stage's per-layer aggregates (planner.costmodel.layers.KEYS; ``MAX_KEY`` their maximum) for
+    ``forms`` (indices), re-layouts included, plus ``in_bytes`` (the stage input per micro-batch and device).
 
     The stage's input and output are batch-sharded (``dp`` layout): entering a sharded form
     from it costs an all-gather in forward, leaving one to it costs one in backward.
@@ -68,7 +68,10 @@ def summarise(table: LayerTable, first: int, end: int, forms: Sequence[int]) -> 
             total[0] += table.enter[layer]
             if f != FORM_INDEX["dp"]:
                 total[1] += table.enter[layer]
-        total += table.rows(layer)[:, f]
+        row = table.rows(layer)[:, f]
+        most = max(total[MAX_KEY], row[MAX_KEY])
+        total += row
+        total[MAX_KEY] = most
         prev = f
     if prev != FORM_INDEX["dp"]:
         total[0] += table.leave[end - 1]
@@ -154,7 +157,7 @@ def stage_cost_values(profile: ir.ModelProfile, cluster: ir.Cluster, stage: ir.S
                         "check the plan's stages")
     agg = summarise(table, first, end, [FORM_INDEX[f] for f in stage.forms])
     v = variant_cost(agg, agg["in_bytes"], Variant(stage.recompute, stage.zero), microbatches, table.sync_const,
-                     zero_comms(cluster, engine, precision, pipelined, profile.param_count))
+                     zero_comms(cluster, engine, precision, pipelined, profile.param_count), table.blockwise)
     return _stage_cost(profile, cluster, stage, grid, agg, v, microbatches, optimizer, next_devices, table,
                        next_dp or grid.dp)
 

@@ -5,9 +5,15 @@ and the scalar cost of one stage come from the same definition).
 
 - Recomputation (per stage): ``none`` keeps every activation; ``selective`` recomputes the
   attention core (Korthikanti et al. 2022, section 4.2): activations ``act_sel``, backward
-  plus ``core``; ``full`` keeps only the stage input per micro-batch and redoes the forward
-  in backward (GPipe, Huang et al. 2019, section 2.3; Chen et al. 2016), needing one
-  micro-batch's activations as workspace during a backward. Layers after the model's last
+  plus ``core``; ``full`` redoes the forward in backward. In a model with transformer blocks it
+  checkpoints each layer (Megatron-LM's full recomputation with one layer per checkpoint,
+  torchtitan's full activation checkpointing): it keeps every layer's input per micro-batch
+  (``ckpt``; ``2 s b h`` a block, Korthikanti et al. 2022, Table 2) and needs the largest layer's
+  activations as workspace while that layer's backward runs (``work_max``). In a model without
+  blocks (many small layers, whose inputs are most of what they save) it checkpoints the stage
+  as one region: it keeps only the stage input per micro-batch and needs one micro-batch's
+  activations of the whole stage as workspace (GPipe, Huang et al. 2019, section 2.3; Chen et al.
+  2016). ``ModelProfile.blockwise_recompute`` says which. Layers after the model's last
   transformer block (final norm, logits head: ``fwd_head``, ``act_head``) are not redone and
   keep their activations, as in Megatron-LM's and torchtitan's full activation checkpointing,
   which wrap the transformer layers only (``ModelProfile.recomputed_layers``; the exported
@@ -172,9 +178,10 @@ class VariantCost:
 
 
 def variant_cost(agg: Mapping[str, Any], in_bytes: Any, variant: Variant, microbatches: int,
-                 sync_const: float, comms: ZeroComms = PAPER) -> VariantCost:
-    """The stage's costs under ``variant`` from its aggregates (planner.search.hpp.KEYS), with the
-    ZeRO collectives run as ``comms`` says (module doc)."""
+                 sync_const: float, comms: ZeroComms = PAPER, blockwise: bool = False) -> VariantCost:
+    """The stage's costs under ``variant`` from its aggregates (planner.costmodel.layers.KEYS), with the
+    ZeRO collectives run as ``comms`` says, and full recomputation per layer where ``blockwise`` (module
+    doc)."""
     sync = agg["sync"]
     latency = np.where(sync > 0, sync_const, 0.0)
     whole = sync + latency  # the gradients' all-reduce
@@ -196,7 +203,7 @@ def variant_cost(agg: Mapping[str, Any], in_bytes: Any, variant: Variant, microb
         reduced = whole if comms.gather_share else 2.0 * half
         whole = reduced + comms.gather_share * 2.0 * half + (2.0 * op if comms.zero1_unit_ops else 0.0)
     if variant.recompute == "full":
-        time, act, work = time + fwd - agg["fwd_head"], in_bytes + agg["act_head"], agg["act"] - agg["act_head"]
+        time, (act, work) = time + fwd - agg["fwd_head"], _checkpointed(agg, in_bytes, blockwise)
         gather = gather + (fwd - agg["fwd"])  # the forward redone gathers its weights again
     elif variant.recompute == "selective":
         time, act, work = time + agg["core"], agg["act_sel"], 0.0 * in_bytes
@@ -204,6 +211,15 @@ def variant_cost(agg: Mapping[str, Any], in_bytes: Any, variant: Variant, microb
         act, work = agg["act"], 0.0 * in_bytes
     return VariantCost(time, fwd, whole, _static(agg, variant.zero, comms), act, work,
                        _copy(agg, variant.zero, comms), gather)
+
+
+def _checkpointed(agg: Mapping[str, Any], in_bytes: Any, blockwise: bool) -> tuple[Any, Any]:
+    """Full recomputation's activations kept per micro-batch and its workspace during a backward (module
+    doc): per layer, every redone layer's input and the largest redone layer's activations; as one region,
+    the stage's input and all the redone layers' activations. The layers after the last block keep theirs."""
+    if blockwise:
+        return agg["ckpt"] + agg["act_head"], agg["work_max"]
+    return in_bytes + agg["act_head"], agg["act"] - agg["act_head"]
 
 
 def _partition(agg: Mapping[str, Any]) -> Any:

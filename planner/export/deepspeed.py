@@ -11,9 +11,11 @@ the data axis fastest, so stage ``s``'s devices ``stage.devices[j]`` are global 
 ExportError naming the stage and ``--engine deepspeed``): a pipe x data grid with every stage
 the same width ``W`` and no tensor parallelism (DeepSpeed's pipeline has no tensor-split
 layers), schedule ``1f1b`` (its ``TrainSchedule``), ZeRO 0 or 1 (its pipeline engine asserts
-stage < 2) in ``zero_optimization``, recomputation none or full (``activation_checkpoint_interval``
-= the stage's layers up to the model's last transformer block, the only chunk checkpointed), fp32
-or bf16/fp16 in the config.
+stage < 2) in ``zero_optimization``, recomputation none or full (the stage's layers up to the model's
+last transformer block checkpointed: in a model with blocks each on its own, ``activation_checkpoint_interval``
+= 1 and the chunks before the head checkpointed; else as one chunk of that many layers, the only one
+checkpointed; ``ModelProfile.blockwise_recompute``, as the cost model counts it), fp32 or bf16/fp16 in
+the config.
 
 Tied weights (a parameter object used by several layers, GPT-2's ``wte``/``lm_head``) go
 through ``TiedLayerSpec``: the layers of one tie group live in one holder module that every
@@ -193,8 +195,9 @@ def _explicit_class() -> type:
         their floating-point inputs in the engine's compute dtype."""
 
         def __init__(self, layers: Sequence[Any], parts: Sequence[int], compute_dtype: torch.dtype | None = None,
-                     **kwargs: Any) -> None:
+                     recomputed: int = 0, **kwargs: Any) -> None:
             object.__setattr__(self, "_explicit_parts", list(parts))
+            object.__setattr__(self, "_recomputed", recomputed)
             object.__setattr__(self, "_compute_dtype", compute_dtype)
             super().__init__(layers, partition_method="uniform", **kwargs)
 
@@ -212,9 +215,10 @@ def _explicit_class() -> type:
             self._set_bounds(start=self.parts[stage_id], stop=self.parts[stage_id + 1])
 
         def _is_checkpointable(self, funcs: Sequence[Any]) -> bool:
-            """Only the stage's first chunk of ``activation_checkpoint_interval`` layers is checkpointed:
-            its layers up to the model's last transformer block; the head after it runs as it is."""
-            return len(funcs) > 0 and funcs[0] is self.forward_funcs[0]
+            """A chunk is checkpointed when it lies among the stage's first ``recomputed`` layers (its layers up
+            to the model's last transformer block; the head after it runs as it is)."""
+            k = object.__getattribute__(self, "_recomputed")
+            return len(funcs) > 0 and any(f is funcs[0] for f in self.forward_funcs[:k])
 
         def _synchronize_tied_weights(self) -> None:
             # DeepSpeed broadcasts the tied parameters in place with autograd on: c10d's
@@ -253,7 +257,8 @@ def build_pipeline_module(model_or_layers: Any, plan: ir.Plan,
     Needs ``torch.distributed`` initialised with ``len(plan.stages) * width`` processes.
     Every stage casts its floating-point input to the plan's compute dtype (:func:`to_compute_dtype`).
     A stage with ``recompute="full"`` checkpoints its layers up to the model's last transformer block
-    (``ModelProfile.recomputed_layers``) as one region; the head after it keeps its activations.
+    (``ModelProfile.recomputed_layers``), each on its own in a model with blocks, else as one region
+    (``ModelProfile.blockwise_recompute``); the head after it keeps its activations.
     """
     from deepspeed.runtime.pipe.topology import PipeDataParallelTopology
 
@@ -267,10 +272,12 @@ def build_pipeline_module(model_or_layers: Any, plan: ir.Plan,
     topo = PipeDataParallelTopology(num_pp=len(plan.stages), num_dp=width)
     rank = torch.distributed.get_rank()
     stage = plan.stages[topo.get_coord(rank).pipe]
-    interval = plan.profile.recomputed_layers(*stage.layers) if stage.recompute == "full" else 0
+    recomputed = plan.profile.recomputed_layers(*stage.layers) if stage.recompute == "full" else 0
+    interval = min(recomputed, 1) if plan.profile.blockwise_recompute else recomputed
     ckpt = partial(torch.utils.checkpoint.checkpoint, use_reentrant=False)
-    return _CLASS[0](layer_specs(layers), boundaries(plan), COMPUTE_DTYPES.get(plan.precision), topology=topo,
-                     loss_fn=loss_fn, activation_checkpoint_interval=interval, activation_checkpoint_func=ckpt)
+    return _CLASS[0](layer_specs(layers), boundaries(plan), COMPUTE_DTYPES.get(plan.precision), recomputed,
+                     topology=topo, loss_fn=loss_fn, activation_checkpoint_interval=interval,
+                     activation_checkpoint_func=ckpt)
 
 
 SCRIPT = '''\

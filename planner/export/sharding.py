@@ -12,10 +12,13 @@
   FSDP unit (a layer sharing a parameter with another layer of the stage stays in the stage's
   root unit), the stage is the root.
 * Recomputation (``recompute``): ``full`` checkpoints the stage's layers up to the model's last
-  transformer block as one region (only each micro-batch's stage input is kept; GPipe's
-  re-materialisation); the layers after it (final norm, logits head) run outside the region and
-  keep their activations (``ModelProfile.recomputed_layers``; Megatron-LM and torchtitan
-  checkpoint the transformer layers only); ``selective`` checkpoints each layer with a
+  transformer block, each layer on its own in a model with blocks (each layer's input is kept and
+  one layer is redone at a time: Megatron-LM's and torchtitan's full recomputation), else as one
+  region (only each micro-batch's stage input is kept; GPipe's re-materialisation;
+  ``ModelProfile.blockwise_recompute``, as the cost model counts it); the layers after it (final
+  norm, logits head) are not checkpointed and keep their activations
+  (``ModelProfile.recomputed_layers``; Megatron-LM and torchtitan checkpoint the transformer
+  layers only); ``selective`` checkpoints each layer with a
   selective-checkpoint policy that recomputes only the attention core (every
   ``scaled_dot_product`` op; Korthikanti et al. 2022) and saves every other activation.
 * Precision: ``bf16`` runs each stage's forward under ``torch.autocast(dtype=bfloat16)``:
@@ -89,11 +92,17 @@ class Autocast(nn.Module):  # type: ignore[misc]
             return self.inner(x)
 
 
-def with_recompute(stage: nn.Sequential, recompute: str, recomputed: int | None = None) -> nn.Module:
-    """The stage with its recomputation: its first ``recomputed`` layers (default all) as one
-    checkpointed region and the rest as they are (full), each layer (selective), or as is."""
+def with_recompute(stage: nn.Sequential, recompute: str, recomputed: int | None = None,
+                   per_layer: bool = False) -> nn.Module:
+    """The stage with its recomputation: its first ``recomputed`` layers (default all) checkpointed, each
+    on its own where ``per_layer`` (``ModelProfile.blockwise_recompute``) or else as one region, and the rest
+    as they are (full); each layer (selective); or as is."""
     if recompute == "full":
-        k = len(stage) if recomputed is None else recomputed
+        k = min(len(stage), len(stage) if recomputed is None else recomputed)
+        if per_layer:
+            for j in range(k):
+                stage[j] = Checkpointed(stage[j], "full")
+            return stage
         if k >= len(stage):
             return Checkpointed(stage, "full")
         return nn.Sequential(Checkpointed(stage[:k], "full"), *stage[k:]) if k > 0 else stage

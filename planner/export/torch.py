@@ -136,7 +136,8 @@ def _stage_module(layers: Sequence[nn.Module], plan: ir.Plan, c: int, mesh: Any)
         shard_output = c == len(plan.stages) - 1 and loss_parts(plan) > 1
         parallel.shard_stage(sub, st.forms, mesh["tp"], st.sequence_parallel, c, st.layers[0], shard_output)
     recomputed = plan.profile.recomputed_layers(*st.layers)
-    root = sharding.with_precision(sharding.with_recompute(sub, st.recompute, recomputed), plan.precision)
+    recompute = sharding.with_recompute(sub, st.recompute, recomputed, plan.profile.blockwise_recompute)
+    root = sharding.with_precision(recompute, plan.precision)
     if st.zero in (2, 3):
         sharding.fully_shard_stage(root, list(sub), mesh["dp"], st.zero)
     return root

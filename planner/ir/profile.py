@@ -298,6 +298,17 @@ class ModelProfile:
         blocks = [i for i, layer in enumerate(self.layers) if layer.block is not None]
         return blocks[-1] + 1 if blocks else len(self.layers)
 
+    @property
+    def blockwise_recompute(self) -> bool:
+        """Whether full recomputation checkpoints each layer on its own, keeping every layer's input and
+        redoing one layer at a time in backward (a model with transformer blocks: Megatron-LM's
+        ``--recompute-granularity full --recompute-method uniform --recompute-num-layers 1``, torchtitan's
+        full activation checkpointing, Korthikanti et al. 2022's ``2 s b h`` per layer), rather than the stage
+        as one region that keeps only its input and redoes all its layers at once (GPipe's
+        re-materialisation, Huang et al. 2019: a model of many small layers, whose inputs add up to most of
+        what they save)."""
+        return any(layer.block is not None for layer in self.layers)
+
     def recomputed_layers(self, first: int, end: int) -> int:
         """How many of stage ``[first, end)``'s layers, from its first, full recomputation checkpoints:
         all of them, but for the layers after the model's last transformer block, whose forward is

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner import ir
-from planner.costmodel import KEYS, NF, SHARDED, LayerTable
+from planner.costmodel import KEYS, MAX_KEY, NF, SHARDED, LayerTable
 
 _CHANGE = np.array([[SHARDED[a] != SHARDED[b] for b in range(NF)] for a in range(NF)], dtype=float)
 _ENTER_FWD = np.array([[not SHARDED[a] and SHARDED[b] for b in range(NF)] for a in range(NF)], dtype=float)
@@ -93,6 +93,8 @@ class StageTables:
     lean: bool = False
     sync_const: float = 0.0
     """The table's gradient-synchronisation latency (planner.costmodel.LayerTable.sync_const)."""
+    blockwise: bool = False
+    """Whether full recomputation checkpoints each layer (planner.costmodel.LayerTable.blockwise)."""
 
     @property
     def time(self) -> np.ndarray:
@@ -114,14 +116,14 @@ def stage_tables_many(tables: Sequence[LayerTable], bounds: Sequence[int] | np.n
     swept = [i for i, t in enumerate(tables) if not only_dp(t)]
     for i, t in enumerate(tables):
         if i not in swept:  # every layer dp: prefix sums
-            out[i] = StageTables(_dp_only(t, b), _in_bytes(t, b, nb), lean[i], t.sync_const)
+            out[i] = StageTables(_dp_only(t, b), _in_bytes(t, b, nb), lean[i], t.sync_const, t.blockwise)
     if swept:
         mem_w = [memory_weight(tables[i], microbatches, lean[i]) for i in swept]
         res = _chain_sweep([tables[i] for i in swept], b, microbatches, mem_w)
         for g, i in enumerate(swept):
             t = tables[i]
             out[i] = StageTables({k: res[g, x] for x, k in enumerate(KEYS)}, _in_bytes(t, b, nb), lean[i],
-                                 t.sync_const)
+                                 t.sync_const, t.blockwise)
     return [x for x in out if x is not None]
 
 
@@ -211,7 +213,9 @@ def _extend_chains(cost: np.ndarray, agg: np.ndarray, m: int, enter: np.ndarray,
     cost[:] = trans.min(axis=2) + lc[None]
     ef = _ENTER_FWD[arg, _COLS] * enter[None, :, None]
     eb = _ENTER_BWD[arg, _COLS] * enter[None, :, None]
-    agg[:] = pick(agg, arg) + add[None]
+    picked = pick(agg, arg)
+    agg[:] = picked + add[None]
+    agg[:, :, MAX_KEY] = np.maximum(picked[:, :, MAX_KEY], add[None, :, MAX_KEY])
     agg[:, :, 0] += ef + eb
     agg[:, :, 1] += ef
 
@@ -234,8 +238,18 @@ def _dp_only(table: LayerTable, b: np.ndarray) -> dict[str, np.ndarray]:
     upper = None
     for i, k in enumerate(KEYS):
         pre = np.concatenate([[0.0], np.cumsum(rows[i])])[b]
-        diff = pre[None, :] - pre[:, None]
+        diff = _range_max(rows[i], b) if i == MAX_KEY else pre[None, :] - pre[:, None]
         if upper is None:
             upper = np.triu(np.ones_like(diff, dtype=bool), k=1)
         out[k] = np.where(upper, diff, np.inf if k == "time" else 0.0)
+    return out
+
+
+def _range_max(row: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``out[a, j]``: the largest of ``row`` over layers ``[b[a], b[j])`` (0 where empty)."""
+    out = np.zeros((len(b), len(b)))
+    for a in range(len(b) - 1):
+        running = np.maximum.accumulate(row[b[a]:b[-1]])
+        ends = b[a + 1:] - b[a] - 1
+        out[a, a + 1:] = running[ends]
     return out

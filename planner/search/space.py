@@ -279,7 +279,8 @@ def tensor_degrees(group: Group, batch_size: int, microbatches: int, space: Spac
 def option_cost(prob: Problem, key: int, option: Option) -> tuple[StageTables, VariantCost]:
     """The stage tables of ``option`` on grid ``key`` and its variant's costs (planner.costmodel.variant)."""
     t = prob.tables[key][1 if option.lean else 0]
-    return t, variant_cost(t.agg, t.in_bytes[:, None], option.variant, prob.microbatches, t.sync_const, prob.comms)
+    return t, variant_cost(t.agg, t.in_bytes[:, None], option.variant, prob.microbatches, t.sync_const, prob.comms,
+                           t.blockwise)
 
 
 def options(prob: Problem, key: int) -> list[Option]:
