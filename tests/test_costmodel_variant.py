@@ -75,7 +75,7 @@ def test_torchs_zero1_broadcasts_the_parameters_after_the_all_reduce() -> None:
     assert cm.zero_comms(cluster, "torch").gather_share == 0.5
     deepspeed = cm.zero_comms(cluster, "deepspeed")
     assert (deepspeed.gather_share, deepspeed.sync_last_backward, deepspeed.unit_op_s) == (0.0, False, 0.0)
-    assert cm.zero_comms(cluster, "any") == cm.PAPER
+    assert cm.zero_comms(cluster, "any") == dataclasses.replace(cm.PAPER, prefetch=True)  # GPUs: beside the compute
     torch = cm.variant_cost(AGG, 0.1, cm.Variant("none", 1), 4, 0.0, cm.ZeroComms(gather_share=0.5)).sync
     assert torch == pytest.approx(3.0) and cm.variant_cost(AGG, 0.1, cm.Variant("none", 1), 4, 0.0).sync == 2.0
     stage = ir.Stage((0, 1), tuple(g.name for g in cluster.gpus), ("dp",), 0, zero=1)
@@ -153,6 +153,36 @@ def test_fsdp_per_micro_batch_as_the_paper_with_each_units_collective_cost(m: in
     assert redone.gather == pytest.approx(3 * (1.0 + 3 * op_s))  # and the forward redone gathers again
     none = cm.variant_cost(AGG, 0.1, cm.Variant("none", 0), m, 0.0, paper)
     assert none.sync == 2.0  # ZeRO-0's all-reduce has no FSDP units
+
+
+@given(st.floats(0.0, 20.0), st.floats(0.1, 20.0), st.integers(1, 8), st.integers(1, 8),
+       st.sampled_from([2, 3]), st.booleans(), st.sampled_from(["none", "full"]))
+def test_prefetched_collectives_add_what_the_compute_cannot_hide(comm: float, fwd: float, units: int, m: int,
+                                                              zero: int, last: bool, recompute: str) -> None:
+    """Where ZeRO's collectives run beside the compute (FSDP's prefetch on a GPU's own stream), a forward or
+    backward takes max(compute + one unit's share, comm): never longer than in turn, as long with one unit
+    (nothing to overlap), and the comm itself when it exceeds the compute."""
+    agg = {**AGG, "sync": 2.0 * comm, "wsync": 2.0 * comm, "fwd": fwd, "time": 2.5 * fwd, "units": float(units)}
+    base = cm.ZeroComms(sync_last_backward=last)
+    serial = cm.variant_cost(agg, 0.1, cm.Variant(recompute, zero), m, 0.0, base)
+    beside = cm.variant_cost(agg, 0.1, cm.Variant(recompute, zero), m, 0.0, dataclasses.replace(base, prefetch=True))
+    per_step = {"serial": m * serial.time + serial.sync, "beside": m * beside.time + beside.sync}
+    assert per_step["beside"] <= per_step["serial"] * (1 + 1e-12) + 1e-12
+    if units == 1:
+        assert per_step["beside"] == pytest.approx(per_step["serial"])
+    if zero == 3 and not last and recompute == "none":
+        bwd = 1.5 * fwd
+        want = max(fwd + comm / units, comm) + max(bwd + 2 * comm / units, 2 * comm)
+        assert beside.time == pytest.approx(want) and beside.sync == 0.0
+        assert beside.gather == pytest.approx(want - 2.5 * fwd)
+
+
+def test_overlap_is_for_devices_with_processors_of_their_own() -> None:
+    # GPUs run NCCL beside the compute; CPU processes sharing a node's cores (a calibrated cluster) do not
+    gpus = _big_cluster(1, 4)
+    cpus = dataclasses.replace(gpus, nodes=tuple(dataclasses.replace(n, concurrent_devices=2.0) for n in gpus.nodes))
+    assert cm.zero_comms(gpus, "any").prefetch and cm.zero_comms(gpus, "torch").prefetch
+    assert not cm.zero_comms(cpus, "any").prefetch and not cm.zero_comms(cpus, "torch").prefetch
 
 
 def test_a_stage_pays_the_clusters_measured_unit_cost_for_each_layer_with_weights() -> None:

@@ -166,5 +166,7 @@ def test_zero3s_gathers_are_data_parallel_communication_not_compute(recompute: s
     z0 = stage_costs(dataclasses.replace(plan, stages=(dataclasses.replace(stage, zero=0),)))[0]
     assert c.forward_s + c.backward_s - c.zero_gather_s == pytest.approx(z0.forward_s + z0.backward_s)
     plain = stage_costs(dataclasses.replace(plan, stages=(dataclasses.replace(stage, recompute="none"),)))[0]
-    gathers = 3 if recompute == "full" else 2  # forward and backward, and the forward redone
-    assert c.zero_gather_s == pytest.approx(plain.zero_gather_s * gathers / 2)
+    forward_gather = plain.forward_s - z0.forward_s  # what the forward's gathers add (prefetched on GPUs)
+    assert forward_gather > 0
+    redone = forward_gather if recompute == "full" else 0.0  # the forward redone gathers again
+    assert c.zero_gather_s == pytest.approx(plain.zero_gather_s + redone)

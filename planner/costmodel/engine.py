@@ -65,13 +65,15 @@ def zero_comms(cluster: ir.Cluster, engine: str, precision: str = "fp32", pipeli
     its ZeRO-1 traffic, ZeRO-2/3 reduction (for a plan of two or more stages where ``pipelined``) and
     gradient copies from :data:`planner.runnable.ENGINES` (the copies' bytes at ``precision``), each
     FSDP unit's collective cost from the cluster's measured ``per_shard_s``, ZeRO-1's buffers for a model
-    of ``param_count`` parameters; the paper's for ``any``; an all-gather's cost over half an all-reduce's from
+    of ``param_count`` parameters; the paper's for ``any``; whether they run beside the compute
+    (:func:`overlaps_collectives`); an all-gather's cost over half an all-reduce's from
     the intra-node links' bus bandwidths (ZeRO's groups inside a server, as a calibrated CPU cluster's are)."""
     intra = cluster.link("intra_node")
     scale = intra.allreduce_Bps / intra.allgather_Bps
+    prefetch = overlaps_collectives(cluster)
     limits = ENGINES.get(engine)
     if limits is None:
-        return replace(PAPER, shard_scale=scale)
+        return replace(PAPER, shard_scale=scale, prefetch=prefetch)
     own = cluster.engine_overhead(engine)
     copy = limits.grad_copy
     grad_elem = 2 if precision == "fp16" else 4  # fp32 gradients reduced, but under fp16 (GradCopy)
@@ -82,7 +84,15 @@ def zero_comms(cluster: ir.Cluster, engine: str, precision: str = "fp32", pipeli
     master = 1.0 if copies and precision == "fp32" else 0.0  # and an fp32 gradient partition in the step
     return ZeroComms(limits.zero1_gather_share, limits.syncs_last_backward(pipelined), own.per_shard_s if own else 0.0,
                      copy.zero, cap, grad_elem / weight_elem, limits.zero1_per_unit, buffers, copy.held,
-                     master, 4.0 / weight_elem if copies else 0.0, scale)
+                     master, 4.0 / weight_elem if copies else 0.0, prefetch, scale)
+
+
+def overlaps_collectives(cluster: ir.Cluster) -> bool:
+    """Whether ZeRO's collectives run beside the compute on ``cluster`` (planner.costmodel.variant): on devices
+    with processors of their own (GPUs: NCCL runs on its own stream), not on CPU processes that share a
+    node's cores (``concurrent_devices``, set by ``planner calibrate``), where a collective takes a core from
+    the compute (gloo's threads) and every FSDP unit's gather or reduction costs its Python time in turn."""
+    return all(node.concurrent_devices is None for node in cluster.nodes)
 
 
 def plan_overhead(plan: ir.Plan) -> EngineOverhead:

@@ -32,6 +32,11 @@ and the scalar cost of one stage come from the same definition).
   is in the table's ``static<z>``. Frozen weights (fine-tuning: ``LayerProfile.trainable_count``)
   have no gradients and no optimizer state, so ``A``, ``H`` and the partitions ``W / d`` below are the
   trainable weights'; only ZeRO-3's gathers move every weight (``wsync``: FSDP shards frozen ones too).
+- Where the collectives run beside the compute (``prefetch``: GPUs, whose NCCL collectives have their
+  own stream; not CPU processes sharing their cores), ZeRO-3's all-gathers of a forward or backward and
+  its reduce-scatters, and ZeRO-2's reduce-scatters, add to it only what its compute cannot hide, and
+  at least one unit's share (:func:`_exposed`; FSDP's forward and backward prefetching); elsewhere they
+  add in full, as above.
 - How an engine runs them (:class:`ZeroComms`, :func:`planner.costmodel.engine.zero_comms`). An
   engine whose ZeRO-1 moves more than the paper's ``A`` pays its extra share of ``A`` too
   (``gather_share``: torch's, whose gradients are all-reduced and whose ZeroRedundancyOptimizer
@@ -115,6 +120,9 @@ class ZeroComms:
     zero1_grad_share: float = 0.0
     """ZeRO-1's transient through the optimizer step, in shares of ``W / d``: its partition's gradients
     flattened into fp32 (DeepSpeed's; module doc)."""
+    prefetch: bool = False
+    """Whether ZeRO-2/3's collectives run beside the compute (module doc: GPUs, whose collectives have their own
+    stream; not CPU processes that share their cores)."""
     shard_scale: float = 1.0
     """One all-gather or reduce-scatter over half an all-reduce of the same bytes: the links' all-reduce bus
     bandwidth over their all-gather's (``planner.ir.Link``; 1 where the cluster gives neither, as NCCL's
@@ -182,26 +190,7 @@ def variant_cost(agg: Mapping[str, Any], in_bytes: Any, variant: Variant, microb
     """The stage's costs under ``variant`` from its aggregates (planner.costmodel.layers.KEYS), with the
     ZeRO collectives run as ``comms`` says, and full recomputation per layer where ``blockwise`` (module
     doc)."""
-    sync = agg["sync"]
-    latency = np.where(sync > 0, sync_const, 0.0)
-    whole = sync + latency  # the gradients' all-reduce
-    half = (sync * comms.shard_scale + latency) / 2.0  # one all-gather or reduce-scatter of them
-    # ZeRO-3 gathers every weight, frozen ones too (equal to ``half`` where all train)
-    whalf = (agg["wsync"] * comms.shard_scale + np.where(agg["wsync"] > 0, sync_const, 0.0)) / 2.0
-    op = agg["units"] * comms.unit_op_s  # one collective of every unit of the stage
-    time, fwd, gather = agg["time"], agg["fwd"], 0.0 * sync
-    if variant.zero == 3:
-        if comms.sync_last_backward:  # gathered in each backward; the first forward's and the reduce per step
-            time, whole, gather = time + whalf + op, (whalf + op) + (half + op), whalf + op
-        else:  # gathered in each forward and backward, reduced in each backward
-            time, fwd, whole = time + 2.0 * (whalf + op), fwd + whalf + op, microbatches * (half + op)
-            gather = 2.0 * (whalf + op)
-    elif variant.zero == 2:
-        reduces = 1 if comms.sync_last_backward else microbatches
-        whole = (1 + reduces) * (half + op)
-    elif variant.zero == 1:  # all-reduced and then gathered beyond the paper (torch's), else reduce-scattered
-        reduced = whole if comms.gather_share else 2.0 * half
-        whole = reduced + comms.gather_share * 2.0 * half + (2.0 * op if comms.zero1_unit_ops else 0.0)
+    time, fwd, whole, gather = _zero_times(agg, variant.zero, microbatches, sync_const, comms)
     if variant.recompute == "full":
         time, (act, work) = time + fwd - agg["fwd_head"], _checkpointed(agg, in_bytes, blockwise)
         gather = gather + (fwd - agg["fwd"])  # the forward redone gathers its weights again
@@ -211,6 +200,49 @@ def variant_cost(agg: Mapping[str, Any], in_bytes: Any, variant: Variant, microb
         act, work = agg["act"], 0.0 * in_bytes
     return VariantCost(time, fwd, whole, _static(agg, variant.zero, comms), act, work,
                        _copy(agg, variant.zero, comms), gather)
+
+
+def _zero_times(agg: Mapping[str, Any], zero: int, microbatches: int, sync_const: float, comms: ZeroComms
+                ) -> tuple[Any, Any, Any, Any]:
+    """Under ZeRO stage ``zero`` (module doc): forward + backward per micro-batch, its forward, the
+    synchronisation per iteration, and the part of the first that is ZeRO-3's (or 2's) collectives."""
+    sync = agg["sync"]
+    latency = np.where(sync > 0, sync_const, 0.0)
+    whole = sync + latency  # the gradients' all-reduce
+    half = (sync * comms.shard_scale + latency) / 2.0  # one all-gather or reduce-scatter of them
+    # ZeRO-3 gathers every weight, frozen ones too (equal to ``half`` where all train)
+    whalf = (agg["wsync"] * comms.shard_scale + np.where(agg["wsync"] > 0, sync_const, 0.0)) / 2.0
+    op, units, pre = agg["units"] * comms.unit_op_s, agg["units"], comms.prefetch  # op: every unit's collective once
+    time, fwd = agg["time"], agg["fwd"]
+    bwd = time - fwd
+    if zero == 3 and comms.sync_last_backward:  # gathered in each backward; the first forward's and the reduce per step
+        g = _exposed(whalf, bwd, units, pre) + op
+        return time + g, fwd, (whalf + op) + (half + op), g
+    if zero == 3:  # gathered in each forward and backward, reduced in each backward (beside it where prefetched)
+        gf = _exposed(whalf, fwd, units, pre) + op
+        gb = _exposed(whalf + half, bwd, units, pre) + 2.0 * op if pre else whalf + op
+        return time + gf + gb, fwd + gf, 0.0 * sync if pre else microbatches * (half + op), gf + gb
+    if zero == 2 and pre and not comms.sync_last_backward:  # reduce-scattered beside each backward
+        g = _exposed(half, bwd, units, pre) + op
+        return time + g, fwd, half + op, g
+    if zero == 2:
+        reduces = 1 if comms.sync_last_backward else microbatches
+        return time, fwd, (1 + reduces) * (half + op), 0.0 * sync
+    if zero == 1:  # all-reduced and then gathered beyond the paper (torch's), else reduce-scattered
+        reduced = whole if comms.gather_share else 2.0 * half
+        whole = reduced + comms.gather_share * 2.0 * half + (2.0 * op if comms.zero1_unit_ops else 0.0)
+    return time, fwd, whole, 0.0 * sync
+
+
+def _exposed(comm: Any, compute: Any, units: Any, prefetch: bool) -> Any:
+    """What ``comm`` seconds of ZeRO collectives over a stage's ``units`` add to ``compute`` seconds of its
+    forward or backward: all of them, or where they are prefetched beside the compute (FSDP's all-gather of
+    the next unit during this unit's compute, its reduce-scatter during the next one's: Zhao et al., "PyTorch
+    FSDP", VLDB 2023, backward and forward prefetching) what the compute cannot hide, and at least one unit's
+    share, which waits with nothing beside it: ``max(comm - compute, comm / units)``."""
+    if not prefetch:
+        return comm
+    return np.maximum(comm - compute, comm / np.maximum(units, 1.0))
 
 
 def _checkpointed(agg: Mapping[str, Any], in_bytes: Any, blockwise: bool) -> tuple[Any, Any]:
