@@ -58,7 +58,9 @@ and predicted (scripts/bench_published.py: Megatron-LM SC'21 Table 1, BLOOM-176B
 runs with full and with selective recomputation and sequence parallelism; layers timed by the
 roofline at each row's tensor degree, one fitted constant: planner.gpus.SUSTAINED), target
 predicted/published TFLOP/s per GPU within 0.85..1.15, also through planner profile's own analytic
-profile; about 30 s. Usage::
+profile; then torchtitan's published FSDP runs of Llama 2 and 3 on 64 A100s through planner profile's
+analytic profile of the transformers model (scripts/published_fsdp.py), predicted/published tokens per
+second per GPU; about 40 s. Usage::
 
     .venv/bin/python scripts/validate_fidelity.py [--models cnn,rescnn,gpt2,llama] [--engines deepspeed,torch]
         [--plans 1x1,1x4,2x2,2x8,4x4,4x8] [--repeats 3] [--steps 6] [--group-attempts 3] [--no-quality] [--quality-only]
@@ -307,6 +309,23 @@ def print_published() -> None:
               f"{'' if ok else '  (outside)'}; via planner profile {via:.2f}")
     print(f"  {inside} of {len(ROWS)} inside; sustained share {SUSTAINED} fitted on the 'fit' rows; 'via planner "
           "profile': the same plan over planner profile's analytic profile of a GPT-2 of the row's widths")
+    print_fsdp()
+
+
+def print_fsdp() -> None:
+    """torchtitan's published FSDP runs of Llama on 64 A100s (scripts/published_fsdp.py), held out."""
+    from published_fsdp import ROWS, fsdp_fidelity
+
+    inside = 0
+    for row in ROWS:
+        judged, ratio = fsdp_fidelity(row)
+        ok = PUBLISHED_TARGET[0] <= ratio <= PUBLISHED_TARGET[1]
+        inside += ok
+        print(f"  {row.name:17}    64 A100s FSDP (ZeRO-3), local batch {row.local_batch} x {row.seq}, {row.recompute} "
+              f"recomputation: fits {judged.fits!s:5} predicted/published {ratio:.2f} held out"
+              f"{'' if ok else '  (outside)'}")
+    print(f"  {inside} of {len(ROWS)} inside (torchtitan's docs/performance.md, through planner profile's analytic "
+          "profile of the transformers model)")
 
 
 PUBLISHED_TARGET = (0.85, 1.15)

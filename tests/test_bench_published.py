@@ -1,6 +1,6 @@
-"""scripts/bench_published.py: published runs written as plans, as their papers ran them (issue 15's and
-issue 11's published figures): they fit, Megatron-LM's are predicted within 0.85..1.15 of the published
-throughput, and the planner's own plan is no slower."""
+"""scripts/bench_published.py and scripts/published_fsdp.py: published runs written as plans, as their papers
+ran them (issue 15's and issue 11's published figures): they fit, they are predicted within 0.85..1.15 of the
+published throughput, and the planner's own plan is no slower."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
 import bench_published as bp
+import published_fsdp as pf
 
 from planner import gpus
 from planner.judge import judge
@@ -99,3 +100,16 @@ def test_the_planners_own_analytic_profile_predicts_published_runs(name: str) ->
     row = next(r for r in bp.ROWS if r.name == name)
     _, _, judged, ratio = bp.profiler_fidelity(row)
     assert 0.85 <= ratio <= 1.15 and judged.fits
+
+
+@pytest.mark.parametrize("row", pf.ROWS, ids=lambda r: r.name)
+def test_torchtitans_published_fsdp_runs_fit_and_are_predicted_within_15_percent(row: pf.FsdpRun) -> None:
+    """torchtitan's Llama runs with FSDP on 64 A100s, profiled as a user would (analytic, the transformers model):
+    the 70B runs with full checkpointing fit (each block keeps its input; the stage as one checkpoint needed 259 GiB)
+    and the predicted throughput, FSDP's gathers beside the compute, is within 0.85..1.15 of the published."""
+    judged, ratio = pf.fsdp_fidelity(row)
+    assert judged.fits, judged.reason
+    (stage,) = judged.plan.stages
+    assert (stage.tp, stage.dp, stage.zero, stage.recompute) == (1, 64, 3, row.recompute)
+    assert judged.plan.micro_batch_size(stage) == row.local_batch
+    assert 0.85 <= ratio <= 1.15
