@@ -16,8 +16,8 @@ per-rank micro-batch; ``[training]`` local (per data-parallel rank: its batch wi
 micro-batch without, which torchtitan accumulates; :func:`local_batch_size`) and global batch, sequence
 length, ``mixed_precision_param`` (bf16: bfloat16 parameters in FSDP's policy, or autocast
 under DDP; fp32 master weights either way); ``[activation_checkpoint] mode`` none or full
-(torchtitan's full mode checkpoints each block: the blocks are redone and the norm and output
-not, as the plan's cost counts, but each block's input is kept rather than only the stage's).
+(torchtitan's full mode checkpoints each block: each block's input is kept and the blocks are
+redone, the norm and output not, as the plan's cost counts: ``ModelProfile.blockwise_recompute``).
 
 What torchtitan cannot express is refused (ExportError with the reason, from planner.runnable's
 torchtitan limits, which the search honours): ZeRO-1 (torchtitan shards with FSDP or
