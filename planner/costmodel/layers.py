@@ -122,7 +122,7 @@ class LayerTable:
     """Per layer and form, the bytes of its gradients on each device (those of its trainable weights)."""
     wsync: np.ndarray
     """Per layer and form, what ``sync`` would be for every weight, frozen ones too (ZeRO-3's gathers)."""
-    kept_in: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    kept_in: np.ndarray
     """Per layer and form, the layer's input as held on each device (batch-sharded under ``dp``, replicated
     under the other forms, but for ``tp`` with sequence parallelism): what checkpointing the layer keeps."""
     blockwise: bool = False
@@ -135,10 +135,10 @@ class LayerTable:
     def __post_init__(self) -> None:
         head = self.head[:, None]
         units = np.broadcast_to(self.weight[:, :1] > 0, self.weight.shape).astype(float)
-        kept = self.kept_in if self.kept_in.shape == self.act.shape else np.zeros_like(self.act)
         rows = np.stack([self.fwd + self.bwd, self.fwd, self.sync, *self.static, self.weight, self.act,
                          self.act_sel, self.core, np.where(head, self.fwd, 0.0), np.where(head, self.act, 0.0),
-                         units, self.grad, self.wsync, np.where(head, 0.0, kept), np.where(head, 0.0, self.act)])
+                         units, self.grad, self.wsync, np.where(head, 0.0, self.kept_in),
+                         np.where(head, 0.0, self.act)])
         object.__setattr__(self, "agg_rows", rows)
 
     def layout_change(self, a: int, b: int) -> bool:
