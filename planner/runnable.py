@@ -24,52 +24,8 @@ from dataclasses import dataclass
 
 from planner import ir
 from planner.errors import PlanError
+from planner.grad_buffers import DEEPSPEED_ALLREDUCE_PARAMS, GRAD_BUCKET_BYTES, NO_COPY, GradCopy
 from planner.schedule import SCHEDULE_KINDS, find_kind
-
-GRAD_BUCKET_BYTES = 25 * 2**20
-"""The torch export's data-parallel gradients are summed in flat buckets of at most this many bytes
-(one all-reduce each; a larger gradient is reduced in place), as PyTorch DDP does by default
-(``bucket_cap_mb=25``; planner.export.sharding)."""
-
-DEEPSPEED_ALLREDUCE_PARAMS = 500_000_000
-"""DeepSpeed's pipeline engine all-reduces ZeRO-0 gradients in flat buckets of this many elements
-(``MEMORY_OPT_ALLREDUCE_SIZE``, deepspeed/runtime/engine.py: ``allreduce_gradients``,
-``allreduce_no_retain``)."""
-
-
-DEEPSPEED_ZERO1_BUCKET_PARAMS = 50_000_000
-"""The most elements the DeepSpeed export lets its ZeRO-1 reduce at a time (``reduce_bucket_size``).
-DeepSpeed's ZeRO-1 allocates two fp32 buffers of ``reduce_bucket_size`` elements whole, for the
-step's reduction (deepspeed/runtime/zero/stage_1_and_2.py: ``setup_buckets``, ``reduce_gradients``
-with a pipeline): 3.8 GB on every rank at its default of 5e8, whatever the model (measured on CPU,
-``scripts/bench_zero.py --engine deepspeed``). The export writes :func:`deepspeed_bucket_params`."""
-
-
-def deepspeed_bucket_params(param_count: int) -> int:
-    """``reduce_bucket_size`` for a model of ``param_count`` parameters: no more than the model, at most
-    :data:`DEEPSPEED_ZERO1_BUCKET_PARAMS` (200 MB of fp32 gradients per all-reduce keeps a link's
-    bandwidth)."""
-    return max(1, min(DEEPSPEED_ZERO1_BUCKET_PARAMS, param_count))
-
-
-@dataclass(frozen=True)
-class GradCopy:
-    """How an engine's data-parallel gradient all-reduce copies the gradients into flat buffers (under
-    the ZeRO stages ``zero``): at most ``cap_bytes``, or ``cap_params`` elements, at a time, while the
-    gradients themselves are still held: a transient on top of the static memory after the last
-    backward (planner.costmodel.variant). The gradients reduced are fp32 (the torch export keeps
-    fp32 parameters under autocast; DeepSpeed's bf16 optimizer reduces its fp32 gradients), fp16
-    ones under fp16. No copy: the empty default.
-
-    ``held``: the buffers cover every gradient and live as long as the model, allocated once (PyTorch
-    DDP's buckets with its default ``gradient_as_bucket_view=False``, which torchtitan's ``replicate``
-    keeps: torch/nn/parallel/distributed.py; DDP's documentation puts the memory that setting saves at
-    "the total gradients size"): static memory, not a transient, and no cap."""
-
-    zero: tuple[int, ...] = ()
-    cap_bytes: float = 0.0
-    cap_params: float = 0.0
-    held: bool = False
 
 
 @dataclass(frozen=True)
@@ -112,7 +68,7 @@ class EngineLimits:
     """From how many pipeline stages its schedule reduce-scatters ZeRO-2/3 gradients once a step, after
     the last backward, keeping the weights gathered between backwards (planner.costmodel.variant):
     torch's always (1), torchtitan's with a pipeline (2: without one its FSDP runs alone), never (None)."""
-    grad_copy: GradCopy = GradCopy()
+    grad_copy: GradCopy = NO_COPY
     """The flat copies its ZeRO-0/1 gradient all-reduce makes (:class:`GradCopy`)."""
     zero1_per_unit: bool = False
     """Whether its ZeRO-1 pays each layer's unit cost (``per_shard_s``) twice a step: its reduction into

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from planner import costmodel as cm
 from planner import ir
 from planner.cluster import cluster_from_dict, group_of
-from planner.runnable import FormRules, deepspeed_bucket_params
+from planner.grad_buffers import deepspeed_bucket_params
+from planner.runnable import FormRules
 from tests.conftest import make_cluster_dict, make_profile_dict
 
 PSI = 7_500_000_000  # the ZeRO paper's 7.5B-parameter example

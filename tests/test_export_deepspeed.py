@@ -66,11 +66,11 @@ def test_zero_1s_buffers_are_bounded_and_charged_as_the_export_writes_them() -> 
     """The cost model charges a DeepSpeed ZeRO-1 stage the two fp32 buffers of the reduce_bucket_size the
     export writes: at most the model's parameters, at most 5e7 elements (and, for fp32 weights, its fp32
     copy of the partition, ``W / d``)."""
-    from planner import runnable
+    from planner import grad_buffers
     from planner.costmodel import stage_cost_values
 
-    assert runnable.deepspeed_bucket_params(10**6) == 10**6
-    assert runnable.deepspeed_bucket_params(10**10) == runnable.DEEPSPEED_ZERO1_BUCKET_PARAMS == 5 * 10**7
+    assert grad_buffers.deepspeed_bucket_params(10**6) == 10**6
+    assert grad_buffers.deepspeed_bucket_params(10**10) == grad_buffers.DEEPSPEED_ZERO1_BUCKET_PARAMS == 5 * 10**7
     plan = tiny_plan("tiny_mlp", [0, 2, -1], width=2)
     one = dataclasses.replace(plan.stages[0], zero=1)
     zero = dataclasses.replace(plan.stages[0], zero=0)

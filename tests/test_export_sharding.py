@@ -137,7 +137,7 @@ def test_sum_grads_is_one_all_reduce_per_bucket_and_writes_every_gradient_back(
 
 def test_sum_grads_reduces_a_gradient_over_the_bucket_limit_in_place(monkeypatch: pytest.MonkeyPatch) -> None:
     """A bucket of one contiguous gradient is all-reduced as it is: the flat copy never holds more
-    than the limit (the transient the cost model charges, planner.runnable.GradCopy)."""
+    than the limit (the transient the cost model charges, planner.grad_buffers.GradCopy)."""
     import torch.distributed as dist
 
     seen: list[torch.Tensor] = []

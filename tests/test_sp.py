@@ -221,7 +221,7 @@ def test_dp_objective_charges_fsdp_units_collectives_the_prediction_charges(zero
 @pytest.mark.parametrize("engine", ["torch", "deepspeed"])
 def test_the_dp_fits_the_gradient_copy_after_the_last_backward_as_the_plans_memory_does(engine: str) -> None:
     """A data-parallel stage whose engine copies its gradients into a flat buffer to all-reduce them
-    (planner.runnable.GradCopy) fits only where its static bytes and that copy do: the DP's fit and the
+    (planner.grad_buffers.GradCopy) fits only where its static bytes and that copy do: the DP's fit and the
     plan's peak memory agree at the byte."""
     d = make_profile_dict(2, batch_size=8)
     for layer in d["layers"]:

@@ -40,8 +40,9 @@ from dataclasses import replace
 
 from planner import ir
 from planner.costmodel.variant import PAPER, ZeroComms
+from planner.grad_buffers import deepspeed_bucket_params
 from planner.ir import EngineOverhead
-from planner.runnable import ENGINES, deepspeed_bucket_params
+from planner.runnable import ENGINES
 from planner.schedule import schedule_kind
 
 __all__ = ["EngineOverhead", "charge", "charge_plan", "engine_overhead", "plan_overhead", "stage_overhead_s",

@@ -55,7 +55,7 @@ and the scalar cost of one stage come from the same definition).
   reduce-scatter of one FSDP unit (``units``: a layer with weights) costs ``unit_op_s`` beyond its
   bytes (the engine's ``per_shard_s``, measured by ``planner calibrate``). An engine whose ZeRO-0/1
   all-reduce copies the gradients into flat buffers (``copy_zero``; torch's export and DeepSpeed's
-  pipeline engine, :class:`planner.runnable.GradCopy`) holds ``min(G, cap)`` more bytes while it
+  pipeline engine, :class:`planner.grad_buffers.GradCopy`) holds ``min(G, cap)`` more bytes while it
   reduces, ``G`` the gradients as reduced (``copy_scale`` times the weights' bytes: fp32 gradients
   of 16-bit weights are twice their bytes): after the last backward, when the activations are
   gone, so a stage's peak is ``static + max(activations in flight + workspace, copy)``
@@ -63,7 +63,7 @@ and the scalar cost of one stage come from the same definition).
   (``copy_held``: DDP's, with its default ``gradient_as_bucket_view=False``; torchtitan's ZeRO-0)
   holds ``G`` more static bytes instead. DeepSpeed's ZeRO-1 holds two fp32 reduction buffers of ``reduce_bucket_size``
   elements through the step's backward (``zero1_buffer_bytes``, counted with its static bytes; the
-  export bounds that size, planner.runnable.deepspeed_bucket_params); ZeRO 0 then stays a choice beside 1.
+  export bounds that size, planner.grad_buffers.deepspeed_bucket_params); ZeRO 0 then stays a choice beside 1.
   Its ZeRO-1 reduces into partitions and all-gathers the parameters parameter by parameter in Python:
   ``unit_op_s`` twice a step per layer with weights (``zero1_unit_ops``), measured as torch's FSDP is.
   It also keeps an fp32 master copy of its partition ``W / d`` when the weights are fp32 (the paper's

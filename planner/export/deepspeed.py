@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from planner import ir, runnable
+from planner import grad_buffers, ir, runnable
 from planner.errors import ExportError, PlanError
 from planner.export.data import sub_batch
 from planner.export.layers import as_layers, check_layers_match
@@ -110,9 +110,9 @@ def ds_config(plan: ir.Plan, lr: float | None = None) -> dict[str, Any]:
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
         # ZeRO-1 allocates two fp32 buffers of reduce_bucket_size elements (5e8 by default: 3.8 GB a
-        # rank); bounded here, and charged by the cost model (planner.runnable.deepspeed_bucket_params)
+        # rank); bounded here, and charged by the cost model (planner.grad_buffers.deepspeed_bucket_params)
         "zero_optimization": {"stage": plan.stages[0].zero,
-                              **({"reduce_bucket_size": runnable.deepspeed_bucket_params(plan.profile.param_count)}
+                              **({"reduce_bucket_size": grad_buffers.deepspeed_bucket_params(plan.profile.param_count)}
                                  if plan.stages[0].zero == 1 else {})},
         # ZeRO wraps the torch optimizers above; DeepSpeed asks to confirm those it did not test
         **({"zero_allow_untested_optimizer": True} if plan.stages[0].zero else {}),

@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from planner.export.optim import torch_optimizer
-from planner.runnable import GRAD_BUCKET_BYTES
+from planner.grad_buffers import GRAD_BUCKET_BYTES
 
 ATTENTION_CORE = "scaled_dot_product"
 """Ops whose name contains this are the attention core that selective recomputation redoes."""
@@ -192,8 +192,8 @@ def sum_grads(params: Sequence[nn.Parameter], group: Any, divisor: int = 1,
     all-reduce per bucket of flattened gradients (:func:`grad_buckets`, at most ``limit_bytes``),
     copied back in place; a
     bucket of one contiguous gradient is reduced in place, so the flat copy never exceeds
-    :data:`planner.runnable.GRAD_BUCKET_BYTES` (the transient the cost model charges,
-    :class:`planner.runnable.GradCopy`)."""
+    :data:`planner.grad_buffers.GRAD_BUCKET_BYTES` (the transient the cost model charges,
+    :class:`planner.grad_buffers.GradCopy`)."""
     import torch.distributed as dist
 
     grads = []

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planner import ir
-from planner.runnable import GRAD_BUCKET_BYTES
+from planner.grad_buffers import GRAD_BUCKET_BYTES
 from planner.schedule import find_kind
 from planner.simulate.events import Event
 from planner.simulate.trace import chrome_trace
