@@ -16,8 +16,8 @@ PURE_MODULES = [
     "planner.search.brute", "planner.search.baselines", "planner.search.interleave", "planner.simulate",
     "planner.compare", "planner.simulate.trace", "planner.judge", "planner.validate", "planner.api",
     "planner.search.bounds", "planner.search.tables", "planner.search.rerank", "planner.search.partitioners",
-    "planner.search.pipedream", "planner.search.descent", "planner.costmodel.engine", "planner.runnable", "planner.grad_buffers",
-    "planner.explain", "planner.gpus",
+    "planner.search.pipedream", "planner.search.descent", "planner.costmodel.engine", "planner.runnable",
+    "planner.explain", "planner.gpus", "planner.grad_buffers",
     "planner.outputs", "planner.consistency", "planner.schemas",
 ]
 
