@@ -91,9 +91,9 @@ def zero_comms(cluster: ir.Cluster, engine: str, precision: str = "fp32", pipeli
 def overlaps_collectives(cluster: ir.Cluster) -> bool:
     """Whether ZeRO's collectives run beside the compute on ``cluster`` (planner.costmodel.variant): on devices
     with processors of their own (GPUs: NCCL runs on its own stream), not on CPU processes that share a
-    node's cores (``concurrent_devices``, set by ``planner calibrate``), where a collective takes a core from
+    node's cores (``ir.Node.shares_cores``, set by ``planner calibrate``), where a collective takes a core from
     the compute (gloo's threads) and every FSDP unit's gather or reduction costs its Python time in turn."""
-    return all(node.concurrent_devices is None for node in cluster.nodes)
+    return not any(node.shares_cores for node in cluster.nodes)
 
 
 def plan_overhead(plan: ir.Plan) -> EngineOverhead:

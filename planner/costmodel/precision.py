@@ -163,7 +163,7 @@ def rescale_note(profile: ir.ModelProfile, cluster: ir.Cluster, precision: str) 
 def _matched_factor(profile: ir.ModelProfile, cluster: ir.Cluster) -> float | None:
     """:attr:`Rescale.matched_factor`: 1 / the least core share, for a CPU profile on a cluster whose
     every node shares its cores among CPU processes; else None."""
-    shared = all(node.concurrent_devices is not None for node in cluster.nodes)
+    shared = all(node.shares_cores for node in cluster.nodes)
     if not profile.device.lower().startswith("cpu") or not shared or not cluster.nodes:
         return None
     return 1.0 / min(node.core_share for node in cluster.nodes)

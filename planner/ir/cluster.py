@@ -116,6 +116,12 @@ class Node:
         return self.fair_share(computing) * efficiency
 
     @property
+    def shares_cores(self) -> bool:
+        """Whether its devices are processes sharing its processors (``concurrent_devices`` set: CPU
+        processes, as ``planner calibrate`` finds them), not devices with processors of their own (GPUs)."""
+        return self.concurrent_devices is not None
+
+    @property
     def core_share(self) -> float:
         """Each device's speed when all compute at once, as a share of its speed alone (1 when
         they share nothing): :meth:`speed` of all its devices."""

@@ -155,7 +155,7 @@ def plan_options(plan: ir.Plan, options: SimOptions | None = None) -> SimOptions
     opts = options or SimOptions()
     if opts.core_nodes:
         return opts
-    shared = tuple(n for n in plan.cluster.nodes if n.concurrent_devices is not None)
+    shared = tuple(n for n in plan.cluster.nodes if n.shares_cores)
     return dataclasses.replace(opts, core_nodes=shared) if shared else opts
 
 

@@ -101,7 +101,7 @@ class CoreShare:
     def __init__(self, lanes_devices: Sequence[Sequence[str]], nodes: Sequence[ir.Node]) -> None:
         self.pool_of: dict[int, CorePool] = {}
         for node in nodes:
-            if node.concurrent_devices is None:
+            if not node.shares_cores:
                 continue
             names = {g.name for g in node.gpus}
             widths = {lane: n for lane, devs in enumerate(lanes_devices) if (n := sum(d in names for d in devs))}
