@@ -313,19 +313,10 @@ def print_published() -> None:
 
 
 def print_fsdp() -> None:
-    """torchtitan's published FSDP runs of Llama on 64 A100s (scripts/published_fsdp.py), held out."""
-    from published_fsdp import ROWS, fsdp_fidelity
+    """torchtitan's published FSDP runs of Llama on 64 A100s, held out (scripts/published_fsdp.py)."""
+    from published_fsdp import report
 
-    inside = 0
-    for row in ROWS:
-        judged, ratio = fsdp_fidelity(row)
-        ok = PUBLISHED_TARGET[0] <= ratio <= PUBLISHED_TARGET[1]
-        inside += ok
-        print(f"  {row.name:17}    64 A100s FSDP (ZeRO-3), local batch {row.local_batch} x {row.seq}, {row.recompute} "
-              f"recomputation: fits {judged.fits!s:5} predicted/published {ratio:.2f} held out"
-              f"{'' if ok else '  (outside)'}")
-    print(f"  {inside} of {len(ROWS)} inside (torchtitan's docs/performance.md, through planner profile's analytic "
-          "profile of the transformers model)")
+    report()
 
 
 PUBLISHED_TARGET = (0.85, 1.15)
