@@ -5,10 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
+from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
 from planner.profiler import load_model, profile_model
-from planner.profiler.flops import flop_counter
+from planner.profiler.flops import attention_backward_flops, attention_flops, flop_counter
 
 
 def _count(fn: object) -> int:
@@ -69,3 +72,25 @@ def test_op_flops_follows_the_counters_formulas_per_call() -> None:
         conv(img)
     assert sum(seen) == _count(lambda: lin(x)) + _count(lambda: conv(img))
     assert 0.0 in seen and 2 * 8 * 32 * 16 in seen  # relu counts nothing, the linear its matmul
+
+
+def test_grouped_query_attention_counts_every_query_head() -> None:
+    """Fewer key and value heads than query heads (Llama's GQA): counted, not rejected as torch before 2.13
+    did, and as many FLOPs as with the key and value repeated to every head."""
+    q = torch.randn(2, 8, 16, 4, requires_grad=True)
+    kv = torch.randn(2, 2, 16, 4, requires_grad=True)
+    fwd = _count(lambda: F.scaled_dot_product_attention(q, kv, kv, is_causal=True, enable_gqa=True))
+    assert fwd == 2 * (2 * 2 * 8 * 16 * 16 * 4)
+    out = F.scaled_dot_product_attention(q, kv, kv, is_causal=True, enable_gqa=True)
+    assert _count(lambda: out.backward(torch.ones_like(out))) == fwd * 5 // 2
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 8), st.sampled_from([1, 2, 4]), st.integers(1, 64), st.integers(1, 64),
+       st.sampled_from([8, 64, 128]), st.sampled_from([8, 64, 128]))
+def test_attention_formulas_equal_torchs_own(b: int, kv_heads: int, group: int, s_q: int, s_k: int, d_qk: int,
+                                             d_v: int) -> None:
+    """The formulas are torch 2.13's (which takes grouped-query shapes) for every shape."""
+    q, k, v = (b, kv_heads * group, s_q, d_qk), (b, kv_heads, s_k, d_qk), (b, kv_heads, s_k, d_v)
+    assert attention_flops(q, k, v) == sdpa_flop_count(q, k, v)
+    assert attention_backward_flops(q, k, v) == sdpa_backward_flop_count((b, kv_heads * group, s_q, d_v), q, k, v)

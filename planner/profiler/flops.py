@@ -4,8 +4,11 @@ Which counter and why: fvcore's ``FlopCountAnalysis`` traces the forward only (n
 FLOPs) and has no handle for ``scaled_dot_product_attention``; torch's ``FlopCounterMode``
 counts forward and backward at the aten level (mm, addmm, bmm, baddbmm, convolution and its
 backward, the CUDA SDPA kernels) but misses the CPU SDPA kernel
-(``aten._scaled_dot_product_flash_attention_for_cpu`` and its backward), which we add with
-torch's own SDPA formulas. So the counts here cover convolutions, linear layers, matmuls and
+(``aten._scaled_dot_product_flash_attention_for_cpu`` and its backward), and before torch 2.13
+rejects grouped-query shapes (fewer key and value heads than query heads) in its SDPA formulas,
+which stopped a measured profile of a Llama on a GPU with torch 2.11. So every fused SDPA kernel,
+CPU and CUDA, is counted here by torch's formulas written for any number of key and value heads
+(:func:`attention_flops`). So the counts here cover convolutions, linear layers, matmuls and
 attention, forward and backward, on CPU, CUDA and the meta device. Like both counters,
 element-wise ops (ReLU, batch and layer norm, softmax outside SDPA, pooling) count zero:
 they are a small share of the FLOPs of the zoo models (well under 1%) but not of their time,
@@ -20,33 +23,52 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils.flop_counter import (
-    FlopCounterMode,
-    flop_registry,
-    sdpa_backward_flop_count,
-    sdpa_flop_count,
-    shape_wrapper,
-)
+from torch.utils.flop_counter import FlopCounterMode, flop_registry, shape_wrapper
 
 FLOP_COUNTER = "torch.utils.flop_counter.FlopCounterMode + CPU SDPA formulas"
 
 
-def _cpu_sdpa(query: Any, key: Any, value: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
-    return int(sdpa_flop_count(query, key, value))
+def attention_flops(query: Any, key: Any, value: Any) -> int:
+    """Forward FLOPs of fused attention on ``(batch, heads, tokens, head_dim)`` shapes: ``Q K^T`` and the
+    weights times ``V``, each over every query head. Key and value may have fewer heads (grouped-query
+    attention: each is shared by ``heads_q / heads_kv`` query heads, which the kernel broadcasts), as
+    torch's own formula takes from torch 2.13 on; older ones reject such shapes."""
+    b, h_q, s_q, d_qk = query
+    s_k, d_v = key[2], value[3]
+    return 2 * b * h_q * s_q * s_k * (d_qk + d_v)
 
 
-def _cpu_sdpa_backward(grad_out: Any, query: Any, key: Any, value: Any, *args: Any, out_shape: Any = None,
-                       **kwargs: Any) -> int:
-    return int(sdpa_backward_flop_count(grad_out, query, key, value))
+def attention_backward_flops(query: Any, key: Any, value: Any) -> int:
+    """Backward FLOPs of fused attention (shapes as :func:`attention_flops`): torch's five products, the
+    scores recomputed, the gradients of the weights, ``V``, ``Q`` and ``K``."""
+    b, h_q, s_q, d_qk = query
+    s_k, d_v = key[2], value[3]
+    return 2 * b * h_q * s_q * s_k * (3 * d_qk + 2 * d_v)
+
+
+def _sdpa(query: Any, key: Any, value: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    return attention_flops(query, key, value)
+
+
+def _sdpa_backward(grad_out: Any, query: Any, key: Any, value: Any, *args: Any, out_shape: Any = None,
+                   **kwargs: Any) -> int:
+    return attention_backward_flops(query, key, value)
+
+
+_FUSED_ATTENTION = ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
+                    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention")
+"""The SDPA kernels whose forward takes ``query, key, value`` first and whose ``_backward`` takes
+``grad_out, query, key, value`` first (their aten schemas)."""
 
 
 def _custom_mapping() -> dict[Any, Any]:
     aten = torch.ops.aten
     mapping: dict[Any, Any] = {}
-    if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
-        mapping[aten._scaled_dot_product_flash_attention_for_cpu] = _cpu_sdpa
-    if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward"):
-        mapping[aten._scaled_dot_product_flash_attention_for_cpu_backward] = _cpu_sdpa_backward
+    for name in _FUSED_ATTENTION:
+        if hasattr(aten, name):
+            mapping[getattr(aten, name)] = _sdpa
+        if hasattr(aten, f"{name}_backward"):
+            mapping[getattr(aten, f"{name}_backward")] = _sdpa_backward
     return mapping
 
 
