@@ -12,6 +12,9 @@ Pure (no torch). Each entry is a vendor data-sheet figure, dense (no structured 
   at 2.039 TB/s (NVIDIA A100 Tensor Core GPU data sheet).
 - H100 SXM: fp32 67, tf32 494.7, bf16 and fp16 989.4 TFLOP/s; 80 GiB HBM3 at 3.35 TB/s
   (NVIDIA H100 Tensor Core GPU data sheet; half the sparsity figures).
+- H200 SXM: the H100's die (the same peaks, 132 SMs) with 141 GB HBM3e at 4.8 TB/s (NVIDIA H200
+  data sheet); catalogued as 140 GiB, the 143771 MiB the card reports. It takes the H100's GEMM
+  and attention shares; ``scripts/gpu_checks.py`` measures the product rate on one.
 
 A format a GPU has no fast path for (bf16 on Turing and Volta) is absent from its
 ``peak_flops``; asking for it is an error rather than a silent fp32 figure.
@@ -45,6 +48,20 @@ For the analytic roofline (``planner.profiler.roofline``):
 - ``launch_s``: :data:`LAUNCH_S`, 4 microseconds per kernel: PyTorch's eager dispatch plus the CUDA
   launch, of the order of the few microseconds per launch NVIDIA reports ("Getting Started with
   CUDA Graphs", NVIDIA technical blog, 2019); the same for every GPU, since the host pays most of it.
+- ``host_s``: :data:`HOST_S`, 35 microseconds per kernel: what the host spends, in Python modules,
+  autograd and dispatch, per kernel of a layer run eagerly, so that a layer of many small kernels
+  is host-bound (its time is its kernels times ``host_s``, not their sum on the GPU). Measured on an
+  H200 machine's host with PyTorch 2.11 (``scripts/gpu_checks.py``, docs/fidelity.md): a 2-block
+  Llama at 16 tokens, whose GPU work is nil, took 40 microseconds per kernel of its blocks and 49 of
+  its head, forward and backward; a loop of bare in-place adds 8.3 (``scripts/gpu_rates.py``). A host
+  property more than a GPU one: the same for every GPU.
+- ``unaligned_share``: :data:`UNALIGNED_GEMM_SHARE`, 0.17: a bf16, fp16 or tf32 matrix product
+  with M, K or N not a multiple of 16 bytes (8 elements of bf16) misses the tensor cores' fast
+  kernels (NVIDIA's Matrix Multiplication Background guide, section 4.1, "Tensor Core
+  Requirements"). Measured on an H200 (``scripts/gpu_rates.py``): GPT-2's output layer, 8192 x
+  768 x 50257, ran its forward and both backward products at 118-148 TFLOP/s against 711-816 with
+  the vocabulary padded to 50304 (0.15-0.18), and an 8191-cubed product at 150 against 801 for
+  8192 (0.19); 0.17 is their median. A multiple of 8 not of 64 (50264) kept 0.84-0.95.
 """
 
 from __future__ import annotations
@@ -110,6 +127,14 @@ LAUNCH_S = 4e-6
 SUSTAINED = 0.81
 """Share of the best-case GEMM and attention figures a training run sustains (module docstring: fitted by
 ``scripts/bench_published.py --fit``)."""
+HOST_S = 35e-6
+"""Host seconds per kernel of a layer run eagerly (module docstring): a layer's forward or backward takes at least
+its kernels times this, however fast the GPU."""
+UNALIGNED_GEMM_SHARE = 0.17
+"""Share of its aligned rate a tensor-core matrix product keeps when a size is not a multiple of 16 bytes (module
+docstring)."""
+TENSOR_CORE_FORMATS = frozenset({"bf16", "fp16", "tf32"})
+"""The number formats whose matrix products run on tensor cores (and so want 16-byte sizes)."""
 MAMF_A100_SXM = 267.9 / 312.0
 """Bekman's MAMF table: A100 SXM bf16 matmul, 267.9 of 312 TFLOP/s."""
 MAMF_H100_SXM = 792.1 / 989.0
@@ -144,6 +169,8 @@ _CATALOG: tuple[GPUSpec, ...] = (
     _spec("a100", "NVIDIA A100 SXM 80GB", 80, 2.039e12, 108, (MAMF_A100_SXM, FA2_A100),
           fp32=19.5, tf32=156.0, bf16=312.0, fp16=312.0),
     _spec("h100", "NVIDIA H100 SXM 80GB", 80, 3.35e12, 132, (MAMF_H100_SXM, FA2_H100),
+          fp32=67.0, tf32=494.7, bf16=989.4, fp16=989.4),
+    _spec("h200", "NVIDIA H200 SXM 141GB", 140, 4.8e12, 132, (MAMF_H100_SXM, FA2_H100),
           fp32=67.0, tf32=494.7, bf16=989.4, fp16=989.4),
 )
 GPUS: MappingProxyType[str, GPUSpec] = MappingProxyType({g.name: g for g in _CATALOG})
@@ -191,6 +218,11 @@ class Roofline:
     launch_s: float
     attention_share: float | None = None
     """Large fused-attention share of peak (None: ``gemm_share``)."""
+    unaligned_share: float = 1.0
+    """Share of its rate a matrix product keeps with a size not a multiple of 16 bytes (:data:`UNALIGNED_GEMM_SHARE`
+    for tensor-core formats, 1 elsewhere)."""
+    host_s: float = 0.0
+    """Host seconds per kernel (:data:`HOST_S`): a layer's walk takes at least its kernels times this."""
 
     def efficiency(self, tiles: float, attention: bool = False) -> float:
         """Share of peak a GEMM-like (or fused attention) kernel over ``tiles`` 128 x 128 tiles reaches
@@ -199,10 +231,13 @@ class Roofline:
         share = self.attention_share if attention and self.attention_share is not None else self.gemm_share
         return share * tiles / (tiles + self.sm_count / 2)
 
-    def kernel(self, flops: float, bytes_moved: float, tiles: float, attention: bool = False) -> tuple[float, bool]:
-        """(seconds, memory-bound?) of one kernel: ``max(compute, memory) + launch_s``."""
+    def kernel(self, flops: float, bytes_moved: float, tiles: float, attention: bool = False,
+               aligned: bool = True) -> tuple[float, bool]:
+        """(seconds, memory-bound?) of one kernel: ``max(compute, memory) + launch_s``; a matrix product with a
+        size off the 16-byte grid (``aligned`` False) computes at ``unaligned_share`` of the rate."""
         memory_s = bytes_moved / self.bandwidth_Bps
-        compute_s = flops / (self.peak_flops * self.efficiency(tiles, attention)) if flops > 0 else 0.0
+        rate = self.peak_flops * self.efficiency(tiles, attention) * (1.0 if aligned else self.unaligned_share)
+        compute_s = flops / rate if flops > 0 else 0.0
         return max(compute_s, memory_s) + self.launch_s, memory_s >= compute_s
 
 
@@ -210,5 +245,7 @@ def roofline_of(gpu: str, number_format: str, sustained: float = SUSTAINED) -> R
     """The roofline of catalogued GPU ``gpu`` computing in ``number_format`` (fp32, tf32, bf16, fp16), its
     GEMM and attention shares at ``sustained`` of their best cases."""
     spec = gpu_spec(gpu)
+    unaligned = UNALIGNED_GEMM_SHARE if number_format in TENSOR_CORE_FORMATS else 1.0
     return Roofline(spec.peak(number_format), spec.large_gemm_share(number_format) * sustained, spec.sm_count,
-                    spec.memory_bandwidth_Bps, spec.launch_s, spec.fused_attention_share(number_format) * sustained)
+                    spec.memory_bandwidth_Bps, spec.launch_s, spec.fused_attention_share(number_format) * sustained,
+                    unaligned, HOST_S)

@@ -12,6 +12,10 @@ sequences of ``--seq`` tokens in bf16:
    iteration from the measured and from the analytic profile, and its iteration measured by
    ``planner run`` on the torch engine (one process, ``--steps`` timed steps): measured/predicted.
 
+``--save DIR`` writes each model's profiles, plan and run as JSON there, for reading after the machine is given
+back; the report ends with the per-layer times and with the GPU's measured bf16 matrix-product rate and memory
+bandwidth beside the catalogue's (``peaks``).
+
 ``--device cpu`` runs the same steps on the CPU (a test of the script itself, with ``--models tiny
 --dtype float32``: the analytic column is then a GPU's roofline against a CPU). Usage::
 
@@ -21,6 +25,7 @@ sequences of ``--seq`` tokens in bf16:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -31,7 +36,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from planner import gpus, ir  # noqa: E402
+from planner import gpus, ir, jsonio  # noqa: E402
 from planner.api import judge_plan, profile_model, run_plan, search_plan  # noqa: E402
 
 MODELS = {"gpt": "gpt2", "llama": "gpu_checks:llama_small", "tiny": "llama-tiny"}
@@ -53,7 +58,7 @@ def gpu_name(device: str) -> str:
     if device != "cuda" or not torch.cuda.is_available():
         return "h100"
     name, memory = torch.cuda.get_device_name().lower(), torch.cuda.get_device_properties(0).total_memory
-    for key in ("h100", "a100", "v100"):
+    for key in ("h200", "h100", "a100", "v100"):
         if key in name:
             return "a100-40gb" if key == "a100" and memory < 60 * 2**30 else key
     raise SystemExit(f"no catalogued GPU matches {name!r}: give --gpu (one of {', '.join(gpus.GPU_NAMES)})")
@@ -77,6 +82,52 @@ def layer_ratios(analytic: ir.ModelProfile, measured: ir.ModelProfile) -> dict[s
     return out
 
 
+def save(folder: Path, key: str, docs: dict[str, dict[str, Any]]) -> None:
+    """Write ``key``'s profiles and plan (planner JSON) to ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, doc in docs.items():
+        jsonio.write_json(folder / f"{key}-{name}.json", doc)
+
+
+def per_layer(analytic: ir.ModelProfile, measured: ir.ModelProfile) -> list[str]:
+    """One Markdown row per layer: its name, measured and analytic forward and backward milliseconds."""
+    return [f"| {m.name} | {m.forward_s * 1e3:.3f} | {a.forward_s * 1e3:.3f} | {m.backward_s * 1e3:.3f} | "
+            f"{a.backward_s * 1e3:.3f} |" for a, m in zip(analytic.layers, measured.layers, strict=True)]
+
+
+def peaks(device: str, gpu: str) -> list[str]:
+    """The device's measured bf16 matrix-product rate (8192 cubed, mean of 10 after 3 warm-ups) and copy bandwidth
+    (bytes read and written), beside the catalogue's peak and large-GEMM share: Markdown lines."""
+    import time
+
+    import torch
+
+    if device != "cuda":
+        return []
+    spec, n = gpus.gpu_spec(gpu), 8192
+    a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    src = torch.empty(2**30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+
+    def timed(step: Any) -> float:
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(10):
+            step()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - start) / 10
+
+    flops = 2 * n**3 / timed(lambda: a @ b)
+    bandwidth = 2 * src.numel() / timed(lambda: dst.copy_(src))
+    return [f"- bf16 matrix product {n}^3: {flops / 1e12:.1f} TFLOP/s measured, {flops / spec.peak('bf16'):.3f} of "
+            f"the catalogue's peak {spec.peak('bf16') / 1e12:.1f} (catalogued large-GEMM share "
+            f"{spec.large_gemm_share('bf16'):.3f})",
+            f"- device copy: {bandwidth / 1e12:.2f} TB/s measured, catalogue "
+            f"{spec.memory_bandwidth_Bps / 1e12:.2f} TB/s"]
+
+
 def check(key: str, args: argparse.Namespace, gpu: str) -> dict[str, Any]:
     """The three checks of one model (module docstring)."""
     model = MODELS[key]
@@ -87,10 +138,26 @@ def check(key: str, args: argparse.Namespace, gpu: str) -> dict[str, Any]:
     plan = search_plan(measured, cluster, optimizer="adam", engine="torch")
     predicted = judge_plan(plan).prediction.iteration_s
     from_analytic = judge_plan(replace(plan, profile=analytic)).prediction.iteration_s
+    if args.save is not None:  # before the run, which may fail
+        save(args.save, key, {"measured": measured.to_dict(), "analytic": analytic.to_dict(), "plan": plan.to_dict()})
     run = run_plan(plan, model, engine="torch", steps=args.steps, warmup=2)
+    if args.save is not None:
+        jsonio.write_text_atomic(args.save / f"{key}-run.json", json.dumps(run, indent=1, default=str))
     return {"model": key, "layers": len(measured.layers), "ratios": layer_ratios(analytic, measured),
+            "per_layer": per_layer(analytic, measured),
             "microbatches": plan.microbatches, "recompute": plan.stages[0].recompute,
             "predicted_s": predicted, "analytic_s": from_analytic, "measured_s": float(run["measured_iteration_s"])}
+
+
+def checked(key: str, args: argparse.Namespace, gpu: str) -> dict[str, Any]:
+    """:func:`check`, or a row that says why it failed (the other models' checks still run)."""
+    try:
+        return check(key, args, gpu)
+    except Exception as exc:  # a diagnostic run reports every failure and goes on
+        import traceback
+
+        traceback.print_exc()
+        return {"model": key, "error": f"{type(exc).__name__}: {exc}".replace("|", "/").splitlines()[0][:300]}
 
 
 def report(rows: list[dict[str, Any]], gpu: str, args: argparse.Namespace) -> str:
@@ -99,10 +166,19 @@ def report(rows: list[dict[str, Any]], gpu: str, args: argparse.Namespace) -> st
              "profile) | predicted s (analytic) | measured s | measured/predicted |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['model']} | failed: {r['error']} |")
+            continue
         cells = [f"{statistics.median(v):.2f} ({min(v):.2f}-{max(v):.2f})" for v in r["ratios"].values()]
         lines.append(f"| {r['model']} | {r['layers']} | {cells[0]} | {cells[1]} | M={r['microbatches']}, "
                      f"{r['recompute']} | {r['predicted_s']:.4g} | {r['analytic_s']:.4g} | {r['measured_s']:.4g} | "
                      f"{r['measured_s'] / r['predicted_s']:.4g} |")
+    for r in rows:
+        if "error" in r:
+            continue
+        lines += ["", f"## {r['model']}: per layer, milliseconds", "",
+                  "| layer | measured fwd | analytic fwd | measured bwd | analytic bwd |", "|---|---|---|---|---|",
+                  *r["per_layer"]]
     return "\n".join(lines) + "\n"
 
 
@@ -116,12 +192,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--save", type=Path, help="write each model's profiles, plan and run as JSON in this folder")
     args = ap.parse_args(argv)
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "scripts"), str(ROOT), os.environ.get("PYTHONPATH", "")])
     sys.path.insert(0, str(ROOT / "scripts"))
     gpu = args.gpu or gpu_name(args.device)
-    rows = [check(key.strip(), args, gpu) for key in args.models.split(",")]
+    rows = [checked(key.strip(), args, gpu) for key in args.models.split(",")]
     text = report(rows, gpu, args)
+    measured_peaks = peaks(args.device, gpu)
+    if measured_peaks:
+        text += "\n## The device's own rates\n\n" + "\n".join(measured_peaks) + "\n"
     print(text)
     if args.out is not None:
         args.out.write_text(text)

@@ -80,3 +80,10 @@ def test_roofline_constants_sms_gemm_shares_and_launch() -> None:
         assert all(0 < spec.large_gemm_share(f) <= 1 for f in spec.peak_flops)
     with pytest.raises(UsageError, match="v100 has no bf16 peak"):
         gpus.gpu_spec("v100").large_gemm_share("bf16")
+
+
+def test_h200_is_the_h100_die_with_more_and_faster_memory() -> None:
+    h100, h200 = gpus.gpu_spec("h100"), gpus.gpu_spec("h200")
+    assert dict(h200.peak_flops) == dict(h100.peak_flops) and h200.sm_count == h100.sm_count == 132
+    assert h200.memory_bytes == 140 * 2**30 and h200.memory_bandwidth_Bps == 4.8e12
+    assert h200.large_gemm_share("bf16") == h100.large_gemm_share("bf16")
