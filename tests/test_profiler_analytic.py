@@ -84,6 +84,9 @@ def test_the_default_is_the_roofline_with_fixed_parts_and_efficiency_overrides_i
     assert all(layer.forward_fixed_s is None for layer in flat.layers)
     number = profile_model(loaded, mode="analytic", device_flops="1e15")  # no GPU: no bandwidth, flat 0.5
     assert number.meta["efficiency"] == 0.5
+    # the loss: by the roofline, as measured profiles time it; none at a flat rate
+    assert prof.loss_s is not None and prof.loss_fixed_s is not None and 0 <= prof.loss_fixed_s < prof.loss_s
+    assert flat.loss_s is None and number.loss_s is None
 
 
 def test_a_device_flops_number_above_what_a_profile_holds_is_refused() -> None:

@@ -3,6 +3,8 @@ the fixed-part law at a third batch size, and a transformer block against a hand
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -15,14 +17,14 @@ from planner import gpus
 from planner.gpus import Roofline, roofline_of
 from planner.profiler import load_model
 from planner.profiler.layers import split_model
-from planner.profiler.roofline import attention_flops, profile_roofline, roofline_pass
+from planner.profiler.roofline import attention_flops, loss_roofline, profile_roofline, roofline_pass
 
 BF16 = torch.bfloat16
 LAUNCH_S = 4e-6
 
 
-def _meta(*shape: int, grad: bool = False) -> torch.Tensor:
-    return torch.empty(*shape, device="meta", dtype=BF16, requires_grad=grad)
+def _meta(*shape: int, grad: bool = False, dtype: torch.dtype = BF16) -> torch.Tensor:
+    return torch.empty(*shape, device="meta", dtype=dtype, requires_grad=grad)
 
 
 def _eff(share: float, sms: int, largest_elements: float) -> float:
@@ -33,8 +35,11 @@ def _eff(share: float, sms: int, largest_elements: float) -> float:
 
 def test_constants_come_from_the_gpu_catalog() -> None:
     best = roofline_of("h100", "bf16", 1.0)
-    assert best == Roofline(989.4e12, 792.1 / 989, 132, 3.35e12, LAUNCH_S, attention_share=0.35)
+    assert best == Roofline(989.4e12, 792.1 / 989, 132, 3.35e12, LAUNCH_S, attention_share=0.35,
+                            unaligned_share=gpus.UNALIGNED_GEMM_SHARE, host_s=gpus.HOST_S)
     assert roofline_of("a100", "fp32", 1.0).gemm_share == 0.80 and roofline_of("a100", "tf32").peak_flops == 156e12
+    assert roofline_of("a100", "fp32").unaligned_share == 1.0  # no tensor cores, no 16-byte fast path
+    assert roofline_of("a100", "tf32").unaligned_share == gpus.UNALIGNED_GEMM_SHARE
     # by default the shares are what training sustains of the best cases (planner.gpus.SUSTAINED)
     sustained = roofline_of("h100", "bf16")
     assert sustained.gemm_share == pytest.approx(792.1 / 989 * gpus.SUSTAINED)
@@ -73,10 +78,32 @@ class _TinyOps(nn.Module):
         return x
 
 
-def test_tiny_kernels_cost_their_launches() -> None:
-    out = roofline_pass([_TinyOps(5)], _meta(1, 1), roofline_of("h100", "bf16"))
-    assert out.launches == [5] and out.forward_s[0] == pytest.approx(5 * LAUNCH_S, rel=1e-3)
+def test_tiny_kernels_cost_their_launches_or_the_hosts_time() -> None:
+    roof = roofline_of("h100", "bf16")
+    out = roofline_pass([_TinyOps(5)], _meta(1, 1), roof)
+    assert out.launches == [5] and out.forward_s[0] == pytest.approx(5 * gpus.HOST_S)  # host-bound
     assert out.backward_s == [0.0]  # the model input needs no gradient
+    on_gpu = roofline_pass([_TinyOps(5)], _meta(1, 1), replace(roof, host_s=0.0))
+    assert on_gpu.forward_s[0] == pytest.approx(5 * LAUNCH_S, rel=1e-3)  # the GPU's side: the launches
+
+
+def test_a_product_off_the_16_byte_grid_runs_at_the_unaligned_share() -> None:
+    """GPT-2's output layer: a vocabulary of 50257 (not a multiple of 8) against the padded 50304."""
+    roof = replace(roofline_of("h100", "bf16", 1.0), host_s=0.0)
+    times = {}
+    for vocab in (50304, 50257):
+        layer = nn.Linear(768, vocab, bias=False).to(device="meta", dtype=BF16)
+        times[vocab] = roofline_pass([layer], _meta(8192, 768), roof).forward_s[0] - LAUNCH_S
+    rate = 2 * 8192 * 768 / roof.peak_flops
+    assert times[50304] == pytest.approx(rate * 50304 / _eff(roof.gemm_share, 132, 8192 * 50304), rel=1e-9)
+    assert times[50257] == pytest.approx(rate * 50257 / _eff(roof.gemm_share, 132, 8192 * 50257)
+                                         / gpus.UNALIGNED_GEMM_SHARE, rel=1e-9)
+    fp32 = replace(roofline_of("h100", "fp32"), host_s=0.0)
+    odd = nn.Linear(768, 50257, bias=False).to(device="meta")
+    even = nn.Linear(768, 50304, bias=False).to(device="meta")
+    per_column = [roofline_pass([m], _meta(8192, 768, dtype=torch.float32), fp32).forward_s[0] / n
+                  for m, n in ((odd, 50257), (even, 50304))]
+    assert per_column[0] == pytest.approx(per_column[1], rel=1e-3)  # fp32 has no such penalty
 
 
 def _linear_s(m: int, k: int, n: int) -> float:
@@ -179,7 +206,10 @@ def test_a_transformer_block_matches_a_hand_count(gpu: str) -> None:
     roof = roofline_of(gpu, "bf16")
     block = _Block(h, 12).to(device="meta", dtype=BF16)
     out = roofline_pass([block], _meta(b, s, h, grad=True), roof)
-    assert out.forward_s[0] == pytest.approx(_hand_count_forward_s(roof, b, s, h), rel=0.01)  # biases, LN stats
+    device_s = _hand_count_forward_s(roof, b, s, h)
+    on_gpu = roofline_pass([block], _meta(b, s, h, grad=True), replace(roof, host_s=0.0))
+    assert on_gpu.forward_s[0] == pytest.approx(device_s, rel=0.01)  # biases, LN stats
+    assert out.forward_s[0] == pytest.approx(max(device_s, 11 * roof.host_s), rel=0.01)  # or the host's time
 
 
 @pytest.mark.parametrize(("name", "overrides", "seq"), [("gpt2", {"n_layer": 2}, 512),
@@ -188,7 +218,7 @@ def test_the_fixed_part_law_predicts_a_third_batch_size(name: str, overrides: di
     batch = 16
     loaded = load_model(name, batch, (seq,), dtype="bfloat16", device="meta", overrides=overrides)
     layers = split_model(loaded.module, loaded.example_input).layers
-    roof = roofline_of("h100", "bf16")
+    roof = replace(roofline_of("h100", "bf16"), host_s=0.0)  # a layer turning host-bound bends the line
     prof = profile_roofline(layers, loaded.example_input, roof)
     assert prof.small_batch == 4
     small = roofline_pass(layers, loaded.example_input[:4], roof)
@@ -214,3 +244,17 @@ def test_identical_blocks_are_walked_once_and_agree_with_a_full_walk() -> None:
     once = roofline_pass(layers, loaded.example_input, roof)
     every = roofline_pass(layers, loaded.example_input, roof, once_per_kind=False)
     assert once == every and len(once.forward_s) == 7
+
+
+def test_the_loss_is_timed_by_the_roofline() -> None:
+    """Cross-entropy in fp32 over bf16 logits, forward and backward: memory-bound passes over the logits."""
+    roof = replace(roofline_of("h100", "bf16"), host_s=0.0)
+    shape = (8, 1024, 50304)
+    loss_s, fixed_s = loss_roofline(shape, BF16, roof)
+    assert loss_s is not None and fixed_s is not None and 0 <= fixed_s < loss_s
+    logit_s = 8 * 1024 * 50304 / roof.bandwidth_Bps  # one byte per logit
+    assert 12 * logit_s <= loss_s <= 80 * logit_s  # at least the fp32 copy and the gradient's way back
+    bigger, _ = loss_roofline((8, 1024, 2 * 50304), BF16, roof)
+    assert bigger is not None and bigger == pytest.approx(2 * loss_s, rel=0.05)
+    assert loss_roofline((8, 1), BF16, roof) == (None, None)  # one class: no loss to take
+    assert loss_roofline((8, 16), torch.long, roof) == (None, None)

@@ -17,9 +17,10 @@ whole-model pass, and a warm-up at each smaller batch.
 
 Analytic mode (load the model on ``device="meta"``: no memory, no compute) times a named
 GPU's kernels by the roofline (``planner.profiler.roofline``; default device: the RTX 2080Ti)
-and fits each layer's fixed part through the roofline at a quarter of the batch; with an
+and fits each layer's fixed part through the roofline at a quarter of the batch, and the
+cross-entropy loss the same way (``loss_s``, ``loss_fixed_s``); with an
 ``efficiency`` or a FLOP/s number it computes FLOPs / (``device_flops`` x ``efficiency``,
-default 0.5) and leaves the fixed parts None.
+default 0.5) and leaves the fixed parts and the loss None.
 
 Both modes refuse what cannot be trained or written (:mod:`planner.profiler.guards`): a model
 with no parameter that requires grad, an output that is not a floating-point tensor requiring
@@ -72,7 +73,7 @@ from planner.profiler.measure import (
 )
 from planner.profiler.passes import NO_RUNS, Passes, Runs, measure_passes
 from planner.profiler.repeats import instrumented_pass_once_per_kind
-from planner.profiler.roofline import profile_roofline, roofline_meta
+from planner.profiler.roofline import loss_roofline, profile_roofline, roofline_meta
 
 Progress = Callable[[int, int, str], None]
 """progress(done, total, what): called as profiling advances."""
@@ -131,10 +132,11 @@ def profile_model(loaded: LoadedModel, *, mode: Literal["measured", "analytic"] 
         fixed = _fixed_costs(times, runs, int(x.shape[0]), small, len(facts))
         extra = _measured_meta(times, runs, x.device, warmup, repeats, elapsed,
                                small if small in runs.smaller else None)
+        loss = runs.loss
     else:
         if flops[0] is None:  # pragma: no cover - analytic mode always has a default device
             raise UsageError("analytic mode needs a device's FLOP/s", "pass --device-flops")
-        times, fixed, extra = _analytic_times(lm, x, facts, (flops[0], flops[1]), efficiency, dtype_label)
+        times, fixed, extra, loss = _analytic_times(lm, x, facts, (flops[0], flops[1]), efficiency, dtype_label)
     meta = {**_meta(lm, times, threads, time.perf_counter() - start, loaded.overrides),
             "instrumented_layers": counted, **extra}
     prof = ModelProfile(
@@ -143,7 +145,7 @@ def profile_model(loaded: LoadedModel, *, mode: Literal["measured", "analytic"] 
             "cpu" if x.device.type == "cpu" else str(x.device.type)),
         device_flops=float(times.flops_value), layers=_layer_profiles(lm, facts, times, fixed, runs),
         input_shape=tuple(x.shape[1:]), input_bytes=x.numel() * x.element_size(),
-        ties=lm.ties, meta=meta, loss_s=runs.loss[0], loss_fixed_s=runs.loss[1],
+        ties=lm.ties, meta=meta, loss_s=loss[0], loss_fixed_s=loss[1],
     )
     check_loadable(prof)
     return prof
@@ -295,9 +297,11 @@ _Fixed = list[tuple[float | None, float | None]]
 
 
 def _analytic_times(lm: LayeredModel, x: torch.Tensor, facts: list[LayerFacts], device: tuple[float, str],
-                    efficiency: float | None, dtype: str) -> tuple[_LayerTimes, _Fixed, dict[str, Any]]:
-    """Per-layer times, fixed parts and meta: the roofline on a named GPU (planner.profiler.roofline),
-    else FLOPs / (device FLOP/s x efficiency) (planner.profiler.analytic) with no fixed parts."""
+                    efficiency: float | None, dtype: str
+                    ) -> tuple[_LayerTimes, _Fixed, dict[str, Any], tuple[float | None, float | None]]:
+    """Per-layer times, fixed parts, meta and the loss's (seconds, fixed part): the roofline on a named GPU
+    (planner.profiler.roofline), else FLOPs / (device FLOP/s x efficiency) (planner.profiler.analytic) with no
+    fixed parts and no loss."""
     flops_value, flops_label = device
     if efficiency is None and flops_label in DEVICE_FLOPS_NAMES:
         gpu, number_format = gpu_format(flops_label, dtype)
@@ -306,13 +310,16 @@ def _analytic_times(lm: LayeredModel, x: torch.Tensor, facts: list[LayerFacts], 
         fwd_s, bwd_s = prof.full.forward_s, prof.full.backward_s
         fixed = list(zip(prof.forward_fixed_s, prof.backward_fixed_s, strict=True))
         meta = roofline_meta(roofline, prof, gpu, number_format)
+        loss = loss_roofline(facts[-1].output_shape, facts[-1].output_dtype, roofline)
     else:
         flat = ANALYTIC_EFFICIENCY if efficiency is None else efficiency
         fwd_s = [analytic_time(f.forward_flops, flops_value, flat) for f in facts]
         bwd_s = [analytic_time(f.backward_flops, flops_value, flat) for f in facts]
         fixed = [(None, None)] * len(facts)
         meta = {"efficiency": flat, "time_formula": "flops / (device_flops * efficiency)"}
-    return _LayerTimes(fwd_s, bwd_s, sum(fwd_s) + sum(bwd_s), flops_value, flops_label, flops_label), fixed, meta
+        loss = (None, None)
+    times = _LayerTimes(fwd_s, bwd_s, sum(fwd_s) + sum(bwd_s), flops_value, flops_label, flops_label)
+    return times, fixed, meta, loss
 
 
 def _fixed_costs(times: _LayerTimes, runs: Runs, batch: int, small: int | None,

@@ -208,10 +208,15 @@ def loss_times(shape: tuple[int, ...], small: int | None, dtype: torch.dtype, de
     return [median(whole), median(part)]
 
 
+def has_logits(shape: Sequence[int], dtype: torch.dtype) -> bool:
+    """Whether an output of ``shape`` and ``dtype`` takes the profiled loss: float, with a class dimension."""
+    return len(shape) >= 2 and dtype.is_floating_point and shape[-1] >= 2
+
+
 def loss_fit(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, sync: Sync, repeats: int,
              small: int | None, clock: Clock = time.perf_counter) -> tuple[float | None, float | None]:
     """(loss_s, loss_fixed_s) for an output of ``shape``; (None, None) when it is no float logits."""
-    if len(shape) < 2 or not dtype.is_floating_point or shape[-1] < 2:
+    if not has_logits(shape, dtype):
         return None, None
     if not small:
         return loss_times(shape, None, dtype, device, sync, repeats, clock)[0], None

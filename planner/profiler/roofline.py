@@ -30,7 +30,13 @@ allocations (``empty*``) launch none. Each kernel costs (Williams, Waterman and 
   never materialised. Attention written with matmuls and softmax is counted op by op: its
   scores are memory-bound.
 
-A layer's time is the sum over its kernels; gradients are zeroed around each walk, so no
+- A matrix product (``mm``, ``bmm``, ``addmm``, ``baddbmm``) with M, K or N not a multiple of 16
+  bytes computes at ``unaligned_share`` of that rate (``planner.gpus``: measured on an H200).
+
+A layer's walk (forward, or backward) takes the sum over its kernels, or its kernels times the
+host's ``host_s`` where that is longer: eagerly run, a layer of many small kernels is bound by
+the host that issues them (``planner.gpus``). The loss (:func:`loss_roofline`) is timed the same
+way. Gradients are zeroed around each walk, so no
 gradient-accumulation kernel is counted (the cost model charges accumulation itself). The
 FLOPs a profile records stay those of the instrumented pass (``planner.profiler.measure``);
 the roofline only times.
@@ -51,6 +57,7 @@ from torch.utils._pytree import tree_leaves
 from planner.gpus import TILE_ELEMENTS, Roofline
 from planner.profiler.flops import op_flops
 from planner.profiler.measure import _backward_walk, _forward_walk, _zero_grads, fit_fixed, small_batch_of
+from planner.profiler.passes import has_logits
 from planner.profiler.repeats import fact_sources
 
 _aten = torch.ops.aten
@@ -67,11 +74,16 @@ class KernelTally:
     memory_s: float = 0.0
     launches: int = 0
 
-    def add(self, roofline: Roofline, flops: float, bytes_moved: float, tiles: float, attention: bool = False) -> None:
-        seconds, memory_bound = roofline.kernel(flops, bytes_moved, tiles, attention)
+    def add(self, roofline: Roofline, flops: float, bytes_moved: float, tiles: float, attention: bool = False,
+            aligned: bool = True) -> None:
+        seconds, memory_bound = roofline.kernel(flops, bytes_moved, tiles, attention, aligned)
         self.time_s += seconds
         self.memory_s += seconds if memory_bound else 0.0
         self.launches += 1
+
+    def seconds(self, roofline: Roofline) -> float:
+        """The walk's time: its kernels' on the GPU, or the host's per kernel if that is longer (host-bound)."""
+        return max(self.time_s, self.launches * roofline.host_s)
 
 
 def _tensors(tree: Any) -> list[torch.Tensor]:
@@ -91,6 +103,20 @@ def _tiles(tensors: Sequence[torch.Tensor]) -> float:
     return max((t.numel() for t in tensors), default=0) / TILE_ELEMENTS
 
 
+_PRODUCTS = {_aten.mm.default: 0, _aten.bmm.default: 0, _aten.addmm.default: 1, _aten.baddbmm.default: 1}
+"""Matrix products, by the position of their first factor (``addmm``/``baddbmm`` take the added term first)."""
+
+
+def aligned(func: Any, args: Sequence[Any]) -> bool:
+    """Whether a matrix product's M, K and N are multiples of 16 bytes (other ops: True; module docstring)."""
+    first = _PRODUCTS.get(func)
+    if first is None:
+        return True
+    a, b = args[first], args[first + 1]
+    grid = max(1, 16 // a.element_size())
+    return all(int(n) % grid == 0 for n in (*a.shape[-2:], b.shape[-1]))
+
+
 class _Kernels(TorchDispatchMode):
     """Adds every kernel an op runs to ``tally`` (set per layer by the walk)."""
 
@@ -108,7 +134,8 @@ class _Kernels(TorchDispatchMode):
         if func is _aten.embedding.default:  # a gather reads the rows it returns, not the table
             inputs = inputs[1:] + outputs
         moved = sum(_bytes(t) for t in inputs) + sum(_bytes(t) for t in outputs)
-        self.tally.add(self.roofline, op_flops(func, args, kwargs, out), moved, _tiles(inputs + outputs))
+        self.tally.add(self.roofline, op_flops(func, args, kwargs, out), moved, _tiles(inputs + outputs),
+                       aligned=aligned(func, args))
         return out
 
 
@@ -198,7 +225,7 @@ def roofline_pass(layers: Sequence[nn.Module], x: torch.Tensor, roofline: Roofli
                 result = run()
             memory[i] = kernels.tally.memory_s
             launches[i] += kernels.tally.launches
-            return result, kernels.tally.time_s
+            return result, kernels.tally.seconds(roofline)
         return run_layer
 
     params = [p for layer in layers for p in layer.parameters()]
@@ -266,3 +293,27 @@ def roofline_meta(roofline: Roofline, prof: RooflineProfile, gpu: str, number_fo
         },
         "fixed_cost_fit_batch": prof.small_batch,
     }
+
+
+def _loss_walk(shape: Sequence[int], dtype: torch.dtype, roofline: Roofline) -> float:
+    """Seconds of cross-entropy forward and backward over meta logits of ``shape`` (the measured pass's loss:
+    ``planner.profiler.passes.loss_times``, fp32 over the last dimension)."""
+    logits = torch.empty(tuple(shape), dtype=dtype, device="meta", requires_grad=True)
+    target = torch.zeros(tuple(shape[:-1]), dtype=torch.long, device="meta")
+    kernels = _Kernels(roofline)
+    with torch.enable_grad(), kernels:
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, shape[-1]).float(), target.reshape(-1))
+        loss.backward()
+    return kernels.tally.seconds(roofline)
+
+
+def loss_roofline(shape: Sequence[int], dtype: torch.dtype, roofline: Roofline) -> tuple[float | None, float | None]:
+    """(loss_s, loss_fixed_s) of the training loss on an output of ``shape`` by the roofline, the fixed part fitted
+    through a quarter of the batch as for layers; (None, None) where the output is no float logits."""
+    if not has_logits(shape, dtype):
+        return None, None
+    whole = _loss_walk(shape, dtype, roofline)
+    small = small_batch_of(int(shape[0]))
+    if small is None:
+        return whole, None
+    return whole, fit_fixed(whole, _loss_walk((small, *shape[1:]), dtype, roofline), int(shape[0]), small)
