@@ -125,6 +125,20 @@ def test_recompute_keeps_stage_input_and_adds_a_forward() -> None:
     assert rc.activation_bytes == 50_000 and rc.workspace_bytes == plain.activation_bytes
 
 
+def test_the_last_stage_holds_the_losss_workspace() -> None:
+    """12 bytes per logit of a micro-batch on each device of the stage that takes the loss (costmodel.layers.
+    LOSS_BYTES_PER_LOGIT), none on the others and none for a profile without a loss."""
+    p, c = _profile(4, loss_s=0.01), _cluster(1, 2)
+    logits = 100_000 / 4 / 2  # fp32 output bytes of the last layer, over 2 micro-batches
+    first, last = (cm.stage_cost_values(p, c, ir.Stage(span, ("n0.g0",), ("dp", "dp"), 0), 2, "sgd", None)
+                   for span in ((0, 2), (2, 4)))
+    assert first.workspace_bytes == 0 and last.workspace_bytes == math.ceil(cm.LOSS_BYTES_PER_LOGIT * logits)
+    both = cm.stage_cost_values(p, c, ir.Stage((2, 4), ("n0.g0", "n0.g1"), ("dp", "dp"), 0), 2, "sgd", None)
+    assert both.workspace_bytes == math.ceil(cm.LOSS_BYTES_PER_LOGIT * logits / 2)  # each device its samples
+    plain = cm.stage_cost_values(_profile(4), c, ir.Stage((2, 4), ("n0.g0",), ("dp", "dp"), 0), 2, "sgd", None)
+    assert plain.workspace_bytes == 0
+
+
 def test_closed_form_uniform_free_comm() -> None:
     k, m, tf, tb = 4, 8, 0.01, 0.02
     costs = [ir.StageCost(("d",), tf, tb, tb / 2, 0, None, None, 0, 0, 0, 0, 0, 0, 1) for _ in range(k)]

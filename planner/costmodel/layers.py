@@ -52,7 +52,7 @@ from planner import ir
 from planner.cluster import Group
 from planner.costmodel.batch import times_at
 from planner.costmodel.collectives import allreduce_coefficients, ring_allgather_s, ring_allreduce_s
-from planner.costmodel.precision import Bytes, flop_scale
+from planner.costmodel.precision import Bytes, dtype_bytes, flop_scale
 from planner.runnable import ANY_FORMS, FormRules
 
 DP, SPLIT_IN, SPLIT_OUT, TP = 0, 1, 2, 3
@@ -125,6 +125,9 @@ class LayerTable:
     kept_in: np.ndarray
     """Per layer and form, the layer's input as held on each device (batch-sharded under ``dp``, replicated
     under the other forms, but for ``tp`` with sequence parallelism): what checkpointing the layer keeps."""
+    loss_ws: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    """Per layer and form, the training loss's workspace on each device: the last layer's, where the profile
+    takes a loss (:func:`loss_workspace`); none elsewhere (empty: none at all)."""
     blockwise: bool = False
     """Whether full recomputation checkpoints each layer on its own (a model with transformer blocks, as
     Megatron-LM and torchtitan do) rather than the stage as one region (GPipe): :data:`KEYS`' ``ckpt`` and
@@ -138,7 +141,8 @@ class LayerTable:
         rows = np.stack([self.fwd + self.bwd, self.fwd, self.sync, *self.static, self.weight, self.act,
                          self.act_sel, self.core, np.where(head, self.fwd, 0.0), np.where(head, self.act, 0.0),
                          units, self.grad, self.wsync, np.where(head, 0.0, self.kept_in),
-                         np.where(head, 0.0, self.act)])
+                         np.where(head, 0.0, self.act),
+                         self.loss_ws if self.loss_ws.size else np.zeros_like(self.act)])
         object.__setattr__(self, "agg_rows", rows)
 
     def layout_change(self, a: int, b: int) -> bool:
@@ -151,7 +155,7 @@ class LayerTable:
 
 
 KEYS = ("time", "fwd", "sync", "static0", "static1", "static2", "static3", "weight", "act", "act_sel", "core",
-        "fwd_head", "act_head", "units", "grad", "wsync", "ckpt", "work_max")
+        "fwd_head", "act_head", "units", "grad", "wsync", "ckpt", "work_max", "loss_ws")
 """The aggregates of a stage under its forms, per micro-batch and device (``time`` = forward + backward
 with collectives and re-layouts, ``fwd`` its forward part, ``sync`` the gradient synchronisation per
 iteration without latency, ``static<z>`` memory at ZeRO stage z, ``weight`` one copy of the weights,
@@ -161,8 +165,8 @@ transformer block, which full recomputation leaves out; ``units`` the layers wit
 FSDP unit under ZeRO-2/3, planner.costmodel.variant; ``grad`` the gradients' bytes, ``wsync`` the
 synchronisation ``sync`` would be for every weight, frozen ones included; ``ckpt`` the inputs of the layers
 before the head, which checkpointing each layer keeps, and ``work_max`` the largest of their activations, its
-workspace during a backward: the one aggregate taken as a maximum, not a sum, :data:`MAX_KEY`); the re-layouts
-add to ``time`` and ``fwd`` (rows 0 and 1)."""
+workspace during a backward: the one aggregate taken as a maximum, not a sum, :data:`MAX_KEY`; ``loss_ws`` the
+loss's workspace, the last layer's alone); the re-layouts add to ``time`` and ``fwd`` (rows 0 and 1)."""
 MAX_KEY = KEYS.index("work_max")
 """The aggregate over a stage's layers that is their maximum (planner.costmodel.stage.summarise,
 planner.search.hpp)."""
@@ -269,7 +273,31 @@ def layer_table(profile: ir.ModelProfile, grid: Grid | Group, microbatches: int,
                       sync=sync, sync_const=const, weight=weight, static=static, act=act, act_sel=act_sel, core=core,
                       in_bytes=c.in_b, out_bytes=c.out_b,
                       head=np.arange(len(profile.layers)) >= profile.head_start, grad=grad, wsync=wsync,
-                      kept_in=_kept_inputs(c.in_b, n, grid.sequence_parallel), blockwise=profile.blockwise_recompute)
+                      kept_in=_kept_inputs(c.in_b, n, grid.sequence_parallel), blockwise=profile.blockwise_recompute,
+                      loss_ws=loss_workspace(profile, c.out_b / (dtype_bytes(profile.dtype) * nbytes.activation_scale),
+                                             n))
+
+
+LOSS_BYTES_PER_LOGIT = 12
+"""Bytes per logit the cross-entropy loss holds at its peak, in its backward: the fp32 log-softmax it saved, the
+gradient of that (dense fp32: ``nll_loss``'s backward) and the gradient of the fp32 logits, 4 bytes each; the fp32
+copy of 16-bit logits that it takes first (``logits.float()``, as torchtitan's loss and the profiler's take it) is
+freed once the log-softmax is made. On an H200 the torch engine's peak memory over the prediction without it was
+4.9 GB too low for GPT-2 at 8 x 1024 tokens (411.7M logits; docs/fidelity.md)."""
+
+
+def loss_workspace(profile: ir.ModelProfile, out_elements: np.ndarray, n: int) -> np.ndarray:
+    """Per layer and form, the loss's workspace per device (:data:`LOSS_BYTES_PER_LOGIT`): the last layer's logits
+    of one micro-batch (``out_elements``, per layer), split over the ``n`` devices of its tensor group (by the batch
+    under ``dp``, the vocabulary under the split forms; the loss of each tensor rank's share of the samples), but
+    under ``split_in``, whose output every device holds whole; none where the profile takes no loss."""
+    out = np.zeros((len(out_elements), NF))
+    if profile.loss_s is None or not len(out_elements):
+        return out
+    whole = float(out_elements[-1]) * LOSS_BYTES_PER_LOGIT
+    out[-1, :] = whole / n
+    out[-1, SPLIT_IN] = whole
+    return out
 
 
 def _kept_inputs(in_b: np.ndarray, n: int, sequence_parallel: bool) -> np.ndarray:

@@ -5,7 +5,9 @@ recomputation and ZeRO stage applied by the same formula the stage DP uses
 (planner.costmodel.variant), and the terms a real step pays beyond the layers added:
 
 - Loss: the profile's ``loss_s`` (cross-entropy forward+backward on the last layer's output)
-  is charged to the last stage's backward per micro-batch, fixed part whole.
+  is charged to the last stage's backward per micro-batch, fixed part whole; its memory, 12 bytes
+  per logit of a micro-batch, is the last stage's workspace where larger than recomputation's
+  (planner.costmodel.layers.loss_workspace).
 - Gradient accumulation (:func:`grad_accumulation_s`): with M > 1 micro-batches, every
   micro-batch after the first adds its weight gradient into the stored one in place
   (PyTorch's AccumulateGrad), 3 x the gradient's bytes of memory traffic / the device's

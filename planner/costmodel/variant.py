@@ -18,6 +18,8 @@ and the scalar cost of one stage come from the same definition).
   keep their activations, as in Megatron-LM's and torchtitan's full activation checkpointing,
   which wrap the transformer layers only (``ModelProfile.recomputed_layers``; the exported
   engines checkpoint the same layers).
+- The loss's workspace (``loss_ws``: the last stage's, planner.costmodel.layers.loss_workspace) is held
+  before the stage's backward begins, so it is the workspace where it exceeds recomputation's.
 - ZeRO over the data-parallel group (Rajbhandari et al. SC'20, sections 5 and 7), with
   ``A`` the gradient all-reduce of the stage (reduce-scatter + all-gather, ``2 Psi``) and
   ``H = A / 2`` one reduce-scatter or all-gather (``Psi``; at the links' all-gather bus bandwidth
@@ -198,6 +200,7 @@ def variant_cost(agg: Mapping[str, Any], in_bytes: Any, variant: Variant, microb
         time, act, work = time + agg["core"], agg["act_sel"], 0.0 * in_bytes
     else:
         act, work = agg["act"], 0.0 * in_bytes
+    work = np.maximum(work, agg["loss_ws"])  # the loss runs before any layer's backward: the larger of the two
     return VariantCost(time, fwd, whole, _static(agg, variant.zero, comms), act, work,
                        _copy(agg, variant.zero, comms), gather)
 
