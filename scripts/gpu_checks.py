@@ -52,16 +52,21 @@ def llama_small() -> Any:
 
 
 def gpu_name(device: str) -> str:
-    """The catalogue name of this machine's GPU (h100, a100, a100-40gb, v100, ...)."""
+    """The catalogue name of this machine's GPU (h100 where there is none)."""
     import torch
 
     if device != "cuda" or not torch.cuda.is_available():
         return "h100"
-    name, memory = torch.cuda.get_device_name().lower(), torch.cuda.get_device_properties(0).total_memory
+    return catalogue_name(torch.cuda.get_device_name(), torch.cuda.get_device_properties(0).total_memory)
+
+
+def catalogue_name(device_name: str, memory_bytes: int) -> str:
+    """The catalogue name (h200, h100, a100, a100-40gb, v100) of a GPU CUDA names ``device_name``."""
+    name = device_name.lower()
     for key in ("h200", "h100", "a100", "v100"):
         if key in name:
-            return "a100-40gb" if key == "a100" and memory < 60 * 2**30 else key
-    raise SystemExit(f"no catalogued GPU matches {name!r}: give --gpu (one of {', '.join(gpus.GPU_NAMES)})")
+            return "a100-40gb" if key == "a100" and memory_bytes < 60 * 2**30 else key
+    raise SystemExit(f"no catalogued GPU matches {device_name!r}: give --gpu (one of {', '.join(gpus.GPU_NAMES)})")
 
 
 def one_gpu(gpu: str) -> ir.Cluster:
