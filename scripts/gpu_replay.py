@@ -55,7 +55,8 @@ def replay(folder: Path, key: str) -> dict[str, Any]:
     analytic = analytic_of(measured, key, gpu)
     judged, from_analytic = judge_plan(plan).prediction, judge_plan(replace(plan, profile=analytic)).prediction
     ratios = gc.layer_ratios(analytic, measured)
-    return {"run": folder.name, "model": key, "tokens": f"{measured.batch_size} x {measured.input_shape[0]}",
+    shape = "x".join(str(n) for n in measured.input_shape or ())
+    return {"run": folder.name, "model": key, "tokens": f"{measured.batch_size} x {shape}",
             "measured_s": float(run["measured_iteration_s"]), "predicted_s": judged.iteration_s,
             "analytic_s": from_analytic.iteration_s, "fwd": statistics.median(ratios["forward"]),
             "bwd": statistics.median(ratios["backward"]),

@@ -1,7 +1,8 @@
 """Where a real step's time went, per term, beside where the cost model says it goes (``planner run --json``).
 
-Measured (:func:`classify`, from the torch profiler's CPU events of one extra, untimed step
-that each worker profiles after its timed steps): every top-level operator is put in one
+Measured (:func:`classify`, from the torch profiler's events of one extra, untimed step that
+each worker profiles after its timed steps; each operator's CPU time, or on a GPU the time of the
+kernels it queued, planner.runner.worker.step_terms): every top-level operator is put in one
 term by its name: ``compute`` (``aten::`` operators and autograd's backward functions),
 ``transfers`` (point-to-point ``c10d::send``/``recv`` and ``broadcast``, which DeepSpeed's
 pipeline uses between stages), ``allreduce`` (``c10d::allreduce``, all-gather,
