@@ -38,7 +38,7 @@ class GradCopy:
     the ZeRO stages ``zero``): at most ``cap_bytes``, or ``cap_params`` elements, at a time, while the
     gradients themselves are still held: a transient on top of the static memory after the last
     backward (planner.costmodel.variant). The gradients reduced are fp32 (the torch export keeps
-    fp32 parameters under autocast; DeepSpeed's bf16 optimizer reduces its fp32 gradients), fp16
+    fp32 parameters and computes in bf16 casts of them; DeepSpeed's bf16 optimizer reduces its fp32 gradients), fp16
     ones under fp16. No copy: the empty default.
 
     ``held``: the buffers cover every gradient and live as long as the model, allocated once (PyTorch

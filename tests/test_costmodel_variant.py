@@ -386,7 +386,7 @@ def test_the_gradient_all_reduces_flat_copy_is_the_gradients_up_to_the_cap(
 
 @pytest.mark.parametrize(("engine", "precision", "zero", "params", "copy"), [
     ("torch", "fp32", 0, 10**6, 4 * 10**6),  # fp32 gradients, under the 25 MiB bucket
-    ("torch", "bf16", 1, 10**6, 4 * 10**6),  # autocast keeps fp32 parameters: fp32 gradients
+    ("torch", "bf16", 1, 10**6, 4 * 10**6),  # bf16 casts of fp32 parameters: fp32 gradients
     ("torch", "fp32", 0, 10**8, 25 * 2**20),  # capped at one bucket
     ("torch", "fp32", 2, 10**6, 0),  # FSDP: no flat copy
     ("deepspeed", "fp32", 0, 10**8, 4 * 10**8),  # up to 5e8 elements at once

@@ -203,7 +203,7 @@ def expected_rank(plan: ir.Plan, rank: int) -> dict[str, Any]:
             "tp_layers": [i for i, f in zip(own, st.forms, strict=True) if f == "tp"],
             "sample_split_layers": [i for i, f in zip(own, st.forms, strict=True) if f == "dp" and st.tp > 1],
             "zero": st.zero, "recompute": [] if st.recompute == "none" else [st.recompute],
-            "autocast": plan.precision == "bf16"}
+            "bf16": plan.precision == "bf16"}
 
 
 def check_grid_run(name: str, plan: ir.Plan, ranks: list[dict[str, Any]]) -> float:

@@ -1,7 +1,8 @@
-"""export.sharding: recomputation wrappers (full, selective = attention core only) and autocast."""
+"""export.sharding: recomputation wrappers (full, selective = attention core only) and bf16 compute."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -101,11 +102,39 @@ def test_full_recomputation_per_layer_keeps_each_layers_input_and_trains_the_sam
     assert torch.allclose(grads[("full", False)], grads[("none", False)], atol=1e-6)
 
 
-def test_autocast_computes_products_in_bf16_with_fp32_weights() -> None:
+def test_bf16_computes_every_module_in_bf16_over_fp32_parameters() -> None:
+    model = nn.Sequential(nn.Linear(4, 8), nn.LayerNorm(8), nn.Linear(8, 4))
+    seen: list[torch.dtype] = []
+    for layer in model:
+        layer.register_forward_hook(lambda m, a, out: seen.append(out.dtype))
+    out = sharding.with_precision(model, "bf16")(torch.randn(2, 4))
+    assert out.dtype == torch.bfloat16 and seen == [torch.bfloat16] * 3  # the norm too, unlike autocast
+    assert all(isinstance(p, nn.Parameter) and p.dtype == torch.float32 for p in model.parameters())
+    out.float().sum().backward()
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in model.parameters())
+    assert sharding.with_precision(model, "fp32") is model
+
+
+def test_bf16_puts_the_parameters_back_when_a_forward_fails() -> None:
     lin = nn.Linear(4, 4)
-    out = sharding.with_precision(lin, "bf16")(torch.randn(2, 4))
-    assert out.dtype == torch.bfloat16 and lin.weight.dtype == torch.float32
-    assert sharding.with_precision(lin, "fp32") is lin
+    weight = lin.weight
+    wrapped = sharding.with_precision(lin, "bf16")
+    with pytest.raises(RuntimeError):
+        wrapped(torch.randn(2, 5))  # the wrong width
+    assert lin.weight is weight and lin.weight.dtype == torch.float32
+
+
+def test_bf16_recomputation_casts_again_in_the_backward() -> None:
+    """A checkpointed layer redoes its forward in the backward: the casts run again, and the gradients are
+    those of the layer run without checkpointing."""
+    grads = {}
+    for recompute in ("none", "full"):
+        torch.manual_seed(0)
+        stage = nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 4))
+        model = sharding.with_precision(sharding.with_recompute(stage, recompute, per_layer=True), "bf16")
+        model(torch.randn(3, 4, requires_grad=True)).float().sum().backward()
+        grads[recompute] = torch.cat([p.grad.flatten() for p in stage.parameters()])
+    assert torch.equal(grads["none"], grads["full"])
 
 
 def test_grad_buckets_keep_order_and_split_by_dtype_and_size() -> None:
@@ -177,3 +206,23 @@ def test_zero1_steps_the_modules_own_parameters_from_one_buffer(tmp_path: Path) 
         assert not torch.equal(lin.weight.detach(), before)  # the module's own weight moved
     finally:
         dist.destroy_process_group()
+
+
+def test_bf16_casts_each_weight_once_a_step_and_its_gradients_are_the_same() -> None:
+    """Within a step the micro-batches share one bf16 copy of each weight (one cast kernel, one copy held); the
+    gradients are those of a cast per micro-batch; outside a step every forward casts anew (the optimizer may
+    have changed the weights: fused Adam does not even bump their version counters)."""
+    grads = {}
+    for per_step in (False, True):
+        torch.manual_seed(0)
+        stage = nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 4))
+        model = sharding.with_precision(stage, "bf16")
+        assert isinstance(model, sharding.Bf16Compute)
+        with sharding.casts_per_step([model]) if per_step else contextlib.nullcontext():
+            for _ in range(3):  # three micro-batches
+                model(torch.randn(2, 4)).float().sum().backward()
+            if per_step:  # two weights and two biases, each cast once for the three micro-batches
+                assert model.casts is not None and len(model.casts) == 4
+        assert model.casts is None  # dropped when the step ends
+        grads[per_step] = torch.cat([p.grad.flatten() for p in stage.parameters()])
+    assert torch.equal(grads[False], grads[True])

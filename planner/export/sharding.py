@@ -21,17 +21,23 @@
   layers only); ``selective`` checkpoints each layer with a
   selective-checkpoint policy that recomputes only the attention core (every
   ``scaled_dot_product`` op; Korthikanti et al. 2022) and saves every other activation.
-* Precision: ``bf16`` runs each stage's forward under ``torch.autocast(dtype=bfloat16)``:
-  fp32 master weights, gradients and optimizer state, bf16 matrix products (autocast's op
-  list; norms and the loss stay fp32). The same for every ZeRO stage, so that grids differ
-  only in where the numbers live, not in their rounding. ``fp16`` is refused by the torch
-  export (it needs a dynamic loss scale that the pipelining schedule's loss function does not
-  carry).
+* Precision: ``bf16`` computes each stage's forward in bf16 (:class:`Bf16Compute`): every module
+  runs with its own parameters cast to bf16, and a floating-point stage input is cast on entry,
+  so activations, the residual stream and norms are bf16, as in the bf16 profile the plan was
+  made from, and as torchtitan (FSDP2's ``param_dtype``), Megatron-LM and DeepSpeed's bf16 run a
+  model; the parameters stay fp32 (the optimizer's master weights, with fp32 gradients and state),
+  and the loss takes the fp32 logits (planner.export.losses). It replaced ``torch.autocast``, which
+  kept an fp32 residual stream and fp32 norm inputs: on an H200 its steps took 10-25% longer and
+  held GPT-2's peak 25% over the prediction from the bf16 profile (docs/fidelity.md). The same for
+  every ZeRO stage, so that grids differ only in where the numbers live, not in their rounding.
+  ``fp16`` is refused by the torch export (it needs a dynamic loss scale that the pipelining
+  schedule's loss function does not carry).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from functools import partial
 from typing import Any
 
@@ -79,17 +85,74 @@ class Checkpointed(nn.Module):  # type: ignore[misc]
         return checkpoint(self.inner, x, use_reentrant=False)
 
 
-class Autocast(nn.Module):  # type: ignore[misc]
-    """``inner``'s forward under ``torch.autocast`` in ``dtype`` (fp32 weights, 16-bit products)."""
+class Bf16Compute(nn.Module):  # type: ignore[misc]
+    """``inner`` computed in ``dtype`` over fp32 parameters (module docstring, Precision): each module that has
+    parameters of its own runs its forward with them cast to ``dtype`` (:func:`_cast_own_parameters`), and a
+    floating-point input is cast on entry, so the whole forward, residual stream and norms included, runs in
+    ``dtype``; the parameters stay fp32, the optimizer's master weights, and their gradients reach them in fp32
+    through the casts.
+
+    Within a step (:func:`casts_per_step`) each parameter is cast once and its copy shared by the step's
+    micro-batches: one ``dtype`` copy of the weights for the step, the cost model's weight bytes, where a cast per
+    micro-batch would hold one per micro-batch in flight until its backward. Outside one, every forward casts."""
 
     def __init__(self, inner: nn.Module, dtype: torch.dtype) -> None:
         super().__init__()
         self.inner = inner
         self.dtype = dtype
+        self.casts: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None
+        for module in inner.modules():
+            if any(p is not None for p in module._parameters.values()):
+                _cast_own_parameters(module, self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        with torch.autocast(device_type=x.device.type, dtype=self.dtype):
-            return self.inner(x)
+        return self.inner(x.to(self.dtype) if x.is_floating_point() else x)
+
+    def cast(self, param: torch.Tensor) -> torch.Tensor:
+        """``param`` in ``dtype``: this step's copy where a step is open (keyed by the parameter itself, which the
+        entry holds, so that no other tensor takes its id), else a new one."""
+        if self.casts is None:
+            return param.to(self.dtype)
+        hit = self.casts.get(id(param))
+        if hit is None or hit[0] is not param:
+            hit = (param, param.to(self.dtype))
+            self.casts[id(param)] = hit
+        return hit[1]
+
+
+@contextlib.contextmanager
+def casts_per_step(roots: Sequence[nn.Module]) -> Iterator[None]:
+    """Inside: the :class:`Bf16Compute` modules under ``roots`` cast each parameter once (for a step's forwards and
+    backwards; the optimizer must step after it, when the copies are dropped)."""
+    wrappers = [m for root in roots for m in root.modules() if isinstance(m, Bf16Compute)]
+    for w in wrappers:
+        w.casts = {}
+    try:
+        yield
+    finally:
+        for w in wrappers:
+            w.casts = None
+
+
+def _cast_own_parameters(module: nn.Module, owner: Bf16Compute) -> None:
+    """Hooks that give ``module``'s forward its own floating-point parameters cast to ``owner.dtype`` and put the
+    parameters back after it (even if it raises). They run inside FSDP's: its pre-forward hook (prepended)
+    gathers the weights before the cast, and its post-forward hook (appended) reshards them after they are
+    put back (this one is prepended); recomputation runs the hooks again."""
+    kept: dict[str, torch.Tensor] = {}
+
+    def cast(mod: nn.Module, args: Any) -> None:
+        for name, param in list(mod._parameters.items()):
+            if param is not None and param.is_floating_point() and param.dtype != owner.dtype:
+                kept[name] = param
+                mod._parameters[name] = owner.cast(param)
+
+    def restore(mod: nn.Module, args: Any, out: Any) -> None:
+        mod._parameters.update(kept)
+        kept.clear()
+
+    module.register_forward_pre_hook(cast)
+    module.register_forward_hook(restore, prepend=True, always_call=True)
 
 
 def with_recompute(stage: nn.Sequential, recompute: str, recomputed: int | None = None,
@@ -113,7 +176,8 @@ def with_recompute(stage: nn.Sequential, recompute: str, recomputed: int | None 
 
 
 def with_precision(module: nn.Module, precision: str) -> nn.Module:
-    return Autocast(module, torch.bfloat16) if precision == "bf16" else module
+    """``module`` computed in bf16 over its fp32 parameters for a ``bf16`` plan (:class:`Bf16Compute`), else as is."""
+    return Bf16Compute(module, torch.bfloat16) if precision == "bf16" else module
 
 
 def _shares_params(layer: nn.Module, others: Sequence[nn.Module]) -> bool:

@@ -18,7 +18,7 @@ pipedream      refused: asynchronous weight stashing has no torch equivalent
 
 Inside a stage, in this order: the layers' forms over the ``tp`` group (planner.export.parallel:
 Megatron blocks, column/row-parallel Linears, sequence parallelism), recomputation and bf16
-autocast (planner.export.sharding), then ZeRO over the ``dp`` group (FSDP2 for 2 and 3 on the
+compute over fp32 parameters (planner.export.sharding), then ZeRO over the ``dp`` group (FSDP2 for 2 and 3 on the
 ``dp`` mesh dimension, composed with the tensor-parallel DTensors as 2-D sharding; ZeRO-1 through
 ZeroRedundancyOptimizer). Replica ``d`` trains its share of every micro-batch; the ranks of a
 tensor group receive the same samples, and its ``dp``-form layers split them over the group (each
@@ -241,8 +241,9 @@ class Trainer:
                         for i in range(m)]).to(dev)  # the last stage's loss: this rank's share of the samples
         for p in self.params:  # the parameters' own gradients (ZeRO-1 steps local proxies of them)
             p.grad = None
-        losses = _run_schedule(self.schedule, any(s.is_first for s in self.stages),
-                               any(s.is_last for s in self.stages), xs, ys)
+        with sharding.casts_per_step([s.submod for s in self.stages]):  # bf16: one cast of each weight a step
+            losses = _run_schedule(self.schedule, any(s.is_first for s in self.stages),
+                                   any(s.is_last for s in self.stages), xs, ys)
         sum_tie_grads(self.ties)
         if self.split_params:  # each tensor rank's gradient is its share of the samples' part
             sharding.sum_grads(self.split_params, self.mesh["tp"].get_group())
@@ -264,7 +265,7 @@ class Trainer:
     def describe(self) -> dict[str, Any]:
         """What this rank actually built (read back from its modules): mesh coordinates, layers, the
         layers sharded over the tensor group, those computing its share of the samples, ZeRO stage,
-        recomputation wrappers, autocast."""
+        recomputation wrappers, bf16 compute."""
         index = {id(m): i for i, m in enumerate(self.layers)}
         mods = [m for s in self.stages for m in s.submod.modules()]
         return {"rank": torch.distributed.get_rank(),
@@ -275,7 +276,7 @@ class Trainer:
                 "sample_split_layers": self._sample_split_layers(),
                 "zero": sharding.zero_stage_of([s.submod for s in self.stages], self.opt),
                 "recompute": sorted({m.mode for m in mods if isinstance(m, sharding.Checkpointed)}),
-                "autocast": any(isinstance(m, sharding.Autocast) for m in mods)}
+                "bf16": any(isinstance(m, sharding.Bf16Compute) for m in mods)}
 
 
 def _rank_zero(plan: ir.Plan, chunks: Sequence[int]) -> int:
@@ -323,7 +324,7 @@ What it does:
      (planner.profiler.layers.split_model);
   2. on a (pp={pp}, dp={dp}, tp={tp}) DeviceMesh, makes this rank's PipelineStage(s) from the
      plan's layer ranges, shards tp/split forms over the tensor group with DTensor (Megatron
-     blocks, ColwiseParallel/RowwiseParallel), wraps recomputation and autocast, applies ZeRO
+     blocks, ColwiseParallel/RowwiseParallel), wraps recomputation and bf16 compute, applies ZeRO
      (FSDP2 / ZeroRedundancyOptimizer), and drives them with {cls}
      (planner.export.torch.make_trainer);
   3. trains on synthetic data of the profiled input shape with the plan's optimizer ({optimizer}).

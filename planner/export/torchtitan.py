@@ -15,7 +15,7 @@ interleaved chunks as explicit module lists: ``tok_embeddings``, ``layers.i``, `
 per-rank micro-batch; ``[training]`` local (per data-parallel rank: its batch with a pipeline, one
 micro-batch without, which torchtitan accumulates; :func:`local_batch_size`) and global batch, sequence
 length, ``mixed_precision_param`` (bf16: bfloat16 parameters in FSDP's policy, or autocast
-under DDP; fp32 master weights either way); ``[activation_checkpoint] mode`` none or full
+under DDP, as torchtitan runs them; fp32 master weights either way); ``[activation_checkpoint] mode`` none or full
 (torchtitan's full mode checkpoints each block: each block's input is kept and the blocks are
 redone, the norm and output not, as the plan's cost counts: ``ModelProfile.blockwise_recompute``).
 
