@@ -26,10 +26,13 @@
   so activations, the residual stream and norms are bf16, as in the bf16 profile the plan was
   made from, and as torchtitan (FSDP2's ``param_dtype``), Megatron-LM and DeepSpeed's bf16 run a
   model; the parameters stay fp32 (the optimizer's master weights, with fp32 gradients and state),
-  and the loss takes the fp32 logits (planner.export.losses). It replaced ``torch.autocast``, which
-  kept an fp32 residual stream and fp32 norm inputs: on an H200 its steps took 10-25% longer and
-  held GPT-2's peak 25% over the prediction from the bf16 profile (docs/fidelity.md). The same for
-  every ZeRO stage, so that grids differ only in where the numbers live, not in their rounding.
+  and the loss takes the fp32 logits (planner.export.losses). Under ZeRO-2 and 3 FSDP's own mixed
+  precision does it instead (:func:`fully_shard_stage`): bf16 all-gathers of the fp32 shards.
+  It replaced ``torch.autocast``, which kept an fp32 residual stream and fp32 norm inputs: on an
+  H200 its steps took 10-25% longer and held GPT-2's peak 25% over the prediction from the bf16
+  profile (docs/fidelity.md). The same rounding for every ZeRO stage (a bf16 grid under FSDP's mixed
+  precision trained to the same losses as under :class:`Bf16Compute`), so that grids differ only in
+  where the numbers live.
   ``fp16`` is refused by the torch export (it needs a dynamic loss scale that the pipelining
   schedule's loss function does not carry).
 """
@@ -185,19 +188,38 @@ def _shares_params(layer: nn.Module, others: Sequence[nn.Module]) -> bool:
     return any(id(p) in mine for o in others if o is not layer for p in o.parameters())
 
 
-def fully_shard_stage(root: nn.Module, units: Sequence[nn.Module], mesh: Any, zero: int) -> None:
+COMPUTE_DTYPE = "planner_compute_dtype"
+"""The attribute :func:`fully_shard_stage` sets on a stage root whose FSDP units compute in bf16."""
+
+
+def fully_shard_stage(root: nn.Module, units: Sequence[nn.Module], mesh: Any, zero: int,
+                      precision: str = "fp32") -> None:
     """FSDP2 over the data-parallel ``mesh``: one unit per layer, the stage as root (ZeRO 2 or 3).
 
     ``units`` are the stage's layers as wrapped for recomputation, so that a unit's all-gather
-    runs in its own hooks, outside the checkpointed region (as torchtitan orders them).
+    runs in its own hooks, outside the checkpointed region (as torchtitan orders them). Under ``bf16`` FSDP's
+    own mixed precision computes (module docstring, Precision): the fp32 shards are all-gathered as bf16
+    weights, the root's float input is cast to bf16, and the gradients are reduce-scattered in fp32
+    (``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)``, as torchtitan sets it), so a unit's
+    bf16 weights live only while it is gathered.
     """
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     reshard = zero == 3
+    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if precision == "bf16"
+          else MixedPrecisionPolicy())
     for unit in units:
         if not _shares_params(unit, units) and any(True for _ in unit.parameters()):
-            fully_shard(unit, mesh=mesh, reshard_after_forward=reshard)
-    fully_shard(root, mesh=mesh, reshard_after_forward=reshard)
+            fully_shard(unit, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
+    fully_shard(root, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
+    if precision == "bf16":
+        setattr(root, COMPUTE_DTYPE, torch.bfloat16)
+
+
+def computes_in_bf16(modules: Sequence[nn.Module]) -> bool:
+    """Whether any of ``modules`` computes in bf16: a :class:`Bf16Compute`, or a stage root FSDP's mixed precision
+    casts (:func:`fully_shard_stage`)."""
+    return any(isinstance(m, Bf16Compute) or getattr(m, COMPUTE_DTYPE, None) == torch.bfloat16 for m in modules)
 
 
 def optimizer(name: str, params: list[nn.Parameter], lr: float, zero: int, group: Any) -> Any:

@@ -137,10 +137,10 @@ def _stage_module(layers: Sequence[nn.Module], plan: ir.Plan, c: int, mesh: Any)
         parallel.shard_stage(sub, st.forms, mesh["tp"], st.sequence_parallel, c, st.layers[0], shard_output)
     recomputed = plan.profile.recomputed_layers(*st.layers)
     recompute = sharding.with_recompute(sub, st.recompute, recomputed, plan.profile.blockwise_recompute)
-    root = sharding.with_precision(recompute, plan.precision)
-    if st.zero in (2, 3):
-        sharding.fully_shard_stage(root, list(sub), mesh["dp"], st.zero)
-    return root
+    if st.zero in (2, 3):  # FSDP's mixed precision computes in bf16
+        sharding.fully_shard_stage(recompute, list(sub), mesh["dp"], st.zero, plan.precision)
+        return recompute
+    return sharding.with_precision(recompute, plan.precision)
 
 
 def build_stages(layers: Sequence[nn.Module], plan: ir.Plan, rank: int, world: int) -> tuple[list[Any], Any]:
@@ -276,7 +276,7 @@ class Trainer:
                 "sample_split_layers": self._sample_split_layers(),
                 "zero": sharding.zero_stage_of([s.submod for s in self.stages], self.opt),
                 "recompute": sorted({m.mode for m in mods if isinstance(m, sharding.Checkpointed)}),
-                "bf16": any(isinstance(m, sharding.Bf16Compute) for m in mods)}
+                "bf16": sharding.computes_in_bf16(mods)}
 
 
 def _rank_zero(plan: ir.Plan, chunks: Sequence[int]) -> int:
