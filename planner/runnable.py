@@ -89,6 +89,10 @@ class EngineLimits:
     """Whether one recomputation mode runs for the whole job (torchtitan's ``activation_checkpoint.mode``)."""
     split_types: tuple[str, ...] | None = None
     """The layer types its split forms shard (:class:`FormRules`)."""
+    compute_copy_zero: tuple[int, ...] = ()
+    """The ZeRO stages under which, in a 16-bit precision, it holds a 16-bit copy of the weights for the step beside
+    its fp32 parameters (the torch export's ``Bf16Compute`` under ZeRO-0 and 1, planner.export.sharding; under 2
+    and 3 FSDP's mixed precision gathers them a unit at a time; planner.costmodel.variant)."""
     frozen_stage_fp32_only: bool = False
     """Whether a stage with no trainable weight (all frozen) runs only in fp32 without ZeRO: DeepSpeed's ZeRO and
     bf16/fp16 optimizers read their first parameter (stage_1_and_2.py, bf16_optimizer.py)."""
@@ -127,7 +131,8 @@ ENGINES: dict[str, EngineLimits] = {
     "torch": EngineLimits("torch", True, True, (0, 1, 2, 3), ("none", "selective", "full"), True,
                           uniform_zero=False, precisions=("fp32", "bf16"),  # no loss scale in the schedule's loss
                           zero1_gather_share=0.5, sync_last_backward_stages=1,
-                          grad_copy=GradCopy((0, 1), cap_bytes=GRAD_BUCKET_BYTES), split_types=("Linear",)),
+                          grad_copy=GradCopy((0, 1), cap_bytes=GRAD_BUCKET_BYTES), split_types=("Linear",),
+                          compute_copy_zero=(0, 1)),
     # torchtitan: FSDP2 (shard = ZeRO-3, or never reshard = ZeRO-2) or replicate (0), tensor and
     # pipeline degrees, per-job activation checkpointing: none or full (its selective modes are
     # per-op SAC or every n-th layer, not the attention core; planner.export.torchtitan). Without a

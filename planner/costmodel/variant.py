@@ -68,6 +68,10 @@ and the scalar cost of one stage come from the same definition).
   export bounds that size, planner.grad_buffers.deepspeed_bucket_params); ZeRO 0 then stays a choice beside 1.
   Its ZeRO-1 reduces into partitions and all-gathers the parameters parameter by parameter in Python:
   ``unit_op_s`` twice a step per layer with weights (``zero1_unit_ops``), measured as torch's FSDP is.
+  An engine that keeps fp32 parameters (the optimizer's master weights) and computes with a 16-bit
+  copy of them made once a step (``compute_copy_zero``: torch's export under ZeRO-0/1 in bf16) holds
+  that copy, ``W`` at the weights' precision, beside the paper's bytes, whose 16-bit weights and
+  gradients and fp32 master and state it otherwise matches (4 + 4 + 8 bytes a parameter with Adam).
   It also keeps an fp32 master copy of its partition ``W / d`` when the weights are fp32 (the paper's
   mixed-precision state holds one already; ``zero1_master_share``), and flattens the partition's
   gradients into a new fp32 tensor for the optimizer step, after the last backward
@@ -129,6 +133,9 @@ class ZeroComms:
     """One all-gather or reduce-scatter over half an all-reduce of the same bytes: the links' all-reduce bus
     bandwidth over their all-gather's (``planner.ir.Link``; 1 where the cluster gives neither, as NCCL's
     rings reach about the same bus bandwidth in both; gloo's on CPU 1.1-2.3)."""
+    compute_copy_zero: tuple[int, ...] = ()
+    """The ZeRO stages under which the engine holds a 16-bit copy of the weights for the step beside its fp32
+    parameters (module doc; ``EngineLimits.compute_copy_zero``, in a 16-bit precision)."""
 
     @property
     def zero1_holds_more(self) -> bool:
@@ -278,9 +285,9 @@ def _copy(agg: Mapping[str, Any], zero: int, comms: ZeroComms) -> Any:
 
 def _held(agg: Mapping[str, Any], zero: int, comms: ZeroComms) -> Any:
     """What the engine holds with the model beyond the paper's bytes under ZeRO stage ``zero`` (module
-    doc): DDP's buckets, a copy of every gradient where the stage synchronises; ZeRO-1's reduction
-    buffers and fp32 master partition."""
-    held: Any = 0.0
+    doc): a 16-bit copy of the weights it computes with; DDP's buckets, a copy of every gradient where the
+    stage synchronises; ZeRO-1's reduction buffers and fp32 master partition."""
+    held: Any = agg["weight"] if zero in comms.compute_copy_zero else 0.0
     if zero in comms.copy_zero and comms.copy_held:
         held = held + np.where(agg["sync"] > 0, agg["grad"] * comms.copy_scale, 0.0)
     if zero == 1 and comms.zero1_holds_more:
