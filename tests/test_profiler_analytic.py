@@ -75,6 +75,7 @@ def test_the_default_is_the_roofline_with_fixed_parts_and_efficiency_overrides_i
     assert prof.meta["efficiency"] is None and prof.meta["fixed_cost_fit_batch"] == 2
     roof = prof.meta["roofline"]
     assert roof["gpu"] == "h100" and roof["bandwidth_Bps"] == 3.35e12 and roof["launch_s"] == 4e-6
+    assert roof["host_s"] == 35e-6 and roof["unaligned_share"] == 0.17
     assert 0 < roof["memory_bound_share"] < 1 and len(roof["layer_memory_bound_share"]) == len(prof.layers)
     for layer in prof.layers:
         assert layer.forward_fixed_s is not None and 0 <= layer.forward_fixed_s <= layer.forward_s

@@ -281,12 +281,14 @@ def roofline_meta(roofline: Roofline, prof: RooflineProfile, gpu: str, number_fo
     totals = [f + b for f, b in zip(full.forward_s, full.backward_s, strict=True)]
     return {
         "efficiency": None,
-        "time_formula": "sum over kernels of max(flops / (peak * eff(tiles)), bytes / bandwidth) + launch_s",
+        "time_formula": "per walk, max(sum over kernels of max(flops / (peak * eff(tiles) * unaligned), "
+                        "bytes / bandwidth) + launch_s, kernels * host_s)",
         "roofline": {
             "gpu": gpu, "number_format": number_format, "peak_flops": roofline.peak_flops,
             "gemm_share": roofline.gemm_share, "attention_share": roofline.attention_share,
             "sm_count": roofline.sm_count,
-            "bandwidth_Bps": roofline.bandwidth_Bps, "launch_s": roofline.launch_s,
+            "bandwidth_Bps": roofline.bandwidth_Bps, "launch_s": roofline.launch_s, "host_s": roofline.host_s,
+            "unaligned_share": roofline.unaligned_share,
             "memory_bound_share": sum(full.memory_s) / sum(totals) if sum(totals) > 0 else 0.0,
             "layer_memory_bound_share": [m / t if t > 0 else 0.0 for m, t in zip(full.memory_s, totals, strict=True)],
             "layer_launches": list(full.launches),
