@@ -35,6 +35,9 @@ def test_config_micro_batch_accumulation_and_optimizer() -> None:
     assert cfg["optimizer"]["type"] == "Adam" and cfg["optimizer"]["params"]["torch_adam"] is True  # no FusedAdam
     assert cfg["gradient_clipping"] == 0.0
     assert cfg["zero_optimization"] == {"stage": 0} and "bf16" not in cfg
+    assert "fused" not in cfg["optimizer"]["params"]  # on CPUs: torch's default Adam
+    on_gpus = dsx.ds_config(plan, fused=True)["optimizer"]["params"]
+    assert on_gpus["fused"] is True and on_gpus["torch_adam"] is True  # torch's fused kernel, not DeepSpeed's op
 
 
 def test_config_carries_zero_1_and_bf16() -> None:
