@@ -20,6 +20,8 @@ bandwidth beside the catalogue's (``peaks``).
 --dtype float32``: the analytic column is then a GPU's roofline against a CPU). Usage::
 
     python scripts/gpu_checks.py [--gpu h100] [--models gpt,llama] [--batch 8] [--seq 1024] [--out report.md]
+    python scripts/gpu_checks.py --sizes 4x512,8x1024,16x1024 --save runs --out report.md   # one device call;
+    python scripts/gpu_replay.py runs                                                     # then, anywhere
 """
 
 from __future__ import annotations
@@ -187,6 +189,21 @@ def report(rows: list[dict[str, Any]], gpu: str, args: argparse.Namespace) -> st
     return "\n".join(lines) + "\n"
 
 
+def per_size(args: argparse.Namespace) -> list[argparse.Namespace]:
+    """``args`` once per size of ``--sizes`` (its batch, sequence and folder under ``--save``), or as it is."""
+    if not args.sizes:
+        return [args]
+    out = []
+    for size in args.sizes.split(","):
+        try:
+            batch, seq = (int(n) for n in size.strip().lower().split("x"))
+        except ValueError:
+            raise SystemExit(f"--sizes: {size!r} is not BATCHxSEQ (e.g. 8x1024)") from None
+        save = None if args.save is None else args.save / f"{batch}x{seq}"
+        out.append(argparse.Namespace(**{**vars(args), "batch": batch, "seq": seq, "save": save}))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
@@ -198,12 +215,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--save", type=Path, help="write each model's profiles, plan and run as JSON in this folder")
+    ap.add_argument("--sizes", help="several BATCHxSEQ sizes in one run (e.g. 4x512,8x1024), each saved in "
+                                    "its own folder under --save; instead of --batch and --seq")
     args = ap.parse_args(argv)
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "scripts"), str(ROOT), os.environ.get("PYTHONPATH", "")])
     sys.path.insert(0, str(ROOT / "scripts"))
     gpu = args.gpu or gpu_name(args.device)
-    rows = [checked(key.strip(), args, gpu) for key in args.models.split(",")]
-    text = report(rows, gpu, args)
+    text = "\n".join(report([checked(key.strip(), one, gpu) for key in args.models.split(",")], gpu, one)
+                     for one in per_size(args))
     measured_peaks = peaks(args.device, gpu)
     if measured_peaks:
         text += "\n## The device's own rates\n\n" + "\n".join(measured_peaks) + "\n"

@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import gpu_checks as gc  # noqa: E402
 
-from planner import ir  # noqa: E402
+from planner import gpus, ir  # noqa: E402
 from planner.api import judge_plan, load_plan, load_profile, profile_model  # noqa: E402
 
 DEFAULT = ROOT / "docs" / "gpu" / "h200-2026-11-27"
@@ -46,12 +46,21 @@ def analytic_of(measured: ir.ModelProfile, key: str, gpu: str) -> ir.ModelProfil
                          input_shape=measured.input_shape, dtype=measured.dtype, device_flops=gpu)
 
 
+def gpu_of(measured: ir.ModelProfile, plan: ir.Plan) -> str:
+    """The catalogued GPU a saved run ran on: the name CUDA gave it, or else the one its plan's cluster was made of
+    (``gpu_checks.one_gpu``: a run on the CPU, planned for a catalogued GPU)."""
+    cluster_gpu = plan.cluster.name.removeprefix("one-")
+    if cluster_gpu in gpus.GPU_NAMES and measured.device == "cpu":
+        return cluster_gpu
+    return gc.catalogue_name(str(measured.meta.get("device_name", "")), plan.cluster.gpus[0].memory_bytes)
+
+
 def replay(folder: Path, key: str) -> dict[str, Any]:
     """One saved run of check model ``key`` in ``folder``, predicted again (module docstring)."""
     measured = load_profile(folder / f"{key}-measured.json")
     plan = load_plan(folder / f"{key}-plan.json")
     run = json.loads((folder / f"{key}-run.json").read_text())
-    gpu = gc.catalogue_name(str(measured.meta.get("device_name", "")), plan.cluster.gpus[0].memory_bytes)
+    gpu = gpu_of(measured, plan)
     analytic = analytic_of(measured, key, gpu)
     judged, from_analytic = judge_plan(plan).prediction, judge_plan(replace(plan, profile=analytic)).prediction
     ratios = gc.layer_ratios(analytic, measured)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -37,3 +38,27 @@ def test_a_replayed_run_keeps_the_measurement_and_predicts_it_again(tmp_path: Pa
 def test_an_empty_folder_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert gr.main([str(tmp_path)]) == 2
     assert "no saved runs" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_several_sizes_in_one_run_are_saved_and_replayed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """``gpu_checks.py --sizes`` (here on the CPU) saves each size in its own folder; gpu_replay reads them all."""
+    import gpu_checks as gc
+
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))  # main() extends it for the workers
+    assert gc.main(["--device", "cpu", "--models", "tiny", "--dtype", "float32", "--sizes", "2x16,4x8", "--steps",
+                    "3", "--save", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["2x16", "4x8"]
+    capsys.readouterr()
+    assert gr.main([str(tmp_path)]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 2x16") or
+            line.startswith("| 4x8")]
+    assert [r.split("|")[3].strip() for r in rows] == ["2 x 16", "4 x 8"]
+
+
+def test_a_size_that_is_not_batch_x_seq_is_refused() -> None:
+    import gpu_checks as gc
+
+    with pytest.raises(SystemExit, match="is not BATCHxSEQ"):
+        gc.main(["--device", "cpu", "--models", "tiny", "--sizes", "8by1024"])
