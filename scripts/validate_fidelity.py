@@ -60,7 +60,8 @@ roofline at each row's tensor degree, one fitted constant: planner.gpus.SUSTAINE
 predicted/published TFLOP/s per GPU within 0.85..1.15, also through planner profile's own analytic
 profile; then torchtitan's published FSDP runs of Llama 2 and 3 on 64 A100s through planner profile's
 analytic profile of the transformers model (scripts/published_fsdp.py), predicted/published tokens per
-second per GPU; about 40 s. Usage::
+second per GPU; last, the saved GPU runs (docs/gpu) predicted again, iteration and peak memory
+(scripts/gpu_replay.py); about 50 s. Usage::
 
     .venv/bin/python scripts/validate_fidelity.py [--models cnn,rescnn,gpt2,llama] [--engines deepspeed,torch]
         [--plans 1x1,1x4,2x2,2x8,4x4,4x8] [--repeats 3] [--steps 6] [--group-attempts 3] [--no-quality] [--quality-only]
@@ -310,6 +311,7 @@ def print_published() -> None:
     print(f"  {inside} of {len(ROWS)} inside; sustained share {SUSTAINED} fitted on the 'fit' rows; 'via planner "
           "profile': the same plan over planner profile's analytic profile of a GPT-2 of the row's widths")
     print_fsdp()
+    print_gpu()
 
 
 def print_fsdp() -> None:
@@ -317,6 +319,14 @@ def print_fsdp() -> None:
     from published_fsdp import report
 
     report()
+
+
+def print_gpu() -> None:
+    """The saved GPU runs (docs/gpu: an H200) predicted again by the cost model as it is (scripts/gpu_replay.py)."""
+    import gpu_replay
+
+    print(f"\nsaved GPU runs predicted again ({gpu_replay.DEFAULT.relative_to(ROOT)}, scripts/gpu_replay.py):")
+    print(gpu_replay.report([gpu_replay.replay(folder, key) for folder, key in gpu_replay.runs_in(gpu_replay.DEFAULT)]))
 
 
 PUBLISHED_TARGET = (0.85, 1.15)
