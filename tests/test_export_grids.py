@@ -189,6 +189,10 @@ GRIDS: dict[str, dict[str, Any]] = {
     "tp2-dp2-zero3-full": {"parts": [0, 6], "tp": 2, "dp": 2, "zero": 3, "recompute": "full"},
     "tp2-dp2-zero2-bf16": {"parts": [0, 6], "tp": 2, "dp": 2, "zero": 2, "precision": "bf16"},
     "pp2-dp2-bf16-gpipe": {"parts": [0, 3, 6], "dp": 2, "precision": "bf16", "schedule": "gpipe"},
+    # bf16 casts (export.sharding.Bf16Compute) of weights tied across stages, under ZeRO-1's proxies and redone by
+    # full recomputation; and of tensor-parallel DTensors
+    "pp2-dp2-zero1-bf16-full": {"parts": [0, 3, 6], "dp": 2, "zero": 1, "precision": "bf16", "recompute": "full"},
+    "pp2-tp2-bf16": {"parts": [0, 3, 6], "tp": 2, "precision": "bf16"},
 }
 
 
@@ -293,6 +297,8 @@ LLAMA_GRIDS: dict[str, tuple[str, dict[str, Any]]] = {
     "llama-pp2-dp2-zero1-full": ("tiny_llama", {"parts": [0, 1, 4], "dp": 2, "zero": 1, "recompute": "full"}),
     "qwen2-pp2-tp2-sp": ("tiny_qwen2", {"parts": [0, 2, 4], "tp": 2, "sequence_parallel": True}),
     "qwen3-tp2-dp2-zero1": ("tiny_qwen3", {"parts": [0, 4], "tp": 2, "dp": 2, "zero": 1}),
+    "llama-tp2-dp2-zero1-bf16-sp": ("tiny_llama", {"parts": [0, 4], "tp": 2, "dp": 2, "zero": 1, "precision": "bf16",
+                                                   "sequence_parallel": True}),
     "gpt2-frozen-embeddings-pp2-dp2-zero1": ("tiny_gpt2_frozen", {"parts": [0, 1, 6], "dp": 2, "zero": 1}),
     "gpt2-frozen-embeddings-pp2-dp2-zero3-bf16": ("tiny_gpt2_frozen", {"parts": [0, 1, 6], "dp": 2, "zero": 3,
                                                                       "precision": "bf16"}),
