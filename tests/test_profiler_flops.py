@@ -11,7 +11,7 @@ from torch import nn
 from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
 from planner.profiler import load_model, profile_model
-from planner.profiler.flops import attention_backward_flops, attention_flops, flop_counter
+from planner.profiler.flops import attention_flops, flop_counter
 
 
 def _count(fn: object) -> int:
@@ -93,4 +93,4 @@ def test_attention_formulas_equal_torchs_own(b: int, kv_heads: int, group: int, 
     """The formulas are torch 2.13's (which takes grouped-query shapes) for every shape."""
     q, k, v = (b, kv_heads * group, s_q, d_qk), (b, kv_heads, s_k, d_qk), (b, kv_heads, s_k, d_v)
     assert attention_flops(q, k, v) == sdpa_flop_count(q, k, v)
-    assert attention_backward_flops(q, k, v) == sdpa_backward_flop_count((b, kv_heads * group, s_q, d_v), q, k, v)
+    assert attention_flops(q, k, v, backward=True) == sdpa_backward_flop_count((b, kv_heads * group, s_q, d_v), q, k, v)

@@ -28,22 +28,19 @@ from torch.utils.flop_counter import FlopCounterMode, flop_registry, shape_wrapp
 FLOP_COUNTER = "torch.utils.flop_counter.FlopCounterMode + CPU SDPA formulas"
 
 
-def attention_flops(query: Any, key: Any, value: Any) -> int:
-    """Forward FLOPs of fused attention on ``(batch, heads, tokens, head_dim)`` shapes: ``Q K^T`` and the
-    weights times ``V``, each over every query head. Key and value may have fewer heads (grouped-query
-    attention: each is shared by ``heads_q / heads_kv`` query heads, which the kernel broadcasts), as
-    torch's own formula takes from torch 2.13 on; older ones reject such shapes."""
-    b, h_q, s_q, d_qk = query
-    s_k, d_v = key[2], value[3]
-    return 2 * b * h_q * s_q * s_k * (d_qk + d_v)
-
-
-def attention_backward_flops(query: Any, key: Any, value: Any) -> int:
-    """Backward FLOPs of fused attention (shapes as :func:`attention_flops`): torch's five products, the
-    scores recomputed, the gradients of the weights, ``V``, ``Q`` and ``K``."""
-    b, h_q, s_q, d_qk = query
-    s_k, d_v = key[2], value[3]
-    return 2 * b * h_q * s_q * s_k * (3 * d_qk + 2 * d_v)
+def attention_flops(query: Any, key: Any, value: Any, backward: bool = False) -> int:
+    """FLOPs of fused attention on ``(..., tokens, head_dim)`` shapes (leading dimensions: batch and query
+    heads): forward ``Q K^T`` and the weights times ``V``, ``2 rows s_q s_k (d + d_v)``; backward torch's five
+    products (the scores recomputed, the gradients of the weights, ``V``, ``Q`` and ``K``), ``(3 d + 2 d_v)``.
+    Key and value may have fewer heads (grouped-query attention: each is shared by ``heads_q / heads_kv`` query
+    heads, which the kernel broadcasts), as torch's own formula takes from torch 2.13 on; older ones reject such
+    shapes. Counted over every query row, without causal masking, as torch counts."""
+    *lead, s_q, d_qk = query
+    s_k, d_v = key[-2], value[-1]
+    rows = 1
+    for n in lead:
+        rows *= int(n)
+    return 2 * rows * int(s_q) * int(s_k) * ((3 * d_qk + 2 * d_v) if backward else (d_qk + d_v))
 
 
 def _sdpa(query: Any, key: Any, value: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
@@ -52,7 +49,7 @@ def _sdpa(query: Any, key: Any, value: Any, *args: Any, out_shape: Any = None, *
 
 def _sdpa_backward(grad_out: Any, query: Any, key: Any, value: Any, *args: Any, out_shape: Any = None,
                    **kwargs: Any) -> int:
-    return attention_backward_flops(query, key, value)
+    return attention_flops(query, key, value, backward=True)
 
 
 _FUSED_ATTENTION = ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",

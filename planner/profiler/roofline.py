@@ -55,6 +55,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from planner.gpus import TILE_ELEMENTS, Roofline
+from planner.profiler.flops import attention_flops as count_attention_flops
 from planner.profiler.flops import op_flops
 from planner.profiler.measure import _backward_walk, _forward_walk, _zero_grads, fit_fixed, small_batch_of
 from planner.profiler.passes import has_logits
@@ -161,13 +162,9 @@ class _FusedAttention(torch.autograd.Function):
 
 def attention_flops(q_shape: Sequence[int], k_shape: Sequence[int], v_shape: Sequence[int], causal: bool,
                     backward: bool) -> float:
-    """FLOPs of fused attention: ``2 b h s_q s_k (d + d_v)`` forward, ``(3 d + 2 d_v)`` backward; causal halves."""
-    *lead, s_q, d = q_shape
-    s_k, d_v = k_shape[-2], v_shape[-1]
-    rows = 1
-    for n in lead:
-        rows *= int(n)
-    flops = 2.0 * rows * s_q * s_k * ((3 * d + 2 * d_v) if backward else (d + d_v))
+    """FLOPs of fused attention (planner.profiler.flops.attention_flops); causal halves them (the blocks above
+    the diagonal are skipped)."""
+    flops = float(count_attention_flops(q_shape, k_shape, v_shape, backward))
     return flops / 2 if causal else flops
 
 
