@@ -37,6 +37,7 @@ from typing import TypeVar
 import torch
 from torch import nn
 
+from planner.export.losses import cross_entropy_loss
 from planner.profiler.measure import Sync, fit_fixed, median, small_batch_of, timed_pass, whole_model_pass
 
 Tick = Callable[[str], None]
@@ -184,9 +185,9 @@ def measure_passes(layers: Sequence[nn.Module], module: nn.Module, x: torch.Tens
 def loss_times(shape: tuple[int, ...], small: int | None, dtype: torch.dtype, device: torch.device, sync: Sync,
                repeats: int, clock: Clock = time.perf_counter) -> list[float]:
     """Median seconds of a cross-entropy forward+backward over the last dimension of an output of
-    ``shape`` (the training loss the runner and the exported scripts use on the last stage's
-    output) and, given ``small``, of the same at that many samples: one untimed pass at each
-    size, then the sizes in :func:`pass_order` (module doc)."""
+    ``shape`` (planner.export.losses.cross_entropy_loss: the training loss the runner and the exported
+    scripts use on the last stage's output) and, given ``small``, of the same at that many samples: one
+    untimed pass at each size, then the sizes in :func:`pass_order` (module doc)."""
     cases = []
     for rows in (shape[0], small or 0):
         logits = torch.randn((rows, *shape[1:]), dtype=dtype, device=device, requires_grad=True)
@@ -196,8 +197,7 @@ def loss_times(shape: tuple[int, ...], small: int | None, dtype: torch.dtype, de
         logits, target = cases[one.size]
         sync()
         t0 = clock()
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1))
-        loss.backward()
+        cross_entropy_loss(logits, target).backward()
         sync()
         logits.grad = None
         return clock() - t0

@@ -54,6 +54,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from planner.export.losses import cross_entropy_loss
 from planner.gpus import TILE_ELEMENTS, Roofline
 from planner.profiler.flops import attention_flops as count_attention_flops
 from planner.profiler.flops import op_flops
@@ -295,14 +296,13 @@ def roofline_meta(roofline: Roofline, prof: RooflineProfile, gpu: str, number_fo
 
 
 def _loss_walk(shape: Sequence[int], dtype: torch.dtype, roofline: Roofline) -> float:
-    """Seconds of cross-entropy forward and backward over meta logits of ``shape`` (the measured pass's loss:
-    ``planner.profiler.passes.loss_times``, fp32 over the last dimension)."""
+    """Seconds of cross-entropy forward and backward over meta logits of ``shape``: the engines' loss
+    (planner.export.losses.cross_entropy_loss, fp32 over the last dimension), as the measured pass times it."""
     logits = torch.empty(tuple(shape), dtype=dtype, device="meta", requires_grad=True)
     target = torch.zeros(tuple(shape[:-1]), dtype=torch.long, device="meta")
     kernels = _Kernels(roofline)
     with torch.enable_grad(), kernels:
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, shape[-1]).float(), target.reshape(-1))
-        loss.backward()
+        cross_entropy_loss(logits, target).backward()
     return kernels.tally.seconds(roofline)
 
 
