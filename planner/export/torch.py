@@ -98,6 +98,8 @@ def _check_stage_layers(layers: Sequence[nn.Module], plan: ir.Plan, st: ir.Stage
 
 
 def device() -> torch.device:
+    """This rank's device: its GPU (``LOCAL_RANK``) where there are GPUs, else the CPU; where its stages, its
+    data and its collectives' tensors live (nccl takes no CPU tensors)."""
     import os
 
     if torch.cuda.is_available():

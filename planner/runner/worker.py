@@ -35,6 +35,7 @@ from planner.export import ENGINES, deepspeed
 from planner.export.data import data_spec
 from planner.export.layers import disable_dropout, load_layers
 from planner.export.program import engine_module
+from planner.export.torch import device
 from planner.runner.machine import busy_cpu_s
 from planner.runner.processes import write_error
 from planner.runner.terms import MEASURED, classify
@@ -93,21 +94,16 @@ def _train(step_fn: Step, data: list[tuple[torch.Tensor, torch.Tensor]]) -> tupl
     return losses, times, cpu, machine
 
 
-def collective_device() -> torch.device:
-    """Where this rank's collectives put their tensors: its GPU under nccl (which has no CPU tensors), else the CPU."""
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-
-
 def group_timing(res: dict[str, Any]) -> dict[str, list[float]]:
     """:func:`train_plan`'s per-step times over the process group, the same on every rank: the
     slowest rank's wall (``iteration_s``) and CPU (``cpu_s``) seconds, every rank's CPU seconds
     summed (``all_cpu_s``) and the machine's busy seconds as rank 0 read them (``machine_busy_s``;
     :func:`planner.runner.machine.steps_background` turns the last two into other work's cores)."""
     dist = torch.distributed
-    slowest = torch.tensor([res["iteration_s"], res["cpu_s"]], dtype=torch.float64, device=collective_device())
+    slowest = torch.tensor([res["iteration_s"], res["cpu_s"]], dtype=torch.float64, device=device())
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     machine = res["machine_busy_s"] if dist.get_rank() == 0 else [0.0] * len(res["machine_busy_s"])
-    used = torch.tensor([res["cpu_s"], machine], dtype=torch.float64, device=collective_device())
+    used = torch.tensor([res["cpu_s"], machine], dtype=torch.float64, device=device())
     dist.all_reduce(used)
     return {"iteration_s": slowest[0].tolist(), "cpu_s": slowest[1].tolist(), "all_cpu_s": used[0].tolist(),
             "machine_busy_s": used[1].tolist()}
@@ -115,7 +111,7 @@ def group_timing(res: dict[str, Any]) -> dict[str, list[float]]:
 
 def _gather(values: list[int]) -> list[list[int]]:
     """Every rank's ``values``, in rank order."""
-    dev = collective_device()
+    dev = device()
     out = [torch.zeros(len(values), dtype=torch.int64, device=dev) for _ in range(torch.distributed.get_world_size())]
     torch.distributed.all_gather(out, torch.tensor(values, dtype=torch.int64, device=dev))
     return [[int(v) for v in t.tolist()] for t in out]
@@ -183,7 +179,7 @@ def _worker(args: argparse.Namespace) -> None:
     # torchrun's node rank (GROUP_RANK) says which server really ran each rank
     peaks, nodes = zip(*_gather([res["peak_memory_bytes"], int(os.environ.get("GROUP_RANK", "0"))]), strict=True)
     timing = group_timing(res)
-    dev, ranks = collective_device(), torch.distributed.get_world_size()
+    dev, ranks = device(), torch.distributed.get_world_size()
     terms = [torch.zeros(len(MEASURED), dtype=torch.float64, device=dev) for _ in range(ranks)]
     mine = torch.tensor([res["terms"][k] for k in MEASURED], dtype=torch.float64, device=dev)
     torch.distributed.all_gather(terms, mine)
