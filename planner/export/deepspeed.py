@@ -83,14 +83,23 @@ def precision_config(precision: str) -> dict[str, Any]:
     return {}
 
 
-def ds_config(plan: ir.Plan, lr: float | None = None, fused: bool = False) -> dict[str, Any]:
+def with_fused_adam(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with torch's fused Adam kernel where this process has a GPU and the config's Adam does not say
+    otherwise (``"fused": false``): the 28 bytes a value the cost model counts, where torch's default there, the
+    multi-tensor Adam, moves 72 (planner.export.optim). The process that trains decides: an exported config
+    is written where there may be no GPU."""
+    if torch.cuda.is_available() and config["optimizer"]["type"] == "Adam":
+        config["optimizer"]["params"].setdefault("fused", True)
+    return config
+
+
+def ds_config(plan: ir.Plan, lr: float | None = None) -> dict[str, Any]:
     """The DeepSpeed config: micro-batch per GPU, accumulation = micro-batches, a torch optimizer,
     the plan's ZeRO stage (0 or 1: DeepSpeed's pipeline engine runs no more) and precision.
 
     Gradient clipping is off (DeepSpeed's default clips to 1.0). DeepSpeed's FusedAdam op is never built:
     Adam is selected with ``torch_adam`` (and ``adam_w_mode`` off, so it is
-    ``torch.optim.Adam``), with torch's own fused kernel where ``fused`` (a run on GPUs: the 28 bytes a value
-    the cost model counts, where the default multi-tensor Adam moves 72; planner.export.optim); the other
+    ``torch.optim.Adam``; :func:`with_fused_adam` adds torch's fused kernel where the run has a GPU); the other
     optimizers are torch.optim classes.
     """
     width = check_plan(plan)
@@ -98,8 +107,7 @@ def ds_config(plan: ir.Plan, lr: float | None = None, fused: bool = False) -> di
     optimizers: dict[str, dict[str, Any]] = {
         "sgd": {"type": "SGD", "params": {"lr": lr}},
         "momentum": {"type": "SGD", "params": {"lr": lr, "momentum": 0.9}},
-        "adam": {"type": "Adam", "params": {"lr": lr, "torch_adam": True, "adam_w_mode": False,
-                                            **({"fused": True} if fused else {})}},
+        "adam": {"type": "Adam", "params": {"lr": lr, "torch_adam": True, "adam_w_mode": False}},
         "rmsprop": {"type": "RMSprop", "params": {"lr": lr}},
     }
     return {
@@ -318,7 +326,7 @@ from planner import ir
 from planner.export.args import script_args
 from planner.export.data import data_spec, sub_batch
 from planner.export.layers import load_layers
-from planner.export.deepspeed import build_pipeline_module, optimizer_params, skip_shm_build
+from planner.export.deepspeed import build_pipeline_module, optimizer_params, skip_shm_build, with_fused_adam
 
 HERE = Path(__file__).resolve().parent
 
@@ -334,9 +342,7 @@ def main() -> None:
     module = build_pipeline_module(layers, plan, args.loss)
     if args.lr is not None:
         config["optimizer"]["params"]["lr"] = args.lr
-    if torch.cuda.is_available() and config["optimizer"]["type"] == "Adam":  # torch's fused Adam kernel on GPUs
-        config["optimizer"]["params"].setdefault("fused", True)
-    engine, _, _, _ = deepspeed.initialize(model=module, config=config,
+    engine, _, _, _ = deepspeed.initialize(model=module, config=with_fused_adam(config),
                                            model_parameters=optimizer_params(module))
     replica, width = engine.grid.get_data_parallel_rank(), engine.grid.get_data_parallel_world_size()
 
@@ -383,8 +389,8 @@ def make_trainer(layers: Sequence[nn.Module], plan: ir.Plan, loss: str,
 
     logger.setLevel(logging.WARNING)
     module = build_pipeline_module(list(layers), plan, loss)
-    config = ds_config(plan, lr, fused=torch.cuda.is_available())  # the trainer's own process decides
-    engine, _, _, _ = deepspeed.initialize(model=module, config=config, model_parameters=optimizer_params(module))
+    engine, _, _, _ = deepspeed.initialize(model=module, config=with_fused_adam(ds_config(plan, lr)),
+                                           model_parameters=optimizer_params(module))
     replica = engine.grid.get_data_parallel_rank()
     width = engine.grid.get_data_parallel_world_size()
     m = plan.microbatches
