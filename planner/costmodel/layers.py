@@ -125,9 +125,9 @@ class LayerTable:
     kept_in: np.ndarray
     """Per layer and form, the layer's input as held on each device (batch-sharded under ``dp``, replicated
     under the other forms, but for ``tp`` with sequence parallelism): what checkpointing the layer keeps."""
-    loss_ws: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    loss_ws: np.ndarray
     """Per layer and form, the training loss's workspace on each device: the last layer's, where the profile
-    takes a loss (:func:`loss_workspace`); none elsewhere (empty: none at all)."""
+    takes a loss (:func:`loss_workspace`); none elsewhere."""
     blockwise: bool = False
     """Whether full recomputation checkpoints each layer on its own (a model with transformer blocks, as
     Megatron-LM and torchtitan do) rather than the stage as one region (GPipe): :data:`KEYS`' ``ckpt`` and
@@ -141,8 +141,7 @@ class LayerTable:
         rows = np.stack([self.fwd + self.bwd, self.fwd, self.sync, *self.static, self.weight, self.act,
                          self.act_sel, self.core, np.where(head, self.fwd, 0.0), np.where(head, self.act, 0.0),
                          units, self.grad, self.wsync, np.where(head, 0.0, self.kept_in),
-                         np.where(head, 0.0, self.act),
-                         self.loss_ws if self.loss_ws.size else np.zeros_like(self.act)])
+                         np.where(head, 0.0, self.act), self.loss_ws])
         object.__setattr__(self, "agg_rows", rows)
 
     def layout_change(self, a: int, b: int) -> bool:
@@ -269,13 +268,13 @@ def layer_table(profile: ir.ModelProfile, grid: Grid | Group, microbatches: int,
     state = nbytes.state_per_param * (c.pcount * c.trains)[:, None] * np.where(SHARDED, 1.0 / n, 1.0)[None, :]
     static = np.stack([weight + grad + state, weight + grad + state / shard,
                        weight + (grad + state) / shard, (weight + grad + state) / shard])
+    logits = c.out_b[-1] / (dtype_bytes(profile.dtype) * nbytes.activation_scale)  # elements, from their bytes
     return LayerTable(n=n, dp=grid.dp, fwd=fwd, bwd=bwd, bww=bww, allowed=allowed, enter=ag_in, leave=ag_out,
                       sync=sync, sync_const=const, weight=weight, static=static, act=act, act_sel=act_sel, core=core,
                       in_bytes=c.in_b, out_bytes=c.out_b,
                       head=np.arange(len(profile.layers)) >= profile.head_start, grad=grad, wsync=wsync,
                       kept_in=_kept_inputs(c.in_b, n, grid.sequence_parallel), blockwise=profile.blockwise_recompute,
-                      loss_ws=loss_workspace(profile, c.out_b / (dtype_bytes(profile.dtype) * nbytes.activation_scale),
-                                             n))
+                      loss_ws=loss_workspace(profile, logits, n))
 
 
 LOSS_BYTES_PER_LOGIT = 12
@@ -286,15 +285,15 @@ freed once the log-softmax is made. On an H200 the torch engine's peak memory ov
 4.9 GB too low for GPT-2 at 8 x 1024 tokens (411.7M logits; docs/fidelity.md)."""
 
 
-def loss_workspace(profile: ir.ModelProfile, out_elements: np.ndarray, n: int) -> np.ndarray:
-    """Per layer and form, the loss's workspace per device (:data:`LOSS_BYTES_PER_LOGIT`): the last layer's logits
-    of one micro-batch (``out_elements``, per layer), split over the ``n`` devices of its tensor group (by the batch
+def loss_workspace(profile: ir.ModelProfile, logits: float, n: int) -> np.ndarray:
+    """Per layer and form, the loss's workspace per device (:data:`LOSS_BYTES_PER_LOGIT`): the ``logits`` of one
+    micro-batch (the last layer's output elements), split over the ``n`` devices of its tensor group (by the batch
     under ``dp``, the vocabulary under the split forms; the loss of each tensor rank's share of the samples), but
     under ``split_in``, whose output every device holds whole; none where the profile takes no loss."""
-    out = np.zeros((len(out_elements), NF))
-    if profile.loss_s is None or not len(out_elements):
+    out = np.zeros((len(profile.layers), NF))
+    if profile.loss_s is None:
         return out
-    whole = float(out_elements[-1]) * LOSS_BYTES_PER_LOGIT
+    whole = float(logits) * LOSS_BYTES_PER_LOGIT
     out[-1, :] = whole / n
     out[-1, SPLIT_IN] = whole
     return out
