@@ -103,31 +103,19 @@ def per_layer(analytic: ir.ModelProfile, measured: ir.ModelProfile) -> list[str]
 
 
 def peaks(device: str, gpu: str) -> list[str]:
-    """The device's measured bf16 matrix-product rate (8192 cubed, mean of 10 after 3 warm-ups) and copy bandwidth
-    (bytes read and written), beside the catalogue's peak and large-GEMM share: Markdown lines."""
-    import time
-
-    import torch
-
+    """The device's measured bf16 matrix-product rate (8192 cubed) and copy bandwidth (bytes read and written),
+    timed as ``gpu_rates.py`` times them, beside the catalogue's peak and large-GEMM share: Markdown lines."""
     if device != "cuda":
         return []
+    from functools import partial
+
+    import gpu_rates
+    import torch
+
     spec, n = gpus.gpu_spec(gpu), 8192
     a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    src = torch.empty(2**30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-
-    def timed(step: Any) -> float:
-        for _ in range(3):
-            step()
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(10):
-            step()
-        torch.cuda.synchronize()
-        return (time.perf_counter() - start) / 10
-
-    flops = 2 * n**3 / timed(lambda: a @ b)
-    bandwidth = 2 * src.numel() / timed(lambda: dst.copy_(src))
+    flops = 2 * n**3 / gpu_rates.timed(partial(torch.matmul, a, b), 10)
+    bandwidth = gpu_rates.bandwidth(10)
     return [f"- bf16 matrix product {n}^3: {flops / 1e12:.1f} TFLOP/s measured, {flops / spec.peak('bf16'):.3f} of "
             f"the catalogue's peak {spec.peak('bf16') / 1e12:.1f} (catalogued large-GEMM share "
             f"{spec.large_gemm_share('bf16'):.3f})",
