@@ -53,3 +53,15 @@ def test_losses_and_optimizers_by_name() -> None:
     assert torch_optimizer("momentum", p, 0.1).defaults["momentum"] == 0.9
     with pytest.raises(ExportError, match="unknown optimizer"):
         torch_optimizer("lamb", p, 0.1)
+
+
+def test_adam_runs_fused_where_every_parameter_is_on_a_gpu() -> None:
+    """torch's fused Adam (the cost model's 28 bytes a value) on GPUs; elsewhere, or when told, torch's default
+    (``fused=None``: False would loop tensor by tensor)."""
+    from planner.export.optim import on_gpu
+
+    cpu = [nn.Parameter(torch.zeros(3))]
+    assert torch_optimizer("adam", cpu, 1e-3).defaults["fused"] is None and not on_gpu(cpu)
+    assert torch_optimizer("adam", cpu, 1e-3, fused=True).defaults["fused"] is True
+    meta = [nn.Parameter(torch.zeros(3, device="meta"))]
+    assert not on_gpu(meta) and not on_gpu([])
