@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
-from torch import nn
 
 from planner.errors import ExportError
 from planner.export import deepspeed as dsx
@@ -129,25 +128,6 @@ def test_schedule_without_deepspeed_equivalent_is_refused() -> None:
 def test_micro_batches_that_do_not_divide_are_refused() -> None:
     with pytest.raises(ExportError, match="not 3 micro-batches x 2 data-parallel ranks"):
         dsx.check_plan(tiny_plan("tiny_mlp", [0, 2, -1], width=2, microbatches=3, batch=9))
-
-
-def test_tied_layers_become_tied_layer_specs() -> None:
-    from deepspeed.pipe import TiedLayerSpec
-
-    from tests.test_runner import tiny_tied
-
-    torch.manual_seed(0)
-    model, _ = tiny_tied()
-    layers = list(model.children())
-    specs = dsx.layer_specs(layers)
-    tied = [i for i, s in enumerate(specs) if isinstance(s, TiedLayerSpec)]
-    assert tied == [0, 3]
-    assert specs[0].key == specs[3].key
-    holder = specs[0].build()
-    assert holder.members[0] is layers[0] and holder.members[1] is layers[3]
-    (attr,) = specs[0].tied_weight_attr
-    assert dsx.TieHolder.get_parameter(holder, attr) is layers[0].emb.weight
-    assert [isinstance(s, nn.Module) for s in specs] == [False, True, True, False]
 
 
 def _free_port() -> int:

@@ -17,11 +17,7 @@ last transformer block checkpointed: in a model with blocks each on its own, ``a
 checkpointed; ``ModelProfile.blockwise_recompute``, as the cost model counts it), fp32 or bf16/fp16 in
 the config.
 
-Tied weights (a parameter object used by several layers, GPT-2's ``wte``/``lm_head``) go
-through ``TiedLayerSpec``: the layers of one tie group live in one holder module that every
-stage owning one of them builds; each position runs its own member, and DeepSpeed
-broadcasts the tied weights at start and all-reduces their gradients between the stages
-(``allreduce_tied_weight_gradients``).
+Tied weights go through DeepSpeed's ``TiedLayerSpec`` (:mod:`planner.export.deepspeed_ties`).
 """
 
 from __future__ import annotations
@@ -36,12 +32,12 @@ from torch import nn
 from planner import grad_buffers, ir, runnable
 from planner.errors import ExportError, PlanError
 from planner.export.data import sub_batch
+from planner.export.deepspeed_ties import layer_specs
 from planner.export.layers import as_layers, check_layers_match
 from planner.export.losses import make_loss
 from planner.export.optim import DEFAULT_LR
 from planner.export.partition import boundaries, check_common, micro_batch_size, ranges
 from planner.export.quoting import docstring_fields
-from planner.export.ties import find_ties, tie_groups
 
 
 def skip_shm_build() -> None:
@@ -129,37 +125,6 @@ def ds_config(plan: ir.Plan, lr: float | None = None) -> dict[str, Any]:
         **({"zero_allow_untested_optimizer": True} if plan.stages[0].zero else {}),
         **precision_config(plan.precision),
     }
-
-
-class TieHolder(nn.Module):  # type: ignore[misc]
-    """The layers of one tie group, built as one DeepSpeed tied module."""
-
-    def __init__(self, members: Sequence[nn.Module]) -> None:
-        super().__init__()
-        self.members = nn.ModuleList(members)
-
-
-class _RunMember:
-    """DeepSpeed calls ``forward_fn(tied_module, x)``: run member ``j`` of the holder."""
-
-    def __init__(self, j: int) -> None:
-        self.j = j
-        self.__name__ = f"tied_member_{j}"
-
-    def __call__(self, holder: TieHolder, x: Any) -> Any:
-        return holder.members[self.j](x)
-
-
-def layer_specs(layers: Sequence[nn.Module]) -> list[Any]:
-    """Layers as DeepSpeed sees them: plain modules, and TiedLayerSpec for tied ones."""
-    from deepspeed.pipe import TiedLayerSpec
-
-    specs: list[Any] = list(layers)
-    for g, (members, attrs) in enumerate(tie_groups(find_ties(layers))):
-        group = [layers[i] for i in members]
-        for j, i in enumerate(members):
-            specs[i] = TiedLayerSpec(f"tie{g}", TieHolder, group, forward_fn=_RunMember(j), tied_weight_attr=attrs)
-    return specs
 
 
 def optimizer_params(module: nn.Module) -> list[Any]:
