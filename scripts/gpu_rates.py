@@ -13,8 +13,8 @@ wall time, the mean of ``--repeats`` runs after three warm-ups:
 3. the Adam step on GPT-2 small's parameter tensors (148 of them, 124M values, fp32), as torch's
    default (multi-tensor ``foreach``) and ``fused=True`` run it, against its bytes at the memory
    bandwidth (28 bytes per value: parameter, gradient and two moments read, three written);
-4. the loss: cross-entropy over ``8 x 1024`` tokens' bf16 logits, forward and backward, for the two
-   vocabularies (GPT-2 50257, Llama 32000).
+4. the loss: the engines' cross-entropy (``planner.export.losses.cross_entropy_loss``, fp32 over bf16
+   logits) over ``8 x 1024`` tokens, forward and backward, for the two vocabularies (GPT-2 50257, Llama 32000).
 
 Usage::
 
@@ -28,10 +28,15 @@ import sys
 import time
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from planner.export.losses import cross_entropy_loss  # noqa: E402
 
 
 def timed(step: Callable[[], Any], repeats: int) -> float:
@@ -107,7 +112,7 @@ def loss_rows(repeats: int) -> list[str]:
         target = torch.randint(0, vocab, (tokens,), device="cuda")
 
         def step(logits: torch.Tensor = logits, target: torch.Tensor = target) -> None:
-            F.cross_entropy(logits.float(), target).backward()
+            cross_entropy_loss(logits, target).backward()
 
         rows.append(f"| {vocab} | {timed(step, repeats) * 1e3:.3f} |")
     return ["| vocabulary | cross-entropy forward + backward, ms |", "|---|---|", *rows]
