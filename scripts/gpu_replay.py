@@ -31,13 +31,12 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import gpu_checks as gc  # noqa: E402
+from fidelity_table import TARGET, within  # noqa: E402
 
 from planner import gpus, ir  # noqa: E402
 from planner.api import judge_plan, load_plan, load_profile, profile_model  # noqa: E402
 
 DEFAULT = ROOT / "docs" / "gpu" / "h200-2026-11-27"
-TARGET = (0.9, 1.1)
-"""Measured over predicted, issue 15's band."""
 
 
 def analytic_of(measured: ir.ModelProfile, key: str, gpu: str) -> ir.ModelProfile:
@@ -94,7 +93,7 @@ def row(r: dict[str, Any]) -> str:
 
 
 def report(rows: list[dict[str, Any]]) -> str:
-    inside = sum(TARGET[0] <= r["measured_s"] / r["predicted_s"] <= TARGET[1] for r in rows)
+    inside = sum(within(r["measured_s"] / r["predicted_s"]) for r in rows)
     return "\n".join([
         "| run | model | tokens | measured ms | predicted ms (measured profile) | measured/predicted | predicted ms "
         "(analytic) | measured/predicted | analytic/measured per layer, fwd / bwd | loss, analytic/measured | "
@@ -102,15 +101,21 @@ def report(rows: list[dict[str, Any]]) -> str:
         f"target: measured/predicted (measured profile) within {TARGET[0]}..{TARGET[1]}: {inside} of {len(rows)}"])
 
 
+def report_under(root: Path) -> str | None:
+    """The report of every saved run under ``root`` (:func:`runs_in`), or None where there is none."""
+    found = runs_in(root)
+    return report([replay(folder, key) for folder, key in found]) if found else None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("root", nargs="?", type=Path, default=DEFAULT, help="folder of saved runs' folders")
     args = ap.parse_args(argv)
-    found = runs_in(args.root)
-    if not found:
+    text = report_under(args.root)
+    if text is None:
         print(f"gpu_replay: no saved runs under {args.root} (gpu_checks.py --save writes them)", file=sys.stderr)
         return 2
-    print(report([replay(folder, key) for folder, key in found]))
+    print(text)
     return 0
 
 
