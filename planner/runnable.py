@@ -33,14 +33,26 @@ class FormRules:
     """Which layers may take which forms under an engine, beyond the cost model's own rules (a tensor group
     splits a layer's weight or runs Megatron's block): ``blocks_tp``, in a tensor group every transformer block
     in the ``tp`` form (an engine that shards every block, torchtitan); ``split_types``, the layer types a split
-    form may shard (None: any whose weight shape is known; the torch export shards one ``nn.Linear``)."""
+    form may shard (None: any whose weight shape is known; the torch export shards one ``nn.Linear``);
+    ``split_tied``, whether a split form may shard a layer that shares a parameter with another (a tie): the
+    torch export's tensor parallelism replaces the sharded layer's weight with a new distributed one, which no
+    longer is the parameter its other layers train, so it shards none."""
 
     blocks_tp: bool = False
     split_types: tuple[str, ...] | None = None
+    split_tied: bool = True
 
-    def splits(self, layer: ir.LayerProfile) -> bool:
-        """Whether a split form may shard ``layer`` (a layer without weights runs on split activations)."""
+    def splits(self, layer: ir.LayerProfile, tied: bool = False) -> bool:
+        """Whether a split form may shard ``layer`` (a layer without weights runs on split activations);
+        ``tied``: the layer uses a parameter another layer uses too (``ModelProfile.ties``)."""
+        if tied and not self.split_tied:
+            return False
         return self.split_types is None or layer.param_count == 0 or layer.type in self.split_types
+
+
+def tied_layers(profile: ir.ModelProfile) -> frozenset[int]:
+    """The layers that use a parameter some other layer uses too (a tie's every layer)."""
+    return frozenset(layer for tie in profile.ties for layer in tie.layers)
 
 
 ANY_FORMS = FormRules()
@@ -64,6 +76,12 @@ class EngineLimits:
     zero1_gather_share: float = 0.0
     """What its ZeRO-1 communicates beyond the gradient all-reduce, as a share of it (0: the
     paper's reduce-scatter + all-gather; planner.costmodel.variant)."""
+    wide_reduce_zero: tuple[int, ...] = ()
+    """The ZeRO stages under which a 16-bit plan's gradients are reduced in fp32, twice the weights' bytes
+    (planner.costmodel.variant), as are the parameters torch's ZeRO-1 broadcasts: DeepSpeed's ZeRO-0 (its
+    bf16 optimizer accumulates and all-reduces fp32 gradients; its ZeRO-1 reduces the bf16 ones), every
+    stage of the torch export (fp32 parameters computed in bf16 casts; FSDP's ``reduce_dtype=float32``)
+    and of torchtitan's (``mixed_precision_reduce = "float32"``)."""
     sync_last_backward_stages: int | None = None
     """From how many pipeline stages its schedule reduce-scatters ZeRO-2/3 gradients once a step, after
     the last backward, keeping the weights gathered between backwards (planner.costmodel.variant):
@@ -89,6 +107,8 @@ class EngineLimits:
     """Whether one recomputation mode runs for the whole job (torchtitan's ``activation_checkpoint.mode``)."""
     split_types: tuple[str, ...] | None = None
     """The layer types its split forms shard (:class:`FormRules`)."""
+    split_tied: bool = True
+    """Whether its split forms may shard a layer that shares a parameter with another (:class:`FormRules`)."""
     compute_copy_zero: tuple[int, ...] = ()
     """The ZeRO stages under which, in a 16-bit precision, it holds a 16-bit copy of the weights for the step beside
     its fp32 parameters (the torch export's ``Bf16Compute`` under ZeRO-0 and 1, planner.export.sharding; under 2
@@ -99,7 +119,7 @@ class EngineLimits:
 
     @property
     def form_rules(self) -> FormRules:
-        return FormRules(blocks_tp=self.llama_only, split_types=self.split_types)
+        return FormRules(blocks_tp=self.llama_only, split_types=self.split_types, split_tied=self.split_tied)
 
     def syncs_last_backward(self, pipelined: bool) -> bool:
         """Whether a plan of two or more stages (``pipelined``), or of one, reduces once a step."""
@@ -120,7 +140,8 @@ ENGINES: dict[str, EngineLimits] = {
     # buffers of reduce_bucket_size elements (stage_1_and_2.py; DEEPSPEED_ZERO1_BUCKET_PARAMS).
     "deepspeed": EngineLimits("deepspeed", True, False, (0, 1), ("none", "full"), False,
                               grad_copy=GradCopy((0,), cap_params=DEEPSPEED_ALLREDUCE_PARAMS), zero1_buffers=2,
-                              zero1_per_unit=True, zero1_partition_copies=True, frozen_stage_fp32_only=True),
+                              zero1_per_unit=True, zero1_partition_copies=True, frozen_stage_fp32_only=True,
+                              wide_reduce_zero=(0,)),
     # torch.distributed.pipelining on a (pp, dp, tp) DeviceMesh: one mesh, so equal grids per stage;
     # FSDP2 covers ZeRO 2-3 (reshard after forward or not), DTensor the tensor forms; ZeRO-1 is the
     # gradients' all-reduce and ZeroRedundancyOptimizer, which broadcasts every parameter from the
@@ -132,7 +153,8 @@ ENGINES: dict[str, EngineLimits] = {
                           uniform_zero=False, precisions=("fp32", "bf16"),  # no loss scale in the schedule's loss
                           zero1_gather_share=0.5, sync_last_backward_stages=1,
                           grad_copy=GradCopy((0, 1), cap_bytes=GRAD_BUCKET_BYTES), split_types=("Linear",),
-                          compute_copy_zero=(0, 1)),
+                          split_tied=False,
+                          compute_copy_zero=(0, 1), wide_reduce_zero=(0, 1, 2, 3)),
     # torchtitan: FSDP2 (shard = ZeRO-3, or never reshard = ZeRO-2) or replicate (0), tensor and
     # pipeline degrees, per-job activation checkpointing: none or full (its selective modes are
     # per-op SAC or every n-th layer, not the attention core; planner.export.torchtitan). Without a
@@ -143,7 +165,8 @@ ENGINES: dict[str, EngineLimits] = {
     # autocast, so those gradients are fp32.
     "torchtitan": EngineLimits("torchtitan", True, True, (0, 2, 3), ("none", "full"), True,
                                precisions=("fp32", "bf16"), sync_last_backward_stages=2,
-                               grad_copy=GradCopy((0,), held=True), llama_only=True, uniform_recompute=True),
+                               grad_copy=GradCopy((0,), held=True), llama_only=True, uniform_recompute=True,
+                               wide_reduce_zero=(0, 2, 3)),
 }
 
 
@@ -304,13 +327,20 @@ def _llama_problems(plan: ir.Plan, engine: str) -> list[str]:
 
 
 def _split_problems(plan: ir.Plan, engine: str, rules: FormRules) -> list[str]:
-    """Split forms on layers the engine cannot shard (the torch export: one nn.Linear a layer)."""
+    """Split forms on layers the engine cannot shard (the torch export: one nn.Linear a layer, and no layer
+    that shares a parameter with another)."""
+    tied = tied_layers(plan.profile)
     for i, st in enumerate(plan.stages):
         for j, form in enumerate(st.forms):
-            layer = plan.profile.layers[st.layers[0] + j]
-            if form.startswith("split") and not rules.splits(layer):
-                return [f"stage {i}: layer {st.layers[0] + j} ({layer.name}, a {layer.type}) runs the {form} form; "
-                        f"{engine} splits the weight of {', '.join(rules.split_types or ())} layers only"]
+            index = st.layers[0] + j
+            layer = plan.profile.layers[index]
+            if not form.startswith("split") or rules.splits(layer, index in tied):
+                continue
+            if rules.splits(layer):
+                return [f"stage {i}: layer {index} ({layer.name}) runs the {form} form but shares a parameter with "
+                        f"another layer (a tie); {engine} splits no tied layer"]
+            return [f"stage {i}: layer {index} ({layer.name}, a {layer.type}) runs the {form} form; "
+                    f"{engine} splits the weight of {', '.join(rules.split_types or ())} layers only"]
     return []
 
 

@@ -50,7 +50,7 @@ def test_fp32_adam_is_16_bytes_and_mixed_adam_too_but_sgd_differs() -> None:
 
 AGG = {"sync": 2.0, "time": 10.0, "fwd": 4.0, "static0": 0.0, "static1": 0.0, "static2": 0.0, "static3": 0.0,
        "weight": 1.0, "act": 1.0, "act_sel": 0.5, "core": 0.25, "fwd_head": 0.0, "act_head": 0.0, "units": 3.0,
-       "grad": 1.0, "wsync": 2.0, "loss_ws": 0.0}
+       "grad": 1.0, "wsync": 2.0, "loss_ws": 0.0, "unit_max": 0.0}
 """A stage's aggregates: an all-reduce A = 2 (so one all-gather or reduce-scatter H = 1), 3 FSDP units; every
 weight trains (its gradients ``grad`` are its weights' bytes, ``wsync`` its all-reduce)."""
 
@@ -80,9 +80,11 @@ def test_torchs_zero1_broadcasts_the_parameters_after_the_all_reduce() -> None:
     torch = cm.variant_cost(AGG, 0.1, cm.Variant("none", 1), 4, 0.0, cm.ZeroComms(gather_share=0.5)).sync
     assert torch == pytest.approx(3.0) and cm.variant_cost(AGG, 0.1, cm.Variant("none", 1), 4, 0.0).sync == 2.0
     stage = ir.Stage((0, 1), tuple(g.name for g in cluster.gpus), ("dp",), 0, zero=1)
-    by = {e: cm.stage_cost_values(_one_layer(10**8), cluster, stage, 1, "adam", None, "bf16", engine=e).allreduce_s
-          for e in ("torch", "deepspeed")}
-    assert by["torch"] == pytest.approx(1.5 * by["deepspeed"])
+    by = {(e, p): cm.stage_cost_values(_one_layer(10**8), cluster, stage, 1, "adam", None, p, engine=e).allreduce_s
+          for e in ("torch", "deepspeed") for p in ("fp32", "bf16")}
+    assert by["torch", "fp32"] == pytest.approx(1.5 * by["deepspeed", "fp32"], rel=1e-3)
+    # in bf16 torch reduces fp32 gradients and broadcasts fp32 parameters, DeepSpeed's ZeRO-1 the bf16 ones
+    assert by["torch", "bf16"] == pytest.approx(3.0 * by["deepspeed", "bf16"], rel=1e-2)
 
 
 def test_zero0_stays_a_choice_where_zero1_moves_more() -> None:
@@ -209,7 +211,7 @@ def test_a_stage_pays_the_clusters_measured_unit_cost_for_each_layer_with_weight
 def test_recomputation_modes() -> None:
     agg = {"sync": 0.0, "time": 10.0, "fwd": 4.0, "static0": 0.0, "static1": 0.0, "static2": 0.0, "static3": 0.0,
            "act": 100.0, "act_sel": 60.0, "core": 0.5, "fwd_head": 0.0, "act_head": 0.0, "units": 1.0,
-           "wsync": 0.0, "loss_ws": 0.0}
+           "wsync": 0.0, "loss_ws": 0.0, "unit_max": 0.0}
     none, sel, full = (cm.variant_cost(agg, 7.0, cm.Variant(r, 0), 2, 0.0) for r in ("none", "selective", "full"))
     assert (none.time, none.act, none.workspace) == (10.0, 100.0, 0.0)
     assert (sel.time, sel.act, sel.workspace) == (10.5, 60.0, 0.0)
@@ -608,3 +610,46 @@ def test_a_trainable_count_of_every_parameter_is_no_count_and_fewer_cost_no_more
     assert some.static_bytes <= none.static_bytes and some.allreduce_s <= none.allreduce_s + 1e-12
     assert some.optimizer_step_s <= none.optimizer_step_s + 1e-12
     assert some.static_bytes >= _frozen_stage_cost(0, zero, precision).static_bytes
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_fp32_gradients_of_16_bit_weights_move_twice_the_bytes_and_the_weights_gathers_do_not(zero: int) -> None:
+    """Where the engine reduces fp32 gradients of bf16 weights (``wide_reduce_zero``), every gradient
+    reduction moves twice the bytes; ZeRO's gathers of the weights move the weights' bytes either way."""
+    m = 4
+    narrow = cm.variant_cost(AGG, 0.1, cm.Variant("none", zero), m, 0.0, cm.ZeroComms(copy_scale=2.0))
+    wide = cm.variant_cost(AGG, 0.1, cm.Variant("none", zero), m, 0.0,
+                           cm.ZeroComms(copy_scale=2.0, wide_reduce_zero=(zero,)))
+    grads = {0: 2.0, 1: 1.0, 2: m * 1.0, 3: m * 1.0}[zero]  # the gradients' share of the narrow volume
+    moved = lambda c: float(c.sync) + float(c.time) - AGG["time"]  # noqa: E731
+    assert moved(wide) - moved(narrow) == pytest.approx(grads)
+    assert float(wide.fwd) == float(narrow.fwd)  # ZeRO-3's forward gathers only weights
+
+
+def test_zero3_holds_the_gathered_units_and_one_units_gradient_during_a_backward() -> None:
+    """ZeRO-3 gathers the unit computing and the one prefetched (2 U) and holds the computing unit's whole
+    gradient until its reduce-scatter (U, or 2 U as fp32 gradients of bf16 weights); an engine that keeps
+    the weights gathered through the step holds them in its static bytes instead; below ZeRO-3, nothing."""
+    agg = {**AGG, "unit_max": 0.25}
+    work = {z: float(cm.variant_cost(agg, 0.1, cm.Variant("none", z), 4, 0.0).workspace) for z in range(4)}
+    assert work == {0: 0.0, 1: 0.0, 2: 0.0, 3: pytest.approx(0.75)}
+    wide = cm.ZeroComms(copy_scale=2.0, wide_reduce_zero=(3,))
+    assert float(cm.variant_cost(agg, 0.1, cm.Variant("none", 3), 4, 0.0, wide).workspace) == pytest.approx(1.0)
+    kept = cm.ZeroComms(sync_last_backward=True)
+    assert float(cm.variant_cost(agg, 0.1, cm.Variant("none", 3), 4, 0.0, kept).workspace) == 0.0
+    frozen = {**agg, "grad": 0.0}  # no gradient to hold
+    assert float(cm.variant_cost(frozen, 0.1, cm.Variant("none", 3), 4, 0.0).workspace) == pytest.approx(0.5)
+    # the largest unit, not the sum, and on top of the loss's workspace
+    lossy = {**agg, "loss_ws": 2.0}
+    assert float(cm.variant_cost(lossy, 0.1, cm.Variant("full", 3), 4, 0.0).workspace) == pytest.approx(2.75)
+
+
+def test_a_zero3_stage_peaks_three_of_its_largest_layers_above_its_shards() -> None:
+    """On a real stage: ZeRO-3's peak over its sharded static bytes grows by three copies of the largest
+    layer's weights (two gathered, one gradient) at the paper's bytes."""
+    cluster = _big_cluster(1, 8)
+    profile = _one_layer(10**8)
+    stage = ir.Stage((0, 1), tuple(g.name for g in cluster.gpus), ("dp",), 0, zero=3)
+    got = cm.stage_cost_values(profile, cluster, stage, 1, "adam", None, "bf16")
+    layer = profile.layers[0]
+    assert got.workspace_bytes >= 3 * 2 * layer.param_count  # 2 bytes a bf16 weight

@@ -179,6 +179,39 @@ def test_the_torch_export_splits_linear_layers_only() -> None:
         assert not [p for p in problems(edited, "any") if "Linear layers only" in p]
 
 
+def test_the_torch_export_splits_no_layer_that_shares_a_parameter() -> None:
+    """A tie (GPT-2's embedding and head) on a split layer: torch's tensor parallelism would replace the head's
+    weight with a new distributed one, and the two copies would train apart; any engine's plan keeps it."""
+    plan = _plan(tp=2, widths=(2, 2))
+    layers = tuple(dataclasses.replace(x, type="Linear") for x in plan.profile.layers)
+    tie = ir.Tie("wte.weight", (0, 3), 10, 40)
+    profile = dataclasses.replace(plan.profile, layers=layers, ties=(tie,))
+    for forms, ok in ((("split_out", "dp"), True), (("dp", "split_out"), False)):
+        tied_head = dataclasses.replace(plan.stages[1], forms=forms)
+        edited = dataclasses.replace(plan, profile=profile, stages=(plan.stages[0], tied_head))
+        found = [p for p in problems(edited, "torch") if "splits no tied layer" in p]
+        assert (found == []) == ok, (forms, found)
+        assert not [p for p in problems(edited, "any") if "tied" in p]
+
+
+def test_a_torch_search_leaves_tied_layers_unsplit() -> None:
+    """The cost model's table closes the split forms on a tied layer under torch's rules, not under any engine's."""
+    from planner.cluster import group_of
+    from planner.costmodel.layers import SPLIT_IN, SPLIT_OUT, Grid, layer_table
+    from planner.runnable import ENGINES
+
+    plan = _plan(tp=2, widths=(2, 2))
+    layers = tuple(dataclasses.replace(x, type="Linear", in_features=8, out_features=8) for x in plan.profile.layers)
+    profile = dataclasses.replace(plan.profile, layers=layers, ties=(ir.Tie("w", (0, 3), 10, 40),))
+    grid = Grid(group_of(plan.cluster, plan.stages[0].devices), 2)
+    torch = layer_table(profile, grid, 2, "sgd", rules=ENGINES["torch"].form_rules)
+    free = layer_table(profile, grid, 2, "sgd")
+    for layer in (0, 3):
+        assert not torch.allowed[layer, [SPLIT_IN, SPLIT_OUT]].any()
+        assert free.allowed[layer, [SPLIT_IN, SPLIT_OUT]].all()
+    assert torch.allowed[1, [SPLIT_IN, SPLIT_OUT]].all()
+
+
 def test_a_launcher_starts_as_many_processes_on_every_server() -> None:
     uneven = _plan(widths=(2, 1))  # n0.g0, n0.g1 | n1.g0: 2 on n0, 1 on n1
     for engine in ("torch", "deepspeed"):

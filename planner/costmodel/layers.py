@@ -53,7 +53,7 @@ from planner.cluster import Group
 from planner.costmodel.batch import times_at
 from planner.costmodel.collectives import allreduce_coefficients, ring_allgather_s, ring_allreduce_s
 from planner.costmodel.precision import Bytes, dtype_bytes, flop_scale
-from planner.runnable import ANY_FORMS, FormRules
+from planner.runnable import ANY_FORMS, FormRules, tied_layers
 
 DP, SPLIT_IN, SPLIT_OUT, TP = 0, 1, 2, 3
 NF = len(ir.ALL_FORMS)
@@ -141,7 +141,7 @@ class LayerTable:
         rows = np.stack([self.fwd + self.bwd, self.fwd, self.sync, *self.static, self.weight, self.act,
                          self.act_sel, self.core, np.where(head, self.fwd, 0.0), np.where(head, self.act, 0.0),
                          units, self.grad, self.wsync, np.where(head, 0.0, self.kept_in),
-                         np.where(head, 0.0, self.act), self.loss_ws])
+                         np.where(head, 0.0, self.act), self.loss_ws, self.weight])
         object.__setattr__(self, "agg_rows", rows)
 
     def layout_change(self, a: int, b: int) -> bool:
@@ -154,7 +154,7 @@ class LayerTable:
 
 
 KEYS = ("time", "fwd", "sync", "static0", "static1", "static2", "static3", "weight", "act", "act_sel", "core",
-        "fwd_head", "act_head", "units", "grad", "wsync", "ckpt", "work_max", "loss_ws")
+        "fwd_head", "act_head", "units", "grad", "wsync", "ckpt", "work_max", "loss_ws", "unit_max")
 """The aggregates of a stage under its forms, per micro-batch and device (``time`` = forward + backward
 with collectives and re-layouts, ``fwd`` its forward part, ``sync`` the gradient synchronisation per
 iteration without latency, ``static<z>`` memory at ZeRO stage z, ``weight`` one copy of the weights,
@@ -164,10 +164,11 @@ transformer block, which full recomputation leaves out; ``units`` the layers wit
 FSDP unit under ZeRO-2/3, planner.costmodel.variant; ``grad`` the gradients' bytes, ``wsync`` the
 synchronisation ``sync`` would be for every weight, frozen ones included; ``ckpt`` the inputs of the layers
 before the head, which checkpointing each layer keeps, and ``work_max`` the largest of their activations, its
-workspace during a backward: the one aggregate taken as a maximum, not a sum, :data:`MAX_KEY`; ``loss_ws`` the
-loss's workspace, the last layer's alone); the re-layouts add to ``time`` and ``fwd`` (rows 0 and 1)."""
-MAX_KEY = KEYS.index("work_max")
-"""The aggregate over a stage's layers that is their maximum (planner.costmodel.stage.summarise,
+workspace during a backward; ``loss_ws`` the loss's workspace, the last layer's alone; ``unit_max`` the largest
+layer's weights, ZeRO-3's gathered unit, planner.costmodel.variant); ``work_max`` and ``unit_max`` are taken as a
+maximum, not a sum (:data:`MAX_KEYS`); the re-layouts add to ``time`` and ``fwd`` (rows 0 and 1)."""
+MAX_KEYS = [KEYS.index("work_max"), KEYS.index("unit_max")]
+"""The aggregates over a stage's layers that are their maximum (planner.costmodel.stage.summarise,
 planner.search.hpp)."""
 
 
@@ -351,7 +352,8 @@ def _allowed(profile: ir.ModelProfile, c: _Columns, n: int, forms: Sequence[str]
         blocks = np.array([x.block is not None for x in profile.layers])
         if rules.blocks_tp:
             allowed[:, DP] &= ~blocks
-        shards = np.array([rules.splits(x) for x in profile.layers])
+        tied = tied_layers(profile)
+        shards = np.array([rules.splits(x, i in tied) for i, x in enumerate(profile.layers)])
         for f in (SPLIT_IN, SPLIT_OUT):  # a transformer block is no single matrix: it shards as Megatron's tp form
             if ir.ALL_FORMS[f] in forms:
                 allowed[:, f] = (c.weightless | (c.splittable & shards)) & ~blocks

@@ -28,8 +28,11 @@ recomputation and ZeRO stage applied by the same formula the stage DP uses
   bandwidth is per GPU, as in the all-reduce (planner.costmodel.collectives).
 - Tied weights (GPT-2 ``wte``/``lm_head``; Megatron-LM's embedding all-reduce, Shoeybi et al.
   2019, section 3; DeepSpeed's ``TiedLayerSpec``): every stage holding a tied layer keeps
-  its own copy with its gradient and optimizer state, and the copies' gradients are summed
-  once per iteration between the stages that hold them.
+  its own copy with its gradient and optimizer state, laid out as that stage runs its tied layer
+  (a split form shards it over the tensor group, as Megatron-LM's vocab-parallel embedding and
+  output layer; its ZeRO stage shards it over the data-parallel group) and charged as the layer
+  the tie is counted in would be there (:func:`tie_copy_on`); the copies' gradients are summed
+  once per iteration between the stages that hold them, each device's shard in a ring of its own.
 """
 
 from __future__ import annotations
@@ -45,14 +48,14 @@ from planner import ir
 from planner.cluster import Group, group_of, index, link_between
 from planner.costmodel.collectives import ring_allreduce_s
 from planner.costmodel.engine import charge_plan, zero_comms
-from planner.costmodel.layers import FORM_INDEX, KEYS, MAX_KEY, Grid, LayerTable, layer_table
+from planner.costmodel.layers import DP, FORM_INDEX, KEYS, MAX_KEYS, Grid, LayerTable, layer_table
 from planner.costmodel.precision import Bytes
 from planner.costmodel.variant import Variant, variant_cost
 from planner.errors import PlanError
 
 
 def summarise(table: LayerTable, first: int, end: int, forms: Sequence[int]) -> dict[str, float]:
-    """Sum a stage's per-layer aggregates (planner.costmodel.layers.KEYS; ``MAX_KEY`` their maximum) for
+    """Sum a stage's per-layer aggregates (planner.costmodel.layers.KEYS; ``MAX_KEYS`` their maximum) for
     ``forms`` (indices), re-layouts included, plus ``in_bytes`` (the stage input per micro-batch and device).
 
     The stage's input and output are batch-sharded (``dp`` layout): entering a sharded form
@@ -71,9 +74,9 @@ def summarise(table: LayerTable, first: int, end: int, forms: Sequence[int]) -> 
             if f != FORM_INDEX["dp"]:
                 total[1] += table.enter[layer]
         row = table.rows(layer)[:, f]
-        most = max(total[MAX_KEY], row[MAX_KEY])
+        most = np.maximum(total[MAX_KEYS], row[MAX_KEYS])
         total += row
-        total[MAX_KEY] = most
+        total[MAX_KEYS] = most
         prev = f
     if prev != FORM_INDEX["dp"]:
         total[0] += table.leave[end - 1]
@@ -210,26 +213,73 @@ def stage_costs_for(profile: ir.ModelProfile, cluster: ir.Cluster, stages: Seque
         out.append(stage_cost_values(profile, cluster, stage, microbatches, optimizer,
                                      None if nxt is None else nxt.devices, precision, None if nxt is None else nxt.dp,
                                      engine, pipelined))
-    return with_ties(profile, cluster, stages, out, Bytes.of(profile, precision, optimizer))
+    tables = [cached_layer_table(profile, stage_grid(cluster, st, precision), microbatches, optimizer) for st in stages]
+    return with_ties(profile, cluster, stages, out, tables)
 
 
 def tie_copy_bytes(profile: ir.ModelProfile, tie: ir.Tie, nbytes: Bytes) -> float:
-    """A tie's copy in a stage that holds another of its layers: its weights and, as far as the layer it is
-    counted in trains (``LayerProfile.trainable_share``), their gradients and optimizer state."""
+    """A tie's whole copy, as one device holds it unsharded (the ``dp`` form without ZeRO): its weights and, as far
+    as the layer it is counted in trains (``LayerProfile.trainable_share``), their gradients and optimizer state.
+    A stage's own layout shards it: :func:`tie_copy_on`."""
     weight = tie.param_bytes * nbytes.weight_scale
     trains = profile.layers[tie.layers[0]].trainable_share
     return weight + trains * (weight + nbytes.state_per_param * tie.param_count)
 
 
+def tie_shares(profile: ir.ModelProfile, tie: ir.Tie) -> tuple[float, float]:
+    """The tie's share of the layer it is counted in (its first): (of its bytes, of its parameters).
+
+    Raises PlanError where the tie is larger than that layer (the profile counts it elsewhere)."""
+    owner = profile.layers[tie.layers[0]]
+    if tie.param_bytes > owner.param_bytes or tie.param_count > owner.param_count:
+        raise PlanError(f"tie {tie.name!r} ({tie.param_count} parameters, {tie.param_bytes} bytes) is larger than "
+                        f"layer {tie.layers[0]} it is counted in ({owner.param_count}, {owner.param_bytes})",
+                        "a tie's parameters are counted in its first layer: fix the profile's ties or that layer")
+    return (tie.param_bytes / owner.param_bytes if owner.param_bytes else 0.0,
+            tie.param_count / owner.param_count if owner.param_count else 0.0)
+
+
+def tie_copy_on(profile: ir.ModelProfile, tie: ir.Tie, table: LayerTable, form: int, zero: int) -> float:
+    """A tie's copy on each device of a stage with ``table`` that runs its tied layer in ``form`` at ZeRO ``zero``.
+
+    Charged as the stage would charge the layer the tie is counted in (``LayerTable.static``: the form's tensor
+    sharding, ZeRO's over the group its gradients are synchronised over), the tie's share of it: of the
+    weights and gradients by bytes, of the optimizer state (the part ZeRO-1 shards) by parameters.
+    """
+    owner = tie.layers[0]
+    by_bytes, by_count = tie_shares(profile, tie)
+    state = max(float(table.static[min(zero, 1), owner, form] - table.weight[owner, form] - table.grad[owner, form]),
+                0.0)
+    return by_bytes * max(float(table.static[zero, owner, form]) - state, 0.0) + by_count * state
+
+
+def tie_grad_bytes(profile: ir.ModelProfile, tie: ir.Tie, table: LayerTable, form: int) -> float:
+    """The tie's gradient on each device of a stage with ``table`` that runs its tied layer in ``form``: the share
+    of the owner layer's (``LayerTable.grad``), whole under ``dp``, a 1/tp shard under the tensor forms."""
+    return tie_shares(profile, tie)[0] * float(table.grad[tie.layers[0], form])
+
+
+def tie_form(stage: ir.Stage, tie: ir.Tie) -> int:
+    """The form (index) of the stage's copy of ``tie``: that of the tied layers it holds, ``dp`` (whole on each
+    device) if any of them runs ``dp``."""
+    first, end = stage.layers
+    forms = [FORM_INDEX[stage.forms[layer - first]] for layer in tie.layers if first <= layer < end]
+    return DP if DP in forms else forms[0]
+
+
 def with_ties(profile: ir.ModelProfile, cluster: ir.Cluster, stages: Sequence[ir.Stage],
-              costs: Sequence[ir.StageCost], nbytes: Bytes) -> tuple[ir.StageCost, ...]:
-    """Each tie's extra copies and gradient all-reduce between the stages that hold its layers.
+              costs: Sequence[ir.StageCost], tables: Sequence[LayerTable]) -> tuple[ir.StageCost, ...]:
+    """Each tie's extra copies and gradient all-reduce between the stages that hold its layers
+    (``tables``: each stage's :func:`cached_layer_table`).
 
     The tie's parameters are counted in its first layer; a stage holding another of its
-    layers (and not the first) keeps a copy (:func:`tie_copy_bytes`). The trainable
-    copies' gradients are summed by a ring all-reduce of the tie's bytes over the k stages
-    holding it (slowest link between the first and the last), added to each one's
-    ``allreduce_s``. Stages on the same devices (interleaved chunks) share one copy.
+    layers (and not the first) keeps a copy laid out as it runs that layer (:func:`tie_copy_on`).
+    The trainable copies' gradients are summed by a ring all-reduce over the k stages holding it
+    (slowest link between the first and the last), added to each one's ``allreduce_s``: each device
+    its own shard (:func:`tie_grad_bytes`, the largest of the stages'; ZeRO does not divide it: Megatron-LM
+    all-reduces the embedding's whole gradient buffer), the tensor ranks' rings side by side on their own
+    links (Megatron-LM's embedding group per tensor rank). Where every holder runs on the same devices
+    (interleaved chunks of one pipeline) they share one copy and nothing is all-reduced.
     """
     out = list(costs)
     for tie in profile.ties:
@@ -237,14 +287,14 @@ def with_ties(profile: ir.ModelProfile, cluster: ir.Cluster, stages: Sequence[ir
                           if st.layers[0] <= layer < st.layers[1]})
         if len({tuple(stages[s].devices) for s in holders}) < 2:
             continue
-        weight = tie.param_bytes * nbytes.weight_scale
-        copy = math.ceil(tie_copy_bytes(profile, tie, nbytes))
+        forms = {s: tie_form(stages[s], tie) for s in holders}
+        grad = max(tie_grad_bytes(profile, tie, tables[s], forms[s]) for s in holders)
         link, _ = link_between(cluster, stages[holders[0]].devices, stages[holders[-1]].devices)
-        trains = profile.layers[tie.layers[0]].trainable_share
-        extra = ring_allreduce_s(weight * trains, len(holders), link) if trains > 0 else 0.0
-        owner = next((s for s in holders if stages[s].layers[0] <= tie.layers[0] < stages[s].layers[1]), None)
+        extra = ring_allreduce_s(grad, len(holders), link) if grad > 0 else 0.0
         for s in holders:
-            add = 0 if s == owner else copy
+            first, end = stages[s].layers
+            owns = first <= tie.layers[0] < end
+            add = 0 if owns else math.ceil(tie_copy_on(profile, tie, tables[s], forms[s], stages[s].zero))
             out[s] = replace(out[s], allreduce_s=out[s].allreduce_s + extra, static_bytes=out[s].static_bytes + add)
     return tuple(out)
 

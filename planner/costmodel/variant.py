@@ -34,6 +34,18 @@ and the scalar cost of one stage come from the same definition).
   is in the table's ``static<z>``. Frozen weights (fine-tuning: ``LayerProfile.trainable_count``)
   have no gradients and no optimizer state, so ``A``, ``H`` and the partitions ``W / d`` below are the
   trainable weights'; only ZeRO-3's gathers move every weight (``wsync``: FSDP shards frozen ones too).
+- ZeRO-3's working copies (:func:`_gathered`): sharding the weights leaves every device holding, while a
+  unit's backward runs, that unit's gathered weights, the next unit's prefetched ones and the unit's whole
+  gradient until its reduce-scatter: ``2 U + U`` beyond the shards, ``U`` the stage's largest unit
+  (``unit_max``; FSDP's backward prefetching, Zhao et al. VLDB 2023; DeepSpeed's ``stage3_max_live_parameters``
+  bounds the same live set), counted as workspace on top of the loss's or recomputation's. Where an engine
+  keeps the weights gathered and the gradients unreduced through the step (``sync_last_backward``), they are
+  in its static bytes already.
+- Gradients as reduced: an engine that reduces fp32 gradients of 16-bit weights (``wide_reduce_zero``: the
+  torch export's fp32 parameters, FSDP's ``reduce_dtype=float32``, DeepSpeed's bf16 optimizer at ZeRO-0)
+  moves ``copy_scale`` (2) times the weights' bytes in every all-reduce and reduce-scatter of gradients;
+  ZeRO's gathers of the weights move the weights' bytes, but for torch's ZeRO-1, which broadcasts its fp32
+  parameters.
 - Where the collectives run beside the compute (``prefetch``: GPUs, whose NCCL collectives have their
   own stream; not CPU processes sharing their cores), ZeRO-3's all-gathers of a forward or backward and
   its reduce-scatters, and ZeRO-2's reduce-scatters, add to it only what its compute cannot hide, and
@@ -136,6 +148,9 @@ class ZeroComms:
     compute_copy_zero: tuple[int, ...] = ()
     """The ZeRO stages under which the engine holds a 16-bit copy of the weights for the step beside its fp32
     parameters (module doc; ``EngineLimits.compute_copy_zero``, in a 16-bit precision)."""
+    wide_reduce_zero: tuple[int, ...] = ()
+    """The ZeRO stages under which the gradients move at ``copy_scale`` times the weights' bytes, and torch's
+    ZeRO-1 broadcasts parameters as wide (``EngineLimits.wide_reduce_zero``); elsewhere at the weights'."""
 
     @property
     def zero1_holds_more(self) -> bool:
@@ -207,7 +222,7 @@ def variant_cost(agg: Mapping[str, Any], in_bytes: Any, variant: Variant, microb
         time, act, work = time + agg["core"], agg["act_sel"], 0.0 * in_bytes
     else:
         act, work = agg["act"], 0.0 * in_bytes
-    work = np.maximum(work, agg["loss_ws"])  # the loss runs before any layer's backward: the larger of the two
+    work = np.maximum(work, agg["loss_ws"]) + _gathered(agg, variant.zero, comms)  # the loss runs before any
     return VariantCost(time, fwd, whole, _static(agg, variant.zero, comms), act, work,
                        _copy(agg, variant.zero, comms), gather)
 
@@ -215,11 +230,16 @@ def variant_cost(agg: Mapping[str, Any], in_bytes: Any, variant: Variant, microb
 def _zero_times(agg: Mapping[str, Any], zero: int, microbatches: int, sync_const: float, comms: ZeroComms
                 ) -> tuple[Any, Any, Any, Any]:
     """Under ZeRO stage ``zero`` (module doc): forward + backward per micro-batch, its forward, the
-    synchronisation per iteration, and the part of the first that is ZeRO-3's (or 2's) collectives."""
+    synchronisation per iteration, and the part of the first that is ZeRO-3's (or 2's) collectives. The
+    gradients move as the engine reduces them (``copy_scale`` times the weights' bytes under the stages of
+    ``wide_reduce_zero``: fp32 gradients of 16-bit weights, twice the bytes); the weights' gathers at the
+    weights' precision (torch's ZeRO-1 broadcast of its fp32 parameters as wide as its gradients)."""
     sync = agg["sync"]
+    wide = comms.copy_scale if zero in comms.wide_reduce_zero else 1.0
     latency = np.where(sync > 0, sync_const, 0.0)
-    whole = sync + latency  # the gradients' all-reduce
-    half = (sync * comms.shard_scale + latency) / 2.0  # one all-gather or reduce-scatter of them
+    whole = sync * wide + latency  # the gradients' all-reduce
+    half = (sync * comms.shard_scale + latency) / 2.0  # one all-gather of the (trainable) weights
+    ghalf = (sync * wide * comms.shard_scale + latency) / 2.0  # one reduce-scatter of the gradients
     # ZeRO-3 gathers every weight, frozen ones too (equal to ``half`` where all train)
     whalf = (agg["wsync"] * comms.shard_scale + np.where(agg["wsync"] > 0, sync_const, 0.0)) / 2.0
     op, units, pre = agg["units"] * comms.unit_op_s, agg["units"], comms.prefetch  # op: every unit's collective once
@@ -227,21 +247,33 @@ def _zero_times(agg: Mapping[str, Any], zero: int, microbatches: int, sync_const
     bwd = time - fwd
     if zero == 3 and comms.sync_last_backward:  # gathered in each backward; the first forward's and the reduce per step
         g = _exposed(whalf, bwd, units, pre) + op
-        return time + g, fwd, (whalf + op) + (half + op), g
+        return time + g, fwd, (whalf + op) + (ghalf + op), g
     if zero == 3:  # gathered in each forward and backward, reduced in each backward (beside it where prefetched)
         gf = _exposed(whalf, fwd, units, pre) + op
-        gb = _exposed(whalf + half, bwd, units, pre) + 2.0 * op if pre else whalf + op
-        return time + gf + gb, fwd + gf, 0.0 * sync if pre else microbatches * (half + op), gf + gb
+        gb = _exposed(whalf + ghalf, bwd, units, pre) + 2.0 * op if pre else whalf + op
+        return time + gf + gb, fwd + gf, 0.0 * sync if pre else microbatches * (ghalf + op), gf + gb
     if zero == 2 and pre and not comms.sync_last_backward:  # reduce-scattered beside each backward
-        g = _exposed(half, bwd, units, pre) + op
+        g = _exposed(ghalf, bwd, units, pre) + op
         return time + g, fwd, half + op, g
-    if zero == 2:
+    if zero == 2:  # the weights gathered once, the gradients reduce-scattered once or in every backward
         reduces = 1 if comms.sync_last_backward else microbatches
-        return time, fwd, (1 + reduces) * (half + op), 0.0 * sync
-    if zero == 1:  # all-reduced and then gathered beyond the paper (torch's), else reduce-scattered
-        reduced = whole if comms.gather_share else 2.0 * half
-        whole = reduced + comms.gather_share * 2.0 * half + (2.0 * op if comms.zero1_unit_ops else 0.0)
+        return time, fwd, (half + op) + reduces * (ghalf + op), 0.0 * sync
+    if zero == 1:  # all-reduced and then gathered beyond the paper (torch's), else reduce-scattered and gathered
+        reduced = whole if comms.gather_share else ghalf + half
+        whole = reduced + comms.gather_share * 2.0 * ghalf + (2.0 * op if comms.zero1_unit_ops else 0.0)
     return time, fwd, whole, 0.0 * sync
+
+
+def _gathered(agg: Mapping[str, Any], zero: int, comms: ZeroComms) -> Any:
+    """ZeRO-3's working copies during a backward (module doc), where each micro-batch gathers and reduces: the
+    unit computing and the one prefetched, gathered (``2 U``, ``U`` the largest unit's weights), and the
+    computing unit's whole gradient until its reduce-scatter (``U``, or ``copy_scale U`` where the engine
+    reduces fp32 gradients of 16-bit weights); none where the engine keeps every weight gathered and every
+    gradient unreduced through the step (already in its static bytes) or below ZeRO-3."""
+    if zero != 3 or comms.sync_last_backward:
+        return 0.0 * agg["unit_max"]
+    wide = comms.copy_scale if zero in comms.wide_reduce_zero else 1.0
+    return agg["unit_max"] * (2.0 + wide * (agg["grad"] > 0))
 
 
 def _exposed(comm: Any, compute: Any, units: Any, prefetch: bool) -> Any:

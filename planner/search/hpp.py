@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner import ir
-from planner.costmodel import KEYS, MAX_KEY, NF, SHARDED, LayerTable
+from planner.costmodel import KEYS, MAX_KEYS, NF, SHARDED, LayerTable
 
 _CHANGE = np.array([[SHARDED[a] != SHARDED[b] for b in range(NF)] for a in range(NF)], dtype=float)
 _ENTER_FWD = np.array([[not SHARDED[a] and SHARDED[b] for b in range(NF)] for a in range(NF)], dtype=float)
@@ -215,7 +215,7 @@ def _extend_chains(cost: np.ndarray, agg: np.ndarray, m: int, enter: np.ndarray,
     eb = _ENTER_BWD[arg, _COLS] * enter[None, :, None]
     picked = pick(agg, arg)
     agg[:] = picked + add[None]
-    agg[:, :, MAX_KEY] = np.maximum(picked[:, :, MAX_KEY], add[None, :, MAX_KEY])
+    agg[:, :, MAX_KEYS] = np.maximum(picked[:, :, MAX_KEYS], add[None, :, MAX_KEYS])
     agg[:, :, 0] += ef + eb
     agg[:, :, 1] += ef
 
@@ -238,7 +238,7 @@ def _dp_only(table: LayerTable, b: np.ndarray) -> dict[str, np.ndarray]:
     upper = None
     for i, k in enumerate(KEYS):
         pre = np.concatenate([[0.0], np.cumsum(rows[i])])[b]
-        diff = _range_max(rows[i], b) if i == MAX_KEY else pre[None, :] - pre[:, None]
+        diff = _range_max(rows[i], b) if i in MAX_KEYS else pre[None, :] - pre[:, None]
         if upper is None:
             upper = np.triu(np.ones_like(diff, dtype=bool), k=1)
         out[k] = np.where(upper, diff, np.inf if k == "time" else 0.0)

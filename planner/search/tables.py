@@ -24,8 +24,10 @@ from __future__ import annotations
 import numpy as np
 
 from planner import ir
-from planner.costmodel import VariantCost, p2p_s, tie_copy_bytes
+from planner.costmodel import VariantCost, p2p_s
+from planner.costmodel.layers import layer_table
 from planner.costmodel.precision import Bytes
+from planner.costmodel.stage import tie_copy_on
 from planner.schedule import in_flight_microbatches, schedule_kind
 from planner.search.hpp import StageTables
 from planner.search.space import INTRA, Candidate, Problem, option_cost, options
@@ -36,7 +38,6 @@ def build_candidates(prob: Problem) -> None:
     prob.cand.clear()
     r_hi = prob.stages_exact if prob.stages_exact is not None else min(prob.r_cap, prob.stages_max or prob.r_cap)
     in_fl = in_flight_counts(prob, r_hi)
-    ties = tie_copies(prob)
     used = {(mv.key, mv.link) for row in prob.moves for mv in row}
     recv_of = {(link, dp): p2p_times(prob, link, dp)[:, None]
                for link, dp in {(k[1], prob.grids[k[0]].dp) for k in used}}
@@ -53,6 +54,7 @@ def build_candidates(prob: Problem) -> None:
             for arr in cand.period + cand.term:
                 arr[0, prob.nb] = np.inf
         if key not in fit_of:
+            ties = np.stack([tie_copies(prob, key, opt.variant.zero) for opt in opts])
             fit_of[key] = _option_limits(prob, key, costs, ties, in_fl)
         cand.rmax = list(np.where(np.isfinite(np.stack(cand.period)), fit_of[key], 0))
         _drop_dominated(cand)
@@ -67,7 +69,8 @@ def build_candidates(prob: Problem) -> None:
 
 def _option_limits(prob: Problem, key: int, costs: list[tuple[StageTables, VariantCost]], ties: np.ndarray,
                    in_fl: list[int]) -> np.ndarray:
-    """:func:`_fit_limit` of every option of grid ``key`` at once (stacked), against its smallest memory."""
+    """:func:`_fit_limit` of every option of grid ``key`` at once (stacked), against its smallest memory;
+    ``ties``: each option's :func:`tie_copies`."""
     cap = prob.grids[key].group.memory_bytes if prob.capacity_override is None else prob.capacity_override
     shape = costs[0][1].time.shape
     static, act, work, weight, copy = (np.stack([np.broadcast_to(x, shape) for x in xs]) for xs in zip(
@@ -176,17 +179,23 @@ def link_of(cluster: ir.Cluster, link: int) -> ir.Link:
     return cluster.link("intra_node" if link == INTRA else "inter_node")
 
 
-def tie_copies(prob: Problem) -> np.ndarray:
-    """``out[a, b]``: bytes of tied-weight copies a stage [bounds[a], bounds[b]) keeps besides the
-    layers' own (it holds a tied layer but not the one the tie is counted in); weights, gradient
-    and optimizer state at the problem's precision (planner.costmodel.stage.with_ties)."""
+def tie_copies(prob: Problem, key: int, zero: int) -> np.ndarray:
+    """``out[a, b]``: bytes of tied-weight copies a stage [bounds[a], bounds[b]) on grid ``key`` at ZeRO
+    ``zero`` keeps on each device besides the layers' own (it holds a tied layer but not the one the tie
+    is counted in): laid out as the stage runs its tied layer (planner.costmodel.stage.tie_copy_on), in
+    the leanest form open to that layer on the grid, which the stage's leanest forms take; the judge
+    charges the form the plan's stage runs (planner.costmodel.stage.with_ties)."""
     nb = prob.nb
     out = np.zeros((nb + 1, nb + 1))
-    nbytes = Bytes.of(prob.profile, prob.space.precision, prob.optimizer)
+    if not prob.profile.ties:
+        return out
+    table = layer_table(prob.profile, prob.grids[key], prob.microbatches, prob.optimizer, prob.forms,
+                        prob.space.rules)
     starts, ends = prob.bounds[:, None], prob.bounds[None, :]
     for tie in prob.profile.ties:
-        copy = tie_copy_bytes(prob.profile, tie, nbytes)
         owner = tie.layers[0]
+        forms = [f for layer in tie.layers[1:] for f in np.flatnonzero(table.allowed[layer])]
+        copy = min((tie_copy_on(prob.profile, tie, table, int(f), zero) for f in forms), default=0.0)
         holds_owner = (starts <= owner) & (owner < ends)
         holds_other = np.zeros_like(holds_owner)
         for layer in tie.layers[1:]:
