@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from planner import ir
-from planner.errors import PlannerError
+from planner.errors import InfeasibleError, PlannerError
 from planner.runnable import problems, uneven_servers
 from planner.search import search
 from planner.search.servers import even_subclusters, uneven
@@ -46,5 +46,7 @@ def test_when_no_even_sub_cluster_has_a_plan_the_error_says_which_were_searched(
     for layer in doc["layers"]:
         layer.update(param_count=10**9, param_bytes=4 * 10**9)
     with pytest.raises(PlannerError, match=r"--engine torch starts as many processes on every server, so the uneven "
-                                           r"servers were searched as 4 GPUs \(2 x 2\) and 4 GPUs \(1 x 4\)"):
+                                           r"servers were searched as 4 GPUs \(2 x 2\) and 4 GPUs \(1 x 4\)") as exc:
         search(ir.ModelProfile.from_dict(doc), _servers(4, 2, memory_bytes=10**9), engine="torch")
+    assert isinstance(exc.value, InfeasibleError) and exc.value.needed_bytes is not None  # the least need is kept
+    assert exc.value.cause.startswith("on 4 GPUs (")

@@ -136,8 +136,10 @@ def dp_stage(profile: ir.ModelProfile, cluster: ir.Cluster, devices: Sequence[st
 
 def dp_plan(profile: ir.ModelProfile, cluster: ir.Cluster, optimizer: str = "sgd", precision: str = "fp32",
             engine: str = "any") -> ir.Plan:
-    """Pure data parallel over every GPU as a plan (one stage, M = 1) run by ``engine``, whose
-    overheads it is charged with where the cluster carries them: the yardstick of a plan for it."""
+    """Plain data parallel over every GPU as a plan run by ``engine``, whose overheads it is charged with
+    where the cluster carries them: the yardstick of a plan for it (``speedup_over_dp``). One stage of
+    ``dp`` forms, ZeRO-0, no recomputation, M = 1 (each GPU's whole local batch in one micro-batch), as
+    planner.render.search names it; on a one-GPU cluster, the whole batch on that GPU in one go."""
     stage = dp_stage(profile, cluster, optimizer=optimizer, precision=precision)
     return ir.Plan(profile, cluster, "1f1b", 1, optimizer, (stage,), ir.Prediction(0.0, 0.0, 0.0, 0),
                    precision=precision, engine=engine)
@@ -145,8 +147,8 @@ def dp_plan(profile: ir.ModelProfile, cluster: ir.Cluster, optimizer: str = "sgd
 
 def dp_iteration(profile: ir.ModelProfile, cluster: ir.Cluster, optimizer: str = "sgd",
                  precision: str = "fp32", engine: str = "any") -> tuple[float, int, bool]:
-    """Pure data parallel over every GPU, run by ``engine``: (iteration seconds, peak bytes per
-    device, fits)."""
+    """:func:`dp_plan` (plain data parallel: ZeRO-0, no recomputation, M = 1), run by ``engine``:
+    (iteration seconds, peak bytes per device, whether that peak fits the GPUs' memory)."""
     plan = dp_plan(profile, cluster, optimizer, precision, engine)
     (cost,) = stage_costs(plan)
     t, _ = analytic_iteration([cost], "gpipe", 1)

@@ -87,12 +87,7 @@ def print_plan(plan: ir.Plan, explanation: Explanation, *, elapsed_s: float | No
     console.print(f"predicted iteration {_ms(p.iteration_s)}, {p.samples_per_s:.1f} samples/s, bubble "
                   f"{p.bubble_fraction:.1%}, peak memory {_gib(p.peak_memory_bytes)} per device"
                   + ("  (* bottleneck stage)" if plan.pipeline_stages > 1 else ""), soft_wrap=True)
-    gpus = count(len(plan.cluster.gpus), device_noun(g.name for g in plan.cluster.gpus))
-    if plan.dp_iteration_s is not None and plan.speedup_over_dp is not None:
-        console.print(f"pure data parallel on all {gpus}: {_ms(plan.dp_iteration_s)} -> "
-                      f"speedup [bold]{plan.speedup_over_dp:.2f}x[/]")
-    else:
-        console.print(f"pure data parallel on all {gpus} does not fit in memory")
+    console.print(dp_line(plan), soft_wrap=True)
     print_explanation(explanation, console, long=long)
     tail = []
     if elapsed_s is not None:
@@ -101,6 +96,51 @@ def print_plan(plan: ir.Plan, explanation: Explanation, *, elapsed_s: float | No
         tail.append(f"plan written to {safe_text(output)}")
     if tail:
         console.print("; ".join(tail), soft_wrap=True)
+
+
+def dp_baseline(plan: ir.Plan) -> str:
+    """The yardstick of ``speedup_over_dp`` (planner.costmodel.dp_plan) named exactly: plain data parallel,
+    ZeRO-0, no recomputation, each device's whole local batch in one micro-batch; on one device, no data
+    parallelism at all."""
+    n, noun = len(plan.cluster.gpus), device_noun(g.name for g in plan.cluster.gpus)
+    if n == 1:
+        return f"the whole batch of {plan.batch_size} in one micro-batch on the one {noun} (no recomputation)"
+    return (f"plain data parallel on all {count(n, noun)} (ZeRO-0, no recomputation, each {noun}'s "
+            f"{count(plan.batch_size // n, 'sample')} in one micro-batch)")
+
+
+def _data_parallel(plan: ir.Plan) -> bool:
+    """Whether the plan itself is data parallel on every device: one stage, tensor degree 1, ``dp`` forms."""
+    first = plan.stages[0]
+    return (len(plan.stages) == 1 and first.tp == 1 and len(first.devices) == len(plan.cluster.gpus)
+            and set(first.forms) == {"dp"})
+
+
+def _fits_with(plan: ir.Plan) -> str:
+    """What a data-parallel plan does that the baseline does not: ZeRO, recomputation, more micro-batches."""
+    stage, noun = plan.stages[0], device_noun(g.name for g in plan.cluster.gpus)
+    done = [f"ZeRO-{stage.zero}"] if stage.zero else []
+    done += [f"{stage.recompute} recomputation"] if stage.recomputes else []
+    if plan.microbatches > 1:
+        size = plan.batch_size // (plan.microbatches * stage.dp)
+        done.append(f"{count(plan.microbatches, 'micro-batch')} of {count(size, 'sample')} per {noun}")
+    return (", ".join(done[:-1]) + " and " if len(done) > 1 else "") + done[-1] if done else "the same settings"
+
+
+def dp_line(plan: ir.Plan) -> str:
+    """The plan against :func:`dp_baseline`: its time and the speedup, or why it has none; where the plan is
+    itself data parallel (or on one device) and the baseline does not fit, what lets the plan fit."""
+    n, noun = len(plan.cluster.gpus), device_noun(g.name for g in plan.cluster.gpus)
+    base = dp_baseline(plan)
+    if plan.batch_size % n:
+        return (f"plain data parallel on all {count(n, noun)} does not run: the batch of {plan.batch_size} does "
+                f"not split into whole samples per {noun}")
+    if plan.dp_iteration_s is not None and plan.speedup_over_dp is not None:
+        return f"{base}: {_ms(plan.dp_iteration_s)} -> speedup [bold]{plan.speedup_over_dp:.2f}x[/]"
+    line = f"{base} does not fit in memory"
+    if n == 1 or _data_parallel(plan):
+        line += f"; this plan{' is data parallel too and' if n > 1 else ''} fits with {_fits_with(plan)}"
+    return line
 
 
 def print_clusters(clusters: Sequence[ir.Cluster], descriptions: Mapping[str, str]) -> None:

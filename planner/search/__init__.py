@@ -63,7 +63,7 @@ from typing import Any
 
 from planner import ir
 from planner.costmodel import Grid, LayerTable, dp_iteration, layer_table, plan_memory, predict, stage_costs
-from planner.errors import PlannerError
+from planner.errors import InfeasibleError, PlannerError
 from planner.judge import Judged
 from planner.runnable import ENGINES as ENGINE_LIMITS
 from planner.runnable import is_runnable
@@ -71,6 +71,7 @@ from planner.search import rerank
 from planner.search.descent import Opening, open_problem, solve
 from planner.search.framed import Framed
 from planner.search.hpp import hpp
+from planner.search.nofit import least_need_error, no_batch_shape, no_width_shape
 from planner.search.options import (
     ENGINES,
     SOLVERS,
@@ -82,7 +83,7 @@ from planner.search.options import (
     resolve_virtual_stages,
 )
 from planner.search.servers import even_subclusters, uneven
-from planner.search.sp import Problem, Solution, build_problem, infeasible
+from planner.search.sp import Problem, Solution, build_problem
 
 __all__ = ["ENGINES", "RERANK", "SOLVERS", "build_problem", "hpp", "microbatch_candidates", "parse_config", "search",
            "solution_plan"]
@@ -143,24 +144,26 @@ def search(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int |
 
 def _on_even_servers(profile: ir.ModelProfile, cluster: ir.Cluster, options: dict[str, Any]) -> ir.Plan:
     """The fastest plan over the even sub-clusters of ``cluster`` (planner.search.servers), each searched
-    with ``options``; the first one's error when none has a plan. The plan's cluster is its sub-cluster:
-    the servers and GPUs the engine's launcher starts it on."""
+    with ``options``; when none has a plan, the error of the one needing the least memory (else the first's).
+    The plan's cluster is its sub-cluster: the servers and GPUs the engine's launcher starts it on."""
     best: ir.Plan | None = None
-    failure: PlannerError | None = None
+    failures: list[tuple[PlannerError, str]] = []
     subs = even_subclusters(cluster)
     for sub in subs:
         try:
             plan = search(profile, sub, **options)
         except PlannerError as exc:
-            failure = failure or exc
+            failures.append((exc, f"{len(sub.gpus)} GPUs ({len(sub.nodes)} x {len(sub.nodes[0].gpus)})"))
             continue
         if best is None or plan.predicted.iteration_s < best.predicted.iteration_s:
             best = plan
     if best is None:
-        assert failure is not None
-        searched = " and ".join(f"{len(sub.gpus)} GPUs ({len(sub.nodes)} x {len(sub.nodes[0].gpus)})" for sub in subs)
-        raise type(failure)(f"{failure.cause}; --engine {options['engine']} starts as many processes on every server, "
-                            f"so the uneven servers were searched as {searched}", failure.hint) from None
+        failure, where = min(failures, key=lambda f: getattr(f[0], "needed_bytes", None) or math.inf)
+        cause = (f"on {where}: {failure.cause}; --engine {options['engine']} starts as many processes on every "
+                 f"server, so the uneven servers were searched as {' and '.join(w for _, w in failures)}")
+        if isinstance(failure, InfeasibleError):
+            raise InfeasibleError(cause, failure.hint, failure.needed_bytes) from None
+        raise type(failure)(cause, failure.hint) from None
     return best
 
 
@@ -187,6 +190,8 @@ class _Met:
     found: Found = field(default_factory=list)
     probs: list[Problem] = field(default_factory=list)
     simulated_s: float = math.inf
+    mixed: set[int] = field(default_factory=set)
+    """The ids of the problems solved again once per mode (their plans all mixed modes)."""
 
     @property
     def threshold_s(self) -> float:
@@ -214,6 +219,8 @@ class _Met:
         self.found.sort(key=lambda t: (t[0], t[1]))
         if sol is not None and sol in kept and sol.objective < threshold:
             self.simulated_s = min(self.simulated_s, _simulated_s(prob, sol, self.req.engine))
+        if sol is not None and sol not in kept:
+            self.mixed.add(id(prob))
         return sol is None or sol in kept
 
 
@@ -221,7 +228,6 @@ def _runnable(plans: list[rerank.Costed], engine: str) -> list[rerank.Costed]:
     """The plans ``engine`` runs; an InfeasibleError saying why when it runs none of them."""
     kept = [pc for pc in plans if is_runnable(pc[0], engine)]
     if plans and not kept:
-        from planner.errors import InfeasibleError
         from planner.runnable import problems as limits_broken
 
         raise InfeasibleError(f"the {len(plans)} best plans found break a limit of --engine {engine}, the best: "
@@ -248,9 +254,10 @@ def _collect(profile: ir.ModelProfile, cluster: ir.Cluster, req: Request, cands:
         if frame.lower_bound_s() < met.threshold_s:
             met.solve(frame, None)
     if not met.probs:
-        raise _no_batch_shape(profile, cluster, cands, req)
-    if not met.found:
-        raise _no_width_shape(profile, req, met.probs) or infeasible(met.probs[-1])
+        raise no_batch_shape(profile, cluster, cands, req)
+    if not met.found:  # the least need over the problems whose plans were not all set aside for mixing modes
+        raise no_width_shape(profile, req, met.probs) or least_need_error(
+            [p for p in met.probs if id(p) not in met.mixed] or met.probs, req, cands)
     return met.found, met.probs
 
 
@@ -288,37 +295,6 @@ def _simulated_s(prob: Problem, sol: Solution, engine: str) -> float:
     objective is optimistic), not only while they may beat the best analytic objective."""
     plan, costs = _memory_plan(prob, sol, engine=engine, solver="dp")
     return rerank.simulated(plan, costs).prediction.iteration_s
-
-
-def _no_width_shape(profile: ir.ModelProfile, req: Request, probs: list[Problem]) -> Exception | None:
-    """When a ``--config`` width has no grid with whole micro-batches at any micro-batch count: that
-    is why nothing was found, not memory."""
-    from planner.errors import PlanError
-
-    if req.config is None:
-        return None
-    formed = {len(mv.devices) for prob in probs for row in prob.moves for mv in row}
-    missing = sorted(set(req.config) - formed)
-    if not missing:
-        return None
-    return PlanError(f"--config {'-'.join(map(str, req.config))}: no stage of {missing} GPUs gives its data-parallel "
-                     f"ranks whole micro-batches of the batch of {profile.batch_size} at any micro-batch count",
-                     "batch = micro_batch_size x microbatches x dp: use stage widths (or tensor degrees) whose "
-                     "data-parallel degree divides the batch, or another batch size")
-
-
-def _no_batch_shape(profile: ir.ModelProfile, cluster: ir.Cluster, cands: list[int], req: Request) -> Exception:
-    from planner.errors import PlanError
-
-    fixed = req.space.micro_batch_size
-    what = f"micro-batch size {fixed}" if fixed else f"micro-batch counts {cands[:8]}"
-    zero = "" if 0 in req.space.zero else (f" and --zero {'/'.join(map(str, req.space.zero))} (two or more "
-                                           "data-parallel ranks)")
-    return PlanError(f"no stage grid of {cluster.name!r} splits the batch of {profile.batch_size} into whole "
-                     f"micro-batches per data-parallel rank with {what}"
-                     + (f" and --tp {req.space.tp}" if req.space.tp else "") + zero,
-                     "batch = micro_batch_size x microbatches x dp: use a batch size with more divisors, "
-                     "--microbatches auto, another --micro-batch-size or --tp auto")
 
 
 def _distinct(found: Found, n: int, engine: str, solver: str

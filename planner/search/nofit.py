@@ -1,39 +1,65 @@
-"""When nothing fits: the smallest per-device memory some plan of the space would need, and the error.
+"""When a search finds no plan: the least per-device memory some plan would need, and the errors.
 
-Pure. :func:`needed_memory` bisects a capacity override over the problem's own tables (the
+Pure. :func:`needed_memory` bisects a capacity override over a problem's own tables (the
 same space and memory model as the search), so the number the error prints is one the
-search would accept.
+search would accept. :func:`least_need_error` takes the least need over every problem the
+search solved (one per micro-batch count, or per engine grid), names the plan that needs it,
+and hints only at what the request does not already use (with, where the GPUs are alike, an
+estimate of how many of them the need implies). :func:`no_width_shape` and
+:func:`no_batch_shape`: when no grid gives whole micro-batches, which is why nothing was found.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
-from planner.errors import InfeasibleError
-from planner.search.sp import solve_cap
+from planner import ir
+from planner.errors import InfeasibleError, PlanError
+from planner.runnable import ENGINES as ENGINE_LIMITS
+from planner.search.options import Request
+from planner.search.sp import Solution, solve_cap
 from planner.search.space import Problem
 from planner.search.tables import build_candidates
 
+GIB = 1024**3
 
-def needed_memory(prob: Problem, rounds: int = 40) -> int | None:
-    """The smallest per-device memory with which some plan of this space fits (bisection)."""
+
+def _fits(prob: Problem, capacity: float) -> Solution | None:
+    """The problem's fastest plan with every device holding ``capacity`` bytes (left set: callers restore it)."""
+    prob.capacity_override = capacity
+    build_candidates(prob)
+    return solve_cap(prob, math.inf)
+
+
+def _doubled(prob: Problem) -> float | None:
+    """The first power of two (bytes) at which some plan fits; None when none does below 2**80."""
     hi = 1.0
+    for _ in range(80):
+        if _fits(prob, hi) is not None:
+            return hi
+        hi *= 2
+    return None
+
+
+def needed_memory(prob: Problem, rounds: int = 40, below: int | None = None) -> int | None:
+    """The smallest per-device memory with which some plan of this space fits (bisection); None when
+    none fits at any memory, or, given ``below``, none fits with ``below`` bytes."""
     saved = prob.capacity_override
     try:
-        for _ in range(80):
-            prob.capacity_override = hi
-            build_candidates(prob)
-            if solve_cap(prob, math.inf) is not None:
-                break
-            hi *= 2
+        if below is None:
+            hi = _doubled(prob)
+            if hi is None:
+                return None
+            lo = hi / 2
         else:
-            return None
-        lo = hi / 2
+            if _fits(prob, below) is None:
+                return None
+            lo, hi = 0.0, float(below)
         for _ in range(rounds):
             mid = (lo + hi) / 2
-            prob.capacity_override = mid
-            build_candidates(prob)
-            if solve_cap(prob, math.inf) is not None:
+            if _fits(prob, mid) is not None:
                 hi = mid
             else:
                 lo = mid
@@ -43,20 +69,174 @@ def needed_memory(prob: Problem, rounds: int = 40) -> int | None:
         build_candidates(prob)
 
 
-def infeasible_error(prob: Problem) -> InfeasibleError:
-    """The error for a problem with no plan that fits, with the memory that would be needed."""
-    need = needed_memory(prob)
+@dataclass(frozen=True)
+class Need:
+    """The least per-device memory of a search's problems, the problem and the plan that need it."""
+
+    bytes: int
+    prob: Problem
+    solution: Solution
+
+
+def least_need(probs: Sequence[Problem]) -> Need | None:
+    """The least :func:`needed_memory` over ``probs`` and its plan; None when none fits at any memory.
+    Most micro-batches first (fewest activations: usually the least), then each other problem only
+    where it fits in the least so far."""
+    best: Need | None = None
+    for prob in sorted(probs, key=lambda p: -p.microbatches):
+        need = needed_memory(prob, below=None if best is None else best.bytes)
+        if need is None or (best is not None and need >= best.bytes):
+            continue
+        saved = prob.capacity_override
+        try:
+            sol = _fits(prob, need)
+        finally:
+            prob.capacity_override = saved
+            build_candidates(prob)
+        if sol is not None:
+            best = Need(need, prob, sol)
+    return best
+
+
+def _per_stage(values: Iterable[object]) -> str:
+    """One value when every stage has it, else each stage's, ``/``-separated."""
+    shown = [str(v) for v in values]
+    return shown[0] if len(set(shown)) == 1 else "/".join(shown)
+
+
+def describe(prob: Problem, sol: Solution) -> str:
+    """A DP solution in words: micro-batches and their size, GPUs per stage, tensor degree, ZeRO, recomputation."""
+    m, batch = prob.microbatches, prob.profile.batch_size
+    widths = [len(s.move.devices) for s in sol.stages]
+    size = _per_stage(batch // (m * (w // s.move.tp)) for w, s in zip(widths, sol.stages, strict=True))
+    text = (f"{m} micro-batch{'es' if m != 1 else ''} of {size} sample{'s' if size != '1' else ''} per "
+            f"data-parallel rank, config {'-'.join(map(str, widths))} (GPUs per stage")
+    text += f", {sum(widths)} of the {prob.devices} GPUs)" if sum(widths) < prob.devices else ")"
+    return (text + f", tp {_per_stage(s.move.tp for s in sol.stages)}, ZeRO "
+            f"{_per_stage(s.option.variant.zero for s in sol.stages)}, recomputation "
+            f"{_per_stage(s.option.variant.recompute for s in sol.stages)}")
+
+
+@dataclass(frozen=True)
+class Tried:
+    """What the search's problems covered together: ZeRO stages, recomputation modes, tensor degrees (None:
+    every valid one) and micro-batch counts."""
+
+    zero: tuple[int, ...]
+    recompute: tuple[str, ...]
+    tp: tuple[int, ...] | None
+    counts: tuple[int, ...]
+
+    @staticmethod
+    def of(probs: Sequence[Problem]) -> Tried:
+        spaces = [p.space for p in probs]
+        modes = {m for s in spaces for m in s.recompute}
+        tps = None if any(s.tp is None for s in spaces) else tuple(sorted({s.tp for s in spaces if s.tp}))
+        return Tried(tuple(sorted({z for s in spaces for z in s.zero})), tuple(m for m in ir.RECOMPUTE if m in modes),
+                     tps, tuple(sorted({p.microbatches for p in probs})))
+
+    def __str__(self) -> str:
+        counts = "micro-batch counts" if len(self.counts) > 1 else "micro-batch count"
+        return (f"tensor degrees {'auto' if self.tp is None else '/'.join(map(str, self.tp))}, ZeRO "
+                f"{'/'.join(map(str, self.zero))}, recomputation {'/'.join(self.recompute)} and {counts} "
+                f"{'/'.join(map(str, self.counts))} were tried")
+
+
+def least_need_error(probs: Sequence[Problem], req: Request | None = None,
+                     cands: Sequence[int] | None = None) -> InfeasibleError:
+    """The error when none of ``probs`` (the problems a search solved, for micro-batch counts ``cands``)
+    has a plan that fits: the least memory a plan of any of them needs, that plan, and what would help."""
+    need, tried = least_need(probs), Tried.of(probs)
+    prob = probs[0] if need is None else need.prob
     have = min(g.memory_bytes for g in prob.cluster.gpus)
-    gib = 1024**3
-    cause = f"no plan fits in the devices' memory ({have / gib:.2f} GiB per device at most)"
+    cause = f"no plan fits in the devices' memory ({have / GIB:.2f} GiB per device at most)"
     if need is not None:
-        cause += f"; the best plan of this space needs {need / gib:.2f} GiB per device"
-    tried = (f"tensor degrees {'auto' if prob.space.tp is None else prob.space.tp}, ZeRO "
-             f"{'/'.join(map(str, prob.space.zero))} and recomputation {'/'.join(prob.space.recompute)} were tried")
+        cause += (f"; the plan of this space that needs the least memory needs {need.bytes / GIB:.2f} GiB per device: "
+                  + describe(need.prob, need.solution))
+        cause += f" (the least over micro-batch counts {', '.join(map(str, tried.counts))})" \
+            if len(tried.counts) > 1 else ""
+    hint = f"{', '.join(_hints(prob, need, req, tried, cands or tried.counts))}; {tried}"
     if prob.stages_max is not None:
-        tried += (f", on at most {prob.stages_max} stages (the engine's schedule needs a micro-batch per stage: more "
-                  "--microbatches allow more stages)")
-    hint = ("add devices or use GPUs with more memory, use more micro-batches (--microbatches, smaller micro-batches "
-            "keep fewer activations), a lighter --optimizer (sgd), --precision bf16, or a schedule with fewer "
-            f"micro-batches in flight (1f1b); {tried}")
-    return InfeasibleError(cause, hint, need)
+        hint += (f", on at most {prob.stages_max} stages (the engine's schedule needs a micro-batch per stage: more "
+                 "--microbatches allow more stages)")
+    return InfeasibleError(cause, hint, None if need is None else need.bytes)
+
+
+def _more_gpus(cluster: ir.Cluster, need: Need | None) -> str:
+    """Add GPUs or bigger ones; how many of these the need implies where they are alike (an estimate)."""
+    mems = {g.memory_bytes for g in cluster.gpus}
+    if need is None or len(mems) > 1:
+        return "add devices or use GPUs with more memory"
+    have, n = mems.pop(), len(cluster.gpus)
+    est = math.ceil(need.bytes * n / have)
+    return (f"use GPUs with {need.bytes / GIB:.2f} GiB or more, or more of these: about {est} GPUs of "
+            f"{have / GIB:.2f} GiB (an estimate: {need.bytes / GIB:.2f} GiB x {n} GPUs / {have / GIB:.2f} GiB, "
+            "as if the memory per device fell in proportion)")
+
+
+def _more_microbatches(prob: Problem, cands: Sequence[int]) -> list[str]:
+    """More micro-batches than were searched (of a free size), or smaller ones (of a fixed size), where the
+    batch allows them."""
+    batch, fixed = prob.profile.batch_size, prob.space.micro_batch_size
+    per = batch // (fixed or 1)
+    out = []
+    if fixed is None and any(per % m == 0 and m > max(cands) for m in range(1, per + 1)):
+        out.append(f"more micro-batches (--microbatches auto searches every count that divides the batch of {batch}; "
+                   "smaller micro-batches keep fewer activations)")
+    if fixed is not None and fixed > 1:
+        out.append(f"a smaller --micro-batch-size than {fixed}")
+    return out
+
+
+def _hints(prob: Problem, need: Need | None, req: Request | None, tried: Tried, cands: Sequence[int]) -> list[str]:
+    """What would help, leaving out what the request already uses."""
+    engine = ENGINE_LIMITS.get(req.engine if req is not None else "any")
+    out = [_more_gpus(prob.cluster, need), *_more_microbatches(prob, cands)]
+    if 3 not in tried.zero and len(prob.cluster.gpus) > 1:
+        out.append("--zero 3 (shards weights, gradients and optimizer state over the data-parallel ranks)"
+                   if engine is None or 3 in engine.zero else
+                   f"an --engine that runs ZeRO-3 (--engine {engine.name} runs ZeRO {'/'.join(map(str, engine.zero))})")
+    if "full" not in tried.recompute:
+        out.append("--recompute full (keeps only each layer's input)")
+    if tried.tp is not None and (engine is None or engine.tensor_parallel):
+        out.append("--tp auto")
+    if prob.optimizer != "sgd" and not any(x.block is not None for x in prob.profile.layers):
+        out.append("a lighter --optimizer (sgd keeps no optimizer state)")
+    if prob.space.precision == "fp32" and (engine is None or "bf16" in engine.precisions):
+        out.append("--precision bf16 (16-bit activations, weights and gradients)")
+    if prob.schedule != "1f1b":
+        out.append("--schedule 1f1b (at most K - s micro-batches in flight on stage s)")
+    return out
+
+
+def infeasible_error(prob: Problem) -> InfeasibleError:
+    """The error for one problem with no plan that fits (:func:`least_need_error` over it alone)."""
+    return least_need_error([prob])
+
+
+def no_width_shape(profile: ir.ModelProfile, req: Request, probs: list[Problem]) -> Exception | None:
+    """When a ``--config`` width has no grid with whole micro-batches at any micro-batch count: that
+    is why nothing was found, not memory."""
+    if req.config is None:
+        return None
+    formed = {len(mv.devices) for prob in probs for row in prob.moves for mv in row}
+    missing = sorted(set(req.config) - formed)
+    if not missing:
+        return None
+    return PlanError(f"--config {'-'.join(map(str, req.config))}: no stage of {missing} GPUs gives its data-parallel "
+                     f"ranks whole micro-batches of the batch of {profile.batch_size} at any micro-batch count",
+                     "batch = micro_batch_size x microbatches x dp: use stage widths (or tensor degrees) whose "
+                     "data-parallel degree divides the batch, or another batch size")
+
+
+def no_batch_shape(profile: ir.ModelProfile, cluster: ir.Cluster, cands: list[int], req: Request) -> Exception:
+    """When no stage grid splits the batch into whole micro-batches per data-parallel rank."""
+    fixed = req.space.micro_batch_size
+    what = f"micro-batch size {fixed}" if fixed else f"micro-batch counts {cands[:8]}"
+    zero = "" if 0 in req.space.zero else (f" and --zero {'/'.join(map(str, req.space.zero))} (two or more "
+                                           "data-parallel ranks)")
+    return PlanError(f"no stage grid of {cluster.name!r} splits the batch of {profile.batch_size} into whole "
+                     f"micro-batches per data-parallel rank with {what}"
+                     + (f" and --tp {req.space.tp}" if req.space.tp else "") + zero,
+                     "batch = micro_batch_size x microbatches x dp: use a batch size with more divisors, "
+                     "--microbatches auto, another --micro-batch-size or --tp auto")

@@ -1,0 +1,88 @@
+"""When no plan fits: the least memory over every problem searched, the plan that needs it, and hints that
+name only what the request does not already use."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from planner import ir
+from planner.cluster import cluster_from_dict
+from planner.errors import InfeasibleError
+from planner.search import search
+from tests.conftest import make_cluster_dict, make_profile_dict
+
+
+def _heavy(batch_size: int = 8, **overrides: Any) -> ir.ModelProfile:
+    """Four layers whose activations dominate memory: more micro-batches need less."""
+    d = make_profile_dict(4, batch_size=batch_size, **overrides)
+    for layer in d["layers"]:
+        layer["saved_bytes"] = 20_000_000
+    return ir.ModelProfile.from_dict(d)
+
+
+def _llm() -> ir.ModelProfile:
+    """Two transformer blocks (an LLM: sgd is no advice for it), profiled in bf16."""
+    d = make_profile_dict(2, batch_size=8, dtype="bfloat16")
+    for layer in d["layers"]:
+        layer.update(in_features=256, out_features=256, saved_bytes=20_000_000,
+                     block={"hidden": 256, "heads": 4, "kv_heads": 4, "ffn": 1024, "seq_len": 64})
+    return ir.ModelProfile.from_dict(d)
+
+
+def _error(profile: ir.ModelProfile, memory: int = 5_000_000, **options: Any) -> InfeasibleError:
+    cluster = cluster_from_dict(make_cluster_dict(1, 2, memory_bytes=memory))
+    with pytest.raises(InfeasibleError) as exc:
+        search(profile, cluster, **options)
+    return exc.value
+
+
+def test_auto_microbatches_report_the_least_need_over_every_count_and_its_plan() -> None:
+    profile = _heavy(batch_size=12)  # searched in the order 6, 3, 2, 1, 12, 4 (lower bounds): 4 is not the least
+    needs = {m: _error(profile, microbatches=m).needed_bytes or 0 for m in (1, 2, 3, 4, 6, 12)}
+    assert needs[12] == min(needs.values()) < needs[4] < needs[1]
+    auto = _error(profile)
+    assert auto.needed_bytes == needs[12]
+    assert "12 micro-batches of 1 sample per data-parallel rank, config " in auto.cause
+    assert "(the least over micro-batch counts 1, 2, 3, 4, 6, 12)" in auto.cause
+    assert "micro-batch counts 1/2/3/4/6/12 were tried" in auto.hint
+
+
+def test_the_hint_estimates_how_many_gpus_of_this_kind_the_need_implies() -> None:
+    err = _error(_heavy())
+    assert err.needed_bytes is not None
+    assert f"about {math.ceil(err.needed_bytes * 2 / 5_000_000)} GPUs of " in err.hint
+    assert "an estimate" in err.hint
+
+
+def test_hints_name_what_the_request_does_not_use() -> None:
+    err = _error(_heavy(), microbatches=1, schedule="gpipe", optimizer="adam")
+    for hint in ("more micro-batches", "--schedule 1f1b", "--precision bf16", "--optimizer (sgd"):
+        assert hint in err.hint
+    assert "--zero 3" not in err.hint and "--recompute full" not in err.hint and "--tp auto" not in err.hint
+    fixed = _error(_heavy(), zero=1, recompute="selective", tp=1)
+    for hint in ("--zero 3", "--recompute full", "--tp auto"):
+        assert hint in fixed.hint
+
+
+def test_hints_leave_out_what_is_already_used() -> None:
+    err = _error(_heavy(), precision="bf16", optimizer="adam")  # 1f1b and every micro-batch count already
+    for hint in ("more micro-batches", "--schedule", "--precision"):
+        assert hint not in err.hint
+    llm = _error(_llm(), memory=1_000_000, optimizer="adam")  # bf16 profile: bf16 precision already
+    for hint in ("--optimizer", "--precision", "--schedule", "more micro-batches"):
+        assert hint not in llm.hint
+    assert "GPUs of " in llm.hint
+
+
+def test_a_fixed_micro_batch_size_hints_at_a_smaller_one_not_at_more_micro_batches() -> None:
+    err = _error(_heavy(), micro_batch_size=2)
+    assert "a smaller --micro-batch-size than 2" in err.hint and "more micro-batches" not in err.hint
+
+
+def test_an_engine_searched_per_zero_stage_reports_every_stage_tried_and_names_its_limit() -> None:
+    err = _error(_heavy(), engine="deepspeed")
+    assert "ZeRO 0/1, recomputation none/full" in err.hint
+    assert "an --engine that runs ZeRO-3 (--engine deepspeed runs ZeRO 0/1)" in err.hint and "--zero 3" not in err.hint
