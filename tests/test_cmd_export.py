@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from planner.cli import main
+from planner.commands.export import KIND, VERSION, document
 from tests.test_runner import free_port, run_servers, tiny_plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,7 +31,8 @@ def test_export_deepspeed_writes_script_config_and_plan(tmp_path: Path) -> None:
     res = CliRunner().invoke(main, ["export", _write(tmp_path, width=2), "--to", "deepspeed", "-o", str(out), "--json"])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
-    assert doc["world_size"] == 4
+    assert (doc["kind"], doc["version"], doc["engine"], doc["world_size"]) == ("export", 1, "deepspeed", 4)
+    assert doc["commands"] == [f"cd {shlex.quote(str(out))} && sh launch_node0.sh"]
     assert {p.name for p in out.iterdir()} == {"train.py", "ds_config.json", "plan.json", "README.md", "hostfile",
                                             "launch_node0.sh"}
     cfg = json.loads((out / "ds_config.json").read_text())
@@ -42,6 +45,23 @@ def test_export_torch(tmp_path: Path) -> None:
     res = CliRunner().invoke(main, ["export", _write(tmp_path, schedule="gpipe"), "--to", "torch", "-o", str(out)])
     assert res.exit_code == 0, res.output
     assert "ScheduleGPipe" in (out / "train.py").read_text()
+
+
+def test_export_torch_json_document_carries_kind_and_version(tmp_path: Path) -> None:
+    """Once only engine, world_size, files, commands and warnings (docs/contracts.md: every document has both)."""
+    out = tmp_path / "t"
+    res = CliRunner().invoke(main, ["export", _write(tmp_path), "--to", "torch", "-o", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert list(doc) == ["kind", "version", "engine", "world_size", "files", "commands", "warnings"]
+    assert (doc["kind"], doc["version"], doc["engine"]) == (KIND, VERSION, "torch") == ("export", 1, "torch")
+    assert {Path(f).name for f in doc["files"]} == {p.name for p in out.iterdir()}
+
+
+def test_document_lists_the_paths_as_strings() -> None:
+    doc = document("torch", 2, [Path("o") / "train.py"], ["cd o && sh launch_node0.sh"], ["w"])
+    assert doc == {"kind": "export", "version": 1, "engine": "torch", "world_size": 2, "files": ["o/train.py"],
+                   "commands": ["cd o && sh launch_node0.sh"], "warnings": ["w"]}
 
 
 def test_deepspeed_refuses_split_forms_with_a_hint(tmp_path: Path) -> None:

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import shlex
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -139,10 +142,68 @@ def test_cli_exports_a_job_config(tmp_path: Path) -> None:
     path.write_text(json.dumps(plan.to_dict()))
     res = CliRunner().invoke(main, ["export", str(path), "--to", "torchtitan", "-o", str(tmp_path / "tt"), "--json"])
     assert res.exit_code == 0, res.output
-    assert sorted(Path(f).name for f in json.loads(res.stdout)["files"]) == ["README.md", "job_config.toml",
-                                                                           "plan.json"]
+    out = json.loads(res.stdout)
+    assert (out["kind"], out["version"], out["engine"], out["world_size"]) == ("export", 1, "torchtitan", 4)
+    assert sorted(Path(f).name for f in out["files"]) == ["README.md", "job_config.toml", "plan.json"]
+    assert out["commands"] == [tt.launch_command(plan, str(tmp_path / "tt"))]
     doc = tomllib.loads((tmp_path / "tt" / "job_config.toml").read_text())
     assert doc["parallelism"]["data_parallel_shard_degree"] == 2
+
+
+def test_one_server_launches_every_rank_with_one_torchrun() -> None:
+    plan = titan_plan([0, 4, 8], dp=2, zero=3)  # n0's 4 GPUs
+    assert tt.servers(plan) == (None, "") and tt.launch_scripts(plan) == {}
+    assert tt.launch_commands(plan, "out dir") == [
+        "cd 'out dir' && torchrun --nproc_per_node 4 -m torchtitan.train --job.config_file job_config.toml"]
+    assert "torchrun --nproc_per_node 4 -m torchtitan.train" in tt.files(plan)["README.md"]
+
+
+def test_a_plan_on_two_servers_gets_a_launch_script_per_server() -> None:
+    """Once one torchrun of all 8 ranks (no --nnodes, no rendezvous): now node rank R's script on server R."""
+    plan = titan_plan([0, 4, 8], dp=4, zero=3)  # stage 0 on n0's 4 GPUs, stage 1 on n1's
+    files = tt.files(plan)
+    assert sorted(files) == ["README.md", "job_config.toml", "launch_node0.sh", "launch_node1.sh", "plan.json"]
+    for rank in (0, 1):
+        script = files[f"launch_node{rank}.sh"]
+        assert f"--nnodes=2 --node-rank={rank} --nproc-per-node=4 --rdzv-backend=static" in script
+        assert script.rstrip().endswith('-m torchtitan.train --job.config_file job_config.toml "$@"')
+        assert "train.py" not in script
+    assert tt.launch_commands(plan, "o") == ["server n0: cd o && sh launch_node0.sh HOST:PORT",
+                                             "server n1: cd o && sh launch_node1.sh HOST:PORT"]
+    assert "sh launch_node1.sh HOST:PORT   # on server n1" in files["README.md"]
+    assert "--nproc_per_node 8" not in files["README.md"]
+
+
+def test_a_launch_script_passes_the_endpoint_and_torchtitan_options_to_torchrun(tmp_path: Path) -> None:
+    script = tmp_path / "launch_node1.sh"
+    script.write_text(tt.files(titan_plan([0, 4, 8], dp=4, zero=3))["launch_node1.sh"])
+    run = subprocess.run(["sh", str(script), "10.0.0.1:29400", "--training.steps", "20"], capture_output=True,
+                         text=True, env={**os.environ, "TORCHRUN": "echo"}, timeout=60, check=True)
+    assert run.stdout.split() == ["--nnodes=2", "--node-rank=1", "--nproc-per-node=4", "--rdzv-backend=static",
+                                  "--rdzv-endpoint=10.0.0.1:29400", "--rdzv-conf=timeout=60", "-m",
+                                  "torchtitan.train", "--job.config_file", "job_config.toml", "--training.steps",
+                                  "20"]
+
+
+def test_a_plan_torchrun_cannot_start_server_by_server_says_why() -> None:
+    """6 ranks on 4 + 2 GPUs: torchrun starts as many processes on every server, so one torchrun, and why."""
+    plan = titan_plan([0, 8], dp=6, zero=3)
+    layout, why = tt.servers(plan)
+    assert layout is None and "different numbers of GPUs per server" in why
+    assert tt.launch_scripts(plan) == {}
+    assert tt.launch_commands(plan, "o") == [tt.launch_command(plan, "o")]
+
+
+def test_cli_exports_a_plan_on_two_servers(tmp_path: Path) -> None:
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(titan_plan([0, 4, 8], dp=4, zero=3).to_dict()))
+    res = CliRunner().invoke(main, ["export", str(path), "--to", "torchtitan", "-o", str(tmp_path / "tt"), "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert (out["kind"], out["version"]) == ("export", 1)
+    assert [Path(f).name for f in out["files"] if f.endswith(".sh")] == ["launch_node0.sh", "launch_node1.sh"]
+    assert out["commands"][1] == f"server n1: cd {shlex.quote(str(tmp_path / 'tt'))} && sh launch_node1.sh HOST:PORT"
+    assert os.access(tmp_path / "tt" / "launch_node1.sh", os.X_OK)
 
 
 def test_torchtitans_own_loader_accepts_the_file(tmp_path: Path) -> None:

@@ -3,11 +3,23 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
 from planner.cli import emit_json
 from planner.commands import outputs, read_plan
+
+KIND = "export"
+VERSION = 1
+"""The ``--json`` document's ``kind`` and ``version`` (docs/contracts.md, export JSON)."""
+
+
+def document(engine: str, world_size: int, files: list[Path], commands: list[str],
+             warnings: list[str]) -> dict[str, Any]:
+    """The ``--json`` document: what was written and what to run."""
+    return {"kind": KIND, "version": VERSION, "engine": engine, "world_size": world_size,
+            "files": [str(f) for f in files], "commands": commands, "warnings": warnings}
 
 
 @click.command("export")
@@ -20,16 +32,15 @@ from planner.commands import outputs, read_plan
 def export(plan_path: str, engine: str, out_dir: str, as_json: bool) -> None:
     """Write a training script, its config, a launch script per server and the plan."""
     from planner.export.program import export_plan, server_commands
-    from planner.export.torchtitan import launch_command as titan_command
+    from planner.export.torchtitan import launch_commands as titan_commands
 
     out = outputs(folders=[out_dir], inputs=[plan_path])
     plan, warnings = read_plan(plan_path)
     files = [Path(out_dir) / f.name for f in export_plan(plan, engine, out.folder(out_dir))]
-    commands = server_commands(plan, out_dir) if engine != "torchtitan" else [titan_command(plan, out_dir)]
+    commands = server_commands(plan, out_dir) if engine != "torchtitan" else titan_commands(plan, out_dir)
     out.ready()  # nothing printed as written before it can be
     if as_json:
-        emit_json({"engine": engine, "world_size": plan.world_size, "files": [str(f) for f in files],
-                   "commands": commands, "warnings": warnings})
+        emit_json(document(engine, plan.world_size, files, commands, warnings))
     else:
         click.echo(f"wrote {', '.join(str(f) for f in files)}", err=True)
         for line in commands:

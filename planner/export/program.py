@@ -40,26 +40,29 @@ LAUNCH = '''\
 # Server {server} (node rank {rank} of {nnodes}): ranks {first}-{last} on {devices}.
 # Start launch_node0.sh ... launch_node{lastnode}.sh, one per server, at about the same time.
 # The rendezvous endpoint is node rank 0's address and a free port: the first argument or $RDZV_ENDPOINT.
-#   sh launch_node{rank}.sh [HOST:PORT] [train.py options...]
+#   sh launch_node{rank}.sh [HOST:PORT] [{what} options...]
 ENDPOINT="${{RDZV_ENDPOINT:-127.0.0.1:{port}}}"
 case "${{1:-}}" in -*|"") ;; *) ENDPOINT="$1"; shift ;; esac
 cd "$(dirname "$0")" || exit 1
 exec ${{TORCHRUN:-torchrun}} {torchrun} --rdzv-endpoint="$ENDPOINT" \\
-    --rdzv-conf="timeout=${{RDZV_TIMEOUT:-{timeout}}}" train.py "$@"
+    --rdzv-conf="timeout=${{RDZV_TIMEOUT:-{timeout}}}" {entry} "$@"
 '''
 
 STANDALONE = '''\
 #!/bin/sh
-# Every rank on this server ({world} processes): sh launch_node0.sh [train.py options...]
+# Every rank on this server ({world} processes): sh launch_node0.sh [{what} options...]
 cd "$(dirname "$0")" || exit 1
-exec ${{TORCHRUN:-torchrun}} {torchrun} train.py "$@"
+exec ${{TORCHRUN:-torchrun}} {torchrun} {entry} "$@"
 '''
 
 
-def launch_scripts(plan: ir.Plan, layout: NodeLayout | None) -> dict[str, str]:
-    """``launch_node<R>.sh`` per server; one standalone script when the plan uses one server (or cannot span)."""
+def launch_scripts(plan: ir.Plan, layout: NodeLayout | None, entry: str = "train.py",
+                   what: str = "train.py") -> dict[str, str]:
+    """``launch_node<R>.sh`` per server; one standalone script when the plan uses one server (or cannot span).
+    ``entry``: what torchrun starts on every rank (the export's ``train.py``, or another trainer's command);
+    ``what``: how the usage line names its options."""
     if layout is None or layout.nnodes == 1:
-        return {"launch_node0.sh": STANDALONE.format(world=plan.world_size,
+        return {"launch_node0.sh": STANDALONE.format(world=plan.world_size, entry=entry, what=what,
                                                      torchrun=shlex.join(torchrun_args(plan.world_size)))}
     out = {}
     for rank, server in enumerate(layout.servers):
@@ -69,7 +72,8 @@ def launch_scripts(plan: ir.Plan, layout: NodeLayout | None) -> dict[str, str]:
         out[f"launch_node{rank}.sh"] = LAUNCH.format(
             server=one_line(server), rank=rank, nnodes=layout.nnodes, first=ranks[0], last=ranks[-1],
             devices=" ".join(one_line(layout.devices[r]) for r in ranks), lastnode=layout.nnodes - 1,
-            port=DEFAULT_RDZV_PORT, torchrun=shlex.join(args), timeout=DEFAULT_RDZV_TIMEOUT_S)
+            port=DEFAULT_RDZV_PORT, torchrun=shlex.join(args), timeout=DEFAULT_RDZV_TIMEOUT_S, entry=entry,
+            what=what)
     return out
 
 

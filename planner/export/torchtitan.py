@@ -19,6 +19,11 @@ under DDP, as torchtitan runs them; fp32 master weights either way); ``[activati
 (torchtitan's full mode checkpoints each block: each block's input is kept and the blocks are
 redone, the norm and output not, as the plan's cost counts: ``ModelProfile.blockwise_recompute``).
 
+Launch: on one server ``torchrun --nproc_per_node W -m torchtitan.train --job.config_file
+job_config.toml``; on several, the torch export's ``launch_node<R>.sh`` per server (torchrun's
+``--nnodes``, ``--node-rank``, ``--nproc-per-node`` and static rendezvous;
+:func:`planner.export.program.launch_scripts`) starting torchtitan's trainer instead of ``train.py``.
+
 What torchtitan cannot express is refused (ExportError with the reason, from planner.runnable's
 torchtitan limits, which the search honours): ZeRO-1 (torchtitan shards with FSDP or
 replicates), selective recomputation (torchtitan's selective modes are per-op SAC, which saves
@@ -38,6 +43,9 @@ from typing import Any
 
 from planner import ir, runnable
 from planner.errors import ExportError, PlanError
+from planner.export.nodes import NodeLayout, node_layout
+from planner.export.program import launch_scripts as torchrun_scripts
+from planner.export.program import server_commands
 from planner.export.quoting import one_line, toml_string
 from planner.jsonio import dumps
 
@@ -167,17 +175,62 @@ def config_text(plan: ir.Plan) -> str:
                           "Set [model] hf_assets_path (tokenizer) and [training] dataset for your data." + note)
 
 
+ENTRY = "-m torchtitan.train --job.config_file job_config.toml"
+"""What torchrun starts on every server: torchtitan's trainer with the exported job config."""
+
+
+def servers(plan: ir.Plan) -> tuple[NodeLayout | None, str]:
+    """The plan's servers when it spans several (None on one), or None and why torchrun cannot start it
+    server by server (:func:`planner.export.nodes.node_layout`)."""
+    try:
+        layout = node_layout(plan)
+    except ExportError as exc:
+        return None, exc.cause
+    return (layout if layout.nnodes > 1 else None), ""
+
+
 def launch_command(plan: ir.Plan, out_dir: str) -> str:
-    """torchtitan's own launch of the job config (one server; torchrun's usual flags for more)."""
-    return (f"cd {shlex.quote(out_dir)} && torchrun --nproc_per_node {plan.world_size} -m torchtitan.train "
-            "--job.config_file job_config.toml")
+    """torchtitan's own launch of the job config on one server (every rank on this machine)."""
+    return f"cd {shlex.quote(out_dir)} && torchrun --nproc_per_node {plan.world_size} {ENTRY}"
+
+
+def launch_scripts(plan: ir.Plan) -> dict[str, str]:
+    """``launch_node<R>.sh`` per server of a plan on several servers (none on one): the torch export's
+    scripts (:func:`planner.export.program.launch_scripts`: ``--nnodes``, ``--node-rank``,
+    ``--nproc-per-node``, static rendezvous at ``$1`` or ``$RDZV_ENDPOINT``) starting torchtitan's
+    trainer instead of ``train.py``; extra arguments go to torchtitan (e.g. ``--training.steps 20``)."""
+    layout, _ = servers(plan)
+    if layout is None:
+        return {}
+    return torchrun_scripts(plan, layout, ENTRY, "torchtitan")
+
+
+def launch_commands(plan: ir.Plan, out_dir: str) -> list[str]:
+    """What to run after export: one torchrun on one server, else each server's launch script."""
+    if servers(plan)[0] is None:
+        return [launch_command(plan, out_dir)]
+    return server_commands(plan, out_dir)
+
+
+def _launch_text(plan: ir.Plan) -> str:
+    """The README's launch section: the command, or the servers and their scripts."""
+    layout, why = servers(plan)
+    if layout is None:
+        note = f"\nThe plan cannot be started server by server: {one_line(why)}.\n" if why else ""
+        return f"```\n{launch_command(plan, '.')}\n```\n{note}"
+    scripts = "\n".join(f"sh launch_node{r}.sh HOST:PORT   # on server {one_line(s)}"
+                         for r, s in enumerate(layout.servers))
+    return (f"The plan runs on {layout.nnodes} servers ({', '.join(map(one_line, layout.servers))}), "
+            f"{layout.nproc_per_node} processes each: start `launch_node<R>.sh` on server R with node rank 0's "
+            f"address and a free port (the same on every server).\n\n```\n{scripts}\n```\n")
 
 
 def files(plan: ir.Plan) -> dict[str, str]:
-    """The export folder: the plan, the job config and a README with the command."""
+    """The export folder: the plan, the job config, a launch script per server (several servers) and a
+    README with the commands."""
     readme = (f"# {one_line(plan.model)} on torchtitan: config {plan.config}, {plan.schedule}, {plan.microbatches} "
               f"micro-batches\n\nExported by `planner export --to torchtitan` for torchtitan 0.2.0 (TOML job "
-              f"configs). Predicted iteration: {plan.predicted.iteration_s:.6g} s.\n\n```\n"
-              f"{launch_command(plan, '.')}\n```\n\nSet `[model] hf_assets_path` (the tokenizer) and "
-              "`[training] dataset` to your data first.\n")
-    return {"plan.json": dumps(plan.to_dict()), "job_config.toml": config_text(plan), "README.md": readme}
+              f"configs). Predicted iteration: {plan.predicted.iteration_s:.6g} s.\n\n{_launch_text(plan)}\n"
+              "Set `[model] hf_assets_path` (the tokenizer) and `[training] dataset` to your data first.\n")
+    return {"plan.json": dumps(plan.to_dict()), "job_config.toml": config_text(plan), **launch_scripts(plan),
+            "README.md": readme}
