@@ -37,3 +37,22 @@ def test_reference_equals_full_batch_training_for_a_model_without_batch_statisti
         opt.step()
         full.append(float(loss.detach()))
     assert max_rel_diff(ref, full) < 1e-5
+
+
+def test_check_warns_of_an_fp32_plan_whose_losses_depart_and_not_of_16_bit_rounding() -> None:
+    """``planner run --check`` warns where an fp32 plan's losses depart by more than 1e-5 (DESIGN.md section 5)."""
+    import dataclasses
+
+    from planner import ir
+    from planner.cluster import cluster_from_dict
+    from planner.runner.reference import CHECK_RTOL, check_warning
+    from tests.conftest import make_cluster_dict, make_profile_dict
+
+    profile = ir.ModelProfile.from_dict(make_profile_dict(2, batch_size=4))
+    cluster = cluster_from_dict(make_cluster_dict(1, 1))
+    stage = ir.Stage((0, 2), (cluster.gpus[0].name,), ("dp", "dp"), 0)
+    plan = ir.Plan(profile, cluster, "1f1b", 1, "sgd", (stage,), ir.Prediction(1, 1, 0, 0))
+    assert check_warning(plan, CHECK_RTOL) is None
+    message = check_warning(plan, 3.7e-4)
+    assert message is not None and "0.00037" in message and "1e-05" in message
+    assert check_warning(dataclasses.replace(plan, precision="bf16"), 3.7e-4) is None

@@ -40,6 +40,19 @@ def reference_losses(layers: tuple[nn.Module, ...], plan: ir.Plan, spec: DataSpe
     return out
 
 
+CHECK_RTOL = 1e-5
+"""How far an fp32 plan's losses may depart from the reference's, relative (DESIGN.md section 5)."""
+
+
+def check_warning(plan: ir.Plan, diff: float) -> str | None:
+    """What ``planner run --check`` warns of: an fp32 plan whose losses depart from single-process training by
+    more than :data:`CHECK_RTOL` (16-bit plans round differently from the fp32 reference, and are not judged)."""
+    if plan.precision != "fp32" or diff <= CHECK_RTOL:
+        return None
+    return (f"the losses depart from single-process training by {diff:.3g} relative, more than {CHECK_RTOL:g}: "
+            "the plan does not train the model it was made from (report it, with the plan and the model)")
+
+
 def max_rel_diff(a: list[float], b: list[float]) -> float:
     """The largest relative difference of two loss curves (``b`` the reference)."""
     return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b, strict=True))
