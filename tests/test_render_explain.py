@@ -31,7 +31,7 @@ def test_short_form_says_bound_idle_cost_runner_ups_and_headroom() -> None:
     assert "idle: 5 of 8 GPUs (s1.g1 .. s3.g1)" in lines[1]
     assert ("the best judged plan on all 8 is 6-2 (M=16) 511.00 ms (+2.6%, stage 0: transfers 206.00 ms, "
             "bubble 188.00 ms)") in lines[1]
-    assert "pure data parallel on all 8: 3877.00 ms" in lines[1]
+    assert "plain data parallel on all 8 (ZeRO-0, no recomputation, one micro-batch): 3877.00 ms" in lines[1]
     assert lines[2] == ("runner-ups: 2 (M=1) 499.00 ms (+0.2%, stage 0: compute); "
                         "6-2 (M=16) 511.00 ms (+2.6%, stage 0: transfers)")
     assert lines[3] == "memory headroom: stage 0 8.00 of 11.00 GiB, stage 1 10.00 of 11.00 GiB"

@@ -52,7 +52,8 @@ def idle_line(e: Explanation) -> str | None:
                f"work already exceeds this plan's time)")
     else:
         why = "planner search shows what using them costs"
-    dp = f"; pure data parallel on all {e.gpus}: {ms(e.dp_iteration_s)}" if e.dp_iteration_s else ""
+    dp = (f"; plain data parallel on all {e.gpus} (ZeRO-0, no recomputation, one micro-batch): "
+          f"{ms(e.dp_iteration_s)}" if e.dp_iteration_s else "")
     return f"{head}: {why}{dp}"
 
 
