@@ -18,8 +18,10 @@ from planner.export import deepspeed as dsx
 from planner.export.data import data_spec, sub_batch
 from planner.export.layers import load_layers
 from planner.export.partition import boundaries
-from planner.runner import max_rel_diff
+from planner.runner import max_rel_diff, run_plan
+from tests.test_export_parallel_runs import measured_plan
 from tests.test_export_quoting import HOSTILE, check_script
+from tests.test_export_torch import TRANSPOSED
 from tests.test_runner import tiny_plan
 
 pytest.importorskip("deepspeed")
@@ -284,3 +286,11 @@ def test_a_stage_without_trainable_weights_is_refused_in_bf16_and_under_zero_nam
     with pytest.raises(ExportError, match=r"stage 0 \(layer 0\) has no trainable weights.*ZeRO stage 1 optimizer"):
         dsx.check_trainable(layers, grid_plan("tiny_gpt2_frozen", [0, 1, 6], dp=2, zero=1))
     dsx.check_trainable(layers, dataclasses.replace(plan, precision="fp32"))
+
+
+@pytest.mark.slow
+def test_a_stage_whose_output_is_not_contiguous_sends_it_and_trains_like_one_process() -> None:
+    """Cut after a transpose: gloo's send refused the stage's non-contiguous output; it is sent contiguous."""
+    plan = measured_plan(TRANSPOSED, [0, 2, 3], engine="deepspeed")
+    doc = run_plan(plan, TRANSPOSED, engine="deepspeed", steps=3, warmup=1, check=True)
+    assert doc["world_size"] == 2 and doc["max_rel_loss_diff"] < 1e-5

@@ -27,7 +27,7 @@ def test_fused_qkv_rows_give_each_rank_its_own_heads_of_q_k_and_v() -> None:
 
 def test_gpt2_conv1d_becomes_an_equal_linear_with_permuted_qkv() -> None:
     block = _block()
-    attn = block.get_submodule(parallel.block_parts(block, 0, 1)[1])
+    attn = block.get_submodule(parallel.block_parts(block, 0, 1).attn)
     x = torch.randn(3, 32)
     want = attn.c_attn(x)
     parallel._conv1d_to_linear(attn, "c_attn", parallel.fused_qkv_rows(32, 2))
@@ -35,8 +35,38 @@ def test_gpt2_conv1d_becomes_an_equal_linear_with_permuted_qkv() -> None:
     torch.testing.assert_close(attn.c_attn(x), want[:, parallel.fused_qkv_rows(32, 2)])
 
 
+def test_a_frozen_conv1d_becomes_a_frozen_linear() -> None:
+    """A frozen GPT-2 block run tp once became trainable: the new Linear's weights defaulted to requires_grad."""
+    block = _block()
+    attn = block.get_submodule(parallel.block_parts(block, 0, 1).attn)
+    attn.c_attn.weight.requires_grad_(False)
+    attn.c_proj.requires_grad_(False)
+    parallel._conv1d_to_linear(attn, "c_attn", parallel.fused_qkv_rows(32, 2))
+    parallel._conv1d_to_linear(attn, "c_proj")
+    assert not attn.c_attn.weight.requires_grad and attn.c_attn.bias.requires_grad
+    assert not any(p.requires_grad for p in attn.c_proj.parameters())
+
+
 def test_block_parts_find_gpt2_attention_and_mlp() -> None:
-    assert parallel.block_parts(_block(), 0, 1) == ("gpt2", "block.attn", "block.mlp")
+    assert parallel.block_parts(_block(), 0, 1) == parallel.BlockParts("gpt2", "block", "block.attn", "block.mlp")
+
+
+def _bert_block() -> torch.nn.Module:
+    from planner.profiler.layers import split_model
+    from tests.test_export_parallel_runs import tiny_bert
+
+    torch.manual_seed(0)
+    model, example = tiny_bert()
+    return split_model(model, example).layers[1]
+
+
+def test_block_parts_find_berts_self_attention_and_intermediate_layer() -> None:
+    block = _bert_block()
+    parts = parallel.block_parts(block, 0, 1)
+    assert parts == parallel.BlockParts("bert", "block", "block.attention.self", "block.intermediate")
+    parallel.check_block(block, 2, 8, True, 0, 1)  # 4 heads over 2
+    with pytest.raises(ExportError, match="4 heads"):
+        parallel.check_block(block, 3, 8, False, 0, 1)
 
 
 def test_heads_that_tp_does_not_divide_are_refused() -> None:

@@ -12,8 +12,28 @@ from planner import ir
 from planner.errors import ExportError
 from planner.export import torch as tx
 from planner.runner import run_plan
+from tests.test_export_parallel_runs import measured_plan
 from tests.test_export_quoting import HOSTILE, check_script
 from tests.test_runner import tiny_plan
+
+
+class TokenMix(nn.Module):
+    """Mixes the tokens of each feature (a Linear over the sequence): its output is a transpose, not contiguous."""
+
+    def __init__(self, seq: int) -> None:
+        super().__init__()
+        self.mix = nn.Linear(seq, seq)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.mix(x.transpose(1, 2))).transpose(1, 2)
+
+
+def tiny_transposed() -> tuple[nn.Module, torch.Tensor]:
+    """A token model whose second layer's output is non-contiguous (as an LSTM's with batch_first)."""
+    return nn.Sequential(nn.Embedding(20, 16), TokenMix(6), nn.Linear(16, 20)), torch.randint(0, 20, (8, 6))
+
+
+TRANSPOSED = "tests.test_export_torch:tiny_transposed"
 
 
 def test_schedule_classes_exist_in_this_torch() -> None:
@@ -123,4 +143,13 @@ def test_interleaved_virtual_stages_match_single_process() -> None:
                    for i, s in enumerate(p.stages))
     plan = dataclasses.replace(p, stages=stages, virtual_stages=2, schedule="interleaved")
     doc = run_plan(plan, "tests.test_runner:tiny_mlp", engine="torch", steps=3, warmup=1, check=True)
+    assert doc["world_size"] == 2 and doc["max_rel_loss_diff"] < 1e-5
+
+
+@pytest.mark.slow
+def test_a_stage_whose_output_is_not_contiguous_sends_it_and_trains_like_one_process() -> None:
+    """Cut after a transpose: torch pipelining once received into a buffer with the sender's strides ("input
+    tensor has to be contiguous"); every stage but the last now sends its output contiguous."""
+    plan = measured_plan(TRANSPOSED, [0, 2, 3])
+    doc = run_plan(plan, TRANSPOSED, engine="torch", steps=3, warmup=1, check=True)
     assert doc["world_size"] == 2 and doc["max_rel_loss_diff"] < 1e-5

@@ -36,6 +36,7 @@ from planner.export.deepspeed_ties import layer_specs
 from planner.export.layers import as_layers, check_layers_match
 from planner.export.losses import make_loss
 from planner.export.optim import DEFAULT_LR
+from planner.export.outputs import contiguous
 from planner.export.partition import boundaries, check_common, micro_batch_size, ranges
 from planner.export.quoting import docstring_fields
 
@@ -167,8 +168,8 @@ def _explicit_class() -> type:
     from deepspeed.pipe import PipelineModule
 
     class ExplicitPipelineModule(PipelineModule):  # type: ignore[misc]
-        """A PipelineModule whose stage boundaries are given, not computed, and whose stages take
-        their floating-point inputs in the engine's compute dtype."""
+        """A PipelineModule whose stage boundaries are given, not computed, whose stages take
+        their floating-point inputs in the engine's compute dtype and send their outputs contiguous."""
 
         def __init__(self, layers: Sequence[Any], parts: Sequence[int], compute_dtype: torch.dtype | None = None,
                      recomputed: int = 0, **kwargs: Any) -> None:
@@ -179,6 +180,8 @@ def _explicit_class() -> type:
 
         def forward(self, forward_input: Any) -> Any:
             out = super().forward(to_compute_dtype(forward_input, object.__getattribute__(self, "_compute_dtype")))
+            if self.stage_id < self.num_stages - 1:  # sent to the next stage: gloo sends contiguous tensors
+                out = contiguous(out)
             return differentiable(out)
 
         def _partition_layers(self, method: str = "uniform") -> None:

@@ -15,10 +15,15 @@ The forms of a stage's layers are relative to its tensor group of ``tp`` devices
   contiguous column shard holds ``[q; k; v]`` of its own heads; its ``split_size`` becomes
   ``hidden / tp``. Llama-style blocks (``q_proj``/``k_proj``/``v_proj``/``o_proj``,
   ``gate_proj``/``up_proj``/``down_proj``; grouped KV heads) shard as they are; both infer
-  their local head count from the sharded width (``view(..., -1, head_dim)``).
+  their local head count from the sharded width (``view(..., -1, head_dim)``). BERT's layer (post-norm):
+  ``attention.self``'s query/key/value and ``intermediate.dense`` column-parallel, ``attention.output.dense``
+  and ``output.dense`` row-parallel, its self-attention's head count and ``all_head_size`` divided by ``tp``;
+  its LayerNorms (after each row layer, on the residual sum) and dropouts replicated. A ``Conv1D`` or
+  other weight keeps its ``requires_grad`` (a frozen block stays frozen).
 * sequence parallelism (Korthikanti et al. 2022), where the stage asks: the decoder block's
   input is cut along the sequence, its norms run ``SequenceParallel``, attention and the MLP
-  all-gather the sequence at their input (a pre-hook) and their row layers reduce-scatter it;
+  all-gather the sequence at their input (a pre-hook; BERT's: its self-attention and intermediate layer)
+  and their row layers reduce-scatter it (BERT's residual sums and norms run on the sequence shard);
   the block's output is gathered again, so the layers around it (Llama's rotary wrapper) and
   the pipeline see whole activations.
 * ``dp`` layers in a tensor group (PipePar's form 0, as planner.costmodel.layers prices it): each
@@ -39,6 +44,7 @@ The forms of a stage's layers are relative to its tensor group of ``tp`` devices
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -86,24 +92,57 @@ def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
-def block_parts(layer: nn.Module, stage: int, index: int) -> tuple[str, str, str]:
-    """(architecture, attention path, MLP path) of a transformer block; ExportError if none is found."""
+@dataclass(frozen=True)
+class BlockParts:
+    """Where a transformer block's parts are, as dotted paths relative to the layer: ``block`` the block
+    itself (the parent of attention and MLP), ``attn`` the module that splits the heads (sequence
+    parallelism gathers the sequence at its input), ``mlp`` the MLP's input module (likewise)."""
+
+    arch: str
+    block: str
+    attn: str
+    mlp: str
+
+
+def _bert_parts(layer: nn.Module) -> BlockParts | None:
+    """BERT's layer (post-norm): ``attention.self`` (query/key/value), ``attention.output.dense``,
+    ``intermediate.dense``, ``output.dense``; None if ``layer`` holds none."""
+    found = _find(layer, ("attention", "intermediate", "output"))
+    if found is None:
+        return None
+    path, block = found
+    needs = ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense",
+             "intermediate.dense", "output.dense")
+    try:
+        if not all(isinstance(block.get_submodule(n), nn.Linear) for n in needs):
+            return None
+    except AttributeError:
+        return None
+    return BlockParts("bert", path, _join(path, "attention.self"), _join(path, "intermediate"))
+
+
+def block_parts(layer: nn.Module, stage: int, index: int) -> BlockParts:
+    """The parts of a transformer block (GPT-2, Llama-style or BERT); ExportError if none is found."""
     gpt2_attn, gpt2_mlp = _find(layer, ("c_attn", "c_proj")), _find(layer, ("c_fc", "c_proj"))
     if gpt2_attn and gpt2_mlp:
-        return "gpt2", gpt2_attn[0], gpt2_mlp[0]
+        return BlockParts("gpt2", gpt2_attn[0].rpartition(".")[0], gpt2_attn[0], gpt2_mlp[0])
     llama_attn = _find(layer, ("q_proj", "k_proj", "v_proj", "o_proj"))
     llama_mlp = _find(layer, ("up_proj", "down_proj"))
     if llama_attn and llama_mlp:
-        return "llama", llama_attn[0], llama_mlp[0]
+        return BlockParts("llama", llama_attn[0].rpartition(".")[0], llama_attn[0], llama_mlp[0])
+    bert = _bert_parts(layer)
+    if bert is not None:
+        return bert
     raise ExportError(f"stage {stage}: layer {index} ({type(layer).__name__}) runs the tp form but has no "
-                      "attention (c_attn/c_proj or q/k/v/o_proj) and MLP (c_fc/c_proj or up/down_proj) the "
-                      "torch export knows", _FIX)
+                      "attention (c_attn/c_proj, q/k/v/o_proj or BERT's attention.self.query/key/value) and MLP "
+                      "(c_fc/c_proj, up/down_proj or BERT's intermediate/output) the torch export knows", _FIX)
 
 
 def _heads(attn: nn.Module) -> tuple[int, int]:
     """(heads, KV heads) of an attention module (HF attributes, else its config)."""
     cfg = getattr(attn, "config", None)
-    heads: Any = getattr(attn, "num_heads", None) or getattr(cfg, "num_attention_heads", None)
+    heads: Any = (getattr(attn, "num_heads", None) or getattr(attn, "num_attention_heads", None)
+                  or getattr(cfg, "num_attention_heads", None))
     kv: Any = getattr(attn, "num_key_value_heads", None) or getattr(cfg, "num_key_value_heads", None) or heads
     if not heads:
         raise ExportError(f"cannot read the head count of {type(attn).__name__}", _FIX)
@@ -113,8 +152,7 @@ def _heads(attn: nn.Module) -> tuple[int, int]:
 def check_block(layer: nn.Module, tp: int, seq_len: int | None, sequence_parallel: bool, stage: int,
                 index: int) -> None:
     """Heads, KV heads (and the sequence, for sequence parallelism) must split whole over ``tp``."""
-    _, attn_path, _ = block_parts(layer, stage, index)
-    heads, kv = _heads(layer.get_submodule(attn_path))
+    heads, kv = _heads(layer.get_submodule(block_parts(layer, stage, index).attn))
     if heads % tp or kv % tp:
         raise ExportError(f"stage {stage}: layer {index} has {heads} heads and {kv} KV heads, which tp {tp} does "
                           "not divide (heads are sharded whole)", _FIX)
@@ -138,6 +176,8 @@ def _conv1d_to_linear(parent: nn.Module, name: str, rows: torch.Tensor | None = 
     with torch.no_grad():
         lin.weight.copy_(weight)
         lin.bias.copy_(bias)
+    lin.weight.requires_grad_(conv.weight.requires_grad)  # a frozen Conv1D stays frozen
+    lin.bias.requires_grad_(conv.bias.requires_grad)
     setattr(parent, name, lin)
 
 
@@ -162,21 +202,34 @@ def _prepare_gpt2(layer: nn.Module, attn_path: str, mlp_path: str, tp: int) -> N
     attn.num_heads = int(attn.num_heads) // tp
 
 
+def _prepare_bert(layer: nn.Module, attn_path: str, tp: int) -> None:
+    attn = layer.get_submodule(attn_path)
+    attn.num_attention_heads = int(attn.num_attention_heads) // tp
+    attn.all_head_size = int(attn.all_head_size) // tp
+
+
+def _block_linears(layer: nn.Module, parts: BlockParts, tp: int) -> tuple[list[str], list[str]]:
+    """(column-parallel, row-parallel) Linears of a block, relative to the layer (GPT-2's converted first)."""
+    attn, mlp = parts.attn, parts.mlp
+    if parts.arch == "gpt2":
+        _prepare_gpt2(layer, attn, mlp, tp)
+        return [_join(attn, "c_attn"), _join(mlp, "c_fc")], [_join(attn, "c_proj"), _join(mlp, "c_proj")]
+    if parts.arch == "bert":
+        _prepare_bert(layer, attn, tp)
+        return ([_join(attn, c) for c in ("query", "key", "value")] + [_join(mlp, "dense")],
+                [_join(parts.block, "attention.output.dense"), _join(parts.block, "output.dense")])
+    gated = isinstance(getattr(layer.get_submodule(mlp), "gate_proj", None), nn.Module)
+    cols = [_join(attn, c) for c in ("q_proj", "k_proj", "v_proj")]
+    cols += [_join(mlp, c) for c in (("gate_proj", "up_proj") if gated else ("up_proj",))]
+    return cols, [_join(attn, "o_proj"), _join(mlp, "down_proj")]
+
+
 def _block_styles(layer: nn.Module, tp: int, sequence_parallel: bool, stage: int, index: int) -> dict[str, Any]:
     """The DTensor parallel plan of one transformer block, relative to the layer."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-    arch, attn, mlp = block_parts(layer, stage, index)
-    if arch == "gpt2":
-        _prepare_gpt2(layer, attn, mlp, tp)
-        cols = [_join(attn, "c_attn"), _join(mlp, "c_fc")]
-        rows = [_join(attn, "c_proj"), _join(mlp, "c_proj")]
-    else:
-        gated = isinstance(getattr(layer.get_submodule(mlp), "gate_proj", None), nn.Module)
-        cols = [_join(attn, c) for c in ("q_proj", "k_proj", "v_proj")]
-        cols += [_join(mlp, c) for c in (("gate_proj", "up_proj") if gated else ("up_proj",))]
-        rows = [_join(attn, "o_proj"), _join(mlp, "down_proj")]
+    cols, rows = _block_linears(layer, block_parts(layer, stage, index), tp)
     seq = Shard(1) if sequence_parallel else Replicate()
     styles: dict[str, Any] = {p: ColwiseParallel() for p in cols}
     styles.update({p: RowwiseParallel(output_layouts=seq) for p in rows})
@@ -233,10 +286,10 @@ def shard_block(layer: nn.Module, mesh: Any, sequence_parallel: bool, stage: int
     if sequence_parallel:
         # The sequence is cut at the decoder block itself (the parent of attention and MLP), so that
         # a wrapper around it (Llama's rotary positions) still sees the whole sequence.
-        prefix = block_parts(layer, stage, index)[1].rpartition(".")[0]
-        block = layer.get_submodule(prefix)
-        styles.update({_join(prefix, p): SequenceParallel(use_local_output=True) for p in _norm_paths(block)})
-        for path in block_parts(layer, stage, index)[1:]:  # attention and MLP see the whole sequence
+        parts = block_parts(layer, stage, index)
+        block = layer.get_submodule(parts.block)
+        styles.update({_join(parts.block, p): SequenceParallel(use_local_output=True) for p in _norm_paths(block)})
+        for path in (parts.attn, parts.mlp):  # attention and MLP see the whole sequence
             gather = Relayout(mesh, Shard(1), Replicate())
             layer.get_submodule(path).register_forward_pre_hook(gather, with_kwargs=True)
         parallelize_module(block, mesh, PrepareModuleInput(input_layouts=(Replicate(),),

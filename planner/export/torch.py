@@ -52,6 +52,7 @@ from planner.export.data import sub_batch
 from planner.export.layers import check_layers_match
 from planner.export.losses import make_loss
 from planner.export.optim import DEFAULT_LR
+from planner.export.outputs import contiguous_output
 from planner.export.partition import ranges
 from planner.export.quoting import docstring_fields
 from planner.export.ties import find_ties, sum_tie_grads, tie_sync
@@ -131,7 +132,8 @@ def loss_parts(plan: ir.Plan) -> int:
 
 
 def _stage_module(layers: Sequence[nn.Module], plan: ir.Plan, c: int, mesh: Any) -> nn.Module:
-    """Chunk ``c``'s layers with its tensor parallelism, recomputation, precision and ZeRO."""
+    """Chunk ``c``'s layers with its tensor parallelism, recomputation, precision and ZeRO; a chunk but the
+    last sends its output contiguous (planner.export.outputs)."""
     st = plan.stages[c]
     sub = nn.Sequential(*layers[st.layers[0]:st.layers[1]]).to(device())
     if st.tp > 1:
@@ -141,8 +143,12 @@ def _stage_module(layers: Sequence[nn.Module], plan: ir.Plan, c: int, mesh: Any)
     recompute = sharding.with_recompute(sub, st.recompute, recomputed, plan.profile.blockwise_recompute)
     if st.zero in (2, 3):  # FSDP's mixed precision computes in bf16
         sharding.fully_shard_stage(recompute, list(sub), mesh["dp"], st.zero, plan.precision)
-        return recompute
-    return sharding.with_precision(recompute, plan.precision)
+        module = recompute
+    else:
+        module = sharding.with_precision(recompute, plan.precision)
+    if c < len(plan.stages) - 1:  # its output is sent: contiguous (planner.export.outputs)
+        module.register_forward_hook(contiguous_output)
+    return module
 
 
 def build_stages(layers: Sequence[nn.Module], plan: ir.Plan, rank: int, world: int) -> tuple[list[Any], Any]:

@@ -1,0 +1,84 @@
+"""export.parallel in real 2-process tensor-parallel runs (gloo, `planner run --check`): BERT's layers and a frozen
+GPT-2 block, each against single-process training. The factories are imported by the workers as
+``tests.test_export_parallel_runs:<name>``; :func:`measured_plan` is shared by the other export tests."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import pytest
+import torch
+from torch import nn
+
+from planner import ir
+from planner.export.partition import manual_plan
+from planner.runner import run_plan
+from tests.conftest import make_cluster_dict
+
+VOCAB, SEQ, BATCH = 64, 8, 8
+
+
+def tiny_bert() -> tuple[nn.Module, torch.Tensor]:
+    """BertForMaskedLM with 2 layers of width 32 and 4 heads (no dropout: equal runs compare)."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    cfg = BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=64, max_position_embeddings=16, hidden_dropout_prob=0.0,
+                     attention_probs_dropout_prob=0.0, attn_implementation="sdpa")
+    return BertForMaskedLM(cfg), torch.randint(0, VOCAB, (BATCH, SEQ))
+
+
+def tiny_gpt2_frozen_block() -> tuple[nn.Module, torch.Tensor]:
+    """GPT-2 with 2 blocks of width 32, the first frozen (fine-tuning the rest)."""
+    from planner.profiler.zoo import gpt2
+
+    model = gpt2(n_layer=2, n_embd=32, n_head=4, vocab_size=VOCAB, n_positions=16, bos_token_id=0, eos_token_id=0)
+    for p in model.transformer.h[0].parameters():
+        p.requires_grad_(False)
+    return model, torch.randint(0, VOCAB, (BATCH, SEQ))
+
+
+def measured_plan(model: str, parts: Sequence[int], width: int = 1, *, tp: int = 1,
+                  sequence_parallel: bool = False, microbatches: int = 2, engine: str = "torch") -> ir.Plan:
+    """A plan of ``model`` (``module:factory``, measured once) over stages ``parts`` of ``width`` devices;
+    with ``tp`` > 1 the transformer blocks run the ``tp`` form and the other layers ``dp``."""
+    from planner.profiler.core import profile_model
+    from planner.profiler.loader import load_model
+
+    torch.manual_seed(0)
+    prof = profile_model(load_model(model, BATCH), mode="measured", threads=1, repeats=1, warmup=0,
+                         whole_repeats=0)
+    base = manual_plan(prof, ir.Cluster.from_dict(make_cluster_dict(1, 8)), parts, width,
+                       microbatches=microbatches, optimizer="sgd", predicted=ir.Prediction(0.01, 800.0, 0.1, 0))
+    stages = tuple(dataclasses.replace(
+        st, tp=tp, sequence_parallel=sequence_parallel,
+        forms=tuple("tp" if tp > 1 and prof.layers[i].block is not None else "dp" for i in range(*st.layers)))
+        for st in base.stages)
+    return dataclasses.replace(base, stages=stages, engine=engine)
+
+
+def _check(plan: ir.Plan, model: str) -> float:
+    doc = run_plan(plan, model, engine="torch", steps=3, warmup=1, check=True)
+    print(f"{model} {[s.forms for s in plan.stages]}: max relative loss difference {doc['max_rel_loss_diff']:.2e}")
+    return float(doc["max_rel_loss_diff"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_bert_layers_run_tensor_parallel_like_one_process(sequence_parallel: bool) -> None:
+    """BertForMaskedLM on one stage of tp 2: its layers' query/key/value and intermediate column-parallel, both
+    output denses row-parallel (with sequence parallelism, the post-norms on the sequence shard)."""
+    model = "tests.test_export_parallel_runs:tiny_bert"
+    plan = measured_plan(model, [0, 4], 2, tp=2, sequence_parallel=sequence_parallel)
+    assert plan.stages[0].forms == ("dp", "tp", "tp", "dp")
+    assert _check(plan, model) < 1e-5
+
+
+@pytest.mark.slow
+def test_a_frozen_gpt2_block_stays_frozen_when_it_runs_tensor_parallel() -> None:
+    """Its Conv1Ds become Linears that once trained (requires_grad by default): the losses drifted by 3.7e-4."""
+    model = "tests.test_export_parallel_runs:tiny_gpt2_frozen_block"
+    plan = measured_plan(model, [0, 4], 2, tp=2)
+    assert plan.stages[0].forms == ("dp", "tp", "tp", "dp")
+    assert _check(plan, model) < 1e-5
