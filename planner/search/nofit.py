@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from planner import ir
 from planner.errors import InfeasibleError, PlanError
 from planner.runnable import ENGINES as ENGINE_LIMITS
+from planner.schedule import schedule_kind
 from planner.search.options import Request
 from planner.search.sp import Solution, solve_cap
 from planner.search.space import Problem
@@ -204,7 +205,7 @@ def _hints(prob: Problem, need: Need | None, req: Request | None, tried: Tried, 
         out.append("a lighter --optimizer (sgd keeps no optimizer state)")
     if prob.space.precision == "fp32" and (engine is None or "bf16" in engine.precisions):
         out.append("--precision bf16 (16-bit activations, weights and gradients)")
-    if prob.schedule != "1f1b":
+    if schedule_kind(prob.schedule).in_flight_microbatches(4, 8, 0) > 4:  # more than K on the first stage
         out.append("--schedule 1f1b (at most K - s micro-batches in flight on stage s)")
     return out
 
