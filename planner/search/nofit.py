@@ -27,6 +27,14 @@ from planner.search.tables import build_candidates
 GIB = 1024**3
 
 
+def memory_text(nbytes: float) -> str:
+    """A memory for a message, in the unit that keeps its digits: ``80.00 GiB``, ``858.31 MiB``, ``4.88 KiB``."""
+    for unit, size in (("GiB", GIB), ("MiB", 1024**2), ("KiB", 1024)):
+        if abs(nbytes) >= size:
+            return f"{nbytes / size:.2f} {unit}"
+    return f"{nbytes:.0f} bytes"
+
+
 def _fits(prob: Problem, capacity: float) -> Solution | None:
     """The problem's fastest plan with every device holding ``capacity`` bytes (left set: callers restore it)."""
     prob.capacity_override = capacity
@@ -150,9 +158,9 @@ def least_need_error(probs: Sequence[Problem], req: Request | None = None,
     need, tried = least_need(probs), Tried.of(probs)
     prob = probs[0] if need is None else need.prob
     have = min(g.memory_bytes for g in prob.cluster.gpus)
-    cause = f"no plan fits in the devices' memory ({have / GIB:.2f} GiB per device at most)"
+    cause = f"no plan fits in the devices' memory ({memory_text(have)} per device at most)"
     if need is not None:
-        cause += (f"; the plan of this space that needs the least memory needs {need.bytes / GIB:.2f} GiB per device: "
+        cause += (f"; the plan of this space that needs the least memory needs {memory_text(need.bytes)} per device: "
                   + describe(need.prob, need.solution))
         cause += f" (the least over micro-batch counts {', '.join(map(str, tried.counts))})" \
             if len(tried.counts) > 1 else ""
@@ -170,8 +178,8 @@ def _more_gpus(cluster: ir.Cluster, need: Need | None) -> str:
         return "add devices or use GPUs with more memory"
     have, n = mems.pop(), len(cluster.gpus)
     est = math.ceil(need.bytes * n / have)
-    return (f"use GPUs with {need.bytes / GIB:.2f} GiB or more, or more of these: about {est} GPUs of "
-            f"{have / GIB:.2f} GiB (an estimate: {need.bytes / GIB:.2f} GiB x {n} GPUs / {have / GIB:.2f} GiB, "
+    return (f"use GPUs with {memory_text(need.bytes)} or more, or more of these: about {est} GPUs of "
+            f"{memory_text(have)} (an estimate: {memory_text(need.bytes)} x {n} GPUs / {memory_text(have)}, "
             "as if the memory per device fell in proportion)")
 
 
