@@ -94,3 +94,24 @@ def test_attention_formulas_equal_torchs_own(b: int, kv_heads: int, group: int, 
     q, k, v = (b, kv_heads * group, s_q, d_qk), (b, kv_heads, s_k, d_qk), (b, kv_heads, s_k, d_v)
     assert attention_flops(q, k, v) == sdpa_flop_count(q, k, v)
     assert attention_flops(q, k, v, backward=True) == sdpa_backward_flop_count((b, kv_heads * group, s_q, d_v), q, k, v)
+
+
+def test_an_lstm_on_the_cpu_counts_its_products_as_on_the_meta_device() -> None:
+    """nn.LSTM on the CPU runs oneDNN's fused layer, which torch's counter missed (0 FLOPs); counted, it agrees
+    with the meta device's decomposition within the biases' and the last step's share."""
+    import torch
+
+    from planner.profiler.flops import flop_counter, rnn_layer_flops
+
+    def total(device: str) -> int:
+        with torch.device(device):
+            lstm = torch.nn.LSTM(32, 32, batch_first=True)
+            x = torch.randn(8, 16, 32, requires_grad=True)
+        with flop_counter() as counter:
+            y, _ = lstm(x)
+            y.sum().backward()
+        return int(counter.get_total_flops())
+
+    cpu = total("cpu")
+    assert cpu == rnn_layer_flops((16, 8, 32), (128, 32), (128, 32)) * 3  # forward + backward (twice)
+    assert abs(cpu - total("meta")) / cpu < 0.02

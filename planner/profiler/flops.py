@@ -8,8 +8,11 @@ backward, the CUDA SDPA kernels) but misses the CPU SDPA kernel
 rejects grouped-query shapes (fewer key and value heads than query heads) in its SDPA formulas,
 which stopped a measured profile of a Llama on a GPU with torch 2.11. So every fused SDPA kernel,
 CPU and CUDA, is counted here by torch's formulas written for any number of key and value heads
-(:func:`attention_flops`). So the counts here cover convolutions, linear layers, matmuls and
-attention, forward and backward, on CPU, CUDA and the meta device. Like both counters,
+(:func:`attention_flops`). nn.LSTM on the CPU runs oneDNN's fused recurrent layer
+(``aten.mkldnn_rnn_layer``), which torch's counter also misses (a measured profile gave an LSTM 0 FLOPs where the
+meta device's decomposition counts its products): counted here by its products (:func:`rnn_layer_flops`). So the
+counts here cover convolutions, linear layers, matmuls, attention and recurrent layers, forward and backward, on
+CPU, CUDA and the meta device. Like both counters,
 element-wise ops (ReLU, batch and layer norm, softmax outside SDPA, pooling) count zero:
 they are a small share of the FLOPs of the zoo models (well under 1%) but not of their time,
 which is why measured times, not FLOPs, are the reference. Attention is counted without
@@ -52,6 +55,25 @@ def _sdpa_backward(grad_out: Any, query: Any, key: Any, value: Any, *args: Any, 
     return attention_flops(query, key, value, backward=True)
 
 
+def rnn_layer_flops(input_shape: Any, w_ih: Any, w_hh: Any, backward: bool = False) -> int:
+    """FLOPs of one fused recurrent layer (oneDNN's LSTM or GRU on the CPU, ``aten.mkldnn_rnn_layer``) over a
+    ``(steps, batch, features)`` input: every step multiplies the input by ``W_ih`` (gates x hidden by features)
+    and the hidden state by ``W_hh`` (gates x hidden by hidden), ``2 steps batch (|W_ih| + |W_hh|)``; backward
+    twice that (the gradients of the inputs and of the weights). Gate nonlinearities count zero, as element-wise
+    ops do here."""
+    steps, batch = int(input_shape[0]), int(input_shape[1])
+    weights = int(w_ih[0]) * int(w_ih[1]) + int(w_hh[0]) * int(w_hh[1])
+    return 2 * steps * batch * weights * (2 if backward else 1)
+
+
+def _rnn_layer(input: Any, w_ih: Any, w_hh: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    return rnn_layer_flops(input, w_ih, w_hh)
+
+
+def _rnn_layer_backward(input: Any, w_ih: Any, w_hh: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    return rnn_layer_flops(input, w_ih, w_hh, backward=True)
+
+
 _FUSED_ATTENTION = ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
                     "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention")
 """The SDPA kernels whose forward takes ``query, key, value`` first and whose ``_backward`` takes
@@ -66,6 +88,9 @@ def _custom_mapping() -> dict[Any, Any]:
             mapping[getattr(aten, name)] = _sdpa
         if hasattr(aten, f"{name}_backward"):
             mapping[getattr(aten, f"{name}_backward")] = _sdpa_backward
+    if hasattr(aten, "mkldnn_rnn_layer"):  # nn.LSTM on the CPU runs oneDNN's fused layer, which torch counts as 0
+        mapping[aten.mkldnn_rnn_layer] = _rnn_layer
+        mapping[aten.mkldnn_rnn_layer_backward] = _rnn_layer_backward
     return mapping
 
 
