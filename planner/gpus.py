@@ -10,8 +10,10 @@ Pure (no torch). Each entry is a vendor data-sheet figure, dense (no structured 
   at 900 GB/s (NVIDIA Tesla V100 data sheet).
 - A100 SXM: fp32 19.5, tf32 156, bf16 and fp16 312 TFLOP/s; 40 GiB at 1.555 TB/s or 80 GiB
   at 2.039 TB/s (NVIDIA A100 Tensor Core GPU data sheet).
-- H100 SXM: fp32 67, tf32 494.7, bf16 and fp16 989.4 TFLOP/s; 80 GiB HBM3 at 3.35 TB/s
-  (NVIDIA H100 Tensor Core GPU data sheet; half the sparsity figures).
+- H100 SXM: fp32 67, tf32 494.7, bf16 and fp16 989.4 TFLOP/s; 80 GB HBM3 at 3.35 TB/s
+  (NVIDIA H100 Tensor Core GPU data sheet; half the sparsity figures); catalogued as the 81559 MiB the
+  card reports (``nvidia-smi``, "NVIDIA H100 80GB HBM3"), 79.6 GiB, not 80: a plan the search fills to
+  the last GiB must fit the card. The A100 80GB reports 81920 MiB, its 80 GiB.
 - H200 SXM: the H100's die (the same peaks, 132 SMs) with 141 GB HBM3e at 4.8 TB/s (NVIDIA H200
   data sheet); catalogued as 140 GiB, the 143771 MiB the card reports. It takes the H100's GEMM
   and attention shares; ``scripts/gpu_checks.py`` measures the product rate on one.
@@ -151,12 +153,12 @@ def _tensor_shares(peaks: dict[str, float], share: float | None) -> MappingProxy
     return MappingProxyType({f: float(share or 0.0) for f in formats})
 
 
-def _spec(name: str, description: str, memory_gib: int, bandwidth_Bps: float, sm_count: int,
+def _spec(name: str, description: str, memory_gib: float, bandwidth_Bps: float, sm_count: int,
           shares: tuple[float, float] | None = None, **peaks_tflops: float) -> GPUSpec:
     """A catalogue entry; ``shares``: the published bf16/fp16 (large-GEMM, fused-attention) shares of peak."""
     peaks = {fmt: tflops * 1e12 for fmt, tflops in peaks_tflops.items()}
     gemm, attention = shares if shares is not None else (None, None)
-    return GPUSpec(name, description, MappingProxyType(peaks), memory_gib * GIB, bandwidth_Bps, sm_count,
+    return GPUSpec(name, description, MappingProxyType(peaks), int(memory_gib * GIB), bandwidth_Bps, sm_count,
                    _tensor_shares(peaks, gemm), _tensor_shares(peaks, attention), LAUNCH_S)
 
 
@@ -168,7 +170,7 @@ _CATALOG: tuple[GPUSpec, ...] = (
           fp32=19.5, tf32=156.0, bf16=312.0, fp16=312.0),
     _spec("a100", "NVIDIA A100 SXM 80GB", 80, 2.039e12, 108, (MAMF_A100_SXM, FA2_A100),
           fp32=19.5, tf32=156.0, bf16=312.0, fp16=312.0),
-    _spec("h100", "NVIDIA H100 SXM 80GB", 80, 3.35e12, 132, (MAMF_H100_SXM, FA2_H100),
+    _spec("h100", "NVIDIA H100 SXM 80GB", 81559 / 1024, 3.35e12, 132, (MAMF_H100_SXM, FA2_H100),
           fp32=67.0, tf32=494.7, bf16=989.4, fp16=989.4),
     _spec("h200", "NVIDIA H200 SXM 141GB", 140, 4.8e12, 132, (MAMF_H100_SXM, FA2_H100),
           fp32=67.0, tf32=494.7, bf16=989.4, fp16=989.4),

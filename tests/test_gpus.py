@@ -87,3 +87,11 @@ def test_h200_is_the_h100_die_with_more_and_faster_memory() -> None:
     assert dict(h200.peak_flops) == dict(h100.peak_flops) and h200.sm_count == h100.sm_count == 132
     assert h200.memory_bytes == 140 * 2**30 and h200.memory_bandwidth_Bps == 4.8e12
     assert h200.large_gemm_share("bf16") == h100.large_gemm_share("bf16")
+
+
+def test_the_h100_holds_the_memory_the_card_reports_and_its_preset_agrees() -> None:
+    """An H100 80GB reports 81559 MiB (nvidia-smi), less than 80 GiB: a plan filled to 80 GiB would not run."""
+    from planner.cluster import load_cluster
+
+    assert gpus.gpu_spec("h100").memory_bytes == 81559 * 2**20 < 80 * gpus.GIB
+    assert {g.memory_bytes for g in load_cluster("h100-8x8-nvlink-ib").gpus} == {81559 * 2**20}
