@@ -24,3 +24,10 @@ def test_clusters_table() -> None:
     r = CliRunner().invoke(main, ["clusters"])
     assert r.exit_code == 0
     assert "pipepar-4x2-2080ti" in r.output
+
+
+def test_clusters_table_shows_the_16_bit_peak_beside_fp32() -> None:
+    """An LLM plan computes in bf16: the table gives that peak too (312 for the A100), not fp32 alone."""
+    r = CliRunner().invoke(main, ["clusters"])
+    assert r.exit_code == 0
+    assert "19.5 fp32, 312 bf16" in r.output and "13.4 fp32, 53.8 fp16" in r.output

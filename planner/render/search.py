@@ -143,19 +143,26 @@ def dp_line(plan: ir.Plan) -> str:
     return line
 
 
+def _peaks_text(gpu: ir.GPU) -> str:
+    """``19.5 fp32, 312 bf16``: the fp32 peak and the 16-bit one a transformer trains in, where the GPU has one."""
+    peaks = dict(gpu.peak_flops)
+    half = next((f for f in ("bf16", "fp16") if f in peaks), None)
+    return f"{gpu.flops / 1e12:g} fp32" + (f", {peaks[half] / 1e12:g} {half}" if half else "")
+
+
 def print_clusters(clusters: Sequence[ir.Cluster], descriptions: Mapping[str, str]) -> None:
     """A table of cluster presets on stderr."""
     console = stderr_console()
     table = Table(title="cluster presets (use with --cluster NAME)", title_justify="left")
-    for col in ("name", "servers x GPUs", "TFLOP/s per GPU", "memory per GPU", "intra-node", "inter-node"):
+    for col in ("name", "servers x GPUs", "peak TFLOP/s per GPU", "memory per GPU", "intra-node", "inter-node"):
         table.add_column(col, no_wrap=col == "name", overflow="fold")
     for c in clusters:
         sizes = sorted({len(n.gpus) for n in c.nodes})
         shape = f"{len(c.nodes)} x {sizes[0]}" if len(sizes) == 1 else f"{len(c.nodes)} x {sizes}"
-        flops = sorted({g.flops / 1e12 for g in c.gpus})
+        flops = sorted({_peaks_text(g) for g in c.gpus})
         mems = sorted({g.memory_bytes for g in c.gpus})
         intra, inter = c.link("intra_node"), c.link("inter_node")
-        table.add_row(safe_text(c.name), shape, ", ".join(f"{f:g}" for f in flops), ", ".join(_gib(m) for m in mems),
+        table.add_row(safe_text(c.name), shape, "; ".join(flops), ", ".join(_gib(m) for m in mems),
                       f"{intra.bandwidth_Bps * 8 / 1e9:g} Gbit/s", f"{inter.bandwidth_Bps * 8 / 1e9:g} Gbit/s")
     console.print(table)
     for c in clusters:
