@@ -12,7 +12,8 @@ estimate of how many of them the need implies). :func:`no_width_shape` and
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from planner import ir
@@ -42,40 +43,53 @@ def _fits(prob: Problem, capacity: float) -> Solution | None:
     return solve_cap(prob, math.inf)
 
 
-def _doubled(prob: Problem) -> float | None:
-    """The first power of two (bytes) at which some plan fits; None when none does below 2**80."""
+@contextmanager
+def _probing(prob: Problem) -> Iterator[None]:
+    """Capacities tried inside are undone after: the problem's own override and tables back."""
+    saved = prob.capacity_override
+    try:
+        yield
+    finally:
+        prob.capacity_override = saved
+        build_candidates(prob)
+
+
+def _first_fit(prob: Problem) -> tuple[float, Solution] | None:
+    """The first power of two (bytes) at which some plan fits, and that plan; None when none does below 2**80."""
     hi = 1.0
     for _ in range(80):
-        if _fits(prob, hi) is not None:
-            return hi
+        sol = _fits(prob, hi)
+        if sol is not None:
+            return hi, sol
         hi *= 2
     return None
+
+
+def _least_fit(prob: Problem, rounds: int, below: int | None) -> Need | None:
+    """The smallest per-device memory with which some plan fits (bisection), with that plan; None when none fits
+    at any memory, or, given ``below``, none fits with ``below`` bytes."""
+    with _probing(prob):
+        found = _first_fit(prob) if below is None else (
+            None if (sol := _fits(prob, below)) is None else (float(below), sol))
+        if found is None:
+            return None
+        hi, best = found
+        lo = hi / 2 if below is None else 0.0
+        for _ in range(rounds):
+            mid = (lo + hi) / 2
+            sol = _fits(prob, mid)
+            if sol is not None:
+                hi, best = mid, sol
+            else:
+                lo = mid
+        return Need(math.ceil(hi), prob, best)
 
 
 def needed_memory(prob: Problem, rounds: int = 40, below: int | None = None) -> int | None:
     """The smallest per-device memory with which some plan of this space fits (bisection); None when
     none fits at any memory, or, given ``below``, none fits with ``below`` bytes."""
-    saved = prob.capacity_override
-    try:
-        if below is None:
-            hi = _doubled(prob)
-            if hi is None:
-                return None
-            lo = hi / 2
-        else:
-            if _fits(prob, below) is None:
-                return None
-            lo, hi = 0.0, float(below)
-        for _ in range(rounds):
-            mid = (lo + hi) / 2
-            if _fits(prob, mid) is not None:
-                hi = mid
-            else:
-                lo = mid
-        return math.ceil(hi)
-    finally:
-        prob.capacity_override = saved
-        build_candidates(prob)
+    need = _least_fit(prob, rounds, below)
+    return None if need is None else need.bytes
 
 
 @dataclass(frozen=True)
@@ -88,22 +102,14 @@ class Need:
 
 
 def least_need(probs: Sequence[Problem]) -> Need | None:
-    """The least :func:`needed_memory` over ``probs`` and its plan; None when none fits at any memory.
-    Most micro-batches first (fewest activations: usually the least), then each other problem only
+    """The least memory any of ``probs`` needs (:func:`needed_memory`) and its plan; None when none fits at any
+    memory. Most micro-batches first (fewest activations: usually the least), then each other problem only
     where it fits in the least so far."""
     best: Need | None = None
     for prob in sorted(probs, key=lambda p: -p.microbatches):
-        need = needed_memory(prob, below=None if best is None else best.bytes)
-        if need is None or (best is not None and need >= best.bytes):
-            continue
-        saved = prob.capacity_override
-        try:
-            sol = _fits(prob, need)
-        finally:
-            prob.capacity_override = saved
-            build_candidates(prob)
-        if sol is not None:
-            best = Need(need, prob, sol)
+        need = _least_fit(prob, 40, None if best is None else best.bytes)
+        if need is not None and (best is None or need.bytes < best.bytes):
+            best = need
     return best
 
 
