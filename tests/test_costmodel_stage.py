@@ -13,7 +13,7 @@ from planner import costmodel as cm
 from planner import ir
 from planner.cluster import cluster_from_dict, group_of
 from planner.costmodel.layers import FORM_INDEX, Grid, layer_table
-from planner.costmodel.precision import OPTIMIZER_BYTES_PER_PARAM, Bytes
+from planner.costmodel.precision import OPTIMIZER_BYTES_PER_PARAM
 from planner.costmodel.stage import tie_copy_on, tie_grad_bytes
 from planner.errors import PlanError
 from tests.conftest import make_cluster_dict, make_profile_dict
@@ -58,8 +58,7 @@ def test_a_split_copy_is_a_tensor_shard_and_its_all_reduce_moves_the_shard() -> 
     assert allreduce == pytest.approx(cm.ring_allreduce_s(1_000_000 / 8, 2, inter))
     cluster1, whole = _two_stages(1, 1, "dp")
     copy1, allreduce1 = _tie_terms(profile, cluster1, whole)
-    assert copy1 == 8 * 250_000 == math.ceil(cm.tie_copy_bytes(profile, profile.ties[0], Bytes.of(profile, "fp32",
-                                                                                                  "sgd")))
+    assert copy1 == 8 * 250_000  # the whole copy: 4 bytes of weight and 4 of gradient a parameter
     assert allreduce1 == pytest.approx(cm.ring_allreduce_s(1_000_000, 2, inter))
 
 
@@ -114,5 +113,6 @@ def test_a_copy_never_exceeds_the_owner_layers_charge_under_the_same_layout(
     assert tie_copy_on(whole, whole.ties[0], table, f, zero) == pytest.approx(table.static[zero, 0, f])
     assert 0.0 <= tie_grad_bytes(profile, tie, table, f) <= table.grad[0, f] * (1 + 1e-12)
     if form != "dp" and zero == 0:
-        one = cm.tie_copy_bytes(profile, tie, Bytes.of(profile, precision, optimizer))
+        alone = Grid(group_of(cluster_from_dict(make_cluster_dict(1, 16)), ["n0.g0"]), 1, precision)
+        one = tie_copy_on(profile, tie, layer_table(profile, alone, 1, optimizer), FORM_INDEX["dp"], 0)
         assert copy == pytest.approx(one / tp, abs=1e-6)

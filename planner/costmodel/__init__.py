@@ -85,7 +85,6 @@ from planner.costmodel.stage import (
     stage_costs_for,
     stage_grid,
     summarise,
-    tie_copy_bytes,
     with_ties,
 )
 from planner.costmodel.variant import PAPER, Variant, VariantCost, ZeroComms, variant_cost, variants
@@ -147,7 +146,6 @@ __all__ = [
     "stage_terms",
     "step_overhead_s",
     "summarise",
-    "tie_copy_bytes",
     "variant_cost",
     "variants",
     "with_ties",

@@ -217,15 +217,6 @@ def stage_costs_for(profile: ir.ModelProfile, cluster: ir.Cluster, stages: Seque
     return with_ties(profile, cluster, stages, out, tables)
 
 
-def tie_copy_bytes(profile: ir.ModelProfile, tie: ir.Tie, nbytes: Bytes) -> float:
-    """A tie's whole copy, as one device holds it unsharded (the ``dp`` form without ZeRO): its weights and, as far
-    as the layer it is counted in trains (``LayerProfile.trainable_share``), their gradients and optimizer state.
-    A stage's own layout shards it: :func:`tie_copy_on`."""
-    weight = tie.param_bytes * nbytes.weight_scale
-    trains = profile.layers[tie.layers[0]].trainable_share
-    return weight + trains * (weight + nbytes.state_per_param * tie.param_count)
-
-
 def tie_shares(profile: ir.ModelProfile, tie: ir.Tie) -> tuple[float, float]:
     """The tie's share of the layer it is counted in (its first): (of its bytes, of its parameters).
 

@@ -157,6 +157,9 @@ class Problem:
     """How the engine runs ZeRO's collectives (planner.costmodel.variant)."""
     move_groups: list[list[MoveGroup]] = field(default_factory=list)
     """Per position, its moves grouped by devices, link and next position (made by :func:`_grid_moves`)."""
+    ties: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
+    """Per (grid key, ZeRO stage), the tied-weight copies of every stage range (planner.search.tables.tie_copies):
+    kept, as no capacity the search tries changes them."""
 
     @property
     def nb(self) -> int:

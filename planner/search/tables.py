@@ -25,7 +25,7 @@ import numpy as np
 
 from planner import ir
 from planner.costmodel import VariantCost, p2p_s
-from planner.costmodel.layers import layer_table
+from planner.costmodel.layers import LayerTable, layer_table
 from planner.costmodel.precision import Bytes
 from planner.costmodel.stage import tie_copy_on
 from planner.schedule import in_flight_microbatches, schedule_kind
@@ -184,13 +184,22 @@ def tie_copies(prob: Problem, key: int, zero: int) -> np.ndarray:
     ``zero`` keeps on each device besides the layers' own (it holds a tied layer but not the one the tie
     is counted in): laid out as the stage runs its tied layer (planner.costmodel.stage.tie_copy_on), in
     the leanest form open to that layer on the grid, which the stage's leanest forms take; the judge
-    charges the form the plan's stage runs (planner.costmodel.stage.with_ties)."""
-    nb = prob.nb
-    out = np.zeros((nb + 1, nb + 1))
-    if not prob.profile.ties:
-        return out
-    table = layer_table(prob.profile, prob.grids[key], prob.microbatches, prob.optimizer, prob.forms,
-                        prob.space.rules)
+    charges the form the plan's stage runs (planner.costmodel.stage.with_ties). Worked out once per grid
+    and ZeRO stage (``Problem.ties``): every ZeRO stage of a grid from one layer table."""
+    if (key, zero) not in prob.ties:
+        out = {z: np.zeros((prob.nb + 1, prob.nb + 1)) for z in range(4)}
+        if prob.profile.ties:
+            table = layer_table(prob.profile, prob.grids[key], prob.microbatches, prob.optimizer, prob.forms,
+                                prob.space.rules)
+            for z in out:
+                out[z] = _ties_on(prob, table, z)
+        prob.ties.update({(key, z): v for z, v in out.items()})
+    return prob.ties[key, zero]
+
+
+def _ties_on(prob: Problem, table: LayerTable, zero: int) -> np.ndarray:
+    """:func:`tie_copies` from a grid's layer table."""
+    out = np.zeros((prob.nb + 1, prob.nb + 1))
     starts, ends = prob.bounds[:, None], prob.bounds[None, :]
     for tie in prob.profile.ties:
         owner = tie.layers[0]
