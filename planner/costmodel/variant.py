@@ -152,6 +152,11 @@ class ZeroComms:
     """The ZeRO stages under which the gradients move at ``copy_scale`` times the weights' bytes, and torch's
     ZeRO-1 broadcasts parameters as wide (``EngineLimits.wide_reduce_zero``); elsewhere at the weights'."""
 
+    def gradient_scale(self, zero: int) -> float:
+        """The gradients' bytes as reduced under ZeRO stage ``zero`` over the weights' (``copy_scale`` where the
+        engine reduces them in fp32, ``wide_reduce_zero``; else 1)."""
+        return self.copy_scale if zero in self.wide_reduce_zero else 1.0
+
     @property
     def zero1_holds_more(self) -> bool:
         """Whether the engine's ZeRO-1 holds memory beyond the paper's (buffers or partition copies)."""
@@ -235,7 +240,7 @@ def _zero_times(agg: Mapping[str, Any], zero: int, microbatches: int, sync_const
     ``wide_reduce_zero``: fp32 gradients of 16-bit weights, twice the bytes); the weights' gathers at the
     weights' precision (torch's ZeRO-1 broadcast of its fp32 parameters as wide as its gradients)."""
     sync = agg["sync"]
-    wide = comms.copy_scale if zero in comms.wide_reduce_zero else 1.0
+    wide = comms.gradient_scale(zero)
     latency = np.where(sync > 0, sync_const, 0.0)
     whole = sync * wide + latency  # the gradients' all-reduce
     half = (sync * comms.shard_scale + latency) / 2.0  # one all-gather of the (trainable) weights
@@ -272,7 +277,7 @@ def _gathered(agg: Mapping[str, Any], zero: int, comms: ZeroComms) -> Any:
     gradient unreduced through the step (already in its static bytes) or below ZeRO-3."""
     if zero != 3 or comms.sync_last_backward:
         return 0.0 * agg["unit_max"]
-    wide = comms.copy_scale if zero in comms.wide_reduce_zero else 1.0
+    wide = comms.gradient_scale(zero)
     return agg["unit_max"] * (2.0 + wide * (agg["grad"] > 0))
 
 
