@@ -87,7 +87,7 @@ def hostfile(layout: NodeLayout | None, plan: ir.Plan) -> str:
     return "".join(f"{server} slots={layout.nproc_per_node}\n" for server in layout.servers)
 
 
-def _layout(plan: ir.Plan) -> tuple[NodeLayout | None, str]:
+def plan_layout(plan: ir.Plan) -> tuple[NodeLayout | None, str]:
     """The plan's servers, or None and why torchrun cannot start it server by server."""
     try:
         return node_layout(plan), ""
@@ -140,7 +140,7 @@ def program_files(plan: ir.Plan, engine: str) -> dict[str, str]:
     mod = engine_module(engine)
     check_runnable(plan, engine)
     files: dict[str, str] = {"plan.json": dumps(plan.to_dict()), "train.py": mod.script_text(plan)}
-    layout, why = _layout(plan)
+    layout, why = plan_layout(plan)
     if engine == "deepspeed":
         files["ds_config.json"] = json.dumps(deepspeed.ds_config(plan), indent=2) + "\n"
         files["hostfile"] = hostfile(layout, plan)
@@ -168,7 +168,7 @@ def export_plan(plan: ir.Plan, engine: str, out_dir: str | Path) -> list[Path]:
 
 def server_commands(plan: ir.Plan, out_dir: str) -> list[str]:
     """What to run on each server after export (the CLI prints them)."""
-    layout, _ = _layout(plan)
+    layout, _ = plan_layout(plan)
     folder = shlex.quote(out_dir)
     if layout is None or layout.nnodes == 1:
         return [f"cd {folder} && sh launch_node0.sh"]

@@ -43,9 +43,9 @@ from typing import Any
 
 from planner import ir, runnable
 from planner.errors import ExportError, PlanError
-from planner.export.nodes import NodeLayout, node_layout
+from planner.export.nodes import NodeLayout
 from planner.export.program import launch_scripts as torchrun_scripts
-from planner.export.program import server_commands
+from planner.export.program import plan_layout, server_commands
 from planner.export.quoting import one_line, toml_string
 from planner.jsonio import dumps
 
@@ -181,12 +181,9 @@ ENTRY = "-m torchtitan.train --job.config_file job_config.toml"
 
 def servers(plan: ir.Plan) -> tuple[NodeLayout | None, str]:
     """The plan's servers when it spans several (None on one), or None and why torchrun cannot start it
-    server by server (:func:`planner.export.nodes.node_layout`)."""
-    try:
-        layout = node_layout(plan)
-    except ExportError as exc:
-        return None, exc.cause
-    return (layout if layout.nnodes > 1 else None), ""
+    server by server (:func:`planner.export.program.plan_layout`)."""
+    layout, why = plan_layout(plan)
+    return (layout if layout is not None and layout.nnodes > 1 else None), why
 
 
 def launch_command(plan: ir.Plan, out_dir: str) -> str:
