@@ -61,7 +61,8 @@ roofline at each row's tensor degree, one fitted constant: planner.gpus.SUSTAINE
 predicted/published TFLOP/s per GPU within 0.85..1.15, also through planner profile's own analytic
 profile; then torchtitan's published FSDP runs of Llama 2 and 3 on 64 A100s through planner profile's
 analytic profile of the transformers model (scripts/published_fsdp.py), predicted/published tokens per
-second per GPU; last, the saved GPU runs (docs/gpu) predicted again, iteration and peak memory
+second per GPU, and its eager FSDP Llama 3.1 8B on H100s against the bracket of full and no recomputation
+(scripts/published_h100_fsdp.py); last, the saved GPU runs (docs/gpu) predicted again, iteration and peak memory
 (scripts/gpu_replay.py); about 50 s. Usage::
 
     .venv/bin/python scripts/validate_fidelity.py [--models cnn,rescnn,gpt2,llama] [--engines deepspeed,torch]
@@ -317,10 +318,16 @@ def print_published() -> None:
 
 
 def print_fsdp() -> None:
-    """torchtitan's published FSDP runs of Llama on 64 A100s, held out (scripts/published_fsdp.py)."""
+    """torchtitan's published FSDP runs of Llama on 64 A100s, held out (scripts/published_fsdp.py), and on H100s,
+    bracketed (scripts/published_h100_fsdp.py)."""
     from published_fsdp import report
+    from published_h100_fsdp import lines
 
     report()
+    print("  torchtitan's eager FSDP Llama 3.1 8B on H100s (scripts/published_h100_fsdp.py; per-op checkpointing, "
+          "the GPU's peak unknown): the published throughput against the bracket of full and no recomputation")
+    for line in lines():
+        print(line, flush=True)
 
 
 def print_gpu() -> None:
