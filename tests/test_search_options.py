@@ -146,3 +146,26 @@ def test_when_the_bound_on_stages_leaves_nothing_that_fits_the_error_says_so() -
         search(profile, cluster, microbatches=2, engine="torch", candidates=2)
     assert "on at most 2 stages" in err.value.hint and "more --microbatches" in err.value.hint
     assert search(profile, cluster, microbatches=4, engine="torch", candidates=2).pipeline_stages <= 4
+
+
+def _tensor_groups_cross_servers(cluster: ir.Cluster, devices: tuple[str, ...], tp: int) -> bool:
+    server = {g.name: n.name for n in cluster.nodes for g in n.gpus}
+    return any(len({server[d] for d in devices[i:i + tp]}) > 1 for i in range(0, len(devices), tp))
+
+
+@pytest.mark.parametrize(("mode", "config"), [("hierarchy", None), ("contiguous", (3, 6, 3))])
+def test_every_tensor_group_stays_inside_one_server_of_six(mode: str, config: tuple[int, ...] | None) -> None:
+    """Servers of 6 GPUs: two whole servers hold 6 + 6, which tp 4 cuts into n0.g4-g5 + n1.g0-g1; a stage of
+    n0.g3 .. n1.g2 holds 3 + 3, which tp 2 cuts into n0.g5 + n1.g0. No move of the search runs such a grid (its
+    tensor all-reduces would cross the network at NVLink's price), and the plans it emits keep every tensor group
+    inside a server."""
+    from planner.search.sp import build_problem
+
+    cluster, profile = _cluster(2, 6), _llama_like(batch=48)
+    prob = build_problem(profile, cluster, microbatches=4, schedule="1f1b", optimizer="adam", mode=mode,
+                         config=config, widths=config)
+    moves = [mv for row in prob.moves for mv in row]
+    assert moves and not [(mv.devices, mv.tp) for mv in moves if _tensor_groups_cross_servers(cluster, mv.devices,
+                                                                                              mv.tp)]
+    plan = search(profile, cluster, tp=4)
+    assert not [st for st in plan.stages if _tensor_groups_cross_servers(cluster, st.devices, st.tp)]

@@ -166,9 +166,9 @@ def _grids(profile: ir.ModelProfile, base: BaseMoves, microbatches: int, space: 
     grids: list[Grid] = []
     keys_of: list[tuple[tuple[int, int], ...]] = []
     can_shard = shardable(profile)
-    for group in base.groups:
+    for group, align in zip(base.groups, base.aligns, strict=True):
         keys = []
-        for tp in tensor_degrees(group, profile.batch_size, microbatches, space, can_shard):
+        for tp in tensor_degrees(group, profile.batch_size, microbatches, space, can_shard, align):
             keys.append((len(grids), tp))
             grids.append(Grid(group, tp, space.precision, space.sequence_parallel and tp > 1))
         keys_of.append(tuple(keys))

@@ -16,14 +16,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from planner import ir
-from planner.cluster import group_of
 from planner.costmodel import default_precision
 from planner.errors import UsageError
 from planner.runnable import ANY_FORMS, EngineLimits, llama_problem
 from planner.runnable import ENGINES as ENGINE_LIMITS
 from planner.schedule import SCHEDULES, schedule_kind, virtual_stage_schedules
 from planner.search.framed import Framed, frame_problem
-from planner.search.space import Space, pow2_upto
+from planner.search.space import Space, pow2_upto, server_share
 
 SOLVERS = ("dp", "brute")
 ENGINES = ("any", *ENGINE_LIMITS)
@@ -225,9 +224,9 @@ def problems(profile: ir.ModelProfile, cluster: ir.Cluster, m: int, req: Request
     widths = sorted(set(req.config)) if req.config else engine_widths(cluster)
     for w in widths:
         devices = [g.name for g in cluster.gpus][:w]
-        group = group_of(cluster, devices, req.space.precision)
-        for tp in (pow2_upto(group.per_node if group.nodes > 1 else w) if limits.tensor_parallel else [1]):
-            if w % tp or (req.space.tp is not None and tp != req.space.tp):
+        share = server_share(cluster, devices)  # every tensor group inside one server
+        for tp in (pow2_upto(share) if limits.tensor_parallel else [1]):
+            if w % tp or share % tp or (req.space.tp is not None and tp != req.space.tp):
                 continue
             for zero in _uniform_zeros(req.space.zero, limits.uniform_zero, w // tp):
                 space = dataclasses.replace(req.space, tp=tp, zero=zero)

@@ -33,6 +33,7 @@ Pure (numpy). The same space for ``--solver dp`` (planner.search.sp) and ``--sol
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -216,11 +217,25 @@ def _group_options(d: int, c: int, u: int, size: int, starts: Sequence[int], s_t
 class BaseMoves:
     """The moves of every position before tensor degrees: per position, (group index, devices, next
     position, link); the distinct groups (as the cost model sees them, in one number format); and each
-    position's skip target. The same for every micro-batch count, so made once per cluster and space."""
+    position's skip target. The same for every micro-batch count, so made once per cluster and space.
+    ``aligns``: per group, the greatest common divisor of its GPUs in each of its servers, which a tensor
+    degree must divide for every tensor group to stay inside one server (:func:`server_share`)."""
 
     rows: tuple[tuple[tuple[int, tuple[str, ...], int, int], ...], ...]
     groups: tuple[Group, ...]
     skip: tuple[int, ...]
+    aligns: tuple[int, ...] = ()
+
+
+def server_share(cluster: ir.Cluster, devices: Sequence[str]) -> int:
+    """The greatest common divisor of the counts of ``devices`` in each server: consecutive tensor groups of
+    ``tp`` of them stay inside one server exactly when ``tp`` divides it (3 + 3 GPUs over two servers split
+    into pairs puts the middle pair on both)."""
+    node_of = index(cluster).node_of
+    counts: dict[int, int] = {}
+    for d in devices:
+        counts[node_of[d]] = counts.get(node_of[d], 0) + 1
+    return math.gcd(*counts.values())
 
 
 @functools.lru_cache(maxsize=1024)  # an engine's search asks for one per stage width: 136 on 1024 GPUs
@@ -230,7 +245,7 @@ def base_moves(cluster: ir.Cluster, mode: str, widths: tuple[int, ...] | None, n
     names, starts, node_at = idx.names, idx.node_start, idx.node_at
     allowed = None if widths is None else set(widths)
     rows: list[tuple[tuple[int, tuple[str, ...], int, int], ...]] = []
-    group_key: dict[Group, int] = {}
+    group_key: dict[tuple[Group, int], int] = {}
     for d in range(len(names)):
         c = node_at[d]
         u, size = d - starts[c], starts[c + 1] - starts[c]
@@ -241,11 +256,11 @@ def base_moves(cluster: ir.Cluster, mode: str, widths: tuple[int, ...] | None, n
             seen.add((w, nxt))
             devices = tuple(names[d:nxt])
             group = group_of(cluster, devices, number_format)
-            gi = group_key.setdefault(group, len(group_key))
+            gi = group_key.setdefault((group, server_share(cluster, devices)), len(group_key))
             row.append((gi, devices, nxt, INTRA if u > 0 and node_at[nxt - 1] == c else INTER))
         rows.append(tuple(row))
     skip = tuple(starts[node_at[d] + 1] for d in range(len(names)))
-    return BaseMoves(tuple(rows), tuple(group_key), skip)
+    return BaseMoves(tuple(rows), tuple(g for g, _ in group_key), skip, tuple(a for _, a in group_key))
 
 
 def shardable(profile: ir.ModelProfile) -> bool:
@@ -253,16 +268,18 @@ def shardable(profile: ir.ModelProfile) -> bool:
     return any(x.splittable or x.block is not None for x in profile.layers)
 
 
-def tensor_degrees(group: Group, batch_size: int, microbatches: int, space: Space, shardable: bool = True
-                   ) -> list[int]:
-    """The tensor degrees a group may run: powers of two dividing its GPUs in each server, with
+def tensor_degrees(group: Group, batch_size: int, microbatches: int, space: Space, shardable: bool = True,
+                   align: int | None = None) -> list[int]:
+    """The tensor degrees a group may run: powers of two dividing its GPUs in each server (``align``, their
+    greatest common divisor, :func:`server_share`; None: the fewest in one server), with
     whole micro-batches per data-parallel rank (and the fixed ``--tp`` / ``--micro-batch-size``), and
     two or more of them where the ZeRO stages allowed exclude 0 (``--zero N``); only 1 when no layer can
     shard (a tensor group of dp forms costs what tp 1 costs)."""
     out = []
-    for tp in pow2_upto(group.per_node if group.nodes > 1 else group.n) if shardable else [1]:
+    share = (group.per_node if group.nodes > 1 else group.n) if align is None else align
+    for tp in pow2_upto(share) if shardable else [1]:
         dp = group.n // tp
-        if group.n % tp or (space.tp is not None and tp != space.tp):
+        if group.n % tp or share % tp or (space.tp is not None and tp != space.tp):
             continue
         if batch_size % (microbatches * dp):
             continue
