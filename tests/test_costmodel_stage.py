@@ -116,3 +116,21 @@ def test_a_copy_never_exceeds_the_owner_layers_charge_under_the_same_layout(
         alone = Grid(group_of(cluster_from_dict(make_cluster_dict(1, 16)), ["n0.g0"]), 1, precision)
         one = tie_copy_on(profile, tie, layer_table(profile, alone, 1, optimizer), FORM_INDEX["dp"], 0)
         assert copy == pytest.approx(one / tp, abs=1e-6)
+
+
+@pytest.mark.parametrize("zero", [1, 2, 3])
+def test_a_zero_optimizer_step_updates_the_partition_its_memory_counts(zero: int) -> None:
+    """Under ZeRO a dp-form layer in a tensor group of 2 keeps its state sharded over all 4 devices (its gradients are
+    synchronised over them), so each device steps a quarter of it: the same as on a tp 1 x dp 4 grid, not the half
+    that ``1 / dp`` alone would give (the time was twice as long, and search preferred the tp 1 grid for it)."""
+    doc = make_cluster_dict(1, 4)
+    for gpu in doc["nodes"][0]["gpus"]:
+        gpu["memory_bandwidth_Bps"] = 1e11
+    cluster, profile = cluster_from_dict(doc), ir.ModelProfile.from_dict(make_profile_dict(4, batch_size=8))
+    devices = tuple(f"n0.g{g}" for g in range(4))
+    steps = [cm.stage_cost_values(profile, cluster, ir.Stage((0, 4), devices, ("dp",) * 4, 0, tp=tp, zero=zero), 1,
+                                  "adam", None).optimizer_step_s for tp in (1, 2)]
+    whole = cm.stage_cost_values(profile, cluster, ir.Stage((0, 4), devices, ("dp",) * 4, 0, tp=1), 1, "adam",
+                                 None).optimizer_step_s
+    assert steps[1] == pytest.approx(steps[0])
+    assert steps[0] == pytest.approx(whole / 4)

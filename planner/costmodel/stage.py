@@ -38,7 +38,7 @@ recomputation and ZeRO stage applied by the same formula the stage DP uses
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -178,7 +178,7 @@ def _stage_cost(profile: ir.ModelProfile, cluster: ir.Cluster, stage: ir.Stage, 
     bandwidth = memory_bandwidth_Bps(cluster, stage.devices)
     accumulate = grad_accumulation_s(agg["grad"], microbatches, bandwidth)
     backward += accumulate
-    state = max(agg["static0"] - agg["weight"] - agg["grad"], 0.0) / (grid.dp if stage.zero else 1)
+    grad_part, state = step_shares(agg, stage.zero)
     if next_devices is None:
         send_bytes, send_link, link_id = 0.0, None, None
     else:
@@ -192,8 +192,19 @@ def _stage_cost(profile: ir.ModelProfile, cluster: ir.Cluster, stage: ir.Stage, 
         allreduce_bytes=agg["grad"] if agg["sync"] > 0 else 0.0, static_bytes=math.ceil(float(v.static)),
         weight_bytes=math.ceil(agg["weight"]), activation_bytes=math.ceil(float(v.act)),
         workspace_bytes=math.ceil(float(v.workspace)), capacity_bytes=grid.group.memory_bytes,
-        optimizer_step_s=optimizer_step_s(agg["grad"] / (grid.dp if stage.zero else 1), state, nbytes, bandwidth),
+        optimizer_step_s=optimizer_step_s(grad_part, state, nbytes, bandwidth),
         grad_copy_bytes=math.ceil(float(v.transient)), zero_gather_s=float(v.gather))
+
+
+def step_shares(agg: Mapping[str, float], zero: int) -> tuple[float, float]:
+    """Per device, the gradients' and the optimizer state's bytes one optimizer step updates: the stage's
+    whole, or under ZeRO each rank's partition, sharded over the group each layer's gradients are
+    synchronised over as its static memory is (``static1``, ``static2``: all ``tp x dp`` devices for a layer in
+    the ``dp`` form, the ``dp`` replicas for a sharded one; planner.costmodel.layers)."""
+    if not zero:
+        return agg["grad"], max(agg["static0"] - agg["weight"] - agg["grad"], 0.0)
+    grad = agg["grad"] - (agg["static1"] - agg["static2"])
+    return max(grad, 0.0), max(agg["static1"] - agg["weight"] - agg["grad"], 0.0)
 
 
 def _weight_part(table: LayerTable, stage: ir.Stage) -> float:
