@@ -96,3 +96,15 @@ def test_memory_text_keeps_its_digits_at_every_scale() -> None:
     assert memory_text(900_000) == "878.91 KiB"
     assert memory_text(500_000_000) == "476.84 MiB"
     assert memory_text(50) == "50 bytes"
+
+
+def test_on_gpus_of_two_sizes_the_cause_gives_their_range_not_the_least_as_the_most() -> None:
+    """A server with a 5 MB GPU and one with a 6 MB GPU: the cause said "(4.77 MiB per device at most)", the
+    least memory given as the most any device has."""
+    doc = make_cluster_dict(2, 1, memory_bytes=5_000_000)
+    doc["nodes"][1]["gpus"][0]["memory_bytes"] = 6_000_000
+    with pytest.raises(InfeasibleError) as exc:
+        search(_heavy(), cluster_from_dict(doc))
+    assert "(4.77 MiB to 5.72 MiB per device)" in exc.value.cause
+    assert "at most" not in exc.value.cause.split(";")[0]
+    assert "(4.77 MiB per device at most)" in _error(_heavy()).cause

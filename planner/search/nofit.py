@@ -163,8 +163,7 @@ def least_need_error(probs: Sequence[Problem], req: Request | None = None,
     has a plan that fits: the least memory a plan of any of them needs, that plan, and what would help."""
     need, tried = least_need(probs), Tried.of(probs)
     prob = probs[0] if need is None else need.prob
-    have = min(g.memory_bytes for g in prob.cluster.gpus)
-    cause = f"no plan fits in the devices' memory ({memory_text(have)} per device at most)"
+    cause = f"no plan fits in the devices' memory ({_capacities(prob.cluster)})"
     if need is not None:
         cause += (f"; the plan of this space that needs the least memory needs {memory_text(need.bytes)} per device: "
                   + describe(need.prob, need.solution))
@@ -175,6 +174,15 @@ def least_need_error(probs: Sequence[Problem], req: Request | None = None,
         hint += (f", on at most {prob.stages_max} stages (the engine's schedule needs a micro-batch per stage: more "
                  "--microbatches allow more stages)")
     return InfeasibleError(cause, hint, None if need is None else need.bytes)
+
+
+def _capacities(cluster: ir.Cluster) -> str:
+    """The devices' memory for the error: ``80.00 GiB per device at most``, or on GPUs of several sizes the
+    range, ``40.00 GiB to 80.00 GiB per device`` (the least alone would understate the largest)."""
+    mems = [g.memory_bytes for g in cluster.gpus]
+    if min(mems) == max(mems):
+        return f"{memory_text(mems[0])} per device at most"
+    return f"{memory_text(min(mems))} to {memory_text(max(mems))} per device"
 
 
 def _more_gpus(cluster: ir.Cluster, need: Need | None) -> str:
