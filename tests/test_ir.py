@@ -57,6 +57,22 @@ def test_cluster_round_trip_and_duplicate_names() -> None:
         Cluster.from_dict(doc)
 
 
+def test_duplicate_node_names_are_refused_where_a_plan_embeds_its_cluster() -> None:
+    """A plan's cluster is read by ir alone (not planner.cluster.load_cluster): two servers of one name would
+    be one server to export and run (ranks map to servers by name), a 2 x 2 cluster exported as 4 ranks on one."""
+    doc = make_cluster_dict()
+    doc["nodes"][1]["name"] = "n0"
+    with pytest.raises(FormatError, match=r"node names must be unique.*'n0'"):
+        Cluster.from_dict(doc)
+    profile = ModelProfile.from_dict(make_profile_dict())
+    stages = (Stage((0, 2), ("n0.g0", "n0.g1"), ("dp",) * 2, 1), Stage((2, 4), ("n1.g0", "n1.g1"), ("dp",) * 2, 1))
+    plan = Plan(profile, Cluster.from_dict(make_cluster_dict()), "1f1b", 2, "sgd", stages,
+                Prediction(1.0, 8.0, 0.2, 1), 2.0, 2.0).to_dict()
+    plan["cluster"]["nodes"][1]["name"] = "n0"
+    with pytest.raises(FormatError, match="node names must be unique"):
+        Plan.from_dict(plan)
+
+
 def test_cluster_zero_bandwidth_is_refused() -> None:
     doc = make_cluster_dict()
     doc["links"]["inter_node"]["bandwidth_Bps"] = 0

@@ -333,4 +333,8 @@ class Cluster:
         if dupes:
             raise FormatError(f"{source}: GPU names must be unique in the cluster, repeated: {dupes[:5]}",
                               "name GPUs like 'n0.g0'")
+        servers = sorted(name for name, n in Counter(n.name for n in nodes).items() if n > 1)
+        if servers:  # export and run map ranks to servers by name: two nodes of one name would merge into one
+            raise FormatError(f"{source}: node names must be unique in the cluster, repeated: {servers[:5]}",
+                              "give every node (server) its own name, e.g. 'n0', 'n1'")
         return cls(_str(doc, "name", source), nodes, links, _overheads(doc, source))
