@@ -117,8 +117,10 @@ def test_search_interleaved_round_trips_and_validates() -> None:
 def test_search_interleaved_refuses_what_cannot_run() -> None:
     profile = ir.ModelProfile.from_dict(make_profile_dict(3, batch_size=8))
     cluster = ir.Cluster.from_dict(make_cluster_dict(2, 2))
-    with pytest.raises(InfeasibleError, match="interleaved with 2 chunks"):
+    with pytest.raises(UsageError, match=r"into 4 chunks .* it has 3 layers"):
         search_interleaved(profile, cluster, 2, microbatches=4, config=(1, 1))  # 3 layers, 4 chunks
+    with pytest.raises(UsageError, match="--virtual-stages 4 on one stage cuts the model into 4 chunks"):
+        search_interleaved(profile, cluster, 4, microbatches=4)  # not even one stage cut in 4 fits 3 layers
     with pytest.raises(UsageError, match="DeepSpeed"):
         search_interleaved(profile, cluster, 2, engine="deepspeed")
     with pytest.raises(UsageError, match="positive integer"):

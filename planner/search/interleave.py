@@ -141,6 +141,7 @@ def search_interleaved(profile: ir.ModelProfile, cluster: ir.Cluster, virtual_st
 
     v = virtual_stages
     _check_virtual_stages(v, engine)
+    _check_chunks(v, len(profile.layers), config)
     if v == 1:
         return search(profile, cluster, microbatches=microbatches, schedule="interleaved", optimizer=optimizer,
                       solver=solver, engine=engine, config=config, progress=progress, candidates=candidates,
@@ -165,6 +166,18 @@ def search_interleaved(profile: ir.ModelProfile, cluster: ir.Cluster, virtual_st
             f"K*{v} chunks, or the extra micro-batches in flight do not fit in memory",
             "try --virtual-stages 1, more micro-batches, a smaller batch, or a larger cluster")
     return best.plan
+
+
+def _check_chunks(v: int, n_layers: int, config: Sequence[int] | None) -> None:
+    """A UsageError when even the fewest stages the request allows (``--config``'s, else one) cut into ``v``
+    chunks each make more chunks than the model has layers: no plan can, whatever the memory."""
+    stages = len(config) if config else 1
+    if stages * v > n_layers:
+        given = f"--config {'-'.join(map(str, config))}'s {stages} stages" if config else "one stage"
+        raise UsageError(f"--virtual-stages {v} on {given} cuts the model into {stages * v} chunks of one layer or "
+                         f"more, and it has {n_layers} layers",
+                         f"use --virtual-stages {max(1, n_layers // stages)} or fewer"
+                         + (", or fewer stages in --config" if config else ""))
 
 
 def _check_virtual_stages(v: object, engine: str) -> None:
