@@ -37,6 +37,21 @@ optimizer_option = click.option("--optimizer", type=click.Choice(ir.OPTIMIZERS),
                                 help="Optimizer whose state counts in memory (fp32 RMSProp: 12 bytes per parameter).")
 
 
+def _png_path(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """``--plot``'s file: a PNG is what is drawn, so a path that names another format is refused."""
+    if value is not None and not value.lower().endswith(".png"):
+        raise click.BadParameter(f"{value!r} does not end in .png: the picture is drawn as PNG",
+                                 ctx=ctx, param=param)
+    return value
+
+
+def plot_option(help_text: str) -> Callable[[F], F]:
+    """``--plot FILE.png`` (simulate, compare), refusing another suffix (exit 2) rather than writing PNG bytes
+    under an .svg or .jpg name."""
+    return click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+                        callback=_png_path, help=help_text)
+
+
 progress_option = click.option(
     "--progress/--no-progress", "progress", default=None,
     help="Show progress on stderr (default: on a terminal, and not with --json; env PLANNER_PROGRESS=1|0).")

@@ -12,6 +12,7 @@ from planner.commands import (
     optimizer_option,
     outputs,
     parse_microbatches,
+    plot_option,
     profile_argument,
     progress_option,
     rerank_option,
@@ -36,9 +37,8 @@ STRATEGY_HELP = "comma-separated subset of: dp, accpar, gpipe-uniform, torchgpip
 @rerank_option("The planner row: the search's N best plans and its grid seeds re-ranked by the simulator "
                "(0: the analytic optimum alone).")
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as one JSON document on stdout.")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
-              help="Write a chart of the strategies to this PNG file: speedup over dp, iteration time and peak "
-                   "memory per GPU against capacity.")
+@plot_option("Write a chart of the strategies to this PNG file: speedup over dp, iteration time and peak "
+             "memory per GPU against capacity.")
 @progress_option
 def compare(profile_path: str, cluster_name: str, microbatches: str, schedule: str | None, optimizer: str,
             strategies: str | None, rerank: int, as_json: bool, plot_path: str | None, progress: bool | None) -> None:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from planner import ir
-from planner.commands import FiniteRange, outputs, progress_option, read_plan
+from planner.commands import FiniteRange, outputs, plot_option, progress_option, read_plan
 from planner.jsonio import dumps
 
 if TYPE_CHECKING:
@@ -65,9 +65,8 @@ def _json_doc(result: SimResult, plan: ir.Plan, explanation: Explanation) -> dic
 @click.option("--json", "as_json", is_flag=True, help="Print the simulation as one JSON document on stdout.")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None,
               help="Write a Chrome trace event JSON (open it in https://ui.perfetto.dev).")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
-              help="Write a picture to this PNG file: the Gantt of devices and links, memory per device group "
-                   "over time against capacity, and where each stage's time goes.")
+@plot_option("Write a picture to this PNG file: the Gantt of devices and links, memory per device group "
+             "over time against capacity, and where each stage's time goes.")
 @click.option("--overlap-allreduce", is_flag=True,
               help="All-reduce gradients in DDP buckets overlapped with the last backward (default: after it).")
 @click.option("--bucket-mb", type=FiniteRange(min=0.001), default=25.0, show_default=True,
