@@ -5,7 +5,8 @@ takes them), stages that cover every layer exactly once in order with one form p
 devices of the plan's cluster that no two pipeline ranks share, chunk c on the devices of
 chunk c mod K, micro-batches that divide the batch, and tensor x data grids whose ``tp``
 divides the stage and is given wherever a form splits a layer (``tp`` is never inferred:
-split forms with ``tp == 1`` are an error, :meth:`planner.ir.Stage.grid_problem`). The simulator and the judge
+split forms with ``tp == 1`` are an error, :meth:`planner.ir.Stage.grid_problem`), each tensor
+group inside one server. The simulator and the judge
 (:mod:`planner.judge`) call it; whether an engine can run the plan is
 :mod:`planner.runnable`'s question.
 """
@@ -30,6 +31,7 @@ def validate_plan(plan: ir.Plan) -> None:
         problem = stage.grid_problem()
         if problem is not None:
             raise PlanError(f"stage {i}: {problem[0]}", problem[1])
+    _check_tensor_groups(plan)
 
 
 def _check_plan_fields(plan: ir.Plan) -> None:
@@ -108,3 +110,16 @@ def _check_stage_devices(plan: ir.Plan) -> None:
                     raise PlanError(f"device {d!r} is in stage {owner[d]} and stage {i}",
                                     "each device belongs to one pipeline stage")
                 owner[d] = i
+
+
+def _check_tensor_groups(plan: ir.Plan) -> None:
+    """Every tensor group (``tp`` consecutive devices of a stage) inside one server: its all-reduces run
+    on every layer, and the cost model, like Megatron-LM and torchtitan, keeps them on the server's link."""
+    server = {g.name: n.name for n in plan.cluster.nodes for g in n.gpus}
+    for i, stage in enumerate(plan.stages):
+        for group in stage.tensor_groups() if stage.tp > 1 else ():
+            spans = sorted({server[d] for d in group})
+            if len(spans) > 1:
+                raise PlanError(f"stage {i}: tensor group {list(group)} (tp {stage.tp}) spans servers "
+                                f"{', '.join(spans)}", "give tp a value that divides the stage's GPUs in every "
+                                "server it uses, or list each server's GPUs together")

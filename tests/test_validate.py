@@ -70,3 +70,17 @@ def test_split_forms_without_a_tensor_group_are_a_plan_error() -> None:
         validate_plan(dataclasses.replace(plan, stages=(split, plan.stages[1])))
     assert "give tp" in err.value.hint
     validate_plan(dataclasses.replace(plan, stages=(dataclasses.replace(split, tp=2), plan.stages[1])))
+
+
+def test_a_tensor_group_across_two_servers_is_refused() -> None:
+    """tp 2 over n0.g1 and n1.g0 puts a tensor group's all-reduce of every layer on the network, which the
+    cost model (like Megatron-LM and torchtitan) never assumes: a hand-written plan saying so is inconsistent.
+    The same devices listed server by server as tp 2 x dp 2 keep each pair on one server."""
+    plan = make_plan(stages=[((0, 4), ("n0.g0", "n0.g1", "n1.g0", "n1.g1"))])
+    mixed = dataclasses.replace(plan.stages[0], devices=("n0.g0", "n1.g0", "n0.g1", "n1.g1"), tp=2)
+    with pytest.raises(PlanError, match=r"tensor group \['n0.g0', 'n1.g0'\] \(tp 2\) spans servers n0, n1"):
+        validate_plan(dataclasses.replace(plan, stages=(mixed,)))
+    validate_plan(dataclasses.replace(plan, stages=(dataclasses.replace(plan.stages[0], tp=2),)))
+    wide = dataclasses.replace(plan.stages[0], tp=4)
+    with pytest.raises(PlanError, match="spans servers n0, n1"):
+        validate_plan(dataclasses.replace(plan, stages=(wide,)))
