@@ -8,7 +8,7 @@ from torch import nn
 
 from planner import ir
 from planner.errors import ExportError, RunError
-from planner.export.layers import as_layers, check_layers_match, load_layers
+from planner.export.layers import as_layers, check_layers_match, disable_dropout, load_layers
 from planner.export.ties import find_ties
 from tests.test_runner import tiny_plan
 
@@ -83,3 +83,21 @@ def test_a_model_that_does_not_match_names_the_profiles_overrides() -> None:
         check_layers_match([nn.Linear(16, 10)], plan.profile, RunError)
     assert "--model gpt2, which builds it with those overrides" in err.value.hint
     assert "package.module:factory" in err.value.hint
+
+
+def test_disable_dropout_zeroes_the_probabilities_modules_keep_as_numbers() -> None:
+    """nn.MultiheadAttention(dropout=0.5) and a transformers attention's attention_dropout kept dropping in
+    `planner run`: a data-parallel plan of a ViT with attention dropout departed from the reference by 0.077."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(16, 2, dropout=0.5, batch_first=True)
+    qwen = Qwen2ForCausalLM(Qwen2Config(vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                        num_key_value_heads=1, intermediate_size=32, attention_dropout=0.5))
+    model = nn.ModuleDict({"mha": mha, "qwen": qwen, "drop": nn.Dropout(0.3)}).train()
+    disable_dropout(model)
+    x = torch.randn(2, 5, 16)
+    outs = [mha(x, x, x, need_weights=False)[0] for _ in range(2)]
+    assert torch.equal(outs[0], outs[1])
+    assert mha.dropout == 0.0 and qwen.model.layers[0].self_attn.attention_dropout == 0.0
+    assert model["drop"].p == 0.0

@@ -104,7 +104,13 @@ def _groups(layer_sets: Sequence[tuple[int, ...]]) -> str:
 
 
 def disable_dropout(module: nn.Module) -> None:
-    """Set every dropout probability to 0 (equivalence checks need a deterministic forward)."""
+    """Set every dropout probability to 0 (equivalence checks need a deterministic forward): ``nn.Dropout``
+    modules, and the probabilities modules keep as numbers, ``nn.MultiheadAttention.dropout`` or a transformers
+    attention's ``attention_dropout`` (any float attribute named ``*dropout*``: each rank would draw its own
+    masks, and the split model would train on other masks than the reference)."""
     for m in module.modules():
         if isinstance(m, nn.modules.dropout._DropoutNd):
             m.p = 0.0
+        for name, value in list(vars(m).items()):
+            if "dropout" in name.lower() and isinstance(value, float):
+                setattr(m, name, 0.0)
