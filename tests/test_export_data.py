@@ -65,3 +65,26 @@ def test_adam_runs_fused_where_every_parameter_is_on_a_gpu() -> None:
     assert torch_optimizer("adam", cpu, 1e-3, fused=True).defaults["fused"] is True
     meta = [nn.Parameter(torch.zeros(3, device="meta"))]
     assert not on_gpu(meta) and not on_gpu([])
+
+
+class _PositionsFirst(nn.Module):
+    """A token model whose position table (64 rows) is registered, and found, before its vocabulary (50)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pos = nn.Embedding(64, 8)
+        self.tok = nn.Embedding(50, 8)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.tok(ids) + self.pos(torch.arange(ids.shape[1]))
+
+
+def test_token_ids_stay_below_the_embedding_the_input_feeds() -> None:
+    """The first embedding's 64 rows were taken for the vocabulary: ids up to 63 into a table of 50, an
+    IndexError inside every worker of `planner run`."""
+    layers = (_PositionsFirst(), nn.Linear(8, 50))
+    spec = data_spec(layers, torch.randint(0, 50, (4, 6)), "cross_entropy")
+    assert spec.input_high == 50
+    x, _ = spec.batch(0, 64, 0)
+    assert int(x.max()) < 50
+    nn.Sequential(*layers)(x)  # runs

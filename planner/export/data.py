@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -50,12 +51,18 @@ class DataSpec:
         return x, y
 
 
-def data_spec(layers: Sequence[nn.Module], example_input: torch.Tensor, loss: str) -> DataSpec:
-    """Infer the synthetic data from one forward of two samples (eval mode, no grad)."""
-    x = example_input[:2]
-    high = None
-    if not x.is_floating_point():
-        high = token_vocab(layers) or int(example_input.max()) + 1
+def _input_vocabs(layers: Sequence[nn.Module], x: torch.Tensor) -> tuple[list[int], torch.Tensor]:
+    """The sizes of the embeddings fed the input itself (its storage: not position ids or another table's
+    indices), and the output, from one forward of ``x`` (eval mode, no grad)."""
+    fed: list[int] = []
+
+    def hook(mod: nn.Module, args: tuple[Any, ...]) -> None:
+        arg = args[0] if args else None
+        if isinstance(arg, torch.Tensor) and arg.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
+            fed.append(int(mod.num_embeddings))
+
+    handles = [m.register_forward_pre_hook(hook) for layer in layers for m in layer.modules()
+               if isinstance(m, nn.Embedding)]
     modes = [m.training for m in layers]
     try:
         with torch.no_grad():
@@ -68,8 +75,22 @@ def data_spec(layers: Sequence[nn.Module], example_input: torch.Tensor, loss: st
         raise RunError(f"the model's layers fail on its example input: {type(exc).__name__}: {exc}",
                        "check --model and the plan's input shape") from None
     finally:
+        for handle in handles:
+            handle.remove()
         for layer, mode in zip(layers, modes, strict=False):
             layer.train(mode)
+    return fed, y
+
+
+def data_spec(layers: Sequence[nn.Module], example_input: torch.Tensor, loss: str) -> DataSpec:
+    """Infer the synthetic data from one forward of two samples (eval mode, no grad). Token ids are drawn
+    below the smallest embedding the input feeds (else the first embedding's size, else the example's
+    largest id + 1): a position table found first may be larger than the vocabulary."""
+    x = example_input[:2]
+    fed, y = _input_vocabs(layers, x)
+    high = None
+    if not x.is_floating_point():
+        high = min(fed, default=None) or token_vocab(layers) or int(example_input.max()) + 1
     if isinstance(y, (tuple, list)):
         y = y[0]
     out_shape = tuple(y.shape[1:])
