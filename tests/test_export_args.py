@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from planner.export.args import script_args
@@ -29,3 +31,17 @@ def test_script_args_take_a_learning_rate_and_the_torch_scripts_report_folder(mo
     monkeypatch.setattr("sys.argv", ["train.py", "--report", "out"])
     with pytest.raises(SystemExit):  # only the torch script reports what it built
         script_args("doc", "pkg:model", local_rank=True)
+
+
+def test_the_report_folder_is_made_before_training(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """train.py --report rep/deeper wrote rank<R>.json into a folder nobody made: FileNotFoundError after the
+    last step. The folder is made when the arguments are read; a path that cannot be a folder exits 2 then."""
+    target = tmp_path / "rep" / "deeper"
+    monkeypatch.setattr("sys.argv", ["train.py", "--report", str(target)])
+    script_args("doc", "pkg:model", report=True)
+    assert target.is_dir()
+    (tmp_path / "file").write_text("x")
+    monkeypatch.setattr("sys.argv", ["train.py", "--report", str(tmp_path / "file" / "sub")])
+    with pytest.raises(SystemExit) as exc:
+        script_args("doc", "pkg:model", report=True)
+    assert exc.value.code == 2

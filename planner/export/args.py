@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from planner.export.losses import LOSSES
 
@@ -12,7 +13,8 @@ def script_args(doc: str | None, model: str, local_rank: bool = False, report: b
     """Parse a generated script's arguments (``model`` is the default ``--model``).
 
     ``local_rank`` also accepts the ``--local_rank`` the DeepSpeed launcher passes; ``report`` the
-    torch script's ``--report DIR``.
+    torch script's ``--report DIR``, made here (with its parents) before any training, so that a run does
+    not train every step and then fail to write its report; a folder that cannot be made is a usage error.
     """
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=model)
@@ -26,4 +28,10 @@ def script_args(doc: str | None, model: str, local_rank: bool = False, report: b
                         "mesh coordinates, layers, tensor-sharded layers, ZeRO stage, wrappers, node rank and losses")
     if local_rank:
         ap.add_argument("--local_rank", type=int, default=-1)
-    return ap.parse_args()
+    args = ap.parse_args()
+    if getattr(args, "report", None):
+        try:
+            Path(args.report).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            ap.error(f"--report {args.report}: cannot make the folder ({exc.strerror or exc}); give a folder path")
+    return args
