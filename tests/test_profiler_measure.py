@@ -232,3 +232,28 @@ def test_layers_behind_frozen_weights_run_no_backward_as_in_the_whole_model() ->
     assert facts[2].backward_flops == 2 * 4 * 8 * 4  # dW = x^T dy only: no input gradient
     _, bwd = timed_pass(layers, torch.randn(4, 8), params, lambda: None)
     assert bwd[:2] == [0.0, 0.0] and bwd[2] > 0
+
+
+class _AddsIntoItsInput(nn.Module):
+    """``x += lin(x)``: Linear saved x for its weight's gradient, and the in-place add changed it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(4, 4)
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        x += self.lin(x)
+        return x
+
+
+def test_a_model_whose_own_backward_fails_is_a_profile_error_not_an_internal_one() -> None:
+    """planner profile said "internal error: RuntimeError: one of the variables needed for gradient computation
+    has been modified by an inplace operation ... report it" of a model that cannot train anywhere."""
+    from planner.errors import ProfileError
+    from planner.profiler.measure import whole_model_pass
+
+    model = _AddsIntoItsInput()
+    with pytest.raises(ProfileError, match=r"the whole _AddsIntoItsInput fails its own forward.backward.*inplace"):
+        whole_model_pass(model, torch.randn(2, 4), list(model.parameters()), lambda: None)

@@ -24,9 +24,10 @@ from typing import TypeVar
 import torch
 from torch import nn
 
+from planner.errors import ProfileError
 from planner.profiler.flops import flop_counter
 from planner.profiler.fused import FusedAttention
-from planner.profiler.guards import check_output
+from planner.profiler.guards import check_output, is_out_of_memory
 from planner.profiler.layered import primary_output
 
 Sync = Callable[[], None]
@@ -207,13 +208,26 @@ def whole_model_pass(module: nn.Module, x: torch.Tensor, params: Sequence[torch.
     _zero_grads(params)
     sync()
     t0 = clock()
-    out = primary_output(module(x))
-    check_output(out.dtype, out.requires_grad, f"the output of the whole {type(module).__name__}")
-    out.backward(torch.ones_like(out))
+    try:
+        out = primary_output(module(x))
+        check_output(out.dtype, out.requires_grad, f"the output of the whole {type(module).__name__}")
+        out.backward(torch.ones_like(out))
+    except RuntimeError as exc:
+        if is_out_of_memory(exc):
+            raise
+        raise _model_fails(module, exc) from None
     sync()
     dt = clock() - t0
     _zero_grads(params)
     return dt
+
+
+def _model_fails(module: nn.Module, exc: RuntimeError) -> ProfileError:
+    """The error for a model whose own forward+backward fails (not planner's split): torch's first line."""
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return ProfileError(f"the whole {type(module).__name__} fails its own forward+backward, as PyTorch trains it: "
+                        f"{first[:300]}", "fix the model: it cannot train as it is (an in-place op such as "
+                        "`x += f(x)` on a tensor autograd saved for backward: write `x = x + f(x)`)")
 
 
 def speed_s(module: nn.Module, x: torch.Tensor, repeats: int = 5) -> float:
