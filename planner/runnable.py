@@ -41,6 +41,9 @@ class FormRules:
     blocks_tp: bool = False
     split_types: tuple[str, ...] | None = None
     split_tied: bool = True
+    split_batch_stats: bool = True
+    """Whether the dp form in a tensor group may split the samples of a layer that takes statistics over them
+    (``LayerProfile.batch_stats``): an engine's DTensor split runs such a batch norm on each rank's share."""
 
     def splits(self, layer: ir.LayerProfile, tied: bool = False) -> bool:
         """Whether a split form may shard ``layer`` (a layer without weights runs on split activations);
@@ -83,43 +86,39 @@ class EngineLimits:
     stage of the torch export (fp32 parameters computed in bf16 casts; FSDP's ``reduce_dtype=float32``)
     and of torchtitan's (``mixed_precision_reduce = "float32"``)."""
     sync_last_backward_stages: int | None = None
-    """From how many pipeline stages its schedule reduce-scatters ZeRO-2/3 gradients once a step, after
-    the last backward, keeping the weights gathered between backwards (planner.costmodel.variant):
-    torch's always (1), torchtitan's with a pipeline (2: without one its FSDP runs alone), never (None)."""
+    """From how many pipeline stages its schedule reduce-scatters ZeRO-2/3 gradients once a step after the last
+    backward, the weights kept gathered: torch's always (1), torchtitan's with a pipeline (2), never (None)."""
     grad_copy: GradCopy = NO_COPY
     """The flat copies its ZeRO-0/1 gradient all-reduce makes (:class:`GradCopy`)."""
     zero1_per_unit: bool = False
-    """Whether its ZeRO-1 pays each layer's unit cost (``per_shard_s``) twice a step: its reduction into
-    partitions and its parameters' all-gather run parameter by parameter (DeepSpeed, stage_1_and_2.py)."""
+    """Whether its ZeRO-1 pays each layer's unit cost (``per_shard_s``) twice a step, reducing and gathering
+    parameter by parameter (DeepSpeed, stage_1_and_2.py)."""
     zero1_buffers: int = 0
     """How many fp32 buffers of :func:`deepspeed_bucket_params` elements its ZeRO-1 holds through the
     step's backward (DeepSpeed: 2; planner.costmodel.variant)."""
     zero1_partition_copies: bool = False
-    """Whether its ZeRO-1 keeps an fp32 copy of its partition of the weights even when they are fp32,
-    and flattens its partition's gradients into a new fp32 tensor for the optimizer step (DeepSpeed,
-    stage_1_and_2.py: ``single_partition_of_fp32_groups``, ``single_grad_partition``;
-    planner.costmodel.variant)."""
+    """Whether its ZeRO-1 keeps an fp32 copy of its partition of the weights even when they are fp32, and flattens
+    its partition's gradients into a new fp32 tensor for the step (DeepSpeed, stage_1_and_2.py:
+    ``single_partition_of_fp32_groups``, ``single_grad_partition``; planner.costmodel.variant)."""
     llama_only: bool = False
-    """Whether it trains only its own Llama-family definition (one embedding, gated-MLP transformer blocks,
-    one norm + head: :func:`llama_problem`), and shards every block of a tensor group Megatron-style, in the
-    ``tp`` form with sequence parallelism (torchtitan)."""
+    """Whether it trains only its own Llama-family definition (one embedding, gated-MLP blocks, one norm + head:
+    :func:`llama_problem`), sharding every block of a tensor group in the ``tp`` form (torchtitan)."""
     uniform_recompute: bool = False
     """Whether one recomputation mode runs for the whole job (torchtitan's ``activation_checkpoint.mode``)."""
     split_types: tuple[str, ...] | None = None
-    """The layer types its split forms shard (:class:`FormRules`)."""
+    """The layer types its split forms shard; ``split_tied``: whether they shard a tied layer (:class:`FormRules`)."""
     split_tied: bool = True
-    """Whether its split forms may shard a layer that shares a parameter with another (:class:`FormRules`)."""
     compute_copy_zero: tuple[int, ...] = ()
-    """The ZeRO stages under which, in a 16-bit precision, it holds a 16-bit copy of the weights for the step beside
-    its fp32 parameters (the torch export's ``Bf16Compute`` under ZeRO-0 and 1, planner.export.sharding; under 2
-    and 3 FSDP's mixed precision gathers them a unit at a time; planner.costmodel.variant)."""
+    """The ZeRO stages under which, in 16 bits, it holds a 16-bit copy of the weights beside its fp32 ones (the torch
+    export's ``Bf16Compute`` under ZeRO-0/1, planner.export.sharding; FSDP gathers a unit at a time under 2/3)."""
     frozen_stage_fp32_only: bool = False
-    """Whether a stage with no trainable weight (all frozen) runs only in fp32 without ZeRO: DeepSpeed's ZeRO and
-    bf16/fp16 optimizers read their first parameter (stage_1_and_2.py, bf16_optimizer.py)."""
+    """Whether a stage with no trainable weight runs only in fp32 without ZeRO (DeepSpeed's ZeRO and bf16/fp16
+    optimizers read their first parameter: stage_1_and_2.py, bf16_optimizer.py)."""
 
     @property
     def form_rules(self) -> FormRules:
-        return FormRules(blocks_tp=self.llama_only, split_types=self.split_types, split_tied=self.split_tied)
+        return FormRules(blocks_tp=self.llama_only, split_types=self.split_types, split_tied=self.split_tied,
+                         split_batch_stats=False)
 
     def syncs_last_backward(self, pipelined: bool) -> bool:
         """Whether a plan of two or more stages (``pipelined``), or of one, reduces once a step."""
@@ -327,13 +326,15 @@ def _llama_problems(plan: ir.Plan, engine: str) -> list[str]:
 
 
 def _split_problems(plan: ir.Plan, engine: str, rules: FormRules) -> list[str]:
-    """Split forms on layers the engine cannot shard (the torch export: one nn.Linear a layer, and no layer
-    that shares a parameter with another)."""
+    """Forms the engine cannot run: split forms beyond its :class:`FormRules`, a batch norm's samples split."""
     tied = tied_layers(plan.profile)
     for i, st in enumerate(plan.stages):
         for j, form in enumerate(st.forms):
             index = st.layers[0] + j
             layer = plan.profile.layers[index]
+            if form == "dp" and st.tp > 1 and layer.batch_stats and not rules.split_batch_stats:
+                return [f"stage {i}: layer {index} ({layer.name}) runs the dp form in a tensor group of {st.tp}, which "
+                        f"splits its samples, and its batch norm takes statistics over them; use tp 1 there"]
             if not form.startswith("split") or rules.splits(layer, index in tied):
                 continue
             if rules.splits(layer):

@@ -331,3 +331,16 @@ def test_a_value_of_the_wrong_kind_is_named_not_coerced(mutate: Any, needle: str
     mutate(doc)
     with pytest.raises(FormatError, match=needle):
         Plan.from_dict(doc)
+
+
+def test_batch_stats_round_trips_and_is_false_in_older_profiles() -> None:
+    doc = make_profile_dict()
+    doc["layers"][1]["batch_stats"] = True
+    profile = ModelProfile.from_dict(doc)
+    assert [x.batch_stats for x in profile.layers] == [False, True, False, False]
+    again = profile.to_dict()
+    assert again["layers"][1]["batch_stats"] is True and "batch_stats" not in again["layers"][0]
+    assert ModelProfile.from_dict(again) == profile
+    doc["layers"][1]["batch_stats"] = "yes"
+    with pytest.raises(FormatError, match="batch_stats"):
+        ModelProfile.from_dict(doc)

@@ -8,6 +8,7 @@ from torch import nn
 
 from planner import ir
 from planner.profiler.layered import (
+    batch_stats,
     dominant,
     param_accounting,
     primary_output,
@@ -87,3 +88,9 @@ def test_a_frozen_layers_profile_records_it_and_its_backward_computes_no_weight_
     assert prof.layers[0].trainable_count is None
     again = ir.ModelProfile.from_dict(prof.to_dict())
     assert again.layers[-1].trainable_count == 8
+
+
+def test_batch_stats_finds_a_batch_norm_at_any_depth() -> None:
+    block = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Sequential(nn.BatchNorm2d(4), nn.ReLU()))
+    assert batch_stats(block) and batch_stats(nn.BatchNorm1d(4))
+    assert not batch_stats(nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4), nn.GroupNorm(2, 4)))

@@ -269,3 +269,19 @@ def test_a_deepspeed_search_on_a_frozen_prefix_in_bf16_keeps_a_weight_to_train_i
     plan = search(profile, cluster, engine="deepspeed", precision="bf16", candidates=4)
     assert problems(plan, "deepspeed") == []
     assert all(any(x.trainable_share > 0 for x in profile.layers[s.layers[0]:s.layers[1]]) for s in plan.stages)
+
+
+def test_a_batch_norm_in_the_dp_form_of_a_tensor_group_is_no_engines_plan() -> None:
+    """The dp form in a tensor group splits the micro-batch's samples over it, and a batch norm (a profile layer's
+    ``batch_stats``) then takes statistics over each rank's share: the torch engine refuses such a plan when it
+    launches, so every engine's check refuses it before; the cost model's own ``any`` keeps it (each device's
+    share, as data parallelism does)."""
+    plan = _plan(tp=2)
+    norm = dataclasses.replace(plan.profile.layers[1], batch_stats=True)
+    layers = (plan.profile.layers[0], norm, *plan.profile.layers[2:])
+    plan = dataclasses.replace(plan, profile=dataclasses.replace(plan.profile, layers=layers))
+    assert any("layer 1 (l1) runs the dp form in a tensor group of 2" in p and "batch norm" in p
+               for p in problems(plan, "torch"))
+    assert problems(plan) == []
+    untouched = dataclasses.replace(plan, stages=(dataclasses.replace(plan.stages[0], tp=1), plan.stages[1]))
+    assert not [p for p in problems(untouched, "torch") if "batch norm" in p]

@@ -169,3 +169,18 @@ def test_every_tensor_group_stays_inside_one_server_of_six(mode: str, config: tu
                                                                                               mv.tp)]
     plan = search(profile, cluster, tp=4)
     assert not [st for st in plan.stages if _tensor_groups_cross_servers(cluster, st.devices, st.tp)]
+
+
+def test_a_model_with_batch_norms_gets_no_tensor_group_under_an_engine() -> None:
+    """A batch norm's samples are not split over a tensor group by any engine (planner.runnable.FormRules): --tp 2
+    under the torch engine is a usage error naming the layers, and auto keeps every stage holding one at tp 1."""
+    d = make_profile_dict(4, batch_size=16)
+    for layer in d["layers"]:
+        layer.update(in_features=512, out_features=512)
+    d["layers"][1]["batch_stats"] = True
+    profile, cluster = ir.ModelProfile.from_dict(d), _cluster(1, 4)
+    with pytest.raises(UsageError, match=r"--tp 2: 1 layer \(l1\) hold batch norms"):
+        search(profile, cluster, engine="torch", tp=2)
+    plan = search(profile, cluster, engine="torch", microbatches=4)
+    assert all(st.tp == 1 for st in plan.stages if st.layers[0] <= 1 < st.layers[1])
+    assert problems(plan, "torch") == []

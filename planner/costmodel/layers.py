@@ -345,13 +345,15 @@ def _allowed(profile: ir.ModelProfile, c: _Columns, n: int, forms: Sequence[str]
              rules: FormRules = ANY_FORMS) -> np.ndarray:
     """Which forms each layer may take on a tensor group of ``n``; ``samples`` per micro-batch and replica:
     the dp form splits them over the group, so it is open only when ``n`` divides them; ``rules``, the engine's
-    (a block only in the tp form, split forms only on the layer types it shards)."""
+    (a block only in the tp form, split forms only on the layer types it shards, no batch norm's samples split)."""
     allowed = np.zeros((len(c.pcount), NF), dtype=bool)
     allowed[:, DP] = n == 1 or math.isclose(samples / n, round(samples / n))
     if n > 1:
         blocks = np.array([x.block is not None for x in profile.layers])
         if rules.blocks_tp:
             allowed[:, DP] &= ~blocks
+        if not rules.split_batch_stats:  # the dp form splits the samples a batch norm takes statistics over
+            allowed[:, DP] &= ~np.array([x.batch_stats for x in profile.layers], dtype=bool)
         tied = tied_layers(profile)
         shards = np.array([rules.splits(x, i in tied) for i, x in enumerate(profile.layers)])
         for f in (SPLIT_IN, SPLIT_OUT):  # a transformer block is no single matrix: it shards as Megatron's tp form

@@ -129,7 +129,9 @@ class LayerProfile:
 
     ``trainable_count``: how many of ``param_count`` parameters train (``requires_grad``); the others
     are frozen (fine-tuning) and have no gradients, optimizer state or gradient synchronisation.
-    None means all of them (profiles before the field).
+    None means all of them (profiles before the field). ``batch_stats``: the layer takes statistics over
+    the samples it sees (batch norm), so splitting them over a tensor group changes its result (false in
+    profiles before the field).
     """
 
     name: str
@@ -151,6 +153,7 @@ class LayerProfile:
     block: BlockShape | None = None
     batch_times: tuple[BatchTimes, ...] = ()
     trainable_count: int | None = None
+    batch_stats: bool = False
 
     @property
     def trainable_params(self) -> int:
@@ -190,6 +193,8 @@ class LayerProfile:
             d["block"] = self.block.to_dict()
         if self.batch_times:
             d["batch_times"] = [point.to_dict() for point in self.batch_times]
+        if self.batch_stats:
+            d["batch_stats"] = True
         return d
 
     @classmethod
@@ -217,6 +222,7 @@ class LayerProfile:
             batch_times=tuple(BatchTimes.from_dict(item, f"{where}.batch_times[{i}]")
                               for i, item in enumerate(_opt_list(d, "batch_times", where))),
             trainable_count=None if _get(d, "trainable_count", where) is None else _int(d, "trainable_count", where),
+            batch_stats=_bool(d, "batch_stats", where, False),
         )
         if layer.trainable_count is not None and layer.trainable_count > layer.param_count:
             raise FormatError(f"{where}.trainable_count ({layer.trainable_count}) must lie in [0, param_count="

@@ -59,7 +59,7 @@ from planner.profiler.guards import (
     out_of_memory,
     with_overrides,
 )
-from planner.profiler.layered import LayeredModel, rejects_input, trainable_counts
+from planner.profiler.layered import LayeredModel, batch_stats, rejects_input, trainable_counts
 from planner.profiler.layers import split_model
 from planner.profiler.loader import LoadedModel, dtype_name
 from planner.profiler.measure import (
@@ -350,7 +350,7 @@ def _layer_profiles(lm: LayeredModel, facts: list[LayerFacts], times: _LayerTime
             forward_fixed_s=fixed[i][0], backward_fixed_s=fixed[i][1], block=_block(lm.block(i), facts[i]),
             batch_times=tuple(BatchTimes(b, fwd[i], bwd[i]) for b, (fwd, bwd) in zip(runs.smaller, runs.smaller_times,
                                                                                     strict=True)),
-            trainable_count=trainable[i],
+            trainable_count=trainable[i], batch_stats=batch_stats(lm.layers[i]),
         ))
     return tuple(layers)
 

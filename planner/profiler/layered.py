@@ -147,6 +147,12 @@ def trainable_counts(layers: Sequence[nn.Module], counts: Sequence[int]) -> tupl
     return tuple(out)
 
 
+def batch_stats(layer: nn.Module) -> bool:
+    """Whether ``layer`` takes statistics over the samples it sees (a batch norm in training mode does): its
+    result changes when its samples are split over devices that do not share them."""
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in layer.modules())
+
+
 def param_accounting(model: nn.Module, layer_params: Sequence[list[tuple[str, nn.Parameter]]]
                       ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[ir.Tie, ...]]:
     """Count each parameter once (first layer using it), find ties, give unused ones to the last layer."""

@@ -143,6 +143,12 @@ def _check_tp(tp: int | None, profile: ir.ModelProfile, cluster: ir.Cluster, eng
     limits = ENGINE_LIMITS.get(engine)
     if tp > 1 and limits is not None and not limits.tensor_parallel:
         raise UsageError(f"--engine {engine} runs no tensor parallelism (--tp {tp})", "use --tp 1, or --engine torch")
+    norms = [x.name for x in profile.layers if x.batch_stats]
+    if tp > 1 and limits is not None and norms:
+        named = f"{', '.join(norms[:3])}{', ...' if len(norms) > 3 else ''}"
+        raise UsageError(f"--tp {tp}: {len(norms)} layer{'s' if len(norms) > 1 else ''} ({named}) hold batch norms, "
+                         f"whose samples --engine {engine} does not split over a tensor group",
+                         "use --tp 1 or auto for this model")
     blocks = [x.block for x in profile.layers if x.block is not None]
     bad = [b for b in blocks if b.heads % tp or b.kv_heads % tp]
     if bad:
