@@ -37,17 +37,21 @@ optimizer_option = click.option("--optimizer", type=click.Choice(ir.OPTIMIZERS),
                                 help="Optimizer whose state counts in memory (fp32 RMSProp: 12 bytes per parameter).")
 
 
+OTHER_PICTURES = (".svg", ".svgz", ".jpg", ".jpeg", ".pdf", ".eps", ".ps", ".gif", ".tif", ".tiff", ".bmp", ".webp")
+"""Suffixes of picture formats other than PNG, which ``--plot`` refuses."""
+
+
 def _png_path(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """``--plot``'s file: a PNG is what is drawn, so a path that names another format is refused."""
-    if value is not None and not value.lower().endswith(".png"):
-        raise click.BadParameter(f"{value!r} does not end in .png: the picture is drawn as PNG",
+    """``--plot``'s file: a PNG is what is drawn, so a path named as another picture format is refused."""
+    if value is not None and value.lower().endswith(OTHER_PICTURES):
+        raise click.BadParameter(f"{value!r} names another picture format: the picture is drawn as PNG",
                                  ctx=ctx, param=param)
     return value
 
 
 def plot_option(help_text: str) -> Callable[[F], F]:
-    """``--plot FILE.png`` (simulate, compare), refusing another suffix (exit 2) rather than writing PNG bytes
-    under an .svg or .jpg name."""
+    """``--plot FILE.png`` (simulate, compare), refusing an .svg, .jpg, .pdf ... name (exit 2) rather than writing
+    PNG bytes under it."""
     return click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
                         callback=_png_path, help=help_text)
 
