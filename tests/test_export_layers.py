@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from planner import ir
-from planner.errors import ExportError, RunError
+from planner.errors import ExportError, PlanError, RunError
 from planner.export.layers import as_layers, check_layers_match, disable_dropout, load_layers
 from planner.export.ties import find_ties
 from tests.test_runner import tiny_plan
@@ -74,6 +74,19 @@ def test_the_profiled_zoo_model_is_built_with_the_profiles_overrides() -> None:
     layers, example = load_layers("gpt2", plan, seed=0)
     assert len(layers) == 4 and tuple(example.shape) == (4, 8)
     assert layers[0].wte.num_embeddings == 64  # type: ignore[union-attr]
+
+
+def test_bad_overrides_in_a_plan_are_the_plans_error_not_a_set_option() -> None:
+    """A plan whose profile.meta.overrides were edited to a bad value: the error named `--set`, which the user of
+    `planner run` never typed, and exited 2. It names the plan's field and exits 1."""
+    import dataclasses
+
+    plan = tiny_gpt2_plan()
+    meta = {**plan.profile.meta, "overrides": {**TINY_GPT2, "n_layer": "abc"}}
+    bad = dataclasses.replace(plan, profile=dataclasses.replace(plan.profile, meta=meta))
+    with pytest.raises(PlanError, match=r"profile.meta.overrides do not build gpt2: --set n_layer='abc'") as err:
+        load_layers("gpt2", bad, seed=0)
+    assert err.value.exit_code == 1
 
 
 def test_a_model_that_does_not_match_names_the_profiles_overrides() -> None:

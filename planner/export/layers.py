@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from planner import ir
-from planner.errors import ExportError, RunError
+from planner.errors import ExportError, PlanError, RunError, UsageError
 from planner.profiler.layered import param_accounting
 from planner.profiler.layers import split_model
 from planner.profiler.loader import load_model, overrides_for, overrides_note
@@ -34,7 +34,13 @@ def load_layers(spec: str, plan: ir.Plan, seed: int | None = None) -> tuple[tupl
     if seed is not None:
         torch.manual_seed(seed)
     overrides = overrides_for(spec, plan.profile.model, plan.profile.meta)
-    loaded = load_model(spec, plan.batch_size, plan.profile.input_shape, overrides=overrides)
+    try:
+        loaded = load_model(spec, plan.batch_size, plan.profile.input_shape, overrides=overrides)
+    except UsageError as exc:
+        if not overrides:
+            raise
+        raise PlanError(f"the plan's profile.meta.overrides do not build {spec}: {exc.cause}",
+                        "re-create the profile with planner profile --set (and the plan from it)") from None
     layers = as_layers(loaded.module, loaded.example_input)
     check_layers_match(layers, plan.profile, RunError)
     return layers, loaded.example_input
