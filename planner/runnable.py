@@ -26,6 +26,7 @@ from planner import ir
 from planner.errors import PlanError
 from planner.grad_buffers import DEEPSPEED_ALLREDUCE_PARAMS, GRAD_BUCKET_BYTES, NO_COPY, GradCopy
 from planner.schedule import SCHEDULE_KINDS, find_kind
+from planner.validate import tensor_group_problems
 
 
 @dataclass(frozen=True)
@@ -362,13 +363,12 @@ def uneven_servers(plan: ir.Plan) -> str | None:
 
 
 def _server_problems(plan: ir.Plan, engine: str) -> list[str]:
-    """A plan whose servers run different numbers of its processes: every engine here starts under torchrun
-    (``planner run``, the exported launch scripts), which starts as many on each."""
+    """Tensor groups across servers; servers running different numbers of the plan's processes (every engine here
+    starts under torchrun, ``planner run`` or the exported launch scripts, which starts as many on each)."""
     shown = uneven_servers(plan)
-    if shown is None:
-        return []
-    return [f"the plan runs different numbers of processes per server ({shown}); {engine}'s launcher starts the "
-            "same number on every server"]
+    return tensor_group_problems(plan) + ([] if shown is None else [
+        f"the plan runs different numbers of processes per server ({shown}); {engine}'s launcher starts the same "
+        "number on every server"])
 
 
 def _uniform_problems(stages: Sequence[ir.Stage], engine: str, uniform_zero: bool) -> list[str]:

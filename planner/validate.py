@@ -5,10 +5,9 @@ takes them), stages that cover every layer exactly once in order with one form p
 devices of the plan's cluster that no two pipeline ranks share, chunk c on the devices of
 chunk c mod K, micro-batches that divide the batch, and tensor x data grids whose ``tp``
 divides the stage and is given wherever a form splits a layer (``tp`` is never inferred:
-split forms with ``tp == 1`` are an error, :meth:`planner.ir.Stage.grid_problem`), each tensor
-group inside one server. The simulator and the judge
+split forms with ``tp == 1`` are an error, :meth:`planner.ir.Stage.grid_problem`). The simulator and the judge
 (:mod:`planner.judge`) call it; whether an engine can run the plan is
-:mod:`planner.runnable`'s question.
+:mod:`planner.runnable`'s question (it asks :func:`tensor_group_problems` here: tensor groups inside a server).
 """
 
 from __future__ import annotations
@@ -31,7 +30,6 @@ def validate_plan(plan: ir.Plan) -> None:
         problem = stage.grid_problem()
         if problem is not None:
             raise PlanError(f"stage {i}: {problem[0]}", problem[1])
-    _check_tensor_groups(plan)
 
 
 def _check_plan_fields(plan: ir.Plan) -> None:
@@ -112,14 +110,19 @@ def _check_stage_devices(plan: ir.Plan) -> None:
                 owner[d] = i
 
 
-def _check_tensor_groups(plan: ir.Plan) -> None:
-    """Every tensor group (``tp`` consecutive devices of a stage) inside one server: its all-reduces run
-    on every layer, and the cost model, like Megatron-LM and torchtitan, keeps them on the server's link."""
+
+def tensor_group_problems(plan: ir.Plan) -> list[str]:
+    """Tensor groups (``tp`` consecutive devices of a stage) that span servers: an engine's tensor all-reduces,
+    on every layer, stay on a server's link (Megatron-LM, torchtitan and the torch export group ranks so), and the
+    search makes no other grid; the cost model's own ``any`` plans keep them (AccPar's baseline splits layers
+    over every device of the cluster)."""
     server = {g.name: n.name for n in plan.cluster.nodes for g in n.gpus}
+    out = []
     for i, stage in enumerate(plan.stages):
         for group in stage.tensor_groups() if stage.tp > 1 else ():
-            spans = sorted({server[d] for d in group})
+            spans = sorted({server.get(d, d) for d in group})
             if len(spans) > 1:
-                raise PlanError(f"stage {i}: tensor group {list(group)} (tp {stage.tp}) spans servers "
-                                f"{', '.join(spans)}", "give tp a value that divides the stage's GPUs in every "
-                                "server it uses, or list each server's GPUs together")
+                out.append(f"stage {i}: tensor group {list(group)} (tp {stage.tp}) spans servers {', '.join(spans)}; "
+                           "give tp a value that divides the stage's GPUs in every server it uses")
+                break
+    return out

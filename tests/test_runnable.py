@@ -285,3 +285,14 @@ def test_a_batch_norm_in_the_dp_form_of_a_tensor_group_is_no_engines_plan() -> N
     assert problems(plan) == []
     untouched = dataclasses.replace(plan, stages=(dataclasses.replace(plan.stages[0], tp=1), plan.stages[1]))
     assert not [p for p in problems(untouched, "torch") if "batch norm" in p]
+
+
+def test_no_engine_runs_a_tensor_group_across_servers() -> None:
+    """Megatron-LM, torchtitan and the torch export keep a tensor group on one server; the cost model's own plans
+    (engine any: AccPar's baseline) may span them."""
+    plan = _plan(widths=(4,), tp=2)
+    stage = dataclasses.replace(plan.stages[0], devices=("n0.g0", "n1.g0", "n0.g1", "n1.g1"))
+    mixed = dataclasses.replace(plan, stages=(stage,))
+    assert any("spans servers n0, n1" in p for p in problems(mixed, "torch"))
+    assert not [p for p in problems(mixed) if "spans servers" in p]
+    assert not [p for p in problems(plan, "torch") if "spans servers" in p]
