@@ -37,6 +37,7 @@ def test_run_json_contract(tmp_path: Path) -> None:
                 "reference_losses", "max_rel_loss_diff"):
         assert key in doc
     assert doc["world_size"] == 2 and len(doc["losses"]) == 3 and doc["max_rel_loss_diff"] < 1e-5
+    assert (doc["kind"], doc["version"]) == ("run", 1)
     assert [(r["rank"], r["device"], r["stage"]) for r in doc["ranks"]] == [(0, "n0.g0", 0), (1, "n0.g1", 1)]
     assert doc["peak_memory_bytes"] == max(r["peak_memory_bytes"] for r in doc["ranks"]) > 0
     assert all(r["predicted_memory_bytes"] == 0 for r in doc["ranks"])  # tiny_plan predicts no memory

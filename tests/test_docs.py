@@ -121,3 +121,35 @@ def test_documents_do_not_point_outside_the_repository(doc: str) -> None:
     for target in re.findall(r"\]\(([^)#]+)\)", text):
         if not target.startswith(("http://", "https://")):
             assert ((ROOT / doc).parent / target).exists(), f"{doc} links to missing {target}"
+
+
+def _contract_rows() -> dict[str, str]:
+    """docs/contracts.md's commands table: command name -> the row's text."""
+    text = (ROOT / "docs" / "contracts.md").read_text()
+    return {m[1]: m[0] for m in re.finditer(r"^\| `planner (\w+)[^|]*\|.*$", text, re.M)}
+
+
+def test_contract_options_are_the_commands_options() -> None:
+    """Every option a command takes is named in its docs/contracts.md row, and every option a row
+    names is one the command takes (a user who copies it gets no 'No such option')."""
+    import click
+
+    from planner.cli import main
+
+    rows = _contract_rows()
+    assert set(rows) == set(main.list_commands(click.Context(main)))
+    for name, row in rows.items():
+        command = main.get_command(click.Context(main), name)
+        assert command is not None
+        taken = {opt for p in command.params for opt in (*p.opts, *p.secondary_opts) if opt.startswith("--")}
+        taken -= {"--help", "--no-progress"}
+        named = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", row)) | ({"--output"} if " -o " in row else set())
+        assert taken - named == set(), f"planner {name}: not in docs/contracts.md"
+        assert named - taken == set(), f"planner {name}: docs/contracts.md names options it lacks"
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/contracts.md", "docs/reproduction.md", "docs/architecture.md"])
+def test_documented_module_paths_exist(doc: str) -> None:
+    """A `planner/...` path a document names is a file or folder of this checkout."""
+    for path in re.findall(r"`(planner/[\w/]+(?:\.py)?)`", (ROOT / doc).read_text()):
+        assert (ROOT / path).exists(), f"{doc} names missing {path}"

@@ -206,7 +206,7 @@ def _run_doc(plan: ir.Plan, launch: Launch, warmup: int, res: dict[str, Any]) ->
     times = res["iteration_s"]
     ranks = _ranks(plan, res)
     doc: dict[str, Any] = {
-        "engine": launch.engine, "world_size": plan.world_size, "nnodes": launch.nnodes,
+        "kind": "run", "version": 1, "engine": launch.engine, "world_size": plan.world_size, "nnodes": launch.nnodes,
         "node_rank": launch.node_rank, "model": launch.model, "config": plan.config, "schedule": plan.schedule,
         "microbatches": plan.microbatches, "batch_size": plan.batch_size, "steps": launch.steps, "warmup": warmup,
         "threads": launch.threads, "measured_iteration_s": statistics.median(times[warmup:]),
