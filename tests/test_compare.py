@@ -26,6 +26,20 @@ def _cluster(nodes: int = 2, per: int = 2, memory_bytes: int = 10**10) -> ir.Clu
     return ir.Cluster.from_dict(make_cluster_dict(nodes, per, memory_bytes))
 
 
+def test_the_design_contracts_strategy_names_are_rows_and_deepspeed_is_their_best() -> None:
+    """DESIGN.md section 4: names include dp, planner, gpipe-uniform, deepspeed-parameters, deepspeed-uniform,
+    accpar, pipedream. ``deepspeed`` tries every partition method, so it is no slower than either named one."""
+    result = compare(_profile(), _cluster())
+    names = {s.name for s in result.strategies}
+    assert names >= {"dp", "planner", "gpipe-uniform", "deepspeed-parameters", "deepspeed-uniform", "accpar",
+                     "pipedream"}
+    best, default, uniform = (result.get(n) for n in ("deepspeed", "deepspeed-parameters", "deepspeed-uniform"))
+    assert default.setting is not None and default.setting.startswith("partition_method=parameters")
+    assert uniform.setting is not None and uniform.setting.startswith("partition_method=uniform")
+    assert best.iteration_s is not None and default.iteration_s is not None and uniform.iteration_s is not None
+    assert best.iteration_s <= min(default.iteration_s, uniform.iteration_s)
+
+
 def test_every_strategy_is_listed_in_order_with_the_contract_fields() -> None:
     result = compare(_profile(), _cluster())
     assert [s.name for s in result.strategies] == list(bl.STRATEGIES)

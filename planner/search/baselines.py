@@ -41,14 +41,18 @@ __all__ = ["BASELINE_SCHEDULES", "FORMER_STRATEGIES", "PIPEDREAM_MODES", "STRATE
 
 # ----------------------------------------------------------------------------- baselines as plans
 
-STRATEGIES = ("dp", "accpar", "gpipe-uniform", "torchgpipe", "deepspeed", "pipedream", "megatron", "planner")
-"""Every strategy ``planner compare`` runs, in the order it shows them (contract names)."""
+STRATEGIES = ("dp", "accpar", "gpipe-uniform", "torchgpipe", "deepspeed", "deepspeed-parameters", "deepspeed-uniform",
+              "pipedream", "megatron", "planner")
+"""Every strategy ``planner compare`` runs, in the order it shows them (contract names, ../shared/DESIGN.md
+section 4): ``deepspeed`` at the best of its settings, ``deepspeed-parameters`` and ``deepspeed-uniform`` at
+one ``partition_method`` each (its default, and uniform layer counts), each with and without ZeRO-1."""
 
-FORMER_STRATEGIES = ("deepspeed-uniform", "deepspeed-parameters")
-"""Rows of earlier versions, now settings of ``deepspeed``: a plan file may still name them as its solver."""
+FORMER_STRATEGIES: tuple[str, ...] = ()
+"""Rows of earlier versions that no longer exist, which a plan file may still name as its solver."""
 
 BASELINE_SCHEDULES = {"gpipe-uniform": ("gpipe",), "torchgpipe": ("gpipe",), "deepspeed": ("1f1b",),
-                      "pipedream": ("1f1b",), "megatron": ("1f1b",)}
+                      "deepspeed-parameters": ("1f1b",), "deepspeed-uniform": ("1f1b",), "pipedream": ("1f1b",),
+                      "megatron": ("1f1b",)}
 """The pipeline schedules each system runs, each a setting: GPipe and torchgpipe fill then drain
 (F-then-B); DeepSpeed's ``TrainSchedule`` is 1F1B; PipeDream with a flush (``1f1b``,
 PipeDream-Flush, Narayanan et al. ICML'21). PipeDream's own asynchronous runtime (weight

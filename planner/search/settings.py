@@ -94,12 +94,19 @@ def _settings_deepspeed(profile: ir.ModelProfile, cluster: ir.Cluster, choices: 
                         optimizer: str) -> list[Setting]:
     """Each ``partition_method``, and each again with ``"zero_optimization": {"stage": 1}`` (the ZeRO
     stage DeepSpeed's pipeline engine runs beside a pipeline)."""
-    out: list[Setting] = []
-    for method in deepspeed_methods(profile):
+    return [s for method in deepspeed_methods(profile) for s in _one_method(method)(profile, cluster, choices,
+                                                                                     optimizer)]
+
+
+def _one_method(method: str) -> Callable[[ir.ModelProfile, ir.Cluster, tuple[int, ...], str], list[Setting]]:
+    """DeepSpeed's ``partition_method=method`` alone, with and without ZeRO-1 (``deepspeed-parameters``,
+    ``deepspeed-uniform``)."""
+    def settings(profile: ir.ModelProfile, cluster: ir.Cluster, choices: tuple[int, ...],
+                 optimizer: str) -> list[Setting]:
         label = f"partition_method={method}"
-        out += _with_zero1(Setting.of(label, deepspeed_layouts(profile, cluster, method, choices)),
+        return _with_zero1(Setting.of(label, deepspeed_layouts(profile, cluster, method, choices)),
                            f"{label}, ZeRO stage 1")
-    return out
+    return settings
 
 
 def _settings_pipedream(profile: ir.ModelProfile, cluster: ir.Cluster, choices: tuple[int, ...],
@@ -134,6 +141,7 @@ def _settings_megatron(profile: ir.ModelProfile, cluster: ir.Cluster, choices: t
 _SETTINGS: dict[str, Callable[[ir.ModelProfile, ir.Cluster, tuple[int, ...], str], list[Setting]]] = {
     "dp": _settings_dp, "accpar": _settings_accpar, "gpipe-uniform": _settings_gpipe,
     "torchgpipe": _settings_torchgpipe, "deepspeed": _settings_deepspeed, "pipedream": _settings_pipedream,
+    "deepspeed-parameters": _one_method("parameters"), "deepspeed-uniform": _one_method("uniform"),
     "megatron": _settings_megatron,
 }
 
