@@ -40,6 +40,9 @@ def _cluster(nodes: int = 2, gpus: int = 4, mem: int = 10**10) -> ir.Cluster:
     ({"micro_batch_size": 4, "microbatches": 8}, "--microbatches 8 x --micro-batch-size 4"),
     ({"tp": 2, "config": (1, 1)}, r"--tp 2 does not divide the 1 devices of a stage of --config 1-1"),
     ({"tp": 4, "config": (4, 2)}, r"--tp 4 does not divide the 2 devices of a stage of --config 4-2"),
+    ({"zero": 1, "config": (1, 1)}, r"--zero 1 shards over two or more data-parallel ranks, and a stage of --config "
+                                    r"1-1 has 1 device \("),
+    ({"zero": 3, "tp": 2, "config": (2, 4)}, r"a stage of --config 2-4 has 2 devices at --tp 2"),
 ])
 def test_bad_options_are_usage_errors_with_the_numbers(kwargs: dict, match: str) -> None:
     with pytest.raises(UsageError, match=match) as err:

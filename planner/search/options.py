@@ -127,6 +127,17 @@ def _zero_set(zero: int | str, engine: str, cluster: ir.Cluster) -> tuple[int, .
     return tuple(int(z) for z in zeros)
 
 
+def _check_zero_widths(zeros: tuple[int, ...], config: Sequence[int] | None, tp: int | None) -> None:
+    """A fixed ZeRO stage shards over a stage's data-parallel ranks: a --config stage with one has nothing to
+    shard, so no plan exists (the search would blame the batch's divisors)."""
+    narrow = [w for w in config or () if w // (tp or 1) < 2]
+    if 0 not in zeros and narrow:
+        text = "-".join(map(str, config or ()))
+        raise UsageError(f"--zero {zeros[0]} shards over two or more data-parallel ranks, and a stage of --config "
+                         f"{text} has {narrow[0]} device{'s' if narrow[0] > 1 else ''}"
+                         + (f" at --tp {tp}" if tp and tp > 1 else ""), "use --zero 0 or auto, or wider stages")
+
+
 def _recompute_set(recompute: str, engine: str) -> tuple[str, ...]:
     limits = ENGINE_LIMITS.get(engine)
     return _one_or_all("--recompute", recompute, ir.RECOMPUTE, limits.recompute if limits else ir.RECOMPUTE, engine,
@@ -186,7 +197,9 @@ def check_request(profile: ir.ModelProfile, cluster: ir.Cluster, *, schedule: st
                          f"{engine} trains its own Llama definition only: search with --engine torch or deepspeed "
                          "(or any)")
     forms = ir.ALL_FORMS if limits is None or limits.tensor_parallel else ("dp",)
-    space = Space(prec, tp, _zero_set(zero, engine, cluster), _recompute_set(recompute, engine), forms,
+    zeros = _zero_set(zero, engine, cluster)
+    _check_zero_widths(zeros, config, tp)
+    space = Space(prec, tp, zeros, _recompute_set(recompute, engine), forms,
                   micro_batch_size, rules=limits.form_rules if limits is not None else ANY_FORMS)
     return Request(schedule, optimizer, solver, engine, tuple(config) if config else None, space, max_blocks)
 
