@@ -8,7 +8,10 @@ A cluster (``ir.Cluster``) is servers ("nodes") of GPUs; GPUs inside a server ta
 - builds the hierarchy as a networkx graph, GPU -> server -> network (:func:`hierarchy_graph`);
 - describes a device group: how many devices, the slowest GPU, the smallest memory, the
   slowest link it spans, how many servers it spans (:func:`group_of`, :class:`Group`);
-- names the link between two consecutive pipeline stages (:func:`link_between`).
+- names the link between two consecutive pipeline stages (:func:`link_between`);
+- answers where a stage's devices sit: which tensor degrees keep every tensor group inside one server
+  (:func:`server_share`), a tensor group that spans servers (:func:`spanning_tensor_group`), and how many
+  of a plan's processes each server runs (:func:`processes_per_server`, :func:`uneven_servers`).
 
 Pure: no torch, click or rich (networkx is imported only by :func:`hierarchy_graph`).
 """
@@ -316,3 +319,41 @@ def link_between(cluster: ir.Cluster, a: Sequence[str], b: Sequence[str]) -> tup
         return cluster.link("intra_node"), f"intra_node:{cluster.nodes[src].name}"
     dst = min(dst_nodes)
     return cluster.link("inter_node"), f"inter_node:{cluster.nodes[src].name}->{cluster.nodes[dst].name}"
+
+
+def server_share(cluster: ir.Cluster, devices: Sequence[str]) -> int:
+    """The greatest common divisor of the counts of ``devices`` in each server: consecutive tensor groups of
+    ``tp`` of them, the devices listed server by server, stay inside one server exactly when ``tp`` divides it
+    (3 + 3 GPUs over two servers split into pairs puts the middle pair on both)."""
+    node_of = index(cluster).node_of
+    counts: dict[int, int] = {}
+    for d in devices:
+        counts[node_of[d]] = counts.get(node_of[d], 0) + 1
+    return math.gcd(*counts.values())
+
+
+def spanning_tensor_group(cluster: ir.Cluster, stage: ir.Stage) -> tuple[tuple[str, ...], list[str]] | None:
+    """The stage's first tensor group (``tp`` consecutive devices) whose devices lie in two or more servers, with
+    those servers' names; None when every group stays inside one (devices listed in any order)."""
+    node_of = index(cluster).node_of
+    for group in stage.tensor_groups() if stage.tp > 1 else ():
+        servers = sorted({cluster.nodes[node_of[d]].name for d in group if d in node_of})
+        if len(servers) > 1:
+            return group, servers
+    return None
+
+
+def processes_per_server(plan: ir.Plan) -> dict[str, int]:
+    """The servers the plan uses, in the cluster's order, and how many of its processes (devices) each runs."""
+    used = {d for st in plan.stages for d in st.devices}
+    counts = {node.name: sum(g.name in used for g in node.gpus) for node in plan.cluster.nodes}
+    return {name: n for name, n in counts.items() if n}
+
+
+def uneven_servers(plan: ir.Plan) -> str | None:
+    """``"s0: 4, s1: 2"`` when the plan's servers run different numbers of its processes (a launcher such as
+    torchrun or DeepSpeed's starts as many on every server), else None."""
+    per_server = processes_per_server(plan)
+    if len(set(per_server.values())) <= 1:
+        return None
+    return ", ".join(f"{name}: {n}" for name, n in per_server.items())

@@ -23,10 +23,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from planner import ir
+from planner.cluster import spanning_tensor_group, uneven_servers
 from planner.errors import PlanError
 from planner.grad_buffers import DEEPSPEED_ALLREDUCE_PARAMS, GRAD_BUCKET_BYTES, NO_COPY, GradCopy
 from planner.schedule import SCHEDULE_KINDS, find_kind
-from planner.validate import tensor_group_problems
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,10 @@ class FormRules:
     split_batch_stats: bool = True
     """Whether the dp form in a tensor group may split the samples of a layer that takes statistics over them
     (``LayerProfile.batch_stats``): an engine's DTensor split runs such a batch norm on each rank's share."""
+
+    def splits_samples(self, layer: ir.LayerProfile) -> bool:
+        """Whether the dp form in a tensor group may split ``layer``'s samples over the group."""
+        return self.split_batch_stats or not layer.batch_stats
 
     def splits(self, layer: ir.LayerProfile, tied: bool = False) -> bool:
         """Whether a split form may shard ``layer`` (a layer without weights runs on split activations);
@@ -333,7 +337,7 @@ def _split_problems(plan: ir.Plan, engine: str, rules: FormRules) -> list[str]:
         for j, form in enumerate(st.forms):
             index = st.layers[0] + j
             layer = plan.profile.layers[index]
-            if form == "dp" and st.tp > 1 and layer.batch_stats and not rules.split_batch_stats:
+            if form == "dp" and st.tp > 1 and not rules.splits_samples(layer):
                 return [f"stage {i}: layer {index} ({layer.name}) runs the dp form in a tensor group of {st.tp}, which "
                         f"splits its samples, and its batch norm takes statistics over them; use tp 1 there"]
             if not form.startswith("split") or rules.splits(layer, index in tied):
@@ -346,29 +350,21 @@ def _split_problems(plan: ir.Plan, engine: str, rules: FormRules) -> list[str]:
     return []
 
 
-def processes_per_server(plan: ir.Plan) -> dict[str, int]:
-    """The servers the plan uses, in the cluster's order, and how many of its processes (devices) each runs."""
-    used = {d for st in plan.stages for d in st.devices}
-    counts = {node.name: sum(g.name in used for g in node.gpus) for node in plan.cluster.nodes}
-    return {name: n for name, n in counts.items() if n}
-
-
-def uneven_servers(plan: ir.Plan) -> str | None:
-    """``"s0: 4, s1: 2"`` when the plan's servers run different numbers of its processes (a launcher such as
-    torchrun or DeepSpeed's starts as many on every server), else None."""
-    per_server = processes_per_server(plan)
-    if len(set(per_server.values())) <= 1:
-        return None
-    return ", ".join(f"{name}: {n}" for name, n in per_server.items())
-
-
 def _server_problems(plan: ir.Plan, engine: str) -> list[str]:
-    """Tensor groups across servers; servers running different numbers of the plan's processes (every engine here
-    starts under torchrun, ``planner run`` or the exported launch scripts, which starts as many on each)."""
+    """Tensor groups across servers (every engine here keeps a tensor group on one server's link); servers running
+    different numbers of the plan's processes (every engine here starts under torchrun, ``planner run`` or the
+    exported launch scripts, which starts as many on each)."""
+    out = []
+    for i, st in enumerate(plan.stages):
+        spanning = spanning_tensor_group(plan.cluster, st)
+        if spanning is not None:
+            out.append(f"stage {i}: tensor group {list(spanning[0])} (tp {st.tp}) spans servers "
+                       f"{', '.join(spanning[1])}; give tp a value that divides the stage's GPUs in every server")
     shown = uneven_servers(plan)
-    return tensor_group_problems(plan) + ([] if shown is None else [
-        f"the plan runs different numbers of processes per server ({shown}); {engine}'s launcher starts the same "
-        "number on every server"])
+    if shown is not None:
+        out.append(f"the plan runs different numbers of processes per server ({shown}); {engine}'s launcher starts "
+                   "the same number on every server")
+    return out
 
 
 def _uniform_problems(stages: Sequence[ir.Stage], engine: str, uniform_zero: bool) -> list[str]:

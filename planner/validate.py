@@ -7,7 +7,7 @@ chunk c mod K, micro-batches that divide the batch, and tensor x data grids whos
 divides the stage and is given wherever a form splits a layer (``tp`` is never inferred:
 split forms with ``tp == 1`` are an error, :meth:`planner.ir.Stage.grid_problem`). The simulator and the judge
 (:mod:`planner.judge`) call it; whether an engine can run the plan is
-:mod:`planner.runnable`'s question (it asks :func:`tensor_group_problems` here: tensor groups inside a server).
+:mod:`planner.runnable`'s question.
 """
 
 from __future__ import annotations
@@ -108,21 +108,3 @@ def _check_stage_devices(plan: ir.Plan) -> None:
                     raise PlanError(f"device {d!r} is in stage {owner[d]} and stage {i}",
                                     "each device belongs to one pipeline stage")
                 owner[d] = i
-
-
-
-def tensor_group_problems(plan: ir.Plan) -> list[str]:
-    """Tensor groups (``tp`` consecutive devices of a stage) that span servers: an engine's tensor all-reduces,
-    on every layer, stay on a server's link (Megatron-LM, torchtitan and the torch export group ranks so), and the
-    search makes no other grid; the cost model's own ``any`` plans keep them (AccPar's baseline splits layers
-    over every device of the cluster)."""
-    server = {g.name: n.name for n in plan.cluster.nodes for g in n.gpus}
-    out = []
-    for i, stage in enumerate(plan.stages):
-        for group in stage.tensor_groups() if stage.tp > 1 else ():
-            spans = sorted({server.get(d, d) for d in group})
-            if len(spans) > 1:
-                out.append(f"stage {i}: tensor group {list(group)} (tp {stage.tp}) spans servers {', '.join(spans)}; "
-                           "give tp a value that divides the stage's GPUs in every server it uses")
-                break
-    return out

@@ -20,6 +20,8 @@ from planner.cluster import (
     load_cluster,
     path_link,
     preset_names,
+    server_share,
+    spanning_tensor_group,
 )
 from planner.errors import ClusterError, FormatError
 from tests.conftest import make_cluster_dict
@@ -179,3 +181,27 @@ def test_clusters_are_equal_by_value_and_cheaply_once_compared() -> None:
     assert cluster_from_dict(d) != a
     assert dataclasses.replace(a, engine_overheads=(("torch", ir.EngineOverhead(per_step_s=1e-3)),)) != a
     assert a != "cluster"
+
+
+def test_server_share_is_the_tensor_degree_bound_that_keeps_groups_inside_a_server() -> None:
+    """6 + 6 GPUs take tp 1, 2, 3 or 6 (not 4: its second group would be n0.g4, n0.g5, n1.g0, n1.g1); 3 + 3 take
+    1 or 3; a whole server its size."""
+    cluster = cluster_from_dict(make_cluster_dict(2, 6))
+    names = [g.name for g in cluster.gpus]
+    assert server_share(cluster, names) == 6
+    assert server_share(cluster, names[3:9]) == 3
+    assert server_share(cluster, names[:6]) == 6
+    assert server_share(cluster, names[4:12]) == 2
+
+
+def test_a_spanning_tensor_group_is_found_whatever_the_device_order() -> None:
+    """Consecutive devices listed server by server keep tp 2 groups inside a server; listed alternately, the first
+    group holds n0.g0 and n1.g0. The count of each server (server_share) cannot see the order; this can."""
+    cluster = cluster_from_dict(make_cluster_dict(2, 2))
+    paired = ir.Stage((0, 4), ("n0.g0", "n0.g1", "n1.g0", "n1.g1"), ("dp",) * 4, 0, tp=2)
+    assert spanning_tensor_group(cluster, paired) is None
+    mixed = ir.Stage((0, 4), ("n0.g0", "n1.g0", "n0.g1", "n1.g1"), ("dp",) * 4, 0, tp=2)
+    assert spanning_tensor_group(cluster, mixed) == (("n0.g0", "n1.g0"), ["n0", "n1"])
+    wide = ir.Stage((0, 4), paired.devices, ("dp",) * 4, 0, tp=4)
+    assert spanning_tensor_group(cluster, wide) == (paired.devices, ["n0", "n1"])
+    assert spanning_tensor_group(cluster, ir.Stage((0, 4), mixed.devices, ("dp",) * 4, 0)) is None

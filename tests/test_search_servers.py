@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from planner import ir
+from planner.cluster import uneven_servers
 from planner.errors import InfeasibleError, PlannerError
-from planner.runnable import problems, uneven_servers
+from planner.runnable import problems
 from planner.search import search
 from planner.search.servers import even_subclusters, uneven
 from tests.conftest import make_cluster_dict, make_profile_dict

@@ -72,22 +72,3 @@ def test_split_forms_without_a_tensor_group_are_a_plan_error() -> None:
     validate_plan(dataclasses.replace(plan, stages=(dataclasses.replace(split, tp=2), plan.stages[1])))
 
 
-
-def test_tensor_groups_across_servers_are_listed_and_still_valid() -> None:
-    """tp 2 over n0.g0 and n1.g0 puts a tensor group's all-reduce of every layer on the network: no engine runs
-    that (planner.runnable asks :func:`tensor_group_problems`), but the cost model's own plans may (AccPar's
-    baseline splits layers over the whole cluster), so the plan stays valid. The same devices listed server by
-    server as tp 2 x dp 2 keep each pair on one server."""
-    from planner.validate import tensor_group_problems
-
-    plan = make_plan(stages=[((0, 4), ("n0.g0", "n0.g1", "n1.g0", "n1.g1"))])
-    mixed = dataclasses.replace(plan, stages=(dataclasses.replace(
-        plan.stages[0], devices=("n0.g0", "n1.g0", "n0.g1", "n1.g1"), tp=2),))
-    assert tensor_group_problems(mixed) == [
-        "stage 0: tensor group ['n0.g0', 'n1.g0'] (tp 2) spans servers n0, n1; give tp a value that divides the "
-        "stage's GPUs in every server it uses"]
-    validate_plan(mixed)
-    paired = dataclasses.replace(plan, stages=(dataclasses.replace(plan.stages[0], tp=2),))
-    assert tensor_group_problems(paired) == []
-    wide = dataclasses.replace(plan, stages=(dataclasses.replace(plan.stages[0], tp=4),))
-    assert "spans servers n0, n1" in tensor_group_problems(wide)[0]

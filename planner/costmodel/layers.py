@@ -352,8 +352,7 @@ def _allowed(profile: ir.ModelProfile, c: _Columns, n: int, forms: Sequence[str]
         blocks = np.array([x.block is not None for x in profile.layers])
         if rules.blocks_tp:
             allowed[:, DP] &= ~blocks
-        if not rules.split_batch_stats:  # the dp form splits the samples a batch norm takes statistics over
-            allowed[:, DP] &= ~np.array([x.batch_stats for x in profile.layers], dtype=bool)
+        allowed[:, DP] &= np.array([rules.splits_samples(x) for x in profile.layers], dtype=bool)
         tied = tied_layers(profile)
         shards = np.array([rules.splits(x, i in tied) for i, x in enumerate(profile.layers)])
         for f in (SPLIT_IN, SPLIT_OUT):  # a transformer block is no single matrix: it shards as Megatron's tp form

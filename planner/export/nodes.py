@@ -21,8 +21,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from planner import ir
+from planner.cluster import uneven_servers
 from planner.errors import ExportError, PlannerError, UsageError
-from planner.runnable import uneven_servers
 
 DEFAULT_RDZV_PORT = 29500
 DEFAULT_RDZV_TIMEOUT_S = 60

@@ -16,13 +16,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from planner import ir
+from planner.cluster import server_share
 from planner.costmodel import default_precision
 from planner.errors import UsageError
 from planner.runnable import ANY_FORMS, EngineLimits, llama_problem
 from planner.runnable import ENGINES as ENGINE_LIMITS
 from planner.schedule import SCHEDULES, schedule_kind, virtual_stage_schedules
 from planner.search.framed import Framed, frame_problem
-from planner.search.space import Space, pow2_upto, server_share
+from planner.search.space import Space, pow2_upto
 
 SOLVERS = ("dp", "brute")
 ENGINES = ("any", *ENGINE_LIMITS)
@@ -154,8 +155,8 @@ def _check_tp(tp: int | None, profile: ir.ModelProfile, cluster: ir.Cluster, eng
     limits = ENGINE_LIMITS.get(engine)
     if tp > 1 and limits is not None and not limits.tensor_parallel:
         raise UsageError(f"--engine {engine} runs no tensor parallelism (--tp {tp})", "use --tp 1, or --engine torch")
-    norms = [x.name for x in profile.layers if x.batch_stats]
-    if tp > 1 and limits is not None and norms:
+    norms = [x.name for x in profile.layers if limits is not None and not limits.form_rules.splits_samples(x)]
+    if tp > 1 and norms:
         named = f"{', '.join(norms[:3])}{', ...' if len(norms) > 3 else ''}"
         raise UsageError(f"--tp {tp}: {len(norms)} layer{'s' if len(norms) > 1 else ''} ({named}) hold batch norms, "
                          f"whose samples --engine {engine} does not split over a tensor group",

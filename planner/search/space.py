@@ -33,14 +33,13 @@ Pure (numpy). The same space for ``--solver dp`` (planner.search.sp) and ``--sol
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from planner import ir
-from planner.cluster import Group, group_of, index
+from planner.cluster import Group, group_of, index, server_share
 from planner.costmodel import PAPER, Grid, Variant, VariantCost, ZeroComms, variant_cost, variants
 from planner.costmodel.engine import EngineOverhead
 from planner.runnable import ANY_FORMS, FormRules
@@ -225,17 +224,6 @@ class BaseMoves:
     groups: tuple[Group, ...]
     skip: tuple[int, ...]
     aligns: tuple[int, ...] = ()
-
-
-def server_share(cluster: ir.Cluster, devices: Sequence[str]) -> int:
-    """The greatest common divisor of the counts of ``devices`` in each server: consecutive tensor groups of
-    ``tp`` of them stay inside one server exactly when ``tp`` divides it (3 + 3 GPUs over two servers split
-    into pairs puts the middle pair on both)."""
-    node_of = index(cluster).node_of
-    counts: dict[int, int] = {}
-    for d in devices:
-        counts[node_of[d]] = counts.get(node_of[d], 0) + 1
-    return math.gcd(*counts.values())
 
 
 @functools.lru_cache(maxsize=1024)  # an engine's search asks for one per stage width: 136 on 1024 GPUs
