@@ -33,9 +33,9 @@ MAX_SIMULATED_ACTIONS = 200_000
 def known_solvers() -> tuple[str, ...]:
     """The search's solvers and the baselines' names (a compare row's plan names its strategy)."""
     from planner.search import SOLVERS
-    from planner.search.baselines import FORMER_STRATEGIES, STRATEGIES
+    from planner.search.baselines import STRATEGIES
 
-    return (*SOLVERS, *STRATEGIES, *FORMER_STRATEGIES)
+    return (*SOLVERS, *STRATEGIES)
 
 
 def load_plan(path: str | os.PathLike[str], *, check_prediction: bool = True) -> tuple[ir.Plan, list[str]]:

@@ -51,6 +51,7 @@ import torch
 from torch import nn
 
 from planner.errors import ExportError
+from planner.profiler.layered import batch_stats
 
 _FIX = "search with `planner search --engine torch` (dp forms on this layer), or use another tp"
 
@@ -323,11 +324,11 @@ def shard_splits(module: nn.Sequential, forms: Sequence[str], mesh: Any, stage: 
 
 
 def check_sample_independent(layer: nn.Module, tp: int, stage: int, index: int) -> None:
-    """A ``dp`` layer in a tensor group must treat samples independently (no batch norm)."""
-    norms = [type(m).__name__ for m in layer.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-    if norms:
+    """A ``dp`` layer in a tensor group must treat samples independently (no batch norm): the module's own answer,
+    for profiles that predate ``LayerProfile.batch_stats`` (planner.runnable refuses the others before)."""
+    if batch_stats(layer):
         raise ExportError(f"stage {stage}: layer {index} runs the dp form in a tensor group of {tp}, which splits "
-                          f"its samples over the group, but its {norms[0]} takes statistics over the samples it sees "
+                          "its samples over the group, but its batch norm takes statistics over the samples it sees "
                           "(the result would change)", "search with --tp 1 for this model, or keep the layer on a "
                           "stage without tensor parallelism")
 

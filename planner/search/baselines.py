@@ -31,7 +31,7 @@ from planner.search.partitioners import (
 )
 from planner.search.pipedream import PipeDreamStage, pipedream_partition
 
-__all__ = ["BASELINE_SCHEDULES", "FORMER_STRATEGIES", "PIPEDREAM_MODES", "STRATEGIES", "Layout", "NotFitting",
+__all__ = ["BASELINE_SCHEDULES", "PIPEDREAM_MODES", "STRATEGIES", "Layout", "NotFitting",
            "PipeDreamStage", "accpar_layout", "balance_by_size", "balance_by_time", "block_partition",
            "deepspeed_layer_weights", "deepspeed_layouts", "deepspeed_methods", "deepspeed_parts",
            "deepspeed_type_weights", "divisors", "dp_layout", "gpipe_uniform_layout", "megatron_layouts",
@@ -46,9 +46,6 @@ STRATEGIES = ("dp", "accpar", "gpipe-uniform", "torchgpipe", "deepspeed", "deeps
 """Every strategy ``planner compare`` runs, in the order it shows them (contract names, ../shared/DESIGN.md
 section 4): ``deepspeed`` at the best of its settings, ``deepspeed-parameters`` and ``deepspeed-uniform`` at
 one ``partition_method`` each (its default, and uniform layer counts), each with and without ZeRO-1."""
-
-FORMER_STRATEGIES: tuple[str, ...] = ()
-"""Rows of earlier versions that no longer exist, which a plan file may still name as its solver."""
 
 BASELINE_SCHEDULES = {"gpipe-uniform": ("gpipe",), "torchgpipe": ("gpipe",), "deepspeed": ("1f1b",),
                       "deepspeed-parameters": ("1f1b",), "deepspeed-uniform": ("1f1b",), "pipedream": ("1f1b",),
