@@ -164,7 +164,8 @@ def _timed_round(plan: ir.Plan, model: str, engine: str, steps: int, idle_timeou
 
     def measure() -> tuple[float, float]:
         dist.barrier()
-        timing = group_timing(train_plan(plan, model, engine, steps, 0, "cross_entropy", profile_terms=False))
+        timing = group_timing(train_plan(plan, model, engine, steps, 0, "cross_entropy", profile_terms=False,
+                                            measure_memory=False))
         return statistics.median(timing["iteration_s"][WARMUP:]), steps_background(timing, WARMUP) or 0.0
 
     def wait(limit_s: float) -> None:  # rank 0 watches the machine; the others meet it at the barrier

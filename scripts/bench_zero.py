@@ -28,15 +28,12 @@ About 1-2 minutes for the default model. Linux only.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
 import json
 import os
 import socket
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -44,19 +41,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 FASTEST_TOLERANCE = 1.05
-
-
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                                      "fsmblks", "uordblks", "fordblks", "keepcost")]
-
-
-def heap_in_use_bytes() -> int:
-    """Bytes glibc's allocator has handed out and not taken back (small blocks and mmapped ones)."""
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallinfo2.restype = _MallInfo2
-    info = libc.mallinfo2()
-    return int(info.uordblks + info.hblkhd)
 
 
 def _heap_worker(rank: int, world: int, port: int, plans_path: str, model: str, steps: int, out: str,
@@ -67,27 +51,21 @@ def _heap_worker(rank: int, world: int, port: int, plans_path: str, model: str, 
     import torch
 
     from planner import ir
+    from planner.runner.memory import heap_in_use_bytes, heap_peak
     from planner.runner.worker import init_group, train_plan
 
     torch.set_num_threads(1)
     init_group(engine)
     docs = json.loads(Path(plans_path).read_text())
-    train_plan(ir.Plan.from_dict(docs[0]), model, engine, 1, 0, "cross_entropy", profile_terms=False)  # first-use
+    train_plan(ir.Plan.from_dict(docs[0]), model, engine, 1, 0, "cross_entropy", profile_terms=False,
+               measure_memory=False)  # first-use allocations
     peaks = []
     for doc in docs:
         gc.collect()  # the last plan's trainer (its reference cycles) freed before the base, not during this plan
-        base, peak, done = heap_in_use_bytes(), [0], threading.Event()
-
-        def sample(peak: list[int] = peak, done: threading.Event = done) -> None:
-            while not done.is_set():
-                peak[0] = max(peak[0], heap_in_use_bytes())
-                time.sleep(2e-4)
-
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
-        train_plan(ir.Plan.from_dict(doc), model, engine, steps, 0, "cross_entropy", profile_terms=False)
-        done.set()
-        sampler.join()
+        base = heap_in_use_bytes() or 0
+        with heap_peak() as peak:
+            train_plan(ir.Plan.from_dict(doc), model, engine, steps, 0, "cross_entropy", profile_terms=False,
+                       measure_memory=False)
         peaks.append(max(0, peak[0] - base))
     mine = torch.tensor(peaks, dtype=torch.float64)
     torch.distributed.all_reduce(mine, op=torch.distributed.ReduceOp.MAX)

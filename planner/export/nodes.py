@@ -63,6 +63,12 @@ def rank_stage(plan: ir.Plan, rank: int) -> int:
     return rank // plan.stages[0].width
 
 
+def rank_chunks(plan: ir.Plan, rank: int) -> tuple[ir.Stage, ...]:
+    """The plan stages global ``rank`` runs: its pipeline position's, one per virtual stage."""
+    positions = len(rank_devices(plan)) // plan.stages[0].width
+    return tuple(plan.stages[rank_stage(plan, rank)::positions])
+
+
 def node_layout(plan: ir.Plan, error: type[PlannerError] = ExportError) -> NodeLayout:
     """The servers the plan's ranks run on, in node-rank order; ``error`` when torchrun cannot start it."""
     server_of = {g.name: node.name for node in plan.cluster.nodes for g in node.gpus}

@@ -39,6 +39,7 @@ from planner.export.nodes import (
     check_node_rank,
     node_layout,
     parse_endpoint,
+    rank_chunks,
     rank_devices,
     rank_stage,
     torchrun_args,
@@ -188,8 +189,7 @@ def _ranks(plan: ir.Plan, res: dict[str, Any]) -> list[dict[str, Any]]:
     devices = rank_devices(plan)
     out = []
     for rank, (peak, node) in enumerate(zip(res["peak_memory_bytes"], res["node_rank"], strict=True)):
-        stage = rank_stage(plan, rank)
-        chunks = plan.stages[stage::len(devices) // plan.stages[0].width]
+        stage, chunks = rank_stage(plan, rank), rank_chunks(plan, rank)
         out.append({"rank": rank, "node_rank": node, "device": devices[rank], "stage": stage,
                     "peak_memory_bytes": peak, "predicted_memory_bytes": max(c.memory_bytes for c in chunks)})
     return out

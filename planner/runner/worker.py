@@ -4,10 +4,10 @@ Each worker builds the model from the same seed, splits it into the profiled lay
 the engine's pipeline (planner.export.deepspeed or planner.export.torch), trains ``steps``
 steps on synthetic data of the profile's input shape (the same data on every process: a
 seeded generator per step) and times every step between barriers (the slowest rank counts).
-It measures its peak memory over the run: on CUDA ``torch.cuda.max_memory_allocated``, on
-CPU the growth of the process's peak resident set (``ru_maxrss``) from before the engine is
-built to the last step. After the timed steps it trains one more step under the torch
-profiler (CPU events) and puts its time in terms (:mod:`planner.runner.terms`). Local rank 0
+After the timed steps it trains one more step under the torch profiler (CPU events) and puts
+its time in terms (:mod:`planner.runner.terms`). It measures its peak memory as
+:mod:`planner.runner.memory` says: on CUDA over the whole run, on CPU the heap in use over one
+more untimed step, the layers this rank runs counted and the other stages' left out. Local rank 0
 of every server writes the result (losses, times, every rank's peak, node rank and terms) as
 JSON; a worker that fails writes when and why in ``error-rank<N>.txt`` first. :func:`train_plan` (one plan in
 a process group that is already up) is also what ``planner calibrate`` times its pipelines with.
@@ -19,7 +19,6 @@ import argparse
 import contextlib
 import json
 import os
-import resource
 import sys
 import time
 import traceback
@@ -34,8 +33,10 @@ from planner.errors import PlannerError
 from planner.export import ENGINES, deepspeed
 from planner.export.data import data_spec
 from planner.export.layers import disable_dropout, load_layers
+from planner.export.nodes import rank_chunks
 from planner.export.program import engine_module
 from planner.export.torch import device
+from planner.runner import memory
 from planner.runner.machine import busy_cpu_s
 from planner.runner.processes import write_error
 from planner.runner.terms import MEASURED, classify
@@ -55,25 +56,6 @@ def init_group(engine: str) -> None:
         torch.distributed.init_process_group(backend)
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-
-
-def _peak_rss_bytes() -> int:
-    """This process's peak resident set so far (Linux reports ru_maxrss in KiB)."""
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-
-
-def _start_memory() -> int:
-    if torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats()
-        return 0
-    return _peak_rss_bytes()
-
-
-def _peak_memory(start: int) -> int:
-    """Peak memory of the run: CUDA's peak allocation, or the peak RSS growth since ``start``."""
-    if torch.cuda.is_available():
-        return int(torch.cuda.max_memory_allocated())
-    return max(0, _peak_rss_bytes() - start)
 
 
 def _train(step_fn: Step, data: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[list[float], ...]:
@@ -154,21 +136,36 @@ def _host_s(event: Any) -> float:
 
 
 def train_plan(plan: ir.Plan, model: str, engine: str, steps: int, seed: int, loss: str,
-               profile_terms: bool = True) -> dict[str, Any]:
+               profile_terms: bool = True, measure_memory: bool = True) -> dict[str, Any]:
     """Train ``plan`` for ``steps`` timed steps in this (already joined) process group: this rank's
     ``losses``, ``iteration_s``, ``cpu_s``, the machine's ``machine_busy_s`` per step,
-    ``peak_memory_bytes`` and ``terms`` (one profiled step)."""
+    ``terms`` (one profiled step, where ``profile_terms``) and ``peak_memory_bytes`` (where
+    ``measure_memory``: on CPU one more untimed step, :mod:`planner.runner.memory`)."""
     layers, example = load_layers(model, plan, seed)
     for layer in layers:
         disable_dropout(layer)
     spec = data_spec(layers, example, loss)
-    data = [spec.batch(s, plan.batch_size, seed) for s in range(steps + profile_terms)]
-    start = _start_memory()
+    data = [spec.batch(s, plan.batch_size, seed) for s in range(steps + 2)]
+    probe = memory.start(_own_layers(plan, layers))
     step_fn = engine_module(engine).make_trainer(layers, plan, spec.loss)
     losses, times, cpu, machine = _train(step_fn, data[:steps])
-    terms = profiled_step(step_fn, *data[steps]) if profile_terms else {}
-    return {"losses": losses, "iteration_s": times, "cpu_s": cpu, "machine_busy_s": machine,
-            "peak_memory_bytes": _peak_memory(start), "terms": terms}
+    res: dict[str, Any] = {"losses": losses, "iteration_s": times, "cpu_s": cpu, "machine_busy_s": machine}
+    if measure_memory:  # before the profiled step: the profiler's buffers are not the plan's
+        res["peak_memory_bytes"] = probe.peak_bytes(lambda: _barrier_step(step_fn, *data[steps + 1]))
+    res["terms"] = profiled_step(step_fn, *data[steps]) if profile_terms else {}
+    return res
+
+
+def _own_layers(plan: ir.Plan, layers: Sequence[torch.nn.Module]) -> list[torch.nn.Module]:
+    """The layers this rank runs (every worker builds the whole model)."""
+    chunks = rank_chunks(plan, torch.distributed.get_rank())
+    return [layers[i] for chunk in chunks for i in range(*chunk.layers)]
+
+
+def _barrier_step(step_fn: Step, x: torch.Tensor, y: torch.Tensor) -> None:
+    """One untimed step, every rank starting together."""
+    torch.distributed.barrier()
+    step_fn(x, y)
 
 
 def _worker(args: argparse.Namespace) -> None:

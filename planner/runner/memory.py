@@ -1,0 +1,129 @@
+"""A worker's peak memory in training, comparable with the plan's predicted ``memory_bytes``.
+
+- On CUDA: ``torch.cuda.max_memory_allocated`` over the engine's set-up and every step (its peak
+  reset before the engine is built), the allocator's live tensors as the cost model counts them.
+- On CPU (Linux, glibc): the heap in use (``mallinfo2``: small blocks in use plus mmapped ones, where
+  torch's CPU allocator puts every tensor), sampled by a thread every 0.2 ms over one more step after
+  the timed ones (a sampling thread during the timed steps would take CPU time from them; by then the
+  optimizer's state exists, so the step is the steady one the prediction describes), above the heap
+  after the model was built, plus the bytes of the layers this rank runs (built before that base: an
+  engine that casts, shards or copies them moves the heap from there). The layers of other stages,
+  which every worker builds too, are left out. This is what ``max_memory_allocated`` counts on a GPU,
+  without the allocator's slack and the process's own floor that the resident set holds.
+- Elsewhere (no ``mallinfo2``): the growth of the process's peak resident set (``ru_maxrss``) from
+  before the engine is built, a rougher figure.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import resource
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+SAMPLE_S = 2e-4
+"""How often the sampling thread reads the heap (a peak shorter than this can be missed)."""
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                      "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def _mallinfo2() -> Callable[[], _MallInfo2] | None:
+    try:
+        fn = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):  # not glibc, or glibc before 2.33
+        return None
+    fn.restype = _MallInfo2
+    return fn  # type: ignore[no-any-return]
+
+
+_MALLINFO2 = _mallinfo2()
+
+
+def heap_in_use_bytes() -> int | None:
+    """Bytes glibc's allocator has handed out and not taken back (small blocks and mmapped ones);
+    None where there is no ``mallinfo2``."""
+    if _MALLINFO2 is None:
+        return None
+    info = _MALLINFO2()
+    return int(info.uordblks + info.hblkhd)
+
+
+def _peak_rss_bytes() -> int:
+    """This process's peak resident set so far (Linux reports ru_maxrss in KiB)."""
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def layer_bytes(layers: Iterable[nn.Module]) -> int:
+    """The bytes of ``layers``' parameters and buffers, each storage once (tied weights)."""
+    seen: dict[int, int] = {}
+    for layer in layers:
+        for t in (*layer.parameters(), *layer.buffers()):
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(seen.values())
+
+
+@contextmanager
+def heap_peak() -> Iterator[list[int]]:
+    """Sample the heap in use until the block ends; the one-element list holds its peak."""
+    first = heap_in_use_bytes() or 0
+    peak, done = [first], threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], heap_in_use_bytes() or 0)
+            time.sleep(SAMPLE_S)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        yield peak
+    finally:
+        done.set()
+        sampler.join()
+        peak[0] = max(peak[0], heap_in_use_bytes() or 0)
+
+
+@dataclass(frozen=True)
+class MemoryProbe:
+    """Where a worker's memory stood before its engine was built (:func:`start`), and how it is read."""
+
+    how: str
+    """``cuda`` (max_memory_allocated), ``heap`` (mallinfo2 over one step) or ``rss`` (peak RSS growth)."""
+    base_bytes: int
+    own_bytes: int
+    """The bytes of this rank's own layers (``heap`` adds them back: they were built before the base)."""
+
+    @property
+    def needs_step(self) -> bool:
+        """Whether :meth:`peak_bytes` trains one more step to read the peak."""
+        return self.how == "heap"
+
+    def peak_bytes(self, step: Callable[[], object]) -> int:
+        """The peak memory of the run; ``step`` trains one more step where :attr:`needs_step`."""
+        if self.how == "cuda":
+            return int(torch.cuda.max_memory_allocated())
+        if self.how == "rss":
+            return max(0, _peak_rss_bytes() - self.base_bytes)
+        with heap_peak() as peak:
+            step()
+        return max(0, peak[0] - self.base_bytes + self.own_bytes)
+
+
+def start(own_layers: Iterable[nn.Module]) -> MemoryProbe:
+    """Read memory where it stands now (after the model is built, before the engine is)."""
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+        return MemoryProbe("cuda", 0, 0)
+    heap = heap_in_use_bytes()
+    if heap is None:
+        return MemoryProbe("rss", _peak_rss_bytes(), 0)
+    return MemoryProbe("heap", heap, layer_bytes(own_layers))
