@@ -55,16 +55,17 @@ def test_losses_and_optimizers_by_name() -> None:
         torch_optimizer("lamb", p, 0.1)
 
 
-def test_adam_runs_fused_where_every_parameter_is_on_a_gpu() -> None:
-    """torch's fused Adam (the cost model's 28 bytes a value) on GPUs; elsewhere, or when told, torch's default
-    (``fused=None``: False would loop tensor by tensor)."""
-    from planner.export.optim import on_gpu
+def test_adam_runs_fused_where_every_parameter_is_on_a_device_the_kernel_runs_on() -> None:
+    """torch's fused Adam (the cost model's 28 bytes a value, no temporaries) on CPUs and GPUs; elsewhere, or
+    when told, torch's default (``fused=None``: False would loop tensor by tensor)."""
+    from planner.export.optim import fused_adam_runs
 
     cpu = [nn.Parameter(torch.zeros(3))]
-    assert torch_optimizer("adam", cpu, 1e-3).defaults["fused"] is None and not on_gpu(cpu)
-    assert torch_optimizer("adam", cpu, 1e-3, fused=True).defaults["fused"] is True
+    assert torch_optimizer("adam", cpu, 1e-3).defaults["fused"] is True and fused_adam_runs(cpu)
+    assert torch_optimizer("adam", cpu, 1e-3, fused=False).defaults["fused"] is None
     meta = [nn.Parameter(torch.zeros(3, device="meta"))]
-    assert not on_gpu(meta) and not on_gpu([])
+    assert not fused_adam_runs(meta) and not fused_adam_runs([])
+    assert torch_optimizer("adam", meta, 1e-3).defaults["fused"] is None
 
 
 class _PositionsFirst(nn.Module):

@@ -81,11 +81,11 @@ def precision_config(precision: str) -> dict[str, Any]:
 
 
 def with_fused_adam(config: dict[str, Any]) -> dict[str, Any]:
-    """``config`` with torch's fused Adam kernel where this process has a GPU and the config's Adam does not say
-    otherwise (``"fused": false``): the 28 bytes a value the cost model counts, where torch's default there, the
-    multi-tensor Adam, moves 72 (planner.export.optim). The process that trains decides: an exported config
-    is written where there may be no GPU."""
-    if torch.cuda.is_available() and config["optimizer"]["type"] == "Adam":
+    """``config`` with torch's fused Adam kernel (CUDA or the CPU, the devices DeepSpeed's runs here take) unless
+    the config's Adam says otherwise (``"fused": false``): one pass of 28 bytes a value and no temporaries, as
+    the cost model counts, where torch's defaults make seven passes or loop tensor by tensor
+    (planner.export.optim)."""
+    if config["optimizer"]["type"] == "Adam":
         config["optimizer"]["params"].setdefault("fused", True)
     return config
 
@@ -96,7 +96,7 @@ def ds_config(plan: ir.Plan, lr: float | None = None) -> dict[str, Any]:
 
     Gradient clipping is off (DeepSpeed's default clips to 1.0). DeepSpeed's FusedAdam op is never built:
     Adam is selected with ``torch_adam`` (and ``adam_w_mode`` off, so it is
-    ``torch.optim.Adam``; :func:`with_fused_adam` adds torch's fused kernel where the run has a GPU); the other
+    ``torch.optim.Adam``; :func:`with_fused_adam` adds torch's fused kernel); the other
     optimizers are torch.optim classes.
     """
     width = check_plan(plan)
@@ -279,7 +279,7 @@ What it does:
      (planner.export.deepspeed.build_pipeline_module overrides DeepSpeed's partitioning),
      on a PipeDataParallelTopology(num_pp={stages}, num_dp={width});
   3. trains with ds_config.json (micro-batch size, gradient accumulation = micro-batches,
-     the plan's optimizer; Adam runs torch's fused kernel on GPUs unless the file says
+     the plan's optimizer; Adam runs torch's fused kernel unless the file says
      "fused": false) on synthetic data of the profiled input shape.
 Replace `batches()` with your data loader: each process yields (inputs, labels) per micro-batch.
 """

@@ -47,7 +47,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from planner.export.optim import on_gpu, torch_optimizer
+from planner.export.optim import fused_adam_runs, torch_optimizer
 from planner.grad_buffers import GRAD_BUCKET_BYTES
 
 ATTENTION_CORE = "scaled_dot_product"
@@ -233,7 +233,7 @@ def optimizer(name: str, params: list[nn.Parameter], lr: float, zero: int, group
     from torch.distributed.optim import ZeroRedundancyOptimizer
     from torch.distributed.tensor import DTensor
 
-    proto = torch_optimizer(name, [nn.Parameter(torch.zeros(1))], lr, fused=on_gpu(params))
+    proto = torch_optimizer(name, [nn.Parameter(torch.zeros(1))], lr, fused=fused_adam_runs(params))
     sharded = [isinstance(p.data, DTensor) for p in params]
     proxies = [nn.Parameter(local(p)) if tp else p for p, tp in zip(params, sharded, strict=True)]
     # parameters as views of one flat buffer per rank: one broadcast per rank a step, not one per
