@@ -44,12 +44,18 @@ class GradCopy:
     ``held``: the buffers cover every gradient and live as long as the model, allocated once (PyTorch
     DDP's buckets with its default ``gradient_as_bucket_view=False``, which torchtitan's ``replicate``
     keeps: torch/nn/parallel/distributed.py; DDP's documentation puts the memory that setting saves at
-    "the total gradients size"): static memory, not a transient, and no cap."""
+    "the total gradients size"): static memory, not a transient, and no cap.
+
+    ``alone``: it copies even where the data-parallel group is one process (DeepSpeed's pipeline engine
+    reduces at every step's end, flattening the gradients with no look at the group's size:
+    runtime/pipe/engine.py ``_exec_reduce_grads``, runtime/engine.py ``buffered_allreduce_fallback``;
+    measured here, a one-process stage of a 2-stage MLP held its 8 MiB of gradients twice for a moment)."""
 
     zero: tuple[int, ...] = ()
     cap_bytes: float = 0.0
     cap_params: float = 0.0
     held: bool = False
+    alone: bool = False
 
 
 NO_COPY = GradCopy()

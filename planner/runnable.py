@@ -143,8 +143,9 @@ ENGINES: dict[str, EngineLimits] = {
     # Its ZeRO-0 all-reduce flattens up to 5e8 gradient elements at a time; its ZeRO-1 holds two fp32
     # buffers of reduce_bucket_size elements (stage_1_and_2.py; DEEPSPEED_ZERO1_BUCKET_PARAMS).
     "deepspeed": EngineLimits("deepspeed", True, False, (0, 1), ("none", "full"), False,
-                              grad_copy=GradCopy((0,), cap_params=DEEPSPEED_ALLREDUCE_PARAMS), zero1_buffers=2,
-                              zero1_per_unit=True, zero1_partition_copies=True, frozen_stage_fp32_only=True,
+                              grad_copy=GradCopy((0,), cap_params=DEEPSPEED_ALLREDUCE_PARAMS, alone=True),
+                              zero1_buffers=2, zero1_per_unit=True, zero1_partition_copies=True,
+                              frozen_stage_fp32_only=True,
                               wide_reduce_zero=(0,)),
     # torch.distributed.pipelining on a (pp, dp, tp) DeviceMesh: one mesh, so equal grids per stage;
     # FSDP2 covers ZeRO 2-3 (reshard after forward or not), DTensor the tensor forms; ZeRO-1 is the

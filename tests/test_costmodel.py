@@ -258,6 +258,11 @@ def _with_overheads(cluster: ir.Cluster, **per_engine: ir.EngineOverhead) -> ir.
     return dataclasses.replace(cluster, engine_overheads=tuple(per_engine.items()))
 
 
+def _times(costs: list[ir.StageCost]) -> list[tuple[float, ...]]:
+    """A stage's seconds (an engine's memory differs from the paper's: its copies, autograd's accumulation)."""
+    return [(c.forward_s, c.backward_s, c.allreduce_s, c.optimizer_step_s) for c in costs]
+
+
 def test_engine_overhead_is_charged_only_when_the_plan_names_an_engine_its_cluster_knows() -> None:
     p, c = _profile(4), _cluster(1, 2)
     stages = [ir.Stage((0, 2), ("n0.g0",), ("dp", "dp"), 0), ir.Stage((2, 4), ("n0.g1",), ("dp", "dp"), 0)]
@@ -265,9 +270,9 @@ def test_engine_overhead_is_charged_only_when_the_plan_names_an_engine_its_clust
     bare = cm.stage_costs_for(p, c, stages, 4, "sgd")
     ds = _with_overheads(c, deepspeed=ir.EngineOverhead(1e-3, 2e-3, 5e-3))
     assert cm.stage_costs(plain) == bare  # no overheads in the cluster, no engine: as before
-    assert cm.stage_costs(dataclasses.replace(plain, engine="deepspeed")) == bare
+    assert _times(cm.stage_costs(dataclasses.replace(plain, engine="deepspeed"))) == _times(bare)
     assert cm.stage_costs(dataclasses.replace(plain, cluster=ds)) == bare  # engine "any"
-    assert cm.stage_costs(dataclasses.replace(plain, cluster=ds, engine="torch")) == bare
+    assert _times(cm.stage_costs(dataclasses.replace(plain, cluster=ds, engine="torch"))) == _times(bare)
     got = cm.stage_costs(dataclasses.replace(plain, cluster=ds, engine="deepspeed"))
     assert got[0].forward_s == pytest.approx(bare[0].forward_s + 1e-3 + 2e-3)  # sends activations
     assert got[0].backward_s == pytest.approx(bare[0].backward_s + 1e-3)

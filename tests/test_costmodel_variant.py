@@ -373,15 +373,16 @@ def test_variants_leave_out_zero_0_when_1_is_allowed_and_zero_needs_data_paralle
     assert {v.zero for v in cm.variants(["none"], [0, 2], 2)} == {0, 2}
 
 
-@given(st.floats(0.0, 1e10), st.floats(1.0, 1e9), st.floats(0.5, 2.0), st.integers(0, 3), st.booleans())
+@given(st.floats(0.0, 1e10), st.floats(1.0, 1e9), st.floats(0.5, 2.0), st.integers(0, 3), st.booleans(),
+       st.booleans())
 def test_the_gradient_all_reduces_flat_copy_is_the_gradients_up_to_the_cap(
-        weight: float, cap: float, scale: float, zero: int, synced: bool) -> None:
+        weight: float, cap: float, scale: float, zero: int, synced: bool, alone: bool) -> None:
     """``min(G, cap)`` with ``G`` the gradients as reduced, under the engine's copying ZeRO stages and only
-    where the stage synchronises its gradients."""
-    comms = cm.ZeroComms(copy_zero=(0, 1), copy_cap_bytes=cap, copy_scale=scale)
+    where the stage synchronises its gradients, or always for an engine that copies alone (DeepSpeed's)."""
+    comms = cm.ZeroComms(copy_zero=(0, 1), copy_cap_bytes=cap, copy_scale=scale, copy_alone=alone)
     agg = {**AGG, "weight": weight, "grad": weight, "sync": 2.0 if synced else 0.0}
     got = float(cm.variant_cost(agg, 0.1, cm.Variant("none", zero), 4, 0.0, comms).transient)
-    expect = min(weight * scale, cap) if zero in (0, 1) and synced else 0.0
+    expect = min(weight * scale, cap) if zero in (0, 1) and (synced or alone) else 0.0
     assert got == pytest.approx(expect)
     assert float(cm.variant_cost(agg, 0.1, cm.Variant("none", zero), 4, 0.0).transient) == 0.0  # the paper's: none
 
@@ -405,8 +406,23 @@ def test_a_data_parallel_stage_holds_its_engines_flat_gradient_copy(engine: str,
     cost = cm.stage_cost_values(_one_layer(params), cluster, stage, 2, "adam", None, precision, engine=engine)
     assert cost.grad_copy_bytes == pytest.approx(copy, rel=1e-6)
     one = ir.Stage((0, 1), (cluster.gpus[0].name,), ("dp",), 0)
+    alone = 4 * params if engine == "deepspeed" else 0  # DeepSpeed flattens its fp32 gradients all the same
     assert cm.stage_cost_values(_one_layer(params), cluster, one, 2, "adam", None, precision,
-                                engine=engine).grad_copy_bytes == 0  # nothing to all-reduce
+                                engine=engine).grad_copy_bytes == alone  # else nothing to all-reduce
+
+
+@given(st.floats(1.0, 1e9), st.integers(1, 8), st.integers(0, 3), st.booleans(), st.booleans(), st.booleans())
+def test_autograd_holds_the_largest_layers_new_gradient_beside_the_kept_one_over_several_microbatches(
+        unit: float, m: int, zero: int, sync_last: bool, trains: bool, engine: bool) -> None:
+    """``U`` more workspace where an engine accumulates over two or more micro-batches a stage with gradients;
+    a ZeRO-3 that reduces every micro-batch holds the gradient already (its gathered units)."""
+    comms = cm.ZeroComms(sync_last_backward=sync_last, accumulates=engine)
+    agg = {**AGG, "unit_max": unit, "grad": 1.0 if trains else 0.0}
+    base = cm.ZeroComms(sync_last_backward=sync_last)
+    got = float(cm.variant_cost(agg, 0.1, cm.Variant("none", zero), m, 0.0, comms).workspace)
+    paper = float(cm.variant_cost(agg, 0.1, cm.Variant("none", zero), m, 0.0, base).workspace)
+    reduces_each = zero == 3 and not sync_last
+    assert got - paper == pytest.approx(unit if engine and m > 1 and trains and not reduces_each else 0.0)
 
 
 def test_torchs_bf16_holds_a_bf16_copy_of_the_weights_under_zero_0_and_1() -> None:

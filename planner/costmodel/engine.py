@@ -86,7 +86,8 @@ def zero_comms(cluster: ir.Cluster, engine: str, precision: str = "fp32", pipeli
     return ZeroComms(limits.zero1_gather_share, limits.syncs_last_backward(pipelined), own.per_shard_s if own else 0.0,
                      copy.zero, cap, grad_elem / weight_elem, limits.zero1_per_unit, buffers, copy.held,
                      master, 4.0 / weight_elem if copies else 0.0, prefetch, scale,
-                     limits.compute_copy_zero if precision != "fp32" else (), limits.wide_reduce_zero)
+                     limits.compute_copy_zero if precision != "fp32" else (), limits.wide_reduce_zero,
+                     copy_alone=copy.alone, accumulates=True)  # every engine here trains with PyTorch's autograd
 
 
 def overlaps_collectives(cluster: ir.Cluster) -> bool:

@@ -70,8 +70,9 @@ and the scalar cost of one stage come from the same definition).
   bytes (the engine's ``per_shard_s``, measured by ``planner calibrate``). An engine whose ZeRO-0/1
   all-reduce copies the gradients into flat buffers (``copy_zero``; torch's export and DeepSpeed's
   pipeline engine, :class:`planner.grad_buffers.GradCopy`) holds ``min(G, cap)`` more bytes while it
-  reduces, ``G`` the gradients as reduced (``copy_scale`` times the weights' bytes: fp32 gradients
-  of 16-bit weights are twice their bytes): after the last backward, when the activations are
+  reduces (DeepSpeed's even over a data-parallel group of one, ``copy_alone``), ``G`` the gradients as
+  reduced (``copy_scale`` times the weights' bytes: fp32 gradients of 16-bit weights are twice their bytes):
+  after the last backward, when the activations are
   gone, so a stage's peak is ``static + max(activations in flight + workspace, copy)``
   (``transient``). An engine whose buckets cover every gradient and live with the model
   (``copy_held``: DDP's, with its default ``gradient_as_bucket_view=False``; torchtitan's ZeRO-0)
@@ -89,6 +90,11 @@ and the scalar cost of one stage come from the same definition).
   gradients into a new fp32 tensor for the optimizer step, after the last backward
   (``zero1_grad_share``, in the transient; stage_1_and_2.py: ``single_partition_of_fp32_groups``,
   ``single_grad_partition``).
+- Gradient accumulation (``accumulates``): over two or more micro-batches, autograd computes each
+  layer's weight gradient into a new tensor and then adds it to the one kept (``AccumulateGrad``), so
+  a backward holds the largest layer's gradient twice for a moment: ``U`` more workspace (on this
+  machine a 2-stage MLP's stage peaked 4.4 MiB above its steady state, its 4 MiB layer's gradient;
+  Megatron-LM's gradient-accumulation fusion adds into ``main_grad`` inside the GEMM, no engine here).
 """
 
 from __future__ import annotations
@@ -151,6 +157,12 @@ class ZeroComms:
     wide_reduce_zero: tuple[int, ...] = ()
     """The ZeRO stages under which the gradients move at ``copy_scale`` times the weights' bytes, and torch's
     ZeRO-1 broadcasts parameters as wide (``EngineLimits.wide_reduce_zero``); elsewhere at the weights'."""
+    copy_alone: bool = False
+    """Whether the flat copy is made even where the data-parallel group is one process (DeepSpeed's;
+    :class:`planner.grad_buffers.GradCopy`)."""
+    accumulates: bool = False
+    """Whether autograd adds each micro-batch's weight gradients into the ones kept (module doc): every engine
+    the planner runs; not the paper's count."""
 
     def gradient_scale(self, zero: int) -> float:
         """The gradients' bytes as reduced under ZeRO stage ``zero`` over the weights' (``copy_scale`` where the
@@ -227,7 +239,8 @@ def variant_cost(agg: Mapping[str, Any], in_bytes: Any, variant: Variant, microb
         time, act, work = time + agg["core"], agg["act_sel"], 0.0 * in_bytes
     else:
         act, work = agg["act"], 0.0 * in_bytes
-    work = np.maximum(work, agg["loss_ws"]) + _gathered(agg, variant.zero, comms)  # the loss runs before any
+    work = (np.maximum(work, agg["loss_ws"]) + _gathered(agg, variant.zero, comms)  # the loss runs before any
+            + _accumulating(agg, variant.zero, microbatches, comms))
     return VariantCost(time, fwd, whole, _static(agg, variant.zero, comms), act, work,
                        _copy(agg, variant.zero, comms), gather)
 
@@ -281,6 +294,15 @@ def _gathered(agg: Mapping[str, Any], zero: int, comms: ZeroComms) -> Any:
     return agg["unit_max"] * (2.0 + wide * (agg["grad"] > 0))
 
 
+def _accumulating(agg: Mapping[str, Any], zero: int, microbatches: int, comms: ZeroComms) -> Any:
+    """A layer's new weight gradient beside the one kept while autograd adds it in (module doc): the largest
+    layer's weights' bytes, where the engine accumulates, the stage has gradients and there is more than one
+    micro-batch; none under a ZeRO-3 that reduces every micro-batch (:func:`_gathered` holds that gradient)."""
+    if not comms.accumulates or microbatches < 2 or (zero == 3 and not comms.sync_last_backward):
+        return 0.0 * agg["unit_max"]
+    return agg["unit_max"] * (agg["grad"] > 0)
+
+
 def _exposed(comm: Any, compute: Any, units: Any, prefetch: bool) -> Any:
     """What ``comm`` seconds of ZeRO collectives over a stage's ``units`` add to ``compute`` seconds of its
     forward or backward: all of them, or where they are prefetched beside the compute (FSDP's all-gather of
@@ -308,7 +330,8 @@ def _partition(agg: Mapping[str, Any]) -> Any:
 
 
 def _copy(agg: Mapping[str, Any], zero: int, comms: ZeroComms) -> Any:
-    """What the stage holds for a while after its last backward, where it synchronises: the larger of the
+    """What the stage holds for a while after its last backward, where it synchronises (or where the engine
+    copies alone, ``copy_alone``): the larger of the
     gradient all-reduce's flat copy, ``min(G, cap)`` (unless held for good: :func:`_held`), and ZeRO-1's
     fp32 gradient partition for the optimizer step (module doc)."""
     bucket = zero in comms.copy_zero and not comms.copy_held
@@ -317,7 +340,7 @@ def _copy(agg: Mapping[str, Any], zero: int, comms: ZeroComms) -> Any:
         return 0.0
     copy = np.minimum(agg["grad"] * comms.copy_scale, comms.copy_cap_bytes) if bucket else 0.0
     part = comms.zero1_grad_share * _partition(agg) if partition else 0.0
-    return np.where(agg["sync"] > 0, np.maximum(copy, part), 0.0)
+    return np.where((agg["sync"] > 0) | (bucket and comms.copy_alone), np.maximum(copy, part), 0.0)
 
 
 def _held(agg: Mapping[str, Any], zero: int, comms: ZeroComms) -> Any:
