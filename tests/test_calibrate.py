@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -116,6 +117,24 @@ def test_cli_writes_a_cluster_file(tmp_path: Path) -> None:
     doc = json.loads(out.read_text())
     assert doc["kind"] == "cluster" and len(doc["nodes"][0]["gpus"]) == 2
     assert "engine_overheads" not in doc
+
+
+def test_the_report_names_each_engines_unit_cost_for_what_it_is(capsys: pytest.CaptureFixture[str]) -> None:
+    """torch's per-unit cost is an FSDP unit's gather or reduction; DeepSpeed's, its ZeRO-1's per layer."""
+    from planner.commands.calibrate import _report
+
+    link = {"bandwidth_Bps": 1e9, "latency_s": 1e-5}
+    cluster = ir.Cluster.from_dict({"kind": "cluster", "version": 1, "name": "cpu", "nodes": [{"name": "n0", "gpus": [
+        {"name": f"n0.g{i}", "flops": 1e10, "memory_bytes": 2**30} for i in range(2)]}],
+        "links": {"intra_node": link, "inter_node": link}})
+    over = ir.EngineOverhead(1e-4, 2e-4, 3e-3, per_shard_s=5e-4)
+    cluster = dataclasses.replace(cluster, engine_overheads=(("deepspeed", over), ("torch", over)))
+    _report(cluster, {"flops_source": "x", "memory_bandwidth_Bps": 1e10, "concurrent_share": 1.0,
+                      "sharing_kernel": "k", "handoff_s": None}, "out.json")
+    err = capsys.readouterr().err
+    assert "deepspeed: " in err and "ms per layer's ZeRO-1 reduction or gather" in err
+    assert "torch: " in err and "ms per FSDP unit's gather or reduction" in err
+    assert err.count("FSDP") == 1
 
 
 def test_the_cli_refuses_an_analytic_profile_to_match_and_an_overlong_name_before_measuring(tmp_path: Path) -> None:

@@ -79,7 +79,8 @@ def _report(cluster: ir.Cluster, meta: dict[str, Any], out: str) -> None:
                f"and spent {(meta['handoff_s'] or 0.0) * 1e3:.3f} ms more CPU on each hand-off than on idle cores; "
                f"wrote {out}", err=True)
     for engine, o in cluster.engine_overheads:
-        shard = f", {o.per_shard_s * 1e3:.3f} ms per FSDP unit's gather or reduction" if o.per_shard_s else ""
+        unit = "FSDP unit's gather or reduction" if engine == "torch" else "layer's ZeRO-1 reduction or gather"
+        shard = f", {o.per_shard_s * 1e3:.3f} ms per {unit}" if o.per_shard_s else ""
         click.echo(f"{engine}: {o.per_action_s * 1e3:.3f} ms per action, {o.per_microbatch_s * 1e3:.3f} ms per "
                    f"micro-batch sent, {o.per_step_s * 1e3:.3f} ms per step{shard}", err=True)
 
