@@ -121,6 +121,8 @@ def test_node_rank_out_of_range_and_wrong_nnodes_exit_2(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "--node-rank 2 is outside 0..1" in res.stderr
     res = CliRunner().invoke(main, [*base, "--nnodes", "4", "--rdzv-endpoint", "127.0.0.1:1"])
     assert res.exit_code == 2 and "n0: 1, n1: 1" in res.stderr and "Traceback" not in res.stderr
+    assert "node rank 0:" not in res.stderr  # no command printed for servers that cannot run it
+    assert res.stderr.count("hint:") == 1
 
 
 def test_model_mismatch_exits_1_with_cause(tmp_path: Path) -> None:

@@ -57,8 +57,9 @@ def run(plan_path: str, model: str, engine: str, steps: int, warmup: int, loss: 
     plan, warnings = read_plan(plan_path)  # a bad plan fails before torch is imported
 
     from planner.render.progress import status
-    from planner.runner import run_plan
+    from planner.runner import local_processes, run_plan
 
+    local_processes(plan, nnodes, node_rank, rdzv_endpoint)  # servers that do not fit: refused before any command
     if nnodes > 1:
         click.echo(f"{nnodes} servers, this is node rank {node_rank}; on each server:", err=True)
         for r in range(nnodes):

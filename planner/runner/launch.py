@@ -118,7 +118,7 @@ def _check_run_args(steps: int, warmup: int, loss: str) -> None:
         raise RunError(f"unknown loss {loss!r}", f"use one of {', '.join(LOSSES)}")
 
 
-def _local_processes(plan: ir.Plan, nnodes: int, node_rank: int, endpoint: str | None) -> int:
+def local_processes(plan: ir.Plan, nnodes: int, node_rank: int, endpoint: str | None) -> int:
     """Processes this server starts; UsageError when the servers or node rank do not fit the plan."""
     check_node_rank(nnodes, node_rank)
     if nnodes == 1:
@@ -229,7 +229,7 @@ def run_plan(plan: ir.Plan, model: str, *, engine: str = "deepspeed", steps: int
              rdzv_endpoint: str | None = None, rdzv_timeout_s: float = DEFAULT_RDZV_TIMEOUT_S) -> dict[str, Any]:
     """Train ``plan`` for real with ``engine`` (this server's ranks); the run JSON of DESIGN.md section 4."""
     _check_run_args(steps, warmup, loss)
-    nproc = _local_processes(plan, nnodes, node_rank, rdzv_endpoint)
+    nproc = local_processes(plan, nnodes, node_rank, rdzv_endpoint)
     engine_available(engine)
     check_runnable(plan, engine)
     width: int = engine_module(engine).check_plan(plan)
