@@ -57,6 +57,12 @@ class FormRules:
             return False
         return self.split_types is None or layer.param_count == 0 or layer.type in self.split_types
 
+    def shards(self, layer: ir.LayerProfile, tied: bool = False) -> bool:
+        """Whether ``layer`` has a form in a tensor group other than dp (whose samples it splits): a transformer
+        block's tp form, or a split form (a layer without weights, or a known weight shape this engine shards);
+        as planner.costmodel.layers opens them."""
+        return layer.block is not None or layer.param_count == 0 or (layer.splittable and self.splits(layer, tied))
+
 
 def tied_layers(profile: ir.ModelProfile) -> frozenset[int]:
     """The layers that use a parameter some other layer uses too (a tie's every layer)."""

@@ -187,3 +187,23 @@ def test_a_model_with_batch_norms_gets_no_tensor_group_under_an_engine() -> None
     plan = search(profile, cluster, engine="torch", microbatches=4)
     assert all(st.tp == 1 for st in plan.stages if st.layers[0] <= 1 < st.layers[1])
     assert problems(plan, "torch") == []
+
+
+def _with_embedding(batch: int = 16) -> ir.ModelProfile:
+    """_llama_like's blocks after an embedding (a weight of unknown shape: no split form holds it)."""
+    d = _llama_like(batch=batch).to_dict()
+    emb = {**d["layers"][0], "name": "embed", "type": "Embedding", "in_features": None, "out_features": None}
+    emb.pop("block", None)
+    d["layers"] = [emb, *d["layers"]]
+    return ir.ModelProfile.from_dict(d)
+
+
+def test_a_micro_batch_the_tensor_group_cannot_split_names_the_layer_that_needs_it() -> None:
+    """The embedding runs only the dp form in a tensor group, which splits the samples: one sample does not split
+    over 4 devices, and the error says so (it blamed the batch's divisors)."""
+    with pytest.raises(UsageError, match=r"--micro-batch-size 1 with --tp 4: 1 layer \(embed\) takes no sharded form "
+                                         r"under --engine torch, so a tensor group splits its samples") as err:
+        search(_with_embedding(), _cluster(), engine="torch", tp=4, micro_batch_size=1)
+    assert "(4, 8, ...)" in (err.value.hint or "")
+    plan = search(_with_embedding(), _cluster(), engine="torch", tp=4, micro_batch_size=4)
+    assert {st.tp for st in plan.stages} == {4} and problems(plan) == []

@@ -19,7 +19,7 @@ from planner import ir
 from planner.cluster import server_share
 from planner.costmodel import default_precision
 from planner.errors import UsageError
-from planner.runnable import ANY_FORMS, EngineLimits, llama_problem
+from planner.runnable import ANY_FORMS, EngineLimits, llama_problem, tied_layers
 from planner.runnable import ENGINES as ENGINE_LIMITS
 from planner.schedule import SCHEDULES, schedule_kind, virtual_stage_schedules
 from planner.search.framed import Framed, frame_problem
@@ -168,6 +168,24 @@ def _check_tp(tp: int | None, profile: ir.ModelProfile, cluster: ir.Cluster, eng
                          f"{bad[0].kv_heads} KV heads", "use a tensor degree that divides both, or auto")
 
 
+def _check_sample_split(profile: ir.ModelProfile, engine: str, tp: int | None, micro_batch_size: int | None) -> None:
+    """A fixed micro-batch a fixed tensor degree cannot split, where some layer runs only the dp form in a tensor
+    group (which splits each micro-batch's samples over it): no grid can hold that layer."""
+    if tp is None or tp == 1 or micro_batch_size is None or micro_batch_size % tp == 0:
+        return
+    limits = ENGINE_LIMITS.get(engine)
+    rules, tied = limits.form_rules if limits is not None else ANY_FORMS, tied_layers(profile)
+    stuck = [x.name for i, x in enumerate(profile.layers) if not rules.shards(x, i in tied)]
+    if stuck:
+        named = f"{', '.join(stuck[:3])}{', ...' if len(stuck) > 3 else ''}"
+        many = len(stuck) > 1
+        raise UsageError(f"--micro-batch-size {micro_batch_size} with --tp {tp}: {len(stuck)} "
+                         f"layer{'s' if many else ''} ({named}) take{'' if many else 's'} no sharded form under --engine {engine}, so a tensor "
+                         f"group splits {'their' if many else 'its'} samples, and {micro_batch_size} sample"
+                         f"{'s do' if micro_batch_size > 1 else ' does'} not split over {tp} devices",
+                         f"use a --micro-batch-size that {tp} divides ({tp}, {2 * tp}, ...), or --tp auto")
+
+
 def check_request(profile: ir.ModelProfile, cluster: ir.Cluster, *, schedule: str, optimizer: str, solver: str,
                   engine: str, config: Sequence[int] | None, precision: str | None, tp: int | None,
                   zero: int | str, recompute: str, micro_batch_size: int | None,
@@ -189,6 +207,7 @@ def check_request(profile: ir.ModelProfile, cluster: ir.Cluster, *, schedule: st
                          + ("" if precision else " (the profile's dtype)"),
                          f"pass --precision {ENGINE_LIMITS[engine].precisions[-1]}, or another --engine")
     _check_tp(tp, profile, cluster, engine)
+    _check_sample_split(profile, engine, tp, micro_batch_size)
     if config is not None:
         _check_config(config, profile, cluster, engine, tp)
     limits = ENGINE_LIMITS.get(engine)
