@@ -180,8 +180,9 @@ def _check_sample_split(profile: ir.ModelProfile, engine: str, tp: int | None, m
         named = f"{', '.join(stuck[:3])}{', ...' if len(stuck) > 3 else ''}"
         many = len(stuck) > 1
         raise UsageError(f"--micro-batch-size {micro_batch_size} with --tp {tp}: {len(stuck)} "
-                         f"layer{'s' if many else ''} ({named}) take{'' if many else 's'} no sharded form under --engine {engine}, so a tensor "
-                         f"group splits {'their' if many else 'its'} samples, and {micro_batch_size} sample"
+                         f"layer{'s' if many else ''} ({named}) take{'' if many else 's'} no sharded form under "
+                         f"--engine {engine}, so a tensor group splits {'their' if many else 'its'} samples, and "
+                         f"{micro_batch_size} sample"
                          f"{'s do' if micro_batch_size > 1 else ' does'} not split over {tp} devices",
                          f"use a --micro-batch-size that {tp} divides ({tp}, {2 * tp}, ...), or --tp auto")
 
