@@ -4,9 +4,8 @@ One check, used by everything that emits a plan (search, compare and its baselin
 interleaving) and by export before it writes a program, so that a plan the tool shows
 is a plan the engine it names can run (``../shared/DESIGN.md`` section 6):
 
-- batch shape: for every stage, ``batch_size == micro_batch_size * microbatches * dp``
-  with a whole ``micro_batch_size >= 1`` (Megatron-LM's global batch = micro-batch x
-  accumulation steps x data-parallel size);
+- batch shape: for every stage, ``batch_size == micro_batch_size * microbatches * dp`` with a whole
+  ``micro_batch_size >= 1`` (Megatron-LM's global batch = micro-batch x accumulation steps x dp);
 - grid: ``tp`` divides the stage's devices; ``tp`` forms only on transformer blocks whose
   attention heads and KV heads ``tp`` divides (Megatron shards whole heads); ZeRO needs a
   data-parallel group of two or more;
@@ -58,9 +57,8 @@ class FormRules:
         return self.split_types is None or layer.param_count == 0 or layer.type in self.split_types
 
     def shards(self, layer: ir.LayerProfile, tied: bool = False) -> bool:
-        """Whether ``layer`` has a form in a tensor group other than dp (whose samples it splits): a transformer
-        block's tp form, or a split form (a layer without weights, or a known weight shape this engine shards);
-        as planner.costmodel.layers opens them."""
+        """Whether ``layer`` has a form in a tensor group besides dp: a block's tp form, or a split form (no weights,
+        or a known weight shape this engine shards), as planner.costmodel.layers opens them."""
         return layer.block is not None or layer.param_count == 0 or (layer.splittable and self.splits(layer, tied))
 
 
