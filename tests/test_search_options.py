@@ -207,3 +207,14 @@ def test_a_micro_batch_the_tensor_group_cannot_split_names_the_layer_that_needs_
     assert "(4, 8, ...)" in (err.value.hint or "")
     plan = search(_with_embedding(), _cluster(), engine="torch", tp=4, micro_batch_size=4)
     assert {st.tp for st in plan.stages} == {4} and problems(plan) == []
+
+
+def test_the_library_takes_config_as_text_or_widths_and_refuses_anything_else() -> None:
+    """``config="1-1"`` (the CLI's text) was a TypeError inside the search."""
+    text = search(_llama_like(), _cluster(1, 2), config="1-1", microbatches=2)
+    widths = search(_llama_like(), _cluster(1, 2), config=(1, 1), microbatches=2)
+    assert [s.devices for s in text.stages] == [s.devices for s in widths.stages] and len(text.stages) == 2
+    for bad, match in [("1-x", "not in PipeDream notation"), ((1, 0), "not a sequence of devices per stage"),
+                       ((1.5, 1), "not a sequence"), ((), "not a sequence"), ((True, 1), "not a sequence")]:
+        with pytest.raises(UsageError, match=match):
+            search(_llama_like(), _cluster(1, 2), config=bad)  # type: ignore[arg-type]

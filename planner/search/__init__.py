@@ -94,7 +94,7 @@ RERANK = 16
 
 def search(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int | str = "auto",
            schedule: str = "1f1b", optimizer: str = "sgd", solver: str = "dp", engine: str = "any",
-           config: Sequence[int] | None = None, max_blocks: int | None = None,
+           config: str | Sequence[int] | None = None, max_blocks: int | None = None,
            progress: Callable[[str], None] | None = None,
            evaluate: Callable[[ir.Plan], float] | None = None, candidates: int = RERANK,
            precision: str | None = None, tp: int | None = None, zero: int | str = "auto",
@@ -108,13 +108,14 @@ def search(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int |
     ``dp_iteration_s`` and ``speedup_over_dp`` come from the simulator. ``evaluate`` replaces
     the simulator as the ranking (the prediction is still simulated). ``candidates=0``: the
     exact optimum of the analytic objective, with its analytic prediction, and no seeds.
-    ``precision``, ``tp``, ``zero``, ``recompute``, ``micro_batch_size``: the grid space
-    (planner.search.options); ``virtual_stages`` > 1 re-cuts plans into chunks
-    (planner.search.interleave). ``alternatives`` receives the simulated candidates, fastest first.
+    ``config``: devices per stage, ``(2, 1, 1)`` or PipeDream's ``"2-1-1"``. ``precision``, ``tp``, ``zero``,
+    ``recompute``, ``micro_batch_size``: the grid space (planner.search.options); ``virtual_stages`` > 1
+    re-cuts plans into chunks (planner.search.interleave). ``alternatives`` receives the simulated candidates, fastest first.
     """
     req = check_request(profile, cluster, schedule=schedule, optimizer=optimizer, solver=solver, engine=engine,
                         config=config, precision=precision, tp=tp, zero=zero, recompute=recompute,
                         micro_batch_size=micro_batch_size, max_blocks=max_blocks)
+    config = req.config  # "2-1-1" or (2, 1, 1), checked
     if engine in ENGINE_LIMITS and uneven(cluster) and config is None:
         return _on_even_servers(profile, cluster, dict(
             microbatches=microbatches, schedule=schedule, optimizer=optimizer, solver=solver, engine=engine,

@@ -41,6 +41,17 @@ def parse_config(text: str) -> tuple[int, ...]:
     return widths
 
 
+def config_widths(config: str | Sequence[int] | None) -> tuple[int, ...] | None:
+    """A ``config`` as the library takes it, ``"2-1-1"`` or ``(2, 1, 1)``, as widths; UsageError otherwise."""
+    if config is None or isinstance(config, str):
+        return parse_config(config) if config is not None else None
+    widths = tuple(config)
+    if not widths or not all(isinstance(w, int) and not isinstance(w, bool) and w > 0 for w in widths):
+        raise UsageError(f"config {widths!r} is not a sequence of devices per stage",
+                         'pass whole numbers of at least 1, e.g. (2, 1, 1), or the text "2-1-1"')
+    return widths
+
+
 def microbatch_candidates(batch_size: int, microbatches: int | str, micro_batch_size: int | None = None) -> list[int]:
     """Micro-batch counts to search: ``auto`` every divisor of the batch (of ``batch / micro_batch_size``
     when that is fixed), else the number, which must divide the batch."""
@@ -188,7 +199,7 @@ def _check_sample_split(profile: ir.ModelProfile, engine: str, tp: int | None, m
 
 
 def check_request(profile: ir.ModelProfile, cluster: ir.Cluster, *, schedule: str, optimizer: str, solver: str,
-                  engine: str, config: Sequence[int] | None, precision: str | None, tp: int | None,
+                  engine: str, config: str | Sequence[int] | None, precision: str | None, tp: int | None,
                   zero: int | str, recompute: str, micro_batch_size: int | None,
                   max_blocks: int | None = None) -> Request:
     """Check every option (UsageError with the values and a fix) and gather them."""
@@ -209,6 +220,7 @@ def check_request(profile: ir.ModelProfile, cluster: ir.Cluster, *, schedule: st
                          f"pass --precision {ENGINE_LIMITS[engine].precisions[-1]}, or another --engine")
     _check_tp(tp, profile, cluster, engine)
     _check_sample_split(profile, engine, tp, micro_batch_size)
+    config = config_widths(config)
     if config is not None:
         _check_config(config, profile, cluster, engine, tp)
     limits = ENGINE_LIMITS.get(engine)
