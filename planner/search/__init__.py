@@ -110,7 +110,8 @@ def search(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int |
     exact optimum of the analytic objective, with its analytic prediction, and no seeds.
     ``config``: devices per stage, ``(2, 1, 1)`` or PipeDream's ``"2-1-1"``. ``precision``, ``tp``, ``zero``,
     ``recompute``, ``micro_batch_size``: the grid space (planner.search.options); ``virtual_stages`` > 1
-    re-cuts plans into chunks (planner.search.interleave). ``alternatives`` receives the simulated candidates, fastest first.
+    re-cuts plans into chunks (planner.search.interleave). ``alternatives`` receives the simulated
+    candidates, fastest first.
     """
     req = check_request(profile, cluster, schedule=schedule, optimizer=optimizer, solver=solver, engine=engine,
                         config=config, precision=precision, tp=tp, zero=zero, recompute=recompute,
