@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping, Sequence
+from os import PathLike
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from planner import ir
-from planner.errors import PlannerError
+from planner.errors import PlannerError, UsageError
 
 if TYPE_CHECKING:
     from planner.compare import Comparison
@@ -40,7 +41,7 @@ def load_profile(profile: ProfileLike) -> ir.ModelProfile:
         return profile
     from planner.jsonio import read_json
 
-    return ir.ModelProfile.from_dict(read_json(profile, "profile"), str(profile))
+    return ir.ModelProfile.from_dict(read_json(_path(profile, "profile", "ModelProfile"), "profile"), str(profile))
 
 
 def load_plan(plan: PlanLike) -> ir.Plan:
@@ -52,7 +53,7 @@ def load_plan(plan: PlanLike) -> ir.Plan:
 
     from planner.consistency import load_plan as load_checked
 
-    value, found = load_checked(plan)
+    value, found = load_checked(_path(plan, "plan", "Plan"))
     for warning in found:
         warnings.warn(warning, stacklevel=2)
     return value
@@ -61,7 +62,16 @@ def load_plan(plan: PlanLike) -> ir.Plan:
 def _cluster(cluster: ClusterLike) -> ir.Cluster:
     from planner.cluster import load_cluster
 
-    return cluster if isinstance(cluster, ir.Cluster) else load_cluster(cluster)
+    return cluster if isinstance(cluster, ir.Cluster) else load_cluster(_path(cluster, "cluster", "Cluster", " or a "
+                                                                                "preset's name"))
+
+
+def _path(value: object, kind: str, value_type: str, more: str = "") -> str:
+    """``value`` as the path of a JSON file of ``kind``; UsageError naming what it is otherwise."""
+    if isinstance(value, (str, PathLike)):
+        return str(value)
+    raise UsageError(f"a {kind} must be a planner.ir.{value_type} or the path of its JSON file{more}, got "
+                     f"{type(value).__name__}", f"pass planner.ir.{value_type}.from_dict(doc) for a document in memory")
 
 
 def _need(module: str, extra: str, step: str) -> None:

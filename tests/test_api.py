@@ -78,3 +78,25 @@ def test_export_plan_writes_the_program(files: tuple[Path, Path], tmp_path: Path
     plan: Any = planner.search_plan(prof, str(clus), microbatches=2, engine="torch", config=(2, 2), candidates=0)
     written = planner.export_plan(plan, "torch", tmp_path / "out")
     assert {p.name for p in written} >= {"train.py", "plan.json", "README.md"}
+
+
+@pytest.mark.parametrize("value", [5, {"kind": "profile"}, None, 1.5])
+def test_a_value_that_is_neither_the_type_nor_a_path_is_a_usage_error(value: Any) -> None:
+    """It was a TypeError from deep in the file reader."""
+    with pytest.raises(UsageError, match=rf"a profile must be a planner\.ir\.ModelProfile or the path of its JSON "
+                                         rf"file, got {type(value).__name__}"):
+        planner.load_profile(value)
+    with pytest.raises(UsageError, match=r"a plan must be a planner\.ir\.Plan or the path"):
+        planner.load_plan(value)
+    with pytest.raises(UsageError, match=r"a cluster must be a planner\.ir\.Cluster or the path of its JSON file or a "
+                                         r"preset's name"):
+        planner.search_plan(ir.ModelProfile.from_dict(make_profile_dict(4)), value)
+
+
+@pytest.mark.parametrize(("option", "value"), [("tp", "2"), ("tp", 2.0), ("tp", True), ("micro_batch_size", "4"),
+                                                ("max_blocks", 1.5)])
+def test_whole_number_options_given_as_something_else_are_usage_errors(files: tuple[Path, Path], option: str,
+                                                                         value: Any) -> None:
+    prof, clus = files
+    with pytest.raises(UsageError, match=f"must be a whole number, got {value!r}"):
+        planner.search_plan(prof, str(clus), **{option: value})

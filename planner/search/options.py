@@ -179,6 +179,12 @@ def _check_tp(tp: int | None, profile: ir.ModelProfile, cluster: ir.Cluster, eng
                          f"{bad[0].kv_heads} KV heads", "use a tensor degree that divides both, or auto")
 
 
+def _whole_or_none(option: str, value: object) -> None:
+    """UsageError unless ``value`` is None or a whole number (a library caller's ``tp="2"`` or ``2.0``)."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise UsageError(f"{option} must be a whole number, got {value!r}", f"e.g. {option} 2")
+
+
 def _check_sample_split(profile: ir.ModelProfile, engine: str, tp: int | None, micro_batch_size: int | None) -> None:
     """A fixed micro-batch a fixed tensor degree cannot split, where some layer runs only the dp form in a tensor
     group (which splits each micro-batch's samples over it): no grid can hold that layer."""
@@ -203,6 +209,8 @@ def check_request(profile: ir.ModelProfile, cluster: ir.Cluster, *, schedule: st
                   zero: int | str, recompute: str, micro_batch_size: int | None,
                   max_blocks: int | None = None) -> Request:
     """Check every option (UsageError with the values and a fix) and gather them."""
+    for option, value in (("--tp", tp), ("--micro-batch-size", micro_batch_size), ("max_blocks", max_blocks)):
+        _whole_or_none(option, value)
     _choice("schedule", schedule, SCHEDULES)
     _choice("solver", solver, SOLVERS)
     _choice("engine", engine, ENGINES)
