@@ -142,3 +142,39 @@ def test_interleaving_that_does_not_fit_is_infeasible() -> None:
 def test_torch_interleaved_microbatch_rule() -> None:
     assert torch_runs(8, 4) and torch_runs(3, 4) and torch_runs(10, 4)
     assert not torch_runs(7, 2)  # 3 rounds of 2 do not make 7
+
+
+def test_chunks_keep_the_engines_own_forms() -> None:
+    """Each chunk's forms are HPP's under the engine's limits (review 2): the torch export splits the weight of
+    Linear layers only, so a chunk of torch's interleaved plan must not shard an Embedding (it did, and the CLI
+    then failed with an internal error: 'the search produced a plan that cannot run')."""
+    from planner.runnable import problems
+
+    doc = make_profile_dict(8, batch_size=8)
+    for layer in doc["layers"]:
+        layer.update(type="Embedding", in_features=500, out_features=500)
+    profile = ir.ModelProfile.from_dict(doc)
+    cluster = ir.Cluster.from_dict(make_cluster_dict(1, 4))
+    for engine in ("any", "torch"):
+        plan = search_interleaved(profile, cluster, 2, microbatches=2, config=(2, 2), tp=2, engine=engine,
+                                  precision="fp32")
+        forms = {form for stage in plan.stages for form in stage.forms}
+        assert (forms == {"dp"}) == (engine == "torch"), (engine, forms)
+        assert problems(plan, engine) == []
+
+
+def test_torch_plans_only_the_micro_batch_counts_it_runs_in_the_simulated_order() -> None:
+    """Review 2: torch's ScheduleInterleaved1F1B cuts M micro-batches into rounds of M // max(1, M // K), not K,
+    and warms rank d up with (v - 1) rounds + 2 (K - 1 - d) forwards: on K = 3 ranks, M = 8 is two rounds of 4 and
+    rank 0 holds 9 chunk micro-batches where the simulated (Megatron) order holds 8, so a plan searched for torch
+    under-predicted its memory (llama3-8b at 8192 tokens on 3 x 8 H100s: stage 0 by about a chunk's 9 GiB)."""
+    from planner.search.interleave import torch_order_matches
+
+    assert not torch_order_matches(8, 3, 2) and not torch_order_matches(3, 2, 2) and not torch_order_matches(10, 4, 3)
+    assert torch_order_matches(6, 3, 2) and torch_order_matches(8, 4, 4) and torch_order_matches(1, 2, 2)
+    assert torch_order_matches(7, 2, 1)  # one chunk: plain 1F1B
+    profile = ir.ModelProfile.from_dict(make_profile_dict(12, batch_size=8))
+    cluster = ir.Cluster.from_dict(make_cluster_dict(3, 1))
+    assert search_interleaved(profile, cluster, 2, microbatches=8, config=(1, 1, 1)).microbatches == 8
+    with pytest.raises(InfeasibleError, match="order simulated"):
+        search_interleaved(profile, cluster, 2, microbatches=8, config=(1, 1, 1), engine="torch")

@@ -28,7 +28,8 @@ Method (a documented heuristic, not an exact optimum over the interleaved space)
 
 M need not be a multiple of K: the schedule adds the warm-up forwards that avoid a
 deadlock (:func:`planner.schedule.interleaved_extra_warmup`). For ``--engine torch``,
-``ScheduleInterleaved1F1B`` needs M divisible by max(1, M // K); other M are skipped.
+``ScheduleInterleaved1F1B`` needs M divisible by max(1, M // K), and runs the order simulated only where its rounds
+of micro-batches are K long or M is below K (:func:`torch_order_matches`); other M are skipped.
 ``--engine deepspeed`` runs no interleaved schedule (UsageError).
 """
 
@@ -46,9 +47,9 @@ from planner.cluster import link_between
 from planner.costmodel import layer_table, p2p_s, stage_grid
 from planner.errors import InfeasibleError, UsageError
 from planner.judge import Judged, judge
-from planner.schedule import schedule_kind
+from planner.schedule import interleaved_extra_warmup, schedule_kind
 from planner.search.hpp import hpp, stage_tables
-from planner.search.options import DEFAULT_VIRTUAL_STAGES, resolve_virtual_stages
+from planner.search.options import DEFAULT_VIRTUAL_STAGES, engine_forms, resolve_virtual_stages
 
 __all__ = ["DEFAULT_VIRTUAL_STAGES", "balanced_bounds", "chunk_plan", "resolve_virtual_stages", "search_interleaved",
            "torch_runs"]
@@ -97,7 +98,9 @@ def chunk_plan(plan: ir.Plan, v: int) -> ir.Plan:
     profile, cluster, m = plan.profile, plan.cluster, plan.microbatches
     groups = [s.devices for s in plan.stages]
     n_layers = len(profile.layers)
-    tables = [layer_table(profile, stage_grid(cluster, s, plan.precision), m, plan.optimizer) for s in plan.stages]
+    forms, rules = engine_forms(plan.engine)  # the engine's own limits, as the K-stage search had them
+    tables = [layer_table(profile, stage_grid(cluster, s, plan.precision), m, plan.optimizer, forms, rules)
+              for s in plan.stages]
     times = [stage_tables(t, np.arange(n_layers + 1), m).time for t in tables]
     k = len(groups)
     bounds = balanced_bounds(times, n_layers, v, _receive_times(plan, tables[0].out_bytes))
@@ -123,9 +126,29 @@ def _receive_times(plan: ir.Plan, out_bytes: np.ndarray) -> list[np.ndarray] | N
     return out
 
 
-def torch_runs(microbatches: int, groups: int) -> bool:
-    """Whether torch's ScheduleInterleaved1F1B accepts M micro-batches on K ranks."""
-    return schedule_kind("interleaved").torch_refusal(microbatches, groups) is None
+def torch_runs(microbatches: int, groups: int, v: int = 1) -> bool:
+    """Whether torch's ScheduleInterleaved1F1B accepts M micro-batches on K ranks and, with ``v`` chunks per rank,
+    runs them in the order the simulator plays (:func:`torch_order_matches`)."""
+    return (schedule_kind("interleaved").torch_refusal(microbatches, groups) is None
+            and torch_order_matches(microbatches, groups, v))
+
+
+def torch_order_matches(microbatches: int, groups: int, v: int) -> bool:
+    """Whether torch's ScheduleInterleaved1F1B runs M micro-batches on K ranks in the order of
+    :func:`planner.schedule.interleaved` (Megatron's): torch cuts them into rounds of ``M // max(1, M // K)``, not
+    K, and warms rank d up with ``(v - 1)`` rounds plus ``2 (K - 1 - d)`` forwards, then one forward and one
+    backward a step (torch/distributed/pipelining/schedules.py: ``_get_warmup_ops``); where a round is not K
+    (M above K and not a multiple of it: K = 3, M = 8 warms rank 0 up with 8 chunk forwards, Megatron with 7) it
+    holds more micro-batches than the simulation, so the search leaves such M out."""
+    m, k = microbatches, groups
+    per_round = m // max(1, m // k)
+    if v == 1:
+        return True
+    if min(per_round, m) != min(k, m):
+        return False
+    extra = interleaved_extra_warmup(k, m, v)
+    return all(min((v - 1) * per_round + 2 * (k - 1 - d) + 1, m * v)
+               == min((k - d - 1) * 2 + (v - 1) * k + extra + 1, m * v) for d in range(k))
 
 
 def search_interleaved(profile: ir.ModelProfile, cluster: ir.Cluster, virtual_stages: int, *,
@@ -163,7 +186,9 @@ def search_interleaved(profile: ir.ModelProfile, cluster: ir.Cluster, virtual_st
     if best is None or not best.fits or not math.isfinite(score):
         raise InfeasibleError(
             f"no plan the search met runs interleaved with {v} chunks per device group: too few layers for "
-            f"K*{v} chunks, or the extra micro-batches in flight do not fit in memory",
+            f"K*{v} chunks, the extra micro-batches in flight do not fit in memory"
+            + (", or torch runs no micro-batch count met in the order simulated (M a multiple of K, or below K)"
+               if engine == "torch" else ""),
             "try --virtual-stages 1, more micro-batches, a smaller batch, or a larger cluster")
     return best.plan
 
@@ -196,6 +221,6 @@ def _base_key(base: ir.Plan) -> tuple:
 def _judge_base(base: ir.Plan, v: int, engine: str) -> Judged | None:
     """Chunk and judge one K-stage candidate; None when it cannot run interleaved."""
     k = base.pipeline_stages
-    if len(base.profile.layers) < k * v or (engine == "torch" and not torch_runs(base.microbatches, k)):
+    if len(base.profile.layers) < k * v or (engine == "torch" and not torch_runs(base.microbatches, k, v)):
         return None
     return judge(chunk_plan(base, v))

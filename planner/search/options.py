@@ -19,7 +19,7 @@ from planner import ir
 from planner.cluster import server_share
 from planner.costmodel import default_precision
 from planner.errors import UsageError
-from planner.runnable import ANY_FORMS, EngineLimits, llama_problem, tied_layers
+from planner.runnable import ANY_FORMS, EngineLimits, FormRules, llama_problem, tied_layers
 from planner.runnable import ENGINES as ENGINE_LIMITS
 from planner.schedule import SCHEDULES, schedule_kind, virtual_stage_schedules
 from planner.search.framed import Framed, frame_problem
@@ -204,6 +204,14 @@ def _check_sample_split(profile: ir.ModelProfile, engine: str, tp: int | None, m
                          f"use a --micro-batch-size that {tp} divides ({tp}, {2 * tp}, ...), or --tp auto")
 
 
+def engine_forms(engine: str) -> tuple[tuple[str, ...], FormRules]:
+    """The forms a layer may take under ``engine`` and the engine's limits on which layers take which."""
+    limits = ENGINE_LIMITS.get(engine)
+    if limits is None:
+        return ir.ALL_FORMS, ANY_FORMS
+    return (ir.ALL_FORMS if limits.tensor_parallel else ("dp",)), limits.form_rules
+
+
 def check_request(profile: ir.ModelProfile, cluster: ir.Cluster, *, schedule: str, optimizer: str, solver: str,
                   engine: str, config: str | Sequence[int] | None, precision: str | None, tp: int | None,
                   zero: int | str, recompute: str, micro_batch_size: int | None,
@@ -237,11 +245,10 @@ def check_request(profile: ir.ModelProfile, cluster: ir.Cluster, *, schedule: st
         raise UsageError(f"--engine {engine}: {family}",
                          f"{engine} trains its own Llama definition only: search with --engine torch or deepspeed "
                          "(or any)")
-    forms = ir.ALL_FORMS if limits is None or limits.tensor_parallel else ("dp",)
+    forms, rules = engine_forms(engine)
     zeros = _zero_set(zero, engine, cluster)
     _check_zero_widths(zeros, config, tp)
-    space = Space(prec, tp, zeros, _recompute_set(recompute, engine), forms,
-                  micro_batch_size, rules=limits.form_rules if limits is not None else ANY_FORMS)
+    space = Space(prec, tp, zeros, _recompute_set(recompute, engine), forms, micro_batch_size, rules=rules)
     return Request(schedule, optimizer, solver, engine, tuple(config) if config else None, space, max_blocks)
 
 
