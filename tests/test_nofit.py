@@ -67,6 +67,14 @@ def test_hints_name_what_the_request_does_not_use() -> None:
         assert hint in fixed.hint
 
 
+def test_an_engines_search_with_tp_auto_is_not_told_to_use_tp_auto() -> None:
+    """Review 2: torch's search fixes each problem's tensor degree (one mesh for every stage); the hint named
+    '--tp auto' to a request that already had it."""
+    err = _error(_llm(), memory=1_000_000, optimizer="adam", engine="torch")
+    assert "tensor degrees 1/2, ZeRO" in err.hint and "--tp auto" not in err.hint
+    assert "--tp auto" in _error(_llm(), memory=1_000_000, optimizer="adam", engine="torch", tp=2).hint
+
+
 def test_hints_leave_out_what_is_already_used() -> None:
     err = _error(_heavy(), precision="bf16", optimizer="adam")  # 1f1b and every micro-batch count already
     for hint in ("more micro-batches", "--schedule", "--precision"):

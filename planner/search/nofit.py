@@ -221,7 +221,8 @@ def _hints(prob: Problem, need: Need | None, req: Request | None, tried: Tried, 
                    f"an --engine that runs ZeRO-3 (--engine {engine.name} runs ZeRO {'/'.join(map(str, engine.zero))})")
     if "full" not in tried.recompute:
         out.append("--recompute full (keeps only each layer's input)")
-    if tried.tp is not None and (engine is None or engine.tensor_parallel):
+    fixed_tp = req.space.tp if req is not None else tried.tp  # the user's --tp (an engine's search fixes each
+    if fixed_tp is not None and (engine is None or engine.tensor_parallel):  # problem's tp, as torch's one mesh)
         out.append("--tp auto")
     if prob.optimizer != "sgd" and not any(x.block is not None for x in prob.profile.layers):
         out.append("a lighter --optimizer (sgd keeps no optimizer state)")
