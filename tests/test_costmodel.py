@@ -139,6 +139,23 @@ def test_the_last_stage_holds_the_losss_workspace() -> None:
     assert plain.workspace_bytes == 0
 
 
+def test_a_split_heads_loss_is_whole_per_device_where_the_engine_gathers_its_logits() -> None:
+    """Review 2: the torch export's split_out head gathers its logits whole on every tensor rank
+    (ColwiseParallel(output_layouts=Replicate())) and takes the plain cross-entropy of them, so each device holds
+    the whole loss workspace; a vocabulary-parallel loss (the paper's, torchtitan's) holds its share."""
+    doc = make_profile_dict(4, loss_s=0.01)
+    doc["layers"][-1].update(in_features=500, out_features=500)
+    p, c = ir.ModelProfile.from_dict(doc), _cluster(1, 2)
+    logits = 100_000 / 4 / 2  # fp32 output bytes of the last layer, over 2 micro-batches
+    stage = ir.Stage((2, 4), ("n0.g0", "n0.g1"), ("dp", "split_out"), 0, tp=2)
+    paper, split, whole = (cm.stage_cost_values(p, c, stage, 2, "sgd", None, engine=e).workspace_bytes
+                           for e in ("any", "torchtitan", "torch"))
+    assert paper == math.ceil(cm.LOSS_BYTES_PER_LOGIT * logits / 2)
+    assert whole - split == math.ceil(cm.LOSS_BYTES_PER_LOGIT * logits / 2)  # both engines accumulate gradients
+    dp = dataclasses.replace(stage, forms=("dp", "dp"))  # each rank the loss of its share of the samples
+    assert cm.stage_cost_values(p, c, dp, 2, "sgd", None, engine="torch").workspace_bytes == split
+
+
 def test_closed_form_uniform_free_comm() -> None:
     k, m, tf, tb = 4, 8, 0.01, 0.02
     costs = [ir.StageCost(("d",), tf, tb, tb / 2, 0, None, None, 0, 0, 0, 0, 0, 0, 1) for _ in range(k)]

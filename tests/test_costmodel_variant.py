@@ -50,7 +50,7 @@ def test_fp32_adam_is_16_bytes_and_mixed_adam_too_but_sgd_differs() -> None:
 
 AGG = {"sync": 2.0, "time": 10.0, "fwd": 4.0, "static0": 0.0, "static1": 0.0, "static2": 0.0, "static3": 0.0,
        "weight": 1.0, "act": 1.0, "act_sel": 0.5, "core": 0.25, "fwd_head": 0.0, "act_head": 0.0, "units": 3.0,
-       "grad": 1.0, "wsync": 2.0, "loss_ws": 0.0, "unit_max": 0.0}
+       "grad": 1.0, "wsync": 2.0, "loss_ws": 0.0, "unit_max": 0.0, "loss_gathered": 0.0}
 """A stage's aggregates: an all-reduce A = 2 (so one all-gather or reduce-scatter H = 1), 3 FSDP units; every
 weight trains (its gradients ``grad`` are its weights' bytes, ``wsync`` its all-reduce)."""
 
@@ -211,7 +211,7 @@ def test_a_stage_pays_the_clusters_measured_unit_cost_for_each_layer_with_weight
 def test_recomputation_modes() -> None:
     agg = {"sync": 0.0, "time": 10.0, "fwd": 4.0, "static0": 0.0, "static1": 0.0, "static2": 0.0, "static3": 0.0,
            "act": 100.0, "act_sel": 60.0, "core": 0.5, "fwd_head": 0.0, "act_head": 0.0, "units": 1.0,
-           "wsync": 0.0, "loss_ws": 0.0, "unit_max": 0.0}
+           "wsync": 0.0, "loss_ws": 0.0, "unit_max": 0.0, "loss_gathered": 0.0}
     none, sel, full = (cm.variant_cost(agg, 7.0, cm.Variant(r, 0), 2, 0.0) for r in ("none", "selective", "full"))
     assert (none.time, none.act, none.workspace) == (10.0, 100.0, 0.0)
     assert (sel.time, sel.act, sel.workspace) == (10.5, 60.0, 0.0)

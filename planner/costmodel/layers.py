@@ -128,6 +128,9 @@ class LayerTable:
     loss_ws: np.ndarray
     """Per layer and form, the training loss's workspace on each device: the last layer's, where the profile
     takes a loss (:func:`loss_workspace`); none elsewhere."""
+    loss_gathered: np.ndarray
+    """``loss_ws`` where a split head's logits are gathered whole on every device of its tensor group before the
+    loss (the torch export's ``ColwiseParallel(output_layouts=Replicate())``; :func:`loss_workspace`)."""
     blockwise: bool = False
     """Whether full recomputation checkpoints each layer on its own (a model with transformer blocks, as
     Megatron-LM and torchtitan do) rather than the stage as one region (GPipe): :data:`KEYS`' ``ckpt`` and
@@ -141,7 +144,7 @@ class LayerTable:
         rows = np.stack([self.fwd + self.bwd, self.fwd, self.sync, *self.static, self.weight, self.act,
                          self.act_sel, self.core, np.where(head, self.fwd, 0.0), np.where(head, self.act, 0.0),
                          units, self.grad, self.wsync, np.where(head, 0.0, self.kept_in),
-                         np.where(head, 0.0, self.act), self.loss_ws, self.weight])
+                         np.where(head, 0.0, self.act), self.loss_ws, self.weight, self.loss_gathered])
         object.__setattr__(self, "agg_rows", rows)
 
     def layout_change(self, a: int, b: int) -> bool:
@@ -154,7 +157,7 @@ class LayerTable:
 
 
 KEYS = ("time", "fwd", "sync", "static0", "static1", "static2", "static3", "weight", "act", "act_sel", "core",
-        "fwd_head", "act_head", "units", "grad", "wsync", "ckpt", "work_max", "loss_ws", "unit_max")
+        "fwd_head", "act_head", "units", "grad", "wsync", "ckpt", "work_max", "loss_ws", "unit_max", "loss_gathered")
 """The aggregates of a stage under its forms, per micro-batch and device (``time`` = forward + backward
 with collectives and re-layouts, ``fwd`` its forward part, ``sync`` the gradient synchronisation per
 iteration without latency, ``static<z>`` memory at ZeRO stage z, ``weight`` one copy of the weights,
@@ -165,7 +168,8 @@ FSDP unit under ZeRO-2/3, planner.costmodel.variant; ``grad`` the gradients' byt
 synchronisation ``sync`` would be for every weight, frozen ones included; ``ckpt`` the inputs of the layers
 before the head, which checkpointing each layer keeps, and ``work_max`` the largest of their activations, its
 workspace during a backward; ``loss_ws`` the loss's workspace, the last layer's alone; ``unit_max`` the largest
-layer's weights, ZeRO-3's gathered unit, planner.costmodel.variant); ``work_max`` and ``unit_max`` are taken as a
+layer's weights, ZeRO-3's gathered unit, planner.costmodel.variant; ``loss_gathered`` ``loss_ws`` with a split
+head's logits gathered whole); ``work_max`` and ``unit_max`` are taken as a
 maximum, not a sum (:data:`MAX_KEYS`); the re-layouts add to ``time`` and ``fwd`` (rows 0 and 1)."""
 MAX_KEYS = [KEYS.index("work_max"), KEYS.index("unit_max")]
 """The aggregates over a stage's layers that are their maximum (planner.costmodel.stage.summarise,
@@ -275,7 +279,8 @@ def layer_table(profile: ir.ModelProfile, grid: Grid | Group, microbatches: int,
                       in_bytes=c.in_b, out_bytes=c.out_b,
                       head=np.arange(len(profile.layers)) >= profile.head_start, grad=grad, wsync=wsync,
                       kept_in=_kept_inputs(c.in_b, n, grid.sequence_parallel), blockwise=profile.blockwise_recompute,
-                      loss_ws=loss_workspace(profile, logits, n))
+                      loss_ws=loss_workspace(profile, logits, n),
+                      loss_gathered=loss_workspace(profile, logits, n, gathered=True))
 
 
 LOSS_BYTES_PER_LOGIT = 12
@@ -286,16 +291,19 @@ freed once the log-softmax is made. On an H200 the torch engine's peak memory ov
 4.9 GB too low for GPT-2 at 8 x 1024 tokens (411.7M logits; docs/fidelity.md)."""
 
 
-def loss_workspace(profile: ir.ModelProfile, logits: float, n: int) -> np.ndarray:
+def loss_workspace(profile: ir.ModelProfile, logits: float, n: int, gathered: bool = False) -> np.ndarray:
     """Per layer and form, the loss's workspace per device (:data:`LOSS_BYTES_PER_LOGIT`): the ``logits`` of one
     micro-batch (the last layer's output elements), split over the ``n`` devices of its tensor group (by the batch
-    under ``dp``, the vocabulary under the split forms; the loss of each tensor rank's share of the samples), but
-    under ``split_in``, whose output every device holds whole; none where the profile takes no loss."""
+    under ``dp``, the vocabulary under the split forms, as a vocabulary-parallel loss keeps them: Megatron-LM's,
+    torchtitan's ``loss_parallel``; the loss of each tensor rank's share of the samples), but under ``split_in``,
+    whose output every device holds whole, and under both split forms where ``gathered``: an engine that gathers
+    the logits whole before the loss; none where the profile takes no loss."""
     out = np.zeros((len(profile.layers), NF))
     if profile.loss_s is None:
         return out
     whole = float(logits) * LOSS_BYTES_PER_LOGIT
-    out[-1, :] = whole / n
+    out[-1, :] = whole if gathered else whole / n
+    out[-1, DP] = whole / n
     out[-1, SPLIT_IN] = whole
     return out
 

@@ -163,6 +163,10 @@ class ZeroComms:
     accumulates: bool = False
     """Whether autograd adds each micro-batch's weight gradients into the ones kept (module doc): every engine
     the planner runs; not the paper's count."""
+    gathered_loss: bool = False
+    """Whether a split head's logits are gathered whole on every device of its tensor group before the loss
+    (``loss_gathered``, planner.costmodel.layers.loss_workspace): the torch export's; not the paper's
+    vocabulary-parallel loss (Megatron-LM's, torchtitan's ``loss_parallel``)."""
 
     def gradient_scale(self, zero: int) -> float:
         """The gradients' bytes as reduced under ZeRO stage ``zero`` over the weights' (``copy_scale`` where the
@@ -239,7 +243,8 @@ def variant_cost(agg: Mapping[str, Any], in_bytes: Any, variant: Variant, microb
         time, act, work = time + agg["core"], agg["act_sel"], 0.0 * in_bytes
     else:
         act, work = agg["act"], 0.0 * in_bytes
-    work = (np.maximum(work, agg["loss_ws"]) + _gathered(agg, variant.zero, comms)  # the loss runs before any
+    loss = agg["loss_gathered"] if comms.gathered_loss else agg["loss_ws"]
+    work = (np.maximum(work, loss) + _gathered(agg, variant.zero, comms)  # the loss runs before any
             + _accumulating(agg, variant.zero, microbatches, comms))
     return VariantCost(time, fwd, whole, _static(agg, variant.zero, comms), act, work,
                        _copy(agg, variant.zero, comms), gather)
