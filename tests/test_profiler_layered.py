@@ -38,10 +38,29 @@ def test_a_shared_parameter_is_counted_once_and_becomes_an_ir_tie() -> None:
     assert isinstance(ties[0], ir.Tie)
 
 
-def test_parameters_no_layer_uses_go_to_the_last_layer() -> None:
+def test_parameters_no_layer_uses_are_counted_in_none() -> None:
     model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
-    counts, _, ties = param_accounting(model, [list(model[0].named_parameters()), []])
-    assert counts == (6, 6) and ties == ()
+    counts, nbytes, ties = param_accounting(model, [list(model[0].named_parameters()), []])
+    assert counts == (6, 0) and nbytes == (24, 0) and ties == ()
+
+
+class _WithUnused(nn.Module):
+    """A model with a module its forward never calls (as BertModel's pooler is left out of its split)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.aux = nn.Linear(8, 16), nn.Linear(16, 4), nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x)))
+
+
+def test_a_model_with_unused_parameters_has_the_counts_its_runnable_layers_have() -> None:
+    from planner.export.layers import layer_param_counts
+    from planner.profiler.layers import split_model
+
+    lm = split_model(_WithUnused(), torch.randn(2, 8))
+    assert lm.param_counts == tuple(layer_param_counts(lm.layers)) == (8 * 16 + 16, 16 * 4 + 4)
 
 
 def test_primary_output_and_the_rejection_message() -> None:

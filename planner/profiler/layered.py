@@ -155,7 +155,11 @@ def batch_stats(layer: nn.Module) -> bool:
 
 def param_accounting(model: nn.Module, layer_params: Sequence[list[tuple[str, nn.Parameter]]]
                       ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[ir.Tie, ...]]:
-    """Count each parameter once (first layer using it), find ties, give unused ones to the last layer."""
+    """Count each parameter once (first layer using it) and find ties.
+
+    A parameter no layer uses (a module the forward never calls, BertModel's pooler) is counted in none:
+    the layers are what every engine runs and trains, and export checks its layers' counts against these.
+    """
     users: dict[int, list[int]] = {}
     names: dict[int, str] = {}
     params: dict[int, nn.Parameter] = {}
@@ -172,15 +176,10 @@ def param_accounting(model: nn.Module, layer_params: Sequence[list[tuple[str, nn
         first = users[key][0]
         counts[first] += p.numel()
         nbytes[first] += p.numel() * p.element_size()
-    full = dict(model.named_parameters())
     qualified: dict[int, str] = {}
     for qname, p in model.named_parameters(remove_duplicate=False):
         qualified.setdefault(id(p), qname)
     names = {key: qualified.get(key, name) for key, name in names.items()}
-    for p in full.values():
-        if id(p) not in params and counts:
-            counts[-1] += p.numel()
-            nbytes[-1] += p.numel() * p.element_size()
     ties = tuple(
         ir.Tie(names[key], tuple(users[key]), params[key].numel(), params[key].numel() * params[key].element_size())
         for key in params if len(users[key]) > 1
