@@ -42,7 +42,20 @@ def torch_optimizer(name: str, params: Iterable[nn.Parameter], lr: float,
         return torch.optim.SGD(params, lr=lr, momentum=0.9)
     if name == "adam":
         use = fused_adam_runs(params) if fused is None else fused
-        return torch.optim.Adam(params, lr=lr, fused=True if use else None)  # None, not False: False loops per tensor
+        groups = [{"params": group} for group in _layout_groups(params)] if use else params
+        return torch.optim.Adam(groups, lr=lr, fused=True if use else None)  # None, not False: False loops per tensor
     if name == "rmsprop":
         return torch.optim.RMSprop(params, lr=lr)
     raise ExportError(f"unknown optimizer {name!r}", f"use one of {', '.join(ir.OPTIMIZERS)}")
+
+
+def _layout_groups(params: list[nn.Parameter]) -> list[list[nn.Parameter]]:
+    """``params`` grouped by layout: plain tensors, and DTensors by mesh and placements. One fused Adam kernel
+    takes one group, and refuses plain tensors mixed with DTensors (a tensor-parallel stage's ``dp``-form
+    layers beside its sharded ones: "got mixed torch.Tensor and DTensor")."""
+    groups: dict[tuple[object, ...], list[nn.Parameter]] = {}
+    for p in params:
+        mesh, placements = getattr(p.data, "device_mesh", None), getattr(p.data, "placements", None)
+        key = () if mesh is None else (id(mesh), tuple(placements or ()))
+        groups.setdefault(key, []).append(p)
+    return list(groups.values())
