@@ -85,9 +85,11 @@ def test_the_default_is_the_roofline_with_fixed_parts_and_efficiency_overrides_i
     assert all(layer.forward_fixed_s is None for layer in flat.layers)
     number = profile_model(loaded, mode="analytic", device_flops="1e15")  # no GPU: no bandwidth, flat 0.5
     assert number.meta["efficiency"] == 0.5
-    # the loss: by the roofline, as measured profiles time it; none at a flat rate
+    # the loss: by the roofline, as measured profiles time it; at a flat rate by its element-wise count
     assert prof.loss_s is not None and prof.loss_fixed_s is not None and 0 <= prof.loss_fixed_s < prof.loss_s
-    assert flat.loss_s is None and number.loss_s is None
+    assert flat.loss_fixed_s is None and number.loss_fixed_s is None
+    assert flat.loss_s is not None and number.loss_s is not None
+    assert flat.loss_s * flat.device_flops * 0.3 == pytest.approx(number.loss_s * 1e15 * 0.5)
 
 
 def test_a_device_flops_number_above_what_a_profile_holds_is_refused() -> None:
@@ -114,3 +116,19 @@ def test_analytic_profiles_refuse_the_rate_and_times_beyond_the_bounds() -> None
         profile_model(loaded, mode="analytic", efficiency=1e-300)
     with pytest.raises(ProfileError, match=r"the profile of vgg11: layers\[\d+\]\.forward_s is .*above the maximum"):
         profile_model(loaded, mode="analytic", device_flops=1e9, efficiency=1e-5)
+
+
+def test_a_flat_profile_times_its_loss_so_the_cost_model_counts_its_memory() -> None:
+    """It had no loss (``loss_s`` None), and the cost model then counted no logits' workspace: a plan over a
+    256k vocabulary at 8192 tokens fitted with ``--efficiency`` and not without (22 GiB apart)."""
+    from planner.costmodel.layers import LOSS_BYTES_PER_LOGIT, loss_workspace
+    from planner.profiler.analytic import LOSS_FLOPS_PER_LOGIT
+
+    loaded = load_model("llama-tiny", 2, (16,), dtype="bfloat16", device="meta")
+    flat = profile_model(loaded, mode="analytic", device_flops="a100", efficiency=0.5)
+    logits = 2 * 16 * flat.layers[-1].out_features  # type: ignore[operator]
+    assert flat.loss_s == pytest.approx(LOSS_FLOPS_PER_LOGIT * logits / (312e12 * 0.5)) and flat.loss_fixed_s is None
+    assert loss_workspace(flat, logits, 1)[-1, 0] == pytest.approx(logits * LOSS_BYTES_PER_LOGIT)
+    vision = profile_model(load_model("resnet18", 4, device="meta"), mode="analytic", device_flops="v100",
+                           efficiency=0.25)
+    assert vision.loss_s is not None  # 1000 classes: logits too

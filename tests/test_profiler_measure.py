@@ -74,7 +74,7 @@ def test_batch_one_and_flat_analytic_profiles_have_no_fixed_part() -> None:
     assert one.meta["fixed_cost_fit_batch"] is None
     analytic = profile_model(load_model("mlp", 8), mode="analytic", efficiency=0.5)  # the roofline fits one
     assert all(layer.backward_fixed_s is None for layer in analytic.layers)
-    assert analytic.loss_s is None and one.loss_fixed_s is None
+    assert analytic.loss_fixed_s is None and one.loss_fixed_s is None
 
 
 def test_output_bytes_are_real_sizes_in_half_precision() -> None:

@@ -28,6 +28,11 @@ TF32_SUFFIX = "-tf32"
 DEFAULT_GPU = "rtx2080ti"
 ANALYTIC_EFFICIENCY = 0.5
 """Share of peak FLOP/s a flat analytic profile assumes every layer reaches (no GPU name, or ``--efficiency``)."""
+LOSS_FLOPS_PER_LOGIT = 8
+"""The cross-entropy's work per logit, forward and backward, in a flat profile: log-softmax's max, subtraction,
+exponential, sum and logarithm, and its gradient's softmax less the one-hot (a count of element-wise operations,
+where the roofline times the kernels). A flat profile times its loss with it, so the profile says it takes one:
+the cost model then counts the loss's memory (planner.costmodel.layers.loss_workspace), which it left out."""
 
 DEVICE_FLOPS_NAMES: tuple[str, ...] = gpus.GPU_NAMES + tuple(
     name + TF32_SUFFIX for name in gpus.GPU_NAMES if "tf32" in gpus.GPUS[name].peak_flops)
@@ -95,6 +100,11 @@ def check_flat_rate(device_flops: float | None, efficiency: float | None) -> Non
         raise UsageError(f"--device-flops {device_flops:g} x --efficiency {share:g} is {device_flops * share:.3g} "
                          f"FLOP/s: one FLOP would take longer than {MAX_TIME_S:.0e} s, the longest time a profile "
                          "holds", "give the device's real peak (e.g. 13.4e12) and a share of it such as 0.5")
+
+
+def flat_loss_s(logits: int, device_flops: float, efficiency: float) -> float:
+    """Seconds of the cross-entropy over ``logits`` values in a flat profile (:data:`LOSS_FLOPS_PER_LOGIT`)."""
+    return analytic_time(LOSS_FLOPS_PER_LOGIT * logits, device_flops, efficiency)
 
 
 def analytic_time(flops: float, device_flops: float, efficiency: float = ANALYTIC_EFFICIENCY) -> float:

@@ -20,7 +20,8 @@ GPU's kernels by the roofline (``planner.profiler.roofline``; default device: th
 and fits each layer's fixed part through the roofline at a quarter of the batch, and the
 cross-entropy loss the same way (``loss_s``, ``loss_fixed_s``); with an
 ``efficiency`` or a FLOP/s number it computes FLOPs / (``device_flops`` x ``efficiency``,
-default 0.5) and leaves the fixed parts and the loss None.
+default 0.5), leaves the fixed parts None and counts the loss's element-wise work
+(``planner.profiler.analytic.LOSS_FLOPS_PER_LOGIT``).
 
 Both modes refuse what cannot be trained or written (:mod:`planner.profiler.guards`): a model
 with no parameter that requires grad, an output that is not a floating-point tensor requiring
@@ -31,6 +32,7 @@ built with ``--set`` overrides name them.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable, Mapping
 from contextlib import contextmanager
@@ -47,6 +49,7 @@ from planner.profiler.analytic import (
     DEVICE_FLOPS_NAMES,
     analytic_time,
     check_flat_rate,
+    flat_loss_s,
     gpu_format,
     resolve_device_flops,
 )
@@ -71,7 +74,7 @@ from planner.profiler.measure import (
     median,
     small_batch_of,
 )
-from planner.profiler.passes import NO_RUNS, Passes, Runs, measure_passes
+from planner.profiler.passes import NO_RUNS, Passes, Runs, has_logits, measure_passes
 from planner.profiler.repeats import instrumented_pass_once_per_kind
 from planner.profiler.roofline import loss_roofline, profile_roofline, roofline_meta
 
@@ -301,7 +304,7 @@ def _analytic_times(lm: LayeredModel, x: torch.Tensor, facts: list[LayerFacts], 
                     ) -> tuple[_LayerTimes, _Fixed, dict[str, Any], tuple[float | None, float | None]]:
     """Per-layer times, fixed parts, meta and the loss's (seconds, fixed part): the roofline on a named GPU
     (planner.profiler.roofline), else FLOPs / (device FLOP/s x efficiency) (planner.profiler.analytic) with no
-    fixed parts and no loss."""
+    fixed parts, the loss by its element-wise count."""
     flops_value, flops_label = device
     if efficiency is None and flops_label in DEVICE_FLOPS_NAMES:
         gpu, number_format = gpu_format(flops_label, dtype)
@@ -317,7 +320,9 @@ def _analytic_times(lm: LayeredModel, x: torch.Tensor, facts: list[LayerFacts], 
         bwd_s = [analytic_time(f.backward_flops, flops_value, flat) for f in facts]
         fixed = [(None, None)] * len(facts)
         meta = {"efficiency": flat, "time_formula": "flops / (device_flops * efficiency)"}
-        loss = (None, None)
+        last = facts[-1]
+        logits = has_logits(last.output_shape, last.output_dtype)
+        loss = (flat_loss_s(math.prod(last.output_shape), flops_value, flat) if logits else None, None)
     times = _LayerTimes(fwd_s, bwd_s, sum(fwd_s) + sum(bwd_s), flops_value, flops_label, flops_label)
     return times, fixed, meta, loss
 
