@@ -120,6 +120,9 @@ class EngineLimits:
     compute_copy_zero: tuple[int, ...] = ()
     """The ZeRO stages under which, in 16 bits, it holds a 16-bit copy of the weights beside its fp32 ones (the torch
     export's ``Bf16Compute`` under ZeRO-0/1, planner.export.sharding; FSDP gathers a unit at a time under 2/3)."""
+    gathers_logits: bool = False
+    """Whether its split head gathers the logits whole on every tensor rank before the loss (the torch export's
+    ``ColwiseParallel(output_layouts=Replicate())``; torchtitan's ``loss_parallel`` keeps them sharded)."""
     frozen_stage_fp32_only: bool = False
     """Whether a stage with no trainable weight runs only in fp32 without ZeRO (DeepSpeed's ZeRO and bf16/fp16
     optimizers read their first parameter: stage_1_and_2.py, bf16_optimizer.py)."""
@@ -151,18 +154,17 @@ ENGINES: dict[str, EngineLimits] = {
                               zero1_buffers=2, zero1_per_unit=True, zero1_partition_copies=True,
                               frozen_stage_fp32_only=True,
                               wide_reduce_zero=(0,)),
-    # torch.distributed.pipelining on a (pp, dp, tp) DeviceMesh: one mesh, so equal grids per stage;
-    # FSDP2 covers ZeRO 2-3 (reshard after forward or not), DTensor the tensor forms; ZeRO-1 is the
-    # gradients' all-reduce and ZeroRedundancyOptimizer, which broadcasts every parameter from the
-    # rank that stepped it (torch/distributed/optim/zero_redundancy_optimizer.py, _sync_params):
-    # an all-gather's volume, half an all-reduce's, more than the paper's ZeRO-1. Its schedules defer
-    # an FSDP module's reduce-scatter and resharding to after the step's last backward
-    # (torch/distributed/pipelining/stage.py: backward_maybe_with_nosync, perform_reduce_grad).
+    # torch.distributed.pipelining on a (pp, dp, tp) DeviceMesh: one mesh, so equal grids per stage; FSDP2
+    # covers ZeRO 2-3 (reshard after forward or not), DTensor the tensor forms; ZeRO-1 is the gradients'
+    # all-reduce and ZeroRedundancyOptimizer, which broadcasts every parameter from the rank that stepped it
+    # (torch/distributed/optim/zero_redundancy_optimizer.py, _sync_params): an all-gather's volume, half an
+    # all-reduce's, beyond the paper's ZeRO-1. Its schedules defer an FSDP module's reduce-scatter and
+    # resharding to after the step's last backward (torch/distributed/pipelining/stage.py).
     "torch": EngineLimits("torch", True, True, (0, 1, 2, 3), ("none", "selective", "full"), True,
                           uniform_zero=False, precisions=("fp32", "bf16"),  # no loss scale in the schedule's loss
                           zero1_gather_share=0.5, sync_last_backward_stages=1,
                           grad_copy=GradCopy((0, 1), cap_bytes=GRAD_BUCKET_BYTES), split_types=("Linear",),
-                          split_tied=False,
+                          gathers_logits=True, split_tied=False,
                           compute_copy_zero=(0, 1), wide_reduce_zero=(0, 1, 2, 3)),
     # torchtitan: FSDP2 (shard = ZeRO-3, or never reshard = ZeRO-2) or replicate (0), tensor and
     # pipeline degrees, per-job activation checkpointing: none or full (its selective modes are

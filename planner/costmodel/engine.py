@@ -48,11 +48,6 @@ from planner.schedule import schedule_kind
 __all__ = ["EngineOverhead", "charge", "charge_plan", "engine_overhead", "plan_overhead", "stage_overhead_s",
            "step_overhead_s", "zero_comms"]
 
-GATHERED_LOSS_ENGINES = ("torch",)
-"""The engines whose split head hands the loss its logits gathered whole on every tensor rank: the torch export's
-``ColwiseParallel(output_layouts=Replicate())`` (planner.export.parallel.shard_splits), whose loss is the plain
-cross-entropy; torchtitan keeps them sharded (``loss_parallel``), DeepSpeed runs no tensor parallelism."""
-
 NONE = EngineOverhead()
 """No overhead: what a plan without an engine, or a cluster without measured overheads, pays."""
 
@@ -93,7 +88,7 @@ def zero_comms(cluster: ir.Cluster, engine: str, precision: str = "fp32", pipeli
                      master, 4.0 / weight_elem if copies else 0.0, prefetch, scale,
                      limits.compute_copy_zero if precision != "fp32" else (), limits.wide_reduce_zero,
                      copy_alone=copy.alone, accumulates=True,  # every engine here trains with PyTorch's autograd
-                     gathered_loss=engine in GATHERED_LOSS_ENGINES)
+                     gathered_loss=limits.gathers_logits)
 
 
 def overlaps_collectives(cluster: ir.Cluster) -> bool:
