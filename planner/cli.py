@@ -78,9 +78,10 @@ class LazyGroup(click.Group):
             return super().invoke(ctx)
         except PlannerError as exc:
             fail(exc)
-        except KeyboardInterrupt:
-            click.echo("error: interrupted", err=True)
-            sys.exit(130)
+        except KeyboardInterrupt as exc:  # Ctrl-C; SIGTERM or SIGHUP while workers run (planner.runner.processes)
+            signum = getattr(exc, "signum", 2)
+            click.echo("error: interrupted" + (f" ({exc})" if signum != 2 else ""), err=True)
+            sys.exit(128 + signum)
         except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort, SystemExit):
             raise
         except Exception as exc:  # an unexpected failure: one line, not a traceback

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -79,3 +81,29 @@ def _alive(pid: int) -> bool:
         return False
     out = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True).stdout.strip()
     return bool(out) and not out.startswith("Z")
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_a_terminated_launcher_kills_the_whole_group(tmp_path: Path, sig: str) -> None:
+    """`kill`, `timeout` or a closed terminal ends `planner run`: its workers (their own group) end with it, not
+    orphaned training on; the launcher reports the signal."""
+    pid_file = tmp_path / "child.pid"
+    worker = ("import subprocess, sys, time\n"
+              "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+              f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+              "time.sleep(60)\n")
+    launcher = ("import os, sys\n"
+                "from pathlib import Path\n"
+                "from planner.runner.processes import Terminated, wait_workers\n"
+                "try:\n"
+                f"    wait_workers([sys.executable, '-c', {worker!r}], dict(os.environ),\n"
+                f"                 Path({str(tmp_path)!r}) / 'log', 60.0)\n"
+                "except Terminated as exc:\n"
+                "    sys.exit(128 + exc.signum)\n")
+    proc = subprocess.Popen([sys.executable, "-c", launcher], cwd=Path(__file__).resolve().parents[1])
+    deadline = time.monotonic() + 30
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(getattr(signal, sig))
+    assert proc.wait(timeout=30) == 128 + getattr(signal, sig)
+    assert not _alive(int(pid_file.read_text()))

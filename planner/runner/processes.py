@@ -1,7 +1,7 @@
 """The launcher's processes: torchrun in its own process group, killed however the run ends.
 
 torchrun and every worker share one process group (``start_new_session``); on success,
-error, timeout or interrupt the whole group gets SIGTERM, then SIGKILL, so no worker
+error, timeout, interrupt, SIGTERM or SIGHUP the whole group gets SIGTERM, then SIGKILL, so no worker
 outlives ``planner run``. When the run fails, the cause is the worker's own message (each
 worker writes ``error-rank<N>.txt`` before it exits), else the last error line of the
 output, or the rendezvous failure torchrun reports.
@@ -12,15 +12,52 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 
 from planner.errors import RunError
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP while the workers run: an interrupt, so that ``finally`` kills their group (``signum``)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_terminated(signum: int, frame: FrameType | None) -> None:
+    raise Terminated(signum)
+
+
+@contextmanager
+def signals_interrupt() -> Iterator[None]:
+    """While inside, SIGTERM and SIGHUP (``kill``, ``timeout``, a job scheduler, a closed terminal) raise
+    :class:`Terminated` where their default action would end this process at once and leave torchrun and its
+    workers (their own process group) training on, orphaned. Signals set to another handler or ignored (nohup)
+    keep it; outside the main thread nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    for sig, handler in previous.items():
+        if handler == signal.SIG_DFL:
+            signal.signal(sig, _raise_terminated)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def wait_workers(cmd: list[str], env: dict[str, str], log_path: Path, timeout_s: float) -> int:
-    """Run ``cmd`` in its own process group, output to ``log_path``; the group is killed however it ends."""
-    with open(log_path, "wb") as out:
+    """Run ``cmd`` in its own process group, output to ``log_path``; the group is killed however it ends
+    (SIGTERM and SIGHUP included: :func:`signals_interrupt`)."""
+    with open(log_path, "wb") as out, signals_interrupt():
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=env, start_new_session=True)
         try:
