@@ -7,6 +7,7 @@ import json
 import os
 from pathlib import Path
 
+import click
 import pytest
 
 from planner import ir
@@ -232,6 +233,50 @@ def test_engine_list_auto_none_and_duplicates() -> None:
 
     assert "torch" in engine_list("auto") and engine_list("none") == [] and engine_list("") == []
     assert engine_list("torch, deepspeed,torch") == ["torch", "deepspeed"]
+    for mixed in ("none,torch", "torch,auto"):
+        with pytest.raises(click.BadParameter, match="'none' or 'auto' beside engines"):
+            engine_list(mixed)
+
+
+def test_more_processes_than_run_starts_here_are_bad_usage(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from planner.cli import main
+
+    nproc = 4 * (os.cpu_count() or 1) + 1
+    res = CliRunner().invoke(main, ["calibrate", "-o", str(tmp_path / "c.json"), "--nproc", str(nproc)])
+    assert res.exit_code == 2 and f"--nproc {nproc} is more than" in res.stderr
+    assert not (tmp_path / "c.json").exists()
+
+
+_PRINTING_WORKERS = """
+import subprocess, sys
+import planner.calibrate
+from planner.cluster import load_cluster
+from planner.cli import main
+
+def fake(nproc, threads, name, profile, engines):
+    subprocess.run([sys.executable, "-c", "print('SEED_LAYERS=False BASE_SEED=1234')"], check=True)
+    print("Using topology: {}")
+    meta = {"flops_source": "benchmark", "memory_bandwidth_Bps": 1e10, "concurrent_share": 1.0,
+            "sharing_kernel": "matmul", "handoff_s": 0.0}
+    return load_cluster("pipepar-4x2-2080ti"), meta
+
+planner.calibrate.calibrate = fake
+main(["calibrate", "-o", sys.argv[1], "--engines", "none", "--json"])
+"""
+
+
+def test_json_stays_one_document_when_the_workers_print(tmp_path: Path) -> None:
+    """The measuring processes inherit stdout (DeepSpeed prints banners there): --json must stay one document."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _PRINTING_WORKERS, str(tmp_path / "c.json")], capture_output=True,
+                         text=True, cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["kind"] == "cluster"
+    assert "SEED_LAYERS" in out.stderr and "Using topology" in out.stderr
 
 
 @pytest.mark.slow

@@ -33,10 +33,12 @@ def calibrate(out: str, nproc: int, threads: int, name: str | None, profile_path
     (tiny pipelines and data-parallel stages on the --nproc processes)."""
     from planner.calibrate import calibrate as measure
     from planner.calibrate import cluster_doc
+    from planner.outputs import stdout_to_stderr
     from planner.render.progress import status
     from planner.render.text import count
 
     engines = engine_list(engines_text)
+    _check_nproc(nproc)
     staged = outputs([out], inputs=[profile_path])
     if name is not None and not 0 < len(name) <= MAX_NAME:
         raise UsageError(f"--name is {len(name)} characters long; a cluster's name has 1 to {MAX_NAME}",
@@ -44,7 +46,8 @@ def calibrate(out: str, nproc: int, threads: int, name: str | None, profile_path
     profile = _matched_profile(profile_path)
     title = f"measuring {count(nproc, 'process')} x {count(threads, 'thread')}: compute, memory, gloo links" + (
         f", engines {', '.join(engines)}" if engines else "")
-    with status(title, progress, as_json):
+    # the worker processes inherit file descriptor 1: DeepSpeed's banners must not corrupt --json on stdout
+    with status(title, progress, as_json), stdout_to_stderr():
         cluster, meta = measure(nproc, threads, name, profile, engines)
     doc = cluster_doc(cluster, meta)
     check_loadable(doc)
@@ -53,6 +56,18 @@ def calibrate(out: str, nproc: int, threads: int, name: str | None, profile_path
     if as_json:
         emit_json(doc)
     staged.commit()
+
+
+def _check_nproc(nproc: int) -> None:
+    """UsageError for more processes than ``planner run`` starts on this machine (four per core): their
+    cluster's plans could not run here, and the measurement alone would take many minutes."""
+    import os
+
+    cores = os.cpu_count() or 1
+    if nproc > 4 * cores:
+        raise UsageError(f"--nproc {nproc} is more than the {4 * cores} processes planner run starts on this "
+                         f"machine's {cores} cores (four per core)",
+                         f"use --nproc {4 * cores} or fewer (about one per core measures times that hold)")
 
 
 def _matched_profile(path: str | None) -> ir.ModelProfile | None:
@@ -96,7 +111,10 @@ def engine_list(text: str) -> list[str]:
         import importlib.util
 
         return [e for e in CALIBRATED_ENGINES if importlib.util.find_spec(e) is not None]
-    names = [] if word == "none" else [t.strip() for t in text.split(",") if t.strip()]
+    names = [] if word == "none" else [t.strip().lower() for t in text.split(",") if t.strip()]
+    if "none" in names or "auto" in names:
+        raise click.BadParameter(f"{text!r} lists 'none' or 'auto' beside engines; give one of them alone, or "
+                                 f"engines from {', '.join(CALIBRATED_ENGINES)}", param_hint="--engines")
     bad = [n for n in names if n not in CALIBRATED_ENGINES]
     if bad:
         raise click.BadParameter(f"unknown engine {bad[0]!r}; use {', '.join(CALIBRATED_ENGINES)} or none",
