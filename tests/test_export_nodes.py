@@ -79,7 +79,10 @@ def test_torchrun_args_standalone_or_static_rendezvous() -> None:
 
 def test_parse_endpoint() -> None:
     assert parse_endpoint("10.0.0.1:29500") == ("10.0.0.1", 29500)
-    for bad in ("10.0.0.1", ":29500", "host:0", "host:port", "host:70000"):
+    assert parse_endpoint("[::1]:29500") == ("::1", 29500)
+    assert parse_endpoint("gpu-01.cluster.local:1") == ("gpu-01.cluster.local", 1)
+    for bad in ("10.0.0.1", ":29500", "host:0", "host:port", "host:70000",
+                "host:\u00b2", "host:\u0662\u0669", "a b:29500", " host:29500", "h'x:29500", "h\x1b:29500", "[]:29500"):
         with pytest.raises(UsageError, match="not HOST:PORT"):
             parse_endpoint(bad)
 

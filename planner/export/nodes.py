@@ -29,6 +29,10 @@ DEFAULT_RDZV_TIMEOUT_S = 60
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 """A host name as DeepSpeed's hostfile and ssh take it: letters, digits, '-', '.' and '_', starting with a
 letter or digit, at most 253 characters (no whitespace, control characters, quotes or shell syntax)."""
+ENDPOINT_HOST = re.compile(r"[A-Za-z0-9._:-]{1,253}")
+"""The host of ``--rdzv-endpoint`` (brackets of an IPv6 address removed) as torchrun's rendezvous takes it
+(torch.distributed.elastic.rendezvous.utils.parse_rendezvous_endpoint: ``[\\w.:-]+``), in ASCII: a name or
+address with a space, quote or control character is refused before any process starts, not by the workers."""
 
 
 @dataclass(frozen=True)
@@ -132,7 +136,10 @@ def torchrun_args(nproc_per_node: int, nnodes: int = 1, node_rank: int = 0, endp
 def parse_endpoint(endpoint: str) -> tuple[str, int]:
     """``HOST:PORT`` -> (host, port); UsageError when it is not one."""
     host, sep, port = endpoint.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise UsageError(f"--rdzv-endpoint {endpoint!r} is not HOST:PORT",
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    ok_port = port.isascii() and port.isdigit() and 0 < int(port) < 65536  # int() also reads '٢' but not '²'
+    if not sep or not ENDPOINT_HOST.fullmatch(bare) or not ok_port:
+        raise UsageError(f"--rdzv-endpoint {endpoint!r} is not HOST:PORT (a host name, an IPv4 address or an "
+                         "[IPv6] address, and a port 1-65535)",
                          f"give node rank 0's address and a free port, e.g. 10.0.0.1:{DEFAULT_RDZV_PORT}")
-    return host, int(port)
+    return bare, int(port)
