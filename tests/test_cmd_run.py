@@ -132,6 +132,14 @@ def test_model_mismatch_exits_1_with_cause(tmp_path: Path) -> None:
     assert "parameters" in res.stderr and "Traceback" not in res.stderr
 
 
+@pytest.mark.parametrize("seed", ["-1", "4294967296", "99999999999999999999"])
+def test_a_seed_out_of_range_is_a_usage_error(tmp_path: Path, seed: str) -> None:
+    """torch's generators and the data's per-step seeds overflow on huge seeds (an internal error after loading)."""
+    res = CliRunner().invoke(main, ["run", _write(tmp_path), "--model", "tests.test_runner:tiny_mlp", "--engine",
+                                    "torch", "--seed", seed])
+    assert res.exit_code == 2 and "--seed" in res.stderr and "Traceback" not in res.stderr
+
+
 def test_unknown_model_exits_1(tmp_path: Path) -> None:
     res = CliRunner().invoke(main, ["run", _write(tmp_path), "--model", "nosuchmodel", "--engine", "torch"])
     assert res.exit_code == 1 and "unknown model" in res.stderr

@@ -14,6 +14,10 @@ from planner.cli import emit_json
 from planner.commands import FiniteRange, progress_option, read_plan
 from planner.render.text import plain_text
 
+SEED_MAX = 2**32 - 1
+"""The largest ``--seed``: torch's generators take 64 bits, and the synthetic data seeds each step with
+``seed * 100_003 + step`` (planner.export.data), which a seed of 2**47 or more overflows (an internal error)."""
+
 
 @click.command("run")
 @click.argument("plan_path", metavar="PLAN", type=click.Path(dir_okay=False))
@@ -29,8 +33,9 @@ from planner.render.text import plain_text
 @click.option("--loss", type=click.Choice(["cross_entropy", "mse"]), default="cross_entropy", show_default=True,
               help="Loss on the synthetic data: cross_entropy (random class labels) or mse (random targets).")
 @click.option("--check", is_flag=True, help="Also train the unsplit model in one process and compare losses.")
-@click.option("--seed", type=int, default=0, show_default=True,
-              help="Seed of the weights and the synthetic data (the same in every process and in --check).")
+@click.option("--seed", type=click.IntRange(min=0, max=SEED_MAX), default=0, show_default=True,
+              help="Seed of the weights and the synthetic data (the same in every process and in --check), "
+                   f"0 to {SEED_MAX}.")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="torch threads per process (default: CPU cores / processes).")
 @click.option("--timeout", "timeout_s", type=FiniteRange(min=1), default=900, show_default=True,
