@@ -72,6 +72,22 @@ def test_deepspeed_refuses_split_forms_with_a_hint(tmp_path: Path) -> None:
     assert not (tmp_path / "x").exists()
 
 
+def test_an_earlier_exports_files_this_one_does_not_write_are_refused(tmp_path: Path) -> None:
+    """A DeepSpeed export on two servers, then a torch export on one into the same folder: the old
+    launch_node1.sh, ds_config.json and hostfile would stay beside the new train.py (exit 1, nothing written)."""
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["export", _write(tmp_path, servers=(2, 1)), "--to", "deepspeed", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    res = CliRunner().invoke(main, ["export", _write(tmp_path), "--to", "torch", "-o", str(out), "--json"])
+    assert res.exit_code == 1 and res.stdout == "" and "Traceback" not in res.stderr
+    assert "ds_config.json, hostfile, launch_node1.sh from an earlier export" in res.stderr
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    (out / "keep.txt").write_text("mine")  # other files, and the same export again, are fine
+    res = CliRunner().invoke(main, ["export", _write(tmp_path, servers=(2, 1)), "--to", "deepspeed", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+
+
 def test_not_a_plan(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text('{"kind": "profile", "version": 1}')
