@@ -53,7 +53,7 @@ def allreduce_after(costs: Sequence[ir.StageCost], sched: Schedule, last_kind: s
                 last_pos[(a.stage, a.mb // m)] = at
         table: dict[int, list[tuple[int, int]]] = {}
         for (c, blk), at in last_pos.items():
-            if costs[c].allreduce_s > 0 or costs[c].optimizer_step_s > 0:
+            if costs[c].allreduce_s > 0 or costs[c].optimizer_step_s > 0 or costs[c].grad_copy_bytes > 0:
                 table.setdefault(at, []).append((c, blk))
         ar_after.append(table)
     return ar_after
@@ -205,12 +205,13 @@ class Engine:
         cost = self.costs[ch]
         steps = [] if self.opts.overlap_allreduce else [("AR", cost.allreduce_s)]
         steps.append(("OPT", cost.optimizer_step_s))
+        if cost.grad_copy_bytes:  # the gradients' flat copy while they are reduced; for an instant where the
+            held_s = max(steps[0][1], 0.0) if steps[0][0] == "AR" else 0.0  # reduction overlaps or there is none
+            self.memory.change(lane, t, cost.grad_copy_bytes)  # (DeepSpeed flattens them even so), as
+            self.memory.change(lane, t + held_s, -cost.grad_copy_bytes)  # planner.costmodel.iteration counts it
         for kind, dur in steps:
             if dur <= 0:
                 continue
-            if kind == "AR" and cost.grad_copy_bytes:  # the gradients' flat copy while they are reduced
-                self.memory.change(lane, t, cost.grad_copy_bytes)
-                self.memory.change(lane, t + dur, -cost.grad_copy_bytes)
             if self.record:
                 self.events.append(Event(f"lane:{lane}", f"{kind} {ch}", kind, ch, -1, t, t + dur))
             t += dur
