@@ -45,3 +45,21 @@ def test_the_report_folder_is_made_before_training(monkeypatch: pytest.MonkeyPat
     with pytest.raises(SystemExit) as exc:
         script_args("doc", "pkg:model", report=True)
     assert exc.value.code == 2
+
+
+@pytest.mark.parametrize("argv", [["--seed", "99999999999999999999"], ["--seed", "-1"], ["--seed", "x"],
+                                  ["--steps", "0"], ["--steps", "-3"]])
+def test_a_seed_or_step_count_out_of_range_exits_2_before_training(monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str],
+                                                                    argv: list[str]) -> None:
+    """A huge seed overflowed the data's per-step seed in every worker (a traceback); the run's own bound holds."""
+    from planner.commands.run import SEED_MAX
+    from planner.export.data import SEED_MAX as DATA_SEED_MAX
+
+    assert SEED_MAX == DATA_SEED_MAX
+    monkeypatch.setattr("sys.argv", ["train.py", *argv])
+    with pytest.raises(SystemExit) as exit_:
+        script_args("doc", "pkg:model")
+    assert exit_.value.code == 2 and argv[0] in capsys.readouterr().err
+    monkeypatch.setattr("sys.argv", ["train.py", "--seed", str(SEED_MAX), "--steps", "1"])
+    assert (script_args("doc", "pkg:model").seed, script_args("doc", "pkg:model").steps) == (SEED_MAX, 1)

@@ -15,8 +15,7 @@ from planner.commands import FiniteRange, progress_option, read_plan
 from planner.render.text import plain_text
 
 SEED_MAX = 2**32 - 1
-"""The largest ``--seed``: torch's generators take 64 bits, and the synthetic data seeds each step with
-``seed * 100_003 + step`` (planner.export.data), which a seed of 2**47 or more overflows (an internal error)."""
+"""The largest ``--seed`` (planner.export.data.SEED_MAX: this module does not import torch)."""
 
 
 @click.command("run")

@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 
+from planner.export.data import SEED_MAX
 from planner.export.losses import LOSSES
 
 
@@ -18,9 +20,9 @@ def script_args(doc: str | None, model: str, local_rank: bool = False, report: b
     """
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=model)
-    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--steps", type=_in_range(1, None), default=10)
     ap.add_argument("--loss", default="cross_entropy", choices=LOSSES)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=_in_range(0, SEED_MAX), default=0, help=f"0 to {SEED_MAX}")
     ap.add_argument("--lr", type=float, default=None, help="learning rate (default: the optimizer's own, "
                     "planner.export.optim.DEFAULT_LR)")
     if report:
@@ -35,3 +37,16 @@ def script_args(doc: str | None, model: str, local_rank: bool = False, report: b
         except OSError as exc:
             ap.error(f"--report {args.report}: cannot make the folder ({exc.strerror or exc}); give a folder path")
     return args
+
+
+def _in_range(low: int, high: int | None) -> Callable[[str], int]:
+    """An argparse type: a whole number from ``low`` to ``high`` (None: no bound)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"{value} is outside {low} to {'any' if high is None else high}")
+        return value
+    return parse
