@@ -97,8 +97,9 @@ def _check_stages(doc: Mapping[str, Any], plan: ir.Plan, source: str) -> None:
 
 
 def prediction_warnings(plan: ir.Plan, source: str) -> list[str]:
-    """Warnings from the plan's simulation: its predicted iteration and the simulated one differ by more than
-    :data:`TOLERANCE`; devices overflow their memory (as the simulator plays the plan on its cluster)."""
+    """Warnings from the plan's simulation: its predicted iteration or peak memory and the simulated one differ
+    by more than :data:`TOLERANCE`; devices overflow their memory (as the simulator plays the plan on its
+    cluster)."""
     if len(plan.stages) * plan.microbatches > MAX_SIMULATED_ACTIONS:
         return []
     from planner.simulate import simulate
@@ -107,7 +108,9 @@ def prediction_warnings(plan: ir.Plan, source: str) -> list[str]:
         result = simulate(plan)
     except PlannerError:  # what the plan's own command meets, it reports in its own words
         return []
-    return prediction_gap(plan.predicted.iteration_s, result.iteration_s, source) + memory_warnings(result, source)
+    return (prediction_gap(plan.predicted.iteration_s, result.iteration_s, source)
+            + memory_gap(plan.predicted.peak_memory_bytes, result.peak_memory_bytes, source)
+            + memory_warnings(result, source))
 
 
 def memory_warnings(result: SimResult, source: str) -> list[str]:
@@ -128,3 +131,13 @@ def prediction_gap(predicted_s: float, simulated_s: float, source: str) -> list[
     return [f"{source}: the plan predicts {predicted_s * 1000:.4g} ms per iteration but simulates to "
             f"{simulated_s * 1000:.4g} ms ({simulated_s / predicted_s:.3g}x, more than {TOLERANCE:.0%} apart): "
             "its times may have been edited, or it was searched with --rerank 0 (an analytic prediction)"]
+
+
+def memory_gap(predicted_bytes: int, simulated_bytes: int, source: str) -> list[str]:
+    """The warning of :func:`prediction_warnings` for two peak memories (empty when they agree): a figure edited
+    by hand, or a plan searched by an earlier cost model."""
+    if abs(simulated_bytes - predicted_bytes) <= TOLERANCE * max(predicted_bytes, 1):
+        return []
+    return [f"{source}: the plan predicts a peak of {predicted_bytes / 2**30:.4g} GiB per device but simulates to "
+            f"{simulated_bytes / 2**30:.4g} GiB (more than {TOLERANCE:.0%} apart): its memory may have been "
+            "edited, or the plan was searched by an earlier planner; planner search writes it again"]

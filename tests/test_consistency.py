@@ -57,6 +57,16 @@ def test_edited_times_are_a_warning_beyond_the_tolerance(tmp_path: Path) -> None
     assert warnings == []
 
 
+def test_an_edited_peak_memory_is_a_warning_beyond_the_tolerance(tmp_path: Path) -> None:
+    """A peak of 10**15 bytes written into a plan on 11.8 GiB devices drew no warning from any command."""
+    _, _, doc = hostile.base_docs()
+    peak = doc["predicted"]["peak_memory_bytes"]
+    for value, warned in ((peak, False), (int(peak * 1.01), False), (int(peak * 1.5), True), (10**15, True),
+                          (peak // 3, True)):
+        _, warnings = load_plan(_write(tmp_path, hostile.mutate(doc, ("predicted", "peak_memory_bytes"), value)))
+        assert any("the plan predicts a peak of" in w for w in warnings) == warned, (value, warnings)
+
+
 def test_a_plan_whose_devices_overflow_their_memory_is_a_warning(tmp_path: Path) -> None:
     """simulate, export and run all read plans through load_plan: each warns of a plan that does not fit."""
     _, _, shared = hostile.base_docs()
