@@ -52,10 +52,13 @@ def load_plan(path: str | os.PathLike[str], *, check_prediction: bool = True) ->
 
 
 def idle_settings(plan: ir.Plan, source: str) -> list[str]:
-    """Warnings for settings that change nothing: sequence parallelism without a tensor group, selective
+    """Warnings for settings that change nothing: sequence parallelism without a tensor group or a block in the
+    ``tp`` form, selective
     recomputation (of attention cores) in a model without transformer blocks."""
-    out = [f"{source}: stage {i} sets sequence_parallel at tp 1, which changes nothing (it shards norms over a "
-           "tensor group's sequence)" for i, st in enumerate(plan.stages) if st.sequence_parallel and st.tp == 1]
+    out = [f"{source}: stage {i} sets sequence_parallel "
+           + ("at tp 1" if st.tp == 1 else "with no transformer block in the 'tp' form")
+           + ", which changes nothing (it shards the norms and dropout of a tensor group's blocks over the sequence)"
+           for i, st in enumerate(plan.stages) if st.sequence_parallel and (st.tp == 1 or "tp" not in st.forms)]
     if not any(layer.block is not None for layer in plan.profile.layers):
         out += [f"{source}: stage {i} recomputes 'selective' (the attention cores), but the model has no "
                 "transformer block: it keeps every activation, as 'none' does"

@@ -86,6 +86,14 @@ def test_settings_that_change_nothing_are_a_warning(tmp_path: Path) -> None:
     assert any("stage 0 sets sequence_parallel at tp 1, which changes nothing" in w for w in warnings)
     blocks = any(layer.get("block") for layer in doc["profile"]["layers"])
     assert any("stage 1 recomputes 'selective'" in w for w in warnings) == (not blocks)
+    assert not blocks  # a model of no block: sequence parallelism changes nothing at tp 2 either
+    widths = [len(st["devices"]) for st in doc["stages"]]
+    assert widths[0] == 2
+    tp2 = hostile.mutate(hostile.mutate(doc, ("stages", 0, "sequence_parallel"), True), ("stages", 0, "tp"), 2)
+    for key, value in (("dp", 1), ("zero", 0), ("micro_batch_size", 4)):  # one tensor group of 2: batch 16 / M 4
+        tp2 = hostile.mutate(tp2, ("stages", 0, key), value)
+    _, warnings = load_plan(_write(tmp_path, tp2), check_prediction=False)
+    assert any("stage 0 sets sequence_parallel with no transformer block in the 'tp' form" in w for w in warnings)
 
 
 def test_prediction_gap_wording() -> None:

@@ -130,6 +130,8 @@ def test_tp_is_never_inferred_when_a_stage_is_built() -> None:
         stage.check("s")
     assert Stage((0, 2), ("a", "b"), ("split_out", "split_in"), 0, tp=2).grid_problem() is None
     assert Stage((0, 2), ("a", "b", "c"), ("dp", "dp"), 0, tp=2).grid_problem() is not None  # 2 does not divide 3
+    one = Stage((0, 1), ("a",), ("split_out",), 0).grid_problem()  # its hint named tp=1, the value refused
+    assert one is not None and "tp=" not in one[1] and "stage of one device" in one[1]
 
 
 def test_a_version_1_stage_without_tp_reads_split_forms_over_the_whole_stage() -> None:

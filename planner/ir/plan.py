@@ -122,8 +122,10 @@ class Stage:
                     "tp * dp must equal the number of devices")
         split = sorted({f for f in self.forms if f != "dp"})
         if self.tp == 1 and split:
+            fix = (f"give tp (the tensor group's size, e.g. tp={self.width}) or use 'dp' forms" if self.width > 1
+                   else "use 'dp' forms: a stage of one device has no tensor group to split over")
             return (f"tp is 1 but the stage has {', '.join(split)} forms, which split a layer over its tensor "
-                    f"group", f"give tp (the tensor group's size, e.g. tp={self.width}) or use 'dp' forms")
+                    f"group", fix)
         return None
 
     def check(self, where: str) -> None:
