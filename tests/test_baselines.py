@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from planner import ir
 from planner.search import baselines as bl
 from planner.search.settings import strategy_settings
-from tests.conftest import make_profile_dict
+from tests.conftest import make_cluster_dict, make_profile_dict
 
 # ----------------------------------------------------------------------------- DeepSpeed
 
@@ -377,3 +377,22 @@ def test_a_baseline_trains_in_the_profiles_precision_as_the_planners_row_does() 
         assert layouts[0].plan(_shaped_llama(dtype), cluster, 2, "sgd").precision == precision
         assert bl.dp_layout(_shaped_llama(dtype), cluster).plan(_shaped_llama(dtype), cluster, 1, "sgd").precision \
             == precision
+
+
+def test_pipedream_times_a_16_bit_profile_at_its_own_peak(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bf16 profile was scaled to the GPUs' fp32 peak (15x slower on H100s beside the links): PipeDream's
+    partitioner then chose data parallelism over 64 GPUs, which a batch of 32 cannot split."""
+    profile = ir.ModelProfile.from_dict(make_profile_dict(4, dtype="bfloat16"))
+    doc = make_cluster_dict(1, 2)
+    for gpu in doc["nodes"][0]["gpus"]:
+        gpu["peak_flops"] = {"fp32": 1e12, "bf16": 15e12}
+    seen: list[list[float]] = []
+
+    def spy(times: list[float], *args: object, **kwargs: object) -> object:
+        seen.append(list(times))
+        return real(times, *args, **kwargs)  # type: ignore[arg-type]
+
+    real = bl.pipedream_partition
+    monkeypatch.setattr(bl, "pipedream_partition", spy)
+    bl.pipedream_layout(profile, ir.Cluster.from_dict(doc), (1,))
+    assert seen[0] == pytest.approx([0.03 / 15] * 4)

@@ -243,10 +243,17 @@ def pipedream_layout(profile: ir.ModelProfile, cluster: ir.Cluster, microbatches
     Its two levels are the GPUs of a server (``intra_node`` bandwidth) and the servers
     (``inter_node``); servers of different sizes break PipeDream's assumption, and then it
     runs one level over every GPU on the slower link. Layer times are the profile's
-    forward+backward on the cluster's slowest GPU; ``activation_compression_ratio`` as
-    PipeDream's flag (None, its default: activation transfers not counted; its README runs 1).
+    forward+backward on the cluster's slowest GPU at the peak of the profile's number format (as the layout
+    is judged: a bf16 profile at the bf16 peak, not the fp32 one, which made its compute 15x too slow beside
+    the links on H100s and sent it to data parallelism that cannot split the batch);
+    ``activation_compression_ratio`` as PipeDream's flag (None, its default: activation transfers not counted;
+    its README runs 1).
     """
-    slowest = min(g.flops for g in cluster.gpus)
+    from planner.costmodel import default_precision
+    from planner.costmodel.precision import number_format
+
+    fmt = number_format(default_precision(profile))
+    slowest = min(g.flops_for(fmt) for g in cluster.gpus)
     scale = profile.device_flops / slowest
     times = [(layer.forward_s + layer.backward_s) * scale for layer in profile.layers]
     params = [float(layer.param_bytes) for layer in profile.layers]
