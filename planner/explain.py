@@ -178,10 +178,16 @@ def _stage(lane: int, chunks: Sequence[int], costs: _Costs, microbatches: int,
     headroom = min((d.capacity_bytes - d.peak_memory_bytes for d in devices if d.capacity_bytes > 0), default=0)
     return StageExplanation(
         stage=lane, devices=tuple(d.device for d in devices), compute_s=played_s - engine_actions_s - gather_s,
-        transfer_s=microbatches * recv, allreduce_s=sum(bare[c].allreduce_s for c in chunks) + gather_s,
+        transfer_s=microbatches * recv, allreduce_s=_allreduce_s(chunks, bare, devices) + gather_s,
         optimizer_s=optimizer_s, idle_s=max(0.0, iteration_s - busy_s), peak_memory_bytes=peak,
         capacity_bytes=min(caps, default=0), headroom_bytes=headroom, engine_s=engine_actions_s + engine_step_s,
         engine_step_s=engine_step_s, zero_gather_s=gather_s)
+
+
+def _allreduce_s(chunks: Sequence[int], bare: Sequence[ir.StageCost], devices: Sequence[DeviceResult]) -> float:
+    """The lane's gradient all-reduce as its devices' busy time holds it (overlapped with the backward,
+    only the part compute does not hide), so that the terms add up to the iteration."""
+    return max((d.allreduce_s for d in devices), default=sum(bare[c].allreduce_s for c in chunks))
 
 
 def stage_explanations(plan: ir.Plan, result: SimResult) -> tuple[StageExplanation, ...]:

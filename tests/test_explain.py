@@ -55,6 +55,23 @@ def test_terms_follow_the_stage_costs_and_the_simulation(vgg_search) -> None:
     assert e.bound == e.stages[e.bottleneck].bound()
 
 
+@pytest.mark.parametrize("bucket_mb", [25, 1])
+def test_terms_add_up_to_the_iteration_with_the_all_reduce_overlapped(vgg_search, bucket_mb: int) -> None:
+    """simulate --overlap-allreduce --explain: the part of the all-reduce the backward hides is neither
+    all-reduce nor idle time; compute + all-reduce + optimizer + engine + idle is the iteration."""
+    from planner.simulate import SimOptions
+
+    plan, _ = vgg_search
+    for overlap in (False, True):
+        result = simulate(plan, SimOptions(overlap_allreduce=overlap, bucket_bytes=bucket_mb * 2**20))
+        e = explain(plan, result=result)
+        for st in e.stages:
+            parts = st.compute_s + st.allreduce_s + st.optimizer_s + st.engine_s + st.idle_s
+            assert parts == pytest.approx(result.iteration_s, rel=1e-9)
+        full = sum(c.allreduce_s for c in stage_costs(plan)[:1])
+        assert (e.stages[0].allreduce_s < full) == overlap  # stage 0's reduction partly hidden only when overlapped
+
+
 def test_idle_gpus_and_the_best_plan_that_uses_them(vgg_search) -> None:
     plan, judged = vgg_search
     e = explain(plan, judged)

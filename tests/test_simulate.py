@@ -309,6 +309,20 @@ def test_overlapped_allreduce_in_ddp_buckets() -> None:
     slow = simulate_costs([cost("a", 1.0, 2.0, ar=8.0, ar_bytes=100 * 2**20)], "gpipe", 1,
                           options=SimOptions(overlap_allreduce=True))
     assert close(slow.iteration_s, 1.0 + 0.5 + 8.0)  # first bucket ready at 1.5 s, then 4 x 2 s back to back
+    # busy: compute and the reduction's tail that the backward does not hide (not idle, not a bubble)
+    assert close(r.devices[0].busy_s, 3.1) and close(r.devices[0].allreduce_s, 0.1)
+    assert close(slow.devices[0].busy_s, 9.5) and slow.bubble_fraction == pytest.approx(0.0, abs=1e-12)
+
+
+def test_overlapped_allreduce_before_the_optimizer_step_is_busy_not_bubble() -> None:
+    """A lane that waits for its own overlapped all-reduce before its optimizer step is busy then."""
+    step = dataclasses.replace(cost("a", 1.0, 2.0, ar=8.0, ar_bytes=100 * 2**20), optimizer_step_s=0.25)
+    r = simulate_costs([step], "gpipe", 1, options=SimOptions(overlap_allreduce=True))
+    assert close(r.iteration_s, 1.5 + 8.0 + 0.25)
+    assert close(r.devices[0].allreduce_s, 9.5 - 3.0) and close(r.devices[0].busy_s, r.iteration_s)
+    assert r.bubble_fraction == pytest.approx(0.0, abs=1e-12)
+    blocking = simulate_costs([step], "gpipe", 1)
+    assert close(blocking.devices[0].allreduce_s, 8.0) and close(blocking.devices[0].busy_s, 11.25)
 
 
 # ----------------------------------------------------------------------------- memory

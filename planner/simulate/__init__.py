@@ -76,8 +76,10 @@ Times and the bubble:
   carries one flow is first in, first out at full bandwidth, computed directly instead of
   through the sharing code; and the pipedream stop above. Off, every event is played.
 * ``busy_s`` of a device: its compute (F, B, W) for one iteration of M micro-batches plus
-  the all-reduce time it is blocked for. ``bubble_fraction`` = 1 - sum(busy) / (K *
-  iteration_s): the share of device time spent idle (waiting for inputs or transfers).
+  the all-reduce time it is blocked for (with ``overlap_allreduce``, what the compute does not
+  hide: waiting for its reduction before its optimizer step, or the reduction's tail after its
+  last action). ``bubble_fraction`` = 1 - sum(busy) / (K * iteration_s): the share of device
+  time spent idle (waiting for inputs or transfers).
   Uniform stages and free communication give (K-1)/(M+K-1) under gpipe and 1f1b.
 """
 

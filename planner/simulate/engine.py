@@ -89,9 +89,9 @@ def pass_times(costs: Sequence[ir.StageCost], split_backward: bool) -> tuple[lis
 class Engine:
     """One run: the lanes' state as attributes, the event handlers as methods."""
 
-    __slots__ = ("act_in", "actions", "ar_after", "block_end", "busy", "bwd", "comm_free", "cores", "costs", "events",
-                 "fwd", "grad_in", "k", "lane_end", "lane_track", "lanes_devices", "lanes_left", "last_kind", "m",
-                 "memory", "n", "n_chunks", "net", "now", "opts", "pos", "queue", "record", "sched", "settle",
+    __slots__ = ("act_in", "actions", "ar_after", "ar_wait", "block_end", "busy", "bwd", "comm_free", "cores", "costs",
+                 "events", "fwd", "grad_in", "k", "lane_end", "lane_track", "lanes_devices", "lanes_left", "last_kind",
+                 "m", "memory", "n", "n_chunks", "net", "now", "opts", "pos", "queue", "record", "sched", "settle",
                  "stop_pos", "texts", "v", "wgt")
 
     def __init__(self, costs: Sequence[ir.StageCost], sched: Schedule, v: int, opts: SimOptions,
@@ -122,6 +122,7 @@ class Engine:
         self.pos, self.busy = [0] * k, [False] * k
         self.lane_end, self.comm_free = [0.0] * k, [0.0] * k
         self.block_end = [0.0] * sched.blocks
+        self.ar_wait = [[0.0] * sched.blocks for _ in range(k)]  # per lane and block: waiting on its overlapped AR
         self.now = 0.0
 
     def try_start(self, lane: int, now: float) -> None:
@@ -233,6 +234,7 @@ class Engine:
         if blocked:  # the lane all-reduces and steps before anything else (even a local transfer's consumer) runs
             assert due is not None
             t = now if not overlap else max(now, self.comm_free[lane])
+            self.ar_wait[lane][due[0][1]] += t - now  # blocked on its own overlapped all-reduce (0 without)
             for ch, blk in due:
                 t = self._blocking_tail(lane, ch, blk, t)
             self.busy[lane] = True

@@ -23,6 +23,22 @@ def lane_work(run: Engine, lane: int, *, played: bool = True) -> tuple[float, fl
     return compute, compute + ar + sum(run.costs[c].optimizer_step_s for c in chunks)
 
 
+def lane_allreduce(run: Engine, lane: int) -> float:
+    """The all-reduce seconds per iteration in the lane's busy time: its chunks' whole all-reduce when it
+    blocks after the last backward; under ``overlap_allreduce`` only what the compute does not hide: the
+    time the lane waits for its own reduction before its optimizer step, and, in a flushing run, the
+    reduction's tail after the lane's last action (per measured iteration where several are played)."""
+    chunks = range(lane, run.n_chunks, run.k)
+    if not run.opts.overlap_allreduce:
+        return sum(run.costs[c].allreduce_s for c in chunks)
+    waits = run.ar_wait[lane]
+    blocks, settle = run.sched.blocks, run.settle
+    if run.sched.flushes or settle < 1 or blocks <= 2 * settle:
+        return sum(waits) + max(0.0, run.comm_free[lane] - run.lane_end[lane])
+    measured = blocks - 2 * settle
+    return sum(waits[settle:settle + measured]) / measured
+
+
 def steady_bound(run: Engine) -> float:
     """No steady state is faster than its busiest resource: a lane's work, one flow's
     transfers (in order), or a link's transfers (its bandwidth shared), per iteration."""
@@ -54,11 +70,14 @@ def device_results(run: Engine) -> tuple[list[DeviceResult], float]:
     memory = run.memory
     for lane in range(run.k):
         compute, lane_busy = lane_work(run, lane)
+        allreduce = lane_allreduce(run, lane)
+        if run.opts.overlap_allreduce:  # lane_work leaves the overlapped reduction out; its exposed part is busy
+            lane_busy += allreduce
         total_busy += lane_busy
         cap = min((run.costs[c].capacity_bytes for c in range(lane, run.n_chunks, run.k)), default=0)
         for dev in run.lanes_devices[lane]:
             devices.append(DeviceResult(dev, lane, lane_busy, compute, memory.peak[lane],
-                                        memory.peak_in_flight[lane], cap, tuple(memory.timeline[lane])))
+                                        memory.peak_in_flight[lane], cap, tuple(memory.timeline[lane]), allreduce))
     return devices, total_busy
 
 

@@ -47,6 +47,9 @@ class DeviceResult:
     peak_in_flight: int
     capacity_bytes: int
     memory: tuple[tuple[float, int], ...] = field(repr=False, compare=False)
+    allreduce_s: float = 0.0
+    """The all-reduce seconds in ``busy_s``: the whole blocking all-reduce, or, overlapped, what compute
+    does not hide (:func:`planner.simulate.measure.lane_allreduce`)."""
 
     @property
     def fits(self) -> bool:
