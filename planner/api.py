@@ -17,10 +17,10 @@ simulates and compares from JSON. The names carry their object (``search_plan``,
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from os import PathLike
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from planner import ir
 from planner.errors import PlannerError, UsageError
@@ -33,12 +33,13 @@ if TYPE_CHECKING:
 ProfileLike = ir.ModelProfile | str | Path
 ClusterLike = ir.Cluster | str
 PlanLike = ir.Plan | str | Path
+_V = TypeVar("_V", ir.ModelProfile, ir.Cluster, ir.Plan)
 
 
 def load_profile(profile: ProfileLike) -> ir.ModelProfile:
     """A profile value, or the profile JSON file at that path, validated."""
     if isinstance(profile, ir.ModelProfile):
-        return profile
+        return _checked(profile, ir.ModelProfile.from_dict, "profile")
     from planner.jsonio import read_json
 
     return ir.ModelProfile.from_dict(read_json(_path(profile, "profile", "ModelProfile"), "profile"), str(profile))
@@ -48,7 +49,7 @@ def load_plan(plan: PlanLike) -> ir.Plan:
     """A plan value, or the plan JSON file at that path, validated and checked (planner.consistency;
     its warnings as Python warnings)."""
     if isinstance(plan, ir.Plan):
-        return plan
+        return _checked(plan, ir.Plan.from_dict, "plan")
     import warnings
 
     from planner.consistency import load_plan as load_checked
@@ -62,13 +63,30 @@ def load_plan(plan: PlanLike) -> ir.Plan:
 def _cluster(cluster: ClusterLike) -> ir.Cluster:
     from planner.cluster import load_cluster
 
-    return cluster if isinstance(cluster, ir.Cluster) else load_cluster(_path(cluster, "cluster", "Cluster", " or a "
-                                                                                "preset's name"))
+    if isinstance(cluster, ir.Cluster):
+        return _checked(cluster, ir.Cluster.from_dict, "cluster")
+    return load_cluster(_path(cluster, "cluster", "Cluster", " or a preset's name"))
+
+
+def _checked(value: _V, read: Callable[[dict[str, Any], str], object], kind: str) -> _V:
+    """``value`` (built in Python, not read from a file) after the rules its JSON document obeys: its
+    document read back by ``read`` (the type's ``from_dict``), so a hand-built GPU with negative FLOP/s or a
+    stage with ZeRO 7 is a FormatError naming the field, as in a file."""
+    try:
+        doc = value.to_dict()
+    except (TypeError, ValueError, ArithmeticError, AttributeError) as exc:
+        raise UsageError(f"the {kind} value has a malformed field ({exc})",
+                         f"build it with planner.ir.{type(value).__name__}.from_dict(doc), which names the field") \
+            from None
+    read(doc, f"{kind} value")
+    return value
 
 
 def _path(value: object, kind: str, value_type: str, more: str = "") -> str:
     """``value`` as the path of a JSON file of ``kind``; UsageError naming what it is otherwise."""
     if isinstance(value, (str, PathLike)):
+        if "\0" in str(value):
+            raise UsageError(f"the {kind} path {str(value)!r:.80} holds a NUL character", "pass the file's path")
         return str(value)
     raise UsageError(f"a {kind} must be a planner.ir.{value_type} or the path of its JSON file{more}, got "
                      f"{type(value).__name__}", f"pass planner.ir.{value_type}.from_dict(doc) for a document in memory")
@@ -111,8 +129,10 @@ def search_plan(profile: ProfileLike, cluster: ClusterLike, *, schedule: str = "
     microbatches, optimizer, solver, engine, config, progress, precision, tp, zero, recompute,
     micro_batch_size, alternatives."""
     from planner.search import RERANK, search
+    from planner.search.options import check_hooks
 
     rerank = RERANK if candidates is None else candidates
+    check_hooks(rerank, options.get("progress"), options.get("alternatives"))
     return search(load_profile(profile), _cluster(cluster), schedule=schedule, candidates=rerank,
                   virtual_stages=virtual_stages, **options)
 
@@ -121,13 +141,19 @@ def judge_plan(plan: PlanLike, *, recompute: bool = False) -> Judged:
     """``plan`` validated, simulated and given its memory verdict and prediction (planner.judge)."""
     from planner.judge import judge
 
+    if not isinstance(recompute, bool):
+        raise UsageError(f"recompute must be True or False, got {recompute!r:.40}",
+                         "recompute=True retries overflowing stages with full recomputation")
     return judge(load_plan(plan), recompute=recompute)
 
 
 def simulate_plan(plan: PlanLike, options: SimOptions | None = None) -> SimResult:
     """One training iteration of ``plan`` played event by event (planner.simulate)."""
-    from planner.simulate import simulate
+    from planner.simulate import SimOptions, simulate
 
+    if options is not None and not isinstance(options, SimOptions):
+        raise UsageError(f"options must be a planner.simulate.SimOptions or None, got {type(options).__name__}",
+                         "pass planner.simulate.SimOptions(overlap_allreduce=True, ...)")
     return simulate(load_plan(plan), options)
 
 
@@ -145,6 +171,8 @@ def export_plan(plan: PlanLike, engine: str, out_dir: str | Path) -> list[Path]:
     _need("torch", "torch", "export")
     from planner.export.program import export_plan as write_program
 
+    if not isinstance(out_dir, (str, PathLike)):
+        raise UsageError(f"out_dir must be a folder's path, got {type(out_dir).__name__}", 'e.g. out_dir="out/"')
     return write_program(load_plan(plan), engine, out_dir)
 
 

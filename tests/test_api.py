@@ -100,3 +100,46 @@ def test_whole_number_options_given_as_something_else_are_usage_errors(files: tu
     prof, clus = files
     with pytest.raises(UsageError, match=f"must be a whole number, got {value!r}"):
         planner.search_plan(prof, str(clus), **{option: value})
+
+
+def test_hand_built_values_obey_their_files_rules(files: tuple[Path, Path]) -> None:
+    """A GPU with negative FLOP/s searched a plan, a stage with ZeRO 7 was a KeyError, tp "2" a TypeError."""
+    import dataclasses as dc
+
+    prof, clus = files
+    cluster = ir.Cluster.from_dict(make_cluster_dict(2, 2))
+    node = cluster.nodes[0]
+    bad = dc.replace(cluster, nodes=(dc.replace(node, gpus=(dc.replace(node.gpus[0], flops=-1e12), *node.gpus[1:])),
+                                     *cluster.nodes[1:]))
+    with pytest.raises(planner.PlannerError, match=r"gpus\[0\]\.flops must be a positive finite number"):
+        planner.search_plan(prof, bad)
+    plan = planner.search_plan(prof, str(clus), candidates=0)
+    for change, message in (({"zero": 7}, r"stages\[0\]\.zero is 7"), ({"tp": "2"}, "malformed field"),
+                            ({"recompute": "x"}, r"stages\[0\]\.recompute")):
+        wrong = dc.replace(plan, stages=(dc.replace(plan.stages[0], **change), *plan.stages[1:]))
+        with pytest.raises(planner.PlannerError, match=message):
+            planner.simulate_plan(wrong)
+    assert planner.load_plan(plan) is plan
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    ({"candidates": "2"}, "candidates must be a whole number"), ({"candidates": -1}, "candidates must be"),
+    ({"progress": "yes"}, "progress must be a function"), ({"alternatives": ()}, "alternatives must be a list"),
+    ({"config": 21}, "is not a sequence of devices per stage"), ({"zero": 1.0}, "unknown --zero 1.0"),
+    ({"zero": True}, "unknown --zero True"), ({"max_blocks": 0}, "max_blocks must be at least 1")])
+def test_search_arguments_of_the_wrong_kind_are_usage_errors(files: tuple[Path, Path], call: dict[str, Any],
+                                                            message: str) -> None:
+    prof, clus = files
+    with pytest.raises(UsageError, match=message):
+        planner.search_plan(prof, str(clus), **call)
+
+
+def test_other_arguments_of_the_wrong_kind_are_usage_errors(files: tuple[Path, Path], tmp_path: Path) -> None:
+    prof, clus = files
+    plan = planner.search_plan(prof, str(clus), candidates=0)
+    with pytest.raises(UsageError, match=r"options must be a planner\.simulate\.SimOptions"):
+        planner.simulate_plan(plan, {"duplex": False})  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="recompute must be True or False"):
+        planner.judge_plan(plan, recompute="yes")  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="NUL character"):
+        planner.load_plan("a\0b")

@@ -540,3 +540,14 @@ def test_a_plan_pays_its_engines_overhead_and_no_other() -> None:
     got = simulate(ds).iteration_s
     assert got == pytest.approx(simulate_costs(charge(bare, over), "1f1b", 4).iteration_s, rel=REL)
     assert got > before.iteration_s + 2 * (4 + 1) * 1e-3
+
+
+@pytest.mark.parametrize(("field", "value"), [("overlap_allreduce", "yes"), ("bucket_bytes", 1e-9),
+                                              ("bucket_bytes", float("nan")), ("pipedream_blocks", 10**6),
+                                              ("pipedream_blocks", "2"), ("core_nodes", None)])
+def test_sim_options_out_of_type_or_range_are_usage_errors(field: str, value: object) -> None:
+    """A bucket of 1e-9 bytes played 10^17 buckets and a million pipedream iterations never ended."""
+    from planner.errors import UsageError
+
+    with pytest.raises(UsageError, match=f"SimOptions.{field} must be"):
+        SimOptions(**{field: value})  # type: ignore[arg-type]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from planner import ir
 from planner.cluster import server_share
@@ -45,7 +46,11 @@ def config_widths(config: str | Sequence[int] | None) -> tuple[int, ...] | None:
     """A ``config`` as the library takes it, ``"2-1-1"`` or ``(2, 1, 1)``, as widths; UsageError otherwise."""
     if config is None or isinstance(config, str):
         return parse_config(config) if config is not None else None
-    widths = tuple(config)
+    try:
+        widths = tuple(config)
+    except TypeError:  # a library caller's config=21
+        raise UsageError(f"config {config!r:.40} is not a sequence of devices per stage",
+                         'pass whole numbers of at least 1, e.g. (2, 1, 1), or the text "2-1-1"') from None
     if not widths or not all(isinstance(w, int) and not isinstance(w, bool) and w > 0 for w in widths):
         raise UsageError(f"config {widths!r} is not a sequence of devices per stage",
                          'pass whole numbers of at least 1, e.g. (2, 1, 1), or the text "2-1-1"')
@@ -77,6 +82,20 @@ def microbatch_candidates(batch_size: int, microbatches: int | str, micro_batch_
         raise UsageError(f"--microbatches {microbatches} does not divide the batch size {batch_size}",
                          f"use a divisor of {batch_size}, or 'auto'")
     return [microbatches]
+
+
+def check_hooks(candidates: object, progress: object, alternatives: object) -> None:
+    """The library's search arguments that are no grid option: ``candidates`` a whole number (0 or more),
+    ``progress`` a callable or None, ``alternatives`` a list (which receives the judged candidates) or None."""
+    if isinstance(candidates, bool) or not isinstance(candidates, int) or candidates < 0:
+        raise UsageError(f"candidates must be a whole number of 0 or more, got {candidates!r:.40}",
+                         "e.g. candidates=16 (the default), or 0 for the analytic optimum")
+    if progress is not None and not callable(progress):
+        raise UsageError(f"progress must be a function of one string or None, got {type(progress).__name__}",
+                         "e.g. progress=print")
+    if alternatives is not None and not isinstance(alternatives, list):
+        raise UsageError(f"alternatives must be a list (it receives the judged candidates) or None, got "
+                         f"{type(alternatives).__name__}", "pass an empty list: alternatives=[]")
 
 
 DEFAULT_VIRTUAL_STAGES = 2
@@ -117,10 +136,12 @@ def _choice(name: str, value: object, allowed: Sequence[object]) -> None:
 
 
 def _one_or_all(option: str, value: object, every: Sequence[object], allowed: Sequence[object], engine: str,
-                noun: str) -> tuple:
+                noun: str) -> tuple[Any, ...]:
     """``auto``: every value the engine runs; else ``value``, which must be known and run by the engine."""
     if value == "auto":
         return tuple(allowed)
+    if isinstance(value, (bool, float)):  # equal to 1 or 0 in ``in``, but not a stage's value
+        raise UsageError(f"unknown {option} {value!r}", f"use one of {', '.join(map(str, (*every, 'auto')))}")
     _choice(option, value, (*every, "auto"))
     if value not in allowed:
         shown = ", ".join(map(str, allowed))
@@ -219,6 +240,8 @@ def check_request(profile: ir.ModelProfile, cluster: ir.Cluster, *, schedule: st
     """Check every option (UsageError with the values and a fix) and gather them."""
     for option, value in (("--tp", tp), ("--micro-batch-size", micro_batch_size), ("max_blocks", max_blocks)):
         _whole_or_none(option, value)
+    if max_blocks is not None and max_blocks < 1:
+        raise UsageError(f"max_blocks must be at least 1, got {max_blocks}", "leave it None (256 blocks)")
     _choice("schedule", schedule, SCHEDULES)
     _choice("solver", solver, SOLVERS)
     _choice("engine", engine, ENGINES)

@@ -7,14 +7,21 @@ Owns :class:`SimOptions`, :class:`DeviceResult` and :class:`SimResult` with the
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from planner import ir
+from planner.errors import UsageError
 from planner.grad_buffers import GRAD_BUCKET_BYTES
 from planner.schedule import find_kind
 from planner.simulate.events import Event
 from planner.simulate.trace import chrome_trace
+
+MIN_BUCKET_BYTES = 1024
+"""The smallest all-reduce bucket the simulator plays (1 KiB; ``planner simulate --bucket-mb`` takes 0.001 MiB up)."""
+MAX_PIPEDREAM_BLOCKS = 64
+"""The most measured steady-state iterations a schedule without flush plays (each adds M x K actions)."""
 
 
 @dataclass(frozen=True)
@@ -33,6 +40,26 @@ class SimOptions:
     # Nodes whose devices share processors (``concurrent_devices`` set): their lanes' compute is
     # processor-shared (planner.simulate.cores). simulate() takes them from the plan's cluster.
     core_nodes: tuple[ir.Node, ...] = ()
+
+    def __post_init__(self) -> None:
+        """UsageError naming the field unless every option has its type and range (a library caller's
+        ``bucket_bytes=1e-9`` would play 10^17 buckets, ``pipedream_blocks=10**6`` a million iterations)."""
+        flags = ("overlap_allreduce", "duplex", "share_links", "record_events", "shortcuts")
+        for name in flags:
+            if not isinstance(getattr(self, name), bool):
+                raise UsageError(f"SimOptions.{name} must be True or False, got {getattr(self, name)!r:.40}",
+                                 f"pass {name}=True or False")
+        b = self.bucket_bytes
+        if isinstance(b, bool) or not isinstance(b, (int, float)) or not MIN_BUCKET_BYTES <= b < math.inf:
+            raise UsageError(f"SimOptions.bucket_bytes must be a finite number of at least {MIN_BUCKET_BYTES}, "
+                             f"got {b!r:.40}", f"e.g. {GRAD_BUCKET_BYTES} (25 MiB, DDP's)")
+        n = self.pipedream_blocks
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_PIPEDREAM_BLOCKS):
+            raise UsageError(f"SimOptions.pipedream_blocks must be None or a whole number in 1..{MAX_PIPEDREAM_BLOCKS}"
+                             f", got {n!r:.40}", "leave it None (2 measured iterations)")
+        if not isinstance(self.core_nodes, tuple) or not all(isinstance(x, ir.Node) for x in self.core_nodes):
+            raise UsageError(f"SimOptions.core_nodes must be a tuple of planner.ir.Node, got {self.core_nodes!r:.60}",
+                             "leave it empty: simulate() takes them from the plan's cluster")
 
 
 @dataclass(frozen=True)
