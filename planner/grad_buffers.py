@@ -1,5 +1,5 @@
 """How each engine holds its data-parallel gradients while it reduces them (pure): the buckets' sizes, and
-the flat copies that memory must count (:class:`GradCopy`, read by :data:`planner.runnable.ENGINES`, the
+the flat copies that memory must count (:class:`GradCopy`, read by :data:`planner.engines.ENGINES`, the
 cost model and the exports that write those sizes)."""
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ is a plan the engine it names can run (``../shared/DESIGN.md`` section 6):
   attention heads and KV heads ``tp`` divides (Megatron shards whole heads); ZeRO needs a
   data-parallel group of two or more;
 - stages contiguous and covering the model;
-- the engine's own limits (:data:`ENGINES`).
+- the engine's own limits (:data:`planner.engines.ENGINES`, re-exported here).
 
 :func:`problems` lists every reason (empty: runnable); :func:`check_runnable` raises the
 first as a :class:`~planner.errors.PlanError` with the numbers and a fix.
@@ -19,166 +19,16 @@ first as a :class:`~planner.errors.PlanError` with the numbers and a fix.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from planner import ir
 from planner.cluster import spanning_tensor_group, uneven_servers
+from planner.engines import ANY_FORMS, ENGINES, EngineLimits, FormRules, tied_layers
 from planner.errors import PlanError
-from planner.grad_buffers import DEEPSPEED_ALLREDUCE_PARAMS, GRAD_BUCKET_BYTES, NO_COPY, GradCopy
 from planner.schedule import SCHEDULE_KINDS, find_kind
 
-
-@dataclass(frozen=True)
-class FormRules:
-    """Which layers may take which forms under an engine, beyond the cost model's own rules (a tensor group
-    splits a layer's weight or runs Megatron's block): ``blocks_tp``, in a tensor group every transformer block
-    in the ``tp`` form (an engine that shards every block, torchtitan); ``split_types``, the layer types a split
-    form may shard (None: any whose weight shape is known; the torch export shards one ``nn.Linear``);
-    ``split_tied``, whether a split form may shard a layer that shares a parameter with another (a tie): the
-    torch export's tensor parallelism replaces the sharded layer's weight with a new distributed one, which no
-    longer is the parameter its other layers train, so it shards none."""
-
-    blocks_tp: bool = False
-    split_types: tuple[str, ...] | None = None
-    split_tied: bool = True
-    split_batch_stats: bool = True
-    """Whether the dp form in a tensor group may split the samples of a layer that takes statistics over them
-    (``LayerProfile.batch_stats``): an engine's DTensor split runs such a batch norm on each rank's share."""
-
-    def splits_samples(self, layer: ir.LayerProfile) -> bool:
-        """Whether the dp form in a tensor group may split ``layer``'s samples over the group."""
-        return self.split_batch_stats or not layer.batch_stats
-
-    def splits(self, layer: ir.LayerProfile, tied: bool = False) -> bool:
-        """Whether a split form may shard ``layer`` (a layer without weights runs on split activations);
-        ``tied``: the layer uses a parameter another layer uses too (``ModelProfile.ties``)."""
-        if tied and not self.split_tied:
-            return False
-        return self.split_types is None or layer.param_count == 0 or layer.type in self.split_types
-
-    def shards(self, layer: ir.LayerProfile, tied: bool = False) -> bool:
-        """Whether ``layer`` has a form in a tensor group besides dp: a block's tp form, or a split form (no weights,
-        or a known weight shape this engine shards), as planner.costmodel.layers opens them."""
-        return layer.block is not None or layer.param_count == 0 or (layer.splittable and self.splits(layer, tied))
-
-
-def tied_layers(profile: ir.ModelProfile) -> frozenset[int]:
-    """The layers that use a parameter some other layer uses too (a tie's every layer)."""
-    return frozenset(layer for tie in profile.ties for layer in tie.layers)
-
-
-ANY_FORMS = FormRules()
-"""No engine's limits: every form the cost model allows."""
-
-
-@dataclass(frozen=True)
-class EngineLimits:
-    """What one engine runs besides its schedules (each schedule kind says which engines run it,
-    planner.schedule): whether stages may differ in width or tensor degree, tensor-parallel and
-    split forms, ZeRO stages and recomputation modes."""
-
-    name: str
-    uniform_stages: bool
-    tensor_parallel: bool
-    zero: tuple[int, ...]
-    recompute: tuple[str, ...]
-    virtual_stages: bool
-    uniform_zero: bool = True
-    precisions: tuple[str, ...] = ("fp32", "bf16", "fp16")
-    zero1_gather_share: float = 0.0
-    """What its ZeRO-1 communicates beyond the gradient all-reduce, as a share of it (0: the
-    paper's reduce-scatter + all-gather; planner.costmodel.variant)."""
-    wide_reduce_zero: tuple[int, ...] = ()
-    """The ZeRO stages under which a 16-bit plan's gradients are reduced in fp32, twice the weights' bytes
-    (planner.costmodel.variant), as are the parameters torch's ZeRO-1 broadcasts: DeepSpeed's ZeRO-0 (its
-    bf16 optimizer accumulates and all-reduces fp32 gradients; its ZeRO-1 reduces the bf16 ones), every
-    stage of the torch export (fp32 parameters computed in bf16 casts; FSDP's ``reduce_dtype=float32``)
-    and of torchtitan's (``mixed_precision_reduce = "float32"``)."""
-    sync_last_backward_stages: int | None = None
-    """From how many pipeline stages its schedule reduce-scatters ZeRO-2/3 gradients once a step after the last
-    backward, the weights kept gathered: torch's always (1), torchtitan's with a pipeline (2), never (None)."""
-    grad_copy: GradCopy = NO_COPY
-    """The flat copies its ZeRO-0/1 gradient all-reduce makes (:class:`GradCopy`)."""
-    zero1_per_unit: bool = False
-    """Whether its ZeRO-1 pays each layer's unit cost (``per_shard_s``) twice a step, reducing and gathering
-    parameter by parameter (DeepSpeed, stage_1_and_2.py)."""
-    zero1_buffers: int = 0
-    """How many fp32 buffers of :func:`deepspeed_bucket_params` elements its ZeRO-1 holds through the
-    step's backward (DeepSpeed: 2; planner.costmodel.variant)."""
-    zero1_partition_copies: bool = False
-    """Whether its ZeRO-1 keeps an fp32 copy of its partition of the weights even when they are fp32, and flattens
-    its partition's gradients into a new fp32 tensor for the step (DeepSpeed, stage_1_and_2.py:
-    ``single_partition_of_fp32_groups``, ``single_grad_partition``; planner.costmodel.variant)."""
-    llama_only: bool = False
-    """Whether it trains only its own Llama-family definition (one embedding, gated-MLP blocks, one norm + head:
-    :func:`llama_problem`), sharding every block of a tensor group in the ``tp`` form (torchtitan)."""
-    uniform_recompute: bool = False
-    """Whether one recomputation mode runs for the whole job (torchtitan's ``activation_checkpoint.mode``)."""
-    split_types: tuple[str, ...] | None = None
-    """The layer types its split forms shard; ``split_tied``: whether they shard a tied layer (:class:`FormRules`)."""
-    split_tied: bool = True
-    compute_copy_zero: tuple[int, ...] = ()
-    """The ZeRO stages under which, in 16 bits, it holds a 16-bit copy of the weights beside its fp32 ones (the torch
-    export's ``Bf16Compute`` under ZeRO-0/1, planner.export.sharding; FSDP gathers a unit at a time under 2/3)."""
-    gathers_logits: bool = False
-    """Whether its split head gathers the logits whole on every tensor rank before the loss (the torch export's
-    ``ColwiseParallel(output_layouts=Replicate())``; torchtitan's ``loss_parallel`` keeps them sharded)."""
-    frozen_stage_fp32_only: bool = False
-    """Whether a stage with no trainable weight runs only in fp32 without ZeRO (DeepSpeed's ZeRO and bf16/fp16
-    optimizers read their first parameter: stage_1_and_2.py, bf16_optimizer.py)."""
-
-    @property
-    def form_rules(self) -> FormRules:
-        return FormRules(blocks_tp=self.llama_only, split_types=self.split_types, split_tied=self.split_tied,
-                         split_batch_stats=False)
-
-    def syncs_last_backward(self, pipelined: bool) -> bool:
-        """Whether a plan of two or more stages (``pipelined``), or of one, reduces once a step."""
-        first = self.sync_last_backward_stages
-        return first is not None and (pipelined or first <= 1)
-
-    @property
-    def sync_depends_on_stages(self) -> bool:
-        """Whether a plan of one stage runs its ZeRO otherwise than a pipeline's (torchtitan)."""
-        return self.syncs_last_backward(True) != self.syncs_last_backward(False)
-
-
-ENGINES: dict[str, EngineLimits] = {
-    # DeepSpeed's PipelineEngine: 1F1B on a pipe x data grid of equal widths; ZeRO-1 at most with
-    # pipeline parallelism (deepspeed/runtime/pipe/engine.py asserts zero stage < 2); layer-interval
-    # activation checkpointing only.
-    # Its ZeRO-0 all-reduce flattens up to 5e8 gradient elements at a time; its ZeRO-1 holds two fp32
-    # buffers of reduce_bucket_size elements (stage_1_and_2.py; DEEPSPEED_ZERO1_BUCKET_PARAMS).
-    "deepspeed": EngineLimits("deepspeed", True, False, (0, 1), ("none", "full"), False,
-                              grad_copy=GradCopy((0,), cap_params=DEEPSPEED_ALLREDUCE_PARAMS, alone=True),
-                              zero1_buffers=2, zero1_per_unit=True, zero1_partition_copies=True,
-                              frozen_stage_fp32_only=True,
-                              wide_reduce_zero=(0,)),
-    # torch.distributed.pipelining on a (pp, dp, tp) DeviceMesh: one mesh, so equal grids per stage; FSDP2
-    # covers ZeRO 2-3 (reshard after forward or not), DTensor the tensor forms; ZeRO-1 is the gradients'
-    # all-reduce and ZeroRedundancyOptimizer, which broadcasts every parameter from the rank that stepped it
-    # (torch/distributed/optim/zero_redundancy_optimizer.py, _sync_params): an all-gather's volume, half an
-    # all-reduce's, beyond the paper's ZeRO-1. Its schedules defer an FSDP module's reduce-scatter and
-    # resharding to after the step's last backward (torch/distributed/pipelining/stage.py).
-    "torch": EngineLimits("torch", True, True, (0, 1, 2, 3), ("none", "selective", "full"), True,
-                          uniform_zero=False, precisions=("fp32", "bf16"),  # no loss scale in the schedule's loss
-                          zero1_gather_share=0.5, sync_last_backward_stages=1,
-                          grad_copy=GradCopy((0, 1), cap_bytes=GRAD_BUCKET_BYTES), split_types=("Linear",),
-                          gathers_logits=True, split_tied=False,
-                          compute_copy_zero=(0, 1), wide_reduce_zero=(0, 1, 2, 3)),
-    # torchtitan: FSDP2 (shard = ZeRO-3, or never reshard = ZeRO-2) or replicate (0), tensor and
-    # pipeline degrees, per-job activation checkpointing: none or full (its selective modes are
-    # per-op SAC or every n-th layer, not the attention core; planner.export.torchtitan). Without a
-    # pipeline its FSDP runs as the paper's ZeRO; with one (K > 1) it runs torch's schedules, which
-    # reduce once a step and keep the weights gathered (sync_last_backward_stages). Its ZeRO-0 is
-    # replicate (DDP, bucket_cap_mb=100, torchtitan's apply_ddp), whose buckets hold a second copy of
-    # every gradient for the model's life (GradCopy.held); under bf16 it trains fp32 parameters in
-    # autocast, so those gradients are fp32.
-    "torchtitan": EngineLimits("torchtitan", True, True, (0, 2, 3), ("none", "full"), True,
-                               precisions=("fp32", "bf16"), sync_last_backward_stages=2,
-                               grad_copy=GradCopy((0,), held=True), llama_only=True, uniform_recompute=True,
-                               wide_reduce_zero=(0, 2, 3)),
-}
+__all__ = ["ANY_FORMS", "ENGINES", "EngineLimits", "FormRules", "batch_problems", "check_runnable", "cover_problems",
+           "engine_problems", "frozen_stage_problems", "grid_problems", "is_runnable", "llama_problem",
+           "optimizer_needing_weights", "problems", "tied_layers"]
 
 
 def _fix(engine: str) -> str:
@@ -279,6 +129,22 @@ def engine_problems(plan: ir.Plan, engine: str) -> list[str]:
             out.append(f"stage {i} uses ZeRO stage {st.zero}; {engine} runs {', '.join(map(str, limits.zero))}")
         if st.recompute not in limits.recompute:
             out.append(f"stage {i} recomputes {st.recompute!r}; {engine} runs {', '.join(limits.recompute)}")
+    return out + (_split_backward_problems(plan, engine, limits) if kind is not None and kind.splits_weight_grad
+                  else [])
+
+
+def _split_backward_problems(plan: ir.Plan, engine: str, limits: EngineLimits) -> list[str]:
+    """Recomputation modes and ZeRO stages ``engine`` does not run under a schedule that splits the backward."""
+    out = []
+    for i, st in enumerate(plan.stages):
+        if st.recompute in limits.recompute and st.recompute not in limits.split_backward_recompute:
+            out.append(f"stage {i} recomputes {st.recompute!r} under {plan.schedule}, whose split backward {engine} "
+                       f"runs with {', '.join(limits.split_backward_recompute)} only (use another --schedule or "
+                       "--recompute)")
+        if st.zero not in limits.split_backward_zero:
+            out.append(f"stage {i} uses ZeRO stage {st.zero} under {plan.schedule}, whose split backward {engine} runs "
+                       f"with ZeRO {', '.join(map(str, limits.split_backward_zero))} only (use another --schedule or "
+                       "--zero)")
     return out
 
 

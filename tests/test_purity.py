@@ -17,7 +17,7 @@ PURE_MODULES = [
     "planner.compare", "planner.simulate.trace", "planner.judge", "planner.validate", "planner.api",
     "planner.search.bounds", "planner.search.tables", "planner.search.rerank", "planner.search.partitioners",
     "planner.search.pipedream", "planner.search.descent", "planner.costmodel.engine", "planner.runnable",
-    "planner.explain", "planner.gpus", "planner.grad_buffers",
+    "planner.engines", "planner.explain", "planner.gpus", "planner.grad_buffers",
     "planner.outputs", "planner.consistency", "planner.schemas",
 ]
 

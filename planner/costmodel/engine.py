@@ -64,7 +64,7 @@ def zero_comms(cluster: ir.Cluster, engine: str, precision: str = "fp32", pipeli
                param_count: int = 0) -> ZeroComms:
     """How ``engine`` runs ZeRO's collectives on ``cluster`` (:class:`planner.costmodel.variant.ZeroComms`):
     its ZeRO-1 traffic, ZeRO-2/3 reduction (for a plan of two or more stages where ``pipelined``) and
-    gradient copies from :data:`planner.runnable.ENGINES` (the copies' bytes at ``precision``), each
+    gradient copies from :data:`planner.engines.ENGINES` (the copies' bytes at ``precision``), each
     FSDP unit's collective cost from the cluster's measured ``per_shard_s``, ZeRO-1's buffers for a model
     of ``param_count`` parameters; the paper's for ``any``; whether they run beside the compute
     (:func:`overlaps_collectives`); an all-gather's cost over half an all-reduce's from

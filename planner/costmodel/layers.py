@@ -251,7 +251,7 @@ def tp_open(profile: ir.ModelProfile, tp: int) -> np.ndarray:
 def layer_table(profile: ir.ModelProfile, grid: Grid | Group, microbatches: int, optimizer: str,
                 forms: Sequence[str] = ir.ALL_FORMS, rules: FormRules = ANY_FORMS) -> LayerTable:
     """Build the per-layer, per-form costs of ``profile`` on ``grid`` (see the module doc); ``rules``: an engine's
-    own limits on which layers take which forms (planner.runnable.FormRules).
+    own limits on which layers take which forms (planner.engines.FormRules).
 
     A bare ``Group`` is a grid of one tensor group of all its devices (``tp = n``, version 1).
     """

@@ -19,7 +19,7 @@ recomputation and ZeRO stage applied by the same formula the stage DP uses
   With ZeRO, each rank updates its shard only.
 - The engine's ZeRO-1 (``engine``): torch's all-reduces the gradients and then broadcasts every
   parameter from the rank that stepped it, half an all-reduce more than the paper's ZeRO-1
-  (:mod:`planner.costmodel.variant`, :data:`planner.runnable.ENGINES`).
+  (:mod:`planner.costmodel.variant`, :data:`planner.engines.ENGINES`).
 - Point-to-point between stages: the activation of the stage's last layer per micro-batch
   crosses ``link_between`` forward and its gradient (same size) backward, ``alpha + S/B``.
   Each data-parallel replica of the next stage receives its own share of the micro-batch on

@@ -33,7 +33,7 @@ What the cost model, the stage DP and the engines ask (one call each, no name te
 * the analytic objective (``costmodel.schedule_weights``): ``kind.objective_weights(M)``;
 * the steady-state term (``costmodel.stage_terms``, ``sp._periods_and_terms``):
   ``kind.steady_busy(t_f, t_b, x, total_s=t_f + t_b as computed)``, floats or arrays;
-* an engine's schedules (``runnable.ENGINES``): :func:`schedules_for` (``deepspeed``,
+* an engine's schedules (``engines.ENGINES``): :func:`schedules_for` (``deepspeed``,
   ``torch``, ``torchtitan``); the torch export's class: ``kind.torch_class``;
 * a name from the user: :func:`schedule_kind` (ScheduleError listing the names), or
   :func:`find_kind` (None) to raise one's own error.
@@ -100,7 +100,7 @@ InFlight = Callable[[int, int, int, int], int]
 Num = TypeVar("Num", int, float, np.ndarray)
 
 ENGINES = ("deepspeed", "torch", "torchtitan")
-"""The engines a kind may name in ``engines`` (planner.runnable.ENGINES)."""
+"""The engines a kind may name in ``engines`` (planner.engines.ENGINES)."""
 
 _TORCH = frozenset({"torch", "torchtitan"})
 

@@ -3,7 +3,7 @@
 Pure. Owns every rule that makes a requested search impossible before it starts (with the
 numbers and a fix): precision, tensor degree, ZeRO stage, recomputation, micro-batch counts
 and sizes (``batch = micro_batch_size x microbatches x dp``, Megatron-LM's batch
-arithmetic), ``--config`` and the engine's limits (planner.runnable.ENGINES); and which
+arithmetic), ``--config`` and the engine's limits (planner.engines.ENGINES); and which
 problems a search solves: one over the whole space, or, for an engine that runs one grid
 for every stage, one per stage width and tensor degree (and ZeRO stage where the engine
 takes one for the whole job).

@@ -1,7 +1,7 @@
 """Even servers: the sub-clusters an engine whose launcher starts as many processes on every server can use.
 
 Pure (no torch, click or rich). torchrun (``--nproc-per-node``) and DeepSpeed's hostfile start the same
-number of processes on every server a job uses (every engine of :data:`planner.runnable.ENGINES`), so
+number of processes on every server a job uses (every engine of :data:`planner.engines.ENGINES`), so
 on a cluster whose servers hold different numbers of GPUs a plan must leave some idle. The search's own
 space does not hold that rule (its device groups follow the GPUs in order), so for such an engine it
 searches each even sub-cluster instead (:func:`even_subclusters`) and keeps the fastest plan.

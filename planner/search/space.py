@@ -120,7 +120,7 @@ class Space:
     micro_batch_size: int | None = None
     sequence_parallel: bool = True
     rules: FormRules = ANY_FORMS
-    """The engine's limits on which layers take which forms (planner.runnable.FormRules)."""
+    """The engine's limits on which layers take which forms (planner.engines.FormRules)."""
 
 
 @dataclass
