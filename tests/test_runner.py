@@ -331,3 +331,15 @@ def test_the_layers_own_limits_are_checked_before_any_process_starts(monkeypatch
     with pytest.raises(ExportError, match="stage 0 \\(layer 0\\) has no trainable weights") as err:
         run_plan(unknown, plan.model, engine="deepspeed", steps=1, warmup=0)
     assert "--precision fp32 with --zero 0" in err.value.hint
+
+
+@pytest.mark.parametrize(("option", "value"), [("steps", "3"), ("steps", 2.0), ("warmup", 1.5), ("warmup", -1),
+                                                ("threads", 0), ("threads", "x"), ("seed", -1), ("seed", 2**40),
+                                                ("seed", 1.5), ("nnodes", "1"), ("check", "yes"),
+                                                ("timeout_s", float("nan")), ("timeout_s", 0), ("rdzv_timeout_s", -1)])
+def test_a_library_callers_option_of_the_wrong_kind_is_a_usage_error_before_any_process(option: str,
+                                                                                      value: object) -> None:
+    """They were TypeErrors, launched (threads 0, a NaN timeout, check 'yes'), or blamed on --steps."""
+    plan = tiny_plan("tiny_mlp", [0, 2, -1])
+    with pytest.raises(UsageError, match=f"{option} must be"):
+        run_plan(plan, "tests.test_runner:tiny_mlp", engine="torch", **{option: value})  # type: ignore[arg-type]

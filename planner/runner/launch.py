@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import statistics
 import sys
@@ -30,7 +31,7 @@ import torch
 from planner import ir
 from planner.errors import RunError, UsageError
 from planner.export import ENGINES
-from planner.export.data import data_spec
+from planner.export.data import SEED_MAX, data_spec
 from planner.export.layers import load_layers
 from planner.export.losses import LOSSES
 from planner.export.nodes import (
@@ -108,6 +109,26 @@ class Launch:
         return [sys.executable, "-m", "torch.distributed.run", *run, "-m", "planner.runner.worker",
                 "--plan", str(plan_path), "--model", self.model, "--engine", self.engine, "--steps", str(self.steps),
                 "--loss", self.loss, "--seed", str(self.seed), "--threads", str(self.threads), "--out", out_dir]
+
+
+def _check_run_types(options: dict[str, Any]) -> None:
+    """UsageError for a library caller's option of the wrong type or range (the CLI's types check them there):
+    whole numbers in their ranges, ``check`` a bool, the timeouts finite and positive."""
+    ranges = {"steps": (1, None), "warmup": (0, None), "seed": (0, SEED_MAX), "threads": (1, None),
+              "nnodes": (1, None), "node_rank": (0, None)}
+    for name, (low, high) in ranges.items():
+        value = options[name]
+        if value is None and name == "threads":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+            raise UsageError(f"{name} must be a whole number from {low}{'' if high is None else f' to {high}'}, got "
+                             f"{value!r:.40}", f"e.g. {name}={max(low, 1)}")
+    if not isinstance(options["check"], bool):
+        raise UsageError(f"check must be True or False, got {options['check']!r:.40}", "check=True")
+    for name in ("timeout_s", "rdzv_timeout_s"):
+        value = options[name]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+            raise UsageError(f"{name} must be a positive number of seconds, got {value!r:.40}", f"e.g. {name}=600")
 
 
 def _check_run_args(steps: int, warmup: int, loss: str) -> None:
@@ -228,6 +249,8 @@ def run_plan(plan: ir.Plan, model: str, *, engine: str = "deepspeed", steps: int
              timeout_s: float = DEFAULT_TIMEOUT_S, log: Any = None, nnodes: int = 1, node_rank: int = 0,
              rdzv_endpoint: str | None = None, rdzv_timeout_s: float = DEFAULT_RDZV_TIMEOUT_S) -> dict[str, Any]:
     """Train ``plan`` for real with ``engine`` (this server's ranks); the run JSON of DESIGN.md section 4."""
+    _check_run_types({"steps": steps, "warmup": warmup, "seed": seed, "threads": threads, "nnodes": nnodes,
+                      "node_rank": node_rank, "check": check, "timeout_s": timeout_s, "rdzv_timeout_s": rdzv_timeout_s})
     _check_run_args(steps, warmup, loss)
     nproc = local_processes(plan, nnodes, node_rank, rdzv_endpoint)
     engine_available(engine)
