@@ -46,6 +46,7 @@ from planner.jsonio import SUPPORTED_VERSION
 from planner.judge import Judged, fastest, judge
 from planner.runnable import is_runnable, problems
 from planner.search import baselines as bl
+from planner.search.options import check_hooks
 from planner.search.settings import Setting, strategy_settings
 
 RERANK = 16
@@ -242,6 +243,19 @@ def run_strategy(name: str, profile: ir.ModelProfile, cluster: ir.Cluster, *, mi
     return best_setting([_judge_setting(name, s, profile, cluster, optimizer) for s in settings])
 
 
+def _check_options(schedule: object, optimizer: object, strategies: object, progress: object) -> None:
+    """UsageError for a library caller's option of the wrong kind (the CLI's choices check them there)."""
+    from planner.costmodel.precision import check_optimizer
+    from planner.schedule import SCHEDULES
+
+    check_optimizer(optimizer)  # type: ignore[arg-type]
+    if schedule is not None and schedule not in SCHEDULES:
+        raise UsageError(f"unknown schedule {schedule!r:.40}", f"use one of {', '.join(SCHEDULES)}, or None")
+    if isinstance(strategies, str) or not isinstance(strategies, Sequence):
+        raise UsageError(f"strategies must be a list of names, got {strategies!r:.40}",
+                         f"e.g. strategies=[{', '.join(map(repr, bl.STRATEGIES[:2]))}]")
+
+
 def compare(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int | str = "auto",
             schedule: str | None = None, optimizer: str = "sgd",
             strategies: Sequence[str] = bl.STRATEGIES, rerank: int = RERANK,
@@ -249,6 +263,8 @@ def compare(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int 
     """Run every strategy on ``profile`` and ``cluster``; speedups are over ``dp`` when it fits.
 
     ``progress``: called with ``"i/n name"`` before each strategy is judged."""
+    _check_options(schedule, optimizer, strategies, progress)
+    check_hooks(rerank, progress, None)
     unknown = [s for s in strategies if s not in bl.STRATEGIES]
     if unknown:
         raise UsageError(f"unknown strategy {unknown[0]!r}", f"choose from {', '.join(bl.STRATEGIES)}")

@@ -301,3 +301,18 @@ def test_pipedream_row_takes_the_readme_setting_when_the_default_cuts_a_huge_act
     assert row.setting == "--activation_compression_ratio 1" and row.iteration_s is not None
     default = [s.iteration_s for s in row.settings if s.setting.startswith("activations not counted")]
     assert default and all(t is not None and row.iteration_s < t / 2 for t in default)
+
+
+@pytest.mark.parametrize(("options", "match"), [({"optimizer": "x"}, "unknown optimizer 'x'"),
+                                                ({"optimizer": None}, "unknown optimizer None"),
+                                                ({"schedule": "x"}, "unknown schedule 'x'"),
+                                                ({"strategies": None}, "strategies must be a list"),
+                                                ({"strategies": "dp"}, "strategies must be a list"),
+                                                ({"rerank": -1}, "candidates must be a whole number"),
+                                                ({"rerank": True}, "candidates must be a whole number"),
+                                                ({"progress": "x"}, "progress must be a function")])
+def test_a_library_callers_option_of_the_wrong_kind_is_a_usage_error(options: dict[str, object], match: str) -> None:
+    """They were KeyErrors and TypeErrors, or accepted (a schedule 'x' ran every row)."""
+    with pytest.raises(UsageError, match=match):
+        compare(ir.ModelProfile.from_dict(make_profile_dict(4)), ir.Cluster.from_dict(make_cluster_dict(1, 2)),
+                **options)  # type: ignore[arg-type]
