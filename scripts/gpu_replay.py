@@ -22,6 +22,7 @@ import argparse
 import json
 import statistics
 import sys
+import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -57,7 +58,9 @@ def gpu_of(measured: ir.ModelProfile, plan: ir.Plan) -> str:
 def replay(folder: Path, key: str) -> dict[str, Any]:
     """One saved run of check model ``key`` in ``folder``, predicted again (module docstring)."""
     measured = load_profile(folder / f"{key}-measured.json")
-    plan = load_plan(folder / f"{key}-plan.json")
+    with warnings.catch_warnings():  # a saved plan's prediction is the earlier planner's: predicted again below
+        warnings.filterwarnings("ignore", message=".*(predicts a peak|simulates to).*")
+        plan = load_plan(folder / f"{key}-plan.json")
     run = json.loads((folder / f"{key}-run.json").read_text())
     gpu = gpu_of(measured, plan)
     analytic = analytic_of(measured, key, gpu)
