@@ -107,7 +107,8 @@ def engine_problems(plan: ir.Plan, engine: str) -> list[str]:
     if kind is None or not kind.runs_on(engine):
         names = [k.name for k in SCHEDULE_KINDS.values() if k.runs_on(engine)]
         out.append(f"{engine} runs the schedules {', '.join(names)}, not {plan.schedule!r}")
-    refusal = kind.engine_refusal(engine, plan.microbatches, plan.pipeline_stages) if kind is not None else None
+    refusal = (kind.engine_refusal(engine, plan.microbatches, plan.pipeline_stages, plan.virtual_stages)
+               if kind is not None else None)
     if refusal is not None:
         out.append(refusal)
     if plan.precision not in limits.precisions:

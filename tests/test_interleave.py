@@ -168,7 +168,7 @@ def test_torch_plans_only_the_micro_batch_counts_it_runs_in_the_simulated_order(
     and warms rank d up with (v - 1) rounds + 2 (K - 1 - d) forwards: on K = 3 ranks, M = 8 is two rounds of 4 and
     rank 0 holds 9 chunk micro-batches where the simulated (Megatron) order holds 8, so a plan searched for torch
     under-predicted its memory (llama3-8b at 8192 tokens on 3 x 8 H100s: stage 0 by about a chunk's 9 GiB)."""
-    from planner.search.interleave import torch_order_matches
+    from planner.schedule.kinds import torch_order_matches
 
     assert not torch_order_matches(8, 3, 2) and not torch_order_matches(3, 2, 2) and not torch_order_matches(10, 4, 3)
     assert torch_order_matches(6, 3, 2) and torch_order_matches(8, 4, 4) and torch_order_matches(1, 2, 2)

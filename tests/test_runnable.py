@@ -316,3 +316,17 @@ def test_no_engine_runs_a_tensor_group_across_servers() -> None:
     assert any("spans servers n0, n1" in p for p in problems(mixed, "torch"))
     assert not [p for p in problems(mixed) if "spans servers" in p]
     assert not [p for p in problems(plan, "torch") if "spans servers" in p]
+
+
+def test_a_torch_interleaved_plan_torch_would_run_in_another_order_is_refused() -> None:
+    """K = 2 ranks at M = 3: torch's round of 3 warms rank 0 up with more chunk micro-batches than the simulated
+    (Megatron) order holds (the search skipped such M; a written plan ran with more memory than predicted)."""
+    def chunked(m: int) -> ir.Plan:
+        base = _plan(batch=2 * m, m=m, widths=(1, 1))
+        devices = [base.stages[0].devices, base.stages[1].devices] * 2
+        stages = tuple(ir.Stage((i, i + 1), devices[i], ("dp",), 0) for i in range(4))
+        return dataclasses.replace(base, schedule="interleaved", virtual_stages=2, stages=stages)
+
+    assert any("warms up in rounds of 3 micro-batches, not 2" in p for p in problems(chunked(3), "torch"))
+    assert not any("rounds" in p for p in problems(chunked(3), "any"))
+    assert not any("rounds" in p for p in problems(chunked(4), "torch"))

@@ -105,6 +105,24 @@ ENGINES = ("deepspeed", "torch", "torchtitan")
 _TORCH = frozenset({"torch", "torchtitan"})
 
 
+def torch_order_matches(microbatches: int, groups: int, v: int) -> bool:
+    """Whether torch's ScheduleInterleaved1F1B runs M micro-batches on K ranks in the order of
+    :func:`planner.schedule.interleaved` (Megatron's): torch cuts them into rounds of ``M // max(1, M // K)``, not
+    K, and warms rank d up with ``(v - 1)`` rounds plus ``2 (K - 1 - d)`` forwards, then one forward and one
+    backward a step (torch/distributed/pipelining/schedules.py: ``_get_warmup_ops``); where a round is not K
+    (M above K and not a multiple of it: K = 3, M = 8 warms rank 0 up with 8 chunk forwards, Megatron with 7) it
+    holds more micro-batches than the simulation."""
+    m, k = microbatches, groups
+    if v == 1:
+        return True
+    per_round = m // max(1, m // k)
+    if min(per_round, m) != min(k, m):
+        return False
+    extra = interleaved_extra_warmup(k, m, v)
+    return all(min((v - 1) * per_round + 2 * (k - 1 - d) + 1, m * v)
+               == min((k - d - 1) * 2 + (v - 1) * k + extra + 1, m * v) for d in range(k))
+
+
 @dataclass(frozen=True)
 class ScheduleKind:
     """One named schedule and everything that follows from it (see the module doc)."""
@@ -126,8 +144,9 @@ class ScheduleKind:
     """torch's class runs the micro-batches in rounds of K and refuses M that is not a multiple of
     ``max(1, M // K)`` (torch/distributed/pipelining/schedules.py, the interleaved schedules' check)."""
 
-    def torch_refusal(self, microbatches: int, groups: int) -> str | None:
-        """Why torch's class refuses M micro-batches on K pipeline ranks, or None."""
+    def torch_refusal(self, microbatches: int, groups: int, virtual_stages: int = 1) -> str | None:
+        """Why torch's class refuses M micro-batches on K pipeline ranks (with ``virtual_stages`` chunks each), or
+        runs them in another order than the simulator plays (:func:`torch_order_matches`), or None."""
         if self.torch_needs_full_pipeline and microbatches < groups:
             return (f"torch's {self.torch_class} needs at least as many micro-batches as stages: the plan has "
                     f"{microbatches} on {groups} stages (use --microbatches {groups} or more)")
@@ -136,12 +155,16 @@ class ScheduleKind:
             return (f"torch's {self.torch_class} runs micro-batches in rounds and needs their number to be a "
                     f"multiple of the rounds ({rounds} for {microbatches} on {groups} pipeline ranks) (use "
                     f"--microbatches {groups}, {2 * groups} or another multiple of {groups})")
+        if self.torch_rounds and not torch_order_matches(microbatches, groups, virtual_stages):
+            return (f"torch's {self.torch_class} warms up in rounds of {microbatches // rounds} micro-batches, not "
+                    f"{groups}: {microbatches} on {groups} pipeline ranks hold more in flight than the plan counts "
+                    f"(use --microbatches {groups}, {2 * groups} or another multiple of {groups})")
         return None
 
-    def engine_refusal(self, engine: str, microbatches: int, groups: int) -> str | None:
+    def engine_refusal(self, engine: str, microbatches: int, groups: int, virtual_stages: int = 1) -> str | None:
         """Why ``engine`` refuses M micro-batches on K pipeline ranks of this schedule, or None (only torch's
         classes refuse counts; :meth:`torch_refusal`)."""
-        return self.torch_refusal(microbatches, groups) if engine in _TORCH else None
+        return self.torch_refusal(microbatches, groups, virtual_stages) if engine in _TORCH else None
 
     def most_stages(self, engine: str, microbatches: int) -> int | None:
         """The most pipeline ranks ``engine`` runs this schedule on with M micro-batches (None: no bound):

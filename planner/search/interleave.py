@@ -29,7 +29,7 @@ Method (a documented heuristic, not an exact optimum over the interleaved space)
 M need not be a multiple of K: the schedule adds the warm-up forwards that avoid a
 deadlock (:func:`planner.schedule.interleaved_extra_warmup`). For ``--engine torch``,
 ``ScheduleInterleaved1F1B`` needs M divisible by max(1, M // K), and runs the order simulated only where its rounds
-of micro-batches are K long or M is below K (:func:`torch_order_matches`); other M are skipped.
+of micro-batches are K long or M is below K (:func:`planner.schedule.kinds.torch_order_matches`); other M are skipped.
 ``--engine deepspeed`` runs no interleaved schedule (UsageError).
 """
 
@@ -47,7 +47,7 @@ from planner.cluster import link_between
 from planner.costmodel import layer_table, p2p_s, stage_grid
 from planner.errors import InfeasibleError, UsageError
 from planner.judge import Judged, judge
-from planner.schedule import interleaved_extra_warmup, schedule_kind
+from planner.schedule import schedule_kind
 from planner.search.hpp import hpp, stage_tables
 from planner.search.options import DEFAULT_VIRTUAL_STAGES, engine_forms, resolve_virtual_stages
 
@@ -127,28 +127,9 @@ def _receive_times(plan: ir.Plan, out_bytes: np.ndarray) -> list[np.ndarray] | N
 
 
 def torch_runs(microbatches: int, groups: int, v: int = 1) -> bool:
-    """Whether torch's ScheduleInterleaved1F1B accepts M micro-batches on K ranks and, with ``v`` chunks per rank,
-    runs them in the order the simulator plays (:func:`torch_order_matches`)."""
-    return (schedule_kind("interleaved").torch_refusal(microbatches, groups) is None
-            and torch_order_matches(microbatches, groups, v))
-
-
-def torch_order_matches(microbatches: int, groups: int, v: int) -> bool:
-    """Whether torch's ScheduleInterleaved1F1B runs M micro-batches on K ranks in the order of
-    :func:`planner.schedule.interleaved` (Megatron's): torch cuts them into rounds of ``M // max(1, M // K)``, not
-    K, and warms rank d up with ``(v - 1)`` rounds plus ``2 (K - 1 - d)`` forwards, then one forward and one
-    backward a step (torch/distributed/pipelining/schedules.py: ``_get_warmup_ops``); where a round is not K
-    (M above K and not a multiple of it: K = 3, M = 8 warms rank 0 up with 8 chunk forwards, Megatron with 7) it
-    holds more micro-batches than the simulation, so the search leaves such M out."""
-    m, k = microbatches, groups
-    per_round = m // max(1, m // k)
-    if v == 1:
-        return True
-    if min(per_round, m) != min(k, m):
-        return False
-    extra = interleaved_extra_warmup(k, m, v)
-    return all(min((v - 1) * per_round + 2 * (k - 1 - d) + 1, m * v)
-               == min((k - d - 1) * 2 + (v - 1) * k + extra + 1, m * v) for d in range(k))
+    """Whether torch's ScheduleInterleaved1F1B accepts M micro-batches on K ranks with ``v`` chunks per rank and
+    runs them in the order the simulator plays (:meth:`planner.schedule.kinds.ScheduleKind.torch_refusal`)."""
+    return schedule_kind("interleaved").torch_refusal(microbatches, groups, v) is None
 
 
 def search_interleaved(profile: ir.ModelProfile, cluster: ir.Cluster, virtual_stages: int, *,
