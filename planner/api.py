@@ -129,10 +129,8 @@ def search_plan(profile: ProfileLike, cluster: ClusterLike, *, schedule: str = "
     microbatches, optimizer, solver, engine, config, progress, precision, tp, zero, recompute,
     micro_batch_size, alternatives."""
     from planner.search import RERANK, search
-    from planner.search.options import check_hooks
 
     rerank = RERANK if candidates is None else candidates
-    check_hooks(rerank, options.get("progress"), options.get("alternatives"))
     return search(load_profile(profile), _cluster(cluster), schedule=schedule, candidates=rerank,
                   virtual_stages=virtual_stages, **options)
 

@@ -218,3 +218,12 @@ def test_the_library_takes_config_as_text_or_widths_and_refuses_anything_else() 
                        ((1.5, 1), "not a sequence"), ((), "not a sequence"), ((True, 1), "not a sequence")]:
         with pytest.raises(UsageError, match=match):
             search(_llama_like(), _cluster(1, 2), config=bad)  # type: ignore[arg-type]
+
+
+def test_the_searchs_hooks_are_checked_where_the_search_reads_them() -> None:
+    """planner.search.search itself (not only the api's search_plan) refuses hooks of the wrong kind."""
+    for kwargs, match in [({"evaluate": 1}, "evaluate must be a function"), ({"candidates": -1}, "candidates must"),
+                          ({"progress": "x"}, "progress must be a function"),
+                          ({"alternatives": ()}, "alternatives must")]:
+        with pytest.raises(UsageError, match=match):
+            search(_llama_like(), _cluster(), **kwargs)  # type: ignore[arg-type]

@@ -76,6 +76,7 @@ from planner.search.options import (
     ENGINES,
     SOLVERS,
     Request,
+    check_hooks,
     check_request,
     microbatch_candidates,
     parse_config,
@@ -113,6 +114,7 @@ def search(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int |
     re-cuts plans into chunks (planner.search.interleave). ``alternatives`` receives the simulated
     candidates, fastest first.
     """
+    check_hooks(candidates, progress, alternatives, evaluate)
     req = check_request(profile, cluster, schedule=schedule, optimizer=optimizer, solver=solver, engine=engine,
                         config=config, precision=precision, tp=tp, zero=zero, recompute=recompute,
                         micro_batch_size=micro_batch_size, max_blocks=max_blocks)

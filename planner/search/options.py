@@ -84,9 +84,13 @@ def microbatch_candidates(batch_size: int, microbatches: int | str, micro_batch_
     return [microbatches]
 
 
-def check_hooks(candidates: object, progress: object, alternatives: object) -> None:
+def check_hooks(candidates: object, progress: object, alternatives: object, evaluate: object = None) -> None:
     """The library's search arguments that are no grid option: ``candidates`` a whole number (0 or more),
-    ``progress`` a callable or None, ``alternatives`` a list (which receives the judged candidates) or None."""
+    ``progress`` and ``evaluate`` a callable or None, ``alternatives`` a list (which receives the judged
+    candidates) or None."""
+    if evaluate is not None and not callable(evaluate):
+        raise UsageError(f"evaluate must be a function of a plan or None, got {type(evaluate).__name__}",
+                         "e.g. evaluate=lambda plan: my_measurement(plan)")
     if isinstance(candidates, bool) or not isinstance(candidates, int) or candidates < 0:
         raise UsageError(f"candidates must be a whole number of 0 or more, got {candidates!r:.40}",
                          "e.g. candidates=16 (the default), or 0 for the analytic optimum")
