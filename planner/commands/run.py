@@ -12,10 +12,8 @@ import click
 from planner import ir
 from planner.cli import emit_json
 from planner.commands import FiniteRange, progress_option, read_plan
+from planner.export import SEED_MAX
 from planner.render.text import plain_text
-
-SEED_MAX = 2**32 - 1
-"""The largest ``--seed`` (planner.export.data.SEED_MAX: this module does not import torch)."""
 
 
 @click.command("run")

@@ -18,3 +18,6 @@ imports no torch; its modules (but ``nodes`` and ``quoting``) do.
 from __future__ import annotations
 
 ENGINES = ("deepspeed", "torch", "torchtitan")
+SEED_MAX = 2**32 - 1
+"""The largest seed a run or a generated script takes: torch's generators take 64 bits, and the synthetic data
+seeds each step with ``seed * 100_003 + step`` (``data.DataSpec.batch``), which a seed of 2**47 or more overflows."""

@@ -7,7 +7,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from planner.export.data import SEED_MAX
+from planner.export import SEED_MAX
 from planner.export.losses import LOSSES
 
 

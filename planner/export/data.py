@@ -27,11 +27,6 @@ def token_vocab(layers: Iterable[nn.Module]) -> int | None:
     return None
 
 
-SEED_MAX = 2**32 - 1
-"""The largest seed a run or a generated script takes: torch's generators take 64 bits, and :meth:`DataSpec.batch`
-seeds each step with ``seed * 100_003 + step``, which a seed of 2**47 or more overflows."""
-
-
 @dataclass(frozen=True)
 class DataSpec:
     """How to make one synthetic batch: input shape and kind, target shape and kind."""

@@ -30,8 +30,8 @@ import torch
 
 from planner import ir
 from planner.errors import RunError, UsageError
-from planner.export import ENGINES
-from planner.export.data import SEED_MAX, data_spec
+from planner.export import ENGINES, SEED_MAX
+from planner.export.data import data_spec
 from planner.export.layers import load_layers
 from planner.export.losses import LOSSES
 from planner.export.nodes import (
