@@ -22,7 +22,6 @@ import argparse
 import json
 import statistics
 import sys
-import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,8 @@ import gpu_checks as gc  # noqa: E402
 from fidelity_table import TARGET, within  # noqa: E402
 
 from planner import gpus, ir  # noqa: E402
-from planner.api import judge_plan, load_plan, load_profile, profile_model  # noqa: E402
+from planner.api import judge_plan, load_profile, profile_model  # noqa: E402
+from planner.consistency import load_plan as checked_plan  # noqa: E402
 
 DEFAULT = ROOT / "docs" / "gpu" / "h200-2026-11-27"
 
@@ -58,9 +58,7 @@ def gpu_of(measured: ir.ModelProfile, plan: ir.Plan) -> str:
 def replay(folder: Path, key: str) -> dict[str, Any]:
     """One saved run of check model ``key`` in ``folder``, predicted again (module docstring)."""
     measured = load_profile(folder / f"{key}-measured.json")
-    with warnings.catch_warnings():  # a saved plan's prediction is the earlier planner's: predicted again below
-        warnings.filterwarnings("ignore", message=".*(predicts a peak|simulates to).*")
-        plan = load_plan(folder / f"{key}-plan.json")
+    plan, _ = checked_plan(folder / f"{key}-plan.json", check_prediction=False)  # an earlier planner's: again below
     run = json.loads((folder / f"{key}-run.json").read_text())
     gpu = gpu_of(measured, plan)
     analytic = analytic_of(measured, key, gpu)

@@ -43,7 +43,7 @@ def test_layer_bytes_counts_parameters_and_buffers_and_a_tied_weight_once() -> N
 def test_a_probe_counts_its_own_layers_and_what_the_step_allocates() -> None:
     own = [nn.Linear(512, 512)]
     probe = memory.start(own)
-    assert probe.how == "heap" and probe.needs_step and probe.own_bytes == (512 * 512 + 512) * 4
+    assert probe.how == "heap" and probe.own_bytes == (512 * 512 + 512) * 4
     kept: list[torch.Tensor] = []
     got = probe.peak_bytes(lambda: kept.append(torch.ones(16 * MB // 4)))
     assert got - probe.own_bytes == pytest.approx(16 * MB, rel=0.1)
@@ -52,7 +52,7 @@ def test_a_probe_counts_its_own_layers_and_what_the_step_allocates() -> None:
 def test_without_mallinfo2_the_probe_reads_the_resident_set(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(memory, "_MALLINFO2", None)
     probe = memory.start([nn.Linear(4, 4)])
-    assert memory.heap_in_use_bytes() is None and probe.how == "rss" and not probe.needs_step
+    assert memory.heap_in_use_bytes() is None and probe.how == "rss"
     assert probe.peak_bytes(lambda: pytest.fail("no step is trained for the resident set")) >= 0
 
 

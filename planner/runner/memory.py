@@ -102,13 +102,8 @@ class MemoryProbe:
     own_bytes: int
     """The bytes of this rank's own layers (``heap`` adds them back: they were built before the base)."""
 
-    @property
-    def needs_step(self) -> bool:
-        """Whether :meth:`peak_bytes` trains one more step to read the peak."""
-        return self.how == "heap"
-
     def peak_bytes(self, step: Callable[[], object]) -> int:
-        """The peak memory of the run; ``step`` trains one more step where :attr:`needs_step`."""
+        """The peak memory of the run; ``step`` trains one more step where the heap is read (``how == "heap"``)."""
         if self.how == "cuda":
             return int(torch.cuda.max_memory_allocated())
         if self.how == "rss":
