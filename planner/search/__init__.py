@@ -71,7 +71,7 @@ from planner.search import rerank
 from planner.search.descent import Opening, open_problem, solve
 from planner.search.framed import Framed
 from planner.search.hpp import hpp
-from planner.search.nofit import least_need_error, no_batch_shape, no_width_shape
+from planner.search.nofit import least_need_error, memory_text, no_batch_shape, no_width_shape
 from planner.search.options import (
     ENGINES,
     SOLVERS,
@@ -136,14 +136,34 @@ def search(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int |
     cands = microbatch_candidates(profile.batch_size, microbatches, micro_batch_size)
     found, probs = _collect(profile, cluster, req, cands, progress)
     if candidates <= 0:
-        _, _, prob, sol = found[0]
-        return solution_plan(prob, sol, engine=engine, solver=solver)
+        return _analytic_optimum(found, engine, solver)
     plans = _runnable(_distinct(found, candidates, engine, solver) + _seeds(probs, engine, solver), engine)
     if evaluate is None:
         best = rerank.best_simulated(plans, alternatives)
     else:
         best = rerank.simulated(*min(plans, key=lambda pc: evaluate(pc[0])))
     return _with_prediction(best.plan, best.prediction)
+
+
+def _analytic_optimum(found: Found, engine: str, solver: str) -> ir.Plan:
+    """The best solution met whose plan fits and ``engine`` runs, with its analytic prediction: the DP's optimum
+    unless a cost its objective leaves out (a tie's gradient made twice on one stage at M = 1,
+    planner.costmodel.stage.with_tie_accumulation) puts a stage over its devices' memory."""
+    from planner.runnable import problems as limits_broken
+
+    whys = []
+    for _, _, prob, sol in found:
+        plan, _ = _memory_plan(prob, sol, engine=engine, solver=solver)
+        caps = {g.name: g.memory_bytes for g in plan.cluster.gpus}
+        whys.append([f"stage {i} needs {memory_text(s.memory_bytes)} of {memory_text(min(caps[d] for d in s.devices))}"
+                     for i, s in enumerate(plan.stages) if s.memory_bytes > min(caps[d] for d in s.devices)]
+                    + limits_broken(plan, engine))
+        if not whys[-1]:
+            return solution_plan(prob, sol, engine=engine, solver=solver)
+    raise InfeasibleError(f"none of the {len(found)} plans the solver met fits once every stage's memory is counted "
+                          f"and --engine {engine} runs it (the best: {'; '.join(whys[0])})",
+                          "search with --rerank 1 or more (leaner recomputation is then tried), more devices or "
+                          "more micro-batches")
 
 
 def _on_even_servers(profile: ir.ModelProfile, cluster: ir.Cluster, options: dict[str, Any]) -> ir.Plan:
