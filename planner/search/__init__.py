@@ -4,7 +4,8 @@
 and turned into problems by :mod:`planner.search.options`; the space (groups, tensor
 degrees, forms, recomputation, ZeRO) by :mod:`planner.search.space` and
 :mod:`planner.search.tables`; the stage DP and its objective in :mod:`planner.search.sp`;
-HPP in :mod:`planner.search.hpp`; the exhaustive oracle in :mod:`planner.search.brute`.
+HPP in :mod:`planner.search.hpp`; the exhaustive oracle in :mod:`planner.search.brute`; a solution
+as a plan (forms, memory, prediction) in :mod:`planner.search.solutions`.
 Every plan it returns passes :func:`planner.runnable.check_runnable` for its engine.
 
 Two layers (planner.search.rerank):
@@ -62,7 +63,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planner import ir
-from planner.costmodel import Grid, LayerTable, dp_iteration, layer_table, plan_memory, predict, stage_costs
+from planner.costmodel import dp_iteration
 from planner.errors import InfeasibleError, PlannerError
 from planner.judge import Judged
 from planner.runnable import ENGINES as ENGINE_LIMITS
@@ -71,7 +72,7 @@ from planner.search import rerank
 from planner.search.descent import Opening, open_problem, solve
 from planner.search.framed import Framed
 from planner.search.hpp import hpp
-from planner.search.nofit import least_need_error, memory_text, no_batch_shape, no_width_shape
+from planner.search.nofit import least_need_error, no_batch_shape, no_width_shape
 from planner.search.options import (
     ENGINES,
     SOLVERS,
@@ -84,6 +85,7 @@ from planner.search.options import (
     resolve_virtual_stages,
 )
 from planner.search.servers import even_subclusters, uneven
+from planner.search.solutions import Found, analytic_optimum, distinct, memory_plan, solution_plan
 from planner.search.sp import Problem, Solution, build_problem
 
 __all__ = ["ENGINES", "RERANK", "SOLVERS", "build_problem", "hpp", "microbatch_candidates", "parse_config", "search",
@@ -136,34 +138,13 @@ def search(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int |
     cands = microbatch_candidates(profile.batch_size, microbatches, micro_batch_size)
     found, probs = _collect(profile, cluster, req, cands, progress)
     if candidates <= 0:
-        return _analytic_optimum(found, engine, solver)
-    plans = _runnable(_distinct(found, candidates, engine, solver) + _seeds(probs, engine, solver), engine)
+        return analytic_optimum(found, engine, solver)
+    plans = _runnable(distinct(found, candidates, engine, solver) + _seeds(probs, engine, solver), engine)
     if evaluate is None:
         best = rerank.best_simulated(plans, alternatives)
     else:
         best = rerank.simulated(*min(plans, key=lambda pc: evaluate(pc[0])))
     return _with_prediction(best.plan, best.prediction)
-
-
-def _analytic_optimum(found: Found, engine: str, solver: str) -> ir.Plan:
-    """The best solution met whose plan fits and ``engine`` runs, with its analytic prediction: the DP's optimum
-    unless a cost its objective leaves out (a tie's gradient made twice on one stage at M = 1,
-    planner.costmodel.stage.with_tie_accumulation) puts a stage over its devices' memory."""
-    from planner.runnable import problems as limits_broken
-
-    whys = []
-    for _, _, prob, sol in found:
-        plan, _ = _memory_plan(prob, sol, engine=engine, solver=solver)
-        caps = {g.name: g.memory_bytes for g in plan.cluster.gpus}
-        whys.append([f"stage {i} needs {memory_text(s.memory_bytes)} of {memory_text(min(caps[d] for d in s.devices))}"
-                     for i, s in enumerate(plan.stages) if s.memory_bytes > min(caps[d] for d in s.devices)]
-                    + limits_broken(plan, engine))
-        if not whys[-1]:
-            return solution_plan(prob, sol, engine=engine, solver=solver)
-    raise InfeasibleError(f"none of the {len(found)} plans the solver met fits once every stage's memory is counted "
-                          f"and --engine {engine} runs it (the best: {'; '.join(whys[0])})",
-                          "search with --rerank 1 or more (leaner recomputation is then tried), more devices or "
-                          "more micro-batches")
 
 
 def _on_even_servers(profile: ir.ModelProfile, cluster: ir.Cluster, options: dict[str, Any]) -> ir.Plan:
@@ -198,10 +179,6 @@ def _seeds(probs: list[Problem], engine: str, solver: str) -> list[rerank.Costed
     for prob in probs:
         out += rerank.seed_plans(prob, engine=engine, solver=solver, cache=cache)
     return out
-
-
-Found = list[tuple[float, int, Problem, Solution]]
-"""Solutions met: (objective, order met, problem, solution), best first."""
 
 
 @dataclass
@@ -317,25 +294,8 @@ def _simulated_s(prob: Problem, sol: Solution, engine: str) -> float:
     """The simulated iteration of a solution: other problems are solved fully while they may hold a
     plan whose analytic objective is below it (the simulator re-ranks the plans met, and the analytic
     objective is optimistic), not only while they may beat the best analytic objective."""
-    plan, costs = _memory_plan(prob, sol, engine=engine, solver="dp")
+    plan, costs = memory_plan(prob, sol, engine=engine, solver="dp")
     return rerank.simulated(plan, costs).prediction.iteration_s
-
-
-def _distinct(found: Found, n: int, engine: str, solver: str
-              ) -> list[rerank.Costed]:
-    """The ``n`` best distinct plans among the solutions met (as plans with memory, and costs)."""
-    seen: set[tuple] = set()
-    plans: list[rerank.Costed] = []
-    tables: dict[tuple[int, int, bool], LayerTable] = {}
-    for _, _, prob, sol in found:
-        key = (prob.microbatches, tuple((s.a, s.b, s.move.devices, s.move.tp, s.option) for s in sol.stages))
-        if key in seen:
-            continue
-        seen.add(key)
-        plans.append(_memory_plan(prob, sol, engine=engine, solver=solver, tables=tables))
-        if len(plans) >= n:
-            break
-    return plans
 
 
 def _with_prediction(plan: ir.Plan, predicted: ir.Prediction) -> ir.Plan:
@@ -358,42 +318,3 @@ def _solve(prob: Problem, solver: str, pool: list[Solution] | None = None,
     return brute(prob, pool) if solver == "brute" else solve(prob, pool=pool, incumbent=incumbent, opening=opening)
 
 
-def solution_stages(prob: Problem, sol: Solution,
-                    tables: dict[tuple[int, int, bool], LayerTable] | None = None) -> list[ir.Stage]:
-    """A DP solution's stages: HPP forms (fastest or leanest) on each stage's grid, its variant."""
-    cache = {} if tables is None else tables
-    stages = []
-    for ch in sol.stages:
-        first, end = int(prob.bounds[ch.a]), int(prob.bounds[ch.b])
-        grid: Grid = prob.grids[ch.move.key]
-        key = (id(prob), ch.move.key, ch.option.lean)
-        if key not in cache:
-            cache[key] = layer_table(prob.profile, grid, prob.microbatches, prob.optimizer, prob.forms,
-                                     prob.space.rules)
-        forms, _ = hpp(cache[key], first, end, prob.microbatches, lean=ch.option.lean)
-        v = ch.option.variant
-        sequence = grid.sequence_parallel and ("tp" in forms or (prob.space.rules.blocks_tp and ch.move.tp > 1))
-        stages.append(ir.Stage((first, end), ch.move.devices, forms, 0, v.recompute, ch.move.tp, v.zero, sequence))
-    return stages
-
-
-def _memory_plan(prob: Problem, sol: Solution, *, engine: str, solver: str,
-                 tables: dict[tuple[int, int, bool], LayerTable] | None = None) -> rerank.Costed:
-    """A DP solution as a plan with each stage's memory filled in; and its stage costs."""
-    stages = solution_stages(prob, sol, tables)
-    draft = ir.Plan(prob.profile, prob.cluster, prob.schedule, prob.microbatches, prob.optimizer, tuple(stages),
-                    ir.Prediction(0.0, 0.0, 0.0, 0), engine=engine, solver=solver, precision=prob.space.precision)
-    costs = stage_costs(draft)
-    mem = plan_memory(draft, costs)
-    stages = [dataclasses.replace(s, memory_bytes=m) for s, m in zip(stages, mem, strict=True)]
-    return dataclasses.replace(draft, stages=tuple(stages)), costs
-
-
-def solution_plan(prob: Problem, sol: Solution, *, engine: str = "any", solver: str = "dp") -> ir.Plan:
-    """Turn a DP solution into an ``ir.Plan`` with forms, memory, analytic prediction and dp speed-up."""
-    draft, _ = _memory_plan(prob, sol, engine=engine, solver=solver)
-    pred = predict(draft)
-    dp_t, _, dp_fits = dp_iteration(prob.profile, prob.cluster, prob.optimizer, prob.space.precision, engine)
-    dp_s = dp_t if dp_fits else None
-    speedup = dp_t / pred.iteration_s if dp_fits and pred.iteration_s > 0 else None
-    return dataclasses.replace(draft, predicted=pred, dp_iteration_s=dp_s, speedup_over_dp=speedup)

@@ -74,6 +74,12 @@ def with_memory(plan: ir.Plan, recompute: Sequence[str] = LIGHTER) -> Costed | N
     return None
 
 
+def overflowing_stages(plan: ir.Plan) -> list[int]:
+    """The stages whose filled-in ``memory_bytes`` exceed their smallest device's memory."""
+    caps = {g.name: g.memory_bytes for g in plan.cluster.gpus}
+    return [i for i, s in enumerate(plan.stages) if s.memory_bytes > min(caps[d] for d in s.devices)]
+
+
 def _overflows(plan: ir.Plan, caps: dict[str, int]) -> tuple[list[bool], tuple[ir.StageCost, ...], list[int]]:
     """Which stages overflow their smallest device, and the stage costs and memory."""
     costs = stage_costs(plan)

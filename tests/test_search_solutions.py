@@ -1,0 +1,43 @@
+"""search.solutions: a DP solution as a plan; no plan over its GPUs' memory leaves the search."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner import ir
+from planner.cluster import cluster_from_dict
+from planner.errors import InfeasibleError
+from planner.search import search
+from tests.conftest import make_cluster_dict, make_profile_dict
+
+TIED = make_profile_dict(4, batch_size=8, ties=[{"name": "wte", "layers": [0, 3], "param_count": 250_000,
+                                                   "param_bytes": 1_000_000}])
+"""Four 1 MB layers, the first tied to the last: on one stage at M = 1 the tie's gradient is made twice."""
+
+
+@pytest.mark.parametrize("candidates", [0, 16])
+def test_no_plan_over_its_gpus_memory_leaves_the_search(candidates: int) -> None:
+    """The DP's objective leaves out the tie's second gradient (costmodel.stage.with_tie_accumulation, 2 MB here),
+    so on a GPU 1 MB short of the plan's peak it still finds that plan; the search returns a plan that fits (leaner
+    recomputation) or says none does, never the plan over memory, with the re-rank (16) or without it (0)."""
+    profile = ir.ModelProfile.from_dict(TIED)
+    roomy = search(profile, cluster_from_dict(make_cluster_dict(1, 1)), microbatches=1, engine="torch",
+                   candidates=candidates)
+    need = roomy.stages[0].memory_bytes
+    for cap in (need - 1_000_000, need):
+        cluster = cluster_from_dict(make_cluster_dict(1, 1, cap))
+        try:
+            found = search(profile, cluster, microbatches=1, engine="torch", candidates=candidates)
+        except InfeasibleError as exc:
+            assert cap < need and "fits" in str(exc)
+            continue
+        assert cap == need and all(s.memory_bytes <= cap for s in found.stages)
+
+
+def test_without_the_rerank_the_error_names_the_stage_over_memory() -> None:
+    profile = ir.ModelProfile.from_dict(TIED)
+    need = search(profile, cluster_from_dict(make_cluster_dict(1, 1)), microbatches=1, engine="torch",
+                  candidates=0).stages[0].memory_bytes
+    cluster = cluster_from_dict(make_cluster_dict(1, 1, need - 1_000_000))
+    with pytest.raises(InfeasibleError, match=r"stage 0 needs 10\.\d\d MiB of 9\.\d\d MiB"):
+        search(profile, cluster, microbatches=1, engine="torch", candidates=0)
