@@ -146,3 +146,30 @@ def test_search_is_never_slower_than_pipedream_flush_on_resnet34() -> None:
     assert planner_s is not None and pipedream_s is not None
     assert planner_s <= pipedream_s * (1 + 1e-9)
 
+
+
+def test_the_fastest_candidate_the_simulator_says_overflows_loses_to_one_that_fits() -> None:
+    """Data parallel over two GPUs holds every weight on each and is faster than two stages holding half each; on
+    GPUs that hold the pipeline's peak and not data parallel's, the re-rank returns the pipeline (the simulator's
+    memory verdict, planner.judge), and data parallel when it is the only candidate."""
+    from planner.costmodel import stage_costs
+
+    profile = ir.ModelProfile.from_dict(make_profile_dict(4, batch_size=16))
+
+    def costed(cluster: ir.Cluster, stages: tuple[ir.Stage, ...]) -> rerank.Costed:
+        plan = ir.Plan(profile, cluster, "1f1b", 4, "sgd", stages, ir.Prediction(0.0, 0.0, 0.0, 0))
+        return plan, tuple(stage_costs(plan))
+
+    def candidates(cluster: ir.Cluster) -> list[rerank.Costed]:
+        dp = ir.Stage((0, 4), ("n0.g0", "n0.g1"), ("dp",) * 4, 0)
+        pipe = (ir.Stage((0, 2), ("n0.g0",), ("dp",) * 2, 0), ir.Stage((2, 4), ("n0.g1",), ("dp",) * 2, 0))
+        return [costed(cluster, (dp,)), costed(cluster, pipe)]
+
+    roomy = [rerank.simulated(*c) for c in candidates(cluster_from_dict(make_cluster_dict(1, 2)))]
+    dp_peak, pipe_peak = (j.prediction.peak_memory_bytes for j in roomy)
+    assert roomy[0].prediction.iteration_s < roomy[1].prediction.iteration_s and pipe_peak < dp_peak
+    tight = cluster_from_dict(make_cluster_dict(1, 2, (dp_peak + pipe_peak) // 2))
+    best = rerank.best_simulated(candidates(tight))
+    assert best.fits and len(best.plan.stages) == 2
+    alone = rerank.best_simulated(candidates(tight)[:1])
+    assert not alone.fits and len(alone.plan.stages) == 1

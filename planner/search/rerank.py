@@ -258,7 +258,9 @@ def busy_lower_bound_s(plan: ir.Plan, costs: Sequence[ir.StageCost]) -> float:
 
 
 def best_simulated(plans: Sequence[Costed], judged: list[Judged] | None = None) -> Judged:
-    """The plan with the least simulated iteration time (first wins ties), its prediction set.
+    """The plan with the least simulated iteration time (first wins ties), its prediction set: among those
+    the simulator's memory verdict fits (planner.judge) where any does, else among all (each fits by the
+    analytic memory that admitted it).
 
     Candidates are simulated in order of :func:`busy_lower_bound_s`; one whose bound
     already exceeds the best simulated time cannot win and is not simulated (branch and
@@ -270,22 +272,26 @@ def best_simulated(plans: Sequence[Costed], judged: list[Judged] | None = None) 
         unique.setdefault(plan_key(costed[0]), (i, costed))
     order = sorted((busy_lower_bound_s(plan, costs), i, plan, costs) for i, (plan, costs) in unique.values())
     best: tuple[float, int, Judged] | None = None
+    over: tuple[float, int, Judged] | None = None
     for bound_s, i, plan, costs in order:
         if best is not None and bound_s > best[0]:
             break
         one = simulated(plan, costs)
         if judged is not None:
             judged.append(one)
-        t = one.prediction.iteration_s
-        if best is None or (t, i) < (best[0], best[1]):
-            best = (t, i, one)
+        key = (one.prediction.iteration_s, i, one)
+        if one.fits and (best is None or key[:2] < best[:2]):
+            best = key
+        elif not one.fits and (over is None or key[:2] < over[:2]):
+            over = key
     if judged is not None:
         judged.sort(key=lambda j: j.prediction.iteration_s)
-    if best is None:
+    chosen = best if best is not None else over
+    if chosen is None:
         from planner.errors import InfeasibleError
 
         raise InfeasibleError("no runnable plan fits among the candidates", "try more micro-batches or devices")
-    return best[2]
+    return chosen[2]
 
 
 def dp_simulated_s(profile: ir.ModelProfile, cluster: ir.Cluster, optimizer: str, precision: str = "fp32",
