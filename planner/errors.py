@@ -72,3 +72,11 @@ class ExportError(PlannerError):
 
 class RunError(PlannerError):
     """Real training of a plan failed (launch, worker crash, mismatch)."""
+
+
+def is_whole(value: object, low: int | None = None, high: int | None = None) -> bool:
+    """Whether ``value`` is a whole number (an ``int``, not a ``bool``, a ``float`` or a string) in ``low..high``
+    (None: unbounded): what every check of a library caller's or a file's count asks."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return False
+    return (low is None or value >= low) and (high is None or value <= high)

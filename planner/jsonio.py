@@ -19,7 +19,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from planner.errors import FormatError, PlannerError
+from planner.errors import FormatError, PlannerError, is_whole
 
 SUPPORTED_VERSION = 1
 """The version of profile, cluster and the other documents."""
@@ -44,7 +44,7 @@ def check_kind(doc: Any, kind: str, source: str, versions: tuple[int, ...] | Non
             f"pass a {kind} file (planner {_maker(kind)} writes one)",
         )
     version = doc.get("version")
-    if isinstance(version, bool) or not isinstance(version, int) or version not in readable:
+    if not is_whole(version) or version not in readable:
         raise FormatError(
             f"{source}: {kind} 'version' is {version!r:.40} ({type(version).__name__}), this planner reads "
             f"version {' and '.join(str(v) for v in readable)} (an integer)",

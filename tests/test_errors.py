@@ -32,3 +32,14 @@ def test_cli_prints_one_line_cause_and_hint_without_traceback(args: list[str], c
     assert "Traceback" not in result.output
     lines = [line for line in result.output.splitlines() if line]
     assert lines[0].startswith("error: ") and lines[1].startswith("hint: ")
+
+
+@pytest.mark.parametrize("value, low, high, whole", [
+    (3, None, None, True), (0, 0, None, True), (0, 1, None, False), (5, 1, 5, True), (6, 1, 5, False),
+    (True, None, None, False), (2.0, None, None, False), ("2", None, None, False), (None, None, None, False),
+    (-(2**70), None, 0, True), (2**70, 0, 2**64, False)])
+def test_is_whole_takes_ints_in_range_only(value: object, low: int | None, high: int | None, whole: bool) -> None:
+    """What every count check of a library caller's or a file's value asks: bool and 2.0 are not whole numbers."""
+    from planner.errors import is_whole
+
+    assert is_whole(value, low, high) is whole

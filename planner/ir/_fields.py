@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from planner.errors import FormatError
+from planner.errors import FormatError, is_whole
 from planner.jsonio import is_finite_number
 
 
@@ -45,7 +45,7 @@ def _int(d: Mapping[str, Any], key: str, where: str, *, positive: bool = False) 
     value = _need(d, key, where)
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0 or (positive and value == 0):
+    if not is_whole(value, 1 if positive else 0):
         want = "a positive" if positive else "a non-negative"
         raise FormatError(f"{where}.{key} must be {want} integer, got {value!r}", f"fix '{key}'")
     return value

@@ -28,7 +28,7 @@ from typing import Any
 
 from torch import nn
 
-from planner.errors import UsageError
+from planner.errors import UsageError, is_whole
 from planner.profiler.guards import is_out_of_memory, shown_overrides
 from planner.schemas.build import MAX_DIM, MAX_ITEMS
 
@@ -170,7 +170,7 @@ def checked_values(name: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _check_size(key: str, value: Any, bound: int, default: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= bound:
+    if not is_whole(value, 1, bound):
         example = f"e.g. --set {key}={default}" if isinstance(default, int) else f"e.g. --set {key}=4"
         raise UsageError(f"--set {key}={value!r}: {key} is a size, a whole number from 1 to {bound:,}", example)
 

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from planner.errors import ModelLoadError, UsageError
+from planner.errors import ModelLoadError, UsageError, is_whole
 from planner.profiler.guards import is_out_of_memory, nbytes_text, out_of_memory, shown_overrides
 from planner.profiler.hfzoo import HF_MODELS, build
 from planner.profiler.layered import rejects_input
@@ -92,7 +92,7 @@ _Built = tuple[nn.Module, torch.Tensor | None, tuple[int, ...]]
 
 def _check_sizes(batch_size: int, input_shape: tuple[int, ...] | None) -> None:
     """The batch in [1, MAX_BATCH] and every input dimension in [1, MAX_DIM] (the profile format's bounds)."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= MAX_BATCH:
+    if not is_whole(batch_size, 1, MAX_BATCH):
         raise UsageError(f"batch size must be a whole number from 1 to {MAX_BATCH:,}, got {batch_size!r}",
                          "e.g. --batch-size 32")
     if input_shape is not None and (not input_shape or any(not 1 <= int(d) <= MAX_DIM for d in input_shape)):

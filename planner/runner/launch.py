@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from planner import ir
-from planner.errors import RunError, UsageError
+from planner.errors import RunError, UsageError, is_whole
 from planner.export import ENGINES, SEED_MAX
 from planner.export.data import data_spec
 from planner.export.layers import load_layers
@@ -120,7 +120,7 @@ def _check_run_types(options: dict[str, Any]) -> None:
         value = options[name]
         if value is None and name == "threads":
             continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        if not is_whole(value, low, high):
             raise UsageError(f"{name} must be a whole number from {low}{'' if high is None else f' to {high}'}, got "
                              f"{value!r:.40}", f"e.g. {name}={max(low, 1)}")
     if not isinstance(options["check"], bool):

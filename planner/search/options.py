@@ -19,7 +19,7 @@ from typing import Any
 from planner import ir
 from planner.cluster import server_share
 from planner.costmodel import default_precision
-from planner.errors import UsageError
+from planner.errors import UsageError, is_whole
 from planner.runnable import ANY_FORMS, EngineLimits, FormRules, llama_problem, tied_layers
 from planner.runnable import ENGINES as ENGINE_LIMITS
 from planner.schedule import SCHEDULES, schedule_kind, virtual_stage_schedules
@@ -91,7 +91,7 @@ def check_hooks(candidates: object, progress: object, alternatives: object, eval
     if evaluate is not None and not callable(evaluate):
         raise UsageError(f"evaluate must be a function of a plan or None, got {type(evaluate).__name__}",
                          "e.g. evaluate=lambda plan: my_measurement(plan)")
-    if isinstance(candidates, bool) or not isinstance(candidates, int) or candidates < 0:
+    if not is_whole(candidates, 0):
         raise UsageError(f"candidates must be a whole number of 0 or more, got {candidates!r:.40}",
                          "e.g. candidates=16 (the default), or 0 for the analytic optimum")
     if progress is not None and not callable(progress):
@@ -112,7 +112,7 @@ def resolve_virtual_stages(value: int | None, schedule: str) -> int:
     takes_virtual = schedule_kind(schedule).takes_virtual_stages
     if value is None:
         return DEFAULT_VIRTUAL_STAGES if takes_virtual else 1
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not is_whole(value, 1):
         raise UsageError(f"--virtual-stages must be a positive integer, got {value!r}", "e.g. --virtual-stages 2")
     if value > 1 and not takes_virtual:
         names = " or ".join(virtual_stage_schedules())
@@ -206,7 +206,7 @@ def _check_tp(tp: int | None, profile: ir.ModelProfile, cluster: ir.Cluster, eng
 
 def _whole_or_none(option: str, value: object) -> None:
     """UsageError unless ``value`` is None or a whole number (a library caller's ``tp="2"`` or ``2.0``)."""
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+    if value is not None and not is_whole(value):
         raise UsageError(f"{option} must be a whole number, got {value!r}", f"e.g. {option} 2")
 
 

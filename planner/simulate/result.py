@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planner import ir
-from planner.errors import UsageError
+from planner.errors import UsageError, is_whole
 from planner.grad_buffers import GRAD_BUCKET_BYTES
 from planner.schedule import find_kind
 from planner.simulate.events import Event
@@ -54,7 +54,7 @@ class SimOptions:
             raise UsageError(f"SimOptions.bucket_bytes must be a finite number of at least {MIN_BUCKET_BYTES}, "
                              f"got {b!r:.40}", f"e.g. {GRAD_BUCKET_BYTES} (25 MiB, DDP's)")
         n = self.pipedream_blocks
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_PIPEDREAM_BLOCKS):
+        if n is not None and not is_whole(n, 1, MAX_PIPEDREAM_BLOCKS):
             raise UsageError(f"SimOptions.pipedream_blocks must be None or a whole number in 1..{MAX_PIPEDREAM_BLOCKS}"
                              f", got {n!r:.40}", "leave it None (2 measured iterations)")
         if not isinstance(self.core_nodes, tuple) or not all(isinstance(x, ir.Node) for x in self.core_nodes):
