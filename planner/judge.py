@@ -46,9 +46,12 @@ class Judged:
     reason: str | None = None
 
 
-def size_text(nbytes: float) -> str:
-    """``1.50 GiB`` or, below a tenth of a GiB, ``12.0 MiB``."""
-    return f"{nbytes / GIB:.2f} GiB" if nbytes >= GIB / 10 else f"{nbytes / 2**20:.1f} MiB"
+def memory_text(nbytes: float) -> str:
+    """A memory for a message, in the unit that keeps its digits: ``80.00 GiB``, ``858.31 MiB``, ``4.88 KiB``."""
+    for unit, size in (("GiB", GIB), ("MiB", 1024**2), ("KiB", 1024)):
+        if abs(nbytes) >= size:
+            return f"{nbytes / size:.2f} {unit}"
+    return f"{nbytes:.0f} bytes"
 
 
 def overflowing(plan: ir.Plan, result: SimResult) -> list[tuple[str, int, int]]:
@@ -83,7 +86,7 @@ def verdict(plan: ir.Plan, result: SimResult) -> Judged:
         return Judged(judged, prediction, True)
     device, need, have = over[0]
     recomputes = " (with recomputation)" if any(s.recomputes for s in plan.stages) else ""
-    return Judged(judged, prediction, False, f"needs {size_text(need)} on {device}, which has {size_text(have)}"
+    return Judged(judged, prediction, False, f"needs {memory_text(need)} on {device}, which has {memory_text(have)}"
                   + recomputes)
 
 

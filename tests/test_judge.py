@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from planner import ir
 from planner.costmodel import stage_costs
 from planner.errors import PlanError
-from planner.judge import Judged, fastest, judge, size_text, verdict
+from planner.judge import Judged, fastest, judge, memory_text, verdict
 from planner.simulate import simulate
 from tests.conftest import make_cluster_dict, make_profile_dict
 
@@ -64,7 +65,7 @@ def test_nothing_fits_in_a_tiny_memory() -> None:
     judged = judge(_plan(memory_bytes=1000), recompute=True)
     assert not judged.fits
     assert judged.reason is not None and judged.reason.endswith("(with recomputation)")
-    assert "1000" not in judged.reason and "0.0 MiB" in judged.reason  # sizes in units
+    assert re.search(r"needs \d+\.\d\d MiB on \S+, which has 1000 bytes", judged.reason)  # sizes in units
 
 
 def test_invalid_plan_is_a_plan_error() -> None:
@@ -89,6 +90,9 @@ def test_fastest_prefers_fitting_then_least_memory() -> None:
     assert fastest([]) is None
 
 
-def test_size_text() -> None:
-    assert size_text(1.5 * 2**30) == "1.50 GiB"
-    assert size_text(12 * 2**20) == "12.0 MiB"
+def test_memory_text_keeps_its_digits_at_every_scale() -> None:
+    assert memory_text(80 * 1024**3) == "80.00 GiB"
+    assert memory_text(1.5 * 2**30) == "1.50 GiB"
+    assert memory_text(900_000) == "878.91 KiB"
+    assert memory_text(500_000_000) == "476.84 MiB"
+    assert memory_text(50) == "50 bytes"

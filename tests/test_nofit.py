@@ -96,16 +96,6 @@ def test_an_engine_searched_per_zero_stage_reports_every_stage_tried_and_names_i
     assert "an --engine that runs ZeRO-3 (--engine deepspeed runs ZeRO 0/1)" in err.hint and "--zero 3" not in err.hint
 
 
-def test_memory_text_keeps_its_digits_at_every_scale() -> None:
-    """A device of 500 kB is not '0.00 GiB' in the error (a reviewer's tiny CPU cluster)."""
-    from planner.search.nofit import memory_text
-
-    assert memory_text(80 * 1024**3) == "80.00 GiB"
-    assert memory_text(900_000) == "878.91 KiB"
-    assert memory_text(500_000_000) == "476.84 MiB"
-    assert memory_text(50) == "50 bytes"
-
-
 def test_on_gpus_of_two_sizes_the_cause_gives_their_range_not_the_least_as_the_most() -> None:
     """A server with a 5 MB GPU and one with a 6 MB GPU: the cause said "(4.77 MiB per device at most)", the
     least memory given as the most any device has."""

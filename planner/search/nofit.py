@@ -18,22 +18,13 @@ from dataclasses import dataclass
 
 from planner import ir
 from planner.errors import InfeasibleError, PlanError
+from planner.judge import memory_text
 from planner.runnable import ENGINES as ENGINE_LIMITS
 from planner.schedule import schedule_kind
 from planner.search.options import Request
 from planner.search.sp import Solution, solve_cap
 from planner.search.space import Problem
 from planner.search.tables import build_candidates
-
-GIB = 1024**3
-
-
-def memory_text(nbytes: float) -> str:
-    """A memory for a message, in the unit that keeps its digits: ``80.00 GiB``, ``858.31 MiB``, ``4.88 KiB``."""
-    for unit, size in (("GiB", GIB), ("MiB", 1024**2), ("KiB", 1024)):
-        if abs(nbytes) >= size:
-            return f"{nbytes / size:.2f} {unit}"
-    return f"{nbytes:.0f} bytes"
 
 
 def _fits(prob: Problem, capacity: float) -> Solution | None:

@@ -15,9 +15,9 @@ import dataclasses
 from planner import ir
 from planner.costmodel import Grid, LayerTable, dp_iteration, layer_table, plan_memory, predict, stage_costs
 from planner.errors import InfeasibleError
+from planner.judge import memory_text
 from planner.search import rerank
 from planner.search.hpp import hpp
-from planner.search.nofit import memory_text
 from planner.search.sp import Problem, Solution
 
 Found = list[tuple[float, int, Problem, Solution]]
