@@ -117,6 +117,10 @@ class EngineLimits:
     """The ZeRO stages it runs under such a schedule: torch's zb-h1 under FSDP with ``reshard_after_forward``
     (ZeRO-3) trained other weights than one process (losses 1e-4 apart after a step: GPT-2, an MLP), so is refused;
     torchtitan runs the same schedule over the same FSDP, refused there too."""
+    zero1_whole_tensors: bool = False
+    """Whether its ZeRO-1 gives each rank whole parameter tensors, largest first to the rank holding fewest elements
+    (torch's ``ZeroRedundancyOptimizer._partition_parameters``), so that shares are uneven; else each rank an even
+    slice of the flattened parameters (DeepSpeed's stage_1_and_2.py)."""
     frozen_stage_fp32_only: bool = False
     """Whether a stage with no trainable weight runs only in fp32 without ZeRO (DeepSpeed's ZeRO and bf16/fp16
     optimizers read their first parameter: stage_1_and_2.py, bf16_optimizer.py)."""
@@ -158,7 +162,7 @@ ENGINES: dict[str, EngineLimits] = {
                           uniform_zero=False, precisions=("fp32", "bf16"),  # no loss scale in the schedule's loss
                           zero1_gather_share=0.5, sync_last_backward_stages=1,
                           grad_copy=GradCopy((0, 1), cap_bytes=GRAD_BUCKET_BYTES), split_types=("Linear",),
-                          gathers_logits=True, split_tied=False,
+                          gathers_logits=True, split_tied=False, zero1_whole_tensors=True,
                           compute_copy_zero=(0, 1), wide_reduce_zero=(0, 1, 2, 3),
                           split_backward_recompute=("none", "full"), split_backward_zero=(0, 1, 2)),
     # torchtitan: FSDP2 (shard = ZeRO-3, or never reshard = ZeRO-2) or replicate (0), tensor and

@@ -346,3 +346,21 @@ def test_batch_stats_round_trips_and_is_false_in_older_profiles() -> None:
     doc["layers"][1]["batch_stats"] = "yes"
     with pytest.raises(FormatError, match="batch_stats"):
         ModelProfile.from_dict(doc)
+
+
+def test_a_layers_tensor_counts_round_trip_and_must_add_up_to_its_trainable_parameters() -> None:
+    """``tensor_counts`` (each trainable tensor's elements, largest first) is optional, written only when known,
+    and refused, naming the field, when its elements do not add up, are not whole or not largest first."""
+    doc = make_profile_dict(2)
+    doc["layers"][0]["tensor_counts"] = [249_000, 1_000]
+    prof = ModelProfile.from_dict(doc)
+    assert prof.layers[0].tensor_counts == (249_000, 1_000) and prof.layers[1].tensor_counts == ()
+    assert ModelProfile.from_dict(prof.to_dict()) == prof and "tensor_counts" not in prof.to_dict()["layers"][1]
+    for bad, says in (([249_000, 999], "add up to 249999"), ([1_000, 249_000], "largest first"),
+                      ([250_000.5], "whole numbers"), ([True, 249_999], "whole numbers"), ("250000", "list")):
+        doc["layers"][0]["tensor_counts"] = bad
+        with pytest.raises(FormatError, match=says) as exc:
+            ModelProfile.from_dict(doc)
+        assert "tensor_counts" in str(exc.value)
+    doc["layers"][0].update(tensor_counts=[1_000], trainable_count=1_000)
+    assert ModelProfile.from_dict(doc).layers[0].tensor_counts == (1_000,)

@@ -13,6 +13,7 @@ from planner.profiler.layered import (
     param_accounting,
     primary_output,
     rejects_input,
+    tensor_counts,
     trainable_counts,
     weight_features,
 )
@@ -91,6 +92,17 @@ def test_trainable_counts_leave_out_frozen_parameters_each_counted_once() -> Non
     assert got == (4, None, None)  # first: its bias trains (4 of 20); second: its own bias only
     first.bias.requires_grad_(False)
     assert trainable_counts([first, second, third], [20, 4, 10])[0] == 0
+
+
+def test_tensor_counts_list_each_trainable_tensor_once_largest_first() -> None:
+    """A tensor shared with an earlier layer is listed there only; a frozen one is not listed (it has no optimizer
+    state); where a layer's list does not add up to its trainable count, no layer lists any (unknown)."""
+    first, second, third = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 2)
+    second.weight = first.weight
+    third.bias.requires_grad_(False)
+    counts, trainable = [20, 4, 10], trainable_counts([first, second, third], [20, 4, 10])
+    assert tensor_counts([first, second, third], counts, trainable) == ((16, 4), (4,), (8,))
+    assert tensor_counts([first, second, third], [20, 5, 10], trainable) == ((), (), ())
 
 
 def test_a_frozen_layers_profile_records_it_and_its_backward_computes_no_weight_gradient() -> None:

@@ -51,6 +51,8 @@ from planner.costmodel.engine import charge_plan, zero_comms
 from planner.costmodel.layers import DP, FORM_INDEX, KEYS, MAX_KEYS, Grid, LayerTable, layer_table
 from planner.costmodel.precision import Bytes
 from planner.costmodel.variant import Variant, variant_cost
+from planner.costmodel.whole_tensors import heaviest_ratio
+from planner.engines import ENGINES
 from planner.errors import PlanError
 
 
@@ -226,7 +228,27 @@ def stage_costs_for(profile: ir.ModelProfile, cluster: ir.Cluster, stages: Seque
                                      engine, pipelined))
     tables = [cached_layer_table(profile, stage_grid(cluster, st, precision), microbatches, optimizer) for st in stages]
     tied = with_ties(profile, cluster, stages, out, tables)
-    return with_tie_accumulation(profile, stages, tied, tables, microbatches, zero_comms(cluster, engine).accumulates)
+    accumulated = with_tie_accumulation(profile, stages, tied, tables, microbatches,
+                                        zero_comms(cluster, engine).accumulates)
+    return with_whole_tensor_shares(profile, stages, accumulated, tables, engine)
+
+
+def with_whole_tensor_shares(profile: ir.ModelProfile, stages: Sequence[ir.Stage], costs: Sequence[ir.StageCost],
+                             tables: Sequence[LayerTable], engine: str) -> tuple[ir.StageCost, ...]:
+    """Where ``engine``'s ZeRO-1 gives ranks whole tensors (``EngineLimits.zero1_whole_tensors``), each ZeRO-1
+    stage holds and steps the optimizer state of the rank that gets the most (planner.costmodel.whole_tensors)."""
+    limits = ENGINES.get(engine)
+    if limits is None or not limits.zero1_whole_tensors:
+        return tuple(costs)
+    out = list(costs)
+    for s, stage in enumerate(stages):
+        ratio = heaviest_ratio(profile, stage)
+        if ratio > 1.0:
+            agg = summarise(tables[s], stage.layers[0], stage.layers[1], [FORM_INDEX[f] for f in stage.forms])
+            _, state = step_shares(agg, 1)
+            out[s] = replace(out[s], static_bytes=out[s].static_bytes + math.ceil((ratio - 1.0) * state),
+                             optimizer_step_s=out[s].optimizer_step_s * ratio)
+    return tuple(out)
 
 
 def with_tie_accumulation(profile: ir.ModelProfile, stages: Sequence[ir.Stage], costs: Sequence[ir.StageCost],

@@ -1,4 +1,4 @@
-"""profile.json as values: a model's per-layer costs (LayerProfile, BatchTimes, BlockShape, Tie, ModelProfile)."""
+"""profile.json as values: a model's per-layer costs (LayerProfile, ModelProfile; their parts in planner.ir.parts)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from planner.errors import FormatError
+from planner.errors import FormatError, is_whole
 from planner.ir._fields import (
     _bool,
     _check_part,
@@ -21,6 +21,7 @@ from planner.ir._fields import (
     _shape,
     _str,
 )
+from planner.ir.parts import BatchTimes, BlockShape, Tie
 from planner.jsonio import SUPPORTED_VERSION, check_kind
 
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "float": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
@@ -53,59 +54,6 @@ def _profile_mode(doc: Mapping[str, Any], source: str) -> str:
 
 
 @dataclass(frozen=True)
-class BlockShape:
-    """What tensor parallelism needs to know of a transformer block (Megatron-LM; Korthikanti et al. 2022).
-
-    ``hidden`` h, attention ``heads`` a, ``kv_heads`` (grouped-query attention: fewer than
-    ``heads``), ``ffn`` the MLP's inner size, ``seq_len`` s the tokens per sample, ``gated``
-    whether the MLP has three matrices (SwiGLU, Llama) rather than two (GPT-2, BERT).
-    ``attention_saved``: whether the layer's profiled ``saved_bytes`` hold the attention weights
-    (Korthikanti et al.'s ``5 a s^2 b``): attention computed with matmuls and softmax keeps them, a
-    fused kernel (SDPA's FlashAttention or memory-efficient kernels, which the profiler runs) does not
-    (``planner.profiler.fused``); absent from a file: True, as profiles written before it counted.
-    """
-
-    hidden: int
-    heads: int
-    kv_heads: int
-    ffn: int
-    seq_len: int
-    gated: bool = False
-    attention_saved: bool = True
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"hidden": self.hidden, "heads": self.heads, "kv_heads": self.kv_heads, "ffn": self.ffn,
-                "seq_len": self.seq_len, "gated": self.gated, "attention_saved": self.attention_saved}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any], where: str = "block") -> BlockShape:
-        shape = cls(_int(d, "hidden", where, positive=True), _int(d, "heads", where, positive=True),
-                    _int(d, "kv_heads", where, positive=True), _int(d, "ffn", where, positive=True),
-                    _int(d, "seq_len", where, positive=True), _bool(d, "gated", where, False),
-                    _bool(d, "attention_saved", where, True))
-        if shape.heads % shape.kv_heads or shape.hidden % shape.heads:
-            raise FormatError(f"{where}: heads {shape.heads} must be a multiple of kv_heads {shape.kv_heads} and "
-                              f"divide hidden {shape.hidden}", "fix the block's shape")
-        return shape
-
-
-@dataclass(frozen=True)
-class BatchTimes:
-    """A layer's forward and backward seconds measured at ``batch`` samples, fewer than its profile's."""
-
-    batch: int
-    forward_s: float
-    backward_s: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"batch": self.batch, "forward_s": self.forward_s, "backward_s": self.backward_s}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any], where: str = "batch_times") -> BatchTimes:
-        return cls(_int(d, "batch", where, positive=True), _num(d, "forward_s", where), _num(d, "backward_s", where))
-
-
-@dataclass(frozen=True)
 class LayerProfile:
     """Costs of one layer for the whole ``batch_size`` of its profile.
 
@@ -131,7 +79,10 @@ class LayerProfile:
     are frozen (fine-tuning) and have no gradients, optimizer state or gradient synchronisation.
     None means all of them (profiles before the field). ``batch_stats``: the layer takes statistics over
     the samples it sees (batch norm), so splitting them over a tensor group changes its result (false in
-    profiles before the field).
+    profiles before the field). ``tensor_counts``: the elements of each trainable parameter tensor counted in the
+    layer, largest first, adding up to its trainable parameters; an engine whose ZeRO-1 gives each rank whole
+    tensors charges the rank that gets most (planner.costmodel.stage); empty where unknown (profiles before the
+    field).
     """
 
     name: str
@@ -154,6 +105,7 @@ class LayerProfile:
     batch_times: tuple[BatchTimes, ...] = ()
     trainable_count: int | None = None
     batch_stats: bool = False
+    tensor_counts: tuple[int, ...] = ()
 
     @property
     def trainable_params(self) -> int:
@@ -195,6 +147,8 @@ class LayerProfile:
             d["batch_times"] = [point.to_dict() for point in self.batch_times]
         if self.batch_stats:
             d["batch_stats"] = True
+        if self.tensor_counts:
+            d["tensor_counts"] = list(self.tensor_counts)
         return d
 
     @classmethod
@@ -223,39 +177,28 @@ class LayerProfile:
                               for i, item in enumerate(_opt_list(d, "batch_times", where))),
             trainable_count=None if _get(d, "trainable_count", where) is None else _int(d, "trainable_count", where),
             batch_stats=_bool(d, "batch_stats", where, False),
+            tensor_counts=_tensor_counts(d, where),
         )
         if layer.trainable_count is not None and layer.trainable_count > layer.param_count:
             raise FormatError(f"{where}.trainable_count ({layer.trainable_count}) must lie in [0, param_count="
                               f"{layer.param_count}]", "trainable_count counts the layer's parameters that train")
+        if layer.tensor_counts and sum(layer.tensor_counts) != layer.trainable_params:
+            raise FormatError(f"{where}.tensor_counts add up to {sum(layer.tensor_counts)}, not the layer's "
+                              f"{layer.trainable_params} trainable parameters",
+                              "list every trainable tensor's elements, or drop tensor_counts")
         _check_part(where, "forward_fixed_s", layer.forward_fixed_s, "forward_s", layer.forward_s)
         _check_part(where, "backward_fixed_s", layer.backward_fixed_s, "backward_s", layer.backward_s)
         _check_part(where, "backward_weight_s", layer.backward_weight_s, "backward_s", layer.backward_s)
         return layer
 
 
-@dataclass(frozen=True)
-class Tie:
-    """A parameter shared by several layers (e.g. GPT-2 ``wte``/``lm_head``).
-
-    It is counted once, in the first layer of ``layers``; the others use it too.
-    """
-
-    name: str
-    layers: tuple[int, ...]
-    param_count: int
-    param_bytes: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "layers": list(self.layers), "param_count": self.param_count,
-                "param_bytes": self.param_bytes}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any], where: str = "tie") -> Tie:
-        layers = _list(d, "layers", where)
-        if len(layers) < 2 or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in layers):
-            raise FormatError(f"{where}.layers must list two or more layer indices, got {layers!r}", "fix 'layers'")
-        return cls(_str(d, "name", where), tuple(layers), _int(d, "param_count", where),
-                   _int(d, "param_bytes", where))
+def _tensor_counts(d: Mapping[str, Any], where: str) -> tuple[int, ...]:
+    """A layer's ``tensor_counts``: positive whole numbers, largest first (absent: none known)."""
+    counts = _opt_list(d, "tensor_counts", where)
+    if not all(is_whole(c, 1) for c in counts) or list(counts) != sorted(counts, reverse=True):
+        raise FormatError(f"{where}.tensor_counts must list positive whole numbers, largest first, got "
+                          f"{counts!r:.80}", "fix 'tensor_counts', or drop it")
+    return tuple(counts)
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,7 @@ from planner.profiler.guards import (
     out_of_memory,
     with_overrides,
 )
-from planner.profiler.layered import LayeredModel, batch_stats, rejects_input, trainable_counts
+from planner.profiler.layered import LayeredModel, batch_stats, rejects_input, tensor_counts, trainable_counts
 from planner.profiler.layers import split_model
 from planner.profiler.loader import LoadedModel, dtype_name
 from planner.profiler.measure import (
@@ -339,8 +339,8 @@ def _fixed_costs(times: _LayerTimes, runs: Runs, batch: int, small: int | None,
 
 def _layer_profiles(lm: LayeredModel, facts: list[LayerFacts], times: _LayerTimes,
                     fixed: list[tuple[float | None, float | None]], runs: Runs) -> tuple[LayerProfile, ...]:
-    layers = []
-    trainable = trainable_counts(lm.layers, lm.param_counts)
+    layers, trainable = [], trainable_counts(lm.layers, lm.param_counts)
+    tensors = tensor_counts(lm.layers, lm.param_counts, trainable)
     for i, f in enumerate(facts):
         trains = trainable[i]
         share = _weight_share(f.forward_flops, f.backward_flops, lm.param_counts[i] if trains is None else trains,
@@ -355,7 +355,7 @@ def _layer_profiles(lm: LayeredModel, facts: list[LayerFacts], times: _LayerTime
             forward_fixed_s=fixed[i][0], backward_fixed_s=fixed[i][1], block=_block(lm.block(i), facts[i]),
             batch_times=tuple(BatchTimes(b, fwd[i], bwd[i]) for b, (fwd, bwd) in zip(runs.smaller, runs.smaller_times,
                                                                                     strict=True)),
-            trainable_count=trainable[i], batch_stats=batch_stats(lm.layers[i]),
+            trainable_count=trainable[i], batch_stats=batch_stats(lm.layers[i]), tensor_counts=tensors[i],
         ))
     return tuple(layers)
 

@@ -147,6 +147,24 @@ def trainable_counts(layers: Sequence[nn.Module], counts: Sequence[int]) -> tupl
     return tuple(out)
 
 
+def tensor_counts(layers: Sequence[nn.Module], counts: Sequence[int], trainable: Sequence[int | None]
+                  ) -> tuple[tuple[int, ...], ...]:
+    """Per layer, the elements of each trainable parameter tensor it is counted with (each tensor in the first
+    layer using it), largest first; all empty (unknown) where a layer's do not add up to its trainable count
+    (``trainable``, or ``counts`` where None: :func:`trainable_counts`), as in a split whose layers are not the
+    modules owning their parameters."""
+    seen: set[int] = set()
+    out: list[tuple[int, ...]] = []
+    for layer in layers:
+        own = [p for p in layer.parameters() if id(p) not in seen]
+        seen.update(id(p) for p in own)
+        out.append(tuple(sorted((p.numel() for p in own if p.requires_grad and p.numel() > 0), reverse=True)))
+    wanted = [n if t is None else t for n, t in zip(counts, trainable, strict=True)]
+    if any(sum(tensors) != n for tensors, n in zip(out, wanted, strict=True)):
+        return tuple(() for _ in layers)
+    return tuple(out)
+
+
 def batch_stats(layer: nn.Module) -> bool:
     """Whether ``layer`` takes statistics over the samples it sees (a batch norm in training mode does): its
     result changes when its samples are split over devices that do not share them."""

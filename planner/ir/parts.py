@@ -1,0 +1,88 @@
+"""The parts of a profile's layers: a transformer block's shape, times at smaller batches, a tied weight."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from planner.errors import FormatError
+from planner.ir._fields import _bool, _int, _list, _num, _str
+
+
+@dataclass(frozen=True)
+class BlockShape:
+    """What tensor parallelism needs to know of a transformer block (Megatron-LM; Korthikanti et al. 2022).
+
+    ``hidden`` h, attention ``heads`` a, ``kv_heads`` (grouped-query attention: fewer than
+    ``heads``), ``ffn`` the MLP's inner size, ``seq_len`` s the tokens per sample, ``gated``
+    whether the MLP has three matrices (SwiGLU, Llama) rather than two (GPT-2, BERT).
+    ``attention_saved``: whether the layer's profiled ``saved_bytes`` hold the attention weights
+    (Korthikanti et al.'s ``5 a s^2 b``): attention computed with matmuls and softmax keeps them, a
+    fused kernel (SDPA's FlashAttention or memory-efficient kernels, which the profiler runs) does not
+    (``planner.profiler.fused``); absent from a file: True, as profiles written before it counted.
+    """
+
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    seq_len: int
+    gated: bool = False
+    attention_saved: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"hidden": self.hidden, "heads": self.heads, "kv_heads": self.kv_heads, "ffn": self.ffn,
+                "seq_len": self.seq_len, "gated": self.gated, "attention_saved": self.attention_saved}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str = "block") -> BlockShape:
+        shape = cls(_int(d, "hidden", where, positive=True), _int(d, "heads", where, positive=True),
+                    _int(d, "kv_heads", where, positive=True), _int(d, "ffn", where, positive=True),
+                    _int(d, "seq_len", where, positive=True), _bool(d, "gated", where, False),
+                    _bool(d, "attention_saved", where, True))
+        if shape.heads % shape.kv_heads or shape.hidden % shape.heads:
+            raise FormatError(f"{where}: heads {shape.heads} must be a multiple of kv_heads {shape.kv_heads} and "
+                              f"divide hidden {shape.hidden}", "fix the block's shape")
+        return shape
+
+
+@dataclass(frozen=True)
+class BatchTimes:
+    """A layer's forward and backward seconds measured at ``batch`` samples, fewer than its profile's."""
+
+    batch: int
+    forward_s: float
+    backward_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"batch": self.batch, "forward_s": self.forward_s, "backward_s": self.backward_s}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str = "batch_times") -> BatchTimes:
+        return cls(_int(d, "batch", where, positive=True), _num(d, "forward_s", where), _num(d, "backward_s", where))
+
+
+@dataclass(frozen=True)
+class Tie:
+    """A parameter shared by several layers (e.g. GPT-2 ``wte``/``lm_head``).
+
+    It is counted once, in the first layer of ``layers``; the others use it too.
+    """
+
+    name: str
+    layers: tuple[int, ...]
+    param_count: int
+    param_bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "layers": list(self.layers), "param_count": self.param_count,
+                "param_bytes": self.param_bytes}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str = "tie") -> Tie:
+        layers = _list(d, "layers", where)
+        if len(layers) < 2 or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in layers):
+            raise FormatError(f"{where}.layers must list two or more layer indices, got {layers!r}", "fix 'layers'")
+        return cls(_str(d, "name", where), tuple(layers), _int(d, "param_count", where),
+                   _int(d, "param_bytes", where))
