@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from planner import ir
@@ -41,3 +43,24 @@ def test_without_the_rerank_the_error_names_the_stage_over_memory() -> None:
     cluster = cluster_from_dict(make_cluster_dict(1, 1, need - 1_000_000))
     with pytest.raises(InfeasibleError, match=r"stage 0 needs 10\.\d\d MiB of 9\.\d\d MiB"):
         search(profile, cluster, microbatches=1, engine="torch", candidates=0)
+
+
+def test_a_torch_zero1_plan_over_memory_by_its_whole_tensors_never_leaves_the_search() -> None:
+    """torch's ZeRO-1 deals whole tensors (costmodel.whole_tensors): one 1M-parameter tensor of 1.25M over two ranks
+    gives one rank 1M parameters' Adam state, not 625k (3 MB more); the DP counts the even share. On GPUs a little
+    short of the plan's peak the search returns a plan that fits or says none does."""
+    doc = make_profile_dict(4, batch_size=8)
+    for layer, counts in zip(doc["layers"], ([1_000_000], [100_000], [100_000], [50_000]), strict=True):
+        layer.update(param_count=counts[0], param_bytes=4 * counts[0], tensor_counts=counts)
+    profile = ir.ModelProfile.from_dict(doc)
+    options: dict[str, Any] = dict(microbatches=1, engine="torch", zero=1, optimizer="adam", config=(2,))
+    roomy = search(profile, cluster_from_dict(make_cluster_dict(1, 2)), **options)
+    need = roomy.stages[0].memory_bytes
+    assert roomy.stages[0].zero == 1
+    for cap in (need - 1_000_000, need):
+        try:
+            found = search(profile, cluster_from_dict(make_cluster_dict(1, 2, cap)), **options)
+        except InfeasibleError:
+            assert cap < need
+            continue
+        assert all(s.memory_bytes <= cap for s in found.stages)

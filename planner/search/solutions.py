@@ -3,8 +3,9 @@
 Owns turning what :mod:`planner.search.sp` solved into ``ir.Plan`` values: :func:`solution_stages` (each
 stage's HPP forms on its grid), :func:`memory_plan` (every stage's analytic peak memory), :func:`solution_plan`
 (with the analytic prediction and the data-parallel speed-up), :func:`distinct` (the re-rank's candidates) and
-:func:`analytic_optimum` (``--rerank 0``). A cost the DP's objective leaves out (a tie's gradient made twice on one
-stage at M = 1, planner.costmodel.stage.with_tie_accumulation) can put a solution over memory: such plans take
+:func:`analytic_optimum` (``--rerank 0``). Costs the DP's objective leaves out, which depend on a stage's layers
+together (a tie's gradient made twice on one stage at M = 1, planner.costmodel.stage.with_tie_accumulation; torch's
+ZeRO-1 dealing whole tensors, planner.costmodel.whole_tensors), can put a solution over memory: such plans take
 leaner recomputation or are left out, never returned. Pure: no torch, click or rich.
 """
 
@@ -24,8 +25,7 @@ Found = list[tuple[float, int, Problem, Solution]]
 """Solutions met: (objective, order met, problem, solution), best first."""
 
 
-def distinct(found: Found, n: int, engine: str, solver: str
-              ) -> list[rerank.Costed]:
+def distinct(found: Found, n: int, engine: str, solver: str) -> list[rerank.Costed]:
     """The ``n`` best distinct plans among the solutions met (as plans with memory, and costs); one over memory by
     a cost the DP leaves out takes leaner recomputation where that fits it (planner.search.rerank.with_memory), or
     is left out."""
@@ -38,7 +38,7 @@ def distinct(found: Found, n: int, engine: str, solver: str
             continue
         seen.add(key)
         costed: rerank.Costed | None = memory_plan(prob, sol, engine=engine, solver=solver, tables=tables)
-        if costed is not None and rerank.overflowing_stages(costed[0]):
+        if rerank.overflowing_stages(costed[0]):
             costed = rerank.with_memory(costed[0], prob.space.recompute)
         if costed is None:
             continue
@@ -50,8 +50,7 @@ def distinct(found: Found, n: int, engine: str, solver: str
 
 def analytic_optimum(found: Found, engine: str, solver: str) -> ir.Plan:
     """The best solution met whose plan fits and ``engine`` runs, with its analytic prediction: the DP's optimum
-    unless a cost its objective leaves out (a tie's gradient made twice on one stage at M = 1,
-    planner.costmodel.stage.with_tie_accumulation) puts a stage over its devices' memory."""
+    unless a cost its objective leaves out (module doc) puts a stage over its devices' memory."""
     from planner.runnable import problems as limits_broken
 
     whys = []
