@@ -1,4 +1,4 @@
-"""scripts/bench_published.py, scripts/published_fsdp.py and scripts/published_h100_fsdp.py: published runs
+"""scripts/bench_published.py, published_fsdp.py, published_h100_fsdp.py and published_mpt.py: published runs
 written as plans, as their papers ran them (issue 15's and issue 11's published figures): they fit, they are
 predicted within 0.85..1.15 of the published throughput (the H100 runs, whose GPU's peak is not known, within
 the bracket of no and full recomputation), and the planner's own plan is no slower."""
@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import bench_published as bp
 import published_fsdp as pf
 import published_h100_fsdp as ph
+import published_mpt as pm
 
 from planner import gpus
 from planner.judge import judge
@@ -132,11 +133,36 @@ def test_torchtitans_published_fsdp_runs_fit_and_are_predicted_within_15_percent
     assert pf.TARGET[0] <= ratio <= pf.TARGET[1]
 
 
-def test_torchtitans_h100_run_lies_between_full_and_no_recomputation_at_the_nvl_peak() -> None:
-    """torchtitan's eager FSDP Llama 3.1 8B on 8 H100s (per-op checkpointing, 5,762 tokens/s/GPU): at the lower
-    of the report's two possible peaks the planner's full and no recomputation bracket it; at the SXM peak
-    even full recomputation is predicted faster (the planner is optimistic there, docs/fidelity.md)."""
-    row = ph.ROWS[0]
-    low, high = (ph.predicted(row, rc, ph.PEAKS_BF16["NVL"]) for rc in ("full", "none"))
+@pytest.mark.parametrize("row", ph.ROWS, ids=lambda r: f"{r.gpus} GPUs")
+def test_torchtitans_h100_runs_lie_between_full_and_no_recomputation_at_the_sxm_peak(row: ph.H100Row) -> None:
+    """torchtitan's eager FSDP Llama 3.1 8B on 8 and 128 H100s (per-op checkpointing, 5,762 and 5,605 tokens/s/GPU),
+    held out of the H100's fitted share (published_mpt.py): at the SXM peak the planner's full and no recomputation
+    bracket them. (Before that share, at 0.81 of the best cases as on the A100, even full recomputation was
+    predicted faster than published at the SXM peak.)"""
+    low, high = (ph.predicted(row, rc, ph.PEAKS_BF16["SXM"]) for rc in ("full", "none"))
     assert low <= row.tokens_per_s <= high
-    assert ph.predicted(row, "full", ph.PEAKS_BF16["SXM"]) > row.tokens_per_s
+
+
+def test_the_h100_share_is_the_fit_on_mpts_8_gpu_rows() -> None:
+    """planner.gpus.SUSTAINED_H100 is what ``published_mpt.py --fit`` finds on its fit rows (H100 only, 8 GPUs at
+    2048 tokens), lower than the A100's share fitted on SC'21: the same llm-foundry runs sustained 38-46% of the
+    H100's peak and 55-64% of the A100's."""
+    fit = [row for row in pm.ROWS if row.fit]
+    assert fit and all(row.gpu == "h100" and row.gpus == 8 and row.seq == 2048 for row in fit)
+    assert pm.fit_h100() == pytest.approx(gpus.SUSTAINED_H100, abs=0.005)
+    assert gpus.SUSTAINED_H100 < gpus.SUSTAINED
+    assert gpus.gpu_spec("h200").sustained == gpus.gpu_spec("h100").sustained == gpus.SUSTAINED_H100
+    assert gpus.gpu_spec("a100").sustained == gpus.SUSTAINED
+
+
+def test_mpts_held_out_runs_are_mostly_within_15_percent() -> None:
+    """Held out: every A100 row (the A100 share comes from SC'21, not from these) is within 0.85..1.15, and so are
+    six of the nine H100 rows run on more GPUs, longer sequences or at large scale; the other three, each with full
+    recomputation, sit at 0.84-0.85 (docs/fidelity.md: the H100 rows with recomputation lean slow)."""
+    held = [row for row in pm.ROWS if not row.fit]
+    ratios = {row: pm.ratio(row) for row in held}
+    assert all(fits for _, fits in ratios.values())
+    inside = {row for row, (r, _) in ratios.items() if pm.TARGET[0] <= r <= pm.TARGET[1]}
+    assert {row for row in held if row.gpu != "h100"} <= inside
+    assert all(r >= 0.8 for r, _ in ratios.values())
+    assert len([row for row in inside if row.gpu == "h100"]) >= 6
