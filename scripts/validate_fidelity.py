@@ -324,6 +324,11 @@ def print_fsdp() -> None:
     from published_h100_fsdp import lines
 
     report()
+    import published_mpt
+
+    print("  MosaicML's MPT runs on A100s and H100s (scripts/published_mpt.py; the H100's share fitted on 'fit' rows)")
+    for line in published_mpt.lines():
+        print(line, flush=True)
     print("  torchtitan's eager FSDP Llama 3.1 8B on H100s (scripts/published_h100_fsdp.py; per-op checkpointing, "
           "the GPU's peak unknown): the published throughput against the bracket of full and no recomputation")
     for line in lines():
