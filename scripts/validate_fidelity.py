@@ -61,9 +61,11 @@ roofline at each row's tensor degree, one fitted constant: planner.gpus.SUSTAINE
 predicted/published TFLOP/s per GPU within 0.85..1.15, also through planner profile's own analytic
 profile; then torchtitan's published FSDP runs of Llama 2 and 3 on 64 A100s through planner profile's
 analytic profile of the transformers model (scripts/published_fsdp.py), predicted/published tokens per
-second per GPU, and its eager FSDP Llama 3.1 8B on H100s against the bracket of full and no recomputation
-(scripts/published_h100_fsdp.py); last, the saved GPU runs (docs/gpu) predicted again, iteration and peak memory
-(scripts/gpu_replay.py); about 50 s. Usage::
+second per GPU, MosaicML's MPT runs on A100s and H100s the same way (scripts/published_mpt.py; the H100's
+share, planner.gpus.SUSTAINED_H100, fitted on its 8-GPU H100 rows), and torchtitan's eager FSDP Llama 3.1 8B on
+H100s against the bracket of full and no recomputation (scripts/published_h100_fsdp.py); last, the saved GPU
+runs (docs/gpu) predicted again, iteration and peak memory
+(scripts/gpu_replay.py); about 70 s. Usage::
 
     .venv/bin/python scripts/validate_fidelity.py [--models cnn,rescnn,gpt2,llama] [--engines deepspeed,torch]
         [--plans 1x1,1x4,2x2,2x8,4x4,4x8] [--repeats 3] [--steps 6] [--group-attempts 3] [--no-quality] [--quality-only]
