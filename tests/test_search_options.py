@@ -227,3 +227,17 @@ def test_the_searchs_hooks_are_checked_where_the_search_reads_them() -> None:
                           ({"alternatives": ()}, "alternatives must")]:
         with pytest.raises(UsageError, match=match):
             search(_llama_like(), _cluster(), **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("engine", "option", "match"), [
+    ("torch", {"zero": 3}, r"--engine torch runs ZeRO stages 0, 1, 2 under zb-h1's split backward, not 3"),
+    ("torch", {"recompute": "selective"}, r"runs recomputation none, full under zb-h1's split backward"),
+])
+def test_a_fixed_value_zb_h1s_split_backward_refuses_is_a_usage_error(engine: str, option: dict, match: str) -> None:
+    """A fixed --zero or --recompute the engine runs, but not under zb-h1's split backward (planner.runnable), is
+    bad usage (exit 2) up front, not a search that ends in 'no plan fits' (exit 3) even on GPUs of 1 TB."""
+    profile = ir.ModelProfile.from_dict(make_profile_dict(4))
+    cluster = cluster_from_dict(make_cluster_dict(1, 2, 10**12))
+    with pytest.raises(UsageError, match=match):
+        search(profile, cluster, engine=engine, schedule="zb-h1", **option)
+

@@ -64,3 +64,15 @@ def test_a_torch_zero1_plan_over_memory_by_its_whole_tensors_never_leaves_the_se
             assert cap < need
             continue
         assert all(s.memory_bytes <= cap for s in found.stages)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "interleaved"])
+def test_when_every_candidate_is_over_memory_the_search_says_which_stage_needs_what(schedule: str) -> None:
+    """Every plan the DP met is over memory by the tie's second gradient and no leaner recomputation fits it: the
+    re-rank has no candidate. The search says so with the stage's need (interleaved's v = 2 re-cut used to end in
+    min() of an empty list: a ValueError, a traceback from the CLI)."""
+    profile = ir.ModelProfile.from_dict(TIED)
+    need = search(profile, cluster_from_dict(make_cluster_dict(1, 1)), microbatches=1, engine="torch").stages[0]
+    cluster = cluster_from_dict(make_cluster_dict(1, 1, need.memory_bytes - 1_000_000))
+    with pytest.raises(InfeasibleError, match=r"stage 0 needs 10\.\d\d MiB of 9\.\d\d MiB"):
+        search(profile, cluster, microbatches=1, engine="torch", schedule=schedule)

@@ -85,7 +85,7 @@ from planner.search.options import (
     resolve_virtual_stages,
 )
 from planner.search.servers import even_subclusters, uneven
-from planner.search.solutions import Found, analytic_optimum, distinct, memory_plan, solution_plan
+from planner.search.solutions import Found, analytic_optimum, distinct, first_fitting, memory_plan, solution_plan
 from planner.search.sp import Problem, Solution, build_problem
 
 __all__ = ["ENGINES", "RERANK", "SOLVERS", "build_problem", "hpp", "microbatch_candidates", "parse_config", "search",
@@ -140,6 +140,9 @@ def search(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int |
     if candidates <= 0:
         return analytic_optimum(found, engine, solver)
     plans = _runnable(distinct(found, candidates, engine, solver) + _seeds(probs, engine, solver), engine)
+    if not plans:  # every candidate over memory by a cost the DP leaves out (planner.search.solutions), no seed
+        plans = [first_fitting(found, engine, solver, "use GPUs with more memory, more devices or more "
+                               "micro-batches, or a lighter --optimizer")[2]]
     if evaluate is None:
         best = rerank.best_simulated(plans, alternatives)
     else:

@@ -140,7 +140,7 @@ def _choice(name: str, value: object, allowed: Sequence[object]) -> None:
 
 
 def _one_or_all(option: str, value: object, every: Sequence[object], allowed: Sequence[object], engine: str,
-                noun: str) -> tuple[Any, ...]:
+                noun: str, under: str = "") -> tuple[Any, ...]:
     """``auto``: every value the engine runs; else ``value``, which must be known and run by the engine."""
     if value == "auto":
         return tuple(allowed)
@@ -149,15 +149,24 @@ def _one_or_all(option: str, value: object, every: Sequence[object], allowed: Se
     _choice(option, value, (*every, "auto"))
     if value not in allowed:
         shown = ", ".join(map(str, allowed))
-        raise UsageError(f"--engine {engine} runs {noun} {shown}, not {value!r}",
-                         f"use {option} auto or one of {shown}, or another --engine")
+        raise UsageError(f"--engine {engine} runs {noun} {shown}{under}, not {value!r}",
+                         f"use {option} auto or one of {shown}, or another {'--schedule or ' if under else ''}--engine")
     return (value,)
 
 
-def _zero_set(zero: int | str, engine: str, cluster: ir.Cluster) -> tuple[int, ...]:
+def _split_backward(schedule: str, engine: str) -> EngineLimits | None:
+    """The engine's limits where ``schedule`` splits the backward (zb-h1) and the engine runs it with fewer ZeRO
+    stages and recomputation modes (planner.runnable's split-backward problems), else None."""
     limits = ENGINE_LIMITS.get(engine)
-    zeros = _one_or_all("--zero", zero, ir.ZERO_STAGES, limits.zero if limits else ir.ZERO_STAGES, engine,
-                        "ZeRO stages")
+    return limits if limits is not None and schedule_kind(schedule).splits_weight_grad else None
+
+
+def _zero_set(zero: int | str, engine: str, cluster: ir.Cluster, schedule: str) -> tuple[int, ...]:
+    limits, split = ENGINE_LIMITS.get(engine), _split_backward(schedule, engine)
+    allowed = [z for z in (limits.zero if limits else ir.ZERO_STAGES)
+               if split is None or z in split.split_backward_zero]
+    zeros = _one_or_all("--zero", zero, ir.ZERO_STAGES, allowed, engine, "ZeRO stages",
+                        f" under {schedule}'s split backward" if split else "")
     if zero != "auto" and zero and len(cluster.gpus) == 1:
         raise UsageError(f"--zero {zero} shards over data-parallel ranks, the cluster {cluster.name!r} has one GPU",
                          "use --zero 0 (or auto) on one device")
@@ -175,10 +184,12 @@ def _check_zero_widths(zeros: tuple[int, ...], config: Sequence[int] | None, tp:
                          + (f" at --tp {tp}" if tp and tp > 1 else ""), "use --zero 0 or auto, or wider stages")
 
 
-def _recompute_set(recompute: str, engine: str) -> tuple[str, ...]:
-    limits = ENGINE_LIMITS.get(engine)
-    return _one_or_all("--recompute", recompute, ir.RECOMPUTE, limits.recompute if limits else ir.RECOMPUTE, engine,
-                       "recomputation")
+def _recompute_set(recompute: str, engine: str, schedule: str) -> tuple[str, ...]:
+    limits, split = ENGINE_LIMITS.get(engine), _split_backward(schedule, engine)
+    allowed = [r for r in (limits.recompute if limits else ir.RECOMPUTE)
+               if split is None or r in split.split_backward_recompute]
+    return _one_or_all("--recompute", recompute, ir.RECOMPUTE, allowed, engine, "recomputation",
+                       f" under {schedule}'s split backward" if split else "")
 
 
 def _check_tp(tp: int | None, profile: ir.ModelProfile, cluster: ir.Cluster, engine: str) -> None:
@@ -273,9 +284,9 @@ def check_request(profile: ir.ModelProfile, cluster: ir.Cluster, *, schedule: st
                          f"{engine} trains its own Llama definition only: search with --engine torch or deepspeed "
                          "(or any)")
     forms, rules = engine_forms(engine)
-    zeros = _zero_set(zero, engine, cluster)
+    zeros = _zero_set(zero, engine, cluster, schedule)
     _check_zero_widths(zeros, config, tp)
-    space = Space(prec, tp, zeros, _recompute_set(recompute, engine), forms, micro_batch_size, rules=rules)
+    space = Space(prec, tp, zeros, _recompute_set(recompute, engine, schedule), forms, micro_batch_size, rules=rules)
     return Request(schedule, optimizer, solver, engine, tuple(config) if config else None, space, max_blocks)
 
 

@@ -37,9 +37,8 @@ def distinct(found: Found, n: int, engine: str, solver: str) -> list[rerank.Cost
         if key in seen:
             continue
         seen.add(key)
-        costed: rerank.Costed | None = memory_plan(prob, sol, engine=engine, solver=solver, tables=tables)
-        if rerank.overflowing_stages(costed[0]):
-            costed = rerank.with_memory(costed[0], prob.space.recompute)
+        plan, costs = memory_plan(prob, sol, engine=engine, solver=solver, tables=tables)
+        costed = rerank.with_memory(plan, prob.space.recompute) if rerank.overflowing_stages(plan) else (plan, costs)
         if costed is None:
             continue
         plans.append(costed)
@@ -51,21 +50,29 @@ def distinct(found: Found, n: int, engine: str, solver: str) -> list[rerank.Cost
 def analytic_optimum(found: Found, engine: str, solver: str) -> ir.Plan:
     """The best solution met whose plan fits and ``engine`` runs, with its analytic prediction: the DP's optimum
     unless a cost its objective leaves out (module doc) puts a stage over its devices' memory."""
+    prob, sol, _ = first_fitting(found, engine, solver, "search with --rerank 1 or more (leaner recomputation is "
+                                 "then tried), more devices or more micro-batches")
+    return solution_plan(prob, sol, engine=engine, solver=solver)
+
+
+def first_fitting(found: Found, engine: str, solver: str, hint: str) -> tuple[Problem, Solution, rerank.Costed]:
+    """The best solution met whose plan fits once every stage's memory is counted and ``engine`` runs, as a plan
+    with memory and its costs; an InfeasibleError naming what the best one breaks (and ``hint``) when none does."""
     from planner.runnable import problems as limits_broken
 
     whys = []
     for _, _, prob, sol in found:
-        plan, _ = memory_plan(prob, sol, engine=engine, solver=solver)
+        costed = memory_plan(prob, sol, engine=engine, solver=solver)
+        plan = costed[0]
         caps = {g.name: g.memory_bytes for g in plan.cluster.gpus}
         whys.append([f"stage {i} needs {memory_text(plan.stages[i].memory_bytes)} of "
                      f"{memory_text(min(caps[d] for d in plan.stages[i].devices))}"
                      for i in rerank.overflowing_stages(plan)] + limits_broken(plan, engine))
         if not whys[-1]:
-            return solution_plan(prob, sol, engine=engine, solver=solver)
+            return prob, sol, costed
+    best = f" (the best: {'; '.join(whys[0])})" if whys else ""
     raise InfeasibleError(f"none of the {len(found)} plans the solver met fits once every stage's memory is counted "
-                          f"and --engine {engine} runs it (the best: {'; '.join(whys[0])})",
-                          "search with --rerank 1 or more (leaner recomputation is then tried), more devices or "
-                          "more micro-batches")
+                          f"and --engine {engine} runs it{best}", hint)
 
 
 def solution_stages(prob: Problem, sol: Solution,
