@@ -41,8 +41,9 @@ def test_without_the_rerank_the_error_names_the_stage_over_memory() -> None:
     need = search(profile, cluster_from_dict(make_cluster_dict(1, 1)), microbatches=1, engine="torch",
                   candidates=0).stages[0].memory_bytes
     cluster = cluster_from_dict(make_cluster_dict(1, 1, need - 1_000_000))
-    with pytest.raises(InfeasibleError, match=r"stage 0 needs 10\.\d\d MiB of 9\.\d\d MiB"):
+    with pytest.raises(InfeasibleError, match=r"stage 0 needs 10\.\d\d MiB of 9\.\d\d MiB") as exc:
         search(profile, cluster, microbatches=1, engine="torch", candidates=0)
+    assert exc.value.needed_bytes == need and "the least any of them needs is 10.30 MiB" in exc.value.cause
 
 
 def test_a_torch_zero1_plan_over_memory_by_its_whole_tensors_never_leaves_the_search() -> None:

@@ -11,6 +11,7 @@ estimate of how many of them the need implies). :func:`no_width_shape` and
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -104,6 +105,16 @@ def least_need(probs: Sequence[Problem]) -> Need | None:
     return best
 
 
+def _counted_whole(need: Need, engine: str) -> Need:
+    """``need`` at least its plan's peak with every stage's memory counted: the DP's bisection leaves out what
+    depends on a stage's layers together (a tie's gradient made twice, torch's ZeRO-1 by whole tensors;
+    planner.search.solutions), so the least memory it finds can be short of what that plan needs."""
+    from planner.search.solutions import memory_plan
+
+    plan, _ = memory_plan(need.prob, need.solution, engine=engine, solver="dp")
+    return dataclasses.replace(need, bytes=max(need.bytes, max(s.memory_bytes for s in plan.stages)))
+
+
 def _per_stage(values: Iterable[object]) -> str:
     """One value when every stage has it, else each stage's, ``/``-separated."""
     shown = [str(v) for v in values]
@@ -153,6 +164,7 @@ def least_need_error(probs: Sequence[Problem], req: Request | None = None,
     """The error when none of ``probs`` (the problems a search solved, for micro-batch counts ``cands``)
     has a plan that fits: the least memory a plan of any of them needs, that plan, and what would help."""
     need, tried = least_need(probs), Tried.of(probs)
+    need = None if need is None else _counted_whole(need, req.engine if req is not None else "any")
     prob = probs[0] if need is None else need.prob
     cause = f"no plan fits in the devices' memory ({_capacities(prob.cluster)})"
     if need is not None:

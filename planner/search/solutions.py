@@ -60,19 +60,23 @@ def first_fitting(found: Found, engine: str, solver: str, hint: str) -> tuple[Pr
     with memory and its costs; an InfeasibleError naming what the best one breaks (and ``hint``) when none does."""
     from planner.runnable import problems as limits_broken
 
-    whys = []
+    whys, peaks = [], []
     for _, _, prob, sol in found:
         costed = memory_plan(prob, sol, engine=engine, solver=solver)
         plan = costed[0]
         caps = {g.name: g.memory_bytes for g in plan.cluster.gpus}
+        broken = limits_broken(plan, engine)
         whys.append([f"stage {i} needs {memory_text(plan.stages[i].memory_bytes)} of "
                      f"{memory_text(min(caps[d] for d in plan.stages[i].devices))}"
-                     for i in rerank.overflowing_stages(plan)] + limits_broken(plan, engine))
+                     for i in rerank.overflowing_stages(plan)] + broken)
         if not whys[-1]:
             return prob, sol, costed
+        if not broken:
+            peaks.append(max(s.memory_bytes for s in plan.stages))
     best = f" (the best: {'; '.join(whys[0])})" if whys else ""
+    least = f"; the least any of them needs is {memory_text(min(peaks))} per device" if peaks else ""
     raise InfeasibleError(f"none of the {len(found)} plans the solver met fits once every stage's memory is counted "
-                          f"and --engine {engine} runs it{best}", hint)
+                          f"and --engine {engine} runs it{best}{least}", hint, min(peaks) if peaks else None)
 
 
 def solution_stages(prob: Problem, sol: Solution,
