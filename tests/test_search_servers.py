@@ -51,3 +51,25 @@ def test_when_no_even_sub_cluster_has_a_plan_the_error_says_which_were_searched(
         search(ir.ModelProfile.from_dict(doc), _servers(4, 2, memory_bytes=10**9), engine="torch")
     assert isinstance(exc.value, InfeasibleError) and exc.value.needed_bytes is not None  # the least need is kept
     assert exc.value.cause.startswith("on 4 GPUs (")
+
+
+def test_even_layouts_are_every_servers_by_gpus_cut_but_the_whole_most_gpus_first() -> None:
+    from planner.search.servers import even_layouts
+
+    groups = even_layouts(ir.Cluster.from_dict(make_cluster_dict(2, 4)))
+    counts = [[(len(c.nodes), len(c.nodes[0].gpus)) for c in group] for group in groups]
+    assert counts == [[(2, 3)], [(1, 4), (2, 2)], [(1, 3)], [(1, 2), (2, 1)], [(1, 1)]]
+    assert [n.name for n in groups[0][0].nodes] == ["n0", "n1"] and groups[0][0].nodes[1].gpus[-1].name == "n1.g2"
+
+
+def test_where_every_best_plan_places_unevenly_deepspeed_gets_an_even_layout_of_fewer_gpus() -> None:
+    """Six layers that fit one to a GPU, on two servers of 4: the search's only plan ran six one-GPU stages on 4 + 2
+    GPUs, which DeepSpeed's launcher cannot start, and the search said so (exit 3). It now searches the even layouts
+    of fewer GPUs and returns six stages on 3 + 3; a fixed --config is not re-laid out."""
+    profile = ir.ModelProfile.from_dict(make_profile_dict(6, batch_size=8))
+    cluster = ir.Cluster.from_dict(make_cluster_dict(2, 4, 7_000_000))
+    plan = search(profile, cluster, engine="deepspeed", optimizer="adam", recompute="none")
+    assert [len(n.gpus) for n in plan.cluster.nodes] == [3, 3] and plan.config == "1-1-1-1-1-1"
+    assert not problems(plan, "deepspeed")
+    with pytest.raises(InfeasibleError, match="different numbers of processes"):
+        search(profile, cluster, engine="deepspeed", optimizer="adam", recompute="none", config="1-1-1-1-1-1")

@@ -59,10 +59,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
 from planner import ir
+from planner.cluster import uneven_servers
 from planner.costmodel import dp_iteration
 from planner.errors import InfeasibleError, PlannerError
 from planner.judge import Judged
@@ -84,7 +86,7 @@ from planner.search.options import (
     problems,
     resolve_virtual_stages,
 )
-from planner.search.servers import even_subclusters, uneven
+from planner.search.servers import even_layouts, even_subclusters, uneven
 from planner.search.solutions import Found, analytic_optimum, distinct, first_fitting, memory_plan, solution_plan
 from planner.search.sp import Problem, Solution, build_problem
 
@@ -139,7 +141,13 @@ def search(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int |
     found, probs = _collect(profile, cluster, req, cands, progress)
     if candidates <= 0:
         return analytic_optimum(found, engine, solver)
-    plans = _runnable(distinct(found, candidates, engine, solver) + _seeds(probs, engine, solver), engine)
+    costed = distinct(found, candidates, engine, solver) + _seeds(probs, engine, solver)
+    if _all_uneven(costed, engine) and config is None and not _IN_LAYOUT.get():
+        return _on_even_layouts(profile, cluster, dict(
+            microbatches=microbatches, schedule=schedule, optimizer=optimizer, solver=solver, engine=engine,
+            max_blocks=max_blocks, progress=progress, evaluate=evaluate, candidates=candidates, precision=precision,
+            tp=tp, zero=zero, recompute=recompute, micro_batch_size=micro_batch_size, alternatives=alternatives))
+    plans = _runnable(costed, engine)
     if not plans:  # every candidate over memory by a cost the DP leaves out (planner.search.solutions), no seed
         plans = [first_fitting(found, engine, solver, "use GPUs with more memory, more devices or more "
                                "micro-batches, or a lighter --optimizer")[2]]
@@ -173,6 +181,38 @@ def _on_even_servers(profile: ir.ModelProfile, cluster: ir.Cluster, options: dic
             raise InfeasibleError(cause, failure.hint, failure.needed_bytes) from None
         raise type(failure)(cause, failure.hint) from None
     return best
+
+
+_IN_LAYOUT: ContextVar[bool] = ContextVar("_IN_LAYOUT", default=False)
+"""Set while :func:`_on_even_layouts` searches a layout, which does not fall back again."""
+
+
+def _all_uneven(costed: list[rerank.Costed], engine: str) -> bool:
+    """Whether ``engine``'s launcher runs none of the candidates: each places different numbers of processes on
+    its servers (planner.cluster.uneven_servers)."""
+    return engine in ENGINE_LIMITS and bool(costed) and all(uneven_servers(p) is not None for p, _ in costed)
+
+
+def _on_even_layouts(profile: ir.ModelProfile, cluster: ir.Cluster, options: dict[str, Any]) -> ir.Plan:
+    """The fastest plan among the even layouts of the most GPUs that have one (planner.search.servers.even_layouts):
+    where every best plan of the whole cluster placed its processes unevenly. The plan's cluster is its layout."""
+    token = _IN_LAYOUT.set(True)
+    try:
+        for group in even_layouts(cluster):
+            plans = []
+            for sub in group:
+                try:
+                    plans.append(search(profile, sub, **options))
+                except PlannerError:
+                    continue
+            if plans:
+                return min(plans, key=lambda p: p.predicted.iteration_s)
+    finally:
+        _IN_LAYOUT.reset(token)
+    raise InfeasibleError(f"every plan found places different numbers of processes on the servers of "
+                          f"{cluster.name!r}, which --engine {options['engine']}'s launcher cannot start, and no "
+                          "even layout of fewer GPUs has a plan", "search with --config, more memory or another "
+                          "--engine")
 
 
 def _seeds(probs: list[Problem], engine: str, solver: str) -> list[rerank.Costed]:

@@ -4,7 +4,9 @@ Pure (no torch, click or rich). torchrun (``--nproc-per-node``) and DeepSpeed's 
 number of processes on every server a job uses (every engine of :data:`planner.engines.ENGINES`), so
 on a cluster whose servers hold different numbers of GPUs a plan must leave some idle. The search's own
 space does not hold that rule (its device groups follow the GPUs in order), so for such an engine it
-searches each even sub-cluster instead (:func:`even_subclusters`) and keeps the fastest plan.
+searches each even sub-cluster instead (:func:`even_subclusters`) and keeps the fastest plan. On even servers
+too its best plans can all place unevenly (5 one-GPU stages on two servers of 4); it then searches the even
+layouts of fewer GPUs (:func:`even_layouts`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import dataclasses
 
 from planner import ir
 
-__all__ = ["even_subclusters", "uneven"]
+__all__ = ["even_layouts", "even_subclusters", "uneven"]
 
 
 def uneven(cluster: ir.Cluster) -> bool:
@@ -35,3 +37,15 @@ def even_subclusters(cluster: ir.Cluster) -> list[ir.Cluster]:
     sizes = sorted({len(node.gpus) for node in cluster.nodes})
     subs = [_cut(cluster, [nd for nd in cluster.nodes if len(nd.gpus) >= n], n) for n in sizes]
     return sorted(subs, key=lambda c: -len(c.gpus))
+
+
+def even_layouts(cluster: ir.Cluster) -> list[list[ir.Cluster]]:
+    """The sub-clusters of an even cluster's first ``s`` servers using each its first ``n`` GPUs, the cluster
+    itself left out, grouped by their GPU count ``s x n``, most GPUs first."""
+    per = len(cluster.nodes[0].gpus) if cluster.nodes else 0
+    groups: dict[int, list[ir.Cluster]] = {}
+    for s in range(1, len(cluster.nodes) + 1):
+        for n in range(1, per + 1):
+            if (s, n) != (len(cluster.nodes), per):
+                groups.setdefault(s * n, []).append(_cut(cluster, list(cluster.nodes[:s]), n))
+    return [groups[k] for k in sorted(groups, reverse=True)]
