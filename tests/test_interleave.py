@@ -178,3 +178,16 @@ def test_torch_plans_only_the_micro_batch_counts_it_runs_in_the_simulated_order(
     assert search_interleaved(profile, cluster, 2, microbatches=8, config=(1, 1, 1)).microbatches == 8
     with pytest.raises(InfeasibleError, match="order simulated"):
         search_interleaved(profile, cluster, 2, microbatches=8, config=(1, 1, 1), engine="torch")
+
+
+def test_the_least_memory_of_a_search_that_fits_nothing_is_not_offered_for_more_chunks() -> None:
+    """When even one chunk per group fits nowhere, the error's least memory is that search's: v = 2 holds more in
+    flight, so the figure (and needed_bytes) is not given as what an interleaved plan needs."""
+    profile = ir.ModelProfile.from_dict(make_profile_dict(8, batch_size=8))
+    tiny = ir.Cluster.from_dict(make_cluster_dict(2, 2, memory_bytes=1_000_000))
+    with pytest.raises(InfeasibleError) as one:
+        search_interleaved(profile, tiny, 1, microbatches=4)
+    with pytest.raises(InfeasibleError) as two:
+        search_interleaved(profile, tiny, 2, microbatches=4)
+    assert one.value.needed_bytes is not None and two.value.needed_bytes is None
+    assert two.value.cause.startswith(one.value.cause) and "2 chunks a group hold more" in two.value.cause

@@ -159,9 +159,13 @@ def search_interleaved(profile: ir.ModelProfile, cluster: ir.Cluster, virtual_st
         one = judged[key]
         return one.prediction.iteration_s if one is not None and one.fits else math.inf
 
-    base = search(profile, cluster, microbatches=microbatches, schedule="interleaved", optimizer=optimizer,
-                  solver=solver, engine=engine, config=config, progress=progress, evaluate=evaluate,
-                  candidates=candidates, virtual_stages=1, **space)
+    try:
+        base = search(profile, cluster, microbatches=microbatches, schedule="interleaved", optimizer=optimizer,
+                      solver=solver, engine=engine, config=config, progress=progress, evaluate=evaluate,
+                      candidates=candidates, virtual_stages=1, **space)
+    except InfeasibleError as exc:  # its least memory is one chunk per group's: v chunks hold more in flight
+        raise InfeasibleError(f"{exc.cause}; that is with one chunk per device group, and {v} chunks a group hold "
+                              "more micro-batches in flight, so an interleaved plan needs more", exc.hint) from None
     score = evaluate(base)
     best = judged[_base_key(base)]
     if best is None or not best.fits or not math.isfinite(score):
