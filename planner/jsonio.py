@@ -128,7 +128,11 @@ def _check_depth(text: str, p: Path) -> None:
 
 
 class _Refused(ValueError):
-    """A JSON value that parses but is refused (long integer, duplicate key)."""
+    """A JSON value that parses but is refused (long integer, duplicate key), with the hint that fits it."""
+
+    def __init__(self, cause: str, hint: str) -> None:
+        super().__init__(cause)
+        self.hint = hint
 
 
 def _constant(name: str) -> float:
@@ -137,7 +141,8 @@ def _constant(name: str) -> float:
 
 def _int(text: str) -> int:
     if len(text.lstrip("-")) > MAX_INT_DIGITS:
-        raise _Refused(f"integer {text[:20]}... has {len(text.lstrip('-'))} digits (at most {MAX_INT_DIGITS})")
+        raise _Refused(f"integer {text[:20]}... has {len(text.lstrip('-'))} digits (at most {MAX_INT_DIGITS})",
+                       "write numbers within planner's bounds")
     return int(text)
 
 
@@ -145,7 +150,7 @@ def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in pairs:
         if key in out:
-            raise _Refused(f"duplicate key {key[:60]!r}")
+            raise _Refused(f"duplicate key {key[:60]!r}", "keep one value per key (the file was edited or merged)")
         out[key] = value
     return out
 
@@ -159,8 +164,7 @@ def _parse(text: str, p: Path, kind: str) -> Any:
             f"the file may be truncated; re-create the {kind} file",
         ) from None
     except _Refused as exc:
-        raise FormatError(f"{p}: {exc}", f"write finite numbers within planner's bounds; re-create the {kind} file") \
-            from None
+        raise FormatError(f"{p}: {exc}", f"{exc.hint}, or re-create the {kind} file") from None
     _check_finite(doc, (), p)
     return doc
 

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,27 @@ def test_measured_json_is_one_document_on_stdout(tmp_path: Path) -> None:
     assert code == 0, stderr
     doc = json.loads(stdout)
     assert doc["kind"] == "profile" and doc["mode"] == "measured" and doc == json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_no_progress_bar_under_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, as_json: bool) -> None:
+    """docs/contracts.md: progress shows on a terminal when --json is not given; profile drew its bar anyway."""
+    import contextlib
+
+    from planner.render import profile as render
+
+    asked: list[bool] = []
+
+    @contextlib.contextmanager
+    def spy(title: str, show: bool = True) -> Iterator[Callable[[int, int, str], None]]:
+        asked.append(show)
+        yield lambda done, total, what: None
+
+    monkeypatch.setattr(render, "progress_bar", spy)
+    code, _, stderr = _run(["profile", "mlp", "--batch-size", "4", "--mode", "analytic", "--device-flops", "v100",
+                            "-o", str(tmp_path / "p.json"), *(["--json"] if as_json else [])])
+    assert code == 0, stderr
+    assert asked == [not as_json]
 
 
 def test_factory_model_with_input_shape(tmp_path: Path) -> None:

@@ -83,6 +83,26 @@ def test_readme_sample_explanation_is_what_search_prints() -> None:
         assert line.strip() in done.stderr, line
 
 
+@pytest.mark.slow
+def test_readme_llama_figures_are_what_search_prints(tmp_path: Path) -> None:
+    """The Llama case's quoted iterations (plain data parallel, and the 8 x 8 grid without --micro-batch-size 1)
+    are what search predicts now: they stayed at 996 and 1422 ms after the H100's sustained share changed."""
+    text = README.read_text()
+    dp_ms = re.search(r"\(`1 x 64`, (\d+) ms\)", text)
+    grid_ms = re.search(r"samples, (\d+) ms, which beats", text)
+    assert dp_ms and grid_ms, "the README's Llama paragraph quotes both iterations"
+    search = "planner search llama3-8b.json --cluster h100-8x8-nvlink-ib --optimizer adam --json"
+    done = _bash("planner profile llama3-8b --mode analytic --device-flops h100 --dtype bfloat16 --batch-size 64 "
+                 f"-o llama3-8b.json\n{search} > dp.json\n{search} --tp 8 --zero 1 --recompute full > grid.json",
+                 tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    for name, quoted, grid in (("dp.json", dp_ms, (1, 64)), ("grid.json", grid_ms, (8, 8))):
+        plan = json.loads((tmp_path / name).read_text())
+        assert [(s["tp"], s["dp"]) for s in plan["stages"]] == [grid], name
+        assert round(plan["predicted"]["iteration_s"] * 1e3) == int(quoted[1]), name
+    assert json.loads((tmp_path / "dp.json").read_text())["stages"][0]["zero"] == 3  # "with ZeRO-3"
+
+
 def test_readme_library_snippet_runs() -> None:
     (snippet,) = [b for b, _ in blocks(README.read_text(), "python")]
     done = subprocess.run([sys.executable, "-c", snippet], cwd=ROOT, env=_env(), text=True, capture_output=True,

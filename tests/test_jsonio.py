@@ -93,6 +93,20 @@ def test_hostile_bytes_are_clear_errors(tmp_path: Path, raw: bytes, message: str
     assert err.value.cause.startswith(str(path))
 
 
+@pytest.mark.parametrize(("raw", "hint"), [
+    (_profile_text().replace(b'"batch_size": 8', b'"batch_size": 8, "batch_size": 9'), "keep one value per key"),
+    (_profile_text().replace(b'"batch_size": 8', b'"batch_size": ' + b"1" * 31), "numbers within planner's bounds"),
+])
+def test_refused_values_get_their_own_hint(tmp_path: Path, raw: bytes, hint: str) -> None:
+    """A duplicate key was hinted 'write finite numbers within planner's bounds', which says nothing of keys."""
+    path = tmp_path / "x.json"
+    path.write_bytes(raw)
+    with pytest.raises(FormatError) as err:
+        read_json(path, "profile")
+    assert hint in err.value.hint and "finite" not in err.value.hint, err.value.hint
+    assert err.value.hint.endswith("re-create the profile file")
+
+
 def test_strings_with_brackets_do_not_count_as_depth(tmp_path: Path) -> None:
     from tests.conftest import make_profile_dict
 

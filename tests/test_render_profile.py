@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from rich.console import Console
 
 from planner import ir
@@ -37,3 +38,15 @@ def test_title_shows_the_input_shape_and_a_singular_layer() -> None:
     console.print(summary_table(ir.ModelProfile.from_dict(make_profile_dict(1, input_shape=[128]))))
     out = console.export_text()
     assert "toy: 1 layer, batch 8 of 128," in out
+
+
+def test_progress_bar_is_not_drawn_under_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/contracts.md: progress shows on a terminal when --json is not given; profile drew its bar anyway."""
+    from planner.render import profile as render
+
+    console = Console(record=True, force_terminal=True, width=120)
+    monkeypatch.setattr(render, "stderr_console", lambda: console)
+    for show in (False, True):
+        with render.progress_bar("counting toy", show=show) as update:
+            update(1, 2, "layer 1")
+        assert ("counting toy" in console.export_text()) is show

@@ -113,7 +113,8 @@ def profile(model: str, output: str | None, batch_size: int, input_shape: str | 
     load_device = "meta" if mode == "analytic" else device
     loaded = load_model(model, batch_size, shape, dtype=dtype, device=load_device, overrides=overrides)
     title = f"profiling {model}" if mode == "measured" else f"counting {model}"
-    with progress_bar(title) as update, stdout_to_stderr():  # the model's prints must not corrupt --json
+    # no bar under --json; the model's prints must not corrupt --json
+    with progress_bar(title, show=not as_json) as update, stdout_to_stderr():
         prof = profile_model(loaded, mode=mode, threads=threads, repeats=repeats, warmup=warmup,
                              device_flops=device_flops, progress=update, efficiency=efficiency)
     doc = prof.to_dict()

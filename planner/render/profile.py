@@ -14,10 +14,11 @@ from planner.render.text import count, safe_text
 
 
 @contextmanager
-def progress_bar(title: str) -> Iterator[Callable[[int, int, str], None]]:
-    """A rich progress bar on stderr; yields the ``progress(done, total, what)`` callback."""
+def progress_bar(title: str, show: bool = True) -> Iterator[Callable[[int, int, str], None]]:
+    """A rich progress bar on stderr when it is a terminal and ``show`` (false under ``--json``, as for the other
+    commands' progress: docs/contracts.md); yields the ``progress(done, total, what)`` callback."""
     console = stderr_console()
-    if not console.is_terminal:  # a log file or a pipe: no bar, no stray blank lines
+    if not show or not console.is_terminal:  # --json, a log file or a pipe: no bar, no stray blank lines
         yield lambda done, total, what: None
         return
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TaskProgressColumn(),
