@@ -123,12 +123,13 @@ def search(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int |
                         config=config, precision=precision, tp=tp, zero=zero, recompute=recompute,
                         micro_batch_size=micro_batch_size, max_blocks=max_blocks)
     config = req.config  # "2-1-1" or (2, 1, 1), checked
+    # the request again, for searches of the parts of the cluster its engine's launcher can start
+    options = dict(microbatches=microbatches, schedule=schedule, optimizer=optimizer, solver=solver, engine=engine,
+                   max_blocks=max_blocks, progress=progress, evaluate=evaluate, candidates=candidates,
+                   precision=precision, tp=tp, zero=zero, recompute=recompute, micro_batch_size=micro_batch_size,
+                   virtual_stages=virtual_stages, alternatives=alternatives)
     if engine in ENGINE_LIMITS and uneven(cluster) and config is None:
-        return _on_even_servers(profile, cluster, dict(
-            microbatches=microbatches, schedule=schedule, optimizer=optimizer, solver=solver, engine=engine,
-            max_blocks=max_blocks, progress=progress, evaluate=evaluate, candidates=candidates, precision=precision,
-            tp=tp, zero=zero, recompute=recompute, micro_batch_size=micro_batch_size, virtual_stages=virtual_stages,
-            alternatives=alternatives))
+        return _on_even_servers(profile, cluster, options)
     v = resolve_virtual_stages(virtual_stages, schedule)
     if v > 1:
         from planner.search.interleave import search_interleaved
@@ -143,10 +144,7 @@ def search(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int |
         return analytic_optimum(found, engine, solver)
     costed = distinct(found, candidates, engine, solver) + _seeds(probs, engine, solver)
     if _all_uneven(costed, engine) and config is None and not _IN_LAYOUT.get():
-        return _on_even_layouts(profile, cluster, dict(
-            microbatches=microbatches, schedule=schedule, optimizer=optimizer, solver=solver, engine=engine,
-            max_blocks=max_blocks, progress=progress, evaluate=evaluate, candidates=candidates, precision=precision,
-            tp=tp, zero=zero, recompute=recompute, micro_batch_size=micro_batch_size, alternatives=alternatives))
+        return _on_even_layouts(profile, cluster, options)
     plans = _runnable(costed, engine)
     if not plans:  # every candidate over memory by a cost the DP leaves out (planner.search.solutions), no seed
         plans = [first_fitting(found, engine, solver, "use GPUs with more memory, more devices or more "
@@ -158,29 +156,34 @@ def search(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int |
     return _with_prediction(best.plan, best.prediction)
 
 
+def _fastest_on(profile: ir.ModelProfile, subs: Sequence[ir.Cluster], options: dict[str, Any]
+                ) -> tuple[ir.Plan | None, list[tuple[PlannerError, ir.Cluster]]]:
+    """The fastest plan of ``profile`` over the sub-clusters ``subs``, each searched with ``options`` (None when
+    none has one), and each failure with its sub-cluster."""
+    plans, failures = [], []
+    for sub in subs:
+        try:
+            plans.append(search(profile, sub, **options))
+        except PlannerError as exc:
+            failures.append((exc, sub))
+    return min(plans, key=lambda p: p.predicted.iteration_s, default=None), failures
+
+
 def _on_even_servers(profile: ir.ModelProfile, cluster: ir.Cluster, options: dict[str, Any]) -> ir.Plan:
     """The fastest plan over the even sub-clusters of ``cluster`` (planner.search.servers), each searched
     with ``options``; when none has a plan, the error of the one needing the least memory (else the first's).
     The plan's cluster is its sub-cluster: the servers and GPUs the engine's launcher starts it on."""
-    best: ir.Plan | None = None
-    failures: list[tuple[PlannerError, str]] = []
-    subs = even_subclusters(cluster)
-    for sub in subs:
-        try:
-            plan = search(profile, sub, **options)
-        except PlannerError as exc:
-            failures.append((exc, f"{len(sub.gpus)} GPUs ({len(sub.nodes)} x {len(sub.nodes[0].gpus)})"))
-            continue
-        if best is None or plan.predicted.iteration_s < best.predicted.iteration_s:
-            best = plan
-    if best is None:
-        failure, where = min(failures, key=lambda f: getattr(f[0], "needed_bytes", None) or math.inf)
-        cause = (f"on {where}: {failure.cause}; --engine {options['engine']} starts as many processes on every "
-                 f"server, so the uneven servers were searched as {' and '.join(w for _, w in failures)}")
-        if isinstance(failure, InfeasibleError):
-            raise InfeasibleError(cause, failure.hint, failure.needed_bytes) from None
-        raise type(failure)(cause, failure.hint) from None
-    return best
+    best, failures = _fastest_on(profile, even_subclusters(cluster), options)
+    if best is not None:
+        return best
+    wheres = [f"{len(sub.gpus)} GPUs ({len(sub.nodes)} x {len(sub.nodes[0].gpus)})" for _, sub in failures]
+    failure, where = min(zip((f for f, _ in failures), wheres, strict=True),
+                         key=lambda f: getattr(f[0], "needed_bytes", None) or math.inf)
+    cause = (f"on {where}: {failure.cause}; --engine {options['engine']} starts as many processes on every "
+             f"server, so the uneven servers were searched as {' and '.join(wheres)}")
+    if isinstance(failure, InfeasibleError):
+        raise InfeasibleError(cause, failure.hint, failure.needed_bytes) from None
+    raise type(failure)(cause, failure.hint) from None
 
 
 _IN_LAYOUT: ContextVar[bool] = ContextVar("_IN_LAYOUT", default=False)
@@ -199,14 +202,9 @@ def _on_even_layouts(profile: ir.ModelProfile, cluster: ir.Cluster, options: dic
     token = _IN_LAYOUT.set(True)
     try:
         for group in even_layouts(cluster):
-            plans = []
-            for sub in group:
-                try:
-                    plans.append(search(profile, sub, **options))
-                except PlannerError:
-                    continue
-            if plans:
-                return min(plans, key=lambda p: p.predicted.iteration_s)
+            best, _ = _fastest_on(profile, group, options)
+            if best is not None:
+                return best
     finally:
         _IN_LAYOUT.reset(token)
     raise InfeasibleError(f"every plan found places different numbers of processes on the servers of "
