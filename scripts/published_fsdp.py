@@ -25,7 +25,9 @@ row).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from planner import ir
 from planner.judge import Judged, judge
@@ -51,6 +53,18 @@ ROWS = (
     FsdpRun("llama2-70b fsdp", "llama2-70b", 2, 4096, "full", 353.0),
     FsdpRun("llama3-70b fsdp", "llama3-70b", 1, 8192, "full", 331.0),
 )
+
+
+def servers_like(preset: str, count: int, name: str, **gpu: Any) -> ir.Cluster:
+    """``count`` servers like the first of cluster ``preset`` (its links and eight GPUs), their GPU with the fields
+    ``gpu`` changes (memory, bandwidth, peaks), named ``s<i>.g<j>``."""
+    from planner.cluster import load_cluster
+
+    base = load_cluster(preset)
+    g0 = dataclasses.replace(base.nodes[0].gpus[0], **gpu)
+    nodes = tuple(dataclasses.replace(base.nodes[0], name=f"s{i}", gpus=tuple(
+        dataclasses.replace(g0, name=f"s{i}.g{j}") for j in range(len(base.nodes[0].gpus)))) for i in range(count))
+    return dataclasses.replace(base, name=name, nodes=nodes)
 
 
 def fsdp_plan(profile: ir.ModelProfile, cluster: ir.Cluster, row: FsdpRun) -> ir.Plan:

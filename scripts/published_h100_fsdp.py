@@ -23,12 +23,11 @@ two at the GPU's true peak. Profiled as a user would (``planner profile llama3-8
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from published_fsdp import FsdpRun, fsdp_plan
+from published_fsdp import FsdpRun, fsdp_plan, servers_like
 
 from planner import ir
 from planner.judge import judge
@@ -50,19 +49,14 @@ ROWS = (H100Row(8, 5762.0), H100Row(128, 5605.0))
 
 
 def grand_teton(servers: int, peak_bf16: float) -> ir.Cluster:
-    """``servers`` Grand Teton servers: the ``h100-8x8-nvlink-ib`` preset's links, its GPU with the
-    report's memory and bandwidth and ``peak_bf16``."""
+    """``servers`` Grand Teton servers: the ``h100-8x8-nvlink-ib`` preset's links, its GPU with the report's
+    memory and bandwidth and ``peak_bf16``."""
     from planner.cluster import load_cluster
 
-    base = load_cluster("h100-8x8-nvlink-ib")
-    g0 = base.nodes[0].gpus[0]
+    g0 = load_cluster("h100-8x8-nvlink-ib").nodes[0].gpus[0]
     peaks = tuple((f, peak_bf16 if f in ("bf16", "fp16") else p) for f, p in g0.peak_flops)
-    gpu = dataclasses.replace(g0, peak_flops=peaks, memory_bytes=MEMORY_BYTES,
-                              memory_bandwidth_Bps=MEMORY_BANDWIDTH_BPS)
-    nodes = tuple(dataclasses.replace(base.nodes[0], name=f"s{i}",
-                                      gpus=tuple(dataclasses.replace(gpu, name=f"s{i}.g{j}") for j in range(8)))
-                  for i in range(servers))
-    return dataclasses.replace(base, name=f"grand-teton-{servers}x8", nodes=nodes)
+    return servers_like("h100-8x8-nvlink-ib", servers, f"grand-teton-{servers}x8", peak_flops=peaks,
+                        memory_bytes=MEMORY_BYTES, memory_bandwidth_Bps=MEMORY_BANDWIDTH_BPS)
 
 
 @functools.cache

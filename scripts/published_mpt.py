@@ -25,7 +25,6 @@ global batch, written as the published plan (one stage of every GPU, ZeRO-3 or 2
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import statistics
 import sys
@@ -35,6 +34,8 @@ from typing import NamedTuple
 from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from published_fsdp import servers_like
 
 from planner import gpus, ir
 from planner.judge import judge
@@ -115,16 +116,9 @@ def _profile(size: str, seq: int, batch: int, gpu: str, sustained: float | None)
 def servers(gpu: str, count: int) -> ir.Cluster:
     """``count`` DGX-like servers of 8 ``gpu``: the a100 or h100 preset's links and GPU (memory and bandwidth
     of the catalogued ``gpu``)."""
-    from planner.cluster import load_cluster
-
-    base = load_cluster("h100-8x8-nvlink-ib" if gpu == "h100" else "a100-8x8-nvlink-ib")
     spec = gpus.gpu_spec(gpu)
-    g0 = dataclasses.replace(base.nodes[0].gpus[0], memory_bytes=spec.memory_bytes,
-                             memory_bandwidth_Bps=spec.memory_bandwidth_Bps)
-    nodes = tuple(dataclasses.replace(base.nodes[0], name=f"s{i}",
-                                      gpus=tuple(dataclasses.replace(g0, name=f"s{i}.g{j}") for j in range(8)))
-                  for i in range(count))
-    return dataclasses.replace(base, name=f"{gpu}-{count}x8", nodes=nodes)
+    return servers_like("h100-8x8-nvlink-ib" if gpu == "h100" else "a100-8x8-nvlink-ib", count, f"{gpu}-{count}x8",
+                        memory_bytes=spec.memory_bytes, memory_bandwidth_Bps=spec.memory_bandwidth_Bps)
 
 
 def run_plan(row: MptRun, sustained: float | None = None) -> ir.Plan:
