@@ -125,6 +125,14 @@ class EngineLimits:
     """Whether a stage with no trainable weight runs only in fp32 without ZeRO (DeepSpeed's ZeRO and bf16/fp16
     optimizers read their first parameter: stage_1_and_2.py, bf16_optimizer.py)."""
 
+    def zero_stages(self, split_backward: bool = False) -> tuple[int, ...]:
+        """The ZeRO stages it runs; under a schedule that splits the backward (zb-h1), those it runs there."""
+        return tuple(z for z in self.zero if not split_backward or z in self.split_backward_zero)
+
+    def recompute_modes(self, split_backward: bool = False) -> tuple[str, ...]:
+        """The recomputation modes it runs; under a schedule that splits the backward, those it runs there."""
+        return tuple(r for r in self.recompute if not split_backward or r in self.split_backward_recompute)
+
     @property
     def form_rules(self) -> FormRules:
         return FormRules(blocks_tp=self.llama_only, split_types=self.split_types, split_tied=self.split_tied,

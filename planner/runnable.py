@@ -137,15 +137,14 @@ def engine_problems(plan: ir.Plan, engine: str) -> list[str]:
 def _split_backward_problems(plan: ir.Plan, engine: str, limits: EngineLimits) -> list[str]:
     """Recomputation modes and ZeRO stages ``engine`` does not run under a schedule that splits the backward."""
     out = []
+    modes, zeros = limits.recompute_modes(split_backward=True), limits.zero_stages(split_backward=True)
     for i, st in enumerate(plan.stages):
-        if st.recompute in limits.recompute and st.recompute not in limits.split_backward_recompute:
+        if st.recompute in limits.recompute and st.recompute not in modes:
             out.append(f"stage {i} recomputes {st.recompute!r} under {plan.schedule}, whose split backward {engine} "
-                       f"runs with {', '.join(limits.split_backward_recompute)} only (use another --schedule or "
-                       "--recompute)")
-        if st.zero not in limits.split_backward_zero:
+                       f"runs with {', '.join(modes)} only (use another --schedule or --recompute)")
+        if st.zero in limits.zero and st.zero not in zeros:
             out.append(f"stage {i} uses ZeRO stage {st.zero} under {plan.schedule}, whose split backward {engine} runs "
-                       f"with ZeRO {', '.join(map(str, limits.split_backward_zero))} only (use another --schedule or "
-                       "--zero)")
+                       f"with ZeRO {', '.join(map(str, zeros))} only (use another --schedule or --zero)")
     return out
 
 

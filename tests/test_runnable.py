@@ -330,3 +330,14 @@ def test_a_torch_interleaved_plan_torch_would_run_in_another_order_is_refused() 
     assert any("warms up in rounds of 3 micro-batches, not 2" in p for p in problems(chunked(3), "torch"))
     assert not any("rounds" in p for p in problems(chunked(3), "any"))
     assert not any("rounds" in p for p in problems(chunked(4), "torch"))
+
+
+def test_an_engine_answers_which_zero_stages_and_modes_it_runs_under_a_split_backward() -> None:
+    """One home for zb-h1's narrower set (search's options and the runnable check both ask the engine): torch runs
+    ZeRO 0-3 and every mode, under a split backward ZeRO 0-2 and none/full; torchtitan 0/2/3, there 0/2."""
+    from planner.runnable import ENGINES
+
+    torch, titan = ENGINES["torch"], ENGINES["torchtitan"]
+    assert torch.zero_stages() == (0, 1, 2, 3) and torch.zero_stages(split_backward=True) == (0, 1, 2)
+    assert torch.recompute_modes(split_backward=True) == ("none", "full")
+    assert titan.zero_stages(split_backward=True) == (0, 2) and titan.recompute_modes() == titan.recompute

@@ -154,19 +154,20 @@ def _one_or_all(option: str, value: object, every: Sequence[object], allowed: Se
     return (value,)
 
 
-def _split_backward(schedule: str, engine: str) -> EngineLimits | None:
-    """The engine's limits where ``schedule`` splits the backward (zb-h1) and the engine runs it with fewer ZeRO
-    stages and recomputation modes (planner.runnable's split-backward problems), else None."""
-    limits = ENGINE_LIMITS.get(engine)
-    return limits if limits is not None and schedule_kind(schedule).splits_weight_grad else None
+def _allowed(engine: str, schedule: str, zero: bool) -> tuple[tuple[Any, ...], str]:
+    """The ZeRO stages (``zero``) or recomputation modes the engine runs under ``schedule`` (every one for ``any``),
+    and, where the schedule's split backward narrows them, the words that say so."""
+    limits, split = ENGINE_LIMITS.get(engine), schedule_kind(schedule).splits_weight_grad
+    if limits is None:
+        return (ir.ZERO_STAGES if zero else ir.RECOMPUTE), ""
+    allowed = limits.zero_stages(split) if zero else limits.recompute_modes(split)
+    narrowed = allowed != (limits.zero_stages() if zero else limits.recompute_modes())
+    return allowed, f" under {schedule}'s split backward" if narrowed else ""
 
 
 def _zero_set(zero: int | str, engine: str, cluster: ir.Cluster, schedule: str) -> tuple[int, ...]:
-    limits, split = ENGINE_LIMITS.get(engine), _split_backward(schedule, engine)
-    allowed = [z for z in (limits.zero if limits else ir.ZERO_STAGES)
-               if split is None or z in split.split_backward_zero]
-    zeros = _one_or_all("--zero", zero, ir.ZERO_STAGES, allowed, engine, "ZeRO stages",
-                        f" under {schedule}'s split backward" if split else "")
+    allowed, under = _allowed(engine, schedule, zero=True)
+    zeros = _one_or_all("--zero", zero, ir.ZERO_STAGES, allowed, engine, "ZeRO stages", under)
     if zero != "auto" and zero and len(cluster.gpus) == 1:
         raise UsageError(f"--zero {zero} shards over data-parallel ranks, the cluster {cluster.name!r} has one GPU",
                          "use --zero 0 (or auto) on one device")
@@ -185,11 +186,8 @@ def _check_zero_widths(zeros: tuple[int, ...], config: Sequence[int] | None, tp:
 
 
 def _recompute_set(recompute: str, engine: str, schedule: str) -> tuple[str, ...]:
-    limits, split = ENGINE_LIMITS.get(engine), _split_backward(schedule, engine)
-    allowed = [r for r in (limits.recompute if limits else ir.RECOMPUTE)
-               if split is None or r in split.split_backward_recompute]
-    return _one_or_all("--recompute", recompute, ir.RECOMPUTE, allowed, engine, "recomputation",
-                       f" under {schedule}'s split backward" if split else "")
+    allowed, under = _allowed(engine, schedule, zero=False)
+    return _one_or_all("--recompute", recompute, ir.RECOMPUTE, allowed, engine, "recomputation", under)
 
 
 def _check_tp(tp: int | None, profile: ir.ModelProfile, cluster: ir.Cluster, engine: str) -> None:
