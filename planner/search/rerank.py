@@ -55,13 +55,12 @@ def with_memory(plan: ir.Plan, recompute: Sequence[str] = LIGHTER) -> Costed | N
     """``plan`` with each stage's analytic peak memory filled in; a stage that overflows its
     smallest device takes the next leaner recomputation mode of ``recompute`` (as the DP may);
     None when it still does not fit."""
-    caps = {g.name: g.memory_bytes for g in plan.cluster.gpus}
     modes = [m for m in LIGHTER if m in recompute]
     if len(modes) > 1 and any(_overflows(dataclasses.replace(plan, stages=tuple(
-            dataclasses.replace(s, recompute=modes[-1]) for s in plan.stages)), caps)[0]):
+            dataclasses.replace(s, recompute=modes[-1]) for s in plan.stages)))[0]):
         return None  # a stage overflows even at the leanest mode (a stage's memory is its own mode's)
     for _ in range(len(modes)):
-        over, costs, mem = _overflows(plan, caps)
+        over, costs, mem = _overflows(plan)
         stages = tuple(dataclasses.replace(s, memory_bytes=m) for s, m in zip(plan.stages, mem, strict=True))
         plan = dataclasses.replace(plan, stages=stages)
         if not any(over):
@@ -74,17 +73,23 @@ def with_memory(plan: ir.Plan, recompute: Sequence[str] = LIGHTER) -> Costed | N
     return None
 
 
+def stage_capacities(plan: ir.Plan) -> list[int]:
+    """Each stage's memory: its smallest device's."""
+    caps = {g.name: g.memory_bytes for g in plan.cluster.gpus}
+    return [min(caps[d] for d in s.devices) for s in plan.stages]
+
+
 def overflowing_stages(plan: ir.Plan) -> list[int]:
     """The stages whose filled-in ``memory_bytes`` exceed their smallest device's memory."""
-    caps = {g.name: g.memory_bytes for g in plan.cluster.gpus}
-    return [i for i, s in enumerate(plan.stages) if s.memory_bytes > min(caps[d] for d in s.devices)]
+    return [i for i, (s, cap) in enumerate(zip(plan.stages, stage_capacities(plan), strict=True))
+            if s.memory_bytes > cap]
 
 
-def _overflows(plan: ir.Plan, caps: dict[str, int]) -> tuple[list[bool], tuple[ir.StageCost, ...], list[int]]:
+def _overflows(plan: ir.Plan) -> tuple[list[bool], tuple[ir.StageCost, ...], list[int]]:
     """Which stages overflow their smallest device, and the stage costs and memory."""
     costs = stage_costs(plan)
     mem = plan_memory(plan, costs)
-    return [m > min(caps[d] for d in s.devices) for s, m in zip(plan.stages, mem, strict=True)], costs, mem
+    return [m > cap for m, cap in zip(mem, stage_capacities(plan), strict=True)], costs, mem
 
 
 def _leaner(mode: str, modes: Sequence[str]) -> str | None:

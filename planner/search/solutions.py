@@ -64,10 +64,8 @@ def first_fitting(found: Found, engine: str, solver: str, hint: str) -> tuple[Pr
     for _, _, prob, sol in found:
         costed = memory_plan(prob, sol, engine=engine, solver=solver)
         plan = costed[0]
-        caps = {g.name: g.memory_bytes for g in plan.cluster.gpus}
-        broken = limits_broken(plan, engine)
-        whys.append([f"stage {i} needs {memory_text(plan.stages[i].memory_bytes)} of "
-                     f"{memory_text(min(caps[d] for d in plan.stages[i].devices))}"
+        caps, broken = rerank.stage_capacities(plan), limits_broken(plan, engine)
+        whys.append([f"stage {i} needs {memory_text(plan.stages[i].memory_bytes)} of {memory_text(caps[i])}"
                      for i in rerank.overflowing_stages(plan)] + broken)
         if not whys[-1]:
             return prob, sol, costed
