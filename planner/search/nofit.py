@@ -23,6 +23,7 @@ from planner.judge import memory_text
 from planner.runnable import ENGINES as ENGINE_LIMITS
 from planner.schedule import schedule_kind
 from planner.search.options import Request
+from planner.search.solutions import memory_plan
 from planner.search.sp import Solution, solve_cap
 from planner.search.space import Problem
 from planner.search.tables import build_candidates
@@ -109,8 +110,6 @@ def _counted_whole(need: Need, engine: str) -> Need:
     """``need`` at least its plan's peak with every stage's memory counted: the DP's bisection leaves out what
     depends on a stage's layers together (a tie's gradient made twice, torch's ZeRO-1 by whole tensors;
     planner.search.solutions), so the least memory it finds can be short of what that plan needs."""
-    from planner.search.solutions import memory_plan
-
     plan, _ = memory_plan(need.prob, need.solution, engine=engine, solver="dp")
     return dataclasses.replace(need, bytes=max(need.bytes, max(s.memory_bytes for s in plan.stages)))
 

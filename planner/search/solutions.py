@@ -17,6 +17,7 @@ from planner import ir
 from planner.costmodel import Grid, LayerTable, dp_iteration, layer_table, plan_memory, predict, stage_costs
 from planner.errors import InfeasibleError
 from planner.judge import memory_text
+from planner.runnable import problems as limits_broken
 from planner.search import rerank
 from planner.search.hpp import hpp
 from planner.search.sp import Problem, Solution
@@ -58,8 +59,6 @@ def analytic_optimum(found: Found, engine: str, solver: str) -> ir.Plan:
 def first_fitting(found: Found, engine: str, solver: str, hint: str) -> tuple[Problem, Solution, rerank.Costed]:
     """The best solution met whose plan fits once every stage's memory is counted and ``engine`` runs, as a plan
     with memory and its costs; an InfeasibleError naming what the best one breaks (and ``hint``) when none does."""
-    from planner.runnable import problems as limits_broken
-
     whys, peaks = [], []
     for _, _, prob, sol in found:
         costed = memory_plan(prob, sol, engine=engine, solver=solver)
