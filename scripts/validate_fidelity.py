@@ -62,7 +62,8 @@ predicted/published TFLOP/s per GPU within 0.85..1.15, also through planner prof
 profile; then torchtitan's published FSDP runs of Llama 2 and 3 on 64 A100s through planner profile's
 analytic profile of the transformers model (scripts/published_fsdp.py), predicted/published tokens per
 second per GPU, MosaicML's MPT runs on A100s and H100s the same way (scripts/published_mpt.py; the H100's
-share, planner.gpus.SUSTAINED_H100, fitted on its 8-GPU H100 rows), and torchtitan's eager FSDP Llama 3.1 8B on
+share, planner.gpus.SUSTAINED_H100, fitted on its 8-GPU H100 rows), Megatron-LM v1.0's GPT-2 runs on V100s
+(scripts/published_v100.py, held out), and torchtitan's eager FSDP Llama 3.1 8B on
 H100s against the bracket of full and no recomputation (scripts/published_h100_fsdp.py); last, the saved GPU
 runs (docs/gpu) predicted again, iteration and peak memory
 (scripts/gpu_replay.py); about 70 s. Usage::
@@ -330,6 +331,11 @@ def print_fsdp() -> None:
 
     print("  MosaicML's MPT runs on A100s and H100s (scripts/published_mpt.py; the H100's share fitted on 'fit' rows)")
     for line in published_mpt.lines():
+        print(line, flush=True)
+    import published_v100
+
+    print("  Megatron-LM v1.0 on DGX-2H V100s (scripts/published_v100.py; held out, the A100's share)")
+    for line in published_v100.lines():
         print(line, flush=True)
     print("  torchtitan's eager FSDP Llama 3.1 8B on H100s (scripts/published_h100_fsdp.py; per-op checkpointing, "
           "the GPU's peak unknown): the published throughput against the bracket of full and no recomputation")

@@ -1,6 +1,6 @@
-"""scripts/bench_published.py, published_fsdp.py, published_h100_fsdp.py and published_mpt.py: published runs
-written as plans, as their papers ran them (issue 15's and issue 11's published figures): they fit, they are
-predicted within 0.85..1.15 of the published throughput (the H100 runs, whose GPU's peak is not known, within
+"""scripts/bench_published.py, published_fsdp.py, published_h100_fsdp.py, published_mpt.py and published_v100.py:
+published runs written as plans, as their papers ran them (issue 15's and issue 11's published figures): they fit,
+they are predicted within 0.85..1.15 of the published throughput (the H100 runs, whose GPU's peak is not known, within
 the bracket of no and full recomputation), and the planner's own plan is no slower."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import bench_published as bp
 import published_fsdp as pf
 import published_h100_fsdp as ph
 import published_mpt as pm
+import published_v100 as pv
 
 from planner import gpus
 from planner.judge import judge
@@ -166,3 +167,20 @@ def test_mpts_held_out_runs_are_mostly_within_15_percent() -> None:
     assert {row for row in held if row.gpu != "h100"} <= inside
     assert all(r >= 0.8 for r, _ in ratios.values())
     assert len([row for row in inside if row.gpu == "h100"]) >= 6
+
+
+@pytest.mark.parametrize("run", pv.ROWS, ids=lambda r: r.name)
+def test_megatron_v100_runs_are_predicted_within_15_percent_with_the_a100s_share(run: pv.V100Run) -> None:
+    """Held out: a Volta GPU in fp16, nothing fitted on it; both Megatron's kernels and planner profile's path."""
+    assert pv.server(run.t).gpus[0].flops_for("fp16") == pv.PEAK_FP16
+    for profile in (pv.megatron_profile(run), pv.hf_profile(run)):
+        ratio, fits = pv.ratio(run, profile)
+        assert fits and pv.TARGET[0] <= ratio <= pv.TARGET[1], (run.name, ratio)
+
+
+def test_the_dgx2h_peak_is_the_posts_48_percent() -> None:
+    """The post's 62.4 TFLOP/s is "48% of the theoretical peak" of a DGX-2H GPU: 130 TFLOP/s, not the V100 SXM2's
+    125 of the catalogue."""
+    share = 62.4e12 / pv.PEAK_FP16
+    assert 0.475 <= share <= 0.485
+    assert gpus.gpu_spec("v100-32gb").peak("fp16") < pv.PEAK_FP16
