@@ -75,6 +75,7 @@ For the analytic roofline (``planner.profiler.roofline``):
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -208,6 +209,23 @@ def gpu_spec(name: str) -> GPUSpec:
 def peak_flops(name: str, number_format: str) -> float:
     """Dense peak FLOP/s of GPU ``name`` in ``number_format`` (fp32, tf32, bf16, fp16)."""
     return gpu_spec(name).peak(number_format)
+
+
+PEAK_MATCH = 1e-3
+"""Relative tolerance within which a FLOP/s figure is a catalogued GPU's peak (:func:`training_share`)."""
+
+
+@functools.lru_cache(maxsize=256)
+def training_share(peak_flops: float) -> float | None:
+    """The share of ``peak_flops`` a training run's GEMMs sustain on the catalogued GPU whose peak in some number
+    format it is (within :data:`PEAK_MATCH`): its large-GEMM share times its ``sustained`` (the analytic
+    profiler's roofline, :func:`roofline_of`). None where no catalogued GPU has that peak, or GPUs that do differ
+    in it (a measured CPU's rate, a cluster file's own figure): a time moved between two such peaks then scales by
+    the peaks alone. The H100 and H200, or the A100's two memories, share their figures."""
+    shares = {round(spec.large_gemm_share(fmt) * spec.sustained, 12)
+              for spec in _CATALOG for fmt, peak in spec.peak_flops.items()
+              if abs(peak - peak_flops) <= PEAK_MATCH * peak}
+    return shares.pop() if len(shares) == 1 else None
 
 
 def number_format_of_dtype(dtype: str) -> str:

@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from planner import ir
-from planner.costmodel.precision import MATCH_TOLERANCE, rescale_note
+from planner import gpus, ir
+from planner.costmodel.precision import MATCH_TOLERANCE, flop_scale, rescale_note
 from tests.conftest import make_cluster_dict, make_profile_dict
 
 
@@ -54,3 +54,54 @@ def test_inside_the_tolerance_or_off_a_calibrated_cpu_cluster_nothing_is_warned(
     assert gpu_profile is not None and gpu_profile.warning is None  # an analytic GPU profile: rescaled on purpose
     unshared = rescale_note(_profile("cpu", 1e12), _cpu_cluster(1e10, concurrent=None), "fp32")
     assert unshared is not None and unshared.warning is None  # a hand-written cluster: nothing to compare with
+
+
+def test_a_profile_moved_between_catalogued_gpus_scales_by_the_rates_training_sustains() -> None:
+    """An A100 profile (bf16 GEMMs sustained at 0.70 of 312 TFLOP/s) on H100s (0.51 of 989.4): 2.31x faster, as the
+    analytic profiler times the two GPUs, not the peaks' 3.17x; the note says so."""
+    a100, h100 = gpus.gpu_spec("a100"), gpus.gpu_spec("h100")
+    rate = {g.name: g.peak("bf16") * g.large_gemm_share("bf16") * g.sustained for g in (a100, h100)}
+    profile = _profile("a100", a100.peak("bf16"))
+    assert flop_scale(profile, h100.peak("bf16")) == pytest.approx(rate["a100"] / rate["h100"])
+    assert 2.2 < 1 / flop_scale(profile, h100.peak("bf16")) < 2.4
+    cluster = ir.Cluster("h100s", (ir.Node("s0", (h100.to_gpu("g0"), h100.to_gpu("g1"))),),
+                         (("intra_node", ir.Link(4.5e11, 2e-6)), ("inter_node", ir.Link(5e10, 5e-6))))
+    note = rescale_note(profile, cluster, "bf16")
+    assert note is not None and note.factor == pytest.approx(flop_scale(profile, h100.peak("bf16")))
+    assert note.shares == pytest.approx(note.factor * h100.peak("bf16") / a100.peak("bf16"))
+    assert "sustained shares" in note.text and note.to_dict()["shares"] == note.shares
+
+
+@pytest.mark.parametrize(("profile_flops", "peak"), [(1e10, 0.4e10), (312e12, 300e12), (250e12, 989.4e12)])
+def test_a_peak_no_catalogued_gpu_has_scales_by_the_peaks_alone(profile_flops: float, peak: float) -> None:
+    """A measured CPU's rate, a cluster file's own figure: nothing to say what training sustains there."""
+    assert flop_scale(_profile("x", profile_flops), peak) == pytest.approx(profile_flops / peak)
+
+
+@pytest.mark.parametrize(("mine", "theirs"), [("h100", "h200"), ("a100", "a100-40gb"), ("v100", "v100-32gb")])
+def test_gpus_of_one_die_scale_by_the_peaks_alone(mine: str, theirs: str) -> None:
+    peak = gpus.peak_flops(theirs, "fp32")
+    assert flop_scale(_profile(mine, gpus.peak_flops(mine, "fp32")), peak) == pytest.approx(
+        gpus.peak_flops(mine, "fp32") / peak)
+
+
+@pytest.mark.parametrize(("source", "target"), [("a100", "h100"), ("h100", "a100"), ("v100", "a100")])
+def test_a_gpus_analytic_profile_moved_to_another_gpu_times_it_as_that_gpus_own_does(source: str, target: str) -> None:
+    """The two ways to a prediction on ``target``: profile for it, or profile for ``source`` and let the cost model
+    move the times. A GEMM-bound model (width 2048, 1024 tokens): the moved times are within 15% of the target's own
+    (A100 to H100 by the peaks alone: 1.3x too fast)."""
+    from planner.api import profile_model
+
+    fmt = "fp16" if "v100" in (source, target) else "bf16"
+    dtype = {"fp16": "float16", "bf16": "bfloat16"}[fmt]
+    widths = {"n_embd": 2048, "n_head": 16, "n_layer": 2, "vocab_size": 32768, "n_positions": 1024}
+
+    def total_s(gpu: str) -> tuple[ir.ModelProfile, float]:
+        prof = profile_model("gpt2", batch_size=8, mode="analytic", input_shape=(1024,), dtype=dtype,
+                             device_flops=gpu, overrides=widths)
+        return prof, sum(x.forward_s + x.backward_s for x in prof.layers)
+
+    moved, moved_s = total_s(source)
+    _, own_s = total_s(target)
+    ratio = moved_s * flop_scale(moved, gpus.peak_flops(target, fmt)) / own_s
+    assert 0.85 <= ratio <= 1.15, ratio

@@ -95,3 +95,14 @@ def test_the_h100_holds_the_memory_the_card_reports_and_its_preset_agrees() -> N
 
     assert gpus.gpu_spec("h100").memory_bytes == 81559 * 2**20 < 80 * gpus.GIB
     assert {g.memory_bytes for g in load_cluster("h100-8x8-nvlink-ib").gpus} == {81559 * 2**20}
+
+
+def test_training_share_is_the_rooflines_for_a_catalogued_peak_and_none_elsewhere() -> None:
+    for name in ("a100", "h100", "v100", "rtx2080ti"):
+        spec = gpus.gpu_spec(name)
+        for fmt in spec.peak_flops:
+            roofline = gpus.roofline_of(name, fmt)
+            assert gpus.training_share(spec.peak(fmt) * (1 + gpus.PEAK_MATCH / 2)) == pytest.approx(
+                roofline.gemm_share)
+    assert gpus.training_share(40e9) is None  # a CPU's measured rate
+    assert gpus.training_share(312e12 * (1 + 3 * gpus.PEAK_MATCH)) is None  # a cluster file's own figure

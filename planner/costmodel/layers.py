@@ -28,7 +28,8 @@ without weights follow their neighbours' layout. A layer whose weight shape is u
 ``dp`` only; on a tensor group of one device every layer is ``dp``.
 
 Compute: a profiled time scales by ``device_flops / peak`` (the group's slowest GPU in the
-plan's number format); at the micro-batch ``b`` it is a fixed part, paid whole per call, and a
+plan's number format; times the GPUs' sustained shares where both are catalogued:
+``precision.flop_scale``); at the micro-batch ``b`` it is a fixed part, paid whole per call, and a
 variable part divided over the devices that share the work: ``fixed(b) + var(b)/n``, read off
 the layer's times at several batches where measured, else ``fixed + (b/B)(t - fixed)``
 (:mod:`planner.costmodel.batch`, the one home of that law). Activation memory of a block

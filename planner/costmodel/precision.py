@@ -11,7 +11,13 @@ Pure. Sources:
   activations, a bf16 plan of it 2-byte ones (the profile's bytes times 2/4).
 - Compute: a layer's profiled time is scaled by ``profile.device_flops / peak`` where
   ``peak`` is the GPU's peak in the plan's number format (``ir.GPU.flops_for``: tensor-core
-  bf16/fp16 peaks where the cluster file gives them, else the fp32 ``flops``).
+  bf16/fp16 peaks where the cluster file gives them, else the fp32 ``flops``), and, where both
+  peaks are catalogued GPUs' (``planner.gpus.training_share``), by the ratio of the shares of
+  them training sustains: a profile of an A100 (GEMMs sustained at 0.70 of its peak) moved to an
+  H100 (0.51, fitted on MosaicML's runs) runs 2.31x faster there, not the peaks' 3.17x, as the
+  analytic profiler times the model on each GPU. The shares are the GEMMs'; memory-bound work,
+  which scales with the GPUs' bandwidths instead, is scaled the same way (a profile's times do
+  not say which part is which).
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from dataclasses import dataclass
 
 from planner import ir
 from planner.errors import UsageError
-from planner.gpus import number_format_of_dtype
+from planner.gpus import number_format_of_dtype, training_share
 
 OPTIMIZER_BYTES_PER_PARAM = {"sgd": 0, "momentum": 4, "adam": 8, "rmsprop": 4}
 """Optimizer state in fp32 bytes per parameter beyond weight and gradient (Adam: m and v)."""
@@ -91,9 +97,16 @@ def number_format(precision: str) -> str:
     return check_precision(precision)
 
 
+def share_ratio(profile_flops: float, peak_flops: float) -> float:
+    """The share of its peak training sustains on the profile's GPU over that on a device of ``peak_flops``
+    (module doc), where both are catalogued GPUs; else 1."""
+    mine, theirs = training_share(profile_flops), training_share(peak_flops)
+    return mine / theirs if mine is not None and theirs is not None else 1.0
+
+
 def flop_scale(profile: ir.ModelProfile, peak_flops: float) -> float:
-    """Factor from the profile's times to times on a device of ``peak_flops``."""
-    return profile.device_flops / peak_flops
+    """Factor from the profile's times to times on a device of ``peak_flops`` (module doc)."""
+    return profile.device_flops / peak_flops * share_ratio(profile.device_flops, peak_flops)
 
 
 MATCH_TOLERANCE = 1.5
@@ -122,9 +135,15 @@ class Rescale:
     matched_factor: float | None = None
 
     @property
+    def shares(self) -> float:
+        """The two GPUs' sustained shares, the profile's over the cluster's (:func:`share_ratio`; 1 unless both
+        are catalogued)."""
+        return share_ratio(self.profile_flops, self.cluster_flops)
+
+    @property
     def factor(self) -> float:
-        """Multiplier on the profile's times (> 1: the cluster's GPUs are slower)."""
-        return self.profile_flops / self.cluster_flops
+        """Multiplier on the profile's times (> 1: the cluster's GPUs are slower): :func:`flop_scale`'s."""
+        return self.profile_flops / self.cluster_flops * self.shares
 
     @property
     def warning(self) -> str | None:
@@ -143,11 +162,13 @@ class Rescale:
     def text(self) -> str:
         return (f"profile times for {self.profile_device} ({self.profile_flops / 1e12:.4g} TFLOP/s) rescaled to "
                 f"{self.cluster}'s slowest GPU ({self.cluster_flops / 1e12:.4g} TFLOP/s {self.number_format}): "
-                f"x{self.factor:.4g}")
+                f"x{self.factor:.4g}" + ("" if self.shares == 1.0 else
+                                         f" (the peaks' ratio x{self.shares:.3g}, the GPUs' sustained shares)"))
 
     def to_dict(self) -> dict[str, object]:
         return {"profile_device": self.profile_device, "profile_flops": self.profile_flops, "cluster": self.cluster,
                 "cluster_flops": self.cluster_flops, "number_format": self.number_format, "factor": self.factor,
+                "shares": self.shares,
                 "warning": self.warning}
 
 
