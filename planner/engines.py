@@ -30,6 +30,23 @@ class FormRules:
     split_batch_stats: bool = True
     """Whether the dp form in a tensor group may split the samples of a layer that takes statistics over them
     (``LayerProfile.batch_stats``): an engine's DTensor split runs such a batch norm on each rank's share."""
+    vocab_parallel: bool = False
+    """Whether, in a tensor group, the model's embedding shards its vocabulary (``split_in``) and its head its
+    outputs (``split_out``) whatever they cost: torchtitan's Llama plan (``RowwiseParallel`` on ``tok_embeddings``,
+    ``ColwiseParallel`` on ``output`` with ``loss_parallel``) has no other form for them."""
+
+    def pinned(self, profile: ir.ModelProfile) -> dict[int, str]:
+        """Layer -> the one form it takes in a tensor group (:attr:`vocab_parallel`): a first layer that is an
+        ``Embedding`` ``split_in``, a last layer after the last block ``split_out``, each where its weight's shape is
+        known (a split form needs it; a layer without runs dp as before); empty otherwise."""
+        layers = profile.layers
+        if not self.vocab_parallel or len(layers) < 2:
+            return {}
+        first, last = layers[0], layers[-1]
+        out = {0: "split_in"} if first.type == "Embedding" and first.splittable else {}
+        if last.block is None and last.param_count > 0 and last.splittable:
+            out[len(layers) - 1] = "split_out"
+        return out
 
     def splits_samples(self, layer: ir.LayerProfile) -> bool:
         """Whether the dp form in a tensor group may split ``layer``'s samples over the group."""
@@ -135,8 +152,8 @@ class EngineLimits:
 
     @property
     def form_rules(self) -> FormRules:
-        return FormRules(blocks_tp=self.llama_only, split_types=self.split_types, split_tied=self.split_tied,
-                         split_batch_stats=False)
+        return FormRules(blocks_tp=self.llama_only, vocab_parallel=self.llama_only, split_types=self.split_types,
+                         split_tied=self.split_tied, split_batch_stats=False)
 
     def syncs_last_backward(self, pipelined: bool) -> bool:
         """Whether a plan of two or more stages (``pipelined``), or of one, reduces once a step."""

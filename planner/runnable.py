@@ -200,6 +200,20 @@ def _llama_problems(plan: ir.Plan, engine: str) -> list[str]:
         if st.tp > 1 and not st.sequence_parallel:
             out.append(f"stage {i} runs tp {st.tp} without sequence parallelism; {engine}'s Llama shards its norms "
                        "over the sequence under tensor parallelism")
+    return out + _pinned_problems(plan, engine)
+
+
+def _pinned_problems(plan: ir.Plan, engine: str) -> list[str]:
+    """Layers in a tensor group in another form than the one ``engine`` runs them in (``FormRules.pinned``: its
+    embedding and head shard their vocabulary)."""
+    out = []
+    pinned = ENGINES[engine].form_rules.pinned(plan.profile)
+    for i, st in enumerate(plan.stages):
+        for layer, form in pinned.items():
+            if st.tp > 1 and st.layers[0] <= layer < st.layers[1] and st.forms[layer - st.layers[0]] != form:
+                out.append(f"stage {i} runs layer {layer} ({plan.profile.layers[layer].name}) as "
+                           f"{st.forms[layer - st.layers[0]]} in a tensor group of {st.tp}; {engine} runs it {form} "
+                           "(its vocabulary sharded)")
     return out
 
 

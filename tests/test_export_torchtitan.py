@@ -33,10 +33,10 @@ def llama_profile(blocks: int = 6, hidden: int = 256, heads: int = 16, kv_heads:
     shape = ir.BlockShape(hidden, heads, kv_heads, 4 * hidden, 64, gated=True)
     layer = {"forward_s": 1e-3, "backward_s": 2e-3, "forward_flops": 1e9, "backward_flops": 2e9, "param_count": 1000,
              "param_bytes": 4000, "output_bytes": 1000, "saved_bytes": 1000}
-    layers = [{"name": "model.embed_tokens", "type": "Embedding", **layer}]
+    layers = [{"name": "model.embed_tokens", "type": "Embedding", **layer, "in_features": 1024, "out_features": hidden}]
     layers += [{"name": f"model.layers.{i}", "type": "LlamaDecoderLayer", "block": shape.to_dict(), **layer}
                for i in range(blocks)]
-    layers += [{"name": "lm_head", "type": "Linear", **layer}]
+    layers += [{"name": "lm_head", "type": "Linear", **layer, "in_features": hidden, "out_features": 1024}]
     return ir.ModelProfile.from_dict({"kind": "profile", "version": 1, "model": "llama-debug", "batch_size": 8,
                                       "dtype": "float32", "mode": "analytic", "device": "cpu",
                                       "device_flops": 1e12, "input_shape": [64], "layers": layers})
@@ -48,8 +48,9 @@ def titan_plan(parts: list[int], tp: int = 1, dp: int = 1, **stage: Any) -> ir.P
     k = len(parts) - 1
     devices = [g.name for g in cluster.gpus]
     w = tp * dp
+    ends = {0: "split_in", len(prof.layers) - 1: "split_out"}  # torchtitan's vocabulary-parallel embedding and head
     stages = tuple(ir.Stage((parts[s], parts[s + 1]), tuple(devices[s * w:(s + 1) * w]),
-                            tuple("tp" if tp > 1 and prof.layers[i].block else "dp"
+                            tuple(("tp" if prof.layers[i].block else ends.get(i, "dp")) if tp > 1 else "dp"
                                   for i in range(parts[s], parts[s + 1])),
                             0, tp=tp, **stage) for s in range(k))
     return ir.Plan(profile=prof, cluster=cluster, schedule="1f1b", microbatches=2, optimizer="adam", stages=stages,

@@ -141,6 +141,22 @@ def test_torchtitan_runs_its_llama_only_with_every_block_sharded_and_the_sequenc
     assert problems(dataclasses.replace(plan, profile=old)) == []
 
 
+@pytest.mark.parametrize(("layer", "form"), [(0, "dp"), (0, "split_out"), (-1, "dp"), (-1, "split_in")])
+def test_torchtitan_shards_its_embeddings_and_heads_vocabulary_under_tensor_parallelism(layer: int, form: str) -> None:
+    """torchtitan's Llama plan runs the embedding row-wise and the head column-wise with loss_parallel: a plan whose
+    tensor group replicates either (dp) or splits the other dimension predicts a layout that does not run."""
+    from tests.test_export_torchtitan import titan_plan
+
+    plan = titan_plan([0, 8], tp=2, sequence_parallel=True)
+    st = plan.stages[0]
+    forms = list(st.forms)
+    forms[layer] = form
+    wrong = dataclasses.replace(plan, stages=(dataclasses.replace(st, forms=tuple(forms)),))
+    found = [p for p in problems(wrong) if "vocabulary sharded" in p]
+    assert len(found) == 1 and form in found[0], problems(wrong)
+    assert problems(wrong, "any") == []
+
+
 @given(st.sampled_from([(1, 2), (1, 4), (2, 2)]), st.sampled_from([4, 8]), st.sampled_from([None, 1, 2]),
        st.sampled_from(["auto", "full"]))
 @settings(max_examples=12, deadline=None)
@@ -153,6 +169,9 @@ def test_a_torchtitan_search_emits_plans_torchtitan_runs(shape: tuple[int, int],
     plan = search(profile, cluster, engine="torchtitan", tp=tp, recompute=recompute, candidates=2)
     assert problems(plan) == [], problems(plan)
     assert all(s.sequence_parallel for s in plan.stages if s.tp > 1)
+    first, last = plan.stages[0], plan.stages[-1]
+    assert first.tp == 1 or first.forms[0] == "split_in"
+    assert last.tp == 1 or last.forms[-1] == "split_out"
     with pytest.raises(Exception, match="not a Llama-family model"):
         search(ir.ModelProfile.from_dict(make_profile_dict(5, batch_size=batch)), cluster, engine="torchtitan")
 

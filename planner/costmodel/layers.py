@@ -354,7 +354,8 @@ def _allowed(profile: ir.ModelProfile, c: _Columns, n: int, forms: Sequence[str]
              rules: FormRules = ANY_FORMS) -> np.ndarray:
     """Which forms each layer may take on a tensor group of ``n``; ``samples`` per micro-batch and replica:
     the dp form splits them over the group, so it is open only when ``n`` divides them; ``rules``, the engine's
-    (a block only in the tp form, split forms only on the layer types it shards, no batch norm's samples split)."""
+    (a block only in the tp form, split forms only on the layer types it shards, no batch norm's samples split,
+    an embedding and a head in the one form it runs them in)."""
     allowed = np.zeros((len(c.pcount), NF), dtype=bool)
     allowed[:, DP] = n == 1 or math.isclose(samples / n, round(samples / n))
     if n > 1:
@@ -369,6 +370,8 @@ def _allowed(profile: ir.ModelProfile, c: _Columns, n: int, forms: Sequence[str]
                 allowed[:, f] = (c.weightless | (c.splittable & shards)) & ~blocks
         if "tp" in forms:
             allowed[:, TP] = tp_open(profile, n)
+        for i, form in rules.pinned(profile).items():  # the engine has one form for the layer
+            allowed[i] &= np.arange(NF) == FORM_INDEX[form]
     return allowed
 
 
