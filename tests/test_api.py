@@ -37,6 +37,7 @@ def test_search_plan_interleaved_defaults_to_two_chunks(files: tuple[Path, Path]
     prof, clus = files
     plan = planner.search_plan(prof, str(clus), schedule="interleaved", microbatches=4, config=(1, 1))
     assert plan.virtual_stages == 2 and len(plan.stages) == 4
+    assert plan.config == "1-1"  # per device group, as --config takes it: not one entry per chunk
     with pytest.raises(UsageError, match="needs --schedule interleaved"):
         planner.search_plan(prof, str(clus), virtual_stages=2)
 

@@ -220,8 +220,9 @@ class Plan:
 
     @property
     def config(self) -> str:
-        """Devices per stage in PipeDream notation, e.g. ``2-1-1``."""
-        return config_string([s.width for s in self.stages])
+        """Devices per stage in PipeDream notation, e.g. ``2-1-1``: per device group, one entry for the ``v``
+        chunks an interleaved group runs (``--config`` takes the same), so it adds up to the devices used."""
+        return config_string([s.width for s in self.stages[:self.pipeline_stages]])
 
     @property
     def world_size(self) -> int:

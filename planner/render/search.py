@@ -81,7 +81,9 @@ def print_plan(plan: ir.Plan, explanation: Explanation, *, elapsed_s: float | No
     console.print(plan_table(plan, explanation.bottleneck))
     p = plan.predicted
     mbs = plan.batch_size // plan.microbatches
-    console.print(f"config [bold]{plan.config}[/] (PipeDream notation: GPUs per stage), "
+    per = ("GPUs per stage" if plan.virtual_stages == 1
+           else f"GPUs per device group, each running {plan.virtual_stages} chunks")
+    console.print(f"config [bold]{plan.config}[/] (PipeDream notation: {per}), "
                   f"{count(plan.microbatches, 'micro-batch')} of {mbs}, schedule {plan.schedule}, "
                   f"optimizer {plan.optimizer}, precision {plan.precision}", soft_wrap=True)
     console.print(f"predicted iteration {_ms(p.iteration_s)}, {p.samples_per_s:.1f} samples/s, bubble "
