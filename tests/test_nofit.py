@@ -126,3 +126,14 @@ def test_the_least_memory_named_counts_what_the_dp_leaves_out(candidates: int) -
     plan = search(profile, cluster_from_dict(make_cluster_dict(1, 1, need)), microbatches=1, engine="torch",
                   candidates=candidates)
     assert plan.stages[0].memory_bytes <= need
+
+
+def test_a_micro_batch_size_and_count_that_fix_the_data_parallel_degree_say_so() -> None:
+    """--micro-batch-size 1 --microbatches 2 of a batch of 8 asks every stage for 4 data-parallel ranks; on a cluster
+    whose --config stage holds 2 the error names the degree it needed, not only the micro-batch size."""
+    from planner.errors import PlanError
+
+    profile = ir.ModelProfile.from_dict(make_profile_dict(4, batch_size=8))
+    cluster = cluster_from_dict(make_cluster_dict(1, 2))
+    with pytest.raises(PlanError, match=r"--microbatches 2 \(a data-parallel degree of 4 in every stage\)"):
+        search(profile, cluster, micro_batch_size=1, microbatches=2, config=(2,))

@@ -259,6 +259,9 @@ def no_batch_shape(profile: ir.ModelProfile, cluster: ir.Cluster, cands: list[in
     """When no stage grid splits the batch into whole micro-batches per data-parallel rank."""
     fixed = req.space.micro_batch_size
     what = f"micro-batch size {fixed}" if fixed else f"micro-batch counts {cands[:8]}"
+    if fixed and len(cands) == 1:  # both given: every stage's data-parallel degree is fixed too
+        what += (f" and --microbatches {cands[0]} (a data-parallel degree of "
+                 f"{profile.batch_size // (fixed * cands[0])} in every stage)")
     zero = "" if 0 in req.space.zero else (f" and --zero {'/'.join(map(str, req.space.zero))} (two or more "
                                            "data-parallel ranks)")
     return PlanError(f"no stage grid of {cluster.name!r} splits the batch of {profile.batch_size} into whole "
