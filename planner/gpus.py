@@ -215,6 +215,19 @@ PEAK_MATCH = 1e-3
 """Relative tolerance within which a FLOP/s figure is a catalogued GPU's peak (:func:`training_share`)."""
 
 
+def _at_peak(peak_flops: float) -> list[tuple[GPUSpec, str]]:
+    """(GPU, number format) of every catalogued peak within :data:`PEAK_MATCH` of ``peak_flops``."""
+    return [(spec, fmt) for spec in _CATALOG for fmt, peak in spec.peak_flops.items()
+            if abs(peak - peak_flops) <= PEAK_MATCH * peak]
+
+
+def peak_format(peak_flops: float) -> str | None:
+    """The number format whose peak ``peak_flops`` is on the catalogued GPUs that have it (``tf32`` for the A100's
+    156 TFLOP/s), or None where none or several formats do."""
+    formats = {fmt for _, fmt in _at_peak(peak_flops)}
+    return formats.pop() if len(formats) == 1 else None
+
+
 @functools.lru_cache(maxsize=256)
 def training_share(peak_flops: float) -> float | None:
     """The share of ``peak_flops`` a training run's GEMMs sustain on the catalogued GPU whose peak in some number
@@ -222,9 +235,7 @@ def training_share(peak_flops: float) -> float | None:
     profiler's roofline, :func:`roofline_of`). None where no catalogued GPU has that peak, or GPUs that do differ
     in it (a measured CPU's rate, a cluster file's own figure): a time moved between two such peaks then scales by
     the peaks alone. The H100 and H200, or the A100's two memories, share their figures."""
-    shares = {round(spec.large_gemm_share(fmt) * spec.sustained, 12)
-              for spec in _CATALOG for fmt, peak in spec.peak_flops.items()
-              if abs(peak - peak_flops) <= PEAK_MATCH * peak}
+    shares = {round(spec.large_gemm_share(fmt) * spec.sustained, 12) for spec, fmt in _at_peak(peak_flops)}
     return shares.pop() if len(shares) == 1 else None
 
 

@@ -61,7 +61,7 @@ def test_a_profile_moved_between_catalogued_gpus_scales_by_the_rates_training_su
     analytic profiler times the two GPUs, not the peaks' 3.17x; the note says so."""
     a100, h100 = gpus.gpu_spec("a100"), gpus.gpu_spec("h100")
     rate = {g.name: g.peak("bf16") * g.large_gemm_share("bf16") * g.sustained for g in (a100, h100)}
-    profile = _profile("a100", a100.peak("bf16"))
+    profile = dataclasses.replace(_profile("a100", a100.peak("bf16")), dtype="bfloat16")
     assert flop_scale(profile, h100.peak("bf16")) == pytest.approx(rate["a100"] / rate["h100"])
     assert 2.2 < 1 / flop_scale(profile, h100.peak("bf16")) < 2.4
     cluster = ir.Cluster("h100s", (ir.Node("s0", (h100.to_gpu("g0"), h100.to_gpu("g1"))),),
@@ -69,7 +69,7 @@ def test_a_profile_moved_between_catalogued_gpus_scales_by_the_rates_training_su
     note = rescale_note(profile, cluster, "bf16")
     assert note is not None and note.factor == pytest.approx(flop_scale(profile, h100.peak("bf16")))
     assert note.shares == pytest.approx(note.factor * h100.peak("bf16") / a100.peak("bf16"))
-    assert "sustained shares" in note.text and note.to_dict()["shares"] == note.shares
+    assert "sustained shares" in note.text and note.to_dict()["shares"] == note.shares and note.warning is None
 
 
 @pytest.mark.parametrize(("profile_flops", "peak"), [(1e10, 0.4e10), (312e12, 300e12), (250e12, 989.4e12)])
@@ -105,3 +105,30 @@ def test_a_gpus_analytic_profile_moved_to_another_gpu_times_it_as_that_gpus_own_
     _, own_s = total_s(target)
     ratio = moved_s * flop_scale(moved, gpus.peak_flops(target, fmt)) / own_s
     assert 0.85 <= ratio <= 1.15, ratio
+
+
+@pytest.mark.parametrize(("device", "dtype", "precision", "expected", "fix"), [
+    ("a100", "float32", "bf16", "fp32", "--dtype bfloat16"),  # a reviewer's: predicted 22% fast, with a note only
+    ("a100-tf32", "float32", "fp32", "tf32", "not NAME-tf32"),  # scaled 8x onto the fp32 peak
+])
+def test_a_profile_in_another_number_format_than_the_plan_is_warned_with_the_fix(
+        device: str, dtype: str, precision: str, expected: str, fix: str) -> None:
+    from planner.profiler.analytic import named_peak
+
+    profile = dataclasses.replace(_profile(device, named_peak(device, dtype)), dtype=dtype)
+    a100 = gpus.gpu_spec("a100")
+    cluster = ir.Cluster("a100s", (ir.Node("s0", (a100.to_gpu("g0"),)),),
+                         (("intra_node", ir.Link(3e11, 3e-6)), ("inter_node", ir.Link(2.5e10, 5e-6))))
+    note = rescale_note(profile, cluster, precision)
+    assert note is not None and note.profile_format == expected and note.warning is not None
+    assert f"times are {expected} and the plan computes in {precision}" in note.warning and fix in note.warning
+    assert note.to_dict()["warning"] == note.warning
+
+
+def test_a_profile_moved_to_another_gpu_in_its_own_format_is_not_warned() -> None:
+    profile = dataclasses.replace(_profile("a100", 312e12), dtype="bfloat16")
+    h100 = gpus.gpu_spec("h100")
+    cluster = ir.Cluster("h100s", (ir.Node("s0", (h100.to_gpu("g0"),)),),
+                         (("intra_node", ir.Link(4.5e11, 2e-6)), ("inter_node", ir.Link(5e10, 5e-6))))
+    note = rescale_note(profile, cluster, "bf16")
+    assert note is not None and note.profile_format == "bf16" and note.warning is None

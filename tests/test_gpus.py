@@ -106,3 +106,9 @@ def test_training_share_is_the_rooflines_for_a_catalogued_peak_and_none_elsewher
                 roofline.gemm_share)
     assert gpus.training_share(40e9) is None  # a CPU's measured rate
     assert gpus.training_share(312e12 * (1 + 3 * gpus.PEAK_MATCH)) is None  # a cluster file's own figure
+
+
+def test_peak_format_names_the_format_a_catalogued_peak_is_in() -> None:
+    assert gpus.peak_format(156e12) == "tf32" and gpus.peak_format(19.5e12) == "fp32"
+    assert gpus.peak_format(312e12) is None  # bf16 and fp16 alike: either
+    assert gpus.peak_format(40e9) is None

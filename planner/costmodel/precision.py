@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from planner import ir
 from planner.errors import UsageError
-from planner.gpus import number_format_of_dtype, training_share
+from planner.gpus import number_format_of_dtype, peak_format, training_share
 
 OPTIMIZER_BYTES_PER_PARAM = {"sgd": 0, "momentum": 4, "adam": 8, "rmsprop": 4}
 """Optimizer state in fp32 bytes per parameter beyond weight and gradient (Adam: m and v)."""
@@ -133,6 +133,8 @@ class Rescale:
     cluster_flops: float
     number_format: str
     matched_factor: float | None = None
+    profile_format: str | None = None
+    """The number format the profile's times are in (:func:`profile_format`); None: unknown."""
 
     @property
     def shares(self) -> float:
@@ -147,9 +149,9 @@ class Rescale:
 
     @property
     def warning(self) -> str | None:
-        """Why the factor is suspect, with what to do; None when it is not (class doc)."""
+        """Why the factor is suspect, with what to do; None when it is not (class doc, :attr:`format_warning`)."""
         if self.matched_factor is None:
-            return None
+            return self.format_warning
         off = self.factor / self.matched_factor
         if 1 / MATCH_TOLERANCE <= off <= MATCH_TOLERANCE:
             return None
@@ -157,6 +159,18 @@ class Rescale:
                 f"the x{self.matched_factor:.4g} of a profile of the model its speed was measured on: its FLOP/s "
                 "come from another model (or the matmul benchmark), and the prediction is not this machine's; "
                 "run planner calibrate --match-profile with this profile")
+
+    @property
+    def format_warning(self) -> str | None:
+        """When the profile's times are in another number format than the plan computes in: the factor is the
+        peaks', memory-bound work included, which moves with the bytes instead (an fp32 profile searched at bf16 is
+        predicted about 20% fast); None when the formats agree or one is unknown."""
+        if self.profile_format is None or self.profile_format == self.number_format:
+            return None
+        return (f"the profile's times are {self.profile_format} and the plan computes in {self.number_format}: "
+                f"scaled x{self.factor:.4g} by the peaks, memory-bound work included, which moves with the bytes "
+                f"and not the peak, so the prediction is off by the share of that work; profile the model again "
+                f"{_PROFILE_AGAIN.get(self.number_format, 'in the plan precision')}")
 
     @property
     def text(self) -> str:
@@ -172,13 +186,25 @@ class Rescale:
                 "warning": self.warning}
 
 
+_PROFILE_AGAIN = {"bf16": "with --dtype bfloat16", "fp16": "with --dtype float16",
+                  "fp32": "with --dtype float32 and the GPU's fp32 peak (--device-flops NAME, not NAME-tf32)"}
+"""How to profile a model in each number format a plan computes in (the format warning's fix)."""
+
+
+def profile_format(profile: ir.ModelProfile) -> str:
+    """The number format a profile's times are in: the catalogued format of its peak (``tf32`` for a profile at the
+    A100's TF32 peak), else its dtype's (:func:`default_precision`)."""
+    return peak_format(profile.device_flops) or default_precision(profile)
+
+
 def rescale_note(profile: ir.ModelProfile, cluster: ir.Cluster, precision: str) -> Rescale | None:
     """The rescaling a search of ``profile`` on ``cluster`` applies, when the peaks differ by over 1%."""
     fmt = number_format(precision)
     peak = min(g.flops_for(fmt) for g in cluster.gpus)
     if abs(profile.device_flops / peak - 1.0) <= 0.01:
         return None
-    return Rescale(profile.device, profile.device_flops, cluster.name, peak, fmt, _matched_factor(profile, cluster))
+    return Rescale(profile.device, profile.device_flops, cluster.name, peak, fmt, _matched_factor(profile, cluster),
+                   profile_format(profile))
 
 
 def _matched_factor(profile: ir.ModelProfile, cluster: ir.Cluster) -> float | None:
