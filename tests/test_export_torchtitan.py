@@ -29,14 +29,20 @@ from tests.test_export_grids import grid_plan
 from tests.test_export_quoting import HOSTILE
 
 
-def llama_profile(blocks: int = 6, hidden: int = 256, heads: int = 16, kv_heads: int = 16) -> ir.ModelProfile:
+def llama_profile(blocks: int = 6, hidden: int = 256, heads: int = 16, kv_heads: int = 16,
+                  shaped: bool = True) -> ir.ModelProfile:
+    """A Llama-shaped profile; ``shaped``: its embedding and head carry their weight shapes (the split forms open),
+    as a profile of a real model does."""
     shape = ir.BlockShape(hidden, heads, kv_heads, 4 * hidden, 64, gated=True)
+    ends = [{"in_features": 1024, "out_features": hidden}, {"in_features": hidden, "out_features": 1024}]
+    if not shaped:
+        ends = [{}, {}]
     layer = {"forward_s": 1e-3, "backward_s": 2e-3, "forward_flops": 1e9, "backward_flops": 2e9, "param_count": 1000,
              "param_bytes": 4000, "output_bytes": 1000, "saved_bytes": 1000}
-    layers = [{"name": "model.embed_tokens", "type": "Embedding", **layer, "in_features": 1024, "out_features": hidden}]
+    layers = [{"name": "model.embed_tokens", "type": "Embedding", **layer, **ends[0]}]
     layers += [{"name": f"model.layers.{i}", "type": "LlamaDecoderLayer", "block": shape.to_dict(), **layer}
                for i in range(blocks)]
-    layers += [{"name": "lm_head", "type": "Linear", **layer, "in_features": hidden, "out_features": 1024}]
+    layers += [{"name": "lm_head", "type": "Linear", **layer, **ends[1]}]
     return ir.ModelProfile.from_dict({"kind": "profile", "version": 1, "model": "llama-debug", "batch_size": 8,
                                       "dtype": "float32", "mode": "analytic", "device": "cpu",
                                       "device_flops": 1e12, "input_shape": [64], "layers": layers})

@@ -93,7 +93,7 @@ def _tight_llama(batch: int, saved_bytes: int) -> ir.ModelProfile:
     """A Llama whose blocks keep ``saved_bytes`` of activations at the whole batch: memory decides the modes."""
     from tests.test_export_torchtitan import llama_profile
 
-    profile = llama_profile(blocks=6, heads=4, kv_heads=2)
+    profile = llama_profile(blocks=6, heads=4, kv_heads=2, shaped=False)
     layers = tuple(dataclasses.replace(lp, saved_bytes=saved_bytes) if lp.block else lp for lp in profile.layers)
     return dataclasses.replace(profile, layers=layers, batch_size=batch)
 
