@@ -63,8 +63,7 @@ SHARDED = np.array([False, True, True, True])
 """Forms whose activation layout is replicated in the tensor group and whose weights are sharded."""
 
 ZERO_BUBBLE_W_SHARE = 0.5
-"""Weight-gradient share of backward when a profile does not give ``backward_weight_s``
-(Qi et al. 2023 assume B and W cost the same)."""
+"""Weight-gradient share of backward without ``backward_weight_s`` (Qi et al. 2023: B and W cost the same)."""
 
 
 @dataclass(frozen=True)
@@ -352,10 +351,8 @@ def _times(c: _Columns, n: int, link: ir.Link, ag_in: np.ndarray, ag_out: np.nda
 
 def _allowed(profile: ir.ModelProfile, c: _Columns, n: int, forms: Sequence[str], samples: float,
              rules: FormRules = ANY_FORMS) -> np.ndarray:
-    """Which forms each layer may take on a tensor group of ``n``; ``samples`` per micro-batch and replica:
-    the dp form splits them over the group, so it is open only when ``n`` divides them; ``rules``, the engine's
-    (a block only in the tp form, split forms only on the layer types it shards, no batch norm's samples split,
-    an embedding and a head in the one form it runs them in)."""
+    """Which forms each layer may take on a tensor group of ``n`` (``dp`` only where ``n`` divides the ``samples``
+    per micro-batch and replica) under the engine's ``rules`` (:class:`planner.runnable.FormRules`)."""
     allowed = np.zeros((len(c.pcount), NF), dtype=bool)
     allowed[:, DP] = n == 1 or math.isclose(samples / n, round(samples / n))
     if n > 1:
