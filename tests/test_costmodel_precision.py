@@ -132,3 +132,77 @@ def test_a_profile_moved_to_another_gpu_in_its_own_format_is_not_warned() -> Non
                          (("intra_node", ir.Link(4.5e11, 2e-6)), ("inter_node", ir.Link(5e10, 5e-6))))
     note = rescale_note(profile, cluster, "bf16")
     assert note is not None and note.profile_format == "bf16" and note.warning is None
+
+
+def _node(name: str, *peaks_tflops: float) -> ir.Node:
+    return ir.Node(name, tuple(ir.GPU(f"{name}.g{i}", 67e12, 80 * 2**30, 3.35e12, (("bf16", p * 1e12),))
+                               for i, p in enumerate(peaks_tflops)))
+
+
+def test_a_mixed_group_is_timed_on_its_slowest_gpu_by_sustained_rate_not_by_the_lowest_peak() -> None:
+    """Two H100s and two GPUs of 756 TFLOP/s bf16, a peak no catalogued GPU has (a reviewer's): an A100 profile moves
+    to the H100s at the two GPUs' shares (x0.433) and to the others by the peaks alone (x0.413), so the H100s are the
+    slower for it and the group waits for them; timed at the lowest peak, the mixed group came out faster than four
+    H100s and the search put a stage on the 756s alone."""
+    from planner.cluster import group_of
+    from planner.costmodel.precision import slowest_peak
+
+    link = ir.Link(4.5e11, 2e-6)
+    mixed = ir.Cluster("mix", (_node("a", 989.4, 989.4), _node("b", 756, 756)), (("intra_node", link),
+                                                                                 ("inter_node", link)))
+    profile = dataclasses.replace(_profile("a100", 312e12), dtype="bfloat16")
+    group = group_of(mixed, [g.name for g in mixed.gpus], "bf16")
+    assert group.flops == 756e12 and group.distinct_peaks == (756e12, 989.4e12)
+    assert slowest_peak(profile, group.distinct_peaks) == 989.4e12
+    assert flop_scale(profile, 989.4e12) > flop_scale(profile, 756e12)
+    note = rescale_note(profile, mixed, "bf16")
+    assert note is not None and note.cluster_flops == 989.4e12  # the note names the GPU the times are moved to
+
+
+@pytest.mark.parametrize(("source", "target", "fmt"), [("v100", "h100", "fp16"), ("a100", "h100", "bf16"),
+                                                        ("h100", "v100", "fp16")])
+def test_a_gpu_profiles_fixed_part_is_host_time_and_is_not_moved_with_the_peaks(source: str, target: str,
+                                                                                 fmt: str) -> None:
+    """GPT-2 small at 16 x 128 tokens is host-bound on every GPU (the roofline's host floor per kernel): its fixed
+    part is about the same on a V100, an A100 and an H100. Moved by the peaks with the rest, a V100 profile on H100s
+    was predicted 4.3x faster than the H100's own (a reviewer's); now within 15% of it. A CPU profile's fixed part
+    is its cores' work and moves with them."""
+    from planner.api import profile_model
+    from planner.costmodel.batch import times_at
+    from planner.costmodel.precision import fixed_scale
+
+    dtype = {"fp16": "float16", "bf16": "bfloat16"}[fmt]
+
+    def made_for(gpu: str) -> ir.ModelProfile:
+        return profile_model("gpt2", batch_size=16, mode="analytic", dtype=dtype, device_flops=gpu)
+
+    def total_s(prof: ir.ModelProfile, peak: float) -> float:
+        at = times_at(prof, prof.batch_size)
+        return float(((at.fwd_fixed + at.bwd_fixed).sum() * fixed_scale(prof, peak)
+                      + (at.fwd_var + at.bwd_var).sum() * flop_scale(prof, peak)))
+
+    moved, own = made_for(source), made_for(target)
+    peak = gpus.peak_flops(target, fmt)
+    assert 0.85 <= total_s(moved, peak) / total_s(own, peak) <= 1.15
+    assert fixed_scale(moved, peak) == 1.0
+    cpu = _profile("cpu", 1e10)
+    assert fixed_scale(cpu, 0.4e10) == flop_scale(cpu, 0.4e10) == pytest.approx(2.5)
+
+
+def test_bf16_and_fp16_times_move_alike_and_a_gpu_without_the_plans_format_is_named_by_its_own() -> None:
+    """A V100's fp16 profile searched in bf16 on A100s is not warned (same bytes, tensor cores both); a bf16
+    profile on a cluster whose slowest GPU has no bf16 peak (an RTX 2080 Ti computes it at its fp32 peak) is: the
+    note names that GPU's format, fp32."""
+    v100 = dataclasses.replace(_profile("v100", 125e12), dtype="float16")
+    a100 = gpus.gpu_spec("a100")
+    link = ir.Link(3e11, 3e-6)
+    a100s = ir.Cluster("a100s", (ir.Node("s0", (a100.to_gpu("g0"),)),), (("intra_node", link), ("inter_node", link)))
+    note = rescale_note(v100, a100s, "bf16")
+    assert note is not None and note.warning is None
+    turing = gpus.gpu_spec("rtx2080ti")
+    mixed = ir.Cluster("mixed", (ir.Node("s0", (a100.to_gpu("g0"), turing.to_gpu("g1"))),),
+                       (("intra_node", link), ("inter_node", link)))
+    bf16 = dataclasses.replace(_profile("a100", 312e12), dtype="bfloat16")
+    note = rescale_note(bf16, mixed, "bf16")
+    assert note is not None and note.number_format == "fp32" and note.cluster_flops == 13.4e12
+    assert note.warning is not None and "plan computes in fp32" in note.warning

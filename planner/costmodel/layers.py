@@ -27,13 +27,12 @@ entering a sharded form, backward leaving it); a stage's ends are batch-sharded.
 without weights follow their neighbours' layout. A layer whose weight shape is unknown runs
 ``dp`` only; on a tensor group of one device every layer is ``dp``.
 
-Compute: a profiled time scales by ``device_flops / peak`` (the group's slowest GPU in the
-plan's number format; times the GPUs' sustained shares where both are catalogued:
-``precision.flop_scale``); at the micro-batch ``b`` it is a fixed part, paid whole per call, and a
-variable part divided over the devices that share the work: ``fixed(b) + var(b)/n``, read off
-the layer's times at several batches where measured, else ``fixed + (b/B)(t - fixed)``
-(:mod:`planner.costmodel.batch`, the one home of that law). Activation memory of a block
-(Korthikanti et al. 2022, Table 2, per layer
+Compute: a profiled time scales by ``device_flops / peak`` (the group's slowest GPU in the plan's number format;
+times the GPUs' sustained shares where both are catalogued: ``precision.flop_scale``; a GPU profile's fixed part,
+host time, not: ``precision.fixed_scale``); at the micro-batch ``b`` it is a fixed part, paid whole per call, and a
+variable part divided over the devices that share the work: ``fixed(b) + var(b)/n``, read off the layer's times
+at several batches where measured, else ``fixed + (b/B)(t - fixed)`` (:mod:`planner.costmodel.batch`, the one
+home of that law). Activation memory of a block (Korthikanti et al. 2022, Table 2, per layer
 ``s b h (34 + 5 a s / h)`` bytes at 16 bits) scales by the table's variants: tensor parallel
 ``10 + 24/t + 5as/(ht)``, with sequence parallelism ``34/t + 5as/(ht)``, selective
 recomputation drops the ``5as/h`` attention-core term; its time is the core's share of the
@@ -53,7 +52,7 @@ from planner import ir
 from planner.cluster import Group
 from planner.costmodel.batch import times_at
 from planner.costmodel.collectives import allreduce_coefficients, ring_allgather_s, ring_allreduce_s
-from planner.costmodel.precision import Bytes, dtype_bytes, flop_scale
+from planner.costmodel.precision import Bytes, dtype_bytes, fixed_scale, flop_scale, slowest_peak
 from planner.runnable import ANY_FORMS, FormRules, tied_layers
 
 DP, SPLIT_IN, SPLIT_OUT, TP = 0, 1, 2, 3
@@ -199,9 +198,10 @@ class _Columns:
 def _columns(profile: ir.ModelProfile, grid: Grid, microbatches: int, nbytes: Bytes) -> _Columns:
     layers = profile.layers
     share = 1.0 / (microbatches * grid.dp)
-    scale = flop_scale(profile, grid.group.flops)
+    peak = slowest_peak(profile, grid.group.distinct_peaks)
+    scale, fixed = flop_scale(profile, peak), fixed_scale(profile, peak)
     at = times_at(profile, profile.batch_size * share)
-    fwd_fixed, bwd_fixed = at.fwd_fixed * scale, at.bwd_fixed * scale
+    fwd_fixed, bwd_fixed = at.fwd_fixed * fixed, at.bwd_fixed * fixed
     fwd_full, bwd_full = at.fwd_var * scale, at.bwd_var * scale
     bww_full = np.array([ZERO_BUBBLE_W_SHARE * x.backward_s if x.backward_weight_s is None else x.backward_weight_s
                          for x in layers]) * scale * share

@@ -22,6 +22,7 @@ Pure. Sources:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from planner import ir
@@ -109,6 +110,22 @@ def flop_scale(profile: ir.ModelProfile, peak_flops: float) -> float:
     return profile.device_flops / peak_flops * share_ratio(profile.device_flops, peak_flops)
 
 
+def slowest_peak(profile: ir.ModelProfile, peaks: Iterable[float]) -> float:
+    """Of a group's ``peaks``, the one the profile's times take longest on (the largest :func:`flop_scale`): a
+    group waits for its slowest GPU, and beside sustained shares the lowest peak need not be it (an H100 and a
+    GPU of 756 TFLOP/s no catalogued GPU has: at an A100 profile's share the other is the faster)."""
+    return max(peaks, key=lambda peak: flop_scale(profile, peak))
+
+
+def fixed_scale(profile: ir.ModelProfile, peak_flops: float) -> float:
+    """Factor on the fixed part of a layer's time (:mod:`planner.costmodel.batch`): :func:`flop_scale` for a
+    profile measured on a CPU, whose fixed part is work its cores do (a core share slows it), and 1 for a GPU's:
+    host time launching kernels, which a faster GPU does not shorten (the analytic roofline's GPT-2 at 16 samples
+    has 18.0, 20.1 and 20.1 ms of it on a V100, an A100 and an H100; moved by the peaks, a V100 profile searched
+    on H100s was predicted 4.3x faster than the H100's own)."""
+    return flop_scale(profile, peak_flops) if profile.device.lower().startswith("cpu") else 1.0
+
+
 MATCH_TOLERANCE = 1.5
 """How far (either way) a CPU profile's factor on a calibrated CPU cluster may be from the one a
 profile of the model the cluster was matched to has before search warns (:attr:`Rescale.warning`)."""
@@ -165,12 +182,12 @@ class Rescale:
         """When the profile's times are in another number format than the plan computes in: the factor is the
         peaks', memory-bound work included, which moves with the bytes instead (an fp32 profile searched at bf16 is
         predicted about 20% fast); None when the formats agree or one is unknown."""
-        if self.profile_format is None or self.profile_format == self.number_format:
+        if self.profile_format is None or _KIND.get(self.profile_format) == _KIND.get(self.number_format):
             return None
         return (f"the profile's times are {self.profile_format} and the plan computes in {self.number_format}: "
-                f"scaled x{self.factor:.4g} by the peaks, memory-bound work included, which moves with the bytes "
+                f"scaled x{self.factor:.4g} by the GPUs' rates, memory-bound work included, which moves with the bytes "
                 f"and not the peak, so the prediction is off by the share of that work; profile the model again "
-                f"{_PROFILE_AGAIN.get(self.number_format, 'in the plan precision')}")
+                f"for the cluster's GPU {_PROFILE_AGAIN.get(self.number_format, 'in the plan precision')}")
 
     @property
     def text(self) -> str:
@@ -186,6 +203,9 @@ class Rescale:
                 "warning": self.warning}
 
 
+_KIND = {"fp32": "fp32", "tf32": "tf32", "bf16": "16-bit", "fp16": "16-bit"}
+"""Number formats whose times move alike between GPUs: bf16 and fp16 have the same bytes and tensor-core peaks."""
+
 _PROFILE_AGAIN = {"bf16": "with --dtype bfloat16", "fp16": "with --dtype float16",
                   "fp32": "with --dtype float32 and the GPU's fp32 peak (--device-flops NAME, not NAME-tf32)"}
 """How to profile a model in each number format a plan computes in (the format warning's fix)."""
@@ -200,10 +220,12 @@ def profile_format(profile: ir.ModelProfile) -> str:
 def rescale_note(profile: ir.ModelProfile, cluster: ir.Cluster, precision: str) -> Rescale | None:
     """The rescaling a search of ``profile`` on ``cluster`` applies, when the peaks differ by over 1%."""
     fmt = number_format(precision)
-    peak = min(g.flops_for(fmt) for g in cluster.gpus)
+    gpu = max(cluster.gpus, key=lambda g: flop_scale(profile, g.flops_for(fmt)))  # slowest_peak's GPU
+    peak = gpu.flops_for(fmt)
     if abs(profile.device_flops / peak - 1.0) <= 0.01:
         return None
-    return Rescale(profile.device, profile.device_flops, cluster.name, peak, fmt, _matched_factor(profile, cluster),
+    used = fmt if fmt in dict(gpu.peak_flops) else "fp32"  # a GPU without the format's peak computes in fp32
+    return Rescale(profile.device, profile.device_flops, cluster.name, peak, used, _matched_factor(profile, cluster),
                    profile_format(profile))
 
 

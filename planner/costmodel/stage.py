@@ -49,7 +49,7 @@ from planner.cluster import Group, group_of, index, link_between
 from planner.costmodel.collectives import ring_allreduce_s
 from planner.costmodel.engine import charge_plan, zero_comms
 from planner.costmodel.layers import DP, FORM_INDEX, KEYS, MAX_KEYS, Grid, LayerTable, layer_table
-from planner.costmodel.precision import Bytes, flop_scale
+from planner.costmodel.precision import Bytes, fixed_scale, flop_scale, slowest_peak
 from planner.costmodel.variant import Variant, variant_cost
 from planner.costmodel.whole_tensors import heaviest_ratio
 from planner.engines import ENGINES
@@ -113,7 +113,8 @@ def loss_s(profile: ir.ModelProfile, group: Group, microbatches: int, dp: int = 
         return 0.0
     fixed = profile.loss_fixed_s or 0.0
     scaled = (profile.loss_s - fixed) / (microbatches * dp) / max(group.n // dp, 1)
-    return (fixed + scaled) * flop_scale(profile, group.flops)
+    peak = slowest_peak(profile, group.distinct_peaks)
+    return fixed * fixed_scale(profile, peak) + scaled * flop_scale(profile, peak)
 
 
 def grad_accumulation_s(weight_bytes: float, microbatches: int, bandwidth_Bps: float | None) -> float:

@@ -250,11 +250,10 @@ def pipedream_layout(profile: ir.ModelProfile, cluster: ir.Cluster, microbatches
     its README runs 1).
     """
     from planner.costmodel import default_precision
-    from planner.costmodel.precision import flop_scale, number_format
+    from planner.costmodel.precision import flop_scale, number_format, slowest_peak
 
     fmt = number_format(default_precision(profile))
-    slowest = min(g.flops_for(fmt) for g in cluster.gpus)
-    scale = flop_scale(profile, slowest)
+    scale = flop_scale(profile, slowest_peak(profile, {g.flops_for(fmt) for g in cluster.gpus}))
     times = [(layer.forward_s + layer.backward_s) * scale for layer in profile.layers]
     params = [float(layer.param_bytes) for layer in profile.layers]
     outputs = [float(layer.output_bytes) for layer in profile.layers]
