@@ -178,8 +178,8 @@ def test_a_gpu_profiles_fixed_part_is_host_time_and_is_not_moved_with_the_peaks(
 
     def total_s(prof: ir.ModelProfile, peak: float) -> float:
         at = times_at(prof, prof.batch_size)
-        return float(((at.fwd_fixed + at.bwd_fixed).sum() * fixed_scale(prof, peak)
-                      + (at.fwd_var + at.bwd_var).sum() * flop_scale(prof, peak)))
+        return float((at.fwd_fixed + at.bwd_fixed).sum() * fixed_scale(prof, peak)
+                      + (at.fwd_var + at.bwd_var).sum() * flop_scale(prof, peak))
 
     moved, own = made_for(source), made_for(target)
     peak = gpus.peak_flops(target, fmt)
