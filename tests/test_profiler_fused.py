@@ -56,3 +56,32 @@ def test_the_math_path_keeps_the_weights_and_is_told_apart() -> None:
     with mode, torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
         F.scaled_dot_product_attention(q, q, q)
     assert (mode.calls, mode.saving) == (1, 1)
+
+
+def _mha_saved(device: str) -> tuple[int, int]:
+    """Bytes autograd keeps for nn.MultiheadAttention's forward under FusedAttention, and the SDPA calls seen."""
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(32, 4, batch_first=True, device=device)
+    x = torch.randn(2, 64, 32, device=device, requires_grad=True)
+    kept: list[int] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        kept.append(t.numel() * t.element_size())
+        return t
+
+    mode = FusedAttention()
+    with mode, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        mha(x, x, x, need_weights=False)
+    return sum(kept), mode.calls
+
+
+def test_sdpa_inside_another_torch_function_is_routed_too() -> None:
+    """nn.MultiheadAttention (and nn.TransformerEncoderLayer) call SDPA inside F.multi_head_attention_forward,
+    which runs with the mode off: on meta it took the math path and kept the s x s weights in fp32 (an
+    analytic profile of a 1024-wide, 16-head encoder layer at 2,048 tokens said 1.33 GB saved, 0.20 GB fused)."""
+    meta_bytes, meta_calls = _mha_saved("meta")
+    cpu_bytes, cpu_calls = _mha_saved("cpu")
+    assert (meta_calls, cpu_calls) == (1, 1)
+    assert meta_bytes < 2 * 4 * 64 * 64 * 4  # less than one fp32 tensor of the s x s weights
+    assert meta_bytes == cpu_bytes  # the CPU's fused kernel keeps the same
+    assert F.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention  # put back on exit

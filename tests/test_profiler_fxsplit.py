@@ -118,3 +118,17 @@ def test_fx_split_finds_tied_weights_and_counts_them_once() -> None:
     assert lm.names == ("emb", "body", "head")
     assert len(lm.ties) == 1 and lm.ties[0].name == "emb.weight" and lm.ties[0].layers == (0, 2)
     assert lm.param_counts == (240, 72, 0)
+
+
+def test_torch_transformer_layers_are_weighted_layers_of_their_own() -> None:
+    """torch.fx keeps torch.nn's nn.TransformerEncoderLayer whole (a standard module): it holds linear layers and
+    attention, so it is a layer of its own, not joined to the embedding before it (a stack of them was one layer,
+    which no pipeline could cut)."""
+    torch.manual_seed(0)
+    blocks = [nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True) for _ in range(3)]
+    model = nn.Sequential(nn.Embedding(50, 32), *blocks, nn.Linear(32, 50))
+    x = torch.randint(0, 50, (2, 8))
+    lm = split_fx(model, x)
+    assert lm.method == "fx" and len(lm) == 5
+    assert lm.types[1:4] == ("TransformerEncoderLayer",) * 3
+    check_exact(model, x, lm.layers, lm.param_counts)

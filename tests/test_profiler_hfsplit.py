@@ -139,3 +139,29 @@ def test_a_factory_built_llama_is_split_by_structure_with_token_inputs() -> None
     lm = _split(loaded.module, loaded.example_input)
     check_exact(loaded.module, loaded.example_input, lm.layers, lm.param_counts)
     assert len(lm) == 5 and lm.block(3) == ir.BlockShape(32, 4, 1, 64, 9, gated=True)
+
+
+def test_a_gpt2_shorter_than_the_sequence_is_refused() -> None:
+    """GPT-2's learned positions end at n_positions; on the meta device the lookup past them is not checked, so an
+    analytic profile was written for a model that cannot run at that length (measured: index out of range)."""
+    model = gpt2(n_layer=1, n_embd=32, n_head=2, vocab_size=50, n_positions=8)
+    with pytest.raises(TraceError, match=r"8 learned positions .*fewer than the 16-token sequence") as err:
+        split_hf(model, torch.randint(0, 50, (1, 16), device="meta"))
+    assert "--input-shape 8 or less" in err.value.hint
+    assert split_hf(model, torch.randint(0, 50, (1, 8))) is not None
+
+
+def test_a_qwen3_whose_heads_do_not_divide_its_hidden_size_records_no_block_shape() -> None:
+    """Qwen3 sets head_dim apart from the hidden size, so 3 heads of 16 over a hidden size of 40 is a model it
+    builds and runs; a block shape (hidden split by heads) cannot describe it and was refused when the profile was
+    written ("out of what a profile file holds"): its blocks now run dp only, as layers without shape facts."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=32, hidden_size=40, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=3, num_key_value_heads=1, head_dim=16))
+    assert block_shape(model.config, 8) is None
+    x = torch.randint(0, 32, (2, 8))
+    lm = _split(model, x)
+    check_exact(model, x, lm.layers, lm.param_counts)
+    assert [lm.block(i) for i in range(len(lm))] == [None] * 4

@@ -82,6 +82,27 @@ def test_floats_given_to_an_embedding_get_a_hint_for_integer_examples() -> None:
     assert "--input-shape" in ints.hint
 
 
+class _Routed(nn.Module):  # type: ignore[misc]
+    """A mixture of experts' dispatch in miniature: which rows go on depends on the values."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = (x[:, 0] > 0).nonzero(as_tuple=True)[0]
+        return x.index_add(0, rows, x[rows])
+
+
+@pytest.mark.parametrize("fails", [lambda x: _Routed()(x), lambda x: x[x.sum(1) > 0], lambda x: x.sum().item()])
+def test_an_op_the_meta_device_cannot_run_points_at_measured_mode(fails: object) -> None:
+    """Analytic mode runs on meta tensors: value-dependent shapes fail there, whatever the input's shape."""
+    x = torch.zeros(4, 3, device="meta")
+    with pytest.raises((RuntimeError, NotImplementedError)) as info:
+        fails(x)  # type: ignore[operator]
+    err = rejects_input(x, info.value)
+    assert "cannot run on the meta device" in err.cause and "--mode measured" in err.hint
+    assert "--input-shape" not in err.hint
+    real = rejects_input(torch.zeros(4, 3), RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+    assert "rejects input of shape" in real.cause and "--input-shape" in real.hint
+
+
 def test_trainable_counts_leave_out_frozen_parameters_each_counted_once() -> None:
     """A frozen first layer trains none of its parameters; a layer sharing a frozen weight with it counts
     it there, not again; a layer with every parameter training says None (no field in the profile)."""

@@ -53,3 +53,17 @@ def test_lazy_modules_get_their_weights_from_one_call_of_the_example(device: str
     assert loaded.module(loaded.example_input).shape == (2, 10)
     again = load_model("tests.test_profiler_loader:lazy_cnn", 2)
     assert device == "meta" or torch.equal(again.module[2].weight, head.weight)  # the same model every time
+
+
+def validated_factory() -> nn.Module:
+    """A factory whose config check raises with a heading line and the cause on the next (as transformers' strict
+    config validation does: 'Class validation error for validator ...:' then 'ValueError: The hidden size ...')."""
+    raise ValueError("Class validation error for validator 'validate_architecture':\n"
+                     "    ValueError: The hidden size (100) is not a multiple of the number of attention heads (8).")
+
+
+def test_a_factory_error_keeps_its_cause_on_one_line() -> None:
+    with pytest.raises(ModelLoadError) as err:
+        load_model("tests.test_profiler_loader:validated_factory", 1, device="meta")
+    assert "\n" not in err.value.cause
+    assert "The hidden size (100) is not a multiple of the number of attention heads (8)." in err.value.cause

@@ -13,9 +13,11 @@ SDPA and keeps its weights, as it does when it runs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 _NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
@@ -42,24 +44,65 @@ def ran_fused(out: torch.Tensor) -> bool:
     return any(kind in name for kind in ("Flash", "Efficient", "Cudnn"))
 
 
-class FusedAttention(TorchFunctionMode):
-    """Routes ``F.scaled_dot_product_attention`` on meta tensors to :func:`fused_attention`; counts the
-    calls (``calls``) and those whose backward keeps the attention weights (``saving``: the math path,
-    which a real device may still take, e.g. for a mask its fused kernels do not take)."""
+_SDPA = F.scaled_dot_product_attention
+"""torch's own SDPA (``torch._C._nn.scaled_dot_product_attention``)."""
+
+
+class AttentionMode(TorchFunctionMode):
+    """A mode that hands every ``F.scaled_dot_product_attention`` call to :meth:`route`: those the model makes,
+    which the mode sees, and those made inside another torch function, which runs with the mode off
+    (``F.multi_head_attention_forward``, which ``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer`` run,
+    looks SDPA up in ``torch.nn.functional``: while the mode is on, that name is the mode's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._previous: Callable[..., Any] = _SDPA
+        self._busy = False
+
+    def route(self, given: dict[str, Any], sdpa: Callable[..., Any]) -> Any:
+        """One SDPA call's result; ``given``: its arguments by name; ``sdpa``: torch's, to run it as it is."""
+        return sdpa(**given)
+
+    def __enter__(self) -> AttentionMode:
+        self._previous = F.scaled_dot_product_attention
+        setattr(F, "scaled_dot_product_attention", self._sdpa)  # noqa: B010
+        super().__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        setattr(F, "scaled_dot_product_attention", self._previous)  # noqa: B010
+        super().__exit__(*exc)
+
+    def _sdpa(self, *args: Any, **kwargs: Any) -> Any:
+        if self._busy:  # route's own call of torch's SDPA
+            return self._previous(*args, **kwargs)
+        self._busy = True
+        try:
+            return self.route(dict(zip(_NAMES, args, strict=False)) | kwargs, self._previous)
+        finally:
+            self._busy = False
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is not _SDPA or self._busy:
+            return func(*args, **kwargs)
+        return self._sdpa(*args, **kwargs)
+
+
+class FusedAttention(AttentionMode):
+    """Routes SDPA on meta tensors to :func:`fused_attention`; counts the calls (``calls``) and those whose
+    backward keeps the attention weights (``saving``: the math path, which a real device may still take, e.g.
+    for a mask its fused kernels do not take)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.calls = 0
         self.saving = 0
 
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        if func is not torch.nn.functional.scaled_dot_product_attention:
-            return func(*args, **kwargs)
-        given = dict(zip(_NAMES, args, strict=False)) | kwargs
+    def route(self, given: dict[str, Any], sdpa: Callable[..., Any]) -> Any:
         self.calls += 1
         if given["query"].device.type == "meta":
             return fused_attention(**given)
-        out = func(*args, **kwargs)
+        out = sdpa(**given)
         self.saving += bool(torch.is_grad_enabled() and not ran_fused(out))
         return out

@@ -189,8 +189,9 @@ def _heavy_targets(t: _Traced, body: list[fx.Node]) -> list[str]:
     for n in body:
         if n.op == "call_module":
             sub = t.gm.get_submodule(str(n.target))
-            if is_heavy(sub) or (t.method == "fx-children" and any(True for _ in sub.parameters())
-                                  and dominant([sub]) is not None):
+            # a leaf holding weighted modules is weighted: a direct child (fx-children), or a torch.nn block
+            # that fx keeps whole (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer, nn.Transformer)
+            if is_heavy(sub) or (any(True for _ in sub.parameters()) and dominant([sub]) is not None):
                 out.append(str(n.target))
         for a in n.all_input_nodes:
             if a.op == "get_attr" and isinstance(_get_attr(t.gm, str(a.target)), nn.Parameter) \

@@ -87,6 +87,19 @@ def _check_window(model: nn.Module, seq_len: int) -> None:
                          f"(a zoo model: --set sliding_window={seq_len}; your own: sliding_window=None)")
 
 
+def _check_positions(model: nn.Module, arch: str, seq_len: int) -> None:
+    """GPT-2 looks up learned positions 0..s-1 in its ``wpe`` table: a longer sequence cannot run (on the meta
+    device the lookup is not checked, so an analytic profile would be written for a model that fails)."""
+    if arch != "gpt2":
+        return
+    tr: Any = getattr(model, "transformer", model)
+    rows = int(tr.wpe.num_embeddings)
+    if seq_len > rows:
+        raise TraceError(f"{type(model).__name__} has {rows} learned positions (n_positions), fewer than the "
+                         f"{seq_len}-token sequence; it cannot run at that length",
+                         f"profile at --input-shape {rows} or less, or build it with n_positions={seq_len} or more")
+
+
 def _block_parts(blocks: Sequence[nn.Module], path: str, wrap: _Wrap, norm: tuple[str, nn.Module] | None
                  ) -> list[_Part]:
     """One part per block at ``path.i``; ``norm`` (path, module), if given, runs after the last block."""
@@ -148,13 +161,20 @@ _GATED = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 """The architectures whose MLP is gated (SwiGLU: gate, up and down matrices)."""
 
 
-def block_shape(config: Any, seq_len: int) -> ir.BlockShape:
-    """A GPT-2, BERT or Llama-family config's block shape at ``seq_len`` tokens."""
+def block_shape(config: Any, seq_len: int) -> ir.BlockShape | None:
+    """A GPT-2, BERT or Llama-family config's block shape at ``seq_len`` tokens.
+
+    None (the blocks run ``dp`` only, as layers without shape facts do) when the heads do not divide the
+    hidden size: a Llama-family model may (its ``head_dim`` is set apart from the hidden size, or rounds
+    it down), and a block shape, which splits the hidden size by heads, cannot describe it.
+    """
     if hasattr(config, "n_embd"):  # GPT-2
         return ir.BlockShape(config.n_embd, config.n_head, config.n_head, config.n_inner or 4 * config.n_embd,
                              seq_len, gated=False)
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    if config.hidden_size % heads or heads % kv_heads:
+        return None
     gated = getattr(config, "model_type", "") in _GATED
     return ir.BlockShape(config.hidden_size, heads, kv_heads, config.intermediate_size, seq_len, gated=gated)
 
@@ -179,6 +199,7 @@ def split_hf(model: nn.Module, example_input: torch.Tensor) -> LayeredModel | No
     _check_sdpa(model)
     _check_window(model, int(example_input.shape[1]))
     arch, parts_of = known
+    _check_positions(model, arch, int(example_input.shape[1]))
     parts = parts_of(model)
     layer_params = [[(f"{p.name}.{k}", q) for k, q in p.module.named_parameters(remove_duplicate=False)]
                     for p in parts]

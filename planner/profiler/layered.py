@@ -88,12 +88,22 @@ def rejects_input(example_input: torch.Tensor, exc: BaseException) -> ProfileErr
     lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
     lines = [line for line in lines if not line.startswith("While executing")] or [type(exc).__name__]
     shape = tuple(example_input.shape[1:])
+    if example_input.device.type == "meta" and _NEEDS_VALUES.search(lines[0]):
+        return ProfileError(f"the model cannot run on the meta device, where analytic mode counts without values, at "
+                            f"input of shape {shape} (batch {example_input.shape[0]}): {lines[0][:300]}",
+                            "an op whose output shape depends on the values (nonzero, boolean indexing, .item(), "
+                            "as a mixture of experts routes its tokens) needs them: use --mode measured (at small "
+                            "widths on this machine), or write the model without such ops")
     hint = "pass the --input-shape (without batch) the model expects"
     if example_input.is_floating_point() and _WANTS_INDICES.search(lines[0]):
         hint = ("the model takes integer indices (token ids), not floats: have your factory return "
                 "(model, example_input) with a torch.long example, e.g. torch.randint(0, vocab_size, (1, seq_len))")
     return ProfileError(f"the model rejects input of shape {shape} (batch {example_input.shape[0]}): {lines[0][:300]}",
                         hint)
+
+
+_NEEDS_VALUES = re.compile(r"\bmeta\b|data-independent|no data", re.IGNORECASE)
+"""torch's messages for an op the meta device cannot run without the tensors' values."""
 
 
 _WANTS_INDICES = re.compile(r"indices|Long, Int|scalar type Long", re.IGNORECASE)

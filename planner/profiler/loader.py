@@ -218,7 +218,8 @@ def _call_factory(spec: str, dev: torch.device) -> object:
 
 
 def _factory_failed(spec: str, exc: Exception) -> ModelLoadError:
-    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    msg = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())  # one line, every line's words:
+    msg = msg if len(msg) <= 300 else msg[:299] + "…"  # a first line may only introduce the cause ("...error:")
     return ModelLoadError(f"model factory {spec!r} raised {type(exc).__name__}: {msg}",
                           "fix the factory; it must return an nn.Module or (module, example_input)")
 

@@ -50,7 +50,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -58,6 +57,7 @@ from planner.export.losses import cross_entropy_loss
 from planner.gpus import TILE_ELEMENTS, Roofline
 from planner.profiler.flops import attention_flops as count_attention_flops
 from planner.profiler.flops import op_flops
+from planner.profiler.fused import AttentionMode
 from planner.profiler.measure import _backward_walk, _forward_walk, _zero_grads, fit_fixed, small_batch_of
 from planner.profiler.passes import has_logits
 from planner.profiler.repeats import fact_sources
@@ -176,19 +176,14 @@ def _attention_kernel(kernels: _Kernels, tensors: list[torch.Tensor | None], cau
     kernels.tally.add(kernels.roofline, flops, sum(_bytes(t) for t in present), _tiles(present), attention=True)
 
 
-class _AttentionAsKernel(TorchFunctionMode):
-    """Routes ``F.scaled_dot_product_attention`` to :class:`_FusedAttention`."""
+class _AttentionAsKernel(AttentionMode):
+    """Routes ``F.scaled_dot_product_attention`` (nested in another torch function too) to :class:`_FusedAttention`."""
 
     def __init__(self, kernels: _Kernels) -> None:
         super().__init__()
         self.kernels = kernels
 
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        if func is not torch.nn.functional.scaled_dot_product_attention:
-            return func(*args, **kwargs)
-        names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
-        given = dict(zip(names, args, strict=False)) | kwargs
+    def route(self, given: dict[str, Any], sdpa: Callable[..., Any]) -> Any:
         return _FusedAttention.apply(given["query"], given["key"], given["value"], given.get("attn_mask"),
                                      bool(given.get("is_causal", False)), self.kernels)
 
