@@ -132,3 +132,35 @@ def test_torch_transformer_layers_are_weighted_layers_of_their_own() -> None:
     assert lm.method == "fx" and len(lm) == 5
     assert lm.types[1:4] == ("TransformerEncoderLayer",) * 3
     check_exact(model, x, lm.layers, lm.param_counts)
+
+
+@pytest.mark.parametrize("norm", [True, False])
+def test_a_torch_transformer_encoder_is_cut_into_its_layers(norm: bool) -> None:
+    """nn.TransformerEncoder is a standard module, so fx kept it whole: a model built on it was one layer besides
+    its embedding and head. Called without a mask it runs its layers one after another (and its norm), and is
+    traced so; with a mask it stays whole."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+    encoder = nn.TransformerEncoder(layer, 3, norm=nn.LayerNorm(32) if norm else None, enable_nested_tensor=False)
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed, self.encoder, self.head = nn.Embedding(50, 32), encoder, nn.Linear(32, 50)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(self.encoder(self.embed(x)))
+
+    model, x = Model(), torch.randint(0, 50, (2, 8))
+    lm = split_fx(model, x)
+    assert lm.method == "fx" and len(lm) == 5
+    assert lm.types[1:4] == ("TransformerEncoderLayer",) * 3
+    check_exact(model, x, lm.layers, lm.param_counts)
+
+    class Masked(Model):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            causal = nn.Transformer.generate_square_subsequent_mask(8)
+            return self.head(self.encoder(self.embed(x), mask=causal))
+
+    masked = Masked()
+    assert len(split_fx(masked, x)) < 5

@@ -1,6 +1,7 @@
 """Cut a model torch.fx can trace into layers: contiguous blocks between points where one tensor crosses.
 
-How: ``torch.fx`` traces the model (standard ``torch.nn`` modules are leaves); if that fails,
+How: ``torch.fx`` traces the model (standard ``torch.nn`` modules are leaves, but a ``TransformerEncoder``
+called without a mask, traced as its layers one after another); if that fails,
 it is traced again with the model's direct children as leaves (so a model written as an
 ``nn.Sequential`` of blocks always traces). The traced nodes and their data edges become a
 ``networkx`` graph. A cut after node *k* is valid when exactly one value computed from the
@@ -36,6 +37,18 @@ class _Tracer(fx.Tracer):  # type: ignore[misc]
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         return id(m) in self._leaves or super().is_leaf_module(m, module_qualified_name)
+
+    def call_module(self, m: nn.Module, forward: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """torch.nn's ``TransformerEncoder`` called on its input alone (no mask) as the calls it makes: each of its
+        layers on the output of the one before, then its norm, so that each layer is a layer of the profile (a
+        leaf, it was one layer holding every block); in training it runs them so (its fast path is inference's)."""
+        if isinstance(m, nn.TransformerEncoder) and id(m) not in self._leaves and len(args) == 1 \
+                and all(v is None for v in kwargs.values()):
+            x = args[0]
+            for layer in m.layers:
+                x = self.call_module(layer, layer.forward, (x,), {})
+            return x if m.norm is None else self.call_module(m.norm, m.norm.forward, (x,), {})
+        return super().call_module(m, forward, args, kwargs)
 
 
 def _trace(module: nn.Module) -> tuple[fx.GraphModule, str]:
