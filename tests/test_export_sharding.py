@@ -226,3 +226,32 @@ def test_bf16_casts_each_weight_once_a_step_and_its_gradients_are_the_same() -> 
         assert model.casts is None  # dropped when the step ends
         grads[per_step] = torch.cat([p.grad.flatten() for p in stage.parameters()])
     assert torch.equal(grads[False], grads[True])
+
+
+class _Norm(nn.Module):  # type: ignore[misc]
+    """An RMSNorm as Llama's: statistics in fp32, then its weight times the input's dtype (the weight saved)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return self.weight * h.to(x.dtype)
+
+
+def test_bf16_selective_recompute_replays_its_casts_and_trains_as_without() -> None:
+    """A bf16 stage under selective recomputation (a Llama plan, `--recompute selective --precision bf16`) runs a
+    step of two micro-batches: its region's recomputation replays the forward's weight casts one for one (a cast
+    shared over the step would be skipped there: torch's CheckpointError), with the gradients of no recomputation."""
+    grads = {}
+    for recompute in ("none", "selective"):
+        torch.manual_seed(0)
+        stage = nn.Sequential(nn.Linear(4, 4), _Norm(), nn.Linear(4, 4))
+        model = sharding.with_precision(sharding.with_recompute(stage, recompute), "bf16")
+        with sharding.casts_per_step([model]):
+            for mb in range(2):
+                model(torch.randn(2, 4, generator=torch.Generator().manual_seed(mb))).float().sum().backward()
+        grads[recompute] = torch.cat([p.grad.flatten() for p in stage.parameters()])
+    assert torch.equal(grads["none"], grads["selective"])

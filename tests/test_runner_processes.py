@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from planner.errors import RunError
-from planner.runner.processes import rendezvous_failure, wait_workers, worker_cause, write_error
+from planner.errors import PlanError, RunError
+from planner.runner.processes import error_line, rendezvous_failure, wait_workers, worker_cause, write_error
 
 
 def test_worker_cause_reads_past_torchrun_summary(tmp_path: Path) -> None:
@@ -107,3 +107,21 @@ def test_a_terminated_launcher_kills_the_whole_group(tmp_path: Path, sig: str) -
     proc.send_signal(getattr(signal, sig))
     assert proc.wait(timeout=30) == 128 + getattr(signal, sig)
     assert not _alive(int(pid_file.read_text()))
+
+
+def test_error_line_reads_past_a_blank_first_line_to_the_wrapped_cause(tmp_path: Path) -> None:
+    """torch's pipelining raises ``RuntimeError("\\n  Failed to run stage backward: ...")`` from the stage's own error:
+    the worker records a line that says both, not a bare "RuntimeError:" (as `planner run` printed it)."""
+    try:
+        try:
+            raise ValueError("Recomputed values have different metadata\ntensor at position 0")
+        except ValueError as inner:
+            raise RuntimeError("\n        Failed to run stage backward:\n        Stage output: Tensor") from inner
+    except RuntimeError as exc:
+        line = error_line(exc)
+    assert line == ("RuntimeError: Failed to run stage backward: (caused by ValueError: Recomputed values have "
+                    "different metadata)")
+    assert error_line(RuntimeError()) == "RuntimeError"
+    assert error_line(PlanError("stage 0 is wrong\nmore", "fix it")) == "stage 0 is wrong"
+    write_error(tmp_path, "1", line)
+    assert worker_cause(tmp_path, "") == f"rank 1: {line}"

@@ -97,7 +97,10 @@ class Bf16Compute(nn.Module):  # type: ignore[misc]
 
     Within a step (:func:`casts_per_step`) each parameter is cast once and its copy shared by the step's
     micro-batches: one ``dtype`` copy of the weights for the step, the cost model's weight bytes, where a cast per
-    micro-batch would hold one per micro-batch in flight until its backward. Outside one, every forward casts."""
+    micro-batch would hold one per micro-batch in flight until its backward. Outside one, every forward casts.
+    The step's copies are made when it opens (:meth:`cast_all`), before any forward: made by the first forward
+    inside a selective-checkpoint region, a cast was an op of that forward which the region's recomputation,
+    finding the copy, did not replay (torch's CheckpointError, "Recomputed values ... have different metadata")."""
 
     def __init__(self, inner: nn.Module, dtype: torch.dtype) -> None:
         super().__init__()
@@ -110,6 +113,13 @@ class Bf16Compute(nn.Module):  # type: ignore[misc]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.inner(x.to(self.dtype) if x.is_floating_point() else x)
+
+    def cast_all(self) -> None:
+        """Open a step: every floating-point parameter of ``inner`` cast to ``dtype`` now, for the step to share."""
+        self.casts = {}
+        for param in self.inner.parameters():
+            if param.is_floating_point() and param.dtype != self.dtype:
+                self.cast(param)
 
     def cast(self, param: torch.Tensor) -> torch.Tensor:
         """``param`` in ``dtype``: this step's copy where a step is open (keyed by the parameter itself, which the
@@ -129,7 +139,7 @@ def casts_per_step(roots: Sequence[nn.Module]) -> Iterator[None]:
     backwards; the optimizer must step after it, when the copies are dropped)."""
     wrappers = [m for root in roots for m in root.modules() if isinstance(m, Bf16Compute)]
     for w in wrappers:
-        w.casts = {}
+        w.cast_all()
     try:
         yield
     finally:

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 
-from planner.errors import RunError
+from planner.errors import PlannerError, RunError
 
 
 class Terminated(KeyboardInterrupt):
@@ -122,6 +122,25 @@ def rendezvous_failure(text: str) -> str | None:
         if any(key in ln for key in _RENDEZVOUS_FAILURES):
             return ln.strip()
     return None
+
+
+def _first_line(exc: BaseException) -> str:
+    """``Type: first non-blank line of its message`` (torch's messages may open with a newline)."""
+    text = exc.cause if isinstance(exc, PlannerError) else str(exc)
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    if isinstance(exc, PlannerError):
+        return line
+    return f"{type(exc).__name__}: {line}" if line else type(exc).__name__
+
+
+def error_line(exc: BaseException) -> str:
+    """One line for a failing worker's exception: its first non-blank line, and where it wraps another (``raise ...
+    from``, as torch's pipelining wraps a stage's backward error), the innermost one's, which says what went wrong."""
+    root = exc
+    while root.__cause__ is not None and root.__cause__ is not root:
+        root = root.__cause__
+    line = _first_line(exc)
+    return line if root is exc else f"{line} (caused by {_first_line(root)})"
 
 
 def write_error(out: Path, rank: str, cause: str) -> None:

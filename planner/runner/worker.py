@@ -29,7 +29,6 @@ from typing import Any
 import torch
 
 from planner import ir
-from planner.errors import PlannerError
 from planner.export import ENGINES, deepspeed
 from planner.export.data import data_spec
 from planner.export.layers import disable_dropout, load_layers
@@ -38,7 +37,7 @@ from planner.export.program import engine_module
 from planner.export.torch import device
 from planner.runner import memory
 from planner.runner.machine import busy_cpu_s
-from planner.runner.processes import write_error
+from planner.runner.processes import error_line, write_error
 from planner.runner.terms import MEASURED, classify
 
 Step = Callable[[torch.Tensor, torch.Tensor], float]
@@ -209,10 +208,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.stderr.flush()
         os._exit(0)
     except BaseException as exc:
-        cause = exc.cause if isinstance(exc, PlannerError) else f"{type(exc).__name__}: {exc}".strip()
-        first = cause.splitlines()[0] if cause else type(exc).__name__
         with contextlib.suppress(OSError):
-            write_error(Path(args.out), rank, first)
+            write_error(Path(args.out), rank, error_line(exc))
         traceback.print_exc()
         sys.stderr.flush()
         os._exit(1)
