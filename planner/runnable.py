@@ -191,6 +191,10 @@ def _llama_problems(plan: ir.Plan, engine: str) -> list[str]:
     a block not in the ``tp`` form or a stage without sequence parallelism."""
     family = llama_problem(plan.profile)
     out = [f"{family}, which {engine} trains only"] if family else []
+    own = next((lp.block for lp in plan.profile.layers if lp.block is not None and lp.block.head_dim), None)
+    if own is not None:
+        out.append(f"its blocks have {own.heads} heads of {own.head_dim} on a width of {own.hidden}; {engine}'s Llama "
+                   f"makes each head dim / n_heads = {own.hidden // own.heads} wide")
     for i, st in enumerate(plan.stages):
         blocks = [st.layers[0] + j for j, form in enumerate(st.forms)
                   if form != "tp" and plan.profile.layers[st.layers[0] + j].block is not None]

@@ -94,7 +94,9 @@ def test_llama_family_decoders_split_exactly_like_llama(name: str, fields: dict[
         lm = _split(m, x)
         check_exact(m, x, lm.layers, lm.param_counts)
         assert lm.method == f"structure:{name.split('-')[0]}" and len(lm) == 4 - (m is model.model)
-        assert lm.block(1) == ir.BlockShape(64, 4, 2, 128, 16, gated=True)
+        head_dim = fields.get("head_dim")  # Qwen3's 4 heads of 32 on a width of 64: the shape says so
+        assert lm.block(1) == ir.BlockShape(64, 4, 2, 128, 16, gated=True,
+                                            head_dim=int(head_dim) if isinstance(head_dim, int) else None)
 
 
 @pytest.mark.parametrize(("name", "fields"), [
@@ -151,17 +153,21 @@ def test_a_gpt2_shorter_than_the_sequence_is_refused() -> None:
     assert split_hf(model, torch.randint(0, 50, (1, 8))) is not None
 
 
-def test_a_qwen3_whose_heads_do_not_divide_its_hidden_size_records_no_block_shape() -> None:
+def test_a_qwen3_whose_heads_do_not_divide_its_hidden_size_records_its_head_dim() -> None:
     """Qwen3 sets head_dim apart from the hidden size, so 3 heads of 16 over a hidden size of 40 is a model it
-    builds and runs; a block shape (hidden split by heads) cannot describe it and was refused when the profile was
-    written ("out of what a profile file holds"): its blocks now run dp only, as layers without shape facts."""
+    builds and runs; a block shape that split the hidden size by heads was refused when the profile was written
+    ("out of what a profile file holds"): the shape records the head width."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(Qwen3Config(vocab_size=32, hidden_size=40, intermediate_size=64, num_hidden_layers=2,
                                          num_attention_heads=3, num_key_value_heads=1, head_dim=16))
-    assert block_shape(model.config, 8) is None
+    shape = block_shape(model.config, 8)
+    assert shape is not None and shape.head_dim == 16 and shape.attention_width == 48
+    assert ir.BlockShape.from_dict(shape.to_dict()) == shape
     x = torch.randint(0, 32, (2, 8))
     lm = _split(model, x)
     check_exact(model, x, lm.layers, lm.param_counts)
-    assert [lm.block(i) for i in range(len(lm))] == [None] * 4
+    assert [lm.block(i) for i in range(len(lm))] == [None, shape, shape, None]
+    usual = block_shape(Qwen3Config(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16), 8)
+    assert usual is not None and usual.head_dim is None and "head_dim" not in usual.to_dict()

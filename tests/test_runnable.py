@@ -139,6 +139,11 @@ def test_torchtitan_runs_its_llama_only_with_every_block_sharded_and_the_sequenc
     assert any("a qwen2 model with Llama's shape" in p for p in problems(dataclasses.replace(plan, profile=qwen)))
     old = dataclasses.replace(plan.profile, meta={})  # a profile from before the field: its shape decides
     assert problems(dataclasses.replace(plan, profile=old)) == []
+    wide = dataclasses.replace(plan.profile, layers=tuple(  # heads of their own width (a Llama config's head_dim)
+        dataclasses.replace(lp, block=dataclasses.replace(lp.block, head_dim=32)) if lp.block else lp
+        for lp in plan.profile.layers))
+    assert any("16 heads of 32 on a width of 256" in p for p in problems(dataclasses.replace(plan, profile=wide)))
+    assert problems(dataclasses.replace(plan, profile=wide), "any") == []
 
 
 @pytest.mark.parametrize(("layer", "form"), [(0, "dp"), (0, "split_out"), (-1, "dp"), (-1, "split_in")])

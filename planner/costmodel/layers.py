@@ -237,9 +237,9 @@ def block_activation_ratios(profile: ir.ModelProfile, tp: int, sequence_parallel
 
 
 def core_share(profile: ir.ModelProfile) -> np.ndarray:
-    """Per layer, the attention core's share of its forward FLOPs: ``s / (6h + s)`` for blocks, else 0."""
-    return np.array([0.0 if x.block is None else x.block.seq_len / (6.0 * x.block.hidden + x.block.seq_len)
-                     for x in profile.layers])
+    """Per layer, the attention core's share of its forward FLOPs: ``s w / (6h^2 + s w)`` for blocks, else 0."""
+    return np.array([0.0 if (b := x.block) is None else b.seq_len * b.attention_width
+                     / (6.0 * b.hidden ** 2 + b.seq_len * b.attention_width) for x in profile.layers])
 
 
 def tp_open(profile: ir.ModelProfile, tp: int) -> np.ndarray:

@@ -21,6 +21,8 @@ class BlockShape:
     (Korthikanti et al.'s ``5 a s^2 b``): attention computed with matmuls and softmax keeps them, a
     fused kernel (SDPA's FlashAttention or memory-efficient kernels, which the profiler runs) does not
     (``planner.profiler.fused``); absent from a file: True, as profiles written before it counted.
+    ``head_dim``: each head's width where it is not ``hidden / heads`` (Qwen3, a Llama config's own
+    ``head_dim``); absent: ``hidden / heads``, which the heads must then divide.
     """
 
     hidden: int
@@ -30,20 +32,30 @@ class BlockShape:
     seq_len: int
     gated: bool = False
     attention_saved: bool = True
+    head_dim: int | None = None
+
+    @property
+    def attention_width(self) -> int:
+        """The query heads' width together, ``heads x head_dim`` (``hidden`` unless ``head_dim`` says otherwise)."""
+        return self.hidden if self.head_dim is None else self.heads * self.head_dim
 
     def to_dict(self) -> dict[str, Any]:
-        return {"hidden": self.hidden, "heads": self.heads, "kv_heads": self.kv_heads, "ffn": self.ffn,
-                "seq_len": self.seq_len, "gated": self.gated, "attention_saved": self.attention_saved}
+        d: dict[str, Any] = {"hidden": self.hidden, "heads": self.heads, "kv_heads": self.kv_heads, "ffn": self.ffn,
+                             "seq_len": self.seq_len, "gated": self.gated, "attention_saved": self.attention_saved}
+        if self.head_dim is not None:
+            d["head_dim"] = self.head_dim
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str = "block") -> BlockShape:
         shape = cls(_int(d, "hidden", where, positive=True), _int(d, "heads", where, positive=True),
                     _int(d, "kv_heads", where, positive=True), _int(d, "ffn", where, positive=True),
                     _int(d, "seq_len", where, positive=True), _bool(d, "gated", where, False),
-                    _bool(d, "attention_saved", where, True))
-        if shape.heads % shape.kv_heads or shape.hidden % shape.heads:
+                    _bool(d, "attention_saved", where, True),
+                    _int(d, "head_dim", where, positive=True) if d.get("head_dim") is not None else None)
+        if shape.heads % shape.kv_heads or (shape.head_dim is None and shape.hidden % shape.heads):
             raise FormatError(f"{where}: heads {shape.heads} must be a multiple of kv_heads {shape.kv_heads} and "
-                              f"divide hidden {shape.hidden}", "fix the block's shape")
+                              f"divide hidden {shape.hidden} (or give head_dim)", "fix the block's shape")
         return shape
 
 

@@ -162,21 +162,23 @@ _GATED = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 
 
 def block_shape(config: Any, seq_len: int) -> ir.BlockShape | None:
-    """A GPT-2, BERT or Llama-family config's block shape at ``seq_len`` tokens.
-
-    None (the blocks run ``dp`` only, as layers without shape facts do) when the heads do not divide the
-    hidden size: a Llama-family model may (its ``head_dim`` is set apart from the hidden size, or rounds
-    it down), and a block shape, which splits the hidden size by heads, cannot describe it.
-    """
+    """A GPT-2, BERT or Llama-family config's block shape at ``seq_len`` tokens, with its ``head_dim`` where that is
+    not ``hidden / heads`` (Qwen3 sets it apart: 16 heads of 128 on a width of 1024 in Qwen3-0.6B); None (the
+    blocks run ``dp`` only, as layers without shape facts do) where the KV heads do not divide the heads."""
     if hasattr(config, "n_embd"):  # GPT-2
         return ir.BlockShape(config.n_embd, config.n_head, config.n_head, config.n_inner or 4 * config.n_embd,
                              seq_len, gated=False)
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    if config.hidden_size % heads or heads % kv_heads:
+    if heads % kv_heads:
         return None
     gated = getattr(config, "model_type", "") in _GATED
-    return ir.BlockShape(config.hidden_size, heads, kv_heads, config.intermediate_size, seq_len, gated=gated)
+    head_dim = getattr(config, "head_dim", None)
+    own = int(head_dim) if head_dim and int(head_dim) * heads != config.hidden_size else None
+    if own is None and config.hidden_size % heads:
+        return None
+    return ir.BlockShape(config.hidden_size, heads, kv_heads, config.intermediate_size, seq_len, gated=gated,
+                         head_dim=own)
 
 
 _ARCHITECTURES: dict[str, tuple[str, Callable[[nn.Module], list[_Part]]]] = {

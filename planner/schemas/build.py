@@ -96,7 +96,8 @@ def _block() -> dict[str, Any]:
     return obj({"hidden": integer(MAX_DIM, lo=1), "heads": integer(MAX_ITEMS, lo=1),
                 "kv_heads": integer(MAX_ITEMS, lo=1), "ffn": integer(MAX_DIM, lo=1),
                 "seq_len": integer(MAX_DIM, lo=1)},
-               {"gated": {"type": "boolean"}, "attention_saved": {"type": "boolean"}}, closed=True)
+               {"gated": {"type": "boolean"}, "attention_saved": {"type": "boolean"},
+                "head_dim": integer(MAX_DIM, lo=1)}, closed=True)
 
 
 def _layer() -> dict[str, Any]:
