@@ -36,6 +36,17 @@ def tiny_transposed() -> tuple[nn.Module, torch.Tensor]:
 TRANSPOSED = "tests.test_export_torch:tiny_transposed"
 
 
+def tiny_frozen_first() -> tuple[nn.Module, torch.Tensor]:
+    """An MLP whose first two layers are frozen (fine-tuning its head): a first stage of them trains nothing."""
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4))
+    for param in model[:3].parameters():
+        param.requires_grad_(False)
+    return model, torch.randn(8, 8)
+
+
+FROZEN_FIRST = "tests.test_export_torch:tiny_frozen_first"
+
+
 def test_schedule_classes_exist_in_this_torch() -> None:
     from torch.distributed import pipelining
 
@@ -152,6 +163,16 @@ def test_a_stage_whose_output_is_not_contiguous_sends_it_and_trains_like_one_pro
     tensor has to be contiguous"); every stage but the last now sends its output contiguous."""
     plan = measured_plan(TRANSPOSED, [0, 2, 3])
     doc = run_plan(plan, TRANSPOSED, engine="torch", steps=3, warmup=1, check=True)
+    assert doc["world_size"] == 2 and doc["max_rel_loss_diff"] < 1e-5
+
+
+@pytest.mark.slow
+def test_zero_bubble_after_a_frozen_first_stage_trains_like_one_process() -> None:
+    """zb-h1 computes a stage's weight gradients from the paths between its input and its weights; behind a
+    stage whose weights are all frozen the input needed no gradient, and the head never trained (6e-4 apart)."""
+    plan = dataclasses.replace(measured_plan(FROZEN_FIRST, [0, 2, 3]), schedule="zb-h1")
+    assert not any(lp.trainable_params for lp in plan.profile.layers[:2])
+    doc = run_plan(plan, FROZEN_FIRST, engine="torch", steps=3, warmup=1, check=True)
     assert doc["world_size"] == 2 and doc["max_rel_loss_diff"] < 1e-5
 
 

@@ -36,7 +36,7 @@ from planner.export.deepspeed_ties import layer_specs
 from planner.export.layers import as_layers, check_layers_match
 from planner.export.losses import make_loss
 from planner.export.optim import DEFAULT_LR
-from planner.export.outputs import contiguous
+from planner.export.outputs import contiguous, differentiable
 from planner.export.partition import boundaries, check_common, micro_batch_size, ranges
 from planner.export.quoting import docstring_fields
 
@@ -151,16 +151,6 @@ def to_compute_dtype(value: Any, dtype: torch.dtype | None) -> Any:
         return value.to(dtype) if value.is_floating_point() and value.dtype != dtype else value
     if isinstance(value, (tuple, list)):
         return type(value)(to_compute_dtype(v, dtype) for v in value)
-    return value
-
-
-def differentiable(value: Any) -> Any:
-    """A stage's output as DeepSpeed's backward needs it: a floating-point tensor that does not require a
-    gradient (a first stage whose weights are all frozen, on data that needs none) becomes a leaf that
-    does, so that the engine's backward through it runs and computes nothing; anything else unchanged."""
-    if (isinstance(value, torch.Tensor) and value.is_floating_point() and not value.requires_grad
-            and torch.is_grad_enabled()):
-        return value.detach().requires_grad_()
     return value
 
 

@@ -52,7 +52,7 @@ from planner.export.data import sub_batch
 from planner.export.layers import check_layers_match
 from planner.export.losses import make_loss
 from planner.export.optim import DEFAULT_LR
-from planner.export.outputs import contiguous_output
+from planner.export.outputs import sent_output
 from planner.export.partition import ranges
 from planner.export.quoting import docstring_fields
 from planner.export.ties import find_ties, sum_tie_grads, tie_sync
@@ -146,8 +146,8 @@ def _stage_module(layers: Sequence[nn.Module], plan: ir.Plan, c: int, mesh: Any)
         module = recompute
     else:
         module = sharding.with_precision(recompute, plan.precision)
-    if c < len(plan.stages) - 1:  # its output is sent: contiguous (planner.export.outputs)
-        module.register_forward_hook(contiguous_output)
+    if c < len(plan.stages) - 1:  # its output is sent: contiguous and differentiable (planner.export.outputs)
+        module.register_forward_hook(sent_output)
     return module
 
 
