@@ -287,3 +287,15 @@ def test_a_cpu_profile_off_its_calibrated_clusters_speed_is_warned_on_stderr_and
     matched = {**profile, "device_flops": 1e12}
     r = _run("search", _write(tmp_path, "m.json", matched), "--cluster", _write(tmp_path, "c.json", cluster), "--json")
     assert r.exit_code == 0 and "warning" not in r.stderr and "rescale" not in json.loads(r.stdout)
+
+
+def test_a_forced_setting_that_changes_nothing_is_warned_on_stderr(files) -> None:
+    """--recompute selective recomputes attention cores; a model without transformer blocks keeps every activation,
+    as none does: the search says so (run said it before, the search did not), and its JSON stays one document."""
+    prof, clus, _ = files
+    r = _run("search", prof, "--cluster", clus, "--recompute", "selective", "--json", "--microbatches", "2")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["stages"][0]["recompute"] == "selective"
+    assert "warning: the plan: stage 0 recomputes 'selective'" in r.stderr and "as 'none' does" in r.stderr
+    quiet = _run("search", prof, "--cluster", clus, "--recompute", "full", "--json", "--microbatches", "2")
+    assert quiet.exit_code == 0 and "as 'none' does" not in quiet.stderr

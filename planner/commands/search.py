@@ -72,6 +72,7 @@ def search(profile_path: str, cluster_name: str, output: str | None, microbatche
     synchronisation; every device must fit.
     """
     from planner.cluster import load_cluster
+    from planner.consistency import idle_settings
     from planner.render.search import print_plan
     from planner.search import parse_config
 
@@ -88,6 +89,8 @@ def search(profile_path: str, cluster_name: str, output: str | None, microbatche
         tp=tp_value, zero=zero_value, recompute=recompute, micro_batch_size=micro_batch_size)
     elapsed = time.perf_counter() - t0
     check_emitted(plan)  # the plan document is the JSON output: its warnings go to stderr only
+    for warning in idle_settings(plan, "the plan"):  # a forced option that changes nothing (--recompute selective)
+        click.echo(f"warning: {warning}", err=True)
     doc = _plan_document(plan)
     check_loadable(doc)
     out.write_text(output, dumps(doc))
