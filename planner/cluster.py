@@ -213,9 +213,9 @@ def index(cluster: ir.Cluster) -> Index:
 class Group:
     """A device group as the cost model sees it.
 
-    ``n`` devices; ``flops`` the lowest peak among them; ``peaks`` every distinct peak (the cost
-    model times the group on the one its profile's times take longest on, as data parallel waits
-    for it: ``planner.costmodel.precision.slowest_peak``; empty: ``flops`` alone); ``memory_bytes``
+    ``n`` devices; ``peaks`` their distinct peaks, lowest first (the cost model times the group on
+    the one its profile's times take longest on, as data parallel waits for it:
+    ``planner.costmodel.precision.slowest_peak``); ``memory_bytes``
     the smallest memory; ``nodes`` how many servers it spans and ``per_node`` the fewest of its
     GPUs in one of them; ``link`` the slowest link the group spans (``intra_node`` inside one
     server, else ``inter_node``); ``intra`` and ``inter`` the cluster's two links (for the
@@ -223,19 +223,13 @@ class Group:
     """
 
     n: int
-    flops: float
+    peaks: tuple[float, ...]
     memory_bytes: int
     nodes: int
     per_node: int
     link: ir.Link
     intra: ir.Link
     inter: ir.Link
-    peaks: tuple[float, ...] = ()
-
-    @property
-    def distinct_peaks(self) -> tuple[float, ...]:
-        """The group's distinct peaks (``peaks``, or ``flops`` where none were given)."""
-        return self.peaks or (self.flops,)
 
     @property
     def spans_servers(self) -> bool:
@@ -264,7 +258,7 @@ class Group:
 def group_of(cluster: ir.Cluster, devices: Sequence[str], number_format: str = "fp32") -> Group:
     """Describe the group of ``devices`` (names in ``cluster``); ClusterError for unknown names.
 
-    ``flops`` is the lowest of its devices' peaks in ``number_format`` (``ir.GPU.flops_for``), ``peaks`` all of them.
+    ``peaks`` are its devices' distinct peaks in ``number_format`` (``ir.GPU.flops_for``).
     Memoised per (cluster, devices, format): judging plans asks for the same groups again and again.
     """
     return _group_of(cluster, tuple(devices), number_format)
@@ -287,9 +281,9 @@ def _run_group(cluster: ir.Cluster, start: int, n: int, number_format: str) -> G
     per_node = n if first == last else min([starts[first + 1] - start, end - starts[last]]
                                            + [starts[k + 1] - starts[k] for k in range(first + 1, last)])
     intra, inter = cluster.link("intra_node"), cluster.link("inter_node")
-    peaks = tuple(sorted(set(flops[start:end])))
-    return Group(n=n, flops=peaks[0], memory_bytes=min(memory[start:end]), nodes=last - first + 1,
-                 per_node=per_node, link=inter if last > first else intra, intra=intra, inter=inter, peaks=peaks)
+    return Group(n=n, peaks=tuple(sorted(set(flops[start:end]))), memory_bytes=min(memory[start:end]),
+                 nodes=last - first + 1, per_node=per_node, link=inter if last > first else intra, intra=intra,
+                 inter=inter)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -307,10 +301,9 @@ def _group_of(cluster: ir.Cluster, devices: tuple[str, ...], number_format: str)
         counts[idx.node_of[d]] = counts.get(idx.node_of[d], 0) + 1
     gpus = [idx.gpu_of[d] for d in devices]
     intra, inter = cluster.link("intra_node"), cluster.link("inter_node")
-    peaks = tuple(sorted({g.flops_for(number_format) for g in gpus}))
-    return Group(n=len(devices), flops=peaks[0], memory_bytes=min(g.memory_bytes for g in gpus),
-                 nodes=len(counts), per_node=min(counts.values()), link=inter if len(counts) > 1 else intra,
-                 intra=intra, inter=inter, peaks=peaks)
+    return Group(n=len(devices), peaks=tuple(sorted({g.flops_for(number_format) for g in gpus})),
+                 memory_bytes=min(g.memory_bytes for g in gpus), nodes=len(counts), per_node=min(counts.values()),
+                 link=inter if len(counts) > 1 else intra, intra=intra, inter=inter)
 
 
 def link_between(cluster: ir.Cluster, a: Sequence[str], b: Sequence[str]) -> tuple[ir.Link, str]:

@@ -198,7 +198,7 @@ class _Columns:
 def _columns(profile: ir.ModelProfile, grid: Grid, microbatches: int, nbytes: Bytes) -> _Columns:
     layers = profile.layers
     share = 1.0 / (microbatches * grid.dp)
-    peak = slowest_peak(profile, grid.group.distinct_peaks)
+    peak = slowest_peak(profile, grid.group.peaks)
     scale, fixed = flop_scale(profile, peak), fixed_scale(profile, peak)
     at = times_at(profile, profile.batch_size * share)
     fwd_fixed, bwd_fixed = at.fwd_fixed * fixed, at.bwd_fixed * fixed

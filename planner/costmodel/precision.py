@@ -123,7 +123,12 @@ def fixed_scale(profile: ir.ModelProfile, peak_flops: float) -> float:
     host time launching kernels, which a faster GPU does not shorten (the analytic roofline's GPT-2 at 16 samples
     has 18.0, 20.1 and 20.1 ms of it on a V100, an A100 and an H100; moved by the peaks, a V100 profile searched
     on H100s was predicted 4.3x faster than the H100's own)."""
-    return flop_scale(profile, peak_flops) if profile.device.lower().startswith("cpu") else 1.0
+    return flop_scale(profile, peak_flops) if _on_cpu(profile) else 1.0
+
+
+def _on_cpu(profile: ir.ModelProfile) -> bool:
+    """Whether ``profile``'s times were taken on a CPU (its ``device``), not for a GPU."""
+    return profile.device.lower().startswith("cpu")
 
 
 MATCH_TOLERANCE = 1.5
@@ -220,8 +225,8 @@ def profile_format(profile: ir.ModelProfile) -> str:
 def rescale_note(profile: ir.ModelProfile, cluster: ir.Cluster, precision: str) -> Rescale | None:
     """The rescaling a search of ``profile`` on ``cluster`` applies, when the peaks differ by over 1%."""
     fmt = number_format(precision)
-    gpu = max(cluster.gpus, key=lambda g: flop_scale(profile, g.flops_for(fmt)))  # slowest_peak's GPU
-    peak = gpu.flops_for(fmt)
+    peak = slowest_peak(profile, {g.flops_for(fmt) for g in cluster.gpus})
+    gpu = next(g for g in cluster.gpus if g.flops_for(fmt) == peak)
     if abs(profile.device_flops / peak - 1.0) <= 0.01:
         return None
     used = fmt if fmt in dict(gpu.peak_flops) else "fp32"  # a GPU without the format's peak computes in fp32
@@ -233,6 +238,6 @@ def _matched_factor(profile: ir.ModelProfile, cluster: ir.Cluster) -> float | No
     """:attr:`Rescale.matched_factor`: 1 / the least core share, for a CPU profile on a cluster whose
     every node shares its cores among CPU processes; else None."""
     shared = all(node.shares_cores for node in cluster.nodes)
-    if not profile.device.lower().startswith("cpu") or not shared or not cluster.nodes:
+    if not _on_cpu(profile) or not shared or not cluster.nodes:
         return None
     return 1.0 / min(node.core_share for node in cluster.nodes)

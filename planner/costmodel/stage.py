@@ -113,7 +113,7 @@ def loss_s(profile: ir.ModelProfile, group: Group, microbatches: int, dp: int = 
         return 0.0
     fixed = profile.loss_fixed_s or 0.0
     scaled = (profile.loss_s - fixed) / (microbatches * dp) / max(group.n // dp, 1)
-    peak = slowest_peak(profile, group.distinct_peaks)
+    peak = slowest_peak(profile, group.peaks)
     return fixed * fixed_scale(profile, peak) + scaled * flop_scale(profile, peak)
 
 
