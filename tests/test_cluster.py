@@ -108,7 +108,7 @@ def test_groups_and_links() -> None:
     g = group_of(c, ["n0.g0", "n0.g1"])
     assert (g.n, g.nodes, g.link.bandwidth_Bps) == (2, 1, 1e10)
     g = group_of(c, ["n0.g0", "n0.g1", "n1.g0"])
-    assert (g.nodes, g.per_node, g.link.bandwidth_Bps, g.flops) == (2, 1, 1e9, 5e11)
+    assert (g.nodes, g.per_node, g.link.bandwidth_Bps, g.peaks[0]) == (2, 1, 1e9, 5e11)
     link, lid = link_between(c, ["n0.g0"], ["n0.g1"])
     assert link.bandwidth_Bps == 1e10 and lid == "intra_node:n0"
     link, lid = link_between(c, ["n0.g1"], ["n1.g0", "n1.g1"])
