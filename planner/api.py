@@ -70,15 +70,27 @@ def _cluster(cluster: ClusterLike) -> ir.Cluster:
 
 def _checked(value: _V, read: Callable[[dict[str, Any], str], object], kind: str) -> _V:
     """``value`` (built in Python, not read from a file) after the rules its JSON document obeys: its
-    document read back by ``read`` (the type's ``from_dict``), so a hand-built GPU with negative FLOP/s or a
-    stage with ZeRO 7 is a FormatError naming the field, as in a file."""
+    document checked as :func:`planner.jsonio.read_json` checks a file (finite numbers, the shipped schema's
+    bounds) and read back by ``read`` (the type's ``from_dict``), and a plan's fields against each other
+    (:func:`planner.consistency.check_plan`), so a hand-built GPU with negative FLOP/s or 1e-300 FLOP/s, or a stage
+    with ZeRO 7, is a FormatError naming the field, as in a file."""
+    from planner import schemas
+    from planner.jsonio import check_finite
+
+    where = f"{kind} value"
     try:
         doc = value.to_dict()
     except (TypeError, ValueError, ArithmeticError, AttributeError) as exc:
         raise UsageError(f"the {kind} value has a malformed field ({exc})",
                          f"build it with planner.ir.{type(value).__name__}.from_dict(doc), which names the field") \
             from None
-    read(doc, f"{kind} value")
+    check_finite(doc, where)
+    schemas.validate(doc, kind, doc["version"], where)
+    read(doc, where)
+    if isinstance(value, ir.Plan):
+        from planner.consistency import check_plan
+
+        check_plan(doc, value, where)
     return value
 
 

@@ -35,7 +35,7 @@ def known_solvers() -> tuple[str, ...]:
     from planner.search import SOLVERS
     from planner.search.baselines import STRATEGIES
 
-    return (*SOLVERS, *STRATEGIES)
+    return tuple(dict.fromkeys((*SOLVERS, *STRATEGIES)))  # 'dp' is a solver and a baseline
 
 
 def load_plan(path: str | os.PathLike[str], *, check_prediction: bool = True) -> tuple[ir.Plan, list[str]]:
@@ -113,7 +113,20 @@ def prediction_warnings(plan: ir.Plan, source: str) -> list[str]:
         return []
     return (prediction_gap(plan.predicted.iteration_s, result.iteration_s, source)
             + memory_gap(plan.predicted.peak_memory_bytes, result.peak_memory_bytes, source)
-            + memory_warnings(result, source))
+            + stage_memory_gap(plan, result, source) + memory_warnings(result, source))
+
+
+def stage_memory_gap(plan: ir.Plan, result: SimResult, source: str) -> list[str]:
+    """One warning for the first stage whose ``memory_bytes`` (the peak per device that ``planner run`` reports as
+    each rank's prediction) differs from the simulated peak of its devices by more than :data:`TOLERANCE`."""
+    peaks = {d.device: d.peak_memory_bytes for d in result.devices}
+    for i, stage in enumerate(plan.stages):
+        simulated = max(peaks.get(d, 0) for d in stage.devices)
+        if abs(simulated - stage.memory_bytes) > TOLERANCE * max(simulated, 1):
+            return [f"{source}: stage {i} predicts {stage.memory_bytes / 2**30:.4g} GiB per device but its devices "
+                    f"simulate to {simulated / 2**30:.4g} GiB (more than {TOLERANCE:.0%} apart): its memory_bytes may "
+                    "have been edited, or the plan was searched by an earlier planner; planner search writes it again"]
+    return []
 
 
 def memory_warnings(result: SimResult, source: str) -> list[str]:
@@ -129,10 +142,12 @@ def memory_warnings(result: SimResult, source: str) -> list[str]:
 
 def prediction_gap(predicted_s: float, simulated_s: float, source: str) -> list[str]:
     """The warning of :func:`prediction_warnings` for two iteration times (empty when they agree)."""
-    if predicted_s <= 0 or abs(simulated_s - predicted_s) <= TOLERANCE * predicted_s:
+    if abs(simulated_s - predicted_s) <= TOLERANCE * predicted_s or simulated_s == predicted_s == 0:
         return []
+    apart = (f"{simulated_s / predicted_s:.3g}x, more than {TOLERANCE:.0%} apart" if predicted_s > 0
+             else "no time at all predicted")
     return [f"{source}: the plan predicts {predicted_s * 1000:.4g} ms per iteration but simulates to "
-            f"{simulated_s * 1000:.4g} ms ({simulated_s / predicted_s:.3g}x, more than {TOLERANCE:.0%} apart): "
+            f"{simulated_s * 1000:.4g} ms ({apart}): "
             "its times may have been edited, or it was searched with --rerank 0 (an analytic prediction)"]
 
 

@@ -181,6 +181,12 @@ def _check_finite(value: Any, path: tuple[str | int, ...], p: Path) -> None:
         _check_finite(item, (*path, key), p)
 
 
+def check_finite(doc: Any, source: str) -> None:
+    """Refuse NaN, Infinity and numbers beyond a float anywhere in ``doc`` (FormatError naming the field), as
+    :func:`read_json` does for a file (``source`` names where the document came from)."""
+    _check_finite(doc, (), Path(source))
+
+
 def check_loadable(doc: Mapping[str, Any], schema: bool = True, where: str | None = None) -> None:
     """Refuse to write a document planner would refuse to read: a number that is not finite, or (``schema``, for a
     kind with a shipped schema) a field beyond its bounds. Both come from inputs far from real hardware (a link of

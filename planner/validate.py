@@ -3,7 +3,8 @@
 Owns :func:`validate_plan`: a known schedule (and virtual stages only where the schedule
 takes them), stages that cover every layer exactly once in order with one form per layer,
 devices of the plan's cluster that no two pipeline ranks share, chunk c on the devices of
-chunk c mod K, micro-batches that divide the batch, and tensor x data grids whose ``tp``
+chunk c mod K, micro-batches that divide the batch (and whose samples per rank the tensor group divides
+where it runs ``dp`` layers), and tensor x data grids whose ``tp``
 divides the stage and is given wherever a form splits a layer (``tp`` is never inferred:
 split forms with ``tp == 1`` are an error, :meth:`planner.ir.Stage.grid_problem`). The simulator and the judge
 (:mod:`planner.judge`) call it; whether an engine can run the plan is
@@ -12,6 +13,7 @@ split forms with ``tp == 1`` are an error, :meth:`planner.ir.Stage.grid_problem`
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from planner import ir
@@ -30,6 +32,22 @@ def validate_plan(plan: ir.Plan) -> None:
         problem = stage.grid_problem()
         if problem is not None:
             raise PlanError(f"stage {i}: {problem[0]}", problem[1])
+        _check_tensor_samples(plan, i)
+
+
+def _check_tensor_samples(plan: ir.Plan, i: int) -> None:
+    """A ``dp`` layer in a tensor group splits each micro-batch's samples over the group's ``tp`` GPUs, so ``tp``
+    must divide them (the cost model's rule, :func:`planner.costmodel.layers.layer_table`, here with the numbers)."""
+    stage = plan.stages[i]
+    if stage.tp == 1 or "dp" not in stage.forms:
+        return
+    samples = plan.micro_batch_size(stage)
+    if not math.isclose(samples / stage.tp, round(samples / stage.tp)):
+        raise PlanError(f"stage {i}: its 'dp' layers split each micro-batch's {samples:.6g} samples per data-parallel "
+                        f"rank (batch {plan.batch_size} / ({plan.microbatches} micro-batches x dp {stage.dp})) over "
+                        f"its tensor group of {stage.tp} GPUs, which does not divide them",
+                        f"use fewer micro-batches, so that a multiple of {stage.tp} samples reach each rank, or 'tp' "
+                        "and split forms for those layers (planner search emits only such plans)")
 
 
 def _check_plan_fields(plan: ir.Plan) -> None:

@@ -155,6 +155,8 @@ def name_cases() -> Iterator[Case]:
                       encode(mutate(cluster, ("nodes", 0, "gpus", 1, "name"), name)), id=f"name-{i}", expect="ok")
         yield _search(encode(mutate(profile, ("model",), name)), encode(mutate(cluster, ("name",), name)),
                       id=f"model-name-{i}", expect="ok")
+        rescaled = mutate(mutate(profile, ("device",), name), ("device_flops",), 5e11)  # search's note names both
+        yield _search(encode(rescaled), encode(mutate(cluster, ("name",), name)), id=f"device-name-{i}", expect="ok")
         renamed = mutate(mutate(plan, ("model",), name), ("profile", "model"), name)
         yield _simulate(encode(mutate(renamed, ("cluster", "name"), name)), plot=i in (0, 4), id=f"plan-name-{i}",
                         expect="ok")

@@ -112,15 +112,51 @@ def test_hand_built_values_obey_their_files_rules(files: tuple[Path, Path]) -> N
     node = cluster.nodes[0]
     bad = dc.replace(cluster, nodes=(dc.replace(node, gpus=(dc.replace(node.gpus[0], flops=-1e12), *node.gpus[1:])),
                                      *cluster.nodes[1:]))
-    with pytest.raises(planner.PlannerError, match=r"gpus\[0\]\.flops must be a positive finite number"):
+    with pytest.raises(planner.PlannerError, match=r"gpus\[0\]\.flops is -1000000000000\.0, below the minimum 1000"):
         planner.search_plan(prof, bad)
     plan = planner.search_plan(prof, str(clus), candidates=0)
-    for change, message in (({"zero": 7}, r"stages\[0\]\.zero is 7"), ({"tp": "2"}, "malformed field"),
+    for change, message in (({"zero": 7}, r"unknown stages\[0\]\.zero 7"), ({"tp": "2"}, "malformed field"),
                             ({"recompute": "x"}, r"stages\[0\]\.recompute")):
         wrong = dc.replace(plan, stages=(dc.replace(plan.stages[0], **change), *plan.stages[1:]))
         with pytest.raises(planner.PlannerError, match=message):
             planner.simulate_plan(wrong)
     assert planner.load_plan(plan) is plan
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("flops", 1e-300, r"flops is 1e-300, below the minimum 1000 \(FLOP/s\)"),  # was exit 3: "no plan fits in memory"
+    ("memory_bandwidth_Bps", 1e-300, "memory_bandwidth_Bps is 1e-300, below the minimum 1000"),  # a plan of 1e305 s
+    ("memory_bytes", 10**40, "memory_bytes is 1" + "0" * 40 + r", above the maximum 1e\+15"),
+    ("flops", float("inf"), "flops is inf: not a finite number")])
+def test_hand_built_values_obey_their_files_bounds(files: tuple[Path, Path], field: str, value: Any,
+                                                   message: str) -> None:
+    """A value built in Python was read back by from_dict only, not through the schema a file meets: a GPU of 1e-300
+    FLOP/s searched to exit 3 "no plan fits in the devices' memory (40 GiB per device)", one of 1e-300 bytes/s
+    memory bandwidth to a plan predicting 2.3e305 s."""
+    import dataclasses as dc
+
+    prof, _ = files
+    cluster = ir.Cluster.from_dict(make_cluster_dict(2, 2))
+    node = cluster.nodes[0]
+    bad = dc.replace(cluster, nodes=(dc.replace(node, gpus=(dc.replace(node.gpus[0], **{field: value}),
+                                                            *node.gpus[1:])), *cluster.nodes[1:]))
+    with pytest.raises(planner.FormatError, match=r"cluster value: nodes\[0\]\.gpus\[0\]\." + message):
+        planner.search_plan(prof, bad)
+
+
+def test_a_hand_built_plan_meets_the_checks_of_a_plan_file(files: tuple[Path, Path]) -> None:
+    """An unknown solver, engine or a prediction of 1e300 s were simulated as given."""
+    import dataclasses as dc
+
+    prof, clus = files
+    plan = planner.search_plan(prof, str(clus), candidates=0)
+    for wrong, message in ((dc.replace(plan, solver="magic"), "'solver' is 'magic'"),
+                           (dc.replace(plan, engine="tensorflow"), "unknown engine 'tensorflow'"),
+                           (dc.replace(plan, predicted=dc.replace(plan.predicted, iteration_s=1e300)),
+                            r"predicted\.iteration_s is 1e\+300, above the maximum")):
+        with pytest.raises(planner.PlannerError, match=message):
+            planner.simulate_plan(wrong)
+    assert planner.judge_plan(plan).fits
 
 
 @pytest.mark.parametrize(("call", "message"), [

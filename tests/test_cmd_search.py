@@ -289,6 +289,17 @@ def test_a_cpu_profile_off_its_calibrated_clusters_speed_is_warned_on_stderr_and
     assert r.exit_code == 0 and "warning" not in r.stderr and "rescale" not in json.loads(r.stdout)
 
 
+def test_the_rescale_note_escapes_the_names_it_quotes(tmp_path) -> None:
+    """The note naming the profile's device and the cluster printed them raw: a device of "\\x1b]0;pwn\\x07" set the
+    terminal's title (names read from files are printed escaped, README)."""
+    profile = {**make_profile_dict(6, batch_size=8), "device": "\x1b]0;pwn\x07gpu", "device_flops": 5e11}
+    cluster = {**make_cluster_dict(1, 2), "name": "\x1b[31mred"}
+    r = _run("search", _write(tmp_path, "p.json", profile), "--cluster", _write(tmp_path, "c.json", cluster))
+    assert r.exit_code == 0, r.output
+    assert "note: profile times for \\x1b]0;pwn\\x07gpu" in r.stderr and "rescaled to \\x1b[31mred" in r.stderr
+    assert "\x1b" not in r.stderr and "\x07" not in r.stderr
+
+
 def test_a_forced_setting_that_changes_nothing_is_warned_on_stderr(files) -> None:
     """--recompute selective recomputes attention cores; a model without transformer blocks keeps every activation,
     as none does: the search says so (run said it before, the search did not), and its JSON stays one document."""

@@ -70,7 +70,7 @@ def test_a_plan_that_overflows_memory_says_so_in_a_warning(tmp_path: Path, plan_
     assert "the plan does not fit" in result.stderr
 
 
-@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e308"])  # 1e308 MiB: SimOptions.bucket_bytes inf, unnamed
 def test_a_number_option_that_is_not_finite_is_bad_usage(tmp_path: Path, plan_doc: dict[str, Any], value: str) -> None:
     result = run(str(write(tmp_path / "plan.json", plan_doc)), "--overlap-allreduce", "--bucket-mb", value)
     assert result.exit_code == 2 and "--bucket-mb" in result.stderr

@@ -102,6 +102,33 @@ def test_prediction_gap_wording() -> None:
     assert "predicts 10 ms" in warning and "simulates to 1e+04 ms" in warning and "1e+03x" in warning
 
 
+def test_a_prediction_of_zero_is_a_warning(tmp_path: Path) -> None:
+    """A plan predicting 0 s drew no warning (the check skipped predictions of 0) and simulate showed no prediction."""
+    assert prediction_gap(0.0, 0.0, "p") == []
+    [warning] = prediction_gap(0.0, 0.0123, "p")
+    assert "predicts 0 ms per iteration but simulates to 12.3 ms (no time at all predicted)" in warning
+    _, _, doc = hostile.base_docs()
+    _, warnings = load_plan(_write(tmp_path, hostile.mutate(doc, ("predicted", "iteration_s"), 0)))
+    assert any("predicts 0 ms per iteration" in w for w in warnings)
+
+
+def test_an_edited_stage_memory_is_a_warning(tmp_path: Path) -> None:
+    """A stage's memory_bytes (what planner run reports as each rank's predicted memory) set to 1 byte drew no warning:
+    only the plan's overall peak was checked."""
+    _, _, doc = hostile.base_docs()
+    memory = doc["stages"][1]["memory_bytes"]
+    for value, warned in ((memory, False), (int(memory * 1.01), False), (1, True), (memory * 2, True)):
+        _, warnings = load_plan(_write(tmp_path, hostile.mutate(doc, ("stages", 1, "memory_bytes"), value)))
+        assert any("stage 1 predicts" in w and "its memory_bytes may have been edited" in w
+                   for w in warnings) == warned, (value, warnings)
+
+
+def test_known_solvers_name_each_once() -> None:
+    """'dp' is a solver and a baseline: the hint listed it twice."""
+    solvers = consistency.known_solvers()
+    assert len(solvers) == len(set(solvers)) and "dp" in solvers and "brute" in solvers
+
+
 def test_a_plan_its_engine_cannot_run_is_a_warning(tmp_path: Path) -> None:
     _, _, doc = hostile.base_docs()
     _, warnings = load_plan(_write(tmp_path, hostile.mutate(hostile.mutate(doc, ("engine",), "deepspeed"),

@@ -137,3 +137,16 @@ def test_a_micro_batch_size_and_count_that_fix_the_data_parallel_degree_say_so()
     cluster = cluster_from_dict(make_cluster_dict(1, 2))
     with pytest.raises(PlanError, match=r"--microbatches 2 \(a data-parallel degree of 4 in every stage\)"):
         search(profile, cluster, micro_batch_size=1, microbatches=2, config=(2,))
+
+
+def test_a_config_stage_no_grid_of_which_splits_the_batch_names_the_config() -> None:
+    """--config 3 on a batch of 16 (3 GPUs: tp 1 x dp 3 only) told the user to try another micro-batch count, size or
+    --tp, none of which helps: the cause and the hint now name --config."""
+    from planner.errors import PlanError
+
+    profile = ir.ModelProfile.from_dict(make_profile_dict(4, batch_size=16))
+    cluster = cluster_from_dict(make_cluster_dict(1, 4))
+    with pytest.raises(PlanError) as err:
+        search(profile, cluster, config=(3,))
+    assert err.value.cause.endswith("with micro-batch counts [1, 2, 4, 8, 16] and --config 3")
+    assert err.value.hint.endswith("or --config stage widths whose data-parallel degree divides the batch")

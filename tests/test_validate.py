@@ -72,3 +72,21 @@ def test_split_forms_without_a_tensor_group_are_a_plan_error() -> None:
     validate_plan(dataclasses.replace(plan, stages=(dataclasses.replace(split, tp=2), plan.stages[1])))
 
 
+
+
+def test_dp_layers_of_a_tensor_group_need_samples_it_divides() -> None:
+    """A tp 2 stage at 1 sample per micro-batch and rank was the cost model's "form 'dp' is not open to layer 0",
+    whose hint said layers run 'dp' only (reviewer's find): now the stage, its samples and the fix."""
+    from planner.simulate import simulate
+
+    plan = make_plan(microbatches=8, stages=[((0, 2), ("n0.g0", "n0.g1")), ((2, 4), ("n1.g0", "n1.g1"))])
+    grids = tuple(dataclasses.replace(s, tp=2) for s in plan.stages)
+    one = dataclasses.replace(plan, stages=grids)  # batch 8 / (8 micro-batches x dp 1): 1 sample over tp 2
+    for check in (validate_plan, simulate):
+        with pytest.raises(PlanError, match=r"stage 0: its 'dp' layers split each micro-batch's 1 samples per "
+                                            r"data-parallel rank \(batch 8 / \(8 micro-batches x dp 1\)\) over its "
+                                            r"tensor group of 2 GPUs") as err:
+            check(one)
+        assert "fewer micro-batches" in err.value.hint
+    validate_plan(dataclasses.replace(one, microbatches=4))  # 2 samples: one per GPU of the group
+    validate_plan(dataclasses.replace(plan, microbatches=8))  # tp 1: nothing to split

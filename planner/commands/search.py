@@ -121,12 +121,13 @@ def _search_explained(profile: ir.ModelProfile, cluster: ir.Cluster, progress: b
 def _plan_document(plan: ir.Plan) -> dict[str, Any]:
     """The plan's JSON, with the note (also on stderr) when the profile's times were rescaled."""
     from planner.costmodel.precision import rescale_note
+    from planner.render.text import plain_text
 
     doc = plan.to_dict()
     note = rescale_note(plan.profile, plan.cluster, plan.precision)
-    if note is not None:
-        click.echo(f"note: {note.text}", err=True)
+    if note is not None:  # it names the profile's device and the cluster, as the files spell them
+        click.echo(f"note: {plain_text(note.text)}", err=True)
         if note.warning is not None:
-            click.echo(f"warning: {note.warning}", err=True)
+            click.echo(f"warning: {plain_text(note.warning)}", err=True)
         doc["rescale"] = note.to_dict()
     return doc

@@ -69,7 +69,7 @@ def _json_doc(result: SimResult, plan: ir.Plan, explanation: Explanation) -> dic
              "over time against capacity, and where each stage's time goes.")
 @click.option("--overlap-allreduce", is_flag=True,
               help="All-reduce gradients in DDP buckets overlapped with the last backward (default: after it).")
-@click.option("--bucket-mb", type=FiniteRange(min=0.001), default=25.0, show_default=True,
+@click.option("--bucket-mb", type=FiniteRange(min=0.001, max=1e9), default=25.0, show_default=True,
               help="DDP bucket size in MiB for --overlap-allreduce.")
 @click.option("--half-duplex", is_flag=True, help="Activations and gradients share a link's bandwidth.")
 @click.option("--width", type=click.IntRange(min=16, max=1000), default=None,

@@ -264,8 +264,10 @@ def no_batch_shape(profile: ir.ModelProfile, cluster: ir.Cluster, cands: list[in
                  f"{profile.batch_size // (fixed * cands[0])} in every stage)")
     zero = "" if 0 in req.space.zero else (f" and --zero {'/'.join(map(str, req.space.zero))} (two or more "
                                            "data-parallel ranks)")
+    config = f" and --config {'-'.join(map(str, req.config))}" if req.config is not None else ""
     return PlanError(f"no stage grid of {cluster.name!r} splits the batch of {profile.batch_size} into whole "
                      f"micro-batches per data-parallel rank with {what}"
-                     + (f" and --tp {req.space.tp}" if req.space.tp else "") + zero,
+                     + (f" and --tp {req.space.tp}" if req.space.tp else "") + zero + config,
                      "batch = micro_batch_size x microbatches x dp: use a batch size with more divisors, "
-                     "--microbatches auto, another --micro-batch-size or --tp auto")
+                     "--microbatches auto, another --micro-batch-size or --tp auto"
+                     + (", or --config stage widths whose data-parallel degree divides the batch" if config else ""))
