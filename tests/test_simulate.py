@@ -118,6 +118,54 @@ def test_pipedream_uniform_has_no_bubble_and_stashes_weights() -> None:
     assert [d.peak_memory_bytes for d in r.devices] == [1000 + (k - s) * 10 + (k - s - 1) * 100 for s in range(k)]
 
 
+def test_pipedream_steady_state_with_a_period_of_three_iterations() -> None:
+    """5 uniform stages at M = 1, 1 s links into the last two: the steady state takes 2, 4, 4, 2, 4, 4, ... s per
+    iteration, 10/3 s on average. Two measured iterations (4, 4) read 4 s, and slowing stage 0 "sped it up"."""
+    link = ir.Link(1e6, 0.0)
+    costs = [cost("g0", 1.0, 1.0), cost("g1", 1.0, 1.0), cost("g2", 1.0, 1.0, link=link, nbytes=1e6),
+             cost("g3", 1.0, 1.0, link=link, nbytes=1e6), cost("g4", 1.0, 1.0)]
+    r = simulate_costs(costs, "pipedream", 1)
+    assert close(r.iteration_s, 10.0 / 3.0)
+    periods = (r.window[1] - r.window[0]) / 10.0  # measured over whole periods of 3 iterations (10 s)
+    assert periods >= 1 and close(periods, round(periods))
+
+
+def long_run_iteration(costs: Sequence[ir.StageCost], m: int, opts: SimOptions) -> float:
+    """An asynchronous pipeline's time per iteration over 60 iterations after 60 to settle (60 is a whole number
+    of every period up to 6)."""
+    from planner.simulate.engine import Engine
+
+    run = Engine(costs, make_schedule("pipedream", len(costs), m, pipedream_blocks=150), 1, opts, 0)
+    run.run()
+    return (run.block_end[120] - run.block_end[60]) / 60
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0.5, 1.0, 1.5, 2.0]), st.sampled_from([1.0, 2.0, 3.0]),
+                          st.sampled_from([0.0, 0.5, 1.0, 2.5]), st.sampled_from([0.0, 0.5]), st.booleans()),
+                min_size=1, max_size=6),
+       st.sampled_from([1, 2, 3, 4, 6, 8]), st.sampled_from([None, "shared"]))
+def test_pipedream_iteration_is_the_long_run_mean(spec: list[tuple[float, float, float, float, bool]], m: int,
+                                                  link_id: str | None) -> None:
+    """Without link sharing (a timed event graph: its steady state repeats with a period) the measured time per
+    iteration is the long run's. The busiest link pool bounds nothing there: its transfers overlap."""
+    link = ir.Link(1e6, 1e-3)
+    costs = [cost(f"g{s}", tf, tb, link=link if has else None, nbytes=xs * 1e6, link_id=link_id, ar=ar)
+             for s, (tf, tb, xs, ar, has) in enumerate(spec)]
+    opts = SimOptions(share_links=False, record_events=False)
+    assert close(simulate_costs(costs, "pipedream", m, options=opts).iteration_s,
+                 long_run_iteration(costs, m, opts), 1e-9)
+
+
+def test_without_link_sharing_a_links_transfers_bound_no_steady_state() -> None:
+    """Four boundaries on one link, each transfer alone on it (share_links=False): 28.8 s per iteration, not the
+    32 s of the four flows' bytes one after another."""
+    link = ir.Link(1e6, 0.0)
+    costs = [cost(f"g{s}", 1.0, 1.0, link=link, nbytes=1e6, link_id="L") for s in range(4)] + [cost("z", 1.0, 1.0)]
+    opts = SimOptions(share_links=False)
+    assert close(simulate_costs(costs, "pipedream", 8, options=opts).iteration_s, 28.8)
+
+
 # ----------------------------------------------------------------------------- an independent reference
 
 
@@ -243,6 +291,15 @@ def test_pipedream_stops_after_the_measured_iterations() -> None:
     assert fast.iteration_s == slow.iteration_s == 8 * 3.0
     assert fast.window == slow.window
     assert len(fast.events) < len(slow.events) and fast.makespan_s < slow.makespan_s
+
+
+def test_pipedream_makespan_covers_the_measured_window() -> None:
+    """The run stops at the last measured backward, before the all-reduce and optimizer step that end the
+    measured iteration: makespan_s (the Gantt's time axis) was 42.75 s, short of the window's 43.5 s."""
+    costs = [dataclasses.replace(cost(s, 1.0, 2.0, ar=0.5), optimizer_step_s=0.25) for s in ("a", "b")]
+    r = simulate_costs(costs, "pipedream", 2)
+    assert r.makespan_s >= r.window[1] > r.window[0]
+    assert close(r.makespan_s, r.window[1])
 
 
 # ----------------------------------------------------------------------------- links and all-reduce

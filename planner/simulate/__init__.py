@@ -60,14 +60,18 @@ Times and the bubble:
 * ``iteration_s``: for the flushing schedules, from 0 to the end of the last action,
   transfer or all-reduce. For a schedule that does not flush (``pipedream``) the schedule runs iterations of M
   micro-batches back to back: S = ceil(2K/M) to fill the pipeline, ``pipedream_blocks``
-  (default 2) measured ones, and S more so that the final drain does not touch them. An
+  (default 4) measured ones, and S more so that the final drain does not touch them. An
   iteration ends when every stage has finished the backward of its last micro-batch (and
   that iteration's all-reduce). ``iteration_s`` is the steady-state time per M
-  micro-batches: the mean time of the measured iterations; while they still differ (a
-  pipeline whose backlog builds up slowly) S is doubled, up to 3 times. A slow build-up
+  micro-batches: the mean time of the measured iterations over a whole number of their
+  period (the steady state of a pipeline without flush repeats, but not always every
+  iteration: 5 stages of 1 + 1 s at M = 1, 1 s links into the last two, take 2, 4, 4, 2, 4, 4, ... s,
+  :func:`planner.simulate.measure.steady_period`); while they show no period seen twice
+  (a pipeline whose backlog builds up slowly, or a longer period) S and the measured
+  iterations are doubled, up to 3 times, and then all of them are averaged. A slow build-up
   can still look steady for a while, so the result is never less than the busiest
   resource's work per iteration (a device group's compute and all-reduce, one flow's
-  transfers, or a link's), which bounds every steady state from below. With free
+  transfers, or a link's, where links are shared), which bounds every steady state from below. With free
   communication this is exactly M times the slowest stage's F + B. The run stops as soon
   as the last measured iteration has ended (later events cannot move it), so a pipedream
   run's ``makespan_s``, events and memory timeline end there (the trailing S iterations
@@ -95,7 +99,7 @@ from planner.schedule import Schedule, schedule_kind
 from planner.simulate.engine import Engine
 from planner.simulate.events import Event
 from planner.simulate.measure import result as _result
-from planner.simulate.result import DeviceResult, SimOptions, SimResult
+from planner.simulate.result import MAX_PIPEDREAM_BLOCKS, PIPEDREAM_MEASURED, DeviceResult, SimOptions, SimResult
 from planner.validate import validate_plan
 
 __all__ = ["DeviceResult", "Event", "SimOptions", "SimResult", "pipedream_settle_blocks", "plan_options", "simulate",
@@ -130,8 +134,8 @@ def simulate_costs(costs: Sequence[ir.StageCost], schedule: str | Schedule, micr
     kind = schedule_kind(schedule)
     if kind.flushes:
         return _run(costs, kind.make(k, microbatches, v), v, opts, 0)[0]
-    # No flush: lengthen the warm-up until the measured iterations take equal times.
-    measured = max(2, opts.pipedream_blocks or 2)
+    # No flush: lengthen the warm-up and the measured iterations until these repeat with a period.
+    measured = max(2, opts.pipedream_blocks or PIPEDREAM_MEASURED)
     settle = pipedream_settle_blocks(k, microbatches)
     for _ in range(4):
         sched = kind.make(k, microbatches, v, blocks=2 * settle + measured)
@@ -139,6 +143,7 @@ def simulate_costs(costs: Sequence[ir.StageCost], schedule: str | Schedule, micr
         if stable:
             break
         settle *= 2
+        measured = min(2 * measured, MAX_PIPEDREAM_BLOCKS)
     return sim
 
 

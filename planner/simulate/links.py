@@ -180,7 +180,10 @@ class Network:
 
     def busiest_s(self, microbatches: int) -> float:
         """The most transfer time per iteration of M micro-batches on one flow or one pool
-        (its bandwidth shared): a lower bound on any steady state."""
+        (its bandwidth shared): a lower bound on any steady state. None without link sharing
+        (0), where every transfer has the whole link at once and a flow's transfers overlap."""
+        if not self.opts.share_links:
+            return 0.0
         bound = 0.0
         per_pool: dict[str, float] = {}
         for c in range(len(self.costs) - 1):

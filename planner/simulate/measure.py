@@ -6,6 +6,8 @@ Owns the definitions of :mod:`planner.simulate`'s ``iteration_s``, ``busy_s`` an
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from planner.simulate.engine import Engine
 from planner.simulate.events import BY_START_TRACK
 from planner.simulate.result import DeviceResult, SimResult
@@ -46,17 +48,36 @@ def steady_bound(run: Engine) -> float:
     return max(busiest_lane, run.net.busiest_s(run.m))
 
 
+def steady_period(steps: Sequence[float]) -> int | None:
+    """The smallest period p of the iteration times ``steps`` seen at least twice over (``steps[j] ==
+    steps[j + p]`` for every j, to 1e-9 of the longest, and p at most half of them), or None.
+
+    A pipeline without flush settles into a periodic regime, whose period need not be one iteration
+    (a timed event graph's cyclicity: 5 stages at M = 1 can take 2, 4, 4, 2, 4, 4, ... s; tests/test_simulate.py),
+    so only a
+    whole number of periods measures its time per iteration (the mean over them)."""
+    tol = 1e-9 * max(max(steps, default=0.0), 1e-300)
+    for p in range(1, len(steps) // 2 + 1):
+        if all(abs(steps[j] - steps[j + p]) <= tol for j in range(len(steps) - p)):
+            return p
+    return None
+
+
 def measure(run: Engine, makespan: float) -> tuple[tuple[float, float], float, bool]:
-    """The measured window, the time per iteration, and whether the measured iterations took
-    equal times (a flushing schedule: the whole run, once)."""
+    """The measured window, the time per iteration, and whether the measured iterations repeat with a period
+    (:func:`steady_period`; a flushing schedule: the whole run, once). The window is the last whole number of
+    periods of the measured iterations (all of them when they show none)."""
     settle, blocks, block_end = run.settle, run.sched.blocks, run.block_end
     if run.sched.flushes or settle < 1 or blocks <= 2 * settle:
         return (0.0, makespan), makespan, True
     measured = blocks - 2 * settle
-    window = (block_end[settle - 1], block_end[settle - 1 + measured])
-    iteration = (window[1] - window[0]) / measured
+    last = settle - 1 + measured
     steps = [block_end[settle + j] - block_end[settle + j - 1] for j in range(measured)]
-    stable = max(steps) - min(steps) <= 1e-9 * max(max(steps), 1e-300)
+    period = steady_period(steps)
+    stable = period is not None
+    n = measured - measured % period if period is not None else measured
+    window = (block_end[last - n], block_end[last])
+    iteration = (window[1] - window[0]) / n
     bound = steady_bound(run)
     if iteration < bound:
         iteration = bound
@@ -83,7 +104,9 @@ def device_results(run: Engine) -> tuple[list[DeviceResult], float]:
 
 def result(run: Engine) -> tuple[SimResult, bool]:
     """The SimResult of the run, and whether its measured iterations took equal times."""
-    makespan = max([run.now, *run.lane_end, *run.comm_free])
+    # block_end: a run without flush stops at its last measured action, before the all-reduce and optimizer step
+    # that end its last measured iteration (already known) are played
+    makespan = max([run.now, *run.lane_end, *run.comm_free, *run.block_end])
     window, iteration, stable = measure(run, makespan)
     devices, total_busy = device_results(run)
     bubble = 1.0 - total_busy / (run.k * iteration) if iteration > 0 else 0.0

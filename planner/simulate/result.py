@@ -22,6 +22,10 @@ MIN_BUCKET_BYTES = 1024
 """The smallest all-reduce bucket the simulator plays (1 KiB; ``planner simulate --bucket-mb`` takes 0.001 MiB up)."""
 MAX_PIPEDREAM_BLOCKS = 64
 """The most measured steady-state iterations a schedule without flush plays (each adds M x K actions)."""
+PIPEDREAM_MEASURED = 4
+"""The steady-state iterations a schedule without flush measures at first: its period seen twice over when it
+repeats every iteration or every other one (:func:`planner.simulate.measure.steady_period`); two could show a
+period of three as one (2, 4, 4, 2, ...: its 4, 4)."""
 
 
 @dataclass(frozen=True)
@@ -32,7 +36,7 @@ class SimOptions:
     bucket_bytes: float = GRAD_BUCKET_BYTES  # the torch export's, as DDP's
     duplex: bool = True
     share_links: bool = True
-    pipedream_blocks: int | None = None  # measured steady-state iterations (default 2)
+    pipedream_blocks: int | None = None  # measured steady-state iterations at first (default PIPEDREAM_MEASURED)
     record_events: bool = True
     # False: play every transfer through the link-sharing code and pipedream's trailing
     # iterations to the end (the reference definition; the shortcuts give the same times).
@@ -56,7 +60,7 @@ class SimOptions:
         n = self.pipedream_blocks
         if n is not None and not is_whole(n, 1, MAX_PIPEDREAM_BLOCKS):
             raise UsageError(f"SimOptions.pipedream_blocks must be None or a whole number in 1..{MAX_PIPEDREAM_BLOCKS}"
-                             f", got {n!r:.40}", "leave it None (2 measured iterations)")
+                             f", got {n!r:.40}", f"leave it None ({PIPEDREAM_MEASURED} measured iterations)")
         if not isinstance(self.core_nodes, tuple) or not all(isinstance(x, ir.Node) for x in self.core_nodes):
             raise UsageError(f"SimOptions.core_nodes must be a tuple of planner.ir.Node, got {self.core_nodes!r:.60}",
                              "leave it empty: simulate() takes them from the plan's cluster")
