@@ -24,7 +24,8 @@ Pure (numpy). The same space for ``--solver dp`` (planner.search.sp) and ``--sol
   which for 1f1b-like schedules depend on how many stages follow (K - s): the DP tracks
   that count (capped where it stops mattering). For zb-h1, whose count (min(K, M) on every
   stage) depends on K itself, a stage is held to the largest count over every K it could
-  be part of (plans always fit; the test may be conservative).
+  be part of, at most as many stages before it as blocks (planner.search.tables.in_flight_counts:
+  plans always fit; exact for the first stage, so for one-stage plans; conservative for later ones).
 - Large inputs: above ``max_blocks`` layers (default 256, or 128 beyond 64 GPUs), stage
   boundaries are restricted to block boundaries that balance compute (as Alpa clusters
   operators into layers).

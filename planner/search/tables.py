@@ -68,7 +68,7 @@ def build_candidates(prob: Problem) -> None:
 
 
 def _option_limits(prob: Problem, key: int, costs: list[tuple[StageTables, VariantCost]], ties: np.ndarray,
-                   in_fl: list[int]) -> np.ndarray:
+                   in_fl: np.ndarray) -> np.ndarray:
     """:func:`_fit_limit` of every option of grid ``key`` at once (stacked), against its smallest memory;
     ``ties``: each option's :func:`tie_copies`."""
     cap = prob.grids[key].group.memory_bytes if prob.capacity_override is None else prob.capacity_override
@@ -126,17 +126,31 @@ def _with_engine(prob: Problem, time: np.ndarray, fwd: np.ndarray) -> tuple[np.n
 
 
 def _fit_limit(prob: Problem, static: np.ndarray, act: np.ndarray, work: np.ndarray, weight: np.ndarray,
-               ties: np.ndarray, cap: float, in_fl: list[int], finite: np.ndarray) -> np.ndarray:
+               ties: np.ndarray, cap: float, in_fl: np.ndarray, finite: np.ndarray) -> np.ndarray:
     """Per stage range (of every option, stacked): the largest stages-left count r (1..) whose in-flight
-    micro-batches fit ``cap``, from the static bytes, activations per micro-batch, workspace and weights."""
+    micro-batches (``in_fl``: per start block, :func:`in_flight_counts`) fit ``cap``, from the static bytes,
+    activations per micro-batch, workspace and weights."""
     out = np.zeros(finite.shape, dtype=np.int64)
     ties = np.broadcast_to(ties, finite.shape)  # only ranges that exist are computed
+    start = np.broadcast_to(np.arange(finite.shape[1])[None, :, None], finite.shape)[finite]
     static, act, work, weight, ties = (x[finite] for x in (static, act, work, weight, ties))
     static = np.ceil(static) + ties
     act, work, wt = np.ceil(act), np.ceil(work), np.ceil(weight)
     if schedule_kind(prob.schedule).stashes_weights:  # one weight version per extra micro-batch in flight
         static, act = static - wt, act + wt
-    counts = np.asarray(in_fl)
+    rows, row_of = np.unique(np.asarray(in_fl), axis=0, return_inverse=True)
+    which = np.asarray(row_of).ravel()[start]
+    rmax = np.zeros(static.shape, dtype=np.int64)
+    for i, counts in enumerate(rows):  # the ranges whose start block holds these counts
+        sel = which == i
+        rmax[sel] = _counts_limit(static[sel], act[sel], work[sel], cap, counts)
+    out[finite] = rmax
+    return out
+
+
+def _counts_limit(static: np.ndarray, act: np.ndarray, work: np.ndarray, cap: float, counts: np.ndarray
+                  ) -> np.ndarray:
+    """The largest r (1..) whose ``counts[r - 1]`` micro-batches in flight fit ``cap`` (0: none)."""
     if np.all(np.diff(counts) >= 0):  # memory grows with r: rmax = how many counts fit
         with np.errstate(divide="ignore", invalid="ignore"):
             k_max = np.where(act > 0, np.floor((cap - static - work) / np.where(act > 0, act, 1.0)),
@@ -146,23 +160,35 @@ def _fit_limit(prob: Problem, static: np.ndarray, act: np.ndarray, work: np.ndar
         rmax = np.where((rmax > 0) & ~exact, rmax - 1, rmax)
     else:
         rmax = np.zeros(np.broadcast(static, act).shape, dtype=np.int64)
-        for r, k in enumerate(in_fl, start=1):
+        for r, k in enumerate(counts, start=1):
             rmax = np.where((static + k * act + work <= cap) & (rmax == r - 1), r, rmax)
-    out[finite] = rmax
-    return out
+    return rmax
 
 
-def in_flight_counts(prob: Problem, r_hi: int) -> list[int]:
-    """Micro-batches in flight on a stage with r = 1..r_hi stages left (its own included)."""
+def in_flight_counts(prob: Problem, r_hi: int) -> np.ndarray:
+    """Micro-batches in flight on a stage with r = 1..r_hi stages left (its own included), per block it starts
+    at: shape (blocks + 1, r_hi).
+
+    Where the count depends on the stage count K itself (zb-h1: min(K, M) on every stage), which the DP does
+    not track, a stage is held to the largest count over every K it could be part of: K = s + r with s stages
+    before it, each of a block at least, so s is at most the block it starts at. Exact for the first stage
+    (a plan of one stage holds one micro-batch, not M) and for every K from min(M, r_hi) on."""
+    nb, m, schedule = prob.nb, prob.microbatches, prob.schedule
     k_fixed = prob.stages_exact
     if k_fixed is not None:  # exact: stage s = K - r of K
-        return [in_flight_microbatches(prob.schedule, k_fixed, prob.microbatches, k_fixed - r)
-                for r in range(1, r_hi + 1)]
-    if memory_depends_on_k(prob.schedule, prob.microbatches, min(r_hi, 16)):
-        # the count depends on K itself (zb-h1): the largest over every K the stage could be part of
-        return [max(in_flight_microbatches(prob.schedule, k, prob.microbatches, k - r)
-                    for k in range(r, r_hi + 1)) for r in range(1, r_hi + 1)]
-    return [in_flight_microbatches(prob.schedule, r, prob.microbatches, 0) for r in range(1, r_hi + 1)]
+        exact = [in_flight_microbatches(schedule, k_fixed, m, k_fixed - r) for r in range(1, r_hi + 1)]
+        return np.tile(np.asarray(exact, dtype=np.int64), (nb + 1, 1))
+    row = np.asarray([in_flight_microbatches(schedule, r, m, 0) for r in range(1, r_hi + 1)], dtype=np.int64)
+    out = np.tile(row, (nb + 1, 1))
+    if not memory_depends_on_k(schedule, m, min(r_hi, 16)):
+        return out
+    for a in range(1, nb + 1):  # a stage at block a may have a stages before it (K up to r + a, at most r_hi)
+        out[a] = out[a - 1]
+        if a + 1 > r_hi:
+            continue
+        later = np.asarray([in_flight_microbatches(schedule, r + a, m, a) for r in range(1, r_hi - a + 1)])
+        out[a, :r_hi - a] = np.maximum(out[a, :r_hi - a], later)
+    return out
 
 
 def memory_depends_on_k(schedule: str, microbatches: int, max_stages: int) -> bool:
