@@ -242,6 +242,16 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+def check_threads(threads: int) -> None:
+    """UsageError unless 1 <= ``threads`` <= the cores this process may run on: a process's threads beyond
+    them only take turns (its node's ``concurrent_devices``, cores / threads, would be below one), and torch
+    would start them all (a million end the process in the thread library's abort, not an error)."""
+    cores = usable_cores()
+    if not 1 <= threads <= cores:
+        raise UsageError(f"--threads must be 1 to the {cores} cores this process may run on, got {threads}",
+                         f"use --threads {min(max(threads, 1), cores)} (one per core, and --nproc for more devices)")
+
+
 def core_share(nproc: int, threads: int) -> float:
     """The share of a core each of ``nproc x threads`` threads gets on the cores this process may use
     (:meth:`planner.ir.Node.fair_share` of a node that runs ``cores / threads`` processes at once)."""
@@ -262,8 +272,7 @@ def calibrate(nproc: int, threads: int = 1, name: str | None = None, profile: ir
     ``engines``: the engines whose overheads to measure (none: the cluster carries none)."""
     if nproc < 2:
         raise UsageError(f"--nproc must be 2 or more to measure links, got {nproc}", "use --nproc 2")
-    if threads < 1:
-        raise UsageError(f"--threads must be positive, got {threads}", "use --threads 1")
+    check_threads(threads)
     waited_s = wait_idle(timeout_s=idle_timeout_s(IDLE_TIMEOUT_S))
     compute = measure_flops(threads)
     bandwidth = measure_memory_bandwidth(threads)

@@ -249,6 +249,33 @@ def test_more_processes_than_run_starts_here_are_bad_usage(tmp_path: Path) -> No
     assert not (tmp_path / "c.json").exists()
 
 
+def test_more_threads_than_cores_and_a_gpu_profile_to_match_are_bad_usage_before_measuring(tmp_path: Path) -> None:
+    """A million threads ended the process in libgomp's abort; a GPU-measured profile's FLOP/s became the CPU
+    processes' (35 TFLOP/s each)."""
+    from click.testing import CliRunner
+
+    from planner.cli import main
+    from tests.conftest import make_profile_dict
+
+    out = tmp_path / "c.json"
+    cores = len(os.sched_getaffinity(0))
+    for threads in (cores + 1, 10**6):
+        res = CliRunner().invoke(main, ["calibrate", "-o", str(out), "--threads", str(threads)])
+        assert res.exit_code == 2 and f"--threads must be 1 to the {cores} cores" in res.stderr and not out.exists()
+    with pytest.raises(UsageError, match="--threads"):
+        calibrate(2, cores + 1)
+    profile = tmp_path / "gpu.json"
+    profile.write_text(json.dumps({**make_profile_dict(), "mode": "measured", "device": "cuda"}))
+    res = CliRunner().invoke(main, ["calibrate", "-o", str(out), "--match-profile", str(profile)])
+    assert res.exit_code == 2 and "was measured on cuda" in res.stderr and not out.exists()
+    two_threads = tmp_path / "cpu.json"  # a CPU profile timed with 2 threads, for processes of 1
+    two_threads.write_text(json.dumps({**make_profile_dict(), "mode": "measured", "device": "cpu",
+                                       "meta": {"threads": 2}}))
+    res = CliRunner().invoke(main, ["calibrate", "-o", str(out), "--match-profile", str(two_threads)])
+    assert res.exit_code == 2 and "was measured with 2 threads, not the --threads 1" in res.stderr
+    assert not out.exists()
+
+
 _PRINTING_WORKERS = """
 import subprocess, sys
 import planner.calibrate

@@ -32,18 +32,19 @@ def calibrate(out: str, nproc: int, threads: int, name: str | None, profile_path
     each engine adds per action, micro-batch and step, and torch per FSDP unit's gather or reduction
     (tiny pipelines and data-parallel stages on the --nproc processes)."""
     from planner.calibrate import calibrate as measure
-    from planner.calibrate import cluster_doc
+    from planner.calibrate import check_threads, cluster_doc
     from planner.outputs import stdout_to_stderr
     from planner.render.progress import status
     from planner.render.text import count
 
     engines = engine_list(engines_text)
     _check_nproc(nproc)
+    check_threads(threads)
     staged = outputs([out], inputs=[profile_path])
     if name is not None and not 0 < len(name) <= MAX_NAME:
         raise UsageError(f"--name is {len(name)} characters long; a cluster's name has 1 to {MAX_NAME}",
                          "give a shorter name, e.g. --name cpu2")
-    profile = _matched_profile(profile_path)
+    profile = _matched_profile(profile_path, threads)
     title = f"measuring {count(nproc, 'process')} x {count(threads, 'thread')}: compute, memory, gloo links" + (
         f", engines {', '.join(engines)}" if engines else "")
     # the worker processes inherit file descriptor 1: DeepSpeed's banners must not corrupt --json on stdout
@@ -70,8 +71,9 @@ def _check_nproc(nproc: int) -> None:
                          f"use --nproc {4 * cores} or fewer (about one per core measures times that hold)")
 
 
-def _matched_profile(path: str | None) -> ir.ModelProfile | None:
-    """``--match-profile``'s profile, which must have been measured (on this machine)."""
+def _matched_profile(path: str | None, threads: int) -> ir.ModelProfile | None:
+    """``--match-profile``'s profile, which must have been measured (on this machine's CPU, with ``threads``
+    threads where it says how many: its FLOP/s become each process's)."""
     if path is None:
         return None
     profile = ir.ModelProfile.from_dict(read_json(path, "profile"), path)
@@ -79,6 +81,16 @@ def _matched_profile(path: str | None) -> ir.ModelProfile | None:
         raise UsageError(f"--match-profile {path} is an {profile.mode} profile (for {profile.device}): its FLOP/s "
                          "are not this machine's", "profile the model here: planner profile MODEL --mode measured "
                          "-o PROFILE, then --match-profile PROFILE")
+    if not profile.device.lower().startswith("cpu"):
+        raise UsageError(f"--match-profile {path} was measured on {profile.device}, not on this machine's CPU: its "
+                         f"{profile.device_flops:.3g} FLOP/s are not what a calibrated process computes",
+                         "profile the model here on the CPU: planner profile MODEL --mode measured --device cpu "
+                         "-o PROFILE, then --match-profile PROFILE")
+    measured = profile.meta.get("threads")
+    if isinstance(measured, int) and not isinstance(measured, bool) and measured != threads:
+        raise UsageError(f"--match-profile {path} was measured with {measured} threads, not the --threads {threads} "
+                         "each calibrated process computes with: its FLOP/s are not theirs",
+                         f"calibrate with --threads {measured}, or profile the model again with --threads {threads}")
     return profile
 
 

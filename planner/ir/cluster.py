@@ -74,6 +74,12 @@ def _peaks(d: Mapping[str, Any], where: str) -> tuple[tuple[str, float], ...]:
     return tuple((k, _num(doc, k, f"{where}.peak_flops", positive=True)) for k in NUMBER_FORMATS if k in doc)
 
 
+MIN_SHARE = 1e-3
+"""The least ``concurrent_devices`` and ``sharing_efficiency`` of a node: below them a device's core share
+(concurrent / devices x efficiency) underflows to 0 (5e-324 of either was a division by zero in the simulator
+and the cost model); ``planner calibrate`` writes at least 1 and about 0.8."""
+
+
 @dataclass(frozen=True)
 class Node:
     """One server: GPUs joined by the ``intra_node`` link.
@@ -82,7 +88,7 @@ class Node:
     when they share processors (CPU processes: cores / threads per process, set by ``planner
     calibrate``); their ``flops`` are then their speed when all compute at once, and the
     simulator speeds up those computing while others wait (:mod:`planner.simulate.cores`).
-    ``sharing_efficiency`` (optional, in (0, 1], 1 when absent): the share of its fair share
+    ``sharing_efficiency`` (optional, in [:data:`MIN_SHARE`, 1], 1 when absent): the share of its fair share
     of the cores a device keeps while two or more of the node's devices compute at once (CPU
     processes share the last-level cache and the memory bus, and time-sliced ones lose
     switches; measured by ``planner calibrate``, :mod:`planner.calibrate_sharing`).
@@ -148,12 +154,12 @@ class Node:
     def from_dict(cls, d: Mapping[str, Any], where: str) -> Node:
         gpus = _list(d, "gpus", where)
         concurrent = _opt_num(d, "concurrent_devices", where)
-        if concurrent is not None and concurrent <= 0:
-            raise FormatError(f"{where}.concurrent_devices must be positive, got {concurrent!r}",
+        if concurrent is not None and concurrent < MIN_SHARE:
+            raise FormatError(f"{where}.concurrent_devices must be at least {MIN_SHARE:g}, got {concurrent!r}",
                               "e.g. 2 (cores / threads per process), or leave it out")
         efficiency = _opt_num(d, "sharing_efficiency", where)
-        if efficiency is not None and not 0 < efficiency <= 1:
-            raise FormatError(f"{where}.sharing_efficiency must be in (0, 1], got {efficiency!r}",
+        if efficiency is not None and not MIN_SHARE <= efficiency <= 1:
+            raise FormatError(f"{where}.sharing_efficiency must be in [{MIN_SHARE:g}, 1], got {efficiency!r}",
                               "e.g. 0.92 (what planner calibrate measured), or leave it out (1)")
         return cls(_str(d, "name", where), tuple(GPU.from_dict(g, f"{where}.gpus[{i}]") for i, g in enumerate(gpus)),
                    concurrent, efficiency, _opt_num(d, "handoff_s", where))  # _num refuses a negative one

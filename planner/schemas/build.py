@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from planner import ir, runnable
+from planner.ir.cluster import MIN_SHARE
 from planner.schedule import SCHEDULES
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
@@ -145,8 +146,8 @@ def _cluster_defs() -> dict[str, Any]:
                "peak_flops": obj({}, {f: flops for f in ir.NUMBER_FORMATS}, closed=True)})
     overhead = obj({}, {f: number(MAX_TIME_S, what="seconds") for f in ir.EngineOverhead.FIELDS}, closed=True)
     node = obj({"name": string(), "gpus": array({"$ref": "#/$defs/gpu"})},
-               {"concurrent_devices": number(MAX_ITEMS, positive=True, what="devices"),
-                "sharing_efficiency": number(1, positive=True, what="share"),
+               {"concurrent_devices": number(MAX_ITEMS, lo=MIN_SHARE, what="devices"),
+                "sharing_efficiency": number(1, lo=MIN_SHARE, what="share"),
                 "handoff_s": number(MAX_TIME_S, what="seconds")})
     return {"gpu": gpu, "node": node,
             "engine_overhead": overhead,

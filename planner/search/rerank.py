@@ -25,6 +25,8 @@ from planner.costmodel import plan_memory, stage_costs
 from planner.judge import Judged, judge
 from planner.search import baselines as bl
 from planner.search.sp import Problem
+from planner.simulate import plan_options
+from planner.simulate.cores import CoreShare
 
 
 def plan_key(plan: ir.Plan) -> tuple:
@@ -253,12 +255,18 @@ def busy_lower_bound_s(plan: ir.Plan, costs: Sequence[ir.StageCost]) -> float:
     Every device runs its micro-batches' forwards and backwards, then its blocking
     gradient all-reduce and optimizer step, one at a time (planner.simulate's device
     model), so no schedule finishes an iteration sooner; chunks sharing devices
-    (interleaved) add up.
+    (interleaved) add up. On CPU processes that share a node's cores the forwards and
+    backwards count at the fastest the simulator may play them (the device group computing
+    alone on its nodes: planner.simulate.cores), not at their nominal, all-computing speed.
     """
+    groups = list(dict.fromkeys(cost.devices for cost in costs))
+    cores = CoreShare(groups, plan_options(plan).core_nodes)
     busy: dict[tuple[str, ...], float] = {}
     for cost in costs:
-        work_s = plan.microbatches * (cost.forward_s + cost.backward_s) + cost.allreduce_s + cost.optimizer_step_s
-        busy[cost.devices] = busy.get(cost.devices, 0.0) + work_s
+        compute_s = plan.microbatches * (cost.forward_s + cost.backward_s)
+        if cores:
+            compute_s /= cores.fastest_rate(groups.index(cost.devices))
+        busy[cost.devices] = busy.get(cost.devices, 0.0) + compute_s + cost.allreduce_s + cost.optimizer_step_s
     return max(busy.values(), default=0.0)
 
 

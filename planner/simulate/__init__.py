@@ -44,7 +44,8 @@ The simulator plays a :class:`planner.schedule.Schedule` over per-stage costs
 * **Shared cores.** On a node that runs more devices than it has processors for
   (``concurrent_devices``: CPU processes on fewer cores, :mod:`planner.simulate.cores`), a
   lane's F, B and W run faster than their nominal (all-computing) time while fewer of the
-  node's devices compute: processor sharing of its cores among the computing lanes
+  node's devices compute: processor sharing of its cores among the computing lanes; a lane
+  whose devices lie on several nodes runs in lockstep, at its slowest node's rate at each moment
   (``compute_s``, ``busy_s`` and the bubble count each lane's compute at the rates it ran:
   its nominal work over its mean rate, ``Engine.compute_rate``).
 * **Memory** per lane over time: static bytes (weights, gradients, optimizer state) of its
@@ -157,13 +158,13 @@ def _run(costs: Sequence[ir.StageCost], sched: Schedule, v: int, opts: SimOption
 
 
 def plan_options(plan: ir.Plan, options: SimOptions | None = None) -> SimOptions:
-    """``options`` (default ones when None) with the plan's cluster's nodes that share their
-    cores (``concurrent_devices``; :mod:`planner.simulate.cores`), unless they name some already."""
+    """``options`` (default ones when None) with the plan's cluster's nodes where some share their
+    cores (``concurrent_devices``; :mod:`planner.simulate.cores`: the others bound the lanes that
+    also lie on them), unless they name some already."""
     opts = options or SimOptions()
-    if opts.core_nodes:
+    if opts.core_nodes or not any(n.shares_cores for n in plan.cluster.nodes):
         return opts
-    shared = tuple(n for n in plan.cluster.nodes if n.shares_cores)
-    return dataclasses.replace(opts, core_nodes=shared) if shared else opts
+    return dataclasses.replace(opts, core_nodes=plan.cluster.nodes)
 
 
 def simulate(plan: ir.Plan, options: SimOptions | None = None) -> SimResult:

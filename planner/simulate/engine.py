@@ -153,9 +153,8 @@ class Engine:
         if self.opts.overlap_allreduce and p in self.ar_after[lane]:
             for ch, blk in self.ar_after[lane][p]:
                 self._overlapped_ar(lane, ch, blk, now, dur)
-        pool = self.cores.pool_of.get(lane) if self.cores else None
-        if pool is not None:  # its end depends on the other lanes computing meanwhile
-            for end, other, version in pool.begin(lane, dur, now):
+        if self.cores and lane in self.cores.pools_of:  # its end depends on the other lanes computing meanwhile
+            for end, other, version in self.cores.begin(lane, dur, now):
                 self.queue.push(end, SHARED, (other, version))
             return
         end = now + dur
@@ -165,7 +164,7 @@ class Engine:
 
     def shared_done(self, lane: int, version: int, now: float) -> bool:
         """A lane's action on shared cores may end (a stale version: it was rescheduled); True once the run may stop."""
-        start, ends = self.cores.pool_of[lane].finish(lane, version, now)
+        start, ends = self.cores.finish(lane, version, now)
         if start is None:
             return False
         for end, other, later in ends:
@@ -179,8 +178,7 @@ class Engine:
     def compute_rate(self, lane: int) -> float:
         """Nominal (cost model) seconds of compute the lane did per second it took, over the run:
         above 1 on shared cores while fewer of the node's devices computed; 1 elsewhere."""
-        pool = self.cores.pool_of.get(lane) if self.cores else None
-        return pool.mean_rate(lane) if pool is not None else 1.0
+        return self.cores.mean_rate(lane) if self.cores else 1.0
 
     def _overlapped_ar(self, lane: int, c: int, blk: int, t0: float, dur: float) -> None:
         """Chunk c's all-reduce in DDP buckets on the lane's communication stream, during [t0, t0 + dur]."""

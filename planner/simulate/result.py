@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planner import ir
-from planner.errors import UsageError, is_whole
+from planner.errors import FormatError, UsageError, is_whole
 from planner.grad_buffers import GRAD_BUCKET_BYTES
 from planner.schedule import find_kind
 from planner.simulate.events import Event
@@ -42,7 +42,8 @@ class SimOptions:
     # iterations to the end (the reference definition; the shortcuts give the same times).
     shortcuts: bool = True
     # Nodes whose devices share processors (``concurrent_devices`` set): their lanes' compute is
-    # processor-shared (planner.simulate.cores). simulate() takes them from the plan's cluster.
+    # processor-shared (planner.simulate.cores); nodes that share nothing among them bound the speed of
+    # a lane that lies on both. simulate() takes them from the plan's cluster.
     core_nodes: tuple[ir.Node, ...] = ()
 
     def __post_init__(self) -> None:
@@ -64,6 +65,11 @@ class SimOptions:
         if not isinstance(self.core_nodes, tuple) or not all(isinstance(x, ir.Node) for x in self.core_nodes):
             raise UsageError(f"SimOptions.core_nodes must be a tuple of planner.ir.Node, got {self.core_nodes!r:.60}",
                              "leave it empty: simulate() takes them from the plan's cluster")
+        for i, node in enumerate(self.core_nodes):  # a cluster file's rules (a core share of 0 divides by zero)
+            try:
+                ir.Node.from_dict(node.to_dict(), f"SimOptions.core_nodes[{i}]")
+            except FormatError as exc:
+                raise UsageError(exc.cause, exc.hint) from None
 
 
 @dataclass(frozen=True)
