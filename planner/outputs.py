@@ -214,8 +214,8 @@ class Outputs:
         target = self._target(path, folder=False)
         try:
             fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-        except OSError as exc:
-            raise _refuse(str(path), str(exc.strerror)) from None
+        except OSError as exc:  # a folder that takes no new files (/proc: ENOENT for a file that exists)
+            raise _refuse(str(path), f"no file can be made in folder {target.parent} ({exc.strerror})") from None
         os.close(fd)
         temp = Path(name)
         os.chmod(temp, _usual_mode(target))
@@ -228,7 +228,8 @@ class Outputs:
         try:
             temp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=_nearest_existing(target)))
         except OSError as exc:
-            raise _refuse(str(path), str(exc.strerror)) from None
+            raise _refuse(str(path), f"no folder can be made in folder {_nearest_existing(target)} ({exc.strerror})"
+                          ) from None
         os.chmod(temp, _usual_mode(None, directory=True))
         self._staged.append(_Staged(str(path), target, temp, folder=True))
         return temp

@@ -184,3 +184,16 @@ def test_stdout_to_stderr_moves_python_and_fd_level_writes() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
     assert done.stdout == "after\n" and done.stderr == "py\nfd\n"
+
+
+def test_a_folder_that_takes_no_new_file_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # /proc's files exist, are regular and (as root) writable, but no file can be made beside them: ENOENT
+    target = tmp_path / "out.json"
+    target.write_text("{}")
+
+    def refuse(*args: object, **kwargs: object) -> tuple[int, str]:
+        raise FileNotFoundError(2, "No such file or directory")
+
+    monkeypatch.setattr(outputs.tempfile, "mkstemp", refuse)
+    with Outputs(files=[target]) as out, pytest.raises(PlannerError, match=f"no file can be made in folder {tmp_path}"):
+        out.write_text(target, "{}")
