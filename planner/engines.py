@@ -141,6 +141,9 @@ class EngineLimits:
     frozen_stage_fp32_only: bool = False
     """Whether a stage with no trainable weight runs only in fp32 without ZeRO (DeepSpeed's ZeRO and bf16/fp16
     optimizers read their first parameter: stage_1_and_2.py, bf16_optimizer.py)."""
+    optimizers: tuple[str, ...] = ir.OPTIMIZERS
+    """The plan optimizers it builds (torchtitan: Adam and AdamW only, torchtitan/components/optimizer.py; an sgd
+    plan would train with AdamW's two fp32 states per weight, which its memory did not count)."""
 
     def zero_stages(self, split_backward: bool = False) -> tuple[int, ...]:
         """The ZeRO stages it runs; under a schedule that splits the backward (zb-h1), those it runs there."""
@@ -199,7 +202,7 @@ ENGINES: dict[str, EngineLimits] = {
     # every gradient for the model's life (GradCopy.held); under bf16 it trains fp32 parameters in
     # autocast, so those gradients are fp32.
     "torchtitan": EngineLimits("torchtitan", True, True, (0, 2, 3), ("none", "full"), True,
-                               precisions=("fp32", "bf16"), sync_last_backward_stages=2,
+                               precisions=("fp32", "bf16"), sync_last_backward_stages=2, optimizers=("adam",),
                                grad_copy=GradCopy((0,), held=True), llama_only=True, uniform_recompute=True,
                                wide_reduce_zero=(0, 2, 3), split_backward_zero=(0, 2)),  # torch's zb-h1 (not run here)
 }

@@ -5,7 +5,9 @@ interleaving) and by export before it writes a program, so that a plan the tool 
 is a plan the engine it names can run (``../shared/DESIGN.md`` section 6):
 
 - batch shape: for every stage, ``batch_size == micro_batch_size * microbatches * dp`` with a whole
-  ``micro_batch_size >= 1`` (Megatron-LM's global batch = micro-batch x accumulation steps x dp);
+  ``micro_batch_size >= 1`` (Megatron-LM's global batch = micro-batch x accumulation steps x dp), and at
+  least the profile's ``min_batch`` (the fewest samples the model trains on: a batch norm over ``(N, C)``
+  needs 2), also where a tensor group splits a micro-batch's samples over its ranks;
 - grid: ``tp`` divides the stage's devices; ``tp`` forms only on transformer blocks whose
   attention heads and KV heads ``tp`` divides (Megatron shards whole heads); ZeRO needs a
   data-parallel group of two or more;
@@ -44,6 +46,11 @@ def batch_problems(plan: ir.Plan) -> list[str]:
         if b % (m * st.dp):  # b >= 1 and a whole quotient: at least one sample per rank
             out.append(f"stage {i}: batch {b} is not {m} micro-batches x {st.dp} data-parallel ranks of whole "
                        f"samples ({b / (m * st.dp):.4g} per rank)")
+        elif b // (m * st.dp) < plan.profile.min_batch:
+            out.append(f"stage {i}: a micro-batch of {b // (m * st.dp)} sample(s) per data-parallel rank (batch {b} "
+                       f"over {m} micro-batches x {st.dp} ranks), and the model trains on {plan.profile.min_batch} or "
+                       f"more at a time (its profile's min_batch; a batch norm over (N, C) needs 2); use fewer "
+                       f"micro-batches or data-parallel ranks, or --micro-batch-size {plan.profile.min_batch}")
     return out
 
 
@@ -67,9 +74,15 @@ def _sample_split_problems(plan: ir.Plan, index: int) -> list[str]:
     """A dp form inside a tensor group splits the micro-batch's samples over it: tp must divide them."""
     st = plan.stages[index]
     samples = plan.micro_batch_size(st)
-    if st.tp == 1 or "dp" not in st.forms or samples % st.tp == 0:
+    if st.tp == 1 or "dp" not in st.forms:
         return []
     first = st.layers[0] + st.forms.index("dp")
+    if samples % st.tp == 0:
+        least = plan.profile.min_batch
+        return [] if samples // st.tp >= least else [
+            f"stage {index}: layer {first} runs the dp form, which splits a micro-batch's {samples:g} samples over "
+            f"the tensor group of {st.tp}, {samples / st.tp:g} per rank, and the model trains on {least} or more "
+            f"at a time (its profile's min_batch); use a micro-batch size of {least * st.tp} or more"]
     return [f"stage {index}: layer {first} runs the dp form, which splits a micro-batch's {samples:g} samples over "
             f"the tensor group of {st.tp}; {st.tp} does not divide them (use a micro-batch size divisible by "
             f"{st.tp}, or split/tp forms for those layers)"]
@@ -130,6 +143,9 @@ def engine_problems(plan: ir.Plan, engine: str) -> list[str]:
             out.append(f"stage {i} uses ZeRO stage {st.zero}; {engine} runs {', '.join(map(str, limits.zero))}")
         if st.recompute not in limits.recompute:
             out.append(f"stage {i} recomputes {st.recompute!r}; {engine} runs {', '.join(limits.recompute)}")
+    if plan.optimizer not in limits.optimizers:
+        out.append(f"{engine} trains with the optimizer {', '.join(limits.optimizers)}, not {plan.optimizer} (search "
+                   f"with --optimizer {limits.optimizers[0]})")
     return out + (_split_backward_problems(plan, engine, limits) if kind is not None and kind.splits_weight_grad
                   else [])
 

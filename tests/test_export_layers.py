@@ -114,3 +114,33 @@ def test_disable_dropout_zeroes_the_probabilities_modules_keep_as_numbers() -> N
     assert torch.equal(outs[0], outs[1])
     assert mha.dropout == 0.0 and qwen.model.layers[0].self_attn.attention_dropout == 0.0
     assert model["drop"].p == 0.0
+
+
+def huge_unless_meta() -> tuple[nn.Module, torch.Tensor]:
+    """A model whose weights would not fit in memory: built on the meta device only (its factory refuses
+    otherwise, standing for the out-of-memory kill)."""
+    if torch.empty(0).device.type != "meta":
+        raise MemoryError("built with real weights before any check")
+    return nn.Sequential(nn.Linear(16, 100_000), nn.ReLU(), nn.Linear(100_000, 10)), torch.randn(8, 16)
+
+
+def conv_only() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten())
+
+
+def test_another_model_is_checked_on_the_meta_device_before_its_weights_are_made() -> None:
+    """`--model llama2-7b` for a plan of a two-block GPT-2 built 27 GB of weights in every process, killed out of
+    memory with no message; the model is now split on the meta device and refused by its layers first."""
+    plan = tiny_plan("tiny_mlp", [0, 2, -1])
+    with pytest.raises(RunError, match=r"the model has 2 layers but the plan's profile .* has 4"):
+        load_layers(f"{__name__}:huge_unless_meta", plan, seed=0)
+    layers, _ = load_layers("tests.test_runner:tiny_mlp", plan, seed=0)  # the profiled model: built once
+    assert len(layers) == 4
+
+
+def test_another_model_that_rejects_the_plans_input_is_named_as_not_the_plans() -> None:
+    plan = tiny_plan("tiny_mlp", [0, 2, -1])
+    with pytest.raises(RunError, match=r"conv_only is not the plan's model \(tests.test_runner:tiny_mlp\): the model "
+                                       r"rejects input") as err:
+        load_layers(f"{__name__}:conv_only", plan, seed=0)
+    assert "--model tests.test_runner:tiny_mlp" in err.value.hint

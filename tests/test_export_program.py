@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import subprocess
 from pathlib import Path
@@ -110,3 +111,33 @@ def test_torchrun_arguments_are_shell_quoted() -> None:
     command = files["launch_node1.sh"].split("\nexec ")[1].replace("\\\n", " ")
     assert shlex.split(command)[1:6] == ["--nnodes=2", "--node-rank=1", "--nproc-per-node=2",
                                            "--rdzv-backend=static", '--rdzv-endpoint=$ENDPOINT']
+
+
+@pytest.mark.parametrize("servers", [(1, 8), (2, 2)])
+def test_a_factory_models_launch_script_keeps_the_folder_it_is_started_in_importable(tmp_path: Path,
+                                                                                     servers: tuple[int, int]) -> None:
+    """A plan of ``package.module:factory`` imports that module on every rank. The launch script changes to its
+    own folder (and torchrun puts the script's folder on sys.path), so that started from where the model was
+    profiled it failed with "No module named 'examples'"; now that folder goes on PYTHONPATH, after the caller's."""
+    out, code = tmp_path / "out" / "program", tmp_path / "code"
+    code.mkdir()
+    export_plan(tiny_plan("tiny_mlp", [0, 2, -1], width=2, servers=servers), "torch", out)
+    fake = tmp_path / "torchrun"
+    fake.write_text('#!/bin/sh\necho "$PYTHONPATH"\npwd\n')
+    fake.chmod(0o755)
+    done = subprocess.run(["sh", str(out / "launch_node0.sh"), "127.0.0.1:29400"], capture_output=True, text=True,
+                          cwd=code, env={"PATH": "/usr/bin:/bin", "TORCHRUN": str(fake), "PYTHONPATH": "/elsewhere"},
+                          timeout=60, check=True)
+    assert done.stdout.splitlines() == [f"/elsewhere:{code}", str(out)]
+    readme = (out / "README.md").read_text()
+    assert "imports your model's module `tests.test_runner`" in readme and "PYTHONPATH" in readme
+    if servers == (1, 8):
+        assert "sh launch_node0.sh   # the same, started from any folder" in readme
+
+
+def test_a_zoo_models_launch_script_leaves_pythonpath_alone() -> None:
+    plan = tiny_plan("tiny_mlp", [0, 2, -1], width=2)
+    zoo = dataclasses.replace(plan, profile=dataclasses.replace(plan.profile, model="mlp"))
+    files = program_files(zoo, "deepspeed")
+    assert "PYTHONPATH" not in files["launch_node0.sh"] and "PYTHONPATH" not in files["README.md"]
+    assert "`--lr LR`, `--seed N`" in files["README.md"]

@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 import tomllib
 from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
 
 from planner import ir
 from planner.cli import main
@@ -30,11 +32,11 @@ from tests.test_export_quoting import HOSTILE
 
 
 def llama_profile(blocks: int = 6, hidden: int = 256, heads: int = 16, kv_heads: int = 16,
-                  shaped: bool = True) -> ir.ModelProfile:
-    """A Llama-shaped profile; ``shaped``: its embedding and head carry their weight shapes (the split forms open),
-    as a profile of a real model does."""
-    shape = ir.BlockShape(hidden, heads, kv_heads, 4 * hidden, 64, gated=True)
-    ends = [{"in_features": 1024, "out_features": hidden}, {"in_features": hidden, "out_features": 1024}]
+                  shaped: bool = True, ffn: int | None = None, vocab: int = 1024) -> ir.ModelProfile:
+    """A Llama-shaped profile (FFN ``4 * hidden`` wide unless ``ffn``); ``shaped``: its embedding and head carry their
+    weight shapes (the split forms open), as a profile of a real model does."""
+    shape = ir.BlockShape(hidden, heads, kv_heads, ffn or 4 * hidden, 64, gated=True)
+    ends = [{"in_features": vocab, "out_features": hidden}, {"in_features": hidden, "out_features": vocab}]
     if not shaped:
         ends = [{}, {}]
     layer = {"forward_s": 1e-3, "backward_s": 2e-3, "forward_flops": 1e9, "backward_flops": 2e9, "param_count": 1000,
@@ -49,7 +51,7 @@ def llama_profile(blocks: int = 6, hidden: int = 256, heads: int = 16, kv_heads:
 
 
 def titan_plan(parts: list[int], tp: int = 1, dp: int = 1, **stage: Any) -> ir.Plan:
-    prof = llama_profile()
+    prof = llama_profile(ffn=768, vocab=2048)  # torchtitan's debugmodel: 768 = 4 x 256 x 2/3 up to a multiple of 256
     cluster = ir.Cluster.from_dict(make_cluster_dict(2, 4))
     k = len(parts) - 1
     devices = [g.name for g in cluster.gpus]
@@ -226,7 +228,7 @@ def test_torchtitans_own_loader_accepts_the_file(tmp_path: Path) -> None:
 def test_a_profiled_llama_exports_with_its_own_flavor_to_register() -> None:
     """The profiler's tiny Llama (hidden 64, 2 blocks, 4 heads, 2 KV heads) has no torchtitan flavor:
     the file names 'planner' and says which TransformerModelArgs to register."""
-    plan = dataclasses.replace(grid_plan("tiny_llama", [0, 2, 4], dp=2, zero=3), engine="torchtitan")
+    plan = dataclasses.replace(grid_plan("tiny_llama", [0, 2, 4], dp=2, zero=3), engine="torchtitan", optimizer="adam")
     text = tt.config_text(plan)
     doc = tomllib.loads(text)
     assert doc["model"]["flavor"] == "planner"
@@ -251,3 +253,42 @@ def test_toml_strings_escape_quotes_backslashes_and_control_characters() -> None
     text = tt.toml_text({"job": {"description": 'a"b\\c\nd = 1\n[x]\x00'}}, "line one\nline\x1b two")
     assert tomllib.loads(text) == {"job": {"description": 'a"b\\c\nd = 1\n[x]\x00'}}
     assert text.splitlines()[:2] == ["# line one", "# 'line\\x1b two'"]
+
+
+def test_a_flavor_is_named_only_for_the_model_it_builds() -> None:
+    """torchtitan's debugmodel has 256 x 6 blocks of 16 heads, an FFN 768 wide and 2048 tokens; a profile with its
+    blocks but a 1024-wide FFN and 1024 tokens got the flavor too, so torchtitan trained another model than the
+    plan's. It gets the 'planner' flavor, with every argument that builds it, under torchtitan's name for the table
+    (``llama3_args``; the file said ``llama3_configs``, which torchtitan 0.2.0 does not have)."""
+    other = dataclasses.replace(titan_plan([0, 8], dp=2), profile=llama_profile())
+    text = tt.config_text(other)
+    assert tomllib.loads(text)["model"]["flavor"] == "planner"
+    assert ("llama3_args['planner'] = TransformerModelArgs(dim=256, n_layers=6, n_heads=16, n_kv_heads=16, "
+            "vocab_size=1024, multiple_of=1024, ffn_dim_multiplier=1.502199)") in text
+    assert tt.titan_ffn(256, 1024, 1.502199) == 1024
+    readme = tt.files(other)["README.md"]
+    assert "add `llama3_args['planner'] = TransformerModelArgs(dim=256" in readme
+    assert "cd . &&" not in readme and "torchrun --nproc_per_node 2 -m torchtitan.train" in readme
+    assert "llama3_args" not in tt.files(titan_plan([0, 8], dp=2))["README.md"]  # debugmodel: nothing to add
+
+
+def test_torchtitans_own_flavors_are_their_ffn_widths() -> None:
+    """torchtitan/models/llama3/__init__.py: 8B (x1.3, multiple of 1024), 70B (x1.3, 4096), 405B (x1.2, 4096) and
+    debugmodel (defaults) build FFNs of 14336, 28672, 53248 and 768, the widths :data:`tt.FLAVORS` holds."""
+    built = {tt.titan_ffn(4096, 1024, 1.3), tt.titan_ffn(8192, 4096, 1.3), tt.titan_ffn(16384, 4096, 1.2),
+             tt.titan_ffn(256)}
+    assert built == {key[4] for key in tt.FLAVORS}
+
+
+@given(st.integers(1, 20_000), st.integers(1, 100_000))
+def test_the_ffn_arguments_build_the_profiles_width(dim: int, ffn: int) -> None:
+    assert tt.titan_ffn(dim, **tt.ffn_args(dim, ffn)) == ffn  # type: ignore[arg-type]
+
+
+def test_a_plan_for_another_optimizer_than_adam_is_refused() -> None:
+    """torchtitan builds Adam or AdamW only: an sgd plan was written as AdamW, two fp32 states per weight its memory
+    did not count."""
+    plan = dataclasses.replace(titan_plan([0, 8], dp=2), optimizer="sgd")
+    with pytest.raises(ExportError, match=r"torchtitan trains with the optimizer adam, not sgd") as err:
+        tt.check_plan(plan)
+    assert "--engine torchtitan" in err.value.hint

@@ -53,7 +53,7 @@ def test_skipping_problems_by_their_bound_keeps_the_optimum(inst, engine: str, o
     profile, cluster, _, schedule, optimizer = inst
     if engine == "torchtitan":
         assume(len(profile.layers) >= 3)
-        profile = _as_llama(profile)
+        profile, optimizer = _as_llama(profile), "adam"  # the one optimizer torchtitan builds
     if schedule not in ("gpipe", "1f1b") or engine == "deepspeed":
         schedule = "1f1b"  # every engine runs 1f1b (DeepSpeed only it)
     if overheads:
@@ -113,18 +113,18 @@ def test_one_mode_for_the_whole_job_is_the_best_of_the_plans_forced_to_each_mode
     forced = {}
     for mode in ("none", "full"):
         try:
-            forced[mode] = search(profile, cluster, engine="torchtitan", recompute=mode, candidates=0)
+            forced[mode] = search(profile, cluster, engine="torchtitan", optimizer="adam", recompute=mode, candidates=0)
         except PlannerError:
             continue
     if not forced:  # neither mode fits: neither does the search
         with pytest.raises(PlannerError):
-            search(profile, cluster, engine="torchtitan", candidates=0)
+            search(profile, cluster, engine="torchtitan", optimizer="adam", candidates=0)
         return
-    best = search(profile, cluster, engine="torchtitan", candidates=0)
+    best = search(profile, cluster, engine="torchtitan", optimizer="adam", candidates=0)
     assert len({s.recompute for s in best.stages}) == 1
     assert best.predicted.iteration_s == pytest.approx(min(p.predicted.iteration_s for p in forced.values()),
                                                        rel=1e-12)
-    mixed = search(profile, cluster, engine="any", recompute="auto", candidates=0)
+    mixed = search(profile, cluster, engine="any", optimizer="adam", recompute="auto", candidates=0)
     assert mixed.predicted.iteration_s <= best.predicted.iteration_s * (1 + 1e-12)
 
 
@@ -132,8 +132,8 @@ def test_the_tight_case_mixes_none_and_full_where_one_job_may_mix_them() -> None
     """A tight case whose unconstrained optimum mixes the two modes torchtitan runs; torchtitan, one mode per job,
     finds that neither mode alone fits, and says so rather than emit the mixed plan."""
     profile, cluster = _tight_llama(4, 2 * 10**6), _tight_cluster(1)
-    plan = search(profile, cluster, engine="any", candidates=0)
+    plan = search(profile, cluster, engine="any", optimizer="adam", candidates=0)
     assert [s.recompute for s in plan.stages] == ["none", "full", "none"]
     for mode in ("none", "full", "auto"):
         with pytest.raises(PlannerError):
-            search(profile, cluster, engine="torchtitan", recompute=mode, candidates=0)
+            search(profile, cluster, engine="torchtitan", optimizer="adam", recompute=mode, candidates=0)

@@ -364,3 +364,12 @@ def test_a_layers_tensor_counts_round_trip_and_must_add_up_to_its_trainable_para
         assert "tensor_counts" in str(exc.value)
     doc["layers"][0].update(tensor_counts=[1_000], trainable_count=1_000)
     assert ModelProfile.from_dict(doc).layers[0].tensor_counts == (1_000,)
+
+
+def test_min_batch_round_trips_is_left_out_at_one_and_stays_inside_the_batch() -> None:
+    prof = ModelProfile.from_dict(make_profile_dict(2, batch_size=8, min_batch=2))
+    assert prof.min_batch == 2 and ModelProfile.from_dict(prof.to_dict()).min_batch == 2
+    assert "min_batch" not in ModelProfile.from_dict(make_profile_dict(2, batch_size=8)).to_dict()
+    for bad in (0, 9):
+        with pytest.raises(FormatError, match="min_batch"):
+            ModelProfile.from_dict(make_profile_dict(2, batch_size=8, min_batch=bad))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pickle
+import re
+from typing import Any
 
 import pytest
 import torch
@@ -164,3 +166,25 @@ def test_a_torch_transformer_encoder_is_cut_into_its_layers(norm: bool) -> None:
 
     masked = Masked()
     assert len(split_fx(masked, x)) < 5
+
+
+class _Outputs(nn.Module):
+    """A model returning ``kind``: a dict of its logits and hidden state, or the pair as a tuple or list."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.fc, self.head, self.kind = nn.Linear(4, 4), nn.Linear(4, 2), kind
+
+    def forward(self, x: torch.Tensor) -> Any:
+        h = torch.relu(self.fc(x))
+        if self.kind == "dict":
+            return {"logits": self.head(h), "hidden": h}
+        return (self.head(h), h) if self.kind == "tuple" else [self.head(h), h]
+
+
+@pytest.mark.parametrize(("kind", "said"), [("dict", "a dict (keys 'logits', 'hidden')"), ("tuple", "a tuple of 2"),
+                                            ("list", "a list of 2")])
+def test_a_model_returning_several_values_is_refused_in_its_own_words(kind: str, said: str) -> None:
+    """Before: 'returns immutable_dict' (torch.fx's own type), which names nothing the user wrote."""
+    with pytest.raises(TraceError, match=re.escape(f"_Outputs.forward returns {said}, not one tensor")):
+        split_fx(_Outputs(kind), torch.randn(2, 4))

@@ -82,6 +82,15 @@ def test_floats_given_to_an_embedding_get_a_hint_for_integer_examples() -> None:
     assert "--input-shape" in ints.hint
 
 
+def test_a_batch_norm_given_one_sample_gets_a_hint_for_a_larger_batch() -> None:
+    """Before: 'pass the --input-shape the model expects', which no shape fixes."""
+    norm = torch.nn.BatchNorm1d(4).train()
+    with pytest.raises(ValueError) as info:
+        norm(torch.zeros(1, 4))
+    err = rejects_input(torch.zeros(1, 4), info.value)
+    assert "more than 1 value per channel" in err.cause and "--batch-size of 2 or more" in err.hint
+
+
 class _Routed(nn.Module):  # type: ignore[misc]
     """A mixture of experts' dispatch in miniature: which rows go on depends on the values."""
 

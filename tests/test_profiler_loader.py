@@ -67,3 +67,22 @@ def test_a_factory_error_keeps_its_cause_on_one_line() -> None:
         load_model("tests.test_profiler_loader:validated_factory", 1, device="meta")
     assert "\n" not in err.value.cause
     assert "The hidden size (100) is not a multiple of the number of attention heads (8)." in err.value.cause
+
+
+def half_factory() -> tuple[nn.Module, torch.Tensor]:
+    """A factory returning a float16 model and a float16 example."""
+    return nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4)).half(), torch.randn(2, 16, dtype=torch.half)
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_a_float16_factory_model_is_cast_to_the_profiles_dtype_with_its_input(device: str) -> None:
+    """Before, float32 (the default) cast the input and left the float16 weights: measured mode failed with 'mat1
+    and mat2 must have the same dtype', and analytic mode (the meta device checks no dtype) wrote a float32
+    profile with float16 weights' bytes, whose plan `planner run` could not train."""
+    loaded = load_model("tests.test_profiler_loader:half_factory", 4, device=device)
+    assert loaded.example_input.dtype == torch.float32
+    assert {p.dtype for p in loaded.module.parameters()} == {torch.float32}
+    if device == "cpu":
+        assert loaded.module(loaded.example_input).dtype == torch.float32
+    half = load_model("tests.test_profiler_loader:half_factory", 4, dtype="float16", device=device)
+    assert {p.dtype for p in half.module.parameters()} == {torch.float16} and half.example_input.dtype == torch.half

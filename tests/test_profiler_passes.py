@@ -194,3 +194,13 @@ def test_loss_times_one_median_per_size() -> None:
     times = loss_times((8, 10), 2, torch.float32, torch.device("cpu"), lambda: None, 3, lambda: float(next(ticks)))
     assert times == [1.0, 1.0]  # every call advances the fake clock by one between its two reads
     assert loss_times((8, 10), None, torch.float32, torch.device("cpu"), lambda: None, 3) != []
+
+
+def test_the_batches_above_the_first_one_the_layers_refuse_keep_their_times() -> None:
+    """A batch norm over (N, C) refuses one sample in training: the half and the quarter of the batch are still
+    timed (before, one refusal dropped every smaller batch, and the cost model lost the curve)."""
+    layers = [nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))]
+    params = list(layers[0].parameters())
+    runs = measure_passes(layers, layers[0], torch.randn(8, 4), params, lambda: None, (8, 4),
+                          Passes(1, 2, 1, (4, 2, 1)), lambda _what: None)
+    assert runs.smaller == (4, 2) and len(runs.smaller_times) == 2

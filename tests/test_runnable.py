@@ -171,14 +171,16 @@ def test_a_torchtitan_search_emits_plans_torchtitan_runs(shape: tuple[int, int],
 
     profile = dataclasses.replace(llama_profile(blocks=4, heads=4, kv_heads=2), batch_size=batch)
     cluster = cluster_from_dict(make_cluster_dict(*shape))
-    plan = search(profile, cluster, engine="torchtitan", tp=tp, recompute=recompute, candidates=2)
+    plan = search(profile, cluster, engine="torchtitan", optimizer="adam", tp=tp, recompute=recompute,
+                  candidates=2)
     assert problems(plan) == [], problems(plan)
     assert all(s.sequence_parallel for s in plan.stages if s.tp > 1)
     first, last = plan.stages[0], plan.stages[-1]
     assert first.tp == 1 or first.forms[0] == "split_in"
     assert last.tp == 1 or last.forms[-1] == "split_out"
     with pytest.raises(Exception, match="not a Llama-family model"):
-        search(ir.ModelProfile.from_dict(make_profile_dict(5, batch_size=batch)), cluster, engine="torchtitan")
+        search(ir.ModelProfile.from_dict(make_profile_dict(5, batch_size=batch)), cluster, engine="torchtitan",
+               optimizer="adam")
 
 
 def test_torchs_interleaved_schedules_need_micro_batches_in_whole_rounds() -> None:
@@ -365,3 +367,50 @@ def test_an_engine_answers_which_zero_stages_and_modes_it_runs_under_a_split_bac
     assert torch.zero_stages() == (0, 1, 2, 3) and torch.zero_stages(split_backward=True) == (0, 1, 2)
     assert torch.recompute_modes(split_backward=True) == ("none", "full")
     assert titan.zero_stages(split_backward=True) == (0, 2) and titan.recompute_modes() == titan.recompute
+
+
+def test_a_micro_batch_below_the_models_min_batch_is_not_runnable() -> None:
+    """A batch norm over (N, C) refuses one sample in training: a plan giving a rank fewer samples than the
+    profile's min_batch would fail in a worker, so it is refused before (and a tensor group splitting them too)."""
+    plan = _plan(batch=8, m=4)  # 1 sample per micro-batch on each of the 2 data-parallel ranks
+    needy = dataclasses.replace(plan, profile=dataclasses.replace(plan.profile, min_batch=2))
+    assert problems(plan) == []
+    found = problems(needy)
+    assert any("stage 0: a micro-batch of 1 sample(s) per data-parallel rank" in p and "min_batch" in p
+               for p in found), found
+    assert problems(dataclasses.replace(needy, microbatches=2)) == []
+    split = _plan(batch=8, m=2, tp=2)  # 4 samples per micro-batch, split over the tensor group of 2: 2 each
+    assert problems(dataclasses.replace(split, profile=dataclasses.replace(split.profile, min_batch=2))) == []
+    found = problems(dataclasses.replace(split, profile=dataclasses.replace(split.profile, min_batch=4)))
+    assert any("2 per rank, and the model trains on 4 or more" in p for p in found), found
+
+
+@given(st.integers(1, 2), st.integers(1, 4), st.sampled_from([4, 8, 12, 16]), st.integers(1, 8),
+       st.sampled_from(["any", "torch", "deepspeed"]))
+@settings(max_examples=15, deadline=None)
+def test_search_and_compare_keep_every_micro_batch_at_the_models_min_batch(
+        nodes: int, gpus: int, batch: int, least: int, engine: str) -> None:
+    from planner.errors import InfeasibleError
+
+    profile = ir.ModelProfile.from_dict(make_profile_dict(5, batch_size=batch, min_batch=min(least, batch)))
+    cluster = cluster_from_dict(make_cluster_dict(nodes, gpus))
+    try:
+        plan = search(profile, cluster, engine=engine, candidates=2)
+    except InfeasibleError:  # e.g. torch's 1F1B on a batch too small for a micro-batch per stage
+        return
+    assert problems(plan, engine) == []
+    assert all(plan.micro_batch_size(s) >= profile.min_batch * (s.tp if "dp" in s.forms else 1) for s in plan.stages)
+    for row in compare(profile, cluster, rerank=2).strategies:
+        if row.plan is not None and row.fits:
+            assert all(row.plan.micro_batch_size(s) >= profile.min_batch for s in row.plan.stages), row.name
+
+
+def test_a_search_of_a_model_that_needs_two_samples_finds_a_plan_with_two() -> None:
+    """The search space itself leaves out micro-batches below min_batch, so the best plan that runs is found
+    (not a plan of one sample per rank, refused afterwards)."""
+    profile = ir.ModelProfile.from_dict(make_profile_dict(3, batch_size=8, min_batch=2))
+    cluster = cluster_from_dict(make_cluster_dict(1, 2))
+    for engine in ("any", "torch", "deepspeed"):
+        for config in (None, "2", "1-1"):
+            plan = search(profile, cluster, engine=engine, config=config, candidates=1)
+            assert all(plan.micro_batch_size(s) >= 2 for s in plan.stages), (engine, config, plan.config)

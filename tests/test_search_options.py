@@ -43,6 +43,9 @@ def _cluster(nodes: int = 2, gpus: int = 4, mem: int = 10**10) -> ir.Cluster:
     ({"zero": 1, "config": (1, 1)}, r"--zero 1 shards over two or more data-parallel ranks, and a stage of --config "
                                     r"1-1 has 1 device \("),
     ({"zero": 3, "tp": 2, "config": (2, 4)}, r"a stage of --config 2-4 has 2 devices at --tp 2"),
+    # torchtitan builds Adam(W) only: an sgd plan's memory left out its two fp32 states per weight
+    ({"engine": "torchtitan"}, r"torchtitan trains with the optimizer adam, not sgd \(the default\)"),
+    ({"engine": "torchtitan", "optimizer": "momentum"}, r"adam, not momentum \(pass"),
 ])
 def test_bad_options_are_usage_errors_with_the_numbers(kwargs: dict, match: str) -> None:
     with pytest.raises(UsageError, match=match) as err:

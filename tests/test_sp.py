@@ -408,3 +408,26 @@ def test_zb_h1_finds_the_one_stage_plan_that_fits_with_one_microbatch_in_flight(
         assert free is not None and free.objective == pytest.approx(forced.objective, rel=1e-9)
     plan = search(profile, cluster, microbatches=4, schedule="zb-h1", recompute="none", zero=0)
     assert plan.config == "2" and plan.stages[0].memory_bytes <= cluster.gpus[0].memory_bytes
+
+
+@given(instances(max_layers=5, max_nodes=2, max_gpus=4), spaces(), st.sampled_from([2, 4, 8]))
+def test_the_dp_and_brute_never_cut_a_micro_batch_below_the_models_min_batch(inst, space, least) -> None:
+    """A model that trains on ``least`` samples or more at a time (a batch norm needs 2): neither solver
+    places a grid whose data-parallel ranks get fewer per micro-batch, nor fewer per tensor rank, where a
+    tensor group's dp forms split them (planner.runnable)."""
+    import dataclasses
+
+    from planner.runnable import batch_problems, grid_problems
+    from planner.search.solutions import solution_plan
+
+    profile, cluster, m, schedule, optimizer = inst
+    profile = dataclasses.replace(profile, min_batch=min(least, profile.batch_size))
+    space = dataclasses.replace(space, min_batch=profile.min_batch)
+    prob = build_problem(profile, cluster, microbatches=m, schedule=schedule, optimizer=optimizer, space=space)
+    for solver in ("dp", "brute"):
+        sol = _solve(prob, solver)
+        if sol is None:
+            continue
+        plan = solution_plan(prob, sol, solver=solver)
+        assert all(plan.micro_batch_size(s) >= profile.min_batch for s in plan.stages)
+        assert not [p for p in batch_problems(plan) + grid_problems(plan) if "min_batch" in p]

@@ -283,6 +283,7 @@ import torch
 from planner import ir
 from planner.export.args import script_args
 from planner.export.data import data_spec, sub_batch
+from planner.export.launched import check_launch, run
 from planner.export.layers import load_layers
 from planner.export.deepspeed import build_pipeline_module, optimizer_params, skip_shm_build, with_fused_adam
 
@@ -292,6 +293,7 @@ HERE = Path(__file__).resolve().parent
 def main() -> None:
     args = script_args(__doc__, {default_model}, local_rank=True)  # the deepspeed launcher sets --local_rank
     plan = ir.Plan.from_dict(json.loads((HERE / "plan.json").read_text()))
+    check_launch(plan, gpus=torch.cuda.device_count())  # a launcher, the plan's processes, a GPU each
     config = json.loads((HERE / "ds_config.json").read_text())
     skip_shm_build()  # a CPU-only C++ op DeepSpeed would JIT-build (~35 s); training does not use it
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
@@ -321,7 +323,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)  # a refusal prints error: and hint: lines, exit 1
 '''
 
 

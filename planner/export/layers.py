@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from planner import ir
-from planner.errors import ExportError, PlanError, RunError, UsageError
+from planner.errors import ExportError, ModelLoadError, PlanError, ProfileError, RunError, UsageError
 from planner.profiler.layered import param_accounting
 from planner.profiler.layers import split_model
 from planner.profiler.loader import load_model, overrides_for, overrides_note
@@ -31,19 +31,40 @@ def load_layers(spec: str, plan: ir.Plan, seed: int | None = None) -> tuple[tupl
     model without them). The layers are checked against the plan's profile (count and parameters per
     layer); ``seed`` seeds torch first, so every process builds the same weights.
     """
+    overrides = overrides_for(spec, plan.profile.model, plan.profile.meta)
+    if spec != plan.profile.model:
+        _check_on_meta(spec, plan, overrides)
     if seed is not None:
         torch.manual_seed(seed)
-    overrides = overrides_for(spec, plan.profile.model, plan.profile.meta)
     try:
         loaded = load_model(spec, plan.batch_size, plan.profile.input_shape, overrides=overrides)
+        layers = as_layers(loaded.module, loaded.example_input)
     except UsageError as exc:
         if not overrides:
             raise
         raise PlanError(f"the plan's profile.meta.overrides do not build {spec}: {exc.cause}",
                         "re-create the profile with planner profile --set (and the plan from it)") from None
-    layers = as_layers(loaded.module, loaded.example_input)
+    except ProfileError as exc:
+        if spec == plan.profile.model or isinstance(exc, ModelLoadError):  # the model's own fault, or not found
+            raise
+        raise RunError(f"{spec} is not the plan's model ({plan.profile.model}): {exc.cause}",
+                       f"run the plan with --model {plan.profile.model}, or profile and search {spec}") from None
     check_layers_match(layers, plan.profile, RunError)
     return layers, loaded.example_input
+
+
+def _check_on_meta(spec: str, plan: ir.Plan, overrides: dict[str, Any]) -> None:
+    """RunError when ``spec``, another model than the profiled one, built on the meta device (no weights, no
+    compute), does not split into the plan's layers: checked before its weights are made, as the wrong model for
+    a plan of a small one may be a large one (``--model llama2-7b`` for a plan of a two-block GPT-2: 27 GB of fp32
+    weights in every process, killed out of memory before any check). A model the meta device cannot build or
+    split is left to the real build, which says what fails."""
+    try:
+        loaded = load_model(spec, plan.batch_size, plan.profile.input_shape, device="meta", overrides=overrides)
+        layers = as_layers(loaded.module, loaded.example_input)
+    except Exception:  # the real build reports it (or builds what the meta device cannot)
+        return
+    check_layers_match(layers, plan.profile, RunError)
 
 
 def as_layers(model_or_layers: Any, example_input: torch.Tensor | None = None) -> tuple[nn.Module, ...]:

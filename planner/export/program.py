@@ -43,7 +43,7 @@ LAUNCH = '''\
 #   sh launch_node{rank}.sh [HOST:PORT] [{what} options...]
 ENDPOINT="${{RDZV_ENDPOINT:-127.0.0.1:{port}}}"
 case "${{1:-}}" in -*|"") ;; *) ENDPOINT="$1"; shift ;; esac
-cd "$(dirname "$0")" || exit 1
+{importable}cd "$(dirname "$0")" || exit 1
 exec ${{TORCHRUN:-torchrun}} {torchrun} --rdzv-endpoint="$ENDPOINT" \\
     --rdzv-conf="timeout=${{RDZV_TIMEOUT:-{timeout}}}" {entry} "$@"
 '''
@@ -51,9 +51,26 @@ exec ${{TORCHRUN:-torchrun}} {torchrun} --rdzv-endpoint="$ENDPOINT" \\
 STANDALONE = '''\
 #!/bin/sh
 # Every rank on this server ({world} processes): sh launch_node0.sh [{what} options...]
-cd "$(dirname "$0")" || exit 1
+{importable}cd "$(dirname "$0")" || exit 1
 exec ${{TORCHRUN:-torchrun}} {torchrun} {entry} "$@"
 '''
+
+IMPORTABLE = ('# {model} is imported by its module path, from the folder this is started in (as planner profile '
+              'did) or $PYTHONPATH\nexport PYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}$(pwd)"\n')
+"""The launch scripts' lines for a plan of a ``package.module:factory`` model: the folder the script is started
+in stays importable after it changes to its own folder (torchrun puts the script's folder, not the working one,
+on ``sys.path``), as ``planner profile`` found the module there."""
+
+
+def factory_model(plan: ir.Plan) -> bool:
+    """Whether the plan's model is a ``package.module:factory`` of the user's (imported by its module path), not
+    a zoo name."""
+    return ":" in plan.model
+
+
+def importable(plan: ir.Plan) -> str:
+    """:data:`IMPORTABLE` for a plan of a factory model, else nothing."""
+    return IMPORTABLE.format(model=one_line(plan.model)) if factory_model(plan) else ""
 
 
 def launch_scripts(plan: ir.Plan, layout: NodeLayout | None, entry: str = "train.py",
@@ -63,7 +80,8 @@ def launch_scripts(plan: ir.Plan, layout: NodeLayout | None, entry: str = "train
     ``what``: how the usage line names its options."""
     if layout is None or layout.nnodes == 1:
         return {"launch_node0.sh": STANDALONE.format(world=plan.world_size, entry=entry, what=what,
-                                                     torchrun=shlex.join(torchrun_args(plan.world_size)))}
+                                                     torchrun=shlex.join(torchrun_args(plan.world_size)),
+                                                     importable=importable(plan))}
     out = {}
     for rank, server in enumerate(layout.servers):
         ranks = layout.ranks(rank)
@@ -73,7 +91,7 @@ def launch_scripts(plan: ir.Plan, layout: NodeLayout | None, entry: str = "train
             server=one_line(server), rank=rank, nnodes=layout.nnodes, first=ranks[0], last=ranks[-1],
             devices=" ".join(one_line(layout.devices[r]) for r in ranks), lastnode=layout.nnodes - 1,
             port=DEFAULT_RDZV_PORT, torchrun=shlex.join(args), timeout=DEFAULT_RDZV_TIMEOUT_S, entry=entry,
-            what=what)
+            what=what, importable=importable(plan))
     return out
 
 
@@ -101,6 +119,8 @@ def _commands(plan: ir.Plan, engine: str, layout: NodeLayout | None, why: str) -
     lines = [f"torchrun --standalone --nproc-per-node {world} train.py   # every rank on one machine"]
     if layout is not None and layout.nnodes > 1:
         lines += [f"sh launch_node{r}.sh HOST:PORT   # on server {one_line(s)}" for r, s in enumerate(layout.servers)]
+    else:
+        lines.append("sh launch_node0.sh   # the same, started from any folder")
     if engine == "deepspeed":
         lines.append(f"deepspeed --num_gpus {world} train.py   # or DeepSpeed's own launcher")
         if layout is not None and layout.nnodes > 1:
@@ -118,9 +138,19 @@ def readme(plan: ir.Plan, engine: str, layout: NodeLayout | None, why: str) -> s
     return (f"# {one_line(plan.model)} on {engine}: config {plan.config}, {plan.schedule}, {plan.microbatches} "
             "micro-batches\n\n"
             f"Exported by `planner export --to {engine}`. Predicted iteration: {plan.predicted.iteration_s:.6g} s.\n"
-            f"{servers}\n{_commands(plan, engine, layout, why)}\nOptions: `--model MODEL` (default the profiled "
-            "model), `--steps N`, `--loss cross_entropy|mse`. `planner run plan.json --model MODEL --engine "
-            f"{engine}` trains it and compares with the prediction.\n")
+            f"{servers}\n{_commands(plan, engine, layout, why)}{_factory_note(plan)}\nOptions: `--model MODEL` "
+            "(default the profiled model), `--steps N`, `--loss cross_entropy|mse`, `--lr LR`, `--seed N`. "
+            f"`planner run plan.json --model MODEL --engine {engine}` trains it and compares with the prediction.\n")
+
+
+def _factory_note(plan: ir.Plan) -> str:
+    """The README's note on a factory model's import path (nothing for a zoo model)."""
+    if not factory_model(plan):
+        return ""
+    module = one_line(plan.model.partition(":")[0])
+    return (f"\n`train.py` imports your model's module `{module}` on every server, as `planner profile` did: start "
+            "the launch scripts from the folder that holds it (they keep the folder they are started in on "
+            "`PYTHONPATH`), or set `PYTHONPATH` to that folder (`PYTHONPATH=/path/to/code torchrun ...`).\n")
 
 
 def engine_module(engine: str) -> ModuleType:

@@ -351,6 +351,7 @@ import torch.distributed as dist
 from planner import ir
 from planner.export.args import script_args
 from planner.export.data import data_spec
+from planner.export.launched import check_launch, run
 from planner.export.layers import load_layers
 from planner.export.torch import make_trainer
 
@@ -360,6 +361,7 @@ HERE = Path(__file__).resolve().parent
 def main() -> None:
     args = script_args(__doc__, {default_model}, report=True)
     plan = ir.Plan.from_dict(json.loads((HERE / "plan.json").read_text()))
+    check_launch(plan, gpus=torch.cuda.device_count())  # a launcher, the plan's processes, a GPU each
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     layers, example = load_layers(args.model, plan, args.seed)
     spec = data_spec(layers, example, args.loss)
@@ -378,7 +380,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)  # a refusal prints error: and hint: lines, exit 1
 '''
 
 

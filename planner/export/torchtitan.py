@@ -31,8 +31,10 @@ matrix products and attention outputs and recomputes the rest, or every n-th lay
 attention core only), fp16 (``mixed_precision_param`` is bfloat16 or float32), tensor
 parallelism without sequence parallelism (torchtitan's Llama always shards norms over the
 sequence under tp), transformer blocks in a tensor group without the ``tp`` form (torchtitan
-shards every block Megatron-style), stages that differ in recomputation, and models that are not
-Llama-family (gated-MLP blocks between one embedding and one head).
+shards every block Megatron-style), stages that differ in recomputation, optimizers but Adam (torchtitan
+builds Adam or AdamW only), and models that are not Llama-family (gated-MLP blocks between one embedding and
+one head). ``[model] flavor`` is torchtitan's flavor only where it builds the plan's model to the FFN width and
+vocabulary (:data:`FLAVORS`); else ``planner``, with the ``TransformerModelArgs`` to register (:func:`ffn_args`).
 """
 
 from __future__ import annotations
@@ -52,9 +54,31 @@ from planner.jsonio import dumps
 SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B", "zb-h1": "InterleavedZeroBubble"}
 """The plan's schedule -> torchtitan's ``pipeline_parallel_schedule`` (torch's schedule class names)."""
 
-FLAVORS = {(256, 6, 16, 16): "debugmodel", (4096, 32, 32, 8): "8B", (8192, 80, 64, 8): "70B",
-           (16384, 126, 128, 8): "405B"}
-"""torchtitan 0.2.0's llama3 flavors by (dim, layers, heads, KV heads) (torchtitan/models/llama3/__init__.py)."""
+FLAVORS = {(256, 6, 16, 16, 768, 2048): "debugmodel", (4096, 32, 32, 8, 14336, 128256): "8B",
+           (8192, 80, 64, 8, 28672, 128256): "70B", (16384, 126, 128, 8, 53248, 128256): "405B"}
+"""torchtitan 0.2.0's llama3 flavors (``llama3_args`` in torchtitan/models/llama3/__init__.py) by (dim, layers, heads,
+KV heads, FFN width, vocabulary): the model it builds for the flavor, which must be the plan's to the last weight."""
+
+DEFAULT_MULTIPLE_OF = 256
+"""``TransformerModelArgs.multiple_of``'s default (torchtitan/models/llama3/model/args.py)."""
+
+
+def titan_ffn(dim: int, multiple_of: int = DEFAULT_MULTIPLE_OF, ffn_dim_multiplier: float | None = None) -> int:
+    """The FFN width torchtitan's Llama ``FeedForward`` builds (torchtitan/models/llama3/model/model.py): two thirds
+    of ``4 * dim``, times ``ffn_dim_multiplier``, rounded up to a multiple of ``multiple_of``."""
+    hidden = int(2 * (4 * dim) / 3)
+    if ffn_dim_multiplier is not None:
+        hidden = int(ffn_dim_multiplier * hidden)
+    return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
+
+
+def ffn_args(dim: int, ffn: int) -> dict[str, int | float]:
+    """``multiple_of`` and ``ffn_dim_multiplier`` with which torchtitan builds an FFN ``ffn`` wide (none where its
+    defaults do): ``ffn`` as the multiple, and a multiplier (six decimals) that takes two thirds of ``4 * dim`` to
+    ``ffn`` and a half, which ``int()`` cuts to ``ffn``."""
+    if titan_ffn(dim) == ffn:
+        return {}
+    return {"multiple_of": ffn, "ffn_dim_multiplier": round((ffn + 0.5) / int(2 * (4 * dim) / 3), 6)}
 
 SCHEMA: dict[str, dict[str, type]] = {
     "job": {"description": str, "dump_folder": str},
@@ -96,12 +120,21 @@ def module_fqns(plan: ir.Plan) -> list[list[str]]:
     return [[fqn for i in range(*st.layers) for fqn in per_layer[i]] for st in plan.stages]
 
 
+def vocabulary(profile: ir.ModelProfile) -> int:
+    """The model's vocabulary: its embedding's rows (``in_features`` where the profile has the weight's shape, else
+    its parameters over the width)."""
+    blk, embedding = next(lp.block for lp in profile.layers if lp.block is not None), profile.layers[0]
+    return int(embedding.in_features or embedding.param_count // blk.hidden)
+
+
 def _flavor(profile: ir.ModelProfile) -> tuple[str, str]:
-    """torchtitan's flavor for the model's shape ("planner" if it has none) and the model args it needs."""
+    """torchtitan's flavor for the model's shape ("planner" if it has none) and the model args that build it."""
     shapes = [lp.block for lp in profile.layers if lp.block is not None]
-    blk, n = shapes[0], len(shapes)
-    args = f"dim={blk.hidden}, n_layers={n}, n_heads={blk.heads}, n_kv_heads={blk.kv_heads}"
-    return FLAVORS.get((blk.hidden, n, blk.heads, blk.kv_heads), "planner"), args
+    blk, n, vocab = shapes[0], len(shapes), vocabulary(profile)
+    args: dict[str, int | float] = {"dim": blk.hidden, "n_layers": n, "n_heads": blk.heads,
+                                    "n_kv_heads": blk.kv_heads, "vocab_size": vocab, **ffn_args(blk.hidden, blk.ffn)}
+    text = ", ".join(f"{k}={v!r}" for k, v in args.items())
+    return FLAVORS.get((blk.hidden, n, blk.heads, blk.kv_heads, blk.ffn, vocab), "planner"), text
 
 
 def _data_parallel(stage: ir.Stage) -> dict[str, Any]:
@@ -168,8 +201,9 @@ def config_text(plan: ir.Plan) -> str:
     doc = job_config(plan)
     flavor, args = _flavor(plan.profile)
     note = "" if flavor != "planner" else (
-        f"\nflavor 'planner' is not one of torchtitan's: register llama3_configs['planner'] = "
-        f"TransformerModelArgs({args}, ...) in torchtitan/models/llama3/__init__.py")
+        f"\nflavor 'planner' is not one of torchtitan's: register llama3_args['planner'] = "
+        f"TransformerModelArgs({args}) in torchtitan/models/llama3/__init__.py (rope_theta and norm_eps as your "
+        "model's)")
     return toml_text(doc, "torchtitan 0.2.0 job config written by `planner export --to torchtitan` "
                           f"(plan {plan.config}, {plan.schedule}, {plan.microbatches} micro-batches).\n"
                           "Set [model] hf_assets_path (tokenizer) and [training] dataset for your data." + note)
@@ -188,7 +222,8 @@ def servers(plan: ir.Plan) -> tuple[NodeLayout | None, str]:
 
 def launch_command(plan: ir.Plan, out_dir: str) -> str:
     """torchtitan's own launch of the job config on one server (every rank on this machine)."""
-    return f"cd {shlex.quote(out_dir)} && torchrun --nproc_per_node {plan.world_size} {ENTRY}"
+    command = f"torchrun --nproc_per_node {plan.world_size} {ENTRY}"
+    return command if out_dir == "." else f"cd {shlex.quote(out_dir)} && {command}"
 
 
 def launch_scripts(plan: ir.Plan) -> dict[str, str]:
@@ -222,12 +257,22 @@ def _launch_text(plan: ir.Plan) -> str:
             f"address and a free port (the same on every server).\n\n```\n{scripts}\n```\n")
 
 
+def _register_note(plan: ir.Plan) -> str:
+    """The README's note on a model that is none of torchtitan's flavors (nothing for one that is)."""
+    flavor, args = _flavor(plan.profile)
+    if flavor != "planner":
+        return ""
+    return (f" The model is none of torchtitan's llama3 flavors: add `llama3_args['planner'] = "
+            f"TransformerModelArgs({args})` to `torchtitan/models/llama3/__init__.py` (job_config.toml says so too).")
+
+
 def files(plan: ir.Plan) -> dict[str, str]:
     """The export folder: the plan, the job config, a launch script per server (several servers) and a
     README with the commands."""
     readme = (f"# {one_line(plan.model)} on torchtitan: config {plan.config}, {plan.schedule}, {plan.microbatches} "
               f"micro-batches\n\nExported by `planner export --to torchtitan` for torchtitan 0.2.0 (TOML job "
               f"configs). Predicted iteration: {plan.predicted.iteration_s:.6g} s.\n\n{_launch_text(plan)}\n"
-              "Set `[model] hf_assets_path` (the tokenizer) and `[training] dataset` to your data first.\n")
+              "Set `[model] hf_assets_path` (the tokenizer) and `[training] dataset` to your data first."
+              f"{_register_note(plan)}\n")
     return {"plan.json": dumps(plan.to_dict()), "job_config.toml": config_text(plan), **launch_scripts(plan),
             "README.md": readme}

@@ -211,7 +211,9 @@ class ModelProfile:
     ``loss_s``: forward+backward of the training loss (cross-entropy over the last
     dimension) on the last layer's output for the whole batch, with ``loss_fixed_s`` its
     part that does not shrink with the batch; the last stage pays it per micro-batch. None
-    means unknown (treated as 0).
+    means unknown (treated as 0). ``min_batch``: the fewest samples the model trains on at a time (a
+    batch norm over ``(N, C)`` needs 2, a shape fixed to the batch all of it): every data-parallel rank's
+    micro-batch holds at least as many (planner.runnable); 1 where the profile does not say.
     """
 
     model: str
@@ -227,9 +229,13 @@ class ModelProfile:
     meta: Mapping[str, Any] = field(default_factory=dict, compare=False)
     loss_s: float | None = None
     loss_fixed_s: float | None = None
+    min_batch: int = 1
 
     def __post_init__(self) -> None:
         _check_batch_times(self, f"profile of {self.model!r}")
+        if not 1 <= self.min_batch <= self.batch_size:
+            raise FormatError(f"profile of {self.model!r}: min_batch {self.min_batch} is not a batch from 1 to the "
+                              f"profile's batch_size {self.batch_size}", "profile the model again (planner profile)")
 
     @property
     def param_count(self) -> int:
@@ -283,6 +289,8 @@ class ModelProfile:
         if self.input_shape is not None:
             d["input_shape"] = list(self.input_shape)
         d.update(_optional(self, ("loss_s", "loss_fixed_s")))
+        if self.min_batch > 1:
+            d["min_batch"] = self.min_batch
         return d
 
     @classmethod
@@ -313,6 +321,7 @@ class ModelProfile:
             meta=dict(meta) if isinstance(meta, Mapping) else {},
             loss_s=_opt_num(doc, "loss_s", source),
             loss_fixed_s=_opt_num(doc, "loss_fixed_s", source),
+            min_batch=_int(doc, "min_batch", source, positive=True) if "min_batch" in doc else 1,
         )
         if profile.loss_fixed_s is not None:
             _check_part(source, "loss_fixed_s", profile.loss_fixed_s, "loss_s", profile.loss_s or 0.0)

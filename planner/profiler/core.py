@@ -23,10 +23,9 @@ cross-entropy loss the same way (``loss_s``, ``loss_fixed_s``); with an
 default 0.5), leaves the fixed parts None and counts the loss's element-wise work
 (``planner.profiler.analytic.LOSS_FLOPS_PER_LOGIT``).
 
-Both modes refuse what cannot be trained or written (:mod:`planner.profiler.guards`): a model
-with no parameter that requires grad, an output that is not a floating-point tensor requiring
-grad, and a profile with a value beyond the profile schema's bounds; errors of a zoo transformer
-built with ``--set`` overrides name them.
+Both modes record the fewest samples the model trains on at a time (``min_batch``, :mod:`planner.profiler.minbatch`)
+and refuse what cannot be trained or written (:mod:`planner.profiler.guards`): no parameter requiring grad, an output
+not a floating-point tensor requiring grad, a value beyond the profile schema's bounds (naming ``--set`` overrides).
 """
 
 from __future__ import annotations
@@ -74,6 +73,7 @@ from planner.profiler.measure import (
     median,
     small_batch_of,
 )
+from planner.profiler.minbatch import smallest_batch
 from planner.profiler.passes import NO_RUNS, Passes, Runs, has_logits, measure_passes
 from planner.profiler.repeats import instrumented_pass_once_per_kind
 from planner.profiler.roofline import loss_roofline, profile_roofline, roofline_meta
@@ -143,12 +143,12 @@ def profile_model(loaded: LoadedModel, *, mode: Literal["measured", "analytic"] 
     meta = {**_meta(lm, times, threads, time.perf_counter() - start, loaded.overrides),
             "instrumented_layers": counted, **extra}
     prof = ModelProfile(
-        model=loaded.name, batch_size=int(x.shape[0]), dtype=dtype_label,
-        mode=mode, device=times.device_name if mode == "analytic" else (
-            "cpu" if x.device.type == "cpu" else str(x.device.type)),
+        model=loaded.name, batch_size=int(x.shape[0]), dtype=dtype_label, mode=mode,
+        device=times.device_name if mode == "analytic" else ("cpu" if x.device.type == "cpu" else str(x.device.type)),
         device_flops=float(times.flops_value), layers=_layer_profiles(lm, facts, times, fixed, runs),
         input_shape=tuple(x.shape[1:]), input_bytes=x.numel() * x.element_size(),
         ties=lm.ties, meta=meta, loss_s=loss[0], loss_fixed_s=loss[1],
+        min_batch=smallest_batch(lm.layers, x, lm.method),
     )
     check_loadable(prof)
     return prof

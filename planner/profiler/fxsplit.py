@@ -161,12 +161,22 @@ def _trace_one_tensor(module: nn.Module, example_input: torch.Tensor) -> _Traced
     (out_node,) = [n for n in nodes if n.op == "output"]
     result = out_node.args[0]
     if not isinstance(result, fx.Node) or _SHAPE not in result.meta:
-        raise TraceError(f"{type(module).__name__}.forward returns {type(result).__name__}, not one tensor",
+        raise TraceError(f"{type(module).__name__}.forward returns {_returned(result)}, not one tensor",
                          "wrap the model so forward() returns the tensor the loss is computed from")
     ph = placeholders[0]
     dep = nx.descendants(data_graph(nodes), ph) | {ph}
     dep.discard(out_node)
     return _Traced(gm, method, nodes, {n: i for i, n in enumerate(nodes)}, dep, ph, result)
+
+
+def _returned(result: Any) -> str:
+    """What a traced forward returns, in the user's words: ``a dict (keys 'logits', 'hidden')``, ``a tuple of 2``
+    (fx records a dict or list as its own immutable types)."""
+    if isinstance(result, dict):
+        return f"a dict (keys {', '.join(repr(k) for k in list(result)[:6])})"
+    if isinstance(result, (tuple, list)):
+        return f"a {'tuple' if isinstance(result, tuple) else 'list'} of {len(result)}"
+    return type(result).__name__
 
 
 def _valid_cuts(t: _Traced) -> list[tuple[int, fx.Node]]:

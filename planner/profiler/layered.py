@@ -95,7 +95,10 @@ def rejects_input(example_input: torch.Tensor, exc: BaseException) -> ProfileErr
                             "as a mixture of experts routes its tokens) needs them: use --mode measured (at small "
                             "widths on this machine), or write the model without such ops")
     hint = "pass the --input-shape (without batch) the model expects"
-    if example_input.is_floating_point() and _WANTS_INDICES.search(lines[0]):
+    if _NEEDS_SAMPLES.search(lines[0]):
+        hint = ("a batch norm takes statistics over the samples, and in training needs two or more per channel: "
+                "use a --batch-size of 2 or more")
+    elif example_input.is_floating_point() and _WANTS_INDICES.search(lines[0]):
         hint = ("the model takes integer indices (token ids), not floats: have your factory return "
                 "(model, example_input) with a torch.long example, e.g. torch.randint(0, vocab_size, (1, seq_len))")
     return ProfileError(f"the model rejects input of shape {shape} (batch {example_input.shape[0]}): {lines[0][:300]}",
@@ -104,6 +107,10 @@ def rejects_input(example_input: torch.Tensor, exc: BaseException) -> ProfileErr
 
 _NEEDS_VALUES = re.compile(r"\bmeta\b|data-independent|no data", re.IGNORECASE)
 """torch's messages for an op the meta device cannot run without the tensors' values."""
+
+
+_NEEDS_SAMPLES = re.compile(r"more than 1 value per channel", re.IGNORECASE)
+"""torch's message for a batch norm in training given one value per channel (one sample of (N, C))."""
 
 
 _WANTS_INDICES = re.compile(r"indices|Long, Int|scalar type Long", re.IGNORECASE)

@@ -262,11 +262,13 @@ def _from_factory(spec: str, batch_size: int, input_shape: tuple[int, ...] | Non
 
 
 def _placed(spec: str, module: nn.Module, dev: torch.device, tdtype: torch.dtype) -> nn.Module:
-    """``module`` on ``dev`` in ``tdtype``, in train mode; a ProfileError when it does not fit in memory."""
+    """``module`` on ``dev`` in ``tdtype``, in train mode; a ProfileError when it does not fit in memory.
+
+    Cast whatever ``tdtype`` is, float32 too: the example input is cast to it, so a factory's float16
+    model left as it is would meet float32 inputs (and an analytic profile, whose meta device does not
+    check dtypes, would price float16 weights as a float32 model that cannot run)."""
     try:
-        module = module.to(device=dev)
-        if tdtype != torch.float32:
-            module = module.to(dtype=tdtype)
+        module = module.to(device=dev, dtype=tdtype)
     except (RuntimeError, MemoryError) as exc:
         if not is_out_of_memory(exc):
             raise

@@ -133,14 +133,15 @@ def _medians(n: int, passes: Sequence[Times]) -> Times:
 
 def _warmed(layers: Sequence[nn.Module], x: torch.Tensor, smaller: Sequence[int], params: Sequence[torch.Tensor],
             sync: Sync, tick: Tick) -> tuple[int, ...]:
-    """One untimed pass at each smaller batch, largest first (their warm-up: new shapes); none of
-    them when the layers refuse one (a traced shape fixed to the batch)."""
-    for batch in smaller:
+    """One untimed pass at each smaller batch, largest first (their warm-up: new shapes); the batches
+    before the first the layers refuse (none for a traced shape fixed to the batch; a half and a quarter
+    where a batch norm over ``(N, C)`` refuses one sample)."""
+    for i, batch in enumerate(smaller):
         tick("warm-up at a smaller batch")
         try:
             timed_pass(layers, x[:batch], params, sync)
         except (RuntimeError, ValueError, IndexError, TypeError):
-            return ()
+            return tuple(smaller[:i])
     return tuple(smaller)
 
 

@@ -126,7 +126,7 @@ def profile_schema() -> dict[str, Any]:
                 "layers": array({"$ref": "#/$defs/layer"})},
                {"input_shape": DIMS, "input_bytes": BYTES, "ties": array(tie, lo=0),
                 "meta": {"type": ["object", "null"]}, "loss_s": number(MAX_TIME_S, nullable=True),
-                "loss_fixed_s": number(MAX_TIME_S, nullable=True)})
+                "loss_fixed_s": number(MAX_TIME_S, nullable=True), "min_batch": integer(MAX_BATCH, lo=1)})
 
 
 def cluster_schema() -> dict[str, Any]:

@@ -261,6 +261,11 @@ def check_request(profile: ir.ModelProfile, cluster: ir.Cluster, *, schedule: st
     from planner.costmodel.precision import check_optimizer, check_precision
 
     check_optimizer(optimizer)
+    if engine in ENGINE_LIMITS and optimizer not in ENGINE_LIMITS[engine].optimizers:
+        builds = ENGINE_LIMITS[engine].optimizers
+        raise UsageError(f"--engine {engine} trains with the optimizer {', '.join(builds)}, not {optimizer}"
+                         + ("" if optimizer != "sgd" else " (the default)"),
+                         f"pass --optimizer {builds[0]}, or another --engine")
     if engine in ENGINE_LIMITS and not schedule_kind(schedule).runs_on(engine):
         runs = [name for name in SCHEDULES if schedule_kind(name).runs_on(engine)]
         raise UsageError(f"--engine {engine} runs the schedules {', '.join(runs)}, not {schedule}",
@@ -284,8 +289,18 @@ def check_request(profile: ir.ModelProfile, cluster: ir.Cluster, *, schedule: st
     forms, rules = engine_forms(engine)
     zeros = _zero_set(zero, engine, cluster, schedule)
     _check_zero_widths(zeros, config, tp)
-    space = Space(prec, tp, zeros, _recompute_set(recompute, engine, schedule), forms, micro_batch_size, rules=rules)
+    _check_min_batch(profile, micro_batch_size)
+    space = Space(prec, tp, zeros, _recompute_set(recompute, engine, schedule), forms, micro_batch_size, rules=rules,
+                  min_batch=profile.min_batch)
     return Request(schedule, optimizer, solver, engine, tuple(config) if config else None, space, max_blocks)
+
+
+def _check_min_batch(profile: ir.ModelProfile, micro_batch_size: int | None) -> None:
+    """A --micro-batch-size below the fewest samples the model trains on (its profile's ``min_batch``) is refused."""
+    if micro_batch_size is not None and micro_batch_size < profile.min_batch:
+        raise UsageError(f"--micro-batch-size {micro_batch_size} is below the {profile.min_batch} samples the model "
+                         "trains on at a time (its profile's min_batch; a batch norm over (N, C) needs 2)",
+                         f"use --micro-batch-size {profile.min_batch} or more")
 
 
 def _check_config(config: Sequence[int], profile: ir.ModelProfile, cluster: ir.Cluster, engine: str,

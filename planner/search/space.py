@@ -16,7 +16,7 @@ Pure (numpy). The same space for ``--solver dp`` (planner.search.sp) and ``--sol
   (``tp`` a power of two dividing the group's GPUs in each of its servers; ``--tp`` fixes
   it), ``dp = w / tp`` replicas, and only grids whose data-parallel ranks get whole
   micro-batches: ``batch % (M * dp) == 0`` (``--micro-batch-size N`` fixes ``dp = batch /
-  (N * M)``).
+  (N * M)``) of at least the profile's ``min_batch`` samples, per tensor rank where ``tp > 1``.
 - Each stage runs the fastest or the leanest HPP forms on its grid (planner.search.hpp)
   with one of the allowed recomputation modes and ZeRO stages (planner.costmodel.variant):
   a Pareto set of time against memory per stage; a stage that fits none of them in its
@@ -120,6 +120,9 @@ class Space:
     forms: tuple[str, ...] = ir.ALL_FORMS
     micro_batch_size: int | None = None
     sequence_parallel: bool = True
+    min_batch: int = 1
+    """The fewest samples the model trains on at a time (``ModelProfile.min_batch``): the least micro-batch
+    per data-parallel rank, and per tensor rank where a tensor group splits the samples (planner.runnable)."""
     rules: FormRules = ANY_FORMS
     """The engine's limits on which layers take which forms (planner.engines.FormRules)."""
 
@@ -261,7 +264,8 @@ def tensor_degrees(group: Group, batch_size: int, microbatches: int, space: Spac
                    align: int | None = None) -> list[int]:
     """The tensor degrees a group may run: powers of two dividing its GPUs in each server (``align``, their
     greatest common divisor, :func:`server_share`; None: the fewest in one server), with
-    whole micro-batches per data-parallel rank (and the fixed ``--tp`` / ``--micro-batch-size``), and
+    whole micro-batches per data-parallel rank of at least ``space.min_batch`` samples per tensor rank (and the
+    fixed ``--tp`` / ``--micro-batch-size``), and
     two or more of them where the ZeRO stages allowed exclude 0 (``--zero N``); only 1 when no layer can
     shard (a tensor group of dp forms costs what tp 1 costs)."""
     out = []
@@ -270,7 +274,7 @@ def tensor_degrees(group: Group, batch_size: int, microbatches: int, space: Spac
         dp = group.n // tp
         if group.n % tp or share % tp or (space.tp is not None and tp != space.tp):
             continue
-        if batch_size % (microbatches * dp):
+        if batch_size % (microbatches * dp) or batch_size // (microbatches * dp) < _least(space.min_batch, tp):
             continue
         if space.micro_batch_size is not None and batch_size != space.micro_batch_size * microbatches * dp:
             continue
@@ -280,6 +284,12 @@ def tensor_degrees(group: Group, batch_size: int, microbatches: int, space: Spac
             continue
         out.append(tp)
     return out
+
+
+def _least(min_batch: int, tp: int) -> int:
+    """The fewest samples a micro-batch of a data-parallel rank holds: ``min_batch`` for each of the ``tp`` ranks
+    its dp forms may split them over (nothing beyond 1 where the model takes one sample)."""
+    return 1 if min_batch == 1 else min_batch * tp
 
 
 # ----------------------------------------------------------------------------- problems
