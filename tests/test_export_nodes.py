@@ -61,6 +61,10 @@ def test_nnodes_must_be_the_plans_servers_or_one() -> None:
     with pytest.raises(UsageError) as err:
         check_nnodes(layout, 3)
     assert "2 server(s)" in err.value.cause and "n0: 2, n1: 2" in err.value.cause and "--nnodes 2" in err.value.hint
+    one = node_layout(tiny_plan("tiny_mlp", [0, 2, -1], servers=(1, 2)))
+    with pytest.raises(UsageError) as err:  # its hint said "use --nnodes 1 (one launch per server), or --nnodes 1"
+        check_nnodes(one, 2)
+    assert err.value.hint == "leave out --nnodes: every rank runs on this machine"
 
 
 def test_node_rank_must_be_below_nnodes() -> None:

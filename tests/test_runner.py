@@ -27,6 +27,7 @@ from planner.errors import PlanError, RunError, UsageError
 from planner.export.layers import layer_param_counts
 from planner.export.partition import manual_plan
 from planner.runner import run_plan
+from planner.simulate import simulate
 from tests.conftest import make_cluster_dict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -194,7 +195,7 @@ def test_plan_the_engine_cannot_run_is_refused() -> None:
 
 @pytest.mark.slow
 def test_deepspeed_two_stages_matches_single_process() -> None:
-    plan = tiny_plan("tiny_mlp", [0, 2, -1], microbatches=4)
+    plan = dataclasses.replace(tiny_plan("tiny_mlp", [0, 2, -1], microbatches=4), engine="deepspeed")
     doc = run_plan(plan, "tests.test_runner:tiny_mlp", engine="deepspeed", steps=4, warmup=1, check=True,
                    log=sys.stdout)  # the workers' output shows if this fails
     assert doc["engine"] == "deepspeed" and doc["world_size"] == 2
@@ -297,6 +298,9 @@ def test_launch_that_does_not_fit_the_plans_servers_is_refused_before_starting()
         run_plan(plan, "tests.test_runner:tiny_mlp", engine="torch", nnodes=3, rdzv_endpoint="127.0.0.1:1")
     with pytest.raises(UsageError, match="needs --rdzv-endpoint"):
         run_plan(plan, "tests.test_runner:tiny_mlp", engine="torch", nnodes=2, node_rank=1)
+    with pytest.raises(UsageError, match=r"--rdzv-endpoint 127\.0\.0\.1:1 is for a run on several servers, and "
+                                         r"--nnodes is 1"):  # it was ignored: node rank 0 trained the whole plan alone
+        run_plan(plan, "tests.test_runner:tiny_mlp", engine="torch", rdzv_endpoint="127.0.0.1:1")
     with pytest.raises(UsageError, match=r"--node-rank 2 is outside 0\.\.1"):
         run_plan(plan, "tests.test_runner:tiny_mlp", engine="torch", nnodes=2, node_rank=2,
                  rdzv_endpoint="127.0.0.1:1")
@@ -312,6 +316,45 @@ def test_failure_is_the_rendezvous_only_when_no_worker_started(tmp_path: Path) -
     assert _failure(launch, tmp_path, workers).cause.startswith("a worker failed: DistNetworkError: x")
     one = Launch("m", "torch", 2, 2, "mse", 0, 1)
     assert _failure(one, tmp_path, rdzv).cause.startswith("a worker failed")  # one server: no rendezvous to miss
+
+
+def test_a_rendezvous_port_in_use_is_named_as_such(tmp_path: Path) -> None:
+    """Node rank 0 whose endpoint's port another program holds fails at once (EADDRINUSE): it said the
+    rendezvous "did not complete within 10 s" after 6 s; it says the port is taken."""
+    from planner.runner.launch import Launch, _failure
+
+    launch = Launch("m", "torch", 1, 2, "mse", 0, 1, nnodes=2, node_rank=0, rdzv_endpoint="10.0.0.1:29556",
+                    rdzv_timeout_s=10)
+    text = ("torch.distributed.DistNetworkError: The server socket has failed to listen on any local network "
+            "address. port: 29556, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use")
+    err = _failure(launch, tmp_path, text)
+    assert err.cause.startswith("port 29556 is already in use on this server, so node rank 0 could not host the "
+                                "rendezvous at 10.0.0.1:29556: torch.distributed.DistNetworkError")
+    assert "free port" in err.hint
+
+
+def test_the_run_doc_of_a_plan_searched_for_another_engine_predicts_it_as_run(tmp_path: Path) -> None:
+    """A plan for any engine run on DeepSpeed: ``predicted_iteration_s``, ``ratio`` and each rank's
+    ``predicted_memory_bytes`` are the plan as DeepSpeed runs it (what the stages' predicted terms add up to),
+    and ``warnings`` says so; the plan's own numbers were reported (its ratio 2.5, its terms 1.6x its total)."""
+    from planner.runner.launch import Launch, _run_doc
+    from planner.runner.terms import PREDICTED
+
+    plan = tiny_plan("tiny_mlp", [0, 2, -1])
+    res = {"iteration_s": [0.02, 0.02], "cpu_s": [0.01, 0.01], "all_cpu_s": [0.02, 0.02],
+           "machine_busy_s": [0.0, 0.0], "losses": [1.0, 0.9], "peak_memory_bytes": [10, 20], "node_rank": [0, 0]}
+    doc = _run_doc(plan, Launch("m", "deepspeed", 2, 2, "mse", 0, 1), 1, res)
+    sim = simulate(dataclasses.replace(plan, engine="deepspeed"))
+    assert doc["predicted_iteration_s"] == sim.iteration_s != plan.predicted.iteration_s
+    assert doc["ratio"] == pytest.approx(0.02 / sim.iteration_s)
+    peaks = {d.device: d.peak_memory_bytes for d in sim.devices}
+    assert [r["predicted_memory_bytes"] for r in doc["ranks"]] == [peaks["n0.g0"], peaks["n0.g1"]]
+    for stage in doc["stages"]:
+        total = sum(stage["predicted"][t] for t in PREDICTED if t != "transfers")
+        assert total == pytest.approx(doc["predicted_iteration_s"])
+    assert len(doc["warnings"]) == 1 and "searched for any engine (no --engine), not deepspeed" in doc["warnings"][0]
+    same = _run_doc(dataclasses.replace(plan, engine="deepspeed"), Launch("m", "deepspeed", 2, 2, "mse", 0, 1), 1, res)
+    assert same["predicted_iteration_s"] == plan.predicted.iteration_s and same["warnings"] == []
 
 
 def test_the_layers_own_limits_are_checked_before_any_process_starts(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,7 +12,14 @@ from pathlib import Path
 import pytest
 
 from planner.errors import PlanError, RunError
-from planner.runner.processes import error_line, rendezvous_failure, wait_workers, worker_cause, write_error
+from planner.runner.processes import (
+    error_line,
+    port_in_use,
+    rendezvous_failure,
+    wait_workers,
+    worker_cause,
+    write_error,
+)
 
 
 def test_worker_cause_reads_past_torchrun_summary(tmp_path: Path) -> None:
@@ -61,6 +68,20 @@ def test_rendezvous_failure_lines() -> None:
     assert rendezvous_failure("RuntimeError: boom") is None
 
 
+def test_rendezvous_failure_is_the_exception_not_a_cpp_frame_that_names_it() -> None:
+    """A node rank 1 whose endpoint answered and hung up: torch prints its C++ stack (whose frames name
+    DistNetworkError) before the Python exception; `planner run` quoted ``frame #2: c10::DistNetworkError::...``."""
+    text = ("[W1128 TCPStore.cpp:125] [c10d] recvValue failed on SocketImpl(fd=3): Connection reset by peer\n"
+            "Exception raised from recvBytes at torch/csrc/distributed/c10d/Utils.hpp:784 (most recent call first):\n"
+            "frame #2: c10::DistNetworkError::DistNetworkError(c10::SourceLocation, std::string) + 0x72\n"
+            "    self._store = TCPStore(  # type: ignore[call-arg]\n"
+            "torch.distributed.DistNetworkError: Connection reset by peer\n")
+    assert rendezvous_failure(text) == "torch.distributed.DistNetworkError: Connection reset by peer"
+    in_use = ("torch.distributed.DistNetworkError: The server socket has failed to listen on any local network "
+              "address. port: 29556, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use")
+    assert port_in_use(str(rendezvous_failure(in_use))) and not port_in_use(str(rendezvous_failure(text)))
+
+
 def test_timeout_kills_the_whole_group(tmp_path: Path) -> None:
     """A parent that starts a child and both sleep: after the timeout neither is left."""
     pid_file = tmp_path / "child.pid"
@@ -72,6 +93,34 @@ def test_timeout_kills_the_whole_group(tmp_path: Path) -> None:
         wait_workers([sys.executable, "-c", code], dict(os.environ), tmp_path / "log", 2.0)
     child = int(pid_file.read_text())
     assert not _alive(child)
+
+
+def test_timeout_kills_a_worker_in_a_session_of_its_own_that_ignores_sigterm(tmp_path: Path) -> None:
+    """torchrun starts each worker in a session of its own and waits 30 s for one to heed SIGTERM: a launcher
+    killed before that left such a worker training on, orphaned (seen with a model factory that ignored
+    SIGTERM). Every worker's group is signalled, SIGKILL after the wait, and none outlives the launcher."""
+    pid_file = tmp_path / "worker.pid"
+    worker = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+    code = ("import subprocess, sys, time\n"
+            f"p = subprocess.Popen([sys.executable, '-c', {worker!r}], start_new_session=True)\n"
+            f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+            "time.sleep(60)\n")
+    with pytest.raises(RunError, match="did not finish within 2 s"):
+        wait_workers([sys.executable, "-c", code], dict(os.environ), tmp_path / "log", 2.0)
+    assert not _alive(int(pid_file.read_text()))
+
+
+def test_a_timeout_says_what_the_workers_printed_before_the_kill_and_ends_at_once(tmp_path: Path) -> None:
+    """The cause quotes the workers' own last lines, not the traceback of the SIGTERM that ended them; a
+    launcher that exits on SIGTERM is reaped at once (its zombie kept its group alive: 10 s of each kill)."""
+    code = "import sys, time; print('step 3 of 9', flush=True); time.sleep(60)"
+    t0 = time.monotonic()
+    with pytest.raises(RunError) as err:
+        wait_workers([sys.executable, "-c", code], dict(os.environ), tmp_path / "log", 2.0)
+    assert err.value.cause == "the workers did not finish within 2 s (their last output: step 3 of 9)"
+    assert "--timeout" in err.value.hint and time.monotonic() - t0 < 4.5
+    with pytest.raises(RunError, match=r"within 1\.5 s \(they printed nothing\)"):
+        wait_workers([sys.executable, "-c", "import time; time.sleep(60)"], dict(os.environ), tmp_path / "l2", 1.5)
 
 
 def _alive(pid: int) -> bool:

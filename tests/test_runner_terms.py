@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from planner import ir
-from planner.runner.terms import MEASURED, classify, predicted_terms, stage_terms, term_of
+from planner.runner.terms import MEASURED, AsRun, as_run_prediction, classify, predicted_terms, stage_terms, term_of
 from planner.simulate import simulate
 from tests.test_validate import make_plan
 
@@ -85,3 +85,27 @@ def test_a_plan_the_cost_model_cannot_cost_has_no_prediction() -> None:
                                             plan.stages[1]))
     rows = stage_terms(bad, "torch", [dict.fromkeys(MEASURED, 1.0)] * 2, [0, 1])
     assert [r["predicted"] for r in rows] == [None, None] and rows[1]["measured"]["other"] == 1.0
+
+
+def test_a_run_on_another_engine_than_the_plans_is_predicted_as_that_engine_runs_it() -> None:
+    """A plan searched without --engine (or for another engine) run by DeepSpeed: predicted_iteration_s was the
+    plan's own (11.5 ms for mlp on 2 CPU processes) while its per-stage terms, the plan as DeepSpeed runs it, added
+    up to 17.9 ms; the run's prediction is now those terms' total, with a warning that says both."""
+    plan = make_plan("1f1b", 4)
+    over = ir.EngineOverhead(1e-3, 2e-3, 5e-3)
+    overheads = (("deepspeed", over),)
+    known = dataclasses.replace(plan, cluster=dataclasses.replace(plan.cluster, engine_overheads=overheads))
+    own_sim = simulate(known)  # as the search predicts a plan for any engine
+    known = dataclasses.replace(known, predicted=ir.Prediction(own_sim.iteration_s, 8 / own_sim.iteration_s,
+                                                               own_sim.bubble_fraction, own_sim.peak_memory_bytes))
+    assert known.engine == "any"
+    got = as_run_prediction(known, "deepspeed")
+    sim = simulate(dataclasses.replace(known, engine="deepspeed"))
+    assert got.iteration_s == sim.iteration_s > known.predicted.iteration_s
+    assert got.peak_memory_bytes == {d.device: d.peak_memory_bytes for d in sim.devices}
+    for t in predicted_terms(known, "deepspeed"):
+        assert sum(v for k, v in t.items() if k != "transfers") == pytest.approx(got.iteration_s)
+    assert got.warning is not None and "searched for any engine (no --engine), not deepspeed" in got.warning
+    assert "--engine deepspeed" in got.warning
+    own = as_run_prediction(dataclasses.replace(known, engine="deepspeed"), "deepspeed")
+    assert own == AsRun(known.predicted.iteration_s, {}, None)  # the plan's own: searched for this engine

@@ -71,12 +71,14 @@ def run(plan_path: str, model: str, engine: str, steps: int, warmup: int, loss: 
         doc = run_plan(plan, model, engine=engine, steps=steps, warmup=min(warmup, steps - 1), loss=loss,
                        check=check, seed=seed, threads=threads, timeout_s=timeout_s, log=log, nnodes=nnodes,
                        node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, rdzv_timeout_s=rdzv_timeout_s)
-    from planner.runner.reference import check_warning
+    from planner.runner.reference import check_failure
 
-    departed = check_warning(plan, doc["max_rel_loss_diff"]) if check else None
-    if departed:
-        warnings = [*warnings, departed]
-        click.echo(f"warning: {departed}", err=True)
+    for found in doc.get("warnings", []):
+        warnings = [*warnings, found]
+        click.echo(f"warning: {plain_text(found)}", err=True)
+    failed = check_failure(plan, doc["losses"], doc["reference_losses"]) if check else None
+    if failed is not None:
+        raise failed
     if as_json:
         emit_json({**doc, "warnings": warnings})
         return

@@ -120,6 +120,7 @@ def check_nnodes(layout: NodeLayout, nnodes: int) -> None:
         used = ", ".join(f"{s}: {layout.nproc_per_node}" for s in layout.servers)
         raise UsageError(f"--nnodes {nnodes} does not fit the plan: its {layout.world_size} ranks run on "
                          f"{layout.nnodes} server(s) (GPUs per server: {used})",
+                         "leave out --nnodes: every rank runs on this machine" if layout.nnodes == 1 else
                          f"use --nnodes {layout.nnodes} (one launch per server), or --nnodes 1 for every rank "
                          "on this machine")
 

@@ -48,9 +48,9 @@ from planner.export.nodes import (
 from planner.export.program import engine_module
 from planner.runnable import check_runnable
 from planner.runner.machine import steps_background
-from planner.runner.processes import last_lines, rendezvous_failure, wait_workers, worker_cause
+from planner.runner.processes import last_lines, port_in_use, rendezvous_failure, wait_workers, worker_cause
 from planner.runner.reference import max_rel_diff, reference_losses
-from planner.runner.terms import stage_terms
+from planner.runner.terms import AsRun, as_run_prediction, stage_terms
 
 DEFAULT_TIMEOUT_S = 900
 __all__ = ["DEFAULT_RDZV_TIMEOUT_S", "DEFAULT_TIMEOUT_S", "Launch", "run_plan"]
@@ -142,6 +142,10 @@ def _check_run_args(steps: int, warmup: int, loss: str) -> None:
 def local_processes(plan: ir.Plan, nnodes: int, node_rank: int, endpoint: str | None) -> int:
     """Processes this server starts; UsageError when the servers or node rank do not fit the plan."""
     check_node_rank(nnodes, node_rank)
+    if nnodes == 1 and endpoint:  # it was ignored: each server then trained every rank of the plan alone
+        raise UsageError(f"--rdzv-endpoint {endpoint} is for a run on several servers, and --nnodes is 1 (every "
+                         "rank on this machine)", "give every server's `planner run` --nnodes N (the plan's "
+                         "servers) and --node-rank, or leave out --rdzv-endpoint")
     if nnodes == 1:
         return plan.world_size
     if not endpoint:
@@ -176,6 +180,11 @@ def _failure(launch: Launch, tmp: Path, text: str) -> RunError:
     """The RunError of a failed launch: a worker's own cause, else the rendezvous that did not complete."""
     rdzv = rendezvous_failure(text) if launch.nnodes > 1 else None
     started = "exitcode" in text or any(tmp.glob("error-rank*.txt"))  # torchrun's summary of failed workers
+    if rdzv is not None and not started and port_in_use(rdzv):
+        port = launch.rdzv_endpoint.rpartition(":")[2]
+        return RunError(f"port {port} is already in use on this server, so node rank {launch.node_rank} could not host "
+                        f"the rendezvous at {launch.rdzv_endpoint}: {rdzv}",
+                        "choose a free port (the same --rdzv-endpoint on every server), or end what holds this one")
     if rdzv is not None and not started:
         return RunError(f"the rendezvous at {launch.rdzv_endpoint} did not complete within "
                         f"{launch.rdzv_timeout_s:g} s (node rank {launch.node_rank} of {launch.nnodes}): {rdzv}",
@@ -205,14 +214,16 @@ def _run_workers(plan: ir.Plan, launch: Launch, timeout_s: float, log: Any) -> d
         return res
 
 
-def _ranks(plan: ir.Plan, res: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per rank: the node rank that ran it, its device, pipeline stage, measured and predicted peak memory."""
+def _ranks(plan: ir.Plan, res: dict[str, Any], as_run: AsRun) -> list[dict[str, Any]]:
+    """Per rank: the node rank that ran it, its device, pipeline stage, measured and predicted peak memory
+    (the plan's, or as the run's engine runs it where the plan was searched for another: ``as_run``)."""
     devices = rank_devices(plan)
     out = []
     for rank, (peak, node) in enumerate(zip(res["peak_memory_bytes"], res["node_rank"], strict=True)):
         stage, chunks = rank_stage(plan, rank), rank_chunks(plan, rank)
+        predicted = as_run.peak_memory_bytes.get(devices[rank], max(c.memory_bytes for c in chunks))
         out.append({"rank": rank, "node_rank": node, "device": devices[rank], "stage": stage,
-                    "peak_memory_bytes": peak, "predicted_memory_bytes": max(c.memory_bytes for c in chunks)})
+                    "peak_memory_bytes": peak, "predicted_memory_bytes": predicted})
     return out
 
 
@@ -225,13 +236,14 @@ def _background(launch: Launch, warmup: int, res: dict[str, Any]) -> float | Non
 def _run_doc(plan: ir.Plan, launch: Launch, warmup: int, res: dict[str, Any]) -> dict[str, Any]:
     """The run JSON (without the reference losses) from the workers' result."""
     times = res["iteration_s"]
-    ranks = _ranks(plan, res)
+    as_run = as_run_prediction(plan, launch.engine)
+    ranks = _ranks(plan, res, as_run)
     doc: dict[str, Any] = {
         "kind": "run", "version": 1, "engine": launch.engine, "world_size": plan.world_size, "nnodes": launch.nnodes,
         "node_rank": launch.node_rank, "model": launch.model, "config": plan.config, "schedule": plan.schedule,
         "microbatches": plan.microbatches, "batch_size": plan.batch_size, "steps": launch.steps, "warmup": warmup,
         "threads": launch.threads, "measured_iteration_s": statistics.median(times[warmup:]),
-        "predicted_iteration_s": plan.predicted.iteration_s, "iteration_times_s": times,
+        "predicted_iteration_s": as_run.iteration_s, "iteration_times_s": times,
         # CPU seconds of the busiest process per step (wall time well above it: waiting or
         # a machine shared with other work)
         "cpu_iteration_s": statistics.median(res["cpu_s"][warmup:]),
@@ -239,8 +251,9 @@ def _run_doc(plan: ir.Plan, launch: Launch, warmup: int, res: dict[str, Any]) ->
         "losses": res["losses"], "ranks": ranks,
         "peak_memory_bytes": max(r["peak_memory_bytes"] for r in ranks),
     }
-    doc["ratio"] = doc["measured_iteration_s"] / doc["predicted_iteration_s"] if plan.predicted.iteration_s else None
+    doc["ratio"] = doc["measured_iteration_s"] / doc["predicted_iteration_s"] if as_run.iteration_s else None
     doc["stages"] = stage_terms(plan, launch.engine, res.get("terms"), [r["stage"] for r in ranks])
+    doc["warnings"] = [as_run.warning] if as_run.warning else []
     return doc
 
 

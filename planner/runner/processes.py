@@ -1,15 +1,16 @@
 """The launcher's processes: torchrun in its own process group, killed however the run ends.
 
-torchrun and every worker share one process group (``start_new_session``); on success,
-error, timeout, interrupt, SIGTERM or SIGHUP the whole group gets SIGTERM, then SIGKILL, so no worker
-outlives ``planner run``. When the run fails, the cause is the worker's own message (each
-worker writes ``error-rank<N>.txt`` before it exits), else the last error line of the
-output, or the rendezvous failure torchrun reports.
+torchrun runs in a process group of its own (``start_new_session``) and starts each worker in
+another; on success, error, timeout, interrupt, SIGTERM or SIGHUP torchrun's group and every
+worker's get SIGTERM, then SIGKILL, so no worker outlives ``planner run``. When the run fails,
+the cause is the worker's own message (each worker writes ``error-rank<N>.txt`` before it exits),
+else the last error line of the output, or the rendezvous failure torchrun reports.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -63,37 +64,68 @@ def wait_workers(cmd: list[str], env: dict[str, str], log_path: Path, timeout_s:
         try:
             return proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
+            said = last_lines(log_path)  # before the kill, whose own tracebacks would say nothing of the run
             kill_group(proc)
-            raise RunError(f"the workers did not finish within {timeout_s:.0f} s "
-                           f"({last_lines(log_path)})", "use fewer --steps or a smaller model") from None
+            said = "they printed nothing" if said == "no output" else f"their last output: {said}"
+            raise RunError(f"the workers did not finish within {timeout_s:g} s ({said})",
+                           "use fewer --steps or a smaller model, or raise --timeout") from None
         finally:
             kill_group(proc)
 
 
 def kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """Terminate the workers' process group (torchrun and every worker), then make sure."""
-    try:
-        pgid = os.getpgid(proc.pid)
-    except ProcessLookupError:
-        pgid = proc.pid
+    """Terminate the workers' process groups (torchrun's and every worker's), then make sure."""
+    groups = _groups(proc)
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            break
-        if _group_gone(pgid, 5.0):
+        alive = [g for g in groups if _signal_group(g, sig)]
+        if not alive or _groups_gone(alive, 5.0, proc):
             break
     if proc.poll() is None:
         proc.wait()
 
 
-def _group_gone(pgid: int, wait_s: float) -> bool:
-    """Whether the process group ``pgid`` is empty within ``wait_s`` seconds."""
+def _groups(proc: subprocess.Popen[bytes]) -> list[int]:
+    """torchrun's process group and, while it runs, its children's: torchrun starts each worker in a session
+    of its own, so signalling torchrun's group alone reached them only through torchrun, which waits 30 s
+    for a worker to heed SIGTERM; killed before that, it left them running."""
+    try:
+        own = os.getpgid(proc.pid)
+    except ProcessLookupError:
+        own = proc.pid
+    children = _child_groups(proc.pid) if proc.poll() is None else set()
+    return [own, *sorted(children - {own})]
+
+
+def _child_groups(pid: int) -> set[int]:
+    """The process groups of ``pid``'s children, read from ``/proc`` (none where there is no ``/proc``)."""
+    groups = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()  # after "pid (comm)": state, ppid, pgrp, ...
+        except OSError:
+            continue
+        if len(fields) > 2 and fields[1] == str(pid):
+            groups.add(int(fields[2]))
+    return groups
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    """Send ``sig`` to the process group ``pgid``; whether it still had a process to send it to."""
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def _groups_gone(groups: list[int], wait_s: float, leader: subprocess.Popen[bytes]) -> bool:
+    """Whether the process groups are empty within ``wait_s`` seconds. torchrun (``leader``, this process's
+    child) is reaped as it ends: a zombie is still a member of its group, and waiting on it took the whole
+    ``wait_s`` after each signal (10 s of every timeout and Ctrl-C)."""
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except (ProcessLookupError, PermissionError):
+        leader.poll()
+        if not any(_signal_group(g, 0) for g in groups):
             return True
         time.sleep(0.05)
     return False
@@ -116,12 +148,22 @@ _RENDEZVOUS_FAILURES = ("waiting for clients", "trying to connect", "RendezvousT
                         "RendezvousConnectionError", "DistNetworkError", "DistStoreError")
 
 
+# a line of a C++ stack torch prints beside its exception (it names the error's class, not what went wrong)
+_STACK_LINES = ("frame #", "Exception raised from")
+_EXCEPTION_LINE = re.compile(r"[\w.]*(Error|Exception): ")
+
+
 def rendezvous_failure(text: str) -> str | None:
-    """torchrun's line saying that the rendezvous failed, if it did."""
-    for ln in text.splitlines():
-        if any(key in ln for key in _RENDEZVOUS_FAILURES):
-            return ln.strip()
-    return None
+    """torchrun's line saying that the rendezvous failed, if it did: the Python exception's where there is one
+    (``torch.distributed.DistNetworkError: Connection reset by peer``), not a C++ stack frame that names it."""
+    lines = [ln.strip() for ln in text.splitlines()
+             if any(key in ln for key in _RENDEZVOUS_FAILURES) and not ln.strip().startswith(_STACK_LINES)]
+    return next((ln for ln in lines if _EXCEPTION_LINE.match(ln)), lines[0] if lines else None)
+
+
+def port_in_use(line: str) -> bool:
+    """Whether a rendezvous failure says that the endpoint's port is taken on this server."""
+    return "EADDRINUSE" in line or "address already in use" in line.lower()
 
 
 def _first_line(exc: BaseException) -> str:

@@ -85,6 +85,38 @@ def _incoming_s(costs: Sequence[ir.StageCost], c: int) -> float:
     return (costs[c - 1].send_s if c > 0 else 0.0) + (costs[c].send_s if c < len(costs) - 1 else 0.0)
 
 
+@dataclasses.dataclass(frozen=True)
+class AsRun:
+    """The prediction of a run: the plan simulated as ``engine`` runs it (its overheads, its gradient buffers)."""
+
+    iteration_s: float
+    peak_memory_bytes: dict[str, int]
+    """Per device name."""
+    warning: str | None
+    """What the run JSON warns of where the plan was searched for another engine (None: the plan's own)."""
+
+
+def as_run_prediction(plan: ir.Plan, engine: str) -> AsRun:
+    """The plan's own prediction where it was searched for ``engine``; else the plan simulated as ``engine``
+    runs it (what the run's per-stage ``predicted`` terms add up to), and a warning that says both. The plan's
+    own when the cost model cannot cost it (PlannerError)."""
+    own = AsRun(plan.predicted.iteration_s, {}, None)
+    if plan.engine == engine:
+        return own
+    from planner.simulate import SimOptions, simulate
+
+    try:
+        sim = simulate(dataclasses.replace(plan, engine=engine), SimOptions(record_events=False))
+    except PlannerError:
+        return own
+    searched = "for any engine (no --engine)" if plan.engine == "any" else f"for {plan.engine}"
+    warning = (f"the plan was searched {searched}, not {engine}: predicted as {engine} runs it, "
+               f"{sim.iteration_s * 1e3:.3g} ms per iteration and {sim.peak_memory_bytes / 2**20:.3g} MiB at the "
+               f"peak (the plan says {plan.predicted.iteration_s * 1e3:.3g} ms and "
+               f"{plan.predicted.peak_memory_bytes / 2**20:.3g} MiB); search with --engine {engine} for its plan")
+    return AsRun(sim.iteration_s, {d.device: d.peak_memory_bytes for d in sim.devices}, warning)
+
+
 def predicted_terms(plan: ir.Plan, engine: str) -> list[dict[str, float]]:
     """Per pipeline stage (device group): the predicted seconds of each term of one step
     (module doc), the plan simulated as run by ``engine``: the explanation's terms
