@@ -176,15 +176,34 @@ def optimizer_needing_weights(plan: ir.Plan, stage: ir.Stage) -> str | None:
 
 def frozen_stage_problems(plan: ir.Plan, engine: str) -> list[str]:
     """Stages that train no weight (all frozen) where ``engine``'s optimizer cannot step them
-    (:func:`optimizer_needing_weights`)."""
+    (:func:`optimizer_needing_weights`), and, under bf16 without ZeRO, stages whose trainable layers all share a
+    weight with an earlier stage (:func:`_tie_copies_only`)."""
     out = []
     for i, st in enumerate(plan.stages):
         what = optimizer_needing_weights(plan, st)
-        if what is None or any(x.trainable_params for x in plan.profile.layers[st.layers[0]:st.layers[1]]):
+        trainable = [j for j in range(*st.layers) if plan.profile.layers[j].trainable_params]
+        if what is None:
             continue
-        out.append(f"stage {i} trains no weight (all frozen), and {engine}'s {what} optimizer cannot step a stage "
-                   "without any (fp32 without ZeRO can)")
+        if not trainable:
+            out.append(f"stage {i} trains no weight (all frozen), and {engine}'s {what} optimizer cannot step a "
+                       "stage without any (fp32 without ZeRO can)")
+        elif what == "bf16" and _tie_copies_only(plan, st, trainable):
+            which = f"{'layer' if len(trainable) == 1 else 'layers'} {', '.join(map(str, trainable))}"
+            out.append(f"stage {i} trains only layers that share a weight with an earlier stage ({which}); {engine} "
+                       "counts such a layer's every weight on the earlier stage, and its bf16 optimizer without ZeRO "
+                       "cannot step a stage left with none (use --zero 1, --precision fp32, or another --config)")
     return out
+
+
+def _tie_copies_only(plan: ir.Plan, stage: ir.Stage, trainable: list[int]) -> bool:
+    """Whether every one of the stage's ``trainable`` layers is in a tie group whose first layer lies on an earlier
+    stage: DeepSpeed builds a tie group's layers as one module on every stage holding one, and counts all of its
+    weights on the first stage only (``ds_pipe_replicated``), so its bf16 optimizer finds no gradient of the stage's
+    own to take a norm of ("stack expects a non-empty TensorList"; planner.export.deepspeed_ties)."""
+    def copied(j: int) -> bool:
+        return any(j in tie.layers and min(tie.layers) < stage.layers[0] for tie in plan.profile.ties)
+
+    return all(copied(j) for j in trainable)
 
 
 def llama_problem(profile: ir.ModelProfile) -> str | None:

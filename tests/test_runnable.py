@@ -414,3 +414,24 @@ def test_a_search_of_a_model_that_needs_two_samples_finds_a_plan_with_two() -> N
         for config in (None, "2", "1-1"):
             plan = search(profile, cluster, engine=engine, config=config, candidates=1)
             assert all(plan.micro_batch_size(s) >= 2 for s in plan.stages), (engine, config, plan.config)
+
+
+def test_deepspeed_bf16_without_zero_needs_a_weight_of_the_stages_own_beside_tie_copies() -> None:
+    """DeepSpeed builds a tie group as one module on every stage holding a member and counts its weights on the first
+    such stage only; its bf16 optimizer without ZeRO then found no gradient on a later stage holding nothing else
+    ("stack expects a non-empty TensorList": GPT-2's tied head alone on the last stage, measured)."""
+    plan = _plan()
+    tie = ir.Tie("w", (0, 3), 10, 40)
+    frozen2 = tuple(dataclasses.replace(x, trainable_count=0) if i == 2 else x
+                    for i, x in enumerate(plan.profile.layers))
+    tied = dataclasses.replace(plan, precision="bf16",
+                               profile=dataclasses.replace(plan.profile, layers=frozen2, ties=(tie,)))
+    assert [p for p in problems(tied, "deepspeed") if "share a weight" in p] == [
+        "stage 1 trains only layers that share a weight with an earlier stage (layer 3); deepspeed counts such a "
+        "layer's every weight on the earlier stage, and its bf16 optimizer without ZeRO cannot step a stage left with "
+        "none (use --zero 1, --precision fp32, or another --config)"]
+    for fine in (dataclasses.replace(tied, precision="fp32"),  # its fp32 optimizer and ZeRO-1 ran such a stage
+                 dataclasses.replace(tied, stages=tuple(dataclasses.replace(s, zero=1) for s in tied.stages)),
+                 dataclasses.replace(tied, profile=dataclasses.replace(tied.profile, layers=plan.profile.layers))):
+        assert not [p for p in problems(fine, "deepspeed") if "share a weight" in p]
+    assert not [p for p in problems(tied, "torch") if "share a weight" in p]
