@@ -186,11 +186,14 @@ def export_plan(plan: PlanLike, engine: str, out_dir: str | Path) -> list[Path]:
     return write_program(load_plan(plan), engine, out_dir)
 
 
-def run_plan(plan: PlanLike, model: str, *, engine: str = "deepspeed", **options: Any) -> dict[str, Any]:
+def run_plan(plan: PlanLike, model: str, *, engine: str | None = None, **options: Any) -> dict[str, Any]:
     """Train ``plan`` for real under torchrun and measure it beside its prediction
-    (planner.runner; ``options``: steps, warmup, loss, check, seed, threads, timeout_s).
+    (planner.runner; ``options``: steps, warmup, loss, check, seed, threads, timeout_s), on ``engine`` (None: the
+    one the plan was searched for, :func:`planner.engines.run_engine`).
     Needs torch, and DeepSpeed for ``engine="deepspeed"`` (``'planner[engines]'``)."""
     _need("torch", "torch", "running a plan")
+    from planner.engines import run_engine
     from planner.runner import run_plan as train
 
-    return train(load_plan(plan), model, engine=engine, **options)
+    loaded = load_plan(plan)
+    return train(loaded, model, engine=engine or run_engine(loaded), **options)

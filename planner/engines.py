@@ -206,3 +206,9 @@ ENGINES: dict[str, EngineLimits] = {
                                grad_copy=GradCopy((0,), held=True), llama_only=True, uniform_recompute=True,
                                wide_reduce_zero=(0, 2, 3), split_backward_zero=(0, 2)),  # torch's zb-h1 (not run here)
 }
+
+
+def run_engine(plan: ir.Plan) -> str:
+    """The engine ``planner run`` trains ``plan`` with when none is named: the one it was searched for (torch for
+    torchtitan's, whose FSDP and pipelining are torch's own), deepspeed for a plan of engine any."""
+    return {"torch": "torch", "torchtitan": "torch"}.get(plan.engine, "deepspeed")

@@ -180,3 +180,20 @@ def test_a_check_that_departs_exits_1_with_the_step_and_no_json(tmp_path: Path, 
     assert ("error: --check failed: the losses depart from single-process training by 0.0556 "
             "relative, more than 1e-05 for fp32 (step 1: 1.9, in one process 1.8)\n") in res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_without_engine_a_plan_runs_on_the_engine_it_was_searched_for(tmp_path: Path) -> None:
+    """--engine defaulted to deepspeed, so a plan searched for torch ran on DeepSpeed unless told."""
+    import dataclasses
+
+    from planner.engines import run_engine
+
+    plan = tiny_plan("tiny_mlp", [0, 2, -1])
+    assert [run_engine(dataclasses.replace(plan, engine=e)) for e in ("any", "deepspeed", "torch", "torchtitan")
+            ] == ["deepspeed", "deepspeed", "torch", "torch"]
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(dataclasses.replace(plan, engine="torch").to_dict()))
+    res = CliRunner().invoke(main, ["run", str(path), "--model", "tests.test_runner:tiny_mlp", "--steps", "1",
+                                    "--warmup", "0", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["engine"] == "torch"

@@ -12,6 +12,7 @@ import click
 from planner import ir
 from planner.cli import emit_json
 from planner.commands import FiniteRange, progress_option, read_plan
+from planner.engines import run_engine
 from planner.export import SEED_MAX
 from planner.render.text import plain_text
 
@@ -21,8 +22,9 @@ from planner.render.text import plain_text
 @click.option("--model", required=True,
               help="The model the plan was made for: a zoo name or package.module:factory (as given to profile; "
                    "the profiled zoo model is built with the profile's --set overrides).")
-@click.option("--engine", type=click.Choice(["deepspeed", "torch"]), default="deepspeed", show_default=True,
-              help="Training engine: DeepSpeed's PipelineModule or torch.distributed.pipelining.")
+@click.option("--engine", type=click.Choice(["deepspeed", "torch"]), default=None,
+              help="Training engine: DeepSpeed's PipelineModule or torch.distributed.pipelining (default: the one "
+                   "the plan was searched for; torch for a torchtitan plan, deepspeed for a plan of engine any).")
 @click.option("--steps", type=click.IntRange(min=1), default=10, show_default=True,
               help="Training steps (iterations of the plan's batch).")
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True,
@@ -47,7 +49,7 @@ from planner.render.text import plain_text
               help="Seconds the servers have to meet at the endpoint.")
 @progress_option
 @click.option("--json", "as_json", is_flag=True, help="Print the run JSON document on stdout.")
-def run(plan_path: str, model: str, engine: str, steps: int, warmup: int, loss: str, check: bool, seed: int,
+def run(plan_path: str, model: str, engine: str | None, steps: int, warmup: int, loss: str, check: bool, seed: int,
         threads: int | None, timeout_s: float, nnodes: int, node_rank: int, rdzv_endpoint: str | None,
         rdzv_timeout_s: float, progress: bool | None, as_json: bool) -> None:
     """Launch torchrun with the plan's world size (or this server's share) and train on synthetic data.
@@ -57,6 +59,7 @@ def run(plan_path: str, model: str, engine: str, steps: int, warmup: int, loss: 
     relative difference).
     """
     plan, warnings = read_plan(plan_path)  # a bad plan fails before torch is imported
+    engine = engine or run_engine(plan)
 
     from planner.render.progress import status
     from planner.runner import local_processes, run_plan
