@@ -145,6 +145,8 @@ def train_plan(plan: ir.Plan, model: str, engine: str, steps: int, seed: int, lo
         disable_dropout(layer)
     spec = data_spec(layers, example, loss)
     data = [spec.batch(s, plan.batch_size, seed) for s in range(steps + 2)]
+    if measure_memory:
+        memory.warm_math(layers, data[0][0][:max(1, plan.batch_size // plan.microbatches)])
     probe = memory.start(_own_layers(plan, layers))
     step_fn = engine_module(engine).make_trainer(layers, plan, spec.loss)
     losses, times, cpu, machine = _train(step_fn, data[:steps])
