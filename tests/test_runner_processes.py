@@ -82,29 +82,30 @@ def test_rendezvous_failure_is_the_exception_not_a_cpp_frame_that_names_it() -> 
     assert port_in_use(str(rendezvous_failure(in_use))) and not port_in_use(str(rendezvous_failure(text)))
 
 
-def test_timeout_kills_the_whole_group(tmp_path: Path) -> None:
-    """A parent that starts a child and both sleep: after the timeout neither is left."""
+def _parent_of_a_sleeper(tmp_path: Path, child: str, session: bool) -> tuple[str, Path]:
+    """A parent's code that starts ``child`` (in a session of its own where ``session``), writes its pid, sleeps."""
     pid_file = tmp_path / "child.pid"
     code = ("import subprocess, sys, time\n"
-            f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+            f"p = subprocess.Popen([sys.executable, '-c', {child!r}], start_new_session={session})\n"
             f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
             "time.sleep(60)\n")
+    return code, pid_file
+
+
+def test_timeout_kills_the_whole_group(tmp_path: Path) -> None:
+    """A parent that starts a child and both sleep: after the timeout neither is left."""
+    code, pid_file = _parent_of_a_sleeper(tmp_path, "import time; time.sleep(60)", False)
     with pytest.raises(RunError, match="did not finish within 2 s"):
         wait_workers([sys.executable, "-c", code], dict(os.environ), tmp_path / "log", 2.0)
-    child = int(pid_file.read_text())
-    assert not _alive(child)
+    assert not _alive(int(pid_file.read_text()))
 
 
 def test_timeout_kills_a_worker_in_a_session_of_its_own_that_ignores_sigterm(tmp_path: Path) -> None:
     """torchrun starts each worker in a session of its own and waits 30 s for one to heed SIGTERM: a launcher
     killed before that left such a worker training on, orphaned (seen with a model factory that ignored
     SIGTERM). Every worker's group is signalled, SIGKILL after the wait, and none outlives the launcher."""
-    pid_file = tmp_path / "worker.pid"
     worker = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
-    code = ("import subprocess, sys, time\n"
-            f"p = subprocess.Popen([sys.executable, '-c', {worker!r}], start_new_session=True)\n"
-            f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
-            "time.sleep(60)\n")
+    code, pid_file = _parent_of_a_sleeper(tmp_path, worker, True)
     with pytest.raises(RunError, match="did not finish within 2 s"):
         wait_workers([sys.executable, "-c", code], dict(os.environ), tmp_path / "log", 2.0)
     assert not _alive(int(pid_file.read_text()))
