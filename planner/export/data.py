@@ -51,6 +51,22 @@ class DataSpec:
         return x, y
 
 
+def eval_forward(layers: Sequence[nn.Module], x: Any) -> Any:
+    """``x`` through ``layers`` in turn, in eval mode without gradients (no running statistic or weight moves),
+    each layer's mode restored after."""
+    modes = [layer.training for layer in layers]
+    try:
+        with torch.no_grad():
+            for layer in layers:
+                layer.eval()
+            for layer in layers:
+                x = layer(x)
+        return x
+    finally:
+        for layer, mode in zip(layers, modes, strict=True):
+            layer.train(mode)
+
+
 def _input_vocabs(layers: Sequence[nn.Module], x: torch.Tensor) -> tuple[list[int], torch.Tensor]:
     """The sizes of the embeddings fed the input itself (its storage: not position ids or another table's
     indices), and the output, from one forward of ``x`` (eval mode, no grad)."""
@@ -63,22 +79,14 @@ def _input_vocabs(layers: Sequence[nn.Module], x: torch.Tensor) -> tuple[list[in
 
     handles = [m.register_forward_pre_hook(hook) for layer in layers for m in layer.modules()
                if isinstance(m, nn.Embedding)]
-    modes = [m.training for m in layers]
     try:
-        with torch.no_grad():
-            for layer in layers:
-                layer.eval()
-            y = x
-            for layer in layers:
-                y = layer(y)
+        y = eval_forward(layers, x)
     except Exception as exc:
         raise RunError(f"the model's layers fail on its example input: {type(exc).__name__}: {exc}",
                        "check --model and the plan's input shape") from None
     finally:
         for handle in handles:
             handle.remove()
-        for layer, mode in zip(layers, modes, strict=False):
-            layer.train(mode)
     return fed, y
 
 

@@ -122,16 +122,9 @@ def warm_math(layers: Iterable[nn.Module], x: torch.Tensor) -> None:
     none), is in the base :func:`start` reads, not in the plan's peak. Only where the heap is read (CPU)."""
     if torch.cuda.is_available() or _MALLINFO2 is None:
         return
-    layers = list(layers)
-    modes = [layer.training for layer in layers]
-    try:
-        with torch.no_grad():
-            for layer in layers:
-                layer.eval()
-                x = layer(x)
-    finally:
-        for layer, mode in zip(layers, modes, strict=True):
-            layer.train(mode)
+    from planner.export.data import eval_forward
+
+    eval_forward(list(layers), x)
 
 
 def start(own_layers: Iterable[nn.Module]) -> MemoryProbe:
