@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from planner import ir
 from planner.cli import main
 from planner.commands.export import KIND, VERSION, document
 from tests.test_runner import free_port, run_servers, tiny_plan
@@ -127,7 +128,8 @@ def test_a_hostile_model_name_writes_a_script_that_compiles(tmp_path: Path, engi
 @pytest.mark.slow
 @pytest.mark.parametrize(("engine", "precision"), [("deepspeed", "fp32"), ("torch", "fp32"), ("deepspeed", "bf16")])
 def test_exported_script_trains_under_torchrun(tmp_path: Path, engine: str, precision: str) -> None:
-    """bf16 under DeepSpeed: the MLP's float inputs meet its bf16 weights in bf16 (they once did not)."""
+    """bf16 under DeepSpeed: the MLP's float inputs meet its bf16 weights in bf16 (they once did not). Each torch
+    rank reports (--report) that it freed the weights of the other stage's layers (planner.export.building)."""
     out = tmp_path / engine
     path = Path(_write(tmp_path))
     path.write_text(json.dumps({**json.loads(path.read_text()), "precision": precision}))
@@ -136,11 +138,16 @@ def test_exported_script_trains_under_torchrun(tmp_path: Path, engine: str, prec
     env = {**os.environ, "PYTHONPATH": str(ROOT), "DS_ACCELERATOR": "cpu",
            "TORCHRUN": f"{sys.executable} -m torch.distributed.run"}
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "train.py"]
-    launch = ["sh", "launch_node0.sh"]  # the torch export runs through its one-server launch script
+    launch = ["sh", "launch_node0.sh", "--report", str(tmp_path)]  # torch: through its one-server launch script
     run = subprocess.run([*(torchrun if engine == "deepspeed" else launch), "--model", "tests.test_runner:tiny_mlp",
                           "--steps", "2"], cwd=out, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, f"{run.stderr[:3000]}\n...\n{run.stderr[-2000:]}"
     assert "step 1 loss" in run.stdout
+    if engine == "torch":
+        plan = ir.Plan.from_dict(json.loads(path.read_text()))
+        for rank, other in ((0, plan.stages[1]), (1, plan.stages[0])):
+            report = json.loads((tmp_path / f"rank{rank}.json").read_text())
+            assert report["released_layers"] == [i for i in range(*other.layers) if plan.profile.layers[i].param_count]
 
 
 @pytest.mark.slow

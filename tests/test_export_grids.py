@@ -26,6 +26,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from planner import ir
+from planner.export.building import build_turn, release_others
 from planner.export.data import data_spec
 from planner.export.layers import disable_dropout, load_layers
 from planner.export.partition import manual_plan
@@ -121,10 +122,12 @@ def train_plans(docs: str, out: str) -> None:
     with open(Path(out, f"rank{dist.get_rank()}.jsonl"), "w") as f:
         for name, doc in json.loads(docs).items():
             plan = ir.Plan.from_dict(doc)
-            layers, example = load_layers(plan.model, plan, 0)
-            for layer in layers:
-                disable_dropout(layer)
-            spec = data_spec(layers, example, "cross_entropy")
+            with build_turn(plan):  # as the exported scripts build
+                layers, example = load_layers(plan.model, plan, 0)
+                for layer in layers:
+                    disable_dropout(layer)
+                spec = data_spec(layers, example, "cross_entropy")
+                release_others(layers, plan, dist.get_rank())
             trainer = Trainer(layers, plan, "cross_entropy", lr=LR)
             losses = [trainer(*spec.batch(s, plan.batch_size, 0)) for s in range(STEPS)]
             node = int(os.environ.get("GROUP_RANK", "0"))
@@ -198,16 +201,22 @@ GRIDS: dict[str, dict[str, Any]] = {
 
 def expected_rank(plan: ir.Plan, rank: int) -> dict[str, Any]:
     """What rank ``rank`` must build for ``plan``: rank = pp x (dp x tp) + replica x tp + tensor rank;
-    in a tensor group of two or more, the ``dp``-form layers compute their share of the samples."""
+    in a tensor group of two or more, the ``dp``-form layers compute their share of the samples. It frees the
+    weights of every layer with weights that it does not run, but for a layer tied to one it runs."""
     first = plan.stages[0]
     pp, d, t = rank // first.width, (rank // first.tp) % first.dp, rank % first.tp
     st = plan.stages[pp]
     own = list(range(*st.layers))
+    kept = set(own)
+    for _ in plan.profile.ties:  # ties connected through a layer: as many passes as ties reach every member
+        kept |= {i for tie in plan.profile.ties if kept.intersection(tie.layers) for i in tie.layers}
+    weighted = [i for i, layer in enumerate(plan.profile.layers) if layer.param_count or any(
+        i in tie.layers for tie in plan.profile.ties)]
     return {"coords": {"pp": pp, "dp": d, "tp": t}, "stages": [pp], "layers": own,
             "tp_layers": [i for i, f in zip(own, st.forms, strict=True) if f == "tp"],
             "sample_split_layers": [i for i, f in zip(own, st.forms, strict=True) if f == "dp" and st.tp > 1],
             "zero": st.zero, "recompute": [] if st.recompute == "none" else [st.recompute],
-            "bf16": plan.precision == "bf16"}
+            "bf16": plan.precision == "bf16", "released_layers": [i for i in weighted if i not in kept]}
 
 
 def check_grid_run(name: str, plan: ir.Plan, ranks: list[dict[str, Any]]) -> float:

@@ -264,7 +264,9 @@ Run with either launcher (CPU: gloo; GPU: nccl):
 What it does:
   1. builds the model MODEL (default: the profiled one, {model_repr}, with the profile's --set
      overrides if it has any) and splits it into exactly the layers that were profiled
-     (planner.profiler.layers.split_model); its stages take float inputs in the plan's precision;
+     (planner.profiler.layers.split_model), then frees the weights of the layers this rank does
+     not run (a server's processes build in turns where whole models would not fit its memory:
+     planner.export.building); its stages take float inputs in the plan's precision;
   2. wraps them in a DeepSpeed PipelineModule whose stage boundaries are the plan's
      (planner.export.deepspeed.build_pipeline_module overrides DeepSpeed's partitioning),
      on a PipeDataParallelTopology(num_pp={stages}, num_dp={width});
@@ -282,6 +284,7 @@ import torch
 
 from planner import ir
 from planner.export.args import script_args
+from planner.export.building import build_turn, release_others
 from planner.export.data import data_spec, sub_batch
 from planner.export.launched import check_launch, run
 from planner.export.layers import load_layers
@@ -297,8 +300,10 @@ def main() -> None:
     config = json.loads((HERE / "ds_config.json").read_text())
     skip_shm_build()  # a CPU-only C++ op DeepSpeed would JIT-build (~35 s); training does not use it
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
-    layers, example = load_layers(args.model, plan, args.seed)
-    spec = data_spec(layers, example, args.loss)
+    with build_turn(plan):  # a server's processes build in turns where whole models would not fit its memory
+        layers, example = load_layers(args.model, plan, args.seed)
+        spec = data_spec(layers, example, args.loss)
+        release_others(layers, plan, torch.distributed.get_rank())  # this rank keeps its stages' weights only
     module = build_pipeline_module(layers, plan, args.loss)
     if args.lr is not None:
         config["optimizer"]["params"]["lr"] = args.lr

@@ -27,12 +27,11 @@ data-parallel average). fp16 is refused (no loss scale in the schedule's loss).
 
 Tied weights (a parameter several layers hold, GPT-2's wte/lm_head; planner.export.ties) are found
 before sharding and kept in sync: the same seed builds them equal on every rank, and their gradients (local
-shards under FSDP) are summed over the stages that hold them after every step (a process group
-per tie and (dp, tp) coordinate).
+shards under FSDP) are summed over the stages holding them each step (a group per tie and (dp, tp) coordinate).
 
 Gradient scaling: each micro-batch's loss is its mean; the schedule divides gradients by M
-(``scale_grads``), the replicas' average (all-reduce, or FSDP's reduce-scatter) divides by dp, so
-a step equals one step of the unsplit model on the mean loss of the whole batch.
+(``scale_grads``), the replicas' average (all-reduce, or FSDP's reduce-scatter) divides by dp: a step
+equals one step of the unsplit model on the whole batch's mean loss.
 :meth:`Trainer.describe` reads back what a rank built (its coordinates, layers, tensor-sharded
 layers, ZeRO stage, wrappers); the multi-process tests hold it to the plan.
 """
@@ -48,6 +47,7 @@ from torch import nn
 from planner import ir, runnable
 from planner.errors import ExportError, PlanError
 from planner.export import parallel, sharding
+from planner.export.building import released_layers
 from planner.export.data import sub_batch
 from planner.export.layers import check_layers_match
 from planner.export.losses import make_loss
@@ -109,11 +109,8 @@ def device() -> torch.device:
 
 
 def make_mesh(plan: ir.Plan, world: int) -> Any:
-    """The (pp, dp, tp) DeviceMesh: rank = pipeline rank x (dp x tp) + replica x tp + tensor rank.
-
-    The plan lists each stage's devices as ``dp`` tensor groups of ``tp`` consecutive devices,
-    so rank r is the r-th device of the plan's device order (stage by stage).
-    """
+    """The (pp, dp, tp) DeviceMesh: rank = pipeline rank x (dp x tp) + replica x tp + tensor rank. The plan lists
+    each stage's devices as ``dp`` tensor groups of ``tp`` consecutive devices: rank r is the plan's r-th device."""
     from torch.distributed.device_mesh import init_device_mesh
 
     first = plan.stages[0]
@@ -276,7 +273,7 @@ class Trainer:
     def describe(self) -> dict[str, Any]:
         """What this rank actually built (read back from its modules): mesh coordinates, layers, the
         layers sharded over the tensor group, those computing its share of the samples, ZeRO stage,
-        recomputation wrappers, bf16 compute."""
+        recomputation wrappers, bf16 compute, the layers whose weights it freed (planner.export.building)."""
         index = {id(m): i for i, m in enumerate(self.layers)}
         mods = [m for s in self.stages for m in s.submod.modules()]
         return {"rank": torch.distributed.get_rank(),
@@ -287,7 +284,7 @@ class Trainer:
                 "sample_split_layers": self._sample_split_layers(),
                 "zero": sharding.zero_stage_of([s.submod for s in self.stages], self.opt),
                 "recompute": sorted({m.mode for m in mods if isinstance(m, sharding.Checkpointed)}),
-                "bf16": sharding.computes_in_bf16(mods)}
+                "bf16": sharding.computes_in_bf16(mods), "released_layers": released_layers(self.layers)}
 
 
 def _rank_zero(plan: ir.Plan, chunks: Sequence[int]) -> int:
@@ -332,7 +329,8 @@ Run (CPU: gloo; GPU: nccl):
 What it does:
   1. builds the model MODEL (default: the profiled one, {model_repr}, with the profile's --set
      overrides if it has any) and splits it into exactly the profiled layers
-     (planner.profiler.layers.split_model);
+     (planner.profiler.layers.split_model), and frees the weights this rank does not run (in
+     turns per server where needed: planner.export.building);
   2. on a (pp={pp}, dp={dp}, tp={tp}) DeviceMesh, makes this rank's PipelineStage(s) from the
      plan's layer ranges, shards tp/split forms over the tensor group with DTensor (Megatron
      blocks, ColwiseParallel/RowwiseParallel), wraps recomputation and bf16 compute, applies ZeRO
@@ -350,6 +348,7 @@ import torch.distributed as dist
 
 from planner import ir
 from planner.export.args import script_args
+from planner.export.building import build_turn, release_others
 from planner.export.data import data_spec
 from planner.export.launched import check_launch, run
 from planner.export.layers import load_layers
@@ -363,8 +362,10 @@ def main() -> None:
     plan = ir.Plan.from_dict(json.loads((HERE / "plan.json").read_text()))
     check_launch(plan, gpus=torch.cuda.device_count())  # a launcher, the plan's processes, a GPU each
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    layers, example = load_layers(args.model, plan, args.seed)
-    spec = data_spec(layers, example, args.loss)
+    with build_turn(plan):  # a server's processes build in turns where whole models would not fit its memory
+        layers, example = load_layers(args.model, plan, args.seed)
+        spec = data_spec(layers, example, args.loss)
+        release_others(layers, plan, dist.get_rank())  # this rank keeps its stages' weights only
     step = make_trainer(layers, plan, args.loss, args.lr)
     losses = []
     for s in range(args.steps):

@@ -276,11 +276,13 @@ def run_plan(plan: ir.Plan, model: str, *, engine: str = "deepspeed", steps: int
     layers, example = load_layers(model, plan, seed)
     engine_module(engine).check_plan(plan, layers)  # the layers' own limits, before any process starts
     spec = data_spec(layers, example, loss)
+    reference = layers if check else None  # the workers build their own; this copy is --check's reference only
+    del layers, example
     launch = Launch(model, engine, nproc, steps, loss, seed, threads, nnodes, node_rank, rdzv_endpoint or "",
                     rdzv_timeout_s)
     doc = _run_doc(plan, launch, warmup, _run_workers(plan, launch, timeout_s, log))
-    if check:
-        ref = reference_losses(layers, plan, spec, steps, seed, width)
+    if reference is not None:
+        ref = reference_losses(reference, plan, spec, steps, seed, width)
         doc["reference_losses"] = ref
         doc["max_rel_loss_diff"] = max_rel_diff(doc["losses"], ref)
     return doc

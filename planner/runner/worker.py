@@ -30,6 +30,7 @@ import torch
 
 from planner import ir
 from planner.export import ENGINES, deepspeed
+from planner.export.building import build_turn, release_others
 from planner.export.data import data_spec
 from planner.export.layers import disable_dropout, load_layers
 from planner.export.nodes import rank_chunks
@@ -140,13 +141,15 @@ def train_plan(plan: ir.Plan, model: str, engine: str, steps: int, seed: int, lo
     ``losses``, ``iteration_s``, ``cpu_s``, the machine's ``machine_busy_s`` per step,
     ``terms`` (one profiled step, where ``profile_terms``) and ``peak_memory_bytes`` (where
     ``measure_memory``: on CPU one more untimed step, :mod:`planner.runner.memory`)."""
-    layers, example = load_layers(model, plan, seed)
-    for layer in layers:
-        disable_dropout(layer)
-    spec = data_spec(layers, example, loss)
-    data = [spec.batch(s, plan.batch_size, seed) for s in range(steps + 2)]
-    if measure_memory:
-        memory.warm_math(layers, data[0][0][:max(1, plan.batch_size // plan.microbatches)])
+    with build_turn(plan):  # planner.export.building: a server's processes build in turns where needed
+        layers, example = load_layers(model, plan, seed)
+        for layer in layers:
+            disable_dropout(layer)
+        spec = data_spec(layers, example, loss)
+        data = [spec.batch(s, plan.batch_size, seed) for s in range(steps + 2)]
+        if measure_memory:
+            memory.warm_math(layers, data[0][0][:max(1, plan.batch_size // plan.microbatches)])
+        release_others(layers, plan, torch.distributed.get_rank())  # this rank's stages' weights only
     probe = memory.start(_own_layers(plan, layers))
     step_fn = engine_module(engine).make_trainer(layers, plan, spec.loss)
     losses, times, cpu, machine = _train(step_fn, data[:steps])
@@ -158,7 +161,7 @@ def train_plan(plan: ir.Plan, model: str, engine: str, steps: int, seed: int, lo
 
 
 def _own_layers(plan: ir.Plan, layers: Sequence[torch.nn.Module]) -> list[torch.nn.Module]:
-    """The layers this rank runs (every worker builds the whole model)."""
+    """The layers this rank runs (every worker builds the whole model, and keeps these)."""
     chunks = rank_chunks(plan, torch.distributed.get_rank())
     return [layers[i] for chunk in chunks for i in range(*chunk.layers)]
 

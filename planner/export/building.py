@@ -1,0 +1,173 @@
+"""Every process builds the whole model and keeps its own stages' weights: in turns per server, within its memory.
+
+Every rank of a plan builds the whole model from the same seed, so that the weights of its stages are exactly
+those of one process building the model (which ``planner run --check`` trains as the reference), then splits it
+into the profiled layers. Left at that, every process of a server would hold the whole model in fp32 on the host
+for the whole run: an 8B model is 32 GB, 256 GB for the 8 processes of an 8-GPU server. Two things bound it:
+
+* :func:`release_others` frees the storage of every weight and buffer of the layers this rank does not run
+  (:func:`kept_layers`: its stages' layers, and every layer of a tie group one of them belongs to, which
+  DeepSpeed builds as one module on each stage holding a member). The layers keep their structure, shapes and
+  parameter objects (ties are found by identity, and every rank must find the same), as FSDP frees a sharded
+  parameter's storage (``untyped_storage().resize_(0)``);
+* :func:`build_turn` lets at most :func:`build_slots` processes of one server build at a time (a lock file per
+  slot, per job, in the temporary folder), so that a server's peak is about ``slots`` whole models plus every
+  other process's own stages, not ``processes`` whole models. Slots: as many whole fp32 models as fit in half the
+  host's memory (:data:`HOST_SHARE`; a cgroup's limit counts), at least one, at most the server's processes; a
+  model that fits many times over is built by all at once, as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import getpass
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from planner import ir
+from planner.export.nodes import rank_chunks
+from planner.export.ties import find_ties, tie_groups
+
+HOST_SHARE = 0.5
+"""The share of the host's memory the whole models built at once may take (the rest: the stages kept, the
+engine, the data, the operating system)."""
+FP32_BYTES = 4
+
+
+def kept_layers(layers: Sequence[nn.Module], plan: ir.Plan, rank: int) -> frozenset[int]:
+    """The layers global ``rank`` keeps: those of its stages (chunks), and every member of a tie group that one
+    of them belongs to (planner.export.ties.tie_groups)."""
+    own = {i for st in rank_chunks(plan, rank) for i in range(*st.layers)}
+    for members, _ in tie_groups(find_ties(layers)):
+        if own.intersection(members):
+            own.update(members)
+    return frozenset(own)
+
+
+def release_others(layers: Sequence[nn.Module], plan: ir.Plan, rank: int) -> int:
+    """Free the weights and buffers of the layers ``rank`` does not keep (:func:`kept_layers`), except those
+    whose storage a kept layer uses too; returns the bytes freed. The layers stay, shapes and all; computing with
+    a released one is an error."""
+    keep = kept_layers(layers, plan, rank)
+    used = {_storage_key(t) for i in keep for t in _tensors(layers[i])}
+    freed = 0
+    for i, layer in enumerate(layers):
+        if i in keep:
+            continue
+        for t in _tensors(layer):
+            storage = t.untyped_storage()
+            key = _storage_key(t)
+            if key in used or storage.nbytes() == 0:
+                continue
+            freed += storage.nbytes()
+            storage.resize_(0)
+            used.add(key)  # a storage two released layers share is freed once
+    return freed
+
+
+def released_layers(layers: Sequence[nn.Module]) -> list[int]:
+    """The layers whose weights or buffers :func:`release_others` freed (read back from their storage: a tensor of
+    elements without bytes); a sharded or tensor-parallel parameter (a DTensor) counts as held."""
+    out = []
+    for i, layer in enumerate(layers):
+        for t in _tensors(layer):
+            try:
+                if t.numel() and not t.untyped_storage().nbytes():
+                    out.append(i)
+                    break
+            except (RuntimeError, NotImplementedError):  # a tensor subclass without one storage
+                continue
+    return out
+
+
+def _tensors(layer: nn.Module) -> list[torch.Tensor]:
+    """The layer's parameters and buffers held in memory (not on the meta device)."""
+    found = [*layer.parameters(), *layer.buffers()]
+    return [t for t in found if t.device.type != "meta"]
+
+
+def _storage_key(t: torch.Tensor) -> tuple[str, int]:
+    return t.device.type, t.untyped_storage().data_ptr()
+
+
+def build_slots(model_bytes: int, local_processes: int, host_bytes: int | None) -> int:
+    """How many of a server's ``local_processes`` may build a model of ``model_bytes`` at once: as many as fit in
+    :data:`HOST_SHARE` of ``host_bytes`` (all of them where the host's memory is unknown), at least one."""
+    if host_bytes is None or model_bytes <= 0:
+        return max(1, local_processes)
+    fit = int(HOST_SHARE * host_bytes // model_bytes)
+    return max(1, min(local_processes, fit))
+
+
+def host_memory_bytes() -> int | None:
+    """This host's memory, or its cgroup's limit where lower (cgroup v2, then v1); None where unknown."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        with contextlib.suppress(OSError, ValueError):
+            total = min(total, int(Path(limit).read_text().strip()))
+    return total if total > 0 else None
+
+
+def model_build_bytes(plan: ir.Plan) -> int:
+    """The bytes one whole build of the plan's model takes: its parameters in fp32 (as a model is built) or in
+    the profile's bytes where larger."""
+    profile = plan.profile
+    return max(profile.param_bytes, FP32_BYTES * profile.param_count)
+
+
+@contextlib.contextmanager
+def build_turn(plan: ir.Plan, env: dict[str, str] | None = None, host_bytes: int | None = None,
+               folder: str | None = None) -> Iterator[None]:
+    """Hold this process's turn to build the model (module doc): the lock of slot ``LOCAL_RANK % slots`` of this
+    job (its ``MASTER_ADDR``/``MASTER_PORT``). Without a launcher's environment, or where no lock file can be
+    made, it does not wait."""
+    env = dict(os.environ) if env is None else env
+    local = _whole(env.get("LOCAL_WORLD_SIZE") or env.get("LOCAL_SIZE"))
+    port = env.get("MASTER_PORT")
+    if local is None or local < 2 or not port:
+        yield
+        return
+    host = host_memory_bytes() if host_bytes is None else host_bytes
+    slots = build_slots(model_build_bytes(plan), local, host)
+    if slots >= local:
+        yield
+        return
+    slot = (_whole(env.get("LOCAL_RANK")) or 0) % slots
+    job = _safe(f"{_user()}-{env.get('MASTER_ADDR', 'local')}-{port}")
+    name = f"planner-build-{job}-{slot}.lock"
+    try:
+        handle = open(Path(folder or tempfile.gettempdir()) / name, "a")  # noqa: SIM115 (held across the yield)
+    except OSError:
+        yield
+        return
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _whole(text: str | None) -> int | None:
+    return int(text) if text is not None and text.strip().isdigit() else None
+
+
+def _safe(text: str) -> str:
+    """``text`` as a file name: letters, digits, dots and dashes only."""
+    return "".join(c if c.isalnum() or c in ".-" else "_" for c in text)[:120]
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return str(os.getuid())

@@ -1,0 +1,148 @@
+"""export.building: a rank keeps its own stages' weights (and its tie groups'), and a server's processes build
+in turns where whole models would not fit its memory."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from planner import ir
+from planner.export.building import build_slots, build_turn, kept_layers, model_build_bytes, release_others
+from planner.export.layers import layer_param_counts
+from planner.export.partition import manual_plan
+from tests.conftest import make_cluster_dict
+from tests.test_runner import tiny_mlp, tiny_plan, tiny_tied
+
+GIB = 2**30
+
+
+def _layers(factory: str) -> tuple[nn.Module, ...]:
+    """The model's children as its layers (7 for tiny_mlp, 4 for tiny_tied: embedding, linear, tanh, head)."""
+    torch.manual_seed(0)
+    module, _ = {"tiny_mlp": tiny_mlp, "tiny_tied": tiny_tied}[factory]()
+    return tuple(module.children())
+
+
+def _plan(layers: tuple[nn.Module, ...], parts: list[int], width: int = 1) -> ir.Plan:
+    doc = {"kind": "profile", "version": 1, "model": "m", "batch_size": 8, "dtype": "float32", "mode": "measured",
+           "device": "cpu", "device_flops": 1e10, "input_shape": [16],
+           "layers": [{"name": f"l{i}", "type": "Linear", "forward_s": 1e-4, "backward_s": 2e-4, "forward_flops": 1e6,
+                       "backward_flops": 2e6, "param_count": c, "param_bytes": 4 * c, "output_bytes": 1,
+                       "saved_bytes": 1} for i, c in enumerate(layer_param_counts(layers))]}
+    return manual_plan(ir.ModelProfile.from_dict(doc), ir.Cluster.from_dict(make_cluster_dict(1, 8)), parts, width,
+                       microbatches=2, predicted=ir.Prediction(0.01, 800, 0.1, 0))
+
+
+def _held(layer: nn.Module) -> int:
+    return sum(t.untyped_storage().nbytes() for t in [*layer.parameters(), *layer.buffers()])
+
+
+def test_a_stage_keeps_its_layers_and_frees_the_others() -> None:
+    layers = _layers("tiny_mlp")
+    plan = _plan(layers, [0, 3, 7])
+    before = [_held(layer) for layer in layers]
+    freed = release_others(layers, plan, rank=1)  # stage 1: layers 3..6
+    assert kept_layers(layers, plan, 1) == frozenset(range(3, 7))
+    assert [_held(layer) for layer in layers] == [0, 0, 0, *before[3:]]
+    assert freed == sum(before[:3]) > 0
+    assert [p.shape for p in layers[0].parameters()] == [torch.Size([32, 16]), torch.Size([32])]  # shapes stay
+    x = torch.randn(2, 32)
+    assert layers[4](x).shape == (2, 32)  # the kept layers compute as before
+
+
+def test_a_data_parallel_rank_keeps_its_stage_whatever_its_replica() -> None:
+    layers = _layers("tiny_mlp")
+    plan = _plan(layers, [0, 3, 7], width=2)  # ranks 0, 1: stage 0; ranks 2, 3: stage 1
+    assert kept_layers(layers, plan, 1) == frozenset(range(3))
+    assert kept_layers(layers, plan, 2) == frozenset(range(3, 7))
+
+
+def test_a_tie_group_stays_whole_on_every_stage_that_holds_a_member() -> None:
+    """GPT-2's head shares the embedding: the last stage keeps layer 0 whole (DeepSpeed builds the group as one
+    module there), the tied weight stays the same object in both layers, and the middle layers go."""
+    layers = _layers("tiny_tied")
+    plan = _plan(layers, [0, 2, 4])  # stage 0: layers 0-1, stage 1: layers 2-3
+    tied = layers[0].emb.weight
+    release_others(layers, plan, rank=1)
+    assert kept_layers(layers, plan, 1) == frozenset({0, 2, 3})
+    assert _held(layers[1]) == 0 and _held(layers[0]) > 0 and layers[3].emb.weight is tied
+
+
+def test_a_storage_a_kept_layer_uses_is_not_freed() -> None:
+    """Two layers that are views of one storage (a flat buffer) without sharing a parameter object."""
+    flat = torch.randn(2 * 16 * 16)
+    a, b = nn.Linear(16, 16, bias=False), nn.Linear(16, 16, bias=False)
+    a.weight, b.weight = nn.Parameter(flat[:256].view(16, 16)), nn.Parameter(flat[256:].view(16, 16))
+    layers = (a, nn.ReLU(), b, nn.ReLU())
+    plan = _plan(layers, [0, 2, 4])
+    assert release_others(layers, plan, rank=1) == 0
+    assert torch.equal(a.weight.flatten(), flat[:256])
+
+
+def test_build_slots_are_whole_models_in_half_the_host() -> None:
+    assert build_slots(32 * GIB, 8, 2048 * GIB) == 8  # an 8B model on a 2 TB server: all at once
+    assert build_slots(32 * GIB, 8, 256 * GIB) == 4
+    assert build_slots(280 * GIB, 8, 512 * GIB) == 1  # 70B in fp32: one at a time, never none
+    assert build_slots(32 * GIB, 8, None) == 8
+    assert build_slots(0, 3, 1) == 3
+
+
+def test_model_build_bytes_count_fp32() -> None:
+    plan = tiny_plan("tiny_mlp", [0, 3, -1])
+    assert model_build_bytes(plan) == 4 * plan.profile.param_count
+
+
+def _env(local_rank: int) -> dict[str, str]:
+    return {"LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": str(local_rank), "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": "29999"}
+
+
+def _spans(plan_host_bytes: int, folder: Path) -> list[tuple[float, float]]:
+    plan = tiny_plan("tiny_mlp", [0, 3, -1])
+    spans: list[tuple[float, float]] = []
+
+    def build(local_rank: int) -> None:
+        with build_turn(plan, _env(local_rank), host_bytes=plan_host_bytes, folder=str(folder)):
+            start = time.monotonic()
+            time.sleep(0.2)
+            spans.append((start, time.monotonic()))
+
+    threads = [threading.Thread(target=build, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sorted(spans)
+
+
+def test_builds_take_turns_where_one_model_fits(tmp_path: Path) -> None:
+    plan = tiny_plan("tiny_mlp", [0, 3, -1])
+    spans = _spans(2 * model_build_bytes(plan), tmp_path)  # half the host: one whole model
+    assert spans[1][0] >= spans[0][1]
+    assert len(list(tmp_path.glob("planner-build-*-127.0.0.1-29999-0.lock"))) == 1
+
+
+def test_builds_run_together_where_all_fit(tmp_path: Path) -> None:
+    spans = _spans(2**40, tmp_path)
+    assert spans[1][0] < spans[0][1]
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("env", [{}, {"LOCAL_WORLD_SIZE": "4", "LOCAL_RANK": "1"},
+                                 {"LOCAL_WORLD_SIZE": "x", "MASTER_PORT": "1"}])
+def test_no_launcher_no_wait(env: dict[str, str], tmp_path: Path) -> None:
+    plan = tiny_plan("tiny_mlp", [0, 3, -1])
+    with build_turn(plan, env, host_bytes=1, folder=str(tmp_path)):
+        pass
+    assert not list(tmp_path.iterdir())
+
+
+def test_an_unwritable_folder_does_not_wait(tmp_path: Path) -> None:
+    plan = tiny_plan("tiny_mlp", [0, 3, -1])
+    with build_turn(plan, _env(0), host_bytes=1, folder=str(tmp_path / "missing")):
+        pass
