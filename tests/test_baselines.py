@@ -340,6 +340,37 @@ def test_megatron_layouts_are_tp_in_a_server_uniform_pipelines_and_data_parallel
     assert isinstance(refused, bl.NotFitting) and "transformer blocks" in refused.reason
 
 
+def test_megatron_cuts_blocks_evenly_with_the_embedding_first_and_the_head_last() -> None:
+    from tests.test_export_torchtitan import llama_profile
+
+    profile = llama_profile(12)  # embedding, 12 blocks, head: 14 layers
+    assert bl.megatron_parts(profile, 4) == [0, 4, 7, 10, 14]  # 3 blocks a stage; equal layer counts: 4, 4, 3, 3
+    assert bl.megatron_parts(profile, 12) == [0, *range(2, 13), 14]
+    assert bl.megatron_parts(profile, 5) == bl.partition_uniform(14, 5)  # 12 blocks do not split in 5
+
+
+def test_megatron_interleaved_layouts_put_chunk_c_on_stage_c_mod_pp() -> None:
+    """Megatron's interleaved schedule: v chunks a stage where pp x v divides the blocks, micro-batch counts that
+    are multiples of pp, chunk c on pipeline rank c mod pp (SC'21 section 2.2)."""
+    from planner.runnable import problems
+    from tests.conftest import make_cluster_dict
+    from tests.test_export_torchtitan import llama_profile
+
+    profile, cluster = llama_profile(12, heads=16, kv_heads=8), ir.Cluster.from_dict(make_cluster_dict(4, 4))
+    layouts = bl.megatron_layouts(profile, cluster, (1, 2, 3, 4, 8), interleaved=True)
+    assert isinstance(layouts, list)
+    assert [(lay.config, lay.virtual_stages, lay.microbatches) for lay in layouts] == [
+        ("8-8", 2, (2, 4, 8)), ("8-8", 3, (2, 4, 8)), ("8-8", 6, (2, 4, 8)),
+        ("4-4-4-4", 3, (4, 8))]  # pp 2: v 2, 3, 6; pp 4: v 3 (12 blocks); pp 1 has no interleaving
+    four = layouts[-1]
+    assert [layers for layers, _, _ in four.stages] == [(0, 2), *((i, i + 1) for i in range(2, 12)), (12, 14)]
+    assert [devices[0] for _, devices, _ in four.stages] == ["n0.g0", "n1.g0", "n2.g0", "n3.g0"] * 3
+    assert all(lay.schedule == "interleaved" and lay.tp == 4 for lay in layouts)
+    plan = four.plan(profile, cluster, 4, "sgd")
+    assert (plan.virtual_stages, plan.pipeline_stages, len(plan.stages)) == (3, 4, 12) and problems(plan) == []
+    assert bl.megatron_layouts(profile, cluster, (3,), interleaved=True) == []  # no multiple of pp
+
+
 def _shaped_llama(dtype: str = "float32") -> ir.ModelProfile:
     """A Llama profile whose embedding and output layer carry their weight shapes (the split forms open)."""
     import dataclasses

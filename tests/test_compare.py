@@ -289,6 +289,27 @@ def test_megatron_row_runs_tensor_parallel_stages_on_a_transformer() -> None:
     assert not cnn.fits and "transformer blocks" in (cnn.reason or "")
 
 
+def test_megatron_row_takes_its_interleaved_schedule_where_that_is_its_best() -> None:
+    """Megatron-LM's interleaved schedule is one of its settings (SC'21 section 2.2): where the model must be
+    pipelined (12 blocks of 400 MB do not fit one tensor group of 2 GB GPUs), its smaller bubble wins."""
+    import dataclasses
+
+    from tests.test_export_torchtitan import llama_profile
+
+    profile = llama_profile(12, heads=16, kv_heads=8)
+    layers = tuple(dataclasses.replace(layer, param_count=10**8, param_bytes=4 * 10**8) if layer.block else layer
+                   for layer in profile.layers)
+    row = compare(dataclasses.replace(profile, batch_size=64, layers=layers), _cluster(4, 4, 2 * 10**9),
+                  strategies=["megatron"]).get("megatron")
+    by_label = {s.setting: s for s in row.settings}
+    label = "tp=4 in a server, uniform pp, dp the rest"
+    plain, chunked = by_label[label], by_label[f"{label}, interleaved schedule"]
+    assert chunked.iteration_s < plain.iteration_s
+    assert row.setting == chunked.setting and row.schedule == "interleaved"
+    assert row.plan is not None and row.plan.virtual_stages > 1
+    assert row.plan.microbatches % row.plan.pipeline_stages == 0
+
+
 def test_pipedream_row_takes_the_readme_setting_when_the_default_cuts_a_huge_activation() -> None:
     # layer 1 emits 8 GB; PipeDream's default cuts right after it, across 10 Gbit/s
     doc = make_profile_dict(4)

@@ -77,7 +77,8 @@ class Layout:
     whole stage). ``zero``: the ZeRO stage of every stage with two or more data-parallel ranks (the
     others run 0: there is nothing to shard over). ``recompute``: every stage's recomputation before
     the judge gives an overflowing stage ``full``; ``sequence_parallel``: Megatron-LM's sequence
-    parallelism on the blocks of every tensor-parallel stage.
+    parallelism on the blocks of every tensor-parallel stage; ``virtual_stages``: the model chunks per device
+    group of an interleaved schedule (``stages`` then lists the chunks, chunk c on the devices of chunk c mod K).
     """
 
     name: str
@@ -88,6 +89,7 @@ class Layout:
     zero: int = 0
     recompute: str = "none"
     sequence_parallel: bool = False
+    virtual_stages: int = 1
 
     def _zero_of(self, devices: Sequence[str]) -> int:
         """The stage's ZeRO stage: :attr:`zero` over two or more data-parallel ranks, else 0."""
@@ -100,7 +102,8 @@ class Layout:
 
     @property
     def config(self) -> str:
-        return ir.config_string([len(devices) for _, devices, _ in self.stages])
+        groups = self.stages[:len(self.stages) // self.virtual_stages]  # interleaved: the first chunk of each group
+        return ir.config_string([len(devices) for _, devices, _ in groups])
 
     def plan(self, profile: ir.ModelProfile, cluster: ir.Cluster, microbatches: int, optimizer: str,
              recompute: Sequence[bool] | None = None) -> ir.Plan:
@@ -116,7 +119,8 @@ class Layout:
                        for (layers, devices, forms), flag in zip(self.stages, flags, strict=True))
         return ir.Plan(profile=profile, cluster=cluster, schedule=self.schedule, microbatches=microbatches,
                        optimizer=optimizer, stages=stages, predicted=ir.Prediction(0.0, 0.0, 0.0, 0),
-                       engine="any", solver=self.name, precision=default_precision(profile))
+                       engine="any", solver=self.name, precision=default_precision(profile),
+                       virtual_stages=self.virtual_stages)
 
 
 def divisors(n: int) -> tuple[int, ...]:
@@ -298,18 +302,35 @@ def megatron_form(layer: ir.LayerProfile) -> str:
     return "split_in" if layer.type == "Embedding" else "split_out"
 
 
-def megatron_layouts(profile: ir.ModelProfile, cluster: ir.Cluster,
-                     microbatches: tuple[int, ...]) -> list[Layout] | NotFitting:
+def megatron_parts(profile: ir.ModelProfile, chunks: int) -> list[int]:
+    """Megatron-LM's cut of the model into ``chunks`` pipeline stages (or interleaved chunks): the transformer
+    blocks in equal counts, the layers before them (the embedding) with the first chunk and those after them (the
+    final norm and the output layer) with the last, where the blocks are contiguous and their count divides
+    (Megatron's ``--num-layers`` rule); else equal layer counts (:func:`partition_uniform`)."""
+    blocks = [i for i, layer in enumerate(profile.layers) if layer.block is not None]
+    if not blocks or blocks[-1] - blocks[0] + 1 != len(blocks) or len(blocks) % chunks:
+        return partition_uniform(len(profile.layers), chunks)
+    per = len(blocks) // chunks
+    return [0, *(blocks[0] + c * per for c in range(1, chunks)), len(profile.layers)]
+
+
+def megatron_layouts(profile: ir.ModelProfile, cluster: ir.Cluster, microbatches: tuple[int, ...],
+                     interleaved: bool = False) -> list[Layout] | NotFitting:
     """``megatron``: Megatron-LM's default 3-D layout (Narayanan et al., SC'21, section 3.3).
 
     Tensor parallel inside a server (``tp`` = :func:`megatron_tp`; every layer in its
     :func:`megatron_form`: the blocks ``tp``, the embedding and the output layer sharded), pipeline
-    parallel across servers with uniform layer counts per stage, data parallel for the
+    parallel across servers with uniform block counts per stage (:func:`megatron_parts`), data parallel for the
     rest, 1F1B; ranks in Megatron's order (tensor innermost, then data, then pipeline), so a
     stage holds consecutive GPUs. Every pipeline depth pp that divides the GPUs left by tp
     (at most the layer count) is a layout: the judge keeps the fastest that fits, at least
     as fast as Megatron's rule (the smallest pp that fits), and gives overflowing stages
     full recomputation, as Megatron's users turn it on when memory runs out.
+
+    ``interleaved``: Megatron's interleaved schedule instead (SC'21 section 2.2,
+    ``--num-layers-per-virtual-pipeline-stage``): for pp >= 2, every v >= 2 chunks per stage with the blocks'
+    count divisible by pp x v (Megatron's rule), chunk c on pipeline rank c mod pp, at the micro-batch counts
+    that are multiples of pp (its schedule's rule); none where no pp and v qualify.
     """
     if not any(layer.block is not None for layer in profile.layers):
         return NotFitting("megatron", "Megatron-LM's tensor parallelism shards transformer blocks; the model has none")
@@ -321,11 +342,22 @@ def megatron_layouts(profile: ir.ModelProfile, cluster: ir.Cluster,
         if pp > n:
             break
         width = len(gpus) // pp
-        parts = partition_uniform(n, pp)
-        stages = tuple(((parts[s], parts[s + 1]), tuple(gpus[s * width:(s + 1) * width]),
-                        forms[parts[s]:parts[s + 1]]) for s in range(pp))
-        layouts.append(Layout("megatron", stages, "1f1b", microbatches, tp))
+        for v in _virtual_stages(profile, pp) if interleaved else (1,):
+            choices = tuple(m for m in microbatches if m % pp == 0) if interleaved else microbatches
+            parts = megatron_parts(profile, pp * v)
+            stages = tuple(((parts[c], parts[c + 1]), tuple(gpus[c % pp * width:(c % pp + 1) * width]),
+                            forms[parts[c]:parts[c + 1]]) for c in range(pp * v))
+            if choices:
+                layouts.append(Layout("megatron", stages, "interleaved" if interleaved else "1f1b", choices, tp,
+                                      virtual_stages=v))
     return layouts
+
+
+def _virtual_stages(profile: ir.ModelProfile, pp: int) -> list[int]:
+    """The chunks per stage Megatron's interleaved schedule can run on ``pp`` stages: v >= 2 with the transformer
+    blocks' count divisible by pp x v (none for pp = 1)."""
+    blocks = sum(layer.block is not None for layer in profile.layers)
+    return [] if pp < 2 else [v for v in range(2, blocks // pp + 1) if blocks % (pp * v) == 0]
 
 
 # ----------------------------------------------------------------------------- settings
