@@ -71,6 +71,7 @@ from planner.judge import Judged
 from planner.runnable import ENGINES as ENGINE_LIMITS
 from planner.runnable import is_runnable
 from planner.search import rerank
+from planner.search.counts import count_refused, counts_for_config, exact_count_problems
 from planner.search.descent import Opening, open_problem, solve
 from planner.search.framed import Framed
 from planner.search.hpp import hpp
@@ -138,13 +139,17 @@ def search(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int |
                                   engine=engine, config=config, candidates=max(candidates, 1), progress=progress,
                                   precision=precision, tp=tp, zero=zero, recompute=recompute,
                                   micro_batch_size=micro_batch_size)
-    cands = microbatch_candidates(profile.batch_size, microbatches, micro_batch_size)
+    cands = counts_for_config(microbatch_candidates(profile.batch_size, microbatches, micro_batch_size), schedule,
+                              engine, config)
     found, probs = _collect(profile, cluster, req, cands, progress)
     if candidates <= 0:
         return analytic_optimum(found, engine, solver)
     costed = distinct(found, candidates, engine, solver) + _seeds(probs, engine, solver)
     if _all_uneven(costed, engine) and config is None and not _IN_LAYOUT.get():
         return _on_even_layouts(profile, cluster, options)
+    if config is None and any(count_refused(plan, engine) for plan, _ in costed):  # planner.search.counts
+        found, probs = _collect(profile, cluster, req, cands, progress, exact_counts=True)
+        costed = distinct(found, candidates, engine, solver) + _seeds(probs, engine, solver)
     plans = _runnable(costed, engine)
     if not plans:  # every candidate over memory by a cost the DP leaves out (planner.search.solutions), no seed
         plans = [first_fitting(found, engine, solver, "use GPUs with more memory, more devices or more "
@@ -279,12 +284,16 @@ def _runnable(plans: list[rerank.Costed], engine: str) -> list[rerank.Costed]:
 
 
 def _collect(profile: ir.ModelProfile, cluster: ir.Cluster, req: Request, cands: list[int],
-             progress: Callable[[str], None] | None) -> tuple[Found, list[Problem]]:
+             progress: Callable[[str], None] | None, exact_counts: bool = False) -> tuple[Found, list[Problem]]:
     """Every problem (one per micro-batch count, or per engine grid) and the solutions met, best
     objective first; InfeasibleError when no plan fits at all, PlanError when no grid gives whole
     micro-batches. An engine that runs one recomputation mode for the whole job solves a problem whose
-    best plan mixed modes again once per mode (exact: together they hold its plans that agree)."""
+    best plan mixed modes again once per mode (exact: together they hold its plans that agree).
+    ``exact_counts``: each problem once per stage count the engine runs with its micro-batch count
+    (planner.search.counts)."""
     framed = [f for m in cands for f in problems(profile, cluster, m, req) if f.has_moves]
+    if exact_counts:
+        framed = exact_count_problems(framed, req.engine)
     met = _Met(req, progress)
     split: list[Framed] = []
     for bound_s, item, opening, frame in _in_order(framed, req.solver):

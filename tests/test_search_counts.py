@@ -1,0 +1,80 @@
+"""search.counts: micro-batch and stage counts torch's round-based schedules run together, and the search finding
+the fastest plan the engine runs where the stage DP's best plans break that rule."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner import ir
+from planner.errors import UsageError
+from planner.search import search
+from planner.search.counts import count_refused, counts_for_config, exact_count_problems
+from planner.search.framed import frame_problem
+from tests.conftest import make_cluster_dict, make_profile_dict
+
+CANDS = [1, 2, 4, 8, 16, 32]
+
+
+def test_a_config_keeps_the_counts_its_stages_run() -> None:
+    """torch's ScheduleInterleavedZeroBubble runs M on K ranks in rounds of M // max(1, M // K) and refuses an M that
+    is not a multiple of max(1, M // K): on 3 ranks 8 runs (rounds of 2), 16 and 32 do not (5 and 10)."""
+    assert counts_for_config(CANDS, "zb-h1", "torch", (2, 2, 2)) == [1, 2, 4, 8]
+    assert counts_for_config(CANDS, "zb-h1", "torch", (2, 2)) == CANDS  # M // (M // 2) = 2 for every even M
+    assert counts_for_config(CANDS, "zb-h1", "any", (2, 2, 2)) == CANDS  # no engine, no rule
+    assert counts_for_config(CANDS, "zb-h1", "torch", None) == CANDS
+    assert counts_for_config(CANDS, "1f1b", "deepspeed", (1, 1, 1)) == CANDS
+
+
+def test_a_config_that_runs_none_of_the_counts_asked_is_refused_with_the_reason() -> None:
+    with pytest.raises(UsageError) as err:
+        counts_for_config([32], "zb-h1", "torchtitan", (6, 6, 6))
+    assert "--config 6-6-6 has 3 stages" in err.value.cause and "10 for 32 on 3 pipeline ranks" in err.value.cause
+    assert "--microbatches" in err.value.hint
+
+
+def _frame(m: int, gpus: int = 3) -> list:
+    profile = ir.ModelProfile.from_dict(make_profile_dict(6, batch_size=2 * m))
+    cluster = ir.Cluster.from_dict(make_cluster_dict(1, gpus))
+    return [frame_problem(profile, cluster, microbatches=m, schedule="zb-h1", optimizer="sgd")]
+
+
+def test_exact_count_problems_are_one_per_stage_count_the_engine_runs() -> None:
+    assert [f.exact_k for f in exact_count_problems(_frame(16), "torch")] == [1, 2]  # 3 ranks refused at 16
+    assert [f.exact_k for f in exact_count_problems(_frame(8), "torch")] == [1, 2, 3]
+    assert [f.exact_k for f in exact_count_problems(_frame(16), "any")] == [1, 2, 3]
+
+
+def _uniform(layers: int, gpus: int, memory_bytes: int, m: int) -> tuple[ir.ModelProfile, ir.Cluster]:
+    return (ir.ModelProfile.from_dict(make_profile_dict(layers, batch_size=2 * m)),
+            ir.Cluster.from_dict(make_cluster_dict(1, gpus, memory_bytes)))
+
+
+@pytest.mark.parametrize("candidates", [1, 16])
+def test_the_search_finds_the_fastest_plan_the_engine_runs(candidates: int) -> None:
+    """12 equal layers of 1 MB on three GPUs of 20 MB at M = 16 under zb-h1: the stage DP's best plans have three
+    stages, which torch refuses at 16 micro-batches. The search once failed here (all ranked plans refused) or, with
+    16 ranked, took a runnable one of them 32% slower than the best two-stage plan (4 + 8 layers, 0.2425 s)."""
+    profile, cluster = _uniform(12, 3, 2 * 10**7, 16)
+    plan = search(profile, cluster, schedule="zb-h1", engine="torch", microbatches=16, candidates=candidates)
+    forced = search(profile, cluster, schedule="zb-h1", engine="torch", microbatches=16, config="1-1")
+    assert not count_refused(plan, "torch") and plan.pipeline_stages == 2
+    assert [s.layers for s in plan.stages] == [(0, 6), (6, 12)]
+    assert plan.predicted.iteration_s == pytest.approx(forced.predicted.iteration_s)
+
+
+def test_a_config_search_skips_the_counts_its_stages_refuse() -> None:
+    """--config 1-1-1 searched M = 16 and 32 too (the smallest bubbles) and failed: "the best plans found break a
+    limit" (here the one plan ranked; so did --config 6-6-6 on torchtitan for llama2-13b at batch 96)."""
+    profile, cluster = _uniform(6, 6, 10**10, 16)
+    plan = search(profile, cluster, schedule="zb-h1", engine="torch", config="1-1-1", candidates=1)
+    assert plan.pipeline_stages == 3 and not count_refused(plan, "torch")
+    assert plan.microbatches in (1, 2, 4, 8)
+
+
+def test_the_dp_and_brute_force_agree_where_counts_are_refused() -> None:
+    profile, cluster = _uniform(8, 3, 2 * 10**7, 16)
+    kwargs = {"schedule": "zb-h1", "engine": "torch", "microbatches": 16}
+    dp = search(profile, cluster, **kwargs)  # type: ignore[arg-type]
+    brute = search(profile, cluster, solver="brute", **kwargs)  # type: ignore[arg-type]
+    assert dp.predicted.iteration_s == pytest.approx(brute.predicted.iteration_s)
+    assert not count_refused(dp, "torch") and not count_refused(brute, "torch")
