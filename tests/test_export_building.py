@@ -99,36 +99,44 @@ def test_model_build_bytes_count_fp32() -> None:
 
 def _env(local_rank: int) -> dict[str, str]:
     return {"LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": str(local_rank), "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": "29999"}
+            "MASTER_PORT": "29999", "TORCHELASTIC_RUN_ID": "run7"}
 
 
-def _spans(plan_host_bytes: int, folder: Path) -> list[tuple[float, float]]:
+def _spans(plan_host_bytes: int, folder: Path) -> tuple[list[tuple[float, float]], list[float]]:
+    """Two local ranks building (0.2 s each) under build_turn: each build's (start, end), and when each rank left
+    build_turn."""
     plan = tiny_plan("tiny_mlp", [0, 3, -1])
     spans: list[tuple[float, float]] = []
+    left: list[float] = []
 
     def build(local_rank: int) -> None:
-        with build_turn(plan, _env(local_rank), host_bytes=plan_host_bytes, folder=str(folder)):
+        with build_turn(plan, _env(local_rank), host_bytes=plan_host_bytes, folder=str(folder), poll_s=0.01):
             start = time.monotonic()
             time.sleep(0.2)
             spans.append((start, time.monotonic()))
+        left.append(time.monotonic())
 
     threads = [threading.Thread(target=build, args=(r,)) for r in range(2)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    return sorted(spans)
+    return sorted(spans), left
 
 
-def test_builds_take_turns_where_one_model_fits(tmp_path: Path) -> None:
+def test_builds_take_turns_where_one_model_fits_and_wait_for_each_other(tmp_path: Path) -> None:
+    """One whole model in half the host: one build at a time; the first to build waits for the second before it
+    goes on to the engine's collectives (whose timeout would run over the turns of a large model)."""
     plan = tiny_plan("tiny_mlp", [0, 3, -1])
-    spans = _spans(2 * model_build_bytes(plan), tmp_path)  # half the host: one whole model
+    spans, left = _spans(2 * model_build_bytes(plan), tmp_path)
     assert spans[1][0] >= spans[0][1]
-    assert len(list(tmp_path.glob("planner-build-*-127.0.0.1-29999-0.lock"))) == 1
+    assert min(left) >= spans[1][1]
+    assert len(list(tmp_path.glob("planner-build-*-127.0.0.1-29999-*-0.lock"))) == 1
+    assert [p.read_text() for p in tmp_path.glob("planner-build-*.count")] == ["xx"]
 
 
 def test_builds_run_together_where_all_fit(tmp_path: Path) -> None:
-    spans = _spans(2**40, tmp_path)
+    spans, _ = _spans(2**40, tmp_path)
     assert spans[1][0] < spans[0][1]
     assert not list(tmp_path.iterdir())
 

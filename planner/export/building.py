@@ -14,7 +14,8 @@ for the whole run: an 8B model is 32 GB, 256 GB for the 8 processes of an 8-GPU 
   slot, per job, in the temporary folder), so that a server's peak is about ``slots`` whole models plus every
   other process's own stages, not ``processes`` whole models. Slots: as many whole fp32 models as fit in half the
   host's memory (:data:`HOST_SHARE`; a cgroup's limit counts), at least one, at most the server's processes; a
-  model that fits many times over is built by all at once, as before.
+  model that fits many times over is built by all at once, as before. Where they take turns, each process then
+  waits for the server's others to have built before it goes on to the engine's collectives.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import fcntl
 import getpass
 import os
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -126,26 +128,28 @@ def model_build_bytes(plan: ir.Plan) -> int:
 
 @contextlib.contextmanager
 def build_turn(plan: ir.Plan, env: dict[str, str] | None = None, host_bytes: int | None = None,
-               folder: str | None = None) -> Iterator[None]:
+               folder: str | None = None, poll_s: float = 0.2) -> Iterator[None]:
     """Hold this process's turn to build the model (module doc): the lock of slot ``LOCAL_RANK % slots`` of this
-    job (its ``MASTER_ADDR``/``MASTER_PORT``). Without a launcher's environment, or where no lock file can be
-    made, it does not wait."""
+    job (its ``MASTER_ADDR``/``MASTER_PORT`` and torchrun's run id). Where the server's processes take turns, each
+    then waits until every one of them has built (a count in a file), so that none enters a collective while
+    another still builds: a collective's timeout (NCCL's 10 minutes, gloo's 30) would otherwise run over the
+    turns of a large model. Without a launcher's environment, or where no lock file can be made, it does not
+    wait."""
     env = dict(os.environ) if env is None else env
     local = _whole(env.get("LOCAL_WORLD_SIZE") or env.get("LOCAL_SIZE"))
     port = env.get("MASTER_PORT")
-    if local is None or local < 2 or not port:
+    slots = local or 1
+    if local is not None and local > 1 and port:
+        host = host_memory_bytes() if host_bytes is None else host_bytes
+        slots = build_slots(model_build_bytes(plan), local, host)
+    if local is None or slots >= local:
         yield
         return
-    host = host_memory_bytes() if host_bytes is None else host_bytes
-    slots = build_slots(model_build_bytes(plan), local, host)
-    if slots >= local:
-        yield
-        return
+    job = _safe(f"{_user()}-{env.get('MASTER_ADDR', 'local')}-{port}-{env.get('TORCHELASTIC_RUN_ID', '')}")
     slot = (_whole(env.get("LOCAL_RANK")) or 0) % slots
-    job = _safe(f"{_user()}-{env.get('MASTER_ADDR', 'local')}-{port}")
-    name = f"planner-build-{job}-{slot}.lock"
+    base = Path(folder or tempfile.gettempdir())
     try:
-        handle = open(Path(folder or tempfile.gettempdir()) / name, "a")  # noqa: SIM115 (held across the yield)
+        handle = open(base / f"planner-build-{job}-{slot}.lock", "a")  # noqa: SIM115 (held across the yield)
     except OSError:
         yield
         return
@@ -155,6 +159,20 @@ def build_turn(plan: ir.Plan, env: dict[str, str] | None = None, host_bytes: int
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+    _all_built(base / f"planner-build-{job}.count", local, poll_s)
+
+
+def _all_built(path: Path, local: int, poll_s: float) -> None:
+    """Count this process's build in ``path`` and wait until ``local`` builds are counted (no wait where the
+    file cannot be used)."""
+    try:
+        with open(path, "a+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            f.write("x")
+        while path.stat().st_size < local:
+            time.sleep(poll_s)
+    except OSError:
+        return
 
 
 def _whole(text: str | None) -> int | None:
