@@ -216,6 +216,20 @@ def test_deepspeed_two_by_two_with_tied_weights() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("engine", ["deepspeed", "torch"])
+def test_a_middle_stage_frees_a_tie_group_it_does_not_hold(engine: str) -> None:
+    """A tied GPT-2 on 3 stages: the middle rank frees the embedding and head it does not run (their tie group
+    included), the last keeps the embedding's layer whole for its tied head (DeepSpeed builds the group as one
+    module there); both train like one process (planner.export.building; measured 2.9e-8)."""
+    from tests.test_export_grids import grid_plan
+
+    plan = dataclasses.replace(grid_plan("tiny_gpt2", [0, 2, 4, 6], servers=(1, 4), microbatches=4), engine=engine)
+    doc = run_plan(plan, "tests.test_export_grids:tiny_gpt2", engine=engine, steps=3, warmup=1, check=True,
+                   threads=1)
+    assert doc["max_rel_loss_diff"] < 1e-5
+
+
+@pytest.mark.slow
 def test_deepspeed_bf16_trains_a_float_input_model_like_single_process() -> None:
     """bf16 weights with float inputs (an MLP, not token ids): the stages take their inputs in bf16
     (once: "mat1 and mat2 must have the same dtype"); the losses are fp32 training's within bf16's tolerance."""
