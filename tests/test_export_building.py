@@ -3,6 +3,8 @@ in turns where whole models would not fit its memory."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -12,6 +14,7 @@ import torch
 from torch import nn
 
 from planner import ir
+from planner.export import building
 from planner.export.building import build_slots, build_turn, kept_layers, model_build_bytes, release_others
 from planner.export.layers import layer_param_counts
 from planner.export.partition import manual_plan
@@ -132,7 +135,38 @@ def test_builds_take_turns_where_one_model_fits_and_wait_for_each_other(tmp_path
     assert spans[1][0] >= spans[0][1]
     assert min(left) >= spans[1][1]
     assert len(list(tmp_path.glob("planner-build-*-127.0.0.1-29999-*-0.lock"))) == 1
-    assert [p.read_text() for p in tmp_path.glob("planner-build-*.count")] == ["xx"]
+    assert len([line for p in tmp_path.glob("planner-build-*.count") for line in p.read_text().splitlines()]) == 2
+
+
+def _dead_pids(n: int) -> list[int]:
+    """Process ids of ``n`` processes that have ended."""
+    out = []
+    for _ in range(n):
+        proc = subprocess.Popen([sys.executable, "-c", "pass"])
+        proc.wait()
+        out.append(proc.pid)
+    return out
+
+
+def test_a_count_left_by_an_earlier_run_of_the_same_name_does_not_end_the_wait(tmp_path: Path) -> None:
+    """The DeepSpeed launcher names every run alike (port 29500, no run id), as does torchrun's static rendezvous
+    (run id ``none``): the count of an earlier run that finished (or failed while building) once let the next
+    run's first builder go on at once, 0.2 s before the other had built; its processes have ended and count no
+    more."""
+    plan = tiny_plan("tiny_mlp", [0, 3, -1])
+    count = tmp_path / f"planner-build-{building._safe(building._user())}-127.0.0.1-29999-run7.count"
+    count.write_text("".join(f"{pid} {r} 1\n" for r, pid in enumerate(_dead_pids(2))))
+    spans, left = _spans(2 * model_build_bytes(plan), tmp_path)
+    assert spans[1][0] >= spans[0][1] and min(left) >= spans[1][1]
+
+
+def test_builds_again_in_the_same_processes_wait_again(tmp_path: Path) -> None:
+    """``train_plan`` called again in the same processes (planner calibrate's rounds): the first build's count
+    does not end the second's wait."""
+    plan = tiny_plan("tiny_mlp", [0, 3, -1])
+    _spans(2 * model_build_bytes(plan), tmp_path)
+    spans, left = _spans(2 * model_build_bytes(plan), tmp_path)
+    assert spans[1][0] >= spans[0][1] and min(left) >= spans[1][1]
 
 
 def test_builds_run_together_where_all_fit(tmp_path: Path) -> None:

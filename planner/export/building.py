@@ -131,10 +131,10 @@ def build_turn(plan: ir.Plan, env: dict[str, str] | None = None, host_bytes: int
                folder: str | None = None, poll_s: float = 0.2) -> Iterator[None]:
     """Hold this process's turn to build the model (module doc): the lock of slot ``LOCAL_RANK % slots`` of this
     job (its ``MASTER_ADDR``/``MASTER_PORT`` and torchrun's run id). Where the server's processes take turns, each
-    then waits until every one of them has built (a count in a file), so that none enters a collective while
-    another still builds: a collective's timeout (NCCL's 10 minutes, gloo's 30) would otherwise run over the
-    turns of a large model. Without a launcher's environment, or where no lock file can be made, it does not
-    wait."""
+    then waits until every one of them has built (a count in a file: :func:`_all_built`), so that none enters a
+    collective while another still builds: a collective's timeout (NCCL's 10 minutes, gloo's 30) would otherwise
+    run over the turns of a large model. Without a launcher's environment, or where no lock file can be made, it
+    does not wait."""
     env = dict(os.environ) if env is None else env
     local = _whole(env.get("LOCAL_WORLD_SIZE") or env.get("LOCAL_SIZE"))
     port = env.get("MASTER_PORT")
@@ -146,7 +146,8 @@ def build_turn(plan: ir.Plan, env: dict[str, str] | None = None, host_bytes: int
         yield
         return
     job = _safe(f"{_user()}-{env.get('MASTER_ADDR', 'local')}-{port}-{env.get('TORCHELASTIC_RUN_ID', '')}")
-    slot = (_whole(env.get("LOCAL_RANK")) or 0) % slots
+    local_rank = _whole(env.get("LOCAL_RANK")) or 0
+    slot = local_rank % slots
     base = Path(folder or tempfile.gettempdir())
     try:
         handle = open(base / f"planner-build-{job}-{slot}.lock", "a")  # noqa: SIM115 (held across the yield)
@@ -159,20 +160,49 @@ def build_turn(plan: ir.Plan, env: dict[str, str] | None = None, host_bytes: int
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
-    _all_built(base / f"planner-build-{job}.count", local, poll_s)
+    _all_built(base / f"planner-build-{job}.count", local, poll_s, local_rank)
 
 
-def _all_built(path: Path, local: int, poll_s: float) -> None:
-    """Count this process's build in ``path`` and wait until ``local`` builds are counted (no wait where the
-    file cannot be used)."""
+_BUILDS: dict[tuple[Path, int], int] = {}
+"""How many builds this process (per local rank: the tests' threads) has counted in each count file."""
+
+
+def _all_built(path: Path, local: int, poll_s: float, local_rank: int = 0) -> None:
+    """Count this process's build in ``path`` (a line: its process id, local rank and build's number in this
+    process) and wait until ``local`` living processes have counted that build (no wait where the file cannot be
+    used). A job name comes back (the DeepSpeed launcher's port 29500 and no run id; torchrun's static rendezvous,
+    run id ``none``; a restart; ``train_plan`` called again): the lines of processes that have ended, or of their
+    earlier builds, do not count."""
+    n = _BUILDS.get((path, local_rank), 0) + 1
+    _BUILDS[path, local_rank] = n
     try:
         with open(path, "a+") as f:
             fcntl.flock(f, fcntl.LOCK_EX)
-            f.write("x")
-        while path.stat().st_size < local:
+            f.write(f"{os.getpid()} {local_rank} {n}\n")
+        while _counted(path.read_text(), n) < local:
             time.sleep(poll_s)
-    except OSError:
+    except (OSError, ValueError):  # a file that cannot be read, or not as text: no wait
         return
+
+
+def _counted(text: str, n: int) -> int:
+    """How many living processes (process id and local rank) have counted their ``n``-th build in ``text``."""
+    found = set()
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) == 3 and all(f.isascii() and f.isdigit() for f in fields) and fields[2] == str(n):
+            found.add((int(fields[0]), int(fields[1])))
+    return sum(1 for pid, _ in found if pid > 0 and _alive(pid))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _whole(text: str | None) -> int | None:
