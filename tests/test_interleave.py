@@ -176,8 +176,9 @@ def test_torch_plans_only_the_micro_batch_counts_it_runs_in_the_simulated_order(
     profile = ir.ModelProfile.from_dict(make_profile_dict(12, batch_size=8))
     cluster = ir.Cluster.from_dict(make_cluster_dict(3, 1))
     assert search_interleaved(profile, cluster, 2, microbatches=8, config=(1, 1, 1)).microbatches == 8
-    with pytest.raises(InfeasibleError, match="order simulated"):
+    with pytest.raises(UsageError, match="warms up in rounds of 4") as err:  # refused up front (search.counts)
         search_interleaved(profile, cluster, 2, microbatches=8, config=(1, 1, 1), engine="torch")
+    assert "--microbatches 1" in err.value.hint  # of the batch's 1, 2, 4 and 8, on 3 ranks of 2 chunks
 
 
 def test_the_least_memory_of_a_search_that_fits_nothing_is_not_offered_for_more_chunks() -> None:

@@ -4,9 +4,11 @@ the fastest plan the engine runs where the stage DP's best plans break that rule
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from planner import ir
-from planner.errors import UsageError
+from planner.errors import InfeasibleError, UsageError
 from planner.search import search
 from planner.search.counts import count_refused, counts_for_config, exact_count_problems
 from planner.search.framed import frame_problem
@@ -78,3 +80,70 @@ def test_the_dp_and_brute_force_agree_where_counts_are_refused() -> None:
     brute = search(profile, cluster, solver="brute", **kwargs)  # type: ignore[arg-type]
     assert dp.predicted.iteration_s == pytest.approx(brute.predicted.iteration_s)
     assert not count_refused(dp, "torch") and not count_refused(brute, "torch")
+
+
+def test_the_analytic_optimum_is_the_best_plan_the_engine_runs() -> None:
+    """--rerank 0 (the analytic optimum) returned the best plan met that torch runs, not the best it runs: 12 layers on
+    three GPUs of 20 MB at M = 16 under zb-h1 gave 4 + 8 layers (0.2475 s analytic) where 6 + 6 takes 0.1913 s."""
+    profile, cluster = _uniform(12, 3, 2 * 10**7, 16)
+    kwargs = {"schedule": "zb-h1", "engine": "torch", "microbatches": 16, "candidates": 0}
+    plan = search(profile, cluster, **kwargs)  # type: ignore[arg-type]
+    forced = search(profile, cluster, config="1-1", **kwargs)  # type: ignore[arg-type]
+    assert not count_refused(plan, "torch") and [s.layers for s in plan.stages] == [(0, 6), (6, 12)]
+    assert plan.predicted.iteration_s == pytest.approx(forced.predicted.iteration_s)
+
+
+def test_a_search_whose_plans_that_fit_are_all_refused_says_so() -> None:
+    """Where only three stages fit and torch refuses 16 micro-batches on three ranks, the error named the least memory
+    of two stages ("use GPUs with 12.48 MiB") as if nothing fitted; it now names the refusal and the counts that run."""
+    profile, cluster = _uniform(12, 3, 11 * 10**6, 16)
+    with pytest.raises(InfeasibleError) as err:
+        search(profile, cluster, schedule="zb-h1", engine="torch", microbatches=16)
+    assert "on 3 stages (1-1-1, 16 micro-batches) it refuses" in err.value.cause
+    assert "run on 3 pipeline ranks: --microbatches 1, 2, 4, 8" in err.value.hint
+    assert search(profile, cluster, schedule="zb-h1", engine="torch", microbatches=8).config == "1-1-1"
+
+
+@pytest.mark.parametrize("engine", ["torch", "torchtitan"])
+def test_interleaved_chunks_keep_to_the_counts_the_engine_runs_in_the_simulated_order(engine: str) -> None:
+    """With v = 2 chunks a rank, torch's ScheduleInterleaved1F1B (torchtitan's too) runs 8 micro-batches on 3 ranks in
+    rounds of 4, another order than simulated: torchtitan's search returned that plan (1-1-1, M = 8), which its export
+    refuses, and --config 1-1-1 with every count the batch allows failed where M = 1 runs."""
+    from planner.runnable import problems
+    from tests.test_export_torchtitan import llama_profile
+
+    profile, cluster = llama_profile(12), ir.Cluster.from_dict(make_cluster_dict(1, 3))
+    kwargs = {"schedule": "interleaved", "virtual_stages": 2, "engine": engine, "optimizer": "adam"}
+    plan = search(profile, cluster, microbatches=8, **kwargs)  # type: ignore[arg-type]
+    assert problems(plan, engine) == [] and plan.virtual_stages == 2
+    forced = search(profile, cluster, config="1-1-1", **kwargs)  # type: ignore[arg-type]
+    assert problems(forced, engine) == [] and forced.microbatches == 1
+
+
+@settings(max_examples=12)
+@given(st.integers(3, 6), st.sampled_from([(1, 3), (1, 4), (2, 2)]), st.sampled_from([2 * 10**7, 10**10]),
+       st.sampled_from(["zb-h1", "interleaved"]), st.sampled_from(["auto", 8, 16]))
+def test_the_analytic_optimum_is_no_worse_than_any_config_the_engine_runs(layers: int, shape: tuple[int, int],
+                                                                        memory: int, schedule: str,
+                                                                        microbatches: int | str) -> None:
+    """--rerank 0 is exact over the plans torch runs: never slower (analytically) than the optimum of any --config,
+    and runnable (equal layers; 12 of them at M = 16 on three GPUs were 29% slower than --config 1-1)."""
+    from itertools import product
+
+    from planner.errors import PlannerError
+    from planner.runnable import problems
+
+    profile = ir.ModelProfile.from_dict(make_profile_dict(layers, batch_size=32))
+    cluster = ir.Cluster.from_dict(make_cluster_dict(shape[0], shape[1], memory))
+    kwargs = {"schedule": schedule, "engine": "torch", "microbatches": microbatches, "candidates": 0,
+              "virtual_stages": 1 if schedule == "interleaved" else None}  # v > 1: a heuristic (search.interleave)
+    plan = search(profile, cluster, **kwargs)  # type: ignore[arg-type]
+    assert problems(plan, "torch") == []
+    gpus = len(cluster.gpus)
+    for k in range(1, min(layers, gpus) + 1):
+        for config in (c for c in product(range(1, gpus + 1), repeat=k) if sum(c) <= gpus):
+            try:
+                forced = search(profile, cluster, config=config, **kwargs)  # type: ignore[arg-type]
+            except PlannerError:
+                continue
+            assert plan.predicted.iteration_s <= forced.predicted.iteration_s * (1 + 1e-9), config

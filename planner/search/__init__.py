@@ -71,7 +71,7 @@ from planner.judge import Judged
 from planner.runnable import ENGINES as ENGINE_LIMITS
 from planner.runnable import is_runnable
 from planner.search import rerank
-from planner.search.counts import count_refused, counts_for_config, exact_count_problems
+from planner.search.counts import count_refused, counts_for_config, exact_count_problems, refused_error, refuses
 from planner.search.descent import Opening, open_problem, solve
 from planner.search.framed import Framed
 from planner.search.hpp import hpp
@@ -139,16 +139,21 @@ def search(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int |
                                   engine=engine, config=config, candidates=max(candidates, 1), progress=progress,
                                   precision=precision, tp=tp, zero=zero, recompute=recompute,
                                   micro_batch_size=micro_batch_size)
+    every = microbatch_candidates(profile.batch_size, "auto", micro_batch_size)
     cands = counts_for_config(microbatch_candidates(profile.batch_size, microbatches, micro_batch_size), schedule,
-                              engine, config)
+                              engine, config, every)
     found, probs = _collect(profile, cluster, req, cands, progress)
     if candidates <= 0:
+        refused = _refused_met(found, engine, solver) if config is None else None
+        if refused is not None:  # its optimum may be one the engine refuses (planner.search.counts)
+            found, _ = _exact_counts(profile, cluster, req, cands, progress, refused, every)
         return analytic_optimum(found, engine, solver)
     costed = distinct(found, candidates, engine, solver) + _seeds(probs, engine, solver)
     if _all_uneven(costed, engine) and config is None and not _IN_LAYOUT.get():
         return _on_even_layouts(profile, cluster, options)
-    if config is None and any(count_refused(plan, engine) for plan, _ in costed):  # planner.search.counts
-        found, probs = _collect(profile, cluster, req, cands, progress, exact_counts=True)
+    refused = next((plan for plan, _ in costed if count_refused(plan, engine)), None) if config is None else None
+    if refused is not None:  # planner.search.counts
+        found, probs = _exact_counts(profile, cluster, req, cands, progress, refused, every)
         costed = distinct(found, candidates, engine, solver) + _seeds(probs, engine, solver)
     plans = _runnable(costed, engine)
     if not plans:  # every candidate over memory by a cost the DP leaves out (planner.search.solutions), no seed
@@ -310,6 +315,23 @@ def _collect(profile: ir.ModelProfile, cluster: ir.Cluster, req: Request, cands:
         raise no_width_shape(profile, req, met.probs) or least_need_error(
             [p for p in met.probs if id(p) not in met.mixed] or met.probs, req, cands)
     return met.found, met.probs
+
+
+def _refused_met(found: Found, engine: str, solver: str) -> ir.Plan | None:
+    """The first solution met whose micro-batch count ``engine`` refuses on its stages, as a plan (None: none)."""
+    met = next(((p, s) for _, _, p, s in found if refuses(p.schedule, engine, p.microbatches, len(s.stages))), None)
+    return None if met is None else memory_plan(*met, engine=engine, solver=solver)[0]
+
+
+def _exact_counts(profile: ir.ModelProfile, cluster: ir.Cluster, req: Request, cands: list[int],
+                  progress: Callable[[str], None] | None, refused: ir.Plan, every: list[int]
+                  ) -> tuple[Found, list[Problem]]:
+    """:func:`_collect` on the stage counts the engine runs each count on; where no plan fits there, an error that
+    says so beside the counts ``refused`` (a plan met) had (planner.search.counts.refused_error)."""
+    try:
+        return _collect(profile, cluster, req, cands, progress, exact_counts=True)
+    except InfeasibleError as exc:
+        raise refused_error(refused, req.engine, exc, every) from None
 
 
 def _mixed(sol: Solution) -> bool:

@@ -2,46 +2,82 @@
 
 torch's interleaved and zero-bubble classes run M micro-batches on K pipeline ranks in rounds and refuse an M that
 is not a multiple of ``max(1, M // K)`` (planner.schedule.kinds, ``ScheduleKind.engine_refusal``): 8 on 3 ranks
-run, 16 and 32 do not. The stage DP does not track K for every M, so:
+run, 16 and 32 do not; with v > 1 chunks a rank, ScheduleInterleaved1F1B also runs the order simulated only where
+its rounds are K long or M is below K (4 on 3 ranks does not). The stage DP does not track K for every M, so:
 
 * with ``--config`` (K known) the micro-batch counts the engine refuses on K ranks are not searched
   (:func:`counts_for_config`), and a request of none but those is refused up front, with the counts that run;
 * without it, where a plan the search ranked breaks that rule (:func:`count_refused`), the search is run again with
   each problem's stage count fixed to the counts its M runs on (:func:`exact_count_problems`: one problem per
   allowed K): the refused plans would otherwise take the places of runnable ones among those ranked (or all of
-  them: an error where plans exist).
+  them: an error where plans exist); where that search finds no plan, :func:`refused_error` says which counts the
+  refused plans had and which run.
+
+The chunks a rank runs (``--virtual-stages``) reach these rules through :data:`CHUNKS`: the interleaved search
+(planner.search.interleave) searches its K-stage plans with one chunk a rank, and judges them with v.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextvars import ContextVar
 
 from planner import ir
-from planner.errors import UsageError
+from planner.errors import InfeasibleError, UsageError
 from planner.schedule import schedule_kind
 from planner.search.framed import Framed
 
+CHUNKS: ContextVar[int] = ContextVar("CHUNKS", default=1)
+"""The model chunks a pipeline rank will run the plans searched with (set by planner.search.interleave while it
+searches the K-stage plans it re-cuts into K * v chunks); 1 otherwise."""
 
-def counts_for_config(cands: Sequence[int], schedule: str, engine: str, config: Sequence[int] | None) -> list[int]:
+
+def running_counts(cands: Sequence[int], schedule: str, engine: str, stages: int) -> list[int]:
+    """The micro-batch counts of ``cands`` that ``engine`` runs under ``schedule`` on ``stages`` pipeline ranks of
+    :data:`CHUNKS` chunks each."""
+    kind, v = schedule_kind(schedule), CHUNKS.get()
+    return [m for m in cands if kind.engine_refusal(engine, m, stages, v) is None]
+
+
+def _which_run(allowed: Sequence[int], schedule: str, engine: str, stages: int) -> str:
+    """A hint's words for the counts of ``allowed`` (those the batch allows) that run on ``stages`` ranks."""
+    runs = running_counts(allowed, schedule, engine, stages)
+    if not runs:
+        return "choose --microbatches as the reason says"
+    shown = ", ".join(map(str, runs[:8])) + (", ..." if len(runs) > 8 else "")
+    return f"the counts the batch allows that run on {stages} pipeline ranks: --microbatches {shown}"
+
+
+def counts_for_config(cands: Sequence[int], schedule: str, engine: str, config: Sequence[int] | None,
+                      allowed: Sequence[int] = ()) -> list[int]:
     """The micro-batch counts of ``cands`` that ``engine`` runs under ``schedule`` on the ``len(config)`` stages of
-    ``config`` (all of them without a config); UsageError, with the engine's reason, when it runs none."""
+    ``config`` (all of them without a config); UsageError, with the engine's reason and the counts of ``allowed``
+    (every count the batch allows) that run, when it runs none."""
     if config is None:
         return list(cands)
-    kind, k = schedule_kind(schedule), len(config)
-    kept = [m for m in cands if kind.engine_refusal(engine, m, k) is None]
+    k = len(config)
+    kept = running_counts(cands, schedule, engine, k)
     if cands and not kept:
-        reason = kind.engine_refusal(engine, cands[0], k) or ""
+        reason = schedule_kind(schedule).engine_refusal(engine, cands[0], k, CHUNKS.get()) or ""
         raise UsageError(f"--config {'-'.join(map(str, config))} has {k} stages and --engine {engine} runs none of "
                          f"the micro-batch counts searched ({', '.join(map(str, cands[:8]))}"
                          f"{', ...' if len(cands) > 8 else ''}) on them: {reason}",
-                         "choose --microbatches as it says, or another --config")
+                         f"{_which_run(allowed or cands, schedule, engine, k)}; or choose another --config")
     return kept
 
 
+def refuses(schedule: str, engine: str, microbatches: int, stages: int) -> bool:
+    """Whether ``engine`` refuses M micro-batches of ``schedule`` on ``stages`` pipeline ranks of :data:`CHUNKS`
+    chunks each."""
+    return not running_counts([microbatches], schedule, engine, stages)
+
+
 def count_refused(plan: ir.Plan, engine: str) -> bool:
-    """Whether ``engine`` refuses the plan's micro-batch count on its pipeline ranks."""
+    """Whether ``engine`` refuses the plan's micro-batch count on its pipeline ranks (of :data:`CHUNKS` chunks each
+    where the plan has one)."""
     kind = schedule_kind(plan.schedule)
-    return kind.engine_refusal(engine, plan.microbatches, plan.pipeline_stages, plan.virtual_stages) is not None
+    v = CHUNKS.get() if plan.virtual_stages == 1 else plan.virtual_stages
+    return kind.engine_refusal(engine, plan.microbatches, plan.pipeline_stages, v) is not None
 
 
 def exact_count_problems(framed: Sequence[Framed], engine: str) -> list[Framed]:
@@ -49,11 +85,23 @@ def exact_count_problems(framed: Sequence[Framed], engine: str) -> list[Framed]:
     (``Framed.with_stages(exact=K)``); a problem whose count is already fixed stays if the engine runs it."""
     out = []
     for frame in framed:
-        kind = schedule_kind(frame.schedule)
         if frame.exact_k is not None:
             ks = [frame.exact_k]
         else:
             ks = list(range(max(frame.min_stages, 1), frame.most_stages() + 1))
         out += [frame.with_stages(exact=k, least=frame.min_stages) for k in ks
-                if kind.engine_refusal(engine, frame.microbatches, k) is None]
+                if not refuses(frame.schedule, engine, frame.microbatches, k)]
     return out
+
+
+def refused_error(refused: ir.Plan, engine: str, failure: InfeasibleError, allowed: Sequence[int]) -> InfeasibleError:
+    """The error of a search whose plans on the stage counts its engine runs (``failure``) found none, where
+    ``refused`` (a plan it ranked) fits but the engine refuses its micro-batch count on its stages: both said, and
+    the counts that do run there."""
+    k, v = refused.pipeline_stages, CHUNKS.get() if refused.virtual_stages == 1 else refused.virtual_stages
+    reason = schedule_kind(refused.schedule).engine_refusal(engine, refused.microbatches, k, v) or ""
+    return InfeasibleError(f"{failure.cause} (on the stage counts --engine {engine} runs the micro-batch counts "
+                           f"searched on); the plans found on {k} stages ({refused.config}, {refused.microbatches} "
+                           f"micro-batches) it refuses: {reason}",
+                           f"{_which_run(allowed, refused.schedule, engine, k)}; else {failure.hint}",
+                           failure.needed_bytes)

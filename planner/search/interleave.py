@@ -28,8 +28,9 @@ Method (a documented heuristic, not an exact optimum over the interleaved space)
 
 M need not be a multiple of K: the schedule adds the warm-up forwards that avoid a
 deadlock (:func:`planner.schedule.interleaved_extra_warmup`). For ``--engine torch``,
-``ScheduleInterleaved1F1B`` needs M divisible by max(1, M // K), and runs the order simulated only where its rounds
-of micro-batches are K long or M is below K (:func:`planner.schedule.kinds.torch_order_matches`); other M are skipped.
+``ScheduleInterleaved1F1B`` (torchtitan's too) needs M divisible by max(1, M // K), and runs the order simulated only
+where its rounds of micro-batches are K long or M is below K (:func:`planner.schedule.kinds.torch_order_matches`): the
+K-stage search keeps to the counts that run on K ranks of v chunks (planner.search.counts.CHUNKS).
 ``--engine deepspeed`` runs no interleaved schedule (UsageError).
 """
 
@@ -48,6 +49,7 @@ from planner.costmodel import layer_table, p2p_s, stage_grid
 from planner.errors import InfeasibleError, UsageError
 from planner.judge import Judged, judge
 from planner.schedule import schedule_kind
+from planner.search.counts import CHUNKS
 from planner.search.hpp import hpp, stage_tables
 from planner.search.options import DEFAULT_VIRTUAL_STAGES, engine_forms, resolve_virtual_stages
 
@@ -159,6 +161,7 @@ def search_interleaved(profile: ir.ModelProfile, cluster: ir.Cluster, virtual_st
         one = judged[key]
         return one.prediction.iteration_s if one is not None and one.fits else math.inf
 
+    token = CHUNKS.set(v)  # the micro-batch counts the engine runs on K ranks of v chunks (planner.search.counts)
     try:
         base = search(profile, cluster, microbatches=microbatches, schedule="interleaved", optimizer=optimizer,
                       solver=solver, engine=engine, config=config, progress=progress, evaluate=evaluate,
@@ -166,14 +169,16 @@ def search_interleaved(profile: ir.ModelProfile, cluster: ir.Cluster, virtual_st
     except InfeasibleError as exc:  # its least memory is one chunk per group's: v chunks hold more in flight
         raise InfeasibleError(f"{exc.cause}; that is with one chunk per device group, and {v} chunks a group hold "
                               "more micro-batches in flight, so an interleaved plan needs more", exc.hint) from None
+    finally:
+        CHUNKS.reset(token)
     score = evaluate(base)
     best = judged[_base_key(base)]
     if best is None or not best.fits or not math.isfinite(score):
         raise InfeasibleError(
             f"no plan the search met runs interleaved with {v} chunks per device group: too few layers for "
             f"K*{v} chunks, the extra micro-batches in flight do not fit in memory"
-            + (", or torch runs no micro-batch count met in the order simulated (M a multiple of K, or below K)"
-               if engine == "torch" else ""),
+            + (f", or {engine} runs no micro-batch count met in the order simulated (M a multiple of K, or below K)"
+               if engine in ("torch", "torchtitan") else ""),
             "try --virtual-stages 1, more micro-batches, a smaller batch, or a larger cluster")
     return best.plan
 
@@ -206,6 +211,7 @@ def _base_key(base: ir.Plan) -> tuple:
 def _judge_base(base: ir.Plan, v: int, engine: str) -> Judged | None:
     """Chunk and judge one K-stage candidate; None when it cannot run interleaved."""
     k = base.pipeline_stages
-    if len(base.profile.layers) < k * v or (engine == "torch" and not torch_runs(base.microbatches, k, v)):
+    refused = schedule_kind("interleaved").engine_refusal(engine, base.microbatches, k, v)  # torch and torchtitan
+    if len(base.profile.layers) < k * v or refused is not None:
         return None
     return judge(chunk_plan(base, v))
