@@ -33,11 +33,8 @@ def test_deepspeed_and_megatron_also_run_with_zero_stage_1_where_a_stage_has_dat
     megatron = strategy_settings("megatron", _shaped_llama(), cluster, (2,), "adam")
     base = "tp=4 in a server, uniform pp, dp the rest"
     lean = f"{base}, selective recomputation + sequence parallel"
-    chunked = f"{base}, interleaved schedule"  # pp 2 of 6 blocks: 3 chunks each, one per block
     assert [s.label for s in megatron] == [base, f"{base}, distributed optimizer", lean,
-                                           f"{lean}, distributed optimizer", chunked,
-                                           f"{chunked}, selective recomputation + sequence parallel"]
-    # the interleaved layouts have pp 2 of tp 4: no data-parallel rank to shard over, so no ZeRO-1 twin
+                                           f"{lean}, distributed optimizer"]  # pp 2 at most: no interleaving
     sharded = megatron[1]
     assert sharded.layouts and all(lay.zero == 1 and lay.data_parallel for lay in sharded.layouts)
     # the 2-stage layout has dp 1 per stage (4 GPUs, tp 4): nothing to shard, so it is not a ZeRO-1 layout

@@ -328,9 +328,10 @@ def megatron_layouts(profile: ir.ModelProfile, cluster: ir.Cluster, microbatches
     full recomputation, as Megatron's users turn it on when memory runs out.
 
     ``interleaved``: Megatron's interleaved schedule instead (SC'21 section 2.2,
-    ``--num-layers-per-virtual-pipeline-stage``): for pp >= 2, every v >= 2 chunks per stage with the blocks'
-    count divisible by pp x v (Megatron's rule), chunk c on pipeline rank c mod pp, at the micro-batch counts
-    that are multiples of pp (its schedule's rule); none where no pp and v qualify.
+    ``--num-layers-per-virtual-pipeline-stage``): for pp >= 3 (Megatron-Core's ``parallel_state`` refuses
+    interleaving on 2 stages or fewer), every v >= 2 chunks per stage with the blocks' count divisible by pp x v
+    (Megatron's rule), chunk c on pipeline rank c mod pp, at the micro-batch counts that are multiples of pp (its
+    schedule's rule); none where no pp and v qualify.
     """
     if not any(layer.block is not None for layer in profile.layers):
         return NotFitting("megatron", "Megatron-LM's tensor parallelism shards transformer blocks; the model has none")
@@ -355,9 +356,10 @@ def megatron_layouts(profile: ir.ModelProfile, cluster: ir.Cluster, microbatches
 
 def _virtual_stages(profile: ir.ModelProfile, pp: int) -> list[int]:
     """The chunks per stage Megatron's interleaved schedule can run on ``pp`` stages: v >= 2 with the transformer
-    blocks' count divisible by pp x v (none for pp = 1)."""
+    blocks' count divisible by pp x v (none for pp <= 2: "pipeline-model-parallel size should be greater than 2
+    with interleaved schedule")."""
     blocks = sum(layer.block is not None for layer in profile.layers)
-    return [] if pp < 2 else [v for v in range(2, blocks // pp + 1) if blocks % (pp * v) == 0]
+    return [] if pp < 3 else [v for v in range(2, blocks // pp + 1) if blocks % (pp * v) == 0]
 
 
 # ----------------------------------------------------------------------------- settings

@@ -122,11 +122,11 @@ def _settings_pipedream(profile: ir.ModelProfile, cluster: ir.Cluster, choices: 
 def _settings_megatron(profile: ir.ModelProfile, cluster: ir.Cluster, choices: tuple[int, ...],
                        optimizer: str) -> list[Setting]:
     """Megatron-LM's layout under 1F1B, and again under its interleaved schedule
-    (``--num-layers-per-virtual-pipeline-stage``, where the blocks divide: SC'21 section 2.2); each with and
-    without ``--use-distributed-optimizer`` (ZeRO-1 over the data-parallel ranks, as its example training scripts
-    run it), and with and without selective recomputation and sequence parallelism (``--recompute-activations
-    --sequence-parallel``, Korthikanti et al. 2022, which its examples for large models run). The judge gives a
-    stage that still overflows full recomputation."""
+    (``--num-layers-per-virtual-pipeline-stage``, on 3 stages or more where the blocks divide: SC'21 section 2.2);
+    each with and without ``--use-distributed-optimizer`` (ZeRO-1 over the data-parallel ranks, as its example
+    training scripts run it), and with and without selective recomputation and sequence parallelism
+    (``--recompute-activations --sequence-parallel``, Korthikanti et al. 2022, which its examples for large models
+    run). The judge gives a stage that still overflows full recomputation."""
     found = megatron_layouts(profile, cluster, choices)
     tp = f"tp={found[0].tp}" if isinstance(found, list) and found else "tp = GPUs per server"
     label = f"{tp} in a server, uniform pp, dp the rest"
