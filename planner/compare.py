@@ -68,11 +68,13 @@ class SettingResult:
     config: str | None
     microbatches: int | None
     reason: str | None
+    virtual_stages: int | None = None
+    """Model chunks per device group (an interleaved plan's v; 1 otherwise, None where nothing was judged)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"setting": self.setting, "schedule": self.schedule, "fits": self.fits,
                 "iteration_s": self.iteration_s, "config": self.config, "microbatches": self.microbatches,
-                "reason": self.reason}
+                "virtual_stages": self.virtual_stages, "reason": self.reason}
 
 
 @dataclass(frozen=True)
@@ -98,17 +100,22 @@ class StrategyResult:
     setting: str | None = None
     settings: tuple[SettingResult, ...] = ()
 
+    @property
+    def virtual_stages(self) -> int | None:
+        """Model chunks per device group of the row's plan (an interleaved plan's v), None without a plan."""
+        return None if self.plan is None else self.plan.virtual_stages
+
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "iteration_s": self.iteration_s, "samples_per_s": self.samples_per_s,
                 "fits": self.fits, "config": self.config, "speedup_over_dp": self.speedup_over_dp,
                 "peak_memory_bytes": self.peak_memory_bytes, "schedule": self.schedule,
-                "microbatches": self.microbatches, "reason": self.reason, "setting": self.setting,
-                "settings": [x.to_dict() for x in self.settings]}
+                "microbatches": self.microbatches, "virtual_stages": self.virtual_stages, "reason": self.reason,
+                "setting": self.setting, "settings": [x.to_dict() for x in self.settings]}
 
     def as_setting(self) -> SettingResult:
         """This result as one setting of its strategy."""
         return SettingResult(self.setting or "", self.schedule, self.fits, self.iteration_s, self.config,
-                             self.microbatches, self.reason)
+                             self.microbatches, self.reason, self.virtual_stages)
 
 
 @dataclass(frozen=True)

@@ -308,6 +308,9 @@ def test_megatron_row_takes_its_interleaved_schedule_where_that_is_its_best() ->
     assert row.setting == chunked.setting and row.schedule == "interleaved"
     assert row.plan is not None and row.plan.virtual_stages > 1
     assert row.plan.microbatches % row.plan.pipeline_stages == 0
+    doc = row.to_dict()  # the JSON says how many chunks, so that the row can be run again
+    assert doc["virtual_stages"] == row.plan.virtual_stages
+    assert {s["setting"]: s["virtual_stages"] for s in doc["settings"]}[label] == 1
 
 
 def test_pipedream_row_takes_the_readme_setting_when_the_default_cuts_a_huge_activation() -> None:
