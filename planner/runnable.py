@@ -303,9 +303,13 @@ def _uniform_problems(stages: Sequence[ir.Stage], engine: str, uniform_zero: boo
 
 
 def problems(plan: ir.Plan, engine: str | None = None) -> list[str]:
-    """Every reason ``plan`` cannot run (on ``engine``, default the plan's own); empty when it can."""
+    """Every reason ``plan`` cannot run (on ``engine``, default the plan's own); empty when it can. Stages that do not
+    cover the model are the only reasons given for such a plan (the other checks read each stage's layers)."""
     engine = plan.engine if engine is None else engine
-    return cover_problems(plan) + batch_problems(plan) + grid_problems(plan) + engine_problems(plan, engine)
+    cover = cover_problems(plan)
+    if cover:
+        return cover
+    return batch_problems(plan) + grid_problems(plan) + engine_problems(plan, engine)
 
 
 def check_runnable(plan: ir.Plan, engine: str | None = None) -> None:

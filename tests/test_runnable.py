@@ -16,6 +16,7 @@ from planner.jsonio import read_json
 from planner.runnable import check_runnable, is_runnable, problems
 from planner.search import search
 from tests.conftest import make_cluster_dict, make_profile_dict
+from tests.test_export_torchtitan import llama_profile, titan_plan  # imported inside a @given test: nested @given
 
 
 def _plan(batch: int = 8, m: int = 2, widths: tuple[int, ...] = (2, 2), **stage: object) -> ir.Plan:
@@ -121,7 +122,6 @@ def test_when_each_engine_reduces_fsdp_gradients_once_a_step() -> None:
 def test_torchtitan_runs_its_llama_only_with_every_block_sharded_and_the_sequence_too() -> None:
     """torchtitan trains its own Llama; under tensor parallelism every block takes the tp form with sequence
     parallelism, and one recomputation mode runs for the whole job."""
-    from tests.test_export_torchtitan import titan_plan
 
     plan = titan_plan([0, 8], tp=2, sequence_parallel=True)
     assert problems(plan) == []
@@ -150,7 +150,6 @@ def test_torchtitan_runs_its_llama_only_with_every_block_sharded_and_the_sequenc
 def test_torchtitan_shards_its_embeddings_and_heads_vocabulary_under_tensor_parallelism(layer: int, form: str) -> None:
     """torchtitan's Llama plan runs the embedding row-wise and the head column-wise with loss_parallel: a plan whose
     tensor group replicates either (dp) or splits the other dimension predicts a layout that does not run."""
-    from tests.test_export_torchtitan import titan_plan
 
     plan = titan_plan([0, 8], tp=2, sequence_parallel=True)
     st = plan.stages[0]
@@ -167,7 +166,6 @@ def test_torchtitan_shards_its_embeddings_and_heads_vocabulary_under_tensor_para
 @settings(max_examples=12, deadline=None)
 def test_a_torchtitan_search_emits_plans_torchtitan_runs(shape: tuple[int, int], batch: int, tp: int | None,
                                                          recompute: str) -> None:
-    from tests.test_export_torchtitan import llama_profile
 
     profile = dataclasses.replace(llama_profile(blocks=4, heads=4, kv_heads=2), batch_size=batch)
     cluster = cluster_from_dict(make_cluster_dict(*shape))
@@ -435,3 +433,17 @@ def test_deepspeed_bf16_without_zero_needs_a_weight_of_the_stages_own_beside_tie
                  dataclasses.replace(tied, profile=dataclasses.replace(tied.profile, layers=plan.profile.layers))):
         assert not [p for p in problems(fine, "deepspeed") if "share a weight" in p]
     assert not [p for p in problems(tied, "torch") if "share a weight" in p]
+
+
+@pytest.mark.parametrize("layers", [((0, 2), (2, 4), (4, 6)), ((0, 2), (3, 4))])
+def test_stages_past_the_model_or_with_a_gap_are_reported_not_an_index_error(layers: tuple) -> None:
+    """A hand-built plan whose stages run past the model's 4 layers (or skip one) raised IndexError in the per-layer
+    form checks; the cover problem is the answer, and check_runnable a PlanError."""
+    base = _plan(widths=(1,) * len(layers))
+    stages = tuple(dataclasses.replace(st, layers=rng, forms=("dp",) * (rng[1] - rng[0]))
+                   for st, rng in zip(base.stages, layers, strict=True))
+    plan = dataclasses.replace(base, stages=stages)
+    found = problems(plan, "torch")
+    assert len(found) == 1 and ("cover layers" in found[0] or "contiguous" in found[0])
+    with pytest.raises(PlanError):
+        check_runnable(plan, "torch")
