@@ -130,6 +130,16 @@ def test_balance_by_time_uses_forward_times_in_microseconds() -> None:
     assert bl.balance_by_time(ir.ModelProfile.from_dict(doc), 2) == [4, 2]
 
 
+def test_balance_by_time_times_forward_and_backward_as_torchgpipe_does() -> None:
+    # torchgpipe's profile_times runs each layer's backward inside the timed span (v0.0.5 on); a balance on the
+    # forwards alone split 4 layers of equal forwards (1 ms) but backwards of 0, 0, 6, 6 ms as [2, 2]: 2 ms
+    # against 14 ms per step, where torchgpipe gives [3, 1]: 8 ms against 7 ms
+    doc = make_profile_dict(4)
+    for layer, back in zip(doc["layers"], [0.0, 0.0, 6e-3, 6e-3], strict=True):
+        layer.update(forward_s=1e-3, backward_s=back)
+    assert bl.balance_by_time(ir.ModelProfile.from_dict(doc), 2) == [3, 1]
+
+
 # ----------------------------------------------------------------------------- PipeDream
 
 

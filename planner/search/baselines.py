@@ -190,7 +190,7 @@ def gpipe_uniform_layout(profile: ir.ModelProfile, cluster: ir.Cluster,
 
 def torchgpipe_layout(profile: ir.ModelProfile, cluster: ir.Cluster, microbatches: tuple[int, ...],
                       param_scale: float | None = None) -> Layout | NotFitting:
-    """``torchgpipe``: one GPU per stage, split by ``balance_by_time`` on the forward times, or,
+    """``torchgpipe``: one GPU per stage, split by ``balance_by_time`` on the forward + backward times, or,
     given ``param_scale``, by ``balance_by_size`` for ``chunks`` = the one micro-batch count given."""
     if param_scale is None:
         return _one_gpu_per_stage("torchgpipe", profile, cluster, lambda k: balance_by_time(profile, k),

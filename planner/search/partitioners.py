@@ -3,8 +3,8 @@ each system's own algorithm and tested against it (pure).
 
 DeepSpeed ``PipelineModule`` (``partition_uniform``, ``partition_balanced``, the
 ``'parameters'`` weighting of ``_partition_layers`` and its ``type:<regex>`` method) and
-torchgpipe's ``balance_by_time`` (the block-partition algorithm of Barany et al. on forward
-times in whole microseconds) and ``balance_by_size``. PipeDream's hierarchical partitioner is
+torchgpipe's ``balance_by_time`` (the block-partition algorithm of Barany et al. on forward +
+backward times in whole microseconds) and ``balance_by_size``. PipeDream's hierarchical partitioner is
 in :mod:`planner.search.pipedream`.
 """
 
@@ -212,13 +212,13 @@ def _counts(splits: Sequence[int]) -> list[int]:
 
 
 def balance_by_time(profile: ir.ModelProfile, partitions: int) -> list[int]:
-    """torchgpipe's ``balance_by_time``: layers per partition from per-layer forward times.
+    """torchgpipe's ``balance_by_time``: layers per partition from per-layer training-step times.
 
-    torchgpipe's ``profile_times`` times each layer's forward (in a training sandbox)
-    and sums whole microseconds, then calls the block partition; the profile's
-    ``forward_s`` stands in for that measurement.
+    torchgpipe's ``profile_times`` (v0.0.5 on: "Profile backpropagation too") times each layer's
+    forward and its backward together and sums whole microseconds, then calls the block partition;
+    the profile's ``forward_s + backward_s`` stands in for that measurement.
     """
-    times = [int(layer.forward_s * 1_000_000) for layer in profile.layers]
+    times = [int((layer.forward_s + layer.backward_s) * 1_000_000) for layer in profile.layers]
     return block_partition(times, partitions)
 
 

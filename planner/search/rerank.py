@@ -2,7 +2,7 @@
 
 Owns what :func:`planner.search.search` does after the dynamic programs: the structured
 seed plans (equal-width pipeline x data-parallel grids with balanced layer splits, pure
-data parallel, one stage on every GPU under HPP's forms, and PipeDream's partitions as
+data parallel, one stage on every GPU under HPP's forms, and PipeDream's partitions and Megatron-LM's layouts as
 ``planner compare`` runs them), the memory check that admits a seed, and the simulated
 prediction of the plan it returns. Pure: no torch, click or rich.
 
@@ -23,6 +23,7 @@ from planner import ir
 from planner.cluster import group_of, index
 from planner.costmodel import plan_memory, stage_costs
 from planner.judge import Judged, judge
+from planner.runnable import is_runnable
 from planner.search import baselines as bl
 from planner.search.sp import Problem
 from planner.simulate import plan_options
@@ -109,7 +110,7 @@ def _bounds(balance: Sequence[int]) -> list[int]:
 def splits(profile: ir.ModelProfile, k: int) -> list[list[int]]:
     """Layer boundaries (k + 1 of them) of every seed split into k non-empty stages:
     DeepSpeed's ``partition_uniform`` (layer counts), torchgpipe's ``balance_by_time``
-    (forward times) and, below :data:`PARAMETER_SPLIT_WORK`, DeepSpeed's ``partition_balanced``
+    (forward + backward times) and, below :data:`PARAMETER_SPLIT_WORK`, DeepSpeed's ``partition_balanced``
     on parameters and on each layer type (``type:<T>``, as compare's ``deepspeed`` row tries);
     duplicates once."""
     n = len(profile.layers)
@@ -177,7 +178,8 @@ def seed_plans(prob: Problem, *, engine: str, solver: str, cache: SeedCache | No
             plans += _fitting(prob, groups, parts, forms, engine, solver)
         if k == 1:
             plans += _fitting(prob, groups, [0, n], [_hpp_forms(prob, groups[0])], engine, solver)
-    return plans + pipedream_seeds(prob, engine=engine, solver=solver, cache=cache)
+    return (plans + pipedream_seeds(prob, engine=engine, solver=solver, cache=cache)
+            + megatron_seeds(prob, engine=engine, solver=solver))
 
 
 PIPEDREAM_SEED_WORK = 2e6
@@ -214,6 +216,42 @@ def pipedream_seeds(prob: Problem, *, engine: str, solver: str, cache: SeedCache
     return plans
 
 
+def megatron_seeds(prob: Problem, *, engine: str, solver: str) -> list[Costed]:
+    """Megatron-LM's layouts as ``planner compare``'s ``megatron`` row builds them (tensor groups of a server,
+    uniform pipeline, its forms; planner.search.baselines.megatron_layouts), without and, where the space allows,
+    with selective recomputation and sequence parallelism, as plans of ``prob`` (its micro-batch count and
+    schedule) where their grids are ones the search may form, they run on ``engine`` and they fit: HPP may price
+    Megatron's forms above data-parallel ones that the simulator finds slower, so without them a Megatron plan
+    in the search's space could beat the search's pick."""
+    found = bl.megatron_layouts(prob.profile, prob.cluster, (prob.microbatches,))
+    if prob.config is not None or isinstance(found, bl.NotFitting):
+        return []
+    lean = [("selective", True)] if prob.space.sequence_parallel and "selective" in prob.space.recompute else []
+    plans: list[Costed] = []
+    for layout in found:
+        forms = {f for _, _, fs in layout.stages for f in fs}
+        if prob.space.tp not in (None, layout.tp) or forms - set(prob.space.forms) or not _grids_in_space(
+                prob, [devices for _, devices, _ in layout.stages], layout.tp):
+            continue
+        for mode, sp in [(next(m for m in LIGHTER if m in prob.space.recompute), False), *lean]:
+            stages = tuple(ir.Stage(layers, devices, fs, 0, mode, layout.tp, _seed_zero(prob, devices, layout.tp),
+                                    sequence_parallel=sp and layout.tp > 1) for layers, devices, fs in layout.stages)
+            draft = ir.Plan(prob.profile, prob.cluster, prob.schedule, prob.microbatches, prob.optimizer, stages,
+                            ir.Prediction(0.0, 0.0, 0.0, 0), engine=engine, solver=solver,
+                            precision=prob.space.precision)
+            fitted = with_memory(draft, prob.space.recompute) if is_runnable(draft) else None
+            plans += [] if fitted is None else [fitted]
+    return plans
+
+
+def _grids_in_space(prob: Problem, groups: Sequence[tuple[str, ...]], tp: int) -> bool:
+    """Whether each group is a ``tp`` grid the search may form where it starts, each data-parallel rank given
+    whole micro-batches."""
+    at = index(prob.cluster).position
+    return all(any(mv.devices == grp and mv.tp == tp for mv in prob.moves[at[grp[0]]]) for grp in groups) and not any(
+        prob.profile.batch_size % (prob.microbatches * (len(g) // tp)) for g in groups)
+
+
 def _hpp_forms(prob: Problem, devices: tuple[str, ...]) -> tuple[str, ...]:
     """HPP's forms for the whole model as one stage on ``devices`` as a single tensor group (AccPar's
     layout); all ``dp`` when the search may not form such a group."""
@@ -241,10 +279,10 @@ def _fitting(prob: Problem, groups: Sequence[tuple[str, ...]], parts: Sequence[i
     return [] if fitted is None else [fitted]
 
 
-def _seed_zero(prob: Problem, devices: tuple[str, ...]) -> int:
-    """The ZeRO stage a data-parallel seed stage takes: 1 where allowed (as fast as 0, leaner), else the least
-    allowed; 0 on one device."""
-    if len(devices) == 1:
+def _seed_zero(prob: Problem, devices: tuple[str, ...], tp: int = 1) -> int:
+    """The ZeRO stage a seed stage takes: 1 where allowed (as fast as 0, leaner), else the least
+    allowed; 0 on one data-parallel rank."""
+    if len(devices) // tp == 1:
         return 0
     return 1 if 1 in prob.space.zero else min(prob.space.zero)
 
