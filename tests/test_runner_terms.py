@@ -6,9 +6,22 @@ import dataclasses
 from dataclasses import dataclass, field
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from planner import ir
-from planner.runner.terms import MEASURED, AsRun, as_run_prediction, classify, predicted_terms, stage_terms, term_of
+from planner.runner.terms import (
+    MEASURED,
+    STEP_RANGE,
+    AsRun,
+    Span,
+    as_run_prediction,
+    classify,
+    predicted_terms,
+    stage_terms,
+    term_of,
+    timeline_terms,
+)
 from planner.simulate import simulate
 from tests.test_validate import make_plan
 
@@ -109,3 +122,51 @@ def test_a_run_on_another_engine_than_the_plans_is_predicted_as_that_engine_runs
     assert "--engine deepspeed" in got.warning
     own = as_run_prediction(dataclasses.replace(known, engine="deepspeed"), "deepspeed")
     assert own == AsRun(known.predicted.iteration_s, {}, None)  # the plan's own: searched for this engine
+
+
+def _s(name: str, start_ms: float, end_ms: float, *children: Span, thread: int = 1) -> Span:
+    return Span(name, thread, start_ms * 1e-3, end_ms * 1e-3, children)
+
+
+def test_on_the_cpu_the_wait_for_gloos_work_is_in_the_term_of_that_work() -> None:
+    """As profiled on 2 gloo processes: DeepSpeed's gradient all-reduce returned from ``c10d::allreduce_``
+    in 0.03 ms and waited 3 ms for gloo's thread outside any event (measured allreduce 0.145 ms, other 10 ms);
+    FSDP's ZeRO-3 pre-backward gather waited inside autograd's function (counted compute: 21.6 ms of a
+    38.8 ms step); a receive's wait is gloo's ``gloo:recv`` on the step's thread, outside the step's events."""
+    step = _s(STEP_RANGE, 0, 20,
+              _s("aten::linear", 0, 1),
+              _s("c10d::allreduce_", 1, 1.03),  # hands the work to gloo, then waits with no event until 4
+              _s("aten::mul_", 4, 4.5),
+              _s("autograd::engine::evaluate_function: AddmmBackward0", 5, 10,
+                 _s("FSDP::pre_backward", 5, 9.5, _s("c10d::_allgather_base_", 5, 5.2)),  # its wait: to 9
+                 _s("AddmmBackward0", 9.5, 10, _s("aten::mm", 9.5, 10))),
+              _s("Optimizer.step#ZeroRedundancyOptimizer.step", 11, 13, _s("c10d::broadcast_", 11.5, 12)),
+              # 13..16: a receive's wait (gloo:recv below); 16..20: nothing in flight
+              )
+    gloo = [_s("gloo:all_reduce", 1.01, 3.99, thread=3), _s("gloo:all_gather", 5.1, 9, thread=2),
+            _s("gloo:broadcast", 11.6, 12, thread=2), _s("gloo:recv", 13, 16, thread=1)]
+    got = timeline_terms(step, gloo, 0.021)
+    assert got["allreduce"] == pytest.approx(0.03e-3 + 2.96e-3 + 3.8e-3 + 0.2e-3)
+    assert got["transfers"] == pytest.approx(3e-3)
+    assert got["optimizer"] == pytest.approx(2e-3)
+    assert got["compute"] == pytest.approx(1e-3 + 0.5e-3 + 0.5e-3 + 0.5e-3)  # linear, mul_, mm, the hook's own
+    assert got["other"] == pytest.approx(0.021 - sum(got[t] for t in MEASURED if t != "other"))
+    assert got["other"] == pytest.approx((0.01 + 0.5 + 1 + 4 + 1) * 1e-3)  # gaps with nothing in flight; past the range
+
+
+_times = st.lists(st.tuples(st.floats(0, 10), st.floats(0, 2)), max_size=6)
+
+
+@given(_times, _times, st.sampled_from(["aten::add", "autograd::x", "c10d::send", "user", "Optimizer.step#S"]))
+def test_the_cpu_terms_divide_the_steps_wall_time(ops: list[tuple[float, float]], flight: list[tuple[float, float]],
+                                                  name: str) -> None:
+    """Each instant of the step is counted in one term: with the rest in ``other`` they add up to the wall time."""
+    cursor, kids = 0.0, []
+    for gap, length in ops:  # disjoint children, as on one thread
+        kids.append(_s(name, cursor + gap, cursor + gap + length))
+        cursor += gap + length
+    step = _s(STEP_RANGE, 0, cursor + 1, *kids)
+    gloo = [_s("gloo:all_reduce" if i % 2 else "gloo:recv", a, a + b, thread=2) for i, (a, b) in enumerate(flight)]
+    got = timeline_terms(step, gloo, (cursor + 1) * 1e-3)
+    assert all(v >= 0 for v in got.values())
+    assert sum(got.values()) == pytest.approx((cursor + 1) * 1e-3)

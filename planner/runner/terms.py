@@ -10,8 +10,14 @@ reduce-scatter: data-parallel gradient synchronisation and the engines' loss red
 ``optimizer`` (``Optimizer.step``/``zero_grad``); an event of no term (a user range) is
 looked into. ``other`` is the profiled step's wall time minus those: the engine's Python
 (scheduling, its wrappers) and waiting for an input that is not inside a communication call.
-Gloo's own ``gloo:`` events run on its threads and duplicate ``c10d::`` ones; they are skipped.
-A blocking receive counts its wait as ``transfers``, so idle time shows partly there.
+On the CPU (gloo) a ``c10d::`` operator only hands its work to gloo and returns: the wait comes
+after it, outside any operator, so :func:`timeline_terms` divides the time of the step's own thread
+(:data:`STEP_RANGE` marks the step) instant by instant: gloo's own ``gloo:`` events (on its threads,
+or on the step's thread from a send or receive's start to its end) say when its work is in flight,
+and time in no operator (``aten::``) while it is, is the wait for it (its term: ``gloo:broadcast``,
+``send`` and ``recv`` transfers, the rest allreduce), inside autograd's functions too (FSDP gathers
+a unit in its pre-backward hook); inside ``Optimizer.step`` everything is optimizer (torch's ZeRO-1
+broadcast). A blocking receive counts its wait as ``transfers``, so idle time shows partly there.
 
 Predicted (:func:`predicted_terms`, from the plan simulated with the run's engine, the
 explanation's terms): per pipeline stage ``compute`` (M x forward + backward, without the
@@ -76,6 +82,99 @@ def classify(events: Iterable[ProfEvent], wall_s: float, elapsed_s: Callable[[Pr
             stack.extend(e.cpu_children)
         else:
             out[term] += float(elapsed_s(e))
+    out["other"] = max(0.0, wall_s - sum(out[t] for t in MEASURED if t != "other"))
+    return out
+
+
+STEP_RANGE = "planner::step"
+"""The name of the profiler range the worker puts around its profiled step."""
+
+_GLOO = (("gloo:send", "transfers"), ("gloo:recv", "transfers"), ("gloo:broadcast", "transfers"),
+         ("gloo:", "allreduce"))
+_COMMS = ("transfers", "allreduce")
+
+
+def gloo_term(name: str) -> str | None:
+    """The term of gloo's own event (its collective or point-to-point work), None for another event."""
+    return next((term for prefix, term in _GLOO if name.startswith(prefix)), None)
+
+
+@dataclasses.dataclass(frozen=True)
+class Span:
+    """A profiler event on a timeline: its name, thread, start and end (seconds) and the events inside it."""
+
+    name: str
+    thread: int
+    start_s: float
+    end_s: float
+    children: tuple[Span, ...] = ()
+
+
+Interval = tuple[float, float]
+
+
+def _minus(a: Interval, cuts: Sequence[Interval]) -> list[Interval]:
+    """``a`` without the sorted, disjoint ``cuts``."""
+    out, at = [], a[0]
+    for lo, hi in cuts:
+        if hi <= at or lo >= a[1]:
+            continue
+        if lo > at:
+            out.append((at, lo))
+        at = max(at, hi)
+    if at < a[1]:
+        out.append((at, a[1]))
+    return out
+
+
+def _union(spans: Iterable[Interval]) -> list[Interval]:
+    out: list[Interval] = []
+    for lo, hi in sorted(spans):
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def _self_time(span: Span, chain: tuple[str | None, ...], in_op: bool,
+               out: list[tuple[Interval, tuple[str | None, ...], bool]]) -> None:
+    """Each piece of ``span``'s time that none of its children covers, with the terms of the events
+    around it (``chain``, outermost first) and whether an operator (``aten::``) runs there."""
+    here = (*chain, term_of(span.name) or gloo_term(span.name))
+    op = in_op or span.name.startswith("aten::")
+    kids = sorted(span.children, key=lambda k: k.start_s)
+    for piece in _minus((span.start_s, span.end_s), [(k.start_s, k.end_s) for k in kids]):
+        out.append((piece, here, op))
+    for kid in kids:
+        _self_time(kid, here, op, out)
+
+
+def timeline_terms(step: Span, others: Iterable[Span], wall_s: float) -> dict[str, float]:
+    """Seconds per measured term of one CPU step (module doc): ``step`` the :data:`STEP_RANGE` event
+    and what ran inside it on its thread, ``others`` the other top-level events (gloo's work in flight,
+    on any thread); ``other`` is ``wall_s`` minus the rest."""
+    flight = {t: _union((e.start_s, e.end_s) for e in others if gloo_term(e.name) == t) for t in _COMMS}
+    out = dict.fromkeys(MEASURED, 0.0)
+    pieces: list[tuple[Interval, tuple[str | None, ...], bool]] = []
+    _self_time(step, (), False, pieces)
+    for piece, chain, in_op in pieces:
+        length = piece[1] - piece[0]
+        if "optimizer" in chain:
+            out["optimizer"] += length
+            continue
+        comm = next((t for t in chain if t in _COMMS), None)
+        if comm is not None:
+            out[comm] += length
+            continue
+        rest = [piece]
+        if not in_op:  # waiting: for a collective gloo's threads run, if one runs
+            for term in _COMMS:
+                left = [p for r in rest for p in _minus(r, flight[term])]
+                out[term] += max(0.0, sum(hi - lo for lo, hi in rest) - sum(hi - lo for lo, hi in left))
+                rest = left
+        where = "compute" if "compute" in chain else "other"
+        out[where] += sum(hi - lo for lo, hi in rest)
     out["other"] = max(0.0, wall_s - sum(out[t] for t in MEASURED if t != "other"))
     return out
 

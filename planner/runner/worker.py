@@ -39,7 +39,7 @@ from planner.export.torch import device
 from planner.runner import memory
 from planner.runner.machine import busy_cpu_s
 from planner.runner.processes import error_line, write_error
-from planner.runner.terms import MEASURED, classify
+from planner.runner.terms import MEASURED, STEP_RANGE, Span, classify, timeline_terms
 
 Step = Callable[[torch.Tensor, torch.Tensor], float]
 
@@ -102,14 +102,15 @@ def _gather(values: list[int]) -> list[list[int]]:
 def profiled_step(step_fn: Step, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
     """One more step under the torch profiler: its seconds per measured term (:func:`step_terms`; on a GPU
     the kernels' time too)."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     on_gpu = torch.cuda.is_available()
     activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if on_gpu else [])]
     torch.distributed.barrier()
     with profile(activities=activities) as prof:
         t0 = time.perf_counter()
-        step_fn(x, y)
+        with record_function(STEP_RANGE):
+            step_fn(x, y)
         if on_gpu:
             torch.cuda.synchronize()
         wall = time.perf_counter() - t0
@@ -119,12 +120,23 @@ def profiled_step(step_fn: Step, x: torch.Tensor, y: torch.Tensor) -> dict[str, 
 def step_terms(top: Sequence[Any], wall_s: float, on_gpu: bool) -> dict[str, float]:
     """Seconds per measured term from a step's top-level profiler events: on a GPU the time of the kernels
     each operator launched (``device_time_total``: its CPU event ends when it has queued them, so its CPU
-    time says little), else, or where the profiler recorded no kernel, the operator's CPU time."""
+    time says little), else, or where the profiler recorded no kernel, the operator's CPU time: on the
+    timeline of the step's :data:`STEP_RANGE` (gloo's waits, :func:`planner.runner.terms.timeline_terms`)
+    where it is among ``top``."""
     if on_gpu:
         terms = classify(top, wall_s, _device_s)
         if any(terms[t] > 0 for t in MEASURED if t != "other"):
             return terms
-    return classify(top, wall_s, _host_s)
+    step = next((e for e in top if e.name == STEP_RANGE), None)
+    if step is None:
+        return classify(top, wall_s, _host_s)
+    return timeline_terms(_span(step), [_span(e) for e in top if e is not step], wall_s)
+
+
+def _span(event: Any) -> Span:
+    """A profiler event (and those inside it) as a :class:`planner.runner.terms.Span`."""
+    return Span(event.name, int(event.thread), event.time_range.start * 1e-6, event.time_range.end * 1e-6,
+                tuple(_span(c) for c in event.cpu_children))
 
 
 def _device_s(event: Any) -> float:
