@@ -60,7 +60,6 @@ The result is a cluster JSON (kind cluster, version 1) with one node ``cpu`` of 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import statistics
@@ -75,7 +74,7 @@ import torch
 from planner import ir
 from planner.calibrate_sharing import measure_sharing, sharing_model
 from planner.errors import PlannerError, UsageError
-from planner.runner.machine import idle_timeout_s, wait_idle
+from planner.runner.machine import idle_timeout_s, machine_memory_bytes, wait_idle
 
 IDLE_TIMEOUT_S = 30.0
 """How long calibrate waits for an idle machine before it measures (module doc)."""
@@ -256,14 +255,6 @@ def core_share(nproc: int, threads: int) -> float:
     """The share of a core each of ``nproc x threads`` threads gets on the cores this process may use
     (:meth:`planner.ir.Node.fair_share` of a node that runs ``cores / threads`` processes at once)."""
     return ir.Node("cpu", (), usable_cores() / threads).fair_share(nproc)
-
-
-def machine_memory_bytes() -> int:
-    with contextlib.suppress(OSError):  # no /proc: ask the OS for its page count instead
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024
-    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
 def calibrate(nproc: int, threads: int = 1, name: str | None = None, profile: ir.ModelProfile | None = None,

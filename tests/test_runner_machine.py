@@ -108,3 +108,17 @@ def test_steps_background_counts_the_timed_steps_and_is_unknown_without_readings
     timing = {"machine_busy_s": [9.0, 3.0, 3.0], "all_cpu_s": [1.0, 2.0, 2.0], "iteration_s": [5.0, 1.0, 1.0]}
     assert steps_background(timing, 1) == pytest.approx(1.0)  # 6 busy - 4 own over 2 s; the warm-up step left out
     assert steps_background({**timing, "machine_busy_s": [0.0, 0.0, 0.0]}, 1) is None
+
+
+def test_machine_memory_is_the_hosts_or_its_cgroups_limit_where_lower() -> None:
+    from pathlib import Path
+
+    from planner.runner.machine import machine_memory_bytes
+
+    found = machine_memory_bytes()
+    assert found > 0
+    meminfo = Path("/proc/meminfo")
+    if meminfo.exists():
+        total = next(int(line.split()[1]) * 1024 for line in meminfo.read_text().splitlines()
+                     if line.startswith("MemTotal:"))
+        assert found <= total

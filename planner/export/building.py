@@ -107,18 +107,6 @@ def build_slots(model_bytes: int, local_processes: int, host_bytes: int | None) 
     return max(1, min(local_processes, fit))
 
 
-def host_memory_bytes() -> int | None:
-    """This host's memory, or its cgroup's limit where lower (cgroup v2, then v1); None where unknown."""
-    try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
-    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        with contextlib.suppress(OSError, ValueError):
-            total = min(total, int(Path(limit).read_text().strip()))
-    return total if total > 0 else None
-
-
 def model_build_bytes(plan: ir.Plan) -> int:
     """The bytes one whole build of the plan's model takes: its parameters in fp32 (as a model is built) or in
     the profile's bytes where larger."""
@@ -140,7 +128,9 @@ def build_turn(plan: ir.Plan, env: dict[str, str] | None = None, host_bytes: int
     port = env.get("MASTER_PORT")
     slots = local or 1
     if local is not None and local > 1 and port:
-        host = host_memory_bytes() if host_bytes is None else host_bytes
+        from planner.runner.machine import machine_memory_bytes  # planner.runner imports the exports
+
+        host = machine_memory_bytes() if host_bytes is None else host_bytes
         slots = build_slots(model_build_bytes(plan), local, host)
     if local is None or slots >= local:
         yield

@@ -125,3 +125,23 @@ def on_idle_machine(measure: Callable[[], tuple[T, float]], attempts: int, timeo
         if background <= IDLE_CORES:
             break
     return value, background
+
+
+def machine_memory_bytes() -> int:
+    """This machine's memory (``/proc/meminfo``'s MemTotal, else the OS's page count), or its cgroup's limit where
+    lower (cgroup v2, then v1): what a container may really use."""
+    total = 0
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                total = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        total = 0
+    if total <= 0:
+        total = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            total = min(total, int(Path(limit).read_text().strip()))
+        except (OSError, ValueError):
+            continue
+    return total
