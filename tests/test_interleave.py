@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from planner import ir
 from planner.errors import InfeasibleError, UsageError
 from planner.judge import judge
-from planner.schedule import in_flight_microbatches
-from planner.search.interleave import balanced_bounds, chunk_plan, search_interleaved, torch_runs
+from planner.schedule import in_flight_microbatches, schedule_kind
+from planner.search.interleave import balanced_bounds, chunk_plan, search_interleaved
 from planner.simulate import simulate, validate_plan
 from tests.conftest import make_cluster_dict, make_profile_dict
 
@@ -140,6 +140,9 @@ def test_interleaving_that_does_not_fit_is_infeasible() -> None:
 
 
 def test_torch_interleaved_microbatch_rule() -> None:
+    def torch_runs(m: int, k: int) -> bool:
+        return schedule_kind("interleaved").torch_refusal(m, k, 1) is None
+
     assert torch_runs(8, 4) and torch_runs(3, 4) and torch_runs(10, 4)
     assert not torch_runs(7, 2)  # 3 rounds of 2 do not make 7
 

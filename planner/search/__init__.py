@@ -71,7 +71,7 @@ from planner.judge import Judged
 from planner.runnable import ENGINES as ENGINE_LIMITS
 from planner.runnable import is_runnable
 from planner.search import rerank
-from planner.search.counts import count_refused, counts_for_config, exact_count_problems, refused_error, refuses
+from planner.search.counts import counts_for_config, exact_count_problems, refusal, refused_error
 from planner.search.descent import Opening, open_problem, solve
 from planner.search.framed import Framed
 from planner.search.hpp import hpp
@@ -143,18 +143,14 @@ def search(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int |
     cands = counts_for_config(microbatch_candidates(profile.batch_size, microbatches, micro_batch_size), schedule,
                               engine, config, every)
     found, probs = _collect(profile, cluster, req, cands, progress)
+    refused = _refused_met(found[:max(candidates, 1)], engine, solver) if config is None else None
+    if refused is not None:  # a ranked plan the engine refuses: again on exact stage counts (planner.search.counts)
+        found, probs = _exact_counts(profile, cluster, req, cands, progress, refused, every)
     if candidates <= 0:
-        refused = _refused_met(found, engine, solver) if config is None else None
-        if refused is not None:  # its optimum may be one the engine refuses (planner.search.counts)
-            found, _ = _exact_counts(profile, cluster, req, cands, progress, refused, every)
         return analytic_optimum(found, engine, solver)
     costed = distinct(found, candidates, engine, solver) + _seeds(probs, engine, solver)
     if _all_uneven(costed, engine) and config is None and not _IN_LAYOUT.get():
         return _on_even_layouts(profile, cluster, options)
-    refused = next((plan for plan, _ in costed if count_refused(plan, engine)), None) if config is None else None
-    if refused is not None:  # planner.search.counts
-        found, probs = _exact_counts(profile, cluster, req, cands, progress, refused, every)
-        costed = distinct(found, candidates, engine, solver) + _seeds(probs, engine, solver)
     plans = _runnable(costed, engine)
     if not plans:  # every candidate over memory by a cost the DP leaves out (planner.search.solutions), no seed
         plans = [first_fitting(found, engine, solver, "use GPUs with more memory, more devices or more "
@@ -318,8 +314,9 @@ def _collect(profile: ir.ModelProfile, cluster: ir.Cluster, req: Request, cands:
 
 
 def _refused_met(found: Found, engine: str, solver: str) -> ir.Plan | None:
-    """The first solution met whose micro-batch count ``engine`` refuses on its stages, as a plan (None: none)."""
-    met = next(((p, s) for _, _, p, s in found if refuses(p.schedule, engine, p.microbatches, len(s.stages))), None)
+    """The first solution of ``found`` whose micro-batch count ``engine`` refuses on its stages, as a plan (None:
+    none)."""
+    met = next(((p, s) for _, _, p, s in found if refusal(p.schedule, engine, p.microbatches, len(s.stages))), None)
     return None if met is None else memory_plan(*met, engine=engine, solver=solver)[0]
 
 

@@ -32,11 +32,16 @@ CHUNKS: ContextVar[int] = ContextVar("CHUNKS", default=1)
 searches the K-stage plans it re-cuts into K * v chunks); 1 otherwise."""
 
 
+def refusal(schedule: str, engine: str, microbatches: int, stages: int, chunks: int = 1) -> str | None:
+    """Why ``engine`` refuses M micro-batches of ``schedule`` on ``stages`` pipeline ranks of ``chunks`` chunks each
+    (:data:`CHUNKS` where 1: the plans the interleaved search re-cuts), or None (``ScheduleKind.engine_refusal``)."""
+    v = CHUNKS.get() if chunks == 1 else chunks
+    return schedule_kind(schedule).engine_refusal(engine, microbatches, stages, v)
+
+
 def running_counts(cands: Sequence[int], schedule: str, engine: str, stages: int) -> list[int]:
-    """The micro-batch counts of ``cands`` that ``engine`` runs under ``schedule`` on ``stages`` pipeline ranks of
-    :data:`CHUNKS` chunks each."""
-    kind, v = schedule_kind(schedule), CHUNKS.get()
-    return [m for m in cands if kind.engine_refusal(engine, m, stages, v) is None]
+    """The micro-batch counts of ``cands`` that ``engine`` runs under ``schedule`` on ``stages`` pipeline ranks."""
+    return [m for m in cands if refusal(schedule, engine, m, stages) is None]
 
 
 def _which_run(allowed: Sequence[int], schedule: str, engine: str, stages: int) -> str:
@@ -58,7 +63,7 @@ def counts_for_config(cands: Sequence[int], schedule: str, engine: str, config: 
     k = len(config)
     kept = running_counts(cands, schedule, engine, k)
     if cands and not kept:
-        reason = schedule_kind(schedule).engine_refusal(engine, cands[0], k, CHUNKS.get()) or ""
+        reason = refusal(schedule, engine, cands[0], k) or ""
         raise UsageError(f"--config {'-'.join(map(str, config))} has {k} stages and --engine {engine} runs none of "
                          f"the micro-batch counts searched ({', '.join(map(str, cands[:8]))}"
                          f"{', ...' if len(cands) > 8 else ''}) on them: {reason}",
@@ -66,18 +71,9 @@ def counts_for_config(cands: Sequence[int], schedule: str, engine: str, config: 
     return kept
 
 
-def refuses(schedule: str, engine: str, microbatches: int, stages: int) -> bool:
-    """Whether ``engine`` refuses M micro-batches of ``schedule`` on ``stages`` pipeline ranks of :data:`CHUNKS`
-    chunks each."""
-    return not running_counts([microbatches], schedule, engine, stages)
-
-
 def count_refused(plan: ir.Plan, engine: str) -> bool:
-    """Whether ``engine`` refuses the plan's micro-batch count on its pipeline ranks (of :data:`CHUNKS` chunks each
-    where the plan has one)."""
-    kind = schedule_kind(plan.schedule)
-    v = CHUNKS.get() if plan.virtual_stages == 1 else plan.virtual_stages
-    return kind.engine_refusal(engine, plan.microbatches, plan.pipeline_stages, v) is not None
+    """Whether ``engine`` refuses the plan's micro-batch count on its pipeline ranks."""
+    return refusal(plan.schedule, engine, plan.microbatches, plan.pipeline_stages, plan.virtual_stages) is not None
 
 
 def exact_count_problems(framed: Sequence[Framed], engine: str) -> list[Framed]:
@@ -90,7 +86,7 @@ def exact_count_problems(framed: Sequence[Framed], engine: str) -> list[Framed]:
         else:
             ks = list(range(max(frame.min_stages, 1), frame.most_stages() + 1))
         out += [frame.with_stages(exact=k, least=frame.min_stages) for k in ks
-                if not refuses(frame.schedule, engine, frame.microbatches, k)]
+                if refusal(frame.schedule, engine, frame.microbatches, k) is None]
     return out
 
 
@@ -98,8 +94,8 @@ def refused_error(refused: ir.Plan, engine: str, failure: InfeasibleError, allow
     """The error of a search whose plans on the stage counts its engine runs (``failure``) found none, where
     ``refused`` (a plan it ranked) fits but the engine refuses its micro-batch count on its stages: both said, and
     the counts that do run there."""
-    k, v = refused.pipeline_stages, CHUNKS.get() if refused.virtual_stages == 1 else refused.virtual_stages
-    reason = schedule_kind(refused.schedule).engine_refusal(engine, refused.microbatches, k, v) or ""
+    k = refused.pipeline_stages
+    reason = refusal(refused.schedule, engine, refused.microbatches, k, refused.virtual_stages) or ""
     return InfeasibleError(f"{failure.cause} (on the stage counts --engine {engine} runs the micro-batch counts "
                            f"searched on); the plans found on {k} stages ({refused.config}, {refused.microbatches} "
                            f"micro-batches) it refuses: {reason}",

@@ -53,8 +53,8 @@ from planner.search.counts import CHUNKS
 from planner.search.hpp import hpp, stage_tables
 from planner.search.options import DEFAULT_VIRTUAL_STAGES, engine_forms, resolve_virtual_stages
 
-__all__ = ["DEFAULT_VIRTUAL_STAGES", "balanced_bounds", "chunk_plan", "resolve_virtual_stages", "search_interleaved",
-           "torch_runs"]
+__all__ = ["DEFAULT_VIRTUAL_STAGES", "balanced_bounds", "chunk_plan", "resolve_virtual_stages", "search_interleaved"]
+
 
 def balanced_bounds(chunk_time: Sequence[np.ndarray], n_layers: int, v: int,
                     recv_time: Sequence[np.ndarray] | None = None) -> list[int]:
@@ -126,12 +126,6 @@ def _receive_times(plan: ir.Plan, out_bytes: np.ndarray) -> list[np.ndarray] | N
         recv = np.array([0.0] + [p2p_s(float(b), link) for b in out_bytes[:-1]])
         out.append(recv)
     return out
-
-
-def torch_runs(microbatches: int, groups: int, v: int = 1) -> bool:
-    """Whether torch's ScheduleInterleaved1F1B accepts M micro-batches on K ranks with ``v`` chunks per rank and
-    runs them in the order the simulator plays (:meth:`planner.schedule.kinds.ScheduleKind.torch_refusal`)."""
-    return schedule_kind("interleaved").torch_refusal(microbatches, groups, v) is None
 
 
 def search_interleaved(profile: ir.ModelProfile, cluster: ir.Cluster, virtual_stages: int, *,
