@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner import ir
@@ -178,6 +178,53 @@ def test_pipedream_stages_cover_the_layers_and_use_every_device(times: list[floa
     assert sorted(used) == [(a, b) for a in range(servers) for b in range(per)]
 
 
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.floats(1e-3, 1.0), st.integers(0, 4 * 10**9), st.integers(1, 10**9)), min_size=1,
+                max_size=9),
+       st.sampled_from([[(1, 1e10)], [(3, 1e9)], [(6, 1.25e9)], [(2, 1e10), (2, 1e9)], [(4, 1e11), (3, 1.25e8)],
+                        [(3, 1e10), (1, 1e9)]]),
+       st.sampled_from(list(bl.PIPEDREAM_FLAGS)), st.sampled_from([None, 1.0]))
+def test_pipedream_partition_equals_pipedreams_own_optimizer(layers: list[tuple[float, int, int]],
+                                                             levels: list[tuple[int, float]],
+                                                             flags: bl.PipeDreamFlags, ratio: float | None) -> None:
+    """optimizer_graph_hierarchical.py run on the same chain (tests/pipedream_original.py, its
+    compute_partitioning kept as written), with --straight_pipeline and --use_fewer_machines: the same stages,
+    the same replicas on one level, and no answer where it has none (a straight pipeline on more GPUs than
+    layers)."""
+    from tests import pipedream_original
+
+    times, params, outputs = ([float(x[c]) for x in layers] for c in range(3))
+    _, want = pipedream_original.levels(times, params, [u for u, _ in levels], [b for _, b in levels], outputs,
+                                        straight_pipeline=flags.straight_pipeline,
+                                        use_fewer_machines=flags.use_fewer_machines,
+                                        activation_compression_ratio=ratio)
+    got = bl.pipedream_partition(times, params, levels, outputs, ratio, flags)
+    assert [s.first for s in got] == [first for first, _ in want]
+    if len(levels) == 1:
+        assert [s.replicas for s in got] == [r for _, r in want]
+    used = [d for s in got for d in s.devices]
+    assert len(used) == len(set(used)) and len(used) <= levels[0][0] * (levels[-1][0] if len(levels) > 1 else 1)
+    if flags.straight_pipeline:
+        assert all(s.replicas == 1 for s in got)
+
+
+def test_pipedream_flags_shape_the_partition_as_their_help_says() -> None:
+    """--straight_pipeline: "No replication across stages" (a stage per GPU); --use_fewer_machines: "Use fewer
+    machines, if possible" (a weight-heavy model on a slow network keeps to fewer GPUs than its budget)."""
+    times, params = [1.0, 1.0, 1.0, 1.0], [4e9] * 4
+    default = bl.pipedream_partition(times, params, [(4, 1.25e8)])
+    assert sum(s.replicas for s in default) == 4
+    straight = bl.pipedream_partition(times, params, [(4, 1.25e8)], flags=bl.PipeDreamFlags(straight_pipeline=True))
+    assert [(s.first, s.end, s.replicas) for s in straight] == [(0, 1, 1), (1, 2, 1), (2, 3, 1), (3, 4, 1)]
+    assert bl.pipedream_partition(times, params, [(8, 1.25e8)], flags=bl.PipeDreamFlags(straight_pipeline=True)) == []
+    # two layers of 4 GB weights, 1 s each, on 4 GPUs at 1 Gbit/s: any replica pays 32 s of weight sync per step,
+    # so the best is one GPU each, the other two idle
+    fewer = bl.pipedream_partition([1.0, 1.0], [4e9, 4e9], [(4, 1.25e8)],
+                                   flags=bl.PipeDreamFlags(use_fewer_machines=True))
+    assert [(s.first, s.end, s.replicas) for s in fewer] == [(0, 1, 1), (1, 2, 1)]
+    assert sum(s.replicas for s in bl.pipedream_partition([1.0, 1.0], [4e9, 4e9], [(4, 1.25e8)])) == 4
+
+
 # ----------------------------------------------------------------------------- layouts
 
 
@@ -267,7 +314,8 @@ def test_pipedream_layout_reads_the_profiles_outputs_for_the_activation_term() -
     assert [layers for layers, _, _ in default.stages] == [(0, 2), (2, 4)]
     assert len(counted.stages) == 2 and counted.stages[0][0] != (0, 2)
     labels = [s.label for s in strategy_settings("pipedream", profile, cluster, (1,), "sgd")]
-    assert labels == [label for label, _ in bl.PIPEDREAM_MODES for _ in bl.BASELINE_SCHEDULES["pipedream"]]
+    assert labels == [f"{label}, {flags.label}" if flags.label else label for label, _ in bl.PIPEDREAM_MODES
+                      for flags in bl.PIPEDREAM_FLAGS for _ in bl.BASELINE_SCHEDULES["pipedream"]]
 
 
 def test_deepspeed_type_method_balances_the_matching_layers() -> None:
@@ -361,8 +409,8 @@ def test_megatron_cuts_blocks_evenly_with_the_embedding_first_and_the_head_last(
 
 def test_megatron_interleaved_layouts_put_chunk_c_on_stage_c_mod_pp() -> None:
     """Megatron's interleaved schedule: v chunks a stage where pp x v divides the blocks, micro-batch counts that
-    are multiples of pp, chunk c on pipeline rank c mod pp (SC'21 section 2.2), on 3 stages or more (Megatron-Core
-    refuses interleaving on 2)."""
+    are multiples of pp, chunk c on pipeline rank c mod pp (SC'21 section 2.2), on 2 stages or more (Megatron-LM
+    d98e8a6 asks for pp > 2 only with --no-overlap-p2p-communication; its default overlaps)."""
     from planner.runnable import problems
     from tests.conftest import make_cluster_dict
     from tests.test_export_torchtitan import llama_profile
@@ -371,7 +419,8 @@ def test_megatron_interleaved_layouts_put_chunk_c_on_stage_c_mod_pp() -> None:
     layouts = bl.megatron_layouts(profile, cluster, (1, 2, 3, 4, 8), interleaved=True)
     assert isinstance(layouts, list)
     assert [(lay.config, lay.virtual_stages, lay.microbatches) for lay in layouts] == [
-        ("4-4-4-4", 3, (4, 8))]  # pp 4: v 3 (12 blocks); pp 1 and 2 have no interleaving
+        ("8-8", 2, (2, 4, 8)), ("8-8", 3, (2, 4, 8)), ("8-8", 6, (2, 4, 8)),
+        ("4-4-4-4", 3, (4, 8))]  # pp 2: v 2, 3, 6; pp 4: v 3 (12 blocks); pp 1 has no interleaving
     four = layouts[-1]
     assert [layers for layers, _, _ in four.stages] == [(0, 2), *((i, i + 1) for i in range(2, 12)), (12, 14)]
     assert [devices[0] for _, devices, _ in four.stages] == ["n0.g0", "n1.g0", "n2.g0", "n3.g0"] * 3
@@ -379,6 +428,28 @@ def test_megatron_interleaved_layouts_put_chunk_c_on_stage_c_mod_pp() -> None:
     plan = four.plan(profile, cluster, 4, "sgd")
     assert (plan.virtual_stages, plan.pipeline_stages, len(plan.stages)) == (3, 4, 12) and problems(plan) == []
     assert bl.megatron_layouts(profile, cluster, (3,), interleaved=True) == []  # no multiple of pp
+    two = layouts[0].plan(profile, cluster, 2, "sgd")
+    assert (two.virtual_stages, two.pipeline_stages) == (2, 2) and problems(two) == []
+    from planner.judge import judge
+
+    assert judge(two).plan.predicted.iteration_s > 0  # the simulator plays it
+
+
+def test_megatron_tries_every_tensor_degree_that_divides_a_server_and_the_heads() -> None:
+    """Megatron-LM runs any --tensor-model-parallel-size that divides the heads (Megatron-Core's TransformerConfig
+    check) and the GPUs; inside a server of 4: 4, 2 and 1, the server's first; 2 heads: 2 and 1."""
+    from tests.conftest import make_cluster_dict
+
+    cluster = ir.Cluster.from_dict(make_cluster_dict(2, 4))
+    assert bl.megatron_tps(_llama(16, 8), cluster) == (4, 2, 1)
+    assert bl.megatron_tps(_llama(2, 2), cluster) == (2, 1)
+    assert bl.megatron_tps(_llama(8, 1), cluster) == (1,)  # one KV head: only tp 1 shards it whole
+    for tp in (4, 2, 1):
+        layouts = bl.megatron_layouts(_llama(16, 8), cluster, (1, 2), tp=tp)
+        assert isinstance(layouts, list) and {lay.tp for lay in layouts} == {tp}
+        assert [lay.config for lay in layouts] == [ir.config_string([8 // pp] * pp) for pp in bl.divisors(8 // tp)]
+    one = bl.megatron_layouts(_llama(16, 8), cluster, (1,), tp=1)
+    assert isinstance(one, list) and {f for _, _, fs in one[0].stages for f in fs} == {"dp"}
 
 
 def _shaped_llama(dtype: str = "float32") -> ir.ModelProfile:

@@ -267,10 +267,52 @@ def test_every_row_is_no_slower_than_any_of_its_settings(case: tuple[ir.ModelPro
             assert row.iteration_s == pytest.approx(min(fitting))
 
 
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+          phases=[Phase.explicit, Phase.reuse, Phase.generate])
+@given(cases(), st.sampled_from(["gpipe-uniform", "deepspeed", "pipedream"]))
+def test_best_of_skips_only_candidates_whose_compute_floor_is_slower_than_the_best(
+        case: tuple[ir.ModelProfile, ir.Cluster, str], name: str) -> None:
+    """best_of judges candidates by their compute floor and stops past the fastest that fits: the same answer as
+    judging every one, and no judged candidate beats its floor."""
+    from planner.compare import best_of, compute_floor, microbatch_choices
+    from planner.costmodel import stage_costs
+    from planner.judge import fastest
+    from planner.runnable import is_runnable
+    from planner.search.settings import strategy_settings
+
+    profile, cluster, _ = case
+    for setting in strategy_settings(name, profile, cluster, microbatch_choices(profile.batch_size, "auto"), "sgd"):
+        plans = [p for lay in setting.layouts for m in lay.microbatches if is_runnable(p := lay.plan(
+            profile, cluster, m, "sgd"))]
+        every = [judge(p, recompute=True) for p in plans]
+        for plan, judged in zip(plans, every, strict=True):
+            assert compute_floor(plan, stage_costs(plan)) <= judged.prediction.iteration_s * (1 + 1e-12)
+        want, got = fastest(every), best_of(plans)
+        assert (want is None) == (got is None)
+        if want is not None and got is not None:
+            assert (got.plan, got.fits) == (want.plan, want.fits)
+
+
+def test_a_compute_floor_lies_under_the_simulation_of_an_interleaved_plan() -> None:
+    from planner.compare import compute_floor
+    from planner.costmodel import stage_costs
+    from tests.test_export_torchtitan import llama_profile
+
+    profile, cluster = llama_profile(12, heads=16, kv_heads=8), _cluster(4, 4)
+    layouts = bl.megatron_layouts(profile, cluster, (4, 8), interleaved=True)
+    assert isinstance(layouts, list) and layouts
+    for layout in layouts:
+        for m in layout.microbatches:
+            plan = layout.plan(profile, cluster, m, "sgd")
+            assert 0 < compute_floor(plan, stage_costs(plan)) <= judge(plan).prediction.iteration_s
+
+
 def test_rows_name_the_documented_setting_they_ran() -> None:
     result = compare(_profile(8), _cluster(2, 2), strategies=["pipedream", "deepspeed", "torchgpipe"])
     pipedream, deepspeed, torchgpipe = (result.get(n) for n in ("pipedream", "deepspeed", "torchgpipe"))
-    assert {s.setting for s in pipedream.settings} == {label for label, _ in bl.PIPEDREAM_MODES}
+    assert {s.setting for s in pipedream.settings} == {f"{label}, {flags.label}" if flags.label else label
+                                                        for label, _ in bl.PIPEDREAM_MODES
+                                                        for flags in bl.PIPEDREAM_FLAGS}
     assert {s.schedule for s in pipedream.settings} == {"1f1b"}  # PipeDream-Flush: synchronous, as the others
     assert {s.setting for s in deepspeed.settings} >= {"partition_method=parameters", "partition_method=uniform",
                                                         "partition_method=type:Linear"}
@@ -283,8 +325,13 @@ def test_megatron_row_runs_tensor_parallel_stages_on_a_transformer() -> None:
 
     result = compare(llama_profile(6, heads=16, kv_heads=8), _cluster(2, 4), strategies=["megatron"])
     row = result.get("megatron")
-    assert row.fits and row.setting == "tp=4 in a server, uniform pp, dp the rest" and row.schedule == "1f1b"
-    assert row.plan is not None and {s.tp for s in row.plan.stages} == {4}
+    by_label = {s.setting: s for s in row.settings}
+    server = by_label["tp=4 in a server, uniform pp, dp the rest"]
+    assert server.fits and server.schedule == "1f1b" and server.iteration_s is not None
+    # a tiny model: tensor groups of 4 only add all-reduces, and the row takes tp 1, Megatron's own default
+    assert row.fits and row.iteration_s is not None and row.iteration_s <= server.iteration_s
+    assert row.setting is not None and row.setting.startswith("tp=1 ")
+    assert row.plan is not None and {s.tp for s in row.plan.stages} == {1}
     cnn = compare(_profile(), _cluster(), strategies=["megatron"]).get("megatron")
     assert not cnn.fits and "transformer blocks" in (cnn.reason or "")
 
@@ -304,13 +351,15 @@ def test_megatron_row_takes_its_interleaved_schedule_where_that_is_its_best() ->
     by_label = {s.setting: s for s in row.settings}
     label = "tp=4 in a server, uniform pp, dp the rest"
     plain, chunked = by_label[label], by_label[f"{label}, interleaved schedule"]
-    assert chunked.iteration_s < plain.iteration_s
-    assert row.setting == chunked.setting and row.schedule == "interleaved"
-    assert row.plan is not None and row.plan.virtual_stages > 1
-    assert row.plan.microbatches % row.plan.pipeline_stages == 0
-    doc = row.to_dict()  # the JSON says how many chunks, so that the row can be run again
-    assert doc["virtual_stages"] == row.plan.virtual_stages
-    assert {s["setting"]: s["virtual_stages"] for s in doc["settings"]}[label] == 1
+    assert chunked.iteration_s is not None and plain.iteration_s is not None
+    assert chunked.iteration_s < plain.iteration_s and chunked.schedule == "interleaved"
+    assert chunked.microbatches is not None and chunked.microbatches % 4 == 0  # a multiple of pp 4
+    # the row is the best of every tensor degree's settings (here tp 2 on 8 stages, 1F1B)
+    assert row.iteration_s is not None and row.iteration_s <= chunked.iteration_s
+    doc = row.to_dict()  # the JSON says how many chunks, so that the setting can be run again
+    assert doc["virtual_stages"] == row.plan.virtual_stages if row.plan is not None else True
+    chunks = {s["setting"]: s["virtual_stages"] for s in doc["settings"]}
+    assert chunks[label] == 1 and chunks[f"{label}, interleaved schedule"] == 3
 
 
 def test_pipedream_row_takes_the_readme_setting_when_the_default_cuts_a_huge_activation() -> None:

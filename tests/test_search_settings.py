@@ -33,8 +33,8 @@ def test_deepspeed_and_megatron_also_run_with_zero_stage_1_where_a_stage_has_dat
     megatron = strategy_settings("megatron", _shaped_llama(), cluster, (2,), "adam")
     base = "tp=4 in a server, uniform pp, dp the rest"
     lean = f"{base}, selective recomputation + sequence parallel"
-    assert [s.label for s in megatron] == [base, f"{base}, distributed optimizer", lean,
-                                           f"{lean}, distributed optimizer"]  # pp 2 at most: no interleaving
+    assert [s.label for s in megatron][:4] == [base, f"{base}, distributed optimizer", lean,
+                                               f"{lean}, distributed optimizer"]
     sharded = megatron[1]
     assert sharded.layouts and all(lay.zero == 1 and lay.data_parallel for lay in sharded.layouts)
     # the 2-stage layout has dp 1 per stage (4 GPUs, tp 4): nothing to shard, so it is not a ZeRO-1 layout
@@ -83,3 +83,38 @@ def test_megatron_runs_selective_recomputation_with_sequence_parallelism_as_its_
     assert [(s.recompute, s.sequence_parallel) for s in plain.stages] == [("none", False)] * 2
     lean_mem = judge(plan).plan.predicted.peak_memory_bytes
     assert 0 < lean_mem < judge(plain).plan.predicted.peak_memory_bytes
+
+
+def test_megatron_runs_every_tensor_degree_of_a_server_each_plain_and_interleaved() -> None:
+    """Every --tensor-model-parallel-size that divides a server and the heads (4, 2, 1 on servers of 4 GPUs, 16
+    heads, 8 KV heads), each under 1F1B and, on 2 stages of 6 blocks, interleaved (Megatron-LM runs pp 2 with its
+    default --overlap-p2p-comm); at tp 1 Megatron turns sequence parallelism off, and the label says so."""
+    cluster = ir.Cluster.from_dict(make_cluster_dict(2, 4))
+    found = strategy_settings("megatron", _shaped_llama(), cluster, (2,), "adam")
+    labels = [s.label for s in found]
+    for tp in (4, 2, 1):
+        base = f"tp={tp} in a server, uniform pp, dp the rest"
+        lean = f"{base}, selective recomputation" + (" + sequence parallel" if tp > 1 else "")
+        assert {base, lean, f"{base}, interleaved schedule"} <= set(labels)
+        assert all(lay.tp == tp for s in found if s.label.startswith(f"tp={tp} ") for lay in s.layouts)
+    assert labels.index("tp=4 in a server, uniform pp, dp the rest") == 0  # SC'21's recipe first
+    chunked = next(s for s in found if s.label == "tp=4 in a server, uniform pp, dp the rest, interleaved schedule")
+    assert {(lay.config, lay.virtual_stages) for lay in chunked.layouts} == {("4-4", 3)}  # 6 blocks in 2 x 3
+    tp1 = [lay for s in found if s.label.startswith("tp=1 ") for lay in s.layouts]
+    assert not any(lay.plan(_shaped_llama(), cluster, 2, "adam").stages[0].sequence_parallel for lay in tp1)
+
+
+def test_pipedream_runs_each_activation_mode_with_each_of_its_shape_flags() -> None:
+    """--straight_pipeline (a stage per GPU) and --use_fewer_machines, each named in the setting; a straight
+    pipeline on more GPUs than layers cannot run, and says why."""
+    profile, cluster = _pc(16)
+    found = {s.label: s for s in strategy_settings("pipedream", profile, cluster, (1, 2), "sgd")}
+    assert len(found) == 8
+    straight = found["activations not counted (default), --straight_pipeline"].layouts[0]
+    assert straight.config == "1-1-1-1-1-1-1-1"
+    assert "--activation_compression_ratio 1, --straight_pipeline --use_fewer_machines" in found
+    few, _ = _pc(5)
+    short = {s.label: s for s in strategy_settings("pipedream", few, cluster, (1,), "sgd")}
+    refused = short["activations not counted (default), --straight_pipeline"]
+    assert not refused.layouts and "8 GPUs" in (refused.reason or "") and "5 layers" in (refused.reason or "")
+    assert short["activations not counted (default), --straight_pipeline --use_fewer_machines"].layouts

@@ -29,14 +29,21 @@ from planner.search.partitioners import (
     partition_balanced_fast,
     partition_uniform,
 )
-from planner.search.pipedream import PipeDreamStage, pipedream_partition
+from planner.search.pipedream import (
+    PIPEDREAM_FLAGS,
+    PIPEDREAM_MODES,
+    PipeDreamFlags,
+    PipeDreamStage,
+    pipedream_partition,
+)
 
-__all__ = ["BASELINE_SCHEDULES", "PIPEDREAM_MODES", "STRATEGIES", "Layout", "NotFitting",
-           "PipeDreamStage", "accpar_layout", "balance_by_size", "balance_by_time", "block_partition",
-           "deepspeed_layer_weights", "deepspeed_layouts", "deepspeed_methods", "deepspeed_parts",
+__all__ = ["BASELINE_SCHEDULES", "PIPEDREAM_FLAGS", "PIPEDREAM_MODES", "STRATEGIES", "Layout", "NotFitting",
+           "PipeDreamFlags", "PipeDreamStage", "accpar_layout", "balance_by_size", "balance_by_time",
+           "block_partition", "deepspeed_layer_weights", "deepspeed_layouts", "deepspeed_methods", "deepspeed_parts",
            "deepspeed_type_weights", "divisors", "dp_layout", "gpipe_uniform_layout", "megatron_layouts",
-           "megatron_tp", "partition_balanced", "partition_balanced_fast", "partition_uniform", "pipedream_layout",
-           "pipedream_partition", "torchgpipe_layout", "torchgpipe_param_scale"]
+           "megatron_tp", "megatron_tps", "partition_balanced", "partition_balanced_fast", "partition_uniform",
+           "pipedream_flagged_layout", "pipedream_layout", "pipedream_partition", "torchgpipe_layout",
+           "torchgpipe_param_scale"]
 
 
 # ----------------------------------------------------------------------------- baselines as plans
@@ -242,6 +249,15 @@ def deepspeed_methods(profile: ir.ModelProfile) -> tuple[str, ...]:
 
 def pipedream_layout(profile: ir.ModelProfile, cluster: ir.Cluster, microbatches: tuple[int, ...],
                      activation_compression_ratio: float | None = None, schedule: str = "1f1b") -> Layout:
+    """``pipedream`` without its shape flags (:func:`pipedream_flagged_layout`), which always has an answer."""
+    found = pipedream_flagged_layout(profile, cluster, microbatches, activation_compression_ratio, None, schedule)
+    assert isinstance(found, Layout), found  # only a straight pipeline can lack one
+    return found
+
+
+def pipedream_flagged_layout(profile: ir.ModelProfile, cluster: ir.Cluster, microbatches: tuple[int, ...],
+                             activation_compression_ratio: float | None = None, flags: PipeDreamFlags | None = None,
+                             schedule: str = "1f1b") -> Layout | NotFitting:
     """``pipedream``: PipeDream's hierarchical partitioner, data-parallel replicas per stage.
 
     Its two levels are the GPUs of a server (``intra_node`` bandwidth) and the servers
@@ -251,18 +267,24 @@ def pipedream_layout(profile: ir.ModelProfile, cluster: ir.Cluster, microbatches
     is judged: a bf16 profile at the bf16 peak, not the fp32 one, which made its compute 15x too slow beside
     the links on H100s and sent it to data parallelism that cannot split the batch);
     ``activation_compression_ratio`` as PipeDream's flag (None, its default: activation transfers not counted;
-    its README runs 1).
+    its top-level README runs 1); ``flags``: ``--straight_pipeline`` and ``--use_fewer_machines``
+    (:class:`PipeDreamFlags`; None: neither). NotFitting only for a straight pipeline that must use more GPUs
+    than the model has layers.
     """
     from planner.costmodel import default_precision
     from planner.costmodel.precision import flop_scale, number_format, slowest_peak
 
+    flags = flags or PipeDreamFlags()
     fmt = number_format(default_precision(profile))
     scale = flop_scale(profile, slowest_peak(profile, {g.flops_for(fmt) for g in cluster.gpus}))
     times = [(layer.forward_s + layer.backward_s) * scale for layer in profile.layers]
     params = [float(layer.param_bytes) for layer in profile.layers]
     outputs = [float(layer.output_bytes) for layer in profile.layers]
     levels, name_of = _pipedream_levels(cluster)
-    found = pipedream_partition(times, params, levels, outputs, activation_compression_ratio)
+    found = pipedream_partition(times, params, levels, outputs, activation_compression_ratio, flags)
+    if not found:
+        return NotFitting("pipedream", f"{flags.label} puts one stage on each of the {len(cluster.gpus)} GPUs, but "
+                                       f"the model has only {len(profile.layers)} layers (add --use_fewer_machines)")
     stages = tuple(((s.first, s.end), tuple(name_of(d) for d in s.devices), _dp_forms(s.first, s.end))
                    for s in found)
     return Layout("pipedream", stages, schedule, microbatches)
@@ -280,13 +302,22 @@ def _pipedream_levels(cluster: ir.Cluster) -> tuple[list[tuple[int, float]], Cal
     return [(len(flat), inter)], lambda path: flat[path[0]]
 
 
-def megatron_tp(profile: ir.ModelProfile, cluster: ir.Cluster) -> int:
-    """Megatron-LM's tensor degree: the GPUs of a server (its smallest), lowered to the largest
-    divisor that divides every transformer block's attention heads and KV heads (Megatron
-    shards whole heads)."""
+def megatron_tps(profile: ir.ModelProfile, cluster: ir.Cluster) -> tuple[int, ...]:
+    """Every ``--tensor-model-parallel-size`` Megatron-LM runs here inside a server, largest first: the divisors
+    of a server's GPUs (its smallest) that divide every transformer block's attention heads (Megatron-Core's
+    ``TransformerConfig``: "num_attention_heads must be a multiple of tensor_model_parallel_size") and KV heads
+    (Megatron also replicates KV heads where tp is a multiple of them, which the planner's engines do not run)."""
     per_server = min(len(node.gpus) for node in cluster.nodes)
     blocks = [layer.block for layer in profile.layers if layer.block is not None]
-    return max(t for t in divisors(per_server) if all(b.heads % t == 0 and b.kv_heads % t == 0 for b in blocks))
+    return tuple(t for t in reversed(divisors(per_server)) if all(b.heads % t == 0 and b.kv_heads % t == 0
+                                                                    for b in blocks))
+
+
+def megatron_tp(profile: ir.ModelProfile, cluster: ir.Cluster) -> int:
+    """Megatron-LM's tensor degree in its SC'21 recipe: the GPUs of a server (its smallest), lowered to the
+    largest divisor that divides every transformer block's attention heads and KV heads (Megatron shards whole
+    heads): the first of :func:`megatron_tps`."""
+    return megatron_tps(profile, cluster)[0]
 
 
 def megatron_form(layer: ir.LayerProfile) -> str:
@@ -315,10 +346,11 @@ def megatron_parts(profile: ir.ModelProfile, chunks: int) -> list[int]:
 
 
 def megatron_layouts(profile: ir.ModelProfile, cluster: ir.Cluster, microbatches: tuple[int, ...],
-                     interleaved: bool = False) -> list[Layout] | NotFitting:
+                     interleaved: bool = False, tp: int | None = None) -> list[Layout] | NotFitting:
     """``megatron``: Megatron-LM's default 3-D layout (Narayanan et al., SC'21, section 3.3).
 
-    Tensor parallel inside a server (``tp`` = :func:`megatron_tp`; every layer in its
+    Tensor parallel inside a server (``tp``, one of :func:`megatron_tps`; None: :func:`megatron_tp`, the
+    server's GPUs; 1: data and pipeline parallel only; every layer in its
     :func:`megatron_form`: the blocks ``tp``, the embedding and the output layer sharded), pipeline
     parallel across servers with uniform block counts per stage (:func:`megatron_parts`), data parallel for the
     rest, 1F1B; ranks in Megatron's order (tensor innermost, then data, then pipeline), so a
@@ -328,15 +360,15 @@ def megatron_layouts(profile: ir.ModelProfile, cluster: ir.Cluster, microbatches
     full recomputation, as Megatron's users turn it on when memory runs out.
 
     ``interleaved``: Megatron's interleaved schedule instead (SC'21 section 2.2,
-    ``--num-layers-per-virtual-pipeline-stage``): for pp >= 3 (Megatron-Core's ``parallel_state`` refuses
-    interleaving on 2 stages or fewer), every v >= 2 chunks per stage with the blocks' count divisible by pp x v
-    (Megatron's rule), chunk c on pipeline rank c mod pp, at the micro-batch counts that are multiples of pp (its
-    schedule's rule); none where no pp and v qualify.
+    ``--num-layers-per-virtual-pipeline-stage``): for pp >= 2 (:func:`_virtual_stages`), every v >= 2 chunks per
+    stage with the blocks' count divisible by pp x v (Megatron's rule), chunk c on pipeline rank c mod pp, at the
+    micro-batch counts that are multiples of pp (its schedule's rule at its default
+    ``--microbatch-group-size-per-virtual-pipeline-stage``, pp); none where no pp and v qualify.
     """
     if not any(layer.block is not None for layer in profile.layers):
         return NotFitting("megatron", "Megatron-LM's tensor parallelism shards transformer blocks; the model has none")
     gpus = [g.name for g in cluster.gpus]
-    tp, n = megatron_tp(profile, cluster), len(profile.layers)
+    tp, n = tp or megatron_tp(profile, cluster), len(profile.layers)
     forms = tuple(megatron_form(layer) if tp > 1 else "dp" for layer in profile.layers)
     layouts = []
     for pp in divisors(len(gpus) // tp):
@@ -356,15 +388,10 @@ def megatron_layouts(profile: ir.ModelProfile, cluster: ir.Cluster, microbatches
 
 def _virtual_stages(profile: ir.ModelProfile, pp: int) -> list[int]:
     """The chunks per stage Megatron's interleaved schedule can run on ``pp`` stages: v >= 2 with the transformer
-    blocks' count divisible by pp x v (none for pp <= 2: "pipeline-model-parallel size should be greater than 2
+    blocks' count divisible by pp x v, on 2 stages or more. Megatron-LM (NVIDIA/Megatron-LM d98e8a6, 2026-08-22,
+    ``megatron/training/arguments.py``) asks for pp > 2 only with ``--no-overlap-p2p-communication``; with its
+    default p2p overlap, pp > 1 ("Enable virtual pipelining and P2P communication overlap at PP=2", 3ee489d,
+    2024-05-31), as Megatron-Core's ``parallel_state`` ("pipeline-model-parallel size should be greater than 1
     with interleaved schedule")."""
     blocks = sum(layer.block is not None for layer in profile.layers)
-    return [] if pp < 3 else [v for v in range(2, blocks // pp + 1) if blocks % (pp * v) == 0]
-
-
-# ----------------------------------------------------------------------------- settings
-
-PIPEDREAM_MODES: tuple[tuple[str, float | None], ...] = (
-    ("activations not counted (default)", None), ("--activation_compression_ratio 1", 1.0))
-"""PipeDream's partitioner settings: its default leaves activation transfers out of the DP; its
-README (optimizer/README.md) runs ``--activation_compression_ratio 1``, which counts them."""
+    return [] if pp < 2 else [v for v in range(2, blocks // pp + 1) if blocks % (pp * v) == 0]

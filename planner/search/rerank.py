@@ -144,11 +144,11 @@ def _width_allowed(prob: Problem, width: int, k: int) -> bool:
 @dataclass
 class SeedCache:
     """What the seeds of a search's problems share: the splits per stage count, PipeDream's stages per
-    activation setting (both independent of the micro-batch count)."""
+    activation setting and shape flags (both independent of the micro-batch count; empty where it has none)."""
 
     splits: dict[int, list[list[int]]] = field(default_factory=dict)
-    pipedream: dict[float | None, tuple[tuple[tuple[int, int], tuple[str, ...], tuple[str, ...]], ...]] = field(
-        default_factory=dict)
+    pipedream: dict[tuple[float | None, bl.PipeDreamFlags],
+                    tuple[tuple[tuple[int, int], tuple[str, ...], tuple[str, ...]], ...]] = field(default_factory=dict)
 
 
 def seed_plans(prob: Problem, *, engine: str, solver: str, cache: SeedCache | None = None) -> list[Costed]:
@@ -182,10 +182,11 @@ def seed_plans(prob: Problem, *, engine: str, solver: str, cache: SeedCache | No
             + megatron_seeds(prob, engine=engine, solver=solver))
 
 
-PIPEDREAM_SEED_WORK = 2e6
+PIPEDREAM_SEED_WORK = 4e7
 """Largest layers^3 x units^2 (units: the larger of GPUs per server and servers; every GPU when
-servers differ in size) for which PipeDream's partitioner (pure Python; 52 layers on 4 x 2 GPUs:
-0.08 s, 50 layers on 1 x 8: 1.2 s here) is run for seeds."""
+servers differ in size) for which PipeDream's partitioner is run for seeds, in each of its eight settings
+(on numpy arrays: 82 layers on 8 x 8 GPUs, 3.5e7, 0.03-0.11 s a setting here; 2e6 when it ran in pure Python,
+which left ResNet-152 on 4 x 2 GPUs, 2.2e6, unseeded, and PipeDream's 1-1 faster than the planner's plan)."""
 
 
 def _pipedream_work(prob: Problem) -> int:
@@ -195,21 +196,21 @@ def _pipedream_work(prob: Problem) -> int:
 
 
 def pipedream_seeds(prob: Problem, *, engine: str, solver: str, cache: SeedCache | None = None) -> list[Costed]:
-    """PipeDream's partitions, in both of ``planner compare``'s settings, as plans of ``prob``
-    (its micro-batch count and schedule) where their groups are stages the search may form, every
-    data-parallel rank gets whole micro-batches, and they fit: the simulator then judges them with
+    """PipeDream's partitions, in each of ``planner compare``'s settings (activation modes x shape flags), as
+    plans of ``prob`` (its micro-batch count and schedule) where their groups are stages the search may form,
+    every data-parallel rank gets whole micro-batches, and they fit: the simulator then judges them with
     the DP's plans, so a baseline plan in the search's space never beats the search's pick."""
     if prob.config is not None or _pipedream_work(prob) > PIPEDREAM_SEED_WORK:
         return []
     cache = SeedCache() if cache is None else cache
     plans: list[Costed] = []
-    for _, ratio in bl.PIPEDREAM_MODES:
-        if ratio not in cache.pipedream:
-            cache.pipedream[ratio] = bl.pipedream_layout(prob.profile, prob.cluster, (prob.microbatches,),
-                                                         ratio).stages
-        stages = cache.pipedream[ratio]
+    for key in ((ratio, flags) for _, ratio in bl.PIPEDREAM_MODES for flags in bl.PIPEDREAM_FLAGS):
+        if key not in cache.pipedream:
+            found = bl.pipedream_flagged_layout(prob.profile, prob.cluster, (prob.microbatches,), *key)
+            cache.pipedream[key] = () if isinstance(found, bl.NotFitting) else found.stages
+        stages = cache.pipedream[key]
         groups = [devices for _, devices, _ in stages]
-        if not _admitted(prob, groups):
+        if not stages or not _admitted(prob, groups):
             continue
         parts = [first for (first, _), _, _ in stages] + [stages[-1][0][1]]
         plans += _fitting(prob, groups, parts, [forms for _, _, forms in stages], engine, solver)
@@ -222,10 +223,14 @@ def megatron_seeds(prob: Problem, *, engine: str, solver: str) -> list[Costed]:
     with selective recomputation and sequence parallelism, as plans of ``prob`` (its micro-batch count and
     schedule) where their grids are ones the search may form, they run on ``engine`` and they fit: HPP may price
     Megatron's forms above data-parallel ones that the simulator finds slower, so without them a Megatron plan
-    in the search's space could beat the search's pick."""
-    found = bl.megatron_layouts(prob.profile, prob.cluster, (prob.microbatches,))
-    if prob.config is not None or isinstance(found, bl.NotFitting):
+    in the search's space could beat the search's pick. Every tensor degree the row tries
+    (planner.search.baselines.megatron_tps) that the space admits."""
+    if prob.config is not None or not any(layer.block is not None for layer in prob.profile.layers):
         return []
+    found: list[bl.Layout] = []
+    for tp in bl.megatron_tps(prob.profile, prob.cluster):
+        layouts = bl.megatron_layouts(prob.profile, prob.cluster, (prob.microbatches,), tp=tp)
+        found += layouts if prob.space.tp in (None, tp) and isinstance(layouts, list) else []
     lean = [("selective", True)] if prob.space.sequence_parallel and "selective" in prob.space.recompute else []
     plans: list[Costed] = []
     for layout in found:

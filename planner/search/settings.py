@@ -1,12 +1,14 @@
 """Every documented setting of each baseline ``planner compare`` runs (pure: no torch, click or rich).
 
 A setting (:class:`Setting`) is a baseline run as its authors document it: PipeDream with and without
-its activation term, DeepSpeed's ``partition_method`` values (each also with ZeRO stage 1, which its
-pipeline engine runs), torchgpipe's balance by time or by size, Megatron-LM with and without its
-distributed optimizer and with and without selective recomputation and sequence parallelism, the
-schedules a system runs; each holds its layouts (:mod:`planner.search.baselines`). ``planner compare``
-judges them all and shows the baseline at its best setting, named (:func:`strategy_settings`). A
-setting that cannot run on the cluster carries the reason instead of layouts.
+its activation term, each with and without ``--straight_pipeline`` and ``--use_fewer_machines``,
+DeepSpeed's ``partition_method`` values (each also with ZeRO stage 1, which its pipeline engine runs),
+torchgpipe's balance by time or by size, Megatron-LM at each tensor degree a server holds, with and
+without its distributed optimizer and with and without selective recomputation and sequence
+parallelism, the schedules a system runs; each holds its layouts (:mod:`planner.search.baselines`).
+``planner compare`` judges them all and shows the baseline at its best setting, named
+(:func:`strategy_settings`). A setting that cannot run on the cluster carries the reason instead of
+layouts.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from planner import ir
 from planner.search.baselines import (
     BASELINE_SCHEDULES,
+    PIPEDREAM_FLAGS,
     PIPEDREAM_MODES,
     Layout,
     NotFitting,
@@ -27,7 +30,8 @@ from planner.search.baselines import (
     dp_layout,
     gpipe_uniform_layout,
     megatron_layouts,
-    pipedream_layout,
+    megatron_tps,
+    pipedream_flagged_layout,
     torchgpipe_layout,
     torchgpipe_param_scale,
 )
@@ -111,39 +115,48 @@ def _one_method(method: str) -> Callable[[ir.ModelProfile, ir.Cluster, tuple[int
 
 def _settings_pipedream(profile: ir.ModelProfile, cluster: ir.Cluster, choices: tuple[int, ...],
                         optimizer: str) -> list[Setting]:
+    """Each activation mode (:data:`PIPEDREAM_MODES`) with each of PipeDream's shape flags
+    (:data:`PIPEDREAM_FLAGS`: none, ``--use_fewer_machines``, ``--straight_pipeline``, both), each schedule."""
     out = []
-    for label, ratio in PIPEDREAM_MODES:
-        layout = pipedream_layout(profile, cluster, choices, ratio)
-        out += [Setting(label, (dataclasses.replace(layout, schedule=sched),))
-                for sched in BASELINE_SCHEDULES["pipedream"]]
+    for mode, ratio in PIPEDREAM_MODES:
+        for flags in PIPEDREAM_FLAGS:
+            found = pipedream_flagged_layout(profile, cluster, choices, ratio, flags)
+            label = f"{mode}, {flags.label}" if flags.label else mode
+            out += [Setting.of(label, found if isinstance(found, NotFitting) else
+                               dataclasses.replace(found, schedule=sched)) for sched in BASELINE_SCHEDULES["pipedream"]]
     return out
 
 
 def _settings_megatron(profile: ir.ModelProfile, cluster: ir.Cluster, choices: tuple[int, ...],
                        optimizer: str) -> list[Setting]:
-    """Megatron-LM's layout under 1F1B, and again under its interleaved schedule
-    (``--num-layers-per-virtual-pipeline-stage``, on 3 stages or more where the blocks divide: SC'21 section 2.2);
+    """Megatron-LM's layout at every ``--tensor-model-parallel-size`` it runs inside a server (:func:`megatron_tps`,
+    the server's GPUs first: SC'21's recipe), each under 1F1B, and again under its interleaved schedule
+    (``--num-layers-per-virtual-pipeline-stage``, on 2 stages or more where the blocks divide: SC'21 section 2.2);
     each with and without ``--use-distributed-optimizer`` (ZeRO-1 over the data-parallel ranks, as its example
     training scripts run it), and with and without selective recomputation and sequence parallelism
     (``--recompute-activations --sequence-parallel``, Korthikanti et al. 2022, which its examples for large models
-    run). The judge gives a stage that still overflows full recomputation."""
-    found = megatron_layouts(profile, cluster, choices)
-    tp = f"tp={found[0].tp}" if isinstance(found, list) and found else "tp = GPUs per server"
-    label = f"{tp} in a server, uniform pp, dp the rest"
-    out = _megatron_variants(Setting.of(label, found))
-    chunked = megatron_layouts(profile, cluster, choices, interleaved=True)
-    if isinstance(chunked, list) and chunked:
-        out += _megatron_variants(Setting(f"{label}, interleaved schedule", tuple(chunked)))
+    run; at tp 1 Megatron turns sequence parallelism off). The judge gives a stage that still overflows full
+    recomputation."""
+    if not any(layer.block is not None for layer in profile.layers):
+        none = megatron_layouts(profile, cluster, choices)
+        return [Setting.of("tp = GPUs per server, uniform pp, dp the rest", none)]
+    out: list[Setting] = []
+    for tp in megatron_tps(profile, cluster):
+        label = f"tp={tp} in a server, uniform pp, dp the rest"
+        out += _megatron_variants(Setting.of(label, megatron_layouts(profile, cluster, choices, tp=tp)), tp)
+        chunked = megatron_layouts(profile, cluster, choices, interleaved=True, tp=tp)
+        if isinstance(chunked, list) and chunked:
+            out += _megatron_variants(Setting(f"{label}, interleaved schedule", tuple(chunked)), tp)
     return out
 
 
-def _megatron_variants(plain: Setting) -> list[Setting]:
-    """``plain``, with the distributed optimizer, with selective recomputation and sequence parallelism, and
-    with both (:func:`_settings_megatron`)."""
+def _megatron_variants(plain: Setting, tp: int) -> list[Setting]:
+    """``plain``, with the distributed optimizer, with selective recomputation and sequence parallelism (at tp 1
+    selective recomputation alone), and with both (:func:`_settings_megatron`)."""
     out = _with_zero1(plain, f"{plain.label}, distributed optimizer")
     if plain.layouts:  # Korthikanti et al. 2022: --recompute-activations (selective) with --sequence-parallel
-        lean = Setting(f"{plain.label}, selective recomputation + sequence parallel",
-                       tuple(dataclasses.replace(lay, recompute="selective", sequence_parallel=True)
+        lean = Setting(f"{plain.label}, selective recomputation" + (" + sequence parallel" if tp > 1 else ""),
+                       tuple(dataclasses.replace(lay, recompute="selective", sequence_parallel=tp > 1)
                              for lay in plain.layouts))
         out += _with_zero1(lean, f"{lean.label}, distributed optimizer")
     return out
