@@ -15,7 +15,9 @@ Two layers (planner.search.rerank):
    property of this layer (``candidates=0`` returns its optimum with its analytic
    prediction, for exactness studies).
 2. By default the event simulator (planner.simulate) judges the :data:`RERANK` best
-   distinct plans the solver met (``--rerank N``) and the structured seeds, and the
+   distinct plans the solver met (``--rerank N``; best by their analytic prediction over
+   every stage cost, tied weights' all-reduce between stages included, which the DP's
+   objective leaves out: planner.search.solutions.distinct) and the structured seeds, and the
    fastest wins; ``predicted``, ``dp_iteration_s`` and ``speedup_over_dp`` are then the
    simulator's. The analytic objective is 30-100% optimistic on slow links (1f1b holds
    only K - s micro-batches in flight on stage s, so a slow boundary is not hidden;
