@@ -229,8 +229,9 @@ def megatron_seeds(prob: Problem, *, engine: str, solver: str) -> list[Costed]:
         return []
     found: list[bl.Layout] = []
     for tp in bl.megatron_tps(prob.profile, prob.cluster):
-        layouts = bl.megatron_layouts(prob.profile, prob.cluster, (prob.microbatches,), tp=tp)
-        found += layouts if prob.space.tp in (None, tp) and isinstance(layouts, list) else []
+        layouts = bl.megatron_layouts(prob.profile, prob.cluster, (prob.microbatches,), tp=tp) \
+            if prob.space.tp in (None, tp) else None
+        found += layouts if isinstance(layouts, list) else []
     lean = [("selective", True)] if prob.space.sequence_parallel and "selective" in prob.space.recompute else []
     plans: list[Costed] = []
     for layout in found:
