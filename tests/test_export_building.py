@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from planner import ir
+from planner.errors import RunError
 from planner.export import building
 from planner.export.building import build_slots, build_turn, kept_layers, model_build_bytes, release_others
 from planner.export.layers import layer_param_counts
@@ -188,3 +189,74 @@ def test_an_unwritable_folder_does_not_wait(tmp_path: Path) -> None:
     plan = tiny_plan("tiny_mlp", [0, 3, -1])
     with build_turn(plan, _env(0), host_bytes=1, folder=str(tmp_path / "missing")):
         pass
+
+
+def _job(folder: Path) -> str:
+    """The file names' stem of _env's job in ``folder``."""
+    return str(folder / f"planner-build-{building._safe(building._user() + '-127.0.0.1-29999-run7')}")
+
+
+def _builds(local_ranks: list[int], env: dict[str, str], folder: Path, host_bytes: int, build_s: float = 0.0,
+            stall_s: float = 0.5, join_s: float = 30.0) -> dict[int, BaseException | None]:
+    """Local ranks building in threads under build_turn (``env`` beside each one's LOCAL_RANK); what each raised
+    (None: nothing). A thread still waiting after ``join_s`` fails the test instead of hanging it."""
+    plan = tiny_plan("tiny_mlp", [0, 3, -1])
+    raised: dict[int, BaseException | None] = {}
+
+    def build(local_rank: int) -> None:
+        try:
+            with build_turn(plan, {**env, "LOCAL_RANK": str(local_rank)}, host_bytes=host_bytes, folder=str(folder),
+                            poll_s=0.01, stall_s=stall_s):
+                time.sleep(build_s)
+            raised[local_rank] = None
+        except BaseException as exc:
+            raised[local_rank] = exc
+
+    threads = [threading.Thread(target=build, args=(r,), daemon=True) for r in local_ranks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(join_s)
+    assert not any(t.is_alive() for t in threads), f"build_turn still waiting after {join_s} s"
+    return raised
+
+
+def test_a_local_world_size_above_the_processes_started_fails_naming_the_missing(tmp_path: Path) -> None:
+    """LOCAL_WORLD_SIZE 3 on a server where only local ranks 0 and 1 run: the wait for local rank 2's build never
+    ended (the whole job hung); with no build running it fails, naming who is missing and the count file."""
+    plan = tiny_plan("tiny_mlp", [0, 3, -1])
+    t0 = time.monotonic()
+    raised = _builds([0, 1], {**_env(0), "LOCAL_WORLD_SIZE": "3"}, tmp_path, 2 * model_build_bytes(plan))
+    assert time.monotonic() - t0 < 10
+    for exc in raised.values():
+        assert isinstance(exc, RunError)
+        assert "2 of 3 (LOCAL_WORLD_SIZE) have built (local ranks 0, 1), local ranks 2 have not" in exc.cause
+        assert f"{_job(tmp_path)}.count" in exc.cause and "LOCAL_WORLD_SIZE=3" in exc.hint
+
+
+def test_a_process_killed_holding_its_turn_frees_it_and_the_others_fail_naming_it(tmp_path: Path) -> None:
+    """Local rank 0 killed (SIGKILL) while it builds, holding the only turn: local rank 1 builds (the kernel drops
+    the lock), then its wait for rank 0's build fails within the stall bound instead of hanging."""
+    plan = tiny_plan("tiny_mlp", [0, 3, -1])
+    hold = "import fcntl, sys, time; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); print('held', " \
+           "flush=True); time.sleep(120)"
+    proc = subprocess.Popen([sys.executable, "-c", hold, f"{_job(tmp_path)}-0.lock"], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"held\n"
+        threading.Timer(0.3, proc.kill).start()
+        t0 = time.monotonic()
+        raised = _builds([1], _env(1), tmp_path, 2 * model_build_bytes(plan))
+    finally:
+        proc.kill()
+        proc.wait()
+    exc = raised[1]
+    assert isinstance(exc, RunError) and "local ranks 0 have not" in exc.cause
+    assert 0.3 < time.monotonic() - t0 < 10
+
+
+def test_builds_that_hold_their_turn_longer_than_the_stall_bound_are_waited_for(tmp_path: Path) -> None:
+    """The bound runs only while no build turn is held: turns of 0.4 s each under a 0.1 s bound all complete."""
+    plan = tiny_plan("tiny_mlp", [0, 3, -1])
+    raised = _builds([0, 1, 2], {**_env(0), "LOCAL_WORLD_SIZE": "3"}, tmp_path, 2 * model_build_bytes(plan),
+                     build_s=0.4, stall_s=0.1)
+    assert raised == {0: None, 1: None, 2: None}

@@ -155,3 +155,14 @@ def test_batch_stats_finds_a_batch_norm_at_any_depth() -> None:
     block = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Sequential(nn.BatchNorm2d(4), nn.ReLU()))
     assert batch_stats(block) and batch_stats(nn.BatchNorm1d(4))
     assert not batch_stats(nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4), nn.GroupNorm(2, 4)))
+
+
+def test_running_out_of_memory_on_the_example_is_not_blamed_on_the_input_shape() -> None:
+    """A worker (or profile) out of memory while it runs the model on its example read "the model rejects input of
+    shape ...", with the hint to pass another --input-shape."""
+    from planner.profiler.layered import rejects_input
+
+    err = rejects_input(torch.zeros(8, 16), torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB"))
+    assert err.cause == "out of memory running the model on input of shape (16,) (batch 8) on cpu (torch asked for " \
+                        "20.00 GiB)"
+    assert "--input-shape" not in err.cause and "smaller --batch-size" in err.hint

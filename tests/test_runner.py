@@ -400,3 +400,20 @@ def test_a_library_callers_option_of_the_wrong_kind_is_a_usage_error_before_any_
     plan = tiny_plan("tiny_mlp", [0, 2, -1])
     with pytest.raises(UsageError, match=f"{option} must be"):
         run_plan(plan, "tests.test_runner:tiny_mlp", engine="torch", **{option: value})  # type: ignore[arg-type]
+
+
+def test_a_rendezvous_port_another_program_holds_fails_every_node_before_launch() -> None:
+    """A program listening on the endpoint's port: node rank 1 waited for its answer past --rdzv-timeout, until
+    --timeout (900 s); both node ranks now fail at once, naming the port and the process that holds it."""
+    plan = tiny_plan("tiny_mlp", [0, 2, -1], servers=(2, 1))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        endpoint = f"127.0.0.1:{s.getsockname()[1]}"
+        for node_rank, says in ((1, "a program that is not a torch rendezvous"), (0, "is already in use")):
+            t0 = time.monotonic()
+            with pytest.raises(RunError, match=says) as err:
+                run_plan(plan, "tests.test_runner:tiny_mlp", engine="torch", steps=2, warmup=1, nnodes=2,
+                         node_rank=node_rank, rdzv_endpoint=endpoint, rdzv_timeout_s=3, timeout_s=60)
+            assert f"process {os.getpid()} (" in err.value.cause and time.monotonic() - t0 < 20
+    assert not _stray()

@@ -175,3 +175,44 @@ def test_error_line_reads_past_a_blank_first_line_to_the_wrapped_cause(tmp_path:
     assert error_line(PlanError("stage 0 is wrong\nmore", "fix it")) == "stage 0 is wrong"
     write_error(tmp_path, "1", line)
     assert worker_cause(tmp_path, "") == f"rank 1: {line}"
+
+
+_KILLED = """[W1128 17:29:08] Sending process 32058 closing signal SIGTERM
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+=======================================================
+planner.runner.worker FAILED
+-------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-28_17:29:08
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 32058)  (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 32058
+-------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-28_17:29:08
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 32059)  (SIGKILL)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 32059
+=======================================================
+"""
+
+
+def test_a_worker_killed_without_a_message_is_named_with_the_likely_cause(tmp_path: Path) -> None:
+    """A worker killed by SIGKILL (the out-of-memory killer) writes no error file: the cause read
+    "ChildFailedError:; exitcode  : -9 (pid: 32059)  (SIGKILL)", naming neither the rank nor why."""
+    from planner.runner.processes import worker_cause
+
+    cause = worker_cause(tmp_path, _KILLED)
+    assert cause.startswith("rank 1 (local rank: 1) on localhost (pid 32059) was killed by SIGKILL (exit code -9)")
+    assert "out-of-memory killer" in cause and "ChildFailedError" not in cause
+    ended = _KILLED.replace("-9 (pid: 32059)  (SIGKILL)", "3 (pid: 32059)")
+    assert worker_cause(tmp_path, ended) == "rank 1 (local rank: 1) on localhost (pid 32059) ended with exit code 3 " \
+                                            "without a message"
+    (tmp_path / "error-rank1.txt").write_text("1.5\nValueError: boom")
+    assert worker_cause(tmp_path, _KILLED) == "rank 1: ValueError: boom"  # a worker's own message comes first

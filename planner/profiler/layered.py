@@ -19,6 +19,7 @@ from torch import nn
 
 from planner import ir
 from planner.errors import ProfileError
+from planner.profiler.guards import is_out_of_memory, out_of_memory
 
 HEAVY_TYPES: tuple[type[nn.Module], ...] = (
     nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d,
@@ -88,6 +89,9 @@ def rejects_input(example_input: torch.Tensor, exc: BaseException) -> ProfileErr
     lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
     lines = [line for line in lines if not line.startswith("While executing")] or [type(exc).__name__]
     shape = tuple(example_input.shape[1:])
+    if is_out_of_memory(exc):  # not the input's fault: "pass the --input-shape" would mislead
+        return out_of_memory(f"running the model on input of shape {shape} (batch {example_input.shape[0]})",
+                             example_input.device, exc)
     if example_input.device.type == "meta" and _NEEDS_VALUES.search(lines[0]):
         return ProfileError(f"the model cannot run on the meta device, where analytic mode counts without values, at "
                             f"input of shape {shape} (batch {example_input.shape[0]}): {lines[0][:300]}",

@@ -2,6 +2,7 @@
 
 :func:`run_plan` checks everything it can before starting processes (engine installed, plan
 runnable on it, its precision trainable on this machine, servers and node rank fitting the plan,
+the rendezvous endpoint's port free on node rank 0 and not another program's elsewhere (planner.runner.rendezvous),
 model matching the plan's profile, processes startable), then launches
 ``torchrun ... -m planner.runner.worker`` in its own process group (gloo on CPU, nccl on CUDA):
 ``--standalone`` with every rank on this machine (``nnodes`` 1, the default), or, on several
@@ -50,6 +51,7 @@ from planner.runnable import check_runnable
 from planner.runner.machine import steps_background
 from planner.runner.processes import last_lines, port_in_use, rendezvous_failure, wait_workers, worker_cause
 from planner.runner.reference import max_rel_diff, reference_losses
+from planner.runner.rendezvous import PROBE_S, check_endpoint, in_use_error
 from planner.runner.terms import AsRun, as_run_prediction, stage_terms
 
 DEFAULT_TIMEOUT_S = 900
@@ -181,10 +183,7 @@ def _failure(launch: Launch, tmp: Path, text: str) -> RunError:
     rdzv = rendezvous_failure(text) if launch.nnodes > 1 else None
     started = "exitcode" in text or any(tmp.glob("error-rank*.txt"))  # torchrun's summary of failed workers
     if rdzv is not None and not started and port_in_use(rdzv):
-        port = launch.rdzv_endpoint.rpartition(":")[2]
-        return RunError(f"port {port} is already in use on this server, so node rank {launch.node_rank} could not host "
-                        f"the rendezvous at {launch.rdzv_endpoint}: {rdzv}",
-                        "choose a free port (the same --rdzv-endpoint on every server), or end what holds this one")
+        return in_use_error(launch.rdzv_endpoint, launch.node_rank, rdzv)
     if rdzv is not None and not started:
         return RunError(f"the rendezvous at {launch.rdzv_endpoint} did not complete within "
                         f"{launch.rdzv_timeout_s:g} s (node rank {launch.node_rank} of {launch.nnodes}): {rdzv}",
@@ -271,6 +270,8 @@ def run_plan(plan: ir.Plan, model: str, *, engine: str = "deepspeed", steps: int
     width: int = engine_module(engine).check_plan(plan)
     check_precision(plan, engine)
     _check_processes(nproc)
+    if nnodes > 1 and rdzv_endpoint:  # a port another program holds: fail now, not after --timeout
+        check_endpoint(rdzv_endpoint, node_rank, min(rdzv_timeout_s, PROBE_S))
     threads = threads or max(1, (os.cpu_count() or 1) // nproc)
     torch.set_num_threads(max(1, threads))
     layers, example = load_layers(model, plan, seed)

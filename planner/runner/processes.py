@@ -211,13 +211,48 @@ def _recorded_errors(tmp: Path) -> list[tuple[float, int, str]]:
     return sorted(found)
 
 
+_ROOT_FIELD = re.compile(r"^\s*(rank|host|exitcode)\s*:\s*(.*)$")
+_EXIT = re.compile(r"(-?\d+) \(pid: (\d+)\)(?:\s+\((SIG\w+)\))?")
+
+
+def root_cause(text: str) -> str | None:
+    """What torchrun's summary says of the worker that failed first ("Root Cause"), where it left no message of its
+    own (killed by a signal, or ended with an exit code before Python could write one): which rank, where, how."""
+    _, found, block = text.partition("Root Cause")
+    if not found:
+        return None
+    fields: dict[str, str] = {}
+    for line in block.splitlines()[1:]:
+        if line.startswith("="):
+            break
+        match = _ROOT_FIELD.match(line)
+        if match:
+            fields.setdefault(match.group(1), match.group(2).strip())
+    code = _EXIT.match(fields.get("exitcode", ""))
+    if code is None:
+        return None
+    rank, host = fields.get("rank", "?").replace("local_rank", "local rank"), fields.get("host", "?")
+    who = f"rank {rank} on {host} (pid {code.group(2)})"
+    if code.group(3) is None:
+        return f"{who} ended with exit code {code.group(1)} without a message"
+    killed = f"{who} was killed by {code.group(3)} (exit code {code.group(1)}) without a message"
+    if code.group(3) == "SIGKILL":
+        return (f"{killed}: the kernel's out-of-memory killer ends a process so (`dmesg` or `journalctl -k` says "
+                "so), else a job scheduler or another program did; a plan whose processes build or train beyond "
+                "the host's memory needs a smaller batch, more stages or more servers")
+    return killed
+
+
 def worker_cause(tmp: Path, text: str) -> str:
-    """The message of the rank that failed first (its peers' errors follow from it); else the
-    workers' last error line and torchrun's exit code."""
+    """The message of the rank that failed first (its peers' errors follow from it); else what torchrun says of it
+    (:func:`root_cause`); else the workers' last error line and torchrun's exit code."""
     errors = _recorded_errors(tmp)
     if errors:
         _, rank, message = errors[0]
         return f"rank {rank}: {message}"
+    summary = root_cause(text)
+    if summary is not None:
+        return summary
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     exit_line = next((ln for ln in reversed(lines) if ln.startswith("exitcode")), "")
     signal_line = next((ln for ln in reversed(lines) if "Signal" in ln or "signal" in ln), "")
