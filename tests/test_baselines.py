@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from planner import ir
@@ -178,34 +178,52 @@ def test_pipedream_stages_cover_the_layers_and_use_every_device(times: list[floa
     assert sorted(used) == [(a, b) for a in range(servers) for b in range(per)]
 
 
+_FEWER = bl.PipeDreamFlags(use_fewer_machines=True)
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(st.floats(1e-3, 1.0), st.integers(0, 4 * 10**9), st.integers(1, 10**9)), min_size=1,
                 max_size=9),
        st.sampled_from([[(1, 1e10)], [(3, 1e9)], [(6, 1.25e9)], [(2, 1e10), (2, 1e9)], [(4, 1e11), (3, 1.25e8)],
                         [(3, 1e10), (1, 1e9)]]),
        st.sampled_from(list(bl.PIPEDREAM_FLAGS)), st.sampled_from([None, 1.0]))
-def test_pipedream_partition_equals_pipedreams_own_optimizer(layers: list[tuple[float, int, int]],
-                                                             levels: list[tuple[int, float]],
-                                                             flags: bl.PipeDreamFlags, ratio: float | None) -> None:
-    """optimizer_graph_hierarchical.py run on the same chain (tests/pipedream_original.py, its
-    compute_partitioning kept as written), with --straight_pipeline and --use_fewer_machines: the same stages,
-    the same replicas on one level, and no answer where it has none (a straight pipeline on more GPUs than
-    layers)."""
-    from tests import pipedream_original
+# facts random chains seldom reach: the first stage's weight sync divided by the GPUs per server, a later stage's
+# not; a stage's output transfer counted, and divided by its own replicas
+@example([(0.25, 0, 10**9), (0.25, 4 * 10**9, 10**8)], [(2, 1e10), (2, 1e9)], bl.PipeDreamFlags(), 1.0)
+@example([(0.5, 3 * 10**9, 1), (1.0, 10**9, 10**9)], [(4, 1e11), (3, 1.25e8)], bl.PipeDreamFlags(), None)
+@example([(0.25, 10**9, 1), (1.0, 4 * 10**9, 10**9), (0.5, 10**9, 1)], [(6, 1.25e9)], _FEWER, 1.0)
+@example([(1.0, 10**9, 10**8), (1.0, 10**9, 10**9), (0.5, 10**9, 10**9)], [(6, 1.25e9)], _FEWER, 1.0)
+def test_pipedream_partition_is_optimal_for_pipedreams_objective_by_brute_force(
+        layers: list[tuple[float, int, int]], levels: list[tuple[int, float]], flags: bl.PipeDreamFlags,
+        ratio: float | None) -> None:
+    """PipeDream's objective (tests/pipedream_brute.py, written from optimizer_graph_hierarchical.py's definition)
+    over every cut of the chain and every replica count, level by level, with --straight_pipeline,
+    --use_fewer_machines and --activation_compression_ratio: the answer reaches the brute force's best time and is
+    optimal inside every unit, it is the brute force's answer where that is the only optimal one, and it is empty
+    exactly where the brute force has no answer (a straight pipeline on more GPUs than layers)."""
+    from tests import pipedream_brute as brute
 
     times, params, outputs = ([float(x[c]) for x in layers] for c in range(3))
-    _, want = pipedream_original.levels(times, params, [u for u, _ in levels], [b for _, b in levels], outputs,
-                                        straight_pipeline=flags.straight_pipeline,
-                                        use_fewer_machines=flags.use_fewer_machines,
-                                        activation_compression_ratio=ratio)
+    chain = brute.Chain(tuple(times), tuple(params), tuple(outputs), ratio, flags.straight_pipeline,
+                        flags.use_fewer_machines)
+    levels_ = brute.levels_of(levels)
+    solved = brute.solve(chain, levels_)
+    top, whole = len(levels) - 1, (0, len(times))
+    best = solved[top][whole].time
     got = bl.pipedream_partition(times, params, levels, outputs, ratio, flags)
-    assert [s.first for s in got] == [first for first, _ in want]
-    if len(levels) == 1:
-        assert [s.replicas for s in got] == [r for _, r in want]
+    if best is None:
+        assert got == []
+        return
+    assert got
+    nested = brute.nest([(s.first, s.end, s.devices) for s in got], top)
+    value = brute.nested_time(chain, levels_, nested, top)
+    assert value is not None and abs(value - best) <= brute.TOL * best
+    assert brute.inner_optimal(chain, levels_, solved, nested, top)
+    optimal = brute.flat_answers(solved, top, whole)
+    if len(optimal) == 1:
+        assert [(s.first, s.end, s.replicas) for s in got] == list(optimal.pop())
     used = [d for s in got for d in s.devices]
     assert len(used) == len(set(used)) and len(used) <= levels[0][0] * (levels[-1][0] if len(levels) > 1 else 1)
-    if flags.straight_pipeline:
-        assert all(s.replicas == 1 for s in got)
 
 
 def test_pipedream_flags_shape_the_partition_as_their_help_says() -> None:
