@@ -128,11 +128,15 @@ def cases(draw: st.DrawFn) -> tuple[ir.ModelProfile, ir.Cluster, str]:
 def _in_planner_space(plan: ir.Plan) -> bool:
     """Whether every stage's group is one the search may choose (planner.search.sp): GPUs
     contiguous inside one server, as many as a power of two or the whole server, or whole
-    consecutive servers."""
+    consecutive servers; every tensor group (a stage's ``tp`` consecutive devices, or the whole stage where
+    its forms split layers) inside one server."""
     where = {g.name: (i, j) for i, node in enumerate(plan.cluster.nodes) for j, g in enumerate(node.gpus)}
     for stage in plan.stages:
         pos = [where[d] for d in stage.devices]
         nodes = sorted({n for n, _ in pos})
+        tp = stage.width if set(stage.forms) - {"dp"} and stage.tp == 1 else stage.tp
+        if any(len({n for n, _ in pos[i:i + tp]}) > 1 for i in range(0, len(pos), max(tp, 1))):
+            return False
         if len(nodes) == 1:
             width, size = len(pos), len(plan.cluster.nodes[nodes[0]].gpus)
             first = pos[0][1]
