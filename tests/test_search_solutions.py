@@ -12,7 +12,8 @@ from planner import ir
 from planner.cluster import cluster_from_dict
 from planner.costmodel import analytic_iteration
 from planner.errors import InfeasibleError
-from planner.search import _collect, search
+from planner.search import search
+from planner.search.collect import collect
 from planner.search.options import check_request, microbatch_candidates
 from planner.search.solutions import distinct
 from tests.conftest import make_cluster_dict, make_profile_dict
@@ -127,7 +128,7 @@ def test_the_candidates_are_the_best_distinct_plans_met_by_their_whole_costs(
     profile, cluster = _tied_model(embedding_bytes), _slow_cluster(*shape, intra_Bps, inter_Bps)
     req = check_request(profile, cluster, schedule="1f1b", optimizer="sgd", solver="dp", engine="any", config=None,
                         precision=None, tp=None, zero="auto", recompute="auto", micro_batch_size=None, max_blocks=None)
-    found, _ = _collect(profile, cluster, req, microbatch_candidates(profile.batch_size, "auto", None), None)
+    found, _ = collect(profile, cluster, req, microbatch_candidates(profile.batch_size, "auto", None), None)
     every = [analytic_iteration(costs, p.schedule, p.microbatches)[0] for p, costs in distinct(found, 10**6, "any",
                                                                                                "dp")]
     kept = [analytic_iteration(costs, p.schedule, p.microbatches)[0] for p, costs in distinct(found, n, "any", "dp")]

@@ -14,8 +14,9 @@ from planner.cluster import cluster_from_dict
 from planner.costmodel import plan_memory, stage_cost_values, stage_costs
 from planner.errors import InfeasibleError
 from planner.runnable import is_runnable
-from planner.search import _solve, search
+from planner.search import search
 from planner.search.brute import brute
+from planner.search.collect import solve_one
 from planner.search.descent import solve
 from planner.search.sp import build_problem, coarse_bounds
 from planner.search.space import Space
@@ -71,7 +72,7 @@ def spaces(draw):
 def test_dp_equals_brute(inst, space) -> None:
     profile, cluster, m, schedule, optimizer = inst
     prob = build_problem(profile, cluster, microbatches=m, schedule=schedule, optimizer=optimizer, space=space)
-    a, b = _solve(prob, "dp"), _solve(prob, "brute")
+    a, b = solve_one(prob, "dp"), solve_one(prob, "brute")
     assert (a is None) == (b is None)
     if a is not None and b is not None:
         assert a.objective == pytest.approx(b.objective, rel=1e-9, abs=1e-15)
@@ -86,7 +87,7 @@ def test_dp_equals_brute_under_a_bound_on_stages(inst, space, most) -> None:
     prob = build_problem(profile, cluster, microbatches=m, schedule=schedule, optimizer=optimizer, space=space,
                          max_stages=most)
     assume(prob.stages_max is not None)  # the bound is below the most stages a plan can have
-    a, b = _solve(prob, "dp"), _solve(prob, "brute")
+    a, b = solve_one(prob, "dp"), solve_one(prob, "brute")
     assert (a is None) == (b is None)
     if a is None or b is None:
         return
@@ -327,7 +328,7 @@ def test_dp_equals_brute_with_width_and_forms_constraints(inst, width, forms) ->
     profile, cluster, m, schedule, optimizer = inst
     prob = build_problem(profile, cluster, microbatches=m, schedule=schedule, optimizer=optimizer, forms=forms,
                          mode="contiguous", widths=[width])
-    a, b = _solve(prob, "dp"), _solve(prob, "brute")
+    a, b = solve_one(prob, "dp"), solve_one(prob, "brute")
     assert (a is None) == (b is None)
     if a is not None and b is not None:
         assert a.objective == pytest.approx(b.objective, rel=1e-9, abs=1e-15)
@@ -403,8 +404,8 @@ def test_zb_h1_finds_the_one_stage_plan_that_fits_with_one_microbatch_in_flight(
                                  space=space))
     assert forced is not None
     for solver in ("dp", "brute"):
-        free = _solve(build_problem(profile, cluster, microbatches=4, schedule="zb-h1", optimizer="sgd", space=space),
-                      solver)
+        prob = build_problem(profile, cluster, microbatches=4, schedule="zb-h1", optimizer="sgd", space=space)
+        free = solve_one(prob, solver)
         assert free is not None and free.objective == pytest.approx(forced.objective, rel=1e-9)
     plan = search(profile, cluster, microbatches=4, schedule="zb-h1", recompute="none", zero=0)
     assert plan.config == "2" and plan.stages[0].memory_bytes <= cluster.gpus[0].memory_bytes
@@ -425,7 +426,7 @@ def test_the_dp_and_brute_never_cut_a_micro_batch_below_the_models_min_batch(ins
     space = dataclasses.replace(space, min_batch=profile.min_batch)
     prob = build_problem(profile, cluster, microbatches=m, schedule=schedule, optimizer=optimizer, space=space)
     for solver in ("dp", "brute"):
-        sol = _solve(prob, solver)
+        sol = solve_one(prob, solver)
         if sol is None:
             continue
         plan = solution_plan(prob, sol, solver=solver)

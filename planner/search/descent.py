@@ -21,7 +21,7 @@ Where to cut an interval: at its top, trimmed to the values that can still beat 
 whole interval and often closes it; at its middle (bisection), the solves stay logarithmic
 where the least sum grows in many small steps. The lower part of an interval cut at its top
 is bisected next; every other new interval is cut at its top. The search
-(planner.search._collect) solves its problems best unconstrained plan first (of those whose lower
+(planner.search.collect.collect) solves its problems best unconstrained plan first (of those whose lower
 bound, planner.search.framed, is below the best unconstrained plan's objective; the others after,
 best bound first), so that a good incumbent closes the others early. Measured (candidates=0,
 scripts/bench_search.py's cases): the 80-block decoder on 1024 GPUs took 16 solves where
