@@ -290,6 +290,7 @@ def test_deepspeed_layouts_cover_every_pipeline_depth_of_the_grid() -> None:
 def test_pipedream_layout_names_real_devices_and_uses_each_once() -> None:
     profile, cluster = _pc(16)
     layout = bl.pipedream_layout(profile, cluster, (1,))
+    assert isinstance(layout, bl.Layout)
     used = [d for _, devices, _ in layout.stages for d in devices]
     assert sorted(used) == sorted(g.name for g in cluster.gpus)
     assert all(form == "dp" for _, _, forms in layout.stages for form in forms)
@@ -329,6 +330,7 @@ def test_pipedream_layout_reads_the_profiles_outputs_for_the_activation_term() -
     profile, cluster = ir.ModelProfile.from_dict(doc), ir.Cluster.from_dict(cluster_doc)
     default = bl.pipedream_layout(profile, cluster, (1,))
     counted = bl.pipedream_layout(profile, cluster, (1,), activation_compression_ratio=1.0)
+    assert isinstance(default, bl.Layout) and isinstance(counted, bl.Layout)
     assert [layers for layers, _, _ in default.stages] == [(0, 2), (2, 4)]
     assert len(counted.stages) == 2 and counted.stages[0][0] != (0, 2)
     labels = [s.label for s in strategy_settings("pipedream", profile, cluster, (1,), "sgd")]

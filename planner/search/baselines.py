@@ -42,7 +42,7 @@ __all__ = ["BASELINE_SCHEDULES", "PIPEDREAM_FLAGS", "PIPEDREAM_MODES", "STRATEGI
            "block_partition", "deepspeed_layer_weights", "deepspeed_layouts", "deepspeed_methods", "deepspeed_parts",
            "deepspeed_type_weights", "divisors", "dp_layout", "gpipe_uniform_layout", "megatron_layouts",
            "megatron_tp", "megatron_tps", "partition_balanced", "partition_balanced_fast", "partition_uniform",
-           "pipedream_flagged_layout", "pipedream_layout", "pipedream_partition", "torchgpipe_layout",
+           "pipedream_layout", "pipedream_partition", "torchgpipe_layout",
            "torchgpipe_param_scale"]
 
 
@@ -248,16 +248,8 @@ def deepspeed_methods(profile: ir.ModelProfile) -> tuple[str, ...]:
 
 
 def pipedream_layout(profile: ir.ModelProfile, cluster: ir.Cluster, microbatches: tuple[int, ...],
-                     activation_compression_ratio: float | None = None, schedule: str = "1f1b") -> Layout:
-    """``pipedream`` without its shape flags (:func:`pipedream_flagged_layout`), which always has an answer."""
-    found = pipedream_flagged_layout(profile, cluster, microbatches, activation_compression_ratio, None, schedule)
-    assert isinstance(found, Layout), found  # only a straight pipeline can lack one
-    return found
-
-
-def pipedream_flagged_layout(profile: ir.ModelProfile, cluster: ir.Cluster, microbatches: tuple[int, ...],
-                             activation_compression_ratio: float | None = None, flags: PipeDreamFlags | None = None,
-                             schedule: str = "1f1b") -> Layout | NotFitting:
+                     activation_compression_ratio: float | None = None, flags: PipeDreamFlags | None = None,
+                     schedule: str = "1f1b") -> Layout | NotFitting:
     """``pipedream``: PipeDream's hierarchical partitioner, data-parallel replicas per stage.
 
     Its two levels are the GPUs of a server (``intra_node`` bandwidth) and the servers

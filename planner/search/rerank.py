@@ -206,7 +206,7 @@ def pipedream_seeds(prob: Problem, *, engine: str, solver: str, cache: SeedCache
     plans: list[Costed] = []
     for key in ((ratio, flags) for _, ratio in bl.PIPEDREAM_MODES for flags in bl.PIPEDREAM_FLAGS):
         if key not in cache.pipedream:
-            found = bl.pipedream_flagged_layout(prob.profile, prob.cluster, (prob.microbatches,), *key)
+            found = bl.pipedream_layout(prob.profile, prob.cluster, (prob.microbatches,), *key)
             cache.pipedream[key] = () if isinstance(found, bl.NotFitting) else found.stages
         stages = cache.pipedream[key]
         groups = [devices for _, devices, _ in stages]

@@ -31,7 +31,7 @@ from planner.search.baselines import (
     gpipe_uniform_layout,
     megatron_layouts,
     megatron_tps,
-    pipedream_flagged_layout,
+    pipedream_layout,
     torchgpipe_layout,
     torchgpipe_param_scale,
 )
@@ -120,7 +120,7 @@ def _settings_pipedream(profile: ir.ModelProfile, cluster: ir.Cluster, choices: 
     out = []
     for mode, ratio in PIPEDREAM_MODES:
         for flags in PIPEDREAM_FLAGS:
-            found = pipedream_flagged_layout(profile, cluster, choices, ratio, flags)
+            found = pipedream_layout(profile, cluster, choices, ratio, flags)
             label = f"{mode}, {flags.label}" if flags.label else mode
             out += [Setting.of(label, found if isinstance(found, NotFitting) else
                                dataclasses.replace(found, schedule=sched)) for sched in BASELINE_SCHEDULES["pipedream"]]
