@@ -10,7 +10,7 @@ default leaves them out); ``--straight_pipeline`` (no replication: one unit per 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -219,10 +219,12 @@ def pipedream_partition(
         [b / activation_compression_ratio for b in output_bytes]
     times = _range_sums(stage_times, np.inf)
     params = _range_sums(param_bytes, 0.0)
+    flags = flags or PipeDreamFlags()
     tables = []
     lower = 1
     for depth, (units, bandwidth) in enumerate(levels):
-        level = _Level(units, lower, bandwidth, outputs, *astuple(flags or PipeDreamFlags()))
+        level = _Level(units, lower, bandwidth, outputs, straight=flags.straight_pipeline,
+                       fewer=flags.use_fewer_machines)
         a = _pipedream_level(times, params, level, all_starts=depth < len(levels) - 1)
         tables.append(a)
         times = a.time[:, :, -1]
