@@ -148,10 +148,11 @@ def best_of(candidates: Sequence[ir.Plan]) -> Judged | None:
     """The fastest candidate that fits (each judged with recomputation on overflowing
     devices, :func:`planner.judge.judge`); if none fits, the one needing the least memory.
 
-    Candidates are judged in the order of :func:`compute_floor`, and once one fits, those whose floor
-    exceeds the fastest fitting time are not simulated: the simulator cannot play them faster, so the answer
-    (first wins ties, in the candidates' order) is the one judging them all gives."""
+    Candidates are judged in the order of their lower bound (:func:`planner.search.rerank.lower_bound_s`), and
+    once one fits, those whose bound exceeds the fastest fitting time are not simulated: the simulator cannot play
+    them faster, so the answer (first wins ties, in the candidates' order) is the one judging them all gives."""
     from planner.costmodel import stage_costs
+    from planner.search.rerank import lower_bound_s
     from planner.validate import validate_plan
 
     if not candidates:
@@ -160,7 +161,7 @@ def best_of(candidates: Sequence[ir.Plan]) -> Judged | None:
     for plan in candidates:
         validate_plan(plan)
         costs.append(stage_costs(plan))
-    floors = [compute_floor(p, c) for p, c in zip(candidates, costs, strict=True)]
+    floors = [lower_bound_s(p, c) for p, c in zip(candidates, costs, strict=True)]
     judged: dict[int, Judged] = {}
     best: float | None = None
     for i in sorted(range(len(candidates)), key=lambda x: floors[x]):
@@ -170,25 +171,6 @@ def best_of(candidates: Sequence[ir.Plan]) -> Judged | None:
         if judged[i].fits and (best is None or judged[i].prediction.iteration_s < best):
             best = judged[i].prediction.iteration_s
     return fastest([judged[i] for i in sorted(judged)])
-
-
-def compute_floor(plan: ir.Plan, costs: Sequence[ir.StageCost]) -> float:
-    """A time the simulator cannot beat for ``plan``, for a schedule that flushes: on the busiest device group g,
-    micro-batch 0's forward through the chunks before g's first, then M micro-batches through each of g's chunks
-    (forward and backward, which a GPU runs one at a time; recomputation only adds to them), then the last one's
-    backward through those chunks again (a device's last action is its first chunk's backward, its first that
-    chunk's forward). 0 (no floor) where devices share cores (``concurrent_devices``: a lane computes faster while
-    others wait), the schedule does not flush, or it splits the weight gradients off (zero-bubble: a device's last
-    actions may be W's that overlap the backward further up)."""
-    from planner.schedule import schedule_kind
-
-    kind = schedule_kind(plan.schedule)
-    if any(node.concurrent_devices is not None for node in plan.cluster.nodes) or not kind.flushes or \
-            kind.splits_weight_grad:
-        return 0.0
-    groups = len(costs) // plan.virtual_stages
-    return max(sum(c.forward_s + c.backward_s for c in costs[:g])
-               + plan.microbatches * sum(c.forward_s + c.backward_s for c in costs[g::groups]) for g in range(groups))
 
 
 # ----------------------------------------------------------------------------- strategies

@@ -13,6 +13,7 @@ from planner.compare import PLANNER_SCHEDULES, StrategyResult, best_setting, com
 from planner.errors import UsageError
 from planner.judge import judge
 from planner.search import baselines as bl
+from planner.search import rerank
 from tests.conftest import make_cluster_dict, make_profile_dict
 
 CONTRACT_KEYS = {"name", "iteration_s", "samples_per_s", "fits", "config"}
@@ -274,11 +275,11 @@ def test_every_row_is_no_slower_than_any_of_its_settings(case: tuple[ir.ModelPro
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow],
           phases=[Phase.explicit, Phase.reuse, Phase.generate])
 @given(cases(), st.sampled_from(["gpipe-uniform", "deepspeed", "pipedream"]))
-def test_best_of_skips_only_candidates_whose_compute_floor_is_slower_than_the_best(
+def test_best_of_skips_only_candidates_whose_lower_bound_is_slower_than_the_best(
         case: tuple[ir.ModelProfile, ir.Cluster, str], name: str) -> None:
-    """best_of judges candidates by their compute floor and stops past the fastest that fits: the same answer as
+    """best_of judges candidates by their lower bound and stops past the fastest that fits: the same answer as
     judging every one, and no judged candidate beats its floor."""
-    from planner.compare import best_of, compute_floor, microbatch_choices
+    from planner.compare import best_of, microbatch_choices
     from planner.costmodel import stage_costs
     from planner.judge import fastest
     from planner.runnable import is_runnable
@@ -290,15 +291,14 @@ def test_best_of_skips_only_candidates_whose_compute_floor_is_slower_than_the_be
             profile, cluster, m, "sgd"))]
         every = [judge(p, recompute=True) for p in plans]
         for plan, judged in zip(plans, every, strict=True):
-            assert compute_floor(plan, stage_costs(plan)) <= judged.prediction.iteration_s * (1 + 1e-12)
+            assert rerank.lower_bound_s(plan, stage_costs(plan)) <= judged.prediction.iteration_s * (1 + 1e-12)
         want, got = fastest(every), best_of(plans)
         assert (want is None) == (got is None)
         if want is not None and got is not None:
             assert (got.plan, got.fits) == (want.plan, want.fits)
 
 
-def test_a_compute_floor_lies_under_the_simulation_of_an_interleaved_plan() -> None:
-    from planner.compare import compute_floor
+def test_a_pipeline_lower_bound_lies_under_the_simulation_of_an_interleaved_plan() -> None:
     from planner.costmodel import stage_costs
     from tests.test_export_torchtitan import llama_profile
 
@@ -308,7 +308,7 @@ def test_a_compute_floor_lies_under_the_simulation_of_an_interleaved_plan() -> N
     for layout in layouts:
         for m in layout.microbatches:
             plan = layout.plan(profile, cluster, m, "sgd")
-            assert 0 < compute_floor(plan, stage_costs(plan)) <= judge(plan).prediction.iteration_s
+            assert 0 < rerank.pipeline_lower_bound_s(plan, stage_costs(plan)) <= judge(plan).prediction.iteration_s
 
 
 def test_rows_name_the_documented_setting_they_ran() -> None:

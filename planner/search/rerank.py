@@ -24,6 +24,7 @@ from planner.cluster import group_of, index
 from planner.costmodel import plan_memory, stage_costs
 from planner.judge import Judged, judge
 from planner.runnable import is_runnable
+from planner.schedule import schedule_kind
 from planner.search import baselines as bl
 from planner.search.sp import Problem
 from planner.simulate import plan_options
@@ -314,12 +315,36 @@ def busy_lower_bound_s(plan: ir.Plan, costs: Sequence[ir.StageCost]) -> float:
     return max(busy.values(), default=0.0)
 
 
+def pipeline_lower_bound_s(plan: ir.Plan, costs: Sequence[ir.StageCost]) -> float:
+    """A lower bound on the simulated iteration for a schedule that flushes: on each device group g,
+    micro-batch 0's forward through the chunks before g's first, then M micro-batches through each of g's chunks
+    (forward and backward, which a GPU runs one at a time; recomputation only adds to them), then the last one's
+    backward through those chunks again (a device's last action is its first chunk's backward, its first that
+    chunk's forward). 0 (no floor) where devices share cores (``concurrent_devices``: a lane computes faster while
+    others wait), the schedule does not flush, or it splits the weight gradients off (zero-bubble: a device's last
+    actions may be W's that overlap the backward further up)."""
+    kind = schedule_kind(plan.schedule)
+    if any(node.concurrent_devices is not None for node in plan.cluster.nodes) or not kind.flushes or \
+            kind.splits_weight_grad:
+        return 0.0
+    groups = len(costs) // plan.virtual_stages
+    return max(sum(c.forward_s + c.backward_s for c in costs[:g])
+               + plan.microbatches * sum(c.forward_s + c.backward_s for c in costs[g::groups]) for g in range(groups))
+
+
+def lower_bound_s(plan: ir.Plan, costs: Sequence[ir.StageCost]) -> float:
+    """A lower bound on the simulated iteration: the larger of the busiest device's own work
+    (:func:`busy_lower_bound_s`) and the pipeline's path through a device group (:func:`pipeline_lower_bound_s`).
+    The re-rank and ``planner compare``'s choice among a baseline's candidates skip what it rules out."""
+    return max(busy_lower_bound_s(plan, costs), pipeline_lower_bound_s(plan, costs))
+
+
 def best_simulated(plans: Sequence[Costed], judged: list[Judged] | None = None) -> Judged:
     """The plan with the least simulated iteration time (first wins ties), its prediction set: among those
     the simulator's memory verdict fits (planner.judge) where any does, else among all (each fits by the
     analytic memory that admitted it).
 
-    Candidates are simulated in order of :func:`busy_lower_bound_s`; one whose bound
+    Candidates are simulated in order of :func:`lower_bound_s`; one whose bound
     already exceeds the best simulated time cannot win and is not simulated (branch and
     bound: the answer is the same as simulating every candidate). ``judged``, when given,
     receives every simulated candidate, fastest first.
@@ -327,7 +352,7 @@ def best_simulated(plans: Sequence[Costed], judged: list[Judged] | None = None) 
     unique: dict[tuple, tuple[int, Costed]] = {}
     for i, costed in enumerate(plans):
         unique.setdefault(plan_key(costed[0]), (i, costed))
-    order = sorted((busy_lower_bound_s(plan, costs), i, plan, costs) for i, (plan, costs) in unique.values())
+    order = sorted((lower_bound_s(plan, costs), i, plan, costs) for i, (plan, costs) in unique.values())
     best: tuple[float, int, Judged] | None = None
     over: tuple[float, int, Judged] | None = None
     for bound_s, i, plan, costs in order:
