@@ -71,9 +71,12 @@ class SettingResult:
     reason: str | None
     virtual_stages: int | None = None
     """Model chunks per device group (an interleaved plan's v; 1 otherwise, None where nothing was judged)."""
+    flags: str = ""
+    """The system's own options for the layout judged best beyond the setting's (Megatron-LM's uneven first and last
+    pipeline stages; :attr:`planner.search.layout.Layout.flags`), '' where none."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"setting": self.setting, "schedule": self.schedule, "fits": self.fits,
+        return {"setting": self.setting, "flags": self.flags, "schedule": self.schedule, "fits": self.fits,
                 "iteration_s": self.iteration_s, "config": self.config, "microbatches": self.microbatches,
                 "virtual_stages": self.virtual_stages, "reason": self.reason}
 
@@ -84,7 +87,8 @@ class StrategyResult:
 
     ``plan`` is the judged plan (stages with memory, prediction from the simulator); for
     a strategy that does not fit it is the closest candidate, or None when none could
-    even be built. ``setting`` names the setting of the row, ``settings`` every setting judged.
+    even be built. ``setting`` names the setting of the row, ``flags`` the options its layout adds
+    (:class:`SettingResult`), ``settings`` every setting judged.
     """
 
     name: str
@@ -100,6 +104,7 @@ class StrategyResult:
     plan: ir.Plan | None = dataclasses.field(default=None, compare=False, repr=False)
     setting: str | None = None
     settings: tuple[SettingResult, ...] = ()
+    flags: str = ""
 
     @property
     def virtual_stages(self) -> int | None:
@@ -111,12 +116,12 @@ class StrategyResult:
                 "fits": self.fits, "config": self.config, "speedup_over_dp": self.speedup_over_dp,
                 "peak_memory_bytes": self.peak_memory_bytes, "schedule": self.schedule,
                 "microbatches": self.microbatches, "virtual_stages": self.virtual_stages, "reason": self.reason,
-                "setting": self.setting, "settings": [x.to_dict() for x in self.settings]}
+                "setting": self.setting, "flags": self.flags, "settings": [x.to_dict() for x in self.settings]}
 
     def as_setting(self) -> SettingResult:
         """This result as one setting of its strategy."""
         return SettingResult(self.setting or "", self.schedule, self.fits, self.iteration_s, self.config,
-                             self.microbatches, self.reason, self.virtual_stages)
+                             self.microbatches, self.reason, self.virtual_stages, self.flags)
 
 
 @dataclass(frozen=True)
@@ -228,9 +233,20 @@ def _judge_setting(name: str, setting: Setting, profile: ir.ModelProfile, cluste
         runnable = [p for p in candidates if is_runnable(p)]
         if candidates and not runnable:
             return _result(name, None, f"cannot run: {problems(candidates[0])[0]}", setting.label)
-        return _result(name, best_of(runnable), None, setting.label)
+        judged = best_of(runnable)
+        return dataclasses.replace(_result(name, judged, None, setting.label), flags=_flags(setting, judged))
     except PlannerError as exc:  # infeasible, or a layout the engine cannot run: listed, never fatal
         return _result(name, None, exc.cause, setting.label)
+
+
+def _flags(setting: Setting, judged: Judged | None) -> str:
+    """The options of the setting's layout judged best, where it has its own (Megatron-LM's uneven first and last
+    stages), else ''."""
+    if judged is None:
+        return ""
+    cut = [(s.layers, s.devices) for s in judged.plan.stages]
+    return next((lay.flags for lay in setting.layouts if [(layers, devices) for layers, devices, _ in lay.stages]
+                 == cut), "")
 
 
 def _planner(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int | str, schedule: str | None,

@@ -330,7 +330,7 @@ def test_megatron_row_runs_tensor_parallel_stages_on_a_transformer() -> None:
     result = compare(llama_profile(6, heads=16, kv_heads=8), _cluster(2, 4), strategies=["megatron"])
     row = result.get("megatron")
     by_label = {s.setting: s for s in row.settings}
-    server = by_label["tp=4 in a server, uniform pp, dp the rest"]
+    server = by_label["tp=4 in a server, pp, dp the rest"]
     assert server.fits and server.schedule == "1f1b" and server.iteration_s is not None
     # a tiny model: tensor groups of 4 only add all-reduces, and the row takes tp 1, Megatron's own default
     assert row.fits and row.iteration_s is not None and row.iteration_s <= server.iteration_s
@@ -338,6 +338,28 @@ def test_megatron_row_runs_tensor_parallel_stages_on_a_transformer() -> None:
     assert row.plan is not None and {s.tp for s in row.plan.stages} == {1}
     cnn = compare(_profile(), _cluster(), strategies=["megatron"]).get("megatron")
     assert not cnn.fits and "transformer blocks" in (cnn.reason or "")
+
+
+def test_megatron_row_names_the_uneven_stages_it_ran() -> None:
+    """A head as slow as three blocks: Megatron's even cut of 6 blocks on 2 ranks (3 and 3) leaves the last rank
+    twice the first's work; --decoder-first/last-pipeline-num-layers 4 and 2 even them, and the row's setting
+    says so, as the options to run it again."""
+    import dataclasses
+
+    from tests.test_export_torchtitan import llama_profile
+
+    profile = llama_profile(6, heads=16, kv_heads=8)
+    head = dataclasses.replace(profile.layers[-1], forward_s=3e-3, backward_s=6e-3)
+    profile = dataclasses.replace(profile, layers=(*profile.layers[:-1], head))
+    row = compare(profile, _cluster(1, 2), strategies=["megatron"], microbatches=8).get("megatron")
+    flags = "--decoder-first-pipeline-num-layers 4 --decoder-last-pipeline-num-layers 2"
+    assert (row.setting, row.flags) == ("tp=1 in a server, pp, dp the rest", flags)
+    assert row.to_dict()["flags"] == flags and {s["flags"] for s in row.to_dict()["settings"]} >= {"", flags}
+    assert row.plan is not None and [s.layers for s in row.plan.stages] == [(0, 5), (5, 8)]
+    layouts = bl.megatron_layouts(profile, _cluster(1, 2), (8,), tp=1)
+    assert isinstance(layouts, list) and layouts[1].config == "1-1" and layouts[1].flags == ""
+    even = judge(layouts[1].plan(profile, _cluster(1, 2), 8, row.plan.optimizer))
+    assert row.iteration_s is not None and row.iteration_s < 0.9 * even.prediction.iteration_s
 
 
 def test_megatron_row_takes_its_interleaved_schedule_where_that_is_its_best() -> None:
@@ -353,7 +375,7 @@ def test_megatron_row_takes_its_interleaved_schedule_where_that_is_its_best() ->
     row = compare(dataclasses.replace(profile, batch_size=64, layers=layers), _cluster(4, 4, 2 * 10**9),
                   strategies=["megatron"]).get("megatron")
     by_label = {s.setting: s for s in row.settings}
-    label = "tp=4 in a server, uniform pp, dp the rest"
+    label = "tp=4 in a server, pp, dp the rest"
     plain, chunked = by_label[label], by_label[f"{label}, interleaved schedule"]
     assert chunked.iteration_s is not None and plain.iteration_s is not None
     assert chunked.iteration_s < plain.iteration_s and chunked.schedule == "interleaved"
@@ -363,7 +385,9 @@ def test_megatron_row_takes_its_interleaved_schedule_where_that_is_its_best() ->
     doc = row.to_dict()  # the JSON says how many chunks, so that the setting can be run again
     assert doc["virtual_stages"] == row.plan.virtual_stages if row.plan is not None else True
     chunks = {s["setting"]: s["virtual_stages"] for s in doc["settings"]}
-    assert chunks[label] == 1 and chunks[f"{label}, interleaved schedule"] == 3
+    assert chunks[label] == 1 and chunks[f"{label}, interleaved schedule"] == 2
+    assert chunked.flags == ("--decoder-first-pipeline-num-layers 2 --decoder-last-pipeline-num-layers 2 "
+                             "--num-virtual-stages-per-pipeline-rank 2")  # 2, 4, 4, 2 blocks: the ends are lighter
 
 
 def test_pipedream_row_takes_the_readme_setting_when_the_default_cuts_a_huge_activation() -> None:

@@ -9,7 +9,8 @@ from planner.judge import judge
 from planner.search import baselines as bl
 from planner.search.settings import Setting, strategy_settings
 from tests.conftest import make_cluster_dict, make_profile_dict
-from tests.test_baselines import _pc, _shaped_llama
+from tests.test_baselines import _pc
+from tests.test_search_megatron import _shaped_llama
 
 
 @pytest.mark.parametrize("name", [s for s in bl.STRATEGIES if s != "planner"])
@@ -31,7 +32,7 @@ def test_deepspeed_and_megatron_also_run_with_zero_stage_1_where_a_stage_has_dat
     labels = [s.label for s in strategy_settings("deepspeed", _shaped_llama(), cluster, (2,), "adam")]
     assert "partition_method=parameters" in labels and "partition_method=parameters, ZeRO stage 1" in labels
     megatron = strategy_settings("megatron", _shaped_llama(), cluster, (2,), "adam")
-    base = "tp=4 in a server, uniform pp, dp the rest"
+    base = "tp=4 in a server, pp, dp the rest"
     lean = f"{base}, selective recomputation + sequence parallel"
     assert [s.label for s in megatron][:4] == [base, f"{base}, distributed optimizer", lean,
                                                f"{lean}, distributed optimizer"]
@@ -76,10 +77,10 @@ def test_megatron_runs_selective_recomputation_with_sequence_parallelism_as_its_
     # attention core, its norms and dropout sharded over the sequence; less memory than no recomputation
     cluster = ir.Cluster.from_dict(make_cluster_dict(2, 4))
     settings = {s.label: s for s in strategy_settings("megatron", _shaped_llama(), cluster, (2,), "adam")}
-    lean = settings["tp=4 in a server, uniform pp, dp the rest, selective recomputation + sequence parallel"]
+    lean = settings["tp=4 in a server, pp, dp the rest, selective recomputation + sequence parallel"]
     plan = lean.layouts[1].plan(_shaped_llama(), cluster, 2, "adam")
     assert [(s.tp, s.recompute, s.sequence_parallel) for s in plan.stages] == [(4, "selective", True)] * 2
-    plain = settings["tp=4 in a server, uniform pp, dp the rest"].layouts[1].plan(_shaped_llama(), cluster, 2, "adam")
+    plain = settings["tp=4 in a server, pp, dp the rest"].layouts[1].plan(_shaped_llama(), cluster, 2, "adam")
     assert [(s.recompute, s.sequence_parallel) for s in plain.stages] == [("none", False)] * 2
     lean_mem = judge(plan).plan.predicted.peak_memory_bytes
     assert 0 < lean_mem < judge(plain).plan.predicted.peak_memory_bytes
@@ -93,13 +94,14 @@ def test_megatron_runs_every_tensor_degree_of_a_server_each_plain_and_interleave
     found = strategy_settings("megatron", _shaped_llama(), cluster, (2,), "adam")
     labels = [s.label for s in found]
     for tp in (4, 2, 1):
-        base = f"tp={tp} in a server, uniform pp, dp the rest"
+        base = f"tp={tp} in a server, pp, dp the rest"
         lean = f"{base}, selective recomputation" + (" + sequence parallel" if tp > 1 else "")
         assert {base, lean, f"{base}, interleaved schedule"} <= set(labels)
         assert all(lay.tp == tp for s in found if s.label.startswith(f"tp={tp} ") for lay in s.layouts)
-    assert labels.index("tp=4 in a server, uniform pp, dp the rest") == 0  # SC'21's recipe first
-    chunked = next(s for s in found if s.label == "tp=4 in a server, uniform pp, dp the rest, interleaved schedule")
-    assert {(lay.config, lay.virtual_stages) for lay in chunked.layouts} == {("4-4", 3)}  # 6 blocks in 2 x 3
+    assert labels.index("tp=4 in a server, pp, dp the rest") == 0  # SC'21's recipe first
+    chunked = next(s for s in found if s.label == "tp=4 in a server, pp, dp the rest, interleaved schedule")
+    # 6 blocks: 3 a rank in chunks of 1 (v 3), or 2 and 4 a rank in chunks of 1 and 2 (v 2, uneven ends)
+    assert [(lay.config, lay.virtual_stages) for lay in chunked.layouts] == [("4-4", 2), ("4-4", 2), ("4-4", 3)]
     tp1 = [lay for s in found if s.label.startswith("tp=1 ") for lay in s.layouts]
     assert not any(lay.plan(_shaped_llama(), cluster, 2, "adam").stages[0].sequence_parallel for lay in tp1)
 

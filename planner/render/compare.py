@@ -32,7 +32,8 @@ def comparison_table(comparison: Comparison) -> Table:
     for s in comparison.strategies:
         style = "bold green" if s.fits and s.iteration_s == fastest else ("dim" if not s.fits else "")
         table.add_row(
-            safe_text(s.name), safe_text(s.setting or "-"), safe_text(s.config or "-"), s.schedule or "-",
+            safe_text(s.name), safe_text(f"{s.setting or '-'} ({s.flags})" if s.flags else s.setting or "-"),
+            safe_text(s.config or "-"), s.schedule or "-",
             _fmt(s.microbatches, "d"),
             _fmt(None if s.iteration_s is None else s.iteration_s * 1000, ".1f"),
             _fmt(s.samples_per_s, ".1f"), _fmt(s.speedup_over_dp, ".2f", "x"),

@@ -5,19 +5,20 @@ Pure (no torch, click or rich). Two parts here:
 * Partitioners, reimplemented from each system's own algorithm and tested against it
   (re-exported here): DeepSpeed's and torchgpipe's (:mod:`planner.search.partitioners`) and
   PipeDream's (:mod:`planner.search.pipedream`).
-* Layouts: each baseline's answer as stages on the same cluster (:class:`Layout`, turned
-  into an :class:`~planner.ir.Plan` by :meth:`Layout.plan`), so that the same cost model and
-  simulator judge every strategy.
+* Layouts: each baseline's answer as stages on the same cluster (:class:`~planner.search.layout.Layout`,
+  turned into an :class:`~planner.ir.Plan` by its ``plan``), so that the same cost model and
+  simulator judge every strategy; Megatron-LM's in :mod:`planner.search.megatron` (re-exported here).
 * The settings that run them: :mod:`planner.search.settings`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from itertools import accumulate
 
 from planner import ir
+from planner.search.layout import Layout, NotFitting, divisors
+from planner.search.megatron import megatron_layouts, megatron_tp, megatron_tps
 from planner.search.partitioners import (
     balance_by_size,
     balance_by_time,
@@ -64,75 +65,6 @@ stashing, no flush; SOSP'19) trains with stale weights -- another optimisation t
 synchronous plans it is compared with -- so it is not one of its settings here; ``planner
 simulate --schedule pipedream`` judges such a plan. ``dp`` and ``accpar`` have no pipeline (one
 stage, one micro-batch); ``planner`` runs the schedule the user asks for."""
-
-
-@dataclass(frozen=True)
-class NotFitting:
-    """A strategy that cannot run on this cluster, and why (one line)."""
-
-    name: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class Layout:
-    """A strategy's answer before it is judged: stages (layers, devices, forms) and a schedule.
-
-    ``microbatches`` lists the micro-batch counts the strategy may use; the comparison
-    simulates each and keeps the fastest that fits (a user would tune it too). ``tp``: the
-    tensor degree of every stage (1: data parallel only; AccPar's split forms span the
-    whole stage). ``zero``: the ZeRO stage of every stage with two or more data-parallel ranks (the
-    others run 0: there is nothing to shard over). ``recompute``: every stage's recomputation before
-    the judge gives an overflowing stage ``full``; ``sequence_parallel``: Megatron-LM's sequence
-    parallelism on the blocks of every tensor-parallel stage; ``virtual_stages``: the model chunks per device
-    group of an interleaved schedule (``stages`` then lists the chunks, chunk c on the devices of chunk c mod K).
-    """
-
-    name: str
-    stages: tuple[tuple[tuple[int, int], tuple[str, ...], tuple[str, ...]], ...]
-    schedule: str
-    microbatches: tuple[int, ...]
-    tp: int = 1
-    zero: int = 0
-    recompute: str = "none"
-    sequence_parallel: bool = False
-    virtual_stages: int = 1
-
-    def _zero_of(self, devices: Sequence[str]) -> int:
-        """The stage's ZeRO stage: :attr:`zero` over two or more data-parallel ranks, else 0."""
-        return self.zero if len(devices) // self.tp >= 2 else 0
-
-    @property
-    def data_parallel(self) -> bool:
-        """Whether a stage has two or more data-parallel ranks (a ZeRO stage then shards something)."""
-        return any(len(devices) // self.tp >= 2 for _, devices, _ in self.stages)
-
-    @property
-    def config(self) -> str:
-        groups = self.stages[:len(self.stages) // self.virtual_stages]  # interleaved: the first chunk of each group
-        return ir.config_string([len(devices) for _, devices, _ in groups])
-
-    def plan(self, profile: ir.ModelProfile, cluster: ir.Cluster, microbatches: int, optimizer: str,
-             recompute: Sequence[bool] | None = None) -> ir.Plan:
-        """This layout as an unjudged plan, in the profile's own precision (as ``planner search`` trains
-        by default, so that a baseline and the planner's row compute in the same number format):
-        memory and prediction are filled in by the judge."""
-        from planner.costmodel import default_precision
-
-        flags = list(recompute) if recompute is not None else [False] * len(self.stages)
-        stages = tuple(ir.Stage(layers, devices, forms, 0, "full" if flag else self.recompute, tp=self.tp,
-                                zero=self._zero_of(devices),
-                                sequence_parallel=self.sequence_parallel and self.tp > 1)
-                       for (layers, devices, forms), flag in zip(self.stages, flags, strict=True))
-        return ir.Plan(profile=profile, cluster=cluster, schedule=self.schedule, microbatches=microbatches,
-                       optimizer=optimizer, stages=stages, predicted=ir.Prediction(0.0, 0.0, 0.0, 0),
-                       engine="any", solver=self.name, precision=default_precision(profile),
-                       virtual_stages=self.virtual_stages)
-
-
-def divisors(n: int) -> tuple[int, ...]:
-    """The positive divisors of ``n``, ascending."""
-    return tuple(d for d in range(1, n + 1) if n % d == 0)
 
 
 def _dp_forms(first: int, end: int) -> tuple[str, ...]:
@@ -292,98 +224,3 @@ def _pipedream_levels(cluster: ir.Cluster) -> tuple[list[tuple[int, float]], Cal
         return [(sizes.pop(), cluster.link("intra_node").bandwidth_Bps), (len(cluster.nodes), inter)], name_of
     flat = [g.name for g in cluster.gpus]
     return [(len(flat), inter)], lambda path: flat[path[0]]
-
-
-def megatron_tps(profile: ir.ModelProfile, cluster: ir.Cluster) -> tuple[int, ...]:
-    """Every ``--tensor-model-parallel-size`` Megatron-LM runs here inside a server, largest first: the divisors
-    of a server's GPUs (its smallest) that divide every transformer block's attention heads (Megatron-Core's
-    ``TransformerConfig``: "num_attention_heads must be a multiple of tensor_model_parallel_size") and KV heads
-    (Megatron also replicates KV heads where tp is a multiple of them, which the planner's engines do not run)."""
-    per_server = min(len(node.gpus) for node in cluster.nodes)
-    blocks = [layer.block for layer in profile.layers if layer.block is not None]
-    return tuple(t for t in reversed(divisors(per_server)) if all(b.heads % t == 0 and b.kv_heads % t == 0
-                                                                    for b in blocks))
-
-
-def megatron_tp(profile: ir.ModelProfile, cluster: ir.Cluster) -> int:
-    """Megatron-LM's tensor degree in its SC'21 recipe: the GPUs of a server (its smallest), lowered to the
-    largest divisor that divides every transformer block's attention heads and KV heads (Megatron shards whole
-    heads): the first of :func:`megatron_tps`."""
-    return megatron_tps(profile, cluster)[0]
-
-
-def megatron_form(layer: ir.LayerProfile) -> str:
-    """A layer's form in Megatron-LM's tensor group (Shoeybi et al. 2019, section 3): a transformer
-    block ``tp``; the input embedding sharded over the vocabulary, its partial outputs all-reduced
-    (``split_in``); the output layer, and any other layer, column-parallel (``split_out``): every rank
-    takes the whole micro-batch, so a micro-batch of one sample runs. ``dp`` where the weight's shape
-    is unknown (the split forms are closed to it)."""
-    if layer.block is not None:
-        return "tp"
-    if layer.param_count and not layer.splittable:
-        return "dp"
-    return "split_in" if layer.type == "Embedding" else "split_out"
-
-
-def megatron_parts(profile: ir.ModelProfile, chunks: int) -> list[int]:
-    """Megatron-LM's cut of the model into ``chunks`` pipeline stages (or interleaved chunks): the transformer
-    blocks in equal counts, the layers before them (the embedding) with the first chunk and those after them (the
-    final norm and the output layer) with the last, where the blocks are contiguous and their count divides
-    (Megatron's ``--num-layers`` rule); else equal layer counts (:func:`partition_uniform`)."""
-    blocks = [i for i, layer in enumerate(profile.layers) if layer.block is not None]
-    if not blocks or blocks[-1] - blocks[0] + 1 != len(blocks) or len(blocks) % chunks:
-        return partition_uniform(len(profile.layers), chunks)
-    per = len(blocks) // chunks
-    return [0, *(blocks[0] + c * per for c in range(1, chunks)), len(profile.layers)]
-
-
-def megatron_layouts(profile: ir.ModelProfile, cluster: ir.Cluster, microbatches: tuple[int, ...],
-                     interleaved: bool = False, tp: int | None = None) -> list[Layout] | NotFitting:
-    """``megatron``: Megatron-LM's default 3-D layout (Narayanan et al., SC'21, section 3.3).
-
-    Tensor parallel inside a server (``tp``, one of :func:`megatron_tps`; None: :func:`megatron_tp`, the
-    server's GPUs; 1: data and pipeline parallel only; every layer in its
-    :func:`megatron_form`: the blocks ``tp``, the embedding and the output layer sharded), pipeline
-    parallel across servers with uniform block counts per stage (:func:`megatron_parts`), data parallel for the
-    rest, 1F1B; ranks in Megatron's order (tensor innermost, then data, then pipeline), so a
-    stage holds consecutive GPUs. Every pipeline depth pp that divides the GPUs left by tp
-    (at most the layer count) is a layout: the judge keeps the fastest that fits, at least
-    as fast as Megatron's rule (the smallest pp that fits), and gives overflowing stages
-    full recomputation, as Megatron's users turn it on when memory runs out.
-
-    ``interleaved``: Megatron's interleaved schedule instead (SC'21 section 2.2,
-    ``--num-layers-per-virtual-pipeline-stage``): for pp >= 2 (:func:`_virtual_stages`), every v >= 2 chunks per
-    stage with the blocks' count divisible by pp x v (Megatron's rule), chunk c on pipeline rank c mod pp, at the
-    micro-batch counts that are multiples of pp (its schedule's rule at its default
-    ``--microbatch-group-size-per-virtual-pipeline-stage``, pp); none where no pp and v qualify.
-    """
-    if not any(layer.block is not None for layer in profile.layers):
-        return NotFitting("megatron", "Megatron-LM's tensor parallelism shards transformer blocks; the model has none")
-    gpus = [g.name for g in cluster.gpus]
-    tp, n = tp or megatron_tp(profile, cluster), len(profile.layers)
-    forms = tuple(megatron_form(layer) if tp > 1 else "dp" for layer in profile.layers)
-    layouts = []
-    for pp in divisors(len(gpus) // tp):
-        if pp > n:
-            break
-        width = len(gpus) // pp
-        for v in _virtual_stages(profile, pp) if interleaved else (1,):
-            choices = tuple(m for m in microbatches if m % pp == 0) if interleaved else microbatches
-            parts = megatron_parts(profile, pp * v)
-            stages = tuple(((parts[c], parts[c + 1]), tuple(gpus[c % pp * width:(c % pp + 1) * width]),
-                            forms[parts[c]:parts[c + 1]]) for c in range(pp * v))
-            if choices:
-                layouts.append(Layout("megatron", stages, "interleaved" if interleaved else "1f1b", choices, tp,
-                                      virtual_stages=v))
-    return layouts
-
-
-def _virtual_stages(profile: ir.ModelProfile, pp: int) -> list[int]:
-    """The chunks per stage Megatron's interleaved schedule can run on ``pp`` stages: v >= 2 with the transformer
-    blocks' count divisible by pp x v, on 2 stages or more. Megatron-LM (NVIDIA/Megatron-LM d98e8a6, 2026-08-22,
-    ``megatron/training/arguments.py``) asks for pp > 2 only with ``--no-overlap-p2p-communication``; with its
-    default p2p overlap, pp > 1 ("Enable virtual pipelining and P2P communication overlap at PP=2", 3ee489d,
-    2024-05-31), as Megatron-Core's ``parallel_state`` ("pipeline-model-parallel size should be greater than 1
-    with interleaved schedule")."""
-    blocks = sum(layer.block is not None for layer in profile.layers)
-    return [] if pp < 2 else [v for v in range(2, blocks // pp + 1) if blocks % (pp * v) == 0]

@@ -220,17 +220,18 @@ def pipedream_seeds(prob: Problem, *, engine: str, solver: str, cache: SeedCache
 
 def megatron_seeds(prob: Problem, *, engine: str, solver: str) -> list[Costed]:
     """Megatron-LM's layouts as ``planner compare``'s ``megatron`` row builds them (tensor groups of a server,
-    uniform pipeline, its forms; planner.search.baselines.megatron_layouts), without and, where the space allows,
+    each pipeline depth's default cut, its forms; planner.search.megatron.megatron_layouts: the row's uneven cuts
+    differ from these only in where stages cut, which the stage DP chooses), without and, where the space allows,
     with selective recomputation and sequence parallelism, as plans of ``prob`` (its micro-batch count and
     schedule) where their grids are ones the search may form, they run on ``engine`` and they fit: HPP may price
     Megatron's forms above data-parallel ones that the simulator finds slower, so without them a Megatron plan
     in the search's space could beat the search's pick. Every tensor degree the row tries
-    (planner.search.baselines.megatron_tps) that the space admits."""
+    (planner.search.megatron.megatron_tps) that the space admits."""
     if prob.config is not None or not any(layer.block is not None for layer in prob.profile.layers):
         return []
     found: list[bl.Layout] = []
     for tp in bl.megatron_tps(prob.profile, prob.cluster):
-        layouts = bl.megatron_layouts(prob.profile, prob.cluster, (prob.microbatches,), tp=tp) \
+        layouts = bl.megatron_layouts(prob.profile, prob.cluster, (prob.microbatches,), tp=tp, uneven=False) \
             if prob.space.tp in (None, tp) else None
         found += layouts if isinstance(layouts, list) else []
     lean = [("selective", True)] if prob.space.sequence_parallel and "selective" in prob.space.recompute else []

@@ -129,9 +129,10 @@ def _settings_pipedream(profile: ir.ModelProfile, cluster: ir.Cluster, choices: 
 
 def _settings_megatron(profile: ir.ModelProfile, cluster: ir.Cluster, choices: tuple[int, ...],
                        optimizer: str) -> list[Setting]:
-    """Megatron-LM's layout at every ``--tensor-model-parallel-size`` it runs inside a server (:func:`megatron_tps`,
-    the server's GPUs first: SC'21's recipe), each under 1F1B, and again under its interleaved schedule
-    (``--num-layers-per-virtual-pipeline-stage``, on 2 stages or more where the blocks divide: SC'21 section 2.2);
+    """Megatron-LM's layouts at every ``--tensor-model-parallel-size`` it runs inside a server (:func:`megatron_tps`,
+    the server's GPUs first: SC'21's recipe), each pipeline depth with its block counts per rank (equal, or the
+    first and last ranks' own: :mod:`planner.search.megatron`), each under 1F1B, and again under its interleaved
+    schedule (``--num-virtual-stages-per-pipeline-rank``, on 2 stages or more: SC'21 section 2.2);
     each with and without ``--use-distributed-optimizer`` (ZeRO-1 over the data-parallel ranks, as its example
     training scripts run it), and with and without selective recomputation and sequence parallelism
     (``--recompute-activations --sequence-parallel``, Korthikanti et al. 2022, which its examples for large models
@@ -139,10 +140,10 @@ def _settings_megatron(profile: ir.ModelProfile, cluster: ir.Cluster, choices: t
     recomputation."""
     if not any(layer.block is not None for layer in profile.layers):
         none = megatron_layouts(profile, cluster, choices)
-        return [Setting.of("tp = GPUs per server, uniform pp, dp the rest", none)]
+        return [Setting.of("tp = GPUs per server, pp, dp the rest", none)]
     out: list[Setting] = []
     for tp in megatron_tps(profile, cluster):
-        label = f"tp={tp} in a server, uniform pp, dp the rest"
+        label = f"tp={tp} in a server, pp, dp the rest"
         out += _megatron_variants(Setting.of(label, megatron_layouts(profile, cluster, choices, tp=tp)), tp)
         chunked = megatron_layouts(profile, cluster, choices, interleaved=True, tp=tp)
         if isinstance(chunked, list) and chunked:
