@@ -94,7 +94,10 @@ def _form_problems(layer: ir.LayerProfile, form: str, tp: int, stage: int, index
     if layer.block is None:
         return [f"stage {stage}: layer {index} ({layer.name}) runs the tp form but is not a transformer block"]
     blk = layer.block
-    if blk.heads % tp or blk.kv_heads % tp:
+    if not blk.shardable and tp > 1:
+        return [f"stage {stage}: layer {index} runs the tp form, but its block fuses projections or normalises over "
+                "all heads, which the planner's engines do not shard"]
+    if not blk.splits_over(tp):
         return [f"stage {stage}: layer {index} has {blk.heads} heads and {blk.kv_heads} KV heads, which tp {tp} "
                 "does not divide"]
     return []

@@ -299,6 +299,31 @@ def tiny_qwen3() -> tuple[nn.Module, torch.Tensor]:
     return tiny_decoder("qwen3-8b", head_dim=32)
 
 
+def _tiny_family(family: str, **fields: Any) -> tuple[nn.Module, torch.Tensor]:
+    """transformers' ``<family>ForCausalLM`` at hidden 64, 2 blocks, 4 heads, 2 KV heads, FFN 128, 256 tokens."""
+    import transformers
+
+    config = getattr(transformers, f"{family}Config")(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+        vocab_size=256, max_position_embeddings=64, bos_token_id=0, eos_token_id=0, pad_token_id=0, **fields)
+    return getattr(transformers, f"{family}ForCausalLM")(config), torch.randint(0, 256, (BATCH, SEQ))
+
+
+def tiny_gemma() -> tuple[nn.Module, torch.Tensor]:
+    """Gemma: GeGLU, an embedding that scales its output by sqrt(hidden) in its own forward, tied to the head."""
+    return _tiny_family("Gemma", head_dim=16)
+
+
+def tiny_phi3() -> tuple[nn.Module, torch.Tensor]:
+    """Phi-3: fused q/k/v and gate/up projections (its blocks are not sharded: data and pipeline parallel)."""
+    return _tiny_family("Phi3")
+
+
+def tiny_arcee() -> tuple[nn.Module, torch.Tensor]:
+    """Arcee: Llama's block with an ungated ReLU^2 MLP (up and down only)."""
+    return _tiny_family("Arcee")
+
+
 LLAMA_GRIDS: dict[str, tuple[str, dict[str, Any]]] = {
     "llama-pp2-tp2-sp": ("tiny_llama", {"parts": [0, 2, 4], "tp": 2, "sequence_parallel": True}),
     "llama-tp2-dp2-zero3-selective": ("tiny_llama", {"parts": [0, 4], "tp": 2, "dp": 2, "zero": 3,
@@ -308,6 +333,9 @@ LLAMA_GRIDS: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen3-tp2-dp2-zero1": ("tiny_qwen3", {"parts": [0, 4], "tp": 2, "dp": 2, "zero": 1}),
     "llama-tp2-dp2-zero1-bf16-sp": ("tiny_llama", {"parts": [0, 4], "tp": 2, "dp": 2, "zero": 1, "precision": "bf16",
                                                    "sequence_parallel": True}),
+    "gemma-pp2-tp2-sp": ("tiny_gemma", {"parts": [0, 2, 4], "tp": 2, "sequence_parallel": True}),
+    "phi3-pp2-dp2-zero1": ("tiny_phi3", {"parts": [0, 2, 4], "dp": 2, "zero": 1}),
+    "arcee-tp2-dp2-zero1": ("tiny_arcee", {"parts": [0, 4], "tp": 2, "dp": 2, "zero": 1}),
     "gpt2-frozen-embeddings-pp2-dp2-zero1": ("tiny_gpt2_frozen", {"parts": [0, 1, 6], "dp": 2, "zero": 1}),
     "gpt2-frozen-embeddings-pp2-dp2-zero3-bf16": ("tiny_gpt2_frozen", {"parts": [0, 1, 6], "dp": 2, "zero": 3,
                                                                       "precision": "bf16"}),
@@ -318,7 +346,8 @@ LLAMA_GRIDS: dict[str, tuple[str, dict[str, Any]]] = {
 def test_llama_grids_train_like_one_process() -> None:
     """A tiny Llama (rotary positions, grouped KV heads, gated MLP): tensor-parallel q/k/v/o and
     gate/up/down with sequence parallelism, ZeRO-3 with selective recomputation, ZeRO-1 with full;
-    and the Llama-family decoders split the same way: Qwen2 (q/k/v biases), Qwen3 (q/k norms); and a first stage
+    and the Llama-family decoders split the same way: Qwen2 (q/k/v biases), Qwen3 (q/k norms), Gemma (a scaled,
+    tied embedding; GeGLU), Phi-3 (fused projections, not sharded), Arcee (an ungated MLP); and a first stage
     whose weights are all frozen (fine-tuning: it trains nothing)."""
     plans = {name: grid_plan(factory, **kw) for name, (factory, kw) in LLAMA_GRIDS.items()}
     got = run_grids(plans)

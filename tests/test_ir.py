@@ -206,6 +206,21 @@ def test_optional_fields_round_trip() -> None:
     assert ModelProfile.from_dict(out) == profile
 
 
+def test_a_blocks_shardable_flag_is_written_only_when_false_and_round_trips() -> None:
+    doc = make_profile_dict()
+    block = {"hidden": 64, "heads": 4, "kv_heads": 2, "ffn": 128, "seq_len": 16}
+    doc["layers"][0]["block"] = dict(block)
+    doc["layers"][1]["block"] = {**block, "shardable": False}
+    profile = ModelProfile.from_dict(doc)
+    first, second = profile.layers[0].block, profile.layers[1].block
+    assert first is not None and second is not None and first.shardable and not second.shardable
+    out = profile.to_dict()
+    assert "shardable" not in out["layers"][0]["block"] and out["layers"][1]["block"]["shardable"] is False
+    assert ModelProfile.from_dict(out) == profile
+    assert (first.splits_over(2), first.splits_over(4), second.splits_over(2), second.splits_over(1)) == (
+        True, False, False, True)  # 4 does not divide 2 KV heads; an unshardable block runs on one rank a group
+
+
 @pytest.mark.parametrize(("gpus", "concurrent", "share"), [(4, 2.0, 0.5), (2, 2.0, 1.0), (2, 8.0, 1.0), (3, None, 1.0)])
 def test_node_core_share_is_each_devices_speed_when_all_compute(gpus: int, concurrent: float | None,
                                                                share: float) -> None:

@@ -99,6 +99,53 @@ def test_llama_family_decoders_split_exactly_like_llama(name: str, fields: dict[
                                             head_dim=int(head_dim) if isinstance(head_dim, int) else None)
 
 
+_FAMILIES = {  # family: (config fields beyond the shared ones, gated, shardable by the planner's tensor parallelism)
+    "Gemma": ({"head_dim": 16}, True, True),  # GeGLU; its embedding scales by sqrt(hidden) in its own forward
+    "Olmo": ({}, True, True),
+    "Olmo2": ({}, True, False),  # q/k norms over all heads together
+    "Phi3": ({"pad_token_id": 0}, True, False),  # fused qkv_proj and gate_up_proj
+    "Glm": ({"pad_token_id": 0, "head_dim": 16}, True, False),  # fused gate_up_proj
+    "Arcee": ({}, False, True),  # ReLU^2 MLP: up and down only
+}
+
+
+def _family_model(family: str, **fields: object) -> nn.Module:
+    import transformers
+
+    extra, _, _ = _FAMILIES[family]
+    config = getattr(transformers, f"{family}Config")(
+        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, **{**extra, **fields})
+    return getattr(transformers, f"{family}ForCausalLM")(config)
+
+
+@pytest.mark.parametrize("family", sorted(_FAMILIES))
+def test_decoders_with_llamas_forward_split_exactly_like_llama(family: str) -> None:
+    """Gemma, OLMo, OLMo 2, Phi-3, GLM and Arcee run Llama's model and causal-LM forward (transformers 5.24): the
+    same split, bit for bit, for the causal LM and the bare model; blocks the planner's tensor parallelism cannot
+    shard say so in their shape, and Gemma's scaled embedding is not offered the vocabulary split."""
+    torch.manual_seed(0)
+    model = _family_model(family)
+    x = torch.randint(0, 96, (2, 16))
+    _, gated, shardable = _FAMILIES[family]
+    for m in (model, model.model):
+        lm = _split(m, x)
+        check_exact(m, x, lm.layers, lm.param_counts)
+        assert lm.method == f"structure:{family.lower()}" and len(lm) == 4 - (m is model.model)
+        shape = lm.block(1)
+        assert shape is not None and (shape.gated, shape.shardable, shape.kv_heads) == (gated, shardable, 2)
+        assert shape.splits_over(2) is shardable and shape.splits_over(1)
+        assert (lm.in_features[0] is None) is (family == "Gemma")
+
+
+def test_olmo_clipping_q_k_v_in_place_is_not_sharded() -> None:
+    """OLMo's clip_qkv clamps q, k and v in place; torch's tensor-parallel Linears return views autograd then
+    refuses to let it modify (a two-process run failed), so those blocks run data and pipeline parallel only."""
+    x = torch.randint(0, 96, (1, 8))
+    clipped = _split(_family_model("Olmo", clip_qkv=8.0), x).block(1)
+    assert clipped is not None and not clipped.shardable and not clipped.splits_over(2)
+
+
 @pytest.mark.parametrize(("name", "fields"), [
     ("mistral-7b", {"sliding_window": 8}),
     ("qwen2-7b", {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1}),

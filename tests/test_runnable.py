@@ -84,6 +84,16 @@ def test_tp_form_needs_a_block_whose_heads_it_divides() -> None:
     assert any("not a transformer block" in p for p in found)
 
 
+def test_tp_form_on_a_block_the_engines_do_not_shard_is_refused() -> None:
+    plan = _plan()
+    shape = ir.BlockShape(64, 4, 2, 128, 16, gated=True, shardable=False)
+    layers = (dataclasses.replace(plan.profile.layers[0], block=shape), *plan.profile.layers[1:])
+    profile = dataclasses.replace(plan.profile, layers=layers)
+    tp_stage = dataclasses.replace(plan.stages[0], forms=("tp", "dp"), tp=2)
+    found = problems(dataclasses.replace(plan, profile=profile, stages=(tp_stage, *plan.stages[1:])))
+    assert any("fuses projections or normalises over all heads" in p for p in found)
+
+
 @given(st.integers(1, 3), st.integers(1, 4), st.sampled_from([4, 6, 8, 12]), st.sampled_from(["1f1b", "gpipe"]))
 @settings(max_examples=15, deadline=None)
 def test_search_and_compare_emit_only_runnable_plans(nodes: int, gpus: int, batch: int, schedule: str) -> None:

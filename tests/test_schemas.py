@@ -154,6 +154,6 @@ def test_closed_objects_list_every_field_the_ir_writes() -> None:
     from planner import ir
 
     block = schemas.load("profile", 1)["$defs"]["block"]
-    assert set(block["properties"]) == set(ir.BlockShape(8, 2, 2, 32, 16, head_dim=8).to_dict())
+    assert set(block["properties"]) == set(ir.BlockShape(8, 2, 2, 32, 16, head_dim=8, shardable=False).to_dict())
     gpu = schemas.load("cluster", 1)["$defs"]["gpu"]
     assert set(gpu["properties"]["peak_flops"]["properties"]) == set(ir.NUMBER_FORMATS)

@@ -130,6 +130,16 @@ def test_megatron_tries_every_tensor_degree_that_divides_a_server_and_the_heads(
     assert isinstance(one, list) and {f for _, _, fs in one[0].stages for f in fs} == {"dp"}
 
 
+def test_megatron_keeps_blocks_the_engines_do_not_shard_at_tp_1() -> None:
+    import dataclasses
+
+    profile = _llama(16, 8)
+    layers = tuple(dataclasses.replace(x, block=dataclasses.replace(x.block, shardable=False)) if x.block else x
+                   for x in profile.layers)
+    assert bl.megatron_tps(dataclasses.replace(profile, layers=layers), ir.Cluster.from_dict(make_cluster_dict(2, 4))
+                           ) == (1,)
+
+
 def _rules_brute(blocks: int, pp: int, v: int) -> set[tuple[int, ...]]:
     """Every count per rank Megatron accepts (module doc of planner.search.megatron: positive, multiples of v, the
     ranks between the ends equal), with the ends at most the middle's, filtered to the least middle share (or one

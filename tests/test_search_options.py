@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from planner import ir
@@ -56,6 +58,18 @@ def test_bad_options_are_usage_errors_with_the_numbers(kwargs: dict, match: str)
 def test_tp_must_divide_heads_and_kv_heads() -> None:
     with pytest.raises(UsageError, match="--tp 4 does not divide the model's 8 attention heads and 2 KV heads"):
         search(_llama_like(kv=2), _cluster(), tp=4)
+
+
+def test_tp_on_blocks_the_engines_do_not_shard_is_refused_and_auto_keeps_them_whole() -> None:
+    profile = _llama_like()
+    layers = tuple(dataclasses.replace(x, block=dataclasses.replace(x.block, shardable=False)) if x.block else x
+                   for x in profile.layers)
+    fused = dataclasses.replace(profile, layers=layers)
+    with pytest.raises(UsageError, match="--tp 2: the model's transformer blocks fuse their projections") as err:
+        search(fused, _cluster(), tp=2)
+    assert "--tp 1 or auto" in err.value.hint
+    plan = search(fused, _cluster())
+    assert all("tp" not in st.forms for st in plan.stages)
 
 
 def test_zero_on_a_single_device_is_refused() -> None:

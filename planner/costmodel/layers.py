@@ -243,9 +243,9 @@ def core_share(profile: ir.ModelProfile) -> np.ndarray:
 
 
 def tp_open(profile: ir.ModelProfile, tp: int) -> np.ndarray:
-    """Which layers may run the ``tp`` form on a tensor group of ``tp``: blocks whose heads and KV heads it divides."""
-    return np.array([tp > 1 and x.block is not None and x.block.heads % tp == 0 and x.block.kv_heads % tp == 0
-                     for x in profile.layers])
+    """Which layers may run the ``tp`` form on a tensor group of ``tp``: blocks it splits (shardable, whose heads and KV
+    heads it divides: ``BlockShape.splits_over``)."""
+    return np.array([tp > 1 and x.block is not None and x.block.splits_over(tp) for x in profile.layers])
 
 
 def layer_table(profile: ir.ModelProfile, grid: Grid | Group, microbatches: int, optimizer: str,

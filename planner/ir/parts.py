@@ -22,7 +22,11 @@ class BlockShape:
     fused kernel (SDPA's FlashAttention or memory-efficient kernels, which the profiler runs) does not
     (``planner.profiler.fused``); absent from a file: True, as profiles written before it counted.
     ``head_dim``: each head's width where it is not ``hidden / heads`` (Qwen3, a Llama config's own
-    ``head_dim``); absent: ``hidden / heads``, which the heads must then divide.
+    ``head_dim``); absent: ``hidden / heads``, which the heads must then divide. ``shardable``: whether the
+    planner's tensor parallelism can shard the block as Megatron-LM does (separate q/k/v and gate/up projections,
+    norms per head at most); False for fused projections (Phi-3's ``qkv_proj`` and ``gate_up_proj``, GLM's
+    ``gate_up_proj``) or q/k norms over all heads (OLMo 2): such blocks run data and pipeline parallel only;
+    absent from a file: True.
     """
 
     hidden: int
@@ -33,6 +37,12 @@ class BlockShape:
     gated: bool = False
     attention_saved: bool = True
     head_dim: int | None = None
+    shardable: bool = True
+
+    def splits_over(self, tp: int) -> bool:
+        """Whether a tensor group of ``tp`` can run the block in the ``tp`` form: 1, or a shardable block whose heads
+        and KV heads ``tp`` divides (Megatron shards whole heads)."""
+        return tp == 1 or (self.shardable and self.heads % tp == 0 and self.kv_heads % tp == 0)
 
     @property
     def attention_width(self) -> int:
@@ -44,6 +54,8 @@ class BlockShape:
                              "seq_len": self.seq_len, "gated": self.gated, "attention_saved": self.attention_saved}
         if self.head_dim is not None:
             d["head_dim"] = self.head_dim
+        if not self.shardable:
+            d["shardable"] = False
         return d
 
     @classmethod
@@ -52,7 +64,8 @@ class BlockShape:
                     _int(d, "kv_heads", where, positive=True), _int(d, "ffn", where, positive=True),
                     _int(d, "seq_len", where, positive=True), _bool(d, "gated", where, False),
                     _bool(d, "attention_saved", where, True),
-                    _int(d, "head_dim", where, positive=True) if d.get("head_dim") is not None else None)
+                    _int(d, "head_dim", where, positive=True) if d.get("head_dim") is not None else None,
+                    _bool(d, "shardable", where, True))
         if shape.heads % shape.kv_heads or (shape.head_dim is None and shape.hidden % shape.heads):
             raise FormatError(f"{where}: heads {shape.heads} must be a multiple of kv_heads {shape.kv_heads} and "
                               f"divide hidden {shape.hidden} (or give head_dim)", "fix the block's shape")

@@ -5,8 +5,9 @@ masks), and ``torch.export`` gives aten graphs specialised to one batch size, wh
 pipeline engine cannot run on micro-batches. So GPT-2 (``GPT2LMHeadModel``, ``GPT2Model``),
 BERT (``BertForMaskedLM``, ``BertModel``) and the Llama family (``LlamaForCausalLM``,
 ``LlamaModel``: RMSNorm, SwiGLU, grouped-query attention, rotary embeddings; and the decoders
-whose model runs Llama's forward: Mistral, Qwen2 with its q/k/v biases, Qwen3 with its per-head
-q/k norms, ``...ForCausalLM`` and ``...Model``) are split at the only one-tensor cuts they have:
+whose model and causal-LM forward are Llama's, read in transformers 5.24: Mistral, Qwen2 with its q/k/v biases,
+Qwen3 with its per-head q/k norms, Gemma (GeGLU, its embedding scaled inside its module), OLMo, OLMo 2, Phi-3,
+GLM and Arcee, ``...ForCausalLM`` and ``...Model``) are split at the only one-tensor cuts they have:
 after the embeddings, after each block, and the final norm with the head. A block here attends
 causally over the whole sequence, so a model whose layers attend within a sliding window
 shorter than the sequence is refused (its own forward masks the window). The layers are
@@ -16,8 +17,11 @@ against the model's exported data flow (tests).
 Each block records the ``planner.ir.BlockShape`` tensor parallelism needs: GPT-2 (``n_embd``,
 ``n_head`` heads and KV heads, ``n_inner`` or 4h, not gated), BERT (``hidden_size``,
 ``num_attention_heads``, ``intermediate_size``), Llama (``num_key_value_heads`` KV heads,
-``intermediate_size``, gated: SwiGLU's three matrices; the Llama-family decoders alike);
-``seq_len`` is the example's.
+``intermediate_size``, gated: SwiGLU's three matrices; the Llama-family decoders alike, Arcee's MLP ungated);
+``seq_len`` is the example's. Blocks the planner's tensor parallelism cannot shard as Megatron does (fused
+projections: Phi-3, GLM; q/k norms over all heads: OLMo 2; OLMo's in-place ``clip_qkv``) are marked so
+(``BlockShape.shardable``); Gemma's
+embedding keeps its scale in its module's forward, so it is not offered the vocabulary split (no weight shape).
 """
 
 from __future__ import annotations
@@ -144,8 +148,9 @@ def _llama_parts(model: nn.Module) -> list[_Part]:
     head = type(model).__name__.endswith("ForCausalLM")
     base: Any = model.model if head else model
     pre = "model." if head else ""
-    parts = [_Part(f"{pre}embed_tokens", "Embedding", TokenEmbedding(base.embed_tokens), base.embed_tokens,
-                   (f"{pre}embed_tokens",))]
+    plain = type(base.embed_tokens) is nn.Embedding  # Gemma's scales its output in its own forward
+    parts = [_Part(f"{pre}embed_tokens", "Embedding", TokenEmbedding(base.embed_tokens),
+                   base.embed_tokens if plain else None, (f"{pre}embed_tokens",))]
 
     def wrap(block: nn.Module, post: nn.Module | None) -> nn.Module:
         return RotaryBlock(block, base.rotary_emb, post)
@@ -157,8 +162,16 @@ def _llama_parts(model: nn.Module) -> list[_Part]:
     return parts
 
 
-_GATED = frozenset({"llama", "mistral", "qwen2", "qwen3"})
-"""The architectures whose MLP is gated (SwiGLU: gate, up and down matrices)."""
+_GATED = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "olmo", "olmo2", "phi3", "glm"})
+"""The architectures whose MLP is gated (SwiGLU or GeGLU: gate, up and down matrices, Phi-3's and GLM's gate and up
+fused)."""
+
+_UNSHARDED = frozenset({"phi3", "glm", "olmo2"})
+"""The architectures whose blocks the planner's tensor parallelism does not shard: Phi-3 fuses q/k/v (``qkv_proj``)
+and gate/up (``gate_up_proj``), GLM gate/up; OLMo 2 normalises q and k over all heads together."""
+
+_LLAMA_FAMILY = ("Llama", "Mistral", "Qwen2", "Qwen3", "Gemma", "Olmo", "Olmo2", "Phi3", "Glm", "Arcee")
+"""The decoders whose ``...Model`` and ``...ForCausalLM`` forwards are Llama's (module doc)."""
 
 
 def block_shape(config: Any, seq_len: int) -> ir.BlockShape | None:
@@ -178,14 +191,20 @@ def block_shape(config: Any, seq_len: int) -> ir.BlockShape | None:
     if own is None and config.hidden_size % heads:
         return None
     return ir.BlockShape(config.hidden_size, heads, kv_heads, config.intermediate_size, seq_len, gated=gated,
-                         head_dim=own)
+                         head_dim=own, shardable=_shardable(config))
+
+
+def _shardable(config: Any) -> bool:
+    """Whether the planner's tensor parallelism can shard the config's blocks (:data:`_UNSHARDED`; OLMo with
+    ``clip_qkv`` clamps q/k/v in place, on views torch's tensor-parallel Linears return, which autograd refuses)."""
+    return getattr(config, "model_type", "") not in _UNSHARDED and getattr(config, "clip_qkv", None) is None
 
 
 _ARCHITECTURES: dict[str, tuple[str, Callable[[nn.Module], list[_Part]]]] = {
     "GPT2LMHeadModel": ("gpt2", _gpt2_parts), "GPT2Model": ("gpt2", _gpt2_parts),
     "BertForMaskedLM": ("bert", _bert_parts), "BertModel": ("bert", _bert_parts),
     **{f"{family}{kind}": (family.lower(), _llama_parts)
-       for family in ("Llama", "Mistral", "Qwen2", "Qwen3") for kind in ("ForCausalLM", "Model")},
+       for family in _LLAMA_FAMILY for kind in ("ForCausalLM", "Model")},
 }
 """The transformers classes split by structure: class name -> (architecture, its parts)."""
 

@@ -98,7 +98,7 @@ def _block() -> dict[str, Any]:
                 "kv_heads": integer(MAX_ITEMS, lo=1), "ffn": integer(MAX_DIM, lo=1),
                 "seq_len": integer(MAX_DIM, lo=1)},
                {"gated": {"type": "boolean"}, "attention_saved": {"type": "boolean"},
-                "head_dim": integer(MAX_DIM, lo=1)}, closed=True)
+                "head_dim": integer(MAX_DIM, lo=1), "shardable": {"type": "boolean"}}, closed=True)
 
 
 def _layer() -> dict[str, Any]:

@@ -34,11 +34,11 @@ def megatron_tps(profile: ir.ModelProfile, cluster: ir.Cluster) -> tuple[int, ..
     """Every ``--tensor-model-parallel-size`` Megatron-LM runs here inside a server, largest first: the divisors
     of a server's GPUs (its smallest) that divide every transformer block's attention heads (Megatron-Core's
     ``TransformerConfig``: "num_attention_heads must be a multiple of tensor_model_parallel_size") and KV heads
-    (Megatron also replicates KV heads where tp is a multiple of them, which the planner's engines do not run)."""
+    (Megatron also replicates KV heads where tp is a multiple of them, which the planner's engines do not run); 1
+    alone for blocks the planner's engines do not shard (``BlockShape.shardable``)."""
     per_server = min(len(node.gpus) for node in cluster.nodes)
     blocks = [layer.block for layer in profile.layers if layer.block is not None]
-    return tuple(t for t in reversed(divisors(per_server)) if all(b.heads % t == 0 and b.kv_heads % t == 0
-                                                                    for b in blocks))
+    return tuple(t for t in reversed(divisors(per_server)) if all(b.splits_over(t) for b in blocks))
 
 
 def megatron_tp(profile: ir.ModelProfile, cluster: ir.Cluster) -> int:

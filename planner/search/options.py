@@ -207,7 +207,11 @@ def _check_tp(tp: int | None, profile: ir.ModelProfile, cluster: ir.Cluster, eng
                          f"whose samples --engine {engine} does not split over a tensor group",
                          "use --tp 1 or auto for this model")
     blocks = [x.block for x in profile.layers if x.block is not None]
-    bad = [b for b in blocks if b.heads % tp or b.kv_heads % tp]
+    if tp > 1 and any(not b.shardable for b in blocks):
+        raise UsageError(f"--tp {tp}: the model's transformer blocks fuse their projections or normalise over all "
+                         "heads, which the planner's tensor parallelism does not shard",
+                         "use --tp 1 or auto (its blocks run data and pipeline parallel)")
+    bad = [b for b in blocks if not b.splits_over(tp)]
     if bad:
         raise UsageError(f"--tp {tp} does not divide the model's {bad[0].heads} attention heads and "
                          f"{bad[0].kv_heads} KV heads", "use a tensor degree that divides both, or auto")
