@@ -15,12 +15,14 @@ from planner.schemas.build import MAX_DIM, MAX_ITEMS
     ("llama2-7b", 6_738_415_616), ("llama2-13b", 13_015_864_320), ("llama2-70b", 68_976_648_192),
     ("llama3-8b", 8_030_261_248), ("llama3-70b", 70_553_706_496), ("mistral-7b", 7_241_732_096),
     ("qwen2-7b", 7_615_616_512), ("qwen3-8b", 8_190_735_360),
+    ("gemma-7b", 8_537_680_896),  # its model card's 8.54B; the vocabulary's embedding tied to the head
+    ("olmo2-7b", 7_298_617_344),  # OLMo-2-1124-7B's 7.30B
 ])
 def test_llama_sizes_have_the_published_parameter_counts(name: str, params: int) -> None:
     with torch.device("meta"):
         model = build(name)
     assert sum(p.numel() for p in model.parameters()) == params
-    assert model.config._attn_implementation == "sdpa" and not model.config.tie_word_embeddings
+    assert model.config._attn_implementation == "sdpa" and model.config.tie_word_embeddings is (name == "gemma-7b")
 
 
 def test_llama3_70b_config_matches_the_published_table() -> None:

@@ -63,6 +63,10 @@ _LLAMA3 = _frozen(**{**_LLAMA2, "vocab_size": 128256, "max_position_embeddings":
 
 
 _MISTRAL = _frozen(**{**_LLAMA2, "max_position_embeddings": 32768}, sliding_window=4096)
+_GEMMA = _frozen(vocab_size=256000, max_position_embeddings=8192, rms_norm_eps=1e-6, rope_theta=10000.0,
+                 head_dim=256, hidden_act="gelu_pytorch_tanh", tie_word_embeddings=True, attention_dropout=0.0)
+_OLMO2 = _frozen(vocab_size=100352, max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=500000.0,
+                 tie_word_embeddings=False, attention_dropout=0.0)
 _QWEN2 = _frozen(**{**_LLAMA2, "vocab_size": 152064, "max_position_embeddings": 131072, "rms_norm_eps": 1e-6,
                     "rope_theta": 1000000.0}, use_sliding_window=False, sliding_window=131072, max_window_layers=28)
 _QWEN3 = _frozen(**{**_LLAMA2, "vocab_size": 151936, "max_position_embeddings": 40960, "rms_norm_eps": 1e-6,
@@ -96,6 +100,10 @@ HF_MODELS: Mapping[str, HFModel] = MappingProxyType({
     "llama2-70b": _llama(_LLAMA2, 8192, 80, 64, 8, 28672, "Llama 2 70B (69.0B parameters, 8 KV heads)"),
     "llama3-8b": _llama(_LLAMA3, 4096, 32, 32, 8, 14336, "Llama 3 8B (8.0B parameters, 8 KV heads)"),
     "llama3-70b": _llama(_LLAMA3, 8192, 80, 64, 8, 28672, "Llama 3 70B (70.6B parameters, 8 KV heads)"),
+    "gemma-7b": _llama(_GEMMA, 3072, 28, 16, 16, 24576, "Gemma 7B (8.5B parameters: 16 heads of 256 on a width of "
+                       "3072, GeGLU, a 256,000-token vocabulary tied to the head)", "Gemma", 8192),
+    "olmo2-7b": _llama(_OLMO2, 4096, 32, 32, 32, 11008, "OLMo 2 7B (7.3B parameters; q/k norms over all heads: "
+                       "data and pipeline parallel only)", "Olmo2", 4096),
     "mistral-7b": _llama(_MISTRAL, 4096, 32, 32, 8, 14336, "Mistral 7B v0.1 (7.2B parameters, 8 KV heads, "
                          "4,096-token sliding window)", "Mistral", 4096),
     "qwen2-7b": _llama(_QWEN2, 3584, 28, 28, 4, 18944, "Qwen2 7B (7.6B parameters, 4 KV heads, q/k/v biases)",
