@@ -219,7 +219,8 @@ def llama_problem(profile: ir.ModelProfile) -> str | None:
         if split == "structure:llama" or not split.startswith("structure:"):
             return None
         return (f"{profile.model} is a {split.removeprefix('structure:')} model with Llama's shape, not Llama (its "
-                "blocks differ: q/k/v biases, q/k norms or sliding windows)")
+                "blocks or embedding differ from torchtitan's: q/k/v biases, q/k norms, sliding windows, fused "
+                "projections, GeGLU or a scaled embedding)")
     return (f"{profile.model} is not a Llama-family model (one embedding, gated-MLP transformer blocks, one norm + "
             f"head; its layers are {', '.join(lp.type for lp in profile.layers[:4])}{'...' if n > 4 else ''})")
 
