@@ -138,6 +138,26 @@ def test_decoders_with_llamas_forward_split_exactly_like_llama(family: str) -> N
         assert (lm.in_features[0] is None) is (family == "Gemma")
 
 
+def test_gpt_neox_splits_exactly_with_its_own_names_and_unsharded_blocks() -> None:
+    """GPT-NeoX (Pythia): embed_in and its dropout, rotary blocks with q/k/v fused per head (not sharded), the final
+    LayerNorm with the LM head; bit for bit, as a causal LM and a bare model."""
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(
+        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=64))
+    x = torch.randint(0, 96, (2, 16))
+    for m in (model, model.gpt_neox):
+        lm = _split(m, x)
+        check_exact(m, x, lm.layers, lm.param_counts)
+        assert lm.method == "structure:gpt_neox" and len(lm) == 4 - (m is model.gpt_neox)
+    lm = _split(model, x)
+    assert lm.names == ("gpt_neox.embed_in", "gpt_neox.layers.0", "gpt_neox.layers.1", "lm_head")
+    assert lm.block(1) == ir.BlockShape(64, 4, 4, 128, 16, gated=False, shardable=False)
+    assert lm.in_features[0] == 96  # a plain embedding: its vocabulary may be split
+
+
 def test_olmo_clipping_q_k_v_in_place_is_not_sharded() -> None:
     """OLMo's clip_qkv clamps q, k and v in place; torch's tensor-parallel Linears return views autograd then
     refuses to let it modify (a two-process run failed), so those blocks run data and pipeline parallel only."""

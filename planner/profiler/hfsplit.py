@@ -7,7 +7,8 @@ BERT (``BertForMaskedLM``, ``BertModel``) and the Llama family (``LlamaForCausal
 ``LlamaModel``: RMSNorm, SwiGLU, grouped-query attention, rotary embeddings; and the decoders
 whose model and causal-LM forward are Llama's, read in transformers 5.24: Mistral, Qwen2 with its q/k/v biases,
 Qwen3 with its per-head q/k norms, Gemma (GeGLU, its embedding scaled inside its module), OLMo, OLMo 2, Phi-3,
-GLM and Arcee, ``...ForCausalLM`` and ``...Model``) are split at the only one-tensor cuts they have:
+GLM and Arcee, ``...ForCausalLM`` and ``...Model``; and GPT-NeoX, Pythia's, whose model runs the same steps
+under other names) are split at the only one-tensor cuts they have:
 after the embeddings, after each block, and the final norm with the head. A block here attends
 causally over the whole sequence, so a model whose layers attend within a sliding window
 shorter than the sequence is refused (its own forward masks the window). The layers are
@@ -19,7 +20,7 @@ Each block records the ``planner.ir.BlockShape`` tensor parallelism needs: GPT-2
 ``num_attention_heads``, ``intermediate_size``), Llama (``num_key_value_heads`` KV heads,
 ``intermediate_size``, gated: SwiGLU's three matrices; the Llama-family decoders alike, Arcee's MLP ungated);
 ``seq_len`` is the example's. Blocks the planner's tensor parallelism cannot shard as Megatron does (fused
-projections: Phi-3, GLM; q/k norms over all heads: OLMo 2; OLMo's in-place ``clip_qkv``) are marked so
+projections: Phi-3, GLM, GPT-NeoX; q/k norms over all heads: OLMo 2; OLMo's in-place ``clip_qkv``) are marked so
 (``BlockShape.shardable``); Gemma's
 embedding keeps its scale in its module's forward, so it is not offered the vocabulary split (no weight shape).
 """
@@ -162,13 +163,34 @@ def _llama_parts(model: nn.Module) -> list[_Part]:
     return parts
 
 
+def _gpt_neox_parts(model: nn.Module) -> list[_Part]:
+    """GPT-NeoX's layers (Pythia): token embedding with its dropout, rotary decoder blocks, final LayerNorm with the
+    LM head."""
+    head = type(model).__name__ == "GPTNeoXForCausalLM"
+    base: Any = model.gpt_neox if head else model
+    pre = "gpt_neox." if head else ""
+    parts = [_Part(f"{pre}embed_in", "Embedding", Chain(base.embed_in, base.emb_dropout), base.embed_in,
+                   (f"{pre}embed_in", f"{pre}emb_dropout"))]
+
+    def wrap(block: nn.Module, post: nn.Module | None) -> nn.Module:
+        return RotaryBlock(block, base.rotary_emb, post)
+
+    parts += _block_parts(list(base.layers), f"{pre}layers", wrap,
+                          None if head else (f"{pre}final_layer_norm", base.final_layer_norm))
+    if head:
+        parts.append(_Part("lm_head", "Linear", Chain(base.final_layer_norm, model.lm_head), model.lm_head,
+                           (f"{pre}final_layer_norm", "lm_head")))
+    return parts
+
+
 _GATED = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "olmo", "olmo2", "phi3", "glm"})
 """The architectures whose MLP is gated (SwiGLU or GeGLU: gate, up and down matrices, Phi-3's and GLM's gate and up
 fused)."""
 
-_UNSHARDED = frozenset({"phi3", "glm", "olmo2"})
+_UNSHARDED = frozenset({"phi3", "glm", "olmo2", "gpt_neox"})
 """The architectures whose blocks the planner's tensor parallelism does not shard: Phi-3 fuses q/k/v (``qkv_proj``)
-and gate/up (``gate_up_proj``), GLM gate/up; OLMo 2 normalises q and k over all heads together."""
+and gate/up (``gate_up_proj``), GLM gate/up, GPT-NeoX q/k/v per head (``query_key_value``); OLMo 2 normalises q and
+k over all heads together."""
 
 _LLAMA_FAMILY = ("Llama", "Mistral", "Qwen2", "Qwen3", "Gemma", "Olmo", "Olmo2", "Phi3", "Glm", "Arcee")
 """The decoders whose ``...Model`` and ``...ForCausalLM`` forwards are Llama's (module doc)."""
@@ -205,6 +227,7 @@ _ARCHITECTURES: dict[str, tuple[str, Callable[[nn.Module], list[_Part]]]] = {
     "BertForMaskedLM": ("bert", _bert_parts), "BertModel": ("bert", _bert_parts),
     **{f"{family}{kind}": (family.lower(), _llama_parts)
        for family in _LLAMA_FAMILY for kind in ("ForCausalLM", "Model")},
+    "GPTNeoXForCausalLM": ("gpt_neox", _gpt_neox_parts), "GPTNeoXModel": ("gpt_neox", _gpt_neox_parts),
 }
 """The transformers classes split by structure: class name -> (architecture, its parts)."""
 
