@@ -73,7 +73,7 @@ import torch
 
 from planner import ir
 from planner.calibrate_sharing import measure_sharing, sharing_model
-from planner.errors import PlannerError, UsageError
+from planner.errors import UsageError
 from planner.runner.machine import idle_timeout_s, machine_memory_bytes, wait_idle
 
 IDLE_TIMEOUT_S = 30.0
@@ -220,20 +220,13 @@ def _worker(rank: int, world: int, init: str, threads: int, out: str) -> None:
 
 def measure_links(nproc: int, threads: int) -> dict[str, float]:
     """p2p latency/bandwidth and the collectives' bus bandwidth over gloo with ``nproc`` processes."""
-    import torch.multiprocessing as mp
+    from planner.spawned import run_spawned
 
     with tempfile.TemporaryDirectory(prefix="planner-calibrate-") as tmp:
         out = os.path.join(tmp, "links.json")
         init = "file://" + os.path.join(tmp, "store")
-        try:
-            mp.start_processes(_worker, args=(nproc, init, threads, out), nprocs=nproc, join=True,
-                               start_method="spawn")
-        except Exception as exc:
-            raise PlannerError(f"calibration workers failed: {str(exc).strip().splitlines()[-1]}",
-                               "try fewer --nproc") from None
-        import json
-
-        return json.loads(Path(out).read_text())  # type: ignore[no-any-return]
+        return run_spawned(_worker, (nproc, init, threads, out), nproc, out,  # type: ignore[no-any-return]
+                           "calibration workers failed", "try fewer --nproc")
 
 
 def usable_cores() -> int:

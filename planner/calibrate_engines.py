@@ -247,9 +247,8 @@ def time_plans(plans: Sequence[ir.Plan], engine: str, threads: int, steps: int =
     each round rank 0 times the whole model at the plan's batch on its own
     (:func:`planner.profiler.measure.speed_s`), the machine's speed then, against which a round
     can be compared with a profile taken minutes before (``probe_s``)."""
-    import torch.multiprocessing as mp
-
     from planner.runner.machine import idle_timeout_s as configured
+    from planner.spawned import run_spawned
 
     idle_timeout_s = configured(IDLE_TIMEOUT_S) if idle_timeout_s is None else idle_timeout_s
 
@@ -262,12 +261,11 @@ def time_plans(plans: Sequence[ir.Plan], engine: str, threads: int, steps: int =
         Path(plans_path).write_text(json.dumps([p.to_dict() for p in plans]))
         args = (world, _free_port(), engine, plans_path, model, threads, steps, rounds, idle_timeout_s, out, probe)
         try:
-            mp.start_processes(_engine_worker, args=args, nprocs=world, join=True, start_method="spawn")
-        except Exception as exc:
-            raise RunError(f"training with {engine} failed: {str(exc).strip().splitlines()[-1]}",
-                           f"leave the engine out (calibrate --engines), or run `planner run` on a plan with "
-                           f"--engine {engine} to see the cause") from None
-        doc = json.loads(Path(out).read_text())
+            doc = run_spawned(_engine_worker, args, world, out, f"training with {engine} failed",
+                              f"leave the engine out (calibrate --engines), or run `planner run` on a plan with "
+                              f"--engine {engine} to see the cause")
+        except PlannerError as exc:
+            raise RunError(exc.cause, exc.hint) from None
         return Timings(*(tuple(tuple(float(t) for t in row) for row in doc[key])
                          for key in ("times", "background_cores", "probe_s")))
 

@@ -61,7 +61,6 @@ from typing import Any
 import torch
 
 from planner import ir
-from planner.errors import PlannerError
 
 ROUNDS, WINDOW_S = 5, 0.8
 """How many times each process's kernel is timed alone and with all computing, and for how long (at least one call).
@@ -268,16 +267,11 @@ def _worker(rank: int, world: int, init: str, threads: int, model: SharingModel 
 def measure_sharing(nproc: int, threads: int, model: SharingModel | None = None) -> Sharing:
     """The mean :class:`Sharing` of ``nproc`` processes of ``threads`` threads computing ``model``
     (or the benchmark kernel) alone and all at once (module doc)."""
-    import torch.multiprocessing as mp
+    from planner.spawned import run_spawned
 
     with tempfile.TemporaryDirectory(prefix="planner-calibrate-sharing-") as tmp:
         out = os.path.join(tmp, "sharing.json")
         init = "file://" + os.path.join(tmp, "store")
-        try:
-            mp.start_processes(_worker, args=(nproc, init, threads, model, out), nprocs=nproc, join=True,
-                               start_method="spawn")
-        except Exception as exc:
-            raise PlannerError(f"calibration workers failed measuring shared cores: "
-                               f"{str(exc).strip().splitlines()[-1]}", "try fewer --nproc") from None
-        doc = json.loads(Path(out).read_text())
+        doc = run_spawned(_worker, (nproc, init, threads, model, out), nproc, out,
+                          "calibration workers failed measuring shared cores", "try fewer --nproc")
         return Sharing(float(doc["work_ratio"]), float(doc["handoff_s"]))

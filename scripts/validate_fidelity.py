@@ -93,6 +93,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from fidelity_models import MODELS, spec  # noqa: E402 (after the path set-up)
 from fidelity_table import DRIFT, Row, Timed, print_fidelity  # noqa: E402
 
+from planner.errors import PlannerError  # noqa: E402
+
 # ----------------------------------------------------------------------------- steps
 
 
@@ -207,16 +209,25 @@ def group(name: str, engine: str, world: int, args: argparse.Namespace, cl: dict
     """The rows of one (model, engine, world size), measured again (``--group-attempts`` in all)
     while the machine's own speed during a row's rounds differed by more than :data:`DRIFT` from
     its speed at the profile: such rows measure the machine, not the model (module doc); the
-    steadiest attempt's."""
+    steadiest attempt's. An attempt that fails (a worker lost) is measured again, once more than asked if need be.
+    """
     attempts: list[list[Row]] = []
 
     def moved(rows: list[Row]) -> float:
         return max(abs(r.drift - 1) for r in rows)
 
-    for attempt in range(1, max(1, args.group_attempts) + 1):
-        attempts.append(group_once(name, engine, world, args, cl, attempt))
-        if moved(attempts[-1]) <= DRIFT:
+    failures: list[PlannerError] = []
+    for attempt in range(1, max(2, args.group_attempts) + 1):
+        try:
+            attempts.append(group_once(name, engine, world, args, cl, attempt))
+        except PlannerError as exc:  # a worker lost (2026-11-28: SIGABRT measuring shared cores): measure again
+            print(f"  {name} {engine} P={world}: attempt {attempt} failed: {exc.cause}", file=sys.stderr)
+            failures.append(exc)
+            continue
+        if moved(attempts[-1]) <= DRIFT or attempt >= args.group_attempts:
             break
+    if not attempts:
+        raise failures[-1]
     return min(attempts, key=moved)
 
 
