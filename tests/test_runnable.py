@@ -91,7 +91,7 @@ def test_tp_form_on_a_block_the_engines_do_not_shard_is_refused() -> None:
     profile = dataclasses.replace(plan.profile, layers=layers)
     tp_stage = dataclasses.replace(plan.stages[0], forms=("tp", "dp"), tp=2)
     found = problems(dataclasses.replace(plan, profile=profile, stages=(tp_stage, *plan.stages[1:])))
-    assert any("fuses projections or normalises over all heads" in p for p in found)
+    assert any("tensor parallelism does not shard its block" in p for p in found)
 
 
 @given(st.integers(1, 3), st.integers(1, 4), st.sampled_from([4, 6, 8, 12]), st.sampled_from(["1f1b", "gpipe"]))

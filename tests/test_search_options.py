@@ -65,7 +65,7 @@ def test_tp_on_blocks_the_engines_do_not_shard_is_refused_and_auto_keeps_them_wh
     layers = tuple(dataclasses.replace(x, block=dataclasses.replace(x.block, shardable=False)) if x.block else x
                    for x in profile.layers)
     fused = dataclasses.replace(profile, layers=layers)
-    with pytest.raises(UsageError, match="--tp 2: the model's transformer blocks fuse their projections") as err:
+    with pytest.raises(UsageError, match="--tp 2: the engines' tensor parallelism does not shard") as err:
         search(fused, _cluster(), tp=2)
     assert "--tp 1 or auto" in err.value.hint
     plan = search(fused, _cluster())

@@ -179,8 +179,11 @@ def megatron_layouts(profile: ir.ModelProfile, cluster: ir.Cluster, microbatches
     for pp in (d for d in divisors(len(gpus) // tp) if d <= n):
         width = len(gpus) // pp
         choices = tuple(m for m in microbatches if m % pp == 0) if interleaved else microbatches
+        if not choices:
+            continue
         for v in virtual_stage_counts(profile, pp) if interleaved else (1,):
-            for parts, flags in (_cuts(profile, pp, v) if choices else [])[:None if uneven else 1]:
+            cuts = _cuts(profile, pp, v)
+            for parts, flags in cuts if uneven else cuts[:1]:
                 stages = tuple(((parts[c], parts[c + 1]), tuple(gpus[c % pp * width:(c % pp + 1) * width]),
                                 forms[parts[c]:parts[c + 1]]) for c in range(pp * v))
                 layouts.append(Layout("megatron", stages, "interleaved" if interleaved else "1f1b", choices, tp,
