@@ -329,6 +329,16 @@ def tiny_gpt_neox() -> tuple[nn.Module, torch.Tensor]:
     return transformers.GPTNeoXForCausalLM(config), torch.randint(0, 256, (BATCH, SEQ))
 
 
+def tiny_opt() -> tuple[nn.Module, torch.Tensor]:
+    """OPT: learned positions offset by 2, a head tied to the token embedding, post-attention LayerNorms."""
+    import transformers
+
+    config = transformers.OPTConfig(hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
+                                    vocab_size=256, max_position_embeddings=64, bos_token_id=0, eos_token_id=0,
+                                    pad_token_id=0)
+    return transformers.OPTForCausalLM(config), torch.randint(0, 256, (BATCH, SEQ))
+
+
 def tiny_arcee() -> tuple[nn.Module, torch.Tensor]:
     """Arcee: Llama's block with an ungated ReLU^2 MLP (up and down only)."""
     return _tiny_family("Arcee")
@@ -347,6 +357,7 @@ LLAMA_GRIDS: dict[str, tuple[str, dict[str, Any]]] = {
     "phi3-pp2-dp2-zero1": ("tiny_phi3", {"parts": [0, 2, 4], "dp": 2, "zero": 1}),
     "arcee-tp2-dp2-zero1": ("tiny_arcee", {"parts": [0, 4], "tp": 2, "dp": 2, "zero": 1}),
     "gpt-neox-pp2-dp2-zero3": ("tiny_gpt_neox", {"parts": [0, 2, 4], "dp": 2, "zero": 3}),
+    "opt-pp2-dp2-zero1": ("tiny_opt", {"parts": [0, 2, 4], "dp": 2, "zero": 1}),
     "gpt2-frozen-embeddings-pp2-dp2-zero1": ("tiny_gpt2_frozen", {"parts": [0, 1, 6], "dp": 2, "zero": 1}),
     "gpt2-frozen-embeddings-pp2-dp2-zero3-bf16": ("tiny_gpt2_frozen", {"parts": [0, 1, 6], "dp": 2, "zero": 3,
                                                                       "precision": "bf16"}),
@@ -359,7 +370,7 @@ def test_llama_grids_train_like_one_process() -> None:
     gate/up/down with sequence parallelism, ZeRO-3 with selective recomputation, ZeRO-1 with full;
     and the Llama-family decoders split the same way: Qwen2 (q/k/v biases), Qwen3 (q/k norms), Gemma (a scaled,
     tied embedding; GeGLU), Phi-3 (fused projections, not sharded), Arcee (an ungated MLP), GPT-NeoX (its own names,
-    ZeRO-3); and a first stage
+    ZeRO-3), OPT (learned positions, its head tied across stages); and a first stage
     whose weights are all frozen (fine-tuning: it trains nothing)."""
     plans = {name: grid_plan(factory, **kw) for name, (factory, kw) in LLAMA_GRIDS.items()}
     got = run_grids(plans)

@@ -158,6 +158,38 @@ def test_gpt_neox_splits_exactly_with_its_own_names_and_unsharded_blocks() -> No
     assert lm.in_features[0] == 96  # a plain embedding: its vocabulary may be split
 
 
+def _opt(**fields: object) -> nn.Module:
+    import transformers
+
+    return transformers.OPTForCausalLM(transformers.OPTConfig(**{
+        "vocab_size": 96, "hidden_size": 64, "ffn_dim": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "max_position_embeddings": 32, "dropout": 0.0, **fields}))
+
+
+@pytest.mark.parametrize("fields", [{}, {"word_embed_proj_dim": 32}, {"do_layer_norm_before": False}])
+def test_opt_splits_exactly_with_its_positions_projections_and_tied_head(fields: dict[str, object]) -> None:
+    """OPT: token plus learned positions (offset by 2), project_in/project_out where its embedding is narrower
+    (OPT-350m), post-LN blocks without a final norm; bit for bit, as a causal LM and a bare model, the head tied."""
+    torch.manual_seed(0)
+    model = _opt(**fields)
+    x = torch.randint(0, 96, (2, 16))
+    for m in (model, model.model):
+        lm = _split(m, x)
+        check_exact(m, x, lm.layers, lm.param_counts)
+        assert lm.method == "structure:opt" and len(lm) == 4 - (m is model.model)
+    lm = _split(model, x)
+    assert lm.block(1) == ir.BlockShape(64, 4, 4, 128, 16, gated=False, shardable=False)  # out_proj, fc1, fc2
+    assert [t.layers for t in lm.ties] == [(0, 3)]
+
+
+def test_opt_refuses_layerdrop_and_sequences_past_its_positions() -> None:
+    with pytest.raises(TraceError, match=r"layerdrop=0\.1") as err:
+        split_hf(_opt(layerdrop=0.1), torch.randint(0, 96, (1, 8)))
+    assert "layerdrop=0.0" in err.value.hint
+    with pytest.raises(TraceError, match=r"32 learned positions \(max_position_embeddings\)"):
+        split_hf(_opt(), torch.randint(0, 96, (1, 40)))
+
+
 def test_olmo_clipping_q_k_v_in_place_is_not_sharded() -> None:
     """OLMo's clip_qkv clamps q, k and v in place; torch's tensor-parallel Linears return views autograd then
     refuses to let it modify (a two-process run failed), so those blocks run data and pipeline parallel only."""

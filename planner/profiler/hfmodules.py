@@ -1,7 +1,7 @@
 """The runnable layers a transformers model is split into: each takes one tensor and returns one.
 
 Only the hidden states cross a cut; what a layer needs besides them is rebuilt inside it from
-static shapes: GPT-2's position ids (0..s-1), Llama's rotary position embeddings (cos/sin of
+static shapes: GPT-2's and OPT's position ids (0..s-1), Llama's rotary position embeddings (cos/sin of
 positions 0..s-1, as ``LlamaModel.forward`` computes them), and the causal mask, which SDPA
 applies itself (``is_causal``) when a block gets no attention mask. Each wrapper uses the
 model's own submodules (no parameter copies), so running them in order equals the model.
@@ -68,6 +68,23 @@ class Chain(nn.Module):  # type: ignore[misc]
         for m in self.mods:
             x = m(x)
         return x
+
+
+class OPTEmbedding(nn.Module):  # type: ignore[misc]
+    """OPT's token embedding (projected to the width where the model has ``project_in``) plus its learned positions
+    0..s-1 (the table's rows 2..s+1: OPT offsets them by 2), as ``OPTDecoder.forward`` adds them without padding."""
+
+    def __init__(self, embed_tokens: nn.Embedding, embed_positions: nn.Embedding, project_in: nn.Module | None
+                 ) -> None:
+        super().__init__()
+        self.embed_tokens, self.embed_positions, self.project_in = embed_tokens, embed_positions, project_in
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
+        embeds = self.embed_tokens(input_ids)
+        if self.project_in is not None:
+            embeds = self.project_in(embeds)
+        return embeds + self.embed_positions(None, 0, position_ids=positions)
 
 
 class BertEmbedding(nn.Module):  # type: ignore[misc]

@@ -7,8 +7,8 @@ BERT (``BertForMaskedLM``, ``BertModel``) and the Llama family (``LlamaForCausal
 ``LlamaModel``: RMSNorm, SwiGLU, grouped-query attention, rotary embeddings; and the decoders
 whose model and causal-LM forward are Llama's, read in transformers 5.24: Mistral, Qwen2 with its q/k/v biases,
 Qwen3 with its per-head q/k norms, Gemma (GeGLU, its embedding scaled inside its module), OLMo, OLMo 2, Phi-3,
-GLM and Arcee, ``...ForCausalLM`` and ``...Model``; and GPT-NeoX, Pythia's, whose model runs the same steps
-under other names) are split at the only one-tensor cuts they have:
+GLM and Arcee, ``...ForCausalLM`` and ``...Model``; GPT-NeoX, Pythia's, whose model runs the same steps
+under other names; OPT, with learned positions) are split at the only one-tensor cuts they have:
 after the embeddings, after each block, and the final norm with the head. A block here attends
 causally over the whole sequence, so a model whose layers attend within a sliding window
 shorter than the sequence is refused (its own forward masks the window). The layers are
@@ -40,6 +40,7 @@ from planner.profiler.hfmodules import (
     BertEmbedding,
     Chain,
     GPT2Embedding,
+    OPTEmbedding,
     RotaryBlock,
     TokenEmbedding,
     TransformerBlock,
@@ -93,16 +94,28 @@ def _check_window(model: nn.Module, seq_len: int) -> None:
 
 
 def _check_positions(model: nn.Module, arch: str, seq_len: int) -> None:
-    """GPT-2 looks up learned positions 0..s-1 in its ``wpe`` table: a longer sequence cannot run (on the meta
-    device the lookup is not checked, so an analytic profile would be written for a model that fails)."""
-    if arch != "gpt2":
+    """GPT-2 and OPT look up learned positions 0..s-1 in a table (GPT-2's ``wpe``; OPT's ``embed_positions``, whose
+    first 2 rows are an offset): a longer sequence cannot run (on the meta device the lookup is not checked, so an
+    analytic profile would be written for a model that fails)."""
+    if arch == "gpt2":
+        rows, field = int(getattr(model, "transformer", model).wpe.num_embeddings), "n_positions"
+    elif arch == "opt":
+        rows = int(getattr(model, "model", model).decoder.embed_positions.num_embeddings) - 2
+        field = "max_position_embeddings"
+    else:
         return
-    tr: Any = getattr(model, "transformer", model)
-    rows = int(tr.wpe.num_embeddings)
     if seq_len > rows:
-        raise TraceError(f"{type(model).__name__} has {rows} learned positions (n_positions), fewer than the "
+        raise TraceError(f"{type(model).__name__} has {rows} learned positions ({field}), fewer than the "
                          f"{seq_len}-token sequence; it cannot run at that length",
-                         f"profile at --input-shape {rows} or less, or build it with n_positions={seq_len} or more")
+                         f"profile at --input-shape {rows} or less, or build it with {field}={seq_len} or more")
+
+
+def _check_layerdrop(model: nn.Module) -> None:
+    """OPT's ``layerdrop`` skips blocks at random while training; the split layers run every block."""
+    drop = float(getattr(getattr(model, "config", None), "layerdrop", 0.0) or 0.0)
+    if drop > 0:
+        raise TraceError(f"{type(model).__name__} skips its blocks at random while training (layerdrop={drop}); "
+                         "a pipeline runs every block", "build it with layerdrop=0.0")
 
 
 def _block_parts(blocks: Sequence[nn.Module], path: str, wrap: _Wrap, norm: tuple[str, nn.Module] | None
@@ -183,14 +196,34 @@ def _gpt_neox_parts(model: nn.Module) -> list[_Part]:
     return parts
 
 
+def _opt_parts(model: nn.Module) -> list[_Part]:
+    """OPT's layers: token and learned position embeddings, decoder blocks, the final LayerNorm and ``project_out``
+    (where the model has them) with the LM head."""
+    head = type(model).__name__ == "OPTForCausalLM"
+    dec: Any = model.model.decoder if head else model.decoder
+    pre = "model.decoder." if head else "decoder."
+    ends = [(name, m) for name in ("final_layer_norm", "project_out") if (m := getattr(dec, name)) is not None]
+    parts = [_Part(f"{pre}embed_tokens", "Embedding", OPTEmbedding(dec.embed_tokens, dec.embed_positions,
+                                                                   dec.project_in), None,
+                   (f"{pre}embed_tokens", f"{pre}embed_positions", *([f"{pre}project_in"] if dec.project_in else [])))]
+    post = Chain(*(m for _, m in ends)) if ends else None
+    parts += _block_parts(list(dec.layers), f"{pre}layers", TransformerBlock,
+                          None if head or post is None else (f"{pre}{ends[0][0]}", post))
+    if head:
+        parts.append(_Part("lm_head", "Linear", Chain(*(m for _, m in ends), model.lm_head), model.lm_head,
+                           (*(f"{pre}{name}" for name, _ in ends), "lm_head")))
+    return parts
+
+
 _GATED = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "olmo", "olmo2", "phi3", "glm"})
 """The architectures whose MLP is gated (SwiGLU or GeGLU: gate, up and down matrices, Phi-3's and GLM's gate and up
 fused)."""
 
-_UNSHARDED = frozenset({"phi3", "glm", "olmo2", "gpt_neox"})
+_UNSHARDED = frozenset({"phi3", "glm", "olmo2", "gpt_neox", "opt"})
 """The architectures whose blocks the planner's tensor parallelism does not shard: Phi-3 fuses q/k/v (``qkv_proj``)
 and gate/up (``gate_up_proj``), GLM gate/up, GPT-NeoX q/k/v per head (``query_key_value``); OLMo 2 normalises q and
-k over all heads together."""
+k over all heads together; OPT names its projections ``out_proj``, ``fc1`` and ``fc2``, which the torch export's
+tensor parallelism does not know."""
 
 _LLAMA_FAMILY = ("Llama", "Mistral", "Qwen2", "Qwen3", "Gemma", "Olmo", "Olmo2", "Phi3", "Glm", "Arcee")
 """The decoders whose ``...Model`` and ``...ForCausalLM`` forwards are Llama's (module doc)."""
@@ -212,7 +245,8 @@ def block_shape(config: Any, seq_len: int) -> ir.BlockShape | None:
     own = int(head_dim) if head_dim and int(head_dim) * heads != config.hidden_size else None
     if own is None and config.hidden_size % heads:
         return None
-    return ir.BlockShape(config.hidden_size, heads, kv_heads, config.intermediate_size, seq_len, gated=gated,
+    ffn = getattr(config, "intermediate_size", None) or config.ffn_dim  # OPT: ffn_dim
+    return ir.BlockShape(config.hidden_size, heads, kv_heads, ffn, seq_len, gated=gated,
                          head_dim=own, shardable=_shardable(config))
 
 
@@ -228,6 +262,7 @@ _ARCHITECTURES: dict[str, tuple[str, Callable[[nn.Module], list[_Part]]]] = {
     **{f"{family}{kind}": (family.lower(), _llama_parts)
        for family in _LLAMA_FAMILY for kind in ("ForCausalLM", "Model")},
     "GPTNeoXForCausalLM": ("gpt_neox", _gpt_neox_parts), "GPTNeoXModel": ("gpt_neox", _gpt_neox_parts),
+    "OPTForCausalLM": ("opt", _opt_parts), "OPTModel": ("opt", _opt_parts),
 }
 """The transformers classes split by structure: class name -> (architecture, its parts)."""
 
@@ -241,6 +276,7 @@ def split_hf(model: nn.Module, example_input: torch.Tensor) -> LayeredModel | No
     if known is None or not type(model).__module__.startswith("transformers."):
         return None
     _check_sdpa(model)
+    _check_layerdrop(model)
     _check_window(model, int(example_input.shape[1]))
     arch, parts_of = known
     _check_positions(model, arch, int(example_input.shape[1]))
