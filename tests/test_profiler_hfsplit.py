@@ -128,14 +128,20 @@ def test_decoders_with_llamas_forward_split_exactly_like_llama(family: str) -> N
     model = _family_model(family)
     x = torch.randint(0, 96, (2, 16))
     _, gated, shardable = _FAMILIES[family]
-    for m in (model, model.model):
+    lm = _exact_both(model, model.model, x, family.lower())
+    shape = lm.block(1)
+    assert shape is not None and (shape.gated, shape.shardable, shape.kv_heads) == (gated, shardable, 2)
+    assert shape.splits_over(2) is shardable and shape.splits_over(1)
+    assert (lm.in_features[0] is None) is (family == "Gemma")
+
+
+def _exact_both(model: nn.Module, bare: nn.Module, x: torch.Tensor, arch: str) -> LayeredModel:
+    """The causal LM and its bare model each split exactly (the bare one ends with its last block); the LM's split."""
+    for m in (model, bare):
         lm = _split(m, x)
         check_exact(m, x, lm.layers, lm.param_counts)
-        assert lm.method == f"structure:{family.lower()}" and len(lm) == 4 - (m is model.model)
-        shape = lm.block(1)
-        assert shape is not None and (shape.gated, shape.shardable, shape.kv_heads) == (gated, shardable, 2)
-        assert shape.splits_over(2) is shardable and shape.splits_over(1)
-        assert (lm.in_features[0] is None) is (family == "Gemma")
+        assert lm.method == f"structure:{arch}" and len(lm) == 4 - (m is bare)
+    return _split(model, x)
 
 
 def test_gpt_neox_splits_exactly_with_its_own_names_and_unsharded_blocks() -> None:
@@ -147,12 +153,7 @@ def test_gpt_neox_splits_exactly_with_its_own_names_and_unsharded_blocks() -> No
     model = transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(
         vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         max_position_embeddings=64))
-    x = torch.randint(0, 96, (2, 16))
-    for m in (model, model.gpt_neox):
-        lm = _split(m, x)
-        check_exact(m, x, lm.layers, lm.param_counts)
-        assert lm.method == "structure:gpt_neox" and len(lm) == 4 - (m is model.gpt_neox)
-    lm = _split(model, x)
+    lm = _exact_both(model, model.gpt_neox, torch.randint(0, 96, (2, 16)), "gpt_neox")
     assert lm.names == ("gpt_neox.embed_in", "gpt_neox.layers.0", "gpt_neox.layers.1", "lm_head")
     assert lm.block(1) == ir.BlockShape(64, 4, 4, 128, 16, gated=False, shardable=False)
     assert lm.in_features[0] == 96  # a plain embedding: its vocabulary may be split
@@ -172,12 +173,7 @@ def test_opt_splits_exactly_with_its_positions_projections_and_tied_head(fields:
     (OPT-350m), post-LN blocks without a final norm; bit for bit, as a causal LM and a bare model, the head tied."""
     torch.manual_seed(0)
     model = _opt(**fields)
-    x = torch.randint(0, 96, (2, 16))
-    for m in (model, model.model):
-        lm = _split(m, x)
-        check_exact(m, x, lm.layers, lm.param_counts)
-        assert lm.method == "structure:opt" and len(lm) == 4 - (m is model.model)
-    lm = _split(model, x)
+    lm = _exact_both(model, model.model, torch.randint(0, 96, (2, 16)), "opt")
     assert lm.block(1) == ir.BlockShape(64, 4, 4, 128, 16, gated=False, shardable=False)  # out_proj, fc1, fc2
     assert [t.layers for t in lm.ties] == [(0, 3)]
 
