@@ -136,11 +136,15 @@ def test_decoders_with_llamas_forward_split_exactly_like_llama(family: str) -> N
 
 
 def _exact_both(model: nn.Module, bare: nn.Module, x: torch.Tensor, arch: str) -> LayeredModel:
-    """The causal LM and its bare model each split exactly (the bare one ends with its last block); the LM's split."""
+    """The causal LM and its bare model each split exactly (the bare one ends with its last block), one tensor
+    crossing each cut of torch.export's data flow (planner.profiler.verify); the LM's split."""
+    from planner.profiler.verify import verify_cuts
+
     for m in (model, bare):
         lm = _split(m, x)
         check_exact(m, x, lm.layers, lm.param_counts)
         assert lm.method == f"structure:{arch}" and len(lm) == 4 - (m is bare)
+        assert verify_cuts(m, x, lm) == [1] * (len(lm) - 1)
     return _split(model, x)
 
 
@@ -174,6 +178,9 @@ def test_opt_splits_exactly_with_its_positions_projections_and_tied_head(fields:
     torch.manual_seed(0)
     model = _opt(**fields)
     lm = _exact_both(model, model.model, torch.randint(0, 96, (2, 16)), "opt")
+    bare = _split(model.model, torch.randint(0, 96, (2, 16)))
+    assert bare.scopes[-1] == ("decoder.layers.1", *(f"decoder.{m}" for m in ("final_layer_norm", "project_out")
+                                                       if getattr(model.model.decoder, m) is not None))
     assert lm.block(1) == ir.BlockShape(64, 4, 4, 128, 16, gated=False, shardable=False)  # out_proj, fc1, fc2
     assert [t.layers for t in lm.ties] == [(0, 3)]
 

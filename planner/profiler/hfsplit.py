@@ -118,15 +118,16 @@ def _check_layerdrop(model: nn.Module) -> None:
                          "a pipeline runs every block", "build it with layerdrop=0.0")
 
 
-def _block_parts(blocks: Sequence[nn.Module], path: str, wrap: _Wrap, norm: tuple[str, nn.Module] | None
-                 ) -> list[_Part]:
-    """One part per block at ``path.i``; ``norm`` (path, module), if given, runs after the last block."""
+def _block_parts(blocks: Sequence[nn.Module], path: str, wrap: _Wrap,
+                 after: Sequence[tuple[str, nn.Module]] = ()) -> list[_Part]:
+    """One part per block at ``path.i``; the modules ``after`` (path, module: the final norm of a model without LM
+    head, and OPT's ``project_out``) run after the last block."""
     parts = []
     for i, block in enumerate(blocks):
-        last = norm if i == len(blocks) - 1 else None
-        scope = (f"{path}.{i}",) if last is None else (f"{path}.{i}", last[0])
-        parts.append(_Part(f"{path}.{i}", type(block).__name__, wrap(block, None if last is None else last[1]),
-                           dominant([block]), scope, is_block=True))
+        tail = after if i == len(blocks) - 1 else ()
+        post = None if not tail else tail[0][1] if len(tail) == 1 else Chain(*(m for _, m in tail))
+        parts.append(_Part(f"{path}.{i}", type(block).__name__, wrap(block, post), dominant([block]),
+                           (f"{path}.{i}", *(name for name, _ in tail)), is_block=True))
     return parts
 
 
@@ -137,7 +138,7 @@ def _gpt2_parts(model: nn.Module) -> list[_Part]:
     pre = "transformer." if head else ""
     parts = [_Part(f"{pre}wte", "Embedding", GPT2Embedding(tr.wte, tr.wpe, tr.drop), tr.wte,
                    (f"{pre}wte", f"{pre}wpe", f"{pre}drop"))]
-    parts += _block_parts(list(tr.h), f"{pre}h", TransformerBlock, None if head else (f"{pre}ln_f", tr.ln_f))
+    parts += _block_parts(list(tr.h), f"{pre}h", TransformerBlock, [] if head else [(f"{pre}ln_f", tr.ln_f)])
     if head:
         parts.append(_Part("lm_head", "Linear", Chain(tr.ln_f, model.lm_head), model.lm_head,
                            (f"{pre}ln_f", "lm_head")))
@@ -151,7 +152,7 @@ def _bert_parts(model: nn.Module) -> list[_Part]:
     pre = "bert." if head else ""
     parts = [_Part(f"{pre}embeddings", "BertEmbeddings", BertEmbedding(bert.embeddings),
                    bert.embeddings.word_embeddings, (f"{pre}embeddings",))]
-    parts += _block_parts(list(bert.encoder.layer), f"{pre}encoder.layer", TransformerBlock, None)
+    parts += _block_parts(list(bert.encoder.layer), f"{pre}encoder.layer", TransformerBlock)
     if head:
         parts.append(_Part("cls", type(model.cls).__name__, model.cls, model.cls.predictions.decoder, ("cls",)))
     return parts
@@ -169,7 +170,7 @@ def _llama_parts(model: nn.Module) -> list[_Part]:
     def wrap(block: nn.Module, post: nn.Module | None) -> nn.Module:
         return RotaryBlock(block, base.rotary_emb, post)
 
-    parts += _block_parts(list(base.layers), f"{pre}layers", wrap, None if head else (f"{pre}norm", base.norm))
+    parts += _block_parts(list(base.layers), f"{pre}layers", wrap, [] if head else [(f"{pre}norm", base.norm)])
     if head:
         parts.append(_Part("lm_head", "Linear", Chain(base.norm, model.lm_head), model.lm_head,
                            (f"{pre}norm", "lm_head")))
@@ -189,7 +190,7 @@ def _gpt_neox_parts(model: nn.Module) -> list[_Part]:
         return RotaryBlock(block, base.rotary_emb, post)
 
     parts += _block_parts(list(base.layers), f"{pre}layers", wrap,
-                          None if head else (f"{pre}final_layer_norm", base.final_layer_norm))
+                          [] if head else [(f"{pre}final_layer_norm", base.final_layer_norm)])
     if head:
         parts.append(_Part("lm_head", "Linear", Chain(base.final_layer_norm, model.lm_head), model.lm_head,
                            (f"{pre}final_layer_norm", "lm_head")))
@@ -202,16 +203,16 @@ def _opt_parts(model: nn.Module) -> list[_Part]:
     head = type(model).__name__ == "OPTForCausalLM"
     dec: Any = model.model.decoder if head else model.decoder
     pre = "model.decoder." if head else "decoder."
-    ends = [(name, m) for name in ("final_layer_norm", "project_out") if (m := getattr(dec, name)) is not None]
-    parts = [_Part(f"{pre}embed_tokens", "Embedding", OPTEmbedding(dec.embed_tokens, dec.embed_positions,
-                                                                   dec.project_in), None,
-                   (f"{pre}embed_tokens", f"{pre}embed_positions", *([f"{pre}project_in"] if dec.project_in else [])))]
-    post = Chain(*(m for _, m in ends)) if ends else None
-    parts += _block_parts(list(dec.layers), f"{pre}layers", TransformerBlock,
-                          None if head or post is None else (f"{pre}{ends[0][0]}", post))
+    ends = [(f"{pre}{name}", m) for name in ("final_layer_norm", "project_out")
+            if (m := getattr(dec, name)) is not None]
+    embed = OPTEmbedding(dec.embed_tokens, dec.embed_positions, dec.project_in)
+    scope = [f"{pre}{name}" for name in ("embed_tokens", "embed_positions", "project_in")
+             if getattr(dec, name) is not None]
+    parts = [_Part(f"{pre}embed_tokens", "Embedding", embed, None, tuple(scope))]
+    parts += _block_parts(list(dec.layers), f"{pre}layers", TransformerBlock, [] if head else ends)
     if head:
         parts.append(_Part("lm_head", "Linear", Chain(*(m for _, m in ends), model.lm_head), model.lm_head,
-                           (*(f"{pre}{name}" for name, _ in ends), "lm_head")))
+                           (*(name for name, _ in ends), "lm_head")))
     return parts
 
 
