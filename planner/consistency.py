@@ -59,7 +59,7 @@ def idle_settings(plan: ir.Plan, source: str) -> list[str]:
            + ("at tp 1" if st.tp == 1 else "with no transformer block in the 'tp' form")
            + ", which changes nothing (it shards the norms and dropout of a tensor group's blocks over the sequence)"
            for i, st in enumerate(plan.stages) if st.sequence_parallel and (st.tp == 1 or "tp" not in st.forms)]
-    if not any(layer.block is not None for layer in plan.profile.layers):
+    if not plan.profile.has_blocks:
         out += [f"{source}: stage {i} recomputes 'selective' (the attention cores), but the model has no "
                 "transformer block: it keeps every activation, as 'none' does"
                 for i, st in enumerate(plan.stages) if st.recompute == "selective"]

@@ -219,6 +219,7 @@ def test_a_blocks_shardable_flag_is_written_only_when_false_and_round_trips() ->
     assert ModelProfile.from_dict(out) == profile
     assert (first.splits_over(2), first.splits_over(4), second.splits_over(2), second.splits_over(1)) == (
         True, False, False, True)  # 4 does not divide 2 KV heads; an unshardable block runs on one rank a group
+    assert profile.has_blocks and not ModelProfile.from_dict(make_profile_dict()).has_blocks
 
 
 @pytest.mark.parametrize(("gpus", "concurrent", "share"), [(4, 2.0, 0.5), (2, 2.0, 1.0), (2, 8.0, 1.0), (3, None, 1.0)])

@@ -254,6 +254,11 @@ class ModelProfile:
         return blocks[-1] + 1 if blocks else len(self.layers)
 
     @property
+    def has_blocks(self) -> bool:
+        """Whether any layer is a transformer block (it carries a ``BlockShape``)."""
+        return any(layer.block is not None for layer in self.layers)
+
+    @property
     def blockwise_recompute(self) -> bool:
         """Whether full recomputation checkpoints each layer on its own, keeping every layer's input and
         redoing one layer at a time in backward (a model with transformer blocks: Megatron-LM's
@@ -262,7 +267,7 @@ class ModelProfile:
         as one region that keeps only its input and redoes all its layers at once (GPipe's
         re-materialisation, Huang et al. 2019: a model of many small layers, whose inputs add up to most of
         what they save)."""
-        return any(layer.block is not None for layer in self.layers)
+        return self.has_blocks
 
     def recomputed_layers(self, first: int, end: int) -> int:
         """How many of stage ``[first, end)``'s layers, from its first, full recomputation checkpoints:

@@ -170,7 +170,7 @@ def megatron_layouts(profile: ir.ModelProfile, cluster: ir.Cluster, microbatches
     default ``--microbatch-group-size-per-virtual-pipeline-stage``, pp); none where no pp and v qualify.
     ``uneven`` False: each depth's first cut only (equal counts where they divide).
     """
-    if not any(layer.block is not None for layer in profile.layers):
+    if not profile.has_blocks:
         return NotFitting("megatron", "Megatron-LM's tensor parallelism shards transformer blocks; the model has none")
     gpus = [g.name for g in cluster.gpus]
     tp, n = tp or megatron_tp(profile, cluster), len(profile.layers)

@@ -226,7 +226,7 @@ def _hints(prob: Problem, need: Need | None, req: Request | None, tried: Tried, 
     fixed_tp = req.space.tp if req is not None else tried.tp  # the user's --tp (an engine's search fixes each
     if fixed_tp is not None and (engine is None or engine.tensor_parallel):  # problem's tp, as torch's one mesh)
         out.append("--tp auto")
-    if prob.optimizer != "sgd" and not any(x.block is not None for x in prob.profile.layers):
+    if prob.optimizer != "sgd" and not prob.profile.has_blocks:
         out.append("a lighter --optimizer (sgd keeps no optimizer state)")
     if prob.space.precision == "fp32" and (engine is None or "bf16" in engine.precisions):
         out.append("--precision bf16 (16-bit activations, weights and gradients)")

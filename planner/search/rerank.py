@@ -227,7 +227,7 @@ def megatron_seeds(prob: Problem, *, engine: str, solver: str) -> list[Costed]:
     Megatron's forms above data-parallel ones that the simulator finds slower, so without them a Megatron plan
     in the search's space could beat the search's pick. Every tensor degree the row tries
     (planner.search.megatron.megatron_tps) that the space admits."""
-    if prob.config is not None or not any(layer.block is not None for layer in prob.profile.layers):
+    if prob.config is not None or not prob.profile.has_blocks:
         return []
     found: list[bl.Layout] = []
     for tp in bl.megatron_tps(prob.profile, prob.cluster):

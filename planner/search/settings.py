@@ -138,7 +138,7 @@ def _settings_megatron(profile: ir.ModelProfile, cluster: ir.Cluster, choices: t
     (``--recompute-activations --sequence-parallel``, Korthikanti et al. 2022, which its examples for large models
     run; at tp 1 Megatron turns sequence parallelism off). The judge gives a stage that still overflows full
     recomputation."""
-    if not any(layer.block is not None for layer in profile.layers):
+    if not profile.has_blocks:
         none = megatron_layouts(profile, cluster, choices)
         return [Setting.of("tp = GPUs per server, pp, dp the rest", none)]
     out: list[Setting] = []

@@ -306,7 +306,7 @@ def options(prob: Problem, key: int) -> list[Option]:
     """Every option of a grid: HPP forms (fastest, leanest) x the allowed variants."""
     grid = prob.grids[key]
     modes = prob.space.recompute
-    if not any(x.block is not None for x in prob.profile.layers):  # selective recomputes attention cores only
+    if not prob.profile.has_blocks:  # selective recomputes attention cores only
         modes = tuple(m for m in modes if m != "selective") or modes
     var = variants(modes, prob.space.zero, grid.dp, prob.comms)
     return [Option(lean, v) for lean in (False, True)[:len(prob.tables[key])] for v in var]
