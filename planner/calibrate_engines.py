@@ -260,12 +260,9 @@ def time_plans(plans: Sequence[ir.Plan], engine: str, threads: int, steps: int =
         plans_path, out = os.path.join(tmp, "plans.json"), os.path.join(tmp, "times.json")
         Path(plans_path).write_text(json.dumps([p.to_dict() for p in plans]))
         args = (world, _free_port(), engine, plans_path, model, threads, steps, rounds, idle_timeout_s, out, probe)
-        try:
-            doc = run_spawned(_engine_worker, args, world, out, f"training with {engine} failed",
-                              f"leave the engine out (calibrate --engines), or run `planner run` on a plan with "
-                              f"--engine {engine} to see the cause")
-        except PlannerError as exc:
-            raise RunError(exc.cause, exc.hint) from None
+        doc = run_spawned(_engine_worker, args, world, out, f"training with {engine} failed",
+                          f"leave the engine out (calibrate --engines), or run `planner run` on a plan with "
+                          f"--engine {engine} to see the cause", RunError)
         return Timings(*(tuple(tuple(float(t) for t in row) for row in doc[key])
                          for key in ("times", "background_cores", "probe_s")))
 

@@ -21,9 +21,9 @@ __all__ = ["run_spawned"]
 
 
 def run_spawned(worker: Callable[..., None], args: tuple[Any, ...], nprocs: int, out: str, failed: str,
-                hint: str) -> Any:
+                hint: str, error: type[PlannerError] = PlannerError) -> Any:
     """Spawn ``nprocs`` processes of ``worker(rank, *args)`` and return the JSON document rank 0 wrote to ``out``;
-    a PlannerError (``failed``: what failed, ``hint``) where none was written whole."""
+    an ``error`` (``failed``: what failed, ``hint``) where none was written whole."""
     import torch.multiprocessing as mp
 
     try:
@@ -31,11 +31,11 @@ def run_spawned(worker: Callable[..., None], args: tuple[Any, ...], nprocs: int,
     except Exception as exc:
         doc = _result(out)
         if doc is None:
-            raise PlannerError(f"{failed}: {str(exc).strip().splitlines()[-1]}", hint) from None
+            raise error(f"{failed}: {str(exc).strip().splitlines()[-1]}", hint) from None
         return doc
     doc = _result(out)
     if doc is None:
-        raise PlannerError(f"{failed}: the workers wrote no result to {out}", hint)
+        raise error(f"{failed}: the workers wrote no result to {out}", hint)
     return doc
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.errors import PlannerError
+from planner.errors import PlannerError, RunError
 from planner.spawned import run_spawned
 
 
@@ -42,5 +42,5 @@ def test_a_worker_that_dies_before_the_result_is_named(tmp_path: Path) -> None:
 def test_workers_that_write_nothing_are_a_failure(tmp_path: Path) -> None:
     out = str(tmp_path / "result.json")
     Path(out).write_text('{"cut sh')  # a file cut short is no result
-    with pytest.raises(PlannerError, match="the workers wrote no result"):
-        run_spawned(_worker, (out, "never"), 1, out, "measuring failed", "retry")
+    with pytest.raises(RunError, match="the workers wrote no result"):
+        run_spawned(_worker, (out, "never"), 1, out, "measuring failed", "retry", RunError)
