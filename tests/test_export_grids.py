@@ -299,19 +299,16 @@ def tiny_qwen3() -> tuple[nn.Module, torch.Tensor]:
     return tiny_decoder("qwen3-8b", head_dim=32)
 
 
-def _tiny_family(family: str, **fields: Any) -> tuple[nn.Module, torch.Tensor]:
-    """transformers' ``<family>ForCausalLM`` at hidden 64, 2 blocks, 4 heads, 2 KV heads, FFN 128, 256 tokens."""
-    import transformers
+def _tiny_family(family: str) -> tuple[nn.Module, torch.Tensor]:
+    """transformers' ``<family>ForCausalLM`` as the profiler's tests build it (hidden 64, 2 blocks), 256 tokens."""
+    from tests.test_profiler_hfsplit import family_model
 
-    config = getattr(transformers, f"{family}Config")(
-        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
-        vocab_size=256, max_position_embeddings=64, bos_token_id=0, eos_token_id=0, pad_token_id=0, **fields)
-    return getattr(transformers, f"{family}ForCausalLM")(config), torch.randint(0, 256, (BATCH, SEQ))
+    return family_model(family, vocab=256), torch.randint(0, 256, (BATCH, SEQ))
 
 
 def tiny_gemma() -> tuple[nn.Module, torch.Tensor]:
     """Gemma: GeGLU, an embedding that scales its output by sqrt(hidden) in its own forward, tied to the head."""
-    return _tiny_family("Gemma", head_dim=16)
+    return _tiny_family("Gemma")
 
 
 def tiny_phi3() -> tuple[nn.Module, torch.Tensor]:
@@ -321,22 +318,12 @@ def tiny_phi3() -> tuple[nn.Module, torch.Tensor]:
 
 def tiny_gpt_neox() -> tuple[nn.Module, torch.Tensor]:
     """GPT-NeoX (Pythia): q/k/v fused per head (not sharded), parallel residual, its own module names."""
-    import transformers
-
-    config = transformers.GPTNeoXConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                        intermediate_size=128, vocab_size=256, max_position_embeddings=64,
-                                        bos_token_id=0, eos_token_id=0)
-    return transformers.GPTNeoXForCausalLM(config), torch.randint(0, 256, (BATCH, SEQ))
+    return _tiny_family("GPTNeoX")
 
 
 def tiny_opt() -> tuple[nn.Module, torch.Tensor]:
     """OPT: learned positions offset by 2, a head tied to the token embedding, post-attention LayerNorms."""
-    import transformers
-
-    config = transformers.OPTConfig(hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
-                                    vocab_size=256, max_position_embeddings=64, bos_token_id=0, eos_token_id=0,
-                                    pad_token_id=0)
-    return transformers.OPTForCausalLM(config), torch.randint(0, 256, (BATCH, SEQ))
+    return _tiny_family("OPT")
 
 
 def tiny_arcee() -> tuple[nn.Module, torch.Tensor]:

@@ -103,19 +103,22 @@ _FAMILIES = {  # family: (config fields beyond the shared ones, gated, shardable
     "Gemma": ({"head_dim": 16}, True, True),  # GeGLU; its embedding scales by sqrt(hidden) in its own forward
     "Olmo": ({}, True, True),
     "Olmo2": ({}, True, False),  # q/k norms over all heads together
-    "Phi3": ({"pad_token_id": 0}, True, False),  # fused qkv_proj and gate_up_proj
-    "Glm": ({"pad_token_id": 0, "head_dim": 16}, True, False),  # fused gate_up_proj
+    "Phi3": ({}, True, False),  # fused qkv_proj and gate_up_proj
+    "Glm": ({"head_dim": 16}, True, False),  # fused gate_up_proj
     "Arcee": ({}, False, True),  # ReLU^2 MLP: up and down only
 }
 
 
-def _family_model(family: str, **fields: object) -> nn.Module:
+def family_model(family: str, vocab: int = 96, **fields: object) -> nn.Module:
+    """transformers' ``<family>ForCausalLM`` at hidden 64, 2 blocks, 4 heads (2 KV heads where the family has them),
+    FFN 128, 64 positions, ``vocab`` tokens (the export tests' models too)."""
     import transformers
 
-    extra, _, _ = _FAMILIES[family]
-    config = getattr(transformers, f"{family}Config")(
-        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, **{**extra, **fields})
+    own: dict[str, object] = {"GPTNeoX": {"intermediate_size": 128}, "OPT": {"ffn_dim": 128, "dropout": 0.0}}.get(
+        family, {"intermediate_size": 128, "num_key_value_heads": 2, **_FAMILIES.get(family, ({}, 0, 0))[0]})
+    config = getattr(transformers, f"{family}Config")(**{
+        "vocab_size": vocab, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "max_position_embeddings": 64, "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0, **own, **fields})
     return getattr(transformers, f"{family}ForCausalLM")(config)
 
 
@@ -125,7 +128,7 @@ def test_decoders_with_llamas_forward_split_exactly_like_llama(family: str) -> N
     same split, bit for bit, for the causal LM and the bare model; blocks the planner's tensor parallelism cannot
     shard say so in their shape, and Gemma's scaled embedding is not offered the vocabulary split."""
     torch.manual_seed(0)
-    model = _family_model(family)
+    model = family_model(family)
     x = torch.randint(0, 96, (2, 16))
     _, gated, shardable = _FAMILIES[family]
     lm = _exact_both(model, model.model, x, family.lower())
@@ -151,24 +154,12 @@ def _exact_both(model: nn.Module, bare: nn.Module, x: torch.Tensor, arch: str) -
 def test_gpt_neox_splits_exactly_with_its_own_names_and_unsharded_blocks() -> None:
     """GPT-NeoX (Pythia): embed_in and its dropout, rotary blocks with q/k/v fused per head (not sharded), the final
     LayerNorm with the LM head; bit for bit, as a causal LM and a bare model."""
-    import transformers
-
     torch.manual_seed(0)
-    model = transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(
-        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        max_position_embeddings=64))
+    model = family_model("GPTNeoX")
     lm = _exact_both(model, model.gpt_neox, torch.randint(0, 96, (2, 16)), "gpt_neox")
     assert lm.names == ("gpt_neox.embed_in", "gpt_neox.layers.0", "gpt_neox.layers.1", "lm_head")
     assert lm.block(1) == ir.BlockShape(64, 4, 4, 128, 16, gated=False, shardable=False)
     assert lm.in_features[0] == 96  # a plain embedding: its vocabulary may be split
-
-
-def _opt(**fields: object) -> nn.Module:
-    import transformers
-
-    return transformers.OPTForCausalLM(transformers.OPTConfig(**{
-        "vocab_size": 96, "hidden_size": 64, "ffn_dim": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "max_position_embeddings": 32, "dropout": 0.0, **fields}))
 
 
 @pytest.mark.parametrize("fields", [{}, {"word_embed_proj_dim": 32}, {"do_layer_norm_before": False}])
@@ -176,7 +167,7 @@ def test_opt_splits_exactly_with_its_positions_projections_and_tied_head(fields:
     """OPT: token plus learned positions (offset by 2), project_in/project_out where its embedding is narrower
     (OPT-350m), post-LN blocks without a final norm; bit for bit, as a causal LM and a bare model, the head tied."""
     torch.manual_seed(0)
-    model = _opt(**fields)
+    model = family_model("OPT", **fields)
     lm = _exact_both(model, model.model, torch.randint(0, 96, (2, 16)), "opt")
     bare = _split(model.model, torch.randint(0, 96, (2, 16)))
     assert bare.scopes[-1] == ("decoder.layers.1", *(f"decoder.{m}" for m in ("final_layer_norm", "project_out")
@@ -187,17 +178,17 @@ def test_opt_splits_exactly_with_its_positions_projections_and_tied_head(fields:
 
 def test_opt_refuses_layerdrop_and_sequences_past_its_positions() -> None:
     with pytest.raises(TraceError, match=r"layerdrop=0\.1") as err:
-        split_hf(_opt(layerdrop=0.1), torch.randint(0, 96, (1, 8)))
+        split_hf(family_model("OPT", layerdrop=0.1), torch.randint(0, 96, (1, 8)))
     assert "layerdrop=0.0" in err.value.hint
-    with pytest.raises(TraceError, match=r"32 learned positions \(max_position_embeddings\)"):
-        split_hf(_opt(), torch.randint(0, 96, (1, 40)))
+    with pytest.raises(TraceError, match=r"64 learned positions \(max_position_embeddings\)"):
+        split_hf(family_model("OPT"), torch.randint(0, 96, (1, 80)))
 
 
 def test_olmo_clipping_q_k_v_in_place_is_not_sharded() -> None:
     """OLMo's clip_qkv clamps q, k and v in place; torch's tensor-parallel Linears return views autograd then
     refuses to let it modify (a two-process run failed), so those blocks run data and pipeline parallel only."""
     x = torch.randint(0, 96, (1, 8))
-    clipped = _split(_family_model("Olmo", clip_qkv=8.0), x).block(1)
+    clipped = _split(family_model("Olmo", clip_qkv=8.0), x).block(1)
     assert clipped is not None and not clipped.shardable and not clipped.splits_over(2)
 
 
