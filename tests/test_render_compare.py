@@ -58,3 +58,24 @@ def test_without_dp_the_first_panel_shows_samples_per_second() -> None:
 def test_plot_writes_a_png(roomy: Comparison, tmp_path: Path) -> None:
     plot_comparison(roomy, tmp_path / "c.png")
     assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_table_names_a_rows_own_options_after_its_setting() -> None:
+    """A Megatron row whose layout has uneven end stages shows the options that give it beside its setting."""
+    import dataclasses
+
+    from rich.console import Console
+
+    from planner.compare import StrategyResult
+    from planner.render.compare import comparison_table
+
+    row = StrategyResult("megatron", True, 0.5, 16.0, "4-4", "1f1b", 8, 10**9, None, None,
+                         setting="tp=1 in a server, pp, dp the rest",
+                         flags="--decoder-first-pipeline-num-layers 4 --decoder-last-pipeline-num-layers 2")
+    plain = dataclasses.replace(row, name="pipedream", setting="activations not counted (default)", flags="")
+    console = Console(record=True, width=400)
+    console.print(comparison_table(Comparison("m", 8, "c", "sgd", (row, plain))))
+    out = console.export_text()
+    assert ("tp=1 in a server, pp, dp the rest (--decoder-first-pipeline-num-layers 4 "
+            "--decoder-last-pipeline-num-layers 2)") in out
+    assert "activations not counted (default) " in out and "()" not in out
