@@ -96,7 +96,7 @@ def _form_problems(layer: ir.LayerProfile, form: str, tp: int, stage: int, index
     blk = layer.block
     if not blk.shardable and tp > 1:
         return [f"stage {stage}: layer {index} runs the tp form, but the engines' tensor parallelism does not shard "
-                "its block (fused projections, q/k norms over all heads or q/k/v clipped in place)"]
+                f"its block ({ir.UNSHARDABLE})"]
     if not blk.splits_over(tp):
         return [f"stage {stage}: layer {index} has {blk.heads} heads and {blk.kv_heads} KV heads, which tp {tp} "
                 "does not divide"]

@@ -8,7 +8,7 @@ so a hand-written profile with only the contract fields loads.
 """
 from planner.ir.cluster import GPU, LINK_LEVELS, NUMBER_FORMATS, Cluster, EngineOverhead, Link, Node
 from planner.ir.costs import StageCost
-from planner.ir.parts import BatchTimes, BlockShape, Tie
+from planner.ir.parts import UNSHARDABLE, BatchTimes, BlockShape, Tie
 from planner.ir.plan import (
     ALL_FORMS,
     FORMS,
@@ -26,6 +26,7 @@ from planner.ir.plan import (
 from planner.ir.profile import DTYPE_BYTES, PROFILE_MODES, LayerProfile, ModelProfile, dtype_key
 
 __all__ = ["ALL_FORMS", "DTYPE_BYTES", "FORMS", "GPU", "LINK_LEVELS", "NUMBER_FORMATS", "OPTIMIZERS", "PLAN_VERSION",
-           "PRECISIONS", "PROFILE_MODES", "RECOMPUTE", "TENSOR_FORMS", "ZERO_STAGES", "BatchTimes", "BlockShape",
+           "PRECISIONS", "PROFILE_MODES", "RECOMPUTE", "TENSOR_FORMS", "UNSHARDABLE", "ZERO_STAGES",
+           "BatchTimes", "BlockShape",
            "Cluster", "EngineOverhead", "LayerProfile", "Link", "ModelProfile", "Node", "Plan", "Prediction",
            "Stage", "StageCost", "Tie", "config_string", "dtype_key"]

@@ -9,6 +9,10 @@ from typing import Any
 from planner.errors import FormatError
 from planner.ir._fields import _bool, _int, _list, _num, _str
 
+UNSHARDABLE = ("fused projections, q/k norms over all heads, q/k/v clipped in place, or attention and MLP code other "
+               "than a Llama-family decoder's")
+"""Why a block may not be shardable (``BlockShape.shardable``), for messages."""
+
 
 @dataclass(frozen=True)
 class BlockShape:
@@ -25,8 +29,8 @@ class BlockShape:
     ``head_dim``); absent: ``hidden / heads``, which the heads must then divide. ``shardable``: whether the
     planner's tensor parallelism can shard the block as Megatron-LM does (separate q/k/v and gate/up projections,
     norms per head at most); False for fused projections (Phi-3's ``qkv_proj`` and ``gate_up_proj``, GLM's
-    ``gate_up_proj``) or q/k norms over all heads (OLMo 2): such blocks run data and pipeline parallel only;
-    absent from a file: True.
+    ``gate_up_proj``) or q/k norms over all heads (OLMo 2), and the others :data:`UNSHARDABLE` names: such blocks
+    run data and pipeline parallel only; absent from a file: True.
     """
 
     hidden: int

@@ -8,7 +8,8 @@ BERT (``BertForMaskedLM``, ``BertModel``) and the Llama family (``LlamaForCausal
 whose model and causal-LM forward are Llama's, read in transformers 5.24: Mistral, Qwen2 with its q/k/v biases,
 Qwen3 with its per-head q/k norms, Gemma (GeGLU, its embedding scaled inside its module), OLMo, OLMo 2, Phi-3,
 GLM and Arcee, ``...ForCausalLM`` and ``...Model``; GPT-NeoX, Pythia's, whose model runs the same steps
-under other names; OPT, with learned positions) are split at the only one-tensor cuts they have:
+under other names; OPT, with learned positions; and any decoder whose forwards are, as code, one of those Llama-family
+classes', ``planner.profiler.hfcode``) are split at the only one-tensor cuts they have:
 after the embeddings, after each block, and the final norm with the head. A block here attends
 causally over the whole sequence, so a model whose layers attend within a sliding window
 shorter than the sequence is refused (its own forward masks the window). The layers are
@@ -36,6 +37,7 @@ from torch import nn
 
 from planner import ir
 from planner.errors import TraceError
+from planner.profiler.hfcode import Match, blocks_of, family_of
 from planner.profiler.hfmodules import (
     BertEmbedding,
     Chain,
@@ -230,25 +232,30 @@ _LLAMA_FAMILY = ("Llama", "Mistral", "Qwen2", "Qwen3", "Gemma", "Olmo", "Olmo2",
 """The decoders whose ``...Model`` and ``...ForCausalLM`` forwards are Llama's (module doc)."""
 
 
-def block_shape(config: Any, seq_len: int) -> ir.BlockShape | None:
+def block_shape(config: Any, seq_len: int, match: Match | None = None) -> ir.BlockShape | None:
     """A GPT-2, BERT or Llama-family config's block shape at ``seq_len`` tokens, with its ``head_dim`` where that is
     not ``hidden / heads`` (Qwen3 sets it apart: 16 heads of 128 on a width of 1024 in Qwen3-0.6B); None (the
-    blocks run ``dp`` only, as layers without shape facts do) where the KV heads do not divide the heads."""
+    blocks run ``dp`` only, as layers without shape facts do) where the KV heads do not divide the heads or the
+    config lacks a width. ``match``: a decoder recognised by its code (``planner.profiler.hfcode``), whose gating and
+    sharding were read off its blocks rather than its ``model_type``."""
     if hasattr(config, "n_embd"):  # GPT-2
         return ir.BlockShape(config.n_embd, config.n_head, config.n_head, config.n_inner or 4 * config.n_embd,
                              seq_len, gated=False)
-    heads = config.num_attention_heads
+    heads = getattr(config, "num_attention_heads", None)
+    ffn = getattr(config, "intermediate_size", None) or getattr(config, "ffn_dim", None)  # OPT: ffn_dim
+    if not heads or not ffn or not getattr(config, "hidden_size", None):
+        return None
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     if heads % kv_heads:
         return None
-    gated = getattr(config, "model_type", "") in _GATED
+    gated = match.gated if match else getattr(config, "model_type", "") in _GATED
     head_dim = getattr(config, "head_dim", None)
     own = int(head_dim) if head_dim and int(head_dim) * heads != config.hidden_size else None
     if own is None and config.hidden_size % heads:
         return None
-    ffn = getattr(config, "intermediate_size", None) or config.ffn_dim  # OPT: ffn_dim
+    shardable = _shardable(config) and (match is None or match.shardable)
     return ir.BlockShape(config.hidden_size, heads, kv_heads, ffn, seq_len, gated=gated,
-                         head_dim=own, shardable=_shardable(config))
+                         head_dim=own, shardable=shardable)
 
 
 def _shardable(config: Any) -> bool:
@@ -267,26 +274,45 @@ _ARCHITECTURES: dict[str, tuple[str, Callable[[nn.Module], list[_Part]]]] = {
 }
 """The transformers classes split by structure: class name -> (architecture, its parts)."""
 
-STRUCTURED = ", ".join(_ARCHITECTURES)
-"""The class names split by structure, for messages."""
+STRUCTURED = (", ".join(_ARCHITECTURES) + "; and other decoders whose model and causal-LM forwards are, as code, "
+              "one of those Llama-family classes'")
+"""The classes split by structure, for messages."""
+
+
+def _recognise(model: nn.Module) -> tuple[str, Callable[[nn.Module], list[_Part]], Match | None] | None:
+    """(architecture, its parts, what its code says where it was recognised by it) for a transformers class named
+    here or running a named Llama-family decoder's forwards (``planner.profiler.hfcode``); None otherwise."""
+    if not type(model).__module__.startswith("transformers."):
+        return None
+    known = _ARCHITECTURES.get(type(model).__name__)
+    if known is not None:
+        return known[0], known[1], None
+    if not type(model).__name__.endswith(("ForCausalLM", "Model")):
+        return None
+    family = family_of(model, _LLAMA_FAMILY)
+    if family is None:
+        return None
+    shardable = [f for f in _LLAMA_FAMILY if f.lower() not in _UNSHARDED]
+    arch = str(getattr(getattr(model, "config", None), "model_type", "") or family.lower())
+    return arch, _llama_parts, blocks_of(model, family, shardable)
 
 
 def split_hf(model: nn.Module, example_input: torch.Tensor) -> LayeredModel | None:
     """``model`` split by its structure, or None when it is no transformers class known here."""
-    known = _ARCHITECTURES.get(type(model).__name__)
-    if known is None or not type(model).__module__.startswith("transformers."):
+    recognised = _recognise(model)
+    if recognised is None:
         return None
     _check_sdpa(model)
     _check_layerdrop(model)
     _check_window(model, int(example_input.shape[1]))
-    arch, parts_of = known
+    arch, parts_of, match = recognised
     _check_positions(model, arch, int(example_input.shape[1]))
     parts = parts_of(model)
     layer_params = [[(f"{p.name}.{k}", q) for k, q in p.module.named_parameters(remove_duplicate=False)]
                     for p in parts]
     counts, nbytes, ties = param_accounting(model, layer_params)
     feats = [weight_features(p.weight) if p.weight is not None else (None, None) for p in parts]
-    shape = block_shape(model.config, int(example_input.shape[1]))
+    shape = block_shape(model.config, int(example_input.shape[1]), match)
     return LayeredModel(tuple(p.module for p in parts), tuple(p.name for p in parts), tuple(p.type for p in parts),
                         tuple(f[0] for f in feats), tuple(f[1] for f in feats), counts, nbytes, ties,
                         f"structure:{arch}", tuple(p.scope for p in parts),

@@ -209,7 +209,7 @@ def _check_tp(tp: int | None, profile: ir.ModelProfile, cluster: ir.Cluster, eng
     blocks = [x.block for x in profile.layers if x.block is not None]
     if tp > 1 and any(not b.shardable for b in blocks):
         raise UsageError(f"--tp {tp}: the engines' tensor parallelism does not shard the model's transformer blocks "
-                         "(fused projections, q/k norms over all heads or q/k/v clipped in place)",
+                         f"({ir.UNSHARDABLE})",
                          "use --tp 1 or auto (its blocks run data and pipeline parallel)")
     bad = [b for b in blocks if not b.splits_over(tp)]
     if bad:

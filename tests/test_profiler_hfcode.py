@@ -1,0 +1,105 @@
+"""profiler.hfcode: decoders the planner has not named, recognised by their forwards' code and split as the family
+whose code they run, exactly; the rest refused as before."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from planner.errors import TraceError
+from planner.profiler.hfcode import code_of, family_of
+from planner.profiler.hfsplit import split_hf
+from planner.profiler.layers import split_model
+from tests.test_profiler_hfsplit import _exact_both, family_model
+
+
+class _Base:
+    def forward(self, hidden: torch.Tensor, mask: Any = None) -> torch.Tensor:
+        """Docstrings, annotations and decorators do not compute."""
+        out: torch.Tensor = _FooNorm(hidden, eps=1e-5, scale=2)
+        return out
+
+
+class _Same:
+    @staticmethod
+    def wrapped(fn: Any) -> Any:
+        return fn
+
+    @wrapped
+    def forward(self, hidden, mask=None):  # type: ignore[no-untyped-def]
+        out = _BarNorm(hidden, scale=2, eps=1e-5)
+        return out
+
+
+class _Other:
+    def forward(self, hidden: torch.Tensor, mask: Any = None) -> torch.Tensor:
+        out: torch.Tensor = _FooNorm(hidden, eps=1e-5, scale=2)
+        return out * 2
+
+
+def _FooNorm(x: torch.Tensor, eps: float, scale: int) -> torch.Tensor:
+    return x
+
+
+_BarNorm = _FooNorm
+
+
+def test_code_is_compared_without_docs_annotations_decorators_prefix_or_keyword_order() -> None:
+    assert code_of(_Base.forward, "_Foo") == code_of(_Same.forward, "_Bar")
+    assert code_of(_Base.forward, "_Foo") != code_of(_Other.forward, "_Foo")  # one more operation
+    assert code_of(_Base.forward, "_Foo") != code_of(_Same.forward, "_Foo")  # another class's name
+    assert code_of(len, "x") is None  # no source: never equal to anything
+
+
+# (family, config fields beyond family_model's, the family whose forwards it runs, gated, shardable)
+_RECOGNISED = [
+    ("Helium", {"head_dim": 16}, "Llama", True, True),  # Llama's code throughout: sharded by the planner's tp
+    ("Jais2", {"head_dim": 16}, "Llama", False, True),  # an ungated MLP (up and down), Arcee's
+    ("Ernie4_5", {"head_dim": 16}, "Llama", True, True),
+    ("Glm4", {"head_dim": 16}, "Llama", True, False),  # its decoder layer adds post-norms: not sharded
+    ("SmolLM3", {"head_dim": 16}, "Qwen2", True, False),  # layers without rotary positions (NoPE): its own attention
+    ("Ministral3", {"head_dim": 16}, "Mistral", True, False),
+]
+
+
+@pytest.mark.parametrize(("family", "fields", "runs", "gated", "shardable"), _RECOGNISED)
+def test_decoders_running_a_known_familys_forwards_split_exactly(family: str, fields: dict[str, object], runs: str,
+                                                                  gated: bool, shardable: bool) -> None:
+    torch.manual_seed(0)
+    model = family_model(family, **fields)
+    assert family_of(model, ("Gemma", runs)) == runs and family_of(model.model, (runs,)) == runs
+    lm = _exact_both(model, model.model, torch.randint(0, 96, (2, 16)), model.config.model_type)
+    shape = lm.block(1)
+    assert shape is not None and (shape.gated, shape.shardable) == (gated, shardable)
+
+
+def test_a_window_shorter_than_the_sequence_is_refused_for_a_recognised_decoder_too() -> None:
+    model = family_model("Ministral3", sliding_window=8)
+    with pytest.raises(TraceError, match="sliding window of 8 tokens"):
+        split_hf(model, torch.randint(0, 96, (2, 16)))
+
+
+def test_a_forward_that_adds_to_the_familys_is_not_recognised() -> None:
+    """Cohere scales its logits and MiniCPM3 its hidden states in the causal LM's forward: not Llama's; refused
+    with the classes the planner splits (and how it recognises others)."""
+    for family in ("Cohere", "MiniCPM3"):
+        model = family_model(family)
+        assert family_of(model, ("Llama", "Mistral", "Qwen2")) is None
+        with pytest.raises(TraceError, match="forwards are, as code"):
+            split_model(model, torch.randint(0, 96, (2, 16)))
+
+
+def test_a_subclass_that_overrides_the_forward_or_is_not_a_transformers_class_is_not_recognised() -> None:
+    import transformers
+
+    class Scaled(transformers.LlamaForCausalLM):  # type: ignore[misc]
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            return super().forward(*args, **kwargs)
+
+    config = family_model("Llama").config
+    assert family_of(Scaled(config), ("Llama",)) is None
+    assert split_hf(Scaled(config), torch.randint(0, 96, (2, 16))) is None
+    assert family_of(nn.Linear(2, 2), ("Llama",)) is None
