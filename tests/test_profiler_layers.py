@@ -37,6 +37,18 @@ def test_another_transformers_class_gets_a_hint_naming_the_classes_split_by_stru
     from transformers import BloomConfig, BloomForCausalLM
 
     model = BloomForCausalLM(BloomConfig(hidden_size=32, n_layer=1, n_head=2, vocab_size=64))
-    with pytest.raises(TraceError, match="cannot trace BloomForCausalLM") as err:
+    with pytest.raises(TraceError, match="BloomForCausalLM is a transformers class planner does not split") as err:
         split_model(model, torch.randint(0, 64, (1, 8)))
     assert "MistralForCausalLM" in err.value.hint and "GPTNeoXForCausalLM" in err.value.hint
+
+
+def test_a_mixture_of_experts_is_refused_with_why() -> None:
+    """Mixtral routes each token to experts: refused as such, not as a model torch.fx cannot trace."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    model = MixtralForCausalLM(MixtralConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                             num_attention_heads=2, num_key_value_heads=2, num_local_experts=4,
+                                             vocab_size=64))
+    with pytest.raises(TraceError, match=r"mixture of experts \(num_local_experts=4\)") as err:
+        split_model(model, torch.randint(0, 64, (1, 8)))
+    assert "dense model" in err.value.hint

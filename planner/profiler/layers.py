@@ -3,7 +3,7 @@
 The entry point: ``split_model`` tries the structural split of known ``transformers``
 classes first (``planner.profiler.hfsplit``: GPT-2, BERT, the Llama family), then torch.fx
 (``planner.profiler.fxsplit``); another ``transformers`` class, which fx cannot trace, gets a
-hint naming the classes split by structure. Every layer is a plain ``nn.Module`` taking one tensor and
+hint naming the classes split by structure, and a mixture of experts is refused as one. Every layer is a plain ``nn.Module`` taking one tensor and
 returning one, using the model's own parameter objects (no copies): ``x = layer(x)`` in order
 equals ``module(x)``. The value returned (``LayeredModel``) and the weight accounting live in
 ``planner.profiler.layered``; ``verify_cuts`` (``planner.profiler.verify``) checks a
@@ -34,14 +34,37 @@ def split_model(module: nn.Module, example_input: torch.Tensor) -> LayeredModel:
     hf = split_hf(module, example_input)
     if hf is not None:
         return hf
+    _check_experts(module)
     try:
         layered = split_fx(module, example_input)
     except TraceError as exc:
         if not type(module).__module__.startswith("transformers."):
             raise
-        raise TraceError(exc.cause, f"planner splits these transformers classes by their structure: {STRUCTURED}; "
-                                    "build the model as one of them") from None
+        raise TraceError(f"{type(module).__name__} is a transformers class planner does not split by its structure, "
+                         f"and torch.fx cannot trace it: {exc.cause}",
+                         f"planner splits these transformers classes by their structure: {STRUCTURED}; "
+                         "build the model as one of them") from None
     if len(layered) == 0:
         raise ProfileError(f"{type(module).__name__} computes nothing: its forward returns its input unchanged "
                            "(0 layers to place)", "profile a model with at least one layer")
     return layered
+
+
+_EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+"""Config fields that count a mixture of experts' experts (Mixtral, Qwen2-MoE and OLMoE, DeepSeek, ERNIE)."""
+
+
+def _check_experts(module: nn.Module) -> None:
+    """A transformers mixture-of-experts model is refused with why: its blocks route each token to a few experts,
+    which the cost model (dense FLOPs, every weight used by every token) and the engines (no expert parallelism) do
+    not plan."""
+    if not type(module).__module__.startswith("transformers."):
+        return
+    config = getattr(module, "config", None)
+    for field in _EXPERT_FIELDS:
+        experts = getattr(config, field, None)
+        if isinstance(experts, int) and experts > 1:
+            raise TraceError(f"{type(module).__name__} is a mixture of experts ({field}={experts}): each token runs "
+                             "a few experts chosen by a router, which planner's cost model (every weight used by "
+                             "every token) and engines (no expert parallelism) do not plan",
+                             "plan a dense model; planner does not split mixtures of experts")
