@@ -83,9 +83,9 @@ def test_a_window_shorter_than_the_sequence_is_refused_for_a_recognised_decoder_
 
 
 def test_a_forward_that_adds_to_the_familys_is_not_recognised() -> None:
-    """Cohere scales its logits and MiniCPM3 its hidden states in the causal LM's forward: not Llama's; refused
-    with the classes the planner splits (and how it recognises others)."""
-    for family in ("Cohere", "MiniCPM3"):
+    """MiniCPM3 scales its hidden states in the causal LM's forward, Starcoder2 drops out its embeddings in the
+    model's: not Llama's; refused with the classes the planner splits (and how it recognises others)."""
+    for family in ("MiniCPM3", "Starcoder2"):
         model = family_model(family)
         assert family_of(model, ("Llama", "Mistral", "Qwen2")) is None
         with pytest.raises(TraceError, match="forwards are, as code"):
@@ -103,3 +103,22 @@ def test_a_subclass_that_overrides_the_forward_or_is_not_a_transformers_class_is
     assert family_of(Scaled(config), ("Llama",)) is None
     assert split_hf(Scaled(config), torch.randint(0, 96, (2, 16))) is None
     assert family_of(nn.Linear(2, 2), ("Llama",)) is None
+
+
+@pytest.mark.parametrize(("family", "fields"), [
+    ("Granite", {"embedding_multiplier": 12.0, "logits_scaling": 8.0, "residual_multiplier": 0.22,
+                 "attention_multiplier": 0.0078125}),
+    ("Cohere", {"logit_scale": 0.0625, "use_qk_norm": True}),
+])
+def test_llamas_with_scales_split_exactly_their_scales_in_the_end_layers(family: str, fields: dict[str, object]
+                                                                          ) -> None:
+    """Granite scales its embeddings and logits, Cohere its logits, in forwards otherwise Llama's (planner names
+    them): split exactly, the scales in the first and last layers; the blocks, not Llama's code, are not sharded,
+    and a scaled embedding is not offered the vocabulary split."""
+    torch.manual_seed(0)
+    model = family_model(family, head_dim=16, **fields)
+    assert family_of(model, ("Llama",)) is None  # the scales: not Llama's forwards, so named rather than recognised
+    lm = _exact_both(model, model.model, torch.randint(0, 96, (2, 16)), family.lower())
+    shape = lm.block(1)
+    assert shape is not None and shape.gated and not shape.shardable
+    assert (lm.in_features[0] is None) is (family == "Granite") and lm.in_features[-1] == 64

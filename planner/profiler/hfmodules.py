@@ -70,6 +70,18 @@ class Chain(nn.Module):  # type: ignore[misc]
         return x
 
 
+class Scale(nn.Module):  # type: ignore[misc]
+    """Its input multiplied (or divided, ``divide``) by a constant, as a model's forward writes it (Granite's
+    embedding multiplier and logit scaling, Cohere's logit scale): the same operation, so the same bits."""
+
+    def __init__(self, factor: float, divide: bool = False) -> None:
+        super().__init__()
+        self.factor, self.divide = factor, divide
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x / self.factor if self.divide else x * self.factor
+
+
 class OPTEmbedding(nn.Module):  # type: ignore[misc]
     """OPT's token embedding (projected to the width where the model has ``project_in``) plus its learned positions
     0..s-1 (the table's rows 2..s+1: OPT offsets them by 2), as ``OPTDecoder.forward`` adds them without padding."""

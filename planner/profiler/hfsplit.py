@@ -7,7 +7,8 @@ BERT (``BertForMaskedLM``, ``BertModel``) and the Llama family (``LlamaForCausal
 ``LlamaModel``: RMSNorm, SwiGLU, grouped-query attention, rotary embeddings; and the decoders
 whose model and causal-LM forward are Llama's, read in transformers 5.24: Mistral, Qwen2 with its q/k/v biases,
 Qwen3 with its per-head q/k norms, Gemma (GeGLU, its embedding scaled inside its module), OLMo, OLMo 2, Phi-3,
-GLM and Arcee, ``...ForCausalLM`` and ``...Model``; GPT-NeoX, Pythia's, whose model runs the same steps
+GLM and Arcee, ``...ForCausalLM`` and ``...Model``; Granite and Cohere, whose forwards add scales of the
+embeddings and logits, kept in the first and last layers; GPT-NeoX, Pythia's, whose model runs the same steps
 under other names; OPT, with learned positions; and any decoder whose forwards are, as code, one of those Llama-family
 classes', ``planner.profiler.hfcode``) are split at the only one-tensor cuts they have:
 after the embeddings, after each block, and the final norm with the head. A block here attends
@@ -44,6 +45,7 @@ from planner.profiler.hfmodules import (
     GPT2Embedding,
     OPTEmbedding,
     RotaryBlock,
+    Scale,
     TokenEmbedding,
     TransformerBlock,
 )
@@ -179,6 +181,25 @@ def _llama_parts(model: nn.Module) -> list[_Part]:
     return parts
 
 
+def _scaled_llama_parts(model: nn.Module) -> list[_Part]:
+    """Granite's and Cohere's layers: Llama's, with the scales their forwards add (Granite multiplies the embeddings
+    by ``embedding_multiplier`` and divides the logits by ``logits_scaling``, Cohere multiplies the logits by
+    ``logit_scale``). A scaled embedding is not offered the vocabulary split (no weight shape), as Gemma's."""
+    parts = _llama_parts(model)
+    head = type(model).__name__.endswith("ForCausalLM")
+    base: Any = model.model if head else model
+    multiplier = getattr(base, "embedding_multiplier", None)
+    if multiplier is not None:
+        first = parts[0]
+        parts[0] = _Part(first.name, first.type, Chain(first.module, Scale(float(multiplier))), None, first.scope)
+    if head:
+        cohere = getattr(model, "logit_scale", None)
+        scale = Scale(float(cohere)) if cohere is not None else Scale(float(model.config.logits_scaling), divide=True)
+        last = parts[-1]
+        parts[-1] = _Part(last.name, last.type, Chain(last.module, scale), last.weight, last.scope)
+    return parts
+
+
 def _gpt_neox_parts(model: nn.Module) -> list[_Part]:
     """GPT-NeoX's layers (Pythia): token embedding with its dropout, rotary decoder blocks, final LayerNorm with the
     LM head."""
@@ -218,15 +239,16 @@ def _opt_parts(model: nn.Module) -> list[_Part]:
     return parts
 
 
-_GATED = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "olmo", "olmo2", "phi3", "glm"})
+_GATED = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "olmo", "olmo2", "phi3", "glm", "granite", "cohere"})
 """The architectures whose MLP is gated (SwiGLU or GeGLU: gate, up and down matrices, Phi-3's and GLM's gate and up
 fused)."""
 
-_UNSHARDED = frozenset({"phi3", "glm", "olmo2", "gpt_neox", "opt"})
+_UNSHARDED = frozenset({"phi3", "glm", "olmo2", "gpt_neox", "opt", "granite", "cohere"})
 """The architectures whose blocks the planner's tensor parallelism does not shard: Phi-3 fuses q/k/v (``qkv_proj``)
 and gate/up (``gate_up_proj``), GLM gate/up, GPT-NeoX q/k/v per head (``query_key_value``); OLMo 2 normalises q and
 k over all heads together; OPT names its projections ``out_proj``, ``fc1`` and ``fc2``, which the torch export's
-tensor parallelism does not know."""
+tensor parallelism does not know; Granite's and Cohere's blocks are not Llama's code (Granite's residual and attention
+multipliers, Cohere's parallel attention and MLP with per-head q/k LayerNorms), which the export was not checked on."""
 
 _LLAMA_FAMILY = ("Llama", "Mistral", "Qwen2", "Qwen3", "Gemma", "Olmo", "Olmo2", "Phi3", "Glm", "Arcee")
 """The decoders whose ``...Model`` and ``...ForCausalLM`` forwards are Llama's (module doc)."""
@@ -271,6 +293,8 @@ _ARCHITECTURES: dict[str, tuple[str, Callable[[nn.Module], list[_Part]]]] = {
        for family in _LLAMA_FAMILY for kind in ("ForCausalLM", "Model")},
     "GPTNeoXForCausalLM": ("gpt_neox", _gpt_neox_parts), "GPTNeoXModel": ("gpt_neox", _gpt_neox_parts),
     "OPTForCausalLM": ("opt", _opt_parts), "OPTModel": ("opt", _opt_parts),
+    **{f"{family}{kind}": (family.lower(), _scaled_llama_parts)
+       for family in ("Granite", "Cohere") for kind in ("ForCausalLM", "Model")},
 }
 """The transformers classes split by structure: class name -> (architecture, its parts)."""
 

@@ -3,12 +3,13 @@
 The entry point: ``split_model`` tries the structural split of known ``transformers``
 classes first (``planner.profiler.hfsplit``: GPT-2, BERT, the Llama family), then torch.fx
 (``planner.profiler.fxsplit``); another ``transformers`` class, which fx cannot trace, gets a
-hint naming the classes split by structure, and a mixture of experts is refused as one. Every layer is a plain ``nn.Module`` taking one tensor and
-returning one, using the model's own parameter objects (no copies): ``x = layer(x)`` in order
-equals ``module(x)``. The value returned (``LayeredModel``) and the weight accounting live in
-``planner.profiler.layered``; ``verify_cuts`` (``planner.profiler.verify``) checks a
-structural split against the model's exported data flow. Export imports ``split_model``
-from here, so a profile and an exported plan cut the model the same way.
+hint naming the classes split by structure, and a mixture of experts is refused as one. Every
+layer is a plain ``nn.Module`` taking one tensor and returning one, using the model's own
+parameter objects (no copies): ``x = layer(x)`` in order equals ``module(x)``. The value
+returned (``LayeredModel``) and the weight accounting live in ``planner.profiler.layered``;
+``verify_cuts`` (``planner.profiler.verify``) checks a structural split against the model's
+exported data flow. Export imports ``split_model`` from here, so a profile and an exported
+plan cut the model the same way.
 """
 
 from __future__ import annotations
