@@ -337,6 +337,12 @@ def tiny_helium() -> tuple[nn.Module, torch.Tensor]:
     return _tiny_family("Helium", head_dim=16)
 
 
+def tiny_granite() -> tuple[nn.Module, torch.Tensor]:
+    """Granite: Llama's forwards with its embeddings multiplied and its logits divided (in the end layers), its head
+    tied to the embedding across the pipeline."""
+    return _tiny_family("Granite", head_dim=16, embedding_multiplier=12.0, logits_scaling=8.0, tie_word_embeddings=True)
+
+
 LLAMA_GRIDS: dict[str, tuple[str, dict[str, Any]]] = {
     "llama-pp2-tp2-sp": ("tiny_llama", {"parts": [0, 2, 4], "tp": 2, "sequence_parallel": True}),
     "llama-tp2-dp2-zero3-selective": ("tiny_llama", {"parts": [0, 4], "tp": 2, "dp": 2, "zero": 3,
@@ -350,6 +356,7 @@ LLAMA_GRIDS: dict[str, tuple[str, dict[str, Any]]] = {
     "phi3-pp2-dp2-zero1": ("tiny_phi3", {"parts": [0, 2, 4], "dp": 2, "zero": 1}),
     "arcee-tp2-dp2-zero1": ("tiny_arcee", {"parts": [0, 4], "tp": 2, "dp": 2, "zero": 1}),
     "helium-pp2-tp2-sp": ("tiny_helium", {"parts": [0, 2, 4], "tp": 2, "sequence_parallel": True}),
+    "granite-pp2-dp2-zero1": ("tiny_granite", {"parts": [0, 2, 4], "dp": 2, "zero": 1}),
     "gpt-neox-pp2-dp2-zero3": ("tiny_gpt_neox", {"parts": [0, 2, 4], "dp": 2, "zero": 3}),
     "opt-pp2-dp2-zero1": ("tiny_opt", {"parts": [0, 2, 4], "dp": 2, "zero": 1}),
     "gpt2-frozen-embeddings-pp2-dp2-zero1": ("tiny_gpt2_frozen", {"parts": [0, 1, 6], "dp": 2, "zero": 1}),
@@ -364,7 +371,8 @@ def test_llama_grids_train_like_one_process() -> None:
     gate/up/down with sequence parallelism, ZeRO-3 with selective recomputation, ZeRO-1 with full;
     and the Llama-family decoders split the same way: Qwen2 (q/k/v biases), Qwen3 (q/k norms), Gemma (a scaled,
     tied embedding; GeGLU), Phi-3 (fused projections, not sharded), Arcee (an ungated MLP), Helium (recognised by its
-    code), GPT-NeoX (its own names, ZeRO-3), OPT (learned positions, its head tied across stages); and a first stage
+    code), Granite (scaled embeddings and logits, tied), GPT-NeoX (its own names, ZeRO-3), OPT (learned positions,
+    its head tied across stages); and a first stage
     whose weights are all frozen (fine-tuning: it trains nothing)."""
     plans = {name: grid_plan(factory, **kw) for name, (factory, kw) in LLAMA_GRIDS.items()}
     got = run_grids(plans)
