@@ -343,6 +343,12 @@ def tiny_granite() -> tuple[nn.Module, torch.Tensor]:
     return _tiny_family("Granite", head_dim=16, embedding_multiplier=12.0, logits_scaling=8.0, tie_word_embeddings=True)
 
 
+def tiny_starcoder2() -> tuple[nn.Module, torch.Tensor]:
+    """Starcoder2: Llama's forwards with a functional dropout of the embeddings (kept as a module in the first
+    layer), an ungated MLP of its own names (not sharded)."""
+    return _tiny_family("Starcoder2", head_dim=16, sliding_window=None)
+
+
 LLAMA_GRIDS: dict[str, tuple[str, dict[str, Any]]] = {
     "llama-pp2-tp2-sp": ("tiny_llama", {"parts": [0, 2, 4], "tp": 2, "sequence_parallel": True}),
     "llama-tp2-dp2-zero3-selective": ("tiny_llama", {"parts": [0, 4], "tp": 2, "dp": 2, "zero": 3,
@@ -357,6 +363,7 @@ LLAMA_GRIDS: dict[str, tuple[str, dict[str, Any]]] = {
     "arcee-tp2-dp2-zero1": ("tiny_arcee", {"parts": [0, 4], "tp": 2, "dp": 2, "zero": 1}),
     "helium-pp2-tp2-sp": ("tiny_helium", {"parts": [0, 2, 4], "tp": 2, "sequence_parallel": True}),
     "granite-pp2-dp2-zero1": ("tiny_granite", {"parts": [0, 2, 4], "dp": 2, "zero": 1}),
+    "starcoder2-pp2-dp2-zero3": ("tiny_starcoder2", {"parts": [0, 2, 4], "dp": 2, "zero": 3}),
     "gpt-neox-pp2-dp2-zero3": ("tiny_gpt_neox", {"parts": [0, 2, 4], "dp": 2, "zero": 3}),
     "opt-pp2-dp2-zero1": ("tiny_opt", {"parts": [0, 2, 4], "dp": 2, "zero": 1}),
     "gpt2-frozen-embeddings-pp2-dp2-zero1": ("tiny_gpt2_frozen", {"parts": [0, 1, 6], "dp": 2, "zero": 1}),
@@ -371,8 +378,8 @@ def test_llama_grids_train_like_one_process() -> None:
     gate/up/down with sequence parallelism, ZeRO-3 with selective recomputation, ZeRO-1 with full;
     and the Llama-family decoders split the same way: Qwen2 (q/k/v biases), Qwen3 (q/k norms), Gemma (a scaled,
     tied embedding; GeGLU), Phi-3 (fused projections, not sharded), Arcee (an ungated MLP), Helium (recognised by its
-    code), Granite (scaled embeddings and logits, tied), GPT-NeoX (its own names, ZeRO-3), OPT (learned positions,
-    its head tied across stages); and a first stage
+    code), Granite (scaled embeddings and logits, tied), Starcoder2 (its embedding dropout, ZeRO-3), GPT-NeoX (its
+    own names, ZeRO-3), OPT (learned positions, its head tied across stages); and a first stage
     whose weights are all frozen (fine-tuning: it trains nothing)."""
     plans = {name: grid_plan(factory, **kw) for name, (factory, kw) in LLAMA_GRIDS.items()}
     got = run_grids(plans)

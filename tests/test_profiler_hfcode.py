@@ -83,9 +83,9 @@ def test_a_window_shorter_than_the_sequence_is_refused_for_a_recognised_decoder_
 
 
 def test_a_forward_that_adds_to_the_familys_is_not_recognised() -> None:
-    """MiniCPM3 scales its hidden states in the causal LM's forward, Starcoder2 drops out its embeddings in the
-    model's: not Llama's; refused with the classes the planner splits (and how it recognises others)."""
-    for family in ("MiniCPM3", "Starcoder2"):
+    """MiniCPM3 scales its hidden states in the causal LM's forward, OLMo 3 masks and rotates each layer by its type
+    in the model's: not Llama's; refused with the classes the planner splits (and how it recognises others)."""
+    for family in ("MiniCPM3", "Olmo3"):
         model = family_model(family)
         assert family_of(model, ("Llama", "Mistral", "Qwen2")) is None
         with pytest.raises(TraceError, match="forwards are, as code"):
@@ -122,3 +122,27 @@ def test_llamas_with_scales_split_exactly_their_scales_in_the_end_layers(family:
     shape = lm.block(1)
     assert shape is not None and shape.gated and not shape.shardable
     assert (lm.in_features[0] is None) is (family == "Granite") and lm.in_features[-1] == 64
+
+
+@pytest.mark.parametrize(("family", "fields"), [
+    ("Phi", {"embd_pdrop": 0.1, "resid_pdrop": 0.1, "partial_rotary_factor": 0.5}),
+    ("Starcoder2", {"embedding_dropout": 0.1, "residual_dropout": 0.1, "sliding_window": None}),
+])
+def test_llamas_with_an_embedding_dropout_split_exactly_in_training_too(family: str, fields: dict[str, object]
+                                                                         ) -> None:
+    """Phi and Starcoder2 drop out their embeddings in forwards otherwise Llama's (planner names them): split
+    exactly, and in training mode the layers draw the same dropout masks as the model, in the same order."""
+    torch.manual_seed(0)
+    model = family_model(family, head_dim=16, **fields)
+    x = torch.randint(0, 96, (2, 16))
+    lm = _exact_both(model, model.model, x, family.lower())
+    shape = lm.block(1)
+    assert shape is not None and not shape.gated and not shape.shardable
+    model.train()
+    torch.manual_seed(1)
+    want = model(x).logits
+    got = x
+    torch.manual_seed(1)
+    for layer in lm.layers:
+        got = layer.train()(got)
+    assert torch.equal(want, got)

@@ -82,6 +82,21 @@ class Scale(nn.Module):  # type: ignore[misc]
         return x / self.factor if self.divide else x * self.factor
 
 
+class OwnedDropout(nn.Module):  # type: ignore[misc]
+    """A dropout a model's forward applies as a function (Starcoder2's ``nn.functional.dropout(..., p=
+    self.embedding_dropout, training=self.training)``): active only while both this layer and that model train, so
+    ``model.eval()`` turns it off as it does the model's own; the model is held without being registered (no
+    parameters of its own here)."""
+
+    def __init__(self, p: float, owner: nn.Module) -> None:
+        super().__init__()
+        self.p = p
+        self._owner = (owner,)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.dropout(x, p=self.p, training=self.training and self._owner[0].training)
+
+
 class OPTEmbedding(nn.Module):  # type: ignore[misc]
     """OPT's token embedding (projected to the width where the model has ``project_in``) plus its learned positions
     0..s-1 (the table's rows 2..s+1: OPT offsets them by 2), as ``OPTDecoder.forward`` adds them without padding."""

@@ -8,7 +8,8 @@ BERT (``BertForMaskedLM``, ``BertModel``) and the Llama family (``LlamaForCausal
 whose model and causal-LM forward are Llama's, read in transformers 5.24: Mistral, Qwen2 with its q/k/v biases,
 Qwen3 with its per-head q/k norms, Gemma (GeGLU, its embedding scaled inside its module), OLMo, OLMo 2, Phi-3,
 GLM and Arcee, ``...ForCausalLM`` and ``...Model``; Granite and Cohere, whose forwards add scales of the
-embeddings and logits, kept in the first and last layers; GPT-NeoX, Pythia's, whose model runs the same steps
+embeddings and logits, kept in the first and last layers; Phi and Starcoder2, which add a dropout of the embeddings;
+GPT-NeoX, Pythia's, whose model runs the same steps
 under other names; OPT, with learned positions; and any decoder whose forwards are, as code, one of those Llama-family
 classes', ``planner.profiler.hfcode``) are split at the only one-tensor cuts they have:
 after the embeddings, after each block, and the final norm with the head. A block here attends
@@ -44,6 +45,7 @@ from planner.profiler.hfmodules import (
     Chain,
     GPT2Embedding,
     OPTEmbedding,
+    OwnedDropout,
     RotaryBlock,
     Scale,
     TokenEmbedding,
@@ -162,8 +164,8 @@ def _bert_parts(model: nn.Module) -> list[_Part]:
     return parts
 
 
-def _llama_parts(model: nn.Module) -> list[_Part]:
-    """A Llama-family model's layers: token embedding, decoder blocks, final RMSNorm with the LM head."""
+def _llama_parts(model: nn.Module, norm: str = "norm") -> list[_Part]:
+    """A Llama-family model's layers: token embedding, decoder blocks, final RMSNorm (``norm``) with the LM head."""
     head = type(model).__name__.endswith("ForCausalLM")
     base: Any = model.model if head else model
     pre = "model." if head else ""
@@ -174,10 +176,25 @@ def _llama_parts(model: nn.Module) -> list[_Part]:
     def wrap(block: nn.Module, post: nn.Module | None) -> nn.Module:
         return RotaryBlock(block, base.rotary_emb, post)
 
-    parts += _block_parts(list(base.layers), f"{pre}layers", wrap, [] if head else [(f"{pre}norm", base.norm)])
+    final = getattr(base, norm)
+    parts += _block_parts(list(base.layers), f"{pre}layers", wrap, [] if head else [(f"{pre}{norm}", final)])
     if head:
-        parts.append(_Part("lm_head", "Linear", Chain(base.norm, model.lm_head), model.lm_head,
-                           (f"{pre}norm", "lm_head")))
+        parts.append(_Part("lm_head", "Linear", Chain(final, model.lm_head), model.lm_head,
+                           (f"{pre}{norm}", "lm_head")))
+    return parts
+
+
+def _dropout_llama_parts(model: nn.Module) -> list[_Part]:
+    """Phi's and Starcoder2's layers: Llama's with the embeddings' dropout their model's forward adds (Phi's
+    ``embed_dropout`` module, Starcoder2's functional dropout at ``embedding_dropout``, the same operation as a
+    module, ``OwnedDropout``) in the first layer; Phi's final norm is its ``final_layernorm``."""
+    base: Any = model.model if type(model).__name__.endswith("ForCausalLM") else model
+    phi = hasattr(base, "embed_dropout")
+    parts = _llama_parts(model, "final_layernorm" if phi else "norm")
+    drop = base.embed_dropout if phi else OwnedDropout(float(base.embedding_dropout), base)
+    first = parts[0]
+    scope = (*first.scope, first.name.replace("embed_tokens", "embed_dropout")) if phi else first.scope
+    parts[0] = _Part(first.name, first.type, Chain(first.module, drop), first.weight, scope)
     return parts
 
 
@@ -243,12 +260,13 @@ _GATED = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "olmo", "olmo
 """The architectures whose MLP is gated (SwiGLU or GeGLU: gate, up and down matrices, Phi-3's and GLM's gate and up
 fused)."""
 
-_UNSHARDED = frozenset({"phi3", "glm", "olmo2", "gpt_neox", "opt", "granite", "cohere"})
+_UNSHARDED = frozenset({"phi3", "glm", "olmo2", "gpt_neox", "opt", "granite", "cohere", "phi", "starcoder2"})
 """The architectures whose blocks the planner's tensor parallelism does not shard: Phi-3 fuses q/k/v (``qkv_proj``)
 and gate/up (``gate_up_proj``), GLM gate/up, GPT-NeoX q/k/v per head (``query_key_value``); OLMo 2 normalises q and
 k over all heads together; OPT names its projections ``out_proj``, ``fc1`` and ``fc2``, which the torch export's
 tensor parallelism does not know; Granite's and Cohere's blocks are not Llama's code (Granite's residual and attention
-multipliers, Cohere's parallel attention and MLP with per-head q/k LayerNorms), which the export was not checked on."""
+multipliers, Cohere's parallel attention and MLP with per-head q/k LayerNorms), which the export was not checked on;
+Phi names its output projection ``dense`` and its MLP ``fc1``/``fc2``, Starcoder2 its MLP ``c_fc``/``c_proj``."""
 
 _LLAMA_FAMILY = ("Llama", "Mistral", "Qwen2", "Qwen3", "Gemma", "Olmo", "Olmo2", "Phi3", "Glm", "Arcee")
 """The decoders whose ``...Model`` and ``...ForCausalLM`` forwards are Llama's (module doc)."""
@@ -295,6 +313,8 @@ _ARCHITECTURES: dict[str, tuple[str, Callable[[nn.Module], list[_Part]]]] = {
     "OPTForCausalLM": ("opt", _opt_parts), "OPTModel": ("opt", _opt_parts),
     **{f"{family}{kind}": (family.lower(), _scaled_llama_parts)
        for family in ("Granite", "Cohere") for kind in ("ForCausalLM", "Model")},
+    **{f"{family}{kind}": (family.lower(), _dropout_llama_parts)
+       for family in ("Phi", "Starcoder2") for kind in ("ForCausalLM", "Model")},
 }
 """The transformers classes split by structure: class name -> (architecture, its parts)."""
 
