@@ -339,8 +339,9 @@ def tiny_helium() -> tuple[nn.Module, torch.Tensor]:
 
 def tiny_granite() -> tuple[nn.Module, torch.Tensor]:
     """Granite: Llama's forwards with its embeddings multiplied and its logits divided (in the end layers), its head
-    tied to the embedding across the pipeline."""
-    return _tiny_family("Granite", head_dim=16, embedding_multiplier=12.0, logits_scaling=8.0, tie_word_embeddings=True)
+    tied to the embedding across the pipeline; Llama's attention and MLP, its residuals scaled (sharded)."""
+    return _tiny_family("Granite", head_dim=16, embedding_multiplier=12.0, logits_scaling=8.0, residual_multiplier=0.22,
+                        attention_multiplier=0.0625, tie_word_embeddings=True)
 
 
 def tiny_starcoder2() -> tuple[nn.Module, torch.Tensor]:
@@ -363,6 +364,8 @@ LLAMA_GRIDS: dict[str, tuple[str, dict[str, Any]]] = {
     "arcee-tp2-dp2-zero1": ("tiny_arcee", {"parts": [0, 4], "tp": 2, "dp": 2, "zero": 1}),
     "helium-pp2-tp2-sp": ("tiny_helium", {"parts": [0, 2, 4], "tp": 2, "sequence_parallel": True}),
     "granite-pp2-dp2-zero1": ("tiny_granite", {"parts": [0, 2, 4], "dp": 2, "zero": 1}),
+    "granite-tp2-dp2-zero1-sp": ("tiny_granite", {"parts": [0, 4], "tp": 2, "dp": 2, "zero": 1,
+                                                  "sequence_parallel": True}),
     "starcoder2-pp2-dp2-zero3": ("tiny_starcoder2", {"parts": [0, 2, 4], "dp": 2, "zero": 3}),
     "gpt-neox-pp2-dp2-zero3": ("tiny_gpt_neox", {"parts": [0, 2, 4], "dp": 2, "zero": 3}),
     "opt-pp2-dp2-zero1": ("tiny_opt", {"parts": [0, 2, 4], "dp": 2, "zero": 1}),

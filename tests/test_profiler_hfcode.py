@@ -113,14 +113,15 @@ def test_a_subclass_that_overrides_the_forward_or_is_not_a_transformers_class_is
 def test_llamas_with_scales_split_exactly_their_scales_in_the_end_layers(family: str, fields: dict[str, object]
                                                                           ) -> None:
     """Granite scales its embeddings and logits, Cohere its logits, in forwards otherwise Llama's (planner names
-    them): split exactly, the scales in the first and last layers; the blocks, not Llama's code, are not sharded,
-    and a scaled embedding is not offered the vocabulary split."""
+    them): split exactly, the scales in the first and last layers; Granite's blocks (Llama's attention and MLP,
+    scaled residuals) are sharded, Cohere's (parallel attention and MLP, its own attention) are not, and a scaled
+    embedding is not offered the vocabulary split."""
     torch.manual_seed(0)
     model = family_model(family, head_dim=16, **fields)
     assert family_of(model, ("Llama",)) is None  # the scales: not Llama's forwards, so named rather than recognised
     lm = _exact_both(model, model.model, torch.randint(0, 96, (2, 16)), family.lower())
     shape = lm.block(1)
-    assert shape is not None and shape.gated and not shape.shardable
+    assert shape is not None and shape.gated and shape.shardable is (family == "Granite")
     assert (lm.in_features[0] is None) is (family == "Granite") and lm.in_features[-1] == 64
 
 

@@ -260,12 +260,13 @@ _GATED = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "olmo", "olmo
 """The architectures whose MLP is gated (SwiGLU or GeGLU: gate, up and down matrices, Phi-3's and GLM's gate and up
 fused)."""
 
-_UNSHARDED = frozenset({"phi3", "glm", "olmo2", "gpt_neox", "opt", "granite", "cohere", "phi", "starcoder2"})
+_UNSHARDED = frozenset({"phi3", "glm", "olmo2", "gpt_neox", "opt", "cohere", "phi", "starcoder2"})
 """The architectures whose blocks the planner's tensor parallelism does not shard: Phi-3 fuses q/k/v (``qkv_proj``)
 and gate/up (``gate_up_proj``), GLM gate/up, GPT-NeoX q/k/v per head (``query_key_value``); OLMo 2 normalises q and
 k over all heads together; OPT names its projections ``out_proj``, ``fc1`` and ``fc2``, which the torch export's
-tensor parallelism does not know; Granite's and Cohere's blocks are not Llama's code (Granite's residual and attention
-multipliers, Cohere's parallel attention and MLP with per-head q/k LayerNorms), which the export was not checked on;
+tensor parallelism does not know; Cohere's blocks are not Llama's code (parallel attention and MLP, per-head q/k
+LayerNorms), which the export was not checked on (Granite's are Llama's attention and MLP with scaled residuals: a tp 2
+grid with sequence parallelism trains like one process, tests/test_export_grids);
 Phi names its output projection ``dense`` and its MLP ``fc1``/``fc2``, Starcoder2 its MLP ``c_fc``/``c_proj``."""
 
 _LLAMA_FAMILY = ("Llama", "Mistral", "Qwen2", "Qwen3", "Gemma", "Olmo", "Olmo2", "Phi3", "Glm", "Arcee")
