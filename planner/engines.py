@@ -210,5 +210,13 @@ ENGINES: dict[str, EngineLimits] = {
 
 def run_engine(plan: ir.Plan) -> str:
     """The engine ``planner run`` trains ``plan`` with when none is named: the one it was searched for (torch for
-    torchtitan's, whose FSDP and pipelining are torch's own), deepspeed for a plan of engine any."""
-    return {"torch": "torch", "torchtitan": "torch"}.get(plan.engine, "deepspeed")
+    torchtitan's, whose FSDP and pipelining are torch's own); for a plan of engine any, deepspeed where it runs the
+    plan, else torch where it does (ZeRO-2/3, tensor parallelism, a schedule but 1F1B: plans search emits without
+    --engine)."""
+    from planner.runnable import is_runnable  # runnable imports this module's limits
+
+    if plan.engine in ("torch", "torchtitan"):
+        return "torch"
+    if plan.engine == "any" and not is_runnable(plan, "deepspeed") and is_runnable(plan, "torch"):
+        return "torch"
+    return "deepspeed"

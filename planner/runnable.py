@@ -321,7 +321,11 @@ def check_runnable(plan: ir.Plan, engine: str | None = None) -> None:
     found = problems(plan, engine)
     if found:
         more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
-        raise PlanError(found[0] + more, _fix(plan.engine if engine is None else engine))
+        hint = _fix(plan.engine if engine is None else engine)
+        if engine not in (None, plan.engine) and plan.engine != "any" and not problems(plan):
+            hint = (f"the plan was searched for {plan.engine}, which runs it (`planner export --to {plan.engine}`); "
+                    f"for {engine}, {hint}")
+        raise PlanError(found[0] + more, hint)
 
 
 def is_runnable(plan: ir.Plan, engine: str | None = None) -> bool:

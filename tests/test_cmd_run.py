@@ -197,3 +197,20 @@ def test_without_engine_a_plan_runs_on_the_engine_it_was_searched_for(tmp_path: 
                                     "--warmup", "0", "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["engine"] == "torch"
+
+
+def test_a_plan_of_engine_any_that_only_torch_runs_runs_on_torch_by_default() -> None:
+    """search without --engine emits ZeRO-3 plans; --engine defaulted to deepspeed for them, which refused
+    ("stage 0 uses ZeRO stage 3; deepspeed runs 0, 1") a plan torch trains."""
+    import dataclasses
+
+    from planner.engines import run_engine
+    from planner.runnable import is_runnable
+
+    plan = tiny_plan("tiny_mlp", [0, -1], 2, microbatches=1)
+    zero3 = dataclasses.replace(plan, engine="any",
+                                stages=tuple(dataclasses.replace(st, zero=3) for st in plan.stages))
+    assert not is_runnable(zero3, "deepspeed") and is_runnable(zero3, "torch")
+    assert run_engine(zero3) == "torch"
+    assert run_engine(dataclasses.replace(zero3, engine="deepspeed")) == "deepspeed"  # its own engine: its refusal
+    assert run_engine(dataclasses.replace(plan, engine="any")) == "deepspeed"  # deepspeed runs it: unchanged

@@ -457,3 +457,19 @@ def test_stages_past_the_model_or_with_a_gap_are_reported_not_an_index_error(lay
     assert len(found) == 1 and ("cover layers" in found[0] or "contiguous" in found[0])
     with pytest.raises(PlanError):
         check_runnable(plan, "torch")
+
+
+def test_a_plan_another_engine_refuses_names_the_engine_that_runs_it() -> None:
+    """A torchtitan plan with tp shards the embedding (vocabulary parallel), which torch does not: `planner run`
+    (torch for a torchtitan plan) refused it only with "search ... --engine torch", not that torchtitan runs it."""
+    plan = titan_plan([0, 8], tp=2, sequence_parallel=True)
+    assert is_runnable(plan) and not is_runnable(plan, "torch")
+    with pytest.raises(PlanError) as err:
+        check_runnable(plan, "torch")
+    assert "Embedding" in str(err.value)
+    assert "searched for torchtitan, which runs it (`planner export --to torchtitan`)" in err.value.hint
+    assert "--engine torch" in err.value.hint
+    bad = dataclasses.replace(plan, microbatches=3)  # its own engine refuses it too: no such claim
+    with pytest.raises(PlanError) as err:
+        check_runnable(bad, "torch")
+    assert "which runs it" not in err.value.hint

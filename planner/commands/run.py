@@ -24,7 +24,8 @@ from planner.render.text import plain_text
                    "the profiled zoo model is built with the profile's --set overrides).")
 @click.option("--engine", type=click.Choice(["deepspeed", "torch"]), default=None,
               help="Training engine: DeepSpeed's PipelineModule or torch.distributed.pipelining (default: the one "
-                   "the plan was searched for; torch for a torchtitan plan, deepspeed for a plan of engine any).")
+                   "the plan was searched for; torch for a torchtitan plan; for a plan of engine any, deepspeed, or "
+                   "torch where only torch runs it).")
 @click.option("--steps", type=click.IntRange(min=1), default=10, show_default=True,
               help="Training steps (iterations of the plan's batch).")
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True,
