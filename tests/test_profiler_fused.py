@@ -85,3 +85,25 @@ def test_sdpa_inside_another_torch_function_is_routed_too() -> None:
     assert meta_bytes < 2 * 4 * 64 * 64 * 4  # less than one fp32 tensor of the s x s weights
     assert meta_bytes == cpu_bytes  # the CPU's fused kernel keeps the same
     assert F.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention  # put back on exit
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_meta_attention_with_values_of_another_head_size_answers_in_theirs(kv_heads: int) -> None:
+    """Multi-head latent attention (DeepSeek's, Youtu's) gives values another head size than queries and keys; the
+    CPU flash kernel's meta answer took the queries' (24 for 16), so the output projection after it failed and
+    an analytic profile of Youtu was refused ("the model rejects input"). The memory-efficient kernel takes them:
+    the output is the values' size, counted by the fused formula, its backward keeping no attention weights."""
+    from planner.profiler.flops import attention_flops
+
+    q, k = (torch.empty(2, h, 32, 24, device="meta", requires_grad=True) for h in (4, kv_heads))
+    v = torch.empty(2, kv_heads, 32, 16, device="meta", requires_grad=True)
+    counter, mode = flop_counter(), FusedAttention()
+    with counter, mode:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv_heads != 4)
+        out.sum().backward()
+    assert out.shape == (2, 4, 32, 16) and (mode.calls, mode.saving) == (1, 0) and ran_fused(out)
+    shapes = ((2, 4, 32, 24), (2, 4, 32, 24), (2, 4, 32, 16))
+    assert counter.get_total_flops() == attention_flops(*shapes) + attention_flops(*shapes, backward=True)
+    cpu = F.scaled_dot_product_attention(*(torch.randn(t.shape) for t in (q, k, v)), is_causal=True,
+                                         enable_gqa=kv_heads != 4)
+    assert cpu.shape == out.shape

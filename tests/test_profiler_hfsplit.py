@@ -264,3 +264,58 @@ def test_a_qwen3_whose_heads_do_not_divide_its_hidden_size_records_its_head_dim(
     assert [lm.block(i) for i in range(len(lm))] == [None, shape, shape, None]
     usual = block_shape(Qwen3Config(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16), 8)
     assert usual is not None and usual.head_dim is None and "head_dim" not in usual.to_dict()
+
+
+@pytest.mark.parametrize("family", ["Llama", "GPT2", "GPTNeoX", "Helium"])
+def test_a_decoder_built_to_attend_both_ways_is_refused(family: str) -> None:
+    """transformers' ``is_causal=False`` makes a decoder's forward mask bidirectionally; the split blocks get no mask
+    and SDPA masks them causally (Llama's logits were 0.64 apart): refused, named and recognised classes alike."""
+    model = gpt2(n_layer=1, n_embd=32, n_head=2, vocab_size=96) if family == "GPT2" else family_model(family)
+    model.config.is_causal = False
+    with pytest.raises(TraceError, match="is_causal=False: its forward lets every token attend") as err:
+        split_hf(model, torch.randint(0, 96, (1, 8)))
+    assert "is_causal=True" in err.value.hint
+
+
+def test_a_llama_running_fewer_layers_than_it_holds_is_split_as_it_runs() -> None:
+    """Llama's forward runs ``layers[: config.num_hidden_layers]``: a model whose config was cut to 2 of its 3 layers
+    (to profile it smaller) runs 2, and so do its split layers; the third's weights are in none (was: 3 blocks)."""
+    torch.manual_seed(0)
+    for model in (family_model("Llama", num_hidden_layers=3), family_model("Helium", num_hidden_layers=3, head_dim=16)):
+        model.config.num_hidden_layers = 2
+        x = torch.randint(0, 96, (2, 16))
+        lm = _split(model, x)
+        model.eval()
+        with torch.no_grad():
+            assert torch.equal(lm.run(x), model(x).logits)
+        assert len(lm) == 4 and lm.names[2] == "model.layers.1"
+        unused = sum(p.numel() for p in model.model.layers[2].parameters())
+        assert sum(lm.param_counts) == sum(p.numel() for p in model.parameters()) - unused
+
+
+class _Adapter(nn.Module):
+    """A low-rank adapter around a projection (as a user's own LoRA wraps one): not an nn.Linear itself."""
+
+    def __init__(self, base: nn.Linear) -> None:
+        super().__init__()
+        self.base, self.down, self.up = base, nn.Linear(base.in_features, 4), nn.Linear(4, base.out_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + self.up(self.down(x))  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("family", ["Llama", "Granite", "Helium"])
+def test_blocks_with_a_projection_other_than_a_linear_are_not_sharded(family: str) -> None:
+    """torch's column and row parallel styles take only nn.Linear (a tp 2 run of a Llama whose q_proj an adapter
+    wraps failed: "ColwiseParallel currently only support nn.Linear"); a named family's blocks, as a recognised
+    one's, are sharded only where every projection the export shards is one, in every block."""
+    torch.manual_seed(0)
+    model = family_model(family, head_dim=16)
+    x = torch.randint(0, 96, (2, 8))
+    before = _split(model, x).block(1)
+    assert before is not None and before.shardable
+    model.model.layers[1].self_attn.q_proj = _Adapter(model.model.layers[1].self_attn.q_proj)
+    lm = _split(model, x)
+    check_exact(model, x, lm.layers, lm.param_counts)
+    shapes = [lm.block(i) for i in (1, 2)]
+    assert all(s is not None and not s.shardable and not s.splits_over(2) for s in shapes)

@@ -42,6 +42,23 @@ def test_another_transformers_class_gets_a_hint_naming_the_classes_split_by_stru
     assert "MistralForCausalLM" in err.value.hint and "GPTNeoXForCausalLM" in err.value.hint
 
 
+def test_a_users_subclass_of_a_transformers_model_is_told_to_return_the_class_itself() -> None:
+    """A subclass outside transformers is not split by structure (it may change what the class computes); it was
+    refused with torch.fx's own error and advice to rewrite it as an nn.Sequential, now with its transformers class
+    to return instead."""
+    from transformers import LlamaForCausalLM
+
+    class OwnLlama(LlamaForCausalLM):  # type: ignore[misc]
+        def describe(self) -> str:  # changes nothing it computes
+            return "mine"
+
+    model = OwnLlama(llama(vocab_size=50).config)
+    with pytest.raises(TraceError, match="OwnLlama subclasses transformers' LlamaForCausalLM") as err:
+        split_model(model, torch.randint(0, 50, (1, 8)))
+    assert err.value.hint.startswith("have the factory return the LlamaForCausalLM itself")
+    assert "MistralForCausalLM" in err.value.hint
+
+
 def test_a_mixture_of_experts_is_refused_with_why() -> None:
     """Mixtral routes each token to experts: refused as such, not as a model torch.fx cannot trace."""
     from transformers import MixtralConfig, MixtralForCausalLM

@@ -28,13 +28,28 @@ def fused_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     scale: float | None = None, enable_gqa: bool = False) -> torch.Tensor:
     """SDPA through the fused CPU kernel (works on meta tensors; it takes grouped-query heads as they are,
     keeping the key and value un-repeated, as the fused kernels do). A boolean mask becomes the additive
-    mask SDPA makes of it (and keeps)."""
+    mask SDPA makes of it (and keeps). Values of another head size than the queries' (multi-head latent
+    attention: DeepSeek's, Youtu's) go through the memory-efficient kernel, the fused one that takes them (the
+    flash kernels take one head size; on meta tensors the CPU one answers in the queries' size)."""
     if attn_mask is not None and attn_mask.dtype == torch.bool:
         attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype, device=query.device).masked_fill(
             attn_mask.logical_not(), float("-inf"))
+    if value.shape[-1] != query.shape[-1]:
+        return _efficient(query, key, value, attn_mask, dropout_p, is_causal, scale)
     out, _ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
     return out
+
+
+def _efficient(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None,
+               dropout_p: float, is_causal: bool, scale: float | None) -> torch.Tensor:
+    """SDPA through the memory-efficient kernel (grouped key and value heads repeated, as it needs them)."""
+    if key.shape[-3] != query.shape[-3]:
+        groups = query.shape[-3] // key.shape[-3]
+        key, value = key.repeat_interleave(groups, -3), value.repeat_interleave(groups, -3)
+    out = torch.ops.aten._scaled_dot_product_efficient_attention(
+        query, key, value, attn_mask, torch.is_grad_enabled(), dropout_p, is_causal, scale=scale)[0]
+    return out  # type: ignore[no-any-return]
 
 
 def ran_fused(out: torch.Tensor) -> bool:

@@ -151,13 +151,13 @@ def blocks_of(model: nn.Module, family: str, shardable_families: Iterable[str]) 
 def _shardable(layer: nn.Module, families: Iterable[str]) -> bool:
     """Whether ``layer``'s decoder layer, attention and MLP run one shardable family's code on plain Linears."""
     attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-    if not isinstance(attn, nn.Module) or not isinstance(mlp, nn.Module) or not _plain_linears(layer):
+    if not isinstance(attn, nn.Module) or not isinstance(mlp, nn.Module) or not plain_linears(layer):
         return False
     parts = ((type(layer), "DecoderLayer"), (type(attn), "Attention"), (type(mlp), "MLP"))
     return any(all(_same(cls, family, suffix) for cls, suffix in parts) for family in families)
 
 
-def _plain_linears(layer: nn.Module) -> bool:
+def plain_linears(layer: nn.Module) -> bool:
     """Every projection the export shards (``planner.export.parallel``) is an ``nn.Linear`` itself."""
     names = [f"{part}.{name}" for part, group in _PROJECTIONS for name in group]
     names += ["mlp.gate_proj"] if hasattr(layer.mlp, "gate_proj") else []

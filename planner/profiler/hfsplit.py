@@ -14,7 +14,8 @@ under other names; OPT, with learned positions; and any decoder whose forwards a
 classes', ``planner.profiler.hfcode``) are split at the only one-tensor cuts they have:
 after the embeddings, after each block, and the final norm with the head. A block here attends
 causally over the whole sequence, so a model whose layers attend within a sliding window
-shorter than the sequence is refused (its own forward masks the window). The layers are
+shorter than the sequence is refused (its own forward masks the window), as is one built with
+``is_causal=False`` (its forward masks both ways). The layers are
 ``planner.profiler.hfmodules`` wrappers; ``planner.profiler.verify.verify_cuts`` checks the cuts
 against the model's exported data flow (tests).
 
@@ -23,13 +24,15 @@ Each block records the ``planner.ir.BlockShape`` tensor parallelism needs: GPT-2
 ``num_attention_heads``, ``intermediate_size``), Llama (``num_key_value_heads`` KV heads,
 ``intermediate_size``, gated: SwiGLU's three matrices; the Llama-family decoders alike, Arcee's MLP ungated);
 ``seq_len`` is the example's. Blocks the planner's tensor parallelism cannot shard as Megatron does (fused
-projections: Phi-3, GLM, GPT-NeoX; q/k norms over all heads: OLMo 2; OLMo's in-place ``clip_qkv``) are marked so
+projections: Phi-3, GLM, GPT-NeoX; q/k norms over all heads: OLMo 2; OLMo's in-place ``clip_qkv``; a projection
+that is not a plain ``nn.Linear``, as an adapter wrapped around one, in any block) are marked so
 (``BlockShape.shardable``); Gemma's
 embedding keeps its scale in its module's forward, so it is not offered the vocabulary split (no weight shape).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,7 +42,7 @@ from torch import nn
 
 from planner import ir
 from planner.errors import TraceError
-from planner.profiler.hfcode import Match, blocks_of, family_of
+from planner.profiler.hfcode import Match, blocks_of, family_of, plain_linears
 from planner.profiler.hfmodules import (
     BertEmbedding,
     Chain,
@@ -116,6 +119,17 @@ def _check_positions(model: nn.Module, arch: str, seq_len: int) -> None:
                          f"profile at --input-shape {rows} or less, or build it with {field}={seq_len} or more")
 
 
+def _check_causal(model: nn.Module, arch: str) -> None:
+    """A decoder built with ``is_causal=False`` (transformers' bidirectional attention for decoders: the mask its
+    forward builds lets every token see every other) is refused: the split blocks get no mask, so SDPA masks them
+    causally. BERT attends both ways as its blocks run here."""
+    causal = getattr(getattr(model, "config", None), "is_causal", True)
+    if arch != "bert" and not causal:
+        raise TraceError(f"{type(model).__name__} is built with is_causal={causal!r}: its forward lets every token "
+                         "attend to every other, and its split blocks would attend causally",
+                         "build it with is_causal=True (the default), or split it yourself as an nn.Sequential")
+
+
 def _check_layerdrop(model: nn.Module) -> None:
     """OPT's ``layerdrop`` skips blocks at random while training; the split layers run every block."""
     drop = float(getattr(getattr(model, "config", None), "layerdrop", 0.0) or 0.0)
@@ -165,7 +179,10 @@ def _bert_parts(model: nn.Module) -> list[_Part]:
 
 
 def _llama_parts(model: nn.Module, norm: str = "norm") -> list[_Part]:
-    """A Llama-family model's layers: token embedding, decoder blocks, final RMSNorm (``norm``) with the LM head."""
+    """A Llama-family model's layers: token embedding, decoder blocks, final RMSNorm (``norm``) with the LM head.
+
+    The blocks are those its forward runs, ``layers[: config.num_hidden_layers]``; the weights of any after them
+    are in no layer (as BERT's pooler: nothing trains them)."""
     head = type(model).__name__.endswith("ForCausalLM")
     base: Any = model.model if head else model
     pre = "model." if head else ""
@@ -177,7 +194,8 @@ def _llama_parts(model: nn.Module, norm: str = "norm") -> list[_Part]:
         return RotaryBlock(block, base.rotary_emb, post)
 
     final = getattr(base, norm)
-    parts += _block_parts(list(base.layers), f"{pre}layers", wrap, [] if head else [(f"{pre}{norm}", final)])
+    blocks = list(base.layers)[: base.config.num_hidden_layers]
+    parts += _block_parts(blocks, f"{pre}layers", wrap, [] if head else [(f"{pre}{norm}", final)])
     if head:
         parts.append(_Part("lm_head", "Linear", Chain(final, model.lm_head), model.lm_head,
                            (f"{pre}{norm}", "lm_head")))
@@ -305,6 +323,16 @@ def _shardable(config: Any) -> bool:
     return getattr(config, "model_type", "") not in _UNSHARDED and getattr(config, "clip_qkv", None) is None
 
 
+def _plain(shape: ir.BlockShape | None, blocks: Sequence[nn.Module]) -> ir.BlockShape | None:
+    """``shape``, not shardable where a Llama-style block (``self_attn``, ``mlp``) holds a projection the export
+    shards that is not a plain ``nn.Linear`` (an adapter wrapped around one, say): torch's parallel styles take
+    only Linears."""
+    llama_style = [b for b in blocks if hasattr(b, "self_attn") and hasattr(b, "mlp")]
+    if shape is None or not shape.shardable or all(plain_linears(b) for b in llama_style):
+        return shape
+    return dataclasses.replace(shape, shardable=False)
+
+
 _ARCHITECTURES: dict[str, tuple[str, Callable[[nn.Module], list[_Part]]]] = {
     "GPT2LMHeadModel": ("gpt2", _gpt2_parts), "GPT2Model": ("gpt2", _gpt2_parts),
     "BertForMaskedLM": ("bert", _bert_parts), "BertModel": ("bert", _bert_parts),
@@ -348,6 +376,7 @@ def split_hf(model: nn.Module, example_input: torch.Tensor) -> LayeredModel | No
     if recognised is None:
         return None
     _check_sdpa(model)
+    _check_causal(model, recognised[0])
     _check_layerdrop(model)
     _check_window(model, int(example_input.shape[1]))
     arch, parts_of, match = recognised
@@ -357,7 +386,8 @@ def split_hf(model: nn.Module, example_input: torch.Tensor) -> LayeredModel | No
                     for p in parts]
     counts, nbytes, ties = param_accounting(model, layer_params)
     feats = [weight_features(p.weight) if p.weight is not None else (None, None) for p in parts]
-    shape = block_shape(model.config, int(example_input.shape[1]), match)
+    shape = _plain(block_shape(model.config, int(example_input.shape[1]), match),
+                   [p.module.block for p in parts if p.is_block])
     return LayeredModel(tuple(p.module for p in parts), tuple(p.name for p in parts), tuple(p.type for p in parts),
                         tuple(f[0] for f in feats), tuple(f[1] for f in feats), counts, nbytes, ties,
                         f"structure:{arch}", tuple(p.scope for p in parts),

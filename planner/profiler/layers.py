@@ -39,8 +39,15 @@ def split_model(module: nn.Module, example_input: torch.Tensor) -> LayeredModel:
     try:
         layered = split_fx(module, example_input)
     except TraceError as exc:
-        if not type(module).__module__.startswith("transformers."):
+        model = _transformers_model(type(module))
+        if model is None:
             raise
+        if model is not type(module):
+            raise TraceError(f"{type(module).__name__} subclasses transformers' {model.__name__}, and planner splits "
+                             "by their structure only transformers' own classes (a subclass may change what they "
+                             f"compute); torch.fx cannot trace it: {exc.cause}",
+                             f"have the factory return the {model.__name__} itself (your additions outside it); "
+                             f"planner splits these transformers classes by their structure: {STRUCTURED}") from None
         raise TraceError(f"{type(module).__name__} is a transformers class planner does not split by its structure, "
                          f"and torch.fx cannot trace it: {exc.cause}",
                          f"planner splits these transformers classes by their structure: {STRUCTURED}; "
@@ -49,6 +56,11 @@ def split_model(module: nn.Module, example_input: torch.Tensor) -> LayeredModel:
         raise ProfileError(f"{type(module).__name__} computes nothing: its forward returns its input unchanged "
                            "(0 layers to place)", "profile a model with at least one layer")
     return layered
+
+
+def _transformers_model(cls: type) -> type | None:
+    """The first class of ``cls``'s that transformers defines for a model (``transformers.models``), or None."""
+    return next((c for c in cls.__mro__ if c.__module__.startswith("transformers.models.")), None)
 
 
 _EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
