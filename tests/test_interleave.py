@@ -114,6 +114,46 @@ def test_search_interleaved_round_trips_and_validates() -> None:
     assert one.virtual_stages == 1 and len(one.stages) == 2
 
 
+def test_search_interleaved_carries_the_data_parallel_yardstick() -> None:
+    """An interleaved plan is set against plain data parallel as every other plan is (contracts: ``dp_iteration_s``
+    is null only where that does not fit or the batch does not split over the GPUs): the candidates the search
+    judged carried none, so every interleaved plan said plain data parallel did not fit."""
+    from planner.search import rerank, search
+
+    profile = ir.ModelProfile.from_dict(make_profile_dict(8, batch_size=8))
+    cluster = ir.Cluster.from_dict(make_cluster_dict(2, 2))
+    plan = search_interleaved(profile, cluster, 2, microbatches=4, config=(1, 1))
+    dp_s = rerank.dp_simulated_s(profile, cluster, plan.optimizer, plan.precision, plan.engine)
+    assert plan.dp_iteration_s == pytest.approx(dp_s, rel=1e-12)
+    assert plan.speedup_over_dp == pytest.approx(dp_s / plan.predicted.iteration_s, rel=1e-12)
+    plain = search(profile, cluster, microbatches=4, config=(1, 1))
+    assert plain.dp_iteration_s == pytest.approx(plan.dp_iteration_s, rel=1e-12)
+
+
+def _blocks_between_linears(h: int = 256, seq: int = 16, batch: int = 4) -> ir.ModelProfile:
+    """Four layers: a Linear, two transformer blocks (tensor-shardable), a Linear."""
+    d = make_profile_dict(4, batch_size=batch)
+    for i in (1, 2):
+        d["layers"][i].update(type="Block", param_count=12 * h * h, param_bytes=48 * h * h, in_features=h,
+                              out_features=h, output_bytes=4 * seq * batch * h, saved_bytes=40 * seq * batch * h,
+                              block={"hidden": h, "heads": 4, "kv_heads": 4, "ffn": 4 * h, "seq_len": seq})
+    return ir.ModelProfile.from_dict(d)
+
+
+def test_a_chunk_without_a_tensor_parallel_block_sets_no_sequence_parallelism() -> None:
+    """Chunks take their group's sequence parallelism only where they hold a block in the tp form, as the search
+    sets it per stage: the chunks of the first and last layers alone kept it, and every run of the plan warned
+    that it "changes nothing" (planner.consistency.idle_settings)."""
+    from planner.consistency import idle_settings
+
+    cluster = ir.Cluster.from_dict(make_cluster_dict(2, 2))
+    plan = search_interleaved(_blocks_between_linears(), cluster, 2, microbatches=2, config=(2, 2), tp=2,
+                              engine="torch")
+    assert any(s.sequence_parallel for s in plan.stages) and any("tp" not in s.forms for s in plan.stages)
+    assert [s.sequence_parallel for s in plan.stages] == ["tp" in s.forms for s in plan.stages]
+    assert idle_settings(plan, "plan.json") == []
+
+
 def test_search_interleaved_refuses_what_cannot_run() -> None:
     profile = ir.ModelProfile.from_dict(make_profile_dict(3, batch_size=8))
     cluster = ir.Cluster.from_dict(make_cluster_dict(2, 2))

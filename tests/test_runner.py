@@ -232,7 +232,8 @@ def test_a_middle_stage_frees_a_tie_group_it_does_not_hold(engine: str) -> None:
 @pytest.mark.slow
 def test_deepspeed_bf16_trains_a_float_input_model_like_single_process() -> None:
     """bf16 weights with float inputs (an MLP, not token ids): the stages take their inputs in bf16
-    (once: "mat1 and mat2 must have the same dtype"); the losses are fp32 training's within bf16's tolerance."""
+    (once: "mat1 and mat2 must have the same dtype"); the losses are those of one process computing in bf16 within
+    bf16's tolerance."""
     from tests.test_export_grids import BF16_TOL
 
     plan = dataclasses.replace(tiny_plan("tiny_mlp", [0, 2, -1], microbatches=2), precision="bf16")

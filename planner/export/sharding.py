@@ -256,10 +256,16 @@ def optimizer(name: str, params: list[nn.Parameter], lr: float, zero: int, group
 
 
 def zero1_grads(opt: Any) -> None:
-    """Hand the (already averaged) gradients of DTensor parameters to their ZeRO-1 local proxies."""
+    """Hand the (already averaged) gradients of DTensor parameters to their ZeRO-1 local proxies, each in its
+    parameter's layout: a replicated parameter that computed on a shard of the sequence (a norm under sequence
+    parallelism) has a partial gradient, each tensor rank's share, summed over the tensor group here (the plain
+    optimizers' DTensor steps sum it themselves)."""
     for param, proxy in getattr(opt, "planner_params", ()):
         if proxy is not param and param.grad is not None:
-            proxy.grad = local(param.grad)
+            grad = param.grad
+            if grad.placements != param.data.placements:
+                grad = grad.redistribute(grad.device_mesh, param.data.placements)
+            proxy.grad = local(grad)
 
 
 def grad_buckets(grads: Sequence[torch.Tensor], limit_bytes: int = GRAD_BUCKET_BYTES) -> list[list[torch.Tensor]]:

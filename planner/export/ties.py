@@ -7,8 +7,8 @@ value in the runnable layers with the profiler's own accounting
 (planner.export.layers.param_accounting_of, with which check_layers_match also holds the layers to
 the plan's profile's ties) and adds each layer's name for the parameter. DeepSpeed builds one tied
 module per group of ties that share a layer (:func:`tie_groups`, ``TiedLayerSpec``); torch sums a
-tie's gradient over the pipeline ranks that hold it, per data and tensor coordinate
-(:func:`tie_sync`, :func:`sum_tie_grads`).
+tie's gradient over the pipeline ranks that hold it, per data and tensor coordinate, and over a rank's own
+copies where FSDP sharded two of its interleaved chunks holding it apart (:func:`tie_sync`, :func:`sum_tie_grads`).
 """
 
 from __future__ import annotations
@@ -81,11 +81,21 @@ def tie_groups(ties: Sequence[LayerTie]) -> list[tuple[list[int], list[str]]]:
     return out
 
 
-def tie_sync(layers: Sequence[nn.Module], ties: Sequence[LayerTie], plan: ir.Plan,
-             mesh: Any) -> list[tuple[Any, nn.Parameter]]:
-    """Per tie held by two or more pipeline ranks: the process group (per data and tensor coordinate) over
-    those ranks and this rank's copy of the parameter. ``ties`` are found before sharding: FSDP and tensor
-    parallelism give each stage its own parameter object, which ``LayerTie.param`` reads afterwards."""
+@dataclass(frozen=True, eq=False)
+class TieSync:
+    """One tie as this rank sums its gradient each step: ``params``, this rank's copies of the parameter (one object
+    where its chunks share it; under FSDP each chunk holding the tie has its own), and ``group``, the process group
+    over the pipeline ranks holding it at this rank's data and tensor coordinates (None: this rank holds all)."""
+
+    group: Any
+    params: tuple[nn.Parameter, ...]
+
+
+def tie_sync(layers: Sequence[nn.Module], ties: Sequence[LayerTie], plan: ir.Plan, mesh: Any) -> list[TieSync]:
+    """Per tie held by two or more pipeline ranks, or by two or more parameter objects of this rank (an interleaved
+    plan's chunks on one device group, each sharded by FSDP on its own): the process group (per data and tensor
+    coordinate) over those ranks, and this rank's copies of the parameter. ``ties`` are found before sharding: FSDP
+    and tensor parallelism give each stage its own parameter object, which ``LayerTie.param`` reads afterwards."""
     k = plan.pipeline_stages
     owner = {i: c % k for c, st in enumerate(plan.stages) for i in range(*st.layers)}
     pp_rank, dp_rank, tp_rank = mesh.get_coordinate()
@@ -93,22 +103,45 @@ def tie_sync(layers: Sequence[nn.Module], ties: Sequence[LayerTie], plan: ir.Pla
     out = []
     for tie in ties:
         pp_ranks = sorted({owner[i] for i in tie.layers})
-        if len(pp_ranks) < 2:
-            continue
-        mine = [j for j, i in enumerate(tie.layers) if owner[i] == pp_rank]
-        for d in range(dp):  # every rank creates every group, in the same order
-            for t in range(tp):
-                group = torch.distributed.new_group([p * dp * tp + d * tp + t for p in pp_ranks])
-                if mine and (d, t) == (dp_rank, tp_rank):
-                    out.append((group, tie.param(layers, mine[0])))
+        copies = tuple({id(p): p for p in (tie.param(layers, j) for j, i in enumerate(tie.layers)
+                                           if owner[i] == pp_rank)}.values())
+        group = None
+        if len(pp_ranks) > 1:
+            for d in range(dp):  # every rank creates every group, in the same order
+                for t in range(tp):
+                    made = torch.distributed.new_group([p * dp * tp + d * tp + t for p in pp_ranks])
+                    group = made if (d, t) == (dp_rank, tp_rank) else group
+        if copies and (group is not None or len(copies) > 1):
+            out.append(TieSync(group, copies))
     return out
 
 
-def sum_tie_grads(ties: list[tuple[Any, nn.Parameter]]) -> None:
-    """Sum each tied parameter's gradient (its local shard) over the stages holding it."""
+def align_ties(ties: Sequence[TieSync]) -> None:
+    """Give every copy of each tied parameter the first pipeline rank's values (its first copy's)."""
     import torch.distributed as dist
 
-    for group, param in ties:
-        if param.grad is None:
-            param.grad = torch.zeros_like(param)
-        dist.all_reduce(local(param.grad), group=group)
+    with torch.no_grad():
+        for sync in ties:
+            first = local(sync.params[0])
+            if sync.group is not None:
+                dist.broadcast(first, src=dist.get_global_rank(sync.group, 0), group=sync.group)
+            for param in sync.params[1:]:
+                local(param).copy_(first)
+
+
+def sum_tie_grads(ties: Sequence[TieSync]) -> None:
+    """Sum each tied parameter's gradient (its local shard) over this rank's copies and the stages holding it, and
+    give every copy the sum: the copies step as one parameter."""
+    import torch.distributed as dist
+
+    for sync in ties:
+        for param in sync.params:
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+        total = local(sync.params[0].grad)
+        for param in sync.params[1:]:
+            total.add_(local(param.grad))
+        if sync.group is not None:
+            dist.all_reduce(total, group=sync.group)
+        for param in sync.params[1:]:
+            local(param.grad).copy_(total)

@@ -27,7 +27,8 @@ data-parallel average). fp16 is refused (no loss scale in the schedule's loss).
 
 Tied weights (a parameter several layers hold, GPT-2's wte/lm_head; planner.export.ties) are found
 before sharding and kept in sync: the same seed builds them equal on every rank, and their gradients (local
-shards under FSDP) are summed over the stages holding them each step (a group per tie and (dp, tp) coordinate).
+shards under FSDP) are summed over the stages holding them each step (a group per tie and (dp, tp) coordinate), and
+over a rank's own copies where FSDP gave each of its interleaved chunks one.
 
 Gradient scaling: each micro-batch's loss is its mean; the schedule divides gradients by M
 (``scale_grads``), the replicas' average (all-reduce, or FSDP's reduce-scatter) divides by dp: a step
@@ -55,7 +56,7 @@ from planner.export.optim import DEFAULT_LR
 from planner.export.outputs import sent_output
 from planner.export.partition import ranges
 from planner.export.quoting import docstring_fields
-from planner.export.ties import find_ties, sum_tie_grads, tie_sync
+from planner.export.ties import align_ties, find_ties, sum_tie_grads, tie_sync
 from planner.schedule import SCHEDULE_KINDS, schedule_kind
 
 SCHEDULES = {name: kind.torch_class for name, kind in SCHEDULE_KINDS.items() if kind.torch_class is not None}
@@ -229,9 +230,7 @@ class Trainer:
         ties = find_ties(layers)
         self.stages, self.mesh = build_stages(layers, plan, dist.get_rank(), dist.get_world_size())
         self.ties = tie_sync(layers, ties, plan, self.mesh)
-        with torch.no_grad():  # the same seed built them equal; a broadcast guards against drift
-            for group, param in self.ties:
-                dist.broadcast(sharding.local(param), src=dist.get_global_rank(group, 0), group=group)
+        align_ties(self.ties)  # the same seed built them equal; a broadcast guards against drift
         self.schedule = _make_schedule(self.stages, plan, loss)
         self.params = list({id(p): p for s in self.stages for p in s.submod.parameters()}.values())
         self.split_params = list({id(p): p for i in self._sample_split_layers()

@@ -110,7 +110,10 @@ def chunk_plan(plan: ir.Plan, v: int) -> ir.Plan:
     for c in range(k * v):
         first, end = bounds[c], bounds[c + 1]
         forms, _ = hpp(tables[c % k], first, end, m)
-        stages.append(dataclasses.replace(plan.stages[c % k], layers=(first, end), forms=forms, memory_bytes=0))
+        base = plan.stages[c % k]  # sequence parallelism where the chunk has a block to shard, as the search sets it
+        sequence = base.sequence_parallel and ("tp" in forms or (rules.blocks_tp and base.tp > 1))
+        stages.append(dataclasses.replace(base, layers=(first, end), forms=forms, memory_bytes=0,
+                                          sequence_parallel=sequence))
     return dataclasses.replace(plan, schedule="interleaved", virtual_stages=v, stages=tuple(stages))
 
 
@@ -137,7 +140,7 @@ def search_interleaved(profile: ir.ModelProfile, cluster: ir.Cluster, virtual_st
     ``virtual_stages=1`` is the plain search under ``interleaved``; ``space`` passes the grid
     options (precision, tp, zero, recompute, micro_batch_size) to :func:`planner.search.search`.
     """
-    from planner.search import search
+    from planner.search import _with_prediction, search
 
     v = virtual_stages
     _check_virtual_stages(v, engine)
@@ -174,7 +177,7 @@ def search_interleaved(profile: ir.ModelProfile, cluster: ir.Cluster, virtual_st
             + (f", or {engine} runs no micro-batch count met in the order simulated (M a multiple of K, or below K)"
                if engine in ("torch", "torchtitan") else ""),
             "try --virtual-stages 1, more micro-batches, a smaller batch, or a larger cluster")
-    return best.plan
+    return _with_prediction(best.plan, best.prediction)  # the candidates judged carry no data-parallel time
 
 
 def _check_chunks(v: int, n_layers: int, config: Sequence[int] | None) -> None:
