@@ -69,3 +69,15 @@ def test_a_mixture_of_experts_is_refused_with_why() -> None:
     with pytest.raises(TraceError, match=r"mixture of experts \(num_local_experts=4\)") as err:
         split_model(model, torch.randint(0, 64, (1, 8)))
     assert "dense model" in err.value.hint
+
+
+def test_a_users_subclass_of_a_mixture_of_experts_is_refused_as_one() -> None:
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    class Mine(MixtralForCausalLM):  # type: ignore[misc]
+        pass
+
+    model = Mine(MixtralConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                               num_key_value_heads=2, num_local_experts=4, vocab_size=64))
+    with pytest.raises(TraceError, match="mixture of experts"):
+        split_model(model, torch.randint(0, 64, (1, 8)))

@@ -149,9 +149,10 @@ def blocks_of(model: nn.Module, family: str, shardable_families: Iterable[str]) 
 
 
 def _shardable(layer: nn.Module, families: Iterable[str]) -> bool:
-    """Whether ``layer``'s decoder layer, attention and MLP run one shardable family's code on plain Linears."""
+    """Whether ``layer``'s decoder layer, attention and MLP run one shardable family's code (its projections being
+    plain Linears in every block is hfsplit's check, for every family: :func:`plain_linears`)."""
     attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-    if not isinstance(attn, nn.Module) or not isinstance(mlp, nn.Module) or not plain_linears(layer):
+    if not isinstance(attn, nn.Module) or not isinstance(mlp, nn.Module):
         return False
     parts = ((type(layer), "DecoderLayer"), (type(attn), "Attention"), (type(mlp), "MLP"))
     return any(all(_same(cls, family, suffix) for cls, suffix in parts) for family in families)

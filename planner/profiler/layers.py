@@ -68,10 +68,10 @@ _EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_n
 
 
 def _check_experts(module: nn.Module) -> None:
-    """A transformers mixture-of-experts model is refused with why: its blocks route each token to a few experts,
-    which the cost model (dense FLOPs, every weight used by every token) and the engines (no expert parallelism) do
-    not plan."""
-    if not type(module).__module__.startswith("transformers."):
+    """A transformers mixture-of-experts model (or a user's subclass of one) is refused with why: its blocks route
+    each token to a few experts, which the cost model (dense FLOPs, every weight used by every token) and the
+    engines (no expert parallelism) do not plan."""
+    if _transformers_model(type(module)) is None:
         return
     config = getattr(module, "config", None)
     for field in _EXPERT_FIELDS:
