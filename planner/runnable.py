@@ -29,8 +29,8 @@ from planner.errors import PlanError
 from planner.schedule import SCHEDULE_KINDS, find_kind
 
 __all__ = ["ANY_FORMS", "ENGINES", "EngineLimits", "FormRules", "batch_problems", "check_runnable", "cover_problems",
-           "engine_problems", "frozen_stage_problems", "grid_problems", "is_runnable", "llama_problem",
-           "optimizer_needing_weights", "problems", "tied_layers"]
+           "engine_problems", "engines_running", "frozen_stage_problems", "grid_problems", "is_runnable",
+           "llama_problem", "optimizer_needing_weights", "problems", "tied_layers", "unrun_note"]
 
 
 def _fix(engine: str) -> str:
@@ -331,3 +331,21 @@ def check_runnable(plan: ir.Plan, engine: str | None = None) -> None:
 def is_runnable(plan: ir.Plan, engine: str | None = None) -> bool:
     """Whether :func:`problems` finds nothing."""
     return not problems(plan, engine)
+
+
+def engines_running(plan: ir.Plan) -> list[str]:
+    """The engines of :data:`ENGINES` that run ``plan``."""
+    return [name for name in ENGINES if is_runnable(plan, name)]
+
+
+def unrun_note(plan: ir.Plan) -> tuple[str, str] | None:
+    """For a plan searched for no engine (``any``, the whole search space: stages of different widths, any schedule)
+    that no engine here runs: (what each engine refuses first, how to get one that runs); None where one runs it, the
+    plan names its engine, or it cannot run at all (:func:`check_runnable` says why)."""
+    if plan.engine != "any" or problems(plan) or engines_running(plan):
+        return None
+    refusals = "; ".join(f"{name}: {problems(plan, name)[0]}" for name in ENGINES)
+    flags = "|".join(ENGINES)
+    return (f"no engine planner runs or exports to runs this plan ({refusals})",
+            f"it is the fastest of the whole search space; `planner search --engine {flags}` finds the fastest plan "
+            "that engine runs")

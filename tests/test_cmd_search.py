@@ -310,3 +310,23 @@ def test_a_forced_setting_that_changes_nothing_is_warned_on_stderr(files) -> Non
     assert "warning: the plan: stage 0 recomputes 'selective'" in r.stderr and "as 'none' does" in r.stderr
     quiet = _run("search", prof, "--cluster", clus, "--recompute", "full", "--json", "--microbatches", "2")
     assert quiet.exit_code == 0 and "as 'none' does" not in quiet.stderr
+
+
+def test_a_plan_no_engine_runs_is_said_so(tmp_path: Path) -> None:
+    """The default search (no --engine) ranges over plans no engine runs (here three processes on one server and one
+    on the other, which no launcher starts); the plan is still written, with a warning naming each engine's refusal
+    and the --engine that finds a runnable one, and that search's plan draws no warning."""
+    profile = make_profile_dict(6, batch_size=16)
+    for layer in profile["layers"][:2]:
+        layer["param_bytes"], layer["param_count"] = 100_000_000, 25_000_000
+    cluster = make_cluster_dict(2, 3)
+    cluster["nodes"][1]["gpus"] = cluster["nodes"][1]["gpus"][:1]
+    prof, clus = _write(tmp_path, "p.json", profile), _write(tmp_path, "c.json", cluster)
+    r = _run("search", prof, "--cluster", clus, "-o", str(tmp_path / "plan.json"))
+    assert r.exit_code == 0, r.output
+    warning = [line for line in r.stderr.splitlines() if line.startswith("warning: no engine")]
+    assert len(warning) == 1 and "deepspeed: the plan runs different numbers of processes per server" in warning[0]
+    assert "torch: " in warning[0] and "--engine deepspeed|torch|torchtitan" in warning[0]
+    assert json.loads((tmp_path / "plan.json").read_text())["engine"] == "any"
+    r = _run("search", prof, "--cluster", clus, "--engine", "torch", "-o", str(tmp_path / "torch.json"))
+    assert r.exit_code == 0 and "warning" not in r.stderr, r.output

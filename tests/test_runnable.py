@@ -13,7 +13,7 @@ from planner.cluster import cluster_from_dict, load_cluster
 from planner.compare import compare
 from planner.errors import PlanError
 from planner.jsonio import read_json
-from planner.runnable import check_runnable, is_runnable, problems
+from planner.runnable import check_runnable, engines_running, is_runnable, problems, unrun_note
 from planner.search import search
 from tests.conftest import make_cluster_dict, make_profile_dict
 from tests.test_export_torchtitan import llama_profile, titan_plan  # imported inside a @given test: nested @given
@@ -29,6 +29,21 @@ def _plan(batch: int = 8, m: int = 2, widths: tuple[int, ...] = (2, 2), **stage:
         stages.append(ir.Stage((first, end), tuple(names[at:at + w]), ("dp",) * (end - first), 0, **stage))
         at, first = at + w, end
     return ir.Plan(profile, cluster, "1f1b", m, "sgd", tuple(stages), ir.Prediction(1, 1, 0, 0))
+
+
+def test_engines_running_and_the_note_on_a_plan_none_runs() -> None:
+    """Stages of different widths (2 and 1 GPUs): the search space of ``any``, which no engine here runs (each runs
+    one grid for every stage); equal widths: DeepSpeed and torch run it (torchtitan trains Llama-family models only).
+    Only a plan of engine ``any`` gets the note, and none that cannot run at all."""
+    uneven = _plan(widths=(2, 1))
+    assert engines_running(uneven) == [] and not problems(uneven)
+    note = unrun_note(uneven)
+    assert note is not None and "deepspeed: stage 1 is a tp 1 x dp 1 grid" in note[0] and "torch: " in note[0]
+    assert "--engine deepspeed|torch|torchtitan" in note[1]
+    even = _plan(widths=(2, 2))
+    assert engines_running(even) == ["deepspeed", "torch"] and unrun_note(even) is None
+    assert unrun_note(dataclasses.replace(uneven, engine="torch")) is None
+    assert unrun_note(dataclasses.replace(uneven, microbatches=3)) is None  # 8 samples in 3: check_runnable says why
 
 
 def test_split_forms_with_tp_1_are_not_runnable() -> None:

@@ -89,6 +89,7 @@ def search(profile_path: str, cluster_name: str, output: str | None, microbatche
         tp=tp_value, zero=zero_value, recompute=recompute, micro_batch_size=micro_batch_size)
     elapsed = time.perf_counter() - t0
     check_emitted(plan)  # the plan document is the JSON output: its warnings go to stderr only
+    _warn_unrun(plan)
     for warning in idle_settings(plan, "the plan"):  # a forced option that changes nothing (--recompute selective)
         click.echo(f"warning: {warning}", err=True)
     doc = _plan_document(plan)
@@ -100,6 +101,16 @@ def search(profile_path: str, cluster_name: str, output: str | None, microbatche
 
         emit_json(dict(doc, explanation=explanation.to_dict()))
     out.commit()
+
+
+def _warn_unrun(plan: ir.Plan) -> None:
+    """A warning on stderr where the plan, searched for no engine, is one no engine runs (planner.runnable)."""
+    from planner.render.text import plain_text
+    from planner.runnable import unrun_note
+
+    note = unrun_note(plan)
+    if note is not None:
+        click.echo(f"warning: {plain_text(note[0])}; {plain_text(note[1])}", err=True)
 
 
 def _search_explained(profile: ir.ModelProfile, cluster: ir.Cluster, progress: bool | None, as_json: bool,
