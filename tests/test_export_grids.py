@@ -350,6 +350,25 @@ def tiny_starcoder2() -> tuple[nn.Module, torch.Tensor]:
     return _tiny_family("Starcoder2", head_dim=16, sliding_window=None)
 
 
+def tiny_gemma2() -> tuple[nn.Module, torch.Tensor]:
+    """Gemma 2: sliding (a window of 5 of the 8 tokens) and full layers alternating, eager attention with soft-capped
+    scores and logits, norms before and after attention and MLP."""
+    return _tiny_family("Gemma2", head_dim=16, sliding_window=5, attn_implementation="eager",
+                        attn_logit_softcapping=5.0, final_logit_softcapping=2.0)
+
+
+def tiny_gemma3() -> tuple[nn.Module, torch.Tensor]:
+    """Gemma 3: local (a window of 5 of the 8 tokens) and global layers, each with its rotary base; per-head q/k
+    norms."""
+    return _tiny_family("Gemma3Text", head_dim=16, sliding_window=5,
+                        layer_types=["sliding_attention", "full_attention"])
+
+
+def tiny_exaone4() -> tuple[nn.Module, torch.Tensor]:
+    """EXAONE 4: sliding and full layers (a window of 5 of the 8 tokens), per-head q/k norms, post-norms."""
+    return _tiny_family("Exaone4", head_dim=16, sliding_window=5, layer_types=["sliding_attention", "full_attention"])
+
+
 LLAMA_GRIDS: dict[str, tuple[str, dict[str, Any]]] = {
     "llama-pp2-tp2-sp": ("tiny_llama", {"parts": [0, 2, 4], "tp": 2, "sequence_parallel": True}),
     "llama-tp2-dp2-zero3-selective": ("tiny_llama", {"parts": [0, 4], "tp": 2, "dp": 2, "zero": 3,
@@ -367,6 +386,10 @@ LLAMA_GRIDS: dict[str, tuple[str, dict[str, Any]]] = {
     "granite-tp2-dp2-zero1-sp": ("tiny_granite", {"parts": [0, 4], "tp": 2, "dp": 2, "zero": 1,
                                                   "sequence_parallel": True}),
     "starcoder2-pp2-dp2-zero3": ("tiny_starcoder2", {"parts": [0, 2, 4], "dp": 2, "zero": 3}),
+    "gemma2-pp2-tp2-sp": ("tiny_gemma2", {"parts": [0, 2, 4], "tp": 2, "sequence_parallel": True}),
+    "gemma3-tp2-dp2-zero1-sp": ("tiny_gemma3", {"parts": [0, 4], "tp": 2, "dp": 2, "zero": 1,
+                                                "sequence_parallel": True}),
+    "exaone4-pp2-tp2": ("tiny_exaone4", {"parts": [0, 2, 4], "tp": 2}),
     "gpt-neox-pp2-dp2-zero3": ("tiny_gpt_neox", {"parts": [0, 2, 4], "dp": 2, "zero": 3}),
     "opt-pp2-dp2-zero1": ("tiny_opt", {"parts": [0, 2, 4], "dp": 2, "zero": 1}),
     "gpt2-frozen-embeddings-pp2-dp2-zero1": ("tiny_gpt2_frozen", {"parts": [0, 1, 6], "dp": 2, "zero": 1}),
@@ -381,7 +404,9 @@ def test_llama_grids_train_like_one_process() -> None:
     gate/up/down with sequence parallelism, ZeRO-3 with selective recomputation, ZeRO-1 with full;
     and the Llama-family decoders split the same way: Qwen2 (q/k/v biases), Qwen3 (q/k norms), Gemma (a scaled,
     tied embedding; GeGLU), Phi-3 (fused projections, not sharded), Arcee (an ungated MLP), Helium (recognised by its
-    code), Granite (scaled embeddings and logits, tied), Starcoder2 (its embedding dropout, ZeRO-3), GPT-NeoX (its
+    code), Granite (scaled embeddings and logits, tied), Starcoder2 (its embedding dropout, ZeRO-3), Gemma 2 (eager,
+    soft-capped attention and logits, sliding windows shorter than the sequence), Gemma 3 (rotary and masks per layer
+    type), EXAONE 4 (sliding and full layers), each sharded, GPT-NeoX (its
     own names, ZeRO-3), OPT (learned positions, its head tied across stages); and a first stage
     whose weights are all frozen (fine-tuning: it trains nothing)."""
     plans = {name: grid_plan(factory, **kw) for name, (factory, kw) in LLAMA_GRIDS.items()}

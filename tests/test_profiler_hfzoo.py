@@ -17,12 +17,15 @@ from planner.schemas.build import MAX_DIM, MAX_ITEMS
     ("qwen2-7b", 7_615_616_512), ("qwen3-8b", 8_190_735_360),
     ("gemma-7b", 8_537_680_896),  # its model card's 8.54B; the vocabulary's embedding tied to the head
     ("olmo2-7b", 7_298_617_344),  # OLMo-2-1124-7B's 7.30B
+    ("gemma2-9b", 9_241_705_984),  # gemma-2-9b's 9.24B, eager attention (its scores soft-capped)
+    ("gemma3-1b", 999_885_952),  # gemma-3-1b-pt's 1.0B
 ])
 def test_llama_sizes_have_the_published_parameter_counts(name: str, params: int) -> None:
     with torch.device("meta"):
         model = build(name)
     assert sum(p.numel() for p in model.parameters()) == params
-    assert model.config._attn_implementation == "sdpa" and model.config.tie_word_embeddings is (name == "gemma-7b")
+    assert model.config._attn_implementation == ("eager" if name == "gemma2-9b" else "sdpa")
+    assert model.config.tie_word_embeddings is name.startswith("gemma")
 
 
 def test_llama3_70b_config_matches_the_published_table() -> None:

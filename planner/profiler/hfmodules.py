@@ -2,8 +2,8 @@
 
 Only the hidden states cross a cut; what a layer needs besides them is rebuilt inside it from
 static shapes: GPT-2's and OPT's position ids (0..s-1), Llama's rotary position embeddings (cos/sin of
-positions 0..s-1, as ``LlamaModel.forward`` computes them), and the causal mask, which SDPA
-applies itself (``is_causal``) when a block gets no attention mask. Each wrapper uses the
+positions 0..s-1, as ``LlamaModel.forward`` computes them), and the attention mask
+(``planner.profiler.hfmasks``; none where SDPA applies the causal one itself, ``is_causal``). Each wrapper uses the
 model's own submodules (no parameter copies), so running them in order equals the model.
 """
 
@@ -13,6 +13,8 @@ import copy
 
 import torch
 from torch import nn
+
+from planner.profiler.hfmasks import BlockMask
 
 
 class GPT2Embedding(nn.Module):  # type: ignore[misc]
@@ -129,16 +131,34 @@ class RotaryBlock(TransformerBlock):
     """A Llama-family decoder block on hidden states only (``transformers`` >= 4.48 layer API).
 
     Its rotary position embeddings come from its own copy of the model's ``rotary_emb``
-    (buffers only, no parameters) at positions 0..s-1; no attention mask, so SDPA masks
-    causally; no KV cache. ``post`` (the final norm of a model without LM head) runs after it.
+    (buffers only, no parameters) at positions 0..s-1 (of its ``layer_type``, where the model's rotary embedding
+    takes one: Gemma 3's local and global bases); its attention mask from ``mask``
+    (``planner.profiler.hfmasks``: none, so SDPA masks causally, unless the block attends within a sliding window
+    shorter than the sequence or runs eager attention); no KV cache. ``post`` (the final norm of a model without LM
+    head) runs after it.
     """
 
-    def __init__(self, block: nn.Module, rotary: nn.Module, post: nn.Module | None = None) -> None:
+    def __init__(self, block: nn.Module, rotary: nn.Module, post: nn.Module | None = None,
+                 mask: BlockMask | None = None, layer_type: str | None = None) -> None:
         super().__init__(block, post)
         self.rotary = copy.deepcopy(rotary)
+        self.mask, self.layer_type = mask or BlockMask(), layer_type
 
     def run_block(self, hidden: torch.Tensor) -> object:
         positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
-        cos_sin = self.rotary(hidden, positions)
-        return self.block(hidden, attention_mask=None, position_ids=positions, position_embeddings=cos_sin,
-                          use_cache=False)
+        typed = () if self.layer_type is None else (self.layer_type,)
+        cos_sin = self.rotary(hidden, positions, *typed)
+        return self.block(hidden, attention_mask=self.mask.build(hidden), position_ids=positions,
+                          position_embeddings=cos_sin, use_cache=False)
+
+
+class SoftCap(nn.Module):  # type: ignore[misc]
+    """``cap * tanh(x / cap)``, as Gemma 2's and 3's causal LMs cap their logits (``final_logit_softcapping``), in
+    the model's order of operations, so the same bits."""
+
+    def __init__(self, cap: float) -> None:
+        super().__init__()
+        self.cap = cap
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x / self.cap) * self.cap

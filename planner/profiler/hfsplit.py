@@ -12,10 +12,12 @@ embeddings and logits, kept in the first and last layers; Phi and Starcoder2, wh
 GPT-NeoX, Pythia's, whose model runs the same steps
 under other names; OPT, with learned positions; and any decoder whose forwards are, as code, one of those Llama-family
 classes', ``planner.profiler.hfcode``) are split at the only one-tensor cuts they have:
-after the embeddings, after each block, and the final norm with the head. A block here attends
-causally over the whole sequence, so a model whose layers attend within a sliding window
-shorter than the sequence is refused (its own forward masks the window), as is one built with
-``is_causal=False`` (its forward masks both ways). The layers are
+after the embeddings, after each block, and the final norm with the head. Gemma 2 and 3, OLMo 3, EXAONE 4 and
+Cohere 2, whose forwards mask (and Gemma 3's rotate) each layer by its type, split as Llama (Cohere 2 with its
+logit scale as Cohere; Gemma's logits soft-capped). A Llama-style block
+rebuilds the mask its model's forward gives it (causal, within a sliding window where its layer slides, for SDPA
+or eager attention: ``planner.profiler.hfmasks``); a decoder built with ``is_causal=False`` (its forward masks
+both ways) is refused. The layers are
 ``planner.profiler.hfmodules`` wrappers; ``planner.profiler.verify.verify_cuts`` checks the cuts
 against the model's exported data flow (tests).
 
@@ -32,7 +34,7 @@ embedding keeps its scale in its module's forward, so it is not offered the voca
 
 from __future__ import annotations
 
-import dataclasses
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,9 +42,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from planner import ir
 from planner.errors import TraceError
-from planner.profiler.hfcode import Match, blocks_of, family_of, plain_linears
+from planner.profiler.hfcode import Match, blocks_of, family_of
+from planner.profiler.hfmasks import block_masks
 from planner.profiler.hfmodules import (
     BertEmbedding,
     Chain,
@@ -51,9 +53,11 @@ from planner.profiler.hfmodules import (
     OwnedDropout,
     RotaryBlock,
     Scale,
+    SoftCap,
     TokenEmbedding,
     TransformerBlock,
 )
+from planner.profiler.hfshape import UNSHARDED, block_shape, plain_shape
 from planner.profiler.layered import LayeredModel, dominant, param_accounting, weight_features
 
 
@@ -73,33 +77,14 @@ _Wrap = Callable[[nn.Module, nn.Module | None], nn.Module]
 """Wraps one block (and the final norm after it, or None) into a one-tensor layer."""
 
 
-def _check_sdpa(model: nn.Module) -> None:
+def _check_sdpa(model: nn.Module, masked: bool) -> None:
+    """SDPA, which masks causally itself, or eager attention where the blocks rebuild their masks (``masked``,
+    planner.profiler.hfmasks)."""
     impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    if impl not in ("sdpa", None):
-        raise TraceError(f"{type(model).__name__} uses attn_implementation={impl!r}; its causal mask is built "
-                         "outside the blocks", "build the model with attn_implementation='sdpa'")
-
-
-def _window(config: Any) -> int | None:
-    """The sliding window some of a decoder's layers attend within (None: every layer attends to all).
-
-    Mistral masks every layer to ``sliding_window`` when it is set; Qwen2/Qwen3 only the layers
-    their ``layer_types`` name ``sliding_attention``.
-    """
-    window = getattr(config, "sliding_window", None)
-    types = getattr(config, "layer_types", None)
-    if window is None or (types is not None and "sliding_attention" not in types):
-        return None
-    return int(window)
-
-
-def _check_window(model: nn.Module, seq_len: int) -> None:
-    window = _window(getattr(model, "config", None))
-    if window is not None and window < seq_len:
-        raise TraceError(f"{type(model).__name__} attends within a sliding window of {window} tokens, shorter than "
-                         f"the {seq_len}-token sequence; its split blocks would attend over all of it",
-                         f"profile at --input-shape {window} or less, or give it a window of the sequence or more "
-                         f"(a zoo model: --set sliding_window={seq_len}; your own: sliding_window=None)")
+    if impl not in ("sdpa", None) and not (masked and impl == "eager"):
+        kinds = "'sdpa' or 'eager'" if masked else "'sdpa'"
+        raise TraceError(f"{type(model).__name__} uses attn_implementation={impl!r}; its attention mask is built "
+                         "outside the blocks", f"build the model with attn_implementation={kinds}")
 
 
 def _check_positions(model: nn.Module, arch: str, seq_len: int) -> None:
@@ -190,15 +175,30 @@ def _llama_parts(model: nn.Module, norm: str = "norm") -> list[_Part]:
     parts = [_Part(f"{pre}embed_tokens", "Embedding", TokenEmbedding(base.embed_tokens),
                    base.embed_tokens if plain else None, (f"{pre}embed_tokens",))]
 
-    def wrap(block: nn.Module, post: nn.Module | None) -> nn.Module:
-        return RotaryBlock(block, base.rotary_emb, post)
-
     final = getattr(base, norm)
     blocks = list(base.layers)[: base.config.num_hidden_layers]
+    typed = "layer_type" in inspect.signature(base.rotary_emb.forward).parameters  # Gemma 3's rotary per type
+    types = iter(base.config.layer_types if typed else [None] * len(blocks))
+    masks = iter(block_masks(base.config, len(blocks)))
+
+    def wrap(block: nn.Module, post: nn.Module | None) -> nn.Module:  # called once per block, in order
+        return RotaryBlock(block, base.rotary_emb, post, next(masks), next(types))
+
     parts += _block_parts(blocks, f"{pre}layers", wrap, [] if head else [(f"{pre}{norm}", final)])
     if head:
         parts.append(_Part("lm_head", "Linear", Chain(final, model.lm_head), model.lm_head,
                            (f"{pre}{norm}", "lm_head")))
+    return parts
+
+
+def _gemma_parts(model: nn.Module) -> list[_Part]:
+    """Gemma 2's and 3's layers: Llama's (each block masked and, in Gemma 3, rotated as its layer type), the logits
+    soft-capped where the config caps them (``final_logit_softcapping``)."""
+    parts = _llama_parts(model)
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    if type(model).__name__.endswith("ForCausalLM") and cap is not None:
+        last = parts[-1]
+        parts[-1] = _Part(last.name, last.type, Chain(last.module, SoftCap(float(cap))), last.weight, last.scope)
     return parts
 
 
@@ -274,63 +274,8 @@ def _opt_parts(model: nn.Module) -> list[_Part]:
     return parts
 
 
-_GATED = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "olmo", "olmo2", "phi3", "glm", "granite", "cohere"})
-"""The architectures whose MLP is gated (SwiGLU or GeGLU: gate, up and down matrices, Phi-3's and GLM's gate and up
-fused)."""
-
-_UNSHARDED = frozenset({"phi3", "glm", "olmo2", "gpt_neox", "opt", "cohere", "phi", "starcoder2"})
-"""The architectures whose blocks the planner's tensor parallelism does not shard: Phi-3 fuses q/k/v (``qkv_proj``)
-and gate/up (``gate_up_proj``), GLM gate/up, GPT-NeoX q/k/v per head (``query_key_value``); OLMo 2 normalises q and
-k over all heads together; OPT names its projections ``out_proj``, ``fc1`` and ``fc2``, which the torch export's
-tensor parallelism does not know; Cohere's blocks are not Llama's code (parallel attention and MLP, per-head q/k
-LayerNorms), which the export was not checked on (Granite's are Llama's attention and MLP with scaled residuals: a tp 2
-grid with sequence parallelism trains like one process, tests/test_export_grids);
-Phi names its output projection ``dense`` and its MLP ``fc1``/``fc2``, Starcoder2 its MLP ``c_fc``/``c_proj``."""
-
 _LLAMA_FAMILY = ("Llama", "Mistral", "Qwen2", "Qwen3", "Gemma", "Olmo", "Olmo2", "Phi3", "Glm", "Arcee")
 """The decoders whose ``...Model`` and ``...ForCausalLM`` forwards are Llama's (module doc)."""
-
-
-def block_shape(config: Any, seq_len: int, match: Match | None = None) -> ir.BlockShape | None:
-    """A GPT-2, BERT or Llama-family config's block shape at ``seq_len`` tokens, with its ``head_dim`` where that is
-    not ``hidden / heads`` (Qwen3 sets it apart: 16 heads of 128 on a width of 1024 in Qwen3-0.6B); None (the
-    blocks run ``dp`` only, as layers without shape facts do) where the KV heads do not divide the heads or the
-    config lacks a width. ``match``: a decoder recognised by its code (``planner.profiler.hfcode``), whose gating and
-    sharding were read off its blocks rather than its ``model_type``."""
-    if hasattr(config, "n_embd"):  # GPT-2
-        return ir.BlockShape(config.n_embd, config.n_head, config.n_head, config.n_inner or 4 * config.n_embd,
-                             seq_len, gated=False)
-    heads = getattr(config, "num_attention_heads", None)
-    ffn = getattr(config, "intermediate_size", None) or getattr(config, "ffn_dim", None)  # OPT: ffn_dim
-    if not heads or not ffn or not getattr(config, "hidden_size", None):
-        return None
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    if heads % kv_heads:
-        return None
-    gated = match.gated if match else getattr(config, "model_type", "") in _GATED
-    head_dim = getattr(config, "head_dim", None)
-    own = int(head_dim) if head_dim and int(head_dim) * heads != config.hidden_size else None
-    if own is None and config.hidden_size % heads:
-        return None
-    shardable = _shardable(config) and (match is None or match.shardable)
-    return ir.BlockShape(config.hidden_size, heads, kv_heads, ffn, seq_len, gated=gated,
-                         head_dim=own, shardable=shardable)
-
-
-def _shardable(config: Any) -> bool:
-    """Whether the planner's tensor parallelism can shard the config's blocks (:data:`_UNSHARDED`; OLMo with
-    ``clip_qkv`` clamps q/k/v in place, on views torch's tensor-parallel Linears return, which autograd refuses)."""
-    return getattr(config, "model_type", "") not in _UNSHARDED and getattr(config, "clip_qkv", None) is None
-
-
-def _plain(shape: ir.BlockShape | None, blocks: Sequence[nn.Module]) -> ir.BlockShape | None:
-    """``shape``, not shardable where a Llama-style block (``self_attn``, ``mlp``) holds a projection the export
-    shards that is not a plain ``nn.Linear`` (an adapter wrapped around one, say): torch's parallel styles take
-    only Linears."""
-    llama_style = [b for b in blocks if hasattr(b, "self_attn") and hasattr(b, "mlp")]
-    if shape is None or not shape.shardable or all(plain_linears(b) for b in llama_style):
-        return shape
-    return dataclasses.replace(shape, shardable=False)
 
 
 _ARCHITECTURES: dict[str, tuple[str, Callable[[nn.Module], list[_Part]]]] = {
@@ -344,8 +289,16 @@ _ARCHITECTURES: dict[str, tuple[str, Callable[[nn.Module], list[_Part]]]] = {
        for family in ("Granite", "Cohere") for kind in ("ForCausalLM", "Model")},
     **{f"{family}{kind}": (family.lower(), _dropout_llama_parts)
        for family in ("Phi", "Starcoder2") for kind in ("ForCausalLM", "Model")},
+    **{f"{family}{kind}": (family.lower(), _llama_parts)
+       for family in ("Olmo3", "Exaone4") for kind in ("ForCausalLM", "Model")},
+    "Cohere2ForCausalLM": ("cohere2", _scaled_llama_parts), "Cohere2Model": ("cohere2", _scaled_llama_parts),
+    "Gemma2ForCausalLM": ("gemma2", _gemma_parts), "Gemma2Model": ("gemma2", _gemma_parts),
+    "Gemma3ForCausalLM": ("gemma3_text", _gemma_parts), "Gemma3TextModel": ("gemma3_text", _gemma_parts),
 }
 """The transformers classes split by structure: class name -> (architecture, its parts)."""
+
+_MASKED = frozenset({_llama_parts, _gemma_parts, _scaled_llama_parts, _dropout_llama_parts})
+"""The parts whose blocks rebuild their attention masks (planner.profiler.hfmasks), so run eager attention too."""
 
 STRUCTURED = (", ".join(_ARCHITECTURES) + "; and other decoders whose model and causal-LM forwards are, as code, "
               "one of those Llama-family classes'")
@@ -365,7 +318,7 @@ def _recognise(model: nn.Module) -> tuple[str, Callable[[nn.Module], list[_Part]
     family = family_of(model, _LLAMA_FAMILY)
     if family is None:
         return None
-    shardable = [f for f in _LLAMA_FAMILY if f.lower() not in _UNSHARDED]
+    shardable = [f for f in _LLAMA_FAMILY if f.lower() not in UNSHARDED]
     arch = str(getattr(getattr(model, "config", None), "model_type", "") or family.lower())
     return arch, _llama_parts, blocks_of(model, family, shardable)
 
@@ -375,18 +328,17 @@ def split_hf(model: nn.Module, example_input: torch.Tensor) -> LayeredModel | No
     recognised = _recognise(model)
     if recognised is None:
         return None
-    _check_sdpa(model)
-    _check_causal(model, recognised[0])
-    _check_layerdrop(model)
-    _check_window(model, int(example_input.shape[1]))
     arch, parts_of, match = recognised
+    _check_sdpa(model, parts_of in _MASKED)
+    _check_causal(model, arch)
+    _check_layerdrop(model)
     _check_positions(model, arch, int(example_input.shape[1]))
     parts = parts_of(model)
     layer_params = [[(f"{p.name}.{k}", q) for k, q in p.module.named_parameters(remove_duplicate=False)]
                     for p in parts]
     counts, nbytes, ties = param_accounting(model, layer_params)
     feats = [weight_features(p.weight) if p.weight is not None else (None, None) for p in parts]
-    shape = _plain(block_shape(model.config, int(example_input.shape[1]), match),
+    shape = plain_shape(block_shape(model.config, int(example_input.shape[1]), match),
                    [p.module.block for p in parts if p.is_block])
     return LayeredModel(tuple(p.module for p in parts), tuple(p.name for p in parts), tuple(p.type for p in parts),
                         tuple(f[0] for f in feats), tuple(f[1] for f in feats), counts, nbytes, ties,

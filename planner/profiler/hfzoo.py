@@ -2,10 +2,10 @@
 
 Each named model is a config class, a model class and the published config fields:
 GPT-2 small/medium (OpenAI's released sizes), BERT-base, Llama 2 7B/13B/70B, Llama 3
-8B/70B, Mistral 7B (v0.1: a 4,096-token sliding window), Qwen2 7B (q/k/v biases) and Qwen3 8B
-(head size 128, q/k norms) (the models' published ``config.json``: hidden, layers, heads, KV
-heads, FFN, vocab, context, RMSNorm epsilon, rotary base; table in ``docs``/the shared facts
-file), and
+8B/70B, Mistral 7B (v0.1: a 4,096-token sliding window), Qwen2 7B (q/k/v biases), Qwen3 8B
+(head size 128, q/k norms), Gemma 7B, Gemma 2 9B, Gemma 3 1B and OLMo 2 7B (the models' published
+``config.json``: hidden, layers, heads, KV heads, FFN, vocab, context, RMSNorm epsilon, rotary base; table in
+``docs``/the shared facts file), and
 ``llama-tiny`` (hidden 64, 2 blocks, 4 heads, 2 KV heads) for tests. ``build`` makes the
 model for a sequence length, raising the learned or rotary position range
 (``n_positions``/``max_position_embeddings``) to it when it is longer, and applies
@@ -14,8 +14,8 @@ unknown one being a UsageError that names the close ones; so is a value of anoth
 the field's, a size or count (``SIZE_BOUNDS``) outside 1 to the profile format's bound, a
 position range shorter than the sequence, and a config or model the library refuses (its
 message, with the overrides). Dropout is 0 so that the split
-layers run one by one equal the whole model bit for bit; SDPA attention (the causal mask
-inside the blocks, which the structural split needs).
+layers run one by one equal the whole model bit for bit; SDPA attention (eager for Gemma 2, whose
+soft-capped scores SDPA refuses; the split blocks rebuild either's masks).
 """
 
 from __future__ import annotations
@@ -47,6 +47,8 @@ class HFModel:
     seq_len: int
     """Default sequence length of the zoo entry."""
     description: str
+    attention: str = "sdpa"
+    """The attention implementation it is built with (Gemma 2's soft-capped scores run eager only)."""
 
 
 def _frozen(**fields: Any) -> Mapping[str, Any]:
@@ -65,6 +67,10 @@ _LLAMA3 = _frozen(**{**_LLAMA2, "vocab_size": 128256, "max_position_embeddings":
 _MISTRAL = _frozen(**{**_LLAMA2, "max_position_embeddings": 32768}, sliding_window=4096)
 _GEMMA = _frozen(vocab_size=256000, max_position_embeddings=8192, rms_norm_eps=1e-6, rope_theta=10000.0,
                  head_dim=256, hidden_act="gelu_pytorch_tanh", tie_word_embeddings=True, attention_dropout=0.0)
+_GEMMA2 = _frozen(**_GEMMA, sliding_window=4096, query_pre_attn_scalar=256, attn_logit_softcapping=50.0,
+                  final_logit_softcapping=30.0)
+_GEMMA3 = _frozen(**{**_GEMMA, "vocab_size": 262144, "max_position_embeddings": 32768}, sliding_window=512,
+                  query_pre_attn_scalar=256)
 _OLMO2 = _frozen(vocab_size=100352, max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=500000.0,
                  tie_word_embeddings=False, attention_dropout=0.0)
 _QWEN2 = _frozen(**{**_LLAMA2, "vocab_size": 152064, "max_position_embeddings": 131072, "rms_norm_eps": 1e-6,
@@ -75,13 +81,14 @@ _QWEN3 = _frozen(**{**_LLAMA2, "vocab_size": 151936, "max_position_embeddings": 
 
 
 def _llama(base: Mapping[str, Any], hidden: int, layers: int, heads: int, kv_heads: int, ffn: int,
-           description: str, family: str = "Llama", seq_len: int | None = None) -> HFModel:
-    """A Llama-family decoder: ``family`` names its config and causal-LM classes; ``seq_len`` (default its
-    position range) the tokens a profile takes by default."""
+           description: str, family: str = "Llama", seq_len: int | None = None, attention: str = "sdpa") -> HFModel:
+    """A Llama-family decoder: ``family`` names its config and causal-LM classes (``Gemma3Text``: Gemma 3's text
+    config, its ``Gemma3ForCausalLM``); ``seq_len`` (default its position range) the tokens a profile takes by
+    default."""
     fields = _frozen(**base, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
                      num_key_value_heads=kv_heads, intermediate_size=ffn)
-    return HFModel(f"{family}Config", f"{family}ForCausalLM", fields, "max_position_embeddings",
-                   seq_len or int(base["max_position_embeddings"]), description)
+    return HFModel(f"{family}Config", f"{family.removesuffix('Text')}ForCausalLM", fields, "max_position_embeddings",
+                   seq_len or int(base["max_position_embeddings"]), description, attention)
 
 
 HF_MODELS: Mapping[str, HFModel] = MappingProxyType({
@@ -102,6 +109,11 @@ HF_MODELS: Mapping[str, HFModel] = MappingProxyType({
     "llama3-70b": _llama(_LLAMA3, 8192, 80, 64, 8, 28672, "Llama 3 70B (70.6B parameters, 8 KV heads)"),
     "gemma-7b": _llama(_GEMMA, 3072, 28, 16, 16, 24576, "Gemma 7B (8.5B parameters: 16 heads of 256 on a width of "
                        "3072, GeGLU, a 256,000-token vocabulary tied to the head)", "Gemma", 8192),
+    "gemma2-9b": _llama(_GEMMA2, 3584, 42, 16, 8, 14336, "Gemma 2 9B (9.2B parameters: 16 heads of 256, 8 KV heads; "
+                        "local layers of a 4,096-token window alternating with global ones; scores and logits "
+                        "soft-capped, so eager attention)", "Gemma2", 8192, "eager"),
+    "gemma3-1b": _llama(_GEMMA3, 1152, 26, 4, 1, 6912, "Gemma 3 1B (1.0B parameters: 4 heads of 256, 1 KV head; five "
+                        "local layers of a 512-token window to each global one)", "Gemma3Text", 4096),
     "olmo2-7b": _llama(_OLMO2, 4096, 32, 32, 32, 11008, "OLMo 2 7B (7.3B parameters; q/k norms over all heads: "
                        "data and pipeline parallel only)", "Olmo2", 4096),
     "mistral-7b": _llama(_MISTRAL, 4096, 32, 32, 8, 14336, "Mistral 7B v0.1 (7.2B parameters, 8 KV heads, "
@@ -210,7 +222,7 @@ def build(name: str, seq_len: int | None = None, overrides: Mapping[str, Any] | 
         fields[spec.positions_key] = max(int(fields[spec.positions_key]), seq_len)
     config = _config(name, fields, given)
     _check_positions(name, config, given, seq_len)
-    config._attn_implementation = "sdpa"
+    config._attn_implementation = spec.attention
     try:
         model: nn.Module = getattr(transformers, spec.model_class)(config)
     except Exception as exc:  # the library checks some fields only when it builds the model

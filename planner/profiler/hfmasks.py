@@ -1,0 +1,81 @@
+"""What each block of a split decoder attends over, as its model's forward masks it.
+
+A Llama-style decoder's forward builds the attention masks once and hands each block its own: every token attends
+to itself and those before it, and in the layers its config marks ``sliding_attention`` (``layer_types``; every layer
+where the config sets ``sliding_window`` and has no layer types: Mistral, Phi-3, Starcoder2) only to the
+``sliding_window`` tokens ending at it (transformers' ``sliding_window_overlay``: ``q - k < window``). Split into
+blocks, each block rebuilds its mask from the sequence length (``planner.profiler.hfmodules.RotaryBlock``), as
+:class:`BlockMask` says: under SDPA no mask where the model gives none (a causal window of the whole sequence,
+SDPA's ``is_causal``; transformers' ``_ignore_causal_mask_sdpa`` skips the mask only where the sequence is shorter
+than the window), else a boolean one; under eager attention (Gemma 2's soft-capped scores, which SDPA refuses) an
+additive one, 0 where a token may attend and the dtype's least value elsewhere, as transformers' ``eager_mask``.
+
+Owns :class:`BlockMask` and :func:`block_masks` (a config's masks, one per block; TraceError where the config asks
+for attention the blocks do not rebuild: bidirectional, chunked or of an unknown layer type).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from planner.errors import TraceError
+
+_TYPES = ("full_attention", "sliding_attention")
+"""The layer types whose masks :class:`BlockMask` rebuilds."""
+
+
+@dataclass(frozen=True)
+class BlockMask:
+    """One block's attention mask: causal, within ``window`` tokens where set; ``additive`` for eager attention."""
+
+    window: int | None = None
+    additive: bool = False
+
+    def build(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """The mask for ``hidden`` (batch, sequence, width), broadcast over the batch and heads; None where SDPA
+        masks causally itself, as the model's forward leaves it."""
+        seq_len = int(hidden.shape[1])
+        if not self.additive and (self.window is None or seq_len < self.window):
+            return None
+        index = torch.arange(seq_len, device=hidden.device)
+        allowed = index[None, :] <= index[:, None]  # [query, key]: keys at or before the query
+        if self.window is not None:
+            allowed = allowed & (index[:, None] - index[None, :] < self.window)
+        allowed = allowed[None, None]
+        if not self.additive:
+            return allowed
+        zero = torch.zeros((), dtype=hidden.dtype, device=hidden.device)
+        return torch.where(allowed, zero, torch.finfo(hidden.dtype).min)
+
+
+def block_masks(config: Any, blocks: int) -> tuple[BlockMask, ...]:
+    """The masks of a decoder's first ``blocks`` blocks, from its config (module doc)."""
+    _check_attention(config)
+    additive = getattr(config, "_attn_implementation", None) == "eager"
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    masks = []
+    for i in range(blocks):
+        kind = types[i] if types is not None and i < len(types) else "sliding_attention"
+        if kind not in _TYPES:
+            raise TraceError(f"{type(config).__name__}'s layer {i} is of type {kind!r}; planner's split blocks rebuild "
+                             f"the masks of {' and '.join(_TYPES)} layers only",
+                             "build it with those layer types, or split it yourself as an nn.Sequential")
+        masks.append(BlockMask(int(window) if window is not None and kind == "sliding_attention" else None, additive))
+    return tuple(masks)
+
+
+def _check_attention(config: Any) -> None:
+    """Attention the blocks' masks do not rebuild: Gemma 3's ``use_bidirectional_attention`` (every token sees every
+    other, within the window where it slides), a chunked attention (Llama 4's ``attention_chunk_size``)."""
+    name = type(config).__name__
+    if getattr(config, "use_bidirectional_attention", False):
+        raise TraceError(f"{name} sets use_bidirectional_attention: its forward lets every token attend to every "
+                         "other, and planner's split blocks attend causally",
+                         "build it with use_bidirectional_attention=False, or split it yourself as an nn.Sequential")
+    if getattr(config, "attention_chunk_size", None) is not None:
+        raise TraceError(f"{name} attends within chunks of {config.attention_chunk_size} tokens, which planner's "
+                         "split blocks do not mask", "build it with attention_chunk_size=None")
