@@ -20,6 +20,7 @@ first as a :class:`~planner.errors.PlanError` with the numbers and a fix.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from planner import ir
@@ -344,8 +345,12 @@ def unrun_note(plan: ir.Plan) -> tuple[str, str] | None:
     plan names its engine, or it cannot run at all (:func:`check_runnable` says why)."""
     if plan.engine != "any" or problems(plan) or engines_running(plan):
         return None
-    refusals = "; ".join(f"{name}: {problems(plan, name)[0]}" for name in ENGINES)
     flags = "|".join(ENGINES)
-    return (f"no engine planner runs or exports to runs this plan ({refusals})",
+    firsts: dict[str, list[str]] = {}  # each engine's first reason, its name as "each engine": alike ones once
+    for name in ENGINES:
+        firsts.setdefault(re.sub(rf"\b{name}\b", "each engine", problems(plan, name)[0]), []).append(name)
+    refusals = "; ".join(f"{', '.join(names)}: {why if len(names) > 1 else why.replace('each engine', names[0])}"
+                         for why, names in firsts.items())
+    return (f"no engine runs this plan ({refusals})",
             f"it is the fastest of the whole search space; `planner search --engine {flags}` finds the fastest plan "
             "that engine runs")

@@ -38,7 +38,9 @@ def test_engines_running_and_the_note_on_a_plan_none_runs() -> None:
     uneven = _plan(widths=(2, 1))
     assert engines_running(uneven) == [] and not problems(uneven)
     note = unrun_note(uneven)
-    assert note is not None and "deepspeed: stage 1 is a tp 1 x dp 1 grid" in note[0] and "torch: " in note[0]
+    assert note is not None and note[0] == (  # alike refusals said once
+        "no engine runs this plan (deepspeed, torch, torchtitan: stage 1 is a tp 1 x dp 1 grid with ZeRO 0, stage 0 "
+        "tp 1 x dp 2 with ZeRO 0: each engine runs one grid for every stage)"), note
     assert "--engine deepspeed|torch|torchtitan" in note[1]
     even = _plan(widths=(2, 2))
     assert engines_running(even) == ["deepspeed", "torch"] and unrun_note(even) is None
