@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from planner.errors import TraceError
-from planner.profiler.hfmasks import BlockMask, block_masks
+from planner.profiler.hfmasks import BlockMask, block_masks, sliding_of
 from planner.profiler.hfsplit import split_hf
 from tests.test_profiler_fxsplit import primary_output
 from tests.test_profiler_hfsplit import _exact_both, _split, family_model
@@ -37,16 +37,46 @@ class _Config:
 
 
 def test_block_masks_follow_the_configs_layer_types_window_and_attention() -> None:
-    assert block_masks(_Config(sliding_window=8), 2) == (BlockMask(8), BlockMask(8))  # Mistral: every layer
-    assert block_masks(_Config(sliding_window=None), 1) == (BlockMask(),)
+    assert block_masks(_Config(sliding_window=8), 2, "every") == (BlockMask(8), BlockMask(8))  # Mistral: every layer
+    assert block_masks(_Config(sliding_window=None), 1, "every") == (BlockMask(),)
     typed = _Config(sliding_window=8, layer_types=["sliding_attention", "full_attention"], _attn_implementation="eager")
-    assert block_masks(typed, 2) == (BlockMask(8, True), BlockMask(None, True))
+    assert block_masks(typed, 2, "typed") == (BlockMask(8, True), BlockMask(None, True))
+    assert block_masks(typed, 2, "every") == (BlockMask(8, True), BlockMask(8, True))  # the layer types unread
+    assert block_masks(typed, 2, "none") == (BlockMask(None, True), BlockMask(None, True))  # the window unread
     with pytest.raises(TraceError, match="layer 1 is of type 'chunked_attention'"):
-        block_masks(_Config(layer_types=["full_attention", "chunked_attention"]), 2)
+        block_masks(_Config(layer_types=["full_attention", "chunked_attention"]), 2, "typed")
     with pytest.raises(TraceError, match="use_bidirectional_attention"):
-        block_masks(_Config(use_bidirectional_attention=True), 1)
+        block_masks(_Config(use_bidirectional_attention=True), 1, "none")
     with pytest.raises(TraceError, match="chunks of 16 tokens"):
-        block_masks(_Config(attention_chunk_size=16), 1)
+        block_masks(_Config(attention_chunk_size=16), 1, "none")
+
+
+def test_which_layers_slide_is_read_off_the_models_forward() -> None:
+    import transformers
+
+    sliding = {family: sliding_of(getattr(transformers, f"{family}Model").forward)
+               for family in ("Llama", "Gemma", "Olmo2", "Mistral", "Phi3", "Starcoder2", "Ministral3", "Qwen2",
+                              "SmolLM3", "Gemma2", "Gemma3Text", "Olmo3", "Exaone4", "Cohere2")}
+    assert sliding == {"Llama": "none", "Gemma": "none", "Olmo2": "none", "Mistral": "every", "Phi3": "every",
+                       "Starcoder2": "every", "Ministral3": "every", "Qwen2": "typed", "SmolLM3": "typed",
+                       "Gemma2": "typed", "Gemma3Text": "typed", "Olmo3": "typed", "Exaone4": "typed",
+                       "Cohere2": "typed"}
+
+
+@pytest.mark.parametrize(("family", "fields"), [
+    ("Llama", {"sliding_window": 5}),  # a field Llama's config keeps and its forward ignores
+    ("Olmo2", {"sliding_window": 5, "attn_implementation": "eager"}),
+    ("Mistral", {"sliding_window": 5, "layer_types": ["full_attention", "full_attention"]}),  # Mistral slides all
+    ("Phi3", {"sliding_window": 5, "layer_types": ["sliding_attention", "full_attention"]}),
+    ("Ministral3", {"sliding_window": 5, "head_dim": 16, "layer_types": ["full_attention", "full_attention"]}),
+])
+def test_config_fields_the_forward_ignores_leave_the_masks_as_the_forward_builds_them(family: str,
+                                                                                     fields: dict[str, Any]) -> None:
+    """A window on a config whose model's forward builds only the causal mask, or layer types on one whose forward
+    slides every layer: the split masks as the forward does, bit for bit (it masked by the config's fields)."""
+    torch.manual_seed(0)
+    model = family_model(family, **fields)
+    _exact_both(model, model.model, torch.randint(0, 96, (2, 16)), model.config.model_type)
 
 
 def _unwindowed(model: nn.Module, x: torch.Tensor) -> torch.Tensor:

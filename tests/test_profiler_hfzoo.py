@@ -119,3 +119,20 @@ def test_a_position_range_shorter_than_the_sequence_is_refused() -> None:
     with torch.device("meta"):
         assert build("gpt2", seq_len=128, overrides={"n_positions": 128}).config.n_positions == 128
         assert build("gpt2", overrides={"n_positions": 4}).config.n_positions == 4  # no sequence given
+
+
+@pytest.mark.parametrize(("name", "window"), [("gemma3-1b", 0), ("gemma2-9b", -1), ("mistral-7b", 0)])
+def test_a_sliding_window_below_one_token_is_refused(name: str, window: int) -> None:
+    """A window of 0 tokens leaves its layers' tokens nothing to attend to (the split blocks' masks hide every key;
+    transformers fails): a size, refused as one."""
+    with pytest.raises(UsageError) as err:
+        build(name, 16, {"num_hidden_layers": 1, "sliding_window": window})
+    assert f"sliding_window={window}" in err.value.cause and "from 1 to" in err.value.cause
+
+
+def test_gemma3_rotates_its_global_layers_at_its_published_base() -> None:
+    """gemma-3-1b's config.json: ``rope_theta`` 1,000,000 for the global (full-attention) layers,
+    ``rope_local_base_freq`` 10,000 for the local ones."""
+    with torch.device("meta"):
+        rope = build("gemma3-1b", 16, {"num_hidden_layers": 1}).config.rope_parameters
+    assert (rope["full_attention"]["rope_theta"], rope["sliding_attention"]["rope_theta"]) == (1_000_000.0, 10_000.0)

@@ -38,3 +38,15 @@ def test_shape_changing_runs_are_counted_in_full() -> None:
     y = torch.randn(2, 4, 16, device="meta", requires_grad=True)
     facts, counted = instrumented_pass_once_per_kind(pools, y, [])
     assert counted == 3 and [f.output_shape for f in facts] == [(2, 4, 8), (2, 4, 4), (2, 4, 2)]
+
+
+def test_gemma3_sliding_and_full_blocks_are_not_one_run() -> None:
+    """Gemma 3's sliding blocks build a mask (a window shorter than the sequence) and its full ones leave it to
+    SDPA: the same modules and weights, other facts (the mask SDPA saves), so a full block is counted itself."""
+    loaded = load_model("gemma3-1b", 1, (64,), dtype="bfloat16", device="meta",
+                        overrides={"num_hidden_layers": 8, "sliding_window": 16})
+    lm = split_model(loaded.module, loaded.example_input)
+    params = list(loaded.module.parameters())
+    assert fact_sources(lm.layers) == [0, 1, 2, 2, 2, 2, 6, 7, 8, 9]  # blocks 0-4 slide, 5 is full, 6-7 slide
+    facts, counted = instrumented_pass_once_per_kind(lm.layers, loaded.example_input, params)
+    assert counted == 7 and facts == instrumented_pass(lm.layers, loaded.example_input, params)

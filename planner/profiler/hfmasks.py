@@ -1,23 +1,28 @@
 """What each block of a split decoder attends over, as its model's forward masks it.
 
 A Llama-style decoder's forward builds the attention masks once and hands each block its own: every token attends
-to itself and those before it, and in the layers its config marks ``sliding_attention`` (``layer_types``; every layer
-where the config sets ``sliding_window`` and has no layer types: Mistral, Phi-3, Starcoder2) only to the
-``sliding_window`` tokens ending at it (transformers' ``sliding_window_overlay``: ``q - k < window``). Split into
+to itself and those before it, and in the layers its forward slides only to the ``sliding_window`` tokens ending at
+it (transformers' ``sliding_window_overlay``: ``q - k < window``). Which layers slide is the forward's, not the
+config's (:func:`sliding_of`): those its config's ``layer_types`` marks ``sliding_attention`` where the forward reads
+the layer types (Qwen2, Gemma 2/3, OLMo 3, EXAONE 4, Cohere 2), every layer where it slides without them and the
+config sets ``sliding_window`` (Mistral, Phi-3, Starcoder2, whatever layer types the config carries), none where
+it builds only the causal mask (Llama's, whatever window the config carries). Split into
 blocks, each block rebuilds its mask from the sequence length (``planner.profiler.hfmodules.RotaryBlock``), as
 :class:`BlockMask` says: under SDPA no mask where the model gives none (a causal window of the whole sequence,
 SDPA's ``is_causal``; transformers' ``_ignore_causal_mask_sdpa`` skips the mask only where the sequence is shorter
 than the window), else a boolean one; under eager attention (Gemma 2's soft-capped scores, which SDPA refuses) an
 additive one, 0 where a token may attend and the dtype's least value elsewhere, as transformers' ``eager_mask``.
 
-Owns :class:`BlockMask` and :func:`block_masks` (a config's masks, one per block; TraceError where the config asks
-for attention the blocks do not rebuild: bidirectional, chunked or of an unknown layer type).
+Owns :class:`BlockMask`, :func:`sliding_of` and :func:`block_masks` (a model's masks, one per block; TraceError
+where the config asks for attention the blocks do not rebuild: bidirectional, chunked or of an unknown layer type).
 """
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -51,12 +56,31 @@ class BlockMask:
         return torch.where(allowed, zero, torch.finfo(hidden.dtype).min)
 
 
-def block_masks(config: Any, blocks: int) -> tuple[BlockMask, ...]:
-    """The masks of a decoder's first ``blocks`` blocks, from its config (module doc)."""
+Sliding = Literal["none", "every", "typed"]
+"""Which layers a decoder's forward masks to a sliding window: none, every one (where the config sets a window) or
+those its config's ``layer_types`` marks ``sliding_attention``."""
+
+
+def sliding_of(forward: Callable[..., Any]) -> Sliding:
+    """Which layers a decoder model's ``forward`` slides, read off the names its code uses (module doc): a forward
+    that never calls transformers' ``create_sliding_window_causal_mask`` slides none (Llama's, though its config may
+    carry a ``sliding_window`` it ignores); one that calls it and reads ``layer_types`` slides the layers they mark
+    (Qwen2's); one that calls it without them slides every layer (Mistral's, though its config may carry layer
+    types it ignores)."""
+    code = getattr(inspect.unwrap(forward), "__code__", None)
+    names = code.co_names if code is not None else ()
+    if "create_sliding_window_causal_mask" not in names:
+        return "none"
+    return "typed" if "layer_types" in names else "every"
+
+
+def block_masks(config: Any, blocks: int, sliding: Sliding) -> tuple[BlockMask, ...]:
+    """The masks of a decoder's first ``blocks`` blocks, from its config, sliding as its forward does
+    (:func:`sliding_of`; module doc)."""
     _check_attention(config)
     additive = getattr(config, "_attn_implementation", None) == "eager"
-    window = getattr(config, "sliding_window", None)
-    types = getattr(config, "layer_types", None)
+    window = getattr(config, "sliding_window", None) if sliding != "none" else None
+    types = getattr(config, "layer_types", None) if sliding == "typed" else None
     masks = []
     for i in range(blocks):
         kind = types[i] if types is not None and i < len(types) else "sliding_attention"

@@ -144,6 +144,11 @@ class RotaryBlock(TransformerBlock):
         self.rotary = copy.deepcopy(rotary)
         self.mask, self.layer_type = mask or BlockMask(), layer_type
 
+    def extra_repr(self) -> str:
+        """Its mask and layer type, so that blocks that attend differently print differently (a sliding and a full
+        layer of Gemma 3 are not identical layers to ``planner.profiler.repeats``)."""
+        return f"mask={self.mask}, layer_type={self.layer_type!r}"
+
     def run_block(self, hidden: torch.Tensor) -> object:
         positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
         typed = () if self.layer_type is None else (self.layer_type,)

@@ -44,7 +44,7 @@ from torch import nn
 
 from planner.errors import TraceError
 from planner.profiler.hfcode import Match, blocks_of, family_of
-from planner.profiler.hfmasks import block_masks
+from planner.profiler.hfmasks import block_masks, sliding_of
 from planner.profiler.hfmodules import (
     BertEmbedding,
     Chain,
@@ -179,7 +179,7 @@ def _llama_parts(model: nn.Module, norm: str = "norm") -> list[_Part]:
     blocks = list(base.layers)[: base.config.num_hidden_layers]
     typed = "layer_type" in inspect.signature(base.rotary_emb.forward).parameters  # Gemma 3's rotary per type
     types = iter(base.config.layer_types if typed else [None] * len(blocks))
-    masks = iter(block_masks(base.config, len(blocks)))
+    masks = iter(block_masks(base.config, len(blocks), sliding_of(type(base).forward)))
 
     def wrap(block: nn.Module, post: nn.Module | None) -> nn.Module:  # called once per block, in order
         return RotaryBlock(block, base.rotary_emb, post, next(masks), next(types))

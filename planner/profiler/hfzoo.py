@@ -69,8 +69,10 @@ _GEMMA = _frozen(vocab_size=256000, max_position_embeddings=8192, rms_norm_eps=1
                  head_dim=256, hidden_act="gelu_pytorch_tanh", tie_word_embeddings=True, attention_dropout=0.0)
 _GEMMA2 = _frozen(**_GEMMA, sliding_window=4096, query_pre_attn_scalar=256, attn_logit_softcapping=50.0,
                   final_logit_softcapping=30.0)
-_GEMMA3 = _frozen(**{**_GEMMA, "vocab_size": 262144, "max_position_embeddings": 32768}, sliding_window=512,
-                  query_pre_attn_scalar=256)
+_GEMMA3 = _frozen(**{**_GEMMA, "vocab_size": 262144, "max_position_embeddings": 32768, "rope_theta": 1_000_000.0},
+                  sliding_window=512, query_pre_attn_scalar=256)
+"""Gemma 3's ``rope_theta`` is its global layers' rotary base (its local ones keep ``rope_local_base_freq``,
+10,000), as gemma-3-1b's ``config.json`` sets them."""
 _OLMO2 = _frozen(vocab_size=100352, max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=500000.0,
                  tie_word_embeddings=False, attention_dropout=0.0)
 _QWEN2 = _frozen(**{**_LLAMA2, "vocab_size": 152064, "max_position_embeddings": 131072, "rms_norm_eps": 1e-6,
@@ -162,10 +164,11 @@ SIZE_BOUNDS: Mapping[str, int] = MappingProxyType({
     **dict.fromkeys(("n_layer", "num_hidden_layers", "n_head", "num_attention_heads", "num_key_value_heads"),
                     MAX_ITEMS),
     **dict.fromkeys(("vocab_size", "n_positions", "max_position_embeddings", "n_embd", "hidden_size",
-                     "intermediate_size", "n_inner", "head_dim", "type_vocab_size"), MAX_DIM),
+                     "intermediate_size", "n_inner", "head_dim", "type_vocab_size", "sliding_window"), MAX_DIM),
 })
 """Config fields that are sizes or counts: a whole number from 1 to the profile format's bound (a
-count of blocks or heads: its list items; a width: its dimensions)."""
+count of blocks or heads: its list items; a width or a number of tokens, as a sliding window's: its dimensions; a
+window of 0 tokens would leave its layers' tokens nothing to attend to)."""
 
 _KINDS: tuple[tuple[type, tuple[type, ...], str], ...] = (
     (bool, (bool,), "true or false"), (int, (int,), "a whole number"), (float, (int, float), "a number"),
