@@ -138,11 +138,13 @@ def test_gemma3_splits_exactly_with_rotary_embeddings_and_masks_per_layer_type()
     assert shape is not None and shape.head_dim == 32 and shape.gated
 
 
-@pytest.mark.parametrize(("family", "shardable"), [("Olmo3", False), ("Exaone4", True), ("Cohere2", False)])
+@pytest.mark.parametrize(("family", "shardable"), [("Olmo3", False), ("Exaone4", True), ("Cohere2", False),
+                                                  ("Ministral", True)])
 def test_decoders_with_masks_per_layer_type_split_exactly(family: str, shardable: bool) -> None:
     """OLMo 3 (q/k norms over all heads: not sharded), EXAONE 4 (per-head q/k norms, post-norms; sharded: a tp 2
-    pipeline trains like one process, tests/test_export_grids) and Cohere 2 (Cohere's parallel block and logit
-    scale: not sharded) mask and rotate each layer by its type in their model's forward: Llama's split, each block
+    pipeline trains like one process, tests/test_export_grids), Cohere 2 (Cohere's parallel block and logit
+    scale: not sharded) and Ministral (Mistral's blocks; a pp 2 x tp 2 grid with sequence parallelism trained like
+    one process, 8.6e-8) mask and rotate each layer by its type in their model's forward: Llama's split, each block
     masked as its layer type."""
     torch.manual_seed(0)
     model = family_model(family, head_dim=16, sliding_window=5, layer_types=["sliding_attention", "full_attention"])

@@ -16,7 +16,7 @@ from planner import ir
 from planner.profiler.hfcode import Match, plain_linears
 
 GATED = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "olmo", "olmo2", "olmo3",
-                   "phi3", "glm", "granite", "cohere", "cohere2", "exaone4"})
+                   "phi3", "glm", "granite", "cohere", "cohere2", "exaone4", "ministral"})
 """The architectures whose MLP is gated (SwiGLU or GeGLU: gate, up and down matrices, Phi-3's and GLM's gate and up
 fused)."""
 

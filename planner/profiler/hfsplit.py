@@ -12,9 +12,9 @@ embeddings and logits, kept in the first and last layers; Phi and Starcoder2, wh
 GPT-NeoX, Pythia's, whose model runs the same steps
 under other names; OPT, with learned positions; and any decoder whose forwards are, as code, one of those Llama-family
 classes', ``planner.profiler.hfcode``) are split at the only one-tensor cuts they have:
-after the embeddings, after each block, and the final norm with the head. Gemma 2 and 3, OLMo 3, EXAONE 4 and
-Cohere 2, whose forwards mask (and Gemma 3's rotate) each layer by its type, split as Llama (Cohere 2 with its
-logit scale as Cohere; Gemma's logits soft-capped). A Llama-style block
+after the embeddings, after each block, and the final norm with the head. Gemma 2 and 3, OLMo 3, EXAONE 4,
+Ministral and Cohere 2, whose forwards mask (and Gemma 3's rotate) each layer by its type, split as Llama
+(Cohere 2 with its logit scale as Cohere; Gemma's logits soft-capped). A Llama-style block
 rebuilds the mask its model's forward gives it (causal, within a sliding window where its layer slides, for SDPA
 or eager attention: ``planner.profiler.hfmasks``); a decoder built with ``is_causal=False`` (its forward masks
 both ways) is refused. The layers are
@@ -290,7 +290,7 @@ _ARCHITECTURES: dict[str, tuple[str, Callable[[nn.Module], list[_Part]]]] = {
     **{f"{family}{kind}": (family.lower(), _dropout_llama_parts)
        for family in ("Phi", "Starcoder2") for kind in ("ForCausalLM", "Model")},
     **{f"{family}{kind}": (family.lower(), _llama_parts)
-       for family in ("Olmo3", "Exaone4") for kind in ("ForCausalLM", "Model")},
+       for family in ("Olmo3", "Exaone4", "Ministral") for kind in ("ForCausalLM", "Model")},
     "Cohere2ForCausalLM": ("cohere2", _scaled_llama_parts), "Cohere2Model": ("cohere2", _scaled_llama_parts),
     "Gemma2ForCausalLM": ("gemma2", _gemma_parts), "Gemma2Model": ("gemma2", _gemma_parts),
     "Gemma3ForCausalLM": ("gemma3_text", _gemma_parts), "Gemma3TextModel": ("gemma3_text", _gemma_parts),
