@@ -149,6 +149,21 @@ def test_set_parses_ints_floats_and_bools(tmp_path: Path) -> None:
     assert doc["meta"]["overrides"] == {"n_layer": 1, "layer_norm_epsilon": 1e-6, "tie_word_embeddings": False}
 
 
+def test_set_null_unsets_a_field_the_config_may_leave_unset(tmp_path: Path) -> None:
+    """Gemma 2's soft caps off (``float | None`` fields): recorded as null, so `planner run` builds the same model;
+    a field that must hold a value is refused with its default."""
+    out = tmp_path / "g.json"
+    args = ["profile", "gemma2-9b", "--set", "num_hidden_layers=1", "--set", "final_logit_softcapping=null", "--set",
+            "attn_logit_softcapping=None", "--input-shape", "64", "--mode", "analytic", "-b", "1", "-o", str(out)]
+    code, _, stderr = _run(args)
+    assert code == 0, stderr
+    overrides = json.loads(out.read_text())["meta"]["overrides"]
+    assert overrides == {"num_hidden_layers": 1, "final_logit_softcapping": None, "attn_logit_softcapping": None}
+    code, _, stderr = _run([*args[:4], "--set", "hidden_size=null", *args[8:]])
+    assert code == 2 and "--set hidden_size=null: gemma2-9b's hidden_size cannot be unset (default 3584)" in stderr
+    assert "e.g. --set hidden_size=3584" in stderr
+
+
 GPT2 = ["profile", "gpt2", "--mode", "analytic", "-b", "2"]
 
 

@@ -32,10 +32,13 @@ def parse_shape(text: str | None) -> tuple[int, ...] | None:
     return shape
 
 
-def parse_value(text: str) -> bool | int | float | str:
-    """A ``--set`` value: ``true``/``false`` -> bool, then int, then float, else the text itself."""
+def parse_value(text: str) -> bool | int | float | str | None:
+    """A ``--set`` value: ``true``/``false`` -> bool, ``null``/``none`` -> None (a field unset, as Gemma 2's soft
+    caps), then int, then float, else the text itself."""
     if text.lower() in ("true", "false"):
         return text.lower() == "true"
+    if text.lower() in ("null", "none"):
+        return None
     for kind in (int, float):
         try:
             return kind(text)
@@ -44,9 +47,9 @@ def parse_value(text: str) -> bool | int | float | str:
     return text
 
 
-def parse_overrides(items: tuple[str, ...] | list[str]) -> dict[str, bool | int | float | str]:
+def parse_overrides(items: tuple[str, ...] | list[str]) -> dict[str, bool | int | float | str | None]:
     """``("n_layer=2", "tie_word_embeddings=false")`` -> ``{"n_layer": 2, "tie_word_embeddings": False}``."""
-    out: dict[str, bool | int | float | str] = {}
+    out: dict[str, bool | int | float | str | None] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip() or not value.strip():

@@ -111,4 +111,4 @@ def shown_overrides(overrides: Mapping[str, Any]) -> str:
 
 
 def _value_text(value: Any) -> str:
-    return str(value).lower() if isinstance(value, bool) else str(value)
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)

@@ -183,13 +183,28 @@ def checked_values(name: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in overrides.items():
         field = _canonical(name, key)
-        if field in SIZE_BOUNDS:
+        if value is None:
+            _check_unset(name, key, field, defaults.get(field))
+        elif field in SIZE_BOUNDS:
             _check_size(key, value, SIZE_BOUNDS[field], defaults.get(field))
         else:
             _check_kind(name, key, value, defaults.get(field))
         is_float = isinstance(defaults.get(field), float) and isinstance(value, int) and not isinstance(value, bool)
         out[field] = float(value) if is_float else value
     return out
+
+
+def _check_unset(name: str, key: str, field: str, default: Any) -> None:
+    """``--set KEY=null`` only for a field the config may leave unset: its default is None, or its type admits None
+    (Gemma 2's ``final_logit_softcapping: float | None``, Mistral's ``sliding_window: int | None``)."""
+    import inspect
+
+    param = inspect.signature(_config_class(name).__init__).parameters.get(field)
+    if default is None or (param is not None and "None" in str(param.annotation)):
+        return
+    shown = str(default).lower() if isinstance(default, bool) else default
+    raise UsageError(f"--set {key}=null: {name}'s {key} cannot be unset (default {default!r})",
+                     f"give it a value, e.g. --set {key}={shown}")
 
 
 def _check_size(key: str, value: Any, bound: int, default: Any) -> None:
