@@ -31,7 +31,8 @@ from planner.schedule import SCHEDULE_KINDS, find_kind
 
 __all__ = ["ANY_FORMS", "ENGINES", "EngineLimits", "FormRules", "batch_problems", "check_runnable", "cover_problems",
            "engine_problems", "engines_running", "frozen_stage_problems", "grid_problems", "is_runnable",
-           "llama_problem", "optimizer_needing_weights", "problems", "tied_layers", "unrun_note"]
+           "llama_problem", "optimizer_needing_weights", "problems", "setting_problems", "tied_layers",
+           "unrun_note"]
 
 
 def _fix(engine: str) -> str:
@@ -119,17 +120,13 @@ def engine_problems(plan: ir.Plan, engine: str) -> list[str]:
     limits = ENGINES.get(engine)
     if limits is None:
         return []
-    out = []
     kind = find_kind(plan.schedule)
-    if kind is None or not kind.runs_on(engine):
-        names = [k.name for k in SCHEDULE_KINDS.values() if k.runs_on(engine)]
-        out.append(f"{engine} runs the schedules {', '.join(names)}, not {plan.schedule!r}")
+    out = _schedule_problems(plan, engine)
     refusal = (kind.engine_refusal(engine, plan.microbatches, plan.pipeline_stages, plan.virtual_stages)
                if kind is not None else None)
     if refusal is not None:
         out.append(refusal)
-    if plan.precision not in limits.precisions:
-        out.append(f"{engine} trains in {', '.join(limits.precisions)}, not {plan.precision}")
+    out += _precision_problems(plan, engine)
     if plan.virtual_stages > 1 and not limits.virtual_stages:
         out.append(f"{engine} runs one model chunk per device, the plan has {plan.virtual_stages}")
     out += _uniform_problems(plan.stages, engine, limits.uniform_zero) if limits.uniform_stages else []
@@ -339,18 +336,48 @@ def engines_running(plan: ir.Plan) -> list[str]:
     return [name for name in ENGINES if is_runnable(plan, name)]
 
 
+def _schedule_problems(plan: ir.Plan, engine: str) -> list[str]:
+    kind = find_kind(plan.schedule)
+    if kind is not None and kind.runs_on(engine):
+        return []
+    names = [k.name for k in SCHEDULE_KINDS.values() if k.runs_on(engine)]
+    return [f"{engine} runs the schedules {', '.join(names)}, not {plan.schedule!r}"]
+
+
+def _precision_problems(plan: ir.Plan, engine: str) -> list[str]:
+    precisions = ENGINES[engine].precisions
+    return [] if plan.precision in precisions else [f"{engine} trains in {', '.join(precisions)}, not {plan.precision}"]
+
+
+def setting_problems(plan: ir.Plan, engine: str) -> list[str]:
+    """What ``engine`` refuses in the settings a search for it takes as given (its schedule, precision, optimizer and
+    model: ``planner search --engine`` refuses them before it searches), where no plan it searches could run."""
+    limits = ENGINES[engine]
+    family = llama_problem(plan.profile) if limits.llama_only else None
+    out = [f"{family}, which {engine} trains only"] if family else []
+    out += _schedule_problems(plan, engine) + _precision_problems(plan, engine)
+    if plan.optimizer not in limits.optimizers:
+        out.append(f"{engine} trains with the optimizer {', '.join(limits.optimizers)}, not {plan.optimizer}")
+    return out
+
+
 def unrun_note(plan: ir.Plan) -> tuple[str, str] | None:
     """For a plan searched for no engine (``any``, the whole search space: stages of different widths, any schedule)
     that no engine here runs: (what each engine refuses first, how to get one that runs); None where one runs it, the
-    plan names its engine, or it cannot run at all (:func:`check_runnable` says why)."""
+    plan names its engine, or it cannot run at all (:func:`check_runnable` says why). An engine that refuses the
+    search's settings (:func:`setting_problems`) is said to, and the hint names only the engines that take them."""
     if plan.engine != "any" or problems(plan) or engines_running(plan):
         return None
-    flags = "|".join(ENGINES)
     firsts: dict[str, list[str]] = {}  # each engine's first reason, its name as "each engine": alike ones once
     for name in ENGINES:
-        firsts.setdefault(re.sub(rf"\b{name}\b", "each engine", problems(plan, name)[0]), []).append(name)
+        first = (setting_problems(plan, name) or problems(plan, name))[0]
+        firsts.setdefault(re.sub(rf"\b{name}\b", "each engine", first), []).append(name)
     refusals = "; ".join(f"{', '.join(names)}: {why if len(names) > 1 else why.replace('each engine', names[0])}"
                          for why, names in firsts.items())
-    return (f"no engine runs this plan ({refusals})",
-            f"it is the fastest of the whole search space; `planner search --engine {flags}` finds the fastest plan "
-            "that engine runs")
+    searchable = [name for name in ENGINES if not setting_problems(plan, name)]
+    if not searchable:
+        fix = ("no engine here takes its schedule, precision, optimizer and model together; search with another "
+               "--schedule, --precision or --optimizer and --engine")
+    else:
+        fix = f"`planner search --engine {'|'.join(searchable)}` finds the fastest plan that engine runs"
+    return f"no engine runs this plan ({refusals})", f"it is the fastest plan searched for no engine; {fix}"

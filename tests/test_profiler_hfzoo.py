@@ -130,6 +130,25 @@ def test_a_sliding_window_below_one_token_is_refused(name: str, window: int) -> 
     assert f"sliding_window={window}" in err.value.cause and "from 1 to" in err.value.cause
 
 
+@pytest.mark.parametrize("name", ["gemma3-1b", "gemma2-9b"])
+def test_no_window_for_layers_typed_sliding_is_refused(name: str) -> None:
+    """Gemma 2 and 3 mark layers ``sliding_attention``; unset, their window leaves transformers' forward refusing the
+    model ("Could not find a `sliding_window` argument"), which the split blocks would train attending fully. Where
+    no layer slides (Mistral's forward slides by the window alone, Qwen2's types none without one) null builds."""
+    small = {"num_hidden_layers": 3, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2,
+             "num_key_value_heads": 1, "head_dim": 32, "vocab_size": 100, "sliding_window": None}
+    with pytest.raises(UsageError) as err:
+        build(name, 16, small)
+    sliding = {"gemma3-1b": "3 of gemma3-1b's 3 layers (0, 1, 2)", "gemma2-9b": "2 of gemma2-9b's 3 layers (0, 2)"}
+    assert err.value.cause.startswith(f"--set sliding_window=null: {sliding[name]} are sliding") and "window" in \
+        err.value.hint, err.value
+    for other in ("mistral-7b", "qwen2-7b"):
+        config = {k: v for k, v in small.items() if other == "mistral-7b" or k != "head_dim"}
+        model = build(other, 16, config)
+        assert model.config.sliding_window is None
+        model(torch.randint(0, 100, (1, 16)), use_cache=False)  # transformers runs it
+
+
 def test_gemma3_rotates_its_global_layers_at_its_published_base() -> None:
     """gemma-3-1b's config.json: ``rope_theta`` 1,000,000 for the global (full-attention) layers,
     ``rope_local_base_freq`` 10,000 for the local ones."""

@@ -38,14 +38,22 @@ def test_engines_running_and_the_note_on_a_plan_none_runs() -> None:
     uneven = _plan(widths=(2, 1))
     assert engines_running(uneven) == [] and not problems(uneven)
     note = unrun_note(uneven)
-    assert note is not None and note[0] == (  # alike refusals said once
-        "no engine runs this plan (deepspeed, torch, torchtitan: stage 1 is a tp 1 x dp 1 grid with ZeRO 0, stage 0 "
-        "tp 1 x dp 2 with ZeRO 0: each engine runs one grid for every stage)"), note
-    assert "--engine deepspeed|torch|torchtitan" in note[1]
+    assert note is not None and note[0].startswith(  # alike refusals said once
+        "no engine runs this plan (deepspeed, torch: stage 1 is a tp 1 x dp 1 grid with ZeRO 0, stage 0 tp 1 x dp 2 "
+        "with ZeRO 0: each engine runs one grid for every stage; torchtitan: toy is not a Llama-family model"), note
+    assert "`planner search --engine deepspeed|torch` finds" in note[1]  # not torchtitan, which refuses the model
     even = _plan(widths=(2, 2))
     assert engines_running(even) == ["deepspeed", "torch"] and unrun_note(even) is None
     assert unrun_note(dataclasses.replace(uneven, engine="torch")) is None
     assert unrun_note(dataclasses.replace(uneven, microbatches=3)) is None  # 8 samples in 3: check_runnable says why
+
+
+def test_the_note_names_no_engine_that_refuses_the_searchs_settings() -> None:
+    """Under PipeDream's schedule no ``planner search --engine`` runs at all (each refuses the schedule before it
+    searches): the note says the schedule is what each refuses and names no --engine to search with."""
+    note = unrun_note(dataclasses.replace(_plan(widths=(2, 1)), schedule="pipedream"))
+    assert note is not None and "deepspeed: deepspeed runs the schedules 1f1b, not 'pipedream'" in note[0], note
+    assert "--engine deepspeed" not in note[1] and "another --schedule" in note[1], note
 
 
 def test_split_forms_with_tp_1_are_not_runnable() -> None:
