@@ -45,6 +45,8 @@ def load_plan(path: str | os.PathLike[str], *, check_prediction: bool = True) ->
     plan = ir.Plan.from_dict(doc, source)
     check_plan(doc, plan, source)
     warnings = [f"{source}: the plan cannot run on {plan.engine}: {p}" for p in runnable.problems(plan)[:3]]
+    unrun = runnable.unrun_note(plan)  # searched for no engine, and none runs it
+    warnings += [f"{source}: {unrun[0]}; {unrun[1]}"] if unrun is not None else []
     warnings += idle_settings(plan, source)
     if check_prediction:
         warnings += prediction_warnings(plan, source)

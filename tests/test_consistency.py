@@ -153,3 +153,24 @@ def test_simulate_and_export_report_warnings_in_json(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["simulate", str(path), "--json"])
     assert result.exit_code == 0 and "warning: " in result.stderr
     assert len(json.loads(result.stdout)["warnings"]) == 1
+
+
+def test_a_plan_searched_for_no_engine_that_none_runs_is_a_warning(tmp_path: Path) -> None:
+    """The search's warning comes back wherever the plan file is read (simulate, export, run): three processes on one
+    server and one on the other, which no engine's launcher starts."""
+    from planner import ir
+    from planner.search import search
+    from tests.conftest import make_cluster_dict, make_profile_dict
+
+    profile = make_profile_dict(6, batch_size=16)
+    for layer in profile["layers"][:2]:
+        layer["param_bytes"], layer["param_count"] = 100_000_000, 25_000_000
+    cluster = make_cluster_dict(2, 3)
+    cluster["nodes"][1]["gpus"] = cluster["nodes"][1]["gpus"][:1]
+    plan = search(ir.ModelProfile.from_dict(profile), ir.Cluster.from_dict(cluster))
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan.to_dict()))
+    _, warnings = load_plan(path)
+    assert [w for w in warnings if "no engine runs this plan (deepspeed, torch: the plan runs different" in w], warnings
+    _, warnings = load_plan(_write(tmp_path, hostile.base_docs()[2]))  # a plan DeepSpeed and torch run: none
+    assert warnings == []
