@@ -45,7 +45,7 @@ from planner import ir
 from planner.errors import PlannerError, UsageError
 from planner.jsonio import SUPPORTED_VERSION
 from planner.judge import Judged, fastest, judge
-from planner.runnable import is_runnable, problems
+from planner.runnable import engines_running, is_runnable, problems
 from planner.search import baselines as bl
 from planner.search.options import check_hooks
 from planner.search.settings import Setting, strategy_settings
@@ -111,12 +111,19 @@ class StrategyResult:
         """Model chunks per device group of the row's plan (an interleaved plan's v), None without a plan."""
         return None if self.plan is None else self.plan.virtual_stages
 
+    @property
+    def engines(self) -> list[str] | None:
+        """The engines that run the row's plan (planner.runnable), None without a plan: PipePar's stages of different
+        widths, say, none."""
+        return None if self.plan is None else engines_running(self.plan)
+
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "iteration_s": self.iteration_s, "samples_per_s": self.samples_per_s,
                 "fits": self.fits, "config": self.config, "speedup_over_dp": self.speedup_over_dp,
                 "peak_memory_bytes": self.peak_memory_bytes, "schedule": self.schedule,
                 "microbatches": self.microbatches, "virtual_stages": self.virtual_stages, "reason": self.reason,
-                "setting": self.setting, "flags": self.flags, "settings": [x.to_dict() for x in self.settings]}
+                "setting": self.setting, "flags": self.flags, "settings": [x.to_dict() for x in self.settings],
+                "engines": self.engines}
 
     def as_setting(self) -> SettingResult:
         """This result as one setting of its strategy."""

@@ -12,6 +12,7 @@ from planner import ir
 from planner.compare import PLANNER_SCHEDULES, StrategyResult, best_setting, compare
 from planner.errors import UsageError
 from planner.judge import judge
+from planner.runnable import engines_running
 from planner.search import baselines as bl
 from planner.search import rerank
 from tests.conftest import make_cluster_dict, make_profile_dict
@@ -56,6 +57,8 @@ def test_every_strategy_is_listed_in_order_with_the_contract_fields() -> None:
             assert s.samples_per_s == pytest.approx(16 / s.iteration_s)
             assert s.speedup_over_dp == pytest.approx(dp.iteration_s / s.iteration_s)
             assert s.plan is not None and s.plan.predicted.iteration_s == s.iteration_s
+            assert s.to_dict()["engines"] == engines_running(s.plan)  # which engines run the row's plan
+    assert "deepspeed" in (result.get("deepspeed-parameters").engines or [])  # DeepSpeed's own layout runs on it
 
 
 def test_a_baseline_that_cannot_run_is_listed_with_its_reason() -> None:
