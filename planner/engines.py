@@ -35,6 +35,11 @@ class FormRules:
     outputs (``split_out``) whatever they cost: torchtitan's Llama plan (``RowwiseParallel`` on ``tok_embeddings``,
     ``ColwiseParallel`` on ``output`` with ``loss_parallel``) has no other form for them."""
 
+    def shards_sequence(self, forms: tuple[str, ...], tp: int) -> bool:
+        """Whether a stage of ``forms`` on ``tp`` GPUs has a block for sequence parallelism to shard: one in the
+        ``tp`` form, or every block where the engine shards them all (:attr:`blocks_tp`)."""
+        return "tp" in forms or (self.blocks_tp and tp > 1)
+
     def pinned(self, profile: ir.ModelProfile) -> dict[int, str]:
         """Layer -> the one form it takes in a tensor group (:attr:`vocab_parallel`): a first layer that is an
         ``Embedding`` ``split_in``, a last layer after the last block ``split_out``, each where its weight's shape is

@@ -111,7 +111,7 @@ def chunk_plan(plan: ir.Plan, v: int) -> ir.Plan:
         first, end = bounds[c], bounds[c + 1]
         forms, _ = hpp(tables[c % k], first, end, m)
         base = plan.stages[c % k]  # sequence parallelism where the chunk has a block to shard, as the search sets it
-        sequence = base.sequence_parallel and ("tp" in forms or (rules.blocks_tp and base.tp > 1))
+        sequence = base.sequence_parallel and rules.shards_sequence(forms, base.tp)
         stages.append(dataclasses.replace(base, layers=(first, end), forms=forms, memory_bytes=0,
                                           sequence_parallel=sequence))
     return dataclasses.replace(plan, schedule="interleaved", virtual_stages=v, stages=tuple(stages))

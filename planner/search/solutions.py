@@ -106,7 +106,7 @@ def solution_stages(prob: Problem, sol: Solution,
                                      prob.space.rules)
         forms, _ = hpp(cache[key], first, end, prob.microbatches, lean=ch.option.lean)
         v = ch.option.variant
-        sequence = grid.sequence_parallel and ("tp" in forms or (prob.space.rules.blocks_tp and ch.move.tp > 1))
+        sequence = grid.sequence_parallel and prob.space.rules.shards_sequence(forms, ch.move.tp)
         stages.append(ir.Stage((first, end), ch.move.devices, forms, 0, v.recompute, ch.move.tp, v.zero, sequence))
     return stages
 
