@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from planner.errors import UsageError
+from planner.errors import TraceError, UsageError
 from planner.profiler.hfzoo import HF_MODELS, build, check_overrides, checked_values, config_keys, llama
+from planner.profiler.layers import split_model
 from planner.profiler.loader import load_model
 from planner.schemas.build import MAX_DIM, MAX_ITEMS
 
@@ -133,19 +134,20 @@ def test_a_sliding_window_below_one_token_is_refused(name: str, window: int) -> 
 @pytest.mark.parametrize("name", ["gemma3-1b", "gemma2-9b"])
 def test_no_window_for_layers_typed_sliding_is_refused(name: str) -> None:
     """Gemma 2 and 3 mark layers ``sliding_attention``; unset, their window leaves transformers' forward refusing the
-    model ("Could not find a `sliding_window` argument"), which the split blocks would train attending fully. Where
-    no layer slides (Mistral's forward slides by the window alone, Qwen2's types none without one) null builds."""
+    model ("Could not find a `sliding_window` argument"), which the split blocks would train attending fully: the
+    split refuses it (planner.profiler.hfmasks, for any factory's model). Where no layer slides (Mistral's forward
+    slides by the window alone, Qwen2's types none without one) null builds and splits."""
     small = {"num_hidden_layers": 3, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2,
              "num_key_value_heads": 1, "head_dim": 32, "vocab_size": 100, "sliding_window": None}
-    with pytest.raises(UsageError) as err:
-        build(name, 16, small)
-    sliding = {"gemma3-1b": "3 of gemma3-1b's 3 layers (0, 1, 2)", "gemma2-9b": "2 of gemma2-9b's 3 layers (0, 2)"}
-    assert err.value.cause.startswith(f"--set sliding_window=null: {sliding[name]} are sliding") and "window" in \
-        err.value.hint, err.value
+    with pytest.raises(TraceError) as err:
+        split_model(build(name, 16, small), torch.zeros(1, 16, dtype=torch.long))
+    assert "layer 0 is a sliding_attention layer and its sliding_window is None" in err.value.cause
+    assert "give it a sliding_window" in err.value.hint
     for other in ("mistral-7b", "qwen2-7b"):
         config = {k: v for k, v in small.items() if other == "mistral-7b" or k != "head_dim"}
         model = build(other, 16, config)
         assert model.config.sliding_window is None
+        assert len(split_model(model, torch.zeros(1, 16, dtype=torch.long))) == 5
         model(torch.randint(0, 100, (1, 16)), use_cache=False)  # transformers runs it
 
 

@@ -88,6 +88,11 @@ def block_masks(config: Any, blocks: int, sliding: Sliding) -> tuple[BlockMask, 
             raise TraceError(f"{type(config).__name__}'s layer {i} is of type {kind!r}; planner's split blocks rebuild "
                              f"the masks of {' and '.join(_TYPES)} layers only",
                              "build it with those layer types, or split it yourself as an nn.Sequential")
+        if types is not None and kind == "sliding_attention" and window is None:
+            raise TraceError(f"{type(config).__name__}'s layer {i} is a sliding_attention layer and its "
+                             "sliding_window is None: transformers' forward refuses such a model (it needs the "
+                             "window), and the split blocks would attend over the whole sequence",
+                             "give it a sliding_window (one of the sequence's length or more attends fully)")
         masks.append(BlockMask(int(window) if window is not None and kind == "sliding_attention" else None, additive))
     return tuple(masks)
 

@@ -194,6 +194,11 @@ def checked_values(name: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _as_set(default: Any) -> Any:
+    """A default as ``--set`` writes it (``true``/``false`` for a bool)."""
+    return str(default).lower() if isinstance(default, bool) else default
+
+
 def _check_unset(name: str, key: str, field: str, default: Any) -> None:
     """``--set KEY=null`` only for a field the config may leave unset: its default is None, or its type admits None
     (Gemma 2's ``final_logit_softcapping: float | None``, Mistral's ``sliding_window: int | None``)."""
@@ -202,9 +207,8 @@ def _check_unset(name: str, key: str, field: str, default: Any) -> None:
     param = inspect.signature(_config_class(name).__init__).parameters.get(field)
     if default is None or (param is not None and "None" in str(param.annotation)):
         return
-    shown = str(default).lower() if isinstance(default, bool) else default
     raise UsageError(f"--set {key}=null: {name}'s {key} cannot be unset (default {default!r})",
-                     f"give it a value, e.g. --set {key}={shown}")
+                     f"give it a value, e.g. --set {key}={_as_set(default)}")
 
 
 def _check_size(key: str, value: Any, bound: int, default: Any) -> None:
@@ -218,9 +222,8 @@ def _check_kind(name: str, key: str, value: Any, default: Any) -> None:
         if isinstance(default, default_type):
             if isinstance(value, accepted) and (bool in accepted or not isinstance(value, bool)):
                 return
-            shown = str(default).lower() if isinstance(default, bool) else default
-            raise UsageError(f"--set {key}={value!r}: {name}'s {key} is {words} (default {shown!r})",
-                             f"e.g. --set {key}={shown}")
+            raise UsageError(f"--set {key}={value!r}: {name}'s {key} is {words} (default {_as_set(default)!r})",
+                             f"e.g. --set {key}={_as_set(default)}")
 
 
 def build(name: str, seq_len: int | None = None, overrides: Mapping[str, Any] | None = None) -> nn.Module:
@@ -240,7 +243,6 @@ def build(name: str, seq_len: int | None = None, overrides: Mapping[str, Any] | 
         fields[spec.positions_key] = max(int(fields[spec.positions_key]), seq_len)
     config = _config(name, fields, given)
     _check_positions(name, config, given, seq_len)
-    _check_window(name, config)
     config._attn_implementation = spec.attention
     try:
         model: nn.Module = getattr(transformers, spec.model_class)(config)
@@ -280,22 +282,6 @@ def _check_positions(name: str, config: Any, given: Mapping[str, Any], seq_len: 
     raise UsageError(f"--set {key}={positions}: {name} then holds {positions} positions, fewer than the "
                      f"{seq_len} tokens of the input sequence",
                      f"set {key} to {seq_len} or more, or pass --input-shape {positions} or less")
-
-
-def _check_window(name: str, config: Any) -> None:
-    """Layers the config's ``layer_types`` mark ``sliding_attention`` need a window: without one (``--set
-    sliding_window=null`` on Gemma 2 or 3) transformers' forward refuses the model ("Could not find a
-    `sliding_window` argument in the config"), while planner's split blocks would attend fully."""
-    types = list(getattr(config, "layer_types", None) or ())
-    sliding = [i for i, kind in enumerate(types) if kind == "sliding_attention"]
-    if not sliding or getattr(config, "sliding_window", 0) is not None:
-        return
-    shown = f"{', '.join(map(str, sliding[:4]))}{', ...' if len(sliding) > 4 else ''}"
-    raise UsageError(f"--set sliding_window=null: {len(sliding)} of {name}'s {len(types)} layers ({shown}) are "
-                     "sliding_attention layers, and its forward needs a window for them (transformers refuses the "
-                     "model without one)",
-                     f"give a window, e.g. --set sliding_window={_defaults(name).get('sliding_window')} (one of "
-                     "the sequence's length or more attends fully)")
 
 
 def gpt2(size: str = "gpt2", dropout: float = 0.0, **config: Any) -> nn.Module:
