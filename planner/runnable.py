@@ -31,7 +31,7 @@ from planner.schedule import SCHEDULE_KINDS, find_kind
 
 __all__ = ["ANY_FORMS", "ENGINES", "EngineLimits", "FormRules", "batch_problems", "check_runnable", "cover_problems",
            "engine_problems", "engines_running", "frozen_stage_problems", "grid_problems", "is_runnable",
-           "llama_problem", "optimizer_needing_weights", "problems", "setting_problems", "tied_layers",
+           "llama_problem", "optimizer_needing_weights", "problems", "refusals", "setting_problems", "tied_layers",
            "unrun_note"]
 
 
@@ -361,6 +361,18 @@ def setting_problems(plan: ir.Plan, engine: str) -> list[str]:
     return out
 
 
+def refusals(plan: ir.Plan) -> str:
+    """What each engine refuses first in ``plan`` (its settings before its layout), engines refusing alike said once
+    ("deepspeed, torch: stage 1 is ... each engine runs one grid ..."); empty where every engine runs it."""
+    firsts: dict[str, list[str]] = {}  # each engine's first reason, its name as "each engine": alike ones once
+    for name in ENGINES:
+        found = setting_problems(plan, name) or problems(plan, name)
+        if found:
+            firsts.setdefault(re.sub(rf"\b{name}\b", "each engine", found[0]), []).append(name)
+    return "; ".join(f"{', '.join(names)}: {why if len(names) > 1 else why.replace('each engine', names[0])}"
+                     for why, names in firsts.items())
+
+
 def unrun_note(plan: ir.Plan) -> tuple[str, str] | None:
     """For a plan searched for no engine (``any``, the whole search space: stages of different widths, any schedule)
     that no engine here runs: (what each engine refuses first, how to get one that runs); None where one runs it, the
@@ -368,16 +380,10 @@ def unrun_note(plan: ir.Plan) -> tuple[str, str] | None:
     search's settings (:func:`setting_problems`) is said to, and the hint names only the engines that take them."""
     if plan.engine != "any" or problems(plan) or engines_running(plan):
         return None
-    firsts: dict[str, list[str]] = {}  # each engine's first reason, its name as "each engine": alike ones once
-    for name in ENGINES:
-        first = (setting_problems(plan, name) or problems(plan, name))[0]
-        firsts.setdefault(re.sub(rf"\b{name}\b", "each engine", first), []).append(name)
-    refusals = "; ".join(f"{', '.join(names)}: {why if len(names) > 1 else why.replace('each engine', names[0])}"
-                         for why, names in firsts.items())
     searchable = [name for name in ENGINES if not setting_problems(plan, name)]
     if not searchable:
         fix = ("no engine here takes its schedule, precision, optimizer and model together; search with another "
                "--schedule, --precision or --optimizer and --engine")
     else:
         fix = f"`planner search --engine {'|'.join(searchable)}` finds the fastest plan that engine runs"
-    return f"no engine runs this plan ({refusals})", f"it is the fastest plan searched for no engine; {fix}"
+    return f"no engine runs this plan ({refusals(plan)})", f"it is the fastest plan searched for no engine; {fix}"

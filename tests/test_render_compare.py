@@ -79,3 +79,21 @@ def test_the_table_names_a_rows_own_options_after_its_setting() -> None:
     assert ("tp=1 in a server, pp, dp the rest (--decoder-first-pipeline-num-layers 4 "
             "--decoder-last-pipeline-num-layers 2)") in out
     assert "activations not counted (default) " in out and "()" not in out
+
+
+def test_the_printed_comparison_names_rows_whose_plan_no_engine_runs(
+        roomy: Comparison, capsys: pytest.CaptureFixture[str]) -> None:
+    """A row that fits but whose plan no engine here runs (a schedule only the simulator plays) gets a line saying so,
+    with what the engines refuse; the rows the engines run get none."""
+    import dataclasses
+
+    from planner.render.compare import print_comparison
+
+    row = roomy.get("planner")
+    assert row.plan is not None and row.engines
+    unrun = dataclasses.replace(row, name="odd", plan=dataclasses.replace(row.plan, schedule="pipedream"))
+    assert unrun.engines == []
+    print_comparison(dataclasses.replace(roomy, strategies=(row, unrun)))
+    err = " ".join(capsys.readouterr().err.split())
+    assert "no engine runs odd's plan: deepspeed: deepspeed runs the schedules 1f1b, not 'pipedream'; torch:" in err
+    assert "planner's plan" not in err

@@ -11,6 +11,7 @@ from rich.table import Table
 from planner.compare import Comparison, StrategyResult
 from planner.render import GIB, stderr_console, write_png
 from planner.render.text import plot_text, safe_text
+from planner.runnable import refusals
 
 
 def _fmt(value: float | None, fmt: str, suffix: str = "") -> str:
@@ -44,12 +45,16 @@ def comparison_table(comparison: Comparison) -> Table:
 
 
 def print_comparison(comparison: Comparison) -> None:
-    """The table on stderr, then one line per strategy that does not fit, with its reason."""
+    """The table on stderr, then one line per strategy that does not fit, with its reason, and one per strategy whose
+    plan no engine here runs (PipePar's stages of different widths, say), with what each engine refuses."""
     console = stderr_console()
     console.print(comparison_table(comparison))
     for s in comparison.strategies:
         if not s.fits:
             console.print(f"[dim]{safe_text(s.name)} does not fit:[/dim] {safe_text(s.reason)}", soft_wrap=True)
+        elif s.plan is not None and not s.engines:
+            console.print(f"[dim]no engine runs {safe_text(s.name)}'s plan:[/dim] {safe_text(refusals(s.plan))}",
+                          soft_wrap=True)
 
 
 COLORS = {"dp": "#7f7f7f", "accpar": "#8c564b", "gpipe-uniform": "#1f77b4", "torchgpipe": "#17becf",
