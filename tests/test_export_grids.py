@@ -326,6 +326,11 @@ def tiny_opt() -> tuple[nn.Module, torch.Tensor]:
     return _tiny_family("OPT")
 
 
+def tiny_bloom() -> tuple[nn.Module, torch.Tensor]:
+    """BLOOM: ALiBi biases and an additive causal mask rebuilt in each block, the embedding's LayerNorm, a tied head."""
+    return _tiny_family("Bloom")
+
+
 def tiny_arcee() -> tuple[nn.Module, torch.Tensor]:
     """Arcee: Llama's block with an ungated ReLU^2 MLP (up and down only)."""
     return _tiny_family("Arcee")
@@ -392,6 +397,7 @@ LLAMA_GRIDS: dict[str, tuple[str, dict[str, Any]]] = {
     "exaone4-pp2-tp2": ("tiny_exaone4", {"parts": [0, 2, 4], "tp": 2}),
     "gpt-neox-pp2-dp2-zero3": ("tiny_gpt_neox", {"parts": [0, 2, 4], "dp": 2, "zero": 3}),
     "opt-pp2-dp2-zero1": ("tiny_opt", {"parts": [0, 2, 4], "dp": 2, "zero": 1}),
+    "bloom-pp2-dp2-zero3": ("tiny_bloom", {"parts": [0, 2, 4], "dp": 2, "zero": 3}),
     "gpt2-frozen-embeddings-pp2-dp2-zero1": ("tiny_gpt2_frozen", {"parts": [0, 1, 6], "dp": 2, "zero": 1}),
     "gpt2-frozen-embeddings-pp2-dp2-zero3-bf16": ("tiny_gpt2_frozen", {"parts": [0, 1, 6], "dp": 2, "zero": 3,
                                                                       "precision": "bf16"}),
@@ -407,7 +413,8 @@ def test_llama_grids_train_like_one_process() -> None:
     code), Granite (scaled embeddings and logits, tied), Starcoder2 (its embedding dropout, ZeRO-3), Gemma 2 (eager,
     soft-capped attention and logits, sliding windows shorter than the sequence), Gemma 3 (rotary and masks per layer
     type), EXAONE 4 (sliding and full layers), each sharded, GPT-NeoX (its
-    own names, ZeRO-3), OPT (learned positions, its head tied across stages); and a first stage
+    own names, ZeRO-3), OPT (learned positions, its head tied across stages), BLOOM (ALiBi, its head tied across stages,
+    ZeRO-3); and a first stage
     whose weights are all frozen (fine-tuning: it trains nothing)."""
     plans = {name: grid_plan(factory, **kw) for name, (factory, kw) in LLAMA_GRIDS.items()}
     got = run_grids(plans)

@@ -115,7 +115,8 @@ def family_model(family: str, vocab: int = 96, **fields: object) -> nn.Module:
     FFN 128, 64 positions, ``vocab`` tokens (the export tests' models too)."""
     import transformers
 
-    own: dict[str, object] = {"GPTNeoX": {"intermediate_size": 128}, "OPT": {"ffn_dim": 128, "dropout": 0.0}}.get(
+    own: dict[str, object] = {"GPTNeoX": {"intermediate_size": 128}, "OPT": {"ffn_dim": 128, "dropout": 0.0},
+                              "Bloom": {}}.get(
         family, {"intermediate_size": 128, "num_key_value_heads": 2, **_FAMILIES.get(family, ({}, 0, 0))[0]})
     config = getattr(transformers, f"{family}Config")(**{
         "vocab_size": vocab, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -161,6 +162,30 @@ def test_gpt_neox_splits_exactly_with_its_own_names_and_unsharded_blocks() -> No
     assert lm.names == ("gpt_neox.embed_in", "gpt_neox.layers.0", "gpt_neox.layers.1", "lm_head")
     assert lm.block(1) == ir.BlockShape(64, 4, 4, 128, 16, gated=False, shardable=False)
     assert lm.in_features[0] == 96  # a plain embedding: its vocabulary may be split
+
+
+@pytest.mark.parametrize("fields", [{}, {"num_attention_heads": 6, "hidden_size": 96},
+                                    {"apply_residual_connection_post_layernorm": True}])
+def test_bloom_splits_exactly_with_alibi_masks_and_its_tied_head(fields: dict[str, object]) -> None:
+    """BLOOM: each block rebuilds its ALiBi biases (6 heads, not a power of two, take the interleaved extra slopes)
+    and its additive causal mask; the embedding's LayerNorm is in the first layer, the head tied to the embedding;
+    bit for bit as a causal LM and a bare model, on micro-batches and shorter sequences, and in training with
+    dropout; its blocks (q/k/v fused per head) not sharded."""
+    torch.manual_seed(0)
+    model = family_model("Bloom", **fields)
+    lm = _exact_both(model, model.transformer, torch.randint(0, 96, (2, 16)), "bloom")
+    assert lm.names == ("transformer.word_embeddings", "transformer.h.0", "transformer.h.1", "lm_head")
+    hidden, heads = model.config.hidden_size, model.config.n_head
+    assert lm.block(1) == ir.BlockShape(hidden, heads, heads, 4 * hidden, 16, gated=False, shardable=False)
+    assert [t.layers for t in lm.ties] == [(0, 3)] and lm.in_features[0] == 96
+    check_exact(model, torch.randint(0, 96, (1, 6)), lm.layers, lm.param_counts)
+    dropped = family_model("Bloom", hidden_dropout=0.2, attention_dropout=0.2, **fields).train()
+    x = torch.randint(0, 96, (2, 16))
+    torch.manual_seed(1)
+    want = dropped(x).logits
+    torch.manual_seed(1)
+    assert torch.equal(_split(dropped, x).run(x), want)
+    assert not torch.equal(dropped.eval()(x).logits, want)  # the dropout was on
 
 
 @pytest.mark.parametrize("fields", [{}, {"word_embed_proj_dim": 32}, {"do_layer_norm_before": False}])

@@ -10,6 +10,7 @@ model's own submodules (no parameter copies), so running them in order equals th
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -155,6 +156,28 @@ class RotaryBlock(TransformerBlock):
         cos_sin = self.rotary(hidden, positions, *typed)
         return self.block(hidden, attention_mask=self.mask.build(hidden), position_ids=positions,
                           position_embeddings=cos_sin, use_cache=False)
+
+
+class AlibiBlock(TransformerBlock):
+    """A BLOOM block on hidden states only: its ALiBi biases (Press et al., "Train Short, Test Long", ICLR 2022: a
+    per-head slope times the key's position) from ``build_alibi`` (the model module's ``build_alibi_tensor``) over a
+    sequence without padding, as ``BloomModel.forward`` builds them when given no attention mask, and its additive
+    causal mask from ``mask`` (BLOOM attends eagerly, adding the mask to its scores); no KV cache. ``post`` (the final
+    norm of a model without LM head) runs after it."""
+
+    def __init__(self, block: nn.Module, build_alibi: Callable[..., torch.Tensor], heads: int,
+                 post: nn.Module | None = None, mask: BlockMask | None = None) -> None:
+        super().__init__(block, post)
+        self.build_alibi, self.heads = build_alibi, heads
+        self.mask = mask or BlockMask(additive=True)
+
+    def extra_repr(self) -> str:
+        return f"heads={self.heads}, mask={self.mask}"
+
+    def run_block(self, hidden: torch.Tensor) -> object:
+        tokens = torch.ones(hidden.shape[:2], dtype=torch.long, device=hidden.device)
+        alibi = self.build_alibi(tokens, self.heads, dtype=hidden.dtype)
+        return self.block(hidden, alibi=alibi, attention_mask=self.mask.build(hidden), use_cache=False)
 
 
 class SoftCap(nn.Module):  # type: ignore[misc]

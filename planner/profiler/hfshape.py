@@ -20,14 +20,16 @@ GATED = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gem
 """The architectures whose MLP is gated (SwiGLU or GeGLU: gate, up and down matrices, Phi-3's and GLM's gate and up
 fused)."""
 
-UNSHARDED = frozenset({"phi3", "glm", "olmo2", "olmo3", "gpt_neox", "opt", "cohere", "cohere2", "phi", "starcoder2"})
+UNSHARDED = frozenset({"phi3", "glm", "olmo2", "olmo3", "gpt_neox", "opt", "cohere", "cohere2", "phi", "starcoder2",
+                       "bloom"})
 """The architectures whose blocks the planner's tensor parallelism does not shard: Phi-3 fuses q/k/v (``qkv_proj``)
 and gate/up (``gate_up_proj``), GLM gate/up, GPT-NeoX q/k/v per head (``query_key_value``); OLMo 2 normalises q and k
 over all heads together, as OLMo 3 does; OPT names its projections ``out_proj``, ``fc1`` and ``fc2``, which the torch
 export's tensor parallelism does not know; Cohere's blocks are not Llama's code (parallel attention and MLP, per-head
 q/k LayerNorms; Cohere 2's alike), which the export was not checked on (Granite's are Llama's attention and MLP with
 scaled residuals: a tp 2 grid with sequence parallelism trains like one process, tests/test_export_grids); Phi names
-its output projection ``dense`` and its MLP ``fc1``/``fc2``, Starcoder2 its MLP ``c_fc``/``c_proj``."""
+its output projection ``dense`` and its MLP ``fc1``/``fc2``, Starcoder2 its MLP ``c_fc``/``c_proj``; BLOOM fuses q/k/v
+per head (``query_key_value``) and names its MLP ``dense_h_to_4h``/``dense_4h_to_h``."""
 
 
 def block_shape(config: Any, seq_len: int, match: Match | None = None) -> ir.BlockShape | None:
@@ -41,6 +43,8 @@ def block_shape(config: Any, seq_len: int, match: Match | None = None) -> ir.Blo
                              seq_len, gated=False)
     heads = getattr(config, "num_attention_heads", None)
     ffn = getattr(config, "intermediate_size", None) or getattr(config, "ffn_dim", None)  # OPT: ffn_dim
+    if getattr(config, "model_type", "") == "bloom":  # 4h, not in its config
+        ffn = 4 * int(config.hidden_size)
     if not heads or not ffn or not getattr(config, "hidden_size", None):
         return None
     kv_heads = getattr(config, "num_key_value_heads", None) or heads

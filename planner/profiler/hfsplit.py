@@ -1,25 +1,22 @@
 """Split a ``transformers`` model by its own structure: embeddings, each block, final norm and head.
 
-HF transformers cannot be traced by ``torch.fx`` (their forward branches on caches and
-masks), and ``torch.export`` gives aten graphs specialised to one batch size, which a
-pipeline engine cannot run on micro-batches. So GPT-2 (``GPT2LMHeadModel``, ``GPT2Model``),
-BERT (``BertForMaskedLM``, ``BertModel``) and the Llama family (``LlamaForCausalLM``,
-``LlamaModel``: RMSNorm, SwiGLU, grouped-query attention, rotary embeddings; and the decoders
-whose model and causal-LM forward are Llama's, read in transformers 5.24: Mistral, Qwen2 with its q/k/v biases,
-Qwen3 with its per-head q/k norms, Gemma (GeGLU, its embedding scaled inside its module), OLMo, OLMo 2, Phi-3,
-GLM and Arcee, ``...ForCausalLM`` and ``...Model``; Granite and Cohere, whose forwards add scales of the
-embeddings and logits, kept in the first and last layers; Phi and Starcoder2, which add a dropout of the embeddings;
-GPT-NeoX, Pythia's, whose model runs the same steps
-under other names; OPT, with learned positions; and any decoder whose forwards are, as code, one of those Llama-family
-classes', ``planner.profiler.hfcode``) are split at the only one-tensor cuts they have:
-after the embeddings, after each block, and the final norm with the head. Gemma 2 and 3, OLMo 3, EXAONE 4,
-Ministral and Cohere 2, whose forwards mask (and Gemma 3's rotate) each layer by its type, split as Llama
-(Cohere 2 with its logit scale as Cohere; Gemma's logits soft-capped). A Llama-style block
-rebuilds the mask its model's forward gives it (causal, within a sliding window where its layer slides, for SDPA
-or eager attention: ``planner.profiler.hfmasks``); a decoder built with ``is_causal=False`` (its forward masks
-both ways) is refused. The layers are
-``planner.profiler.hfmodules`` wrappers; ``planner.profiler.verify.verify_cuts`` checks the cuts
-against the model's exported data flow (tests).
+HF transformers cannot be traced by ``torch.fx`` (their forward branches on caches and masks), and ``torch.export``
+gives aten graphs specialised to one batch size, which a pipeline engine cannot run on micro-batches. So GPT-2
+(``GPT2LMHeadModel``, ``GPT2Model``), BERT (``BertForMaskedLM``, ``BertModel``) and the Llama family
+(``LlamaForCausalLM``, ``LlamaModel``: RMSNorm, SwiGLU, grouped-query attention, rotary embeddings; and the decoders
+whose model and causal-LM forward are Llama's, read in transformers 5.24: Mistral, Qwen2 with its q/k/v biases, Qwen3
+with its per-head q/k norms, Gemma (GeGLU, its embedding scaled inside its module), OLMo, OLMo 2, Phi-3, GLM and
+Arcee, ``...ForCausalLM`` and ``...Model``; Granite and Cohere, whose forwards add scales of the embeddings and
+logits, kept in the first and last layers; Phi and Starcoder2, which add a dropout of the embeddings; GPT-NeoX,
+Pythia's, whose model runs the same steps under other names; OPT, with learned positions; BLOOM, with ALiBi biases;
+and any decoder whose forwards are, as code, one of those Llama-family classes', ``planner.profiler.hfcode``) are
+split at the only one-tensor cuts they have: after the embeddings, after each block, and the final norm with the head.
+Gemma 2 and 3, OLMo 3, EXAONE 4, Ministral and Cohere 2, whose forwards mask (and Gemma 3's rotate) each layer by its
+type, split as Llama (Cohere 2 with its logit scale as Cohere; Gemma's logits soft-capped). A Llama-style block (and a
+BLOOM block, its ALiBi biases, ``hfmodules.AlibiBlock``) rebuilds the mask its model's forward gives it (causal,
+within a sliding window where its layer slides, for SDPA or eager attention: ``planner.profiler.hfmasks``); a decoder
+built with ``is_causal=False`` (its forward masks both ways) is refused. The layers are ``planner.profiler.hfmodules``
+wrappers; ``planner.profiler.verify.verify_cuts`` checks the cuts against the model's exported data flow (tests).
 
 Each block records the ``planner.ir.BlockShape`` tensor parallelism needs: GPT-2 (``n_embd``,
 ``n_head`` heads and KV heads, ``n_inner`` or 4h, not gated), BERT (``hidden_size``,
@@ -46,6 +43,7 @@ from planner.errors import TraceError
 from planner.profiler.hfcode import Match, blocks_of, family_of
 from planner.profiler.hfmasks import block_masks, sliding_of
 from planner.profiler.hfmodules import (
+    AlibiBlock,
     BertEmbedding,
     Chain,
     GPT2Embedding,
@@ -255,6 +253,27 @@ def _gpt_neox_parts(model: nn.Module) -> list[_Part]:
     return parts
 
 
+def _bloom_parts(model: nn.Module) -> list[_Part]:
+    """BLOOM's layers: the word embedding with its LayerNorm, ALiBi blocks (each rebuilding its biases and its
+    additive causal mask: ``hfmodules.AlibiBlock``), the final LayerNorm with the LM head (tied to the embedding)."""
+    head = type(model).__name__ == "BloomForCausalLM"
+    base: Any = model.transformer if head else model
+    pre = "transformer." if head else ""
+    parts = [_Part(f"{pre}word_embeddings", "Embedding", Chain(base.word_embeddings, base.word_embeddings_layernorm),
+                   base.word_embeddings, (f"{pre}word_embeddings", f"{pre}word_embeddings_layernorm"))]
+    build_alibi = inspect.getmodule(type(base)).build_alibi_tensor  # type: ignore[union-attr]
+    masks = iter(block_masks(base.config, len(base.h), "none"))
+
+    def wrap(block: nn.Module, post: nn.Module | None) -> nn.Module:  # called once per block, in order
+        return AlibiBlock(block, build_alibi, int(base.num_heads), post, next(masks))
+
+    parts += _block_parts(list(base.h), f"{pre}h", wrap, [] if head else [(f"{pre}ln_f", base.ln_f)])
+    if head:
+        parts.append(_Part("lm_head", "Linear", Chain(base.ln_f, model.lm_head), model.lm_head,
+                           (f"{pre}ln_f", "lm_head")))
+    return parts
+
+
 def _opt_parts(model: nn.Module) -> list[_Part]:
     """OPT's layers: token and learned position embeddings, decoder blocks, the final LayerNorm and ``project_out``
     (where the model has them) with the LM head."""
@@ -285,6 +304,7 @@ _ARCHITECTURES: dict[str, tuple[str, Callable[[nn.Module], list[_Part]]]] = {
        for family in _LLAMA_FAMILY for kind in ("ForCausalLM", "Model")},
     "GPTNeoXForCausalLM": ("gpt_neox", _gpt_neox_parts), "GPTNeoXModel": ("gpt_neox", _gpt_neox_parts),
     "OPTForCausalLM": ("opt", _opt_parts), "OPTModel": ("opt", _opt_parts),
+    "BloomForCausalLM": ("bloom", _bloom_parts), "BloomModel": ("bloom", _bloom_parts),
     **{f"{family}{kind}": (family.lower(), _scaled_llama_parts)
        for family in ("Granite", "Cohere") for kind in ("ForCausalLM", "Model")},
     **{f"{family}{kind}": (family.lower(), _dropout_llama_parts)
@@ -297,7 +317,7 @@ _ARCHITECTURES: dict[str, tuple[str, Callable[[nn.Module], list[_Part]]]] = {
 }
 """The transformers classes split by structure: class name -> (architecture, its parts)."""
 
-_MASKED = frozenset({_llama_parts, _gemma_parts, _scaled_llama_parts, _dropout_llama_parts})
+_MASKED = frozenset({_llama_parts, _gemma_parts, _scaled_llama_parts, _dropout_llama_parts, _bloom_parts})
 """The parts whose blocks rebuild their attention masks (planner.profiler.hfmasks), so run eager attention too."""
 
 STRUCTURED = (", ".join(_ARCHITECTURES) + "; and other decoders whose model and causal-LM forwards are, as code, "
