@@ -331,6 +331,11 @@ def tiny_bloom() -> tuple[nn.Module, torch.Tensor]:
     return _tiny_family("Bloom")
 
 
+def tiny_falcon() -> tuple[nn.Module, torch.Tensor]:
+    """Falcon 7B's shape: multi-query attention beside the MLP, rotary positions, an explicit causal mask, tied head."""
+    return _tiny_family("Falcon")
+
+
 def tiny_arcee() -> tuple[nn.Module, torch.Tensor]:
     """Arcee: Llama's block with an ungated ReLU^2 MLP (up and down only)."""
     return _tiny_family("Arcee")
@@ -398,6 +403,7 @@ LLAMA_GRIDS: dict[str, tuple[str, dict[str, Any]]] = {
     "gpt-neox-pp2-dp2-zero3": ("tiny_gpt_neox", {"parts": [0, 2, 4], "dp": 2, "zero": 3}),
     "opt-pp2-dp2-zero1": ("tiny_opt", {"parts": [0, 2, 4], "dp": 2, "zero": 1}),
     "bloom-pp2-dp2-zero3": ("tiny_bloom", {"parts": [0, 2, 4], "dp": 2, "zero": 3}),
+    "falcon-pp2-dp2-zero1": ("tiny_falcon", {"parts": [0, 2, 4], "dp": 2, "zero": 1}),
     "gpt2-frozen-embeddings-pp2-dp2-zero1": ("tiny_gpt2_frozen", {"parts": [0, 1, 6], "dp": 2, "zero": 1}),
     "gpt2-frozen-embeddings-pp2-dp2-zero3-bf16": ("tiny_gpt2_frozen", {"parts": [0, 1, 6], "dp": 2, "zero": 3,
                                                                       "precision": "bf16"}),
@@ -414,7 +420,7 @@ def test_llama_grids_train_like_one_process() -> None:
     soft-capped attention and logits, sliding windows shorter than the sequence), Gemma 3 (rotary and masks per layer
     type), EXAONE 4 (sliding and full layers), each sharded, GPT-NeoX (its
     own names, ZeRO-3), OPT (learned positions, its head tied across stages), BLOOM (ALiBi, its head tied across stages,
-    ZeRO-3); and a first stage
+    ZeRO-3), Falcon (multi-query, its head tied across stages); and a first stage
     whose weights are all frozen (fine-tuning: it trains nothing)."""
     plans = {name: grid_plan(factory, **kw) for name, (factory, kw) in LLAMA_GRIDS.items()}
     got = run_grids(plans)

@@ -116,7 +116,7 @@ def family_model(family: str, vocab: int = 96, **fields: object) -> nn.Module:
     import transformers
 
     own: dict[str, object] = {"GPTNeoX": {"intermediate_size": 128}, "OPT": {"ffn_dim": 128, "dropout": 0.0},
-                              "Bloom": {}}.get(
+                              "Bloom": {}, "Falcon": {}}.get(
         family, {"intermediate_size": 128, "num_key_value_heads": 2, **_FAMILIES.get(family, ({}, 0, 0))[0]})
     config = getattr(transformers, f"{family}Config")(**{
         "vocab_size": vocab, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -186,6 +186,28 @@ def test_bloom_splits_exactly_with_alibi_masks_and_its_tied_head(fields: dict[st
     torch.manual_seed(1)
     assert torch.equal(_split(dropped, x).run(x), want)
     assert not torch.equal(dropped.eval()(x).logits, want)  # the dropout was on
+
+
+@pytest.mark.parametrize(("fields", "kv_heads"), [
+    ({}, 1),  # Falcon 7B: multi-query, parallel attention and MLP, rotary
+    ({"new_decoder_architecture": True, "num_kv_heads": 2}, 2),  # 40B and 180B: grouped KV heads, two norms
+    ({"multi_query": False, "parallel_attn": False, "bias": True}, 4),
+    ({"alibi": True}, 1),  # RW's ALiBi variant: biases passed to the blocks and folded into the mask
+    ({"alibi": True, "attn_implementation": "eager"}, 1),
+    ({"attn_implementation": "eager"}, 1),
+])
+def test_falcon_splits_exactly_in_each_of_its_variants(fields: dict[str, object], kv_heads: int) -> None:
+    """Falcon: each block rebuilds its rotary embeddings, the causal mask its forward always builds (for SDPA or
+    eager) and, with ``alibi``, the biases, folded into the mask as the forward does; bit for bit as a causal LM and
+    a bare model, and on a shorter micro-batch; its KV heads as the variant has them, its blocks (q/k/v fused) not
+    sharded."""
+    torch.manual_seed(0)
+    model = family_model("Falcon", **fields)
+    lm = _exact_both(model, model.transformer, torch.randint(0, 96, (2, 16)), "falcon")
+    assert lm.names == ("transformer.word_embeddings", "transformer.h.0", "transformer.h.1", "lm_head")
+    assert lm.block(1) == ir.BlockShape(64, 4, kv_heads, 256, 16, gated=False, shardable=False)
+    assert [t.layers for t in lm.ties] == [(0, 3)]
+    check_exact(model, torch.randint(0, 96, (1, 6)), lm.layers, lm.param_counts)
 
 
 @pytest.mark.parametrize("fields", [{}, {"word_embed_proj_dim": 32}, {"do_layer_norm_before": False}])

@@ -34,16 +34,19 @@ _TYPES = ("full_attention", "sliding_attention")
 
 @dataclass(frozen=True)
 class BlockMask:
-    """One block's attention mask: causal, within ``window`` tokens where set; ``additive`` for eager attention."""
+    """One block's attention mask: causal, within ``window`` tokens where set; ``additive`` for eager attention;
+    ``explicit``: built even where SDPA could mask causally itself (Falcon's forward asks for it so,
+    ``allow_is_causal_skip=False``)."""
 
     window: int | None = None
     additive: bool = False
+    explicit: bool = False
 
     def build(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """The mask for ``hidden`` (batch, sequence, width), broadcast over the batch and heads; None where SDPA
         masks causally itself, as the model's forward leaves it."""
         seq_len = int(hidden.shape[1])
-        if not self.additive and (self.window is None or seq_len < self.window):
+        if not (self.additive or self.explicit) and (self.window is None or seq_len < self.window):
             return None
         index = torch.arange(seq_len, device=hidden.device)
         allowed = index[None, :] <= index[:, None]  # [query, key]: keys at or before the query

@@ -2,7 +2,7 @@
 
 Only the hidden states cross a cut; what a layer needs besides them is rebuilt inside it from
 static shapes: GPT-2's and OPT's position ids (0..s-1), Llama's rotary position embeddings (cos/sin of
-positions 0..s-1, as ``LlamaModel.forward`` computes them), and the attention mask
+positions 0..s-1, as ``LlamaModel.forward`` computes them), BLOOM's and Falcon's ALiBi biases, and the attention mask
 (``planner.profiler.hfmasks``; none where SDPA applies the causal one itself, ``is_causal``). Each wrapper uses the
 model's own submodules (no parameter copies), so running them in order equals the model.
 """
@@ -10,6 +10,7 @@ model's own submodules (no parameter copies), so running them in order equals th
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable
 
 import torch
@@ -178,6 +179,45 @@ class AlibiBlock(TransformerBlock):
         tokens = torch.ones(hidden.shape[:2], dtype=torch.long, device=hidden.device)
         alibi = self.build_alibi(tokens, self.heads, dtype=hidden.dtype)
         return self.block(hidden, alibi=alibi, attention_mask=self.mask.build(hidden), use_cache=False)
+
+
+class FalconBlock(TransformerBlock):
+    """A Falcon block on hidden states only, given what ``FalconModel.forward`` gives each block for a sequence
+    without padding: rotary position embeddings from its own copy of the model's ``rotary_emb`` at positions 0..s-1;
+    the causal mask ``mask`` (always built: Falcon does not let SDPA mask causally itself); and, where the model uses
+    ALiBi (``build_alibi`` given: the model module's ``build_alibi_tensor``), the biases per head, which the forward
+    also folds into the mask, scaled by the square root of the head size, as additive values; no KV cache."""
+
+    def __init__(self, block: nn.Module, rotary: nn.Module, mask: BlockMask, heads: int, head_dim: int,
+                 build_alibi: Callable[..., torch.Tensor] | None = None, post: nn.Module | None = None) -> None:
+        super().__init__(block, post)
+        self.rotary, self.mask = copy.deepcopy(rotary), mask
+        self.heads, self.head_dim, self.build_alibi = heads, head_dim, build_alibi
+
+    def extra_repr(self) -> str:
+        return f"heads={self.heads}, mask={self.mask}, alibi={self.build_alibi is not None}"
+
+    def _alibi_mask(self, hidden: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ALiBi biases as (batch, heads, 1, s), the mask with them folded in), as the model's forward makes them."""
+        assert self.build_alibi is not None
+        batch, seq_len = hidden.shape[:2]
+        tokens = torch.ones((batch, seq_len), dtype=torch.long, device=hidden.device)
+        alibi = self.build_alibi(tokens, self.heads, dtype=hidden.dtype)
+        least = torch.finfo(hidden.dtype).min
+        if mask.dtype == torch.bool:
+            mask = torch.where(mask, torch.full((), 0.0, device=mask.device, dtype=hidden.dtype), least)
+        alibi = alibi.reshape(batch, -1, *alibi.shape[1:])
+        return alibi, torch.masked_fill(alibi / math.sqrt(self.head_dim), mask < -1, least)
+
+    def run_block(self, hidden: torch.Tensor) -> object:
+        positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
+        mask = self.mask.build(hidden)
+        assert mask is not None  # an explicit mask is always built
+        alibi = None
+        if self.build_alibi is not None:
+            alibi, mask = self._alibi_mask(hidden, mask)
+        return self.block(hidden, alibi=alibi, attention_mask=mask, position_ids=positions,
+                          position_embeddings=self.rotary(hidden, position_ids=positions), use_cache=False)
 
 
 class SoftCap(nn.Module):  # type: ignore[misc]

@@ -21,7 +21,7 @@ GATED = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gem
 fused)."""
 
 UNSHARDED = frozenset({"phi3", "glm", "olmo2", "olmo3", "gpt_neox", "opt", "cohere", "cohere2", "phi", "starcoder2",
-                       "bloom"})
+                       "bloom", "falcon"})
 """The architectures whose blocks the planner's tensor parallelism does not shard: Phi-3 fuses q/k/v (``qkv_proj``)
 and gate/up (``gate_up_proj``), GLM gate/up, GPT-NeoX q/k/v per head (``query_key_value``); OLMo 2 normalises q and k
 over all heads together, as OLMo 3 does; OPT names its projections ``out_proj``, ``fc1`` and ``fc2``, which the torch
@@ -29,7 +29,7 @@ export's tensor parallelism does not know; Cohere's blocks are not Llama's code 
 q/k LayerNorms; Cohere 2's alike), which the export was not checked on (Granite's are Llama's attention and MLP with
 scaled residuals: a tp 2 grid with sequence parallelism trains like one process, tests/test_export_grids); Phi names
 its output projection ``dense`` and its MLP ``fc1``/``fc2``, Starcoder2 its MLP ``c_fc``/``c_proj``; BLOOM fuses q/k/v
-per head (``query_key_value``) and names its MLP ``dense_h_to_4h``/``dense_4h_to_h``."""
+per head (``query_key_value``) and names its MLP ``dense_h_to_4h``/``dense_4h_to_h``, as Falcon does."""
 
 
 def block_shape(config: Any, seq_len: int, match: Match | None = None) -> ir.BlockShape | None:
@@ -45,9 +45,11 @@ def block_shape(config: Any, seq_len: int, match: Match | None = None) -> ir.Blo
     ffn = getattr(config, "intermediate_size", None) or getattr(config, "ffn_dim", None)  # OPT: ffn_dim
     if getattr(config, "model_type", "") == "bloom":  # 4h, not in its config
         ffn = 4 * int(config.hidden_size)
+    if getattr(config, "model_type", "") == "falcon":
+        ffn = config.ffn_hidden_size
     if not heads or not ffn or not getattr(config, "hidden_size", None):
         return None
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or _falcon_kv_heads(config) or heads
     if heads % kv_heads:
         return None
     gated = match.gated if match else getattr(config, "model_type", "") in GATED
@@ -58,6 +60,16 @@ def block_shape(config: Any, seq_len: int, match: Match | None = None) -> ir.Blo
     shardable = _shardable(config) and (match is None or match.shardable)
     return ir.BlockShape(config.hidden_size, heads, kv_heads, ffn, seq_len, gated=gated,
                          head_dim=own, shardable=shardable)
+
+
+def _falcon_kv_heads(config: Any) -> int | None:
+    """Falcon's KV heads: ``num_kv_heads`` in its new decoder architecture (40B, 180B), one where it is multi-query
+    (7B), else one per head; None for another model."""
+    if getattr(config, "model_type", "") != "falcon":
+        return None
+    if config.new_decoder_architecture:
+        return int(config.num_kv_heads)
+    return 1 if config.multi_query else int(config.num_attention_heads)
 
 
 def _shardable(config: Any) -> bool:

@@ -9,14 +9,15 @@ with its per-head q/k norms, Gemma (GeGLU, its embedding scaled inside its modul
 Arcee, ``...ForCausalLM`` and ``...Model``; Granite and Cohere, whose forwards add scales of the embeddings and
 logits, kept in the first and last layers; Phi and Starcoder2, which add a dropout of the embeddings; GPT-NeoX,
 Pythia's, whose model runs the same steps under other names; OPT, with learned positions; BLOOM, with ALiBi biases;
-and any decoder whose forwards are, as code, one of those Llama-family classes', ``planner.profiler.hfcode``) are
-split at the only one-tensor cuts they have: after the embeddings, after each block, and the final norm with the head.
-Gemma 2 and 3, OLMo 3, EXAONE 4, Ministral and Cohere 2, whose forwards mask (and Gemma 3's rotate) each layer by its
-type, split as Llama (Cohere 2 with its logit scale as Cohere; Gemma's logits soft-capped). A Llama-style block (and a
-BLOOM block, its ALiBi biases, ``hfmodules.AlibiBlock``) rebuilds the mask its model's forward gives it (causal,
-within a sliding window where its layer slides, for SDPA or eager attention: ``planner.profiler.hfmasks``); a decoder
-built with ``is_causal=False`` (its forward masks both ways) is refused. The layers are ``planner.profiler.hfmodules``
-wrappers; ``planner.profiler.verify.verify_cuts`` checks the cuts against the model's exported data flow (tests).
+Falcon, rotary or ALiBi; and any decoder whose forwards are, as code, one of those Llama-family classes',
+``planner.profiler.hfcode``) are split at the only one-tensor cuts they have: after the embeddings, after each block,
+and the final norm with the head. Gemma 2 and 3, OLMo 3, EXAONE 4, Ministral and Cohere 2, whose forwards mask (and
+Gemma 3's rotate) each layer by its type, split as Llama (Cohere 2 with its logit scale as Cohere; Gemma's logits
+soft-capped). A Llama-style block (and a BLOOM block, its ALiBi biases, ``hfmodules.AlibiBlock``; a Falcon block,
+both, ``hfmodules.FalconBlock``) rebuilds the mask its model's forward gives it (causal, within a sliding window where
+its layer slides, for SDPA or eager attention: ``planner.profiler.hfmasks``); a decoder built with ``is_causal=False``
+(its forward masks both ways) is refused. The layers are ``planner.profiler.hfmodules`` wrappers;
+``planner.profiler.verify.verify_cuts`` checks the cuts against the model's exported data flow (tests).
 
 Each block records the ``planner.ir.BlockShape`` tensor parallelism needs: GPT-2 (``n_embd``,
 ``n_head`` heads and KV heads, ``n_inner`` or 4h, not gated), BERT (``hidden_size``,
@@ -31,6 +32,7 @@ embedding keeps its scale in its module's forward, so it is not offered the voca
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -46,6 +48,7 @@ from planner.profiler.hfmodules import (
     AlibiBlock,
     BertEmbedding,
     Chain,
+    FalconBlock,
     GPT2Embedding,
     OPTEmbedding,
     OwnedDropout,
@@ -274,6 +277,28 @@ def _bloom_parts(model: nn.Module) -> list[_Part]:
     return parts
 
 
+def _falcon_parts(model: nn.Module) -> list[_Part]:
+    """Falcon's layers: the word embedding, blocks rebuilding their rotary embeddings, explicit causal masks and,
+    where the model uses them, ALiBi biases (``hfmodules.FalconBlock``), the final LayerNorm with the LM head."""
+    head = type(model).__name__ == "FalconForCausalLM"
+    base: Any = model.transformer if head else model
+    pre = "transformer." if head else ""
+    parts = [_Part(f"{pre}word_embeddings", "Embedding", TokenEmbedding(base.word_embeddings), base.word_embeddings,
+                   (f"{pre}word_embeddings",))]
+    build_alibi = inspect.getmodule(type(base)).build_alibi_tensor if base.use_alibi else None  # type: ignore[union-attr]
+    masks = iter(dataclasses.replace(m, explicit=True) for m in block_masks(base.config, len(base.h), "none"))
+    head_dim = int(base.config.hidden_size) // int(base.num_heads)
+
+    def wrap(block: nn.Module, post: nn.Module | None) -> nn.Module:  # called once per block, in order
+        return FalconBlock(block, base.rotary_emb, next(masks), int(base.num_heads), head_dim, build_alibi, post)
+
+    parts += _block_parts(list(base.h), f"{pre}h", wrap, [] if head else [(f"{pre}ln_f", base.ln_f)])
+    if head:
+        parts.append(_Part("lm_head", "Linear", Chain(base.ln_f, model.lm_head), model.lm_head,
+                           (f"{pre}ln_f", "lm_head")))
+    return parts
+
+
 def _opt_parts(model: nn.Module) -> list[_Part]:
     """OPT's layers: token and learned position embeddings, decoder blocks, the final LayerNorm and ``project_out``
     (where the model has them) with the LM head."""
@@ -305,6 +330,7 @@ _ARCHITECTURES: dict[str, tuple[str, Callable[[nn.Module], list[_Part]]]] = {
     "GPTNeoXForCausalLM": ("gpt_neox", _gpt_neox_parts), "GPTNeoXModel": ("gpt_neox", _gpt_neox_parts),
     "OPTForCausalLM": ("opt", _opt_parts), "OPTModel": ("opt", _opt_parts),
     "BloomForCausalLM": ("bloom", _bloom_parts), "BloomModel": ("bloom", _bloom_parts),
+    "FalconForCausalLM": ("falcon", _falcon_parts), "FalconModel": ("falcon", _falcon_parts),
     **{f"{family}{kind}": (family.lower(), _scaled_llama_parts)
        for family in ("Granite", "Cohere") for kind in ("ForCausalLM", "Model")},
     **{f"{family}{kind}": (family.lower(), _dropout_llama_parts)
@@ -317,7 +343,8 @@ _ARCHITECTURES: dict[str, tuple[str, Callable[[nn.Module], list[_Part]]]] = {
 }
 """The transformers classes split by structure: class name -> (architecture, its parts)."""
 
-_MASKED = frozenset({_llama_parts, _gemma_parts, _scaled_llama_parts, _dropout_llama_parts, _bloom_parts})
+_MASKED = frozenset({_llama_parts, _gemma_parts, _scaled_llama_parts, _dropout_llama_parts, _bloom_parts,
+                     _falcon_parts})
 """The parts whose blocks rebuild their attention masks (planner.profiler.hfmasks), so run eager attention too."""
 
 STRUCTURED = (", ".join(_ARCHITECTURES) + "; and other decoders whose model and causal-LM forwards are, as code, "
