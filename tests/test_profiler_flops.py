@@ -115,3 +115,25 @@ def test_an_lstm_on_the_cpu_counts_its_products_as_on_the_meta_device() -> None:
     cpu = total("cpu")
     assert cpu == rnn_layer_flops((16, 8, 32), (128, 32), (128, 32)) * 3  # forward + backward (twice)
     assert abs(cpu - total("meta")) / cpu < 0.02
+
+
+def test_a_mixture_of_experts_grouped_gemms_count_on_the_cpu_as_balanced_on_the_meta_device() -> None:
+    """transformers' grouped GEMM fallback (its CPU fp32 path: a custom op whose inner products no counter saw, a
+    measured Mixtral's experts counted 0) counts 2 S K N a projection, its backward twice that; the meta device's
+    evenly routed experts (planner.profiler.experts) count the same, so measured and analytic profiles agree."""
+    from planner.profiler.experts import routed_evenly
+    from tests.test_profiler_hfsplit import family_model
+
+    def experts_flops(device: str) -> int:
+        with torch.device(device):
+            model = family_model("Mixtral")  # 4 experts, 2 a token; hidden 64, FFN 128
+        experts = model.model.layers[0].mlp.experts
+        hidden = torch.randn(32, 64, device=device, requires_grad=True)
+        index = torch.arange(64, device=device).reshape(32, 2) // 16  # 16 pairs an expert: the balanced routing
+        weights = torch.full((32, 2), 0.5, device=device)
+        with routed_evenly(model), flop_counter() as counter:
+            experts(hidden, index, weights).sum().backward()
+        return int(counter.get_total_flops())
+
+    pairs, gate_up, down = 64, 64 * 256, 128 * 64  # S = 32 tokens x 2; gate and up fused: 2 x 128 outputs
+    assert experts_flops("cpu") == experts_flops("meta") == 3 * 2 * pairs * (gate_up + down)

@@ -110,6 +110,27 @@ _FAMILIES = {  # family: (config fields beyond the shared ones, gated, shardable
 }
 
 
+_MLA = {"kv_lora_rank": 16, "q_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16,
+        "num_key_value_heads": 4}
+_MIXTURE_FIELDS: dict[str, dict[str, object]] = {  # 4 experts, 2 a token, and what each family needs beside
+    "Mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
+    "Qwen2Moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                 "shared_expert_intermediate_size": 64},
+    "Qwen3Moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32},
+    "Olmoe": {"num_experts": 4, "num_experts_per_tok": 2},
+    "Phimoe": {"num_local_experts": 4, "num_experts_per_tok": 2},
+    "DeepseekV2": {"n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                   "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1, **_MLA},
+    "DeepseekV3": {"n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                   "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1, **_MLA},
+    "GptOss": {"num_local_experts": 4, "num_experts_per_tok": 2, "head_dim": 16},
+    "Ernie4_5_Moe": {"moe_num_experts": 4, "moe_k": 2, "moe_intermediate_size": 32},
+    "Glm4Moe": {"n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1},
+}
+"""The mixtures of experts split as Llama (``hfsplit.MIXTURES``), each as a tiny config."""
+
+
 def family_model(family: str, vocab: int = 96, **fields: object) -> nn.Module:
     """transformers' ``<family>ForCausalLM`` at hidden 64, 2 blocks, 4 heads (2 KV heads where the family has them),
     FFN 128, 64 positions, ``vocab`` tokens (the export tests' models too)."""
@@ -117,7 +138,8 @@ def family_model(family: str, vocab: int = 96, **fields: object) -> nn.Module:
 
     own: dict[str, object] = {"GPTNeoX": {"intermediate_size": 128}, "OPT": {"ffn_dim": 128, "dropout": 0.0},
                               "Bloom": {}, "Falcon": {}}.get(
-        family, {"intermediate_size": 128, "num_key_value_heads": 2, **_FAMILIES.get(family, ({}, 0, 0))[0]})
+        family, {"intermediate_size": 128, "num_key_value_heads": 2, **_FAMILIES.get(family, ({}, 0, 0))[0],
+                 **_MIXTURE_FIELDS.get(family, {})})
     config = getattr(transformers, f"{family}Config")(**{
         "vocab_size": vocab, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
         "max_position_embeddings": 64, "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0, **own, **fields})
@@ -208,6 +230,27 @@ def test_falcon_splits_exactly_in_each_of_its_variants(fields: dict[str, object]
     assert lm.block(1) == ir.BlockShape(64, 4, kv_heads, 256, 16, gated=False, shardable=False)
     assert [t.layers for t in lm.ties] == [(0, 3)]
     check_exact(model, torch.randint(0, 96, (1, 6)), lm.layers, lm.param_counts)
+
+
+@pytest.mark.parametrize("family", sorted(_MIXTURE_FIELDS))
+def test_mixtures_of_experts_split_exactly_like_llama_unsharded(family: str) -> None:
+    """Mixtral, Qwen2-MoE (a shared expert), Qwen3-MoE, OLMoE, PhiMoE, DeepSeek V2 and V3 (latent attention, a dense
+    first block), gpt-oss (attention sinks, sliding layers), ERNIE 4.5 MoE and GLM-4 MoE run Llama's steps with their
+    routed blocks: the same split, bit for bit, as causal LM and bare model; their blocks are not sharded."""
+    torch.manual_seed(0)
+    model = family_model(family)
+    arch = str(model.config.model_type)
+    lm = _exact_both(model, model.model, torch.randint(0, 96, (2, 16)), arch)
+    shape = lm.block(2)
+    assert shape is not None and not shape.shardable and not shape.splits_over(2)
+
+
+def test_a_mixture_with_its_load_balancing_loss_is_refused() -> None:
+    """output_router_logits adds a loss over every block's router logits, which no cut passes: refused with the fix."""
+    with pytest.raises(TraceError, match=r"output_router_logits=True.*router_aux_loss_coef=0\.02") as err:
+        split_hf(family_model("Mixtral", output_router_logits=True, router_aux_loss_coef=0.02),
+                 torch.randint(0, 96, (1, 8)))
+    assert "output_router_logits=False" in err.value.hint
 
 
 @pytest.mark.parametrize("fields", [{}, {"word_embed_proj_dim": 32}, {"do_layer_norm_before": False}])

@@ -20,6 +20,8 @@ from planner.schemas.build import MAX_DIM, MAX_ITEMS
     ("olmo2-7b", 7_298_617_344),  # OLMo-2-1124-7B's 7.30B
     ("gemma2-9b", 9_241_705_984),  # gemma-2-9b's 9.24B, eager attention (its scores soft-capped)
     ("gemma3-1b", 999_885_952),  # gemma-3-1b-pt's 1.0B
+    ("mixtral-8x7b", 46_702_792_704), ("olmoe-1b-7b", 6_919_161_856),  # mixtures of experts: every expert's weights
+    ("qwen3-30b-a3b", 30_532_122_624),
 ])
 def test_llama_sizes_have_the_published_parameter_counts(name: str, params: int) -> None:
     with torch.device("meta"):

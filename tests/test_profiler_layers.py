@@ -34,10 +34,10 @@ def test_a_model_that_computes_nothing_is_refused_with_what_to_do(model: torch.n
 
 def test_another_transformers_class_gets_a_hint_naming_the_classes_split_by_structure() -> None:
     """fx cannot trace transformers' models; one not split by structure is refused with the ones that are."""
-    from transformers import BloomConfig, BloomForCausalLM
+    from transformers import GPTJConfig, GPTJForCausalLM
 
-    model = BloomForCausalLM(BloomConfig(hidden_size=32, n_layer=1, n_head=2, vocab_size=64))
-    with pytest.raises(TraceError, match="BloomForCausalLM is a transformers class planner does not split") as err:
+    model = GPTJForCausalLM(GPTJConfig(n_embd=32, n_layer=1, n_head=2, vocab_size=64, rotary_dim=8))
+    with pytest.raises(TraceError, match="GPTJForCausalLM is a transformers class planner does not split") as err:
         split_model(model, torch.randint(0, 64, (1, 8)))
     assert "MistralForCausalLM" in err.value.hint and "GPTNeoXForCausalLM" in err.value.hint
 
@@ -59,16 +59,17 @@ def test_a_users_subclass_of_a_transformers_model_is_told_to_return_the_class_it
     assert "MistralForCausalLM" in err.value.hint
 
 
-def test_a_mixture_of_experts_is_refused_with_why() -> None:
-    """Mixtral routes each token to experts: refused as such, not as a model torch.fx cannot trace."""
-    from transformers import MixtralConfig, MixtralForCausalLM
+def test_a_mixture_of_experts_not_split_by_structure_is_refused_with_why() -> None:
+    """GraniteMoE routes each token to experts, and is not among the mixtures split by structure: refused as such,
+    naming those, not as a model torch.fx cannot trace."""
+    from transformers import GraniteMoeConfig, GraniteMoeForCausalLM
 
-    model = MixtralForCausalLM(MixtralConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                             num_attention_heads=2, num_key_value_heads=2, num_local_experts=4,
-                                             vocab_size=64))
-    with pytest.raises(TraceError, match=r"mixture of experts \(num_local_experts=4\)") as err:
+    model = GraniteMoeForCausalLM(GraniteMoeConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                                   num_attention_heads=2, num_key_value_heads=2, num_local_experts=4,
+                                                   vocab_size=64))
+    with pytest.raises(TraceError, match=r"mixture of experts \(num_local_experts=4\).*Mixtral, Qwen2Moe") as err:
         split_model(model, torch.randint(0, 64, (1, 8)))
-    assert "dense model" in err.value.hint
+    assert "build the model as one of those" in err.value.hint
 
 
 def test_a_users_subclass_of_a_mixture_of_experts_is_refused_as_one() -> None:

@@ -52,6 +52,7 @@ from planner.profiler.analytic import (
     gpu_format,
     resolve_device_flops,
 )
+from planner.profiler.experts import routed_evenly
 from planner.profiler.flops import FLOP_COUNTER
 from planner.profiler.guards import (
     check_loadable,
@@ -124,22 +125,22 @@ def profile_model(loaded: LoadedModel, *, mode: Literal["measured", "analytic"] 
     start = time.perf_counter()
     small = small_batch_of(int(x.shape[0])) if mode == "measured" else None
     passes = Passes(warmup, repeats, whole_repeats, curve_batches_of(int(x.shape[0])) if mode == "measured" else ())
-    with _threads(threads):
+    with _threads(threads), routed_evenly(module):  # a mixture of experts counted evenly routed (meta only)
         try:
             lm, facts, counted, runs = _walk(module, x, params, loaded.name, mode, layered, passes, progress)
         except ProfileError as exc:
             raise with_overrides(exc, loaded.overrides) from None
-    elapsed = time.perf_counter() - start
-    if mode == "measured":
-        times = _measured_times(runs, facts, flops[0], flops[1], x.device)
-        fixed = _fixed_costs(times, runs, int(x.shape[0]), small, len(facts))
-        extra = _measured_meta(times, runs, x.device, warmup, repeats, elapsed,
-                               small if small in runs.smaller else None)
-        loss = runs.loss
-    else:
-        if flops[0] is None:  # pragma: no cover - analytic mode always has a default device
-            raise UsageError("analytic mode needs a device's FLOP/s", "pass --device-flops")
-        times, fixed, extra, loss = _analytic_times(lm, x, facts, (flops[0], flops[1]), efficiency, dtype_label)
+        elapsed = time.perf_counter() - start
+        if mode == "measured":
+            times = _measured_times(runs, facts, flops[0], flops[1], x.device)
+            fixed = _fixed_costs(times, runs, int(x.shape[0]), small, len(facts))
+            extra = _measured_meta(times, runs, x.device, warmup, repeats, elapsed,
+                                   small if small in runs.smaller else None)
+            loss = runs.loss
+        else:
+            if flops[0] is None:  # pragma: no cover - analytic mode always has a default device
+                raise UsageError("analytic mode needs a device's FLOP/s", "pass --device-flops")
+            times, fixed, extra, loss = _analytic_times(lm, x, facts, (flops[0], flops[1]), efficiency, dtype_label)
     meta = {**_meta(lm, times, threads, time.perf_counter() - start, loaded.overrides),
             "instrumented_layers": counted, **extra}
     prof = ModelProfile(

@@ -10,9 +10,11 @@ which stopped a measured profile of a Llama on a GPU with torch 2.11. So every f
 CPU and CUDA, is counted here by torch's formulas written for any number of key and value heads
 (:func:`attention_flops`). nn.LSTM on the CPU runs oneDNN's fused recurrent layer
 (``aten.mkldnn_rnn_layer``), which torch's counter also misses (a measured profile gave an LSTM 0 FLOPs where the
-meta device's decomposition counts its products): counted here by its products (:func:`rnn_layer_flops`). So the
-counts here cover convolutions, linear layers, matmuls, attention and recurrent layers, forward and backward, on
-CPU, CUDA and the meta device. Like both counters,
+meta device's decomposition counts its products): counted here by its products (:func:`rnn_layer_flops`). Grouped
+GEMMs (a mixture of experts' projections: ``aten._grouped_mm`` and transformers' fallback custom op, whose inner
+``mm`` calls no counter sees) are counted by their shapes (:func:`grouped_mm_flops`). So the counts here cover
+convolutions, linear layers, matmuls, attention, recurrent layers and experts, forward and backward, on CPU, CUDA and
+the meta device. Like both counters,
 element-wise ops (ReLU, batch and layer norm, softmax outside SDPA, pooling) count zero:
 they are a small share of the FLOPs of the zoo models (well under 1%) but not of their time,
 which is why measured times, not FLOPs, are the reference. Attention is counted without
@@ -74,6 +76,35 @@ def _rnn_layer_backward(input: Any, w_ih: Any, w_hh: Any, *args: Any, out_shape:
     return rnn_layer_flops(input, w_ih, w_hh, backward=True)
 
 
+def grouped_mm_flops(a: Any, b: Any) -> int:
+    """FLOPs of a grouped GEMM (``aten._grouped_mm``: a mixture of experts' projections, each row or group of rows
+    through its own expert's matrix): rows ``(S, K)`` by stacked matrices ``(E, K, N)``, ``2 S K N``; rows by rows
+    grouped along ``S`` into ``(E, K, N)`` (a weight gradient), ``(K, S)`` by ``(S, N)``, ``2 K S N``; batched
+    ``(E, M, K)`` by ``(E, K, N)``, ``2 E M K N``. The rows past the offsets' last (none without expert
+    parallelism) are counted."""
+    lead = 1
+    for n in a:
+        lead *= int(n)
+    return 2 * lead * int(b[-1])
+
+
+def _grouped_mm(a: Any, b: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    return grouped_mm_flops(a, b)
+
+
+def _grouped_fallback_backward(a: Any, b: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    return 2 * grouped_mm_flops(a, b)  # the input's gradient and the weights'
+
+
+def _grouped_ops() -> dict[Any, Any]:
+    """transformers' grouped GEMM fallback (its CPU and non-bf16 path, a custom op whose inner products no counter
+    sees) and its backward, where transformers has registered them."""
+    ops = getattr(torch.ops, "transformers", None)
+    if ops is None or not hasattr(ops, "grouped_mm_fallback"):
+        return {}
+    return {ops.grouped_mm_fallback: _grouped_mm, ops.grouped_mm_fallback_backward: _grouped_fallback_backward}
+
+
 _FUSED_ATTENTION = ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
                     "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention")
 """The SDPA kernels whose forward takes ``query, key, value`` first and whose ``_backward`` takes
@@ -91,7 +122,9 @@ def _custom_mapping() -> dict[Any, Any]:
     if hasattr(aten, "mkldnn_rnn_layer"):  # nn.LSTM on the CPU runs oneDNN's fused layer, which torch counts as 0
         mapping[aten.mkldnn_rnn_layer] = _rnn_layer
         mapping[aten.mkldnn_rnn_layer_backward] = _rnn_layer_backward
-    return mapping
+    if hasattr(aten, "_grouped_mm"):  # its backward is grouped GEMMs too
+        mapping[aten._grouped_mm] = _grouped_mm
+    return {**mapping, **_grouped_ops()}
 
 
 def flop_counter() -> FlopCounterMode:
@@ -104,7 +137,7 @@ _REGISTRY: dict[Any, Any] = {}
 
 def op_flops(func: Any, args: Any, kwargs: Any, out: Any) -> float:
     """FLOPs of one aten op call by the formulas ``flop_counter`` uses (0 for ops it does not count)."""
-    if not _REGISTRY:
+    if not _REGISTRY or any(op not in _REGISTRY for op in _grouped_ops()):  # or transformers' ops came since
         _REGISTRY.update(flop_registry)
         _REGISTRY.update({op: shape_wrapper(f) for op, f in _custom_mapping().items()})
     formula = _REGISTRY.get(func._overloadpacket)

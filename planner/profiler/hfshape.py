@@ -21,7 +21,8 @@ GATED = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gem
 fused)."""
 
 UNSHARDED = frozenset({"phi3", "glm", "olmo2", "olmo3", "gpt_neox", "opt", "cohere", "cohere2", "phi", "starcoder2",
-                       "bloom", "falcon"})
+                       "bloom", "falcon", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "phimoe", "deepseek_v2",
+                       "deepseek_v3", "gpt_oss", "ernie4_5_moe", "glm4_moe"})
 """The architectures whose blocks the planner's tensor parallelism does not shard: Phi-3 fuses q/k/v (``qkv_proj``)
 and gate/up (``gate_up_proj``), GLM gate/up, GPT-NeoX q/k/v per head (``query_key_value``); OLMo 2 normalises q and k
 over all heads together, as OLMo 3 does; OPT names its projections ``out_proj``, ``fc1`` and ``fc2``, which the torch
@@ -29,7 +30,9 @@ export's tensor parallelism does not know; Cohere's blocks are not Llama's code 
 q/k LayerNorms; Cohere 2's alike), which the export was not checked on (Granite's are Llama's attention and MLP with
 scaled residuals: a tp 2 grid with sequence parallelism trains like one process, tests/test_export_grids); Phi names
 its output projection ``dense`` and its MLP ``fc1``/``fc2``, Starcoder2 its MLP ``c_fc``/``c_proj``; BLOOM fuses q/k/v
-per head (``query_key_value``) and names its MLP ``dense_h_to_4h``/``dense_4h_to_h``, as Falcon does."""
+per head (``query_key_value``) and names its MLP ``dense_h_to_4h``/``dense_4h_to_h``, as Falcon does; the mixtures of
+experts (``hfsplit.MIXTURES``) hold their experts' weights as 3-D parameters the engines' tensor parallelism does not
+split (no expert parallelism either)."""
 
 
 def block_shape(config: Any, seq_len: int, match: Match | None = None) -> ir.BlockShape | None:

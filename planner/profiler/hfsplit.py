@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from planner.errors import TraceError
+from planner.profiler.hfchecks import check_model
 from planner.profiler.hfcode import Match, blocks_of, family_of
 from planner.profiler.hfmasks import block_masks, sliding_of
 from planner.profiler.hfmodules import (
@@ -76,52 +76,6 @@ class _Part:
 
 _Wrap = Callable[[nn.Module, nn.Module | None], nn.Module]
 """Wraps one block (and the final norm after it, or None) into a one-tensor layer."""
-
-
-def _check_sdpa(model: nn.Module, masked: bool) -> None:
-    """SDPA, which masks causally itself, or eager attention where the blocks rebuild their masks (``masked``,
-    planner.profiler.hfmasks)."""
-    impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    if impl not in ("sdpa", None) and not (masked and impl == "eager"):
-        kinds = "'sdpa' or 'eager'" if masked else "'sdpa'"
-        raise TraceError(f"{type(model).__name__} uses attn_implementation={impl!r}; its attention mask is built "
-                         "outside the blocks", f"build the model with attn_implementation={kinds}")
-
-
-def _check_positions(model: nn.Module, arch: str, seq_len: int) -> None:
-    """GPT-2 and OPT look up learned positions 0..s-1 in a table (GPT-2's ``wpe``; OPT's ``embed_positions``, whose
-    first 2 rows are an offset): a longer sequence cannot run (on the meta device the lookup is not checked, so an
-    analytic profile would be written for a model that fails)."""
-    if arch == "gpt2":
-        rows, field = int(getattr(model, "transformer", model).wpe.num_embeddings), "n_positions"
-    elif arch == "opt":
-        rows = int(getattr(model, "model", model).decoder.embed_positions.num_embeddings) - 2
-        field = "max_position_embeddings"
-    else:
-        return
-    if seq_len > rows:
-        raise TraceError(f"{type(model).__name__} has {rows} learned positions ({field}), fewer than the "
-                         f"{seq_len}-token sequence; it cannot run at that length",
-                         f"profile at --input-shape {rows} or less, or build it with {field}={seq_len} or more")
-
-
-def _check_causal(model: nn.Module, arch: str) -> None:
-    """A decoder built with ``is_causal=False`` (transformers' bidirectional attention for decoders: the mask its
-    forward builds lets every token see every other) is refused: the split blocks get no mask, so SDPA masks them
-    causally. BERT attends both ways as its blocks run here."""
-    causal = getattr(getattr(model, "config", None), "is_causal", True)
-    if arch != "bert" and not causal:
-        raise TraceError(f"{type(model).__name__} is built with is_causal={causal!r}: its forward lets every token "
-                         "attend to every other, and its split blocks would attend causally",
-                         "build it with is_causal=True (the default), or split it yourself as an nn.Sequential")
-
-
-def _check_layerdrop(model: nn.Module) -> None:
-    """OPT's ``layerdrop`` skips blocks at random while training; the split layers run every block."""
-    drop = float(getattr(getattr(model, "config", None), "layerdrop", 0.0) or 0.0)
-    if drop > 0:
-        raise TraceError(f"{type(model).__name__} skips its blocks at random while training (layerdrop={drop}); "
-                         "a pipeline runs every block", "build it with layerdrop=0.0")
 
 
 def _block_parts(blocks: Sequence[nn.Module], path: str, wrap: _Wrap,
@@ -322,6 +276,14 @@ _LLAMA_FAMILY = ("Llama", "Mistral", "Qwen2", "Qwen3", "Gemma", "Olmo", "Olmo2",
 """The decoders whose ``...Model`` and ``...ForCausalLM`` forwards are Llama's (module doc)."""
 
 
+MIXTURES = (("Mixtral", "mixtral"), ("Qwen2Moe", "qwen2_moe"), ("Qwen3Moe", "qwen3_moe"), ("Olmoe", "olmoe"),
+            ("Phimoe", "phimoe"), ("DeepseekV2", "deepseek_v2"), ("DeepseekV3", "deepseek_v3"), ("GptOss", "gpt_oss"),
+            ("Ernie4_5_Moe", "ernie4_5_moe"), ("Glm4Moe", "glm4_moe"))
+"""The mixtures of experts split as Llama (class prefix, architecture): their models' and causal LMs' forwards run
+Llama's steps, their blocks route each token to its router's experts (an analytic profile counts them evenly routed,
+``planner.profiler.experts``); their blocks are not sharded."""
+
+
 _ARCHITECTURES: dict[str, tuple[str, Callable[[nn.Module], list[_Part]]]] = {
     "GPT2LMHeadModel": ("gpt2", _gpt2_parts), "GPT2Model": ("gpt2", _gpt2_parts),
     "BertForMaskedLM": ("bert", _bert_parts), "BertModel": ("bert", _bert_parts),
@@ -338,6 +300,7 @@ _ARCHITECTURES: dict[str, tuple[str, Callable[[nn.Module], list[_Part]]]] = {
     **{f"{family}{kind}": (family.lower(), _llama_parts)
        for family in ("Olmo3", "Exaone4", "Ministral") for kind in ("ForCausalLM", "Model")},
     "Cohere2ForCausalLM": ("cohere2", _scaled_llama_parts), "Cohere2Model": ("cohere2", _scaled_llama_parts),
+    **{f"{prefix}{kind}": (arch, _llama_parts) for prefix, arch in MIXTURES for kind in ("ForCausalLM", "Model")},
     "Gemma2ForCausalLM": ("gemma2", _gemma_parts), "Gemma2Model": ("gemma2", _gemma_parts),
     "Gemma3ForCausalLM": ("gemma3_text", _gemma_parts), "Gemma3TextModel": ("gemma3_text", _gemma_parts),
 }
@@ -376,10 +339,7 @@ def split_hf(model: nn.Module, example_input: torch.Tensor) -> LayeredModel | No
     if recognised is None:
         return None
     arch, parts_of, match = recognised
-    _check_sdpa(model, parts_of in _MASKED)
-    _check_causal(model, arch)
-    _check_layerdrop(model)
-    _check_positions(model, arch, int(example_input.shape[1]))
+    check_model(model, arch, int(example_input.shape[1]), parts_of in _MASKED)
     parts = parts_of(model)
     layer_params = [[(f"{p.name}.{k}", q) for k, q in p.module.named_parameters(remove_duplicate=False)]
                     for p in parts]

@@ -3,7 +3,8 @@
 Each named model is a config class, a model class and the published config fields:
 GPT-2 small/medium (OpenAI's released sizes), BERT-base, Llama 2 7B/13B/70B, Llama 3
 8B/70B, Mistral 7B (v0.1: a 4,096-token sliding window), Qwen2 7B (q/k/v biases), Qwen3 8B
-(head size 128, q/k norms), Gemma 7B, Gemma 2 9B, Gemma 3 1B and OLMo 2 7B (the models' published
+(head size 128, q/k norms), Gemma 7B, Gemma 2 9B, Gemma 3 1B, OLMo 2 7B and the mixtures of experts Mixtral 8x7B,
+OLMoE 1B-7B and Qwen3-30B-A3B (the models' published
 ``config.json``: hidden, layers, heads, KV heads, FFN, vocab, context, RMSNorm epsilon, rotary base; table in
 ``docs``/the shared facts file), and
 ``llama-tiny`` (hidden 64, 2 blocks, 4 heads, 2 KV heads) for tests. ``build`` makes the
@@ -81,6 +82,15 @@ _QWEN3 = _frozen(**{**_LLAMA2, "vocab_size": 151936, "max_position_embeddings": 
                     "rope_theta": 1000000.0}, head_dim=128, attention_bias=False, use_sliding_window=False,
                  sliding_window=None)
 
+_MIXTRAL = _frozen(**{**_LLAMA2, "max_position_embeddings": 32768, "rope_theta": 1000000.0}, sliding_window=None,
+                   num_local_experts=8, num_experts_per_tok=2, output_router_logits=False, router_jitter_noise=0.0)
+_OLMOE = _frozen(**{**_LLAMA2, "vocab_size": 50304}, num_experts=64, num_experts_per_tok=8, norm_topk_prob=False,
+                 clip_qkv=None, output_router_logits=False)
+_QWEN3_MOE = _frozen(**_QWEN3, num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768, norm_topk_prob=True,
+                     decoder_sparse_step=1, mlp_only_layers=[], output_router_logits=False)
+"""The mixtures of experts (``output_router_logits`` off: a split trains the language-model loss only,
+``planner.profiler.hfchecks``): Mixtral 8x7B's, OLMoE 1B-7B's and Qwen3-30B-A3B's published ``config.json``."""
+
 
 def _llama(base: Mapping[str, Any], hidden: int, layers: int, heads: int, kv_heads: int, ffn: int,
            description: str, family: str = "Llama", seq_len: int | None = None, attention: str = "sdpa") -> HFModel:
@@ -124,6 +134,12 @@ HF_MODELS: Mapping[str, HFModel] = MappingProxyType({
                        "Qwen2", 4096),
     "qwen3-8b": _llama(_QWEN3, 4096, 36, 32, 8, 12288, "Qwen3 8B (8.2B parameters, 8 KV heads, q/k norms)",
                        "Qwen3", 4096),
+    "mixtral-8x7b": _llama(_MIXTRAL, 4096, 32, 32, 8, 14336, "Mixtral 8x7B (46.7B parameters, 12.9B active: 8 experts "
+                           "a block, 2 a token; 8 KV heads)", "Mixtral", 4096),
+    "olmoe-1b-7b": _llama(_OLMOE, 2048, 16, 16, 16, 1024, "OLMoE 1B-7B (6.9B parameters, 1.3B active: 64 experts a "
+                          "block, 8 a token)", "Olmoe", 4096),
+    "qwen3-30b-a3b": _llama(_QWEN3_MOE, 2048, 48, 32, 4, 6144, "Qwen3-30B-A3B (30.5B parameters, 3.3B active: 128 "
+                            "experts of width 768 a block, 8 a token; 4 KV heads)", "Qwen3Moe", 4096),
 })
 
 

@@ -3,7 +3,7 @@
 The entry point: ``split_model`` tries the structural split of known ``transformers``
 classes first (``planner.profiler.hfsplit``: GPT-2, BERT, the Llama family), then torch.fx
 (``planner.profiler.fxsplit``); another ``transformers`` class, which fx cannot trace, gets a
-hint naming the classes split by structure, and a mixture of experts is refused as one. Every
+hint naming the classes split by structure, and a mixture of experts not among them is refused as one. Every
 layer is a plain ``nn.Module`` taking one tensor and returning one, using the model's own
 parameter objects (no copies): ``x = layer(x)`` in order equals ``module(x)``. The value
 returned (``LayeredModel``) and the weight accounting live in ``planner.profiler.layered``;
@@ -19,7 +19,7 @@ from torch import nn
 
 from planner.errors import ProfileError, TraceError
 from planner.profiler.fxsplit import split_fx
-from planner.profiler.hfsplit import STRUCTURED, split_hf
+from planner.profiler.hfsplit import MIXTURES, STRUCTURED, split_hf
 from planner.profiler.layered import LayeredModel, primary_output
 from planner.profiler.verify import verify_cuts
 
@@ -68,16 +68,17 @@ _EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_n
 
 
 def _check_experts(module: nn.Module) -> None:
-    """A transformers mixture-of-experts model (or a user's subclass of one) is refused with why: its blocks route
-    each token to a few experts, which the cost model (dense FLOPs, every weight used by every token) and the
-    engines (no expert parallelism) do not plan."""
+    """A transformers mixture-of-experts model that is not one split by its structure (``hfsplit.MIXTURES``; or a
+    user's subclass of one) is refused with why: torch.fx cannot trace its routing into layers, and its blocks'
+    steps are not known here."""
     if _transformers_model(type(module)) is None:
         return
     config = getattr(module, "config", None)
     for field in _EXPERT_FIELDS:
         experts = getattr(config, field, None)
         if isinstance(experts, int) and experts > 1:
-            raise TraceError(f"{type(module).__name__} is a mixture of experts ({field}={experts}): each token runs "
-                             "a few experts chosen by a router, which planner's cost model (every weight used by "
-                             "every token) and engines (no expert parallelism) do not plan",
-                             "plan a dense model; planner does not split mixtures of experts")
+            known = ", ".join(prefix for prefix, _ in MIXTURES)
+            raise TraceError(f"{type(module).__name__} is a mixture of experts ({field}={experts}) that planner does "
+                             f"not split: it splits these mixtures by their structure: {known}",
+                             "build the model as one of those transformers classes (the class itself, not a "
+                             "subclass), or split it yourself as an nn.Sequential")

@@ -1,0 +1,81 @@
+"""What a transformers model split by its structure (``planner.profiler.hfsplit``) must be for its blocks to compute
+what the model does: attention the blocks mask themselves (SDPA, or eager where they rebuild their masks), causal
+attention, every block run (no layerdrop), a sequence within its learned positions, and no loss beyond the logits' (a
+mixture of experts' load-balancing loss over every block's router logits). :func:`check_model` raises a TraceError
+naming the setting and its fix.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from planner.errors import TraceError
+
+
+def check_model(model: nn.Module, arch: str, seq_len: int, masked: bool) -> None:
+    """Every check below; ``masked``: the blocks rebuild their attention masks (eager attention allowed)."""
+    _check_sdpa(model, masked)
+    _check_causal(model, arch)
+    _check_layerdrop(model)
+    _check_positions(model, arch, seq_len)
+    _check_router_loss(model)
+
+
+def _check_router_loss(model: nn.Module) -> None:
+    """A mixture of experts built with ``output_router_logits=True`` adds a load-balancing loss over every block's
+    router logits to its language-model loss; only hidden states cross a split's cuts, so the engines would train
+    the language-model loss alone."""
+    config = getattr(model, "config", None)
+    if getattr(config, "output_router_logits", False):
+        coef = getattr(config, "router_aux_loss_coef", None)
+        raise TraceError(f"{type(model).__name__} is built with output_router_logits=True: its loss adds a "
+                         f"load-balancing loss (router_aux_loss_coef={coef}) over every block's router logits, and "
+                         "planner's stages pass hidden states only, so the engines would train without it",
+                         "build it with output_router_logits=False (the router then trains through the language-"
+                         "model loss alone), or train it outside planner's engines")
+
+
+def _check_sdpa(model: nn.Module, masked: bool) -> None:
+    """SDPA, which masks causally itself, or eager attention where the blocks rebuild their masks (``masked``,
+    planner.profiler.hfmasks)."""
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if impl not in ("sdpa", None) and not (masked and impl == "eager"):
+        kinds = "'sdpa' or 'eager'" if masked else "'sdpa'"
+        raise TraceError(f"{type(model).__name__} uses attn_implementation={impl!r}; its attention mask is built "
+                         "outside the blocks", f"build the model with attn_implementation={kinds}")
+
+
+def _check_positions(model: nn.Module, arch: str, seq_len: int) -> None:
+    """GPT-2 and OPT look up learned positions 0..s-1 in a table (GPT-2's ``wpe``; OPT's ``embed_positions``, whose
+    first 2 rows are an offset): a longer sequence cannot run (on the meta device the lookup is not checked, so an
+    analytic profile would be written for a model that fails)."""
+    if arch == "gpt2":
+        rows, field = int(getattr(model, "transformer", model).wpe.num_embeddings), "n_positions"
+    elif arch == "opt":
+        rows = int(getattr(model, "model", model).decoder.embed_positions.num_embeddings) - 2
+        field = "max_position_embeddings"
+    else:
+        return
+    if seq_len > rows:
+        raise TraceError(f"{type(model).__name__} has {rows} learned positions ({field}), fewer than the "
+                         f"{seq_len}-token sequence; it cannot run at that length",
+                         f"profile at --input-shape {rows} or less, or build it with {field}={seq_len} or more")
+
+
+def _check_causal(model: nn.Module, arch: str) -> None:
+    """A decoder built with ``is_causal=False`` (transformers' bidirectional attention for decoders: the mask its
+    forward builds lets every token see every other) is refused: the split blocks get no mask, so SDPA masks them
+    causally. BERT attends both ways as its blocks run here."""
+    causal = getattr(getattr(model, "config", None), "is_causal", True)
+    if arch != "bert" and not causal:
+        raise TraceError(f"{type(model).__name__} is built with is_causal={causal!r}: its forward lets every token "
+                         "attend to every other, and its split blocks would attend causally",
+                         "build it with is_causal=True (the default), or split it yourself as an nn.Sequential")
+
+
+def _check_layerdrop(model: nn.Module) -> None:
+    """OPT's ``layerdrop`` skips blocks at random while training; the split layers run every block."""
+    drop = float(getattr(getattr(model, "config", None), "layerdrop", 0.0) or 0.0)
+    if drop > 0:
+        raise TraceError(f"{type(model).__name__} skips its blocks at random while training (layerdrop={drop}); "
+                         "a pipeline runs every block", "build it with layerdrop=0.0")
