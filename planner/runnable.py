@@ -273,7 +273,7 @@ def _split_problems(plan: ir.Plan, engine: str, rules: FormRules) -> list[str]:
             if rules.splits(layer):
                 return [f"stage {i}: layer {index} ({layer.name}) runs the {form} form but shares a parameter with "
                         f"another layer (a tie); {engine} splits no tied layer"]
-            return [f"stage {i}: layer {index} ({layer.name}, a {layer.type}) runs the {form} form; "
+            return [f"stage {i}: layer {index} ({layer.name}, of type {layer.type}) runs the {form} form; "
                     f"{engine} splits the weight of {', '.join(rules.split_types or ())} layers only"]
     return []
 

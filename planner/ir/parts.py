@@ -9,8 +9,8 @@ from typing import Any
 from planner.errors import FormatError
 from planner.ir._fields import _bool, _int, _list, _num, _str
 
-UNSHARDABLE = ("fused projections, q/k norms over all heads, q/k/v clipped in place, or attention and MLP code other "
-               "than a Llama-family decoder's")
+UNSHARDABLE = ("fused projections, q/k norms over all heads, q/k/v clipped in place, a mixture of experts' routed "
+               "experts, or attention and MLP code other than a Llama-family decoder's")
 """Why a block may not be shardable (``BlockShape.shardable``), for messages."""
 
 
