@@ -107,6 +107,8 @@ _FAMILIES = {  # family: (config fields beyond the shared ones, gated, shardable
     "Phi3": ({}, True, False),  # fused qkv_proj and gate_up_proj
     "Glm": ({"head_dim": 16}, True, False),  # fused gate_up_proj
     "Arcee": ({}, False, True),  # ReLU^2 MLP: up and down only
+    "StableLm": ({"use_qkv_bias": True, "qk_layernorm": True}, True, False),  # per-head q/k LayerNorms
+    "Nemotron": ({}, False, False),  # LayerNorm1P, a squared-ReLU MLP (up and down)
 }
 
 
@@ -137,7 +139,7 @@ def family_model(family: str, vocab: int = 96, **fields: object) -> nn.Module:
     import transformers
 
     own: dict[str, object] = {"GPTNeoX": {"intermediate_size": 128}, "OPT": {"ffn_dim": 128, "dropout": 0.0},
-                              "Bloom": {}, "Falcon": {}}.get(
+                              "Bloom": {}, "Falcon": {}, "GPTBigCode": {"n_inner": 128}}.get(
         family, {"intermediate_size": 128, "num_key_value_heads": 2, **_FAMILIES.get(family, ({}, 0, 0))[0],
                  **_MIXTURE_FIELDS.get(family, {})})
     config = getattr(transformers, f"{family}Config")(**{
@@ -148,7 +150,8 @@ def family_model(family: str, vocab: int = 96, **fields: object) -> nn.Module:
 
 @pytest.mark.parametrize("family", sorted(_FAMILIES))
 def test_decoders_with_llamas_forward_split_exactly_like_llama(family: str) -> None:
-    """Gemma, OLMo, OLMo 2, Phi-3, GLM and Arcee run Llama's model and causal-LM forward (transformers 5.24): the
+    """Gemma, OLMo, OLMo 2, Phi-3, GLM, Arcee, StableLM and Nemotron run Llama's model and causal-LM forward
+    (transformers 5.24, StableLM's and Nemotron's looping over every layer, as many as the config's): the
     same split, bit for bit, for the causal LM and the bare model; blocks the planner's tensor parallelism cannot
     shard say so in their shape, and Gemma's scaled embedding is not offered the vocabulary split."""
     torch.manual_seed(0)
@@ -251,6 +254,20 @@ def test_a_mixture_with_its_load_balancing_loss_is_refused() -> None:
         split_hf(family_model("Mixtral", output_router_logits=True, router_aux_loss_coef=0.02),
                  torch.randint(0, 96, (1, 8)))
     assert "output_router_logits=False" in err.value.hint
+
+
+@pytest.mark.parametrize(("multi_query", "attention"), [(True, "sdpa"), (False, "sdpa"), (True, "eager")])
+def test_gpt_bigcode_splits_exactly_as_gpt2_with_its_masks(multi_query: bool, attention: str) -> None:
+    """GPT-BigCode (StarCoder, SantaCoder): GPT-2's layers, multi-query attention or not, SDPA or eager attention
+    (each block handed the additive causal mask its forward builds); bit for bit as causal LM and bare model; one KV
+    head where multi-query; its blocks (q fused with k and v) not sharded."""
+    torch.manual_seed(0)
+    model = family_model("GPTBigCode", multi_query=multi_query, attn_implementation=attention)
+    assert model.config._attn_implementation == attention
+    lm = _exact_both(model, model.transformer, torch.randint(0, 96, (2, 16)), "gpt_bigcode")
+    assert lm.names == ("transformer.wte", "transformer.h.0", "transformer.h.1", "lm_head")
+    assert lm.block(1) == ir.BlockShape(64, 4, 1 if multi_query else 4, 128, 16, gated=False, shardable=False)
+    assert [t.layers for t in lm.ties] == [(0, 3)]
 
 
 @pytest.mark.parametrize("fields", [{}, {"word_embed_proj_dim": 32}, {"do_layer_norm_before": False}])

@@ -61,6 +61,22 @@ class TransformerBlock(nn.Module):  # type: ignore[misc]
         return out if self.post is None else self.post(out)
 
 
+class MaskedBlock(TransformerBlock):
+    """A block whose model's forward hands it an attention mask and nothing else it would not rebuild (GPT-BigCode's):
+    the mask from ``mask`` (none under SDPA, which masks causally itself; additive under eager attention); no KV
+    cache."""
+
+    def __init__(self, block: nn.Module, mask: BlockMask, post: nn.Module | None = None) -> None:
+        super().__init__(block, post)
+        self.mask = mask
+
+    def extra_repr(self) -> str:
+        return f"mask={self.mask}"
+
+    def run_block(self, hidden: torch.Tensor) -> object:
+        return self.block(hidden, attention_mask=self.mask.build(hidden), use_cache=False)
+
+
 class Chain(nn.Module):  # type: ignore[misc]
     """Modules applied one after the other (e.g. final norm then LM head)."""
 

@@ -16,13 +16,13 @@ from planner import ir
 from planner.profiler.hfcode import Match, plain_linears
 
 GATED = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "olmo", "olmo2", "olmo3",
-                   "phi3", "glm", "granite", "cohere", "cohere2", "exaone4", "ministral"})
+                   "phi3", "glm", "granite", "cohere", "cohere2", "exaone4", "ministral", "stablelm"})
 """The architectures whose MLP is gated (SwiGLU or GeGLU: gate, up and down matrices, Phi-3's and GLM's gate and up
 fused)."""
 
 UNSHARDED = frozenset({"phi3", "glm", "olmo2", "olmo3", "gpt_neox", "opt", "cohere", "cohere2", "phi", "starcoder2",
                        "bloom", "falcon", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "phimoe", "deepseek_v2",
-                       "deepseek_v3", "gpt_oss", "ernie4_5_moe", "glm4_moe"})
+                       "deepseek_v3", "gpt_oss", "ernie4_5_moe", "glm4_moe", "gpt_bigcode", "stablelm", "nemotron"})
 """The architectures whose blocks the planner's tensor parallelism does not shard: Phi-3 fuses q/k/v (``qkv_proj``)
 and gate/up (``gate_up_proj``), GLM gate/up, GPT-NeoX q/k/v per head (``query_key_value``); OLMo 2 normalises q and k
 over all heads together, as OLMo 3 does; OPT names its projections ``out_proj``, ``fc1`` and ``fc2``, which the torch
@@ -32,7 +32,9 @@ scaled residuals: a tp 2 grid with sequence parallelism trains like one process,
 its output projection ``dense`` and its MLP ``fc1``/``fc2``, Starcoder2 its MLP ``c_fc``/``c_proj``; BLOOM fuses q/k/v
 per head (``query_key_value``) and names its MLP ``dense_h_to_4h``/``dense_4h_to_h``, as Falcon does; the mixtures of
 experts (``hfsplit.MIXTURES``) hold their experts' weights as 3-D parameters the engines' tensor parallelism does not
-split (no expert parallelism either)."""
+split (no expert parallelism either); GPT-BigCode fuses q with k/v (``c_attn``); StableLM's and Nemotron's blocks
+(StableLM's optional parallel residual and per-head q/k norms, Nemotron's LayerNorm1P and squared-ReLU MLP) were not
+checked under the export's tensor parallelism."""
 
 
 def block_shape(config: Any, seq_len: int, match: Match | None = None) -> ir.BlockShape | None:
@@ -41,9 +43,10 @@ def block_shape(config: Any, seq_len: int, match: Match | None = None) -> ir.Blo
     blocks run ``dp`` only, as layers without shape facts do) where the KV heads do not divide the heads or the
     config lacks a width. ``match``: a decoder recognised by its code (``planner.profiler.hfcode``), whose gating and
     sharding were read off its blocks rather than its ``model_type``."""
-    if hasattr(config, "n_embd"):  # GPT-2
-        return ir.BlockShape(config.n_embd, config.n_head, config.n_head, config.n_inner or 4 * config.n_embd,
-                             seq_len, gated=False)
+    if hasattr(config, "n_embd"):  # GPT-2; GPT-BigCode, with one KV head where it is multi-query
+        kv_heads = 1 if getattr(config, "multi_query", False) else config.n_head
+        return ir.BlockShape(config.n_embd, config.n_head, kv_heads, config.n_inner or 4 * config.n_embd,
+                             seq_len, gated=False, shardable=_shardable(config))
     heads = getattr(config, "num_attention_heads", None)
     ffn = getattr(config, "intermediate_size", None) or getattr(config, "ffn_dim", None)  # OPT: ffn_dim
     if getattr(config, "model_type", "") == "bloom":  # 4h, not in its config

@@ -8,16 +8,18 @@ whose model and causal-LM forward are Llama's, read in transformers 5.24: Mistra
 with its per-head q/k norms, Gemma (GeGLU, its embedding scaled inside its module), OLMo, OLMo 2, Phi-3, GLM and
 Arcee, ``...ForCausalLM`` and ``...Model``; Granite and Cohere, whose forwards add scales of the embeddings and
 logits, kept in the first and last layers; Phi and Starcoder2, which add a dropout of the embeddings; GPT-NeoX,
-Pythia's, whose model runs the same steps under other names; OPT, with learned positions; BLOOM, with ALiBi biases;
-Falcon, rotary or ALiBi; and any decoder whose forwards are, as code, one of those Llama-family classes',
-``planner.profiler.hfcode``) are split at the only one-tensor cuts they have: after the embeddings, after each block,
-and the final norm with the head. Gemma 2 and 3, OLMo 3, EXAONE 4, Ministral and Cohere 2, whose forwards mask (and
-Gemma 3's rotate) each layer by its type, split as Llama (Cohere 2 with its logit scale as Cohere; Gemma's logits
-soft-capped). A Llama-style block (and a BLOOM block, its ALiBi biases, ``hfmodules.AlibiBlock``; a Falcon block,
-both, ``hfmodules.FalconBlock``) rebuilds the mask its model's forward gives it (causal, within a sliding window where
-its layer slides, for SDPA or eager attention: ``planner.profiler.hfmasks``); a decoder built with ``is_causal=False``
-(its forward masks both ways) is refused. The layers are ``planner.profiler.hfmodules`` wrappers;
-``planner.profiler.verify.verify_cuts`` checks the cuts against the model's exported data flow (tests).
+Pythia's, whose model runs the same steps under other names; StableLM and Nemotron, Llama's steps over blocks of their
+own; GPT-BigCode, GPT-2's with multi-query attention and masked blocks (``hfmodules.MaskedBlock``); OPT, with learned
+positions; BLOOM, with ALiBi biases; Falcon, rotary or ALiBi; and any decoder whose forwards are, as code, one of
+those Llama-family classes', ``planner.profiler.hfcode``) are split at the only one-tensor cuts they have: after the
+embeddings, after each block, and the final norm with the head. Gemma 2 and 3, OLMo 3, EXAONE 4, Ministral and Cohere
+2, whose forwards mask (and Gemma 3's rotate) each layer by its type, split as Llama (Cohere 2 with its logit scale as
+Cohere; Gemma's logits soft-capped). A Llama-style block (and a BLOOM block, its ALiBi biases,
+``hfmodules.AlibiBlock``; a Falcon block, both, ``hfmodules.FalconBlock``) rebuilds the mask its model's forward gives
+it (causal, within a sliding window where its layer slides, for SDPA or eager attention:
+``planner.profiler.hfmasks``); a decoder built with ``is_causal=False`` (its forward masks both ways) is refused. The
+layers are ``planner.profiler.hfmodules`` wrappers; ``planner.profiler.verify.verify_cuts`` checks the cuts against
+the model's exported data flow (tests).
 
 Each block records the ``planner.ir.BlockShape`` tensor parallelism needs: GPT-2 (``n_embd``,
 ``n_head`` heads and KV heads, ``n_inner`` or 4h, not gated), BERT (``hidden_size``,
@@ -50,6 +52,7 @@ from planner.profiler.hfmodules import (
     Chain,
     FalconBlock,
     GPT2Embedding,
+    MaskedBlock,
     OPTEmbedding,
     OwnedDropout,
     RotaryBlock,
@@ -99,6 +102,26 @@ def _gpt2_parts(model: nn.Module) -> list[_Part]:
     parts = [_Part(f"{pre}wte", "Embedding", GPT2Embedding(tr.wte, tr.wpe, tr.drop), tr.wte,
                    (f"{pre}wte", f"{pre}wpe", f"{pre}drop"))]
     parts += _block_parts(list(tr.h), f"{pre}h", TransformerBlock, [] if head else [(f"{pre}ln_f", tr.ln_f)])
+    if head:
+        parts.append(_Part("lm_head", "Linear", Chain(tr.ln_f, model.lm_head), model.lm_head,
+                           (f"{pre}ln_f", "lm_head")))
+    return parts
+
+
+def _gpt_bigcode_parts(model: nn.Module) -> list[_Part]:
+    """GPT-BigCode's layers (StarCoder's, SantaCoder's): GPT-2's, its blocks (multi-query attention where the model
+    has it) handed the mask its forward gives them (``hfmodules.MaskedBlock``)."""
+    head = type(model).__name__ == "GPTBigCodeForCausalLM"
+    tr: Any = model.transformer if head else model
+    pre = "transformer." if head else ""
+    parts = [_Part(f"{pre}wte", "Embedding", GPT2Embedding(tr.wte, tr.wpe, tr.drop), tr.wte,
+                   (f"{pre}wte", f"{pre}wpe", f"{pre}drop"))]
+    masks = iter(block_masks(tr.config, len(tr.h), "none"))
+
+    def wrap(block: nn.Module, post: nn.Module | None) -> nn.Module:  # called once per block, in order
+        return MaskedBlock(block, next(masks), post)
+
+    parts += _block_parts(list(tr.h), f"{pre}h", wrap, [] if head else [(f"{pre}ln_f", tr.ln_f)])
     if head:
         parts.append(_Part("lm_head", "Linear", Chain(tr.ln_f, model.lm_head), model.lm_head,
                            (f"{pre}ln_f", "lm_head")))
@@ -292,6 +315,9 @@ _ARCHITECTURES: dict[str, tuple[str, Callable[[nn.Module], list[_Part]]]] = {
     "GPTNeoXForCausalLM": ("gpt_neox", _gpt_neox_parts), "GPTNeoXModel": ("gpt_neox", _gpt_neox_parts),
     "OPTForCausalLM": ("opt", _opt_parts), "OPTModel": ("opt", _opt_parts),
     "BloomForCausalLM": ("bloom", _bloom_parts), "BloomModel": ("bloom", _bloom_parts),
+    **{f"GPTBigCode{kind}": ("gpt_bigcode", _gpt_bigcode_parts) for kind in ("ForCausalLM", "Model")},
+    **{f"{family}{kind}": (family.lower(), _llama_parts) for family in ("StableLm", "Nemotron")
+       for kind in ("ForCausalLM", "Model")},
     "FalconForCausalLM": ("falcon", _falcon_parts), "FalconModel": ("falcon", _falcon_parts),
     **{f"{family}{kind}": (family.lower(), _scaled_llama_parts)
        for family in ("Granite", "Cohere") for kind in ("ForCausalLM", "Model")},
@@ -307,7 +333,7 @@ _ARCHITECTURES: dict[str, tuple[str, Callable[[nn.Module], list[_Part]]]] = {
 """The transformers classes split by structure: class name -> (architecture, its parts)."""
 
 _MASKED = frozenset({_llama_parts, _gemma_parts, _scaled_llama_parts, _dropout_llama_parts, _bloom_parts,
-                     _falcon_parts})
+                     _falcon_parts, _gpt_bigcode_parts})
 """The parts whose blocks rebuild their attention masks (planner.profiler.hfmasks), so run eager attention too."""
 
 STRUCTURED = (", ".join(_ARCHITECTURES) + "; and other decoders whose model and causal-LM forwards are, as code, "
