@@ -351,6 +351,14 @@ def tiny_gpt_bigcode() -> tuple[nn.Module, torch.Tensor]:
     return _tiny_family("GPTBigCode")
 
 
+def tiny_mpt() -> tuple[nn.Module, torch.Tensor]:
+    """MPT: ALiBi biases over max_seq_len positions, a boolean causal mask, its head tied to the embedding."""
+    import transformers
+
+    config = transformers.MptConfig(vocab_size=256, d_model=64, n_layers=2, n_heads=4, max_seq_len=SEQ)
+    return transformers.MptForCausalLM(config), torch.randint(0, 256, (BATCH, SEQ))
+
+
 def tiny_arcee() -> tuple[nn.Module, torch.Tensor]:
     """Arcee: Llama's block with an ungated ReLU^2 MLP (up and down only)."""
     return _tiny_family("Arcee")
@@ -421,6 +429,7 @@ LLAMA_GRIDS: dict[str, tuple[str, dict[str, Any]]] = {
     "falcon-pp2-dp2-zero1": ("tiny_falcon", {"parts": [0, 2, 4], "dp": 2, "zero": 1}),
     "mixtral-pp2-dp2-zero1": ("tiny_mixtral", {"parts": [0, 2, 4], "dp": 2, "zero": 1}),
     "gpt-bigcode-pp2-dp2": ("tiny_gpt_bigcode", {"parts": [0, 2, 4], "dp": 2}),
+    "mpt-pp2-dp2-zero1": ("tiny_mpt", {"parts": [0, 2, 4], "dp": 2, "zero": 1}),
     "qwen3-moe-dp4-zero3": ("tiny_qwen3_moe", {"parts": [0, 4], "dp": 4, "zero": 3}),
     "gpt2-frozen-embeddings-pp2-dp2-zero1": ("tiny_gpt2_frozen", {"parts": [0, 1, 6], "dp": 2, "zero": 1}),
     "gpt2-frozen-embeddings-pp2-dp2-zero3-bf16": ("tiny_gpt2_frozen", {"parts": [0, 1, 6], "dp": 2, "zero": 3,
@@ -439,7 +448,8 @@ def test_llama_grids_train_like_one_process() -> None:
     type), EXAONE 4 (sliding and full layers), each sharded, GPT-NeoX (its
     own names, ZeRO-3), OPT (learned positions, its head tied across stages), BLOOM (ALiBi, its head tied across stages,
     ZeRO-3), Falcon (multi-query, its head tied across stages), Mixtral and Qwen3-MoE (routed experts, ZeRO-1 and 3),
-    GPT-BigCode (multi-query); and a first stage whose weights are all frozen (fine-tuning: it trains nothing)."""
+    GPT-BigCode (multi-query), MPT (ALiBi); and a first stage whose weights are all frozen (fine-tuning: it trains
+    nothing)."""
     plans = {name: grid_plan(factory, **kw) for name, (factory, kw) in LLAMA_GRIDS.items()}
     got = run_grids(plans)
     for name, plan in plans.items():

@@ -268,6 +268,30 @@ def test_gpt_bigcode_splits_exactly_as_gpt2_with_its_masks(multi_query: bool, at
     assert lm.names == ("transformer.wte", "transformer.h.0", "transformer.h.1", "lm_head")
     assert lm.block(1) == ir.BlockShape(64, 4, 1 if multi_query else 4, 128, 16, gated=False, shardable=False)
     assert [t.layers for t in lm.ties] == [(0, 3)]
+    with pytest.raises(TraceError, match=r"64 learned positions \(n_positions\)"):
+        split_hf(model, torch.randint(0, 96, (1, 80)))
+
+
+@pytest.mark.parametrize("fields", [{}, {"n_heads": 6, "d_model": 96}, {"no_bias": False},
+                                    {"attn_config": {"clip_qkv": 2.0, "softmax_scale": 0.3}}])
+def test_mpt_splits_exactly_with_its_alibi_biases_and_positions(fields: dict[str, object]) -> None:
+    """MPT: each block handed its ALiBi biases over max_seq_len positions (6 heads, not a power of two, interleave
+    the slopes) and the boolean causal mask its forward makes; bit for bit as causal LM and bare model, at the
+    sequence's length and at max_seq_len; a longer sequence is refused (its biases cover max_seq_len positions);
+    its blocks (q, k and v fused) not sharded."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = {"vocab_size": 96, "d_model": 64, "n_layers": 2, "n_heads": 4, "max_seq_len": 32, **fields}
+    model = transformers.MptForCausalLM(transformers.MptConfig(**config))
+    lm = _exact_both(model, model.transformer, torch.randint(0, 96, (2, 16)), "mpt")
+    hidden, heads = model.config.d_model, model.config.n_heads
+    assert lm.block(1) == ir.BlockShape(hidden, heads, heads, 4 * hidden, 16, gated=False, shardable=False)
+    assert [t.layers for t in lm.ties] == [(0, 3)]
+    check_exact(model, torch.randint(0, 96, (1, 32)), lm.layers, lm.param_counts)
+    with pytest.raises(TraceError, match=r"32 positions of ALiBi biases \(max_seq_len\).*40-token") as err:
+        split_hf(model, torch.randint(0, 96, (1, 40)))
+    assert "max_seq_len=40" in err.value.hint
 
 
 @pytest.mark.parametrize("fields", [{}, {"word_embed_proj_dim": 32}, {"do_layer_norm_before": False}])

@@ -46,18 +46,22 @@ def _check_sdpa(model: nn.Module, masked: bool) -> None:
 
 
 def _check_positions(model: nn.Module, arch: str, seq_len: int) -> None:
-    """GPT-2 and OPT look up learned positions 0..s-1 in a table (GPT-2's ``wpe``; OPT's ``embed_positions``, whose
-    first 2 rows are an offset): a longer sequence cannot run (on the meta device the lookup is not checked, so an
-    analytic profile would be written for a model that fails)."""
-    if arch == "gpt2":
+    """GPT-2, GPT-BigCode and OPT look up learned positions 0..s-1 in a table (``wpe``; OPT's ``embed_positions``,
+    whose first 2 rows are an offset), MPT its ALiBi biases of ``max_seq_len`` positions: a longer sequence cannot
+    run (on the meta device the lookup is not checked, so an analytic profile would be written for a model that
+    fails)."""
+    kind = "learned positions"
+    if arch in ("gpt2", "gpt_bigcode"):
         rows, field = int(getattr(model, "transformer", model).wpe.num_embeddings), "n_positions"
     elif arch == "opt":
         rows = int(getattr(model, "model", model).decoder.embed_positions.num_embeddings) - 2
         field = "max_position_embeddings"
+    elif arch == "mpt":
+        rows, field, kind = int(model.config.max_seq_len), "max_seq_len", "positions of ALiBi biases"
     else:
         return
     if seq_len > rows:
-        raise TraceError(f"{type(model).__name__} has {rows} learned positions ({field}), fewer than the "
+        raise TraceError(f"{type(model).__name__} has {rows} {kind} ({field}), fewer than the "
                          f"{seq_len}-token sequence; it cannot run at that length",
                          f"profile at --input-shape {rows} or less, or build it with {field}={seq_len} or more")
 

@@ -197,6 +197,28 @@ class AlibiBlock(TransformerBlock):
         return self.block(hidden, alibi=alibi, attention_mask=self.mask.build(hidden), use_cache=False)
 
 
+class MptBlock(TransformerBlock):
+    """An MPT block on hidden states only, given what ``MptModel.forward`` gives each block: the ALiBi biases of its
+    ``max_seq_len`` positions from ``build_alibi`` (the model module's ``build_mpt_alibi_tensor``, called as the model
+    calls it), which the attention slices to the sequence, and its causal mask as the model makes it (the additive
+    mask turned boolean, true where a token may not attend); no KV cache."""
+
+    def __init__(self, block: nn.Module, build_alibi: Callable[..., torch.Tensor], heads: int, max_seq_len: int,
+                 post: nn.Module | None = None) -> None:
+        super().__init__(block, post)
+        self.build_alibi, self.heads, self.max_seq_len = build_alibi, heads, max_seq_len
+        self.mask = BlockMask(additive=True)
+
+    def extra_repr(self) -> str:
+        return f"heads={self.heads}, max_seq_len={self.max_seq_len}"
+
+    def run_block(self, hidden: torch.Tensor) -> object:
+        alibi = self.build_alibi(self.heads, self.max_seq_len, device=hidden.device)
+        masked = self.mask.build(hidden)
+        assert masked is not None  # an additive mask is always built
+        return self.block(hidden, position_bias=alibi, attention_mask=masked.to(torch.bool), use_cache=False)
+
+
 class FalconBlock(TransformerBlock):
     """A Falcon block on hidden states only, given what ``FalconModel.forward`` gives each block for a sequence
     without padding: rotary position embeddings from its own copy of the model's ``rotary_emb`` at positions 0..s-1;

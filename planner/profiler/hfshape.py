@@ -22,19 +22,20 @@ fused)."""
 
 UNSHARDED = frozenset({"phi3", "glm", "olmo2", "olmo3", "gpt_neox", "opt", "cohere", "cohere2", "phi", "starcoder2",
                        "bloom", "falcon", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "phimoe", "deepseek_v2",
-                       "deepseek_v3", "gpt_oss", "ernie4_5_moe", "glm4_moe", "gpt_bigcode", "stablelm", "nemotron"})
-"""The architectures whose blocks the planner's tensor parallelism does not shard: Phi-3 fuses q/k/v (``qkv_proj``)
-and gate/up (``gate_up_proj``), GLM gate/up, GPT-NeoX q/k/v per head (``query_key_value``); OLMo 2 normalises q and k
+                       "deepseek_v3", "gpt_oss", "ernie4_5_moe", "glm4_moe", "gpt_bigcode", "stablelm", "nemotron",
+                       "mpt"})
+"""The architectures whose blocks the planner's tensor parallelism does not shard: Phi-3 fuses q/k/v (``qkv_proj``) and
+gate/up (``gate_up_proj``), GLM gate/up, GPT-NeoX q/k/v per head (``query_key_value``); OLMo 2 normalises q and k
 over all heads together, as OLMo 3 does; OPT names its projections ``out_proj``, ``fc1`` and ``fc2``, which the torch
 export's tensor parallelism does not know; Cohere's blocks are not Llama's code (parallel attention and MLP, per-head
 q/k LayerNorms; Cohere 2's alike), which the export was not checked on (Granite's are Llama's attention and MLP with
 scaled residuals: a tp 2 grid with sequence parallelism trains like one process, tests/test_export_grids); Phi names
-its output projection ``dense`` and its MLP ``fc1``/``fc2``, Starcoder2 its MLP ``c_fc``/``c_proj``; BLOOM fuses q/k/v
-per head (``query_key_value``) and names its MLP ``dense_h_to_4h``/``dense_4h_to_h``, as Falcon does; the mixtures of
-experts (``hfsplit.MIXTURES``) hold their experts' weights as 3-D parameters the engines' tensor parallelism does not
-split (no expert parallelism either); GPT-BigCode fuses q with k/v (``c_attn``); StableLM's and Nemotron's blocks
-(StableLM's optional parallel residual and per-head q/k norms, Nemotron's LayerNorm1P and squared-ReLU MLP) were not
-checked under the export's tensor parallelism."""
+its output projection ``dense`` and its MLP ``fc1``/``fc2``, Starcoder2 its MLP ``c_fc``/``c_proj``; BLOOM fuses
+q/k/v per head (``query_key_value``) and names its MLP ``dense_h_to_4h``/``dense_4h_to_h``, as Falcon does; the
+mixtures of experts (``hfsplit.MIXTURES``) hold their experts' weights as 3-D parameters the engines' tensor
+parallelism does not split (no expert parallelism either); GPT-BigCode fuses q with k/v (``c_attn``), MPT q, k and v
+(``Wqkv``); StableLM's and Nemotron's blocks (StableLM's optional parallel residual and per-head q/k norms,
+Nemotron's LayerNorm1P and squared-ReLU MLP) were not checked under the export's tensor parallelism."""
 
 
 def block_shape(config: Any, seq_len: int, match: Match | None = None) -> ir.BlockShape | None:
@@ -53,6 +54,8 @@ def block_shape(config: Any, seq_len: int, match: Match | None = None) -> ir.Blo
         ffn = 4 * int(config.hidden_size)
     if getattr(config, "model_type", "") == "falcon":
         ffn = config.ffn_hidden_size
+    if getattr(config, "model_type", "") == "mpt":
+        ffn = int(config.expansion_ratio * config.d_model)
     if not heads or not ffn or not getattr(config, "hidden_size", None):
         return None
     kv_heads = getattr(config, "num_key_value_heads", None) or _falcon_kv_heads(config) or heads

@@ -1,35 +1,23 @@
 """Split a ``transformers`` model by its own structure: embeddings, each block, final norm and head.
 
 HF transformers cannot be traced by ``torch.fx`` (their forward branches on caches and masks), and ``torch.export``
-gives aten graphs specialised to one batch size, which a pipeline engine cannot run on micro-batches. So GPT-2
-(``GPT2LMHeadModel``, ``GPT2Model``), BERT (``BertForMaskedLM``, ``BertModel``) and the Llama family
-(``LlamaForCausalLM``, ``LlamaModel``: RMSNorm, SwiGLU, grouped-query attention, rotary embeddings; and the decoders
-whose model and causal-LM forward are Llama's, read in transformers 5.24: Mistral, Qwen2 with its q/k/v biases, Qwen3
-with its per-head q/k norms, Gemma (GeGLU, its embedding scaled inside its module), OLMo, OLMo 2, Phi-3, GLM and
-Arcee, ``...ForCausalLM`` and ``...Model``; Granite and Cohere, whose forwards add scales of the embeddings and
-logits, kept in the first and last layers; Phi and Starcoder2, which add a dropout of the embeddings; GPT-NeoX,
-Pythia's, whose model runs the same steps under other names; StableLM and Nemotron, Llama's steps over blocks of their
-own; GPT-BigCode, GPT-2's with multi-query attention and masked blocks (``hfmodules.MaskedBlock``); OPT, with learned
-positions; BLOOM, with ALiBi biases; Falcon, rotary or ALiBi; and any decoder whose forwards are, as code, one of
-those Llama-family classes', ``planner.profiler.hfcode``) are split at the only one-tensor cuts they have: after the
-embeddings, after each block, and the final norm with the head. Gemma 2 and 3, OLMo 3, EXAONE 4, Ministral and Cohere
-2, whose forwards mask (and Gemma 3's rotate) each layer by its type, split as Llama (Cohere 2 with its logit scale as
-Cohere; Gemma's logits soft-capped). A Llama-style block (and a BLOOM block, its ALiBi biases,
-``hfmodules.AlibiBlock``; a Falcon block, both, ``hfmodules.FalconBlock``) rebuilds the mask its model's forward gives
-it (causal, within a sliding window where its layer slides, for SDPA or eager attention:
-``planner.profiler.hfmasks``); a decoder built with ``is_causal=False`` (its forward masks both ways) is refused. The
-layers are ``planner.profiler.hfmodules`` wrappers; ``planner.profiler.verify.verify_cuts`` checks the cuts against
-the model's exported data flow (tests).
+gives aten graphs specialised to one batch size, which a pipeline engine cannot run on micro-batches. So the classes
+of :data:`_ARCHITECTURES` (``...ForCausalLM`` or LM head and the bare ``...Model``: GPT-2, BERT, the Llama family and
+the decoders whose model and causal-LM forwards run Llama's steps, in transformers 5.24, some with scales, dropouts or
+soft caps of their own kept in the first and last layers; GPT-NeoX, GPT-BigCode, OPT, BLOOM, Falcon and MPT under
+their own names; the mixtures of experts of :data:`MIXTURES`) and any decoder whose forwards are, as code, one of
+those Llama-family classes' (``planner.profiler.hfcode``) are split at the only one-tensor cuts they have: after the
+embeddings, after each block, and the final norm with the head. Each block rebuilds what its model's forward hands it
+(``planner.profiler.hfmodules``): rotary embeddings, ALiBi biases (BLOOM, Falcon, MPT), and the attention mask
+(``planner.profiler.hfmasks``: causal, within a sliding window where its layer slides, for SDPA or eager attention,
+per layer type where the forward reads them); what a split cannot keep is refused (``planner.profiler.hfchecks``).
+``planner.profiler.verify.verify_cuts`` checks the cuts against the model's exported data flow (tests).
 
-Each block records the ``planner.ir.BlockShape`` tensor parallelism needs: GPT-2 (``n_embd``,
-``n_head`` heads and KV heads, ``n_inner`` or 4h, not gated), BERT (``hidden_size``,
-``num_attention_heads``, ``intermediate_size``), Llama (``num_key_value_heads`` KV heads,
-``intermediate_size``, gated: SwiGLU's three matrices; the Llama-family decoders alike, Arcee's MLP ungated);
-``seq_len`` is the example's. Blocks the planner's tensor parallelism cannot shard as Megatron does (fused
-projections: Phi-3, GLM, GPT-NeoX; q/k norms over all heads: OLMo 2; OLMo's in-place ``clip_qkv``; a projection
-that is not a plain ``nn.Linear``, as an adapter wrapped around one, in any block) are marked so
-(``BlockShape.shardable``); Gemma's
-embedding keeps its scale in its module's forward, so it is not offered the vocabulary split (no weight shape).
+Each block records the ``planner.ir.BlockShape`` tensor parallelism needs, read off its config
+(``planner.profiler.hfshape``: widths, heads, KV heads, FFN, gating, head size, ``seq_len`` the example's), marked not
+shardable where the engines' tensor parallelism cannot shard it as Megatron does (``hfshape.UNSHARDED``; a projection
+that is not a plain ``nn.Linear``, in any block). An embedding that scales its output in its own forward (Gemma's) is
+not offered the vocabulary split (no weight shape).
 """
 
 from __future__ import annotations
@@ -53,6 +41,7 @@ from planner.profiler.hfmodules import (
     FalconBlock,
     GPT2Embedding,
     MaskedBlock,
+    MptBlock,
     OPTEmbedding,
     OwnedDropout,
     RotaryBlock,
@@ -276,6 +265,25 @@ def _falcon_parts(model: nn.Module) -> list[_Part]:
     return parts
 
 
+def _mpt_parts(model: nn.Module) -> list[_Part]:
+    """MPT's layers: the token embedding, ALiBi blocks (``hfmodules.MptBlock``), the final norm with the LM head (tied
+    to the embedding)."""
+    head = type(model).__name__ == "MptForCausalLM"
+    base: Any = model.transformer if head else model
+    pre = "transformer." if head else ""
+    parts = [_Part(f"{pre}wte", "Embedding", TokenEmbedding(base.wte), base.wte, (f"{pre}wte",))]
+    build_alibi = inspect.getmodule(type(base)).build_mpt_alibi_tensor  # type: ignore[union-attr]
+
+    def wrap(block: nn.Module, post: nn.Module | None) -> nn.Module:
+        return MptBlock(block, build_alibi, int(base.num_heads), int(base.config.max_seq_len), post)
+
+    parts += _block_parts(list(base.blocks), f"{pre}blocks", wrap, [] if head else [(f"{pre}norm_f", base.norm_f)])
+    if head:
+        parts.append(_Part("lm_head", "Linear", Chain(base.norm_f, model.lm_head), model.lm_head,
+                           (f"{pre}norm_f", "lm_head")))
+    return parts
+
+
 def _opt_parts(model: nn.Module) -> list[_Part]:
     """OPT's layers: token and learned position embeddings, decoder blocks, the final LayerNorm and ``project_out``
     (where the model has them) with the LM head."""
@@ -315,6 +323,7 @@ _ARCHITECTURES: dict[str, tuple[str, Callable[[nn.Module], list[_Part]]]] = {
     "GPTNeoXForCausalLM": ("gpt_neox", _gpt_neox_parts), "GPTNeoXModel": ("gpt_neox", _gpt_neox_parts),
     "OPTForCausalLM": ("opt", _opt_parts), "OPTModel": ("opt", _opt_parts),
     "BloomForCausalLM": ("bloom", _bloom_parts), "BloomModel": ("bloom", _bloom_parts),
+    "MptForCausalLM": ("mpt", _mpt_parts), "MptModel": ("mpt", _mpt_parts),
     **{f"GPTBigCode{kind}": ("gpt_bigcode", _gpt_bigcode_parts) for kind in ("ForCausalLM", "Model")},
     **{f"{family}{kind}": (family.lower(), _llama_parts) for family in ("StableLm", "Nemotron")
        for kind in ("ForCausalLM", "Model")},
@@ -333,7 +342,7 @@ _ARCHITECTURES: dict[str, tuple[str, Callable[[nn.Module], list[_Part]]]] = {
 """The transformers classes split by structure: class name -> (architecture, its parts)."""
 
 _MASKED = frozenset({_llama_parts, _gemma_parts, _scaled_llama_parts, _dropout_llama_parts, _bloom_parts,
-                     _falcon_parts, _gpt_bigcode_parts})
+                     _falcon_parts, _gpt_bigcode_parts, _mpt_parts})
 """The parts whose blocks rebuild their attention masks (planner.profiler.hfmasks), so run eager attention too."""
 
 STRUCTURED = (", ".join(_ARCHITECTURES) + "; and other decoders whose model and causal-LM forwards are, as code, "
