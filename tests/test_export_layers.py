@@ -116,6 +116,33 @@ def test_disable_dropout_zeroes_the_probabilities_modules_keep_as_numbers() -> N
     assert model["drop"].p == 0.0
 
 
+@pytest.mark.parametrize(("family", "fields"), [("Mixtral", {"router_jitter_noise": 0.5}),
+                                               ("Phimoe", {"input_jitter_noise": 0.5})])
+def test_disable_dropout_stills_a_routers_noise_and_sampling_however_the_model_trains(
+        family: str, fields: dict[str, object]) -> None:
+    """Mixtral's router jitter and PhiMoE's (its input jitter, and its sparse mixer sampling the experts while
+    training, at its defaults too) drew on each rank's own generator: every plan of PhiMoE failed `planner run
+    --check` on 2 processes (3.7e-05 relative off one process for 1-1, 5e-05 for dp 2). After it, two training
+    forwards under different seeds agree, the model put to train again; PhiMoE's router_jitter_noise, a threshold
+    and no draw, is kept."""
+    from tests.test_profiler_hfsplit import family_model
+
+    torch.manual_seed(0)
+    model = family_model(family, **fields)
+    disable_dropout(model)
+    model.train()
+    x = torch.randint(0, 96, (2, 8))
+    outs = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        outs.append(model(x).logits)
+    assert torch.equal(outs[0], outs[1])
+    assert model.training and model.model.layers[0].mlp.training
+    if family == "Phimoe":
+        router = model.model.layers[0].mlp.router
+        assert not router.training and router.router_jitter_noise == model.config.router_jitter_noise > 0
+
+
 def huge_unless_meta() -> tuple[nn.Module, torch.Tensor]:
     """A model whose weights would not fit in memory: built on the meta device only (its factory refuses
     otherwise, standing for the out-of-memory kill)."""

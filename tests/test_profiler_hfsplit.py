@@ -256,6 +256,16 @@ def test_a_mixture_with_its_load_balancing_loss_is_refused() -> None:
     assert "output_router_logits=False" in err.value.hint
 
 
+def test_a_bare_mixture_returning_its_router_logits_splits_exactly() -> None:
+    """A bare model (MixtralModel) has no loss to add the load-balancing one to: its hidden states are the split's,
+    bit for bit, whatever router logits it also returns (it was refused as though it trained that loss)."""
+    torch.manual_seed(0)
+    bare = family_model("Mixtral", output_router_logits=True).model
+    x = torch.randint(0, 96, (2, 16))
+    lm = _split(bare, x)
+    check_exact(bare, x, lm.layers, lm.param_counts)
+
+
 @pytest.mark.parametrize(("multi_query", "attention"), [(True, "sdpa"), (False, "sdpa"), (True, "eager")])
 def test_gpt_bigcode_splits_exactly_as_gpt2_with_its_masks(multi_query: bool, attention: str) -> None:
     """GPT-BigCode (StarCoder, SantaCoder): GPT-2's layers, multi-query attention or not, SDPA or eager attention

@@ -66,7 +66,8 @@ def parse_overrides(items: tuple[str, ...] | list[str]) -> dict[str, bool | int 
 @click.option("--input-shape", type=str, default=None,
               help="Input shape without batch, e.g. 3,224,224; a token model's sequence length, e.g. 4096. "
                    "Zoo defaults: 3,224,224 for images, 784 for mlp, 128 tokens for gpt2 and bert-base, the "
-                   "published context for llama2/llama3, 4096 for mistral and qwen.")
+                   "published context for llama2/llama3, gemma, gemma2 and olmo2, 4096 for mistral, qwen, gemma3 and "
+                   "the mixtures of experts.")
 @click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
               help="Override a config field of a zoo transformer (repeatable), e.g. --set num_hidden_layers=4.")
 @click.option("--mode", type=click.Choice(["measured", "analytic"]), default="measured", show_default=True,

@@ -11,6 +11,7 @@ accounting (``planner.ir.Tie``; planner.export.ties makes them runnable);
 
 from __future__ import annotations
 
+import types
 from collections.abc import Sequence
 from typing import Any
 
@@ -130,14 +131,40 @@ def _groups(layer_sets: Sequence[tuple[int, ...]]) -> str:
     return "; ".join("layers " + ", ".join(map(str, s)) for s in layer_sets) or "none"
 
 
+_NOISE = ("jitter_noise", "input_jitter_noise")
+"""The numbers a mixture of experts' router scales its input by a random draw with while training: Mixtral's
+``jitter_noise`` (its ``router_jitter_noise``), PhiMoE's ``input_jitter_noise``. (PhiMoE's ``router_jitter_noise`` is
+no draw: a threshold its sparse mixer reads in training and evaluation alike.)"""
+
+_SAMPLERS = ("sparsemixer",)
+"""Functions a router's forward calls that sample its experts while training (PhiMoE's sparse mixer: Gumbel noise
+and a coin per token), whatever its numbers."""
+
+
 def disable_dropout(module: nn.Module) -> None:
-    """Set every dropout probability to 0 (equivalence checks need a deterministic forward): ``nn.Dropout``
-    modules, and the probabilities modules keep as numbers, ``nn.MultiheadAttention.dropout`` or a transformers
-    attention's ``attention_dropout`` (any float attribute named ``*dropout*``: each rank would draw its own
-    masks, and the split model would train on other masks than the reference)."""
+    """Make every random draw of the forward deterministic (equivalence checks need a deterministic forward): every
+    dropout probability 0, ``nn.Dropout`` modules, and the probabilities modules keep as numbers,
+    ``nn.MultiheadAttention.dropout`` or a transformers attention's ``attention_dropout`` (any float attribute named
+    ``*dropout*``: each rank would draw its own masks, and the split model would train on other masks than the
+    reference); a mixture of experts' router noise (:data:`_NOISE`) 0; and a router that samples its experts while
+    training (:data:`_SAMPLERS`) routed as in evaluation, however its model is put to train."""
     for m in module.modules():
         if isinstance(m, nn.modules.dropout._DropoutNd):
             m.p = 0.0
         for name, value in list(vars(m).items()):
-            if "dropout" in name.lower() and isinstance(value, float):
+            if ("dropout" in name.lower() or name in _NOISE) and isinstance(value, float):
                 setattr(m, name, 0.0)
+        if _samples(type(m)):
+            m.train = types.MethodType(_evaluating, m)
+            m.training = False
+
+
+def _samples(cls: type) -> bool:
+    """Whether ``cls``'s forward calls a function of :data:`_SAMPLERS` (read off its code's names)."""
+    code = getattr(getattr(cls, "forward", None), "__code__", None)
+    return code is not None and any(name in code.co_names for name in _SAMPLERS)
+
+
+def _evaluating(self: nn.Module, mode: bool = True) -> nn.Module:
+    """``nn.Module.train`` for a module that stays in evaluation (its routing without samples) whatever ``mode``."""
+    return nn.Module.train(self, False)  # type: ignore[no-any-return]

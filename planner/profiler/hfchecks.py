@@ -22,11 +22,12 @@ def check_model(model: nn.Module, arch: str, seq_len: int, masked: bool) -> None
 
 
 def _check_router_loss(model: nn.Module) -> None:
-    """A mixture of experts built with ``output_router_logits=True`` adds a load-balancing loss over every block's
-    router logits to its language-model loss; only hidden states cross a split's cuts, so the engines would train
-    the language-model loss alone."""
+    """A mixture of experts' causal LM built with ``output_router_logits=True`` adds a load-balancing loss over every
+    block's router logits to its language-model loss; only hidden states cross a split's cuts, so the engines would
+    train the language-model loss alone. Its bare model (``...Model``) has no loss: its hidden states are the
+    split's, whatever logits it also returns."""
     config = getattr(model, "config", None)
-    if getattr(config, "output_router_logits", False):
+    if getattr(config, "output_router_logits", False) and type(model).__name__.endswith("ForCausalLM"):
         coef = getattr(config, "router_aux_loss_coef", None)
         raise TraceError(f"{type(model).__name__} is built with output_router_logits=True: its loss adds a "
                          f"load-balancing loss (router_aux_loss_coef={coef}) over every block's router logits, and "

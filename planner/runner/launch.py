@@ -10,8 +10,8 @@ servers, this server's ranks meeting the others at torchrun's static rendezvous 
 ``rdzv_endpoint`` (planner.export.nodes says which ranks each server runs). Every server's
 launcher gets the same run JSON (DESIGN.md section 4 and 6).
 
-Dropout is switched off in every run (synthetic data; equivalence needs a deterministic
-forward).
+Dropout is switched off in every run, as is a mixture of experts' router noise and sampling
+(planner.export.layers.disable_dropout; synthetic data; equivalence needs a deterministic forward).
 """
 
 from __future__ import annotations

@@ -65,7 +65,8 @@ def check_failure(plan: ir.Plan, losses: list[float], reference: list[float]) ->
                     f"{reference[step]:.6g})",
                     "the plan does not train the model as one process does: see that the model's factory builds "
                     "the same weights in every process (from torch's seeded generator) and has no randomness "
-                    "besides nn.Dropout; else report it, with the plan and the model")
+                    "besides the dropouts and router noise runs switch off; else report it, with the plan and the "
+                    "model")
 
 
 def max_rel_diff(a: list[float], b: list[float]) -> float:
