@@ -2,9 +2,9 @@
 
 Only the hidden states cross a cut; what a layer needs besides them is rebuilt inside it from
 static shapes: GPT-2's and OPT's position ids (0..s-1), Llama's rotary position embeddings (cos/sin of
-positions 0..s-1, as ``LlamaModel.forward`` computes them), BLOOM's and Falcon's ALiBi biases, and the attention mask
-(``planner.profiler.hfmasks``; none where SDPA applies the causal one itself, ``is_causal``). Each wrapper uses the
-model's own submodules (no parameter copies), so running them in order equals the model.
+positions 0..s-1, as ``LlamaModel.forward`` computes them), BLOOM's, Falcon's and MPT's ALiBi biases, and the
+attention mask (``planner.profiler.hfmasks``; none where SDPA applies the causal one itself, ``is_causal``). Each
+wrapper uses the model's own submodules (no parameter copies), so running them in order equals the model.
 """
 
 from __future__ import annotations
