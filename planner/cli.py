@@ -3,7 +3,8 @@
 Commands are loaded lazily from ``planner.commands.<name>``, so ``planner search`` never
 imports torch. Every :class:`~planner.errors.PlannerError` becomes a one-line cause and a
 hint on stderr and the error's exit code (1 error, 2 usage, 3 no feasible plan); no
-traceback reaches the user unless ``PLANNER_DEBUG=1``.
+traceback reaches the user unless ``PLANNER_DEBUG=1``. Any other exception is an internal error to report, but one
+raised by a model's own forward (:func:`model_frame`), which is named with its file and line.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import traceback
 from collections.abc import Mapping
 from typing import Any
 
@@ -89,9 +91,48 @@ class LazyGroup(click.Group):
                 raise
             from planner.render.text import plain_text
 
+            frame = model_frame(exc)
+            if frame is not None:
+                click.echo(f"error: the model's own code failed: {type(exc).__name__}: {plain_text(exc)} "
+                           f"({plain_text(frame.filename)}:{frame.lineno}, in {frame.name})", err=True)
+                click.echo("hint: planner runs the model as it is built; a config its library does not build "
+                           "(or a factory's bug) fails so: build and run the model once by itself to see it; "
+                           "PLANNER_DEBUG=1 shows the traceback", err=True)
+                sys.exit(1)
             click.echo(f"error: internal error: {type(exc).__name__}: {plain_text(exc)}", err=True)
             click.echo("hint: rerun with PLANNER_DEBUG=1 for the traceback, and report it", err=True)
             sys.exit(1)
+
+
+_LIBRARIES = (os.sep + "torch" + os.sep, os.sep + "deepspeed" + os.sep, os.sep + "click" + os.sep)
+"""Packages whose frames are not a model's code (planner calls them; transformers' modeling code is a model's)."""
+
+_MODULE_CALLS = ("_call_impl", "_wrapped_call_impl")
+"""torch's frames that run a module's forward."""
+
+
+def model_frame(exc: BaseException) -> traceback.FrameSummary | None:
+    """The innermost frame of ``exc``'s traceback in a model's code: below planner's last frame, run by a
+    ``torch.nn.Module`` call (a forward), and not torch's, another library's or the standard library's (a transformers
+    model's module or a user's own); None where planner's own code, or a library it called, raised."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    home = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    last = max((i for i, f in enumerate(frames) if f.filename.startswith(home)), default=-1)
+    calls = [i for i, f in enumerate(frames) if i > last >= 0 and f.name in _MODULE_CALLS
+             and f.filename.endswith(os.path.join("torch", "nn", "modules", "module.py"))]
+    stdlib = os.path.dirname(os.__file__) + os.sep
+    for frame in reversed(frames[calls[0] + 1:] if calls else []):
+        name = frame.filename
+        if (name.startswith(stdlib) and "site-packages" not in name) or any(lib in name for lib in _LIBRARIES):
+            continue
+        return frame
+    return None
+    for frame in reversed(frames[last + 1:]):
+        name = frame.filename
+        if (name.startswith(stdlib) and "site-packages" not in name) or any(lib in name for lib in _LIBRARIES):
+            continue
+        return frame
+    return None
 
 
 def _missing_command(name: str, help_text: str) -> click.Command:

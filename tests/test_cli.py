@@ -25,3 +25,33 @@ def test_unknown_command_is_usage_error() -> None:
 def test_python_dash_m_works() -> None:
     out = subprocess.run([sys.executable, "-m", "planner", "--version"], capture_output=True, text=True)
     assert out.returncode == 0 and "planner" in out.stdout
+
+
+def broken_falcon() -> object:
+    """A Falcon whose config transformers builds but cannot run (the new decoder architecture without its parallel
+    attention: its forward reads a norm it did not make)."""
+    import transformers
+
+    return transformers.FalconForCausalLM(transformers.FalconConfig(
+        vocab_size=96, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, new_decoder_architecture=True,
+        parallel_attn=False, num_kv_heads=2))
+
+
+def test_a_failure_in_the_models_own_code_is_said_to_be_the_models(tmp_path: object) -> None:
+    """An exception raised in the model's code (transformers' module here) below planner's frames is the model's:
+    the message names the file, line and function, not an internal error to report; one raised in planner's own
+    code stays an internal error (tests/test_hostile)."""
+    from pathlib import Path
+
+    from planner.cli import model_frame
+
+    out = Path(str(tmp_path)) / "p.json"
+    result = CliRunner().invoke(main, ["profile", "tests.test_cli:broken_falcon", "--input-shape", "8", "-b", "2",
+                                       "-o", str(out)])
+    assert result.exit_code == 1 and not out.exists()
+    assert "error: the model's own code failed: AttributeError" in result.output
+    assert "modeling_falcon.py" in result.output and "internal error" not in result.output
+    try:
+        sorted([1, "a"])  # the standard library's own frame, called from here: no planner frame above it
+    except TypeError as exc:
+        assert model_frame(exc) is None
