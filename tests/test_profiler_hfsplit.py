@@ -450,3 +450,11 @@ def test_blocks_with_a_projection_other_than_a_linear_are_not_sharded(family: st
     check_exact(model, x, lm.layers, lm.param_counts)
     shapes = [lm.block(i) for i in (1, 2)]
     assert all(s is not None and not s.shardable and not s.splits_over(2) for s in shapes)
+
+
+def test_a_mixture_routing_tokens_to_more_experts_than_it_has_is_refused() -> None:
+    """Mixtral with 2 experts a token of 1 (its router's top-k would fail on the first forward, reported as an input
+    the model rejects): refused naming the fields."""
+    with pytest.raises(TraceError, match=r"num_experts_per_tok=2 experts, more than the 1 a block has") as err:
+        split_hf(family_model("Mixtral", num_local_experts=1), torch.randint(0, 96, (1, 8)))
+    assert "num_experts_per_tok at most 1" in err.value.hint

@@ -1,8 +1,8 @@
 """What a transformers model split by its structure (``planner.profiler.hfsplit``) must be for its blocks to compute
 what the model does: attention the blocks mask themselves (SDPA, or eager where they rebuild their masks), causal
 attention, every block run (no layerdrop), a sequence within its learned positions, and no loss beyond the logits' (a
-mixture of experts' load-balancing loss over every block's router logits). :func:`check_model` raises a TraceError
-naming the setting and its fix.
+mixture of experts' load-balancing loss over every block's router logits), and a router that can choose its tokens'
+experts. :func:`check_model` raises a TraceError naming the setting and its fix.
 """
 
 from __future__ import annotations
@@ -19,6 +19,25 @@ def check_model(model: nn.Module, arch: str, seq_len: int, masked: bool) -> None
     _check_layerdrop(model)
     _check_positions(model, arch, seq_len)
     _check_router_loss(model)
+    _check_routing(model)
+
+
+EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+"""Config fields that count a mixture of experts' experts a block (Mixtral, Qwen2-MoE and OLMoE, DeepSeek, ERNIE)."""
+_PER_TOKEN = ("num_experts_per_tok", "moe_k", "moe_topk")
+"""Config fields that count the experts each token runs."""
+
+
+def _check_routing(model: nn.Module) -> None:
+    """A mixture of experts whose tokens would each run more experts than a block has (its router's top-k fails on
+    the first forward, as an input the model rejects)."""
+    config = getattr(model, "config", None)
+    experts = next((getattr(config, f) for f in EXPERT_FIELDS if isinstance(getattr(config, f, None), int)), None)
+    for field in _PER_TOKEN:
+        k = getattr(config, field, None)
+        if isinstance(k, int) and isinstance(experts, int) and k > experts:
+            raise TraceError(f"{type(model).__name__} routes each token to {field}={k} experts, more than the "
+                             f"{experts} a block has", f"build it with {field} at most {experts}")
 
 
 def _check_router_loss(model: nn.Module) -> None:

@@ -19,6 +19,7 @@ from torch import nn
 
 from planner.errors import ProfileError, TraceError
 from planner.profiler.fxsplit import split_fx
+from planner.profiler.hfchecks import EXPERT_FIELDS
 from planner.profiler.hfsplit import MIXTURES, STRUCTURED, split_hf
 from planner.profiler.layered import LayeredModel, primary_output
 from planner.profiler.verify import verify_cuts
@@ -63,10 +64,6 @@ def _transformers_model(cls: type) -> type | None:
     return next((c for c in cls.__mro__ if c.__module__.startswith("transformers.models.")), None)
 
 
-_EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
-"""Config fields that count a mixture of experts' experts (Mixtral, Qwen2-MoE and OLMoE, DeepSeek, ERNIE)."""
-
-
 def _check_experts(module: nn.Module) -> None:
     """A transformers mixture-of-experts model that is not one split by its structure (``hfsplit.MIXTURES``; or a
     user's subclass of one) is refused with why: torch.fx cannot trace its routing into layers, and its blocks'
@@ -74,7 +71,7 @@ def _check_experts(module: nn.Module) -> None:
     if _transformers_model(type(module)) is None:
         return
     config = getattr(module, "config", None)
-    for field in _EXPERT_FIELDS:
+    for field in EXPERT_FIELDS:
         experts = getattr(config, field, None)
         if isinstance(experts, int) and experts > 1:
             known = ", ".join(prefix for prefix, _ in MIXTURES)
