@@ -83,38 +83,39 @@ def _block_parts(blocks: Sequence[nn.Module], path: str, wrap: _Wrap,
     return parts
 
 
-def _gpt2_parts(model: nn.Module) -> list[_Part]:
-    """GPT-2's layers: embeddings, blocks, final norm with the LM head (or after the last block)."""
-    head = type(model).__name__ == "GPT2LMHeadModel"
-    tr: Any = model.transformer if head else model
-    pre = "transformer." if head else ""
-    parts = [_Part(f"{pre}wte", "Embedding", GPT2Embedding(tr.wte, tr.wpe, tr.drop), tr.wte,
-                   (f"{pre}wte", f"{pre}wpe", f"{pre}drop"))]
-    parts += _block_parts(list(tr.h), f"{pre}h", TransformerBlock, [] if head else [(f"{pre}ln_f", tr.ln_f)])
-    if head:
-        parts.append(_Part("lm_head", "Linear", Chain(tr.ln_f, model.lm_head), model.lm_head,
-                           (f"{pre}ln_f", "lm_head")))
+def _unwrap(model: nn.Module, inner: str) -> tuple[Any, str, nn.Module | None]:
+    """(the bare model, the path prefix of its modules, the LM head or None) of ``model``: a language model
+    (:func:`_causal`) holding its bare model at ``inner``, or the bare model itself."""
+    if _causal(model):
+        return getattr(model, inner), f"{inner}.", model.lm_head
+    return model, "", None
+
+
+def _stack(first: _Part, blocks: Sequence[nn.Module], path: str, wrap: _Wrap, norm: tuple[str, nn.Module],
+           head: nn.Module | None) -> list[_Part]:
+    """A decoder's layers: ``first`` (its embeddings), one part per block at ``path.i``, and the final ``norm``
+    (path, module) with the LM ``head`` as the last layer, or after the last block of a bare model (``head`` None)."""
+    parts = [first, *_block_parts(blocks, path, wrap, [norm] if head is None else [])]
+    if head is not None:
+        parts.append(_Part("lm_head", "Linear", Chain(norm[1], head), head, (norm[0], "lm_head")))
     return parts
+
+
+def _gpt2_parts(model: nn.Module, wrap: _Wrap = TransformerBlock) -> list[_Part]:
+    """GPT-2's layers: token and position embeddings with their dropout, blocks (``wrap``), final norm with the LM
+    head (or after the last block)."""
+    tr, pre, head = _unwrap(model, "transformer")
+    first = _Part(f"{pre}wte", "Embedding", GPT2Embedding(tr.wte, tr.wpe, tr.drop), tr.wte,
+                  (f"{pre}wte", f"{pre}wpe", f"{pre}drop"))
+    return _stack(first, list(tr.h), f"{pre}h", wrap, (f"{pre}ln_f", tr.ln_f), head)
 
 
 def _gpt_bigcode_parts(model: nn.Module) -> list[_Part]:
     """GPT-BigCode's layers (StarCoder's, SantaCoder's): GPT-2's, its blocks (multi-query attention where the model
     has it) handed the mask its forward gives them (``hfmodules.MaskedBlock``)."""
-    head = type(model).__name__ == "GPTBigCodeForCausalLM"
-    tr: Any = model.transformer if head else model
-    pre = "transformer." if head else ""
-    parts = [_Part(f"{pre}wte", "Embedding", GPT2Embedding(tr.wte, tr.wpe, tr.drop), tr.wte,
-                   (f"{pre}wte", f"{pre}wpe", f"{pre}drop"))]
+    tr = _unwrap(model, "transformer")[0]
     masks = iter(block_masks(tr.config, len(tr.h), "none"))
-
-    def wrap(block: nn.Module, post: nn.Module | None) -> nn.Module:  # called once per block, in order
-        return MaskedBlock(block, next(masks), post)
-
-    parts += _block_parts(list(tr.h), f"{pre}h", wrap, [] if head else [(f"{pre}ln_f", tr.ln_f)])
-    if head:
-        parts.append(_Part("lm_head", "Linear", Chain(tr.ln_f, model.lm_head), model.lm_head,
-                           (f"{pre}ln_f", "lm_head")))
-    return parts
+    return _gpt2_parts(model, lambda block, post: MaskedBlock(block, next(masks), post))
 
 
 def _bert_parts(model: nn.Module) -> list[_Part]:
@@ -135,14 +136,10 @@ def _llama_parts(model: nn.Module, norm: str = "norm") -> list[_Part]:
 
     The blocks are those its forward runs, ``layers[: config.num_hidden_layers]``; the weights of any after them
     are in no layer (as BERT's pooler: nothing trains them)."""
-    head = type(model).__name__.endswith("ForCausalLM")
-    base: Any = model.model if head else model
-    pre = "model." if head else ""
+    base, pre, head = _unwrap(model, "model")
     plain = type(base.embed_tokens) is nn.Embedding  # Gemma's scales its output in its own forward
-    parts = [_Part(f"{pre}embed_tokens", "Embedding", TokenEmbedding(base.embed_tokens),
-                   base.embed_tokens if plain else None, (f"{pre}embed_tokens",))]
-
-    final = getattr(base, norm)
+    first = _Part(f"{pre}embed_tokens", "Embedding", TokenEmbedding(base.embed_tokens),
+                  base.embed_tokens if plain else None, (f"{pre}embed_tokens",))
     blocks = list(base.layers)[: base.config.num_hidden_layers]
     typed = "layer_type" in inspect.signature(base.rotary_emb.forward).parameters  # Gemma 3's rotary per type
     types = iter(base.config.layer_types if typed else [None] * len(blocks))
@@ -151,11 +148,13 @@ def _llama_parts(model: nn.Module, norm: str = "norm") -> list[_Part]:
     def wrap(block: nn.Module, post: nn.Module | None) -> nn.Module:  # called once per block, in order
         return RotaryBlock(block, base.rotary_emb, post, next(masks), next(types))
 
-    parts += _block_parts(blocks, f"{pre}layers", wrap, [] if head else [(f"{pre}{norm}", final)])
-    if head:
-        parts.append(_Part("lm_head", "Linear", Chain(final, model.lm_head), model.lm_head,
-                           (f"{pre}{norm}", "lm_head")))
-    return parts
+    return _stack(first, blocks, f"{pre}layers", wrap, (f"{pre}{norm}", getattr(base, norm)), head)
+
+
+def _causal(model: nn.Module) -> bool:
+    """Whether ``model`` is a causal LM (``...ForCausalLM``, GPT-2's ``GPT2LMHeadModel``: its bare model and an LM
+    head), not the bare model."""
+    return type(model).__name__.endswith("ForCausalLM") or type(model).__name__ == "GPT2LMHeadModel"
 
 
 def _gemma_parts(model: nn.Module) -> list[_Part]:
@@ -163,7 +162,7 @@ def _gemma_parts(model: nn.Module) -> list[_Part]:
     soft-capped where the config caps them (``final_logit_softcapping``)."""
     parts = _llama_parts(model)
     cap = getattr(model.config, "final_logit_softcapping", None)
-    if type(model).__name__.endswith("ForCausalLM") and cap is not None:
+    if _causal(model) and cap is not None:
         last = parts[-1]
         parts[-1] = _Part(last.name, last.type, Chain(last.module, SoftCap(float(cap))), last.weight, last.scope)
     return parts
@@ -173,7 +172,7 @@ def _dropout_llama_parts(model: nn.Module) -> list[_Part]:
     """Phi's and Starcoder2's layers: Llama's with the embeddings' dropout their model's forward adds (Phi's
     ``embed_dropout`` module, Starcoder2's functional dropout at ``embedding_dropout``, the same operation as a
     module, ``OwnedDropout``) in the first layer; Phi's final norm is its ``final_layernorm``."""
-    base: Any = model.model if type(model).__name__.endswith("ForCausalLM") else model
+    base = _unwrap(model, "model")[0]
     phi = hasattr(base, "embed_dropout")
     parts = _llama_parts(model, "final_layernorm" if phi else "norm")
     drop = base.embed_dropout if phi else OwnedDropout(float(base.embedding_dropout), base)
@@ -188,13 +187,12 @@ def _scaled_llama_parts(model: nn.Module) -> list[_Part]:
     by ``embedding_multiplier`` and divides the logits by ``logits_scaling``, Cohere multiplies the logits by
     ``logit_scale``). A scaled embedding is not offered the vocabulary split (no weight shape), as Gemma's."""
     parts = _llama_parts(model)
-    head = type(model).__name__.endswith("ForCausalLM")
-    base: Any = model.model if head else model
+    base, _, head = _unwrap(model, "model")
     multiplier = getattr(base, "embedding_multiplier", None)
     if multiplier is not None:
         first = parts[0]
         parts[0] = _Part(first.name, first.type, Chain(first.module, Scale(float(multiplier))), None, first.scope)
-    if head:
+    if head is not None:
         cohere = getattr(model, "logit_scale", None)
         scale = Scale(float(cohere)) if cohere is not None else Scale(float(model.config.logits_scaling), divide=True)
         last = parts[-1]
@@ -205,89 +203,65 @@ def _scaled_llama_parts(model: nn.Module) -> list[_Part]:
 def _gpt_neox_parts(model: nn.Module) -> list[_Part]:
     """GPT-NeoX's layers (Pythia): token embedding with its dropout, rotary decoder blocks, final LayerNorm with the
     LM head."""
-    head = type(model).__name__ == "GPTNeoXForCausalLM"
-    base: Any = model.gpt_neox if head else model
-    pre = "gpt_neox." if head else ""
-    parts = [_Part(f"{pre}embed_in", "Embedding", Chain(base.embed_in, base.emb_dropout), base.embed_in,
-                   (f"{pre}embed_in", f"{pre}emb_dropout"))]
+    base, pre, head = _unwrap(model, "gpt_neox")
+    first = _Part(f"{pre}embed_in", "Embedding", Chain(base.embed_in, base.emb_dropout), base.embed_in,
+                  (f"{pre}embed_in", f"{pre}emb_dropout"))
+    return _stack(first, list(base.layers), f"{pre}layers",
+                  lambda block, post: RotaryBlock(block, base.rotary_emb, post),
+                  (f"{pre}final_layer_norm", base.final_layer_norm), head)
 
-    def wrap(block: nn.Module, post: nn.Module | None) -> nn.Module:
-        return RotaryBlock(block, base.rotary_emb, post)
 
-    parts += _block_parts(list(base.layers), f"{pre}layers", wrap,
-                          [] if head else [(f"{pre}final_layer_norm", base.final_layer_norm)])
-    if head:
-        parts.append(_Part("lm_head", "Linear", Chain(base.final_layer_norm, model.lm_head), model.lm_head,
-                           (f"{pre}final_layer_norm", "lm_head")))
-    return parts
+def _alibi_of(base: nn.Module, name: str) -> Callable[..., torch.Tensor]:
+    """The function ``name`` of ``base``'s own module (its ALiBi biases, as its forward builds them)."""
+    return getattr(inspect.getmodule(type(base)), name)  # type: ignore[no-any-return]
 
 
 def _bloom_parts(model: nn.Module) -> list[_Part]:
     """BLOOM's layers: the word embedding with its LayerNorm, ALiBi blocks (each rebuilding its biases and its
     additive causal mask: ``hfmodules.AlibiBlock``), the final LayerNorm with the LM head (tied to the embedding)."""
-    head = type(model).__name__ == "BloomForCausalLM"
-    base: Any = model.transformer if head else model
-    pre = "transformer." if head else ""
-    parts = [_Part(f"{pre}word_embeddings", "Embedding", Chain(base.word_embeddings, base.word_embeddings_layernorm),
-                   base.word_embeddings, (f"{pre}word_embeddings", f"{pre}word_embeddings_layernorm"))]
-    build_alibi = inspect.getmodule(type(base)).build_alibi_tensor  # type: ignore[union-attr]
+    base, pre, head = _unwrap(model, "transformer")
+    first = _Part(f"{pre}word_embeddings", "Embedding", Chain(base.word_embeddings, base.word_embeddings_layernorm),
+                  base.word_embeddings, (f"{pre}word_embeddings", f"{pre}word_embeddings_layernorm"))
+    build_alibi = _alibi_of(base, "build_alibi_tensor")
     masks = iter(block_masks(base.config, len(base.h), "none"))
-
-    def wrap(block: nn.Module, post: nn.Module | None) -> nn.Module:  # called once per block, in order
-        return AlibiBlock(block, build_alibi, int(base.num_heads), post, next(masks))
-
-    parts += _block_parts(list(base.h), f"{pre}h", wrap, [] if head else [(f"{pre}ln_f", base.ln_f)])
-    if head:
-        parts.append(_Part("lm_head", "Linear", Chain(base.ln_f, model.lm_head), model.lm_head,
-                           (f"{pre}ln_f", "lm_head")))
-    return parts
+    return _stack(first, list(base.h), f"{pre}h",
+                  lambda block, post: AlibiBlock(block, build_alibi, int(base.num_heads), post, next(masks)),
+                  (f"{pre}ln_f", base.ln_f), head)
 
 
 def _falcon_parts(model: nn.Module) -> list[_Part]:
     """Falcon's layers: the word embedding, blocks rebuilding their rotary embeddings, explicit causal masks and,
     where the model uses them, ALiBi biases (``hfmodules.FalconBlock``), the final LayerNorm with the LM head."""
-    head = type(model).__name__ == "FalconForCausalLM"
-    base: Any = model.transformer if head else model
-    pre = "transformer." if head else ""
-    parts = [_Part(f"{pre}word_embeddings", "Embedding", TokenEmbedding(base.word_embeddings), base.word_embeddings,
-                   (f"{pre}word_embeddings",))]
-    build_alibi = inspect.getmodule(type(base)).build_alibi_tensor if base.use_alibi else None  # type: ignore[union-attr]
+    base, pre, head = _unwrap(model, "transformer")
+    first = _Part(f"{pre}word_embeddings", "Embedding", TokenEmbedding(base.word_embeddings), base.word_embeddings,
+                  (f"{pre}word_embeddings",))
+    build_alibi = _alibi_of(base, "build_alibi_tensor") if base.use_alibi else None
     masks = iter(dataclasses.replace(m, explicit=True) for m in block_masks(base.config, len(base.h), "none"))
-    head_dim = int(base.config.hidden_size) // int(base.num_heads)
+    heads = int(base.num_heads)
+    head_dim = int(base.config.hidden_size) // heads
 
     def wrap(block: nn.Module, post: nn.Module | None) -> nn.Module:  # called once per block, in order
-        return FalconBlock(block, base.rotary_emb, next(masks), int(base.num_heads), head_dim, build_alibi, post)
+        return FalconBlock(block, base.rotary_emb, next(masks), heads, head_dim, build_alibi, post)
 
-    parts += _block_parts(list(base.h), f"{pre}h", wrap, [] if head else [(f"{pre}ln_f", base.ln_f)])
-    if head:
-        parts.append(_Part("lm_head", "Linear", Chain(base.ln_f, model.lm_head), model.lm_head,
-                           (f"{pre}ln_f", "lm_head")))
-    return parts
+    return _stack(first, list(base.h), f"{pre}h", wrap, (f"{pre}ln_f", base.ln_f), head)
 
 
 def _mpt_parts(model: nn.Module) -> list[_Part]:
     """MPT's layers: the token embedding, ALiBi blocks (``hfmodules.MptBlock``), the final norm with the LM head (tied
     to the embedding)."""
-    head = type(model).__name__ == "MptForCausalLM"
-    base: Any = model.transformer if head else model
-    pre = "transformer." if head else ""
-    parts = [_Part(f"{pre}wte", "Embedding", TokenEmbedding(base.wte), base.wte, (f"{pre}wte",))]
-    build_alibi = inspect.getmodule(type(base)).build_mpt_alibi_tensor  # type: ignore[union-attr]
-
-    def wrap(block: nn.Module, post: nn.Module | None) -> nn.Module:
-        return MptBlock(block, build_alibi, int(base.num_heads), int(base.config.max_seq_len), post)
-
-    parts += _block_parts(list(base.blocks), f"{pre}blocks", wrap, [] if head else [(f"{pre}norm_f", base.norm_f)])
-    if head:
-        parts.append(_Part("lm_head", "Linear", Chain(base.norm_f, model.lm_head), model.lm_head,
-                           (f"{pre}norm_f", "lm_head")))
-    return parts
+    base, pre, head = _unwrap(model, "transformer")
+    first = _Part(f"{pre}wte", "Embedding", TokenEmbedding(base.wte), base.wte, (f"{pre}wte",))
+    build_alibi = _alibi_of(base, "build_mpt_alibi_tensor")
+    return _stack(first, list(base.blocks), f"{pre}blocks",
+                  lambda block, post: MptBlock(block, build_alibi, int(base.num_heads), int(base.config.max_seq_len),
+                                               post),
+                  (f"{pre}norm_f", base.norm_f), head)
 
 
 def _opt_parts(model: nn.Module) -> list[_Part]:
     """OPT's layers: token and learned position embeddings, decoder blocks, the final LayerNorm and ``project_out``
     (where the model has them) with the LM head."""
-    head = type(model).__name__ == "OPTForCausalLM"
+    head = _causal(model)
     dec: Any = model.model.decoder if head else model.decoder
     pre = "model.decoder." if head else "decoder."
     ends = [(f"{pre}{name}", m) for name in ("final_layer_norm", "project_out")
