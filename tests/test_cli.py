@@ -55,3 +55,24 @@ def test_a_failure_in_the_models_own_code_is_said_to_be_the_models(tmp_path: obj
         sorted([1, "a"])  # the standard library's own frame, called from here: no planner frame above it
     except TypeError as exc:
         assert model_frame(exc) is None
+
+
+def test_a_closed_stderr_does_not_stop_a_command_writing_its_files(tmp_path: object) -> None:
+    """A reader of the human output that goes away (``planner profile ... 2>&1 | head -1``) silences it; the command
+    still writes its file and its ``--json`` and exits 0 (rich's console exited 1 there, before the file was
+    committed)."""
+    import json
+    import os
+    from pathlib import Path
+
+    out = Path(str(tmp_path)) / "p.json"
+    read, write = os.pipe()
+    os.close(read)  # every write to stderr fails with a broken pipe
+    try:
+        done = subprocess.run([sys.executable, "-m", "planner", "profile", "gpt2", "--mode", "analytic", "-b", "2",
+                               "-o", str(out), "--json"], stdout=subprocess.PIPE, stderr=write, text=True,
+                              timeout=300)
+    finally:
+        os.close(write)
+    assert done.returncode == 0
+    assert json.loads(out.read_text())["kind"] == json.loads(done.stdout)["kind"] == "profile"

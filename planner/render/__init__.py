@@ -5,6 +5,7 @@ One module per command's output (``render.profile``, ``render.search``, ...).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -21,13 +22,28 @@ PIPED_WIDTH = 200
 their names whole (rich would squeeze them to 80 columns)."""
 
 
+class _StderrConsole(Console):  # type: ignore[misc]
+    """A rich console on stderr that outlives its reader: when the pipe it writes to closes (``planner search ...
+    2>&1 | head``), it drops the rest of its output and the command finishes, writing its files. Rich's own console
+    exits the process there (``SystemExit(1)``, past a command's handlers, before its outputs are committed) and
+    points stdout, not stderr, at the null device, which would cut a ``--json`` reader off."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        with contextlib.suppress(OSError, ValueError):  # no file descriptor (a test's captured stream)
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self.file.fileno())  # later writes to stderr (the error printer's) go nowhere
+            os.close(devnull)
+
+
 def stderr_console(width_when_piped: int = PIPED_WIDTH) -> Console:
-    """A rich console on stderr: progress, tables and logs never pollute ``--json`` stdout.
+    """A rich console on stderr: progress, tables and logs never pollute ``--json`` stdout; a closed stderr
+    silences it without stopping the command (:class:`_StderrConsole`).
 
     ``width_when_piped``: the least width when stderr is not a terminal (rich's default: 80)."""
-    console = Console(stderr=True, highlight=False)
+    console = _StderrConsole(stderr=True, highlight=False)
     if not console.is_terminal and console.width < width_when_piped:
-        console = Console(stderr=True, highlight=False, width=width_when_piped)
+        console = _StderrConsole(stderr=True, highlight=False, width=width_when_piped)
     return console
 
 
