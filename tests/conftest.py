@@ -14,6 +14,9 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # The suite's workers share the cores on purpose: calibration and timed rounds must not wait for an idle
 # machine (nor retry) -- inherited by the processes the tests start (planner.runner.machine.idle_timeout_s).
 os.environ.setdefault("PLANNER_IDLE_TIMEOUT_S", "0")
+# MKL's threads fixed, not chosen per call by the machine's load: the bit-for-bit checks of split models compare two
+# runs of the same GEMMs (set before any test module imports torch).
+os.environ.setdefault("MKL_DYNAMIC", "FALSE")
 
 
 def make_profile_dict(n_layers: int = 4, batch_size: int = 8, **overrides: Any) -> dict[str, Any]:
