@@ -351,6 +351,16 @@ def tiny_gpt_bigcode() -> tuple[nn.Module, torch.Tensor]:
     return _tiny_family("GPTBigCode")
 
 
+def tiny_gptj() -> tuple[nn.Module, torch.Tensor]:
+    """GPT-J: attention beside the MLP, sinusoidal rotary positions over part of each head, an untied head."""
+    return _tiny_family("GPTJ")
+
+
+def tiny_gpt_neo() -> tuple[nn.Module, torch.Tensor]:
+    """GPT-Neo: GPT-2's layers with global and local (a window of 5 of the 8 tokens) layers, eager attention."""
+    return _tiny_family("GPTNeo")
+
+
 def tiny_mpt() -> tuple[nn.Module, torch.Tensor]:
     """MPT: ALiBi biases over max_seq_len positions, a boolean causal mask, its head tied to the embedding."""
     import transformers
@@ -430,6 +440,8 @@ LLAMA_GRIDS: dict[str, tuple[str, dict[str, Any]]] = {
     "mixtral-pp2-dp2-zero1": ("tiny_mixtral", {"parts": [0, 2, 4], "dp": 2, "zero": 1}),
     "gpt-bigcode-pp2-dp2": ("tiny_gpt_bigcode", {"parts": [0, 2, 4], "dp": 2}),
     "mpt-pp2-dp2-zero1": ("tiny_mpt", {"parts": [0, 2, 4], "dp": 2, "zero": 1}),
+    "gptj-pp2-dp2-zero1": ("tiny_gptj", {"parts": [0, 2, 4], "dp": 2, "zero": 1}),
+    "gpt-neo-pp2-dp2-zero3": ("tiny_gpt_neo", {"parts": [0, 2, 4], "dp": 2, "zero": 3}),
     "qwen3-moe-dp4-zero3": ("tiny_qwen3_moe", {"parts": [0, 4], "dp": 4, "zero": 3}),
     "gpt2-frozen-embeddings-pp2-dp2-zero1": ("tiny_gpt2_frozen", {"parts": [0, 1, 6], "dp": 2, "zero": 1}),
     "gpt2-frozen-embeddings-pp2-dp2-zero3-bf16": ("tiny_gpt2_frozen", {"parts": [0, 1, 6], "dp": 2, "zero": 3,
@@ -448,7 +460,8 @@ def test_llama_grids_train_like_one_process() -> None:
     type), EXAONE 4 (sliding and full layers), each sharded, GPT-NeoX (its
     own names, ZeRO-3), OPT (learned positions, its head tied across stages), BLOOM (ALiBi, its head tied across stages,
     ZeRO-3), Falcon (multi-query, its head tied across stages), Mixtral and Qwen3-MoE (routed experts, ZeRO-1 and 3),
-    GPT-BigCode (multi-query), MPT (ALiBi); and a first stage whose weights are all frozen (fine-tuning: it trains
+    GPT-BigCode (multi-query), MPT (ALiBi), GPT-J (partial rotary), GPT-Neo (local layers, its head tied across
+    stages, ZeRO-3); and a first stage whose weights are all frozen (fine-tuning: it trains
     nothing)."""
     plans = {name: grid_plan(factory, **kw) for name, (factory, kw) in LLAMA_GRIDS.items()}
     got = run_grids(plans)

@@ -139,7 +139,9 @@ def family_model(family: str, vocab: int = 96, **fields: object) -> nn.Module:
     import transformers
 
     own: dict[str, object] = {"GPTNeoX": {"intermediate_size": 128}, "OPT": {"ffn_dim": 128, "dropout": 0.0},
-                              "Bloom": {}, "Falcon": {}, "GPTBigCode": {"n_inner": 128}}.get(
+                              "Bloom": {}, "Falcon": {}, "GPTBigCode": {"n_inner": 128}, "GPTJ": {"rotary_dim": 8},
+                              "CodeGen": {"rotary_dim": 8},
+                              "GPTNeo": {"attention_types": [[["global", "local"], 1]], "window_size": 5}}.get(
         family, {"intermediate_size": 128, "num_key_value_heads": 2, **_FAMILIES.get(family, ({}, 0, 0))[0],
                  **_MIXTURE_FIELDS.get(family, {})})
     config = getattr(transformers, f"{family}Config")(**{
@@ -178,6 +180,18 @@ def _exact_both(model: nn.Module, bare: nn.Module, x: torch.Tensor, arch: str) -
     return _split(model, x)
 
 
+def _check_dropout(dropped: nn.Module) -> None:
+    """``dropped`` (a causal LM with dropout) training: its split draws the same dropout masks, so the same logits;
+    the dropout was on (evaluation gives others)."""
+    dropped.train()
+    x = torch.randint(0, 96, (2, 16))
+    torch.manual_seed(1)
+    want = dropped(x).logits
+    torch.manual_seed(1)
+    assert torch.equal(_split(dropped, x).run(x), want)
+    assert not torch.equal(dropped.eval()(x).logits, want)
+
+
 def test_gpt_neox_splits_exactly_with_its_own_names_and_unsharded_blocks() -> None:
     """GPT-NeoX (Pythia): embed_in and its dropout, rotary blocks with q/k/v fused per head (not sharded), the final
     LayerNorm with the LM head; bit for bit, as a causal LM and a bare model."""
@@ -204,13 +218,7 @@ def test_bloom_splits_exactly_with_alibi_masks_and_its_tied_head(fields: dict[st
     assert lm.block(1) == ir.BlockShape(hidden, heads, heads, 4 * hidden, 16, gated=False, shardable=False)
     assert [t.layers for t in lm.ties] == [(0, 3)] and lm.in_features[0] == 96
     check_exact(model, torch.randint(0, 96, (1, 6)), lm.layers, lm.param_counts)
-    dropped = family_model("Bloom", hidden_dropout=0.2, attention_dropout=0.2, **fields).train()
-    x = torch.randint(0, 96, (2, 16))
-    torch.manual_seed(1)
-    want = dropped(x).logits
-    torch.manual_seed(1)
-    assert torch.equal(_split(dropped, x).run(x), want)
-    assert not torch.equal(dropped.eval()(x).logits, want)  # the dropout was on
+    _check_dropout(family_model("Bloom", hidden_dropout=0.2, attention_dropout=0.2, **fields))
 
 
 @pytest.mark.parametrize(("fields", "kv_heads"), [
@@ -279,6 +287,37 @@ def test_gpt_bigcode_splits_exactly_as_gpt2_with_its_masks(multi_query: bool, at
     assert lm.block(1) == ir.BlockShape(64, 4, 1 if multi_query else 4, 128, 16, gated=False, shardable=False)
     assert [t.layers for t in lm.ties] == [(0, 3)]
     with pytest.raises(TraceError, match=r"64 learned positions \(n_positions\)"):
+        split_hf(model, torch.randint(0, 96, (1, 80)))
+
+
+_DROPOUTS = {"GPTJ": ("resid_pdrop", "embd_pdrop", "attn_pdrop"),
+             "CodeGen": ("resid_pdrop", "embd_pdrop", "attn_pdrop"),
+             "GPTNeo": ("resid_dropout", "embed_dropout", "attention_dropout")}
+"""Each family's dropout fields (residual, embedding, attention)."""
+
+
+@pytest.mark.parametrize(("family", "fields"), [
+    ("GPTJ", {}),  # rotary over the first 8 of each head's 16 channels
+    ("GPTJ", {"rotary_dim": 16, "attn_implementation": "eager"}),  # over all of them; eager attention, masked
+    ("CodeGen", {}), ("CodeGen", {"attn_implementation": "eager"}),  # q/k/v fused in groups
+    ("GPTNeo", {}),  # global and local layers (a window of 5 of the 16 tokens), eager attention only
+])
+def test_gpt_j_codegen_and_gpt_neo_split_exactly(family: str, fields: dict[str, object]) -> None:
+    """GPT-J and CodeGen (the embedding's dropout in the first layer, blocks rebuilding their sinusoidal rotary
+    positions and masks) and GPT-Neo (GPT-2's layers, its local layers masking within their window themselves): bit
+    for bit as causal LM and bare model, on a shorter micro-batch, and in training with dropout; their blocks not
+    sharded; a sequence past the position table refused."""
+    torch.manual_seed(0)
+    model = family_model(family, **fields)
+    arch = str(model.config.model_type)
+    lm = _exact_both(model, model.transformer, torch.randint(0, 96, (2, 16)), arch)
+    assert lm.names == ("transformer.wte", "transformer.h.0", "transformer.h.1", "lm_head")
+    assert lm.block(1) == ir.BlockShape(64, 4, 4, 256, 16, gated=False, shardable=False)
+    assert [t.layers for t in lm.ties] == ([(0, 3)] if family == "GPTNeo" else [])
+    check_exact(model, torch.randint(0, 96, (1, 6)), lm.layers, lm.param_counts)
+    _check_dropout(family_model(family, **fields, **dict.fromkeys(_DROPOUTS[family], 0.2)))
+    field = "max_position_embeddings" if family == "GPTNeo" else "n_positions"
+    with pytest.raises(TraceError, match=rf"64 (learned|rotary) positions \({field}\).*80-token"):
         split_hf(model, torch.randint(0, 96, (1, 80)))
 
 

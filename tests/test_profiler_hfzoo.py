@@ -31,6 +31,32 @@ def test_llama_sizes_have_the_published_parameter_counts(name: str, params: int)
     assert model.config.tie_word_embeddings is name.startswith("gemma")
 
 
+@pytest.mark.parametrize(("name", "params", "attention", "tied"), [
+    ("gpt-j-6b", 6_050_882_784, "sdpa", False),  # EleutherAI/gpt-j-6b: 6.05B (its README's 6,053,381,344 counts
+    # mesh-transformer-jax's weights)
+    ("gpt-neo-2.7b", 2_651_307_520, "eager", True),  # EleutherAI/gpt-neo-2.7B: 2.65B; eager attention only
+])
+def test_gpt_j_and_gpt_neo_have_their_published_sizes_and_split_by_structure(name: str, params: int, attention: str,
+                                                                             tied: bool) -> None:
+    with torch.device("meta"):
+        model = build(name)
+    assert sum(p.numel() for p in model.parameters()) == params
+    assert model.config._attn_implementation == attention and model.config.tie_word_embeddings is tied
+    loaded = load_model(name, 1, (64,), device="meta")
+    assert split_model(loaded.module, loaded.example_input).method == f"structure:{model.config.model_type}"
+
+
+@pytest.mark.parametrize(("layers", "kinds"), [(1, ["global"]), (4, ["global", "local"] * 2),
+                                              (5, ["global", "local"] * 2 + ["global"])])
+def test_gpt_neo_with_fewer_layers_keeps_its_alternating_pattern(layers: int, kinds: list[str]) -> None:
+    """--set num_layers (or num_hidden_layers) on GPT-Neo lays its global and local layers over that many (the
+    config refuses a pattern of another length, and --set takes no list to give one)."""
+    for key in ("num_layers", "num_hidden_layers"):
+        with torch.device("meta"):
+            model = build("gpt-neo-2.7b", 64, {key: layers})
+        assert model.config.attention_layers == kinds and len(model.transformer.h) == layers
+
+
 def test_llama3_70b_config_matches_the_published_table() -> None:
     fields = HF_MODELS["llama3-70b"].fields
     assert (fields["hidden_size"], fields["num_hidden_layers"], fields["num_attention_heads"],

@@ -66,13 +66,16 @@ def _check_sdpa(model: nn.Module, masked: bool) -> None:
 
 
 def _check_positions(model: nn.Module, arch: str, seq_len: int) -> None:
-    """GPT-2, GPT-BigCode and OPT look up learned positions 0..s-1 in a table (``wpe``; OPT's ``embed_positions``,
-    whose first 2 rows are an offset), MPT its ALiBi biases of ``max_seq_len`` positions: a longer sequence cannot
-    run (on the meta device the lookup is not checked, so an analytic profile would be written for a model that
-    fails)."""
+    """GPT-2, GPT-BigCode, GPT-Neo and OPT look up learned positions 0..s-1 in a table (``wpe``; OPT's
+    ``embed_positions``, whose first 2 rows are an offset), GPT-J and CodeGen their rotary positions' sines in a
+    table, MPT its ALiBi biases of ``max_seq_len`` positions: a longer sequence cannot run (on the meta device the
+    lookup is not checked, so an analytic profile would be written for a model that fails)."""
     kind = "learned positions"
-    if arch in ("gpt2", "gpt_bigcode"):
-        rows, field = int(getattr(model, "transformer", model).wpe.num_embeddings), "n_positions"
+    if arch in ("gpt2", "gpt_bigcode", "gpt_neo"):
+        rows = int(getattr(model, "transformer", model).wpe.num_embeddings)
+        field = "max_position_embeddings" if arch == "gpt_neo" else "n_positions"
+    elif arch in ("gptj", "codegen"):  # sinusoidal positions, a table of n_positions rows
+        rows, field, kind = int(model.config.n_positions), "n_positions", "rotary positions"
     elif arch == "opt":
         rows = int(getattr(model, "model", model).decoder.embed_positions.num_embeddings) - 2
         field = "max_position_embeddings"

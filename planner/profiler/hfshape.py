@@ -23,7 +23,7 @@ fused)."""
 UNSHARDED = frozenset({"phi3", "glm", "olmo2", "olmo3", "gpt_neox", "opt", "cohere", "cohere2", "phi", "starcoder2",
                        "bloom", "falcon", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "phimoe", "deepseek_v2",
                        "deepseek_v3", "gpt_oss", "ernie4_5_moe", "glm4_moe", "gpt_bigcode", "stablelm", "nemotron",
-                       "mpt"})
+                       "mpt", "gpt_neo", "gptj", "codegen"})
 """The architectures whose blocks the planner's tensor parallelism does not shard: Phi-3 fuses q/k/v (``qkv_proj``) and
 gate/up (``gate_up_proj``), GLM gate/up, GPT-NeoX q/k/v per head (``query_key_value``); OLMo 2 normalises q and k
 over all heads together, as OLMo 3 does; OPT names its projections ``out_proj``, ``fc1`` and ``fc2``, which the torch
@@ -35,7 +35,9 @@ q/k/v per head (``query_key_value``) and names its MLP ``dense_h_to_4h``/``dense
 mixtures of experts (``hfsplit.MIXTURES``) hold their experts' weights as 3-D parameters the engines' tensor
 parallelism does not split (no expert parallelism either); GPT-BigCode fuses q with k/v (``c_attn``), MPT q, k and v
 (``Wqkv``); StableLM's and Nemotron's blocks (StableLM's optional parallel residual and per-head q/k norms,
-Nemotron's LayerNorm1P and squared-ReLU MLP) were not checked under the export's tensor parallelism."""
+Nemotron's LayerNorm1P and squared-ReLU MLP) were not checked under the export's tensor parallelism; GPT-Neo names
+its MLP ``c_fc``/``c_proj``, GPT-J ``fc_in``/``fc_out`` (attention beside it, rotary over part of each head), and
+CodeGen fuses q/k/v (``qkv_proj``)."""
 
 
 def block_shape(config: Any, seq_len: int, match: Match | None = None) -> ir.BlockShape | None:
@@ -44,7 +46,7 @@ def block_shape(config: Any, seq_len: int, match: Match | None = None) -> ir.Blo
     blocks run ``dp`` only, as layers without shape facts do) where the KV heads do not divide the heads or the
     config lacks a width. ``match``: a decoder recognised by its code (``planner.profiler.hfcode``), whose gating and
     sharding were read off its blocks rather than its ``model_type``."""
-    if hasattr(config, "n_embd"):  # GPT-2; GPT-BigCode, with one KV head where it is multi-query
+    if hasattr(config, "n_embd"):  # GPT-2, GPT-J, CodeGen; GPT-BigCode, with one KV head where it is multi-query
         kv_heads = 1 if getattr(config, "multi_query", False) else config.n_head
         return ir.BlockShape(config.n_embd, config.n_head, kv_heads, config.n_inner or 4 * config.n_embd,
                              seq_len, gated=False, shardable=_shardable(config))
@@ -56,6 +58,8 @@ def block_shape(config: Any, seq_len: int, match: Match | None = None) -> ir.Blo
         ffn = config.ffn_hidden_size
     if getattr(config, "model_type", "") == "mpt":
         ffn = int(config.expansion_ratio * config.d_model)
+    if getattr(config, "model_type", "") == "gpt_neo":  # intermediate_size None: 4h
+        ffn = ffn or 4 * int(config.hidden_size)
     if not heads or not ffn or not getattr(config, "hidden_size", None):
         return None
     kv_heads = getattr(config, "num_key_value_heads", None) or _falcon_kv_heads(config) or heads

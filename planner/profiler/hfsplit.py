@@ -1,16 +1,16 @@
 """Split a ``transformers`` model by its own structure: embeddings, each block, final norm and head.
 
 HF transformers cannot be traced by ``torch.fx`` (their forward branches on caches and masks), and ``torch.export``
-gives aten graphs specialised to one batch size, which a pipeline engine cannot run on micro-batches. So the classes
-of :data:`_ARCHITECTURES` (``...ForCausalLM`` or LM head and the bare ``...Model``: GPT-2, BERT, the Llama family and
-the decoders whose model and causal-LM forwards run Llama's steps, in transformers 5.24, some with scales, dropouts or
-soft caps of their own kept in the first and last layers; GPT-NeoX, GPT-BigCode, OPT, BLOOM, Falcon and MPT under
-their own names; the mixtures of experts of :data:`MIXTURES`) and any decoder whose forwards are, as code, one of
-those Llama-family classes' (``planner.profiler.hfcode``) are split at the only one-tensor cuts they have: after the
-embeddings, after each block, and the final norm with the head. Each block rebuilds what its model's forward hands it
-(``planner.profiler.hfmodules``): rotary embeddings, ALiBi biases (BLOOM, Falcon, MPT), and the attention mask
-(``planner.profiler.hfmasks``: causal, within a sliding window where its layer slides, for SDPA or eager attention,
-per layer type where the forward reads them); what a split cannot keep is refused (``planner.profiler.hfchecks``).
+gives aten graphs specialised to one batch size, which a pipeline engine cannot run on micro-batches. So the classes of
+:data:`_ARCHITECTURES` (``...ForCausalLM`` or LM head and the bare ``...Model``: GPT-2, BERT, the Llama family and the
+decoders whose model and causal-LM forwards run Llama's steps, in transformers 5.24, some with scales, dropouts or soft
+caps of their own kept in the first and last layers; GPT-NeoX, GPT-BigCode, GPT-Neo, GPT-J, CodeGen, OPT, BLOOM, Falcon
+and MPT under their own names; the mixtures of experts of :data:`MIXTURES`) and any decoder whose forwards are, as
+code, one of those Llama-family classes' (``planner.profiler.hfcode``) are split at the only one-tensor cuts they have:
+after the embeddings, after each block, and the final norm with the head. Each block rebuilds what its model's forward
+hands it (``planner.profiler.hfmodules``): rotary embeddings, ALiBi biases (BLOOM, Falcon, MPT), and the attention mask
+(``planner.profiler.hfmasks``: causal, within a sliding window where its layer slides, for SDPA or eager attention, per
+layer type where the forward reads them); what a split cannot keep is refused (``planner.profiler.hfchecks``).
 ``planner.profiler.verify.verify_cuts`` checks the cuts against the model's exported data flow (tests).
 
 Each block records the ``planner.ir.BlockShape`` tensor parallelism needs, read off its config
@@ -110,12 +110,25 @@ def _gpt2_parts(model: nn.Module, wrap: _Wrap = TransformerBlock) -> list[_Part]
     return _stack(first, list(tr.h), f"{pre}h", wrap, (f"{pre}ln_f", tr.ln_f), head)
 
 
-def _gpt_bigcode_parts(model: nn.Module) -> list[_Part]:
-    """GPT-BigCode's layers (StarCoder's, SantaCoder's): GPT-2's, its blocks (multi-query attention where the model
-    has it) handed the mask its forward gives them (``hfmodules.MaskedBlock``)."""
+def _masked_gpt2_parts(model: nn.Module) -> list[_Part]:
+    """GPT-BigCode's layers (StarCoder's, SantaCoder's; multi-query attention where the model has it) and GPT-Neo's
+    (local layers attending within ``window_size`` tokens by their own buffer, eager attention only): GPT-2's, each
+    block handed the causal mask its model's forward gives it (``hfmodules.MaskedBlock``)."""
     tr = _unwrap(model, "transformer")[0]
     masks = iter(block_masks(tr.config, len(tr.h), "none"))
     return _gpt2_parts(model, lambda block, post: MaskedBlock(block, next(masks), post))
+
+
+def _gptj_parts(model: nn.Module) -> list[_Part]:
+    """GPT-J's and CodeGen's layers: the token embedding with its dropout, blocks (attention beside the MLP, rotary
+    over each head's first ``rotary_dim`` channels) rebuilding their sinusoidal positions and causal masks
+    (``hfmodules.RotaryBlock``), the final LayerNorm with the LM head."""
+    tr, pre, head = _unwrap(model, "transformer")
+    first = _Part(f"{pre}wte", "Embedding", Chain(tr.wte, tr.drop), tr.wte, (f"{pre}wte", f"{pre}drop"))
+    masks = iter(block_masks(tr.config, len(tr.h), "none"))
+    return _stack(first, list(tr.h), f"{pre}h",
+                  lambda block, post: RotaryBlock(block, tr.rotary_emb, post, next(masks)),
+                  (f"{pre}ln_f", tr.ln_f), head)
 
 
 def _bert_parts(model: nn.Module) -> list[_Part]:
@@ -298,7 +311,10 @@ _ARCHITECTURES: dict[str, tuple[str, Callable[[nn.Module], list[_Part]]]] = {
     "OPTForCausalLM": ("opt", _opt_parts), "OPTModel": ("opt", _opt_parts),
     "BloomForCausalLM": ("bloom", _bloom_parts), "BloomModel": ("bloom", _bloom_parts),
     "MptForCausalLM": ("mpt", _mpt_parts), "MptModel": ("mpt", _mpt_parts),
-    **{f"GPTBigCode{kind}": ("gpt_bigcode", _gpt_bigcode_parts) for kind in ("ForCausalLM", "Model")},
+    **{f"GPTBigCode{kind}": ("gpt_bigcode", _masked_gpt2_parts) for kind in ("ForCausalLM", "Model")},
+    **{f"GPTNeo{kind}": ("gpt_neo", _masked_gpt2_parts) for kind in ("ForCausalLM", "Model")},
+    **{f"{family}{kind}": (arch, _gptj_parts) for family, arch in (("GPTJ", "gptj"), ("CodeGen", "codegen"))
+       for kind in ("ForCausalLM", "Model")},
     **{f"{family}{kind}": (family.lower(), _llama_parts) for family in ("StableLm", "Nemotron")
        for kind in ("ForCausalLM", "Model")},
     "FalconForCausalLM": ("falcon", _falcon_parts), "FalconModel": ("falcon", _falcon_parts),
@@ -316,7 +332,7 @@ _ARCHITECTURES: dict[str, tuple[str, Callable[[nn.Module], list[_Part]]]] = {
 """The transformers classes split by structure: class name -> (architecture, its parts)."""
 
 _MASKED = frozenset({_llama_parts, _gemma_parts, _scaled_llama_parts, _dropout_llama_parts, _bloom_parts,
-                     _falcon_parts, _gpt_bigcode_parts, _mpt_parts})
+                     _falcon_parts, _masked_gpt2_parts, _gptj_parts, _mpt_parts})
 """The parts whose blocks rebuild their attention masks (planner.profiler.hfmasks), so run eager attention too."""
 
 STRUCTURED = (", ".join(_ARCHITECTURES) + "; and other decoders whose model and causal-LM forwards are, as code, "

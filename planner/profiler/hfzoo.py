@@ -1,7 +1,7 @@
 """The zoo's transformers: GPT-2, BERT and Llama-family models built from ``transformers`` configs (no download).
 
 Each named model is a config class, a model class and the published config fields:
-GPT-2 small/medium (OpenAI's released sizes), BERT-base, Llama 2 7B/13B/70B, Llama 3
+GPT-2 small/medium (OpenAI's released sizes), GPT-J 6B, GPT-Neo 2.7B, BERT-base, Llama 2 7B/13B/70B, Llama 3
 8B/70B, Mistral 7B (v0.1: a 4,096-token sliding window), Qwen2 7B (q/k/v biases), Qwen3 8B
 (head size 128, q/k norms), Gemma 7B, Gemma 2 9B, Gemma 3 1B, OLMo 2 7B and the mixtures of experts Mixtral 8x7B,
 OLMoE 1B-7B and Qwen3-30B-A3B (the models' published
@@ -60,6 +60,11 @@ _GPT2 = _frozen(vocab_size=50257, n_positions=1024, resid_pdrop=0.0, embd_pdrop=
 _BERT = _frozen(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
                 intermediate_size=3072, max_position_embeddings=512, hidden_dropout_prob=0.0,
                 attention_probs_dropout_prob=0.0)
+_GPTJ = _frozen(vocab_size=50400, n_positions=2048, n_embd=4096, n_layer=28, n_head=16, rotary_dim=64,
+               tie_word_embeddings=False, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+_GPT_NEO = _frozen(vocab_size=50257, max_position_embeddings=2048, hidden_size=2560, num_layers=32, num_heads=20,
+                   window_size=256, attention_types=[[["global", "local"], 16]], embed_dropout=0.0,
+                   attention_dropout=0.0, resid_dropout=0.0)
 _LLAMA2 = _frozen(vocab_size=32000, max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0,
                   tie_word_embeddings=False, attention_dropout=0.0)
 _LLAMA3 = _frozen(**{**_LLAMA2, "vocab_size": 128256, "max_position_embeddings": 8192, "rope_theta": 500000.0})
@@ -108,6 +113,12 @@ HF_MODELS: Mapping[str, HFModel] = MappingProxyType({
                     "n_positions", DEFAULT_SEQ_LEN, "GPT-2 small (124M) LM head, tied wte/lm_head"),
     "gpt2-medium": HFModel("GPT2Config", "GPT2LMHeadModel", _frozen(**_GPT2, n_embd=1024, n_layer=24, n_head=16),
                            "n_positions", DEFAULT_SEQ_LEN, "GPT-2 medium (355M) LM head, tied wte/lm_head"),
+    "gpt-j-6b": HFModel("GPTJConfig", "GPTJForCausalLM", _GPTJ, "n_positions", 2048,
+                        "GPT-J 6B (6.05B parameters: attention beside the MLP, rotary over 64 of each head's 256 "
+                        "channels; data and pipeline parallel only)"),
+    "gpt-neo-2.7b": HFModel("GPTNeoConfig", "GPTNeoForCausalLM", _GPT_NEO, "max_position_embeddings", 2048,
+                            "GPT-Neo 2.7B (2.65B parameters: global and local layers of a 256-token window "
+                            "alternating, eager attention only; data and pipeline parallel only)", "eager"),
     "bert-base": HFModel("BertConfig", "BertForMaskedLM", _BERT, "max_position_embeddings", DEFAULT_SEQ_LEN,
                          "BERT-base masked LM, tied word embeddings/decoder"),
     "llama-tiny": HFModel("LlamaConfig", "LlamaForCausalLM", _frozen(
@@ -254,7 +265,8 @@ def build(name: str, seq_len: int | None = None, overrides: Mapping[str, Any] | 
     given = dict(overrides or {})
     check_overrides(name, given)
     canonical = checked_values(name, given)
-    fields = {**spec.fields, **canonical}
+    fields = _neo_layers({**spec.fields, **canonical}, canonical) if spec.config_class == "GPTNeoConfig" else {
+        **spec.fields, **canonical}
     if seq_len is not None and spec.positions_key not in canonical:
         fields[spec.positions_key] = max(int(fields[spec.positions_key]), seq_len)
     config = _config(name, fields, given)
@@ -268,6 +280,17 @@ def build(name: str, seq_len: int | None = None, overrides: Mapping[str, Any] | 
         raise UsageError(f"{name} cannot be built with --set {shown_overrides(given)}: {_first_line(exc)}",
                          "fix the --set values") from None
     return model
+
+
+def _neo_layers(fields: dict[str, Any], canonical: Mapping[str, Any]) -> dict[str, Any]:
+    """GPT-Neo's fields with its layer pattern (global and local layers alternating, ``attention_types``) over the
+    ``num_layers`` set, where that was set without a pattern (``--set`` takes no lists; the config refuses a pattern
+    of another length)."""
+    layers = canonical.get("num_layers")
+    if not isinstance(layers, int) or "attention_types" in canonical:
+        return fields
+    pattern: list[list[Any]] = [[["global", "local"], layers // 2]] if layers > 1 else []
+    return {**fields, "attention_types": pattern + ([[["global"], 1]] if layers % 2 else [])}
 
 
 def _config(name: str, fields: Mapping[str, Any], given: Mapping[str, Any]) -> Any:
