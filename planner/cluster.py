@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from planner import ir
-from planner.errors import ClusterError, FormatError
+from planner.errors import ClusterError, FormatError, shown_devices
 from planner.jsonio import read_json
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "profiles" / "clusters"
@@ -294,7 +294,8 @@ def _group_of(cluster: ir.Cluster, devices: tuple[str, ...], number_format: str)
         return _run_group(cluster, start, len(devices), number_format)
     unknown = [d for d in devices if d not in idx.gpu_of]
     if unknown or not devices:
-        raise ClusterError(f"devices {unknown or list(devices)} are not GPUs of cluster {cluster.name!r}",
+        raise ClusterError(f"devices {shown_devices(unknown or list(devices))} are not GPUs of cluster "
+                           f"{cluster.name!r}",
                            "use device names from the cluster file")
     counts: dict[int, int] = {}
     for d in devices:

@@ -80,3 +80,13 @@ def is_whole(value: object, low: int | None = None, high: int | None = None) -> 
     if isinstance(value, bool) or not isinstance(value, int):
         return False
     return (low is None or value >= low) and (high is None or value <= high)
+
+
+def shown_devices(devices: object, most: int = 4) -> str:
+    """A device list as a message shows it: every name up to ``most``, else the first and last with the count
+    (``['s8.g0', 's8.g1', .., 's71.g7'] (512 devices)``): a stage of a large cluster has hundreds."""
+    names = [str(d) for d in devices] if isinstance(devices, (list, tuple)) else [str(devices)]
+    if len(names) <= most:
+        return repr(names)
+    return f"[{names[0]!r}, {names[1]!r}, .., {names[-1]!r}] ({len(names)} devices)"
+

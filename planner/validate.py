@@ -17,7 +17,7 @@ import math
 from collections.abc import Sequence
 
 from planner import ir
-from planner.errors import PlanError, ScheduleError
+from planner.errors import PlanError, ScheduleError, shown_devices
 from planner.schedule import SCHEDULES, schedule_kind, virtual_stage_schedules
 
 
@@ -116,10 +116,12 @@ def _check_stage_devices(plan: ir.Plan) -> None:
                 raise PlanError(f"stage {i} uses device {d!r}, which is not in cluster {plan.cluster.name!r}",
                                 "use device names from the plan's cluster")
         if len(set(s.devices)) != len(s.devices):
-            raise PlanError(f"stage {i} lists a device twice: {list(s.devices)}", "list each device once")
+            twice = sorted({d for d in s.devices if s.devices.count(d) > 1})
+            raise PlanError(f"stage {i} lists a device twice: {shown_devices(twice)} in {shown_devices(s.devices)}",
+                            "list each device once")
         if i >= k and tuple(s.devices) != tuple(stages[i % k].devices):
-            raise PlanError(f"stage {i} (chunk of device group {i % k}) runs on {list(s.devices)}, not on "
-                            f"{list(stages[i % k].devices)}", "chunk c runs on the devices of chunk c mod K")
+            raise PlanError(f"stage {i} (chunk of device group {i % k}) runs on {shown_devices(s.devices)}, not on "
+                            f"{shown_devices(stages[i % k].devices)}", "chunk c runs on the devices of chunk c mod K")
         if i < k:
             for d in s.devices:
                 if d in owner:

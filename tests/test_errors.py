@@ -43,3 +43,12 @@ def test_is_whole_takes_ints_in_range_only(value: object, low: int | None, high:
     from planner.errors import is_whole
 
     assert is_whole(value, low, high) is whole
+
+
+def test_device_lists_in_messages_stay_short() -> None:
+    """A stage of a large cluster has hundreds of devices: a message names a few, the last and the count."""
+    from planner.errors import shown_devices
+
+    assert shown_devices(("n0.g0", "n0.g1")) == "['n0.g0', 'n0.g1']"
+    many = tuple(f"s{i}.g{j}" for i in range(64) for j in range(8))
+    assert shown_devices(many) == "['s0.g0', 's0.g1', .., 's63.g7'] (512 devices)"

@@ -52,6 +52,19 @@ def test_validate_plan_names_what_is_wrong(plan: ir.Plan, message: str) -> None:
         validate_plan(plan)
 
 
+def test_a_misplaced_chunk_of_a_large_cluster_is_named_in_one_short_line() -> None:
+    """An interleaved plan on 64 servers whose chunk runs on the wrong group: the message names the groups by their
+    first and last devices and size (it listed all 512 names of each)."""
+    cluster = ir.Cluster.from_dict(make_cluster_dict(nodes=64, gpus_per_node=8))
+    names = [g.name for g in cluster.gpus]
+    half = len(names) // 2
+    plan = dataclasses.replace(make_plan("interleaved", 4, 4, 2), cluster=cluster, stages=tuple(
+        ir.Stage((i, i + 1), tuple(names[:half] if i in (0, 3) else names[half:]), ("dp",), 0) for i in range(4)))
+    with pytest.raises(PlanError, match=r"runs on \['n32\.g0', 'n32\.g1', \.\., 'n63\.g7'\] \(256 devices\)") as err:
+        validate_plan(plan)
+    assert len(err.value.cause) < 200
+
+
 def test_validate_plan_forms_count() -> None:
     plan = make_plan()
     bad = dataclasses.replace(plan, stages=(dataclasses.replace(plan.stages[0], forms=("dp",)), plan.stages[1]))

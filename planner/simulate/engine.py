@@ -16,7 +16,7 @@ import math
 from collections.abc import Sequence
 
 from planner import ir
-from planner.errors import PlanError, ScheduleError
+from planner.errors import PlanError, ScheduleError, shown_devices
 from planner.schedule import Action, Schedule
 from planner.simulate.cores import CoreShare
 from planner.simulate.events import COMPUTE, LATENCY, LINK, SHARED, Event, EventQueue, new_event
@@ -35,8 +35,9 @@ def lane_devices(costs: Sequence[ir.StageCost], k: int) -> list[tuple[str, ...]]
         devs = tuple(costs[lane].devices)
         for c in range(lane + k, len(costs), k):
             if tuple(costs[c].devices) != devs:
-                raise PlanError(f"stage {c} runs on {list(costs[c].devices)}, but chunk {c} belongs to device "
-                                f"group {lane} {list(devs)}", "chunk c runs on the devices of chunk c mod K")
+                raise PlanError(f"stage {c} runs on {shown_devices(costs[c].devices)}, but chunk {c} belongs to "
+                                f"device group {lane} {shown_devices(devs)}",
+                                "chunk c runs on the devices of chunk c mod K")
         lanes_devices.append(devs)
     return lanes_devices
 
