@@ -34,10 +34,10 @@ def test_a_model_that_computes_nothing_is_refused_with_what_to_do(model: torch.n
 
 def test_another_transformers_class_gets_a_hint_naming_the_classes_split_by_structure() -> None:
     """fx cannot trace transformers' models; one not split by structure is refused with the ones that are."""
-    from transformers import GPTJConfig, GPTJForCausalLM
+    from transformers import OpenAIGPTConfig, OpenAIGPTLMHeadModel
 
-    model = GPTJForCausalLM(GPTJConfig(n_embd=32, n_layer=1, n_head=2, vocab_size=64, rotary_dim=8))
-    with pytest.raises(TraceError, match="GPTJForCausalLM is a transformers class planner does not split") as err:
+    model = OpenAIGPTLMHeadModel(OpenAIGPTConfig(n_embd=32, n_layer=1, n_head=2, vocab_size=64))
+    with pytest.raises(TraceError, match="OpenAIGPTLMHeadModel is a transformers class planner does not split") as err:
         split_model(model, torch.randint(0, 64, (1, 8)))
     assert "MistralForCausalLM" in err.value.hint and "GPTNeoXForCausalLM" in err.value.hint
 
