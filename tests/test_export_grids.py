@@ -361,6 +361,35 @@ def tiny_gpt_neo() -> tuple[nn.Module, torch.Tensor]:
     return _tiny_family("GPTNeo")
 
 
+def _encoder(family: str, kind: str, **fields: object) -> nn.Module:
+    """transformers' ``<family><kind>`` (BERT's or RoBERTa's config) at hidden 32, 2 blocks of 4 heads, 3 labels."""
+    import transformers
+
+    config = getattr(transformers, f"{family}Config")(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                                                      num_attention_heads=4, intermediate_size=64,
+                                                      max_position_embeddings=16, num_labels=3, **fields)
+    return getattr(transformers, f"{family}{kind}")(config)
+
+
+def tiny_bert_classifier() -> tuple[nn.Module, torch.Tensor]:
+    """BERT as sequence classifier: its pooler over the first token, dropout and classifier in the last layer."""
+    return _encoder("Bert", "ForSequenceClassification"), torch.randint(0, VOCAB, (BATCH, SEQ))
+
+
+def tiny_roberta() -> tuple[nn.Module, torch.Tensor]:
+    """RoBERTa as masked LM: positions counted from the token ids, its head tied to the word embedding."""
+    return _encoder("Roberta", "ForMaskedLM"), torch.randint(2, VOCAB, (BATCH, SEQ))
+
+
+def tiny_vit() -> tuple[nn.Module, torch.Tensor]:
+    """ViT as image classifier: 16 patches of 4 x 4 pixels and the class token, the classifier over that token."""
+    import transformers
+
+    config = transformers.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                                    image_size=16, patch_size=4, num_labels=5)
+    return transformers.ViTForImageClassification(config), torch.randn(BATCH, 3, 16, 16)
+
+
 def tiny_mpt() -> tuple[nn.Module, torch.Tensor]:
     """MPT: ALiBi biases over max_seq_len positions, a boolean causal mask, its head tied to the embedding."""
     import transformers
@@ -442,6 +471,9 @@ LLAMA_GRIDS: dict[str, tuple[str, dict[str, Any]]] = {
     "mpt-pp2-dp2-zero1": ("tiny_mpt", {"parts": [0, 2, 4], "dp": 2, "zero": 1}),
     "gptj-pp2-dp2-zero1": ("tiny_gptj", {"parts": [0, 2, 4], "dp": 2, "zero": 1}),
     "gpt-neo-pp2-dp2-zero3": ("tiny_gpt_neo", {"parts": [0, 2, 4], "dp": 2, "zero": 3}),
+    "bert-classifier-pp2-tp2": ("tiny_bert_classifier", {"parts": [0, 2, 4], "tp": 2}),
+    "roberta-tp2-dp2-zero1": ("tiny_roberta", {"parts": [0, 4], "tp": 2, "dp": 2, "zero": 1}),
+    "vit-pp2-dp2-zero1": ("tiny_vit", {"parts": [0, 2, 4], "dp": 2, "zero": 1}),
     "qwen3-moe-dp4-zero3": ("tiny_qwen3_moe", {"parts": [0, 4], "dp": 4, "zero": 3}),
     "gpt2-frozen-embeddings-pp2-dp2-zero1": ("tiny_gpt2_frozen", {"parts": [0, 1, 6], "dp": 2, "zero": 1}),
     "gpt2-frozen-embeddings-pp2-dp2-zero3-bf16": ("tiny_gpt2_frozen", {"parts": [0, 1, 6], "dp": 2, "zero": 3,
@@ -461,7 +493,8 @@ def test_llama_grids_train_like_one_process() -> None:
     own names, ZeRO-3), OPT (learned positions, its head tied across stages), BLOOM (ALiBi, its head tied across stages,
     ZeRO-3), Falcon (multi-query, its head tied across stages), Mixtral and Qwen3-MoE (routed experts, ZeRO-1 and 3),
     GPT-BigCode (multi-query), MPT (ALiBi), GPT-J (partial rotary), GPT-Neo (local layers, its head tied across
-    stages, ZeRO-3); and a first stage whose weights are all frozen (fine-tuning: it trains
+    stages, ZeRO-3), the encoders BERT (a sequence classifier, sharded), RoBERTa (a masked LM, sharded) and ViT (an
+    image classifier); and a first stage whose weights are all frozen (fine-tuning: it trains
     nothing)."""
     plans = {name: grid_plan(factory, **kw) for name, (factory, kw) in LLAMA_GRIDS.items()}
     got = run_grids(plans)

@@ -66,10 +66,11 @@ def _check_sdpa(model: nn.Module, masked: bool) -> None:
 
 
 def _check_positions(model: nn.Module, arch: str, seq_len: int) -> None:
-    """GPT-2, GPT-BigCode, GPT-Neo and OPT look up learned positions 0..s-1 in a table (``wpe``; OPT's
-    ``embed_positions``, whose first 2 rows are an offset), GPT-J and CodeGen their rotary positions' sines in a
-    table, MPT its ALiBi biases of ``max_seq_len`` positions: a longer sequence cannot run (on the meta device the
-    lookup is not checked, so an analytic profile would be written for a model that fails)."""
+    """GPT-2, GPT-BigCode, GPT-Neo, OPT, BERT and RoBERTa look up learned positions 0..s-1 in a table (``wpe``;
+    OPT's ``embed_positions``, whose first 2 rows are an offset; RoBERTa's, whose first ``pad_token_id + 1`` are),
+    GPT-J and CodeGen their rotary positions' sines in a table, MPT its ALiBi biases of ``max_seq_len`` positions: a
+    longer sequence cannot run (on the meta device the lookup is not checked, so an analytic profile would be
+    written for a model that fails)."""
     kind = "learned positions"
     if arch in ("gpt2", "gpt_bigcode", "gpt_neo"):
         rows = int(getattr(model, "transformer", model).wpe.num_embeddings)
@@ -79,6 +80,9 @@ def _check_positions(model: nn.Module, arch: str, seq_len: int) -> None:
     elif arch == "opt":
         rows = int(getattr(model, "model", model).decoder.embed_positions.num_embeddings) - 2
         field = "max_position_embeddings"
+    elif arch in ("bert", "roberta", "xlm-roberta"):  # RoBERTa's positions start after its padding index
+        offset = int(model.config.pad_token_id) + 1 if arch != "bert" else 0
+        rows, field = int(model.config.max_position_embeddings) - offset, "max_position_embeddings"
     elif arch == "mpt":
         rows, field, kind = int(model.config.max_seq_len), "max_seq_len", "positions of ALiBi biases"
     else:
@@ -89,12 +93,24 @@ def _check_positions(model: nn.Module, arch: str, seq_len: int) -> None:
                          f"profile at --input-shape {rows} or less, or build it with {field}={seq_len} or more")
 
 
+ENCODERS = frozenset({"bert", "roberta", "xlm-roberta", "vit"})
+"""The architectures whose blocks attend both ways (no mask: every token sees every other)."""
+
+
 def _check_causal(model: nn.Module, arch: str) -> None:
     """A decoder built with ``is_causal=False`` (transformers' bidirectional attention for decoders: the mask its
     forward builds lets every token see every other) is refused: the split blocks get no mask, so SDPA masks them
-    causally. BERT attends both ways as its blocks run here."""
-    causal = getattr(getattr(model, "config", None), "is_causal", True)
-    if arch != "bert" and not causal:
+    causally. The encoders (:data:`ENCODERS`) attend both ways as their blocks run here, so one built as a decoder
+    (``is_decoder=True``: BERT's or RoBERTa's causal mask) is refused."""
+    config = getattr(model, "config", None)
+    if arch in ENCODERS:
+        if getattr(config, "is_decoder", False):
+            raise TraceError(f"{type(model).__name__} is built with is_decoder=True: its forward masks attention "
+                             "causally, and planner's split encoder blocks attend both ways",
+                             "build it with is_decoder=False (the default), or split it yourself as an nn.Sequential")
+        return
+    causal = getattr(config, "is_causal", True)
+    if not causal:
         raise TraceError(f"{type(model).__name__} is built with is_causal={causal!r}: its forward lets every token "
                          "attend to every other, and its split blocks would attend causally",
                          "build it with is_causal=True (the default), or split it yourself as an nn.Sequential")

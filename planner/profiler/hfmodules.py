@@ -145,6 +145,25 @@ class BertEmbedding(nn.Module):  # type: ignore[misc]
         return self.embeddings(input_ids=input_ids)
 
 
+class PatchEmbedding(nn.Module):  # type: ignore[misc]
+    """ViT's embeddings (patches, class token, positions, dropout) from pixels, cast to the patch projection's
+    dtype first, as ``ViTModel.forward`` casts them."""
+
+    def __init__(self, embeddings: nn.Module) -> None:
+        super().__init__()
+        self.embeddings = embeddings
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        return self.embeddings(pixels.to(self.embeddings.patch_embeddings.projection.weight.dtype))
+
+
+class FirstToken(nn.Module):  # type: ignore[misc]
+    """The hidden states of each sequence's first token (ViT's class token), as its classifier takes them."""
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden[:, 0, :]
+
+
 class RotaryBlock(TransformerBlock):
     """A Llama-family decoder block on hidden states only (``transformers`` >= 4.48 layer API).
 

@@ -2,7 +2,7 @@
 
 HF transformers cannot be traced by ``torch.fx`` (their forward branches on caches and masks), and ``torch.export``
 gives aten graphs specialised to one batch size, which a pipeline engine cannot run on micro-batches. So the classes of
-:data:`_ARCHITECTURES` (``...ForCausalLM`` or LM head and the bare ``...Model``: GPT-2, BERT, the Llama family and the
+:data:`_ARCHITECTURES` (``...ForCausalLM`` or LM head and the bare ``...Model``: GPT-2, the Llama family and the
 decoders whose model and causal-LM forwards run Llama's steps, in transformers 5.24, some with scales, dropouts or soft
 caps of their own kept in the first and last layers; GPT-NeoX, GPT-BigCode, GPT-Neo, GPT-J, CodeGen, OPT, BLOOM, Falcon
 and MPT under their own names; the mixtures of experts of :data:`MIXTURES`) and any decoder whose forwards are, as
@@ -11,7 +11,9 @@ after the embeddings, after each block, and the final norm with the head. Each b
 hands it (``planner.profiler.hfmodules``): rotary embeddings, ALiBi biases (BLOOM, Falcon, MPT), and the attention mask
 (``planner.profiler.hfmasks``: causal, within a sliding window where its layer slides, for SDPA or eager attention, per
 layer type where the forward reads them); what a split cannot keep is refused (``planner.profiler.hfchecks``).
-``planner.profiler.verify.verify_cuts`` checks the cuts against the model's exported data flow (tests).
+``planner.profiler.verify.verify_cuts`` checks the cuts against the model's exported data flow (tests). The encoders
+(BERT, RoBERTa, XLM-RoBERTa, ViT: ``planner.profiler.hfencoders``) are split the same way, their blocks attending
+both ways with no mask; the pieces of every split are ``planner.profiler.hfparts``'.
 
 Each block records the ``planner.ir.BlockShape`` tensor parallelism needs, read off its config
 (``planner.profiler.hfshape``: widths, heads, KV heads, FFN, gating, head size, ``seq_len`` the example's), marked not
@@ -24,8 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -33,10 +34,10 @@ from torch import nn
 
 from planner.profiler.hfchecks import check_model
 from planner.profiler.hfcode import Match, blocks_of, family_of
+from planner.profiler.hfencoders import encoder_parts, vit_parts, vit_tokens
 from planner.profiler.hfmasks import block_masks, sliding_of
 from planner.profiler.hfmodules import (
     AlibiBlock,
-    BertEmbedding,
     Chain,
     FalconBlock,
     GPT2Embedding,
@@ -50,108 +51,49 @@ from planner.profiler.hfmodules import (
     TokenEmbedding,
     TransformerBlock,
 )
+from planner.profiler.hfparts import Part, Wrap, block_parts, is_causal_lm, stack, unwrap
 from planner.profiler.hfshape import UNSHARDED, block_shape, plain_shape
-from planner.profiler.layered import LayeredModel, dominant, param_accounting, weight_features
+from planner.profiler.layered import LayeredModel, param_accounting, weight_features
 
 
-@dataclass(frozen=True)
-class _Part:
-    """One layer of a structural split: its name, type, runnable module, dominant weight, module paths."""
-
-    name: str
-    type: str
-    module: nn.Module
-    weight: nn.Module | None
-    scope: tuple[str, ...]
-    is_block: bool = False
-
-
-_Wrap = Callable[[nn.Module, nn.Module | None], nn.Module]
-"""Wraps one block (and the final norm after it, or None) into a one-tensor layer."""
-
-
-def _block_parts(blocks: Sequence[nn.Module], path: str, wrap: _Wrap,
-                 after: Sequence[tuple[str, nn.Module]] = ()) -> list[_Part]:
-    """One part per block at ``path.i``; the modules ``after`` (path, module: the final norm of a model without LM
-    head, and OPT's ``project_out``) run after the last block."""
-    parts = []
-    for i, block in enumerate(blocks):
-        tail = after if i == len(blocks) - 1 else ()
-        post = None if not tail else tail[0][1] if len(tail) == 1 else Chain(*(m for _, m in tail))
-        parts.append(_Part(f"{path}.{i}", type(block).__name__, wrap(block, post), dominant([block]),
-                           (f"{path}.{i}", *(name for name, _ in tail)), is_block=True))
-    return parts
-
-
-def _unwrap(model: nn.Module, inner: str) -> tuple[Any, str, nn.Module | None]:
-    """(the bare model, the path prefix of its modules, the LM head or None) of ``model``: a language model
-    (:func:`_causal`) holding its bare model at ``inner``, or the bare model itself."""
-    if _causal(model):
-        return getattr(model, inner), f"{inner}.", model.lm_head
-    return model, "", None
-
-
-def _stack(first: _Part, blocks: Sequence[nn.Module], path: str, wrap: _Wrap, norm: tuple[str, nn.Module],
-           head: nn.Module | None) -> list[_Part]:
-    """A decoder's layers: ``first`` (its embeddings), one part per block at ``path.i``, and the final ``norm``
-    (path, module) with the LM ``head`` as the last layer, or after the last block of a bare model (``head`` None)."""
-    parts = [first, *_block_parts(blocks, path, wrap, [norm] if head is None else [])]
-    if head is not None:
-        parts.append(_Part("lm_head", "Linear", Chain(norm[1], head), head, (norm[0], "lm_head")))
-    return parts
-
-
-def _gpt2_parts(model: nn.Module, wrap: _Wrap = TransformerBlock) -> list[_Part]:
+def _gpt2_parts(model: nn.Module, wrap: Wrap = TransformerBlock) -> list[Part]:
     """GPT-2's layers: token and position embeddings with their dropout, blocks (``wrap``), final norm with the LM
     head (or after the last block)."""
-    tr, pre, head = _unwrap(model, "transformer")
-    first = _Part(f"{pre}wte", "Embedding", GPT2Embedding(tr.wte, tr.wpe, tr.drop), tr.wte,
+    tr, pre, head = unwrap(model, "transformer")
+    first = Part(f"{pre}wte", "Embedding", GPT2Embedding(tr.wte, tr.wpe, tr.drop), tr.wte,
                   (f"{pre}wte", f"{pre}wpe", f"{pre}drop"))
-    return _stack(first, list(tr.h), f"{pre}h", wrap, (f"{pre}ln_f", tr.ln_f), head)
+    return stack(first, list(tr.h), f"{pre}h", wrap, (f"{pre}ln_f", tr.ln_f), head)
 
 
-def _masked_gpt2_parts(model: nn.Module) -> list[_Part]:
+def _masked_gpt2_parts(model: nn.Module) -> list[Part]:
     """GPT-BigCode's layers (StarCoder's, SantaCoder's; multi-query attention where the model has it) and GPT-Neo's
     (local layers attending within ``window_size`` tokens by their own buffer, eager attention only): GPT-2's, each
     block handed the causal mask its model's forward gives it (``hfmodules.MaskedBlock``)."""
-    tr = _unwrap(model, "transformer")[0]
+    tr = unwrap(model, "transformer")[0]
     masks = iter(block_masks(tr.config, len(tr.h), "none"))
     return _gpt2_parts(model, lambda block, post: MaskedBlock(block, next(masks), post))
 
 
-def _gptj_parts(model: nn.Module) -> list[_Part]:
+def _gptj_parts(model: nn.Module) -> list[Part]:
     """GPT-J's and CodeGen's layers: the token embedding with its dropout, blocks (attention beside the MLP, rotary
     over each head's first ``rotary_dim`` channels) rebuilding their sinusoidal positions and causal masks
     (``hfmodules.RotaryBlock``), the final LayerNorm with the LM head."""
-    tr, pre, head = _unwrap(model, "transformer")
-    first = _Part(f"{pre}wte", "Embedding", Chain(tr.wte, tr.drop), tr.wte, (f"{pre}wte", f"{pre}drop"))
+    tr, pre, head = unwrap(model, "transformer")
+    first = Part(f"{pre}wte", "Embedding", Chain(tr.wte, tr.drop), tr.wte, (f"{pre}wte", f"{pre}drop"))
     masks = iter(block_masks(tr.config, len(tr.h), "none"))
-    return _stack(first, list(tr.h), f"{pre}h",
+    return stack(first, list(tr.h), f"{pre}h",
                   lambda block, post: RotaryBlock(block, tr.rotary_emb, post, next(masks)),
                   (f"{pre}ln_f", tr.ln_f), head)
 
 
-def _bert_parts(model: nn.Module) -> list[_Part]:
-    """BERT's layers: embeddings, encoder blocks, MLM head."""
-    head = type(model).__name__ == "BertForMaskedLM"
-    bert: Any = model.bert if head else model
-    pre = "bert." if head else ""
-    parts = [_Part(f"{pre}embeddings", "BertEmbeddings", BertEmbedding(bert.embeddings),
-                   bert.embeddings.word_embeddings, (f"{pre}embeddings",))]
-    parts += _block_parts(list(bert.encoder.layer), f"{pre}encoder.layer", TransformerBlock)
-    if head:
-        parts.append(_Part("cls", type(model.cls).__name__, model.cls, model.cls.predictions.decoder, ("cls",)))
-    return parts
-
-
-def _llama_parts(model: nn.Module, norm: str = "norm") -> list[_Part]:
+def _llama_parts(model: nn.Module, norm: str = "norm") -> list[Part]:
     """A Llama-family model's layers: token embedding, decoder blocks, final RMSNorm (``norm``) with the LM head.
 
     The blocks are those its forward runs, ``layers[: config.num_hidden_layers]``; the weights of any after them
     are in no layer (as BERT's pooler: nothing trains them)."""
-    base, pre, head = _unwrap(model, "model")
+    base, pre, head = unwrap(model, "model")
     plain = type(base.embed_tokens) is nn.Embedding  # Gemma's scales its output in its own forward
-    first = _Part(f"{pre}embed_tokens", "Embedding", TokenEmbedding(base.embed_tokens),
+    first = Part(f"{pre}embed_tokens", "Embedding", TokenEmbedding(base.embed_tokens),
                   base.embed_tokens if plain else None, (f"{pre}embed_tokens",))
     blocks = list(base.layers)[: base.config.num_hidden_layers]
     typed = "layer_type" in inspect.signature(base.rotary_emb.forward).parameters  # Gemma 3's rotary per type
@@ -161,65 +103,59 @@ def _llama_parts(model: nn.Module, norm: str = "norm") -> list[_Part]:
     def wrap(block: nn.Module, post: nn.Module | None) -> nn.Module:  # called once per block, in order
         return RotaryBlock(block, base.rotary_emb, post, next(masks), next(types))
 
-    return _stack(first, blocks, f"{pre}layers", wrap, (f"{pre}{norm}", getattr(base, norm)), head)
+    return stack(first, blocks, f"{pre}layers", wrap, (f"{pre}{norm}", getattr(base, norm)), head)
 
 
-def _causal(model: nn.Module) -> bool:
-    """Whether ``model`` is a causal LM (``...ForCausalLM``, GPT-2's ``GPT2LMHeadModel``: its bare model and an LM
-    head), not the bare model."""
-    return type(model).__name__.endswith("ForCausalLM") or type(model).__name__ == "GPT2LMHeadModel"
-
-
-def _gemma_parts(model: nn.Module) -> list[_Part]:
+def _gemma_parts(model: nn.Module) -> list[Part]:
     """Gemma 2's and 3's layers: Llama's (each block masked and, in Gemma 3, rotated as its layer type), the logits
     soft-capped where the config caps them (``final_logit_softcapping``)."""
     parts = _llama_parts(model)
     cap = getattr(model.config, "final_logit_softcapping", None)
-    if _causal(model) and cap is not None:
+    if is_causal_lm(model) and cap is not None:
         last = parts[-1]
-        parts[-1] = _Part(last.name, last.type, Chain(last.module, SoftCap(float(cap))), last.weight, last.scope)
+        parts[-1] = Part(last.name, last.type, Chain(last.module, SoftCap(float(cap))), last.weight, last.scope)
     return parts
 
 
-def _dropout_llama_parts(model: nn.Module) -> list[_Part]:
+def _dropout_llama_parts(model: nn.Module) -> list[Part]:
     """Phi's and Starcoder2's layers: Llama's with the embeddings' dropout their model's forward adds (Phi's
     ``embed_dropout`` module, Starcoder2's functional dropout at ``embedding_dropout``, the same operation as a
     module, ``OwnedDropout``) in the first layer; Phi's final norm is its ``final_layernorm``."""
-    base = _unwrap(model, "model")[0]
+    base = unwrap(model, "model")[0]
     phi = hasattr(base, "embed_dropout")
     parts = _llama_parts(model, "final_layernorm" if phi else "norm")
     drop = base.embed_dropout if phi else OwnedDropout(float(base.embedding_dropout), base)
     first = parts[0]
     scope = (*first.scope, first.name.replace("embed_tokens", "embed_dropout")) if phi else first.scope
-    parts[0] = _Part(first.name, first.type, Chain(first.module, drop), first.weight, scope)
+    parts[0] = Part(first.name, first.type, Chain(first.module, drop), first.weight, scope)
     return parts
 
 
-def _scaled_llama_parts(model: nn.Module) -> list[_Part]:
+def _scaled_llama_parts(model: nn.Module) -> list[Part]:
     """Granite's and Cohere's layers: Llama's, with the scales their forwards add (Granite multiplies the embeddings
     by ``embedding_multiplier`` and divides the logits by ``logits_scaling``, Cohere multiplies the logits by
     ``logit_scale``). A scaled embedding is not offered the vocabulary split (no weight shape), as Gemma's."""
     parts = _llama_parts(model)
-    base, _, head = _unwrap(model, "model")
+    base, _, head = unwrap(model, "model")
     multiplier = getattr(base, "embedding_multiplier", None)
     if multiplier is not None:
         first = parts[0]
-        parts[0] = _Part(first.name, first.type, Chain(first.module, Scale(float(multiplier))), None, first.scope)
+        parts[0] = Part(first.name, first.type, Chain(first.module, Scale(float(multiplier))), None, first.scope)
     if head is not None:
         cohere = getattr(model, "logit_scale", None)
         scale = Scale(float(cohere)) if cohere is not None else Scale(float(model.config.logits_scaling), divide=True)
         last = parts[-1]
-        parts[-1] = _Part(last.name, last.type, Chain(last.module, scale), last.weight, last.scope)
+        parts[-1] = Part(last.name, last.type, Chain(last.module, scale), last.weight, last.scope)
     return parts
 
 
-def _gpt_neox_parts(model: nn.Module) -> list[_Part]:
+def _gpt_neox_parts(model: nn.Module) -> list[Part]:
     """GPT-NeoX's layers (Pythia): token embedding with its dropout, rotary decoder blocks, final LayerNorm with the
     LM head."""
-    base, pre, head = _unwrap(model, "gpt_neox")
-    first = _Part(f"{pre}embed_in", "Embedding", Chain(base.embed_in, base.emb_dropout), base.embed_in,
+    base, pre, head = unwrap(model, "gpt_neox")
+    first = Part(f"{pre}embed_in", "Embedding", Chain(base.embed_in, base.emb_dropout), base.embed_in,
                   (f"{pre}embed_in", f"{pre}emb_dropout"))
-    return _stack(first, list(base.layers), f"{pre}layers",
+    return stack(first, list(base.layers), f"{pre}layers",
                   lambda block, post: RotaryBlock(block, base.rotary_emb, post),
                   (f"{pre}final_layer_norm", base.final_layer_norm), head)
 
@@ -229,24 +165,24 @@ def _alibi_of(base: nn.Module, name: str) -> Callable[..., torch.Tensor]:
     return getattr(inspect.getmodule(type(base)), name)  # type: ignore[no-any-return]
 
 
-def _bloom_parts(model: nn.Module) -> list[_Part]:
+def _bloom_parts(model: nn.Module) -> list[Part]:
     """BLOOM's layers: the word embedding with its LayerNorm, ALiBi blocks (each rebuilding its biases and its
     additive causal mask: ``hfmodules.AlibiBlock``), the final LayerNorm with the LM head (tied to the embedding)."""
-    base, pre, head = _unwrap(model, "transformer")
-    first = _Part(f"{pre}word_embeddings", "Embedding", Chain(base.word_embeddings, base.word_embeddings_layernorm),
+    base, pre, head = unwrap(model, "transformer")
+    first = Part(f"{pre}word_embeddings", "Embedding", Chain(base.word_embeddings, base.word_embeddings_layernorm),
                   base.word_embeddings, (f"{pre}word_embeddings", f"{pre}word_embeddings_layernorm"))
     build_alibi = _alibi_of(base, "build_alibi_tensor")
     masks = iter(block_masks(base.config, len(base.h), "none"))
-    return _stack(first, list(base.h), f"{pre}h",
+    return stack(first, list(base.h), f"{pre}h",
                   lambda block, post: AlibiBlock(block, build_alibi, int(base.num_heads), post, next(masks)),
                   (f"{pre}ln_f", base.ln_f), head)
 
 
-def _falcon_parts(model: nn.Module) -> list[_Part]:
+def _falcon_parts(model: nn.Module) -> list[Part]:
     """Falcon's layers: the word embedding, blocks rebuilding their rotary embeddings, explicit causal masks and,
     where the model uses them, ALiBi biases (``hfmodules.FalconBlock``), the final LayerNorm with the LM head."""
-    base, pre, head = _unwrap(model, "transformer")
-    first = _Part(f"{pre}word_embeddings", "Embedding", TokenEmbedding(base.word_embeddings), base.word_embeddings,
+    base, pre, head = unwrap(model, "transformer")
+    first = Part(f"{pre}word_embeddings", "Embedding", TokenEmbedding(base.word_embeddings), base.word_embeddings,
                   (f"{pre}word_embeddings",))
     build_alibi = _alibi_of(base, "build_alibi_tensor") if base.use_alibi else None
     masks = iter(dataclasses.replace(m, explicit=True) for m in block_masks(base.config, len(base.h), "none"))
@@ -256,25 +192,25 @@ def _falcon_parts(model: nn.Module) -> list[_Part]:
     def wrap(block: nn.Module, post: nn.Module | None) -> nn.Module:  # called once per block, in order
         return FalconBlock(block, base.rotary_emb, next(masks), heads, head_dim, build_alibi, post)
 
-    return _stack(first, list(base.h), f"{pre}h", wrap, (f"{pre}ln_f", base.ln_f), head)
+    return stack(first, list(base.h), f"{pre}h", wrap, (f"{pre}ln_f", base.ln_f), head)
 
 
-def _mpt_parts(model: nn.Module) -> list[_Part]:
+def _mpt_parts(model: nn.Module) -> list[Part]:
     """MPT's layers: the token embedding, ALiBi blocks (``hfmodules.MptBlock``), the final norm with the LM head (tied
     to the embedding)."""
-    base, pre, head = _unwrap(model, "transformer")
-    first = _Part(f"{pre}wte", "Embedding", TokenEmbedding(base.wte), base.wte, (f"{pre}wte",))
+    base, pre, head = unwrap(model, "transformer")
+    first = Part(f"{pre}wte", "Embedding", TokenEmbedding(base.wte), base.wte, (f"{pre}wte",))
     build_alibi = _alibi_of(base, "build_mpt_alibi_tensor")
-    return _stack(first, list(base.blocks), f"{pre}blocks",
+    return stack(first, list(base.blocks), f"{pre}blocks",
                   lambda block, post: MptBlock(block, build_alibi, int(base.num_heads), int(base.config.max_seq_len),
                                                post),
                   (f"{pre}norm_f", base.norm_f), head)
 
 
-def _opt_parts(model: nn.Module) -> list[_Part]:
+def _opt_parts(model: nn.Module) -> list[Part]:
     """OPT's layers: token and learned position embeddings, decoder blocks, the final LayerNorm and ``project_out``
     (where the model has them) with the LM head."""
-    head = _causal(model)
+    head = is_causal_lm(model)
     dec: Any = model.model.decoder if head else model.decoder
     pre = "model.decoder." if head else "decoder."
     ends = [(f"{pre}{name}", m) for name in ("final_layer_norm", "project_out")
@@ -282,10 +218,10 @@ def _opt_parts(model: nn.Module) -> list[_Part]:
     embed = OPTEmbedding(dec.embed_tokens, dec.embed_positions, dec.project_in)
     scope = [f"{pre}{name}" for name in ("embed_tokens", "embed_positions", "project_in")
              if getattr(dec, name) is not None]
-    parts = [_Part(f"{pre}embed_tokens", "Embedding", embed, None, tuple(scope))]
-    parts += _block_parts(list(dec.layers), f"{pre}layers", TransformerBlock, [] if head else ends)
+    parts = [Part(f"{pre}embed_tokens", "Embedding", embed, None, tuple(scope))]
+    parts += block_parts(list(dec.layers), f"{pre}layers", TransformerBlock, [] if head else ends)
     if head:
-        parts.append(_Part("lm_head", "Linear", Chain(*(m for _, m in ends), model.lm_head), model.lm_head,
+        parts.append(Part("lm_head", "Linear", Chain(*(m for _, m in ends), model.lm_head), model.lm_head,
                            (*(name for name, _ in ends), "lm_head")))
     return parts
 
@@ -302,9 +238,12 @@ Llama's steps, their blocks route each token to its router's experts (an analyti
 ``planner.profiler.experts``); their blocks are not sharded."""
 
 
-_ARCHITECTURES: dict[str, tuple[str, Callable[[nn.Module], list[_Part]]]] = {
+_ARCHITECTURES: dict[str, tuple[str, Callable[[nn.Module], list[Part]]]] = {
     "GPT2LMHeadModel": ("gpt2", _gpt2_parts), "GPT2Model": ("gpt2", _gpt2_parts),
-    "BertForMaskedLM": ("bert", _bert_parts), "BertModel": ("bert", _bert_parts),
+    **{f"{family}{kind}": (arch, encoder_parts) for family, arch in (("Bert", "bert"), ("Roberta", "roberta"),
+                                                                      ("XLMRoberta", "xlm-roberta"))
+       for kind in ("ForMaskedLM", "ForSequenceClassification", "Model")},
+    "ViTForImageClassification": ("vit", vit_parts), "ViTModel": ("vit", vit_parts),
     **{f"{family}{kind}": (family.lower(), _llama_parts)
        for family in _LLAMA_FAMILY for kind in ("ForCausalLM", "Model")},
     "GPTNeoXForCausalLM": ("gpt_neox", _gpt_neox_parts), "GPTNeoXModel": ("gpt_neox", _gpt_neox_parts),
@@ -332,15 +271,16 @@ _ARCHITECTURES: dict[str, tuple[str, Callable[[nn.Module], list[_Part]]]] = {
 """The transformers classes split by structure: class name -> (architecture, its parts)."""
 
 _MASKED = frozenset({_llama_parts, _gemma_parts, _scaled_llama_parts, _dropout_llama_parts, _bloom_parts,
-                     _falcon_parts, _masked_gpt2_parts, _gptj_parts, _mpt_parts})
-"""The parts whose blocks rebuild their attention masks (planner.profiler.hfmasks), so run eager attention too."""
+                     _falcon_parts, _masked_gpt2_parts, _gptj_parts, _mpt_parts, encoder_parts, vit_parts})
+"""The parts whose blocks rebuild their attention masks (planner.profiler.hfmasks), or attend both ways with none,
+so run eager attention too."""
 
 STRUCTURED = (", ".join(_ARCHITECTURES) + "; and other decoders whose model and causal-LM forwards are, as code, "
               "one of those Llama-family classes'")
 """The classes split by structure, for messages."""
 
 
-def _recognise(model: nn.Module) -> tuple[str, Callable[[nn.Module], list[_Part]], Match | None] | None:
+def _recognise(model: nn.Module) -> tuple[str, Callable[[nn.Module], list[Part]], Match | None] | None:
     """(architecture, its parts, what its code says where it was recognised by it) for a transformers class named
     here or running a named Llama-family decoder's forwards (``planner.profiler.hfcode``); None otherwise."""
     if not type(model).__module__.startswith("transformers."):
@@ -364,13 +304,14 @@ def split_hf(model: nn.Module, example_input: torch.Tensor) -> LayeredModel | No
     if recognised is None:
         return None
     arch, parts_of, match = recognised
-    check_model(model, arch, int(example_input.shape[1]), parts_of in _MASKED)
+    seq_len = vit_tokens(model, example_input) if arch == "vit" else int(example_input.shape[1])
+    check_model(model, arch, seq_len, parts_of in _MASKED)
     parts = parts_of(model)
     layer_params = [[(f"{p.name}.{k}", q) for k, q in p.module.named_parameters(remove_duplicate=False)]
                     for p in parts]
     counts, nbytes, ties = param_accounting(model, layer_params)
     feats = [weight_features(p.weight) if p.weight is not None else (None, None) for p in parts]
-    shape = plain_shape(block_shape(model.config, int(example_input.shape[1]), match),
+    shape = plain_shape(block_shape(model.config, seq_len, match),
                    [p.module.block for p in parts if p.is_block])
     return LayeredModel(tuple(p.module for p in parts), tuple(p.name for p in parts), tuple(p.type for p in parts),
                         tuple(f[0] for f in feats), tuple(f[1] for f in feats), counts, nbytes, ties,

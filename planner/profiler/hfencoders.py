@@ -1,0 +1,64 @@
+"""Encoders split by structure (``planner.profiler.hfsplit``): BERT, RoBERTa and XLM-RoBERTa (masked LM, sequence
+classifier, bare model) and ViT (image classifier, bare model), whose blocks attend both ways with no mask.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from planner.profiler.hfmodules import BertEmbedding, Chain, FirstToken, PatchEmbedding, TransformerBlock
+from planner.profiler.hfparts import Part, block_parts
+
+
+def encoder_parts(model: nn.Module) -> list[Part]:
+    """BERT's and RoBERTa's layers (XLM-RoBERTa's are RoBERTa's): the embeddings (word, position, token type, norm,
+    dropout; RoBERTa's positions counted from the token ids), encoder blocks attending both ways, and the head: the
+    masked-LM head, or the sequence classifier (BERT's pooler over the first token, dropout and classifier;
+    RoBERTa's classification head, which takes the first token itself); a bare model ends with its last block."""
+    inner = next((a for a in ("bert", "roberta") if isinstance(getattr(model, a, None), nn.Module)), None)
+    base: Any = getattr(model, inner) if inner else model
+    pre = f"{inner}." if inner else ""
+    parts = [Part(f"{pre}embeddings", type(base.embeddings).__name__, BertEmbedding(base.embeddings),
+                   base.embeddings.word_embeddings, (f"{pre}embeddings",))]
+    parts += block_parts(list(base.encoder.layer), f"{pre}encoder.layer", TransformerBlock)
+    kind = type(model).__name__
+    if kind.endswith("ForMaskedLM"):
+        name = "cls" if inner == "bert" else "lm_head"
+        head = getattr(model, name)
+        decoder = head.predictions.decoder if inner == "bert" else head.decoder
+        parts.append(Part(name, type(head).__name__, head, decoder, (name,)))
+    elif kind.endswith("ForSequenceClassification") and inner == "bert":
+        parts.append(Part("classifier", "Linear", Chain(base.pooler, model.dropout, model.classifier),
+                           model.classifier, (f"{pre}pooler", "dropout", "classifier")))
+    elif kind.endswith("ForSequenceClassification"):
+        parts.append(Part("classifier", type(model.classifier).__name__, model.classifier,
+                           model.classifier.out_proj, ("classifier",)))
+    return parts
+
+
+def vit_parts(model: nn.Module) -> list[Part]:
+    """ViT's layers: the patch embeddings with the class token and positions (``hfmodules.PatchEmbedding``), the
+    blocks attending both ways, the final LayerNorm with the classifier over the class token
+    (``ForImageClassification``), or after the last block of the bare model."""
+    head = isinstance(getattr(model, "vit", None), nn.Module)
+    base: Any = model.vit if head else model
+    pre = "vit." if head else ""
+    first = Part(f"{pre}embeddings", type(base.embeddings).__name__, PatchEmbedding(base.embeddings),
+                  base.embeddings.patch_embeddings.projection, (f"{pre}embeddings",))
+    norm = (f"{pre}layernorm", base.layernorm)
+    parts = [first, *block_parts(list(base.layers), f"{pre}layers", TransformerBlock, [] if head else [norm])]
+    if head:
+        parts.append(Part("classifier", type(model.classifier).__name__,
+                           Chain(base.layernorm, FirstToken(), model.classifier), model.classifier,
+                           (norm[0], "classifier")))
+    return parts
+
+
+def vit_tokens(model: nn.Module, pixels: torch.Tensor) -> int:
+    """The tokens a ViT's blocks see for images ``pixels`` (batch, channels, height, width): a patch each
+    ``patch_size`` square, and the class token."""
+    patch = int(model.config.patch_size)
+    return (int(pixels.shape[-2]) // patch) * (int(pixels.shape[-1]) // patch) + 1

@@ -1,0 +1,129 @@
+"""profiler.hfencoders: BERT, RoBERTa, XLM-RoBERTa and ViT split by structure, bit for bit, with their heads."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from planner import ir
+from planner.errors import TraceError
+from planner.profiler.hfsplit import split_hf
+from planner.profiler.layered import LayeredModel, primary_output
+from planner.profiler.verify import verify_cuts
+from tests.test_profiler_fxsplit import check_exact
+
+
+def encoder(name: str, **fields: object) -> nn.Module:
+    """transformers' ``name`` (a BERT, RoBERTa or XLM-RoBERTa class) at hidden 64, 2 blocks of 4 heads, FFN 128,
+    40 positions, 96 tokens, 3 labels (a bare model without its pooler, :func:`_built`)."""
+    import transformers
+
+    family = name.removesuffix("ForMaskedLM").removesuffix("ForSequenceClassification").removesuffix("Model")
+    config = getattr(transformers, f"{family}Config")(vocab_size=96, hidden_size=64, num_hidden_layers=2,
+                                                      num_attention_heads=4, intermediate_size=128,
+                                                      max_position_embeddings=40, num_labels=3, **fields)
+    return _built(getattr(transformers, name), config)
+
+
+def _built(cls: type[nn.Module], config: object) -> nn.Module:
+    """``cls(config)``; a bare model without its pooler (its output is not the model's first, and nothing trains it:
+    the split leaves it out)."""
+    return cls(config, add_pooling_layer=False) if cls.__name__.endswith("Model") else cls(config)
+
+
+def vit(name: str, **fields: object) -> nn.Module:
+    """transformers' ``name`` (ViT) at hidden 64, 2 blocks of 4 heads, 32-pixel images of 8-pixel patches, 5 labels."""
+    import transformers
+
+    return _built(getattr(transformers, name), transformers.ViTConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, image_size=32, patch_size=8,
+        num_labels=5, **fields))
+
+
+def _split(model: nn.Module, x: torch.Tensor) -> LayeredModel:
+    lm = split_hf(model, x)
+    assert lm is not None
+    return lm
+
+
+def _same_in_training(model: nn.Module, x: torch.Tensor) -> None:
+    """With dropout on, the split draws the same masks as the model: the same outputs."""
+    lm = _split(model, x)
+    model.train()
+    torch.manual_seed(1)
+    want = primary_output(model(x))
+    torch.manual_seed(1)
+    assert torch.equal(lm.run(x), want)
+
+
+_HEADS = {"ForMaskedLM": 4, "ForSequenceClassification": 4, "Model": 3}
+"""Layers of each kind of model: embeddings, 2 blocks and the head (the bare model ends with its last block)."""
+
+
+@pytest.mark.parametrize("family", ["Bert", "Roberta", "XLMRoberta"])
+@pytest.mark.parametrize("kind", sorted(_HEADS))
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_bert_and_roberta_split_exactly_with_their_heads(family: str, kind: str, attention: str) -> None:
+    """The masked LM (its decoder tied to the word embedding), the sequence classifier (BERT's pooler, dropout and
+    classifier; RoBERTa's head over the first token) and the bare model, SDPA or eager: bit for bit, one tensor
+    crossing each cut; the blocks sharded as BERT's; in training with dropout too."""
+    torch.manual_seed(0)
+    model = encoder(f"{family}{kind}", attn_implementation=attention)
+    x = torch.randint(3, 96, (2, 16))
+    lm = _split(model, x)
+    check_exact(model, x, lm.layers, lm.param_counts)
+    assert verify_cuts(model, x, lm) == [1] * (len(lm) - 1)
+    assert len(lm) == _HEADS[kind] and lm.method.startswith("structure:")
+    assert lm.block(1) == ir.BlockShape(64, 4, 4, 128, 16, gated=False)
+    assert [t.layers for t in lm.ties] == ([(0, 3)] if kind == "ForMaskedLM" else [])
+    check_exact(model, torch.randint(3, 96, (1, 6)), lm.layers, lm.param_counts)
+    _same_in_training(encoder(f"{family}{kind}", hidden_dropout_prob=0.3, attention_probs_dropout_prob=0.3), x)
+
+
+@pytest.mark.parametrize("name", ["ViTForImageClassification", "ViTModel"])
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_vit_splits_exactly_with_its_patches_as_the_sequence(name: str, attention: str) -> None:
+    """ViT: patch embeddings with the class token, blocks, the final norm with the classifier over the class token
+    (or after the last block): bit for bit; its blocks see 16 patches and the class token, not the 3 channels of the
+    input's second dimension; not sharded."""
+    torch.manual_seed(0)
+    model = vit(name, attn_implementation=attention)
+    x = torch.randn(2, 3, 32, 32)
+    lm = _split(model, x)
+    check_exact(model, x, lm.layers, lm.param_counts)
+    assert verify_cuts(model, x, lm) == [1] * (len(lm) - 1)
+    assert len(lm) == (4 if name == "ViTForImageClassification" else 3) and lm.method == "structure:vit"
+    assert lm.block(1) == ir.BlockShape(64, 4, 4, 128, 17, gated=False, shardable=False)
+    _same_in_training(vit(name, hidden_dropout_prob=0.3, attention_probs_dropout_prob=0.3), x)
+
+
+def test_an_encoder_built_as_a_decoder_is_refused() -> None:
+    """is_decoder=True makes BERT's forward mask causally; the split blocks attend both ways."""
+    with pytest.raises(TraceError, match="is_decoder=True") as err:
+        split_hf(encoder("BertForMaskedLM", is_decoder=True), torch.randint(3, 96, (1, 8)))
+    assert "is_decoder=False" in err.value.hint
+
+
+@pytest.mark.parametrize(("name", "usable"), [("BertForMaskedLM", 40), ("RobertaForMaskedLM", 38)])
+def test_a_sequence_past_the_learned_positions_is_refused(name: str, usable: int) -> None:
+    """BERT has max_position_embeddings positions, RoBERTa that many less its padding index and one (its positions
+    start after the padding token's): one token more is refused, as many run."""
+    model = encoder(name, pad_token_id=1)
+    split_hf(model, torch.randint(3, 96, (1, usable)))
+    with pytest.raises(TraceError, match=rf"{usable} learned positions \(max_position_embeddings\)"):
+        split_hf(model, torch.randint(3, 96, (1, usable + 1)))
+
+
+def test_a_bare_models_pooler_is_in_no_layer() -> None:
+    """BertModel's pooler (built by default) reads the first token of its output; the model's first output is the
+    last block's, so the split leaves the pooler out and counts its weights nowhere."""
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.BertModel(encoder("BertModel").config).eval()
+    x = torch.randint(3, 96, (2, 16))
+    lm = _split(model, x)
+    with torch.no_grad():
+        assert torch.equal(lm.run(x), primary_output(model(x)))
+    assert sum(lm.param_counts) == sum(p.numel() for p in model.parameters()) - 64 * 64 - 64
