@@ -19,7 +19,7 @@ def encoder(name: str, **fields: object) -> nn.Module:
     40 positions, 96 tokens, 3 labels (a bare model without its pooler, :func:`_built`)."""
     import transformers
 
-    family = name.removesuffix("ForMaskedLM").removesuffix("ForSequenceClassification").removesuffix("Model")
+    family = name.split("For")[0].removesuffix("Model")
     config = getattr(transformers, f"{family}Config")(vocab_size=96, hidden_size=64, num_hidden_layers=2,
                                                       num_attention_heads=4, intermediate_size=128,
                                                       max_position_embeddings=40, num_labels=3, **fields)
@@ -57,7 +57,7 @@ def _same_in_training(model: nn.Module, x: torch.Tensor) -> None:
     assert torch.equal(lm.run(x), want)
 
 
-_HEADS = {"ForMaskedLM": 4, "ForSequenceClassification": 4, "Model": 3}
+_HEADS = {"ForMaskedLM": 4, "ForSequenceClassification": 4, "ForTokenClassification": 4, "Model": 3}
 """Layers of each kind of model: embeddings, 2 blocks and the head (the bare model ends with its last block)."""
 
 
@@ -66,8 +66,8 @@ _HEADS = {"ForMaskedLM": 4, "ForSequenceClassification": 4, "Model": 3}
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 def test_bert_and_roberta_split_exactly_with_their_heads(family: str, kind: str, attention: str) -> None:
     """The masked LM (its decoder tied to the word embedding), the sequence classifier (BERT's pooler, dropout and
-    classifier; RoBERTa's head over the first token) and the bare model, SDPA or eager: bit for bit, one tensor
-    crossing each cut; the blocks sharded as BERT's; in training with dropout too."""
+    classifier; RoBERTa's head over the first token), the token classifier and the bare model, SDPA or eager: bit
+    for bit, one tensor crossing each cut; the blocks sharded as BERT's; in training with dropout too."""
     torch.manual_seed(0)
     model = encoder(f"{family}{kind}", attn_implementation=attention)
     x = torch.randint(3, 96, (2, 16))

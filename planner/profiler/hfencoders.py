@@ -17,12 +17,13 @@ def encoder_parts(model: nn.Module) -> list[Part]:
     """BERT's and RoBERTa's layers (XLM-RoBERTa's are RoBERTa's): the embeddings (word, position, token type, norm,
     dropout; RoBERTa's positions counted from the token ids), encoder blocks attending both ways, and the head: the
     masked-LM head, or the sequence classifier (BERT's pooler over the first token, dropout and classifier;
-    RoBERTa's classification head, which takes the first token itself); a bare model ends with its last block."""
+    RoBERTa's classification head, which takes the first token itself), or the token classifier (dropout and
+    classifier on every token); a bare model ends with its last block."""
     inner = next((a for a in ("bert", "roberta") if isinstance(getattr(model, a, None), nn.Module)), None)
     base: Any = getattr(model, inner) if inner else model
     pre = f"{inner}." if inner else ""
     parts = [Part(f"{pre}embeddings", type(base.embeddings).__name__, BertEmbedding(base.embeddings),
-                   base.embeddings.word_embeddings, (f"{pre}embeddings",))]
+                  base.embeddings.word_embeddings, (f"{pre}embeddings",))]
     parts += block_parts(list(base.encoder.layer), f"{pre}encoder.layer", TransformerBlock)
     kind = type(model).__name__
     if kind.endswith("ForMaskedLM"):
@@ -32,10 +33,13 @@ def encoder_parts(model: nn.Module) -> list[Part]:
         parts.append(Part(name, type(head).__name__, head, decoder, (name,)))
     elif kind.endswith("ForSequenceClassification") and inner == "bert":
         parts.append(Part("classifier", "Linear", Chain(base.pooler, model.dropout, model.classifier),
-                           model.classifier, (f"{pre}pooler", "dropout", "classifier")))
+                          model.classifier, (f"{pre}pooler", "dropout", "classifier")))
+    elif kind.endswith("ForTokenClassification"):
+        parts.append(Part("classifier", "Linear", Chain(model.dropout, model.classifier), model.classifier,
+                          ("dropout", "classifier")))
     elif kind.endswith("ForSequenceClassification"):
         parts.append(Part("classifier", type(model.classifier).__name__, model.classifier,
-                           model.classifier.out_proj, ("classifier",)))
+                          model.classifier.out_proj, ("classifier",)))
     return parts
 
 

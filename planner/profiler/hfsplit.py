@@ -242,7 +242,7 @@ _ARCHITECTURES: dict[str, tuple[str, Callable[[nn.Module], list[Part]]]] = {
     "GPT2LMHeadModel": ("gpt2", _gpt2_parts), "GPT2Model": ("gpt2", _gpt2_parts),
     **{f"{family}{kind}": (arch, encoder_parts) for family, arch in (("Bert", "bert"), ("Roberta", "roberta"),
                                                                       ("XLMRoberta", "xlm-roberta"))
-       for kind in ("ForMaskedLM", "ForSequenceClassification", "Model")},
+       for kind in ("ForMaskedLM", "ForSequenceClassification", "ForTokenClassification", "Model")},
     "ViTForImageClassification": ("vit", vit_parts), "ViTModel": ("vit", vit_parts),
     **{f"{family}{kind}": (family.lower(), _llama_parts)
        for family in _LLAMA_FAMILY for kind in ("ForCausalLM", "Model")},
