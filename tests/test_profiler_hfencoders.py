@@ -81,6 +81,36 @@ def test_bert_and_roberta_split_exactly_with_their_heads(family: str, kind: str,
     _same_in_training(encoder(f"{family}{kind}", hidden_dropout_prob=0.3, attention_probs_dropout_prob=0.3), x)
 
 
+def distilbert(name: str, **fields: object) -> nn.Module:
+    """transformers' ``name`` (DistilBERT) at width 64, 2 blocks of 4 heads, FFN 128, 40 positions, 3 labels."""
+    import transformers
+
+    return getattr(transformers, name)(transformers.DistilBertConfig(
+        vocab_size=96, dim=64, n_layers=2, n_heads=4, hidden_dim=128, max_position_embeddings=40, num_labels=3,
+        **fields))
+
+
+@pytest.mark.parametrize("kind", sorted(_HEADS))
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_distilbert_splits_exactly_with_its_heads(kind: str, attention: str) -> None:
+    """DistilBERT: its masked-LM head (the projector tied to the word embedding), sequence classifier over the first
+    token, token classifier and bare model: bit for bit, one tensor crossing each cut, in training with dropout; its
+    blocks (q_lin, ffn.lin1, ...) not sharded; a sequence past its positions refused."""
+    torch.manual_seed(0)
+    model = distilbert(f"DistilBert{kind}", attn_implementation=attention)
+    x = torch.randint(1, 96, (2, 16))
+    lm = _split(model, x)
+    check_exact(model, x, lm.layers, lm.param_counts)
+    assert verify_cuts(model, x, lm) == [1] * (len(lm) - 1)
+    assert len(lm) == _HEADS[kind] and lm.method == "structure:distilbert"
+    assert lm.block(1) == ir.BlockShape(64, 4, 4, 128, 16, gated=False, shardable=False)
+    assert [t.layers for t in lm.ties] == ([(0, 3)] if kind == "ForMaskedLM" else [])
+    _same_in_training(distilbert(f"DistilBert{kind}", dropout=0.3, attention_dropout=0.3, seq_classif_dropout=0.3),
+                      x)
+    with pytest.raises(TraceError, match=r"40 learned positions \(max_position_embeddings\)"):
+        split_hf(model, torch.randint(1, 96, (1, 41)))
+
+
 @pytest.mark.parametrize("name", ["ViTForImageClassification", "ViTModel"])
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 def test_vit_splits_exactly_with_its_patches_as_the_sequence(name: str, attention: str) -> None:

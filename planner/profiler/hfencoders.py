@@ -1,5 +1,6 @@
-"""Encoders split by structure (``planner.profiler.hfsplit``): BERT, RoBERTa and XLM-RoBERTa (masked LM, sequence
-classifier, bare model) and ViT (image classifier, bare model), whose blocks attend both ways with no mask.
+"""Encoders split by structure (``planner.profiler.hfsplit``): BERT, RoBERTa, XLM-RoBERTa and DistilBERT (masked LM,
+sequence or token classifier, bare model) and ViT (image classifier, bare model), whose blocks attend both ways with
+no mask.
 """
 
 from __future__ import annotations
@@ -40,6 +41,32 @@ def encoder_parts(model: nn.Module) -> list[Part]:
     elif kind.endswith("ForSequenceClassification"):
         parts.append(Part("classifier", type(model.classifier).__name__, model.classifier,
                           model.classifier.out_proj, ("classifier",)))
+    return parts
+
+
+def distilbert_parts(model: nn.Module) -> list[Part]:
+    """DistilBERT's layers: the embeddings (word, position, norm, dropout), its blocks, and the head: the masked-LM
+    head (transform, activation, norm, the projector tied to the word embedding), the sequence classifier over the
+    first token (pre-classifier, ReLU, dropout, classifier) or the token classifier; a bare model ends with its last
+    block."""
+    head = isinstance(getattr(model, "distilbert", None), nn.Module)
+    base: Any = model.distilbert if head else model
+    pre = "distilbert." if head else ""
+    parts = [Part(f"{pre}embeddings", type(base.embeddings).__name__, BertEmbedding(base.embeddings),
+                  base.embeddings.word_embeddings, (f"{pre}embeddings",))]
+    parts += block_parts(list(base.transformer.layer), f"{pre}transformer.layer", TransformerBlock)
+    kind = type(model).__name__
+    if kind.endswith("ForMaskedLM"):
+        names = ("vocab_transform", "activation", "vocab_layer_norm", "vocab_projector")
+        parts.append(Part("vocab_projector", "Linear", Chain(*(getattr(model, n) for n in names)),
+                          model.vocab_projector, names))
+    elif kind.endswith("ForSequenceClassification"):
+        parts.append(Part("classifier", "Linear", Chain(FirstToken(), model.pre_classifier, nn.ReLU(), model.dropout,
+                                                        model.classifier),
+                          model.classifier, ("pre_classifier", "dropout", "classifier")))
+    elif kind.endswith("ForTokenClassification"):
+        parts.append(Part("classifier", "Linear", Chain(model.dropout, model.classifier), model.classifier,
+                          ("dropout", "classifier")))
     return parts
 
 

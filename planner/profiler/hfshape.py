@@ -23,7 +23,7 @@ fused)."""
 UNSHARDED = frozenset({"phi3", "glm", "olmo2", "olmo3", "gpt_neox", "opt", "cohere", "cohere2", "phi", "starcoder2",
                        "bloom", "falcon", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "phimoe", "deepseek_v2",
                        "deepseek_v3", "gpt_oss", "ernie4_5_moe", "glm4_moe", "gpt_bigcode", "stablelm", "nemotron",
-                       "mpt", "gpt_neo", "gptj", "codegen", "vit"})
+                       "mpt", "gpt_neo", "gptj", "codegen", "vit", "distilbert"})
 """The architectures whose blocks the planner's tensor parallelism does not shard: Phi-3 fuses q/k/v (``qkv_proj``) and
 gate/up (``gate_up_proj``), GLM gate/up, GPT-NeoX q/k/v per head (``query_key_value``); OLMo 2 normalises q and k
 over all heads together, as OLMo 3 does; OPT names its projections ``out_proj``, ``fc1`` and ``fc2``, which the torch
@@ -37,8 +37,8 @@ parallelism does not split (no expert parallelism either); GPT-BigCode fuses q w
 (``Wqkv``); StableLM's and Nemotron's blocks (StableLM's optional parallel residual and per-head q/k norms,
 Nemotron's LayerNorm1P and squared-ReLU MLP) were not checked under the export's tensor parallelism; GPT-Neo names
 its MLP ``c_fc``/``c_proj``, GPT-J ``fc_in``/``fc_out`` (attention beside it, rotary over part of each head), and
-CodeGen fuses q/k/v (``qkv_proj``); ViT's blocks hold its attention under names the export does not know (BERT's,
-RoBERTa's and XLM-RoBERTa's it shards)."""
+CodeGen fuses q/k/v (``qkv_proj``); ViT's and DistilBERT's blocks hold their attention and MLP under names the export
+does not know (BERT's, RoBERTa's and XLM-RoBERTa's it shards)."""
 
 
 def block_shape(config: Any, seq_len: int, match: Match | None = None) -> ir.BlockShape | None:
@@ -61,6 +61,8 @@ def block_shape(config: Any, seq_len: int, match: Match | None = None) -> ir.Blo
         ffn = int(config.expansion_ratio * config.d_model)
     if getattr(config, "model_type", "") == "gpt_neo":  # intermediate_size None: 4h
         ffn = ffn or 4 * int(config.hidden_size)
+    if getattr(config, "model_type", "") == "distilbert":
+        ffn = config.hidden_dim
     if not heads or not ffn or not getattr(config, "hidden_size", None):
         return None
     kv_heads = getattr(config, "num_key_value_heads", None) or _falcon_kv_heads(config) or heads
