@@ -61,7 +61,7 @@ _HEADS = {"ForMaskedLM": 4, "ForSequenceClassification": 4, "ForTokenClassificat
 """Layers of each kind of model: embeddings, 2 blocks and the head (the bare model ends with its last block)."""
 
 
-@pytest.mark.parametrize("family", ["Bert", "Roberta", "XLMRoberta"])
+@pytest.mark.parametrize("family", ["Bert", "Roberta", "XLMRoberta", "Camembert"])
 @pytest.mark.parametrize("kind", sorted(_HEADS))
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 def test_bert_and_roberta_split_exactly_with_their_heads(family: str, kind: str, attention: str) -> None:
