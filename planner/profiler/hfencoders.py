@@ -1,6 +1,7 @@
 """Encoders split by structure (``planner.profiler.hfsplit``): BERT, RoBERTa (XLM-RoBERTa and CamemBERT are its code)
 and DistilBERT (masked LM, sequence or token classifier, bare model) and ViT (image classifier, bare model), whose
-blocks attend both ways with no mask. """
+blocks attend both ways with no mask.
+"""
 
 from __future__ import annotations
 
