@@ -76,6 +76,12 @@ class LazyGroup(click.Group):
             formatter.write_dl(rows)
 
     def invoke(self, ctx: click.Context) -> Any:
+        from planner.pipes import reader_safe
+
+        with reader_safe():  # a reader that goes away (| head) does not stop the command (planner.pipes)
+            return self._invoke(ctx)
+
+    def _invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except PlannerError as exc:
@@ -122,12 +128,6 @@ def model_frame(exc: BaseException) -> traceback.FrameSummary | None:
              and f.filename.endswith(os.path.join("torch", "nn", "modules", "module.py"))]
     stdlib = os.path.dirname(os.__file__) + os.sep
     for frame in reversed(frames[calls[0] + 1:] if calls else []):
-        name = frame.filename
-        if (name.startswith(stdlib) and "site-packages" not in name) or any(lib in name for lib in _LIBRARIES):
-            continue
-        return frame
-    return None
-    for frame in reversed(frames[last + 1:]):
         name = frame.filename
         if (name.startswith(stdlib) and "site-packages" not in name) or any(lib in name for lib in _LIBRARIES):
             continue

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from planner.cli import main
+from tests.conftest import make_cluster_dict, make_profile_dict
 
 
 def test_help_lists_every_command() -> None:
@@ -76,3 +81,36 @@ def test_a_closed_stderr_does_not_stop_a_command_writing_its_files(tmp_path: obj
         os.close(write)
     assert done.returncode == 0
     assert json.loads(out.read_text())["kind"] == json.loads(done.stdout)["kind"] == "profile"
+
+
+def _closed(tmp: object, args: list[str], stream: str) -> subprocess.CompletedProcess[str]:
+    """``planner ARGS`` in the folder ``tmp`` with its ``stream`` (stdout or stderr) on a pipe whose reader has gone:
+    every write to it fails with a broken pipe."""
+    read, write = os.pipe()
+    os.close(read)
+    pipes = {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE, stream: write}
+    try:
+        return subprocess.run([sys.executable, "-m", "planner", *args], cwd=str(tmp), text=True, timeout=300,
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}, **pipes)
+    finally:
+        os.close(write)
+
+
+@pytest.mark.parametrize("stream", ["stderr", "stdout"])
+def test_a_reader_that_goes_away_does_not_stop_search_or_export(tmp_path: Path, stream: str) -> None:
+    """A reader that goes away (``planner search ... 2>&1 | head -1``, ``planner search --json ... | head -c 9``)
+    silences what it would have read; the command writes its files and exits as it would have: search's ``note:`` on
+    a rescaled profile (written with click, not the rich console) and its ``--json`` document came before the plan
+    was committed (exit 1, no plan), export's ``wrote`` line after its files (exit 1, the files left); a plan that
+    does not fit still exits 3."""
+    (tmp_path / "p.json").write_text(json.dumps(make_profile_dict(device_flops=2e12)))
+    (tmp_path / "c.json").write_text(json.dumps(make_cluster_dict()))
+    search = ["search", "p.json", "--cluster", "c.json", "-o", "plan.json", "--json"]
+    assert _closed(tmp_path, search, stream).returncode == 0
+    assert json.loads((tmp_path / "plan.json").read_text())["kind"] == "plan"
+    export = ["export", "plan.json", "--to", "torch", "-o", "out", "--json"]
+    assert _closed(tmp_path, export, stream).returncode == 0
+    assert (tmp_path / "out" / "train.py").is_file()
+    (tmp_path / "small.json").write_text(json.dumps(make_cluster_dict(memory_bytes=10**5)))
+    infeasible = ["search", "p.json", "--cluster", "small.json", "-o", "none.json"]
+    assert _closed(tmp_path, infeasible, stream).returncode == 3 and not (tmp_path / "none.json").exists()

@@ -157,7 +157,9 @@ def test_the_text_says_the_measured_terms_come_from_one_profiled_step(capsys: py
                                     "predicted": {"compute": 0.003, "engine": 0.002}},
                                    {"stage": 1, "measured": None, "predicted": {"compute": 0.003}}]}
     _print(doc, 3, check=False)
-    lines = capsys.readouterr().out.splitlines()
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    assert out == ""  # the summary is human output: stderr (docs/contracts.md), stdout is --json's
     assert "stage 0 (ms per step)  measured (one profiled step, 10.0 in all) compute 2.0, other 8.0  predicted " \
            "compute 3.0, engine 2.0" in lines
     assert "stage 1 (ms per step)  measured -  predicted compute 3.0" in lines

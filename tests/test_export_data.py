@@ -41,6 +41,17 @@ def test_a_model_that_fails_on_its_input_is_a_run_error() -> None:
         data_spec((nn.Linear(3, 2),), torch.randn(2, 5), "mse")
 
 
+@pytest.mark.parametrize("classes", [0, 1])
+def test_a_cross_entropy_over_fewer_than_two_classes_is_refused(classes: int) -> None:
+    """A regression head (transformers' ...ForSequenceClassification at num_labels=1) gives one logit: its
+    cross-entropy is 0 whatever the weights, so the run would train nothing and --check compare zeros."""
+    layers = (nn.Linear(4, 8), nn.Linear(8, classes))
+    with pytest.raises(RunError, match=rf"has {classes} classes \(its last dimension\)") as err:
+        data_spec(layers, torch.randn(4, 4), "cross_entropy")
+    assert err.value.hint == "use --loss mse"
+    assert data_spec(layers, torch.randn(4, 4), "mse").output_shape == (classes,)
+
+
 def test_losses_and_optimizers_by_name() -> None:
     out, target = torch.tensor([[2.0, 0.0]]), torch.tensor([0])
     expect = float(nn.functional.cross_entropy(out, target))

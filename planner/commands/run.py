@@ -106,22 +106,24 @@ def _command(plan_path: str, model: str, engine: str, nnodes: int, node_rank: in
 
 
 def _print(doc: dict[str, Any], steps: int, check: bool) -> None:
+    """The run's summary on stderr, as every command's human output (docs/contracts.md; stdout is ``--json``'s)."""
     ratio = doc["ratio"]
-    click.echo(f"measured  {doc['measured_iteration_s']:.6f} s/iteration (median of {steps - doc['warmup']})")
-    click.echo(f"predicted {doc['predicted_iteration_s']:.6f} s/iteration"
-               + (f"  (measured/predicted {ratio:.2f})" if ratio else ""))
-    click.echo("losses    " + " ".join(f"{x:.5f}" for x in doc["losses"]))
-    click.echo("peak memory per rank (MiB, measured/predicted) " + " ".join(
-        f"{r['device']}:{r['peak_memory_bytes'] / 2**20:.1f}/{r['predicted_memory_bytes'] / 2**20:.1f}"
-        for r in doc["ranks"]))
+    lines = [f"measured  {doc['measured_iteration_s']:.6f} s/iteration (median of {steps - doc['warmup']})",
+             f"predicted {doc['predicted_iteration_s']:.6f} s/iteration"
+             + (f"  (measured/predicted {ratio:.2f})" if ratio else ""),
+             "losses    " + " ".join(f"{x:.5f}" for x in doc["losses"]),
+             "peak memory per rank (MiB, measured/predicted) " + " ".join(
+                 f"{r['device']}:{r['peak_memory_bytes'] / 2**20:.1f}/{r['predicted_memory_bytes'] / 2**20:.1f}"
+                 for r in doc["ranks"])]
     for stage in doc.get("stages") or []:
         measured = stage["measured"]
         step = f"(one profiled step, {sum(measured.values()) * 1e3:.1f} in all) " if measured else ""
-        click.echo(f"stage {stage['stage']} (ms per step)  measured {step}" + _terms_text(measured)
-                   + "  predicted " + _terms_text(stage["predicted"]))
+        lines.append(f"stage {stage['stage']} (ms per step)  measured {step}" + _terms_text(measured)
+                     + "  predicted " + _terms_text(stage["predicted"]))
     if check:
-        click.echo("reference " + " ".join(f"{x:.5f}" for x in doc["reference_losses"]))
-        click.echo(f"max relative loss difference {doc['max_rel_loss_diff']:.3g}")
+        lines += ["reference " + " ".join(f"{x:.5f}" for x in doc["reference_losses"]),
+                  f"max relative loss difference {doc['max_rel_loss_diff']:.3g}"]
+    click.echo("\n".join(lines), err=True)
 
 
 def _terms_text(terms: dict[str, float] | None) -> str:

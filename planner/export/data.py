@@ -105,6 +105,10 @@ def data_spec(layers: Sequence[nn.Module], example_input: torch.Tensor, loss: st
     if loss == "cross_entropy" and (not out_shape or not y.is_floating_point()):
         raise RunError(f"the model's output {tuple(y.shape)} does not fit a cross-entropy loss",
                        "use --loss mse")
+    if loss == "cross_entropy" and out_shape[-1] < 2:  # a regression head (num_labels=1): log-softmax of one is 0
+        raise RunError(f"the model's output {tuple(y.shape)} has {out_shape[-1]} classes (its last dimension): a "
+                       "cross-entropy loss over fewer than 2 is 0 whatever the weights, so nothing would train (and "
+                       "--check would compare zeros)", "use --loss mse")
     return DataSpec(tuple(example_input.shape[1:]), high, out_shape, loss)
 
 

@@ -5,7 +5,6 @@ One module per command's output (``render.profile``, ``render.search``, ...).
 
 from __future__ import annotations
 
-import contextlib
 import os
 from typing import Any
 
@@ -13,6 +12,7 @@ from rich.console import Console
 
 from planner.errors import PlannerError
 from planner.jsonio import atomic_path
+from planner.pipes import silence
 
 GIB = 1024**3  # bytes per GiB, the unit memory is shown in
 
@@ -30,10 +30,7 @@ class _StderrConsole(Console):  # type: ignore[misc]
 
     def on_broken_pipe(self) -> None:
         self.quiet = True
-        with contextlib.suppress(OSError, ValueError):  # no file descriptor (a test's captured stream)
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, self.file.fileno())  # later writes to stderr (the error printer's) go nowhere
-            os.close(devnull)
+        silence(self.file)  # later writes to stderr (the error printer's) go nowhere (planner.pipes)
 
 
 def stderr_console(width_when_piped: int = PIPED_WIDTH) -> Console:
