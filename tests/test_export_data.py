@@ -41,6 +41,7 @@ def test_a_model_that_fails_on_its_input_is_a_run_error() -> None:
         data_spec((nn.Linear(3, 2),), torch.randn(2, 5), "mse")
 
 
+@pytest.mark.filterwarnings("ignore:Initializing zero-element tensors:UserWarning")  # a Linear of 0 outputs
 @pytest.mark.parametrize("classes", [0, 1])
 def test_a_cross_entropy_over_fewer_than_two_classes_is_refused(classes: int) -> None:
     """A regression head (transformers' ...ForSequenceClassification at num_labels=1) gives one logit: its
