@@ -36,6 +36,23 @@ def test_gpt2_split_is_exact_ties_wte_and_lm_head_and_records_blocks() -> None:
     assert lm.block(1) == ir.BlockShape(hidden=64, heads=4, kv_heads=4, ffn=256, seq_len=12, gated=False)
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("upcast", [False, True])
+def test_gpt2_splits_exactly_under_eager_attention_too(attention: str, upcast: bool) -> None:
+    """GPT-2 built with eager attention (its forward then hands each block an additive causal mask, which the
+    split blocks rebuild), with or without reorder_and_upcast_attn: bit for bit as LM and bare model (eager was
+    refused: the blocks got no mask)."""
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_layer=2, n_embd=64, n_head=4, vocab_size=101, reorder_and_upcast_attn=upcast, attn_implementation=attention))
+    x = torch.randint(0, 101, (2, 12))
+    for m in (model, model.transformer):
+        lm = _split(m, x)
+        check_exact(m, x, lm.layers, lm.param_counts)
+
+
 def test_bert_split_is_exact_with_its_blocks() -> None:
     torch.manual_seed(0)
     model = bert(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128, vocab_size=99)

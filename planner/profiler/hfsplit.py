@@ -66,9 +66,10 @@ def _gpt2_parts(model: nn.Module, wrap: Wrap = TransformerBlock) -> list[Part]:
 
 
 def _masked_gpt2_parts(model: nn.Module) -> list[Part]:
-    """GPT-BigCode's layers (StarCoder's, SantaCoder's; multi-query attention where the model has it) and GPT-Neo's
-    (local layers attending within ``window_size`` tokens by their own buffer, eager attention only): GPT-2's, each
-    block handed the causal mask its model's forward gives it (``hfmodules.MaskedBlock``)."""
+    """GPT-2's layers (:func:`_gpt2_parts`), each block handed the causal mask its model's forward gives it
+    (``hfmodules.MaskedBlock``: none under SDPA, an additive one under eager attention); GPT-BigCode's (StarCoder's,
+    SantaCoder's; multi-query attention where the model has it) and GPT-Neo's (local layers attending within
+    ``window_size`` tokens by their own buffer, eager attention only) alike."""
     tr = unwrap(model, "transformer")[0]
     masks = iter(block_masks(tr.config, len(tr.h), "none"))
     return _gpt2_parts(model, lambda block, post: MaskedBlock(block, next(masks), post))
@@ -239,7 +240,7 @@ Llama's steps, their blocks route each token to its router's experts (an analyti
 
 
 _ARCHITECTURES: dict[str, tuple[str, Callable[[nn.Module], list[Part]]]] = {
-    "GPT2LMHeadModel": ("gpt2", _gpt2_parts), "GPT2Model": ("gpt2", _gpt2_parts),
+    "GPT2LMHeadModel": ("gpt2", _masked_gpt2_parts), "GPT2Model": ("gpt2", _masked_gpt2_parts),
     **{f"{family}{kind}": (arch, encoder_parts) for family, arch in (("Bert", "bert"), ("Roberta", "roberta"),
                                                                       ("XLMRoberta", "xlm-roberta"),
                                                                       ("Camembert", "camembert"))
