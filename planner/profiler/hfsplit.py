@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -280,9 +280,26 @@ _MASKED = frozenset({_llama_parts, _gemma_parts, _scaled_llama_parts, _dropout_l
 """The parts whose blocks rebuild their attention masks (planner.profiler.hfmasks), or attend both ways with none,
 so run eager attention too."""
 
-STRUCTURED = (", ".join(_ARCHITECTURES) + "; and other decoders whose model and causal-LM forwards are, as code, "
+_KINDS = ("ForCausalLM", "LMHeadModel", "ForMaskedLM", "ForSequenceClassification", "ForTokenClassification",
+          "ForImageClassification", "TextModel", "Model")
+"""The class-name endings of :data:`_ARCHITECTURES` (a family's prefix, then one of these)."""
+
+
+def _grouped(names: Sequence[str]) -> str:
+    """Class ``names`` grouped by the endings each family has: ``...ForCausalLM/...Model: Llama, Mistral, ...``."""
+    kinds: dict[str, list[str]] = {}
+    for name in names:
+        end = next(k for k in _KINDS if name.endswith(k))
+        kinds.setdefault(name.removesuffix(end), []).append(end)
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for family, ends in kinds.items():
+        groups.setdefault(tuple(ends), []).append(family)
+    return "; ".join(f"{'/'.join(f'...{e}' for e in ends)}: {', '.join(fams)}" for ends, fams in groups.items())
+
+
+STRUCTURED = (_grouped(list(_ARCHITECTURES)) + "; and other decoders whose model and causal-LM forwards are, as code, "
               "one of those Llama-family classes'")
-"""The classes split by structure, for messages."""
+"""The classes split by structure, for messages, grouped by family."""
 
 
 def _recognise(model: nn.Module) -> tuple[str, Callable[[nn.Module], list[Part]], Match | None] | None:
