@@ -116,6 +116,20 @@ def test_an_override_of_the_wrong_kind_or_a_size_below_one_is_refused(overrides:
     assert needle in err.value.cause and err.value.hint.startswith("e.g. --set ")
 
 
+@pytest.mark.parametrize(("name", "overrides", "needle"), [
+    ("gpt-neo-2.7b", {"num_layers": 0}, "num_layers=0"),  # GPT-Neo's own names for blocks and heads
+    ("gpt-neo-2.7b", {"num_hidden_layers": MAX_ITEMS + 1}, f"from 1 to {MAX_ITEMS:,}"),
+    ("gpt-neo-2.7b", {"num_heads": 0}, "num_heads=0"),
+    ("gpt-neo-2.7b", {"window_size": 0}, "window_size=0"),
+    ("gpt-j-6b", {"rotary_dim": 0}, "rotary_dim=0"),
+])
+def test_gpt_neo_and_gpt_j_sizes_are_bounded_too(name: str, overrides: dict[str, object], needle: str) -> None:
+    """Their fields of other names are sizes as GPT-2's are: num_layers=10**8 tried to build 10**8 blocks."""
+    with pytest.raises(UsageError) as err:
+        checked_values(name, overrides)
+    assert needle in err.value.cause
+
+
 def test_overrides_take_the_configs_own_names_and_floats_for_float_fields() -> None:
     got = checked_values("gpt2", {"num_hidden_layers": 2, "layer_norm_epsilon": 1, "n_inner": 64})
     assert got == {"n_layer": 2, "layer_norm_epsilon": 1.0, "n_inner": 64}

@@ -188,14 +188,15 @@ def _defaults(name: str) -> dict[str, Any]:
 
 
 SIZE_BOUNDS: Mapping[str, int] = MappingProxyType({
-    **dict.fromkeys(("n_layer", "num_hidden_layers", "n_head", "num_attention_heads", "num_key_value_heads"),
-                    MAX_ITEMS),
+    **dict.fromkeys(("n_layer", "num_hidden_layers", "num_layers", "n_head", "num_attention_heads", "num_heads",
+                     "num_key_value_heads"), MAX_ITEMS),
     **dict.fromkeys(("vocab_size", "n_positions", "max_position_embeddings", "n_embd", "hidden_size",
-                     "intermediate_size", "n_inner", "head_dim", "type_vocab_size", "sliding_window"), MAX_DIM),
+                     "intermediate_size", "n_inner", "head_dim", "type_vocab_size", "sliding_window", "window_size",
+                     "rotary_dim"), MAX_DIM),
 })
-"""Config fields that are sizes or counts: a whole number from 1 to the profile format's bound (a
-count of blocks or heads: its list items; a width or a number of tokens, as a sliding window's: its dimensions; a
-window of 0 tokens would leave its layers' tokens nothing to attend to)."""
+"""Config fields that are sizes or counts: a whole number from 1 to the profile format's bound (a count of blocks or
+heads, GPT-Neo's ``num_layers`` and ``num_heads`` too: its list items; a width or a number of tokens, as a sliding
+window's: its dimensions; a window of 0 tokens would leave its layers' tokens nothing to attend to)."""
 
 _KINDS: tuple[tuple[type, tuple[type, ...], str], ...] = (
     (bool, (bool,), "true or false"), (int, (int,), "a whole number"), (float, (int, float), "a number"),
