@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 from torch import nn
@@ -29,7 +31,8 @@ def encoder(name: str, **fields: object) -> nn.Module:
 def _built(cls: type[nn.Module], config: object) -> nn.Module:
     """``cls(config)``; a bare model without its pooler (its output is not the model's first, and nothing trains it:
     the split leaves it out)."""
-    return cls(config, add_pooling_layer=False) if cls.__name__.endswith("Model") else cls(config)
+    pooled = cls.__name__.endswith("Model") and "add_pooling_layer" in inspect.signature(cls.__init__).parameters
+    return cls(config, add_pooling_layer=False) if pooled else cls(config)
 
 
 def vit(name: str, **fields: object) -> nn.Module:
@@ -61,7 +64,7 @@ _HEADS = {"ForMaskedLM": 4, "ForSequenceClassification": 4, "ForTokenClassificat
 """Layers of each kind of model: embeddings, 2 blocks and the head (the bare model ends with its last block)."""
 
 
-@pytest.mark.parametrize("family", ["Bert", "Roberta", "XLMRoberta", "Camembert"])
+@pytest.mark.parametrize("family", ["Bert", "Roberta", "XLMRoberta", "Camembert", "Electra"])
 @pytest.mark.parametrize("kind", sorted(_HEADS))
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 def test_bert_and_roberta_split_exactly_with_their_heads(family: str, kind: str, attention: str) -> None:

@@ -93,7 +93,7 @@ def _check_positions(model: nn.Module, arch: str, seq_len: int) -> None:
                          f"profile at --input-shape {rows} or less, or build it with {field}={seq_len} or more")
 
 
-ENCODERS = frozenset({"bert", "roberta", "xlm-roberta", "camembert", "distilbert", "vit"})
+ENCODERS = frozenset({"bert", "roberta", "xlm-roberta", "camembert", "electra", "distilbert", "vit"})
 """The architectures whose blocks attend both ways (no mask: every token sees every other)."""
 
 

@@ -18,16 +18,24 @@ def encoder_parts(model: nn.Module) -> list[Part]:
     """BERT's and RoBERTa's layers (XLM-RoBERTa's are RoBERTa's): the embeddings (word, position, token type, norm,
     dropout; RoBERTa's positions counted from the token ids), encoder blocks attending both ways, and the head: the
     masked-LM head, or the sequence classifier (BERT's pooler over the first token, dropout and classifier;
-    RoBERTa's classification head, which takes the first token itself), or the token classifier (dropout and
-    classifier on every token); a bare model ends with its last block."""
-    inner = next((a for a in ("bert", "roberta") if isinstance(getattr(model, a, None), nn.Module)), None)
+    RoBERTa's and ELECTRA's classification heads, which take the first token themselves), or the token classifier
+    (dropout and classifier on every token); a bare model ends with its last block. ELECTRA's embeddings, narrower
+    than its blocks, are projected up in the first layer, and its masked-LM head is its generator's."""
+    inner = next((a for a in ("bert", "roberta", "electra") if isinstance(getattr(model, a, None), nn.Module)), None)
     base: Any = getattr(model, inner) if inner else model
     pre = f"{inner}." if inner else ""
-    parts = [Part(f"{pre}embeddings", type(base.embeddings).__name__, BertEmbedding(base.embeddings),
-                  base.embeddings.word_embeddings, (f"{pre}embeddings",))]
+    embed: nn.Module = BertEmbedding(base.embeddings)
+    scope = [f"{pre}embeddings"]
+    if isinstance(getattr(base, "embeddings_project", None), nn.Module):  # ELECTRA's narrower embeddings
+        embed, scope = Chain(embed, base.embeddings_project), [*scope, f"{pre}embeddings_project"]
+    parts = [Part(f"{pre}embeddings", type(base.embeddings).__name__, embed, base.embeddings.word_embeddings,
+                  tuple(scope))]
     parts += block_parts(list(base.encoder.layer), f"{pre}encoder.layer", TransformerBlock)
     kind = type(model).__name__
-    if kind.endswith("ForMaskedLM"):
+    if kind.endswith("ForMaskedLM") and inner == "electra":
+        parts.append(Part("generator_lm_head", "Linear", Chain(model.generator_predictions, model.generator_lm_head),
+                          model.generator_lm_head, ("generator_predictions", "generator_lm_head")))
+    elif kind.endswith("ForMaskedLM"):
         name = "cls" if inner == "bert" else "lm_head"
         head = getattr(model, name)
         decoder = head.predictions.decoder if inner == "bert" else head.decoder

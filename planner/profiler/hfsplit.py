@@ -12,8 +12,8 @@ hands it (``planner.profiler.hfmodules``): rotary embeddings, ALiBi biases (BLOO
 (``planner.profiler.hfmasks``: causal, within a sliding window where its layer slides, for SDPA or eager attention, per
 layer type where the forward reads them); what a split cannot keep is refused (``planner.profiler.hfchecks``).
 ``planner.profiler.verify.verify_cuts`` checks the cuts against the model's exported data flow (tests). The encoders
-(BERT, RoBERTa, XLM-RoBERTa, CamemBERT, DistilBERT, ViT: ``planner.profiler.hfencoders``) are split the same way, their
-blocks attending both ways with no mask; the pieces of every split are ``planner.profiler.hfparts``'.
+(BERT, RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA, DistilBERT, ViT: ``planner.profiler.hfencoders``) are split the same
+way, their blocks attending both ways with no mask; the pieces of every split are ``planner.profiler.hfparts``'.
 
 Each block records the ``planner.ir.BlockShape`` tensor parallelism needs, read off its config
 (``planner.profiler.hfshape``: widths, heads, KV heads, FFN, gating, head size, ``seq_len`` the example's), marked not
@@ -243,7 +243,8 @@ _ARCHITECTURES: dict[str, tuple[str, Callable[[nn.Module], list[Part]]]] = {
     "GPT2LMHeadModel": ("gpt2", _masked_gpt2_parts), "GPT2Model": ("gpt2", _masked_gpt2_parts),
     **{f"{family}{kind}": (arch, encoder_parts) for family, arch in (("Bert", "bert"), ("Roberta", "roberta"),
                                                                       ("XLMRoberta", "xlm-roberta"),
-                                                                      ("Camembert", "camembert"))
+                                                                      ("Camembert", "camembert"),
+                                                                      ("Electra", "electra"))
        for kind in ("ForMaskedLM", "ForSequenceClassification", "ForTokenClassification", "Model")},
     **{f"DistilBert{kind}": ("distilbert", distilbert_parts)
        for kind in ("ForMaskedLM", "ForSequenceClassification", "ForTokenClassification", "Model")},
