@@ -160,3 +160,35 @@ def test_a_bare_models_pooler_is_in_no_layer() -> None:
     with torch.no_grad():
         assert torch.equal(lm.run(x), primary_output(model(x)))
     assert sum(lm.param_counts) == sum(p.numel() for p in model.parameters()) - 64 * 64 - 64
+
+
+def modernbert(name: str, **fields: object) -> nn.Module:
+    """transformers' ``name`` (ModernBERT) at hidden 64, 4 blocks of 4 heads (full and sliding layers alternating, a
+    window of 8 tokens, shorter than the tests' 20), gated MLP of 96, 3 labels."""
+    import transformers
+
+    ids = dict.fromkeys(("pad_token_id", "bos_token_id", "eos_token_id", "cls_token_id", "sep_token_id"), 0)
+    return getattr(transformers, name)(transformers.ModernBertConfig(
+        vocab_size=96, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, intermediate_size=96,
+        max_position_embeddings=64, local_attention=8, global_attn_every_n_layers=2, num_labels=3, **ids, **fields))
+
+
+@pytest.mark.parametrize(("kind", "pooling"), [(k, "cls") for k in sorted(_HEADS)]
+                         + [("ForSequenceClassification", "mean")])
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_modernbert_splits_exactly_with_its_rotary_and_sliding_layers(kind: str, pooling: str, attention: str) -> None:
+    """ModernBERT: each block rebuilds its rotary embeddings and its mask by layer type (full, or a window both ways
+    shorter than the sequence) with the model module's own mask functions; the final norm joins the head (the
+    decoder tied to the token embedding; the classifier over the first token or the mean of them): bit for bit, one
+    tensor crossing each cut, in training with dropout; gated blocks, not sharded."""
+    torch.manual_seed(0)
+    model = modernbert(f"ModernBert{kind}", attn_implementation=attention, classifier_pooling=pooling)
+    x = torch.randint(1, 96, (2, 20))
+    lm = _split(model, x)
+    check_exact(model, x, lm.layers, lm.param_counts)
+    assert verify_cuts(model, x, lm) == [1] * (len(lm) - 1)
+    assert len(lm) == _HEADS[kind] + 2 and lm.method == "structure:modernbert"
+    assert lm.block(1) == ir.BlockShape(64, 4, 4, 96, 20, gated=True, shardable=False)
+    assert [t.layers for t in lm.ties] == ([(0, 5)] if kind == "ForMaskedLM" else [])
+    _same_in_training(modernbert(f"ModernBert{kind}", classifier_pooling=pooling, embedding_dropout=0.3,
+                                 attention_dropout=0.3, mlp_dropout=0.3, classifier_dropout=0.3), x)

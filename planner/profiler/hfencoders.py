@@ -1,16 +1,25 @@
-"""Encoders split by structure (``planner.profiler.hfsplit``): BERT, RoBERTa (XLM-RoBERTa and CamemBERT are its code)
-and DistilBERT (masked LM, sequence or token classifier, bare model) and ViT (image classifier, bare model), whose
-blocks attend both ways with no mask.
+"""Encoders split by structure (``planner.profiler.hfsplit``): BERT, RoBERTa (XLM-RoBERTa and CamemBERT are its code),
+ELECTRA, DistilBERT and ModernBERT (masked LM, sequence or token classifier, bare model) and ViT (image classifier,
+bare model), whose blocks attend both ways: with no mask, or ModernBERT's by layer type (full, or a window both ways).
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
 from torch import nn
 
-from planner.profiler.hfmodules import BertEmbedding, Chain, FirstToken, PatchEmbedding, TransformerBlock
+from planner.profiler.hfmodules import (
+    BertEmbedding,
+    Chain,
+    EncoderRotaryBlock,
+    FirstToken,
+    MeanTokens,
+    PatchEmbedding,
+    TransformerBlock,
+)
 from planner.profiler.hfparts import Part, block_parts
 
 
@@ -75,6 +84,41 @@ def distilbert_parts(model: nn.Module) -> list[Part]:
     elif kind.endswith("ForTokenClassification"):
         parts.append(Part("classifier", "Linear", Chain(model.dropout, model.classifier), model.classifier,
                           ("dropout", "classifier")))
+    return parts
+
+
+def modernbert_parts(model: nn.Module) -> list[Part]:
+    """ModernBERT's layers: the embeddings (tokens, norm, dropout), blocks rebuilding their rotary embeddings and
+    masks per layer type (full or sliding, both ways: ``hfmodules.EncoderRotaryBlock``), and the final norm with the
+    head: the masked-LM head with the decoder tied to the token embedding, the sequence classifier over the first
+    token or the mean of them (``classifier_pooling``), or the token classifier; after the last block of a bare
+    model."""
+    head = isinstance(getattr(model, "model", None), nn.Module)
+    base: Any = model.model if head else model
+    pre = "model." if head else ""
+    module = inspect.getmodule(type(base))
+    makers = {"full_attention": module.create_bidirectional_mask,  # type: ignore[union-attr]
+              "sliding_attention": module.create_bidirectional_sliding_window_mask}  # type: ignore[union-attr]
+    first = Part(f"{pre}embeddings", type(base.embeddings).__name__, BertEmbedding(base.embeddings),
+                 base.embeddings.tok_embeddings, (f"{pre}embeddings",))
+    norm = (f"{pre}final_norm", base.final_norm)
+
+    def wrap(block: nn.Module, post: nn.Module | None) -> nn.Module:
+        kind = str(block.attention_type)
+        return EncoderRotaryBlock(block, base.rotary_emb, base.config, kind, makers[kind], post)
+
+    parts = [first, *block_parts(list(base.layers), f"{pre}layers", wrap, [] if head else [norm])]
+    if not head:
+        return parts
+    kind = type(model).__name__
+    if kind.endswith("ForMaskedLM"):
+        mods, last = [base.final_norm, model.head, model.decoder], model.decoder
+    else:
+        pool = [] if kind.endswith("ForTokenClassification") else [
+            FirstToken() if model.config.classifier_pooling == "cls" else MeanTokens()]
+        mods, last = [base.final_norm, *pool, model.head, model.drop, model.classifier], model.classifier
+    names = ("head", "decoder") if kind.endswith("ForMaskedLM") else ("head", "drop", "classifier")
+    parts.append(Part(names[-1], "Linear", Chain(*mods), last, (norm[0], *names)))
     return parts
 
 

@@ -157,6 +157,37 @@ class PatchEmbedding(nn.Module):  # type: ignore[misc]
         return self.embeddings(pixels.to(self.embeddings.patch_embeddings.projection.weight.dtype))
 
 
+class MeanTokens(nn.Module):  # type: ignore[misc]
+    """The mean of each sequence's hidden states over its tokens, as ModernBERT's classifier pools them without an
+    attention mask (a mask of ones, in its order of operations, so the same bits)."""
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        ones = torch.ones(hidden.shape[:2], device=hidden.device, dtype=torch.bool)
+        return (hidden * ones.unsqueeze(-1)).sum(dim=1) / ones.sum(dim=1, keepdim=True)
+
+
+class EncoderRotaryBlock(TransformerBlock):
+    """A ModernBERT block on hidden states only, given what ``ModernBertModel.forward`` gives it: rotary position
+    embeddings of its layer type at positions 0..s-1 (its own copy of the model's ``rotary_emb``), and the mask of its
+    layer type made by the model module's own functions (``create_bidirectional_mask`` for full layers,
+    ``create_bidirectional_sliding_window_mask`` for sliding ones; none where they return none), without padding."""
+
+    def __init__(self, block: nn.Module, rotary: nn.Module, config: object, layer_type: str,
+                 make_mask: Callable[..., torch.Tensor | None], post: nn.Module | None = None) -> None:
+        super().__init__(block, post)
+        self.rotary, self.layer_type, self.make_mask = copy.deepcopy(rotary), layer_type, make_mask
+        self._config = (config,)  # not a module; held, not registered
+
+    def extra_repr(self) -> str:
+        return f"layer_type={self.layer_type!r}"
+
+    def run_block(self, hidden: torch.Tensor) -> object:
+        positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
+        mask = self.make_mask(config=self._config[0], inputs_embeds=hidden, attention_mask=None)
+        return self.block(hidden, attention_mask=mask,
+                          position_embeddings=self.rotary(hidden, positions, self.layer_type))
+
+
 class FirstToken(nn.Module):  # type: ignore[misc]
     """The hidden states of each sequence's first token (ViT's class token), as its classifier takes them."""
 

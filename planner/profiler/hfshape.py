@@ -16,14 +16,14 @@ from planner import ir
 from planner.profiler.hfcode import Match, plain_linears
 
 GATED = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "olmo", "olmo2", "olmo3",
-                   "phi3", "glm", "granite", "cohere", "cohere2", "exaone4", "ministral", "stablelm"})
+                   "phi3", "glm", "granite", "cohere", "cohere2", "exaone4", "ministral", "stablelm", "modernbert"})
 """The architectures whose MLP is gated (SwiGLU or GeGLU: gate, up and down matrices, Phi-3's and GLM's gate and up
 fused)."""
 
 UNSHARDED = frozenset({"phi3", "glm", "olmo2", "olmo3", "gpt_neox", "opt", "cohere", "cohere2", "phi", "starcoder2",
                        "bloom", "falcon", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "phimoe", "deepseek_v2",
                        "deepseek_v3", "gpt_oss", "ernie4_5_moe", "glm4_moe", "gpt_bigcode", "stablelm", "nemotron",
-                       "mpt", "gpt_neo", "gptj", "codegen", "vit", "distilbert"})
+                       "mpt", "gpt_neo", "gptj", "codegen", "vit", "distilbert", "modernbert"})
 """The architectures whose blocks the planner's tensor parallelism does not shard: Phi-3 fuses q/k/v (``qkv_proj``) and
 gate/up (``gate_up_proj``), GLM gate/up, GPT-NeoX q/k/v per head (``query_key_value``); OLMo 2 normalises q and k
 over all heads together, as OLMo 3 does; OPT names its projections ``out_proj``, ``fc1`` and ``fc2``, which the torch
@@ -37,8 +37,8 @@ parallelism does not split (no expert parallelism either); GPT-BigCode fuses q w
 (``Wqkv``); StableLM's and Nemotron's blocks (StableLM's optional parallel residual and per-head q/k norms,
 Nemotron's LayerNorm1P and squared-ReLU MLP) were not checked under the export's tensor parallelism; GPT-Neo names
 its MLP ``c_fc``/``c_proj``, GPT-J ``fc_in``/``fc_out`` (attention beside it, rotary over part of each head), and
-CodeGen fuses q/k/v (``qkv_proj``); ViT's and DistilBERT's blocks hold their attention and MLP under names the export
-does not know (BERT's, RoBERTa's and XLM-RoBERTa's it shards)."""
+CodeGen fuses q/k/v (``qkv_proj``); ViT's, DistilBERT's and ModernBERT's (q/k/v fused, ``Wqkv``) blocks hold their
+attention and MLP under names the export does not know (BERT's, RoBERTa's and XLM-RoBERTa's it shards)."""
 
 
 def block_shape(config: Any, seq_len: int, match: Match | None = None) -> ir.BlockShape | None:

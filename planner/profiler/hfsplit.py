@@ -12,8 +12,8 @@ hands it (``planner.profiler.hfmodules``): rotary embeddings, ALiBi biases (BLOO
 (``planner.profiler.hfmasks``: causal, within a sliding window where its layer slides, for SDPA or eager attention, per
 layer type where the forward reads them); what a split cannot keep is refused (``planner.profiler.hfchecks``).
 ``planner.profiler.verify.verify_cuts`` checks the cuts against the model's exported data flow (tests). The encoders
-(BERT, RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA, DistilBERT, ViT: ``planner.profiler.hfencoders``) are split the same
-way, their blocks attending both ways with no mask; the pieces of every split are ``planner.profiler.hfparts``'.
+(BERT, RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA, DistilBERT, ModernBERT, ViT: ``planner.profiler.hfencoders``) are
+split the same way, their blocks attending both ways; the pieces of every split are ``planner.profiler.hfparts``'.
 
 Each block records the ``planner.ir.BlockShape`` tensor parallelism needs, read off its config
 (``planner.profiler.hfshape``: widths, heads, KV heads, FFN, gating, head size, ``seq_len`` the example's), marked not
@@ -34,7 +34,7 @@ from torch import nn
 
 from planner.profiler.hfchecks import check_model
 from planner.profiler.hfcode import Match, blocks_of, family_of
-from planner.profiler.hfencoders import distilbert_parts, encoder_parts, vit_parts, vit_tokens
+from planner.profiler.hfencoders import distilbert_parts, encoder_parts, modernbert_parts, vit_parts, vit_tokens
 from planner.profiler.hfmasks import block_masks, sliding_of
 from planner.profiler.hfmodules import (
     AlibiBlock,
@@ -248,6 +248,8 @@ _ARCHITECTURES: dict[str, tuple[str, Callable[[nn.Module], list[Part]]]] = {
        for kind in ("ForMaskedLM", "ForSequenceClassification", "ForTokenClassification", "Model")},
     **{f"DistilBert{kind}": ("distilbert", distilbert_parts)
        for kind in ("ForMaskedLM", "ForSequenceClassification", "ForTokenClassification", "Model")},
+    **{f"ModernBert{kind}": ("modernbert", modernbert_parts)
+       for kind in ("ForMaskedLM", "ForSequenceClassification", "ForTokenClassification", "Model")},
     "ViTForImageClassification": ("vit", vit_parts), "ViTModel": ("vit", vit_parts),
     **{f"{family}{kind}": (family.lower(), _llama_parts)
        for family in _LLAMA_FAMILY for kind in ("ForCausalLM", "Model")},
@@ -277,7 +279,7 @@ _ARCHITECTURES: dict[str, tuple[str, Callable[[nn.Module], list[Part]]]] = {
 
 _MASKED = frozenset({_llama_parts, _gemma_parts, _scaled_llama_parts, _dropout_llama_parts, _bloom_parts,
                      _falcon_parts, _masked_gpt2_parts, _gptj_parts, _mpt_parts, encoder_parts, distilbert_parts,
-                     vit_parts})
+                     modernbert_parts, vit_parts})
 """The parts whose blocks rebuild their attention masks (planner.profiler.hfmasks), or attend both ways with none,
 so run eager attention too."""
 
