@@ -36,10 +36,12 @@ def _built(cls: type[nn.Module], config: object) -> nn.Module:
 
 
 def vit(name: str, **fields: object) -> nn.Module:
-    """transformers' ``name`` (ViT) at hidden 64, 2 blocks of 4 heads, 32-pixel images of 8-pixel patches, 5 labels."""
+    """transformers' ``name`` (ViT or DeiT) at hidden 64, 2 blocks of 4 heads, 32-pixel images of 8-pixel patches, 5
+    labels."""
     import transformers
 
-    return _built(getattr(transformers, name), transformers.ViTConfig(
+    config = transformers.DeiTConfig if name.startswith("DeiT") else transformers.ViTConfig
+    return _built(getattr(transformers, name), config(
         hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, image_size=32, patch_size=8,
         num_labels=5, **fields))
 
@@ -114,20 +116,21 @@ def test_distilbert_splits_exactly_with_its_heads(kind: str, attention: str) -> 
         split_hf(model, torch.randint(1, 96, (1, 41)))
 
 
-@pytest.mark.parametrize("name", ["ViTForImageClassification", "ViTModel"])
+@pytest.mark.parametrize(("name", "tokens"), [("ViTForImageClassification", 17), ("ViTModel", 17),
+                                              ("DeiTForImageClassification", 18), ("DeiTModel", 18)])
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
-def test_vit_splits_exactly_with_its_patches_as_the_sequence(name: str, attention: str) -> None:
-    """ViT: patch embeddings with the class token, blocks, the final norm with the classifier over the class token
-    (or after the last block): bit for bit; its blocks see 16 patches and the class token, not the 3 channels of the
-    input's second dimension; not sharded."""
+def test_vit_splits_exactly_with_its_patches_as_the_sequence(name: str, tokens: int, attention: str) -> None:
+    """ViT and DeiT: patch embeddings with the class token (and DeiT's distillation token), blocks, the final norm
+    with the classifier over the class token (or after the last block): bit for bit; their blocks see 16 patches and
+    the special tokens, not the 3 channels of the input's second dimension; not sharded."""
     torch.manual_seed(0)
     model = vit(name, attn_implementation=attention)
     x = torch.randn(2, 3, 32, 32)
     lm = _split(model, x)
     check_exact(model, x, lm.layers, lm.param_counts)
     assert verify_cuts(model, x, lm) == [1] * (len(lm) - 1)
-    assert len(lm) == (4 if name == "ViTForImageClassification" else 3) and lm.method == "structure:vit"
-    assert lm.block(1) == ir.BlockShape(64, 4, 4, 128, 17, gated=False, shardable=False)
+    assert len(lm) == (3 if name.endswith("Model") else 4) and lm.method == f"structure:{model.config.model_type}"
+    assert lm.block(1) == ir.BlockShape(64, 4, 4, 128, tokens, gated=False, shardable=False)
     _same_in_training(vit(name, hidden_dropout_prob=0.3, attention_probs_dropout_prob=0.3), x)
 
 

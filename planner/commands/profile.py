@@ -99,8 +99,8 @@ def profile(model: str, output: str | None, batch_size: int, input_shape: str | 
     gpt-neo-2.7b, bert-base, llama-tiny, llama2-7b/13b/70b, llama3-8b/70b, mistral-7b, qwen2-7b, qwen3-8b, gemma-7b,
     gemma2-9b, gemma3-1b, olmo2-7b; mixtures of experts mixtral-8x7b, olmoe-1b-7b, qwen3-30b-a3b) or
     package.module:factory returning an nn.Module (a transformers BERT, RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA,
-    DistilBERT, ModernBERT, ViT, GPT-2, Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3, OLMo, OLMo 2, OLMo 3,
-    EXAONE 4, Ministral, Phi-3, GLM, Arcee, Granite, Cohere, Cohere 2, Phi, Starcoder2, StableLM, Nemotron,
+    DistilBERT, ModernBERT, ViT, DeiT, GPT-2, Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3, OLMo, OLMo 2,
+    OLMo 3, EXAONE 4, Ministral, Phi-3, GLM, Arcee, Granite, Cohere, Cohere 2, Phi, Starcoder2, StableLM, Nemotron,
     GPT-NeoX, GPT-BigCode, GPT-Neo, GPT-J, CodeGen, OPT, BLOOM, Falcon, MPT, Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE,
     PhiMoE, DeepSeek V2/V3, gpt-oss, ERNIE 4.5 MoE or GLM-4 MoE model included, and decoders whose forwards are one
     of those Llama-family classes' code) or (module, example_input).

@@ -80,7 +80,7 @@ def _check_positions(model: nn.Module, arch: str, seq_len: int) -> None:
     elif arch == "opt":
         rows = int(getattr(model, "model", model).decoder.embed_positions.num_embeddings) - 2
         field = "max_position_embeddings"
-    elif arch in ENCODERS - {"vit", "modernbert"}:  # RoBERTa's (CamemBERT's) start after its padding index
+    elif arch in ENCODERS - {"vit", "deit", "modernbert"}:  # RoBERTa's (CamemBERT's) start after its padding index
         offset = int(model.config.pad_token_id) + 1 if arch in ("roberta", "xlm-roberta", "camembert") else 0
         rows, field = int(model.config.max_position_embeddings) - offset, "max_position_embeddings"
     elif arch == "mpt":
@@ -93,7 +93,8 @@ def _check_positions(model: nn.Module, arch: str, seq_len: int) -> None:
                          f"profile at --input-shape {rows} or less, or build it with {field}={seq_len} or more")
 
 
-ENCODERS = frozenset({"bert", "roberta", "xlm-roberta", "camembert", "electra", "distilbert", "modernbert", "vit"})
+ENCODERS = frozenset({"bert", "roberta", "xlm-roberta", "camembert", "electra", "distilbert", "modernbert", "vit",
+                      "deit"})
 """The architectures whose blocks attend both ways (no mask: every token sees every other)."""
 
 

@@ -1,6 +1,7 @@
 """Encoders split by structure (``planner.profiler.hfsplit``): BERT, RoBERTa (XLM-RoBERTa and CamemBERT are its code),
-ELECTRA, DistilBERT and ModernBERT (masked LM, sequence or token classifier, bare model) and ViT (image classifier,
-bare model), whose blocks attend both ways: with no mask, or ModernBERT's by layer type (full, or a window both ways).
+ELECTRA, DistilBERT and ModernBERT (masked LM, sequence or token classifier, bare model) and ViT and DeiT (image
+classifier, bare model), whose blocks attend both ways: with no mask, or ModernBERT's by layer type (full, or a window
+both ways).
 """
 
 from __future__ import annotations
@@ -123,25 +124,26 @@ def modernbert_parts(model: nn.Module) -> list[Part]:
 
 
 def vit_parts(model: nn.Module) -> list[Part]:
-    """ViT's layers: the patch embeddings with the class token and positions (``hfmodules.PatchEmbedding``), the
-    blocks attending both ways, the final LayerNorm with the classifier over the class token
-    (``ForImageClassification``), or after the last block of the bare model."""
-    head = isinstance(getattr(model, "vit", None), nn.Module)
-    base: Any = model.vit if head else model
-    pre = "vit." if head else ""
+    """ViT's and DeiT's layers: the patch embeddings with the class token (and DeiT's distillation token) and
+    positions (``hfmodules.PatchEmbedding``), the blocks attending both ways, the final LayerNorm with the classifier
+    over the class token (``ForImageClassification``), or after the last block of the bare model."""
+    inner = next((a for a in ("vit", "deit") if isinstance(getattr(model, a, None), nn.Module)), None)
+    base: Any = getattr(model, inner) if inner else model
+    pre = f"{inner}." if inner else ""
     first = Part(f"{pre}embeddings", type(base.embeddings).__name__, PatchEmbedding(base.embeddings),
-                  base.embeddings.patch_embeddings.projection, (f"{pre}embeddings",))
+                 base.embeddings.patch_embeddings.projection, (f"{pre}embeddings",))
     norm = (f"{pre}layernorm", base.layernorm)
-    parts = [first, *block_parts(list(base.layers), f"{pre}layers", TransformerBlock, [] if head else [norm])]
-    if head:
+    parts = [first, *block_parts(list(base.layers), f"{pre}layers", TransformerBlock, [] if inner else [norm])]
+    if inner:
         parts.append(Part("classifier", type(model.classifier).__name__,
-                           Chain(base.layernorm, FirstToken(), model.classifier), model.classifier,
-                           (norm[0], "classifier")))
+                          Chain(base.layernorm, FirstToken(), model.classifier), model.classifier,
+                          (norm[0], "classifier")))
     return parts
 
 
 def vit_tokens(model: nn.Module, pixels: torch.Tensor) -> int:
-    """The tokens a ViT's blocks see for images ``pixels`` (batch, channels, height, width): a patch each
-    ``patch_size`` square, and the class token."""
+    """The tokens a ViT's (DeiT's) blocks see for images ``pixels`` (batch, channels, height, width): a patch each
+    ``patch_size`` square, the class token, and DeiT's distillation token."""
     patch = int(model.config.patch_size)
-    return (int(pixels.shape[-2]) // patch) * (int(pixels.shape[-1]) // patch) + 1
+    extra = 2 if getattr(model.config, "model_type", "") == "deit" else 1
+    return (int(pixels.shape[-2]) // patch) * (int(pixels.shape[-1]) // patch) + extra

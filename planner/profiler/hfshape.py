@@ -23,7 +23,7 @@ fused)."""
 UNSHARDED = frozenset({"phi3", "glm", "olmo2", "olmo3", "gpt_neox", "opt", "cohere", "cohere2", "phi", "starcoder2",
                        "bloom", "falcon", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "phimoe", "deepseek_v2",
                        "deepseek_v3", "gpt_oss", "ernie4_5_moe", "glm4_moe", "gpt_bigcode", "stablelm", "nemotron",
-                       "mpt", "gpt_neo", "gptj", "codegen", "vit", "distilbert", "modernbert"})
+                       "mpt", "gpt_neo", "gptj", "codegen", "vit", "deit", "distilbert", "modernbert"})
 """The architectures whose blocks the planner's tensor parallelism does not shard: Phi-3 fuses q/k/v (``qkv_proj``) and
 gate/up (``gate_up_proj``), GLM gate/up, GPT-NeoX q/k/v per head (``query_key_value``); OLMo 2 normalises q and k
 over all heads together, as OLMo 3 does; OPT names its projections ``out_proj``, ``fc1`` and ``fc2``, which the torch

@@ -12,8 +12,8 @@ hands it (``planner.profiler.hfmodules``): rotary embeddings, ALiBi biases (BLOO
 (``planner.profiler.hfmasks``: causal, within a sliding window where its layer slides, for SDPA or eager attention, per
 layer type where the forward reads them); what a split cannot keep is refused (``planner.profiler.hfchecks``).
 ``planner.profiler.verify.verify_cuts`` checks the cuts against the model's exported data flow (tests). The encoders
-(BERT, RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA, DistilBERT, ModernBERT, ViT: ``planner.profiler.hfencoders``) are
-split the same way, their blocks attending both ways; the pieces of every split are ``planner.profiler.hfparts``'.
+(BERT, RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA, DistilBERT, ModernBERT, ViT, DeiT: ``planner.profiler.hfencoders``)
+are split the same way, their blocks attending both ways; the pieces of every split are ``planner.profiler.hfparts``'.
 
 Each block records the ``planner.ir.BlockShape`` tensor parallelism needs, read off its config
 (``planner.profiler.hfshape``: widths, heads, KV heads, FFN, gating, head size, ``seq_len`` the example's), marked not
@@ -251,6 +251,7 @@ _ARCHITECTURES: dict[str, tuple[str, Callable[[nn.Module], list[Part]]]] = {
     **{f"ModernBert{kind}": ("modernbert", modernbert_parts)
        for kind in ("ForMaskedLM", "ForSequenceClassification", "ForTokenClassification", "Model")},
     "ViTForImageClassification": ("vit", vit_parts), "ViTModel": ("vit", vit_parts),
+    "DeiTForImageClassification": ("deit", vit_parts), "DeiTModel": ("deit", vit_parts),
     **{f"{family}{kind}": (family.lower(), _llama_parts)
        for family in _LLAMA_FAMILY for kind in ("ForCausalLM", "Model")},
     "GPTNeoXForCausalLM": ("gpt_neox", _gpt_neox_parts), "GPTNeoXModel": ("gpt_neox", _gpt_neox_parts),
@@ -329,7 +330,7 @@ def split_hf(model: nn.Module, example_input: torch.Tensor) -> LayeredModel | No
     if recognised is None:
         return None
     arch, parts_of, match = recognised
-    seq_len = vit_tokens(model, example_input) if arch == "vit" else int(example_input.shape[1])
+    seq_len = vit_tokens(model, example_input) if parts_of is vit_parts else int(example_input.shape[1])
     check_model(model, arch, seq_len, parts_of in _MASKED)
     parts = parts_of(model)
     layer_params = [[(f"{p.name}.{k}", q) for k, q in p.module.named_parameters(remove_duplicate=False)]
