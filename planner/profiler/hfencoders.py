@@ -24,6 +24,13 @@ from planner.profiler.hfmodules import (
 from planner.profiler.hfparts import Part, block_parts
 
 
+def _inner(model: nn.Module, names: tuple[str, ...]) -> tuple[Any, str, str]:
+    """(the bare encoder, the path prefix of its modules, the attribute holding it, or "" for a bare model) of
+    ``model``, a model with a head holding its encoder at one of ``names``, or the bare encoder itself."""
+    inner = next((a for a in names if isinstance(getattr(model, a, None), nn.Module)), "")
+    return (getattr(model, inner), f"{inner}.", inner) if inner else (model, "", "")
+
+
 def encoder_parts(model: nn.Module) -> list[Part]:
     """BERT's and RoBERTa's layers (XLM-RoBERTa's are RoBERTa's): the embeddings (word, position, token type, norm,
     dropout; RoBERTa's positions counted from the token ids), encoder blocks attending both ways, and the head: the
@@ -31,9 +38,7 @@ def encoder_parts(model: nn.Module) -> list[Part]:
     RoBERTa's and ELECTRA's classification heads, which take the first token themselves), or the token classifier
     (dropout and classifier on every token); a bare model ends with its last block. ELECTRA's embeddings, narrower
     than its blocks, are projected up in the first layer, and its masked-LM head is its generator's."""
-    inner = next((a for a in ("bert", "roberta", "electra") if isinstance(getattr(model, a, None), nn.Module)), None)
-    base: Any = getattr(model, inner) if inner else model
-    pre = f"{inner}." if inner else ""
+    base, pre, inner = _inner(model, ("bert", "roberta", "electra"))
     embed: nn.Module = BertEmbedding(base.embeddings)
     scope = [f"{pre}embeddings"]
     if isinstance(getattr(base, "embeddings_project", None), nn.Module):  # ELECTRA's narrower embeddings
@@ -67,9 +72,7 @@ def distilbert_parts(model: nn.Module) -> list[Part]:
     head (transform, activation, norm, the projector tied to the word embedding), the sequence classifier over the
     first token (pre-classifier, ReLU, dropout, classifier) or the token classifier; a bare model ends with its last
     block."""
-    head = isinstance(getattr(model, "distilbert", None), nn.Module)
-    base: Any = model.distilbert if head else model
-    pre = "distilbert." if head else ""
+    base, pre, _ = _inner(model, ("distilbert",))
     parts = [Part(f"{pre}embeddings", type(base.embeddings).__name__, BertEmbedding(base.embeddings),
                   base.embeddings.word_embeddings, (f"{pre}embeddings",))]
     parts += block_parts(list(base.transformer.layer), f"{pre}transformer.layer", TransformerBlock)
@@ -94,9 +97,7 @@ def modernbert_parts(model: nn.Module) -> list[Part]:
     head: the masked-LM head with the decoder tied to the token embedding, the sequence classifier over the first
     token or the mean of them (``classifier_pooling``), or the token classifier; after the last block of a bare
     model."""
-    head = isinstance(getattr(model, "model", None), nn.Module)
-    base: Any = model.model if head else model
-    pre = "model." if head else ""
+    base, pre, head = _inner(model, ("model",))
     module = inspect.getmodule(type(base))
     makers = {"full_attention": module.create_bidirectional_mask,  # type: ignore[union-attr]
               "sliding_attention": module.create_bidirectional_sliding_window_mask}  # type: ignore[union-attr]
@@ -127,9 +128,7 @@ def vit_parts(model: nn.Module) -> list[Part]:
     """ViT's and DeiT's layers: the patch embeddings with the class token (and DeiT's distillation token) and
     positions (``hfmodules.PatchEmbedding``), the blocks attending both ways, the final LayerNorm with the classifier
     over the class token (``ForImageClassification``), or after the last block of the bare model."""
-    inner = next((a for a in ("vit", "deit") if isinstance(getattr(model, a, None), nn.Module)), None)
-    base: Any = getattr(model, inner) if inner else model
-    pre = f"{inner}." if inner else ""
+    base, pre, inner = _inner(model, ("vit", "deit"))
     first = Part(f"{pre}embeddings", type(base.embeddings).__name__, PatchEmbedding(base.embeddings),
                  base.embeddings.patch_embeddings.projection, (f"{pre}embeddings",))
     norm = (f"{pre}layernorm", base.layernorm)
