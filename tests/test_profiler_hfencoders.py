@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -49,6 +50,8 @@ def vit(name: str, **fields: object) -> nn.Module:
 def _split(model: nn.Module, x: torch.Tensor) -> LayeredModel:
     lm = split_hf(model, x)
     assert lm is not None
+    for layer, kind in zip(lm.layers, lm.types, strict=True):  # "Linear": one the torch export's split forms shard
+        assert kind != "Linear" or sum(isinstance(m, nn.Linear) for m in layer.modules()) == 1
     return lm
 
 
@@ -195,3 +198,18 @@ def test_modernbert_splits_exactly_with_its_rotary_and_sliding_layers(kind: str,
     assert [t.layers for t in lm.ties] == ([(0, 5)] if kind == "ForMaskedLM" else [])
     _same_in_training(modernbert(f"ModernBert{kind}", classifier_pooling=pooling, embedding_dropout=0.3,
                                  attention_dropout=0.3, mlp_dropout=0.3, classifier_dropout=0.3), x)
+
+
+@pytest.mark.parametrize(("model", "head"), [
+    (lambda: encoder("BertForSequenceClassification"), "Head"),  # pooler's dense and classifier
+    (lambda: encoder("BertForTokenClassification"), "Linear"),
+    (lambda: distilbert("DistilBertForMaskedLM"), "Head"),
+    (lambda: vit("ViTForImageClassification"), "Linear"),
+])
+def test_a_head_of_more_than_one_linear_is_not_typed_linear(model: Callable[[], nn.Module], head: str) -> None:
+    """The torch export's split forms shard layers typed "Linear", one nn.Linear each: a head chaining two is a
+    "Head" (a plan splitting it would fail at export)."""
+    m = model()
+    x = torch.randn(2, 3, 32, 32) if "ViT" in type(m).__name__ else torch.randint(3, 96, (2, 16))
+    assert _split(m, x).types[-1] == head
+

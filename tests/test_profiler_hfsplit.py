@@ -20,6 +20,8 @@ from tests.test_profiler_fxsplit import check_exact
 def _split(model: nn.Module, x: torch.Tensor) -> LayeredModel:
     lm = split_hf(model, x)
     assert lm is not None
+    for layer, kind in zip(lm.layers, lm.types, strict=True):  # "Linear": one the torch export's split forms shard
+        assert kind != "Linear" or sum(isinstance(m, nn.Linear) for m in layer.modules()) == 1
     return lm
 
 

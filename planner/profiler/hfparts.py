@@ -1,6 +1,6 @@
 """The pieces a structural split (``planner.profiler.hfsplit``) is built of: :class:`Part`, one layer of the split;
 :func:`block_parts`, a part per block; :func:`unwrap` and :func:`stack`, a language model's or bare model's layers
-laid out; :func:`is_causal_lm`.
+laid out; :func:`is_causal_lm`; :func:`layer_type`.
 """
 
 from __future__ import annotations
@@ -66,3 +66,14 @@ def is_causal_lm(model: nn.Module) -> bool:
     """Whether ``model`` is a causal LM (``...ForCausalLM``, GPT-2's ``GPT2LMHeadModel``: its bare model and an LM
     head), not the bare model."""
     return type(model).__name__.endswith("ForCausalLM") or type(model).__name__ == "GPT2LMHeadModel"
+
+
+def layer_type(part: Part) -> str:
+    """``part``'s type as the profile records it: "Linear" names a layer the torch export's split forms may shard
+    (exactly one ``nn.Linear``: ``planner.engines.FormRules.split_types``), so a head chaining more than one (BERT's
+    pooler and classifier, OPT's ``project_out`` and LM head) is a "Head"."""
+    if part.type != "Linear":
+        return part.type
+    linears = sum(isinstance(m, nn.Linear) for m in part.module.modules())
+    return "Linear" if linears == 1 else "Head"
+

@@ -51,7 +51,7 @@ from planner.profiler.hfmodules import (
     TokenEmbedding,
     TransformerBlock,
 )
-from planner.profiler.hfparts import Part, Wrap, block_parts, is_causal_lm, stack, unwrap
+from planner.profiler.hfparts import Part, Wrap, block_parts, is_causal_lm, layer_type, stack, unwrap
 from planner.profiler.hfshape import UNSHARDED, block_shape, plain_shape
 from planner.profiler.layered import LayeredModel, param_accounting, weight_features
 
@@ -337,9 +337,8 @@ def split_hf(model: nn.Module, example_input: torch.Tensor) -> LayeredModel | No
                     for p in parts]
     counts, nbytes, ties = param_accounting(model, layer_params)
     feats = [weight_features(p.weight) if p.weight is not None else (None, None) for p in parts]
-    shape = plain_shape(block_shape(model.config, seq_len, match),
-                   [p.module.block for p in parts if p.is_block])
-    return LayeredModel(tuple(p.module for p in parts), tuple(p.name for p in parts), tuple(p.type for p in parts),
-                        tuple(f[0] for f in feats), tuple(f[1] for f in feats), counts, nbytes, ties,
-                        f"structure:{arch}", tuple(p.scope for p in parts),
+    shape = plain_shape(block_shape(model.config, seq_len, match), [p.module.block for p in parts if p.is_block])
+    return LayeredModel(tuple(p.module for p in parts), tuple(p.name for p in parts),
+                        tuple(layer_type(p) for p in parts), tuple(f[0] for f in feats), tuple(f[1] for f in feats),
+                        counts, nbytes, ties, f"structure:{arch}", tuple(p.scope for p in parts),
                         tuple(shape if p.is_block else None for p in parts))
