@@ -75,13 +75,16 @@ class LazyGroup(click.Group):
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 
-    def invoke(self, ctx: click.Context) -> Any:
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        """Click's main with streams that outlive their readers (``planner.pipes``) from parsing to the last line:
+        a usage error's message and ``--help``/``--version`` too, which click prints outside :meth:`invoke` (a
+        usage error whose reader had gone exited 1, not 2; ``planner --help | head -1`` exited 1)."""
         from planner.pipes import reader_safe
 
-        with reader_safe():  # a reader that goes away (| head) does not stop the command (planner.pipes)
-            return self._invoke(ctx)
+        with reader_safe():
+            return super().main(*args, **kwargs)
 
-    def _invoke(self, ctx: click.Context) -> Any:
+    def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except PlannerError as exc:

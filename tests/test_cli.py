@@ -114,3 +114,13 @@ def test_a_reader_that_goes_away_does_not_stop_search_or_export(tmp_path: Path, 
     (tmp_path / "small.json").write_text(json.dumps(make_cluster_dict(memory_bytes=10**5)))
     infeasible = ["search", "p.json", "--cluster", "small.json", "-o", "none.json"]
     assert _closed(tmp_path, infeasible, stream).returncode == 3 and not (tmp_path / "none.json").exists()
+
+
+@pytest.mark.parametrize(("args", "code"), [(["search", "--bogus"], 2), (["--bogus"], 2), (["bogus"], 2),
+                                            (["--help"], 0), (["--version"], 0), (["search", "--help"], 0)])
+@pytest.mark.parametrize("stream", ["stderr", "stdout"])
+def test_a_reader_that_goes_away_keeps_usage_and_help_exit_codes(tmp_path: Path, args: list[str], code: int,
+                                                                  stream: str) -> None:
+    """Click prints a usage error, ``--help`` and ``--version`` outside the command's run: with their reader gone
+    they still exit 2 (bad usage) and 0; a usage error exited 1 and ``planner --help | head -1`` exited 1."""
+    assert _closed(tmp_path, args, stream).returncode == code
