@@ -15,6 +15,7 @@ from planner.profiler.hfsplit import split_hf
 from planner.profiler.layered import LayeredModel, primary_output
 from planner.profiler.verify import verify_cuts
 from tests.test_profiler_fxsplit import check_exact
+from tests.test_profiler_hfsplit import _split
 
 
 def encoder(name: str, **fields: object) -> nn.Module:
@@ -47,11 +48,11 @@ def vit(name: str, **fields: object) -> nn.Module:
         num_labels=5, **fields))
 
 
-def _split(model: nn.Module, x: torch.Tensor) -> LayeredModel:
-    lm = split_hf(model, x)
-    assert lm is not None
-    for layer, kind in zip(lm.layers, lm.types, strict=True):  # "Linear": one the torch export's split forms shard
-        assert kind != "Linear" or sum(isinstance(m, nn.Linear) for m in layer.modules()) == 1
+def _exact(model: nn.Module, x: torch.Tensor) -> LayeredModel:
+    """``model``'s split, checked bit for bit against it on ``x``, one tensor crossing each cut of its data flow."""
+    lm = _split(model, x)
+    check_exact(model, x, lm.layers, lm.param_counts)
+    assert verify_cuts(model, x, lm) == [1] * (len(lm) - 1)
     return lm
 
 
@@ -79,9 +80,7 @@ def test_bert_and_roberta_split_exactly_with_their_heads(family: str, kind: str,
     torch.manual_seed(0)
     model = encoder(f"{family}{kind}", attn_implementation=attention)
     x = torch.randint(3, 96, (2, 16))
-    lm = _split(model, x)
-    check_exact(model, x, lm.layers, lm.param_counts)
-    assert verify_cuts(model, x, lm) == [1] * (len(lm) - 1)
+    lm = _exact(model, x)
     assert len(lm) == _HEADS[kind] and lm.method.startswith("structure:")
     assert lm.block(1) == ir.BlockShape(64, 4, 4, 128, 16, gated=False)
     assert [t.layers for t in lm.ties] == ([(0, 3)] if kind == "ForMaskedLM" else [])
@@ -107,9 +106,7 @@ def test_distilbert_splits_exactly_with_its_heads(kind: str, attention: str) -> 
     torch.manual_seed(0)
     model = distilbert(f"DistilBert{kind}", attn_implementation=attention)
     x = torch.randint(1, 96, (2, 16))
-    lm = _split(model, x)
-    check_exact(model, x, lm.layers, lm.param_counts)
-    assert verify_cuts(model, x, lm) == [1] * (len(lm) - 1)
+    lm = _exact(model, x)
     assert len(lm) == _HEADS[kind] and lm.method == "structure:distilbert"
     assert lm.block(1) == ir.BlockShape(64, 4, 4, 128, 16, gated=False, shardable=False)
     assert [t.layers for t in lm.ties] == ([(0, 3)] if kind == "ForMaskedLM" else [])
@@ -129,9 +126,7 @@ def test_vit_splits_exactly_with_its_patches_as_the_sequence(name: str, tokens: 
     torch.manual_seed(0)
     model = vit(name, attn_implementation=attention)
     x = torch.randn(2, 3, 32, 32)
-    lm = _split(model, x)
-    check_exact(model, x, lm.layers, lm.param_counts)
-    assert verify_cuts(model, x, lm) == [1] * (len(lm) - 1)
+    lm = _exact(model, x)
     assert len(lm) == (3 if name.endswith("Model") else 4) and lm.method == f"structure:{model.config.model_type}"
     assert lm.block(1) == ir.BlockShape(64, 4, 4, 128, tokens, gated=False, shardable=False)
     _same_in_training(vit(name, hidden_dropout_prob=0.3, attention_probs_dropout_prob=0.3), x)
@@ -190,9 +185,7 @@ def test_modernbert_splits_exactly_with_its_rotary_and_sliding_layers(kind: str,
     torch.manual_seed(0)
     model = modernbert(f"ModernBert{kind}", attn_implementation=attention, classifier_pooling=pooling)
     x = torch.randint(1, 96, (2, 20))
-    lm = _split(model, x)
-    check_exact(model, x, lm.layers, lm.param_counts)
-    assert verify_cuts(model, x, lm) == [1] * (len(lm) - 1)
+    lm = _exact(model, x)
     assert len(lm) == _HEADS[kind] + 2 and lm.method == "structure:modernbert"
     assert lm.block(1) == ir.BlockShape(64, 4, 4, 96, 20, gated=True, shardable=False)
     assert [t.layers for t in lm.ties] == ([(0, 5)] if kind == "ForMaskedLM" else [])
