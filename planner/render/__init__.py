@@ -12,7 +12,6 @@ from rich.console import Console
 
 from planner.errors import PlannerError
 from planner.jsonio import atomic_path
-from planner.pipes import silence
 
 GIB = 1024**3  # bytes per GiB, the unit memory is shown in
 
@@ -22,25 +21,14 @@ PIPED_WIDTH = 200
 their names whole (rich would squeeze them to 80 columns)."""
 
 
-class _StderrConsole(Console):  # type: ignore[misc]
-    """A rich console on stderr that outlives its reader: when the pipe it writes to closes (``planner search ...
-    2>&1 | head``), it drops the rest of its output and the command finishes, writing its files. Rich's own console
-    exits the process there (``SystemExit(1)``, past a command's handlers, before its outputs are committed) and
-    points stdout, not stderr, at the null device, which would cut a ``--json`` reader off."""
-
-    def on_broken_pipe(self) -> None:
-        self.quiet = True
-        silence(self.file)  # later writes to stderr (the error printer's) go nowhere (planner.pipes)
-
-
 def stderr_console(width_when_piped: int = PIPED_WIDTH) -> Console:
     """A rich console on stderr: progress, tables and logs never pollute ``--json`` stdout; a closed stderr
-    silences it without stopping the command (:class:`_StderrConsole`).
+    silences it without stopping the command (the CLI's streams, ``planner.pipes``).
 
     ``width_when_piped``: the least width when stderr is not a terminal (rich's default: 80)."""
-    console = _StderrConsole(stderr=True, highlight=False)
+    console = Console(stderr=True, highlight=False)
     if not console.is_terminal and console.width < width_when_piped:
-        console = _StderrConsole(stderr=True, highlight=False, width=width_when_piped)
+        console = Console(stderr=True, highlight=False, width=width_when_piped)
     return console
 
 
