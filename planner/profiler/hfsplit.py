@@ -51,28 +51,23 @@ from planner.profiler.hfmodules import (
     TokenEmbedding,
     TransformerBlock,
 )
-from planner.profiler.hfparts import Part, Wrap, block_parts, is_causal_lm, layer_type, stack, unwrap
+from planner.profiler.hfparts import Part, block_parts, is_causal_lm, layer_type, stack, unwrap
 from planner.profiler.hfshape import UNSHARDED, block_shape, plain_shape
 from planner.profiler.layered import LayeredModel, param_accounting, weight_features
 
 
-def _gpt2_parts(model: nn.Module, wrap: Wrap = TransformerBlock) -> list[Part]:
-    """GPT-2's layers: token and position embeddings with their dropout, blocks (``wrap``), final norm with the LM
-    head (or after the last block)."""
+def _gpt2_parts(model: nn.Module) -> list[Part]:
+    """GPT-2's layers: token and position embeddings with their dropout, blocks each handed the causal mask its
+    model's forward gives it (``hfmodules.MaskedBlock``: none under SDPA, an additive one under eager attention),
+    final norm with the LM head (or after the last block). GPT-BigCode's (StarCoder's, SantaCoder's; multi-query
+    attention where the model has it) and GPT-Neo's (local layers attending within ``window_size`` tokens by their own
+    buffer, eager attention only) are the same."""
     tr, pre, head = unwrap(model, "transformer")
     first = Part(f"{pre}wte", "Embedding", GPT2Embedding(tr.wte, tr.wpe, tr.drop), tr.wte,
-                  (f"{pre}wte", f"{pre}wpe", f"{pre}drop"))
-    return stack(first, list(tr.h), f"{pre}h", wrap, (f"{pre}ln_f", tr.ln_f), head)
-
-
-def _masked_gpt2_parts(model: nn.Module) -> list[Part]:
-    """GPT-2's layers (:func:`_gpt2_parts`), each block handed the causal mask its model's forward gives it
-    (``hfmodules.MaskedBlock``: none under SDPA, an additive one under eager attention); GPT-BigCode's (StarCoder's,
-    SantaCoder's; multi-query attention where the model has it) and GPT-Neo's (local layers attending within
-    ``window_size`` tokens by their own buffer, eager attention only) alike."""
-    tr = unwrap(model, "transformer")[0]
+                 (f"{pre}wte", f"{pre}wpe", f"{pre}drop"))
     masks = iter(block_masks(tr.config, len(tr.h), "none"))
-    return _gpt2_parts(model, lambda block, post: MaskedBlock(block, next(masks), post))
+    return stack(first, list(tr.h), f"{pre}h", lambda block, post: MaskedBlock(block, next(masks), post),
+                 (f"{pre}ln_f", tr.ln_f), head)
 
 
 def _gptj_parts(model: nn.Module) -> list[Part]:
@@ -240,7 +235,7 @@ Llama's steps, their blocks route each token to its router's experts (an analyti
 
 
 _ARCHITECTURES: dict[str, tuple[str, Callable[[nn.Module], list[Part]]]] = {
-    "GPT2LMHeadModel": ("gpt2", _masked_gpt2_parts), "GPT2Model": ("gpt2", _masked_gpt2_parts),
+    "GPT2LMHeadModel": ("gpt2", _gpt2_parts), "GPT2Model": ("gpt2", _gpt2_parts),
     **{f"{family}{kind}": (arch, encoder_parts) for family, arch in (("Bert", "bert"), ("Roberta", "roberta"),
                                                                       ("XLMRoberta", "xlm-roberta"),
                                                                       ("Camembert", "camembert"),
@@ -258,8 +253,8 @@ _ARCHITECTURES: dict[str, tuple[str, Callable[[nn.Module], list[Part]]]] = {
     "OPTForCausalLM": ("opt", _opt_parts), "OPTModel": ("opt", _opt_parts),
     "BloomForCausalLM": ("bloom", _bloom_parts), "BloomModel": ("bloom", _bloom_parts),
     "MptForCausalLM": ("mpt", _mpt_parts), "MptModel": ("mpt", _mpt_parts),
-    **{f"GPTBigCode{kind}": ("gpt_bigcode", _masked_gpt2_parts) for kind in ("ForCausalLM", "Model")},
-    **{f"GPTNeo{kind}": ("gpt_neo", _masked_gpt2_parts) for kind in ("ForCausalLM", "Model")},
+    **{f"GPTBigCode{kind}": ("gpt_bigcode", _gpt2_parts) for kind in ("ForCausalLM", "Model")},
+    **{f"GPTNeo{kind}": ("gpt_neo", _gpt2_parts) for kind in ("ForCausalLM", "Model")},
     **{f"{family}{kind}": (arch, _gptj_parts) for family, arch in (("GPTJ", "gptj"), ("CodeGen", "codegen"))
        for kind in ("ForCausalLM", "Model")},
     **{f"{family}{kind}": (family.lower(), _llama_parts) for family in ("StableLm", "Nemotron")
@@ -279,7 +274,7 @@ _ARCHITECTURES: dict[str, tuple[str, Callable[[nn.Module], list[Part]]]] = {
 """The transformers classes split by structure: class name -> (architecture, its parts)."""
 
 _MASKED = frozenset({_llama_parts, _gemma_parts, _scaled_llama_parts, _dropout_llama_parts, _bloom_parts,
-                     _falcon_parts, _masked_gpt2_parts, _gptj_parts, _mpt_parts, encoder_parts, distilbert_parts,
+                     _falcon_parts, _gpt2_parts, _gptj_parts, _mpt_parts, encoder_parts, distilbert_parts,
                      modernbert_parts, vit_parts})
 """The parts whose blocks rebuild their attention masks (planner.profiler.hfmasks), or attend both ways with none,
 so run eager attention too."""
