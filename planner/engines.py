@@ -30,6 +30,11 @@ class FormRules:
     split_batch_stats: bool = True
     """Whether the dp form in a tensor group may split the samples of a layer that takes statistics over them
     (``LayerProfile.batch_stats``): an engine's DTensor split runs such a batch norm on each rank's share."""
+    even_splits: bool = False
+    """Whether a split form needs the features it shards to be a multiple of the tensor group
+    (:meth:`planner.ir.LayerProfile.splits_evenly`): the torch export's DTensor styles fail on uneven shards (a
+    column-parallel layer's uneven output, read by a row-parallel one, is taken for an even shard: the matmul's
+    shapes disagree), where Megatron-LM pads such a vocabulary to a multiple of ``128 x tp`` rows."""
     vocab_parallel: bool = False
     """Whether, in a tensor group, the model's embedding shards its vocabulary (``split_in``) and its head its
     outputs (``split_out``) whatever they cost: torchtitan's Llama plan (``RowwiseParallel`` on ``tok_embeddings``,
@@ -63,6 +68,11 @@ class FormRules:
         if tied and not self.split_tied:
             return False
         return self.split_types is None or layer.param_count == 0 or layer.type in self.split_types
+
+    def splits_evenly(self, layer: ir.LayerProfile, form: str, tp: int) -> bool:
+        """Whether a tensor group of ``tp`` may run ``form`` on ``layer`` as far as its width goes
+        (:attr:`even_splits`); a layer whose profile has no weight shape is the export's to check, on the model."""
+        return not self.even_splits or not layer.splittable or layer.splits_evenly(form, tp)
 
     def shards(self, layer: ir.LayerProfile, tied: bool = False) -> bool:
         """Whether ``layer`` has a form in a tensor group besides dp: a block's tp form, or a split form (no weights,
@@ -125,6 +135,8 @@ class EngineLimits:
     split_types: tuple[str, ...] | None = None
     """The layer types its split forms shard; ``split_tied``: whether they shard a tied layer (:class:`FormRules`)."""
     split_tied: bool = True
+    even_splits: bool = False
+    """Whether its split forms need the sharded features a multiple of the tensor group (:class:`FormRules`)."""
     compute_copy_zero: tuple[int, ...] = ()
     """The ZeRO stages under which, in 16 bits, it holds a 16-bit copy of the weights beside its fp32 ones (the torch
     export's ``Bf16Compute`` under ZeRO-0/1, planner.export.sharding; FSDP gathers a unit at a time under 2/3)."""
@@ -161,7 +173,7 @@ class EngineLimits:
     @property
     def form_rules(self) -> FormRules:
         return FormRules(blocks_tp=self.llama_only, vocab_parallel=self.llama_only, split_types=self.split_types,
-                         split_tied=self.split_tied, split_batch_stats=False)
+                         split_tied=self.split_tied, split_batch_stats=False, even_splits=self.even_splits)
 
     def syncs_last_backward(self, pipelined: bool) -> bool:
         """Whether a plan of two or more stages (``pipelined``), or of one, reduces once a step."""
@@ -195,7 +207,7 @@ ENGINES: dict[str, EngineLimits] = {
                           uniform_zero=False, precisions=("fp32", "bf16"),  # no loss scale in the schedule's loss
                           zero1_gather_share=0.5, sync_last_backward_stages=1,
                           grad_copy=GradCopy((0, 1), cap_bytes=GRAD_BUCKET_BYTES), split_types=("Linear",),
-                          gathers_logits=True, split_tied=False, zero1_whole_tensors=True,
+                          gathers_logits=True, split_tied=False, even_splits=True, zero1_whole_tensors=True,
                           compute_copy_zero=(0, 1), wide_reduce_zero=(0, 1, 2, 3),
                           split_backward_recompute=("none", "full"), split_backward_zero=(0, 1, 2)),
     # torchtitan: FSDP2 (shard = ZeRO-3, or never reshard = ZeRO-2) or replicate (0), tensor and

@@ -291,6 +291,44 @@ def test_a_torch_search_leaves_tied_layers_unsplit() -> None:
     assert torch.allowed[1, [SPLIT_IN, SPLIT_OUT]].all()
 
 
+def test_the_torch_export_splits_only_features_the_tensor_group_divides() -> None:
+    """DTensor's column -> row styles fail on uneven shards (the row layer takes its uneven input for an even
+    shard), so torch splits only a multiple of tp; any engine's plan (Megatron pads its vocabulary) keeps it."""
+    plan = _plan(tp=2, widths=(2, 2))
+    for form, (fin, fout), ok in (("split_out", (8, 8), True), ("split_out", (8, 7), False),
+                                  ("split_in", (7, 8), False), ("split_in", (8, 7), True),
+                                  ("split_out", (None, None), True)):  # no shape: the export checks the model
+        layer = dataclasses.replace(plan.profile.layers[0], in_features=fin, out_features=fout)
+        edited = dataclasses.replace(plan, profile=dataclasses.replace(
+            plan.profile, layers=(layer, *plan.profile.layers[1:])),
+            stages=(dataclasses.replace(plan.stages[0], forms=(form, "dp")), plan.stages[1]))
+        found = [p for p in problems(edited, "torch") if "layer 0" in p and form in p]
+        assert (found == []) == ok, (form, fin, fout, found)
+        assert ok or "over tp 2; torch shards only a multiple of tp" in found[0]
+        assert not [p for p in problems(edited, "any") if "layer 0" in p]
+
+
+@given(st.lists(st.integers(1, 24), min_size=4, max_size=6), st.sampled_from([2, 4]))
+@settings(max_examples=25, deadline=None)
+def test_a_torch_search_splits_only_what_its_tensor_group_divides(widths: list[int], tp: int) -> None:
+    """Layers of random widths (a chain of Linears): every split form a torch search emits gives equal shards, and
+    the plan is one torch runs."""
+    layers = make_profile_dict(len(widths) - 1, batch_size=8)["layers"]
+    for i, layer in enumerate(layers):
+        layer.update(in_features=widths[i], out_features=widths[i + 1], forward_s=0.01 * widths[i])
+    profile = ir.ModelProfile.from_dict(make_profile_dict(len(layers), batch_size=8, layers=layers))
+    cluster = cluster_from_dict(make_cluster_dict(1, tp))
+    plan = search(profile, cluster, engine="torch", tp=tp, candidates=2)
+    assert problems(plan, "torch") == []
+    for st_ in plan.stages:
+        for j, form in enumerate(st_.forms):
+            x = profile.layers[st_.layers[0] + j]
+            if form == "split_out":
+                assert x.out_features is not None and x.out_features % st_.tp == 0
+            if form == "split_in":
+                assert x.in_features is not None and x.in_features % st_.tp == 0
+
+
 def test_a_launcher_starts_as_many_processes_on_every_server() -> None:
     uneven = _plan(widths=(2, 1))  # n0.g0, n0.g1 | n1.g0: 2 on n0, 1 on n1
     for engine in ("torch", "deepspeed"):

@@ -364,7 +364,8 @@ def _allowed(profile: ir.ModelProfile, c: _Columns, n: int, forms: Sequence[str]
         shards = np.array([rules.splits(x, i in tied) for i, x in enumerate(profile.layers)])
         for f in (SPLIT_IN, SPLIT_OUT):  # a transformer block is no single matrix: it shards as Megatron's tp form
             if ir.ALL_FORMS[f] in forms:
-                allowed[:, f] = (c.weightless | (c.splittable & shards)) & ~blocks
+                even = np.array([rules.splits_evenly(x, ir.ALL_FORMS[f], n) for x in profile.layers], dtype=bool)
+                allowed[:, f] = (c.weightless | (c.splittable & shards & even)) & ~blocks
         if "tp" in forms:
             allowed[:, TP] = tp_open(profile, n)
         for i, form in rules.pinned(profile).items():  # the engine has one form for the layer

@@ -124,6 +124,16 @@ class LayerProfile:
         """Whether the split forms are available (weight shape known)."""
         return self.in_features is not None and self.out_features is not None
 
+    def splits_evenly(self, form: str, tp: int) -> bool:
+        """Whether ``form`` (``split_out`` or ``split_in``) gives each of ``tp`` ranks an equal shard of this layer: one
+        without weights runs on the split activations; one with weights needs its shape known and the features the
+        form shards (its outputs, or its inputs) a multiple of ``tp``."""
+        if self.param_count == 0:
+            return True
+        if self.in_features is None or self.out_features is None:
+            return False
+        return (self.out_features if form == "split_out" else self.in_features) % tp == 0
+
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
             "name": self.name,
