@@ -19,7 +19,8 @@ class FormRules:
     """Which layers may take which forms under an engine, beyond the cost model's own rules (a tensor group
     splits a layer's weight or runs Megatron's block): ``blocks_tp``, in a tensor group every transformer block
     in the ``tp`` form (an engine that shards every block, torchtitan); ``split_types``, the layer types a split
-    form may shard (None: any whose weight shape is known; the torch export shards one ``nn.Linear``);
+    form may shard (None: any whose weight shape is known; the torch export shards one ``nn.Linear`` or
+    ``nn.Embedding``);
     ``split_tied``, whether a split form may shard a layer that shares a parameter with another (a tie): the
     torch export's tensor parallelism replaces the sharded layer's weight with a new distributed one, which no
     longer is the parameter its other layers train, so it shards none."""
@@ -206,7 +207,7 @@ ENGINES: dict[str, EngineLimits] = {
     "torch": EngineLimits("torch", True, True, (0, 1, 2, 3), ("none", "selective", "full"), True,
                           uniform_zero=False, precisions=("fp32", "bf16"),  # no loss scale in the schedule's loss
                           zero1_gather_share=0.5, sync_last_backward_stages=1,
-                          grad_copy=GradCopy((0, 1), cap_bytes=GRAD_BUCKET_BYTES), split_types=("Linear",),
+                          grad_copy=GradCopy((0, 1), cap_bytes=GRAD_BUCKET_BYTES), split_types=("Linear", "Embedding"),
                           gathers_logits=True, split_tied=False, even_splits=True, zero1_whole_tensors=True,
                           compute_copy_zero=(0, 1), wide_reduce_zero=(0, 1, 2, 3),
                           split_backward_recompute=("none", "full"), split_backward_zero=(0, 1, 2)),

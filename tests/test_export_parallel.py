@@ -111,3 +111,19 @@ def test_dp_runs_split_the_samples_and_gather_them_before_a_sharded_form_and_at_
     parallel.split_samples(tensor_last, ["dp", "tp"], None, shard_output=True)
     assert _moves(tensor_last) == [(0, "pre", "R", "S(0)"), (1, "pre", "S(0)", "R"), (1, "post", "R", "S(0)")]
     assert parallel.sample_split(list(tensor_last)) == [True, False]
+
+
+def test_a_split_embedding_layer_shards_its_token_table_not_its_position_one() -> None:
+    """GPT-2's first layer holds wte (the vocabulary) and wpe (the positions): the profile's weight shape is wte's."""
+    from planner.profiler.layers import split_model
+    from tests.test_export_grids import tiny_gpt2_untied
+
+    model, example = tiny_gpt2_untied()
+    first = split_model(model, example).layers[0]
+    target = first.get_submodule(parallel.split_target(first, 0, 0, "split_in", "Embedding"))
+    assert target is model.transformer.wte
+    parallel.check_split(first, 2, 0, 0, "split_in", "Embedding")  # 64 tokens, 32 wide: both split over 2
+    with pytest.raises(ExportError, match="64 vocabulary features do not split over 3"):
+        parallel.check_split(first, 3, 0, 0, "split_in", "Embedding")
+    with pytest.raises(ExportError, match="shards exactly one Embedding in a layer of type Embedding"):
+        parallel.split_target(torch.nn.Sequential(torch.nn.Linear(2, 2)), 0, 0, "split_in", "Embedding")

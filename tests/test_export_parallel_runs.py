@@ -1,5 +1,5 @@
-"""export.parallel in real 2-process tensor-parallel runs (gloo, `planner run --check`): BERT's layers and a frozen
-GPT-2 block, each against single-process training. The factories are imported by the workers as
+"""export.parallel in real 2-process tensor-parallel runs (gloo, `planner run --check`): BERT's layers, a frozen
+GPT-2 block and split embeddings, each against single-process training. The factories are imported by the workers as
 ``tests.test_export_parallel_runs:<name>``; :func:`measured_plan` is shared by the other export tests."""
 
 from __future__ import annotations
@@ -37,6 +37,15 @@ def tiny_gpt2_frozen_block() -> tuple[nn.Module, torch.Tensor]:
     for p in model.transformer.h[0].parameters():
         p.requires_grad_(False)
     return model, torch.randint(0, VOCAB, (BATCH, SEQ))
+
+
+def tiny_llama() -> tuple[nn.Module, torch.Tensor]:
+    """LlamaForCausalLM with 2 layers of width 32, 4 heads and 2 KV heads, its embedding and head untied."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=16)
+    return LlamaForCausalLM(cfg), torch.randint(0, VOCAB, (BATCH, SEQ))
 
 
 def measured_plan(model: str, parts: Sequence[int], width: int = 1, *, tp: int = 1,
@@ -81,4 +90,19 @@ def test_a_frozen_gpt2_block_stays_frozen_when_it_runs_tensor_parallel() -> None
     model = "tests.test_export_parallel_runs:tiny_gpt2_frozen_block"
     plan = measured_plan(model, [0, 4], 2, tp=2)
     assert plan.stages[0].forms == ("dp", "tp", "tp", "dp")
+    assert _check(plan, model) < 1e-5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("model", "n", "embedding", "sequence_parallel"),
+                         [("tests.test_export_parallel_runs:tiny_llama", 4, "split_in", True),
+                          ("tests.test_export_grids:tiny_gpt2_untied", 6, "split_out", False)])
+def test_an_embedding_runs_split_over_its_vocabulary_or_width_like_one_process(
+        model: str, n: int, embedding: str, sequence_parallel: bool) -> None:
+    """The first layer's nn.Embedding (GPT-2's token one, not its position one) row-parallel over the vocabulary
+    (its partial rows all-reduced) or column-parallel over its width, the blocks tp, the head column-parallel."""
+    base = measured_plan(model, [0, n], 2, tp=2, sequence_parallel=sequence_parallel)
+    assert base.profile.layers[0].type == "Embedding" and base.stages[0].layers == (0, n)
+    forms = (embedding, *base.stages[0].forms[1:-1], "split_out")
+    plan = dataclasses.replace(base, stages=(dataclasses.replace(base.stages[0], forms=forms),))
     assert _check(plan, model) < 1e-5

@@ -189,13 +189,14 @@ def test_torch_interleaved_microbatch_rule() -> None:
 
 def test_chunks_keep_the_engines_own_forms() -> None:
     """Each chunk's forms are HPP's under the engine's limits (review 2): the torch export splits the weight of
-    Linear layers only, so a chunk of torch's interleaved plan must not shard an Embedding (it did, and the CLI
-    then failed with an internal error: 'the search produced a plan that cannot run')."""
+    Linear and Embedding layers only, so a chunk of torch's interleaved plan must not shard another layer (it
+    sharded an Embedding when only Linears split, and the CLI then failed with an internal error: 'the search
+    produced a plan that cannot run')."""
     from planner.runnable import problems
 
     doc = make_profile_dict(8, batch_size=8)
     for layer in doc["layers"]:
-        layer.update(type="Embedding", in_features=500, out_features=500)
+        layer.update(type="Conv2d", in_features=500, out_features=500)
     profile = ir.ModelProfile.from_dict(doc)
     cluster = ir.Cluster.from_dict(make_cluster_dict(1, 4))
     for engine in ("any", "torch"):

@@ -246,16 +246,16 @@ def test_torchs_zero_bubble_schedule_runs_neither_selective_recomputation_nor_ze
     assert any(said[field] in p for p in problems(staged, "torch"))
 
 
-def test_the_torch_export_splits_linear_layers_only() -> None:
+def test_the_torch_export_splits_linear_and_embedding_layers_only() -> None:
     plan = _plan(tp=2, widths=(2, 2))
     split = dataclasses.replace(plan.stages[0], forms=("split_out", "dp"))
-    for kind, ok in (("Linear", True), ("Embedding", False), ("Conv2d", False)):
+    for kind, ok in (("Linear", True), ("Embedding", True), ("Conv2d", False), ("Head", False)):
         layers = (dataclasses.replace(plan.profile.layers[0], type=kind), *plan.profile.layers[1:])
         edited = dataclasses.replace(plan, profile=dataclasses.replace(plan.profile, layers=layers),
                                      stages=(split, plan.stages[1]))
-        found = [p for p in problems(edited, "torch") if "splits the weight of Linear layers only" in p]
+        found = [p for p in problems(edited, "torch") if "splits the weight of Linear, Embedding layers only" in p]
         assert (found == []) == ok, (kind, found)
-        assert not [p for p in problems(edited, "any") if "Linear layers only" in p]
+        assert not [p for p in problems(edited, "any") if "layers only" in p]
 
 
 def test_the_torch_export_splits_no_layer_that_shares_a_parameter() -> None:
@@ -523,14 +523,14 @@ def test_stages_past_the_model_or_with_a_gap_are_reported_not_an_index_error(lay
 
 
 def test_a_plan_another_engine_refuses_names_the_engine_that_runs_it() -> None:
-    """A torchtitan plan with tp shards the embedding (vocabulary parallel), which torch does not: `planner run`
-    (torch for a torchtitan plan) refused it only with "search ... --engine torch", not that torchtitan runs it."""
-    plan = titan_plan([0, 8], tp=2, sequence_parallel=True)
+    """A DeepSpeed plan in fp16, which torch does not train (no loss scale): `planner run` (torch for another
+    engine's plan) refused it only with "search ... --engine torch", not that DeepSpeed runs it."""
+    plan = dataclasses.replace(_plan(), precision="fp16", engine="deepspeed")
     assert is_runnable(plan) and not is_runnable(plan, "torch")
     with pytest.raises(PlanError) as err:
         check_runnable(plan, "torch")
-    assert "Embedding" in str(err.value)
-    assert "searched for torchtitan, which runs it (`planner export --to torchtitan`)" in err.value.hint
+    assert "fp16" in str(err.value)
+    assert "searched for deepspeed, which runs it (`planner export --to deepspeed`)" in err.value.hint
     assert "--engine torch" in err.value.hint
     bad = dataclasses.replace(plan, microbatches=3)  # its own engine refuses it too: no such claim
     with pytest.raises(PlanError) as err:

@@ -3,9 +3,12 @@
 The forms of a stage's layers are relative to its tensor group of ``tp`` devices
 (``planner.ir.Stage``):
 
-* ``split_out`` / ``split_in`` (one ``nn.Linear`` in the layer): ``ColwiseParallel`` /
-  ``RowwiseParallel``; a ``split_out`` followed by a ``split_in`` keeps the activation sharded
-  between them, otherwise outputs are gathered (column) or all-reduced (row).
+* ``split_out`` / ``split_in`` (one ``nn.Linear`` in the layer, or the ``nn.Embedding`` of a layer the
+  profile types ``Embedding``): ``ColwiseParallel`` / ``RowwiseParallel`` (an embedding over its width,
+  or over its vocabulary with the token ids replicated and the partial rows all-reduced: Megatron's
+  vocabulary-parallel embedding); a Linear's ``split_out`` followed by a ``split_in`` keeps the
+  activation sharded between them, otherwise outputs are gathered (column) or all-reduced (row). The
+  sharded features must be a multiple of ``tp`` (uneven shards fail in DTensor's styles).
 * ``tp`` (a transformer block, Megatron-LM; Shoeybi et al. 2019): attention q/k/v column-
   parallel and the output projection row-parallel, MLP up (and gate) column-parallel and down
   row-parallel: one all-reduce after attention and one after the MLP in forward (and in
@@ -56,26 +59,44 @@ from planner.profiler.layered import batch_stats
 _FIX = "search with `planner search --engine torch` (dp forms on this layer), or use another tp"
 
 
-def split_target(layer: nn.Module, stage: int, index: int, form: str) -> str:
-    """The dotted name of the one nn.Linear a split form shards in ``layer``."""
-    linears = [name for name, m in layer.named_modules() if isinstance(m, nn.Linear)]
-    if len(linears) != 1:
+SPLIT_MODULES: dict[str, type[nn.Module]] = {"Linear": nn.Linear, "Embedding": nn.Embedding}
+"""The module a split form shards, by the profile's layer type (``planner.engines`` torch's ``split_types``)."""
+
+
+def split_target(layer: nn.Module, stage: int, index: int, form: str, kind: str = "Linear") -> str:
+    """The dotted name of the one module a split form shards in ``layer``: its ``nn.Linear``, or for a layer the
+    profile types ``Embedding`` its ``nn.Embedding`` (GPT-2's token embedding beside its position one: the larger
+    table, the one the profile's weight shape names)."""
+    cls = SPLIT_MODULES.get(kind, nn.Linear)
+    found = [(name, m) for name, m in layer.named_modules() if isinstance(m, cls)]
+    if cls is nn.Embedding and len(found) > 1:
+        most = max(m.num_embeddings for _, m in found)
+        found = [(name, m) for name, m in found if m.num_embeddings == most]
+    if len(found) != 1:
         kinds = sorted({type(m).__name__ for m in layer.modules() if any(True for _ in m.parameters(recurse=False))})
         raise ExportError(
             f"stage {stage}: layer {index} ({type(layer).__name__}, weights in {', '.join(kinds) or 'none'}) "
-            f"cannot run the {form} form: the torch export shards exactly one nn.Linear per layer "
-            "(DTensor has no parallel style for convolutions or other layers)",
-            "search with `planner search --engine deepspeed` (dp forms only), or keep this layer dp")
-    return linears[0]
+            f"cannot run the {form} form: the torch export shards exactly one {cls.__name__} in a layer of type "
+            f"{kind} (DTensor has no parallel style for convolutions or other layers)",
+            "search with `planner search --engine torch` (it splits only what the export shards), or keep this "
+            "layer dp")
+    return found[0][0]
 
 
-def check_split(layer: nn.Module, tp: int, stage: int, index: int, form: str) -> None:
-    """A split form needs one nn.Linear whose sharded features ``tp`` divides."""
-    lin = layer.get_submodule(split_target(layer, stage, index, form))
-    n = lin.out_features if form == "split_out" else lin.in_features
+def _split_width(module: nn.Module, form: str) -> tuple[int, str]:
+    """The features ``form`` shards in ``module`` (an nn.Linear or nn.Embedding) and what they are."""
+    if isinstance(module, nn.Embedding):
+        return ((module.embedding_dim, "embedding") if form == "split_out" else (module.num_embeddings, "vocabulary"))
+    return (module.out_features, "output") if form == "split_out" else (module.in_features, "input")
+
+
+def check_split(layer: nn.Module, tp: int, stage: int, index: int, form: str, kind: str = "Linear") -> None:
+    """A split form needs one module to shard (:func:`split_target`) whose sharded features ``tp`` divides."""
+    n, what = _split_width(layer.get_submodule(split_target(layer, stage, index, form, kind)), form)
     if n % tp:
-        raise ExportError(f"stage {stage}: layer {index}'s {n} {'output' if form == 'split_out' else 'input'} "
-                          f"features do not split over {tp} devices", "search with other widths")
+        raise ExportError(f"stage {stage}: layer {index}'s {n} {what} features do not split over {tp} devices",
+                          "search with `planner search --engine torch` (it splits only what tp divides), or use a "
+                          "tp that divides them")
 
 
 # ----------------------------------------------------------------------------- transformer blocks
@@ -300,22 +321,39 @@ def shard_block(layer: nn.Module, mesh: Any, sequence_parallel: bool, stage: int
     parallelize_module(layer, mesh, styles)
 
 
-def shard_splits(module: nn.Sequential, forms: Sequence[str], mesh: Any, stage: int, first: int) -> None:
-    """Column/row-parallel Linears for the ``split_out``/``split_in`` layers of a stage."""
+def _split_style(module: nn.Module, form: str, sharded_in: bool, sharded_out: bool) -> Any:
+    """The DTensor style of one split: column-parallel (``split_out``) or row-parallel (``split_in``), an nn.Embedding
+    sharded over its embedding dimension or its vocabulary (its token ids replicated, its partial rows
+    all-reduced: Megatron's vocabulary-parallel embedding)."""
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    if form == "split_out":
+        return ColwiseParallel(output_layouts=Shard(-1) if sharded_out else Replicate())
+    return RowwiseParallel(input_layouts=Replicate() if isinstance(module, nn.Embedding) or not sharded_in
+                           else Shard(-1))
+
+
+def shard_splits(module: nn.Sequential, forms: Sequence[str], mesh: Any, stage: int, first: int,
+                 kinds: Sequence[str] = ()) -> None:
+    """Column/row-parallel Linears (and Embeddings) for the ``split_out``/``split_in`` layers of a stage; ``kinds``:
+    the profile's type of each layer (:func:`split_target`). A column-parallel Linear followed by a row-parallel
+    layer hands it its output still sharded; every other split gathers or all-reduces its output whole."""
+    from torch.distributed.tensor.parallel import parallelize_module
 
     plan: dict[str, Any] = {}
+    sharded = False  # the previous layer's output is still sharded over its features
     for j, form in enumerate(forms):
         if form not in ("split_out", "split_in"):
+            sharded = False
             continue
-        name = f"{j}.{split_target(module[j], stage, first + j, form)}"
+        kind = kinds[j] if j < len(kinds) else "Linear"
+        target = split_target(module[j], stage, first + j, form, kind)
+        inner = module[j].get_submodule(target)
         nxt = forms[j + 1] if j + 1 < len(forms) else "dp"
-        prev = forms[j - 1] if j > 0 else "dp"
-        if form == "split_out":
-            plan[name] = ColwiseParallel(output_layouts=Shard(-1) if nxt == "split_in" else Replicate())
-        else:
-            plan[name] = RowwiseParallel(input_layouts=Shard(-1) if prev == "split_out" else Replicate())
+        keep = form == "split_out" and nxt == "split_in" and isinstance(inner, nn.Linear)
+        plan[f"{j}.{target}"] = _split_style(inner, form, sharded, keep)
+        sharded = keep
     if plan:
         parallelize_module(module, mesh, plan)
 
@@ -367,10 +405,11 @@ def sample_split(layers: Sequence[nn.Module]) -> list[bool]:
 
 
 def shard_stage(module: nn.Sequential, forms: Sequence[str], mesh: Any, sequence_parallel: bool, stage: int,
-                first: int, shard_output: bool = False) -> None:
+                first: int, shard_output: bool = False, kinds: Sequence[str] = ()) -> None:
     """Apply every layer's form of one stage over its tensor group ``mesh`` (1-D); ``shard_output``: the
-    stage's output is the rank's share of the samples (:func:`split_samples`)."""
-    shard_splits(module, forms, mesh, stage, first)
+    stage's output is the rank's share of the samples (:func:`split_samples`); ``kinds``: the profile's layer
+    types (:func:`shard_splits`)."""
+    shard_splits(module, forms, mesh, stage, first, kinds)
     for j, form in enumerate(forms):
         if form == "tp":
             shard_block(module[j], mesh, sequence_parallel, stage, first + j)
