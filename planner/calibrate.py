@@ -3,8 +3,10 @@
 * Compute: ``flops`` per device is the FLOP/s one process reaches with ``threads`` threads
   on a matmul and a convolution benchmark (the median of the two). A measured profile's
   ``device_flops`` is the FLOP/s its model reached; ``--match-profile PROFILE`` takes that
-  figure instead, so that the cost model's scale ``device_flops / flops`` is exactly 1 and a
-  plan's prediction uses the profile's measured times unchanged.
+  figure instead, so that a device computing alone runs the profile's measured times unchanged
+  (its ``flops`` is that figure times the share below, so the cost model's scale
+  ``device_flops / flops`` is 1 / share, and the simulator gives a device computing alone its
+  speed back).
 * Links: point-to-point latency (half the round trip of a 4-byte message) and bandwidth
   (a 16 MiB message one way, latency removed) between ranks 0 and 1 over gloo, with all P
   processes running; the fastest of 20 (latency) and of 5 (bandwidth) round trips: the

@@ -20,7 +20,8 @@ from planner.schemas.build import MAX_NAME
 @click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True, help="Threads per process.")
 @click.option("--name", default=None, help="Cluster name (default calibrated-cpu-PxT).")
 @click.option("--match-profile", "profile_path", type=click.Path(dir_okay=False), default=None,
-              help="Use this measured profile's device_flops as each device's flops (scale 1).")
+              help="Take this measured profile's device_flops as a process's FLOP/s alone (each device's flops: "
+                   "that times its measured speed while all compute).")
 @click.option("--engines", "engines_text", default="auto", show_default=True, metavar="LIST",
               help="Engines whose overheads to measure (comma-separated: deepspeed, torch), 'auto' (those "
                    "installed) or 'none' (about 35 s each, torch 45 s).")
