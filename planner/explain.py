@@ -42,6 +42,10 @@ from planner.simulate import DeviceResult, SimOptions, SimResult, simulate
 RUNNER_UPS = 3
 """How many runner-up configurations an explanation lists."""
 
+TIGHT_MEMORY_SHARE = 0.95
+"""A stage whose simulated peak is above this share of its GPU's memory gets a warning
+(:meth:`Explanation.tight_memory`): on an 80 GiB GPU, under 4 GiB left for what the cost model does not count."""
+
 Candidate = tuple[ir.Plan, ir.Prediction]
 """A plan the search judged and its simulated prediction."""
 
@@ -137,6 +141,23 @@ class Explanation:
     def engine_step_charged(self) -> bool:
         """Whether the engine adds a per-step cost (after the optimizer step, in the same bar of the time line)."""
         return any(s.engine_step_s > 0 for s in self.stages)
+
+    def tight_memory(self, source: str) -> list[str]:
+        """One warning where a stage's peak is above :data:`TIGHT_MEMORY_SHARE` of its GPU's memory (the tightest
+        stage named): the cost model counts what the engine allocates (CUDA's ``max_memory_allocated``), not the
+        runtime's own memory or the allocator's fragmentation, which take some GiB on a GPU."""
+        tight = [s for s in self.stages if s.capacity_bytes > 0 and s.headroom_bytes >= 0
+                 and s.peak_memory_bytes > TIGHT_MEMORY_SHARE * s.capacity_bytes]
+        if not tight:
+            return []
+        worst = max(tight, key=lambda s: s.peak_memory_bytes / s.capacity_bytes)
+        more = f" (and {len(tight) - 1} more stage{'s' if len(tight) > 2 else ''})" if len(tight) > 1 else ""
+        return [f"{source} leaves little memory free: stage {worst.stage}'s peak is "
+                f"{worst.peak_memory_bytes / 2**30:.2f} of {worst.capacity_bytes / 2**30:.2f} GiB a GPU "
+                f"({worst.peak_memory_bytes / worst.capacity_bytes:.2%}){more}; the prediction counts the tensors the "
+                "engine allocates, not the CUDA context, communication buffers or the allocator's fragmentation "
+                "(together often 1-4 GiB), so a real run may not fit: `planner search --memory-headroom 0.1` plans "
+                "within 90% of every GPU"]
 
     def to_dict(self) -> dict[str, Any]:
         return {"iteration_s": self.iteration_s, "bubble_fraction": self.bubble_fraction,

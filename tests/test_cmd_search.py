@@ -331,3 +331,29 @@ def test_a_plan_no_engine_runs_is_said_so(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "plan.json").read_text())["engine"] == "any"
     r = _run("search", prof, "--cluster", clus, "--engine", "torch", "-o", str(tmp_path / "torch.json"))
     assert r.exit_code == 0 and "warning" not in r.stderr, r.output
+
+
+def test_a_nearly_full_gpu_is_warned_and_memory_headroom_keeps_a_share_free(tmp_path: Path) -> None:
+    """A plan at 97% of its GPU's memory is written with a warning (the runtime's own memory and the allocator's
+    fragmentation are not counted), which simulate repeats; --memory-headroom 0.1 plans within 90%, where the same
+    plan does not fit (exit 3), and the plan embeds the cluster so reduced."""
+    prof = _write(tmp_path, "p.json", make_profile_dict(3, batch_size=8))
+    roomy = _write(tmp_path, "roomy.json", make_cluster_dict(1, 1))
+    args = ("--config", "1", "--microbatches", "1", "--json")
+    peak = json.loads(_run("search", prof, "--cluster", roomy, *args).stdout)["predicted"]["peak_memory_bytes"]
+    assert "little memory free" not in _run("search", prof, "--cluster", roomy, *args).stderr
+    tight = _write(tmp_path, "tight.json", make_cluster_dict(1, 1, memory_bytes=int(peak / 0.97)))
+    out = tmp_path / "plan.json"
+    r = _run("search", prof, "--cluster", tight, *args, "-o", str(out))
+    assert r.exit_code == 0, r.output
+    assert "little memory free: stage 0's peak is" in r.stderr and "(97.00%)" in r.stderr
+    assert "--memory-headroom 0.1" in r.stderr
+    sim = _run("simulate", str(out), "--json")
+    assert any("little memory free" in w for w in json.loads(sim.stdout)["warnings"])
+    r = _run("search", prof, "--cluster", tight, *args, "--memory-headroom", "0.1")
+    assert r.exit_code == 3, r.output
+    assert "keeps 10% of every GPU's memory free" in r.stderr
+    r = _run("search", prof, "--cluster", roomy, *args, "--memory-headroom", "0.5")
+    gpu = json.loads(r.stdout)["cluster"]["nodes"][0]["gpus"][0]
+    assert gpu["memory_bytes"] == make_cluster_dict(1, 1)["nodes"][0]["gpus"][0]["memory_bytes"] // 2
+    assert _run("search", prof, "--cluster", roomy, *args, "--memory-headroom", "0.95").exit_code == 2

@@ -389,3 +389,13 @@ def test_min_batch_round_trips_is_left_out_at_one_and_stays_inside_the_batch() -
     for bad in (0, 9):
         with pytest.raises(FormatError, match="min_batch"):
             ModelProfile.from_dict(make_profile_dict(2, batch_size=8, min_batch=bad))
+
+
+def test_a_cluster_keeping_a_share_of_memory_free_offers_the_rest_of_every_gpu() -> None:
+    cluster = Cluster.from_dict(make_cluster_dict(2, 2, memory_bytes=1000))
+    assert cluster.keeping_free(0.0) is cluster
+    assert [g.memory_bytes for g in cluster.keeping_free(0.25).gpus] == [750] * 4
+    assert cluster.keeping_free(0.25).name == cluster.name and cluster.keeping_free(0.25).links == cluster.links
+    for share in (-0.1, 1.0):
+        with pytest.raises(FormatError, match="kept free must be in"):
+            cluster.keeping_free(share)

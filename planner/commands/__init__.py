@@ -30,6 +30,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 profile_argument = click.argument("profile_path", metavar="PROFILE", type=click.Path(dir_okay=False))
 cluster_option = click.option("--cluster", "cluster_name", required=True,
                               help="A preset name (see planner clusters) or a cluster JSON.")
+memory_headroom_option = click.option(
+    "--memory-headroom", "memory_headroom", type=click.FloatRange(0.0, 0.9), default=0.0, show_default=True,
+    help="Share of every GPU's memory to keep free (0.1: plan within 90%): the cost model counts the tensors the "
+         "engine allocates, not the CUDA context, communication buffers or the allocator's fragmentation.")
 microbatches_option = click.option(
     "--microbatches", default="auto", show_default=True,
     help="Micro-batches per iteration: N (must divide the batch size) or auto (try every divisor).")
@@ -150,6 +154,20 @@ def read_plan(path: str | os.PathLike[str], quiet: bool = False) -> tuple[ir.Pla
     for warning in [] if quiet else warnings:
         click.echo(f"warning: {plain_text(warning)}", err=True)
     return plan, warnings
+
+
+def planning_cluster(name: str, headroom: float) -> ir.Cluster:
+    """The cluster ``--cluster`` names, with ``--memory-headroom``'s share of every GPU's memory kept free (a note
+    on stderr says what each GPU then offers; the plan embeds the cluster so reduced)."""
+    from planner.cluster import load_cluster
+
+    cluster = load_cluster(name)
+    if headroom > 0:
+        sizes = sorted({g.memory_bytes for g in cluster.gpus})
+        shown = ", ".join(f"{b / 2**30:.2f} GiB -> {int(b * (1 - headroom)) / 2**30:.2f} GiB" for b in sizes[:3])
+        click.echo(f"note: --memory-headroom {headroom:g} keeps {headroom:.0%} of every GPU's memory free: "
+                   f"{shown}{', ...' if len(sizes) > 3 else ''}", err=True)
+    return cluster.keeping_free(headroom)
 
 
 EMITTED_MUST_RUN = True

@@ -8,10 +8,12 @@ from planner import ir
 from planner.commands import (
     check_emitted,
     cluster_option,
+    memory_headroom_option,
     microbatches_option,
     optimizer_option,
     outputs,
     parse_microbatches,
+    planning_cluster,
     plot_option,
     profile_argument,
     progress_option,
@@ -33,6 +35,7 @@ STRATEGY_HELP = "comma-separated subset of: dp, accpar, gpipe-uniform, torchgpip
               help="The planner's pipeline schedule (each baseline runs its own system's schedule); "
                    "default: the faster of 1f1b and gpipe.")
 @optimizer_option
+@memory_headroom_option
 @click.option("--strategies", default=None, help=STRATEGY_HELP)
 @rerank_option("The planner row: the search's N best plans and its grid seeds re-ranked by the simulator "
                "(0: the analytic optimum alone).")
@@ -41,7 +44,8 @@ STRATEGY_HELP = "comma-separated subset of: dp, accpar, gpipe-uniform, torchgpip
              "memory per GPU against capacity.")
 @progress_option
 def compare(profile_path: str, cluster_name: str, microbatches: str, schedule: str | None, optimizer: str,
-            strategies: str | None, rerank: int, as_json: bool, plot_path: str | None, progress: bool | None) -> None:
+            memory_headroom: float, strategies: str | None, rerank: int, as_json: bool, plot_path: str | None,
+            progress: bool | None) -> None:
     """Set the planner's plan against dp, AccPar, GPipe, torchgpipe, DeepSpeed, PipeDream and Megatron-LM.
 
     Every strategy is judged by the same cost model and simulator on the same cluster, each
@@ -49,7 +53,6 @@ def compare(profile_path: str, cluster_name: str, microbatches: str, schedule: s
     iteration time, samples/s, speedup over dp, memory per GPU, whether it fits (and why
     not), and the config in PipeDream notation.
     """
-    from planner.cluster import load_cluster
     from planner.compare import compare as run_compare
     from planner.render.compare import plot_comparison, print_comparison
     from planner.render.progress import status
@@ -60,7 +63,7 @@ def compare(profile_path: str, cluster_name: str, microbatches: str, schedule: s
     if names == []:
         raise UsageError(f"--strategies {strategies!r} names no strategy", STRATEGY_HELP)
     profile = ir.ModelProfile.from_dict(read_json(profile_path, "profile"), profile_path)
-    cluster = load_cluster(cluster_name)
+    cluster = planning_cluster(cluster_name, memory_headroom)
     kwargs = {} if names is None else {"strategies": names}
     with status(f"judging strategies for {profile.model} on {cluster.name}", progress, as_json) as update:
         result = run_compare(profile, cluster, microbatches=mb, schedule=schedule, optimizer=optimizer,

@@ -12,11 +12,13 @@ from planner.commands import (
     check_emitted,
     cluster_option,
     grid_options,
+    memory_headroom_option,
     microbatches_option,
     optimizer_option,
     outputs,
     parse_grid,
     parse_microbatches,
+    planning_cluster,
     profile_argument,
     progress_option,
     rerank_option,
@@ -45,6 +47,7 @@ if TYPE_CHECKING:
               help="Restrict to plans an engine can run: deepspeed (one pipe x data grid, ZeRO 0-1, no tensor "
                    "parallelism), torch (one tp x dp grid for every stage), torchtitan (as torch, one ZeRO stage).")
 @grid_options
+@memory_headroom_option
 @click.option("--config", "config", default=None, help="Fix the devices per stage in PipeDream notation, e.g. 2-1-1.")
 @rerank_option("Judge the N best distinct plans the search met, and its grid seeds, with the event-driven "
                "simulator and keep the fastest; the prediction is the simulator's (0: the exact optimum of "
@@ -60,8 +63,8 @@ if TYPE_CHECKING:
               help="Print the plan as one JSON document on stdout, with an 'explanation' key beside the plan's.")
 def search(profile_path: str, cluster_name: str, output: str | None, microbatches: str, schedule: str,
            optimizer: str, solver: str, engine: str, precision: str | None, tp: str, zero: str, recompute: str,
-           micro_batch_size: int | None, config: str | None, rerank: int, virtual_stages: int | None,
-           long_explanation: bool, progress: bool | None, as_json: bool) -> None:
+           micro_batch_size: int | None, memory_headroom: float, config: str | None, rerank: int,
+           virtual_stages: int | None, long_explanation: bool, progress: bool | None, as_json: bool) -> None:
     """Find the fastest plan that fits: stages, device groups and per-layer forms.
 
     The stage DP (PipePar Algorithm 2) splits the layers into pipeline stages over device
@@ -71,7 +74,6 @@ def search(profile_path: str, cluster_name: str, output: str | None, microbatche
     the iteration time of the schedule with its bubble, transfers and gradient
     synchronisation; every device must fit.
     """
-    from planner.cluster import load_cluster
     from planner.consistency import idle_settings
     from planner.render.search import print_plan
     from planner.search import parse_config
@@ -81,7 +83,7 @@ def search(profile_path: str, cluster_name: str, output: str | None, microbatche
     widths = parse_config(config) if config else None
     out = outputs([output], inputs=[profile_path, cluster_name])
     profile = ir.ModelProfile.from_dict(read_json(profile_path, "profile"), profile_path)
-    cluster = load_cluster(cluster_name)
+    cluster = planning_cluster(cluster_name, memory_headroom)
     t0 = time.perf_counter()
     plan, explanation = _search_explained(
         profile, cluster, progress, as_json, rerank, schedule=schedule, virtual_stages=virtual_stages,
@@ -90,8 +92,8 @@ def search(profile_path: str, cluster_name: str, output: str | None, microbatche
     elapsed = time.perf_counter() - t0
     check_emitted(plan)  # the plan document is the JSON output: its warnings go to stderr only
     _warn_unrun(plan)
-    for warning in idle_settings(plan, "the plan"):  # a forced option that changes nothing (--recompute selective)
-        click.echo(f"warning: {warning}", err=True)
+    for warning in idle_settings(plan, "the plan") + explanation.tight_memory("the plan"):
+        click.echo(f"warning: {warning}", err=True)  # a forced option that changes nothing; a GPU nearly full
     doc = _plan_document(plan)
     check_loadable(doc)
     out.write_text(output, dumps(doc))

@@ -316,6 +316,18 @@ class Cluster:
         """Every GPU in cluster order (computed once: a frozen value)."""
         return tuple(g for node in self.nodes for g in node.gpus)
 
+    def keeping_free(self, share: float) -> Cluster:
+        """This cluster with ``share`` of every GPU's memory kept free (0 <= share < 1): what a plan may use where the
+        runtime's own memory (a CUDA context, communication buffers) and the allocator's fragmentation, which the
+        cost model does not count, need room (``planner search --memory-headroom``)."""
+        if not 0.0 <= share < 1.0:
+            raise FormatError(f"a share of memory kept free must be in [0, 1), got {share!r}", "e.g. 0.1 for 10%")
+        if share == 0.0:
+            return self
+        nodes = tuple(dataclasses.replace(n, gpus=tuple(dataclasses.replace(
+            g, memory_bytes=max(1, int(g.memory_bytes * (1.0 - share)))) for g in n.gpus)) for n in self.nodes)
+        return dataclasses.replace(self, nodes=nodes)
+
     def to_dict(self) -> dict[str, Any]:
         d = {"kind": "cluster", "version": SUPPORTED_VERSION, "name": self.name,
              "nodes": [n.to_dict() for n in self.nodes],
