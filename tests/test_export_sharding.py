@@ -270,3 +270,18 @@ def test_zero1_sums_the_sequence_parallel_norms_partial_gradients_as_zero0_does(
                                    optimizer="adam") for z in (0, 1)}
     got = run_grids(plans)
     assert max_rel_diff(got["zero1"][0]["losses"], got["zero0"][0]["losses"]) < 1e-6
+
+
+def test_a_batch_norm_computes_in_bf16_with_its_running_statistics_cast() -> None:
+    """Bf16Compute casts a batch norm's weights, and torch's batch norm takes its statistics in the same dtype: the
+    forward failed ("expected scalar type BFloat16 but found Float"), in the torch export and --check's reference;
+    DeepSpeed's bf16 (weights cast, buffers kept) takes the same cast (planner.export.deepspeed)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU()).train()
+    x = torch.randn(2, 3, 5, 5)
+    want = model(x)
+    out = sharding.with_precision(model, "bf16")(x)
+    assert out.dtype == torch.bfloat16
+    assert torch.allclose(out.float(), want, atol=0.05)
+    assert model[1].running_mean.dtype == torch.bfloat16 and model[1].weight.dtype == torch.float32
+    assert model[1].num_batches_tracked.dtype == torch.long

@@ -39,6 +39,7 @@ from planner.export.optim import DEFAULT_LR
 from planner.export.outputs import contiguous, differentiable
 from planner.export.partition import boundaries, check_common, micro_batch_size, ranges
 from planner.export.quoting import docstring_fields
+from planner.export.sharding import cast_running_stats
 
 
 def skip_shm_build() -> None:
@@ -241,6 +242,9 @@ def build_pipeline_module(model_or_layers: Any, plan: ir.Plan,
     topo = PipeDataParallelTopology(num_pp=len(plan.stages), num_dp=width)
     rank = torch.distributed.get_rank()
     stage = plan.stages[topo.get_coord(rank).pipe]
+    if plan.precision in COMPUTE_DTYPES:  # DeepSpeed casts the weights, not a batch norm's statistics
+        for layer in layers:
+            cast_running_stats(layer, COMPUTE_DTYPES[plan.precision])
     recomputed = plan.profile.recomputed_layers(*stage.layers) if stage.recompute == "full" else 0
     interval = min(recomputed, 1) if plan.profile.blockwise_recompute else recomputed
     ckpt = partial(torch.utils.checkpoint.checkpoint, use_reentrant=False)

@@ -107,6 +107,7 @@ class Bf16Compute(nn.Module):  # type: ignore[misc]
         self.inner = inner
         self.dtype = dtype
         self.casts: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None
+        cast_running_stats(inner, dtype)
         for module in inner.modules():
             if any(p is not None for p in module._parameters.values()):
                 _cast_own_parameters(module, self)
@@ -188,6 +189,19 @@ def with_recompute(stage: nn.Sequential, recompute: str, recomputed: int | None 
     return stage
 
 
+def cast_running_stats(module: nn.Module, dtype: torch.dtype) -> None:
+    """The running statistics of ``module``'s batch norms in ``dtype``, the dtype their weights compute in: torch's
+    batch norm takes its weights and statistics in one dtype, and the engines cast the weights alone (Bf16Compute,
+    FSDP's ``param_dtype``, DeepSpeed's bf16/fp16), which failed ("expected scalar type BFloat16 but found Float").
+    In training a batch norm normalises by the batch's own statistics, so the losses do not change."""
+    for norm in module.modules():
+        if isinstance(norm, nn.modules.batchnorm._NormBase):
+            for name in ("running_mean", "running_var"):
+                stats = getattr(norm, name)
+                if isinstance(stats, torch.Tensor) and stats.is_floating_point():
+                    setattr(norm, name, stats.to(dtype))
+
+
 def with_precision(module: nn.Module, precision: str) -> nn.Module:
     """``module`` computed in bf16 over its fp32 parameters for a ``bf16`` plan (:class:`Bf16Compute`), else as is."""
     return Bf16Compute(module, torch.bfloat16) if precision == "bf16" else module
@@ -218,6 +232,8 @@ def fully_shard_stage(root: nn.Module, units: Sequence[nn.Module], mesh: Any, ze
     reshard = zero == 3
     mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if precision == "bf16"
           else MixedPrecisionPolicy())
+    if precision == "bf16":
+        cast_running_stats(root, torch.bfloat16)
     for unit in units:
         if not _shares_params(unit, units) and any(True for _ in unit.parameters()):
             fully_shard(unit, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
