@@ -127,3 +127,53 @@ def test_a_split_embedding_layer_shards_its_token_table_not_its_position_one() -
         parallel.check_split(first, 3, 0, 0, "split_in", "Embedding")
     with pytest.raises(ExportError, match="shards exactly one Embedding in a layer of type Embedding"):
         parallel.split_target(torch.nn.Sequential(torch.nn.Linear(2, 2)), 0, 0, "split_in", "Embedding")
+
+
+class _Residual(torch.nn.Module):
+    """``x + relu(fc(x))``: the layer's input is read twice."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.relu(self.fc(x))
+
+
+class _Normed(torch.nn.Module):
+    """``relu(fc(norm(x)))``: a norm over the features before the Linear."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(width)
+        self.fc = torch.nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.fc(self.norm(x)))
+
+
+def _split_layers(*blocks: torch.nn.Module) -> list[torch.nn.Module]:
+    from planner.profiler.fxsplit import split_fx
+
+    return list(split_fx(torch.nn.Sequential(*blocks), torch.randn(2, 8)).layers)
+
+
+@pytest.mark.parametrize(("blocks", "pairs"), [
+    ((torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8), torch.nn.Dropout(0.0), torch.nn.Linear(8, 8)),
+     [True, True]),  # activation functions and dropout act feature by feature
+    ((torch.nn.Linear(8, 8), _Residual(8), _Residual(8)), [False, False]),  # the residual sum reads the input whole
+    ((torch.nn.Linear(8, 8), _Normed(8), _Normed(8)), [False, False]),  # the norm joins layer 0, after its Linear
+    ((torch.nn.Linear(8, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 8), torch.nn.Softmax(-1)), [False]),
+])
+def test_a_column_layer_keeps_its_output_sharded_only_where_the_ops_up_to_the_row_layer_are_feature_wise(
+        blocks: tuple[torch.nn.Module, ...], pairs: list[bool]) -> None:
+    """split_out -> split_in: only where the features between the two Linears may stay sharded (else the column
+    layer gathers them: a sharded residual or norm fails on the rank's share, 128 of 256 features)."""
+    layers = _split_layers(*blocks)
+    assert len(layers) == len(pairs) + 1
+    pair = ["split_out", "split_in"]
+    for j, expected in enumerate(pairs):
+        module = torch.nn.Sequential(*layers[j:j + 2])
+        targets = {k: parallel.split_target(module[k], 0, j + k, pair[k]) for k in range(2)}
+        assert parallel.sharded_pair(module, pair, targets, 0) is expected, (j, layers[j].code, layers[j + 1].code)
+        assert not parallel.sharded_pair(module, ["split_in", "split_out"], targets, 0)

@@ -48,6 +48,24 @@ def tiny_llama() -> tuple[nn.Module, torch.Tensor]:
     return LlamaForCausalLM(cfg), torch.randint(0, VOCAB, (BATCH, SEQ))
 
 
+class _Residual(nn.Module):
+    """``x + relu(fc(x))``: one fx layer whose Linear's input is read again by the residual sum."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.relu(self.fc(x))
+
+
+def residual_mlp() -> tuple[nn.Module, torch.Tensor]:
+    """A Linear, then two residual Linears with a norm after the last, then a head: fx layers a torch search splits
+    ``split_out``, ``split_in``, ``split_in``, ``dp`` (a plan it emitted for 2 CPU processes, micro-batch size 1)."""
+    return (nn.Sequential(nn.Linear(16, 32), _Residual(32), _Residual(32), nn.LayerNorm(32), nn.Linear(32, 4)),
+            torch.randn(BATCH, 16))
+
+
 def measured_plan(model: str, parts: Sequence[int], width: int = 1, *, tp: int = 1,
                   sequence_parallel: bool = False, microbatches: int = 2, engine: str = "torch") -> ir.Plan:
     """A plan of ``model`` (``module:factory``, measured once) over stages ``parts`` of ``width`` devices;
@@ -106,3 +124,13 @@ def test_an_embedding_runs_split_over_its_vocabulary_or_width_like_one_process(
     forms = (embedding, *base.stages[0].forms[1:-1], "split_out")
     plan = dataclasses.replace(base, stages=(dataclasses.replace(base.stages[0], forms=forms),))
     assert _check(plan, model) < 1e-5
+
+
+@pytest.mark.slow
+def test_a_column_layer_before_a_residual_row_layer_runs_like_one_process() -> None:
+    """split_out -> split_in where the row layer's input is also its residual: the column layer gathers its output
+    (before, it kept it sharded, and the residual sum failed: 16 features against 32)."""
+    model = "tests.test_export_parallel_runs:residual_mlp"
+    base = measured_plan(model, [0, 4], 2, tp=2)
+    stage = dataclasses.replace(base.stages[0], forms=("split_out", "split_in", "split_in", "dp"))
+    assert _check(dataclasses.replace(base, stages=(stage,)), model) < 1e-5

@@ -6,9 +6,11 @@ The forms of a stage's layers are relative to its tensor group of ``tp`` devices
 * ``split_out`` / ``split_in`` (one ``nn.Linear`` in the layer, or the ``nn.Embedding`` of a layer the
   profile types ``Embedding``): ``ColwiseParallel`` / ``RowwiseParallel`` (an embedding over its width,
   or over its vocabulary with the token ids replicated and the partial rows all-reduced: Megatron's
-  vocabulary-parallel embedding); a Linear's ``split_out`` followed by a ``split_in`` keeps the
-  activation sharded between them, otherwise outputs are gathered (column) or all-reduced (row). The
-  sharded features must be a multiple of ``tp`` (uneven shards fail in DTensor's styles).
+  vocabulary-parallel embedding); a Linear's ``split_out`` followed by a Linear's ``split_in`` keeps the
+  activation sharded between them where the ops between the two are feature-wise
+  (planner.export.featurewise: no norm, softmax or residual sum), otherwise outputs are gathered
+  (column) or all-reduced (row). The sharded features must be a multiple of ``tp`` (uneven shards fail
+  in DTensor's styles).
 * ``tp`` (a transformer block, Megatron-LM; Shoeybi et al. 2019): attention q/k/v column-
   parallel and the output projection row-parallel, MLP up (and gate) column-parallel and down
   row-parallel: one all-reduce after attention and one after the MLP in forward (and in
@@ -54,6 +56,7 @@ import torch
 from torch import nn
 
 from planner.errors import ExportError
+from planner.export.featurewise import keeps_features_sharded
 from planner.profiler.layered import batch_stats
 
 _FIX = "search with `planner search --engine torch` (dp forms on this layer), or use another tp"
@@ -321,41 +324,45 @@ def shard_block(layer: nn.Module, mesh: Any, sequence_parallel: bool, stage: int
     parallelize_module(layer, mesh, styles)
 
 
-def _split_style(module: nn.Module, form: str, sharded_in: bool, sharded_out: bool) -> Any:
-    """The DTensor style of one split: column-parallel (``split_out``) or row-parallel (``split_in``), an nn.Embedding
-    sharded over its embedding dimension or its vocabulary (its token ids replicated, its partial rows
-    all-reduced: Megatron's vocabulary-parallel embedding)."""
+def _split_style(form: str, sharded_in: bool, sharded_out: bool) -> Any:
+    """The DTensor style of one split: column-parallel (``split_out``) or row-parallel (``split_in``; an nn.Embedding
+    so over its vocabulary, its token ids replicated and its partial rows all-reduced: Megatron's
+    vocabulary-parallel embedding), its output or input kept sharded inside a :func:`sharded_pair`."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
     if form == "split_out":
         return ColwiseParallel(output_layouts=Shard(-1) if sharded_out else Replicate())
-    return RowwiseParallel(input_layouts=Replicate() if isinstance(module, nn.Embedding) or not sharded_in
-                           else Shard(-1))
+    return RowwiseParallel(input_layouts=Shard(-1) if sharded_in else Replicate())
 
 
 def shard_splits(module: nn.Sequential, forms: Sequence[str], mesh: Any, stage: int, first: int,
                  kinds: Sequence[str] = ()) -> None:
     """Column/row-parallel Linears (and Embeddings) for the ``split_out``/``split_in`` layers of a stage; ``kinds``:
-    the profile's type of each layer (:func:`split_target`). A column-parallel Linear followed by a row-parallel
-    layer hands it its output still sharded; every other split gathers or all-reduces its output whole."""
+    the profile's type of each layer (:func:`split_target`). A column-parallel Linear hands a row-parallel one its
+    output still sharded where :func:`sharded_pair` says so; every other split gathers or all-reduces its output."""
     from torch.distributed.tensor.parallel import parallelize_module
 
+    targets = {j: split_target(module[j], stage, first + j, form, kinds[j] if j < len(kinds) else "Linear")
+               for j, form in enumerate(forms) if form in ("split_out", "split_in")}
     plan: dict[str, Any] = {}
-    sharded = False  # the previous layer's output is still sharded over its features
-    for j, form in enumerate(forms):
-        if form not in ("split_out", "split_in"):
-            sharded = False
-            continue
-        kind = kinds[j] if j < len(kinds) else "Linear"
-        target = split_target(module[j], stage, first + j, form, kind)
-        inner = module[j].get_submodule(target)
-        nxt = forms[j + 1] if j + 1 < len(forms) else "dp"
-        keep = form == "split_out" and nxt == "split_in" and isinstance(inner, nn.Linear)
-        plan[f"{j}.{target}"] = _split_style(inner, form, sharded, keep)
-        sharded = keep
+    for j, target in targets.items():
+        plan[f"{j}.{target}"] = _split_style(forms[j], sharded_pair(module, forms, targets, j - 1),
+                                             sharded_pair(module, forms, targets, j))
     if plan:
         parallelize_module(module, mesh, plan)
+
+
+def sharded_pair(module: nn.Sequential, forms: Sequence[str], targets: dict[int, str], j: int) -> bool:
+    """Whether layer ``j`` hands its output to layer ``j + 1`` sharded over the features: a ``split_out`` Linear
+    followed by a ``split_in`` Linear (``targets``: layer -> the module it shards; not an embedding), the ops
+    between their Linears feature-wise (planner.export.featurewise); else the column layer gathers its output and
+    the row layer slices its input."""
+    if j < 0 or j + 1 >= len(forms) or (forms[j], forms[j + 1]) != ("split_out", "split_in"):
+        return False
+    linears = all(isinstance(module[i].get_submodule(targets[i]), nn.Linear) for i in (j, j + 1))
+    return linears and (keeps_features_sharded(module[j], targets[j], "out")
+            and keeps_features_sharded(module[j + 1], targets[j + 1], "in"))
 
 
 # ----------------------------------------------------------------------------- dp forms in a tensor group
