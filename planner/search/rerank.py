@@ -152,20 +152,40 @@ class SeedCache:
                     tuple[tuple[tuple[int, int], tuple[str, ...], tuple[str, ...]], ...]] = field(default_factory=dict)
 
 
+def server_prefixes(cluster: ir.Cluster) -> list[int]:
+    """How many GPUs the grid seeds span: every GPU, and the first 1, 2, 4, ... servers' (fewer GPUs over a slow
+    network between servers can be faster: the analytic objective, exact for one stage but optimistic about
+    pipelines across servers, may rank such a plan below pipelines that the simulator then finds slower)."""
+    sizes = [len(node.gpus) for node in cluster.nodes]
+    servers = [2**i for i in range(max(len(sizes) - 1, 0).bit_length()) if 2**i < len(sizes)]
+    return [*(sum(sizes[:s]) for s in servers), sum(sizes)]
+
+
 def seed_plans(prob: Problem, *, engine: str, solver: str, cache: SeedCache | None = None) -> list[Costed]:
-    """Grid seeds of ``prob``'s space: K stages x (GPUs / K) consecutive GPUs, every K that
-    divides the GPU count, each seed split, ``dp`` forms; K = 1 is pure data parallel, and
-    also the one stage under HPP's forms (AccPar's layout). Only plans whose groups the
-    search may form, with the problem's widths, and that fit."""
+    """Grid seeds of ``prob``'s space: K stages x (GPUs / K) consecutive GPUs, every K that divides the GPU count,
+    each seed split, ``dp`` forms; K = 1 is pure data parallel, and also the one stage under HPP's forms (AccPar's
+    layout), which also runs on the first 1, 2, 4, ... servers alone (:func:`server_prefixes`). Only plans whose
+    groups the search may form, with the problem's widths, and that fit."""
     if prob.space.tp not in (None, 1):
         return []  # the seeds are data-parallel grids: not in a space of one fixed tensor degree
+    cache = SeedCache() if cache is None else cache
     names = [g.name for g in prob.cluster.gpus]
+    plans: list[Costed] = []
+    for total in server_prefixes(prob.cluster):
+        plans += _grid_seeds(prob, names[:total], engine, solver, cache, every_k=total == len(names))
+    return (plans + pipedream_seeds(prob, engine=engine, solver=solver, cache=cache)
+            + megatron_seeds(prob, engine=engine, solver=solver))
+
+
+def _grid_seeds(prob: Problem, names: Sequence[str], engine: str, solver: str, cache: SeedCache,
+                every_k: bool = True) -> list[Costed]:
+    """:func:`seed_plans`'s grids on the GPUs ``names`` (``every_k`` False: the one stage only)."""
     total, n = len(names), len(prob.profile.layers)
     if prob.stages_exact is not None and prob.config is None:
         ks = [prob.stages_exact] if total % prob.stages_exact == 0 else []
     else:
         ks = [k for k in bl.divisors(total) if k <= min(n, prob.stages_max or n)]
-    cache = SeedCache() if cache is None else cache
+    ks = ks if every_k else [k for k in ks if k == 1]
     plans: list[Costed] = []
     for k in ks:
         width = total // k
@@ -179,8 +199,7 @@ def seed_plans(prob: Problem, *, engine: str, solver: str, cache: SeedCache | No
             plans += _fitting(prob, groups, parts, forms, engine, solver)
         if k == 1:
             plans += _fitting(prob, groups, [0, n], [_hpp_forms(prob, groups[0])], engine, solver)
-    return (plans + pipedream_seeds(prob, engine=engine, solver=solver, cache=cache)
-            + megatron_seeds(prob, engine=engine, solver=solver))
+    return plans
 
 
 PIPEDREAM_SEED_WORK = 4e7
@@ -276,15 +295,35 @@ def _hpp_forms(prob: Problem, devices: tuple[str, ...]) -> tuple[str, ...]:
 
 def _fitting(prob: Problem, groups: Sequence[tuple[str, ...]], parts: Sequence[int],
              forms: Sequence[tuple[str, ...]], engine: str, solver: str) -> list[Costed]:
-    """The seed as a plan with memory (and costs), or nothing when it does not fit."""
+    """The seed as a plan with memory (and costs), or nothing when it does not fit; where it fits only with
+    recomputation, or not at all, also the seed at each higher ZeRO stage the space allows, up to the first that
+    fits without (sharding the weights and optimizer state instead of recomputing: the simulator picks). A seed of
+    one stage (data parallel) at every ZeRO stage: ZeRO-3's gathers overlap the compute where a ZeRO-0/1 gradient
+    all-reduce follows the last backward, so on a slow link it can be the fastest."""
     mode = next(m for m in LIGHTER if m in prob.space.recompute)
-    stages = tuple(ir.Stage((parts[s], parts[s + 1]), groups[s], tuple(forms[s]), 0, mode, 1,
-                            _seed_zero(prob, groups[s])) for s in range(len(groups)))
-    stages = tuple(dataclasses.replace(st, tp=st.width, zero=0) if set(st.forms) - {"dp"} else st for st in stages)
-    draft = ir.Plan(prob.profile, prob.cluster, prob.schedule, prob.microbatches, prob.optimizer, stages,
-                    ir.Prediction(0.0, 0.0, 0.0, 0), engine=engine, solver=solver, precision=prob.space.precision)
-    fitted = with_memory(draft, prob.space.recompute)
-    return [] if fitted is None else [fitted]
+    out: list[Costed] = []
+    for zero in _seed_zeros(prob):
+        stages = tuple(ir.Stage((parts[s], parts[s + 1]), groups[s], tuple(forms[s]), 0, mode, 1,
+                                zero if len(groups[s]) > 1 else 0) for s in range(len(groups)))
+        stages = tuple(dataclasses.replace(st, tp=st.width, zero=0) if set(st.forms) - {"dp"} else st
+                       for st in stages)
+        draft = ir.Plan(prob.profile, prob.cluster, prob.schedule, prob.microbatches, prob.optimizer, stages,
+                        ir.Prediction(0.0, 0.0, 0.0, 0), engine=engine, solver=solver, precision=prob.space.precision)
+        fitted = with_memory(draft, prob.space.recompute)
+        if fitted is not None:
+            out.append(fitted)
+            if len(groups) > 1 and all(st.recompute == mode for st in fitted[0].stages):
+                break
+        if all(st.zero == 0 for st in stages):
+            break  # no stage has data-parallel ranks to shard over
+    return out
+
+
+def _seed_zeros(prob: Problem) -> list[int]:
+    """The ZeRO stages a seed tries, in order: 1 where allowed (as fast as 0, leaner), else the least allowed, then
+    the higher ones the space allows."""
+    first = 1 if 1 in prob.space.zero else min(prob.space.zero)
+    return [first, *sorted(z for z in prob.space.zero if z > first)]
 
 
 def _seed_zero(prob: Problem, devices: tuple[str, ...], tp: int = 1) -> int:
