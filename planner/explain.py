@@ -142,22 +142,28 @@ class Explanation:
         """Whether the engine adds a per-step cost (after the optimizer step, in the same bar of the time line)."""
         return any(s.engine_step_s > 0 for s in self.stages)
 
-    def tight_memory(self, source: str) -> list[str]:
+    def tight_memory(self, source: str, kept_free: float = 0.0) -> list[str]:
         """One warning where a stage's peak is above :data:`TIGHT_MEMORY_SHARE` of its GPU's memory (the tightest
         stage named): the cost model counts what the engine allocates (CUDA's ``max_memory_allocated``), not the
-        runtime's own memory or the allocator's fragmentation, which take some GiB on a GPU."""
+        runtime's own memory or the allocator's fragmentation, which take some GiB on a GPU. ``kept_free``: the share
+        of every GPU's memory the plan's cluster already holds back (``Cluster.memory_kept_free``, from
+        ``--memory-headroom``): the stages' capacities are what is left, the share is judged on the whole memory."""
+        whole = 1.0 - kept_free
         tight = [s for s in self.stages if s.capacity_bytes > 0 and s.headroom_bytes >= 0
-                 and s.peak_memory_bytes > TIGHT_MEMORY_SHARE * s.capacity_bytes]
+                 and s.peak_memory_bytes * whole > TIGHT_MEMORY_SHARE * s.capacity_bytes]
         if not tight:
             return []
         worst = max(tight, key=lambda s: s.peak_memory_bytes / s.capacity_bytes)
+        memory = worst.capacity_bytes / whole
         more = f" (and {len(tight) - 1} more stage{'s' if len(tight) > 2 else ''})" if len(tight) > 1 else ""
+        kept = f", {kept_free:.0%} of which the plan keeps free" if kept_free else ""
+        share = max(0.1, round(kept_free + 0.05, 2))
         return [f"{source} leaves little memory free: stage {worst.stage}'s peak is "
-                f"{worst.peak_memory_bytes / 2**30:.2f} of {worst.capacity_bytes / 2**30:.2f} GiB a GPU "
-                f"({worst.peak_memory_bytes / worst.capacity_bytes:.2%}){more}; the prediction counts the tensors the "
+                f"{worst.peak_memory_bytes / 2**30:.2f} of {memory / 2**30:.2f} GiB a GPU{kept} "
+                f"({worst.peak_memory_bytes / memory:.2%}){more}; the prediction counts the tensors the "
                 "engine allocates, not the CUDA context, communication buffers or the allocator's fragmentation "
-                "(together often 1-4 GiB), so a real run may not fit: `planner search --memory-headroom 0.1` plans "
-                "within 90% of every GPU"]
+                f"(together often 1-4 GiB), so a real run may not fit: `planner search --memory-headroom {share:g}` "
+                f"plans within {1 - share:.0%} of every GPU"]
 
     def to_dict(self) -> dict[str, Any]:
         return {"iteration_s": self.iteration_s, "bubble_fraction": self.bubble_fraction,

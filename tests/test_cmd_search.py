@@ -357,3 +357,29 @@ def test_a_nearly_full_gpu_is_warned_and_memory_headroom_keeps_a_share_free(tmp_
     gpu = json.loads(r.stdout)["cluster"]["nodes"][0]["gpus"][0]
     assert gpu["memory_bytes"] == make_cluster_dict(1, 1)["nodes"][0]["gpus"][0]["memory_bytes"] // 2
     assert _run("search", prof, "--cluster", roomy, *args, "--memory-headroom", "0.95").exit_code == 2
+
+
+def test_a_plan_searched_with_memory_headroom_is_judged_on_the_gpus_whole_memory(tmp_path: Path) -> None:
+    """--memory-headroom 0.1 on a GPU the plan fills to 89% of: the plan's cluster offers 90%, where the plan is at
+    99%, and search and simulate warned 'leaves little memory free' and to use `--memory-headroom 0.1`, the option
+    already given; the plan's cluster records the share kept free (memory_kept_free) and the share is the whole
+    GPU's. A smaller headroom still warns, in the whole GPU's numbers."""
+    prof = _write(tmp_path, "p.json", make_profile_dict(3, batch_size=8))
+    roomy = _write(tmp_path, "roomy.json", make_cluster_dict(1, 1))
+    args = ("--config", "1", "--microbatches", "1", "--json")
+    peak = json.loads(_run("search", prof, "--cluster", roomy, *args).stdout)["predicted"]["peak_memory_bytes"]
+    memory = int(peak / 0.89)
+    gpu = _write(tmp_path, "gpu.json", make_cluster_dict(1, 1, memory_bytes=memory))
+    out = tmp_path / "plan.json"
+    r = _run("search", prof, "--cluster", gpu, *args, "--memory-headroom", "0.1", "-o", str(out))
+    assert r.exit_code == 0, r.output
+    assert "little memory free" not in r.stderr
+    assert json.loads(out.read_text())["cluster"]["memory_kept_free"] == 0.1
+    sim = _run("simulate", str(out), "--json")
+    assert not any("little memory free" in w for w in json.loads(sim.stdout)["warnings"]), sim.stdout
+    tight = _write(tmp_path, "tight.json", make_cluster_dict(1, 1, memory_bytes=int(peak / 0.97)))
+    r = _run("search", prof, "--cluster", tight, *args, "--memory-headroom", "0.02", "-o", str(out))
+    assert r.exit_code == 0, r.output
+    assert "of which the plan keeps free (97.00%)" in r.stderr and "--memory-headroom 0.1" in r.stderr
+    sim = _run("simulate", str(out), "--json")
+    assert any("(97.00%)" in w for w in json.loads(sim.stdout)["warnings"])

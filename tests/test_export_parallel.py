@@ -177,3 +177,29 @@ def test_a_column_layer_keeps_its_output_sharded_only_where_the_ops_up_to_the_ro
         targets = {k: parallel.split_target(module[k], 0, j + k, pair[k]) for k in range(2)}
         assert parallel.sharded_pair(module, pair, targets, 0) is expected, (j, layers[j].code, layers[j + 1].code)
         assert not parallel.sharded_pair(module, ["split_in", "split_out"], targets, 0)
+
+
+@pytest.mark.parametrize("positions", [128, 64])
+def test_a_split_embedding_layer_shards_the_table_of_the_profiles_shape(positions: int) -> None:
+    """GPT-2 with a vocabulary of 64 and ``positions`` positions: the profile's weight shape is wte's (64 x 32). The
+    export picked the table with the most rows: wpe where positions outnumber the tokens (a character-level model),
+    and where they are as many it refused the split ('shards exactly one Embedding'), which planner.runnable
+    accepts, so a torch plan failed at export."""
+    from planner.profiler.core import profile_model
+    from planner.profiler.layers import split_model
+    from planner.profiler.loader import LoadedModel
+    from planner.profiler.zoo import gpt2
+
+    model = gpt2(n_layer=1, n_embd=32, n_head=4, vocab_size=64, n_positions=positions, bos_token_id=0,
+                 eos_token_id=0, tie_word_embeddings=False)
+    example = torch.randint(0, 64, (2, 8))
+    prof = profile_model(LoadedModel("gpt2", model, example, (8,)), mode="analytic", device_flops="a100").layers[0]
+    assert prof.type == "Embedding" and (prof.in_features, prof.out_features) == (64, 32)
+    first = split_model(model, example).layers[0]
+    shape = (prof.in_features, prof.out_features)
+    for form in ("split_in", "split_out"):
+        target = first.get_submodule(parallel.split_target(first, 0, 0, form, "Embedding", shape))
+        assert target is model.transformer.wte
+    parallel.check_split(first, 4, 0, 0, "split_in", "Embedding", shape)  # 64 tokens over 4 (128 positions too)
+    with pytest.raises(ExportError, match="64 vocabulary features do not split over 3"):
+        parallel.check_split(first, 3, 0, 0, "split_in", "Embedding", shape)

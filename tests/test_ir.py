@@ -399,3 +399,16 @@ def test_a_cluster_keeping_a_share_of_memory_free_offers_the_rest_of_every_gpu()
     for share in (-0.1, 1.0):
         with pytest.raises(FormatError, match="kept free must be in"):
             cluster.keeping_free(share)
+
+
+def test_a_cluster_records_the_share_of_memory_it_keeps_free_and_reads_it_back() -> None:
+    """keeping_free's share travels with the cluster (a plan embeds it), composes, and round-trips; a cluster
+    without it writes no key."""
+    cluster = Cluster.from_dict(make_cluster_dict(2, 2, memory_bytes=1000))
+    assert cluster.memory_kept_free == 0.0 and "memory_kept_free" not in cluster.to_dict()
+    kept = cluster.keeping_free(0.1)
+    assert kept.memory_kept_free == 0.1 and Cluster.from_dict(kept.to_dict()) == kept
+    assert kept.keeping_free(0.5).memory_kept_free == pytest.approx(0.55)
+    assert [g.memory_bytes for g in kept.keeping_free(0.5).gpus] == [450] * 4
+    with pytest.raises(FormatError, match="memory_kept_free must be in"):
+        Cluster.from_dict({**make_cluster_dict(1, 1), "memory_kept_free": 1.0})

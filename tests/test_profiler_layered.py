@@ -166,3 +166,19 @@ def test_running_out_of_memory_on_the_example_is_not_blamed_on_the_input_shape()
     assert err.cause == "out of memory running the model on input of shape (16,) (batch 8) on cpu (torch asked for " \
                         "20.00 GiB)"
     assert "--input-shape" not in err.cause and "smaller --batch-size" in err.hint
+
+
+def test_an_embedding_dtensor_cannot_shard_has_no_weight_shape_so_its_layer_runs_dp() -> None:
+    """An nn.Embedding with max_norm (renormalised in place: no sharding strategy for aten.embedding_renorm_) or
+    sparse gradients: a torch search split it (its shape was known) and every worker of `planner run` failed with
+    DTensor's NotImplementedError; its layer now has no weight shape (dp only), and the export refuses the split."""
+    from planner.errors import ExportError
+    from planner.export import parallel
+    from planner.profiler.layered import weight_features
+
+    assert weight_features(nn.Embedding(64, 32, padding_idx=0, scale_grad_by_freq=True)) == (64, 32)
+    for kw, said in (({"max_norm": 1.0}, "max_norm=1 renormalises"), ({"sparse": True}, "sparse=True")):
+        emb = nn.Embedding(64, 32, **kw)
+        assert weight_features(emb) == (None, None)
+        with pytest.raises(ExportError, match=said):
+            parallel.check_split(nn.Sequential(emb), 2, 0, 0, "split_in", "Embedding", (64, 32))

@@ -57,7 +57,7 @@ from torch import nn
 
 from planner.errors import ExportError
 from planner.export.featurewise import keeps_features_sharded
-from planner.profiler.layered import batch_stats
+from planner.profiler.layered import batch_stats, unshardable_embedding
 
 _FIX = "search with `planner search --engine torch` (dp forms on this layer), or use another tp"
 
@@ -66,15 +66,15 @@ SPLIT_MODULES: dict[str, type[nn.Module]] = {"Linear": nn.Linear, "Embedding": n
 """The module a split form shards, by the profile's layer type (``planner.engines`` torch's ``split_types``)."""
 
 
-def split_target(layer: nn.Module, stage: int, index: int, form: str, kind: str = "Linear") -> str:
+def split_target(layer: nn.Module, stage: int, index: int, form: str, kind: str = "Linear",
+                 shape: tuple[int | None, int | None] = (None, None)) -> str:
     """The dotted name of the one module a split form shards in ``layer``: its ``nn.Linear``, or for a layer the
-    profile types ``Embedding`` its ``nn.Embedding`` (GPT-2's token embedding beside its position one: the larger
-    table, the one the profile's weight shape names)."""
+    profile types ``Embedding`` its ``nn.Embedding`` of the profile's weight ``shape`` (vocabulary, width): GPT-2's
+    token table beside its position one, whichever has more rows (:func:`_embedding`)."""
     cls = SPLIT_MODULES.get(kind, nn.Linear)
     found = [(name, m) for name, m in layer.named_modules() if isinstance(m, cls)]
     if cls is nn.Embedding and len(found) > 1:
-        most = max(m.num_embeddings for _, m in found)
-        found = [(name, m) for name, m in found if m.num_embeddings == most]
+        found = _embedding(found, shape)
     if len(found) != 1:
         kinds = sorted({type(m).__name__ for m in layer.modules() if any(True for _ in m.parameters(recurse=False))})
         raise ExportError(
@@ -86,6 +86,16 @@ def split_target(layer: nn.Module, stage: int, index: int, form: str, kind: str 
     return found[0][0]
 
 
+def _embedding(found: list[tuple[str, nn.Module]], shape: tuple[int | None, int | None]) -> list[tuple[str, nn.Module]]:
+    """The embeddings of the profile's weight ``shape`` (the first of equal tables: the one the profiler takes, GPT-2's
+    token table before its position one), or without a shape known the largest vocabulary."""
+    same = [(name, m) for name, m in found if (m.num_embeddings, m.embedding_dim) == shape]
+    if same:
+        return same[:1]
+    most = max(m.num_embeddings for _, m in found)
+    return [(name, m) for name, m in found if m.num_embeddings == most]
+
+
 def _split_width(module: nn.Module, form: str) -> tuple[int, str]:
     """The features ``form`` shards in ``module`` (an nn.Linear or nn.Embedding) and what they are."""
     if isinstance(module, nn.Embedding):
@@ -93,9 +103,16 @@ def _split_width(module: nn.Module, form: str) -> tuple[int, str]:
     return (module.out_features, "output") if form == "split_out" else (module.in_features, "input")
 
 
-def check_split(layer: nn.Module, tp: int, stage: int, index: int, form: str, kind: str = "Linear") -> None:
+def check_split(layer: nn.Module, tp: int, stage: int, index: int, form: str, kind: str = "Linear",
+                shape: tuple[int | None, int | None] = (None, None)) -> None:
     """A split form needs one module to shard (:func:`split_target`) whose sharded features ``tp`` divides."""
-    n, what = _split_width(layer.get_submodule(split_target(layer, stage, index, form, kind)), form)
+    module = layer.get_submodule(split_target(layer, stage, index, form, kind, shape))
+    why = unshardable_embedding(module) if isinstance(module, nn.Embedding) else None
+    if why:
+        raise ExportError(f"stage {stage}: layer {index}'s embedding cannot run the {form} form: {why}, which "
+                          "DTensor does not shard", "profile the model again (its layer then runs dp only), or keep "
+                          "the layer dp")
+    n, what = _split_width(module, form)
     if n % tp:
         raise ExportError(f"stage {stage}: layer {index}'s {n} {what} features do not split over {tp} devices",
                           "search with `planner search --engine torch` (it splits only what tp divides), or use a "
@@ -337,13 +354,14 @@ def _split_style(form: str, sharded_in: bool, sharded_out: bool) -> Any:
 
 
 def shard_splits(module: nn.Sequential, forms: Sequence[str], mesh: Any, stage: int, first: int,
-                 kinds: Sequence[str] = ()) -> None:
+                 kinds: Sequence[tuple[str, tuple[int | None, int | None]]] = ()) -> None:
     """Column/row-parallel Linears (and Embeddings) for the ``split_out``/``split_in`` layers of a stage; ``kinds``:
-    the profile's type of each layer (:func:`split_target`). A column-parallel Linear hands a row-parallel one its
-    output still sharded where :func:`sharded_pair` says so; every other split gathers or all-reduces its output."""
+    the profile's type and weight shape of each layer (:func:`split_target`). A column-parallel Linear hands a
+    row-parallel one its output still sharded where :func:`sharded_pair` says so; every other split gathers or
+    all-reduces its output."""
     from torch.distributed.tensor.parallel import parallelize_module
 
-    targets = {j: split_target(module[j], stage, first + j, form, kinds[j] if j < len(kinds) else "Linear")
+    targets = {j: split_target(module[j], stage, first + j, form, *(kinds[j] if j < len(kinds) else ("Linear",)))
                for j, form in enumerate(forms) if form in ("split_out", "split_in")}
     plan: dict[str, Any] = {}
     for j, target in targets.items():
@@ -412,10 +430,11 @@ def sample_split(layers: Sequence[nn.Module]) -> list[bool]:
 
 
 def shard_stage(module: nn.Sequential, forms: Sequence[str], mesh: Any, sequence_parallel: bool, stage: int,
-                first: int, shard_output: bool = False, kinds: Sequence[str] = ()) -> None:
+                first: int, shard_output: bool = False,
+                kinds: Sequence[tuple[str, tuple[int | None, int | None]]] = ()) -> None:
     """Apply every layer's form of one stage over its tensor group ``mesh`` (1-D); ``shard_output``: the
     stage's output is the rank's share of the samples (:func:`split_samples`); ``kinds``: the profile's layer
-    types (:func:`shard_splits`)."""
+    types and weight shapes (:func:`shard_splits`)."""
     shard_splits(module, forms, mesh, stage, first, kinds)
     for j, form in enumerate(forms):
         if form == "tp":

@@ -92,7 +92,8 @@ def _check_stage_layers(layers: Sequence[nn.Module], plan: ir.Plan, st: ir.Stage
     for j, form in enumerate(st.forms):
         index = st.layers[0] + j
         if form in ("split_out", "split_in"):
-            parallel.check_split(layers[index], st.tp, i, index, form, plan.profile.layers[index].type)
+            prof = plan.profile.layers[index]
+            parallel.check_split(layers[index], st.tp, i, index, form, prof.type, (prof.in_features, prof.out_features))
         elif form == "tp":
             parallel.check_block(layers[index], st.tp, seq, st.sequence_parallel, i, index)
         elif st.tp > 1:
@@ -136,7 +137,7 @@ def _stage_module(layers: Sequence[nn.Module], plan: ir.Plan, c: int, mesh: Any)
     sub = nn.Sequential(*layers[st.layers[0]:st.layers[1]]).to(device())
     if st.tp > 1:
         shard_output = c == len(plan.stages) - 1 and loss_parts(plan) > 1
-        kinds = [x.type for x in plan.profile.layers[st.layers[0]:st.layers[1]]]
+        kinds = [(x.type, (x.in_features, x.out_features)) for x in plan.profile.layers[st.layers[0]:st.layers[1]]]
         parallel.shard_stage(sub, st.forms, mesh["tp"], st.sequence_parallel, c, st.layers[0], shard_output, kinds)
     recomputed = plan.profile.recomputed_layers(*st.layers)
     recompute = sharding.with_recompute(sub, st.recompute, recomputed, plan.profile.blockwise_recompute)

@@ -279,6 +279,10 @@ class Cluster:
     nodes: tuple[Node, ...]
     links: tuple[tuple[str, Link], ...]
     engine_overheads: tuple[tuple[str, EngineOverhead], ...] = ()
+    memory_kept_free: float = 0.0
+    """The share of every GPU's memory this cluster holds back (:meth:`keeping_free`; its GPUs' ``memory_bytes`` are
+    what is left): a plan's cluster searched with ``--memory-headroom`` records it, so that what reads the plan
+    judges its peak against the GPUs' whole memory (planner.explain's tight-memory warning)."""
 
     def __hash__(self) -> int:
         return self._hash
@@ -326,7 +330,8 @@ class Cluster:
             return self
         nodes = tuple(dataclasses.replace(n, gpus=tuple(dataclasses.replace(
             g, memory_bytes=max(1, int(g.memory_bytes * (1.0 - share)))) for g in n.gpus)) for n in self.nodes)
-        return dataclasses.replace(self, nodes=nodes)
+        kept = self.memory_kept_free + share - self.memory_kept_free * share  # an already reduced cluster keeps both
+        return dataclasses.replace(self, nodes=nodes, memory_kept_free=kept)
 
     def to_dict(self) -> dict[str, Any]:
         d = {"kind": "cluster", "version": SUPPORTED_VERSION, "name": self.name,
@@ -334,6 +339,8 @@ class Cluster:
              "links": {name: link.to_dict() for name, link in self.links}}
         if self.engine_overheads:
             d["engine_overheads"] = {name: o.to_dict() for name, o in self.engine_overheads}
+        if self.memory_kept_free:
+            d["memory_kept_free"] = self.memory_kept_free
         return d
 
     @classmethod
@@ -355,4 +362,8 @@ class Cluster:
         if servers:  # export and run map ranks to servers by name: two nodes of one name would merge into one
             raise FormatError(f"{source}: node names must be unique in the cluster, repeated: {servers[:5]}",
                               "give every node (server) its own name, e.g. 'n0', 'n1'")
-        return cls(_str(doc, "name", source), nodes, links, _overheads(doc, source))
+        kept = _opt_num(doc, "memory_kept_free", source)
+        if kept is not None and not 0.0 <= kept < 1.0:
+            raise FormatError(f"{source}.memory_kept_free must be in [0, 1), got {kept!r}",
+                              "the share of every GPU's memory held back, e.g. 0.1; or leave it out")
+        return cls(_str(doc, "name", source), nodes, links, _overheads(doc, source), kept or 0.0)

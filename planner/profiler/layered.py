@@ -122,20 +122,30 @@ _WANTS_INDICES = re.compile(r"indices|Long, Int|scalar type Long", re.IGNORECASE
 
 
 def weight_features(module: nn.Module) -> tuple[int | None, int | None]:
-    """(input, output) features or channels of a module's weight, or (None, None)."""
+    """(input, output) features or channels of a module's weight, or (None, None): also for an embedding no tensor
+    parallelism shards (:func:`unshardable_embedding`), so that its layer runs dp (``LayerProfile.splittable``)."""
     if isinstance(module, (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
                            nn.ConvTranspose3d)):
         return module.in_channels, module.out_channels
     if isinstance(module, nn.Linear):
         return module.in_features, module.out_features
     if isinstance(module, nn.Embedding):
-        return module.num_embeddings, module.embedding_dim
+        return (None, None) if unshardable_embedding(module) else (module.num_embeddings, module.embedding_dim)
     if isinstance(module, nn.MultiheadAttention):
         return module.embed_dim, module.embed_dim
     weight = getattr(module, "weight", None)
     if type(module).__name__ == "Conv1D" and isinstance(weight, torch.Tensor) and weight.dim() == 2:
         return int(weight.shape[0]), int(weight.shape[1])  # HF Conv1D stores (in, out)
     return None, None
+
+
+def unshardable_embedding(module: nn.Embedding) -> str | None:
+    """Why DTensor cannot shard ``module`` (torch's ColwiseParallel / RowwiseParallel), or None: ``max_norm``
+    renormalises the looked-up rows in place (``aten.embedding_renorm_`` has no sharding strategy), ``sparse``
+    gradients have none either."""
+    if module.max_norm is not None:
+        return f"max_norm={module.max_norm:g} renormalises its rows in place"
+    return "sparse=True makes sparse gradients" if module.sparse else None
 
 
 def is_heavy(module: nn.Module) -> bool:

@@ -136,7 +136,9 @@ def cluster_schema() -> dict[str, Any]:
                           "additionalProperties": {"$ref": "#/$defs/link"}}},
                {"description": {"type": "string", "maxLength": 100_000},
                 "engine_overheads": obj({}, {e: {"$ref": "#/$defs/engine_overhead"} for e in runnable.ENGINES},
-                                        closed=True)})
+                                        closed=True),
+                "memory_kept_free": {"type": "number", "minimum": 0, "exclusiveMaximum": 1,
+                                     "description": "share of every GPU's memory held back"}})
 
 
 def _cluster_defs() -> dict[str, Any]:
