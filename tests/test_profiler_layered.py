@@ -173,7 +173,7 @@ def test_an_embedding_dtensor_cannot_shard_has_no_weight_shape_so_its_layer_runs
     sparse gradients: a torch search split it (its shape was known) and every worker of `planner run` failed with
     DTensor's NotImplementedError; its layer now has no weight shape (dp only), and the export refuses the split."""
     from planner.errors import ExportError
-    from planner.export import parallel
+    from planner.export import splits
     from planner.profiler.layered import weight_features
 
     assert weight_features(nn.Embedding(64, 32, padding_idx=0, scale_grad_by_freq=True)) == (64, 32)
@@ -181,4 +181,4 @@ def test_an_embedding_dtensor_cannot_shard_has_no_weight_shape_so_its_layer_runs
         emb = nn.Embedding(64, 32, **kw)
         assert weight_features(emb) == (None, None)
         with pytest.raises(ExportError, match=said):
-            parallel.check_split(nn.Sequential(emb), 2, 0, 0, "split_in", "Embedding", (64, 32))
+            splits.check_split(nn.Sequential(emb), 2, 0, 0, "split_in", "Embedding", (64, 32))

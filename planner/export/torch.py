@@ -47,7 +47,7 @@ from torch import nn
 
 from planner import ir, runnable
 from planner.errors import ExportError, PlanError
-from planner.export import parallel, sharding
+from planner.export import parallel, sharding, splits
 from planner.export.building import released_layers
 from planner.export.data import sub_batch
 from planner.export.layers import check_layers_match
@@ -93,7 +93,7 @@ def _check_stage_layers(layers: Sequence[nn.Module], plan: ir.Plan, st: ir.Stage
         index = st.layers[0] + j
         if form in ("split_out", "split_in"):
             prof = plan.profile.layers[index]
-            parallel.check_split(layers[index], st.tp, i, index, form, prof.type, (prof.in_features, prof.out_features))
+            splits.check_split(layers[index], st.tp, i, index, form, prof.type, (prof.in_features, prof.out_features))
         elif form == "tp":
             parallel.check_block(layers[index], st.tp, seq, st.sequence_parallel, i, index)
         elif st.tp > 1:
