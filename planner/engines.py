@@ -159,9 +159,32 @@ class EngineLimits:
     frozen_stage_fp32_only: bool = False
     """Whether a stage with no trainable weight runs only in fp32 without ZeRO (DeepSpeed's ZeRO and bf16/fp16
     optimizers read their first parameter: stage_1_and_2.py, bf16_optimizer.py)."""
+    sequence_divisor: int = 1
+    """What, times a job's tensor degree, must divide every block's sequence (beyond sequence parallelism's own need,
+    :meth:`planner.ir.ModelProfile.splits_sequence`): torchtitan 0.2.0's ``parallelize_llama`` asserts
+    ``seq_len % (tp * 2 * cp) == 0`` (``ParallelDims.seq_len_divisor``) at every tensor degree, 1 included, so 2."""
     optimizers: tuple[str, ...] = ir.OPTIMIZERS
     """The plan optimizers it builds (torchtitan: Adam and AdamW only, torchtitan/components/optimizer.py; an sgd
     plan would train with AdamW's two fp32 states per weight, which its memory did not count)."""
+
+    def sequence_problem(self, profile: ir.ModelProfile, tp: int) -> str | None:
+        """Why a tensor degree of ``tp`` cannot run ``profile``'s sequence under :attr:`sequence_divisor`, or None."""
+        step = tp * self.sequence_divisor
+        seq = profile.uneven_sequence(step) if self.sequence_divisor > 1 else None
+        if seq is None:
+            return None
+        smaller = ", or a smaller tensor degree" if tp > 1 else ""
+        return (f"{self.name} asserts a sequence that is a multiple of {self.sequence_divisor} x tp, and {seq} tokens "
+                f"are not a multiple of {step} (tp {tp}): use a sequence length of a multiple of {step}{smaller}")
+
+    def largest_tp(self, profile: ir.ModelProfile) -> int | None:
+        """The largest power-of-two tensor degree :meth:`sequence_problem` admits (0: none, not even 1), None: any."""
+        if self.sequence_divisor == 1:
+            return None
+        tp = 1
+        while self.sequence_problem(profile, tp) is None and tp <= 1 << 20:
+            tp *= 2
+        return tp // 2
 
     def zero_stages(self, split_backward: bool = False) -> tuple[int, ...]:
         """The ZeRO stages it runs; under a schedule that splits the backward (zb-h1), those it runs there."""
@@ -222,6 +245,7 @@ ENGINES: dict[str, EngineLimits] = {
     "torchtitan": EngineLimits("torchtitan", True, True, (0, 2, 3), ("none", "full"), True,
                                precisions=("fp32", "bf16"), sync_last_backward_stages=2, optimizers=("adam",),
                                grad_copy=GradCopy((0,), held=True), llama_only=True, uniform_recompute=True,
+                               sequence_divisor=2,
                                wide_reduce_zero=(0, 2, 3), split_backward_zero=(0, 2)),  # torch's zb-h1 (not run here)
 }
 

@@ -66,6 +66,10 @@ def grid_problems(plan: ir.Plan) -> list[str]:
             continue
         if st.zero and st.dp == 1:
             out.append(f"stage {i}: ZeRO stage {st.zero} with a data-parallel group of 1 shards nothing")
+        seq = plan.profile.uneven_sequence(st.tp) if st.sequence_parallel and st.tp > 1 else None
+        if seq is not None:
+            out.append(f"stage {i}: sequence parallelism cuts the sequence of {seq} tokens over tp {st.tp}, which does "
+                       f"not divide it (use a sequence length that {st.tp} divides, or sequence_parallel false)")
         for j, form in enumerate(st.forms):
             out += _form_problems(plan.profile.layers[st.layers[0] + j], form, st.tp, i, st.layers[0] + j)
         out += _sample_split_problems(plan, i)
@@ -131,6 +135,9 @@ def engine_problems(plan: ir.Plan, engine: str) -> list[str]:
         out.append(f"{engine} runs one model chunk per device, the plan has {plan.virtual_stages}")
     out += _uniform_problems(plan.stages, engine, limits.uniform_zero) if limits.uniform_stages else []
     out += _llama_problems(plan, engine) if limits.llama_only else []
+    for tp in sorted({st.tp for st in plan.stages}):
+        seq = limits.sequence_problem(plan.profile, tp)
+        out += [] if seq is None else [seq]
     out += _split_problems(plan, engine, limits.form_rules) + _server_problems(plan, engine)
     out += frozen_stage_problems(plan, engine) if limits.frozen_stage_fp32_only else []
     if limits.uniform_recompute and len({st.recompute for st in plan.stages}) > 1:

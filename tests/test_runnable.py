@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from planner import ir
 from planner.cluster import cluster_from_dict, load_cluster
 from planner.compare import compare
-from planner.errors import PlanError
+from planner.errors import PlanError, UsageError
 from planner.jsonio import read_json
 from planner.runnable import check_runnable, engines_running, is_runnable, problems, unrun_note
 from planner.search import search
@@ -536,3 +536,73 @@ def test_a_plan_another_engine_refuses_names_the_engine_that_runs_it() -> None:
     with pytest.raises(PlanError) as err:
         check_runnable(bad, "torch")
     assert "which runs it" not in err.value.hint
+
+
+def _with_sequence(profile: ir.ModelProfile, seq: int) -> ir.ModelProfile:
+    return dataclasses.replace(profile, layers=tuple(
+        dataclasses.replace(lp, block=dataclasses.replace(lp.block, seq_len=seq)) if lp.block else lp
+        for lp in profile.layers))
+
+
+def test_sequence_parallelism_needs_a_sequence_the_tensor_group_divides() -> None:
+    """Megatron-LM's scatter along the sequence asserts whole shares and the torch export refuses uneven ones: a
+    plan that cuts 7 tokens over tp 2 is not runnable on any engine; 8 tokens are."""
+    plan = titan_plan([0, 8], tp=2, sequence_parallel=True)
+    odd = dataclasses.replace(plan, profile=_with_sequence(plan.profile, 7))
+    found = [p for p in problems(odd, "any") if "sequence of 7 tokens over tp 2" in p]
+    assert len(found) == 1 and found[0].startswith("stage 0:"), problems(odd, "any")
+    assert problems(dataclasses.replace(plan, profile=_with_sequence(plan.profile, 8)), "any") == []
+    flat = dataclasses.replace(odd, stages=(dataclasses.replace(odd.stages[0], sequence_parallel=False),))
+    assert problems(flat, "any") == []
+
+
+@given(st.sampled_from([5, 6, 7, 8]), st.sampled_from([2, 4]), st.sampled_from(["torch", "any"]),
+       st.sampled_from(["auto", "selective", "full"]), st.sampled_from(["1f1b", "zb-h1", "interleaved"]))
+@settings(max_examples=16, deadline=None)
+def test_a_search_shards_the_sequence_only_where_the_tensor_group_divides_it(seq: int, tp: int, engine: str,
+                                                                              recompute: str, schedule: str) -> None:
+    """``search --tp T --micro-batch-size 1`` of a Llama whose sequence T may not divide (7 tokens, tp 2): every plan
+    it emits runs (a torch search planned sequence parallelism over 7 tokens, which the export refuses), and a stage
+    shards the sequence only where it divides."""
+    profile = _with_sequence(dataclasses.replace(llama_profile(blocks=2, hidden=64, heads=4, kv_heads=4),
+                                                 batch_size=8), seq)
+    cluster = cluster_from_dict(make_cluster_dict(1, 4))
+    plan = search(profile, cluster, engine=engine, tp=tp, micro_batch_size=1, recompute=recompute,
+                  schedule=schedule, candidates=2)
+    assert problems(plan) == [], problems(plan)
+    assert all(seq % s.tp == 0 for s in plan.stages if s.sequence_parallel)
+    assert any(s.sequence_parallel for s in plan.stages) or seq % tp or engine == "any" or recompute == "full"
+
+
+def test_torchtitan_runs_a_sequence_of_a_multiple_of_twice_the_tensor_degree() -> None:
+    """torchtitan 0.2.0's parallelize_llama asserts ``seq_len % (tp * 2 * cp) == 0`` (ParallelDims.seq_len_divisor)
+    at every tensor degree: 6 tokens run at tp 1, not at tp 2; 7 tokens at none; torch runs 6 tokens at tp 2."""
+    plan = titan_plan([0, 8], tp=2, sequence_parallel=True)
+    six = dataclasses.replace(plan, profile=_with_sequence(plan.profile, 6))
+    assert [p for p in problems(six) if "multiple of 4 (tp 2)" in p], problems(six)
+    assert not [p for p in problems(six, "torch") if "sequence" in p], problems(six, "torch")
+    one = titan_plan([0, 8], dp=2)
+    assert problems(dataclasses.replace(one, profile=_with_sequence(one.profile, 6))) == []
+    seven = dataclasses.replace(one, profile=_with_sequence(one.profile, 7))
+    assert [p for p in problems(seven) if "7 tokens are not a multiple of 2 (tp 1)" in p], problems(seven)
+
+
+@pytest.mark.parametrize("seq", [6, 7, 12])
+def test_a_torchtitan_search_keeps_the_tensor_degree_its_sequence_runs_at(seq: int) -> None:
+    """A torchtitan search of a sequence of 6 tokens keeps to tp 1 (it emitted tp 2, which torchtitan's assertion
+    stops); --tp 2 is refused before searching; 7 tokens run at no degree, refused too; 12 run at tp 2."""
+    profile = _with_sequence(dataclasses.replace(llama_profile(blocks=2, hidden=64, heads=4, kv_heads=4),
+                                                 batch_size=8), seq)
+    cluster = cluster_from_dict(make_cluster_dict(1, 4))
+    if seq == 7:
+        with pytest.raises(UsageError, match="7 tokens are not a multiple of 2"):
+            search(profile, cluster, engine="torchtitan", optimizer="adam", candidates=2)
+        return
+    for tp in (None, 2, 4):
+        if seq % (2 * tp if tp else 1):
+            with pytest.raises(UsageError, match=f"not a multiple of {2 * tp}"):
+                search(profile, cluster, engine="torchtitan", optimizer="adam", tp=tp, candidates=2)
+            continue
+        plan = search(profile, cluster, engine="torchtitan", optimizer="adam", tp=tp, micro_batch_size=1,
+                      candidates=2)
+        assert problems(plan) == [] and all(seq % (2 * s.tp) == 0 for s in plan.stages), plan.stages

@@ -268,6 +268,17 @@ class ModelProfile:
         """Whether any layer is a transformer block (it carries a ``BlockShape``)."""
         return any(layer.block is not None for layer in self.layers)
 
+    def splits_sequence(self, tp: int) -> bool:
+        """Whether sequence parallelism over a tensor group of ``tp`` cuts every transformer block's sequence into
+        whole, equal shares (Megatron-LM's scatter along the sequence asserts it, the torch export refuses an uneven
+        one, and torchtitan's ``SequenceParallel`` assumes it): 7 tokens do not split over tp 2."""
+        return self.uneven_sequence(tp) is None
+
+    def uneven_sequence(self, tp: int) -> int | None:
+        """The first transformer block's sequence length (tokens) that ``tp`` does not divide; None where all split."""
+        return next((layer.block.seq_len for layer in self.layers
+                     if layer.block is not None and layer.block.seq_len % tp), None)
+
     @property
     def blockwise_recompute(self) -> bool:
         """Whether full recomputation checkpoints each layer on its own, keeping every layer's input and

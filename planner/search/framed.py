@@ -170,7 +170,8 @@ def _grids(profile: ir.ModelProfile, base: BaseMoves, microbatches: int, space: 
         keys = []
         for tp in tensor_degrees(group, profile.batch_size, microbatches, space, can_shard, align):
             keys.append((len(grids), tp))
-            grids.append(Grid(group, tp, space.precision, space.sequence_parallel and tp > 1))
+            grids.append(Grid(group, tp, space.precision,
+                              space.sequence_parallel and tp > 1 and profile.splits_sequence(tp)))
         keys_of.append(tuple(keys))
     return grids, tuple(keys_of)
 

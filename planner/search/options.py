@@ -290,13 +290,23 @@ def check_request(profile: ir.ModelProfile, cluster: ir.Cluster, *, schedule: st
         raise UsageError(f"--engine {engine}: {family}",
                          f"{engine} trains its own Llama definition only: search with --engine torch or deepspeed "
                          "(or any)")
+    _check_sequence(profile, engine, tp)
     forms, rules = engine_forms(engine)
     zeros = _zero_set(zero, engine, cluster, schedule)
     _check_zero_widths(zeros, config, tp)
     _check_min_batch(profile, micro_batch_size)
     space = Space(prec, tp, zeros, _recompute_set(recompute, engine, schedule), forms, micro_batch_size, rules=rules,
-                  min_batch=profile.min_batch)
+                  min_batch=profile.min_batch, max_tp=limits.largest_tp(profile) if limits is not None else None)
     return Request(schedule, optimizer, solver, engine, tuple(config) if config else None, space, max_blocks)
+
+
+def _check_sequence(profile: ir.ModelProfile, engine: str, tp: int | None) -> None:
+    """A sequence ``engine`` runs at no tensor degree (torchtitan: an odd one), or not at a fixed ``--tp``."""
+    limits = ENGINE_LIMITS.get(engine)
+    problem = None if limits is None else limits.sequence_problem(profile, tp or 1)
+    if problem is not None:
+        raise UsageError(f"--engine {engine}{f' --tp {tp}' if tp else ''}: {problem}",
+                         "profile the model with another --input-shape, or search with another --engine or --tp")
 
 
 def _check_min_batch(profile: ir.ModelProfile, micro_batch_size: int | None) -> None:

@@ -262,7 +262,8 @@ def megatron_seeds(prob: Problem, *, engine: str, solver: str) -> list[Costed]:
             continue
         for mode, sp in [(next(m for m in LIGHTER if m in prob.space.recompute), False), *lean]:
             stages = tuple(ir.Stage(layers, devices, fs, 0, mode, layout.tp, _seed_zero(prob, devices, layout.tp),
-                                    sequence_parallel=sp and layout.tp > 1) for layers, devices, fs in layout.stages)
+                                    sequence_parallel=sp and layout.tp > 1 and prob.profile.splits_sequence(layout.tp))
+                           for layers, devices, fs in layout.stages)
             draft = ir.Plan(prob.profile, prob.cluster, prob.schedule, prob.microbatches, prob.optimizer, stages,
                             ir.Prediction(0.0, 0.0, 0.0, 0), engine=engine, solver=solver,
                             precision=prob.space.precision)
@@ -288,7 +289,8 @@ def _hpp_forms(prob: Problem, devices: tuple[str, ...]) -> tuple[str, ...]:
     group = group_of(prob.cluster, devices, prob.space.precision)
     if group.nodes > 1 or not any(mv.devices == devices and mv.tp == len(devices) for mv in prob.moves[0]):
         return ("dp",) * len(prob.profile.layers)
-    table = layer_table(prob.profile, Grid(group, group.n, prob.space.precision, prob.space.sequence_parallel),
+    sequence = prob.space.sequence_parallel and prob.profile.splits_sequence(group.n)
+    table = layer_table(prob.profile, Grid(group, group.n, prob.space.precision, sequence),
                         prob.microbatches, prob.optimizer, prob.forms, prob.space.rules)
     return tuple(hpp(table, 0, len(prob.profile.layers), prob.microbatches)[0])
 

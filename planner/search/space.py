@@ -125,6 +125,9 @@ class Space:
     per data-parallel rank, and per tensor rank where a tensor group splits the samples (planner.runnable)."""
     rules: FormRules = ANY_FORMS
     """The engine's limits on which layers take which forms (planner.engines.FormRules)."""
+    max_tp: int | None = None
+    """The largest tensor degree the engine runs the model's sequence at (planner.engines.EngineLimits.largest_tp:
+    torchtitan's seq_len a multiple of 2 x tp); None: any."""
 
 
 @dataclass
@@ -272,7 +275,7 @@ def tensor_degrees(group: Group, batch_size: int, microbatches: int, space: Spac
     share = (group.per_node if group.nodes > 1 else group.n) if align is None else align
     for tp in pow2_upto(share) if shardable else [1]:
         dp = group.n // tp
-        if group.n % tp or share % tp or (space.tp is not None and tp != space.tp):
+        if group.n % tp or share % tp or (space.tp is not None and tp != space.tp) or tp > (space.max_tp or tp):
             continue
         if batch_size % (microbatches * dp) or batch_size // (microbatches * dp) < _least(space.min_batch, tp):
             continue
