@@ -75,6 +75,14 @@ class FormRules:
         (:attr:`even_splits`); a layer whose profile has no weight shape is the export's to check, on the model."""
         return not self.even_splits or not layer.splittable or layer.splits_evenly(form, tp)
 
+    def uneven_split(self, layer: ir.LayerProfile, form: str, tp: int, engine: str) -> str | None:
+        """Why ``engine`` cannot run ``form`` on ``layer`` over ``tp`` as far as its width goes, or None."""
+        if self.splits_evenly(layer, form, tp):
+            return None
+        side, n = ("output", layer.out_features) if form == "split_out" else ("input", layer.in_features)
+        return (f"runs the {form} form, which shards its {n} {side} features over tp {tp}; {engine} shards only a "
+                f"multiple of tp (equal shards): run it dp, or use a tp that divides {n}")
+
     def shards(self, layer: ir.LayerProfile, tied: bool = False) -> bool:
         """Whether ``layer`` has a form in a tensor group besides dp: a block's tp form, or a split form (no weights,
         or a known weight shape this engine shards), as planner.costmodel.layers opens them."""

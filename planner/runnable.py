@@ -275,8 +275,9 @@ def _split_problems(plan: ir.Plan, engine: str, rules: FormRules) -> list[str]:
             if form == "dp" and st.tp > 1 and not rules.splits_samples(layer):
                 return [f"stage {i}: layer {index} ({layer.name}) runs the dp form in a tensor group of {st.tp}, which "
                         f"splits its samples, and its batch norm takes statistics over them; use tp 1 there"]
-            if form.startswith("split") and not rules.splits_evenly(layer, form, st.tp):
-                return [_uneven_split(layer, form, st.tp, i, index, engine)]
+            uneven = rules.uneven_split(layer, form, st.tp, engine) if form.startswith("split") else None
+            if uneven is not None:
+                return [f"stage {i}: layer {index} ({layer.name}) {uneven}"]
             if not form.startswith("split") or rules.splits(layer, index in tied):
                 continue
             if rules.splits(layer):
@@ -285,14 +286,6 @@ def _split_problems(plan: ir.Plan, engine: str, rules: FormRules) -> list[str]:
             return [f"stage {i}: layer {index} ({layer.name}, of type {layer.type}) runs the {form} form; "
                     f"{engine} splits the weight of {', '.join(rules.split_types or ())} layers only"]
     return []
-
-
-def _uneven_split(layer: ir.LayerProfile, form: str, tp: int, stage: int, index: int, engine: str) -> str:
-    """Why ``engine`` cannot run ``form`` on ``layer`` in a tensor group of ``tp`` (:meth:`FormRules.splits_evenly`)."""
-    side, n = ("output", layer.out_features) if form == "split_out" else ("input", layer.in_features)
-    return (f"stage {stage}: layer {index} ({layer.name}) runs the {form} form, which shards its {n} {side} features "
-            f"over tp {tp}; {engine} shards only a multiple of tp (equal shards): run it dp, or use a tp that divides "
-            f"{n}")
 
 
 def _server_problems(plan: ir.Plan, engine: str) -> list[str]:

@@ -71,7 +71,7 @@ from planner.errors import InfeasibleError, PlannerError
 from planner.judge import Judged
 from planner.runnable import ENGINES as ENGINE_LIMITS
 from planner.runnable import is_runnable
-from planner.search import rerank
+from planner.search import rerank, seeds
 from planner.search.collect import collect, collect_exact, refused_met
 from planner.search.counts import counts_for_config
 from planner.search.hpp import hpp
@@ -217,11 +217,11 @@ def _on_even_layouts(profile: ir.ModelProfile, cluster: ir.Cluster, options: dic
 
 
 def _seeds(probs: list[Problem], engine: str, solver: str) -> list[rerank.Costed]:
-    """The structured seed plans of every problem (planner.search.rerank.seed_plans), splits shared."""
-    cache = rerank.SeedCache()
+    """The structured seed plans of every problem (planner.search.seeds.seed_plans), splits shared."""
+    cache = seeds.SeedCache()
     out: list[rerank.Costed] = []
     for prob in probs:
-        out += rerank.seed_plans(prob, engine=engine, solver=solver, cache=cache)
+        out += seeds.seed_plans(prob, engine=engine, solver=solver, cache=cache)
     return out
 
 
