@@ -132,19 +132,29 @@ def profile_model(model: str, *, batch_size: int = 32, mode: str = "measured",
 
 
 def search_plan(profile: ProfileLike, cluster: ClusterLike, *, schedule: str = "1f1b",
-                virtual_stages: int | None = None, candidates: int | None = None, **options: Any) -> ir.Plan:
+                virtual_stages: int | None = None, candidates: int | None = None, memory_headroom: float = 0.0,
+                **options: Any) -> ir.Plan:
     """The fastest plan that fits (planner.search; InfeasibleError when none does).
 
     ``virtual_stages`` (schedules that take them: default 2) chunks each device group
     (planner.search.interleave). ``candidates``: plans the simulator re-ranks (default
-    planner.search.RERANK; 0: the analytic optimum). ``options`` are planner.search.search's:
-    microbatches, optimizer, solver, engine, config, progress, precision, tp, zero, recompute,
-    micro_batch_size, alternatives."""
+    planner.search.RERANK; 0: the analytic optimum). ``memory_headroom``: the share of every GPU's
+    memory kept free (``--memory-headroom``: ``ir.Cluster.keeping_free``). ``options`` are
+    planner.search.search's: microbatches, optimizer, solver, engine, config, progress, precision, tp,
+    zero, recompute, micro_batch_size, alternatives."""
     from planner.search import RERANK, search
 
     rerank = RERANK if candidates is None else candidates
-    return search(load_profile(profile), _cluster(cluster), schedule=schedule, candidates=rerank,
+    return search(load_profile(profile), _headroom(cluster, memory_headroom), schedule=schedule, candidates=rerank,
                   virtual_stages=virtual_stages, **options)
+
+
+def _headroom(cluster: ClusterLike, share: object) -> ir.Cluster:
+    """The cluster with ``share`` of every GPU's memory kept free (a number in [0, 0.9], as the CLI takes it)."""
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 <= share <= 0.9:
+        raise UsageError(f"memory_headroom must be a number in [0, 0.9], got {share!r:.40}",
+                         "e.g. memory_headroom=0.1 plans within 90% of every GPU's memory")
+    return _cluster(cluster).keeping_free(float(share))
 
 
 def judge_plan(plan: PlanLike, *, recompute: bool = False) -> Judged:
@@ -167,12 +177,13 @@ def simulate_plan(plan: PlanLike, options: SimOptions | None = None) -> SimResul
     return simulate(load_plan(plan), options)
 
 
-def compare_strategies(profile: ProfileLike, cluster: ClusterLike, **options: Any) -> Comparison:
+def compare_strategies(profile: ProfileLike, cluster: ClusterLike, *, memory_headroom: float = 0.0,
+                       **options: Any) -> Comparison:
     """Every baseline and the planner's plan judged alike (planner.compare; ``options``:
-    microbatches, schedule, optimizer, strategies, rerank)."""
+    microbatches, schedule, optimizer, strategies, rerank; ``memory_headroom`` as :func:`search_plan`'s)."""
     from planner.compare import compare
 
-    return compare(load_profile(profile), _cluster(cluster), **options)
+    return compare(load_profile(profile), _headroom(cluster, memory_headroom), **options)
 
 
 def export_plan(plan: PlanLike, engine: str, out_dir: str | Path) -> list[Path]:

@@ -48,6 +48,7 @@ from planner.judge import Judged, fastest, judge
 from planner.runnable import engines_running, is_runnable, problems
 from planner.search import baselines as bl
 from planner.search.options import check_hooks
+from planner.search.rerank import fits_under
 from planner.search.settings import Setting, strategy_settings
 
 RERANK = 16
@@ -113,9 +114,13 @@ class StrategyResult:
 
     @property
     def engines(self) -> list[str] | None:
-        """The engines that run the row's plan (planner.runnable), None without a plan: PipePar's stages of different
-        widths, say, none."""
-        return None if self.plan is None else engines_running(self.plan)
+        """The engines that run the row's plan (planner.runnable) and in whose own memory it fits
+        (planner.search.rerank.fits_under: every row is judged for no engine, and an engine's buffers and copies can
+        overflow a plan that fits so), None without a plan: PipePar's stages of different widths, say, none."""
+        if self.plan is None:
+            return None
+        plan = self.plan
+        return [e for e in engines_running(plan) if plan.engine == e or fits_under(plan, e)]
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "iteration_s": self.iteration_s, "samples_per_s": self.samples_per_s,

@@ -180,3 +180,16 @@ def test_other_arguments_of_the_wrong_kind_are_usage_errors(files: tuple[Path, P
         planner.judge_plan(plan, recompute="yes")  # type: ignore[arg-type]
     with pytest.raises(UsageError, match="NUL character"):
         planner.load_plan("a\0b")
+
+
+def test_memory_headroom_keeps_a_share_of_every_gpu_free_as_the_cli_does(files: tuple[Path, Path]) -> None:
+    prof, clus = files
+    plan = planner.search_plan(prof, str(clus), microbatches=4, memory_headroom=0.25)
+    whole = make_cluster_dict(2, 2)["nodes"][0]["gpus"][0]["memory_bytes"]
+    assert {g.memory_bytes for g in plan.cluster.gpus} == {int(whole * 0.75)}
+    assert plan.cluster.memory_kept_free == 0.25
+    c = planner.compare_strategies(prof, str(clus), strategies=["dp"], microbatches=4, memory_headroom=0.25)
+    assert c.strategies[0].plan is not None and c.strategies[0].plan.cluster.memory_kept_free == 0.25
+    for bad in (-0.1, 0.95, "0.1", True, float("nan")):
+        with pytest.raises(UsageError, match="memory_headroom must be a number in"):
+            planner.search_plan(prof, str(clus), memory_headroom=bad)

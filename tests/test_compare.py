@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -420,3 +421,22 @@ def test_a_library_callers_option_of_the_wrong_kind_is_a_usage_error(options: di
     with pytest.raises(UsageError, match=match):
         compare(ir.ModelProfile.from_dict(make_profile_dict(4)), ir.Cluster.from_dict(make_cluster_dict(1, 2)),
                 **options)  # type: ignore[arg-type]
+
+
+def test_a_rows_engines_are_those_in_whose_own_memory_its_plan_fits() -> None:
+    """Every row is judged for no engine; an engine's buffers and copies (DeepSpeed's flat gradient copy, autograd's
+    accumulation) can overflow it: a DeepSpeed-parameters row once said fits with engines [deepspeed] where
+    DeepSpeed needed 1.2 MB of a 1 MB GPU (a reviewer's find). Its engines are those whose memory it fits."""
+    from planner.costmodel import plan_memory
+
+    profile = ir.ModelProfile.from_dict(make_profile_dict(4, batch_size=8))
+    row = next(s for s in compare(profile, ir.Cluster.from_dict(make_cluster_dict(2, 2)), optimizer="adam",
+                                  microbatches=4, strategies=["deepspeed-parameters"]).strategies)
+    assert row.plan is not None and row.engines == ["deepspeed", "torch"]
+    bare, own = (max(plan_memory(dataclasses.replace(row.plan, engine=e))) for e in ("any", "deepspeed"))
+    assert bare < own
+    tight = ir.Cluster.from_dict(make_cluster_dict(2, 2, memory_bytes=(bare + own) // 2))
+    squeezed = dataclasses.replace(row, plan=dataclasses.replace(row.plan, cluster=tight))
+    assert squeezed.engines == []
+    assert dataclasses.replace(row, plan=dataclasses.replace(row.plan, cluster=ir.Cluster.from_dict(
+        make_cluster_dict(2, 2, memory_bytes=own)))).engines == ["deepspeed", "torch"]

@@ -78,6 +78,12 @@ def overflowing_stages(plan: ir.Plan) -> list[int]:
             if s.memory_bytes > cap]
 
 
+def fits_under(plan: ir.Plan, engine: str) -> bool:
+    """Whether ``plan`` fits every device when ``engine`` runs it: with that engine's own memory (its buffers, copies
+    and gathered weights, planner.costmodel.engine), which a plan judged for no engine leaves out."""
+    return not any(_overflows(dataclasses.replace(plan, engine=engine))[0])
+
+
 def _overflows(plan: ir.Plan) -> tuple[list[bool], tuple[ir.StageCost, ...], list[int]]:
     """Which stages overflow their smallest device, and the stage costs and memory."""
     costs = stage_costs(plan)
