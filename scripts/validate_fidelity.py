@@ -321,7 +321,9 @@ def print_published() -> None:
         ok = PUBLISHED_TARGET[0] <= ratio <= PUBLISHED_TARGET[1]
         inside += ok
         sp = " + sequence parallel" if row.sequence_parallel else ""
-        print(f"  {row.name:17} {row.gpus:>5} A100s t={row.t} p={row.p} micro-batch {row.micro_batch} ZeRO {row.zero}, "
+        chunks = f" interleaved x {row.virtual_stages}" if row.virtual_stages > 1 else ""
+        print(f"  {row.name:17} {row.gpus:>5} A100s t={row.t} p={row.p}{chunks} micro-batch {row.micro_batch} "
+              f"ZeRO {row.zero}, "
               f"{row.recompute} recomputation{sp}: "
               f"fits {judged.fits!s:5} predicted/published {ratio:.2f} {'fit' if row in FIT_ROWS else 'held out'}"
               f"{'' if ok else '  (outside)'}; via planner profile {via:.2f}")
