@@ -53,3 +53,15 @@ def profile_dict() -> dict[str, Any]:
 @pytest.fixture
 def cluster_dict() -> dict[str, Any]:
     return make_cluster_dict()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _torch_factories_cached_unpatched() -> None:
+    """torch's device context (``with torch.device("meta")``) caches the set of factory functions it redirects at its
+    first use; a test that patches ``torch.randn`` (an out-of-memory input, tests/test_profiler_zoo.py,
+    tests/test_cmd_profile.py) and is the first to enter a device context caches the patch, and from then on every
+    ``torch.randn`` in a device context makes a CPU tensor: three profiler tests failed so in the worker order of
+    some runs. The set is computed here, before any test patches."""
+    from torch.utils._device import _device_constructors
+
+    _device_constructors()

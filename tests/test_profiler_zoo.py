@@ -136,3 +136,17 @@ def test_the_loaded_model_keeps_its_overrides() -> None:
     loaded = load_model("llama-tiny", 1, (8,), device="meta", overrides={"num_hidden_layers": 1})
     assert loaded.overrides == {"num_hidden_layers": 1}
     assert load_model("mlp", 1, device="meta").overrides == {}
+
+
+def test_a_patched_torch_randn_leaves_later_device_contexts_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tests above patch ``torch.randn``; torch caches its device context's factories at their first use, and a
+    first use under the patch made every later ``torch.randn`` under ``torch.device("meta")`` a CPU tensor (three
+    profiler tests failed in some worker orders). conftest computes the cache before any test: run alone, this test
+    fails without it."""
+    real = torch.randn
+    monkeypatch.setattr(torch, "randn", lambda *a, **k: real(*a, **k))
+    with torch.device("meta"):
+        torch.zeros(1)
+    monkeypatch.undo()
+    with torch.device("meta"):
+        assert torch.randn(1).device.type == "meta"
