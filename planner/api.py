@@ -150,9 +150,10 @@ def search_plan(profile: ProfileLike, cluster: ClusterLike, *, schedule: str = "
 
 
 def _headroom(cluster: ClusterLike, share: object) -> ir.Cluster:
-    """The cluster with ``share`` of every GPU's memory kept free (a number in [0, 0.9], as the CLI takes it)."""
-    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 <= share <= 0.9:
-        raise UsageError(f"memory_headroom must be a number in [0, 0.9], got {share!r:.40}",
+    """The cluster with ``share`` of every GPU's memory kept free (a number in [0, ``MAX_HEADROOM``], as the CLI
+    takes it)."""
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 <= share <= ir.MAX_HEADROOM:
+        raise UsageError(f"memory_headroom must be a number in [0, {ir.MAX_HEADROOM}], got {share!r:.40}",
                          "e.g. memory_headroom=0.1 plans within 90% of every GPU's memory")
     return _cluster(cluster).keeping_free(float(share))
 

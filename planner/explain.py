@@ -131,6 +131,8 @@ class Explanation:
     runner_ups: tuple[Alternative, ...]
     judged: bool
     dp_iteration_s: float | None
+    kept_free: float = 0.0
+    """The share of every GPU's memory the plan's cluster holds back (``Cluster.memory_kept_free``)."""
 
     @property
     def engine_charged(self) -> bool:
@@ -142,12 +144,13 @@ class Explanation:
         """Whether the engine adds a per-step cost (after the optimizer step, in the same bar of the time line)."""
         return any(s.engine_step_s > 0 for s in self.stages)
 
-    def tight_memory(self, source: str, kept_free: float = 0.0) -> list[str]:
+    def tight_memory(self, source: str) -> list[str]:
         """One warning where a stage's peak is above :data:`TIGHT_MEMORY_SHARE` of its GPU's memory (the tightest
         stage named): the cost model counts what the engine allocates (CUDA's ``max_memory_allocated``), not the
-        runtime's own memory or the allocator's fragmentation, which take some GiB on a GPU. ``kept_free``: the share
-        of every GPU's memory the plan's cluster already holds back (``Cluster.memory_kept_free``, from
-        ``--memory-headroom``): the stages' capacities are what is left, the share is judged on the whole memory."""
+        runtime's own memory or the allocator's fragmentation, which take some GiB on a GPU. Where the plan's cluster
+        holds a share back (:attr:`kept_free`, ``--memory-headroom``), the stages' capacities are what is left and the
+        share is judged on the whole memory."""
+        kept_free = self.kept_free
         whole = 1.0 - kept_free
         tight = [s for s in self.stages if s.capacity_bytes > 0 and s.headroom_bytes >= 0
                  and s.peak_memory_bytes * whole > TIGHT_MEMORY_SHARE * s.capacity_bytes]
@@ -290,4 +293,4 @@ def explain(plan: ir.Plan, candidates: Sequence[Candidate] | None = None, result
         stages=stages, bottleneck=b, bound=stages[b].bound(), gpus=len(plan.cluster.gpus), idle_devices=idle,
         all_gpus=None if full is None else _alternative(*full, t),
         runner_ups=tuple(_alternative(p, pr, t) for p, pr in runner_ups(plan, cands, n_runner_ups)),
-        judged=candidates is not None, dp_iteration_s=plan.dp_iteration_s)
+        judged=candidates is not None, dp_iteration_s=plan.dp_iteration_s, kept_free=plan.cluster.memory_kept_free)

@@ -31,7 +31,8 @@ profile_argument = click.argument("profile_path", metavar="PROFILE", type=click.
 cluster_option = click.option("--cluster", "cluster_name", required=True,
                               help="A preset name (see planner clusters) or a cluster JSON.")
 memory_headroom_option = click.option(
-    "--memory-headroom", "memory_headroom", type=click.FloatRange(0.0, 0.9), default=0.0, show_default=True,
+    "--memory-headroom", "memory_headroom", type=click.FloatRange(0.0, ir.MAX_HEADROOM), default=0.0,
+    show_default=True,
     help="Share of every GPU's memory to keep free (0.1: plan within 90%): the cost model counts the tensors the "
          "engine allocates, not the CUDA context, communication buffers or the allocator's fragmentation.")
 microbatches_option = click.option(
@@ -162,12 +163,13 @@ def planning_cluster(name: str, headroom: float) -> ir.Cluster:
     from planner.cluster import load_cluster
 
     cluster = load_cluster(name)
-    if headroom > 0:
-        sizes = sorted({g.memory_bytes for g in cluster.gpus})
-        shown = ", ".join(f"{b / 2**30:.2f} GiB -> {int(b * (1 - headroom)) / 2**30:.2f} GiB" for b in sizes[:3])
+    reduced = cluster.keeping_free(headroom)
+    if reduced is not cluster:
+        sizes = sorted({(g.memory_bytes, r.memory_bytes) for g, r in zip(cluster.gpus, reduced.gpus, strict=True)})
+        shown = ", ".join(f"{b / 2**30:.2f} GiB -> {r / 2**30:.2f} GiB" for b, r in sizes[:3])
         click.echo(f"note: --memory-headroom {headroom:g} keeps {headroom:.0%} of every GPU's memory free: "
                    f"{shown}{', ...' if len(sizes) > 3 else ''}", err=True)
-    return cluster.keeping_free(headroom)
+    return reduced
 
 
 EMITTED_MUST_RUN = True

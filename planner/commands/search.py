@@ -92,7 +92,7 @@ def search(profile_path: str, cluster_name: str, output: str | None, microbatche
     elapsed = time.perf_counter() - t0
     check_emitted(plan)  # the plan document is the JSON output: its warnings go to stderr only
     _warn_unrun(plan)
-    tight = explanation.tight_memory("the plan", plan.cluster.memory_kept_free)
+    tight = explanation.tight_memory("the plan")
     for warning in idle_settings(plan, "the plan") + tight:
         click.echo(f"warning: {warning}", err=True)  # a forced option that changes nothing; a GPU nearly full
     doc = _plan_document(plan)

@@ -108,7 +108,7 @@ def simulate(plan_path: str, as_json: bool, trace_path: str | None, plot_path: s
         if plot_path:
             update(f"drawing {plot_path}")
             _plot(result, plan, str(out.temp(plot_path)), explanation)
-    tight = explanation.tight_memory("the plan", plan.cluster.memory_kept_free)  # a GPU nearly full: may not fit
+    tight = explanation.tight_memory("the plan")  # a GPU nearly full: may not fit
     for warning in [] if quiet else tight:
         click.echo(f"warning: {warning}", err=True)
     warnings = warnings + tight

@@ -6,7 +6,7 @@ frozen dataclass; ``to_dict`` writes the contract form (docs/ and ``../shared/DE
 of anything malformed. Contract fields are required; the others are optional and default,
 so a hand-written profile with only the contract fields loads.
 """
-from planner.ir.cluster import GPU, LINK_LEVELS, NUMBER_FORMATS, Cluster, EngineOverhead, Link, Node
+from planner.ir.cluster import GPU, LINK_LEVELS, MAX_HEADROOM, NUMBER_FORMATS, Cluster, EngineOverhead, Link, Node
 from planner.ir.costs import StageCost
 from planner.ir.parts import UNSHARDABLE, BatchTimes, BlockShape, Tie
 from planner.ir.plan import (
@@ -25,8 +25,8 @@ from planner.ir.plan import (
 )
 from planner.ir.profile import DTYPE_BYTES, PROFILE_MODES, LayerProfile, ModelProfile, dtype_key
 
-__all__ = ["ALL_FORMS", "DTYPE_BYTES", "FORMS", "GPU", "LINK_LEVELS", "NUMBER_FORMATS", "OPTIMIZERS", "PLAN_VERSION",
-           "PRECISIONS", "PROFILE_MODES", "RECOMPUTE", "TENSOR_FORMS", "UNSHARDABLE", "ZERO_STAGES",
+__all__ = ["ALL_FORMS", "DTYPE_BYTES", "FORMS", "GPU", "LINK_LEVELS", "MAX_HEADROOM", "NUMBER_FORMATS", "OPTIMIZERS",
+           "PLAN_VERSION", "PRECISIONS", "PROFILE_MODES", "RECOMPUTE", "TENSOR_FORMS", "UNSHARDABLE", "ZERO_STAGES",
            "BatchTimes", "BlockShape",
            "Cluster", "EngineOverhead", "LayerProfile", "Link", "ModelProfile", "Node", "Plan", "Prediction",
            "Stage", "StageCost", "Tie", "config_string", "dtype_key"]

@@ -57,6 +57,9 @@ class GPU:
                    _int(d, "memory_bytes", where, positive=True), bw, _peaks(d, where))
 
 
+MAX_HEADROOM = 0.9
+"""The largest share of every GPU's memory a search may keep free (``--memory-headroom``, ``memory_headroom``)."""
+
 NUMBER_FORMATS = ("fp32", "tf32", "bf16", "fp16")
 
 

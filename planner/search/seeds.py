@@ -257,6 +257,4 @@ def _seed_zeros(prob: Problem) -> list[int]:
 def _seed_zero(prob: Problem, devices: tuple[str, ...], tp: int = 1) -> int:
     """The ZeRO stage a seed stage takes: 1 where allowed (as fast as 0, leaner), else the least
     allowed; 0 on one data-parallel rank."""
-    if len(devices) // tp == 1:
-        return 0
-    return 1 if 1 in prob.space.zero else min(prob.space.zero)
+    return 0 if len(devices) // tp == 1 else _seed_zeros(prob)[0]

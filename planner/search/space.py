@@ -275,7 +275,8 @@ def tensor_degrees(group: Group, batch_size: int, microbatches: int, space: Spac
     share = (group.per_node if group.nodes > 1 else group.n) if align is None else align
     for tp in pow2_upto(share) if shardable else [1]:
         dp = group.n // tp
-        if group.n % tp or share % tp or (space.tp is not None and tp != space.tp) or tp > (space.max_tp or tp):
+        fixed_other = space.tp is not None and tp != space.tp
+        if group.n % tp or share % tp or fixed_other or (space.max_tp is not None and tp > space.max_tp):
             continue
         if batch_size % (microbatches * dp) or batch_size // (microbatches * dp) < _least(space.min_batch, tp):
             continue
