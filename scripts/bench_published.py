@@ -79,6 +79,7 @@ from synthetic import cluster, gpt_profile
 from planner import gpus, ir
 from planner.judge import Judged, judge
 from planner.search import search
+from planner.search.megatron import megatron_parts
 
 
 @dataclass(frozen=True)
@@ -160,17 +161,14 @@ FIT_ROWS = ROWS[:6]
 
 
 def published_plan(profile: ir.ModelProfile, clus: ir.Cluster, row: Published) -> ir.Plan:
-    """The published configuration: p x v chunks of equal blocks (v = ``row.virtual_stages``), chunk c on pipeline
+    """The published configuration: p x v chunks of equal blocks (v = ``row.virtual_stages``; the search's own
+    :func:`~planner.search.megatron.megatron_parts` of :func:`block_counts`), chunk c on pipeline
     rank c mod p of t x d GPUs, its micro-batch size (unjudged: the judge fills in memory and the prediction)."""
     names = [g.name for g in clus.gpus]
     width = len(names) // row.p
     dp = width // row.t
-    n = len(profile.layers)
     count = row.p * row.virtual_stages
-    if row.embeddings_count:
-        bounds = [round(n * c / count) for c in range(count + 1)]
-    else:
-        bounds = [0] + [1 + round((n - 2) * (c + 1) / count) for c in range(count - 1)] + [n]
+    bounds = megatron_parts(profile, block_counts(row), row.virtual_stages)
     stages = tuple(ir.Stage((bounds[c], bounds[c + 1]), tuple(names[c % row.p * width:(c % row.p + 1) * width]),
                             tuple(_forms(profile, bounds[c], bounds[c + 1], row.t)), 0, row.recompute, row.t, row.zero,
                             row.sequence_parallel and row.t > 1)
@@ -179,6 +177,15 @@ def published_plan(profile: ir.ModelProfile, clus: ir.Cluster, row: Published) -
     schedule = "interleaved" if row.virtual_stages > 1 else "1f1b"
     return ir.Plan(profile, clus, schedule, m, "adam", stages, ir.Prediction(0, 0, 0, 0), precision="bf16",
                    virtual_stages=row.virtual_stages)
+
+
+def block_counts(row: Published) -> list[int]:
+    """Blocks per pipeline rank: equal, or where the stages balance the embedding and the head as layers too
+    (``embeddings_count``) one fewer on the first and the last rank (BLOOM: 70 blocks and 2 embeddings as 12 x 6)."""
+    if not row.embeddings_count:
+        return [row.layers // row.p] * row.p
+    per = (row.layers + 2) // row.p
+    return [per - 1, *[per] * (row.p - 2), per - 1]
 
 
 def _forms(profile: ir.ModelProfile, first: int, end: int, t: int) -> list[str]:

@@ -221,3 +221,10 @@ def test_llama3_405b_layouts_are_meta_s_and_stay_below_its_throughput() -> None:
     assert full.fits and 0.5 < tflops / published < 0.65
     assert not judge(pl.layout(prof, gpus, per_rank, "none", 4)).fits
 
+
+
+@pytest.mark.parametrize("row", bp.ROWS, ids=lambda r: r.name)
+def test_block_counts_cover_the_blocks_and_each_chunk_is_whole(row: bp.Published) -> None:
+    counts = bp.block_counts(row)
+    assert len(counts) == row.p and sum(counts) == row.layers
+    assert all(c % row.virtual_stages == 0 for c in counts)
