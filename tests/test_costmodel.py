@@ -356,7 +356,7 @@ def test_the_attention_cores_share_counts_the_heads_width() -> None:
     """Selective recomputation redoes the attention core, ``4 s^2 w`` of a block's ``24 s h^2 + 4 s^2 w`` forward
     FLOPs (Narayanan et al. SC'21 at ``w = h``: ``s / (6h + s)``); Qwen3-0.6B's 16 heads of 128 on a width of 1024
     (``w = 2h``) at 4096 tokens spend 0.57 of it there, not the 0.40 of ``w = h``."""
-    from planner.costmodel.layers import core_share
+    from planner.costmodel.blocks import core_share
 
     def profile(head_dim: int | None) -> ir.ModelProfile:
         d = make_profile_dict(3)

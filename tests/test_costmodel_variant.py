@@ -565,32 +565,6 @@ def test_zero_comms_take_the_intra_node_links_bus_bandwidths() -> None:
     assert cm.zero_comms(_big_cluster(1, 8), "torch").shard_scale == 1.0  # none given: NCCL's rings, alike
 
 
-@pytest.mark.parametrize("tp", [1, 2, 8])
-@pytest.mark.parametrize("sequence_parallel", [False, True])
-def test_a_block_whose_attention_ran_fused_has_no_attention_term_to_shard_or_drop(tp: int,
-                                                                                   sequence_parallel: bool) -> None:
-    """Korthikanti et al. Table 2 without 5as/h: a fused kernel kept no s x s weights, so the profiled bytes are
-    the 34 s b h part alone; tensor parallelism scales it by (10 + 24/t)/34 (34/t with sequence parallelism) and
-    selective recomputation drops nothing more."""
-    from planner.costmodel.layers import block_activation_ratios
-    from tests.test_export_torchtitan import llama_profile
-
-    eager = llama_profile(2)
-    fused = dataclasses.replace(eager, layers=tuple(
-        dataclasses.replace(lp, block=dataclasses.replace(lp.block, attention_saved=False)) if lp.block else lp
-        for lp in eager.layers))
-    act, sel, dp_sel = block_activation_ratios(fused, tp, sequence_parallel)
-    rest = 34.0 / tp if sequence_parallel else 10.0 + 24.0 / tp
-    assert act[1] == pytest.approx(rest / 34) and sel[1] == act[1] and dp_sel[1] == 1.0
-    eager_act, eager_sel, _ = block_activation_ratios(eager, tp, sequence_parallel)
-    assert eager_sel[1] < eager_act[1]  # eager attention kept the 5as/h term: selective drops it
-    block = eager.layers[1].block
-    assert block is not None and ir.BlockShape.from_dict(dataclasses.replace(block, attention_saved=False).to_dict()) \
-        == dataclasses.replace(block, attention_saved=False)
-    legacy = {k: v for k, v in block.to_dict().items() if k != "attention_saved"}
-    assert ir.BlockShape.from_dict(legacy).attention_saved  # files written before the field counted the weights
-
-
 def _frozen_stage_cost(trainable: int | None, zero: int, precision: str = "fp32", dp: int = 8) -> ir.StageCost:
     params = 10**8
     cluster = _big_cluster(1, dp)

@@ -165,6 +165,16 @@ def test_fixed_part_outside_the_whole_time_is_refused(fixed: float) -> None:
         ModelProfile.from_dict(d)
 
 
+def test_replicated_parts_round_trip_and_are_shares_of_the_part_that_grows_with_the_batch() -> None:
+    d = make_profile_dict(2)
+    fwd, bwd = d["layers"][0]["forward_s"], d["layers"][0]["backward_s"]
+    d["layers"][0].update(forward_fixed_s=fwd / 2, forward_replicated_s=fwd / 10, backward_replicated_s=bwd / 4)
+    prof = ModelProfile.from_dict(d)
+    assert ModelProfile.from_dict(prof.to_dict()) == prof
+    assert prof.layers[0].replicated_shares == pytest.approx((0.2, 0.25))  # of fwd - fixed = fwd / 2
+    assert prof.layers[1].replicated_shares == (0.0, 0.0) and "forward_replicated_s" not in prof.layers[1].to_dict()
+
+
 def test_zero_memory_bandwidth_is_refused() -> None:
     c = make_cluster_dict(1, 1)
     c["nodes"][0]["gpus"][0]["memory_bandwidth_Bps"] = 0
@@ -185,6 +195,8 @@ def test_loss_time_round_trips_and_is_optional() -> None:
     [
         (lambda d: d["layers"][0].update(forward_fixed_s=0.5), "forward_fixed_s (0.5) must lie in [0, forward_s"),
         (lambda d: d["layers"][0].update(backward_weight_s=0.5), "backward_weight_s (0.5) must lie in [0, backward_s"),
+        (lambda d: d["layers"][0].update(forward_replicated_s=0.5), "forward_replicated_s (0.5) must lie in [0, forw"),
+        (lambda d: d["layers"][0].update(backward_replicated_s=-1e-3), "backward_replicated_s must be a non-negative"),
         (lambda d: d.update(loss_s=0.1, loss_fixed_s=0.2), "loss_fixed_s (0.2) must lie in [0, loss_s=0.1]"),
     ],
 )

@@ -214,6 +214,22 @@ def test_a_transformer_block_matches_a_hand_count(gpu: str) -> None:
     assert out.forward_s[0] == pytest.approx(max(device_s, 11 * roof.host_s), rel=0.01)  # or the host's time
 
 
+def test_the_replicated_part_of_a_block_is_its_norms_and_residual_adds() -> None:
+    """What Megatron's tensor parallelism without sequence parallelism runs whole on every rank: the two layer norms
+    (read and write s b h) and the two residual adds (two reads, a write), 4 kernels; not the GEMMs, the attention,
+    the head-merging copy or the GELU over 4h, which each rank runs on its shard."""
+    b, s, h = 8, 1024, 768
+    roof = replace(roofline_of("a100", "bf16"), host_s=0.0)
+    block = _Block(h, 12).to(device="meta", dtype=BF16)
+    out = roofline_pass([block], _meta(b, s, h, grad=True), roof)
+    act = 2 * b * s * h
+    want = (2 * 2 * act + 2 * 3 * act) / roof.bandwidth_Bps + 4 * roof.launch_s
+    assert out.forward_replicated_s[0] == pytest.approx(want, rel=0.01)  # the norms' statistics besides
+    assert 0 < out.backward_replicated_s[0] < out.backward_s[0] / 4
+    host_bound = roofline_pass([_TinyOps(5)], _meta(1, 1), roofline_of("h100", "bf16"))
+    assert host_bound.forward_replicated_s == host_bound.forward_s  # a rank issues every kernel whatever its share
+
+
 @pytest.mark.parametrize(("name", "overrides", "seq"), [("gpt2", {"n_layer": 2}, 512),
                                                          ("llama-tiny", {}, 256)])
 def test_the_fixed_part_law_predicts_a_third_batch_size(name: str, overrides: dict[str, int], seq: int) -> None:

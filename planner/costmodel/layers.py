@@ -18,7 +18,10 @@ form is relative to the tensor group (``n = tp`` devices):
   two all-reduces of the block's ``s b h`` output in forward and two in backward over the
   tensor group (with sequence parallelism two all-gathers and two reduce-scatters each
   way instead: the same bytes); open to blocks whose heads and KV heads ``tp`` divides. A
-  block is no single matrix, so the split forms are closed to it.
+  block is no single matrix, so the split forms are closed to it. Without sequence parallelism
+  the block's norms, dropouts and residual adds run whole on every rank (the part of its time
+  an analytic profile records as ``forward_replicated_s``/``backward_replicated_s``;
+  :func:`planner.costmodel.blocks.tp_shares`), with it on ``1/tp`` of the sequence.
 
 Sharded layers' gradients are all-reduced over the data-parallel group (``dp`` devices, one
 per replica). The activation between layers is batch-sharded after ``dp`` and replicated
@@ -51,6 +54,7 @@ import numpy as np
 from planner import ir
 from planner.cluster import Group
 from planner.costmodel.batch import times_at
+from planner.costmodel.blocks import block_activation_ratios, core_share, tp_open, tp_shares
 from planner.costmodel.collectives import allreduce_coefficients, ring_allgather_s, ring_allreduce_s
 from planner.costmodel.precision import Bytes, dtype_bytes, fixed_scale, flop_scale, slowest_peak
 from planner.runnable import ANY_FORMS, FormRules, tied_layers
@@ -214,40 +218,6 @@ def _columns(profile: ir.ModelProfile, grid: Grid, microbatches: int, nbytes: By
                     np.array([x.splittable for x in layers]), np.array([x.trainable_share for x in layers]))
 
 
-def block_activation_ratios(profile: ir.ModelProfile, tp: int, sequence_parallel: bool
-                            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per layer: (tp-form activations, tp-form with selective recomputation, dp-form with selective
-    recomputation) as shares of the layer's profiled saved bytes (Korthikanti et al. Table 2);
-    1 for layers that are not blocks. Also the attention core's share of forward, :func:`core_share`."""
-    tp_act, tp_sel, dp_sel = [], [], []
-    for layer in profile.layers:
-        b = layer.block
-        if b is None:
-            tp_act.append(1.0 / tp)
-            tp_sel.append(1.0 / tp)
-            dp_sel.append(1.0)
-            continue
-        core = 5.0 * b.heads * b.seq_len / b.hidden if b.attention_saved else 0.0  # fused: no s x s weights kept
-        base = 34.0 + core
-        rest = 34.0 / tp if sequence_parallel else 10.0 + 24.0 / tp
-        tp_act.append((rest + core / tp) / base)
-        tp_sel.append(rest / base)
-        dp_sel.append(34.0 / base)
-    return np.array(tp_act), np.array(tp_sel), np.array(dp_sel)
-
-
-def core_share(profile: ir.ModelProfile) -> np.ndarray:
-    """Per layer, the attention core's share of its forward FLOPs: ``s w / (6h^2 + s w)`` for blocks, else 0."""
-    return np.array([0.0 if (b := x.block) is None else b.seq_len * b.attention_width
-                     / (6.0 * b.hidden ** 2 + b.seq_len * b.attention_width) for x in profile.layers])
-
-
-def tp_open(profile: ir.ModelProfile, tp: int) -> np.ndarray:
-    """Which layers may run the ``tp`` form on a tensor group of ``tp``: blocks it splits (shardable, whose heads and KV
-    heads it divides: ``BlockShape.splits_over``)."""
-    return np.array([tp > 1 and x.block is not None and x.block.splits_over(tp) for x in profile.layers])
-
-
 def layer_table(profile: ir.ModelProfile, grid: Grid | Group, microbatches: int, optimizer: str,
                 forms: Sequence[str] = ir.ALL_FORMS, rules: FormRules = ANY_FORMS) -> LayerTable:
     """Build the per-layer, per-form costs of ``profile`` on ``grid`` (see the module doc); ``rules``: an engine's
@@ -263,7 +233,7 @@ def layer_table(profile: ir.ModelProfile, grid: Grid | Group, microbatches: int,
     n, link = tensor.n, tensor.link
     ag_in = np.array([ring_allgather_s(x, n, link) for x in c.in_b])
     ag_out = np.array([ring_allgather_s(x, n, link) for x in c.out_b])
-    fwd, bwd, bww = _times(c, n, link, ag_in, ag_out)
+    fwd, bwd, bww = _times(c, n, link, ag_in, ag_out, tp_shares(profile, n, grid.sequence_parallel))
     allowed = _allowed(profile, c, n, forms, profile.batch_size / (microbatches * grid.dp), rules)
     act, act_sel, core = _activations(profile, grid, c, n)
     sync, const, shard = _sync(grid, c.weight * c.trains, n)
@@ -328,9 +298,10 @@ def _per_device(whole: np.ndarray, n: int) -> np.ndarray:
     return out
 
 
-def _times(c: _Columns, n: int, link: ir.Link, ag_in: np.ndarray, ag_out: np.ndarray
-           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per-micro-batch times per form; ``ag_in``/``ag_out`` the all-gathers of each layer's input/output."""
+def _times(c: _Columns, n: int, link: ir.Link, ag_in: np.ndarray, ag_out: np.ndarray,
+           tp_share: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-micro-batch times per form; ``ag_in``/``ag_out`` the all-gathers of each layer's input/output;
+    ``tp_share`` :func:`tp_shares`."""
     nl = len(c.pcount)
     fwd, bwd, bww = np.empty((nl, NF)), np.empty((nl, NF)), np.empty((nl, NF))
     fwd[:, DP], bwd[:, DP], bww[:, DP] = c.fwd_full / n + c.fwd_fixed, c.bwd_full / n + c.bwd_fixed, c.bww_full / n
@@ -341,8 +312,8 @@ def _times(c: _Columns, n: int, link: ir.Link, ag_in: np.ndarray, ag_out: np.nda
     bwd[:, SPLIT_OUT] = c.bwd_fixed + np.where(wl, c.bwd_full, c.bwd_full / n + ar_in)
     fwd[:, SPLIT_IN] = c.fwd_fixed + np.where(wl, c.fwd_full, c.fwd_full / n + ar_out)
     bwd[:, SPLIT_IN] = c.bwd_fixed + np.where(wl, c.bwd_full, c.bwd_full / n + ag_in)
-    fwd[:, TP] = c.fwd_fixed + c.fwd_full / n + 2 * ar_out
-    bwd[:, TP] = c.bwd_fixed + c.bwd_full / n + 2 * ar_out
+    fwd[:, TP] = c.fwd_fixed + c.fwd_full * tp_share[0] + 2 * ar_out
+    bwd[:, TP] = c.bwd_fixed + c.bwd_full * tp_share[1] + 2 * ar_out
     for f in (SPLIT_IN, SPLIT_OUT):
         bww[:, f] = np.where(wl, c.bww_full, c.bww_full / n)
     bww[:, TP] = c.bww_full / n

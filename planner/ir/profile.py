@@ -83,6 +83,12 @@ class LayerProfile:
     layer, largest first, adding up to its trainable parameters; an engine whose ZeRO-1 gives each rank whole
     tensors charges the rank that gets most (planner.costmodel.stage); empty where unknown (profiles before the
     field).
+
+    ``forward_replicated_s``/``backward_replicated_s``: the part of ``forward_s``/``backward_s`` that Megatron-LM's
+    tensor parallelism without sequence parallelism runs whole on every rank of a tensor group (Korthikanti et al.
+    2022, section 4.2.2: the norms, dropouts and residual adds on the ``s b h`` stream between the column- and
+    row-parallel halves); sequence parallelism splits it over the sequence. None means unknown (treated as 0:
+    the whole layer divides; measured profiles), set by the analytic roofline (``planner.profiler.roofline``).
     """
 
     name: str
@@ -106,6 +112,15 @@ class LayerProfile:
     trainable_count: int | None = None
     batch_stats: bool = False
     tensor_counts: tuple[int, ...] = ()
+    forward_replicated_s: float | None = None
+    backward_replicated_s: float | None = None
+
+    @property
+    def replicated_shares(self) -> tuple[float, float]:
+        """The replicated parts' shares of the forward's and the backward's part that shrinks with the batch (that
+        above ``forward_fixed_s``/``backward_fixed_s``), each in [0, 1]; 0 where unknown."""
+        return (_share(self.forward_replicated_s, self.forward_s - (self.forward_fixed_s or 0.0)),
+                _share(self.backward_replicated_s, self.backward_s - (self.backward_fixed_s or 0.0)))
 
     @property
     def trainable_params(self) -> int:
@@ -148,7 +163,8 @@ class LayerProfile:
             "saved_bytes": self.saved_bytes,
         }
         d.update(_optional(self, ("in_features", "out_features", "backward_weight_s", "forward_fixed_s",
-                                  "backward_fixed_s", "trainable_count")))
+                                  "backward_fixed_s", "trainable_count",
+                                  "forward_replicated_s", "backward_replicated_s")))
         if self.output_shape is not None:
             d["output_shape"] = list(self.output_shape)
         if self.block is not None:
@@ -188,6 +204,8 @@ class LayerProfile:
             trainable_count=None if _get(d, "trainable_count", where) is None else _int(d, "trainable_count", where),
             batch_stats=_bool(d, "batch_stats", where, False),
             tensor_counts=_tensor_counts(d, where),
+            forward_replicated_s=_opt_num(d, "forward_replicated_s", where),
+            backward_replicated_s=_opt_num(d, "backward_replicated_s", where),
         )
         if layer.trainable_count is not None and layer.trainable_count > layer.param_count:
             raise FormatError(f"{where}.trainable_count ({layer.trainable_count}) must lie in [0, param_count="
@@ -199,7 +217,13 @@ class LayerProfile:
         _check_part(where, "forward_fixed_s", layer.forward_fixed_s, "forward_s", layer.forward_s)
         _check_part(where, "backward_fixed_s", layer.backward_fixed_s, "backward_s", layer.backward_s)
         _check_part(where, "backward_weight_s", layer.backward_weight_s, "backward_s", layer.backward_s)
+        _check_part(where, "forward_replicated_s", layer.forward_replicated_s, "forward_s", layer.forward_s)
+        _check_part(where, "backward_replicated_s", layer.backward_replicated_s, "backward_s", layer.backward_s)
         return layer
+
+
+def _share(part: float | None, whole: float) -> float:
+    return 0.0 if part is None or whole <= 0 else min(part / whole, 1.0)
 
 
 def _tensor_counts(d: Mapping[str, Any], where: str) -> tuple[int, ...]:

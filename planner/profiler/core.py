@@ -31,25 +31,17 @@ not a floating-point tensor requiring grad, a value beyond the profile schema's 
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from collections.abc import Callable, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 
 from planner.errors import ProfileError, UsageError
-from planner.gpus import roofline_of
 from planner.ir import BatchTimes, BlockShape, LayerProfile, ModelProfile
 from planner.profiler.analytic import (
-    ANALYTIC_EFFICIENCY,
-    DEVICE_FLOPS_NAMES,
-    analytic_time,
     check_flat_rate,
-    flat_loss_s,
-    gpu_format,
     resolve_device_flops,
 )
 from planner.profiler.experts import routed_evenly
@@ -75,9 +67,9 @@ from planner.profiler.measure import (
     small_batch_of,
 )
 from planner.profiler.minbatch import smallest_batch
-from planner.profiler.passes import NO_RUNS, Passes, Runs, has_logits, measure_passes
+from planner.profiler.passes import NO_RUNS, Passes, Runs, measure_passes
 from planner.profiler.repeats import instrumented_pass_once_per_kind
-from planner.profiler.roofline import loss_roofline, profile_roofline, roofline_meta
+from planner.profiler.timing import LayerTimes, analytic_times, measured_times
 
 Progress = Callable[[int, int, str], None]
 """progress(done, total, what): called as profiling advances."""
@@ -132,7 +124,7 @@ def profile_model(loaded: LoadedModel, *, mode: Literal["measured", "analytic"] 
             raise with_overrides(exc, loaded.overrides) from None
         elapsed = time.perf_counter() - start
         if mode == "measured":
-            times = _measured_times(runs, facts, flops[0], flops[1], x.device)
+            times = measured_times(runs, facts, flops[0], flops[1], x.device)
             fixed = _fixed_costs(times, runs, int(x.shape[0]), small, len(facts))
             extra = _measured_meta(times, runs, x.device, warmup, repeats, elapsed,
                                    small if small in runs.smaller else None)
@@ -140,7 +132,7 @@ def profile_model(loaded: LoadedModel, *, mode: Literal["measured", "analytic"] 
         else:
             if flops[0] is None:  # pragma: no cover - analytic mode always has a default device
                 raise UsageError("analytic mode needs a device's FLOP/s", "pass --device-flops")
-            times, fixed, extra, loss = _analytic_times(lm, x, facts, (flops[0], flops[1]), efficiency, dtype_label)
+            times, fixed, extra, loss = analytic_times(lm, x, facts, (flops[0], flops[1]), efficiency, dtype_label)
     meta = {**_meta(lm, times, threads, time.perf_counter() - start, loaded.overrides),
             "instrumented_layers": counted, **extra}
     prof = ModelProfile(
@@ -270,65 +262,7 @@ def _instrumented(lm: LayeredModel, x: torch.Tensor, params: list[torch.Tensor],
         raise rejects_input(x, exc) from None
 
 
-@dataclass(frozen=True)
-class _LayerTimes:
-    """Per-layer forward and backward seconds, their sum, the device FLOP/s and its source, the device's name."""
-
-    fwd_s: list[float]
-    bwd_s: list[float]
-    layer_sum: float
-    flops_value: float
-    flops_label: str
-    device_name: str
-
-
-def _measured_times(runs: Runs, facts: list[LayerFacts], flops_value: float | None, flops_label: str,
-                    dev: torch.device) -> _LayerTimes:
-    """Medians of the timed passes; the FLOP/s achieved unless ``flops_value`` is given."""
-    total_flops = sum(f.forward_flops + f.backward_flops for f in facts)
-    fwd_s = [median(t) for t in runs.fwd_times]
-    bwd_s = [median(t) for t in runs.bwd_times]
-    layer_sum = sum(fwd_s) + sum(bwd_s)
-    if flops_value is None:
-        flops_value = max(total_flops / layer_sum, 1.0) if layer_sum > 0 else 1.0
-        flops_label = "achieved"
-    device_name = "cpu" if dev.type == "cpu" else (
-        torch.cuda.get_device_name(dev) if dev.type == "cuda" else str(dev))
-    return _LayerTimes(fwd_s, bwd_s, layer_sum, flops_value, flops_label, device_name)
-
-
-_Fixed = list[tuple[float | None, float | None]]
-
-
-def _analytic_times(lm: LayeredModel, x: torch.Tensor, facts: list[LayerFacts], device: tuple[float, str],
-                    efficiency: float | None, dtype: str
-                    ) -> tuple[_LayerTimes, _Fixed, dict[str, Any], tuple[float | None, float | None]]:
-    """Per-layer times, fixed parts, meta and the loss's (seconds, fixed part): the roofline on a named GPU
-    (planner.profiler.roofline), else FLOPs / (device FLOP/s x efficiency) (planner.profiler.analytic) with no
-    fixed parts, the loss by its element-wise count."""
-    flops_value, flops_label = device
-    if efficiency is None and flops_label in DEVICE_FLOPS_NAMES:
-        gpu, number_format = gpu_format(flops_label, dtype)
-        roofline = roofline_of(gpu, number_format)
-        prof = profile_roofline(lm.layers, x, roofline)
-        fwd_s, bwd_s = prof.full.forward_s, prof.full.backward_s
-        fixed = list(zip(prof.forward_fixed_s, prof.backward_fixed_s, strict=True))
-        meta = roofline_meta(roofline, prof, gpu, number_format)
-        loss = loss_roofline(facts[-1].output_shape, facts[-1].output_dtype, roofline)
-    else:
-        flat = ANALYTIC_EFFICIENCY if efficiency is None else efficiency
-        fwd_s = [analytic_time(f.forward_flops, flops_value, flat) for f in facts]
-        bwd_s = [analytic_time(f.backward_flops, flops_value, flat) for f in facts]
-        fixed = [(None, None)] * len(facts)
-        meta = {"efficiency": flat, "time_formula": "flops / (device_flops * efficiency)"}
-        last = facts[-1]
-        logits = has_logits(last.output_shape, last.output_dtype)
-        loss = (flat_loss_s(math.prod(last.output_shape), flops_value, flat) if logits else None, None)
-    times = _LayerTimes(fwd_s, bwd_s, sum(fwd_s) + sum(bwd_s), flops_value, flops_label, flops_label)
-    return times, fixed, meta, loss
-
-
-def _fixed_costs(times: _LayerTimes, runs: Runs, batch: int, small: int | None,
+def _fixed_costs(times: LayerTimes, runs: Runs, batch: int, small: int | None,
                  n: int) -> list[tuple[float | None, float | None]]:
     """Per layer (forward_fixed_s, backward_fixed_s) fitted through the whole and the small batch, or Nones."""
     small_times = runs.medians_at(small) if small is not None else None
@@ -338,7 +272,7 @@ def _fixed_costs(times: _LayerTimes, runs: Runs, batch: int, small: int | None,
              fit_fixed(times.bwd_s[i], small_times[1][i], batch, small)) for i in range(n)]
 
 
-def _layer_profiles(lm: LayeredModel, facts: list[LayerFacts], times: _LayerTimes,
+def _layer_profiles(lm: LayeredModel, facts: list[LayerFacts], times: LayerTimes,
                     fixed: list[tuple[float | None, float | None]], runs: Runs) -> tuple[LayerProfile, ...]:
     layers, trainable = [], trainable_counts(lm.layers, lm.param_counts)
     tensors = tensor_counts(lm.layers, lm.param_counts, trainable)
@@ -346,6 +280,7 @@ def _layer_profiles(lm: LayeredModel, facts: list[LayerFacts], times: _LayerTime
         trains = trainable[i]
         share = _weight_share(f.forward_flops, f.backward_flops, lm.param_counts[i] if trains is None else trains,
                               f.input_requires_grad)
+        replicated = times.replicated_s(i) if lm.block(i) is not None else (None, None)
         layers.append(LayerProfile(
             name=lm.names[i], type=lm.types[i], forward_s=times.fwd_s[i], backward_s=times.bwd_s[i],
             forward_flops=f.forward_flops, backward_flops=f.backward_flops,
@@ -354,6 +289,7 @@ def _layer_profiles(lm: LayeredModel, facts: list[LayerFacts], times: _LayerTime
             in_features=lm.in_features[i], out_features=lm.out_features[i],
             backward_weight_s=times.bwd_s[i] * share, output_shape=f.output_shape,
             forward_fixed_s=fixed[i][0], backward_fixed_s=fixed[i][1], block=_block(lm.block(i), facts[i]),
+            forward_replicated_s=replicated[0], backward_replicated_s=replicated[1],
             batch_times=tuple(BatchTimes(b, fwd[i], bwd[i]) for b, (fwd, bwd) in zip(runs.smaller, runs.smaller_times,
                                                                                     strict=True)),
             trainable_count=trainable[i], batch_stats=batch_stats(lm.layers[i]), tensor_counts=tensors[i],
@@ -361,7 +297,7 @@ def _layer_profiles(lm: LayeredModel, facts: list[LayerFacts], times: _LayerTime
     return tuple(layers)
 
 
-def _meta(lm: LayeredModel, times: _LayerTimes, threads: int | None, elapsed: float,
+def _meta(lm: LayeredModel, times: LayerTimes, threads: int | None, elapsed: float,
           overrides: Mapping[str, Any]) -> dict[str, Any]:
     """How the profile was made; ``overrides``: a zoo transformer's ``--set`` fields, kept so that
     ``planner run`` and the exported programs build the model that was profiled."""
@@ -377,7 +313,7 @@ def _meta(lm: LayeredModel, times: _LayerTimes, threads: int | None, elapsed: fl
     }
 
 
-def _measured_meta(times: _LayerTimes, runs: Runs, dev: torch.device, warmup: int, repeats: int, elapsed: float,
+def _measured_meta(times: LayerTimes, runs: Runs, dev: torch.device, warmup: int, repeats: int, elapsed: float,
                    fit_batch: int | None) -> dict[str, Any]:
     whole_s = median(runs.whole) if runs.whole else None
     return {

@@ -68,24 +68,41 @@ _NO_KERNEL = {_aten._unsafe_view.default, _aten.empty.memory_format, _aten.empty
               _aten.lift_fresh.default, _aten.detach.default}
 
 
+Stream = tuple[int, frozenset[int]]
+"""What a kernel without FLOPs touches: its largest tensor's elements, and the last sizes of its tensors."""
+
+
 @dataclass
 class KernelTally:
-    """What one layer's kernels cost: seconds, of which memory-bound seconds, and launches."""
+    """What one layer's kernels cost: seconds, of which memory-bound seconds, and launches; ``streams``: each kernel
+    without FLOPs as (seconds, :data:`Stream`), for :meth:`replicated_s`."""
 
     time_s: float = 0.0
     memory_s: float = 0.0
     launches: int = 0
+    streams: list[tuple[float, Stream]] = field(default_factory=list)
 
     def add(self, roofline: Roofline, flops: float, bytes_moved: float, tiles: float, attention: bool = False,
-            aligned: bool = True) -> None:
+            aligned: bool = True, stream: Stream | None = None) -> None:
         seconds, memory_bound = roofline.kernel(flops, bytes_moved, tiles, attention, aligned)
         self.time_s += seconds
         self.memory_s += seconds if memory_bound else 0.0
         self.launches += 1
+        if stream is not None and flops == 0:
+            self.streams.append((seconds, stream))
 
     def seconds(self, roofline: Roofline) -> float:
         """The walk's time: its kernels' on the GPU, or the host's per kernel if that is longer (host-bound)."""
         return max(self.time_s, self.launches * roofline.host_s)
+
+    def replicated_s(self, roofline: Roofline, elements: int, width: int) -> float:
+        """The seconds Megatron's tensor parallelism without sequence parallelism runs whole on every rank: the
+        kernels without FLOPs on the layer's ``elements``-element output stream of last size ``width`` (norms,
+        residual adds, dropouts: every tensor's last size ``width`` or 1); all of it where the host binds (a rank
+        issues every kernel whatever its share)."""
+        if self.launches * roofline.host_s >= self.time_s:
+            return self.seconds(roofline)
+        return sum(s for s, (largest, lasts) in self.streams if largest == elements and lasts <= {width, 1})
 
 
 def _tensors(tree: Any) -> list[torch.Tensor]:
@@ -99,6 +116,11 @@ def _bytes(t: torch.Tensor) -> int:
         return min(logical, int(t.untyped_storage().nbytes()))
     except (RuntimeError, NotImplementedError):
         return logical
+
+
+def _stream(tensors: Sequence[torch.Tensor]) -> Stream:
+    return (max((t.numel() for t in tensors), default=0),
+            frozenset(int(t.shape[-1]) for t in tensors if t.dim() > 0 and t.numel() > 1))
 
 
 def _tiles(tensors: Sequence[torch.Tensor]) -> float:
@@ -137,7 +159,7 @@ class _Kernels(TorchDispatchMode):
             inputs = inputs[1:] + outputs
         moved = sum(_bytes(t) for t in inputs) + sum(_bytes(t) for t in outputs)
         self.tally.add(self.roofline, op_flops(func, args, kwargs, out), moved, _tiles(inputs + outputs),
-                       aligned=aligned(func, args))
+                       aligned=aligned(func, args), stream=_stream(inputs + outputs))
         return out
 
 
@@ -190,12 +212,39 @@ class _AttentionAsKernel(AttentionMode):
 
 @dataclass(frozen=True)
 class LayerRoofline:
-    """Per layer: forward and backward seconds, and the memory-bound seconds among them."""
+    """Per layer: forward and backward seconds, the memory-bound seconds among them, the kernels, and the seconds
+    tensor parallelism without sequence parallelism runs whole on every rank (:meth:`KernelTally.replicated_s`)."""
 
     forward_s: list[float]
     backward_s: list[float]
     memory_s: list[float] = field(default_factory=list)
     launches: list[int] = field(default_factory=list)
+    forward_replicated_s: list[float] = field(default_factory=list)
+    backward_replicated_s: list[float] = field(default_factory=list)
+
+
+class _Meter:
+    """Runs one layer's walk (forward, or backward) under ``kernels`` and keeps its tallies' facts per layer."""
+
+    def __init__(self, kernels: _Kernels, n: int) -> None:
+        self.kernels, self.launches = kernels, [0] * n
+        self.memory_s = {"forward": [0.0] * n, "backward": [0.0] * n}
+        self.replicated_s = {"forward": [0.0] * n, "backward": [0.0] * n}
+        self.streams: list[tuple[int, int]] = [(0, 0)] * n
+
+    def walk(self, direction: str) -> Callable[[int, Callable[[], Any]], tuple[Any, float]]:
+        def run_layer(i: int, run: Callable[[], Any]) -> tuple[Any, float]:
+            kernels, roofline = self.kernels, self.kernels.roofline
+            kernels.tally = KernelTally()
+            with _AttentionAsKernel(kernels), kernels:
+                result = run()
+            if isinstance(result, torch.Tensor) and result.dim() > 0:  # forward: the layer's output stream
+                self.streams[i] = (result.numel(), int(result.shape[-1]))
+            self.memory_s[direction][i] = kernels.tally.memory_s
+            self.replicated_s[direction][i] = kernels.tally.replicated_s(roofline, *self.streams[i])
+            self.launches[i] += kernels.tally.launches
+            return result, kernels.tally.seconds(roofline)
+        return run_layer
 
 
 def roofline_pass(layers: Sequence[nn.Module], x: torch.Tensor, roofline: Roofline,
@@ -206,34 +255,23 @@ def roofline_pass(layers: Sequence[nn.Module], x: torch.Tensor, roofline: Roofli
     unless a walked layer of such a run changes its input's shape (then every layer is walked)."""
     source = fact_sources(layers) if once_per_kind else list(range(len(layers)))
     walked = [i for i, s in enumerate(source) if s == i]
-    kernels = _Kernels(roofline)
-    fwd_memory = [0.0] * len(walked)
-    bwd_memory = [0.0] * len(walked)
-    launches = [0] * len(walked)
-
-    def meter(memory: list[float]) -> Callable[[int, Callable[[], Any]], tuple[Any, float]]:
-        def run_layer(i: int, run: Callable[[], Any]) -> tuple[Any, float]:
-            kernels.tally = KernelTally()
-            with _AttentionAsKernel(kernels), kernels:
-                result = run()
-            memory[i] = kernels.tally.memory_s
-            launches[i] += kernels.tally.launches
-            return result, kernels.tally.seconds(roofline)
-        return run_layer
-
+    meter = _Meter(_Kernels(roofline), len(walked))
     params = [p for layer in layers for p in layer.parameters()]
     _zero_grads(params)  # no gradient accumulation kernels: the cost model charges those itself
     with torch.enable_grad():
-        fwd, inputs, outputs = _forward_walk([layers[i] for i in walked], x, meter(fwd_memory))
-        bwd = _backward_walk(inputs, outputs, meter(bwd_memory))
+        fwd, inputs, outputs = _forward_walk([layers[i] for i in walked], x, meter.walk("forward"))
+        bwd = _backward_walk(inputs, outputs, meter.walk("backward"))
     _zero_grads(params)
     slot = {layer: j for j, layer in enumerate(walked)}
     reused = {slot[s] for i, s in enumerate(source) if s != i}
     if any(j == 0 or outputs[j].shape != outputs[j - 1].shape for j in reused):
         return roofline_pass(layers, x, roofline, once_per_kind=False)
     pick = [slot[s] for s in source]
+    memory, replicated = meter.memory_s, meter.replicated_s
     return LayerRoofline([fwd[j] for j in pick], [bwd[j] for j in pick],
-                         [fwd_memory[j] + bwd_memory[j] for j in pick], [launches[j] for j in pick])
+                         [memory["forward"][j] + memory["backward"][j] for j in pick],
+                         [meter.launches[j] for j in pick],
+                         [replicated["forward"][j] for j in pick], [replicated["backward"][j] for j in pick])
 
 
 @dataclass(frozen=True)

@@ -111,6 +111,8 @@ def _layer() -> dict[str, Any]:
                 "backward_weight_s": number(MAX_TIME_S, nullable=True), "output_shape": DIMS,
                 "forward_fixed_s": number(MAX_TIME_S, nullable=True),
                 "backward_fixed_s": number(MAX_TIME_S, nullable=True), "block": {"$ref": "#/$defs/block"},
+                "forward_replicated_s": number(MAX_TIME_S, nullable=True),
+                "backward_replicated_s": number(MAX_TIME_S, nullable=True),
                 "trainable_count": integer(MAX_COUNT, nullable=True), "batch_stats": {"type": "boolean"},
                 "batch_times": array(obj({"batch": integer(MAX_BATCH, lo=1), "forward_s": SECONDS,
                                           "backward_s": SECONDS}), lo=0, hi=64)})
