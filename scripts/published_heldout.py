@@ -3,9 +3,10 @@
 Each row is profiled as a user would (``planner profile gpt2|llama2-70b --set ... --mode analytic --device-flops
 a100 --dtype bfloat16`` at the global batch) and planned by ``planner search`` with the paper's layout fixed
 (``--config <all GPUs> --tp T --zero Z --recompute R --micro-batch-size B --microbatches M --schedule 1f1b
---optimizer adam``) on DGX A100-like servers (the ``a100-8x8-nvlink-ib`` preset's links, as many servers as the run
-had). The search's own prediction is set against the published figure, counted the way the paper counts it where it
-says; where it does not, each count is a row. Nothing is fitted here (planner.gpus.SUSTAINED is SC'21's).
+--optimizer adam --[no-]sequence-parallel``) on DGX A100-like servers (the ``a100-8x8-nvlink-ib`` preset's links, as
+many servers as the run had). The search's own prediction is set against the published figure, counted the way the
+paper counts it where it says; where it does not, each count is a row.
+Nothing is fitted here (planner.gpus.SUSTAINED is SC'21's).
 
 - OPT-175B: Zhang et al., "OPT: Open Pre-trained Transformer Language Models" (arXiv 2205.01068), section 2.4
   ("We trained OPT-175B on 992 80GB A100 GPUs, by utilizing Fully Sharded Data Parallel with Megatron-LM Tensor
@@ -35,7 +36,6 @@ Needs torch (meta device; seconds a row). ``python scripts/published_heldout.py`
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import sys
 from pathlib import Path
@@ -136,19 +136,15 @@ def servers(gpu: str, count: int) -> ir.Cluster:
 
 def plan(row: HeldOutRun) -> ir.Plan:
     """``planner search`` with the row's layout fixed (one stage of every GPU), sequence parallelism as the row
-    has it, judged again where that changed it."""
+    has it (``--sequence-parallel/--no-sequence-parallel``)."""
     from planner.api import search_plan
 
     prof = profile(row.zoo, row.sets, row.seq, row.global_batch, row.gpu, row.dtype)
     cluster = servers(row.gpu, row.gpus // 8)
-    found = search_plan(prof, cluster, config=(row.gpus // row.pipeline,) * row.pipeline, tp=row.tp,
-                        zero=row.zero, recompute=row.recompute, micro_batch_size=row.micro_batch,
-                        microbatches=row.microbatches, optimizer="adam",
-                        precision="bf16" if row.dtype == "bfloat16" else "fp16")
-    if all(s.sequence_parallel == row.sequence_parallel for s in found.stages):
-        return found
-    stages = tuple(dataclasses.replace(s, sequence_parallel=row.sequence_parallel) for s in found.stages)
-    return dataclasses.replace(found, stages=stages)
+    return search_plan(prof, cluster, config=(row.gpus // row.pipeline,) * row.pipeline, tp=row.tp,
+                       zero=row.zero, recompute=row.recompute, micro_batch_size=row.micro_batch,
+                       microbatches=row.microbatches, optimizer="adam", sequence_parallel=row.sequence_parallel,
+                       precision="bf16" if row.dtype == "bfloat16" else "fp16")
 
 
 def ratio(row: HeldOutRun) -> tuple[float, float, Judged]:

@@ -383,3 +383,27 @@ def test_a_plan_searched_with_memory_headroom_is_judged_on_the_gpus_whole_memory
     assert "of which the plan keeps free (97.00%)" in r.stderr and "--memory-headroom 0.1" in r.stderr
     sim = _run("simulate", str(out), "--json")
     assert any("(97.00%)" in w for w in json.loads(sim.stdout)["warnings"])
+
+
+def test_sequence_parallelism_is_on_by_default_and_off_keeps_the_norms_whole(tmp_path) -> None:
+    """A block whose norms and residual adds are 20% of its time: with --tp 2 the default splits them over the
+    sequence; --no-sequence-parallel runs them whole on both ranks, a slower step (planner.costmodel.blocks)."""
+    import dataclasses
+
+    from tests.test_export_torchtitan import llama_profile
+
+    base = llama_profile(4)
+    prof = dataclasses.replace(base, layers=tuple(
+        dataclasses.replace(x, forward_replicated_s=0.2 * x.forward_s, backward_replicated_s=0.2 * x.backward_s)
+        if x.block is not None else x for x in base.layers))
+    p = _write(tmp_path, "p.json", prof.to_dict())
+    c = _write(tmp_path, "c.json", make_cluster_dict(1, 2))
+    plans = {}
+    for flag in ("--sequence-parallel", "--no-sequence-parallel"):
+        res = _run("search", p, "--cluster", c, "--tp", "2", "--config", "2", "--micro-batch-size", "1", flag, "--json")
+        assert res.exit_code == 0, res.output
+        plans[flag] = json.loads(res.stdout)
+    on, off = plans["--sequence-parallel"], plans["--no-sequence-parallel"]
+    assert [s["sequence_parallel"] for s in on["stages"]] == [True]
+    assert [s.get("sequence_parallel", False) for s in off["stages"]] == [False]
+    assert off["predicted"]["iteration_s"] > on["predicted"]["iteration_s"]

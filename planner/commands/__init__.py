@@ -67,7 +67,8 @@ progress_option = click.option(
 
 
 def grid_options(func: F) -> F:
-    """The grid options search and compare share: precision, tensor degree, ZeRO, recomputation, micro-batch size."""
+    """The grid options of search: precision, tensor degree, ZeRO, recomputation, micro-batch size, sequence
+    parallelism."""
     options = [
         click.option("--precision", type=click.Choice(ir.PRECISIONS), default=None,
                      help="fp32, or bf16/fp16 mixed precision (16-bit weights, gradients and activations, fp32 "
@@ -81,6 +82,11 @@ def grid_options(func: F) -> F:
         click.option("--micro-batch-size", "micro_batch_size", type=click.IntRange(min=1), default=None,
                      help="Samples per micro-batch on each data-parallel rank (as Megatron-LM counts it), "
                           "instead of choosing it through --microbatches."),
+        click.option("--sequence-parallel/--no-sequence-parallel", "sequence_parallel", default=True,
+                     show_default=True,
+                     help="Split tensor-parallel stages' norms, dropouts and residual adds over the sequence "
+                          "(Megatron-LM's sequence parallelism) where the engine and the sequence length allow; "
+                          "--no-sequence-parallel keeps them whole on every rank, as Megatron-LM before 2022."),
     ]
     for option in reversed(options):
         func = option(func)

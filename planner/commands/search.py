@@ -63,7 +63,8 @@ if TYPE_CHECKING:
               help="Print the plan as one JSON document on stdout, with an 'explanation' key beside the plan's.")
 def search(profile_path: str, cluster_name: str, output: str | None, microbatches: str, schedule: str,
            optimizer: str, solver: str, engine: str, precision: str | None, tp: str, zero: str, recompute: str,
-           micro_batch_size: int | None, memory_headroom: float, config: str | None, rerank: int,
+           micro_batch_size: int | None, sequence_parallel: bool, memory_headroom: float, config: str | None,
+           rerank: int,
            virtual_stages: int | None, long_explanation: bool, progress: bool | None, as_json: bool) -> None:
     """Find the fastest plan that fits: stages, device groups and per-layer forms.
 
@@ -88,7 +89,8 @@ def search(profile_path: str, cluster_name: str, output: str | None, microbatche
     plan, explanation = _search_explained(
         profile, cluster, progress, as_json, rerank, schedule=schedule, virtual_stages=virtual_stages,
         microbatches=mb, optimizer=optimizer, solver=solver, engine=engine, config=widths, precision=precision,
-        tp=tp_value, zero=zero_value, recompute=recompute, micro_batch_size=micro_batch_size)
+        tp=tp_value, zero=zero_value, recompute=recompute, micro_batch_size=micro_batch_size,
+        sequence_parallel=sequence_parallel)
     elapsed = time.perf_counter() - t0
     check_emitted(plan)  # the plan document is the JSON output: its warnings go to stderr only
     _warn_unrun(plan)

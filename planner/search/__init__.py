@@ -102,7 +102,7 @@ def search(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int |
            evaluate: Callable[[ir.Plan], float] | None = None, candidates: int = RERANK,
            precision: str | None = None, tp: int | None = None, zero: int | str = "auto",
            recompute: str = "auto", micro_batch_size: int | None = None, virtual_stages: int | None = None,
-           alternatives: list[Judged] | None = None) -> ir.Plan:
+           alternatives: list[Judged] | None = None, sequence_parallel: bool = True) -> ir.Plan:
     """The fastest plan that fits (see the module doc); InfeasibleError when none does.
 
     By default the ``candidates`` best distinct plans of the analytic objective (the optimum
@@ -112,20 +112,21 @@ def search(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int |
     the simulator as the ranking (the prediction is still simulated). ``candidates=0``: the
     exact optimum of the analytic objective, with its analytic prediction, and no seeds.
     ``config``: devices per stage, ``(2, 1, 1)`` or PipeDream's ``"2-1-1"``. ``precision``, ``tp``, ``zero``,
-    ``recompute``, ``micro_batch_size``: the grid space (planner.search.options); ``virtual_stages`` > 1
+    ``recompute``, ``micro_batch_size``, ``sequence_parallel`` (False: tensor-parallel stages keep their norms and
+    residual adds whole on every rank): the grid space (planner.search.options); ``virtual_stages`` > 1
     re-cuts plans into chunks (planner.search.interleave). ``alternatives`` receives the simulated
     candidates, fastest first.
     """
     check_hooks(candidates, progress, alternatives, evaluate)
     req = check_request(profile, cluster, schedule=schedule, optimizer=optimizer, solver=solver, engine=engine,
                         config=config, precision=precision, tp=tp, zero=zero, recompute=recompute,
-                        micro_batch_size=micro_batch_size, max_blocks=max_blocks)
+                        micro_batch_size=micro_batch_size, max_blocks=max_blocks, sequence_parallel=sequence_parallel)
     config = req.config  # "2-1-1" or (2, 1, 1), checked
     # the request again, for searches of the parts of the cluster its engine's launcher can start
     options = dict(microbatches=microbatches, schedule=schedule, optimizer=optimizer, solver=solver, engine=engine,
                    max_blocks=max_blocks, progress=progress, evaluate=evaluate, candidates=candidates,
                    precision=precision, tp=tp, zero=zero, recompute=recompute, micro_batch_size=micro_batch_size,
-                   virtual_stages=virtual_stages, alternatives=alternatives)
+                   virtual_stages=virtual_stages, alternatives=alternatives, sequence_parallel=sequence_parallel)
     if engine in ENGINE_LIMITS and uneven(cluster) and config is None:
         return _on_even_servers(profile, cluster, options)
     v = resolve_virtual_stages(virtual_stages, schedule)
@@ -135,7 +136,7 @@ def search(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches: int |
         return search_interleaved(profile, cluster, v, microbatches=microbatches, optimizer=optimizer, solver=solver,
                                   engine=engine, config=config, candidates=max(candidates, 1), progress=progress,
                                   precision=precision, tp=tp, zero=zero, recompute=recompute,
-                                  micro_batch_size=micro_batch_size)
+                                  micro_batch_size=micro_batch_size, sequence_parallel=sequence_parallel)
     every = microbatch_candidates(profile.batch_size, "auto", micro_batch_size)
     cands = counts_for_config(microbatch_candidates(profile.batch_size, microbatches, micro_batch_size), schedule,
                               engine, config, every)

@@ -253,10 +253,13 @@ def engine_forms(engine: str) -> tuple[tuple[str, ...], FormRules]:
 def check_request(profile: ir.ModelProfile, cluster: ir.Cluster, *, schedule: str, optimizer: str, solver: str,
                   engine: str, config: str | Sequence[int] | None, precision: str | None, tp: int | None,
                   zero: int | str, recompute: str, micro_batch_size: int | None,
-                  max_blocks: int | None = None) -> Request:
+                  max_blocks: int | None = None, sequence_parallel: bool = True) -> Request:
     """Check every option (UsageError with the values and a fix) and gather them."""
     for option, value in (("--tp", tp), ("--micro-batch-size", micro_batch_size), ("max_blocks", max_blocks)):
         _whole_or_none(option, value)
+    if not isinstance(sequence_parallel, bool):
+        raise UsageError(f"sequence_parallel must be True or False, got {sequence_parallel!r:.40}",
+                         "sequence_parallel=False keeps tensor-parallel stages' norms whole on every rank")
     if max_blocks is not None and max_blocks < 1:
         raise UsageError(f"max_blocks must be at least 1, got {max_blocks}", "leave it None (256 blocks)")
     _choice("schedule", schedule, SCHEDULES)
@@ -296,7 +299,8 @@ def check_request(profile: ir.ModelProfile, cluster: ir.Cluster, *, schedule: st
     _check_zero_widths(zeros, config, tp)
     _check_min_batch(profile, micro_batch_size)
     space = Space(prec, tp, zeros, _recompute_set(recompute, engine, schedule), forms, micro_batch_size, rules=rules,
-                  min_batch=profile.min_batch, max_tp=limits.largest_tp(profile) if limits is not None else None)
+                  min_batch=profile.min_batch, max_tp=limits.largest_tp(profile) if limits is not None else None,
+                  sequence_parallel=sequence_parallel)
     return Request(schedule, optimizer, solver, engine, tuple(config) if config else None, space, max_blocks)
 
 
