@@ -65,11 +65,13 @@ def list_presets() -> list[ir.Cluster]:
 def load_cluster(name_or_path: str) -> ir.Cluster:
     """A cluster from a preset name or a cluster JSON file, validated.
 
-    A value that names an existing file, or ends in ``.json``, is read as a file;
+    A value that names an existing file (or folder, refused as one) that is no preset's name, or ends in ``.json``,
+    is read as a file;
     anything else must be a preset name (the error lists them).
     """
     path = Path(name_or_path)
-    if path.is_file() or name_or_path.endswith(".json") or "/" in name_or_path:
+    named = name_or_path.endswith(".json") or "/" in name_or_path
+    if path.is_file() or named or (path.exists() and name_or_path not in preset_names()):  # a folder: says so
         doc = read_json(path, "cluster")
         source = str(path)
     else:

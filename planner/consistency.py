@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from planner import ir, runnable
-from planner.errors import FormatError, PlannerError
+from planner.errors import FormatError, PlanError, PlannerError
 from planner.jsonio import read_json
 
 if TYPE_CHECKING:
@@ -82,7 +82,10 @@ def check_plan(doc: Mapping[str, Any], plan: ir.Plan, source: str) -> None:
         raise _refuse(source, f"'solver' is {plan.solver!r:.40}", f"use one of {', '.join(known_solvers())}")
     from planner.simulate import validate_plan
 
-    validate_plan(plan)  # schedule, layer cover, devices, virtual stages, micro-batches dividing the batch
+    try:
+        validate_plan(plan)  # schedule, layer cover, devices, virtual stages, micro-batches dividing the batch
+    except PlanError as exc:
+        raise PlanError(f"{source}: {exc.cause}", exc.hint) from None
     if doc.get("config", plan.config) != plan.config:
         raise _refuse(source, f"'config' is {doc['config']!r:.60} but the stages give {plan.config!r}")
     _check_stages(doc, plan, source)

@@ -55,6 +55,16 @@ def test_unknown_preset_lists_presets() -> None:
     assert "pipepar-4x2-2080ti" in exc.value.hint
 
 
+def test_a_folder_given_as_the_cluster_is_called_a_folder(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--cluster mydir` (a folder in the current one) was 'unknown cluster preset'; a preset's name stays a preset."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mydir").mkdir()
+    with pytest.raises(FormatError, match=r"^mydir: is a folder"):
+        load_cluster("mydir")
+    (tmp_path / "pipepar-4x2-2080ti").mkdir()
+    assert load_cluster("pipepar-4x2-2080ti").name == "pipepar-4x2-2080ti"
+
+
 def test_load_from_file(tmp_path) -> None:
     p = tmp_path / "c.json"
     p.write_text(json.dumps(make_cluster_dict(3, 2)))

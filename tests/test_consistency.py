@@ -45,6 +45,21 @@ def test_hand_edits_are_refused(tmp_path: Path, path: tuple[str | int, ...], val
     assert message in err.value.cause
 
 
+@pytest.mark.parametrize(("path", "value", "message"), [
+    (("stages", 1, "layers"), [1, 3], "layer 1 is in two stages"),
+    (("stages", 1, "devices"), ["n0.g0", "n0.g1"], "device 'n0.g0' is in stage 0 and stage 1"),
+    (("stages", 1, "devices"), ["n9.g0", "n1.g1"], "'n9.g0', which is not in cluster"),
+])
+def test_refusals_of_the_plans_checks_name_the_file(tmp_path: Path, path: tuple[str | int, ...], value: Any,
+                                                    message: str) -> None:
+    """The simulator's checks (layer cover, devices) know no file: loading one names it, as every other refusal."""
+    _, _, doc = hostile.base_docs()
+    file = _write(tmp_path, hostile.mutate(doc, path, value))
+    with pytest.raises(PlannerError) as err:
+        load_plan(file)
+    assert err.value.cause.startswith(f"{file}: ") and message in err.value.cause
+
+
 def test_edited_times_are_a_warning_beyond_the_tolerance(tmp_path: Path) -> None:
     _, _, doc = hostile.base_docs()
     predicted = doc["predicted"]["iteration_s"]

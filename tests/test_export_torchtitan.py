@@ -145,6 +145,23 @@ def test_a_model_that_is_not_llama_family_is_refused() -> None:
         tt.check_plan(plan)
 
 
+def test_a_model_without_transformer_blocks_is_refused_not_crashed(tmp_path: Path) -> None:
+    """The README's flavor note read the first block before the plan was checked: an IndexError (exit 1, 'internal
+    error') instead of the refusal, for any plan of a model without blocks (an MLP, a ResNet)."""
+    plan = titan_plan([0, 8], dp=2)
+    blockless = dataclasses.replace(plan.profile, layers=tuple(dataclasses.replace(lp, block=None)
+                                                               for lp in plan.profile.layers))
+    plan = dataclasses.replace(plan, profile=blockless)
+    with pytest.raises(ExportError, match="not a Llama-family model"):
+        tt.files(plan)
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan.to_dict()))
+    res = CliRunner().invoke(main, ["export", str(path), "--to", "torchtitan", "-o", str(tmp_path / "tt")])
+    assert res.exit_code == 1, res.output
+    assert "not a Llama-family model" in res.output and "internal error" not in res.output
+    assert not (tmp_path / "tt").exists()
+
+
 def test_cli_exports_a_job_config(tmp_path: Path) -> None:
     plan = titan_plan([0, 4, 8], dp=2, zero=3)
     path = tmp_path / "plan.json"

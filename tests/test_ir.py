@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 from typing import Any
 
@@ -142,6 +143,21 @@ def test_a_version_1_stage_without_tp_reads_split_forms_over_the_whole_stage() -
         Stage.from_dict({**doc, "tp": 1}, "s").check("s")
 
 
+def test_whole_floats_in_lists_read_as_integers_as_in_single_fields() -> None:
+    """``batch_size: 32.0`` read as 32, but a stage's ``[0.0, 2]`` was refused as not 'first < end', and a tie's
+    layers, tensor counts and shapes as not whole: every integer now reads a whole float alike."""
+    doc = {"layers": [0.0, 2.0], "devices": ["a"], "forms": ["dp", "dp"], "memory_bytes": 1}
+    assert Stage.from_dict(doc, "s").layers == (0, 2)
+    with pytest.raises(FormatError, match=r"s.layers must be \[first, end\), whole numbers .* got \[0.5, 2\]"):
+        Stage.from_dict({**doc, "layers": [0.5, 2]}, "s")
+    prof = make_profile_dict(input_shape=[16.0], ties=[{**TIE, "layers": [0.0, 3.0]}])
+    prof["layers"][0]["tensor_counts"] = [200_000.0, 50_000]
+    read = ModelProfile.from_dict(prof)
+    assert read == ModelProfile.from_dict(json.loads(json.dumps(read.to_dict())))
+    assert (read.input_shape, read.ties[0].layers, read.layers[0].tensor_counts) == ((16,), (0, 3), (200_000, 50_000))
+    assert all(type(v) is int for v in (*read.input_shape, *read.ties[0].layers, *read.layers[0].tensor_counts))
+
+
 def test_fixed_parts_and_memory_bandwidth_round_trip() -> None:
     d = make_profile_dict(2)
     d["layers"][0].update(forward_fixed_s=0.004, backward_fixed_s=0.0)
@@ -206,6 +222,28 @@ def test_a_part_of_a_time_cannot_exceed_the_whole(mutate: Any, needle: str) -> N
     with pytest.raises(FormatError) as info:
         ModelProfile.from_dict(doc)
     assert needle in str(info.value)
+
+
+TIE = {"name": "w", "layers": [0, 3], "param_count": 1000, "param_bytes": 4000}
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"ties": [{**TIE, "layers": [0, 3, 0]}]}, "ties[0].layers lists a layer twice: [0, 3, 0]"),
+        ({"ties": [{**TIE, "param_count": 10**6}]}, "ties[0] (1000000 parameters, 4000 bytes) is larger than layer 0"),
+        ({"ties": [{**TIE, "layers": [3, 0], "param_bytes": 2 * 10**6}]}, "larger than layer 3 it is counted in"),
+        ({"min_batch": 16}, "min_batch 16 is not a batch from 1 to the profile's batch_size 8"),
+        ({"layers": [{**make_profile_dict()["layers"][0], "param_bytes": 0}]},
+         "layers[0].param_bytes is 0 but param_count is 250000: its weights would take no memory"),
+    ],
+)
+def test_a_profile_files_inconsistent_fields_are_refused_naming_the_file(change: dict[str, Any], needle: str) -> None:
+    """Caught on loading, with the file and the field (a tie larger than its layer was a cost-model error naming no
+    file; a tie listing a layer twice loaded and charged that layer a tie's gradient buffer)."""
+    with pytest.raises(FormatError) as info:
+        ModelProfile.from_dict(make_profile_dict(**change), "p.json")
+    assert info.value.cause.startswith("p.json: ") and needle in info.value.cause
 
 
 def test_optional_fields_round_trip() -> None:
@@ -422,5 +460,5 @@ def test_a_cluster_records_the_share_of_memory_it_keeps_free_and_reads_it_back()
     assert kept.memory_kept_free == 0.1 and Cluster.from_dict(kept.to_dict()) == kept
     assert kept.keeping_free(0.5).memory_kept_free == pytest.approx(0.55)
     assert [g.memory_bytes for g in kept.keeping_free(0.5).gpus] == [450] * 4
-    with pytest.raises(FormatError, match="memory_kept_free must be in"):
-        Cluster.from_dict({**make_cluster_dict(1, 1), "memory_kept_free": 1.0})
+    with pytest.raises(FormatError, match=r"^c.json: memory_kept_free is 1.0, must be in \[0, 1\)"):
+        Cluster.from_dict({**make_cluster_dict(1, 1), "memory_kept_free": 1.0}, "c.json")

@@ -50,6 +50,8 @@ def _set(doc: dict[str, Any], path: tuple[str | int, ...], value: Any) -> dict[s
     (("layers", 2, "block"), {"hidden": 8, "heads": 2, "kv_heads": 2, "ffn": 8, "seq_len": 4, "wide": 1},
      "layers[2].block.wide is not a known field"),
     (("layers", 2, "output_shape"), [3, 0], "layers[2].output_shape[1] is 0, below the minimum 1"),
+    (("meta",), {"overrides": 5}, "meta.overrides is 5, expected an object or null"),  # export and run build with it
+    (("meta",), {"overrides": {"n_layer": [2]}}, "meta.overrides.n_layer is a list of 1 items, expected a string"),
 ])
 def test_profile_errors_name_the_field_and_value(path: Any, value: Any, message: str) -> None:
     profile, _, _ = hostile.base_docs()

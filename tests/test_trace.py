@@ -38,3 +38,4 @@ def test_lane_events_go_to_every_device_of_the_lane_and_all_reduce_to_its_stream
     assert xs == [(1, 2, "F", {"stage": 1, "microbatch": 0}), (1, 3, "F", {"stage": 1, "microbatch": 0}),
                   (1, 4, "AR", {"stage": 1, "microbatch": -1}), (1, 5, "AR", {"stage": 1, "microbatch": -1})]
     assert trace["otherData"] == {"schedule": "gpipe", "iteration_s": 2.0, "bubble_fraction": 0.5}
+    assert (trace["kind"], trace["version"]) == ("trace", 1)  # as every JSON file planner writes

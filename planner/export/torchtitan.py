@@ -269,6 +269,7 @@ def _register_note(plan: ir.Plan) -> str:
 def files(plan: ir.Plan) -> dict[str, str]:
     """The export folder: the plan, the job config, a launch script per server (several servers) and a
     README with the commands."""
+    check_plan(plan)  # before the README, which reads the model's blocks
     readme = (f"# {one_line(plan.model)} on torchtitan: config {plan.config}, {plan.schedule}, {plan.microbatches} "
               f"micro-batches\n\nExported by `planner export --to torchtitan` for torchtitan 0.2.0 (TOML job "
               f"configs). Predicted iteration: {plan.predicted.iteration_s:.6g} s.\n\n{_launch_text(plan)}\n"

@@ -8,6 +8,7 @@ so a hand-written profile with only the contract fields loads.
 """
 from planner.ir.cluster import GPU, LINK_LEVELS, MAX_HEADROOM, NUMBER_FORMATS, Cluster, EngineOverhead, Link, Node
 from planner.ir.costs import StageCost
+from planner.ir.layer import LayerProfile
 from planner.ir.parts import UNSHARDABLE, BatchTimes, BlockShape, Tie
 from planner.ir.plan import (
     ALL_FORMS,
@@ -23,7 +24,7 @@ from planner.ir.plan import (
     Stage,
     config_string,
 )
-from planner.ir.profile import DTYPE_BYTES, PROFILE_MODES, LayerProfile, ModelProfile, dtype_key
+from planner.ir.profile import DTYPE_BYTES, PROFILE_MODES, ModelProfile, dtype_key
 
 __all__ = ["ALL_FORMS", "DTYPE_BYTES", "FORMS", "GPU", "LINK_LEVELS", "MAX_HEADROOM", "NUMBER_FORMATS", "OPTIMIZERS",
            "PLAN_VERSION", "PRECISIONS", "PROFILE_MODES", "RECOMPUTE", "TENSOR_FORMS", "UNSHARDABLE", "ZERO_STAGES",

@@ -88,7 +88,16 @@ def _opt_list(d: Mapping[str, Any], key: str, where: str) -> list[Any]:
     return [] if _get(d, key, where) is None else _list(d, key, where, nonempty=False)
 
 
+def _wholes(value: Any) -> Any:
+    """A list with its whole floats as ints (``[0.0, 4]`` reads ``[0, 4]``, as :func:`_int` reads ``4.0``); else
+    ``value``."""
+    if not isinstance(value, list):
+        return value
+    return [int(v) if isinstance(v, float) and v.is_integer() else v for v in value]
+
+
 def _shape(value: Any, where: str) -> tuple[int, ...]:
+    value = _wholes(value)
     ok = isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)
     if not ok:
         raise FormatError(f"{where} must be a list of positive integers, got {value!r}", "fix the shape")

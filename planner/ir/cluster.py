@@ -367,6 +367,6 @@ class Cluster:
                               "give every node (server) its own name, e.g. 'n0', 'n1'")
         kept = _opt_num(doc, "memory_kept_free", source)
         if kept is not None and not 0.0 <= kept < 1.0:
-            raise FormatError(f"{source}.memory_kept_free must be in [0, 1), got {kept!r}",
+            raise FormatError(f"{source}: memory_kept_free is {kept!r}, must be in [0, 1)",
                               "the share of every GPU's memory held back, e.g. 0.1; or leave it out")
         return cls(_str(doc, "name", source), nodes, links, _overheads(doc, source), kept or 0.0)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner.errors import FormatError
-from planner.ir._fields import _bool, _int, _list, _num, _str
+from planner.ir._fields import _bool, _int, _list, _num, _str, _wholes
 
 UNSHARDABLE = ("fused projections, q/k norms over all heads, q/k/v clipped in place, a mixture of experts' routed "
                "experts, or attention and MLP code other than a Llama-family decoder's")
@@ -110,8 +110,11 @@ class Tie:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str = "tie") -> Tie:
-        layers = _list(d, "layers", where)
+        layers = _wholes(_list(d, "layers", where))
         if len(layers) < 2 or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in layers):
             raise FormatError(f"{where}.layers must list two or more layer indices, got {layers!r}", "fix 'layers'")
+        if len(set(layers)) != len(layers):
+            raise FormatError(f"{where}.layers lists a layer twice: {layers!r:.80}",
+                              "list each layer that shares the parameter once")
         return cls(_str(d, "name", where), tuple(layers), _int(d, "param_count", where),
                    _int(d, "param_bytes", where))

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner.errors import FormatError
-from planner.ir._fields import _bool, _get, _int, _list, _need, _num, _opt_num, _opt_str, _str
+from planner.ir._fields import _bool, _get, _int, _list, _need, _num, _opt_num, _opt_str, _str, _wholes
 from planner.ir.cluster import Cluster
 from planner.ir.profile import ModelProfile
 from planner.jsonio import check_kind
@@ -94,10 +94,11 @@ class Stage:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str) -> Stage:
-        layers = _list(d, "layers", where)
+        layers = _wholes(_list(d, "layers", where))
         ok = len(layers) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in layers)
         if not ok or not 0 <= layers[0] < layers[1]:
-            raise FormatError(f"{where}.layers must be [first, end) with first < end, got {layers!r}",
+            raise FormatError(f"{where}.layers must be [first, end), whole numbers with 0 <= first < end, got "
+                              f"{layers!r:.80}",
                               "fix the stage's layer range")
         devices = _list(d, "devices", where)
         forms = _list(d, "forms", where)

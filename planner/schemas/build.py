@@ -118,6 +118,11 @@ def _layer() -> dict[str, Any]:
                                           "backward_s": SECONDS}), lo=0, hi=64)})
 
 
+OVERRIDES = {"type": ["object", "null"], "additionalProperties": {"type": ["string", "number", "boolean", "null"]}}
+"""``meta.overrides``: the ``--set`` config fields of a zoo model, each a JSON scalar (run and export build with
+them)."""
+
+
 def profile_schema() -> dict[str, Any]:
     """profile.json, version 1."""
     tie = obj({"name": string(), "layers": array(integer(MAX_ITEMS), lo=2), "param_count": integer(MAX_COUNT),
@@ -127,7 +132,8 @@ def profile_schema() -> dict[str, Any]:
                 "device_flops": number(MAX_FLOPS, lo=MIN_RATE, what="FLOP/s"),
                 "layers": array({"$ref": "#/$defs/layer"})},
                {"input_shape": DIMS, "input_bytes": BYTES, "ties": array(tie, lo=0),
-                "meta": {"type": ["object", "null"]}, "loss_s": number(MAX_TIME_S, nullable=True),
+                "meta": {"type": ["object", "null"], "properties": {"overrides": OVERRIDES}},
+                "loss_s": number(MAX_TIME_S, nullable=True),
                 "loss_fixed_s": number(MAX_TIME_S, nullable=True), "min_batch": integer(MAX_BATCH, lo=1)})
 
 

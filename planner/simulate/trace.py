@@ -53,7 +53,7 @@ def chrome_trace(result: Traced) -> dict[str, Any]:
             trace.append({"ph": "X", "pid": pid, "tid": tid, "name": e.name, "cat": e.op,
                           "ts": e.start * 1e6, "dur": max(0.0, e.end - e.start) * 1e6,
                           "args": {"stage": e.stage, "microbatch": e.mb}})
-    return {"traceEvents": trace, "displayTimeUnit": "ms",
+    return {"kind": "trace", "version": 1, "traceEvents": trace, "displayTimeUnit": "ms",  # viewers skip kind, version
             "otherData": {"schedule": result.schedule, "iteration_s": result.iteration_s,
                           "bubble_fraction": result.bubble_fraction}}
 
