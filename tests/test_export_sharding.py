@@ -285,3 +285,28 @@ def test_a_batch_norm_computes_in_bf16_with_its_running_statistics_cast() -> Non
     assert torch.allclose(out.float(), want, atol=0.05)
     assert model[1].running_mean.dtype == torch.bfloat16 and model[1].weight.dtype == torch.float32
     assert model[1].num_batches_tracked.dtype == torch.long
+
+
+def test_schedules_leave_the_micro_batch_mean_to_the_trainer() -> None:
+    """torch's classes that divide by M per stage are told not to (a weight two chunks of a rank share was divided
+    twice); a class without the keyword (torch before 2.7, which divided nothing) gets none."""
+    from torch.distributed import pipelining
+
+    for name in ("ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B", "ScheduleInterleavedZeroBubble"):
+        assert sharding.unscaled(getattr(pipelining, name)) == {"scale_grads": False}
+
+    class Old:
+        def __init__(self, stage: Any, n_microbatches: int, loss_fn: Any = None) -> None: ...
+
+    assert sharding.unscaled(Old) == {}
+
+
+@pytest.mark.parametrize("microbatches", [1, 2, 3])
+def test_a_shared_weight_is_divided_by_the_micro_batches_once(microbatches: int) -> None:
+    shared = nn.Linear(2, 2)
+    chunks = [nn.Sequential(shared, nn.Linear(2, 2)), nn.Sequential(nn.Tanh(), shared)]
+    params = list({id(p): p for c in chunks for p in c.parameters()}.values())
+    for p in params:
+        p.grad = torch.full_like(p, 6.0)
+    sharding.mean_over_microbatches(params, microbatches)
+    assert all(torch.equal(p.grad, torch.full_like(p, 6.0 / microbatches)) for p in params if p.grad is not None)

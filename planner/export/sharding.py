@@ -335,6 +335,25 @@ def sum_grads(params: Sequence[nn.Parameter], group: Any, divisor: int = 1,
             offset += g.numel()
 
 
+def unscaled(schedule_class: Any) -> dict[str, Any]:
+    """The keyword that keeps a torch schedule class from dividing the gradients by M itself (``scale_grads``, torch
+    2.7 on; earlier classes divide nothing): it divides each stage's parameters as the stage's last backward ends, so a
+    weight two of a rank's chunks share (an interleaved plan's tie on one device group) is divided twice, the first
+    time before the other chunk's backwards added their part. :func:`mean_over_microbatches` divides once instead."""
+    import inspect
+
+    return {"scale_grads": False} if "scale_grads" in inspect.signature(schedule_class).parameters else {}
+
+
+def mean_over_microbatches(params: Sequence[nn.Parameter], microbatches: int) -> None:
+    """Divide each of ``params``' gradients, summed over the step's micro-batches (each its mean loss), by their
+    number, once per parameter object (``params`` holds each once): the step's gradient of the mean loss."""
+    if microbatches > 1:
+        for param in params:
+            if param.grad is not None:
+                param.grad.div_(microbatches)
+
+
 def average_grads(params: Sequence[nn.Parameter], group: Any, dp: int) -> None:
     """Average gradients over the ``dp`` data-parallel replicas (ZeRO 0 and 1; FSDP does its own)."""
     sum_grads(params, group, dp)

@@ -30,9 +30,9 @@ before sharding and kept in sync: the same seed builds them equal on every rank,
 shards under FSDP) are summed over the stages holding them each step (a group per tie and (dp, tp) coordinate), and
 over a rank's own copies where FSDP gave each of its interleaved chunks one.
 
-Gradient scaling: each micro-batch's loss is its mean; the schedule divides gradients by M
-(``scale_grads``), the replicas' average (all-reduce, or FSDP's reduce-scatter) divides by dp: a step
-equals one step of the unsplit model on the whole batch's mean loss.
+Gradient scaling: each micro-batch's loss is its mean; the trainer divides each parameter's gradient by M once
+(not the schedule's ``scale_grads``, per chunk: twice for a tie two chunks of one rank share), the replicas' average
+(all-reduce, or FSDP's reduce-scatter) divides by dp: a step equals one step of the unsplit model on the batch's mean.
 :meth:`Trainer.describe` reads back what a rank built (its coordinates, layers, tensor-sharded
 layers, ZeRO stage, wrappers); the multi-process tests hold it to the plan.
 """
@@ -184,7 +184,7 @@ def _make_schedule(stages: list[Any], plan: ir.Plan, loss: str) -> Any:
     kind = schedule_kind(plan.schedule)
     cls = getattr(pipelining, SCHEDULES[plan.schedule])
     return cls(stages if plan.virtual_stages > 1 or kind.torch_stage_list else stages[0],
-               plan.microbatches, loss_fn=_PartLoss(loss, loss_parts(plan)))
+               plan.microbatches, loss_fn=_PartLoss(loss, loss_parts(plan)), **sharding.unscaled(cls))
 
 
 def _run_schedule(schedule: Any, first: bool, last: bool, xs: torch.Tensor, ys: torch.Tensor) -> list[torch.Tensor]:
@@ -253,6 +253,7 @@ class Trainer:
         with sharding.casts_per_step([s.submod for s in self.stages]):  # bf16: one cast of each weight a step
             losses = _run_schedule(self.schedule, any(s.is_first for s in self.stages),
                                    any(s.is_last for s in self.stages), xs, ys)
+        sharding.mean_over_microbatches(self.params, m)  # once per parameter, not per chunk holding it
         sum_tie_grads(self.ties)
         if self.split_params:  # each tensor rank's gradient is its share of the samples' part
             sharding.sum_grads(self.split_params, self.mesh["tp"].get_group())
