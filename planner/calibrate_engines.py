@@ -42,6 +42,7 @@ import numpy as np
 
 from planner import ir
 from planner.errors import PlannerError, RunError
+from planner.runner.machine import IDLE_CORES
 
 MODEL = "planner.calibrate_engines:tiny_mlp"
 INPUT_SHAPE = (32,)
@@ -79,6 +80,11 @@ def batch_size(nproc: int) -> int:
 
 STEPS, WARMUP, ROUNDS = 8, 2, 3
 ATTEMPTS, IDLE_TIMEOUT_S = 3, 30.0
+BUSY_ROUNDS = 2
+"""Rounds a process group lets other work spoil (each after waiting up to ``IDLE_TIMEOUT_S`` and measured
+``ATTEMPTS`` times) before it stops waiting for an idle machine: on a machine busy for good, 3 attempts of up to 30 s
+for each of a dozen rounds per engine kept ``calibrate`` waiting for most of an hour, saying nothing (a review,
+2026-11-29). The rounds after run at once, and the report says how many ran on a busy machine."""
 """A round is timed again (up to ATTEMPTS times in all) while other work took more than
 :data:`planner.runner.machine.IDLE_CORES` cores during it; each attempt first waits up to
 IDLE_TIMEOUT_S for an idle machine."""
@@ -152,9 +158,12 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _timed_round(plan: ir.Plan, model: str, engine: str, steps: int, idle_timeout_s: float) -> tuple[float, float]:
+def _timed_round(plan: ir.Plan, model: str, engine: str, steps: int, idle_timeout_s: float,
+                 busy_rounds: list[int]) -> tuple[float, float]:
     """One round of ``plan`` on an idle machine (module doc): the median of its steps after
-    :data:`WARMUP` (the slowest rank's), and the cores other work used meanwhile; the same on every rank."""
+    :data:`WARMUP` (the slowest rank's), and the cores other work used meanwhile; the same on every rank.
+    ``busy_rounds`` (one counter, the same on every rank: the background is the group's) counts the rounds other
+    work spoiled; after :data:`BUSY_ROUNDS` of them the rounds neither wait nor retry."""
     import torch
 
     from planner.runner.machine import on_idle_machine, steps_background, wait_idle
@@ -172,7 +181,10 @@ def _timed_round(plan: ir.Plan, model: str, engine: str, steps: int, idle_timeou
         if dist.get_rank() == 0:
             wait_idle(timeout_s=limit_s)
 
-    return on_idle_machine(measure, ATTEMPTS, idle_timeout_s, wait)
+    patient = busy_rounds[0] < BUSY_ROUNDS
+    t, background = on_idle_machine(measure, ATTEMPTS, idle_timeout_s if patient else 0.0, wait)
+    busy_rounds[0] += background > IDLE_CORES
+    return t, background
 
 
 def speed_probe(model: str, batch_size: int, input_shape: tuple[int, ...] | None = None,
@@ -206,9 +218,10 @@ def _engine_worker(rank: int, world: int, port: int, engine: str, plans_path: st
     first = plans[0]
     speed = speed_probe(model, first.batch_size, first.profile.input_shape) if probe and rank == 0 else None
     got: dict[str, list[list[float]]] = {key: [[] for _ in plans] for key in ("times", "background_cores", "probe_s")}
+    busy_rounds = [0]
     for _ in range(rounds):
         for i, plan in enumerate(plans):
-            t, bg = _timed_round(plan, model, engine, steps, idle_timeout_s)
+            t, bg = _timed_round(plan, model, engine, steps, idle_timeout_s, busy_rounds)
             got["times"][i].append(t)
             got["background_cores"][i].append(bg)
             if probe:
@@ -272,15 +285,16 @@ def measure_engine(cluster: ir.Cluster, engine: str, threads: int, profile: ir.M
                    rounds: int = ROUNDS) -> tuple[ir.EngineOverhead, list[dict[str, Any]]]:
     """``engine``'s fitted overheads on this machine, and every calibration run (plan, measured, predicted)."""
     plans = calibration_plans(profile, cluster, engine, plan_shapes)
-    measured = [min(row) for row in time_plans(plans, engine, threads, steps, rounds).times_s]
+    timings = time_plans(plans, engine, threads, steps, rounds)
+    measured = [min(row) for row in timings.times_s]
     rows = [overhead_features(p, engine) for p in plans]
     base = np.array([b for b, _ in rows])
     features = np.array([f for _, f in rows])
     overhead = fit_overheads(features, np.array(measured) - base)
     fitted = base + features @ np.array([getattr(overhead, f) for f in ir.EngineOverhead.FIELDS])
     runs = [{"config": p.config, "microbatches": p.microbatches, "zero": p.stages[0].zero, "measured_s": t,
-             "predicted_s": float(b),
-             "fitted_s": float(f)} for p, t, b, f in zip(plans, measured, base, fitted, strict=True)]
+             "predicted_s": float(b), "fitted_s": float(f), "busy_rounds": sum(c > IDLE_CORES for c in cores)}
+            for p, t, b, f, cores in zip(plans, measured, base, fitted, timings.background_cores, strict=True)]
     return overhead, runs
 
 

@@ -328,3 +328,42 @@ def test_the_last_probe_is_the_last_plans_last_round_and_none_without_probes() -
     probed = Timings(((1.0, 1.1), (2.0, 2.1)), ((0.0, 0.0), (0.0, 0.0)), ((0.5, 0.6), (0.7, 0.8)))
     assert probed.last_probe_s == 0.8
     assert Timings(((1.0,),), ((0.0,),), ((),)).last_probe_s is None
+
+
+def test_rounds_stop_waiting_for_an_idle_machine_once_other_work_spoiled_two(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A machine busy for good: the first BUSY_ROUNDS rounds wait and retry (ATTEMPTS each), the later ones measure
+    once at once; the counter moves alike on every rank (the background is the group's)."""
+    import torch
+
+    import planner.runner.machine as machine
+    import planner.runner.worker as worker
+    from planner.calibrate_engines import ATTEMPTS, BUSY_ROUNDS, _timed_round
+
+    calls = {"measure": 0, "wait": 0}
+
+    def train(*_: object, **__: object) -> None:
+        calls["measure"] += 1
+
+    monkeypatch.setattr(torch.distributed, "barrier", lambda: None)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda: 0)
+    monkeypatch.setattr(worker, "train_plan", train)
+    monkeypatch.setattr(worker, "group_timing", lambda _: {"iteration_s": [0.1] * 8})
+    monkeypatch.setattr(machine, "steps_background", lambda *_: 1.0)  # another process on a core throughout
+    monkeypatch.setattr(machine, "wait_idle", lambda **_: calls.__setitem__("wait", calls["wait"] + 1))
+    busy = [0]
+    per_round = []
+    for _ in range(BUSY_ROUNDS + 2):
+        before = dict(calls)
+        assert _timed_round(None, "m", "torch", 8, 30.0, busy) == (0.1, 1.0)  # type: ignore[arg-type]
+        per_round.append((calls["measure"] - before["measure"], calls["wait"] - before["wait"]))
+    assert per_round == [(ATTEMPTS, ATTEMPTS)] * BUSY_ROUNDS + [(1, 0)] * 2
+    assert busy == [BUSY_ROUNDS + 2]
+
+
+def test_the_report_warns_of_engine_rounds_other_work_spoiled() -> None:
+    from planner.commands.calibrate import busy_warnings
+
+    runs = {"runs": {"torch": [{"busy_rounds": 2}, {"busy_rounds": 1}], "deepspeed": [{"busy_rounds": 0}]}}
+    (warning,) = busy_warnings({"engine_runs": runs})
+    assert warning.startswith("torch: other work used the cores during 3 of its timed rounds")
+    assert busy_warnings({}) == [] and busy_warnings({"engine_runs": {"runs": {"torch": [{}]}}}) == []

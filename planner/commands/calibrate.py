@@ -111,6 +111,20 @@ def _report(cluster: ir.Cluster, meta: dict[str, Any], out: str) -> None:
         shard = f", {o.per_shard_s * 1e3:.3f} ms per {unit}" if o.per_shard_s else ""
         click.echo(f"{engine}: {o.per_action_s * 1e3:.3f} ms per action, {o.per_microbatch_s * 1e3:.3f} ms per "
                    f"micro-batch sent, {o.per_step_s * 1e3:.3f} ms per step{shard}", err=True)
+    for warning in busy_warnings(meta):
+        click.echo(f"warning: {warning}", err=True)
+
+
+def busy_warnings(meta: dict[str, Any]) -> list[str]:
+    """One line per engine whose timed rounds other work spoiled (``engine_runs``' ``busy_rounds``)."""
+    out = []
+    for engine, rows in meta.get("engine_runs", {}).get("runs", {}).items():
+        busy = sum(int(row.get("busy_rounds", 0)) for row in rows)
+        if busy:
+            out.append(f"{engine}: other work used the cores during {busy} of its timed rounds, which then stopped "
+                       "waiting for an idle machine: its overheads may be high; run calibrate again on an idle "
+                       "machine")
+    return out
 
 
 CALIBRATED_ENGINES = ("deepspeed", "torch")
