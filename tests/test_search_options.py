@@ -129,7 +129,7 @@ def test_a_fixed_zero_stage_is_honoured_on_data_parallel_ranks(engine: str, zero
     profile = ir.ModelProfile.from_dict(make_profile_dict(4, batch_size=16)) if engine == "torch" else _llama_like()
     plan = search(profile, _cluster(1, 4), engine=engine, zero=zero, candidates=2)
     assert plan.stages and all(s.zero == zero and s.dp >= 2 for s in plan.stages)
-    with pytest.raises(PlannerError, match=f"--zero {zero} \\(two or more data-parallel ranks\\)"):
+    with pytest.raises(PlannerError, match=f"--zero {zero} shards over two or more data-parallel ranks, and at --tp 4"):
         search(profile, _cluster(1, 4), engine=engine, zero=zero, tp=4, candidates=2)
 
 
@@ -258,3 +258,13 @@ def test_a_fixed_value_zb_h1s_split_backward_refuses_is_a_usage_error(engine: st
     with pytest.raises(UsageError, match=match):
         search(profile, cluster, engine=engine, schedule="zb-h1", **option)
 
+
+
+def test_a_fixed_zero_stage_with_a_tp_that_leaves_one_data_parallel_rank_is_refused_for_what_it_is() -> None:
+    """--tp 4 --zero 1 on 4 GPUs: every stage has one data-parallel rank, nothing to shard (the search blamed the
+    batch's divisors, and hinted at another batch size, which cannot help)."""
+    with pytest.raises(UsageError, match=r"--zero 1 shards over two or more data-parallel ranks, and at --tp 4 a "
+                                         r"stage of all 4 GPUs has 1") as err:
+        search(_llama_like(), _cluster(1, 4), tp=4, zero=1)
+    assert "smaller --tp" in err.value.hint
+    assert search(_llama_like(), _cluster(1, 4), tp=2, zero=1).stages[0].zero == 1  # 2 ranks: it shards

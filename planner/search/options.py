@@ -174,9 +174,13 @@ def _zero_set(zero: int | str, engine: str, cluster: ir.Cluster, schedule: str) 
     return tuple(int(z) for z in zeros)
 
 
-def _check_zero_widths(zeros: tuple[int, ...], config: Sequence[int] | None, tp: int | None) -> None:
-    """A fixed ZeRO stage shards over a stage's data-parallel ranks: a --config stage with one has nothing to
-    shard, so no plan exists (the search would blame the batch's divisors)."""
+def _check_zero_widths(zeros: tuple[int, ...], config: Sequence[int] | None, tp: int | None, gpus: int) -> None:
+    """A fixed ZeRO stage shards over a stage's data-parallel ranks: a --config stage with one, or a --tp that leaves
+    one in a stage of all ``gpus``, has nothing to shard, so no plan exists (the search would blame the batch's
+    divisors)."""
+    if 0 not in zeros and tp and gpus // tp < 2:
+        raise UsageError(f"--zero {zeros[0]} shards over two or more data-parallel ranks, and at --tp {tp} a stage of "
+                         f"all {gpus} GPUs has {gpus // tp}", "use --zero 0 or auto, or a smaller --tp")
     narrow = [w for w in config or () if w // (tp or 1) < 2]
     if 0 not in zeros and narrow:
         text = "-".join(map(str, config or ()))
@@ -296,7 +300,7 @@ def check_request(profile: ir.ModelProfile, cluster: ir.Cluster, *, schedule: st
     _check_sequence(profile, engine, tp)
     forms, rules = engine_forms(engine)
     zeros = _zero_set(zero, engine, cluster, schedule)
-    _check_zero_widths(zeros, config, tp)
+    _check_zero_widths(zeros, config, tp, len(cluster.gpus))
     _check_min_batch(profile, micro_batch_size)
     space = Space(prec, tp, zeros, _recompute_set(recompute, engine, schedule), forms, micro_batch_size, rules=rules,
                   min_batch=profile.min_batch, max_tp=limits.largest_tp(profile) if limits is not None else None,
