@@ -101,14 +101,14 @@ def _profile_key(row: MptRun) -> tuple[str, int, int, str]:
 def _profile(size: str, seq: int, batch: int, gpu: str, sustained: float | None) -> ir.ModelProfile:
     """The MPT shape as ``planner profile gpt2 ...`` (module doc), at ``sustained`` (None: the catalogue's)."""
     from planner.api import profile_model
-    from planner.profiler import core
+    from planner.profiler import timing
 
     d, heads, layers = SHAPES[size]
     sets = dict(n_embd=d, n_head=heads, n_layer=layers, vocab_size=VOCAB, n_positions=seq,
                 activation_function="gelu", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
     roofline: Callable[..., gpus.Roofline] = (gpus.roofline_of if sustained is None else
                                               functools.partial(gpus.roofline_of, sustained=sustained))
-    with mock.patch.object(core, "roofline_of", roofline):
+    with mock.patch.object(timing, "roofline_of", roofline):
         return profile_model("gpt2", batch_size=batch, mode="analytic", input_shape=(seq,), dtype="bfloat16",
                              device_flops=gpu, overrides=sets)
 
