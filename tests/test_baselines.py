@@ -355,6 +355,7 @@ def test_balance_by_size_weighs_activations_of_a_micro_batch_and_scaled_paramete
     sizes = [(8000, 0), (8000, 0), (0, 1000), (0, 1000), (0, 1000), (0, 1000)]
     for layer, (saved, params) in zip(doc["layers"], sizes, strict=True):
         layer["saved_bytes"], layer["param_bytes"] = saved, params
+        layer["param_count"] = params // 4  # fp32: no bytes, no parameters
     profile = ir.ModelProfile.from_dict(doc)
     # one chunk: the two 8000-byte activations outweigh four layers of 2 x 1000 parameter bytes
     assert bl.balance_by_size(profile, 2, 1, 2.0) == [1, 5]
