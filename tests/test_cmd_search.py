@@ -359,6 +359,16 @@ def test_a_nearly_full_gpu_is_warned_and_memory_headroom_keeps_a_share_free(tmp_
     assert _run("search", prof, "--cluster", roomy, *args, "--memory-headroom", "0.95").exit_code == 2
 
 
+def test_a_memory_headroom_of_nan_is_bad_usage(files) -> None:
+    """click's range lets NaN through (it compares false with both bounds): --memory-headroom nan was an error (exit
+    1) from deep in the search instead of the usage error (exit 2) every other value outside [0, 0.9] is."""
+    prof, cluster, _ = files
+    for command in ("search", "compare"):
+        r = _run(command, prof, "--cluster", cluster, "--memory-headroom", "nan", "--json")
+        assert r.exit_code == 2, (command, r.output)
+        assert "not a finite number" in r.output and r.stdout == ""
+
+
 def test_a_plan_searched_with_memory_headroom_is_judged_on_the_gpus_whole_memory(tmp_path: Path) -> None:
     """--memory-headroom 0.1 on a GPU the plan fills to 89% of: the plan's cluster offers 90%, where the plan is at
     99%, and search and simulate warned 'leaves little memory free' and to use `--memory-headroom 0.1`, the option

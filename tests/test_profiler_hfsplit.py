@@ -516,3 +516,15 @@ def test_a_mixture_routing_tokens_to_more_experts_than_it_has_is_refused() -> No
     with pytest.raises(TraceError, match=r"num_experts_per_tok=2 experts, more than the 1 a block has") as err:
         split_hf(family_model("Mixtral", num_local_experts=1), torch.randint(0, 96, (1, 8)))
     assert "num_experts_per_tok at most 1" in err.value.hint
+
+
+def test_a_model_whose_kv_heads_do_not_divide_its_heads_is_refused() -> None:
+    """Llama with 4 heads over 3 KV heads cannot run (its first forward fails on the CPU), but on the meta device,
+    where analytic profiles run, attention let it through and the profile of a model no engine can train was
+    written: refused naming both fields and the KV head counts that work."""
+    with torch.device("meta"):
+        model = family_model("Llama", num_key_value_heads=3)
+    with pytest.raises(TraceError) as err:
+        split_hf(model, torch.randint(0, 96, (1, 8), device="meta"))
+    assert "num_attention_heads=4 is not a multiple of num_key_value_heads=3" in err.value.cause
+    assert "must be one of 1, 2, 4" in err.value.cause

@@ -199,3 +199,16 @@ def test_gemma3_rotates_its_global_layers_at_its_published_base() -> None:
     with torch.device("meta"):
         rope = build("gemma3-1b", 16, {"num_hidden_layers": 1}).config.rope_parameters
     assert (rope["full_attention"]["rope_theta"], rope["sliding_attention"]["rope_theta"]) == (1_000_000.0, 10_000.0)
+
+
+@pytest.mark.parametrize("kv_heads", [3, 8])
+def test_kv_heads_that_do_not_divide_the_heads_are_refused(kv_heads: int) -> None:
+    """transformers builds llama-tiny (4 heads) with 3 or 8 KV heads, which then cannot run; analytic mode (meta)
+    profiled it: a usage error naming the --set value and the KV head counts that work."""
+    with torch.device("meta"), pytest.raises(UsageError) as err:
+        build("llama-tiny", overrides={"num_key_value_heads": kv_heads})
+    assert err.value.cause == (f"llama-tiny cannot be built with --set num_key_value_heads={kv_heads}: "
+                               f"num_attention_heads=4 is not a multiple of num_key_value_heads={kv_heads} (each KV "
+                               "head serves a whole group of query heads); num_key_value_heads must be one of 1, 2, 4")
+    with torch.device("meta"):
+        assert build("llama-tiny", overrides={"num_key_value_heads": 1}).config.num_key_value_heads == 1

@@ -26,12 +26,27 @@ RERANK = 16
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+
+class FiniteRange(click.FloatRange):
+    """A float option in ``[min, max]`` that also refuses NaN and infinities (which click's range lets through: a
+    NaN compares false with every bound), so that a timeout of ``nan`` cannot disable a watchdog nor a
+    ``--memory-headroom nan`` get past the usage check (exit 2) to fail later as an error."""
+
+    name = "finite float range"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
 # Options search and compare share (one declaration, one meaning); each command adds its own --schedule, --rerank help.
 profile_argument = click.argument("profile_path", metavar="PROFILE", type=click.Path(dir_okay=False))
 cluster_option = click.option("--cluster", "cluster_name", required=True,
                               help="A preset name (see planner clusters) or a cluster JSON.")
 memory_headroom_option = click.option(
-    "--memory-headroom", "memory_headroom", type=click.FloatRange(0.0, ir.MAX_HEADROOM), default=0.0,
+    "--memory-headroom", "memory_headroom", type=FiniteRange(0.0, ir.MAX_HEADROOM), default=0.0,
     show_default=True,
     help="Share of every GPU's memory to keep free (0.1: plan within 90%): the cost model counts the tensors the "
          "engine allocates, not the CUDA context, communication buffers or the allocator's fragmentation.")
@@ -111,19 +126,6 @@ def parse_grid(tp: str, zero: str) -> tuple[int | None, int | str]:
 def rerank_option(help_text: str) -> Callable[[F], F]:
     """``--rerank N`` (default :data:`RERANK`) with the command's own help."""
     return click.option("--rerank", type=click.IntRange(min=0), default=RERANK, show_default=True, help=help_text)
-
-
-class FiniteRange(click.FloatRange):
-    """A float option in ``[min, max]`` that also refuses NaN and infinities (which click's range lets through: a
-    NaN compares false with every bound), so that a timeout of ``nan`` cannot disable a watchdog."""
-
-    name = "finite float range"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        number = super().convert(value, param, ctx)
-        if not math.isfinite(number):
-            self.fail(f"{value!r} is not a finite number", param, ctx)
-        return number
 
 
 def parse_microbatches(value: str) -> int | str:

@@ -2,7 +2,8 @@
 what the model does: attention the blocks mask themselves (SDPA, or eager where they rebuild their masks), causal
 attention, every block run (no layerdrop), a sequence within its learned positions, and no loss beyond the logits' (a
 mixture of experts' load-balancing loss over every block's router logits), and a router that can choose its tokens'
-experts. :func:`check_model` raises a TraceError naming the setting and its fix.
+experts, and query heads that group over the KV heads. :func:`check_model` raises a TraceError naming the setting
+and its fix.
 """
 
 from __future__ import annotations
@@ -20,6 +21,29 @@ def check_model(model: nn.Module, arch: str, seq_len: int, masked: bool) -> None
     _check_positions(model, arch, seq_len)
     _check_router_loss(model)
     _check_routing(model)
+    _check_heads(model)
+
+
+def heads_problem(config: object) -> str | None:
+    """Why a config's attention heads do not group over its KV heads (``num_attention_heads`` not a multiple of
+    ``num_key_value_heads``: every KV head serves a whole group of query heads, and the first forward fails on the
+    CPU while the meta device's attention, which analytic profiles run, lets it through); None where they do, and for
+    GPT-2-style configs (``n_embd``: GPTBigCode's KV heads follow ``multi_query``, its ``num_key_value_heads`` may be
+    stale), as :func:`planner.profiler.hfshape.block_shape` reads them."""
+    if hasattr(config, "n_embd"):
+        return None
+    heads, kv_heads = (getattr(config, f, None) for f in ("num_attention_heads", "num_key_value_heads"))
+    if not isinstance(heads, int) or not isinstance(kv_heads, int) or kv_heads < 1 or heads % kv_heads == 0:
+        return None
+    divisors = ", ".join(str(d) for d in range(1, heads + 1) if heads % d == 0)
+    return (f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads} (each KV head serves "
+            f"a whole group of query heads); num_key_value_heads must be one of {divisors}")
+
+
+def _check_heads(model: nn.Module) -> None:
+    problem = heads_problem(getattr(model, "config", None))
+    if problem:
+        raise TraceError(f"{type(model).__name__}: {problem}", "build it with KV heads that divide its heads")
 
 
 EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")

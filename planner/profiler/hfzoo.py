@@ -31,6 +31,7 @@ from torch import nn
 
 from planner.errors import UsageError, is_whole
 from planner.profiler.guards import is_out_of_memory, shown_overrides
+from planner.profiler.hfchecks import heads_problem
 from planner.schemas.build import MAX_DIM, MAX_ITEMS
 
 DEFAULT_SEQ_LEN = 128
@@ -272,6 +273,9 @@ def build(name: str, seq_len: int | None = None, overrides: Mapping[str, Any] | 
         fields[spec.positions_key] = max(int(fields[spec.positions_key]), seq_len)
     config = _config(name, fields, given)
     _check_positions(name, config, given, seq_len)
+    if given and (problem := heads_problem(config)):
+        raise UsageError(f"{name} cannot be built with --set {shown_overrides(given)}: {problem}",
+                         "fix the --set values")
     config._attn_implementation = spec.attention
     try:
         model: nn.Module = getattr(transformers, spec.model_class)(config)
