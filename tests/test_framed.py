@@ -13,9 +13,10 @@ from planner import ir
 from planner.errors import PlannerError
 from planner.ir import EngineOverhead
 from planner.search import search
+from planner.search.counts import microbatch_candidates
 from planner.search.descent import solve
 from planner.search.framed import frame_problem
-from planner.search.options import check_request, microbatch_candidates, problems
+from planner.search.options import check_request, problems
 from tests.test_sp import instances, spaces
 
 ENGINES = ["any", "torch", "deepspeed", "torchtitan"]

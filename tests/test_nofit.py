@@ -150,3 +150,15 @@ def test_a_config_stage_no_grid_of_which_splits_the_batch_names_the_config() -> 
         search(profile, cluster, config=(3,))
     assert err.value.cause.endswith("with micro-batch counts [1, 2, 4, 8, 16] and --config 3")
     assert err.value.hint.endswith("or --config stage widths whose data-parallel degree divides the batch")
+
+
+def test_a_count_above_what_auto_tries_is_named_as_an_option_to_give() -> None:
+    """A prime batch: auto tries 1 micro-batch only (MAX_AUTO_MICROBATCHES), and the hint names the next count that
+    divides the batch, to give with --microbatches, rather than 'auto searches every count'."""
+    doc = make_profile_dict(2, batch_size=8191)
+    for layer in doc["layers"]:
+        layer["saved_bytes"] = 10**9
+    with pytest.raises(InfeasibleError) as err:
+        search(ir.ModelProfile.from_dict(doc), cluster_from_dict(make_cluster_dict(1, 1, 10**9)))
+    assert "--microbatches 8191 (the next count that divides the batch of 8191, above the 4096 auto tries" \
+        in err.value.hint

@@ -9,8 +9,8 @@ from planner import ir
 from planner.cluster import cluster_from_dict
 from planner.errors import PlannerError
 from planner.search.collect import collect, collect_exact, refused_met, solve_one
-from planner.search.counts import refusal
-from planner.search.options import Request, check_request, microbatch_candidates, problems
+from planner.search.counts import microbatch_candidates, refusal
+from planner.search.options import Request, check_request, problems
 from tests.conftest import make_cluster_dict, make_profile_dict
 
 

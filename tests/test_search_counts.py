@@ -10,7 +10,14 @@ from hypothesis import strategies as st
 from planner import ir
 from planner.errors import InfeasibleError, UsageError
 from planner.search import search
-from planner.search.counts import count_refused, counts_for_config, exact_count_problems
+from planner.search.counts import (
+    MAX_AUTO_MICROBATCHES,
+    count_refused,
+    counts_for_config,
+    divisors,
+    exact_count_problems,
+    microbatch_candidates,
+)
 from planner.search.framed import frame_problem
 from tests.conftest import make_cluster_dict, make_profile_dict
 
@@ -147,3 +154,22 @@ def test_the_analytic_optimum_is_no_worse_than_any_config_the_engine_runs(layers
             except PlannerError:
                 continue
             assert plan.predicted.iteration_s <= forced.predicted.iteration_s * (1 + 1e-9), config
+
+
+def test_microbatch_candidates_with_a_fixed_size() -> None:
+    assert microbatch_candidates(32, "auto", 4) == [1, 2, 4, 8]
+    assert microbatch_candidates(32, 2, 4) == [2]
+
+
+@given(st.integers(1, 5000))
+def test_divisors_are_every_divisor_ascending(n: int) -> None:
+    assert divisors(n) == [d for d in range(1, n + 1) if n % d == 0]
+
+
+def test_auto_tries_at_most_so_many_micro_batches_and_a_count_given_is_searched() -> None:
+    """A prime batch of ten million offered 1 and ten million micro-batches, and the simulator's time grows with M:
+    a search ran for hours. auto stops at MAX_AUTO_MICROBATCHES; a count above it, given, is still searched."""
+    assert microbatch_candidates(9_999_991, "auto") == [1]
+    assert microbatch_candidates(2 ** 20, "auto")[-1] == MAX_AUTO_MICROBATCHES
+    assert microbatch_candidates(2 ** 20, "auto", 2)[-1] == MAX_AUTO_MICROBATCHES
+    assert microbatch_candidates(2 ** 20, 2 ** 16) == [2 ** 16]

@@ -11,7 +11,7 @@ from planner.cluster import cluster_from_dict
 from planner.errors import PlannerError, UsageError
 from planner.runnable import problems
 from planner.search import search
-from planner.search.options import microbatch_candidates, resolve_virtual_stages
+from planner.search.options import resolve_virtual_stages
 from tests.conftest import make_cluster_dict, make_profile_dict
 
 
@@ -99,11 +99,6 @@ def test_no_grid_with_whole_micro_batches_is_a_clear_error() -> None:
     with pytest.raises(PlannerError, match="whole micro-batches") as err:
         search(_llama_like(batch=2), _cluster(1, 4), tp=1, config=(4,))
     assert "batch = micro_batch_size x microbatches x dp" in err.value.hint
-
-
-def test_microbatch_candidates_with_a_fixed_size() -> None:
-    assert microbatch_candidates(32, "auto", 4) == [1, 2, 4, 8]
-    assert microbatch_candidates(32, 2, 4) == [2]
 
 
 def test_virtual_stages_default_and_refusal() -> None:

@@ -14,7 +14,8 @@ from planner.costmodel import analytic_iteration
 from planner.errors import InfeasibleError
 from planner.search import search
 from planner.search.collect import collect
-from planner.search.options import check_request, microbatch_candidates
+from planner.search.counts import microbatch_candidates
+from planner.search.options import check_request
 from planner.search.solutions import distinct
 from tests.conftest import make_cluster_dict, make_profile_dict
 

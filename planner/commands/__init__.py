@@ -52,7 +52,7 @@ memory_headroom_option = click.option(
          "engine allocates, not the CUDA context, communication buffers or the allocator's fragmentation.")
 microbatches_option = click.option(
     "--microbatches", default="auto", show_default=True,
-    help="Micro-batches per iteration: N (must divide the batch size) or auto (try every divisor).")
+    help="Micro-batches per iteration: N (must divide the batch size) or auto (try every divisor up to 4096).")
 optimizer_option = click.option("--optimizer", type=click.Choice(ir.OPTIMIZERS), default="sgd", show_default=True,
                                 help="Optimizer whose state counts in memory (fp32 RMSProp: 12 bytes per parameter).")
 

@@ -73,14 +73,13 @@ from planner.runnable import ENGINES as ENGINE_LIMITS
 from planner.runnable import is_runnable
 from planner.search import rerank, seeds
 from planner.search.collect import collect, collect_exact, refused_met
-from planner.search.counts import counts_for_config
+from planner.search.counts import counts_for_config, microbatch_candidates
 from planner.search.hpp import hpp
 from planner.search.options import (
     ENGINES,
     SOLVERS,
     check_hooks,
     check_request,
-    microbatch_candidates,
     parse_config,
     resolve_virtual_stages,
 )

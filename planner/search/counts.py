@@ -1,4 +1,8 @@
-"""Which micro-batch and stage counts an engine's schedule runs together, for the search (pure).
+"""Which micro-batch counts the search tries, and which stage counts an engine's schedule runs with them (pure).
+
+``--microbatches auto`` tries every divisor of the batch (:func:`microbatch_candidates`) up to
+:data:`MAX_AUTO_MICROBATCHES`: the simulator's time grows with M, and a prime batch of ten million samples offered
+only 1 and ten million, which kept a search running for hours; a count above it is searched when given.
 
 torch's interleaved and zero-bubble classes run M micro-batches on K pipeline ranks in rounds and refuse an M that
 is not a multiple of ``max(1, M // K)`` (planner.schedule.kinds, ``ScheduleKind.engine_refusal``): 8 on 3 ranks
@@ -27,7 +31,44 @@ from planner.errors import InfeasibleError, UsageError
 from planner.schedule import schedule_kind
 from planner.search.framed import Framed
 
+MAX_AUTO_MICROBATCHES = 4096
+"""The most micro-batches ``auto`` tries (module doc); published runs took up to a few hundred a pipeline (SC'21's
+1T model: 512 on 64 stages)."""
+
 CHUNKS: ContextVar[int] = ContextVar("CHUNKS", default=1)
+
+
+def divisors(n: int, most: int | None = None) -> list[int]:
+    """The divisors of ``n`` (at most ``most``), ascending."""
+    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
+    every = sorted(set(small + [n // d for d in small]))
+    return every if most is None else [d for d in every if d <= most]
+
+
+def microbatch_candidates(batch_size: int, microbatches: int | str, micro_batch_size: int | None = None) -> list[int]:
+    """Micro-batch counts to search: ``auto`` every divisor of the batch (of ``batch / micro_batch_size``
+    when that is fixed) up to :data:`MAX_AUTO_MICROBATCHES`, else the number, which must divide the batch."""
+    if micro_batch_size is not None:
+        if micro_batch_size <= 0 or batch_size % micro_batch_size:
+            raise UsageError(f"--micro-batch-size {micro_batch_size} does not divide the batch size {batch_size}",
+                             f"use a divisor of {batch_size}")
+        per = batch_size // micro_batch_size
+        if microbatches != "auto":
+            if not isinstance(microbatches, int) or isinstance(microbatches, bool) or per % microbatches:
+                raise UsageError(f"--microbatches {microbatches} x --micro-batch-size {micro_batch_size} does not "
+                                 f"divide the batch {batch_size} into whole data-parallel ranks",
+                                 f"use --microbatches among {divisors(per)[:12]} or 'auto'")
+            return [int(microbatches)]
+        return divisors(per, MAX_AUTO_MICROBATCHES)
+    if microbatches == "auto":
+        return divisors(batch_size, MAX_AUTO_MICROBATCHES)
+    if not isinstance(microbatches, int) or isinstance(microbatches, bool) or microbatches <= 0:
+        raise UsageError(f"--microbatches must be a positive integer or 'auto', got {microbatches!r}",
+                         "e.g. --microbatches 4")
+    if batch_size % microbatches:
+        raise UsageError(f"--microbatches {microbatches} does not divide the batch size {batch_size}",
+                         f"use a divisor of {batch_size}, or 'auto'")
+    return [microbatches]
 """The model chunks a pipeline rank will run the plans searched with (set by planner.search.interleave while it
 searches the K-stage plans it re-cuts into K * v chunks); 1 otherwise."""
 

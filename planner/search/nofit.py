@@ -22,6 +22,7 @@ from planner.errors import InfeasibleError, PlanError
 from planner.judge import memory_text
 from planner.runnable import ENGINES as ENGINE_LIMITS
 from planner.schedule import schedule_kind
+from planner.search.counts import MAX_AUTO_MICROBATCHES, divisors
 from planner.search.options import Request
 from planner.search.solutions import memory_plan
 from planner.search.sp import Solution, solve_cap
@@ -205,9 +206,14 @@ def _more_microbatches(prob: Problem, cands: Sequence[int]) -> list[str]:
     batch, fixed = prob.profile.batch_size, prob.space.micro_batch_size
     per = batch // (fixed or 1)
     out = []
-    if fixed is None and any(per % m == 0 and m > max(cands) for m in range(1, per + 1)):
-        out.append(f"more micro-batches (--microbatches auto searches every count that divides the batch of {batch}; "
-                   "smaller micro-batches keep fewer activations)")
+    more = [m for m in divisors(per) if m > max(cands)]
+    if fixed is None and more and more[0] <= MAX_AUTO_MICROBATCHES:
+        out.append(f"more micro-batches (--microbatches auto searches every count that divides the batch of {batch} "
+                   f"up to {MAX_AUTO_MICROBATCHES}; smaller micro-batches keep fewer activations)")
+    elif fixed is None and more:
+        out.append(f"--microbatches {more[0]} (the next count that divides the batch of {batch}, above the "
+                   f"{MAX_AUTO_MICROBATCHES} auto tries; the step simulates each micro-batch), or a batch size with "
+                   "more divisors")
     if fixed is not None and fixed > 1:
         out.append(f"a smaller --micro-batch-size than {fixed}")
     return out

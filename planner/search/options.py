@@ -57,33 +57,6 @@ def config_widths(config: str | Sequence[int] | None) -> tuple[int, ...] | None:
     return widths
 
 
-def microbatch_candidates(batch_size: int, microbatches: int | str, micro_batch_size: int | None = None) -> list[int]:
-    """Micro-batch counts to search: ``auto`` every divisor of the batch (of ``batch / micro_batch_size``
-    when that is fixed), else the number, which must divide the batch."""
-    if micro_batch_size is not None:
-        if micro_batch_size <= 0 or batch_size % micro_batch_size:
-            raise UsageError(f"--micro-batch-size {micro_batch_size} does not divide the batch size {batch_size}",
-                             f"use a divisor of {batch_size}")
-        per = batch_size // micro_batch_size
-        cands = [m for m in range(1, per + 1) if per % m == 0]
-        if microbatches != "auto":
-            if microbatches not in cands:
-                raise UsageError(f"--microbatches {microbatches} x --micro-batch-size {micro_batch_size} does not "
-                                 f"divide the batch {batch_size} into whole data-parallel ranks",
-                                 f"use --microbatches among {cands[:12]} or 'auto'")
-            return [int(microbatches)]
-        return cands
-    if microbatches == "auto":
-        return [m for m in range(1, batch_size + 1) if batch_size % m == 0]
-    if not isinstance(microbatches, int) or isinstance(microbatches, bool) or microbatches <= 0:
-        raise UsageError(f"--microbatches must be a positive integer or 'auto', got {microbatches!r}",
-                         "e.g. --microbatches 4")
-    if batch_size % microbatches:
-        raise UsageError(f"--microbatches {microbatches} does not divide the batch size {batch_size}",
-                         f"use a divisor of {batch_size}, or 'auto'")
-    return [microbatches]
-
-
 def check_hooks(candidates: object, progress: object, alternatives: object, evaluate: object = None) -> None:
     """The library's search arguments that are no grid option: ``candidates`` a whole number (0 or more),
     ``progress`` and ``evaluate`` a callable or None, ``alternatives`` a list (which receives the judged
