@@ -17,7 +17,8 @@ share says (4 processes on 2 cores, torch: 1.05 ms per action and 17.9 ms per st
 time is the median of its timed steps after warm-up, the fastest over :data:`ROUNDS` rounds
 (the engine's cost, not another user's load); each round waits for an idle machine first and is
 timed again while other work took cores from it (:mod:`planner.runner.machine`: on a 2-core
-machine one other busy process made 2-process pipelines 1.4 to 2 times slower). The cost model
+machine one other busy process made 2-process pipelines 1.4 to 2 times slower), until :data:`BUSY_ROUNDS` rounds
+were spoiled so (a machine busy for good: the later rounds run at once, and the report warns). The cost model
 predicts each plan without overheads (``T0``) and, by the simulator, how much one second of each overhead adds to it
 (its features ``f = dT / d overhead``: about ``2(M+K-1)`` actions on the critical path, the
 boundary's sends, one step, the FSDP units' collectives). The overheads ``x >= 0`` minimise
@@ -80,14 +81,14 @@ def batch_size(nproc: int) -> int:
 
 STEPS, WARMUP, ROUNDS = 8, 2, 3
 ATTEMPTS, IDLE_TIMEOUT_S = 3, 30.0
+"""A round is timed again (up to ATTEMPTS times in all) while other work took more than
+:data:`planner.runner.machine.IDLE_CORES` cores during it; each attempt first waits up to
+IDLE_TIMEOUT_S for an idle machine."""
 BUSY_ROUNDS = 2
 """Rounds a process group lets other work spoil (each after waiting up to ``IDLE_TIMEOUT_S`` and measured
 ``ATTEMPTS`` times) before it stops waiting for an idle machine: on a machine busy for good, 3 attempts of up to 30 s
 for each of a dozen rounds per engine kept ``calibrate`` waiting for most of an hour, saying nothing (a review,
 2026-11-29). The rounds after run at once, and the report says how many ran on a busy machine."""
-"""A round is timed again (up to ATTEMPTS times in all) while other work took more than
-:data:`planner.runner.machine.IDLE_CORES` cores during it; each attempt first waits up to
-IDLE_TIMEOUT_S for an idle machine."""
 DELTA_S = 1e-3  # the overhead step the features are measured with
 PROBE_REPEATS = 3
 """Whole-model passes of each speed probe after a round (:func:`time_plans`), after one untimed one."""

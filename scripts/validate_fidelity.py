@@ -41,8 +41,9 @@ VM the speed moved by up to 35% within a group's minute with nothing else runnin
 row measures the machine, not the model (2026-11-26: 18 of the 23 rows outside the target, in a
 run without this). ``spread``: a row's slowest round over its fastest (identical plans timed in
 one group differed by up to 19%). Each round waits for an idle machine and is timed again (3
-attempts) while other work took more than 0.3 cores during it: this machine is shared, and one
-other busy process on its 2 cores made 2-process pipelines 1.4 to 2.1 times slower (their own
+attempts) while other work took more than 0.3 cores during it, until two rounds of a group were spoiled so
+(``planner.calibrate_engines.BUSY_ROUNDS``: a machine busy for good; the ``other`` column shows it): this machine is
+shared, and one other busy process on its 2 cores made 2-process pipelines 1.4 to 2.1 times slower (their own
 CPU time unchanged).
 
 Quality: on a VGG-like model (compute in the convolutions, parameters in the classifier),
