@@ -263,3 +263,17 @@ def test_a_fixed_zero_stage_with_a_tp_that_leaves_one_data_parallel_rank_is_refu
         search(_llama_like(), _cluster(1, 4), tp=4, zero=1)
     assert "smaller --tp" in err.value.hint
     assert search(_llama_like(), _cluster(1, 4), tp=2, zero=1).stages[0].zero == 1  # 2 ranks: it shards
+
+
+def test_torchtitan_without_sequence_parallelism_runs_tp_1_and_refuses_a_larger_tp() -> None:
+    """torchtitan's Llama shards its norms over the sequence under tensor parallelism: --no-sequence-parallel
+    leaves it tp 1 (a fixed --tp 2 is refused up front; the search refused every plan it found, and its hint
+    pointed at the config or the cluster)."""
+    from tests.test_export_torchtitan import llama_profile
+
+    cluster = _cluster(1, 2)
+    with pytest.raises(UsageError, match="--engine torchtitan --tp 2 --no-sequence-parallel") as err:
+        search(llama_profile(4), cluster, engine="torchtitan", optimizer="adam", tp=2, sequence_parallel=False)
+    assert "drop --no-sequence-parallel" in err.value.hint
+    plan = search(llama_profile(4), cluster, engine="torchtitan", optimizer="adam", sequence_parallel=False)
+    assert all(s.tp == 1 for s in plan.stages)

@@ -271,6 +271,7 @@ def check_request(profile: ir.ModelProfile, cluster: ir.Cluster, *, schedule: st
                          f"{engine} trains its own Llama definition only: search with --engine torch or deepspeed "
                          "(or any)")
     _check_sequence(profile, engine, tp)
+    tp = _tp_without_sequence(engine, tp, sequence_parallel)
     forms, rules = engine_forms(engine)
     zeros = _zero_set(zero, engine, cluster, schedule)
     _check_zero_widths(zeros, config, tp, len(cluster.gpus))
@@ -279,6 +280,18 @@ def check_request(profile: ir.ModelProfile, cluster: ir.Cluster, *, schedule: st
                   min_batch=profile.min_batch, max_tp=limits.largest_tp(profile) if limits is not None else None,
                   sequence_parallel=sequence_parallel)
     return Request(schedule, optimizer, solver, engine, tuple(config) if config else None, space, max_blocks)
+
+
+def _tp_without_sequence(engine: str, tp: int | None, sequence_parallel: bool) -> int | None:
+    """The tensor degree an engine whose Llama shards its norms over the sequence under tensor parallelism
+    (torchtitan) runs without sequence parallelism: 1 (a fixed --tp above it refused), else ``tp``."""
+    limits = ENGINE_LIMITS.get(engine)
+    if sequence_parallel or limits is None or not limits.llama_only:
+        return tp
+    if tp is not None and tp > 1:
+        raise UsageError(f"--engine {engine} --tp {tp} --no-sequence-parallel: {engine}'s Llama shards its norms "
+                         "over the sequence under tensor parallelism", "drop --no-sequence-parallel, or use --tp 1")
+    return 1
 
 
 def _check_sequence(profile: ir.ModelProfile, engine: str, tp: int | None) -> None:
