@@ -14,7 +14,6 @@ from planner.search.counts import (
     MAX_AUTO_MICROBATCHES,
     count_refused,
     counts_for_config,
-    divisors,
     exact_count_problems,
     microbatch_candidates,
 )
@@ -159,11 +158,6 @@ def test_the_analytic_optimum_is_no_worse_than_any_config_the_engine_runs(layers
 def test_microbatch_candidates_with_a_fixed_size() -> None:
     assert microbatch_candidates(32, "auto", 4) == [1, 2, 4, 8]
     assert microbatch_candidates(32, 2, 4) == [2]
-
-
-@given(st.integers(1, 5000))
-def test_divisors_are_every_divisor_ascending(n: int) -> None:
-    assert divisors(n) == [d for d in range(1, n + 1) if n % d == 0]
 
 
 def test_auto_tries_at_most_so_many_micro_batches_and_a_count_given_is_searched() -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from planner import ir
 from planner.search.layout import Layout, NotFitting, divisors
 from tests.conftest import make_cluster_dict, make_profile_dict
@@ -38,3 +41,8 @@ def test_an_interleaved_layouts_config_is_per_device_group() -> None:
 def test_divisors_and_not_fitting() -> None:
     assert divisors(12) == (1, 2, 3, 4, 6, 12) and divisors(1) == (1,)
     assert NotFitting("x", "why").reason == "why"
+
+
+@given(st.integers(1, 5000))
+def test_divisors_are_every_divisor_ascending(n: int) -> None:
+    assert divisors(n) == tuple(d for d in range(1, n + 1) if n % d == 0)

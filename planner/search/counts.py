@@ -30,19 +30,13 @@ from planner import ir
 from planner.errors import InfeasibleError, UsageError
 from planner.schedule import schedule_kind
 from planner.search.framed import Framed
+from planner.search.layout import divisors
 
 MAX_AUTO_MICROBATCHES = 4096
 """The most micro-batches ``auto`` tries (module doc); published runs took up to a few hundred a pipeline (SC'21's
 1T model: 512 on 64 stages)."""
 
 CHUNKS: ContextVar[int] = ContextVar("CHUNKS", default=1)
-
-
-def divisors(n: int, most: int | None = None) -> list[int]:
-    """The divisors of ``n`` (at most ``most``), ascending."""
-    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
-    every = sorted(set(small + [n // d for d in small]))
-    return every if most is None else [d for d in every if d <= most]
 
 
 def microbatch_candidates(batch_size: int, microbatches: int | str, micro_batch_size: int | None = None) -> list[int]:
@@ -57,11 +51,11 @@ def microbatch_candidates(batch_size: int, microbatches: int | str, micro_batch_
             if not isinstance(microbatches, int) or isinstance(microbatches, bool) or per % microbatches:
                 raise UsageError(f"--microbatches {microbatches} x --micro-batch-size {micro_batch_size} does not "
                                  f"divide the batch {batch_size} into whole data-parallel ranks",
-                                 f"use --microbatches among {divisors(per)[:12]} or 'auto'")
+                                 f"use --microbatches among {list(divisors(per)[:12])} or 'auto'")
             return [int(microbatches)]
-        return divisors(per, MAX_AUTO_MICROBATCHES)
+        return [m for m in divisors(per) if m <= MAX_AUTO_MICROBATCHES]
     if microbatches == "auto":
-        return divisors(batch_size, MAX_AUTO_MICROBATCHES)
+        return [m for m in divisors(batch_size) if m <= MAX_AUTO_MICROBATCHES]
     if not isinstance(microbatches, int) or isinstance(microbatches, bool) or microbatches <= 0:
         raise UsageError(f"--microbatches must be a positive integer or 'auto', got {microbatches!r}",
                          "e.g. --microbatches 4")

@@ -22,7 +22,8 @@ from planner.errors import InfeasibleError, PlanError
 from planner.judge import memory_text
 from planner.runnable import ENGINES as ENGINE_LIMITS
 from planner.schedule import schedule_kind
-from planner.search.counts import MAX_AUTO_MICROBATCHES, divisors
+from planner.search.counts import MAX_AUTO_MICROBATCHES
+from planner.search.layout import divisors
 from planner.search.options import Request
 from planner.search.solutions import memory_plan
 from planner.search.sp import Solution, solve_cap
