@@ -271,27 +271,32 @@ def check_request(profile: ir.ModelProfile, cluster: ir.Cluster, *, schedule: st
                          f"{engine} trains its own Llama definition only: search with --engine torch or deepspeed "
                          "(or any)")
     _check_sequence(profile, engine, tp)
-    tp = _tp_without_sequence(engine, tp, sequence_parallel)
+    _check_tp_without_sequence(engine, tp, sequence_parallel)
     forms, rules = engine_forms(engine)
     zeros = _zero_set(zero, engine, cluster, schedule)
     _check_zero_widths(zeros, config, tp, len(cluster.gpus))
     _check_min_batch(profile, micro_batch_size)
     space = Space(prec, tp, zeros, _recompute_set(recompute, engine, schedule), forms, micro_batch_size, rules=rules,
-                  min_batch=profile.min_batch, max_tp=limits.largest_tp(profile) if limits is not None else None,
+                  min_batch=profile.min_batch, max_tp=_max_tp(limits, profile, sequence_parallel),
                   sequence_parallel=sequence_parallel)
     return Request(schedule, optimizer, solver, engine, tuple(config) if config else None, space, max_blocks)
 
 
-def _tp_without_sequence(engine: str, tp: int | None, sequence_parallel: bool) -> int | None:
-    """The tensor degree an engine whose Llama shards its norms over the sequence under tensor parallelism
-    (torchtitan) runs without sequence parallelism: 1 (a fixed --tp above it refused), else ``tp``."""
+def _check_tp_without_sequence(engine: str, tp: int | None, sequence_parallel: bool) -> None:
+    """A fixed --tp above 1 without sequence parallelism, for an engine whose Llama shards its norms over the
+    sequence under tensor parallelism (torchtitan: ``EngineLimits.llama_only``, planner.runnable)."""
     limits = ENGINE_LIMITS.get(engine)
-    if sequence_parallel or limits is None or not limits.llama_only:
-        return tp
-    if tp is not None and tp > 1:
+    if not sequence_parallel and limits is not None and limits.llama_only and tp is not None and tp > 1:
         raise UsageError(f"--engine {engine} --tp {tp} --no-sequence-parallel: {engine}'s Llama shards its norms "
                          "over the sequence under tensor parallelism", "drop --no-sequence-parallel, or use --tp 1")
-    return 1
+
+
+def _max_tp(limits: EngineLimits | None, profile: ir.ModelProfile, sequence_parallel: bool) -> int | None:
+    """The space's largest tensor degree: the engine's for the sequence (``EngineLimits.largest_tp``), 1 for one
+    that shards its norms over the sequence under tensor parallelism when sequence parallelism is off."""
+    if limits is None:
+        return None
+    return 1 if limits.llama_only and not sequence_parallel else limits.largest_tp(profile)
 
 
 def _check_sequence(profile: ir.ModelProfile, engine: str, tp: int | None) -> None:
