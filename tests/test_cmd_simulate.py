@@ -91,17 +91,21 @@ def test_trace_and_plot(tmp_path: Path, plan_doc: dict[str, Any]) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["g.png", "plan.json", "t.json"]
 
 
-@pytest.mark.parametrize("name", ["g.svg", "g.JPG", "g.pdf"])
+@pytest.mark.parametrize("name", ["g.svg", "g.JPG", "g.pdf", "g.txt", "plan2.json"])
 def test_a_plot_named_as_another_format_is_refused_before_anything_is_written(
         tmp_path: Path, plan_doc: dict[str, Any], name: str) -> None:
     """The picture is drawn as PNG: under an .svg or .jpg name it was PNG bytes a viewer of that format cannot
-    open. Usage error (exit 2), nothing written."""
+    open, and under a .txt or .json name (a plan named by mistake) it overwrote the file. Usage error (exit 2),
+    the fix names the .png, nothing written; a name without a suffix is taken as given."""
     result = run(str(write(tmp_path / "plan.json", plan_doc)), "--trace", str(tmp_path / "t.json"),
                  "--plot", str(tmp_path / name))
     assert result.exit_code == 2, result.output
-    assert "names another picture format" in result.stderr and "Traceback" not in result.output
+    assert "the picture is drawn as PNG" in result.stderr and "Traceback" not in result.output
+    assert Path(name).stem + ".png" in result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json"]
     assert run(str(tmp_path / "plan.json"), "--plot", str(tmp_path / "G.PNG"), "-q").exit_code == 0
+    assert run(str(tmp_path / "plan.json"), "--plot", str(tmp_path / "gantt"), "-q").exit_code == 0
+    assert (tmp_path / "gantt").read_bytes()[:4] == b"\x89PNG"
 
 
 def leaves_nothing(tmp_path: Path, result: Result, message: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from pathlib import PurePath
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -57,21 +58,20 @@ optimizer_option = click.option("--optimizer", type=click.Choice(ir.OPTIMIZERS),
                                 help="Optimizer whose state counts in memory (fp32 RMSProp: 12 bytes per parameter).")
 
 
-OTHER_PICTURES = (".svg", ".svgz", ".jpg", ".jpeg", ".pdf", ".eps", ".ps", ".gif", ".tif", ".tiff", ".bmp", ".webp")
-"""Suffixes of picture formats other than PNG, which ``--plot`` refuses."""
-
-
 def _png_path(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """``--plot``'s file: a PNG is what is drawn, so a path named as another picture format is refused."""
-    if value is not None and value.lower().endswith(OTHER_PICTURES):
-        raise click.BadParameter(f"{value!r} names another picture format: the picture is drawn as PNG",
-                                 ctx=ctx, param=param)
+    """``--plot``'s file: a PNG is what is drawn, so a name with another suffix (``x.svg``, ``x.txt``, a
+    ``plan.json`` named by mistake) is refused before anything is written, not overwritten with PNG bytes. A
+    name without a suffix is taken as given."""
+    suffix = PurePath(value).suffix if value else ""
+    if suffix and suffix.lower() != ".png":
+        raise click.BadParameter(f"{value!r} ends in {suffix!r}: the picture is drawn as PNG; name it "
+                                 f"{PurePath(value or '').with_suffix('.png')}", ctx=ctx, param=param)
     return value
 
 
 def plot_option(help_text: str) -> Callable[[F], F]:
-    """``--plot FILE.png`` (simulate, compare), refusing an .svg, .jpg, .pdf ... name (exit 2) rather than writing
-    PNG bytes under it."""
+    """``--plot FILE.png`` (simulate, compare), refusing a name with another suffix (.svg, .txt, .json ...: exit
+    2) rather than writing PNG bytes under it."""
     return click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
                         callback=_png_path, help=help_text)
 
