@@ -15,8 +15,8 @@ from planner import ir
 from planner.cluster import cluster_from_dict, group_of
 from planner.costmodel.layers import FORM_INDEX, Grid, layer_table
 from planner.costmodel.precision import OPTIMIZER_BYTES_PER_PARAM
-from planner.costmodel.stage import tie_copy_on, tie_grad_bytes
-from planner.errors import PlanError
+from planner.costmodel.stage import tie_copy_on, tie_grad_bytes, tie_shares
+from planner.errors import FormatError
 from tests.conftest import make_cluster_dict, make_profile_dict
 
 TIE = {"name": "wte", "layers": [0, 3], "param_count": 250_000, "param_bytes": 1_000_000}
@@ -84,14 +84,16 @@ def test_zero_shards_the_copy_as_it_shards_the_owner_layer(zero: int, want: int)
     assert copy == math.ceil(table.static[zero, 0, FORM_INDEX["split_out"]])
 
 
-def test_a_tie_larger_than_the_layer_it_is_counted_in_is_refused() -> None:
-    """Built in Python (a file's is refused on loading, tests/test_ir.py), the cost model refuses it."""
+def test_a_tie_larger_than_the_layer_it_is_counted_in_is_refused_where_the_profile_is_built() -> None:
+    """Built in Python, the profile refuses it as a file's is (tests/test_ir.py): one rule, in ModelProfile, where
+    the cost model had its own copy; the shares the cost model charges are then at most 1."""
     profile = _profile()
-    profile = dataclasses.replace(profile, ties=(dataclasses.replace(profile.ties[0], param_count=300_000,
-                                                                     param_bytes=1_200_000),))
-    cluster, stages = _two_stages(1, 1, "dp")
-    with pytest.raises(PlanError, match="larger than layer 0"):
-        cm.stage_costs_for(profile, cluster, stages, 1, "sgd")
+    with pytest.raises(FormatError, match="larger than layer 0"):
+        dataclasses.replace(profile, ties=(dataclasses.replace(profile.ties[0], param_count=300_000,
+                                                               param_bytes=1_200_000),))
+    with pytest.raises(FormatError, match="names layer 9"):
+        dataclasses.replace(profile, ties=(dataclasses.replace(profile.ties[0], layers=(0, 9)),))
+    assert all(0 <= share <= 1 for tie in profile.ties for share in tie_shares(profile, tie))
 
 
 @settings(max_examples=60, deadline=None)

@@ -274,14 +274,9 @@ def with_tie_accumulation(profile: ir.ModelProfile, stages: Sequence[ir.Stage], 
 
 
 def tie_shares(profile: ir.ModelProfile, tie: ir.Tie) -> tuple[float, float]:
-    """The tie's share of the layer it is counted in (its first): (of its bytes, of its parameters).
-
-    Raises PlanError where the tie is larger than that layer (the profile counts it elsewhere)."""
+    """The tie's share of the layer it is counted in (its first): (of its bytes, of its parameters), each at most
+    1 (the profile refuses a larger tie: planner.ir.profile._check_ties)."""
     owner = profile.layers[tie.layers[0]]
-    if tie.param_bytes > owner.param_bytes or tie.param_count > owner.param_count:
-        raise PlanError(f"tie {tie.name!r} ({tie.param_count} parameters, {tie.param_bytes} bytes) is larger than "
-                        f"layer {tie.layers[0]} it is counted in ({owner.param_count}, {owner.param_bytes})",
-                        "a tie's parameters are counted in its first layer: fix the profile's ties or that layer")
     return (tie.param_bytes / owner.param_bytes if owner.param_bytes else 0.0,
             tie.param_count / owner.param_count if owner.param_count else 0.0)
 

@@ -84,6 +84,7 @@ class ModelProfile:
 
     def __post_init__(self) -> None:
         _check_batch_times(self, f"profile of {self.model!r}")
+        _check_ties(self.ties, self.layers, f"profile of {self.model!r}")
         if not 1 <= self.min_batch <= self.batch_size:
             raise FormatError(f"profile of {self.model!r}: min_batch {self.min_batch} is not a batch from 1 to the "
                               f"profile's batch_size {self.batch_size}", "profile the model again (planner profile)")
@@ -167,7 +168,7 @@ class ModelProfile:
             LayerProfile.from_dict(item, f"{source}: layers[{i}]")
             for i, item in enumerate(_list(doc, "layers", source))
         )
-        ties = _ties(doc, layers, source)
+        ties = _ties(doc, source)
         shape = doc.get("input_shape")
         meta = doc.get("meta") or {}
         fields: dict[str, Any] = dict(
@@ -198,9 +199,15 @@ class ModelProfile:
         return profile
 
 
-def _ties(doc: Mapping[str, Any], layers: tuple[LayerProfile, ...], source: str) -> tuple[Tie, ...]:
-    """The profile's ties, each naming layers of the model and no larger than the layer it is counted in."""
-    ties = tuple(Tie.from_dict(t, f"{source}: ties[{i}]") for i, t in enumerate(_opt_list(doc, "ties", source)))
+def _ties(doc: Mapping[str, Any], source: str) -> tuple[Tie, ...]:
+    """The profile's ties as read; :func:`_check_ties` judges them against the layers."""
+    return tuple(Tie.from_dict(t, f"{source}: ties[{i}]") for i, t in enumerate(_opt_list(doc, "ties", source)))
+
+
+def _check_ties(ties: tuple[Tie, ...], layers: tuple[LayerProfile, ...], source: str) -> None:
+    """Each tie names layers of the model and is no larger than the layer it is counted in (its first): the cost
+    model charges its copies as that layer's share (planner.costmodel.stage.tie_shares). The one home of the
+    rule, for a file's profile and one built in Python alike."""
     for i, tie in enumerate(ties):
         if max(tie.layers) >= len(layers):
             raise FormatError(f"{source}: ties[{i}] names layer {max(tie.layers)}, the model has "
@@ -211,7 +218,6 @@ def _ties(doc: Mapping[str, Any], layers: tuple[LayerProfile, ...], source: str)
                               f"larger than layer {tie.layers[0]} it is counted in ({owner.param_count}, "
                               f"{owner.param_bytes})", "a tie's parameters are counted in its first layer: fix "
                               "the tie's param_count and param_bytes, or that layer's")
-    return ties
 
 
 def _check_batch_times(profile: ModelProfile, source: str) -> None:
