@@ -65,3 +65,13 @@ def _torch_factories_cached_unpatched() -> None:
     from torch.utils._device import _device_constructors
 
     _device_constructors()
+
+
+def weights_agree(doc: dict[str, Any]) -> bool:
+    """A ``planner run --check`` document's trained weights are one process's (planner.runner.fingerprint): every
+    parameter compared, none missing, within the fp32 bound."""
+    from planner.runner.reference import WEIGHT_RTOL
+
+    diff = doc["max_rel_weight_diff"]
+    return bool(doc["weights_compared"] > 0 and not doc["weights_missing"] and diff is not None
+                and diff < WEIGHT_RTOL["fp32"])

@@ -34,9 +34,12 @@ def test_run_json_contract(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     for key in ("engine", "world_size", "measured_iteration_s", "predicted_iteration_s", "losses",
-                "reference_losses", "max_rel_loss_diff"):
+                "reference_losses", "max_rel_loss_diff", "max_rel_weight_diff", "worst_weight", "weights_compared",
+                "weights_missing"):
         assert key in doc
     assert doc["world_size"] == 2 and len(doc["losses"]) == 3 and doc["max_rel_loss_diff"] < 1e-5
+    # tiny_mlp: 4 Linears' weights and biases, each reported by the rank that runs it, as one process's
+    assert doc["weights_compared"] == 8 and doc["weights_missing"] == [] and doc["max_rel_weight_diff"] < 1e-2
     assert (doc["kind"], doc["version"]) == ("run", 1)
     assert [(r["rank"], r["device"], r["stage"]) for r in doc["ranks"]] == [(0, "n0.g0", 0), (1, "n0.g1", 1)]
     assert doc["peak_memory_bytes"] == max(r["peak_memory_bytes"] for r in doc["ranks"]) > 0
@@ -182,6 +185,31 @@ def test_a_check_that_departs_exits_1_with_the_step_and_no_json(tmp_path: Path, 
     assert ("error: --check failed: the losses depart from single-process training by 0.0556 "
             "relative, more than 1e-05 for fp32 (step 1: 1.9, in one process 1.8)\n") in res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_a_check_whose_weights_depart_exits_1_naming_the_weight_and_the_text_shows_the_weights(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The losses agree and a weight departs (a frozen norm trained by Adam): exit 1, the weight named, no JSON."""
+    import planner.runner
+    from planner.commands.run import _print
+
+    weights = {"max_rel_weight_diff": 142.0, "worst_weight": "1.block.ln_1.bias", "weights_compared": 29,
+               "weights_missing": []}
+
+    def run_plan(*args: object, **kwargs: object) -> dict[str, object]:
+        return {"losses": [2.0, 1.9], "reference_losses": [2.0, 1.9], "max_rel_loss_diff": 0.0, "warnings": [],
+                **weights}
+
+    monkeypatch.setattr(planner.runner, "run_plan", run_plan)
+    res = CliRunner().invoke(main, ["run", _write(tmp_path), "--model", "tests.test_runner:tiny_mlp", "--engine",
+                                    "torch", "--check", "--json"])
+    assert res.exit_code == 1 and res.stdout == "" and "Traceback" not in res.stderr
+    assert "after the steps layer 1's block.ln_1.bias differs from single-process training's by 142" in res.stderr
+    doc = {"ratio": None, "measured_iteration_s": 0.006, "predicted_iteration_s": 0.0, "warmup": 1, "losses": [1.0],
+           "ranks": [], "reference_losses": [1.0], "max_rel_loss_diff": 0.0, **weights, "max_rel_weight_diff": 2e-6}
+    _print(doc, 3, check=True)
+    assert "weights   29 parameters, largest difference 2e-06 of its update (1.block.ln_1.bias)" in \
+        capsys.readouterr().err.splitlines()
 
 
 def test_without_engine_a_plan_runs_on_the_engine_it_was_searched_for(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from planner import ir
 from planner.errors import ExportError
 from planner.export import torch as tx
 from planner.runner import run_plan
+from tests.conftest import weights_agree
 from tests.test_export_parallel_runs import measured_plan
 from tests.test_export_quoting import HOSTILE, check_script
 from tests.test_runner import tiny_plan
@@ -135,14 +136,14 @@ def test_torch_split_forms_match_single_process() -> None:
     plan = tiny_plan("tiny_mlp", [0, 2, -1], width=2, schedule="gpipe",
                      forms=[["split_out", "split_in"], ["split_out", "dp"]])
     doc = run_plan(plan, "tests.test_runner:tiny_mlp", engine="torch", steps=3, warmup=1, check=True)
-    assert doc["world_size"] == 4 and doc["max_rel_loss_diff"] < 1e-5
+    assert doc["world_size"] == 4 and doc["max_rel_loss_diff"] < 1e-5 and weights_agree(doc), doc
 
 
 @pytest.mark.slow
 def test_torch_data_parallel_pipelines_with_tied_weights_match_single_process() -> None:
     plan = tiny_plan("tiny_tied", [0, 1, -1], width=2, schedule="1f1b")
     doc = run_plan(plan, "tests.test_runner:tiny_tied", engine="torch", steps=3, warmup=1, check=True)
-    assert doc["engine"] == "torch" and doc["max_rel_loss_diff"] < 1e-5
+    assert doc["engine"] == "torch" and doc["max_rel_loss_diff"] < 1e-5 and weights_agree(doc), doc
     assert torch.isfinite(torch.tensor(doc["losses"])).all()
 
 
@@ -154,7 +155,7 @@ def test_interleaved_virtual_stages_match_single_process() -> None:
                    for i, s in enumerate(p.stages))
     plan = dataclasses.replace(p, stages=stages, virtual_stages=2, schedule="interleaved")
     doc = run_plan(plan, "tests.test_runner:tiny_mlp", engine="torch", steps=3, warmup=1, check=True)
-    assert doc["world_size"] == 2 and doc["max_rel_loss_diff"] < 1e-5
+    assert doc["world_size"] == 2 and doc["max_rel_loss_diff"] < 1e-5 and weights_agree(doc), doc
 
 
 @pytest.mark.slow
@@ -163,7 +164,7 @@ def test_a_stage_whose_output_is_not_contiguous_sends_it_and_trains_like_one_pro
     tensor has to be contiguous"); every stage but the last now sends its output contiguous."""
     plan = measured_plan(TRANSPOSED, [0, 2, 3])
     doc = run_plan(plan, TRANSPOSED, engine="torch", steps=3, warmup=1, check=True)
-    assert doc["world_size"] == 2 and doc["max_rel_loss_diff"] < 1e-5
+    assert doc["world_size"] == 2 and doc["max_rel_loss_diff"] < 1e-5 and weights_agree(doc), doc
 
 
 @pytest.mark.slow
@@ -173,7 +174,7 @@ def test_zero_bubble_after_a_frozen_first_stage_trains_like_one_process() -> Non
     plan = dataclasses.replace(measured_plan(FROZEN_FIRST, [0, 2, 3]), schedule="zb-h1")
     assert not any(lp.trainable_params for lp in plan.profile.layers[:2])
     doc = run_plan(plan, FROZEN_FIRST, engine="torch", steps=3, warmup=1, check=True)
-    assert doc["world_size"] == 2 and doc["max_rel_loss_diff"] < 1e-5
+    assert doc["world_size"] == 2 and doc["max_rel_loss_diff"] < 1e-5 and weights_agree(doc), doc
 
 
 @pytest.mark.parametrize(("first", "last"), [(True, True), (True, False), (False, True), (False, False)])

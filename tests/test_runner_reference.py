@@ -66,6 +66,37 @@ def test_check_fails_where_the_losses_depart_beyond_the_precisions_bound() -> No
     assert check_failure(dataclasses.replace(plan, precision="fp16"), [3.0, 3.0, 3.0], ref) is None  # loss scaling
 
 
+def test_check_fails_on_weights_that_depart_where_the_losses_agree() -> None:
+    """A weight further from one process's than WEIGHT_RTOL of its update fails an fp32 plan (exit 1), naming the
+    layer and the parameter; not finite fails too; bf16 and a run that compared nothing are not judged."""
+    import dataclasses
+
+    from planner import ir
+    from planner.cluster import cluster_from_dict
+    from planner.runner.fingerprint import WeightCheck
+    from planner.runner.reference import WEIGHT_RTOL, check_failure
+    from tests.conftest import make_cluster_dict, make_profile_dict
+
+    profile = ir.ModelProfile.from_dict(make_profile_dict(2, batch_size=4))
+    cluster = cluster_from_dict(make_cluster_dict(1, 1))
+    plan = ir.Plan(profile, cluster, "1f1b", 1, "sgd", (ir.Stage((0, 2), (cluster.gpus[0].name,), ("dp", "dp"), 0),),
+                   ir.Prediction(1, 1, 0, 0))
+    ref = [2.0, 1.5]
+    ok = WeightCheck(0.9 * WEIGHT_RTOL["fp32"], "1.block.ln_1.bias", 12, ())
+    assert check_failure(plan, ref, ref, ok) is None
+    bad = dataclasses.replace(ok, max_rel_diff=142.0)
+    err = check_failure(plan, ref, ref, bad)
+    assert err is not None and err.cause == ("--check failed: the losses agree, but after the steps layer 1's "
+                                             "block.ln_1.bias differs from single-process training's by 142 of its "
+                                             "update, more than 0.01 for fp32 (the weights' projections, "
+                                             "planner.runner.fingerprint)")
+    nan = check_failure(plan, ref, ref, dataclasses.replace(ok, max_rel_diff=None))
+    assert nan is not None and "block.ln_1.bias is not finite" in nan.cause
+    assert check_failure(dataclasses.replace(plan, precision="bf16"), ref, ref, bad) is None
+    assert check_failure(plan, ref, ref, dataclasses.replace(bad, compared=0)) is None
+    assert check_failure(plan, ref, ref, None) is None
+
+
 @pytest.mark.slow
 def test_a_bf16_plan_on_one_device_trains_as_its_reference() -> None:
     """``--check`` sets a bf16 plan against one process computing in bf16 as the engines do (bf16 casts of fp32

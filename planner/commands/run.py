@@ -75,12 +75,13 @@ def run(plan_path: str, model: str, engine: str | None, steps: int, warmup: int,
         doc = run_plan(plan, model, engine=engine, steps=steps, warmup=min(warmup, steps - 1), loss=loss,
                        check=check, seed=seed, threads=threads, timeout_s=timeout_s, log=log, nnodes=nnodes,
                        node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, rdzv_timeout_s=rdzv_timeout_s)
+    from planner.runner.fingerprint import read_check
     from planner.runner.reference import check_failure
 
     for found in doc.get("warnings", []):
         warnings = [*warnings, found]
         click.echo(f"warning: {plain_text(found)}", err=True)
-    failed = check_failure(plan, doc["losses"], doc["reference_losses"]) if check else None
+    failed = check_failure(plan, doc["losses"], doc["reference_losses"], read_check(doc)) if check else None
     if failed is not None:
         raise failed
     if as_json:
@@ -122,8 +123,19 @@ def _print(doc: dict[str, Any], steps: int, check: bool) -> None:
                      + "  predicted " + _terms_text(stage["predicted"]))
     if check:
         lines += ["reference " + " ".join(f"{x:.5f}" for x in doc["reference_losses"]),
-                  f"max relative loss difference {doc['max_rel_loss_diff']:.3g}"]
+                  f"max relative loss difference {doc['max_rel_loss_diff']:.3g}",
+                  _weights_text(doc)]
     click.echo("\n".join(lines), err=True)
+
+
+def _weights_text(doc: dict[str, Any]) -> str:
+    """The weights' part of ``--check``: the largest difference from one process's, relative to the update."""
+    diff, compared = doc.get("max_rel_weight_diff"), doc.get("weights_compared", 0)
+    if not compared:
+        return "weights   not compared"
+    worst = f" ({plain_text(doc['worst_weight'])})" if doc.get("worst_weight") else ""
+    return (f"weights   {compared} parameters, largest difference {'not finite' if diff is None else f'{diff:.3g}'} "
+            f"of its update{worst}")
 
 
 def _terms_text(terms: dict[str, float] | None) -> str:

@@ -49,8 +49,13 @@ import torch
 from torch import nn
 
 from planner.errors import ExportError
-from planner.export.splits import shard_splits
+from planner.export.splits import parallelize, shard_splits
 from planner.profiler.layered import batch_stats
+
+CONV1D_ROWS = "_planner_conv1d_rows"
+"""The attribute :func:`_conv1d_to_linear` leaves on the ``nn.Linear`` it makes of a GPT-2 ``Conv1D``: the
+permutation of output features it applied, by which ``planner run --check`` reads the weights back in the model's
+layout (planner.runner.fingerprint)."""
 
 _FIX = "search with `planner search --engine torch` (dp forms on this layer), or use another tp"
 
@@ -156,6 +161,8 @@ def _conv1d_to_linear(parent: nn.Module, name: str, rows: torch.Tensor | None = 
         lin.bias.copy_(bias)
     lin.weight.requires_grad_(conv.weight.requires_grad)  # a frozen Conv1D stays frozen
     lin.bias.requires_grad_(conv.bias.requires_grad)
+    # how to read the weights back in the model's layout (planner run --check: planner.runner.fingerprint)
+    setattr(lin, CONV1D_ROWS, torch.arange(weight.shape[0]) if rows is None else rows.clone())
     setattr(parent, name, lin)
 
 
@@ -253,12 +260,7 @@ def _norm_paths(layer: nn.Module) -> list[str]:
 def shard_block(layer: nn.Module, mesh: Any, sequence_parallel: bool, stage: int, index: int) -> None:
     """Make ``layer`` (a transformer block) Megatron tensor parallel over the 1-D ``mesh``."""
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (
-        PrepareModuleInput,
-        PrepareModuleOutput,
-        SequenceParallel,
-        parallelize_module,
-    )
+    from torch.distributed.tensor.parallel import PrepareModuleInput, PrepareModuleOutput, SequenceParallel
 
     styles = _block_styles(layer, mesh.size(), sequence_parallel, stage, index)
     if sequence_parallel:
@@ -270,11 +272,10 @@ def shard_block(layer: nn.Module, mesh: Any, sequence_parallel: bool, stage: int
         for path in (parts.attn, parts.mlp):  # attention and MLP see the whole sequence
             gather = Relayout(mesh, Shard(1), Replicate())
             layer.get_submodule(path).register_forward_pre_hook(gather, with_kwargs=True)
-        parallelize_module(block, mesh, PrepareModuleInput(input_layouts=(Replicate(),),
-                                                           desired_input_layouts=(Shard(1),), use_local_output=True))
-        parallelize_module(block, mesh, PrepareModuleOutput(output_layouts=(Shard(1),),
-                                                            desired_output_layouts=(Replicate(),)))
-    parallelize_module(layer, mesh, styles)
+        parallelize(block, mesh, PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),),
+                                                    use_local_output=True))
+        parallelize(block, mesh, PrepareModuleOutput(output_layouts=(Shard(1),), desired_output_layouts=(Replicate(),)))
+    parallelize(layer, mesh, styles)
 
 
 # ----------------------------------------------------------------------------- dp forms in a tensor group

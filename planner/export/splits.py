@@ -96,8 +96,6 @@ def shard_splits(module: nn.Sequential, forms: Sequence[str], mesh: Any, stage: 
     the profile's type and weight shape of each layer (:func:`split_target`). A column-parallel Linear hands a
     row-parallel one its output still sharded where :func:`sharded_pair` says so; every other split gathers or
     all-reduces its output."""
-    from torch.distributed.tensor.parallel import parallelize_module
-
     targets = {j: split_target(module[j], stage, first + j, form, *(kinds[j] if j < len(kinds) else ("Linear",)))
                for j, form in enumerate(forms) if form in ("split_out", "split_in")}
     plan: dict[str, Any] = {}
@@ -105,7 +103,20 @@ def shard_splits(module: nn.Sequential, forms: Sequence[str], mesh: Any, stage: 
         plan[f"{j}.{target}"] = _split_style(forms[j], sharded_pair(module, forms, targets, j - 1),
                                              sharded_pair(module, forms, targets, j))
     if plan:
-        parallelize_module(module, mesh, plan)
+        parallelize(module, mesh, plan)
+
+
+def parallelize(module: nn.Module, mesh: Any, styles: Any) -> None:
+    """torch's ``parallelize_module``, with every frozen parameter still frozen after it: ``SequenceParallel``
+    registers a norm's weights again as new Parameters that require gradients, so a frozen norm was trained
+    (torch 2.13; found by ``planner run --check``'s weights, where the losses passed)."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    frozen = {name for name, p in module.named_parameters() if not p.requires_grad}
+    parallelize_module(module, mesh, styles)
+    for name, p in module.named_parameters():
+        if name in frozen:
+            p.requires_grad_(False)
 
 
 def sharded_pair(module: nn.Sequential, forms: Sequence[str], targets: dict[int, str], j: int) -> bool:

@@ -48,9 +48,10 @@ from planner.export.nodes import (
 )
 from planner.export.program import engine_module
 from planner.runnable import check_runnable
+from planner.runner.fingerprint import weight_check
 from planner.runner.machine import steps_background
 from planner.runner.processes import last_lines, port_in_use, rendezvous_failure, wait_workers, worker_cause
-from planner.runner.reference import max_rel_diff, reference_losses
+from planner.runner.reference import max_rel_diff, reference_run
 from planner.runner.rendezvous import PROBE_S, check_endpoint, in_use_error
 from planner.runner.terms import AsRun, as_run_prediction, stage_terms
 
@@ -105,12 +106,14 @@ class Launch:
     node_rank: int = 0
     rdzv_endpoint: str = ""
     rdzv_timeout_s: float = DEFAULT_RDZV_TIMEOUT_S
+    weights: bool = False  # report the weights' projections (--check)
 
     def command(self, plan_path: Path, out_dir: str) -> list[str]:
         run = torchrun_args(self.nproc, self.nnodes, self.node_rank, self.rdzv_endpoint, self.rdzv_timeout_s)
         return [sys.executable, "-m", "torch.distributed.run", *run, "-m", "planner.runner.worker",
                 "--plan", str(plan_path), "--model", self.model, "--engine", self.engine, "--steps", str(self.steps),
-                "--loss", self.loss, "--seed", str(self.seed), "--threads", str(self.threads), "--out", out_dir]
+                "--loss", self.loss, "--seed", str(self.seed), "--threads", str(self.threads), "--out", out_dir,
+                *(["--weights"] if self.weights else [])]
 
 
 def _check_run_types(options: dict[str, Any]) -> None:
@@ -280,10 +283,12 @@ def run_plan(plan: ir.Plan, model: str, *, engine: str = "deepspeed", steps: int
     reference = layers if check else None  # the workers build their own; this copy is --check's reference only
     del layers, example
     launch = Launch(model, engine, nproc, steps, loss, seed, threads, nnodes, node_rank, rdzv_endpoint or "",
-                    rdzv_timeout_s)
-    doc = _run_doc(plan, launch, warmup, _run_workers(plan, launch, timeout_s, log))
+                    rdzv_timeout_s, weights=check)
+    res = _run_workers(plan, launch, timeout_s, log)
+    doc = _run_doc(plan, launch, warmup, res)
     if reference is not None:
-        ref = reference_losses(reference, plan, spec, steps, seed, width)
+        ref, ref_weights = reference_run(reference, plan, spec, steps, seed, width)
         doc["reference_losses"] = ref
         doc["max_rel_loss_diff"] = max_rel_diff(doc["losses"], ref)
+        doc.update(weight_check(res.get("weights") or {}, ref_weights).to_dict())
     return doc

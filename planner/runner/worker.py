@@ -7,7 +7,9 @@ seeded generator per step) and times every step between barriers (the slowest ra
 After the timed steps it trains one more step under the torch profiler (CPU events) and puts
 its time in terms (:mod:`planner.runner.terms`). It measures its peak memory as
 :mod:`planner.runner.memory` says: on CUDA over the whole run, on CPU the heap in use over one
-more untimed step, the layers this rank runs counted and the other stages' left out. Local rank 0
+more untimed step, the layers this rank runs counted and the other stages' left out. Under ``--check`` (any
+server's launcher asking: ``--weights``) every rank projects its layers' weights after the timed steps
+(:mod:`planner.runner.fingerprint`) and the projections are gathered. Local rank 0
 of every server writes the result (losses, times, every rank's peak, node rank and terms) as
 JSON; a worker that fails writes when and why in ``error-rank<N>.txt`` first. :func:`train_plan` (one plan in
 a process group that is already up) is also what ``planner calibrate`` times its pipelines with.
@@ -37,6 +39,7 @@ from planner.export.nodes import rank_chunks
 from planner.export.program import engine_module
 from planner.export.torch import device
 from planner.runner import memory
+from planner.runner.fingerprint import fingerprints, merge
 from planner.runner.machine import busy_cpu_s
 from planner.runner.processes import error_line, write_error
 from planner.runner.terms import MEASURED, STEP_RANGE, Span, classify, timeline_terms
@@ -89,6 +92,20 @@ def group_timing(res: dict[str, Any]) -> dict[str, list[float]]:
     dist.all_reduce(used)
     return {"iteration_s": slowest[0].tolist(), "cpu_s": slowest[1].tolist(), "all_cpu_s": used[0].tolist(),
             "machine_busy_s": used[1].tolist()}
+
+
+def _any_rank(flag: bool) -> bool:
+    """Whether ``flag`` is set on any rank of the group."""
+    value = torch.tensor([int(flag)], dtype=torch.int64, device=device())
+    torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
+    return bool(value.item())
+
+
+def _gather_objects(value: dict[str, float]) -> list[dict[str, float]]:
+    """Every rank's ``value``, in rank order."""
+    out: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(out, value)
+    return out
 
 
 def _gather(values: list[int]) -> list[list[int]]:
@@ -148,11 +165,13 @@ def _host_s(event: Any) -> float:
 
 
 def train_plan(plan: ir.Plan, model: str, engine: str, steps: int, seed: int, loss: str,
-               profile_terms: bool = True, measure_memory: bool = True) -> dict[str, Any]:
+               profile_terms: bool = True, measure_memory: bool = True, weights: bool = False) -> dict[str, Any]:
     """Train ``plan`` for ``steps`` timed steps in this (already joined) process group: this rank's
     ``losses``, ``iteration_s``, ``cpu_s``, the machine's ``machine_busy_s`` per step,
-    ``terms`` (one profiled step, where ``profile_terms``) and ``peak_memory_bytes`` (where
-    ``measure_memory``: on CPU one more untimed step, :mod:`planner.runner.memory`)."""
+    ``terms`` (one profiled step, where ``profile_terms``), ``peak_memory_bytes`` (where
+    ``measure_memory``: on CPU one more untimed step, :mod:`planner.runner.memory`) and, where
+    ``weights``, the projections of its layers' weights after the timed steps (``--check``:
+    :mod:`planner.runner.fingerprint`)."""
     with build_turn(plan):  # planner.export.building: a server's processes build in turns where needed
         layers, example = load_layers(model, plan, seed)
         for layer in layers:
@@ -166,16 +185,22 @@ def train_plan(plan: ir.Plan, model: str, engine: str, steps: int, seed: int, lo
     step_fn = engine_module(engine).make_trainer(layers, plan, spec.loss)
     losses, times, cpu, machine = _train(step_fn, data[:steps])
     res: dict[str, Any] = {"losses": losses, "iteration_s": times, "cpu_s": cpu, "machine_busy_s": machine}
+    if weights:  # before the untimed steps below train the weights further
+        res["weights"] = fingerprints(layers, _own_indices(plan))
     if measure_memory:  # before the profiled step: the profiler's buffers are not the plan's
         res["peak_memory_bytes"] = probe.peak_bytes(lambda: _barrier_step(step_fn, *data[steps + 1]))
     res["terms"] = profiled_step(step_fn, *data[steps]) if profile_terms else {}
     return res
 
 
+def _own_indices(plan: ir.Plan) -> list[int]:
+    """The indices of the layers this rank runs, in the order of its chunks (the same on every rank of a stage)."""
+    return [i for chunk in rank_chunks(plan, torch.distributed.get_rank()) for i in range(*chunk.layers)]
+
+
 def _own_layers(plan: ir.Plan, layers: Sequence[torch.nn.Module]) -> list[torch.nn.Module]:
     """The layers this rank runs (every worker builds the whole model, and keeps these)."""
-    chunks = rank_chunks(plan, torch.distributed.get_rank())
-    return [layers[i] for chunk in chunks for i in range(*chunk.layers)]
+    return [layers[i] for i in _own_indices(plan)]
 
 
 def _barrier_step(step_fn: Step, x: torch.Tensor, y: torch.Tensor) -> None:
@@ -188,7 +213,8 @@ def _worker(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     plan = ir.Plan.from_dict(json.loads(Path(args.plan).read_text()))
     init_group(args.engine)
-    res = train_plan(plan, args.model, args.engine, args.steps, args.seed, args.loss)
+    weights = _any_rank(args.weights)  # each server's launcher says whether it checks: all ranks gather alike
+    res = train_plan(plan, args.model, args.engine, args.steps, args.seed, args.loss, weights=weights)
     # torchrun's node rank (GROUP_RANK) says which server really ran each rank
     peaks, nodes = zip(*_gather([res["peak_memory_bytes"], int(os.environ.get("GROUP_RANK", "0"))]), strict=True)
     timing = group_timing(res)
@@ -196,10 +222,12 @@ def _worker(args: argparse.Namespace) -> None:
     terms = [torch.zeros(len(MEASURED), dtype=torch.float64, device=dev) for _ in range(ranks)]
     mine = torch.tensor([res["terms"][k] for k in MEASURED], dtype=torch.float64, device=dev)
     torch.distributed.all_gather(terms, mine)
+    projections = _gather_objects(res["weights"]) if weights else None
     if int(os.environ.get("LOCAL_RANK", "0")) == 0:  # every server's launcher gets the result
         (Path(args.out) / "result.json").write_text(json.dumps(
             {"losses": res["losses"], **timing, "peak_memory_bytes": peaks, "node_rank": nodes,
-             "terms": [dict(zip(MEASURED, x.tolist(), strict=True)) for x in terms]}))
+             "terms": [dict(zip(MEASURED, x.tolist(), strict=True)) for x in terms],
+             **({"weights": merge(projections)} if projections is not None else {})}))
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
@@ -214,6 +242,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--weights", action="store_true", help="report the weights' projections (planner run --check)")
     args = ap.parse_args(argv)
     rank = os.environ.get("RANK", "0")
     try:
