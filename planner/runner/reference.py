@@ -69,7 +69,9 @@ WEIGHT_RTOL = {"fp32": 1e-2}
 """How far a plan's trained weights may be from the reference's, relative to how far the reference's moved
 (:mod:`planner.runner.fingerprint`), fp32 plans only (bf16 and fp16 are rounded more than that: reported, not
 judged). Measured on correct plans (GPT-2 and Llama of width 32, tp 2 with and without sequence parallelism, ZeRO-3
-and DeepSpeed's ZeRO-1 over 2 replicas, pipelines, SGD and Adam, 3 steps): 0 to 5.5e-4, the largest where Adam
+and DeepSpeed's ZeRO-1 over 2 replicas, pipelines, SGD and Adam, 3 steps; and 17 grids of the tied tiny GPT-2 on
+4 processes: interleaved and zb-h1 with the tie across stages, ZeRO 1-3, recomputation, DeepSpeed): 0 to 5.5e-4
+(momentum SGD 2e-6 to 5e-6), the largest where Adam
 divides a gradient of rounding noise alone (a key bias's, which softmax ignores) by its own root mean square. The
 bugs it is for: a frozen norm trained under sequence parallelism (its update over the model's largest, 0.3 and
 more) and a tie's gradient divided twice (a quarter of its update)."""
