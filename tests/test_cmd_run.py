@@ -35,7 +35,7 @@ def test_run_json_contract(tmp_path: Path) -> None:
     doc = json.loads(res.stdout)
     for key in ("engine", "world_size", "measured_iteration_s", "predicted_iteration_s", "losses",
                 "reference_losses", "max_rel_loss_diff", "max_rel_weight_diff", "worst_weight", "weights_compared",
-                "weights_missing"):
+                "weights_missing", "weights_unjudged"):
         assert key in doc
     assert doc["world_size"] == 2 and len(doc["losses"]) == 3 and doc["max_rel_loss_diff"] < 1e-5
     # tiny_mlp: 4 Linears' weights and biases, each reported by the rank that runs it, as one process's
@@ -210,6 +210,9 @@ def test_a_check_whose_weights_depart_exits_1_naming_the_weight_and_the_text_sho
     _print(doc, 3, check=True)
     assert "weights   29 parameters, largest difference 2e-06 of its update (1.block.ln_1.bias)" in \
         capsys.readouterr().err.splitlines()
+    _print({**doc, "weights_unjudged": ["1.block.k.bias", "2.block.k.bias"]}, 3, check=True)
+    assert ("weights   29 parameters, largest difference 2e-06 of its update (1.block.ln_1.bias); 2 not judged "
+            "(gradients of rounding noise)") in capsys.readouterr().err.splitlines()
 
 
 def test_without_engine_a_plan_runs_on_the_engine_it_was_searched_for(tmp_path: Path) -> None:

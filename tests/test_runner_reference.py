@@ -93,7 +93,35 @@ def test_check_fails_on_weights_that_depart_where_the_losses_agree() -> None:
     nan = check_failure(plan, ref, ref, dataclasses.replace(ok, max_rel_diff=None))
     assert nan is not None and "block.ln_1.bias is not finite" in nan.cause
     assert check_failure(dataclasses.replace(plan, precision="bf16"), ref, ref, bad) is None
-    assert check_failure(plan, ref, ref, dataclasses.replace(bad, compared=0)) is None
+    assert check_failure(plan, ref, ref, WeightCheck(0.0, "", 0, ())) is None  # a model without weights
+    assert check_failure(plan, ref, ref, None) is None
+    assert check_failure(plan, ref, ref, dataclasses.replace(ok, unjudged=("1.block.k.bias",))) is None
+
+
+def test_check_fails_where_a_weight_was_not_reported() -> None:
+    """A weight no rank reported was not compared: the check cannot pass on it (it passed, comparing nothing, where
+    the workers reported no weights at all)."""
+    import dataclasses
+
+    from planner import ir
+    from planner.cluster import cluster_from_dict
+    from planner.runner.fingerprint import WeightCheck
+    from planner.runner.reference import check_failure
+    from tests.conftest import make_cluster_dict, make_profile_dict
+
+    profile = ir.ModelProfile.from_dict(make_profile_dict(2, batch_size=4))
+    cluster = cluster_from_dict(make_cluster_dict(1, 1))
+    plan = ir.Plan(profile, cluster, "1f1b", 1, "sgd", (ir.Stage((0, 2), (cluster.gpus[0].name,), ("dp", "dp"), 0),),
+                   ir.Prediction(1, 1, 0, 0))
+    ref = [2.0, 1.5]
+    nothing = WeightCheck(0.0, "", 0, ("0.wte.weight", "1.block.ln_1.weight"))
+    err = check_failure(plan, ref, ref, nothing)
+    assert err is not None and err.cause == ("--check failed: no rank reported layer 0's wte.weight and 1 more "
+                                             "weights after the steps: the trained weights were not all compared "
+                                             "with single-process training's")
+    one = check_failure(plan, ref, ref, WeightCheck(1e-4, "1.b", 3, ("1.block.ln_1.weight",)))
+    assert one is not None and "layer 1's block.ln_1.weight after the steps" in one.cause
+    assert check_failure(dataclasses.replace(plan, precision="bf16"), ref, ref, nothing) is None  # not judged
     assert check_failure(plan, ref, ref, None) is None
 
 

@@ -134,8 +134,10 @@ def _weights_text(doc: dict[str, Any]) -> str:
     if not compared:
         return "weights   not compared"
     worst = f" ({plain_text(doc['worst_weight'])})" if doc.get("worst_weight") else ""
+    unjudged = len(doc.get("weights_unjudged", []))
+    noise = f"; {unjudged} not judged (gradients of rounding noise)" if unjudged else ""
     return (f"weights   {compared} parameters, largest difference {'not finite' if diff is None else f'{diff:.3g}'} "
-            f"of its update{worst}")
+            f"of its update{worst}{noise}")
 
 
 def _terms_text(terms: dict[str, float] | None) -> str:

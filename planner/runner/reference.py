@@ -10,6 +10,8 @@ the zoo MLP with Adam on one device, nothing split, by 2.5e-3.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from torch import nn
 
 from planner import ir
@@ -19,7 +21,14 @@ from planner.export.layers import disable_dropout
 from planner.export.losses import make_loss
 from planner.export.optim import DEFAULT_LR, torch_optimizer
 from planner.export.sharding import casts_per_step, with_precision
-from planner.runner.fingerprint import Reference, WeightCheck, reference, starting_values
+from planner.runner.fingerprint import (
+    Reference,
+    WeightCheck,
+    gradient_norms,
+    noise_keys,
+    reference,
+    starting_values,
+)
 
 
 def reference_losses(layers: tuple[nn.Module, ...], plan: ir.Plan, spec: DataSpec, steps: int, seed: int,
@@ -33,12 +42,13 @@ def reference_run(layers: tuple[nn.Module, ...], plan: ir.Plan, spec: DataSpec, 
                   width: int) -> tuple[list[float], Reference]:
     """:func:`reference_losses`, and the trained weights' projections and updates (planner.runner.fingerprint)."""
     start = starting_values(layers)
-    losses = _train(layers, plan, spec, steps, seed, width, None)
-    return losses, reference(layers, start)
+    grads: list[dict[str, float]] = []
+    losses = _train(layers, plan, spec, steps, seed, width, None, lambda: grads.append(gradient_norms(layers)))
+    return losses, reference(layers, start, noise_keys(grads))
 
 
 def _train(layers: tuple[nn.Module, ...], plan: ir.Plan, spec: DataSpec, steps: int, seed: int, width: int,
-           lr: float | None) -> list[float]:
+           lr: float | None, on_gradients: Callable[[], None] = lambda: None) -> list[float]:
     disable_dropout(nn.Sequential(*layers))
     model = with_precision(nn.Sequential(*layers), plan.precision).train()
     loss_fn = make_loss(spec.loss)
@@ -56,6 +66,7 @@ def _train(layers: tuple[nn.Module, ...], plan: ir.Plan, spec: DataSpec, steps: 
                     loss = loss_fn(model(sub_batch(x, mb, w, m, width)), sub_batch(y, mb, w, m, width))
                     (loss / pieces).backward()
                     total += float(loss.detach())
+        on_gradients()  # the step's gradients, summed
         opt.step()
         out.append(total / pieces)
     return out
@@ -98,9 +109,16 @@ def check_failure(plan: ir.Plan, losses: list[float], reference: list[float],
 
 def _weight_failure(plan: ir.Plan, weights: WeightCheck | None) -> RunError | None:
     wtol = WEIGHT_RTOL.get(plan.precision)
-    if weights is None or wtol is None or not weights.compared:
+    if weights is None or wtol is None:
         return None
     diff = weights.max_rel_diff
+    if weights.missing and diff is not None and diff <= wtol:
+        layer, _, name = weights.missing[0].partition(".")
+        more = f" and {len(weights.missing) - 1} more weights" if len(weights.missing) > 1 else ""
+        return RunError(f"--check failed: no rank reported layer {layer}'s {name}{more} after the steps: the "
+                        "trained weights were not all compared with single-process training's",
+                        "report it, with the plan and the model: the ranks' layers name their parameters otherwise "
+                        "than the model does")
     if diff is not None and diff <= wtol:
         return None
     layer, _, name = weights.worst.partition(".")
