@@ -75,10 +75,10 @@ import torch
 
 from planner import ir
 from planner.calibrate_sharing import measure_sharing, sharing_model
+from planner.cores import check_threads, usable_cores
 from planner.errors import UsageError
-from planner.runner.machine import idle_timeout_s, machine_memory_bytes, wait_idle
+from planner.runner.machine import IDLE_TIMEOUT_S, idle_timeout_s, machine_memory_bytes, wait_idle
 
-IDLE_TIMEOUT_S = 30.0
 """How long calibrate waits for an idle machine before it measures (module doc)."""
 
 
@@ -231,21 +231,6 @@ def measure_links(nproc: int, threads: int) -> dict[str, float]:
                            "calibration workers failed", "try fewer --nproc")
 
 
-def usable_cores() -> int:
-    """The cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-def check_threads(threads: int) -> None:
-    """UsageError unless 1 <= ``threads`` <= the cores this process may run on: a process's threads beyond
-    them only take turns (its node's ``concurrent_devices``, cores / threads, would be below one), and torch
-    would start them all (a million end the process in the thread library's abort, not an error)."""
-    cores = usable_cores()
-    if not 1 <= threads <= cores:
-        raise UsageError(f"--threads must be 1 to the {cores} cores this process may run on, got {threads}",
-                         f"use --threads {min(max(threads, 1), cores)} (one per core, and --nproc for more devices)")
-
-
 def core_share(nproc: int, threads: int) -> float:
     """The share of a core each of ``nproc x threads`` threads gets on the cores this process may use
     (:meth:`planner.ir.Node.fair_share` of a node that runs ``cores / threads`` processes at once)."""
@@ -258,7 +243,7 @@ def calibrate(nproc: int, threads: int = 1, name: str | None = None, profile: ir
     ``engines``: the engines whose overheads to measure (none: the cluster carries none)."""
     if nproc < 2:
         raise UsageError(f"--nproc must be 2 or more to measure links, got {nproc}", "use --nproc 2")
-    check_threads(threads)
+    check_threads(threads, "one per core, and --nproc for more devices")
     waited_s = wait_idle(timeout_s=idle_timeout_s(IDLE_TIMEOUT_S))
     compute = measure_flops(threads)
     bandwidth = measure_memory_bandwidth(threads)
@@ -272,7 +257,8 @@ def calibrate(nproc: int, threads: int = 1, name: str | None = None, profile: ir
     link = ir.Link(links["bandwidth_Bps"], links["latency_s"], links["allreduce_bandwidth_Bps"],
                    links["allgather_bandwidth_Bps"])
     gpus = tuple(ir.GPU(f"cpu{i}", float(flops), memory, compute["memory_bandwidth_Bps"]) for i in range(nproc))
-    cluster = ir.Cluster(name or f"calibrated-cpu-{nproc}x{threads}t", (dataclasses.replace(shared, gpus=gpus),),
+    node = dataclasses.replace(shared, gpus=gpus, threads=threads)  # run and export start processes with them
+    cluster = ir.Cluster(name or f"calibrated-cpu-{nproc}x{threads}t", (node,),
                          (("intra_node", link), ("inter_node", link)))
     meta: dict[str, Any] = {**compute, **links, "threads": threads, "nproc": nproc, "core_share": share,
                             "sharing_efficiency": shared.sharing_efficiency, "handoff_s": shared.handoff_s,

@@ -43,7 +43,7 @@ import numpy as np
 
 from planner import ir
 from planner.errors import PlannerError, RunError
-from planner.runner.machine import IDLE_CORES
+from planner.runner.machine import IDLE_CORES, IDLE_TIMEOUT_S
 
 MODEL = "planner.calibrate_engines:tiny_mlp"
 INPUT_SHAPE = (32,)
@@ -80,7 +80,7 @@ def batch_size(nproc: int) -> int:
 
 
 STEPS, WARMUP, ROUNDS = 8, 2, 3
-ATTEMPTS, IDLE_TIMEOUT_S = 3, 30.0
+ATTEMPTS = 3
 """A round is timed again (up to ATTEMPTS times in all) while other work took more than
 :data:`planner.runner.machine.IDLE_CORES` cores during it; each attempt first waits up to
 IDLE_TIMEOUT_S for an idle machine."""

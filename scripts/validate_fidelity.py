@@ -99,28 +99,22 @@ from planner.errors import PlannerError  # noqa: E402
 # ----------------------------------------------------------------------------- steps
 
 
-def profile(name: str, attempts: int = 3, repeats: int = 25) -> Any:
-    """``planner profile`` of the model at its batch, measured at --threads 1 (``repeats``) on an
-    idle machine: it waits for one, and profiles again (up to ``attempts`` times in all) while
-    other work took cores meanwhile (a layer's wall time counts the time it waited for a core).
-    25 repeats, not 9: four GPT-2 profiles in a row on the idle machine gave whole-model times
-    0.224-0.258 s and fixed parts (every micro-batch pays them) 0.6-11 ms at 9 repeats;
-    0.250-0.256 s and 3.6-8.3 ms at 25."""
+def profile(name: str, repeats: int = 25) -> Any:
+    """``planner profile`` of the model at its batch, measured at --threads 1 (``repeats``): its timed passes wait
+    for an idle machine and are timed again while other work took cores meanwhile, as every CPU profile's are
+    (planner.profiler.idle; a layer's wall time counts the time it waited for a core). 25 repeats, not 9: four
+    GPT-2 profiles in a row on the idle machine gave whole-model times 0.224-0.258 s and fixed parts (every
+    micro-batch pays them) 0.6-11 ms at 9 repeats; 0.250-0.256 s and 3.6-8.3 ms at 25."""
     from planner.profiler import profile_model
+    from planner.profiler.idle import Quiet
     from planner.profiler.loader import load_model
-    from planner.runner.machine import background_cores, busy_cpu_s, idle_timeout_s, on_idle_machine
 
-    def measure() -> tuple[Any, float]:
-        torch.manual_seed(0)
-        b0, t0, c0 = busy_cpu_s(), time.perf_counter(), time.process_time()
-        prof = profile_model(load_model(spec(name), MODELS[name][1]), mode="measured", threads=1,
-                             repeats=repeats)
-        bg = background_cores((busy_cpu_s() or 0.0) - (b0 or 0.0), time.process_time() - c0,
-                              time.perf_counter() - t0)
-        print(f"  profiled {name}: other work {bg:.2f} cores", file=sys.stderr)
-        return prof, bg
-
-    return on_idle_machine(measure, attempts, idle_timeout_s(60.0))[0]
+    torch.manual_seed(0)
+    prof = profile_model(load_model(spec(name), MODELS[name][1]), mode="measured", threads=1, repeats=repeats)
+    quiet = Quiet.from_meta(prof.meta)
+    if quiet is not None:
+        print(f"  profiled {name}: other work {quiet.background_cores or 0.0:.2f} cores", file=sys.stderr)
+    return prof
 
 
 def speed_probe(name: str) -> float:

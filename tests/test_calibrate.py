@@ -39,6 +39,7 @@ def test_calibrated_cluster_is_a_valid_cluster_of_p_devices() -> None:
     assert [g.flops for g in back.gpus] == pytest.approx([meta["flops"] * meta["core_share"]] * 2)
     assert {g.memory_bandwidth_Bps for g in back.gpus} == {meta["memory_bandwidth_Bps"]}
     assert back.nodes[0].concurrent_devices == len(os.sched_getaffinity(0))  # 1 thread each: one per core
+    assert back.nodes[0].threads == 1  # what planner run starts each process with
     handoff_s = back.nodes[0].handoff_s  # measured beside the efficiency, carried in the file
     assert handoff_s is not None and 0 <= handoff_s < 0.1 and handoff_s == meta["handoff_s"]
     efficiency = back.nodes[0].sharing_efficiency  # measured with the benchmark kernel: no profile
@@ -49,7 +50,7 @@ def test_calibrated_cluster_is_a_valid_cluster_of_p_devices() -> None:
 
 @pytest.mark.slow
 def test_more_processes_than_cores_carry_their_measured_sharing_efficiency() -> None:
-    from planner.calibrate import usable_cores
+    from planner.cores import usable_cores
 
     cores = usable_cores()
     if cores > 8:

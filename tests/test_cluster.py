@@ -24,6 +24,7 @@ from planner.cluster import (
     spanning_tensor_group,
 )
 from planner.errors import ClusterError, FormatError
+from planner.ir.cluster import MAX_THREADS
 from tests.conftest import make_cluster_dict
 
 
@@ -142,6 +143,32 @@ def test_engine_overheads_round_trip_and_old_files_load_without_them() -> None:
     from planner.schemas import validate
 
     validate(c.to_dict(), "cluster", 1, "x")
+
+
+def test_a_nodes_threads_round_trip_and_old_files_load_without_them() -> None:
+    """``planner calibrate`` writes the threads each process was measured with; run and export start them."""
+    d = make_cluster_dict(2, 2)
+    assert [n.threads for n in cluster_from_dict(d).nodes] == [None, None]
+    assert "threads" not in cluster_from_dict(d).to_dict()["nodes"][0]
+    assert cluster_from_dict(d).threads_for(["n0.g0"]) is None
+    d["nodes"][0]["threads"] = 2
+    c = cluster_from_dict(d)
+    assert cluster_from_dict(c.to_dict()) == c and c.to_dict()["nodes"][0]["threads"] == 2
+    assert c.threads_for(["n0.g0", "n0.g1"]) == 2 and c.threads_for(["n1.g0"]) is None
+    assert c.threads_for(["n0.g1", "n1.g0"]) is None  # one node says 2, the other nothing
+    d["nodes"][1]["threads"] = 2
+    assert cluster_from_dict(d).threads_for(["n0.g1", "n1.g0"]) == 2
+    from planner.schemas import validate
+
+    validate(c.to_dict(), "cluster", 1, "x")
+
+
+@pytest.mark.parametrize("threads", [0, -1, 1.5, True, "2", MAX_THREADS + 1])
+def test_bad_threads_name_the_field(threads: Any) -> None:
+    d = make_cluster_dict()
+    d["nodes"][0]["threads"] = threads
+    with pytest.raises(FormatError, match="threads"):
+        ir.Cluster.from_dict(d)
 
 
 @pytest.mark.parametrize(("overheads", "word"), [

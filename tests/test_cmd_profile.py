@@ -197,6 +197,9 @@ BAD_INPUTS = [
     ([*GPT2, "--set", "activation_function=evil"], 2, "activation_function=evil: unknown name 'evil'"),
     ([*GPT2, "--set", "n_positions=4"], 2, "--set n_positions=4: gpt2 then holds 4 positions, fewer than the 128"),
     (["profile", "gpt2", "-b", "2", "--threads", "1", "--set", "n_positions=4"], 2, "fewer than the 128 tokens"),
+    # more threads than cores (torch started a million and the process died of a segmentation fault)
+    (["profile", "mlp", "-b", "2", "--threads", "1000000"], 2, "cores this process may run on, got 1000000"),
+    (["profile", "mlp", "-b", "2", "--threads", "0"], 2, "--threads"),
     # models with nothing to train or no gradient, measured and analytic alike
     (own("no_params", "--input-shape", "4"), 1, "has no parameters, so training it has nothing to update"),
     (own("no_params", "--input-shape", "4", "--mode", "analytic"), 1, "has no parameters"),

@@ -21,16 +21,23 @@ def _cwd(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(ROOT)
 
 
-def _write(tmp_path: Path, **kw: object) -> str:
+def _write(tmp_path: Path, threads: int | None = None, **kw: object) -> str:
+    """A 2-stage plan of tests.test_runner's tiny_mlp; ``threads``: its devices' (a calibrated cluster's)."""
+    plan = tiny_plan("tiny_mlp", [0, 2, -1], **kw)  # type: ignore[arg-type]
+    doc = plan.to_dict()
+    for node in doc["cluster"]["nodes"] if threads is not None else []:
+        node["threads"] = threads
     path = tmp_path / "plan.json"
-    path.write_text(json.dumps(tiny_plan("tiny_mlp", [0, 2, -1], **kw).to_dict()))  # type: ignore[arg-type]
+    path.write_text(json.dumps(doc))
     return str(path)
 
 
 @pytest.mark.slow
-def test_run_json_contract(tmp_path: Path) -> None:
-    res = CliRunner().invoke(main, ["run", _write(tmp_path), "--model", "tests.test_runner:tiny_mlp", "--engine",
-                                    "torch", "--steps", "3", "--warmup", "1", "--check", "--json"])
+def test_run_json_contract(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for where in ("planner.cores", "planner.runner.launch"):
+        monkeypatch.setattr(f"{where}.usable_cores", lambda: 64)  # the cores' share would be 32 threads
+    res = CliRunner().invoke(main, ["run", _write(tmp_path, threads=2), "--model", "tests.test_runner:tiny_mlp",
+                                    "--engine", "torch", "--steps", "3", "--warmup", "1", "--check", "--json"])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     for key in ("engine", "world_size", "measured_iteration_s", "predicted_iteration_s", "losses",
@@ -38,6 +45,7 @@ def test_run_json_contract(tmp_path: Path) -> None:
                 "weights_missing", "weights_unjudged"):
         assert key in doc
     assert doc["world_size"] == 2 and len(doc["losses"]) == 3 and doc["max_rel_loss_diff"] < 1e-5
+    assert doc["threads"] == 2  # each process as its device was measured (the cluster's node), not the cores' share
     # tiny_mlp: 4 Linears' weights and biases, each reported by the rank that runs it, as one process's
     assert doc["weights_compared"] == 8 and doc["weights_missing"] == [] and doc["max_rel_weight_diff"] < 1e-2
     assert (doc["kind"], doc["version"]) == ("run", 1)
@@ -145,6 +153,14 @@ def test_a_seed_out_of_range_is_a_usage_error(tmp_path: Path, seed: str) -> None
     res = CliRunner().invoke(main, ["run", _write(tmp_path), "--model", "tests.test_runner:tiny_mlp", "--engine",
                                     "torch", "--seed", seed])
     assert res.exit_code == 2 and "--seed" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_more_threads_than_cores_is_a_usage_error_before_anything_starts(tmp_path: Path) -> None:
+    """torch starting a million threads crashed the launcher with a segmentation fault (exit 139, no message)."""
+    res = CliRunner().invoke(main, ["run", _write(tmp_path), "--model", "tests.test_runner:tiny_mlp", "--engine",
+                                    "torch", "--threads", "1000000"])
+    assert res.exit_code == 2 and "cores this process may run on, got 1000000" in res.stderr
+    assert "Traceback" not in res.stderr
 
 
 def test_unknown_model_exits_1(tmp_path: Path) -> None:

@@ -141,3 +141,24 @@ def test_a_zoo_models_launch_script_leaves_pythonpath_alone() -> None:
     files = program_files(zoo, "deepspeed")
     assert "PYTHONPATH" not in files["launch_node0.sh"] and "PYTHONPATH" not in files["README.md"]
     assert "`--lr LR`, `--seed N`" in files["README.md"]
+
+
+@pytest.mark.parametrize("servers", [(1, 8), (2, 2)])
+def test_the_launch_scripts_start_the_threads_the_devices_were_measured_with(tmp_path: Path,
+                                                                            servers: tuple[int, int]) -> None:
+    """A plan on a calibrated cluster (its nodes' ``threads``) runs each process with them, as ``planner run``
+    does, unless the caller sets OMP_NUM_THREADS; a cluster that says nothing leaves torch's default alone."""
+    from tests.test_runner import _measured_with
+
+    plan = tiny_plan("tiny_mlp", [0, 2, -1], width=2, servers=servers)
+    assert "OMP_NUM_THREADS" not in program_files(plan, "torch")["launch_node0.sh"]
+    out = tmp_path / "program"
+    export_plan(_measured_with(plan, 3), "torch", out)
+    fake = tmp_path / "torchrun"
+    fake.write_text('#!/bin/sh\necho "$OMP_NUM_THREADS"\n')
+    fake.chmod(0o755)
+    env = {"PATH": "/usr/bin:/bin", "TORCHRUN": str(fake)}
+    for caller, threads in (({}, "3"), ({"OMP_NUM_THREADS": "5"}, "5")):
+        done = subprocess.run(["sh", str(out / "launch_node0.sh"), "127.0.0.1:29400"], capture_output=True,
+                              text=True, env={**env, **caller}, timeout=60, check=True)
+        assert done.stdout.split() == [threads]

@@ -372,6 +372,35 @@ def test_the_run_doc_of_a_plan_searched_for_another_engine_predicts_it_as_run(tm
     assert same["predicted_iteration_s"] == plan.predicted.iteration_s and same["warnings"] == []
 
 
+def _measured_with(plan: ir.Plan, *threads: int | None) -> ir.Plan:
+    """``plan`` on its cluster whose nodes' devices were measured with ``threads`` (one per node, cycled)."""
+    nodes = tuple(dataclasses.replace(n, threads=threads[i % len(threads)]) for i, n in enumerate(plan.cluster.nodes))
+    return dataclasses.replace(plan, cluster=dataclasses.replace(plan.cluster, nodes=nodes))
+
+
+def test_a_run_takes_the_threads_its_devices_were_measured_with(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 1-thread device's plan run on both cores of a 2-core machine ran 1.4x faster than predicted (the README's
+    mlp): a run starts each process with the threads its cluster's node says, warns where it cannot or is told
+    otherwise, and shares the cores out only where the cluster says nothing (GPUs, hand-written clusters)."""
+    from planner.runner.launch import run_threads
+
+    for where in ("planner.cores", "planner.runner.launch"):
+        monkeypatch.setattr(f"{where}.usable_cores", lambda: 8)
+    plan = tiny_plan("tiny_mlp", [0, -1])  # one process
+    assert run_threads(plan, 1, None) == (8, None) and run_threads(plan, 4, None) == (2, None)
+    assert run_threads(_measured_with(plan, 1), 1, None) == (1, None)
+    assert run_threads(_measured_with(plan, 3), 1, 3) == (3, None)
+    threads, warning = run_threads(_measured_with(plan, 1), 1, 4)
+    assert threads == 4 and warning and "measured with 1" in warning and "leave out --threads" in warning
+    threads, warning = run_threads(_measured_with(plan, 16), 1, None)  # measured on a larger machine
+    assert threads == 8 and warning and "measured with 16" in warning and "8 cores" in warning
+    two = tiny_plan("tiny_mlp", [0, 2, -1], servers=(2, 1))  # a stage on each of two servers
+    assert run_threads(_measured_with(two, 1, 2), 2, None) == (4, None)  # the servers disagree: no one number
+    assert run_threads(_measured_with(two, 2, 2), 2, None) == (2, None)
+    with pytest.raises(UsageError, match="--threads must be 1 to the 8 cores this process may run on, got 9"):
+        run_threads(plan, 1, 9)
+
+
 def test_the_layers_own_limits_are_checked_before_any_process_starts(monkeypatch: pytest.MonkeyPatch) -> None:
     """A DeepSpeed bf16 plan whose first stage trains nothing is refused before a worker is launched: by the
     profile's trainable counts, and where the profile says nothing of them (made before the weights were

@@ -33,14 +33,15 @@ def calibrate(out: str, nproc: int, threads: int, name: str | None, profile_path
     each engine adds per action, micro-batch and step, and torch per FSDP unit's gather or reduction
     (tiny pipelines and data-parallel stages on the --nproc processes)."""
     from planner.calibrate import calibrate as measure
-    from planner.calibrate import check_threads, cluster_doc
+    from planner.calibrate import cluster_doc
+    from planner.cores import check_threads
     from planner.outputs import stdout_to_stderr
     from planner.render.progress import status
     from planner.render.text import count
 
     engines = engine_list(engines_text)
     _check_nproc(nproc)
-    check_threads(threads)
+    check_threads(threads, "one per core, and --nproc for more devices")
     staged = outputs([out], inputs=[profile_path])
     if name is not None and not 0 < len(name) <= MAX_NAME:
         raise UsageError(f"--name is {len(name)} characters long; a cluster's name has 1 to {MAX_NAME}",

@@ -116,6 +116,7 @@ def profile(model: str, output: str | None, batch_size: int, input_shape: str | 
     staged = outputs([output])
 
     from planner.profiler import load_model, profile_model
+    from planner.profiler.idle import Quiet
     from planner.render.profile import print_summary, progress_bar
 
     _check_device(device_flops, efficiency, dtype, mode)  # a bad value fails before any work
@@ -127,6 +128,9 @@ def profile(model: str, output: str | None, batch_size: int, input_shape: str | 
         prof = profile_model(loaded, mode=mode, threads=threads, repeats=repeats, warmup=warmup,
                              device_flops=device_flops, progress=update, efficiency=efficiency)
     doc = prof.to_dict()
+    quiet = Quiet.from_meta(prof.meta)
+    if quiet is not None and quiet.warning:
+        click.echo(f"warning: {quiet.warning}", err=True)
     staged.write_text(output, dumps(doc))
     with contextlib.suppress(Exception):
         print_summary(prof, output)
@@ -143,8 +147,10 @@ def _check_numbers(output: str | None, as_json: bool, batch_size: int, threads: 
     if not 1 <= batch_size <= MAX_BATCH:
         raise UsageError(f"--batch-size must be from 1 to {MAX_BATCH:,} (the most a profile holds), got {batch_size}",
                          "e.g. --batch-size 32")
-    if threads is not None and threads < 1:
-        raise UsageError(f"--threads must be 1 or more, got {threads}", "e.g. --threads 1")
+    if threads is not None:
+        from planner.cores import check_threads
+
+        check_threads(threads, "1 to time as planner calibrate's default devices compute")
     if repeats < 1 or warmup < 0:
         raise UsageError(f"--repeats must be 1 or more and --warmup 0 or more, got {repeats} and {warmup}",
                          "e.g. --repeats 3 --warmup 1")

@@ -43,7 +43,7 @@ LAUNCH = '''\
 #   sh launch_node{rank}.sh [HOST:PORT] [{what} options...]
 ENDPOINT="${{RDZV_ENDPOINT:-127.0.0.1:{port}}}"
 case "${{1:-}}" in -*|"") ;; *) ENDPOINT="$1"; shift ;; esac
-{importable}cd "$(dirname "$0")" || exit 1
+{importable}{threads}cd "$(dirname "$0")" || exit 1
 exec ${{TORCHRUN:-torchrun}} {torchrun} --rdzv-endpoint="$ENDPOINT" \\
     --rdzv-conf="timeout=${{RDZV_TIMEOUT:-{timeout}}}" {entry} "$@"
 '''
@@ -51,7 +51,7 @@ exec ${{TORCHRUN:-torchrun}} {torchrun} --rdzv-endpoint="$ENDPOINT" \\
 STANDALONE = '''\
 #!/bin/sh
 # Every rank on this server ({world} processes): sh launch_node0.sh [{what} options...]
-{importable}cd "$(dirname "$0")" || exit 1
+{importable}{threads}cd "$(dirname "$0")" || exit 1
 exec ${{TORCHRUN:-torchrun}} {torchrun} {entry} "$@"
 '''
 
@@ -60,6 +60,18 @@ IMPORTABLE = ('# {model} is imported by its module path, from the folder this is
 """The launch scripts' lines for a plan of a ``package.module:factory`` model: the folder the script is started
 in stays importable after it changes to its own folder (torchrun puts the script's folder, not the working one,
 on ``sys.path``), as ``planner profile`` found the module there."""
+
+
+THREADS = ('# each process computes with the torch threads its device was measured with (planner calibrate '
+           '--threads), as the plan predicts\nexport OMP_NUM_THREADS="${{OMP_NUM_THREADS:-{threads}}}"\n')
+"""The launch scripts' line for a plan whose cluster says its devices' threads (:attr:`planner.ir.Node.threads`):
+torch starts that many in each process unless the caller's ``OMP_NUM_THREADS`` says otherwise."""
+
+
+def threads_line(plan: ir.Plan) -> str:
+    """:data:`THREADS` for a plan whose devices' threads are known, else nothing."""
+    threads = plan.process_threads
+    return THREADS.format(threads=threads) if threads is not None else ""
 
 
 def factory_model(plan: ir.Plan) -> bool:
@@ -81,7 +93,7 @@ def launch_scripts(plan: ir.Plan, layout: NodeLayout | None, entry: str = "train
     if layout is None or layout.nnodes == 1:
         return {"launch_node0.sh": STANDALONE.format(world=plan.world_size, entry=entry, what=what,
                                                      torchrun=shlex.join(torchrun_args(plan.world_size)),
-                                                     importable=importable(plan))}
+                                                     importable=importable(plan), threads=threads_line(plan))}
     out = {}
     for rank, server in enumerate(layout.servers):
         ranks = layout.ranks(rank)
@@ -91,7 +103,7 @@ def launch_scripts(plan: ir.Plan, layout: NodeLayout | None, entry: str = "train
             server=one_line(server), rank=rank, nnodes=layout.nnodes, first=ranks[0], last=ranks[-1],
             devices=" ".join(one_line(layout.devices[r]) for r in ranks), lastnode=layout.nnodes - 1,
             port=DEFAULT_RDZV_PORT, torchrun=shlex.join(args), timeout=DEFAULT_RDZV_TIMEOUT_S, entry=entry,
-            what=what, importable=importable(plan))
+            what=what, importable=importable(plan), threads=threads_line(plan))
     return out
 
 

@@ -6,12 +6,12 @@ import dataclasses
 import functools
 import hashlib
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from planner.errors import FormatError
-from planner.ir._fields import _get, _int, _list, _need, _num, _opt_num, _str
+from planner.ir._fields import _get, _int, _list, _need, _num, _opt_int, _opt_num, _str
 from planner.jsonio import SUPPORTED_VERSION, check_kind
 
 
@@ -83,6 +83,11 @@ MIN_SHARE = 1e-3
 and the cost model); ``planner calibrate`` writes at least 1 and about 0.8."""
 
 
+MAX_THREADS = 4096
+"""The most :attr:`Node.threads` a cluster file may give: more than any server's hardware threads (torch crashes
+starting a million)."""
+
+
 @dataclass(frozen=True)
 class Node:
     """One server: GPUs joined by the ``intra_node`` link.
@@ -100,6 +105,10 @@ class Node:
     on idle cores (a process that blocks for its input and is woken on busy, time-sliced
     cores; measured by ``planner calibrate`` as well); :attr:`handoff_work_s` is what the cost
     model charges for it (:func:`planner.costmodel.engine.engine_overhead`).
+    ``threads`` (optional, a positive integer): the torch threads each of its devices (CPU processes) was
+    measured with (``planner calibrate --threads``), so that ``planner run`` and an exported launch script
+    start each process with them and it computes as its ``flops`` say (a 1-thread device run on 2 threads
+    was 1.4x faster than its prediction).
     """
 
     name: str
@@ -107,6 +116,7 @@ class Node:
     concurrent_devices: float | None = None
     sharing_efficiency: float | None = None
     handoff_s: float | None = None
+    threads: int | None = None
 
     def fair_share(self, computing: float) -> float:
         """The share of a core each of ``computing`` devices of this node gets while they compute:
@@ -151,6 +161,8 @@ class Node:
             d["sharing_efficiency"] = self.sharing_efficiency
         if self.handoff_s is not None:
             d["handoff_s"] = self.handoff_s
+        if self.threads is not None:
+            d["threads"] = self.threads
         return d
 
     @classmethod
@@ -164,8 +176,12 @@ class Node:
         if efficiency is not None and not MIN_SHARE <= efficiency <= 1:
             raise FormatError(f"{where}.sharing_efficiency must be in [{MIN_SHARE:g}, 1], got {efficiency!r}",
                               "e.g. 0.92 (what planner calibrate measured), or leave it out (1)")
+        threads = _opt_int(d, "threads", where)
+        if threads is not None and threads > MAX_THREADS:
+            raise FormatError(f"{where}.threads must be at most {MAX_THREADS}, got {threads}",
+                              "the torch threads per process planner calibrate measured with, e.g. 1")
         return cls(_str(d, "name", where), tuple(GPU.from_dict(g, f"{where}.gpus[{i}]") for i, g in enumerate(gpus)),
-                   concurrent, efficiency, _opt_num(d, "handoff_s", where))  # _num refuses a negative one
+                   concurrent, efficiency, _opt_num(d, "handoff_s", where), threads)  # _num refuses a negative one
 
 
 @dataclass(frozen=True)
@@ -322,6 +338,13 @@ class Cluster:
     def gpus(self) -> tuple[GPU, ...]:
         """Every GPU in cluster order (computed once: a frozen value)."""
         return tuple(g for node in self.nodes for g in node.gpus)
+
+    def threads_for(self, devices: Iterable[str]) -> int | None:
+        """The threads per process (:attr:`Node.threads`) of the nodes holding ``devices``, where they all give the
+        same number; None where one gives none or they differ."""
+        wanted = set(devices)
+        found = {n.threads for n in self.nodes if any(g.name in wanted for g in n.gpus)}
+        return found.pop() if len(found) == 1 else None
 
     def keeping_free(self, share: float) -> Cluster:
         """This cluster with ``share`` of every GPU's memory kept free (0 <= share < 1): what a plan may use where the

@@ -230,6 +230,12 @@ class Plan:
         return len({d for s in self.stages for d in s.devices})
 
     @property
+    def process_threads(self) -> int | None:
+        """The torch threads per process its devices were measured with (:meth:`Cluster.threads_for`: CPU processes
+        of ``planner calibrate``), which ``planner run`` and an exported launch script start; None: not known."""
+        return self.cluster.threads_for(d for s in self.stages for d in s.devices)
+
+    @property
     def pipeline_stages(self) -> int:
         """K, the pipeline's device groups (``len(stages) / virtual_stages`` for interleaved chunks)."""
         return max(len(self.stages) // max(self.virtual_stages, 1), 1)

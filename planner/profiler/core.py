@@ -38,6 +38,7 @@ from typing import Any, Literal
 
 import torch
 
+from planner.cores import check_threads
 from planner.errors import ProfileError, UsageError
 from planner.ir import BatchTimes, BlockShape, LayerProfile, ModelProfile
 from planner.profiler.analytic import (
@@ -54,6 +55,7 @@ from planner.profiler.guards import (
     out_of_memory,
     with_overrides,
 )
+from planner.profiler.idle import on_idle_cpu
 from planner.profiler.layered import LayeredModel, batch_stats, rejects_input, tensor_counts, trainable_counts
 from planner.profiler.layers import split_model
 from planner.profiler.loader import LoadedModel, dtype_name
@@ -83,8 +85,7 @@ def _threads(n: int | None) -> Any:
     if n is None:
         yield
         return
-    if n < 1:
-        raise UsageError(f"--threads must be 1 or more, got {n}", "e.g. --threads 1")
+    check_threads(n, "1 to time as planner calibrate's default devices compute")
     old = torch.get_num_threads()
     torch.set_num_threads(n)
     try:
@@ -119,7 +120,7 @@ def profile_model(loaded: LoadedModel, *, mode: Literal["measured", "analytic"] 
     passes = Passes(warmup, repeats, whole_repeats, curve_batches_of(int(x.shape[0])) if mode == "measured" else ())
     with _threads(threads), routed_evenly(module):  # a mixture of experts counted evenly routed (meta only)
         try:
-            lm, facts, counted, runs = _walk(module, x, params, loaded.name, mode, layered, passes, progress)
+            lm, facts, counted, runs, quiet = _walk(module, x, params, loaded.name, mode, layered, passes, progress)
         except ProfileError as exc:
             raise with_overrides(exc, loaded.overrides) from None
         elapsed = time.perf_counter() - start
@@ -134,7 +135,7 @@ def profile_model(loaded: LoadedModel, *, mode: Literal["measured", "analytic"] 
                 raise UsageError("analytic mode needs a device's FLOP/s", "pass --device-flops")
             times, fixed, extra, loss = analytic_times(lm, x, facts, (flops[0], flops[1]), efficiency, dtype_label)
     meta = {**_meta(lm, times, threads, time.perf_counter() - start, loaded.overrides),
-            "instrumented_layers": counted, **extra}
+            "instrumented_layers": counted, **extra, **quiet}
     prof = ModelProfile(
         model=loaded.name, batch_size=int(x.shape[0]), dtype=dtype_label, mode=mode,
         device=times.device_name if mode == "analytic" else ("cpu" if x.device.type == "cpu" else str(x.device.type)),
@@ -165,9 +166,10 @@ def _prepared(loaded: LoadedModel, mode: str, device: str | None, dtype: str | t
 
 
 def _walk(module: torch.nn.Module, x: torch.Tensor, params: list[torch.Tensor], name: str, mode: str,
-          layered: LayeredModel | None, passes: Passes, progress: Progress | None) -> tuple[Any, Any, Any, Any]:
+          layered: LayeredModel | None, passes: Passes, progress: Progress | None) -> tuple[Any, Any, Any, Any, Any]:
     """Split the model (or reuse ``layered``), count each layer's FLOPs and bytes, and in measured mode
-    time the passes; returns (layered model, per-layer facts, instrumented layer count, runs)."""
+    time the passes (on a CPU, on an idle machine: :mod:`planner.profiler.idle`); returns (layered model, per-layer
+    facts, instrumented layer count, runs, the meta of what the timed passes ran beside)."""
     measured = mode == "measured"
     tick = _Ticker(progress, (passes.count if measured else 1) + 1)
     tick.start("tracing")
@@ -177,8 +179,17 @@ def _walk(module: torch.nn.Module, x: torch.Tensor, params: list[torch.Tensor], 
     check_output(facts[-1].output_dtype, facts[-1].output_requires_grad,
                  f"{name}'s output (its last layer {lm.names[-1]!r})", facts[-1].output_shape)
     tick("counted FLOPs and bytes")
-    runs = _timed_runs(lm, module, x, params, facts, passes, tick, name) if measured else NO_RUNS
-    return lm, facts, counted, runs
+    if not measured:
+        return lm, facts, counted, NO_RUNS, {}
+    if x.device.type != "cpu":
+        return lm, facts, counted, _timed_runs(lm, module, x, params, facts, passes, tick, name), {}
+
+    def timed() -> Runs:
+        tick.done = 2  # an attempt timed again counts its passes again
+        return _timed_runs(lm, module, x, params, facts, passes, tick, name)
+
+    runs, quiet = on_idle_cpu(timed)
+    return lm, facts, counted, runs, quiet.meta()
 
 
 def _timed_runs(lm: LayeredModel, module: torch.nn.Module, x: torch.Tensor, params: list[torch.Tensor],

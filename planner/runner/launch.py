@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from planner import ir
+from planner.cores import check_threads, usable_cores
 from planner.errors import RunError, UsageError, is_whole
 from planner.export import ENGINES, SEED_MAX
 from planner.export.data import data_spec
@@ -170,6 +171,24 @@ def _check_processes(nproc: int) -> None:
                        "search a plan for a smaller cluster (planner calibrate --nproc N)")
 
 
+def run_threads(plan: ir.Plan, nproc: int, threads: int | None) -> tuple[int, str | None]:
+    """Torch threads per process, and a warning where they are not those the plan's prediction is for.
+
+    ``threads`` where given (at most this machine's cores: torch crashes starting a million); else those the
+    plan's devices were measured with (:attr:`planner.ir.Node.threads`, which ``planner calibrate`` writes), at
+    most the cores; else the cores shared among the ``nproc`` processes."""
+    if threads is not None:
+        check_threads(threads, "or leave it out, to run with the threads the plan's devices were measured with")
+    cores = usable_cores()
+    calibrated = plan.process_threads
+    chosen = threads or min(calibrated or max(1, cores // nproc), cores)
+    if calibrated is None or chosen == calibrated:
+        return chosen, None
+    why = "leave out --threads to run as predicted" if threads else f"this machine has {cores} cores"
+    return chosen, (f"{chosen} torch threads per process, but the plan's devices (cluster {plan.cluster.name!r}) "
+                    f"were measured with {calibrated}, and its prediction is for them: {why}")
+
+
 def _worker_env(threads: int, tmp: str) -> dict[str, str]:
     """This process's environment with the workers' threads, import path and engine settings."""
     env = dict(os.environ)
@@ -275,8 +294,8 @@ def run_plan(plan: ir.Plan, model: str, *, engine: str = "deepspeed", steps: int
     _check_processes(nproc)
     if nnodes > 1 and rdzv_endpoint:  # a port another program holds: fail now, not after --timeout
         check_endpoint(rdzv_endpoint, node_rank, min(rdzv_timeout_s, PROBE_S))
-    threads = threads or max(1, (os.cpu_count() or 1) // nproc)
-    torch.set_num_threads(max(1, threads))
+    threads, threads_warning = run_threads(plan, nproc, threads)
+    torch.set_num_threads(threads)
     layers, example = load_layers(model, plan, seed)
     engine_module(engine).check_plan(plan, layers)  # the layers' own limits, before any process starts
     spec = data_spec(layers, example, loss)
@@ -286,6 +305,7 @@ def run_plan(plan: ir.Plan, model: str, *, engine: str = "deepspeed", steps: int
                     rdzv_timeout_s, weights=check)
     res = _run_workers(plan, launch, timeout_s, log)
     doc = _run_doc(plan, launch, warmup, res)
+    doc["warnings"] += [threads_warning] if threads_warning else []
     if reference is not None:
         ref, ref_weights = reference_run(reference, plan, spec, steps, seed, width)
         doc["reference_losses"] = ref

@@ -36,6 +36,9 @@ BUSY_FIELDS = (0, 1, 2, 5, 6, 7)
 IDLE_CORES = 0.3
 """Busy cores below which the machine counts as idle (the polling's own reads and a waiting
 process's wake-ups stay well under it)."""
+IDLE_TIMEOUT_S = 30.0
+"""How long a measurement waits for an idle machine unless ``PLANNER_IDLE_TIMEOUT_S`` says (:func:`idle_timeout_s`):
+``planner calibrate`` before it times and before each engine round, a CPU profile before its timed passes."""
 
 
 def busy_cpu_s(stat: Path = STAT) -> float | None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from planner import ir, runnable
-from planner.ir.cluster import MIN_SHARE
+from planner.ir.cluster import MAX_THREADS, MIN_SHARE
 from planner.schedule import SCHEDULES
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
@@ -158,7 +158,8 @@ def _cluster_defs() -> dict[str, Any]:
     node = obj({"name": string(), "gpus": array({"$ref": "#/$defs/gpu"})},
                {"concurrent_devices": number(MAX_ITEMS, lo=MIN_SHARE, what="devices"),
                 "sharing_efficiency": number(1, lo=MIN_SHARE, what="share"),
-                "handoff_s": number(MAX_TIME_S, what="seconds")})
+                "handoff_s": number(MAX_TIME_S, what="seconds"),
+                "threads": integer(MAX_THREADS, lo=1, what="torch threads per process")})
     return {"gpu": gpu, "node": node,
             "engine_overhead": overhead,
             "link": obj({"bandwidth_Bps": number(MAX_BYTES, lo=MIN_RATE, what="bytes/s"),
