@@ -200,6 +200,11 @@ BAD_INPUTS = [
     # more threads than cores (torch started a million and the process died of a segmentation fault)
     (["profile", "mlp", "-b", "2", "--threads", "1000000"], 2, "cores this process may run on, got 1000000"),
     (["profile", "mlp", "-b", "2", "--threads", "0"], 2, "--threads"),
+    # passes without end (10**23 repeats profiled until killed), or none
+    (["profile", "mlp", "-b", "2", "--repeats", str(10**23)], 2, "--repeats must be 1 to 1000 and --warmup 0 to 1000"),
+    (["profile", "mlp", "-b", "2", "--warmup", str(10**23)], 2, "--repeats must be 1 to 1000"),
+    (["profile", "mlp", "-b", "2", "--repeats", "0"], 2, "--repeats must be 1 to 1000"),
+    (["profile", "mlp", "-b", "2", "--warmup", "-1"], 2, "--warmup 0 to 1000"),
     # models with nothing to train or no gradient, measured and analytic alike
     (own("no_params", "--input-shape", "4"), 1, "has no parameters, so training it has nothing to update"),
     (own("no_params", "--input-shape", "4", "--mode", "analytic"), 1, "has no parameters"),

@@ -77,9 +77,12 @@ def parse_overrides(items: tuple[str, ...] | list[str]) -> dict[str, bool | int 
               help="Where measured mode runs the layers.")
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float32", show_default=True,
               help="Number format of weights and activations (bytes per value, and the peak analytic mode uses).")
-@click.option("--threads", type=int, default=None, help="torch CPU threads while measuring (default: torch's).")
-@click.option("--repeats", type=int, default=3, show_default=True, help="Timed passes per layer (the median is kept).")
-@click.option("--warmup", type=int, default=1, show_default=True, help="Untimed passes per layer before timing.")
+@click.option("--threads", type=int, default=None,
+              help="torch CPU threads while measuring, 1 to the cores (default: torch's).")
+@click.option("--repeats", type=int, default=3, show_default=True,
+              help="Timed passes per layer (the median is kept), 1 to 1000.")
+@click.option("--warmup", type=int, default=1, show_default=True,
+              help="Untimed passes per layer before timing, 0 to 1000.")
 @click.option("--device-flops", type=str, default=None,
               help="Peak FLOP/s (e.g. 13.4e12) or a GPU name (rtx2080ti, v100, a100, h100, ...: its peak for "
                    "--dtype; a100-tf32, h100-tf32: TF32 for float32). Analytic default rtx2080ti; measured: the "
@@ -151,9 +154,9 @@ def _check_numbers(output: str | None, as_json: bool, batch_size: int, threads: 
         from planner.cores import check_threads
 
         check_threads(threads, "1 to time as planner calibrate's default devices compute")
-    if repeats < 1 or warmup < 0:
-        raise UsageError(f"--repeats must be 1 or more and --warmup 0 or more, got {repeats} and {warmup}",
-                         "e.g. --repeats 3 --warmup 1")
+    from planner.profiler.core import check_passes
+
+    check_passes(repeats, warmup)
     if efficiency is not None and mode != "analytic":
         raise UsageError("--efficiency applies to --mode analytic only", "drop --efficiency or use --mode analytic")
     if efficiency is not None and not 0 < efficiency <= 1:

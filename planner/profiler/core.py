@@ -78,6 +78,16 @@ Progress = Callable[[int, int, str], None]
 
 DEFAULT_REPEATS = 3
 DEFAULT_WARMUP = 1
+MAX_PASSES = 1000
+"""The most ``repeats`` and ``warmup`` passes a profile makes per layer and batch size: at 1000 a GPT-2 takes about
+20 minutes (``--repeats 10**23`` profiled until it was killed)."""
+
+
+def check_passes(repeats: int, warmup: int) -> None:
+    """UsageError unless ``1 <= repeats`` and ``0 <= warmup``, both at most :data:`MAX_PASSES`."""
+    if not 1 <= repeats <= MAX_PASSES or not 0 <= warmup <= MAX_PASSES:
+        raise UsageError(f"--repeats must be 1 to {MAX_PASSES} and --warmup 0 to {MAX_PASSES}, got {repeats} and "
+                         f"{warmup}", f"e.g. --repeats {DEFAULT_REPEATS} --warmup {DEFAULT_WARMUP}")
 
 
 @contextmanager
@@ -207,8 +217,7 @@ def _timed_runs(lm: LayeredModel, module: torch.nn.Module, x: torch.Tensor, para
 def _check_options(mode: str, repeats: int, warmup: int, efficiency: float | None) -> None:
     if mode not in ("measured", "analytic"):
         raise UsageError(f"unknown mode {mode!r}", "use --mode measured or --mode analytic")
-    if repeats < 1 or warmup < 0:
-        raise UsageError(f"--repeats must be 1 or more (got {repeats})", "e.g. --repeats 3")
+    check_passes(repeats, warmup)
     if efficiency is not None and not 0 < efficiency <= 1:
         raise UsageError(f"efficiency must be in (0, 1], got {efficiency}", "e.g. 0.5")
 
