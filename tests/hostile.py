@@ -105,7 +105,8 @@ def _simulate(plan: bytes, plot: bool = False, **kw: Any) -> Case:
 PROFILE_NUMBERS = [("batch_size",), ("device_flops",), ("layers", 0, "forward_s"), ("layers", 1, "param_bytes"),
                    ("layers", 2, "forward_flops"), ("layers", 3, "saved_bytes")]
 CLUSTER_NUMBERS = [("nodes", 0, "gpus", 0, "flops"), ("nodes", 1, "gpus", 1, "memory_bytes"),
-                   ("links", "inter_node", "bandwidth_Bps"), ("links", "intra_node", "latency_s")]
+                   ("links", "inter_node", "bandwidth_Bps"), ("links", "intra_node", "latency_s"),
+                   ("nodes", 0, "threads")]
 PLAN_NUMBERS = [("microbatches",), ("predicted", "iteration_s"), ("stages", 0, "memory_bytes"),
                 ("profile", "layers", 0, "backward_s"), ("cluster", "nodes", 0, "gpus", 0, "flops")]
 
@@ -361,9 +362,20 @@ def factory_cases() -> Iterator[Case]:
                (("hostile_factory_print.py", printing.encode()),), expect="ok", id="factory-prints")
 
 
+def option_cases() -> Iterator[Case]:
+    """Option values torch or the timing loops would take as they are: a million threads crashed profile and run
+    (torch started them: a segmentation fault, exit 139), 10**23 repeats profiled until killed."""
+    for option, value in (("--threads", "1000000"), ("--repeats", str(10**23)), ("--warmup", str(10**23))):
+        yield Case(("profile", "mlp", "-b", "2", option, value, "-o", "{tmp}/p.json"), message=option,
+                   outputs=("p.json",), id=f"profile{option}-huge")
+    _, _, plan = base_docs()
+    yield Case(("run", "{tmp}/plan.json", "--model", "mlp", "--threads", "1000000"), (("plan.json", encode(plan)),),
+               message="--threads", id="run--threads-huge")
+
+
 def all_cases() -> list[Case]:
     groups = (number_cases, structure_cases, name_cases, raw_text_cases, plan_edit_cases, path_cases,
-              multi_output_cases, factory_cases)
+              multi_output_cases, factory_cases, option_cases)
     return [case for group in groups for case in group()]
 
 
