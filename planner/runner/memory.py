@@ -30,7 +30,8 @@ import torch
 from torch import nn
 
 SAMPLE_S = 2e-4
-"""How often the sampling thread reads the heap (a peak shorter than this can be missed)."""
+"""How often the sampling thread reads the heap: a peak shorter than this can be missed, and on a loaded machine
+one that lasts while the thread waits for a core (a 32 MB tensor that lived 3-5 ms was, once in a suite run)."""
 
 
 class _MallInfo2(ctypes.Structure):
