@@ -7,7 +7,10 @@ P data-parallel ranks at 1 and 4 micro-batches, and P pipeline stages at P, 2P a
 micro-batches, 1F1B, and for torch the data-parallel stage under ZeRO-2 and 3 too (FSDP: on this
 2-core VM each gather or reduction of one unit of the tiny model cost 1.2-2.3 ms where its bytes
 take microseconds, a 4-unit ZeRO-2 step 16-18 ms more than ZeRO-0; GPT-2 small's 2-process
-data-parallel step took 114 ms under ZeRO-2 against 71 under ZeRO-0; :func:`shapes`) -- are
+data-parallel step took 114 ms under ZeRO-2 against 71 under ZeRO-0) and as one tensor group, every layer
+row-parallel (each all-reduce or all-gather of a layer's activation cost about 1 ms on this VM where a 256 KB
+all-reduce alone took 0.5: the README's mlp, searched without it, was planned as a tensor group of 2 predicted at
+14.4 ms and ran at 24.6-32.9; :func:`shapes`) -- are
 trained by the engine itself, through the runner's own code
 (:func:`planner.runner.worker.train_plan`, the engines' ``make_trainer``), all plans of one
 engine in one process group. They run on P processes, not on 2 scaled to P: with more
@@ -21,9 +24,9 @@ machine one other busy process made 2-process pipelines 1.4 to 2 times slower), 
 were spoiled so (a machine busy for good: the later rounds run at once, and the report warns). The cost model
 predicts each plan without overheads (``T0``) and, by the simulator, how much one second of each overhead adds to it
 (its features ``f = dT / d overhead``: about ``2(M+K-1)`` actions on the critical path, the
-boundary's sends, one step, the FSDP units' collectives). The overheads ``x >= 0`` minimise
-``sum (T - T0 - f.x)^2`` (non-negative least squares: the unconstrained fit on every subset of them, the best
-non-negative one), so a model that is already pessimistic charges nothing.
+boundary's sends, one step, the FSDP units' collectives, the tensor group's collectives). The overheads
+``x >= 0`` minimise ``sum (T - T0 - f.x)^2`` (non-negative least squares: the unconstrained fit on every subset of
+them, the best non-negative one), so a model that is already pessimistic charges nothing.
 """
 
 from __future__ import annotations
@@ -49,27 +52,31 @@ MODEL = "planner.calibrate_engines:tiny_mlp"
 INPUT_SHAPE = (32,)
 BATCH = 16
 """The least batch the calibration model is profiled and trained at (:func:`batch_size`)."""
-Shape = tuple[tuple[int, ...], int, int]
-"""(GPUs per stage, micro-batches, ZeRO stage) of one calibration plan."""
+Shape = tuple[tuple[int, ...], int, int, int]
+"""(GPUs per stage, micro-batches, ZeRO stage, tensor degree) of one calibration plan."""
 
 
 def shapes(nproc: int, engine: str) -> tuple[Shape, ...]:
     """The calibration plans on ``nproc`` processes: one data-parallel stage at M = 1 and 4, and
     ``nproc`` pipeline stages at M = P, 2P and 4P (torch's 1F1B needs M >= K); on 2 processes
-    ((2,), 1, 0), ((2,), 4, 0), ((1, 1), 2, 0), ((1, 1), 4, 0), ((1, 1), 8, 0). An engine that runs
+    ((2,), 1, 0, 1), ((2,), 4, 0, 1), ((1, 1), 2, 0, 1), ((1, 1), 4, 0, 1), ((1, 1), 8, 0, 1). An engine that runs
     ZeRO-2 and 3 (torch's FSDP) also trains the data-parallel stage at ZeRO-2, M = 1 and 4, and at
     ZeRO-3, M = 4: what each unit's gathers and reductions cost beyond their bytes (``per_shard_s``);
-    one whose ZeRO-1 pays it (DeepSpeed's) trains the stage at ZeRO-1, M = 1 and 4."""
+    one whose ZeRO-1 pays it (DeepSpeed's) trains the stage at ZeRO-1, M = 1 and 4; one that runs tensor
+    parallelism (torch's) trains the stage as one tensor group at M = 1 and 4, every layer row-parallel: what each
+    of its collectives costs beyond its bytes (``per_collective_s``)."""
     from planner.runnable import ENGINES
 
     pipe = (1,) * nproc
-    out: tuple[Shape, ...] = (((nproc,), 1, 0), ((nproc,), 4, 0), (pipe, nproc, 0), (pipe, 2 * nproc, 0),
-                              (pipe, 4 * nproc, 0))
+    out: tuple[Shape, ...] = (((nproc,), 1, 0, 1), ((nproc,), 4, 0, 1), (pipe, nproc, 0, 1), (pipe, 2 * nproc, 0, 1),
+                              (pipe, 4 * nproc, 0, 1))
     limits = ENGINES.get(engine)
     if limits is not None and {2, 3} <= set(limits.zero):
-        out += (((nproc,), 1, 2), ((nproc,), 4, 2), ((nproc,), 4, 3))
+        out += (((nproc,), 1, 2, 1), ((nproc,), 4, 2, 1), ((nproc,), 4, 3, 1))
     if limits is not None and limits.zero1_per_unit:
-        out += (((nproc,), 1, 1), ((nproc,), 4, 1))
+        out += (((nproc,), 1, 1, 1), ((nproc,), 4, 1, 1))
+    if limits is not None and limits.tensor_parallel:
+        out += (((nproc,), 1, 0, nproc), ((nproc,), 4, 0, nproc))
     return out
 
 
@@ -140,17 +147,27 @@ def calibration_plans(profile: ir.ModelProfile, cluster: ir.Cluster, engine: str
                       plan_shapes: Sequence[Shape]) -> list[ir.Plan]:
     """The calibration plans for ``engine`` on the devices of ``cluster``'s first node (flops pinned
     to the profile's times the node's core share, so that the cost model predicts its measured
-    layer times as the cores are shared), every stage without tensor parallelism (a stage of P
-    devices is P data-parallel ranks). The node's hand-off cost is left out: it is what a
+    layer times as the cores are shared): a stage of P devices at tensor degree 1 is P data-parallel ranks, at
+    degree P one tensor group whose every layer is row-parallel (``split_in``: an all-reduce of its output in
+    forward, an all-gather of its input's gradient in backward). The node's hand-off cost is left out: it is what a
     hand-off costs on busy cores, and the tiny model leaves them mostly idle."""
+    from planner.export.partition import manual_plan
     from planner.search import search
 
     node = cluster.nodes[0]
     gpus = tuple(dataclasses.replace(g, flops=profile.device_flops * node.core_share, peak_flops=()) for g in node.gpus)
     own = dataclasses.replace(cluster, nodes=(dataclasses.replace(node, gpus=gpus, handoff_s=None),),
                               engine_overheads=())
-    return [search(profile, own, config=config, microbatches=m, engine=engine, schedule="1f1b", candidates=0,
-                   tp=1, zero=zero) for config, m, zero in plan_shapes]
+    plans = []
+    for config, m, zero, tp in plan_shapes:
+        if tp == 1:
+            plans.append(search(profile, own, config=config, microbatches=m, engine=engine, schedule="1f1b",
+                                candidates=0, tp=1, zero=zero))
+            continue
+        split = manual_plan(profile, own, [0, len(profile.layers)], config[0], microbatches=m, tp=tp,
+                            forms=[["split_in"] * len(profile.layers)])
+        plans.append(dataclasses.replace(split, engine=engine))
+    return plans
 
 
 def _free_port() -> int:
@@ -293,7 +310,8 @@ def measure_engine(cluster: ir.Cluster, engine: str, threads: int, profile: ir.M
     features = np.array([f for _, f in rows])
     overhead = fit_overheads(features, np.array(measured) - base)
     fitted = base + features @ np.array([getattr(overhead, f) for f in ir.EngineOverhead.FIELDS])
-    runs = [{"config": p.config, "microbatches": p.microbatches, "zero": p.stages[0].zero, "measured_s": t,
+    runs = [{"config": p.config, "microbatches": p.microbatches, "zero": p.stages[0].zero, "tp": p.stages[0].tp,
+             "measured_s": t,
              "predicted_s": float(b), "fitted_s": float(f), "busy_rounds": sum(c > IDLE_CORES for c in cores)}
             for p, t, b, f, cores in zip(plans, measured, base, fitted, timings.background_cores, strict=True)]
     return overhead, runs

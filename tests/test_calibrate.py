@@ -89,16 +89,18 @@ def test_engine_calibration_runs_on_the_clusters_own_processes(nproc: int) -> No
     from planner.calibrate_engines import BATCH, batch_size, shapes
 
     plans = shapes(nproc, "torch")
-    assert all(sum(gpus) == nproc for gpus, _, _ in plans)
-    assert {len(gpus) for gpus, _, _ in plans} == {1, nproc}  # data parallel, and one stage per process
+    assert all(sum(gpus) == nproc for gpus, _, _, _ in plans)
+    assert {len(gpus) for gpus, _, _, _ in plans} == {1, nproc}  # data parallel, and one stage per process
     batch = batch_size(nproc)
-    assert batch >= BATCH and all(batch % (m * gpus[0]) == 0 for gpus, m, _ in plans)
-    assert all(m >= len(gpus) for gpus, m, _ in plans)  # 1F1B on torch needs M >= K
-    assert all(len(gpus) == 1 for gpus, _, zero in plans if zero)  # ZeRO shards over a data-parallel stage
-    plain = (((2,), 1, 0), ((2,), 4, 0), ((1, 1), 2, 0), ((1, 1), 4, 0), ((1, 1), 8, 0))
-    if nproc == 2:
-        assert shapes(2, "deepspeed") == (*plain, ((2,), 1, 1), ((2,), 4, 1)) and batch == 16  # its ZeRO-1
-        assert plans == (*plain, ((2,), 1, 2), ((2,), 4, 2), ((2,), 4, 3))  # torch's FSDP: ZeRO-2 and 3
+    assert batch >= BATCH and all(batch % (m * gpus[0]) == 0 for gpus, m, _, _ in plans)
+    assert all(m >= len(gpus) for gpus, m, _, _ in plans)  # 1F1B on torch needs M >= K
+    assert all(len(gpus) == 1 for gpus, _, zero, _ in plans if zero)  # ZeRO shards over a data-parallel stage
+    assert {tp for _, _, _, tp in plans} == {1, nproc}  # torch runs a tensor group: its collectives are measured
+    plain = (((2,), 1, 0, 1), ((2,), 4, 0, 1), ((1, 1), 2, 0, 1), ((1, 1), 4, 0, 1), ((1, 1), 8, 0, 1))
+    if nproc == 2:  # DeepSpeed runs no tensor group
+        assert shapes(2, "deepspeed") == (*plain, ((2,), 1, 1, 1), ((2,), 4, 1, 1)) and batch == 16  # its ZeRO-1
+        assert plans == (*plain, ((2,), 1, 2, 1), ((2,), 4, 2, 1), ((2,), 4, 3, 1),  # torch's FSDP: ZeRO-2 and 3
+                         ((2,), 1, 0, 2), ((2,), 4, 0, 2))
 
 
 def test_one_process_is_refused() -> None:
@@ -173,17 +175,25 @@ def test_calibration_plans_leave_the_nodes_handoff_cost_out() -> None:
     hand-off costs on busy cores, and the engine's fit does not absorb it."""
     import dataclasses
 
-    from planner.calibrate_engines import calibration_plans, shapes
+    from planner.calibrate_engines import calibration_plans, overhead_features, shapes
     from tests.conftest import make_cluster_dict
 
-    profile = ir.ModelProfile.from_dict(make_profile_dict(4, batch_size=16))
+    doc = make_profile_dict(4, batch_size=16)
+    for layer in doc["layers"]:  # 500 x 500 weights: layers a tensor group may split
+        layer.update(in_features=500, out_features=500)
+    profile = ir.ModelProfile.from_dict(doc)
     base = ir.Cluster.from_dict(make_cluster_dict(1, 2))
     node = dataclasses.replace(base.nodes[0], concurrent_devices=1.0, handoff_s=1e-3)
     cluster = dataclasses.replace(base, nodes=(node,))
     plans = calibration_plans(profile, cluster, "torch", shapes(2, "torch"))
-    assert [p.config for p in plans] == ["2", "2", "1-1", "1-1", "1-1", "2", "2", "2"]
-    assert [p.stages[0].zero for p in plans] == [0, 0, 0, 0, 0, 2, 2, 3]
-    assert all(st.tp == 1 for p in plans for st in p.stages)  # a stage of 2 devices is 2 data-parallel ranks
+    assert [p.config for p in plans] == ["2", "2", "1-1", "1-1", "1-1", "2", "2", "2", "2", "2"]
+    assert [p.stages[0].zero for p in plans] == [0, 0, 0, 0, 0, 2, 2, 3, 0, 0]
+    assert all(st.tp == 1 for p in plans[:-2] for st in p.stages)  # a stage of 2 devices is 2 data-parallel ranks
+    for tensor in plans[-2:]:  # one tensor group of both, every layer row-parallel, run by the engine measured
+        assert tensor.stages[0].tp == 2 and set(tensor.stages[0].forms) == {"split_in"} and tensor.engine == "torch"
+    # forward: each layer's all-reduce; backward: layers 1-3 all-gather their input's gradient, leaving the split
+    # forms all-gathers the output's (this profile's input has 0 bytes: entering and layer 0's gather move none)
+    assert overhead_features(plans[-2], "torch")[1][-1] == pytest.approx(8.0)
     assert all(p.cluster.nodes[0].handoff_s is None for p in plans)
     assert all(p.cluster.nodes[0].concurrent_devices == 1.0 for p in plans)
 
@@ -197,7 +207,7 @@ def test_features_count_actions_on_the_critical_path_and_sends_only_between_stag
     assert base > 0 and f[0] == pytest.approx(2 * (4 + 2 - 1), rel=0.05) and f[2] == pytest.approx(1.0, rel=0.05)
     one = make_plan("1f1b", 4, stages=[((0, 4), ("n0.g0",))])
     _, f1 = overhead_features(one, "torch")
-    assert f1 == pytest.approx([8.0, 0.0, 1.0, 0.0])  # no FSDP units under ZeRO-0
+    assert f1 == pytest.approx([8.0, 0.0, 1.0, 0.0, 0.0])  # no FSDP units under ZeRO-0, no tensor group
 
 
 @pytest.mark.slow
@@ -209,15 +219,17 @@ def test_tiny_torch_calibration_fits_non_negative_overheads_from_real_runs() -> 
     profile = profile_model(MODEL, batch_size=BATCH, input_shape=INPUT_SHAPE, threads=1, repeats=3, warmup=1)
     cluster = ir.Cluster.from_dict(make_cluster_dict(1, 2))
     overhead, runs = measure_engine(cluster, "torch", 1, profile,
-                                    (((2,), 1, 0), ((1, 1), 2, 0), ((1, 1), 4, 0), ((2,), 1, 2)), steps=4, rounds=1)
-    assert [(r["config"], r["microbatches"], r["zero"]) for r in runs] == [("2", 1, 0), ("1-1", 2, 0), ("1-1", 4, 0),
-                                                                          ("2", 1, 2)]
+                                    (((2,), 1, 0, 1), ((1, 1), 2, 0, 1), ((1, 1), 4, 0, 1), ((2,), 1, 2, 1),
+                                     ((2,), 1, 0, 2)), steps=4, rounds=1)
+    assert [(r["config"], r["microbatches"], r["zero"], r["tp"]) for r in runs] == [
+        ("2", 1, 0, 1), ("1-1", 2, 0, 1), ("1-1", 4, 0, 1), ("2", 1, 2, 1), ("2", 1, 0, 2)]
     assert all(r["measured_s"] > 0 and r["predicted_s"] > 0 for r in runs)
     assert min(overhead.per_action_s, overhead.per_microbatch_s, overhead.per_step_s, overhead.per_shard_s) >= 0.0
     # the engine costs something beyond the layers' own time on this machine: the fit charges it
     assert sum(r["fitted_s"] for r in runs) > sum(r["predicted_s"] for r in runs)
-    # FSDP's gathers and reductions on gloo cost milliseconds where the tiny model's bytes take microseconds
-    assert overhead.per_shard_s > 1e-4
+    # FSDP's gathers and reductions on gloo cost milliseconds where the tiny model's bytes take microseconds, and so
+    # do a tensor group's all-reduces and all-gathers of its activations
+    assert overhead.per_shard_s > 1e-4 and overhead.per_collective_s > 1e-4
 
 
 def test_unknown_engine_is_bad_usage(tmp_path: Path) -> None:
@@ -315,7 +327,7 @@ def test_time_plans_probes_the_machines_speed_after_every_round_when_asked() -> 
 
     profile = profile_model(MODEL, batch_size=BATCH, input_shape=INPUT_SHAPE, threads=1, repeats=3, warmup=1)
     cluster = ir.Cluster.from_dict(make_cluster_dict(1, 2))
-    plans = calibration_plans(profile, cluster, "torch", (((2,), 1, 0), ((1, 1), 2, 0)))
+    plans = calibration_plans(profile, cluster, "torch", (((2,), 1, 0, 1), ((1, 1), 2, 0, 1)))
     got = time_plans(plans, "torch", 1, steps=3, rounds=2, idle_timeout_s=0, probe=True)
     assert [len(t) for t in got.times_s] == [2, 2]
     assert [len(p) for p in got.probe_s] == [2, 2]

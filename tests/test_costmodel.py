@@ -116,6 +116,28 @@ def test_split_forms_need_shapes_and_shard_weights() -> None:
     assert cost.forward_s == pytest.approx(want_f)
 
 
+def test_each_collective_of_a_tensor_group_pays_what_its_engine_adds_to_one() -> None:
+    """A cluster's measured ``per_collective_s`` (torch: DTensor's redistribution, the ranks meeting on busy cores;
+    on a 2-core VM about 1 ms where the bytes took 0.25) goes on every collective of the plan's engine's tensor
+    groups that moves bytes: split_out all-gathers its output and split_in all-reduces its own in forward; in
+    backward split_in all-gathers its input's gradient and leaving the split forms all-gathers the stage's output
+    gradient (split_out's input gradient is the profile's input, 0 bytes: no collective). Not on other engines,
+    nor on a stage of one device."""
+    d = make_profile_dict(2)
+    for layer in d["layers"]:
+        layer.update(in_features=500, out_features=500)
+    p = ir.ModelProfile.from_dict(d)
+    c = _with_overheads(_cluster(1, 2), torch=ir.EngineOverhead(per_collective_s=1e-3))
+    stage = ir.Stage((0, 2), ("n0.g0", "n0.g1"), ("split_out", "split_in"), 0, tp=2)
+    bare = cm.stage_cost_values(p, c, stage, 1, "sgd", None, engine="deepspeed")
+    got = cm.stage_cost_values(p, c, stage, 1, "sgd", None, engine="torch")
+    assert _times([bare]) == _times([cm.stage_cost_values(p, _cluster(1, 2), stage, 1, "sgd", None, engine="torch")])
+    assert (got.forward_s - bare.forward_s, got.backward_s - bare.backward_s) == pytest.approx((2e-3, 2e-3))
+    one = ir.Stage((0, 2), ("n0.g0",), ("dp", "dp"), 0)
+    assert _times([cm.stage_cost_values(p, c, one, 1, "sgd", None, engine="torch")]) == _times(
+        [cm.stage_cost_values(p, c, one, 1, "sgd", None, engine="deepspeed")])
+
+
 def test_recompute_keeps_stage_input_and_adds_a_forward() -> None:
     p = _profile(2, input_bytes=50_000)
     c = _cluster(1, 1)

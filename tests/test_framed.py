@@ -59,7 +59,7 @@ def test_skipping_problems_by_their_bound_keeps_the_optimum(inst, engine: str, o
         schedule = "1f1b"  # every engine runs 1f1b (DeepSpeed only it)
     if overheads:
         cluster = dataclasses.replace(cluster, engine_overheads=(
-            (engine if engine != "any" else "torch", EngineOverhead(1e-3, 2e-3, 5e-3, 1e-3)),))
+            (engine if engine != "any" else "torch", EngineOverhead(1e-3, 2e-3, 5e-3, 1e-3, 1e-3)),))
     req = _request(profile, cluster, schedule, optimizer, engine)
     best = None
     for m in microbatch_candidates(profile.batch_size, "auto"):
@@ -74,6 +74,26 @@ def test_skipping_problems_by_their_bound_keeps_the_optimum(inst, engine: str, o
         assert best is None
         return
     assert best is not None and plan.predicted.iteration_s == pytest.approx(best, rel=1e-9)
+
+
+def test_the_engines_cost_of_a_collective_reaches_every_grid_and_moves_the_choice() -> None:
+    """Four 500 x 500 layers on two devices: a tensor group of both wins when its collectives cost their bytes alone,
+    and loses to two data-parallel ranks once the engine's measured cost of each (torch on a busy CPU: about 1 ms)
+    is charged; the grids of the problem carry it, and the DP's prediction is the simulator's."""
+    from tests.conftest import make_cluster_dict, make_profile_dict
+
+    doc = make_profile_dict(4, batch_size=8)
+    for layer in doc["layers"]:
+        layer.update(in_features=500, out_features=500)
+    profile, bare = ir.ModelProfile.from_dict(doc), ir.Cluster.from_dict(make_cluster_dict(1, 2))
+    chosen = []
+    for cost_s in (0.0, 1e-3):
+        cluster = dataclasses.replace(bare, engine_overheads=(("torch", EngineOverhead(per_collective_s=cost_s)),))
+        framed = frame_problem(profile, cluster, microbatches=1, schedule="1f1b", optimizer="sgd", engine="torch")
+        assert {g.collective_s for g in framed.grids} == {cost_s}
+        plan = search(profile, cluster, engine="torch")
+        chosen.append((plan.stages[0].tp, set(plan.stages[0].forms) - {"dp"}))
+    assert chosen == [(2, {"split_out", "split_in"}), (1, set())]
 
 
 @given(instances(max_layers=4))

@@ -30,8 +30,8 @@ from planner.schemas.build import MAX_NAME
 def calibrate(out: str, nproc: int, threads: int, name: str | None, profile_path: str | None, engines_text: str,
               progress: bool | None, as_json: bool) -> None:
     """Measure compute, point-to-point and all-reduce over gloo with P processes (about 15-20 s), and what
-    each engine adds per action, micro-batch and step, and torch per FSDP unit's gather or reduction
-    (tiny pipelines and data-parallel stages on the --nproc processes)."""
+    each engine adds per action, micro-batch and step, and torch per FSDP unit's gather or reduction and per
+    tensor-parallel collective (tiny pipelines, data-parallel stages and a tensor group on the --nproc processes)."""
     from planner.calibrate import calibrate as measure
     from planner.calibrate import cluster_doc
     from planner.cores import check_threads
@@ -110,6 +110,7 @@ def _report(cluster: ir.Cluster, meta: dict[str, Any], out: str) -> None:
     for engine, o in cluster.engine_overheads:
         unit = "FSDP unit's gather or reduction" if engine == "torch" else "layer's ZeRO-1 reduction or gather"
         shard = f", {o.per_shard_s * 1e3:.3f} ms per {unit}" if o.per_shard_s else ""
+        shard += f", {o.per_collective_s * 1e3:.3f} ms per tensor group's collective" if o.per_collective_s else ""
         click.echo(f"{engine}: {o.per_action_s * 1e3:.3f} ms per action, {o.per_microbatch_s * 1e3:.3f} ms per "
                    f"micro-batch sent, {o.per_step_s * 1e3:.3f} ms per step{shard}", err=True)
     for warning in busy_warnings(meta):

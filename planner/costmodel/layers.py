@@ -23,6 +23,10 @@ form is relative to the tensor group (``n = tp`` devices):
   an analytic profile records as ``forward_replicated_s``/``backward_replicated_s``;
   :func:`planner.costmodel.blocks.tp_shares`), with it on ``1/tp`` of the sequence.
 
+Each collective of the tensor group (a split or ``tp`` layer's, a change of layout) costs its ring formula's
+time over the link plus what the plan's engine adds to one (``Grid.collective_s``: the cluster's measured
+``EngineOverhead.per_collective_s``, the engine's redistribution and the ranks meeting; 0 where not measured).
+
 Sharded layers' gradients are all-reduced over the data-parallel group (``dp`` devices, one
 per replica). The activation between layers is batch-sharded after ``dp`` and replicated
 after the other forms; a change costs one all-gather of the boundary activation (forward
@@ -77,6 +81,9 @@ class Grid:
     tp: int
     precision: str = "fp32"
     sequence_parallel: bool = False
+    collective_s: float = 0.0
+    """What the plan's engine adds to each collective of the tensor group beyond its bytes
+    (:attr:`planner.ir.EngineOverhead.per_collective_s`)."""
 
     @property
     def dp(self) -> int:
@@ -231,9 +238,10 @@ def layer_table(profile: ir.ModelProfile, grid: Grid | Group, microbatches: int,
     c = _columns(profile, grid, microbatches, nbytes)
     tensor = grid.group.tensor_group(grid.tp)
     n, link = tensor.n, tensor.link
-    ag_in = np.array([ring_allgather_s(x, n, link) for x in c.in_b])
-    ag_out = np.array([ring_allgather_s(x, n, link) for x in c.out_b])
-    fwd, bwd, bww = _times(c, n, link, ag_in, ag_out, tp_shares(profile, n, grid.sequence_parallel))
+    extra = grid.collective_s if n > 1 else 0.0
+    ag_in = np.array([ring_allgather_s(x, n, link) + (extra if x else 0.0) for x in c.in_b])
+    ag_out = np.array([ring_allgather_s(x, n, link) + (extra if x else 0.0) for x in c.out_b])
+    fwd, bwd, bww = _times(c, n, link, extra, ag_in, ag_out, tp_shares(profile, n, grid.sequence_parallel))
     allowed = _allowed(profile, c, n, forms, profile.batch_size / (microbatches * grid.dp), rules)
     act, act_sel, core = _activations(profile, grid, c, n)
     sync, const, shard = _sync(grid, c.weight * c.trains, n)
@@ -298,15 +306,15 @@ def _per_device(whole: np.ndarray, n: int) -> np.ndarray:
     return out
 
 
-def _times(c: _Columns, n: int, link: ir.Link, ag_in: np.ndarray, ag_out: np.ndarray,
+def _times(c: _Columns, n: int, link: ir.Link, extra: float, ag_in: np.ndarray, ag_out: np.ndarray,
            tp_share: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per-micro-batch times per form; ``ag_in``/``ag_out`` the all-gathers of each layer's input/output;
-    ``tp_share`` :func:`tp_shares`."""
+    ``extra`` what the engine adds to each collective; ``tp_share`` :func:`tp_shares`."""
     nl = len(c.pcount)
     fwd, bwd, bww = np.empty((nl, NF)), np.empty((nl, NF)), np.empty((nl, NF))
     fwd[:, DP], bwd[:, DP], bww[:, DP] = c.fwd_full / n + c.fwd_fixed, c.bwd_full / n + c.bwd_fixed, c.bww_full / n
-    ar_out = np.array([ring_allreduce_s(x, n, link) for x in c.out_b])
-    ar_in = np.array([ring_allreduce_s(x, n, link) for x in c.in_b])
+    ar_out = np.array([ring_allreduce_s(x, n, link) + (extra if x else 0.0) for x in c.out_b])
+    ar_in = np.array([ring_allreduce_s(x, n, link) + (extra if x else 0.0) for x in c.in_b])
     wl = c.weightless
     fwd[:, SPLIT_OUT] = c.fwd_fixed + np.where(wl, c.fwd_full, c.fwd_full / n + ag_out)
     bwd[:, SPLIT_OUT] = c.bwd_fixed + np.where(wl, c.bwd_full, c.bwd_full / n + ar_in)

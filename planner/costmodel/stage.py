@@ -146,9 +146,12 @@ def cached_layer_table(profile: ir.ModelProfile, grid: Grid, microbatches: int, 
     return table
 
 
-def stage_grid(cluster: ir.Cluster, stage: ir.Stage, precision: str) -> Grid:
-    """The cost model's view of a stage's devices: its group in the plan's number format, tp, sp."""
-    return Grid(group_of(cluster, stage.devices, precision), stage.tp, precision, stage.sequence_parallel)
+def stage_grid(cluster: ir.Cluster, stage: ir.Stage, precision: str, engine: str = "any") -> Grid:
+    """The cost model's view of a stage's devices: its group in the plan's number format, tp, sp, and what
+    ``engine`` adds to each of its tensor group's collectives on ``cluster``."""
+    overhead = cluster.engine_overhead(engine)
+    return Grid(group_of(cluster, stage.devices, precision), stage.tp, precision, stage.sequence_parallel,
+                overhead.per_collective_s if overhead else 0.0)
 
 
 def stage_cost_values(profile: ir.ModelProfile, cluster: ir.Cluster, stage: ir.Stage, microbatches: int,
@@ -157,7 +160,7 @@ def stage_cost_values(profile: ir.ModelProfile, cluster: ir.Cluster, stage: ir.S
     """The :class:`ir.StageCost` of one stage given the next stage's devices (None: last) and its
     data-parallel degree (None: this stage's), run by ``engine`` (how it runs ZeRO's collectives,
     in a plan of two or more stages where ``pipelined``: :func:`planner.costmodel.engine.zero_comms`)."""
-    grid = stage_grid(cluster, stage, precision)
+    grid = stage_grid(cluster, stage, precision, engine)
     table = cached_layer_table(profile, grid, microbatches, optimizer)
     first, end = stage.layers
     if end > len(profile.layers) or len(stage.forms) != end - first:
@@ -227,7 +230,8 @@ def stage_costs_for(profile: ir.ModelProfile, cluster: ir.Cluster, stages: Seque
         out.append(stage_cost_values(profile, cluster, stage, microbatches, optimizer,
                                      None if nxt is None else nxt.devices, precision, None if nxt is None else nxt.dp,
                                      engine, pipelined))
-    tables = [cached_layer_table(profile, stage_grid(cluster, st, precision), microbatches, optimizer) for st in stages]
+    tables = [cached_layer_table(profile, stage_grid(cluster, st, precision, engine), microbatches, optimizer)
+              for st in stages]
     tied = with_ties(profile, cluster, stages, out, tables)
     accumulated = with_tie_accumulation(profile, stages, tied, tables, microbatches,
                                         zero_comms(cluster, engine).accumulates)

@@ -240,16 +240,22 @@ class EngineOverhead:
     parameters, beyond its bytes over the link (its copies in and out, its hooks, the ranks meeting);
     for DeepSpeed, each layer's share of its ZeRO-1 reduction into partitions and of its parameters'
     all-gather, which run parameter by parameter in Python.
-    How the cost model charges them: :mod:`planner.costmodel.engine` and, for ``per_shard_s``,
-    :mod:`planner.costmodel.variant`. A file without a field reads it as 0.
+    ``per_collective_s``: each collective of a tensor group (a tensor-parallel or split layer's all-reduce or
+    all-gather, forward or backward, and a change of layout between layers) beyond its bytes over the link: the
+    engine's redistribution of its sharded tensors and the ranks meeting while they compute (on this 2-core VM a
+    256 KB all-reduce took 0.5 ms back to back and about 2.4 ms inside a tensor-parallel step of torch).
+    How the cost model charges them: :mod:`planner.costmodel.engine`, for ``per_shard_s``
+    :mod:`planner.costmodel.variant`, for ``per_collective_s`` :mod:`planner.costmodel.layers`. A file without a
+    field reads it as 0.
     """
 
     per_action_s: float = 0.0
     per_microbatch_s: float = 0.0
     per_step_s: float = 0.0
     per_shard_s: float = 0.0
+    per_collective_s: float = 0.0
 
-    FIELDS = ("per_action_s", "per_microbatch_s", "per_step_s", "per_shard_s")
+    FIELDS = ("per_action_s", "per_microbatch_s", "per_step_s", "per_shard_s", "per_collective_s")
 
     @property
     def is_zero(self) -> bool:

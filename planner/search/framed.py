@@ -141,7 +141,7 @@ def frame_problem(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches
     base = base_moves(cluster, mode, None if widths is None else tuple(widths), space.precision)
     if max_blocks is None:
         max_blocks = 256 if len(cluster.gpus) <= 64 else 128
-    grids, keys_of = _grids(profile, base, microbatches, space)
+    grids, keys_of = _grids(profile, base, microbatches, space, engine_overhead(cluster, engine).per_collective_s)
     lts = tuple(layer_table(profile, grid, microbatches, optimizer, space.forms, space.rules) for grid in grids)
     return Framed(profile, cluster, microbatches, schedule, optimizer, space, engine,
                   coarse_bounds(profile, max_blocks), base, tuple(grids), keys_of, lts,
@@ -159,10 +159,11 @@ def build_problem(profile: ir.ModelProfile, cluster: ir.Cluster, *, microbatches
                          space=space, engine=engine, max_stages=max_stages).build()
 
 
-def _grids(profile: ir.ModelProfile, base: BaseMoves, microbatches: int, space: Space
+def _grids(profile: ir.ModelProfile, base: BaseMoves, microbatches: int, space: Space, collective_s: float
            ) -> tuple[list[Grid], tuple[tuple[tuple[int, int], ...], ...]]:
     """The distinct grids the base groups run as, one per tensor degree a group may run
-    (planner.search.space.tensor_degrees), and per base group its (grid key, tensor degree) pairs."""
+    (planner.search.space.tensor_degrees), and per base group its (grid key, tensor degree) pairs;
+    ``collective_s``: what the engine adds to each collective of a tensor group."""
     grids: list[Grid] = []
     keys_of: list[tuple[tuple[int, int], ...]] = []
     can_shard = shardable(profile)
@@ -171,7 +172,8 @@ def _grids(profile: ir.ModelProfile, base: BaseMoves, microbatches: int, space: 
         for tp in tensor_degrees(group, profile.batch_size, microbatches, space, can_shard, align):
             keys.append((len(grids), tp))
             grids.append(Grid(group, tp, space.precision,
-                              space.sequence_parallel and tp > 1 and profile.splits_sequence(tp)))
+                              space.sequence_parallel and tp > 1 and profile.splits_sequence(tp),
+                              collective_s))
         keys_of.append(tuple(keys))
     return grids, tuple(keys_of)
 

@@ -101,7 +101,7 @@ def chunk_plan(plan: ir.Plan, v: int) -> ir.Plan:
     groups = [s.devices for s in plan.stages]
     n_layers = len(profile.layers)
     forms, rules = engine_forms(plan.engine)  # the engine's own limits, as the K-stage search had them
-    tables = [layer_table(profile, stage_grid(cluster, s, plan.precision), m, plan.optimizer, forms, rules)
+    tables = [layer_table(profile, stage_grid(cluster, s, plan.precision, plan.engine), m, plan.optimizer, forms, rules)
               for s in plan.stages]
     times = [stage_tables(t, np.arange(n_layers + 1), m).time for t in tables]
     k = len(groups)

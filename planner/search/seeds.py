@@ -216,7 +216,8 @@ def _hpp_forms(prob: Problem, devices: tuple[str, ...]) -> tuple[str, ...]:
     if group.nodes > 1 or not any(mv.devices == devices and mv.tp == len(devices) for mv in prob.moves[0]):
         return ("dp",) * len(prob.profile.layers)
     sequence = prob.space.sequence_parallel and prob.profile.splits_sequence(group.n)
-    table = layer_table(prob.profile, Grid(group, group.n, prob.space.precision, sequence),
+    table = layer_table(prob.profile, Grid(group, group.n, prob.space.precision, sequence,
+                                           prob.overhead.per_collective_s),
                         prob.microbatches, prob.optimizer, prob.forms, prob.space.rules)
     return tuple(hpp(table, 0, len(prob.profile.layers), prob.microbatches)[0])
 
