@@ -218,6 +218,9 @@ class EngineLimits:
         return self.syncs_last_backward(True) != self.syncs_last_backward(False)
 
 
+CALIBRATED = ("deepspeed", "torch")
+"""The engines whose overheads ``planner calibrate --engines`` measures (it trains with them here)."""
+
 ENGINES: dict[str, EngineLimits] = {
     # DeepSpeed's PipelineEngine: 1F1B on a pipe x data grid of equal widths; ZeRO-1 at most with
     # pipeline parallelism (deepspeed/runtime/pipe/engine.py asserts zero stage < 2); layer-interval

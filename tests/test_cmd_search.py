@@ -417,3 +417,18 @@ def test_sequence_parallelism_is_on_by_default_and_off_keeps_the_norms_whole(tmp
     assert [s["sequence_parallel"] for s in on["stages"]] == [True]
     assert [s.get("sequence_parallel", False) for s in off["stages"]] == [False]
     assert off["predicted"]["iteration_s"] > on["predicted"]["iteration_s"]
+
+
+def test_a_search_for_an_engine_a_cpu_cluster_was_not_calibrated_for_warns(tmp_path: Path) -> None:
+    """The README's cluster measured DeepSpeed only; its torch plan was a tensor group predicted at 14.4 ms that ran
+    at 33: the search says the engine's overheads are missing and how to measure them, and not once they are."""
+    cluster = make_cluster_dict(1, 2)
+    cluster["nodes"][0]["concurrent_devices"] = 2.0  # CPU processes sharing cores, as planner calibrate writes
+    cluster["engine_overheads"] = {"deepspeed": {"per_action_s": 1e-4}}
+    prof = _write(tmp_path, "p.json", make_profile_dict(4, batch_size=8))
+    clus = _write(tmp_path, "c.json", cluster)
+    warned = _run("search", prof, "--cluster", clus, "--engine", "torch", "-o", str(tmp_path / "t.json"))
+    assert warned.exit_code == 0 and "no measured overheads for torch" in warned.stderr
+    assert "planner calibrate --engines torch" in warned.stderr
+    quiet = _run("search", prof, "--cluster", clus, "--engine", "deepspeed", "-o", str(tmp_path / "d.json"))
+    assert quiet.exit_code == 0 and "no measured overheads" not in quiet.stderr

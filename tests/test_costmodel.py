@@ -323,6 +323,22 @@ def test_engine_overhead_is_charged_only_when_the_plan_names_an_engine_its_clust
         got[0].forward_s + got[0].backward_s - bare[0].forward_s - bare[0].backward_s)
 
 
+def test_a_cpu_cluster_measured_without_the_plans_engine_says_so() -> None:
+    """A calibrated cluster of CPU processes (its node shares cores) that carries no overheads for the plan's engine
+    gets a note naming the engine and the command that measures it; not once they are measured, not for no engine,
+    not for an engine calibrate does not train (torchtitan), not on GPUs."""
+    from planner.costmodel.engine import unmeasured_note
+
+    gpus = _cluster(1, 2)
+    cpus = dataclasses.replace(gpus, nodes=(dataclasses.replace(gpus.nodes[0], concurrent_devices=2.0),))
+    note = unmeasured_note(cpus, "torch")
+    assert note is not None and "no measured overheads for torch" in note and "calibrate --engines torch" in note
+    assert unmeasured_note(_with_overheads(cpus, torch=ir.EngineOverhead()), "torch") is None
+    assert unmeasured_note(_with_overheads(cpus, torch=ir.EngineOverhead()), "deepspeed") is not None
+    assert [unmeasured_note(cpus, e) for e in ("any", "torchtitan")] == [None, None]
+    assert unmeasured_note(gpus, "torch") is None
+
+
 def test_a_nodes_handoff_cost_is_charged_with_each_microbatch_sent_whatever_the_engine() -> None:
     p, c = _profile(4), _cluster(1, 2)
     stages = [ir.Stage((0, 2), ("n0.g0",), ("dp", "dp"), 0), ir.Stage((2, 4), ("n0.g1",), ("dp", "dp"), 0)]

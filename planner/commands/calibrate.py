@@ -9,6 +9,7 @@ import click
 from planner import ir
 from planner.cli import emit_json
 from planner.commands import outputs, progress_option
+from planner.engines import CALIBRATED
 from planner.errors import UsageError
 from planner.jsonio import check_loadable, dumps, read_json
 from planner.schemas.build import MAX_NAME
@@ -129,7 +130,6 @@ def busy_warnings(meta: dict[str, Any]) -> list[str]:
     return out
 
 
-CALIBRATED_ENGINES = ("deepspeed", "torch")
 
 
 def engine_list(text: str) -> list[str]:
@@ -139,13 +139,13 @@ def engine_list(text: str) -> list[str]:
     if word == "auto":
         import importlib.util
 
-        return [e for e in CALIBRATED_ENGINES if importlib.util.find_spec(e) is not None]
+        return [e for e in CALIBRATED if importlib.util.find_spec(e) is not None]
     names = [] if word == "none" else [t.strip().lower() for t in text.split(",") if t.strip()]
     if "none" in names or "auto" in names:
         raise click.BadParameter(f"{text!r} lists 'none' or 'auto' beside engines; give one of them alone, or "
-                                 f"engines from {', '.join(CALIBRATED_ENGINES)}", param_hint="--engines")
-    bad = [n for n in names if n not in CALIBRATED_ENGINES]
+                                 f"engines from {', '.join(CALIBRATED)}", param_hint="--engines")
+    bad = [n for n in names if n not in CALIBRATED]
     if bad:
-        raise click.BadParameter(f"unknown engine {bad[0]!r}; use {', '.join(CALIBRATED_ENGINES)} or none",
+        raise click.BadParameter(f"unknown engine {bad[0]!r}; use {', '.join(CALIBRATED)} or none",
                                  param_hint="--engines")
     return list(dict.fromkeys(names))

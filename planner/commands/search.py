@@ -94,6 +94,7 @@ def search(profile_path: str, cluster_name: str, output: str | None, microbatche
     elapsed = time.perf_counter() - t0
     check_emitted(plan)  # the plan document is the JSON output: its warnings go to stderr only
     _warn_unrun(plan)
+    _warn_unmeasured(plan)
     tight = explanation.tight_memory("the plan")
     for warning in idle_settings(plan, "the plan") + tight:
         click.echo(f"warning: {warning}", err=True)  # a forced option that changes nothing; a GPU nearly full
@@ -116,6 +117,16 @@ def _warn_unrun(plan: ir.Plan) -> None:
     note = unrun_note(plan)
     if note is not None:
         click.echo(f"warning: {plain_text(note[0])}; {plain_text(note[1])}", err=True)
+
+
+def _warn_unmeasured(plan: ir.Plan) -> None:
+    """A warning on stderr where the plan's engine's overheads were not measured on its CPU cluster."""
+    from planner.costmodel.engine import unmeasured_note
+    from planner.render.text import plain_text
+
+    note = unmeasured_note(plan.cluster, plan.engine)
+    if note is not None:
+        click.echo(f"warning: {plain_text(note)}", err=True)
 
 
 def _search_explained(profile: ir.ModelProfile, cluster: ir.Cluster, progress: bool | None, as_json: bool,

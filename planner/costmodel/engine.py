@@ -20,10 +20,15 @@ iteration, the simulator, the judge and the explanation all see them:
   the optimizer step of the group's first chunk);
 * each all-gather or reduce-scatter of one ZeRO-2/3 unit takes ``per_shard_s`` beyond its bytes:
   charged with ZeRO's collectives, by the stage's variant (:func:`zero_comms`,
-  :mod:`planner.costmodel.variant`), in its all-reduce and, for ZeRO-3's gathers, its actions.
+  :mod:`planner.costmodel.variant`), in its all-reduce and, for ZeRO-3's gathers, its actions;
+* each collective of a tensor group takes ``per_collective_s`` beyond its bytes (the stage's grid,
+  :mod:`planner.costmodel.layers`).
 
 A plan without an engine (``any``) or whose cluster has no overheads for its engine is
-charged nothing for the engine: its costs are the same values as before.
+charged nothing for the engine: its costs are the same values as before. On a cluster of CPU processes that
+``planner calibrate`` measured without that engine, :func:`unmeasured_note` says so (on this 2-core VM the
+engines' overheads made up 20-60% of a small model's step, and a tensor group ran 2.3x its prediction without
+them).
 
 Whatever the engine, processes that share a node's cores pay for handing a micro-batch on
 (:attr:`planner.ir.Node.handoff_s`, measured by ``planner calibrate``: a process blocked for its
@@ -40,13 +45,14 @@ from dataclasses import replace
 
 from planner import ir
 from planner.costmodel.variant import PAPER, ZeroComms
+from planner.engines import CALIBRATED
 from planner.grad_buffers import deepspeed_bucket_params
 from planner.ir import EngineOverhead
 from planner.runnable import ENGINES
 from planner.schedule import schedule_kind
 
 __all__ = ["EngineOverhead", "charge", "charge_plan", "engine_overhead", "plan_overhead", "stage_overhead_s",
-           "step_overhead_s", "zero_comms"]
+           "step_overhead_s", "unmeasured_note", "zero_comms"]
 
 NONE = EngineOverhead()
 """No overhead: what a plan without an engine, or a cluster without measured overheads, pays."""
@@ -89,6 +95,19 @@ def zero_comms(cluster: ir.Cluster, engine: str, precision: str = "fp32", pipeli
                      limits.compute_copy_zero if precision != "fp32" else (), limits.wide_reduce_zero,
                      copy_alone=copy.alone, accumulates=True,  # every engine here trains with PyTorch's autograd
                      gathered_loss=limits.gathers_logits)
+
+
+def unmeasured_note(cluster: ir.Cluster, engine: str) -> str | None:
+    """Why a plan for ``engine`` on ``cluster`` is predicted without what the engine adds, where that matters and
+    can be measured: a cluster of CPU processes (``planner calibrate``'s) that carries no overheads for it; None
+    elsewhere (no engine named, overheads measured, or GPUs, where they are small beside the layers)."""
+    if engine not in CALIBRATED or cluster.engine_overhead(engine) is not None:
+        return None
+    if not any(node.shares_cores for node in cluster.nodes):
+        return None
+    return (f"cluster {cluster.name!r} carries no measured overheads for {engine}, so the prediction leaves out what "
+            f"{engine} adds per action, micro-batch sent, step and collective (on a 2-core machine a tensor group "
+            f"of 2 ran 2.3x its prediction without them): measure them with planner calibrate --engines {engine}")
 
 
 def overlaps_collectives(cluster: ir.Cluster) -> bool:
