@@ -33,6 +33,9 @@ def test_one_server_gets_one_standalone_script() -> None:
     files = program_files(tiny_plan("tiny_mlp", [0, 2, -1], width=2), "torch")
     assert "launch_node1.sh" not in files and "hostfile" not in files
     assert "--standalone --nproc-per-node=4 train.py" in files["launch_node0.sh"]
+    assert "# Every rank on this server (4 processes)" in files["launch_node0.sh"]
+    one = program_files(tiny_plan("tiny_mlp", [0, -1]), "torch")["launch_node0.sh"]
+    assert "# Every rank on this server (1 process):" in one  # not "1 processes"
 
 
 def test_a_plan_with_different_process_counts_per_server_is_refused() -> None:

@@ -50,7 +50,7 @@ exec ${{TORCHRUN:-torchrun}} {torchrun} --rdzv-endpoint="$ENDPOINT" \\
 
 STANDALONE = '''\
 #!/bin/sh
-# Every rank on this server ({world} processes): sh launch_node0.sh [{what} options...]
+# Every rank on this server ({processes}): sh launch_node0.sh [{what} options...]
 {importable}{threads}cd "$(dirname "$0")" || exit 1
 exec ${{TORCHRUN:-torchrun}} {torchrun} {entry} "$@"
 '''
@@ -91,7 +91,8 @@ def launch_scripts(plan: ir.Plan, layout: NodeLayout | None, entry: str = "train
     ``entry``: what torchrun starts on every rank (the export's ``train.py``, or another trainer's command);
     ``what``: how the usage line names its options."""
     if layout is None or layout.nnodes == 1:
-        return {"launch_node0.sh": STANDALONE.format(world=plan.world_size, entry=entry, what=what,
+        processes = f"{plan.world_size} process" + ("es" if plan.world_size != 1 else "")
+        return {"launch_node0.sh": STANDALONE.format(processes=processes, entry=entry, what=what,
                                                      torchrun=shlex.join(torchrun_args(plan.world_size)),
                                                      importable=importable(plan), threads=threads_line(plan))}
     out = {}
