@@ -6,6 +6,8 @@ import dataclasses
 import math
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from planner import costmodel as cm
 from planner import ir
@@ -136,6 +138,36 @@ def test_each_collective_of_a_tensor_group_pays_what_its_engine_adds_to_one() ->
     one = ir.Stage((0, 2), ("n0.g0",), ("dp", "dp"), 0)
     assert _times([cm.stage_cost_values(p, c, one, 1, "sgd", None, engine="torch")]) == _times(
         [cm.stage_cost_values(p, c, one, 1, "sgd", None, engine="deepspeed")])
+
+
+@given(st.lists(st.sampled_from(["dp", "split_out", "split_in"]), min_size=1, max_size=5),
+       st.floats(0.0, 1e-2), st.floats(0.0, 1e-2), st.sampled_from([1, 2, 4]))
+def test_a_collectives_cost_only_adds_and_only_where_a_tensor_group_meets(forms: list[str], low_s: float,
+                                                                         high_s: float, microbatches: int) -> None:
+    """Per stage, forward and backward grow with the engine's cost of a collective, by a whole number of it (the
+    collectives that move bytes), and a stage of one device, or all ``dp``, pays none of it."""
+    low_s, high_s = min(low_s, high_s), max(low_s, high_s)
+    d = make_profile_dict(len(forms), batch_size=8)
+    for layer in d["layers"]:
+        layer.update(in_features=500, out_features=500)
+    p = ir.ModelProfile.from_dict(d)
+
+    def times(cost_s: float, devices: tuple[str, ...], stage_forms: list[str]) -> tuple[float, float]:
+        c = _with_overheads(_cluster(1, 2), torch=ir.EngineOverhead(per_collective_s=cost_s))
+        stage = ir.Stage((0, len(forms)), devices, tuple(stage_forms), 0, tp=len(devices))
+        cost = cm.stage_cost_values(p, c, stage, microbatches, "sgd", None, engine="torch")
+        return cost.forward_s, cost.backward_s
+
+    base, low, high = (times(x, ("n0.g0", "n0.g1"), forms) for x in (0.0, low_s, high_s))
+    for b, lo, hi in zip(base, low, high, strict=True):
+        assert b <= lo * (1 + 1e-12) and lo <= hi * (1 + 1e-12)
+        if high_s > 1e-6:
+            count = (hi - b) / high_s
+            assert count == pytest.approx(round(count), abs=1e-6) and lo - b == pytest.approx(round(count) * low_s)
+    if high_s > 1e-6 and any(f != "dp" for f in forms):  # a split layer's output moves in forward: one at least
+        assert high[0] - base[0] >= high_s * (1 - 1e-9)
+    assert times(high_s, ("n0.g0",), ["dp"] * len(forms)) == times(0.0, ("n0.g0",), ["dp"] * len(forms))
+    assert times(high_s, ("n0.g0", "n0.g1"), ["dp"] * len(forms)) == times(0.0, ("n0.g0", "n0.g1"), ["dp"] * len(forms))
 
 
 def test_recompute_keeps_stage_input_and_adds_a_forward() -> None:
