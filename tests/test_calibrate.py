@@ -156,6 +156,25 @@ def test_the_cli_refuses_an_analytic_profile_to_match_and_an_overlong_name_befor
     assert res.exit_code == 2 and "2000 characters" in res.stderr and not out.exists()
 
 
+def test_a_profile_to_match_timed_beside_other_work_is_named_in_a_warning(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """Its FLOP/s become every calibrated device's, so a profile whose layers were timed while other work took the
+    cores (its ``meta`` says how many) makes a slow cluster: calibrate says so before measuring."""
+    from planner.commands.calibrate import _matched_profile
+
+    doc = make_profile_dict(2, mode="measured", device="cpu")
+    doc["meta"] = {"threads": 1, "timing_attempts": 2, "background_cores": 1.4, "waited_for_idle_s": 60.0}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(doc))
+    assert _matched_profile(str(path), 1) is not None
+    err = capsys.readouterr().err
+    assert "warning: --match-profile" in err and "other work used 1.40 of" in err
+    doc["meta"]["background_cores"] = 0.01
+    path.write_text(json.dumps(doc))
+    _matched_profile(str(path), 1)
+    assert "warning" not in capsys.readouterr().err
+
+
 def test_fit_recovers_the_overheads_that_made_the_residuals() -> None:
     import numpy as np
 

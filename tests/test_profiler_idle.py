@@ -62,8 +62,15 @@ def test_an_unreadable_machine_is_recorded_as_unknown(monkeypatch: pytest.Monkey
     assert Quiet.from_meta(quiet.meta()) == quiet
 
 
-def test_a_profile_without_the_record_has_none() -> None:
+def test_a_profile_without_the_record_or_with_values_no_profile_writes_has_none() -> None:
+    """A file's ``meta`` is free-form: values of the wrong kind read as no record, not an error."""
     assert Quiet.from_meta({"threads": 1}) is None
+    good = {"timing_attempts": 2, "background_cores": 0.5, "waited_for_idle_s": 30.0}
+    assert Quiet.from_meta(good) == Quiet(0.5, 30.0, 2)
+    for key, bad in (("timing_attempts", "2"), ("timing_attempts", 0), ("timing_attempts", True),
+                     ("timing_attempts", 1.5), ("background_cores", "x"), ("background_cores", -1.0),
+                     ("background_cores", float("nan")), ("waited_for_idle_s", [1]), ("waited_for_idle_s", None)):
+        assert Quiet.from_meta({**good, key: bad}) is None, (key, bad)
 
 
 def test_a_cpu_profile_records_and_warns_what_its_timing_ran_beside(tmp_path: Path,

@@ -94,6 +94,12 @@ def _matched_profile(path: str | None, threads: int) -> ir.ModelProfile | None:
         raise UsageError(f"--match-profile {path} was measured with {measured} threads, not the --threads {threads} "
                          "each calibrated process computes with: its FLOP/s are not theirs",
                          f"calibrate with --threads {measured}, or profile the model again with --threads {threads}")
+    from planner.profiler.idle import Quiet
+    from planner.render.text import plain_text
+
+    quiet = Quiet.from_meta(profile.meta)
+    if quiet is not None and quiet.warning:  # its FLOP/s become every device's
+        click.echo(f"warning: --match-profile {plain_text(path)}: {quiet.warning}", err=True)
     return profile
 
 

@@ -17,6 +17,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from planner.errors import is_whole
+
 T = TypeVar("T")
 
 ATTEMPTS = 2
@@ -38,11 +40,15 @@ class Quiet:
 
     @classmethod
     def from_meta(cls, meta: Mapping[str, Any]) -> Quiet | None:
-        """The record :meth:`meta` wrote, None in a profile without it (analytic, on a GPU, or older)."""
-        if "timing_attempts" not in meta:
+        """The record :meth:`meta` wrote, None in a profile without it (analytic, on a GPU, or older) or with values
+        no profile writes (a file's ``meta`` is free-form)."""
+        attempts, background = meta.get("timing_attempts"), meta.get("background_cores")
+        waited = meta.get("waited_for_idle_s", 0.0)
+        if not isinstance(attempts, int) or not is_whole(attempts, 1) or not _seconds(waited):
             return None
-        return cls(meta.get("background_cores"), float(meta.get("waited_for_idle_s") or 0.0),
-                   int(meta["timing_attempts"]))
+        if background is not None and not _seconds(background):
+            return None
+        return cls(None if background is None else float(background), float(waited), attempts)
 
     @property
     def warning(self) -> str | None:
@@ -56,6 +62,11 @@ class Quiet:
                 f"layers were timed ({self.attempts} attempt(s), {self.waited_for_idle_s:.0f} s waited for an idle "
                 "machine): the times are likely slow, and so every plan's prediction from them; profile again when "
                 "nothing else runs")
+
+
+def _seconds(value: object) -> bool:
+    """Whether ``value`` is a finite number >= 0 (not a bool)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= float(value) < float("inf")
 
 
 @dataclass
