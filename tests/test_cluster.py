@@ -129,62 +129,6 @@ def test_groups_and_links() -> None:
     assert isinstance(c, ir.Cluster)
 
 
-def test_engine_overheads_round_trip_and_old_files_load_without_them() -> None:
-    d = make_cluster_dict()
-    assert cluster_from_dict(d).engine_overheads == ()
-    assert "engine_overheads" not in cluster_from_dict(d).to_dict()
-    d["engine_overheads"] = {"torch": {"per_action_s": 1e-4, "per_step_s": 2e-3},
-                             "deepspeed": {"per_action_s": 3e-4, "per_microbatch_s": 1e-4, "per_step_s": 5e-3}}
-    c = cluster_from_dict(d)
-    assert [name for name, _ in c.engine_overheads] == ["deepspeed", "torch"]
-    assert c.engine_overhead("torch") == ir.EngineOverhead(1e-4, 0.0, 2e-3)
-    assert c.engine_overhead("torchtitan") is None
-    assert cluster_from_dict(c.to_dict()) == c
-    from planner.schemas import validate
-
-    validate(c.to_dict(), "cluster", 1, "x")
-
-
-def test_a_nodes_threads_round_trip_and_old_files_load_without_them() -> None:
-    """``planner calibrate`` writes the threads each process was measured with; run and export start them."""
-    d = make_cluster_dict(2, 2)
-    assert [n.threads for n in cluster_from_dict(d).nodes] == [None, None]
-    assert "threads" not in cluster_from_dict(d).to_dict()["nodes"][0]
-    assert cluster_from_dict(d).threads_for(["n0.g0"]) is None
-    d["nodes"][0]["threads"] = 2
-    c = cluster_from_dict(d)
-    assert cluster_from_dict(c.to_dict()) == c and c.to_dict()["nodes"][0]["threads"] == 2
-    assert c.threads_for(["n0.g0", "n0.g1"]) == 2 and c.threads_for(["n1.g0"]) is None
-    assert c.threads_for(["n0.g1", "n1.g0"]) is None  # one node says 2, the other nothing
-    d["nodes"][1]["threads"] = 2
-    assert cluster_from_dict(d).threads_for(["n0.g1", "n1.g0"]) == 2
-    from planner.schemas import validate
-
-    validate(c.to_dict(), "cluster", 1, "x")
-
-
-@pytest.mark.parametrize("threads", [0, -1, 1.5, True, "2", MAX_THREADS + 1])
-def test_bad_threads_name_the_field(threads: Any) -> None:
-    d = make_cluster_dict()
-    d["nodes"][0]["threads"] = threads
-    with pytest.raises(FormatError, match="threads"):
-        ir.Cluster.from_dict(d)
-
-
-@pytest.mark.parametrize(("overheads", "word"), [
-    ({"jax": {"per_action_s": 1.0}}, "unknown engine 'jax'"),
-    ({"torch": {"per_action_s": -1.0}}, "per_action_s"),
-    ({"torch": {"per_call_s": 1.0}}, "unknown field 'per_call_s'"),
-    ({"torch": 3}, "must be an object"),
-    ([1], "engine_overheads must be an object"),
-])
-def test_bad_engine_overheads_name_the_field(overheads: Any, word: str) -> None:
-    d = make_cluster_dict()
-    d["engine_overheads"] = overheads
-    with pytest.raises(FormatError, match=word):
-        ir.Cluster.from_dict(d)
-
-
 @given(st.lists(st.integers(1, 4), min_size=1, max_size=5), st.data())
 def test_a_run_of_consecutive_devices_is_described_as_any_other_group(sizes: list[int], data: st.DataObject) -> None:
     """group_of reads a run of consecutive devices off per-device slices (the search asks for every run of
@@ -242,3 +186,29 @@ def test_a_spanning_tensor_group_is_found_whatever_the_device_order() -> None:
     wide = ir.Stage((0, 4), paired.devices, ("dp",) * 4, 0, tp=4)
     assert spanning_tensor_group(cluster, wide) == (paired.devices, ["n0", "n1"])
     assert spanning_tensor_group(cluster, ir.Stage((0, 4), mixed.devices, ("dp",) * 4, 0)) is None
+
+
+def test_a_nodes_threads_round_trip_and_old_files_load_without_them() -> None:
+    """``planner calibrate`` writes the threads each process was measured with; run and export start them."""
+    d = make_cluster_dict(2, 2)
+    assert [n.threads for n in cluster_from_dict(d).nodes] == [None, None]
+    assert "threads" not in cluster_from_dict(d).to_dict()["nodes"][0]
+    assert cluster_from_dict(d).threads_for(["n0.g0"]) is None
+    d["nodes"][0]["threads"] = 2
+    c = cluster_from_dict(d)
+    assert cluster_from_dict(c.to_dict()) == c and c.to_dict()["nodes"][0]["threads"] == 2
+    assert c.threads_for(["n0.g0", "n0.g1"]) == 2 and c.threads_for(["n1.g0"]) is None
+    assert c.threads_for(["n0.g1", "n1.g0"]) is None  # one node says 2, the other nothing
+    d["nodes"][1]["threads"] = 2
+    assert cluster_from_dict(d).threads_for(["n0.g1", "n1.g0"]) == 2
+    from planner.schemas import validate
+
+    validate(c.to_dict(), "cluster", 1, "x")
+
+
+@pytest.mark.parametrize("threads", [0, -1, 1.5, True, "2", MAX_THREADS + 1])
+def test_bad_threads_name_the_field(threads: Any) -> None:
+    d = make_cluster_dict()
+    d["nodes"][0]["threads"] = threads
+    with pytest.raises(FormatError, match="threads"):
+        ir.Cluster.from_dict(d)

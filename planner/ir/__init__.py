@@ -6,9 +6,10 @@ frozen dataclass; ``to_dict`` writes the contract form (docs/ and ``../shared/DE
 of anything malformed. Contract fields are required; the others are optional and default,
 so a hand-written profile with only the contract fields loads.
 """
-from planner.ir.cluster import GPU, LINK_LEVELS, MAX_HEADROOM, NUMBER_FORMATS, Cluster, EngineOverhead, Link, Node
+from planner.ir.cluster import GPU, LINK_LEVELS, MAX_HEADROOM, NUMBER_FORMATS, Cluster, Link, Node
 from planner.ir.costs import StageCost
 from planner.ir.layer import LayerProfile
+from planner.ir.overheads import EngineOverhead
 from planner.ir.parts import UNSHARDABLE, BatchTimes, BlockShape, Tie
 from planner.ir.plan import (
     ALL_FORMS,
