@@ -50,7 +50,7 @@ section 5.1), recomputed in backward.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -239,8 +239,7 @@ def layer_table(profile: ir.ModelProfile, grid: Grid | Group, microbatches: int,
     tensor = grid.group.tensor_group(grid.tp)
     n, link = tensor.n, tensor.link
     extra = grid.collective_s if n > 1 else 0.0
-    ag_in = np.array([ring_allgather_s(x, n, link) + (extra if x else 0.0) for x in c.in_b])
-    ag_out = np.array([ring_allgather_s(x, n, link) + (extra if x else 0.0) for x in c.out_b])
+    ag_in, ag_out = (_collectives(ring_allgather_s, b, n, link, extra) for b in (c.in_b, c.out_b))
     fwd, bwd, bww = _times(c, n, link, extra, ag_in, ag_out, tp_shares(profile, n, grid.sequence_parallel))
     allowed = _allowed(profile, c, n, forms, profile.batch_size / (microbatches * grid.dp), rules)
     act, act_sel, core = _activations(profile, grid, c, n)
@@ -306,6 +305,13 @@ def _per_device(whole: np.ndarray, n: int) -> np.ndarray:
     return out
 
 
+def _collectives(ring_s: Callable[[float, int, ir.Link], float], nbytes: np.ndarray, n: int, link: ir.Link,
+                 extra: float) -> np.ndarray:
+    """Each layer's collective of ``nbytes`` over the tensor group: the ring formula's time, plus what the engine
+    adds to one (``extra``) where it moves bytes."""
+    return np.array([ring_s(x, n, link) for x in nbytes]) + extra * (np.asarray(nbytes) > 0)
+
+
 def _times(c: _Columns, n: int, link: ir.Link, extra: float, ag_in: np.ndarray, ag_out: np.ndarray,
            tp_share: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per-micro-batch times per form; ``ag_in``/``ag_out`` the all-gathers of each layer's input/output;
@@ -313,8 +319,7 @@ def _times(c: _Columns, n: int, link: ir.Link, extra: float, ag_in: np.ndarray, 
     nl = len(c.pcount)
     fwd, bwd, bww = np.empty((nl, NF)), np.empty((nl, NF)), np.empty((nl, NF))
     fwd[:, DP], bwd[:, DP], bww[:, DP] = c.fwd_full / n + c.fwd_fixed, c.bwd_full / n + c.bwd_fixed, c.bww_full / n
-    ar_out = np.array([ring_allreduce_s(x, n, link) + (extra if x else 0.0) for x in c.out_b])
-    ar_in = np.array([ring_allreduce_s(x, n, link) + (extra if x else 0.0) for x in c.in_b])
+    ar_out, ar_in = (_collectives(ring_allreduce_s, b, n, link, extra) for b in (c.out_b, c.in_b))
     wl = c.weightless
     fwd[:, SPLIT_OUT] = c.fwd_fixed + np.where(wl, c.fwd_full, c.fwd_full / n + ag_out)
     bwd[:, SPLIT_OUT] = c.bwd_fixed + np.where(wl, c.bwd_full, c.bwd_full / n + ar_in)

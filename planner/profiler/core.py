@@ -194,8 +194,10 @@ def _walk(module: torch.nn.Module, x: torch.Tensor, params: list[torch.Tensor], 
     if x.device.type != "cpu":
         return lm, facts, counted, _timed_runs(lm, module, x, params, facts, passes, tick, name), {}
 
+    counted_at = tick.done
+
     def timed() -> Runs:
-        tick.done = 2  # an attempt timed again counts its passes again
+        tick.done = counted_at  # an attempt timed again counts its passes again
         return _timed_runs(lm, module, x, params, facts, passes, tick, name)
 
     runs, quiet = on_idle_cpu(timed)

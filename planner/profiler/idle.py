@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from planner.errors import is_whole
+from planner.jsonio import is_finite_number
 
 T = TypeVar("T")
 
@@ -64,9 +65,9 @@ class Quiet:
                 "nothing else runs")
 
 
-def _seconds(value: object) -> bool:
-    """Whether ``value`` is a finite number >= 0 (not a bool)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= float(value) < float("inf")
+def _seconds(value: Any) -> bool:
+    """Whether ``value`` is a finite number >= 0 (:func:`planner.jsonio.is_finite_number`)."""
+    return is_finite_number(value) and float(value) >= 0.0
 
 
 @dataclass
