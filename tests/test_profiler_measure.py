@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from planner.heap import keep_freed_memory
 from planner.ir import ModelProfile
 from planner.profiler import load_model, profile_model, split_model
 from planner.profiler.loader import LoadedModel
@@ -36,6 +37,7 @@ def test_measured_profile_of_a_small_model() -> None:
     assert all(layer.forward_s > 0 and layer.backward_s > 0 for layer in prof.layers)
     assert prof.device_flops > 0 and prof.meta["device_flops_source"] == "achieved"
     assert prof.meta["threads"] == 1 and prof.meta["repeats"] == 2 and prof.meta["whole_model_fwd_bwd_s"] > 0
+    assert prof.meta["freed_memory_kept"] is keep_freed_memory()  # timed with freed tensors reused (planner.heap)
     assert calls and calls[-1][0] == calls[-1][1]
     with torch.no_grad():
         out = loaded.module(loaded.example_input)

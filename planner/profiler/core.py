@@ -23,6 +23,10 @@ cross-entropy loss the same way (``loss_s``, ``loss_fixed_s``); with an
 default 0.5), leaves the fixed parts None and counts the loss's element-wise work
 (``planner.profiler.analytic.LOSS_FLOPS_PER_LOGIT``).
 
+A measured profile on the CPU first fixes glibc's malloc thresholds in this process
+(:func:`planner.heap.keep_freed_memory`: freed tensors reused, as a GPU's caching allocator and ``planner run``'s
+workers do; ``meta.freed_memory_kept``).
+
 Both modes record the fewest samples the model trains on at a time (``min_batch``, :mod:`planner.profiler.minbatch`)
 and refuse what cannot be trained or written (:mod:`planner.profiler.guards`): no parameter requiring grad, an output
 not a floating-point tensor requiring grad, a value beyond the profile schema's bounds (naming ``--set`` overrides).
@@ -40,6 +44,7 @@ import torch
 
 from planner.cores import check_threads
 from planner.errors import ProfileError, UsageError
+from planner.heap import keep_freed_memory
 from planner.ir import BatchTimes, BlockShape, LayerProfile, ModelProfile
 from planner.profiler.analytic import (
     check_flat_rate,
@@ -125,6 +130,7 @@ def profile_model(loaded: LoadedModel, *, mode: Literal["measured", "analytic"] 
     """
     _check_options(mode, repeats, warmup, efficiency)
     module, x, params, dtype_label, flops = _prepared(loaded, mode, device, dtype, device_flops, efficiency)
+    heap = {"freed_memory_kept": keep_freed_memory()} if mode == "measured" and x.device.type == "cpu" else {}
     start = time.perf_counter()
     small = small_batch_of(int(x.shape[0])) if mode == "measured" else None
     passes = Passes(warmup, repeats, whole_repeats, curve_batches_of(int(x.shape[0])) if mode == "measured" else ())
@@ -145,7 +151,7 @@ def profile_model(loaded: LoadedModel, *, mode: Literal["measured", "analytic"] 
                 raise UsageError("analytic mode needs a device's FLOP/s", "pass --device-flops")
             times, fixed, extra, loss = analytic_times(lm, x, facts, (flops[0], flops[1]), efficiency, dtype_label)
     meta = {**_meta(lm, times, threads, time.perf_counter() - start, loaded.overrides),
-            "instrumented_layers": counted, **extra, **quiet}
+            "instrumented_layers": counted, **extra, **quiet, **heap}
     prof = ModelProfile(
         model=loaded.name, batch_size=int(x.shape[0]), dtype=dtype_label, mode=mode,
         device=times.device_name if mode == "analytic" else ("cpu" if x.device.type == "cpu" else str(x.device.type)),

@@ -38,6 +38,7 @@ from planner.export.layers import disable_dropout, load_layers
 from planner.export.nodes import rank_chunks
 from planner.export.program import engine_module
 from planner.export.torch import device
+from planner.heap import keep_freed_memory
 from planner.runner import memory
 from planner.runner.fingerprint import fingerprints, merge
 from planner.runner.machine import busy_cpu_s
@@ -210,6 +211,7 @@ def _barrier_step(step_fn: Step, x: torch.Tensor, y: torch.Tensor) -> None:
 
 
 def _worker(args: argparse.Namespace) -> None:
+    keep_freed_memory()  # freed tensors reused, as on a GPU and in the CPU profile (planner.heap)
     torch.set_num_threads(args.threads)
     plan = ir.Plan.from_dict(json.loads(Path(args.plan).read_text()))
     init_group(args.engine)
