@@ -142,7 +142,10 @@ def test_a_terminated_launcher_kills_the_whole_group(tmp_path: Path, sig: str) -
               "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
               f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
               "time.sleep(60)\n")
-    launcher = ("import os, sys\n"
+    # The signal's default action, as a terminal gives it: a suite started under nohup passes SIGHUP on ignored,
+    # which the launcher rightly keeps (signals_interrupt), and it then never ended.
+    launcher = ("import os, signal, sys\n"
+                f"signal.signal(signal.{sig}, signal.SIG_DFL)\n"
                 "from pathlib import Path\n"
                 "from planner.runner.processes import Terminated, wait_workers\n"
                 "try:\n"
