@@ -11,8 +11,9 @@ work used during its rounds.
 Predicted comes only from the planner: ``profile_model`` (measured, 1 thread, 25 repeats, on
 an idle machine: profiled again while other work took cores; once per (model, engine, world
 size), right before that group's plans are timed: this VM's own speed moved by 20-25% within
-20 minutes with nothing else running, a profile taken once per model was minutes older than
-most of its rows, and two such profiles of GPT-2 hours apart predicted the same step 24%
+20 minutes with nothing else running (much of it glibc's malloc state, which planner.heap now fixes in every
+process that times or runs: docs/fidelity.md, "2026-11-29, 21:10"), a profile taken once per model was minutes
+older than most of its rows, and two such profiles of GPT-2 hours apart predicted the same step 24%
 apart while the step measured the same), ``planner.calibrate.calibrate``
 (2 and 4 processes x 1 thread; flops from the profile as ``--match-profile`` does, times the
 core share: cores / processes when processes outnumber cores, times the sharing efficiency
