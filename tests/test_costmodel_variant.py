@@ -153,7 +153,8 @@ def test_fsdp_per_micro_batch_as_the_paper_with_each_units_collective_cost(m: in
     assert three.sync == pytest.approx(m * (1.0 + 3 * op_s))
     assert three.gather == pytest.approx(2 * (1.0 + 3 * op_s))  # the forward's and the backward's gathers
     redone = cm.variant_cost(AGG, 0.1, cm.Variant("full", 3), m, 0.0, paper)
-    assert redone.gather == pytest.approx(3 * (1.0 + 3 * op_s))  # and the forward redone gathers again
+    assert redone.gather == three.gather  # the forward redone runs on the backward's gather (FSDP's pre-backward)
+    assert redone.time == pytest.approx(three.time + AGG["fwd"])  # and redoes the forward's compute alone
     none = cm.variant_cost(AGG, 0.1, cm.Variant("none", 0), m, 0.0, paper)
     assert none.sync == 2.0  # ZeRO-0's all-reduce has no FSDP units
 

@@ -310,3 +310,49 @@ def test_a_shared_weight_is_divided_by_the_micro_batches_once(microbatches: int)
         p.grad = torch.full_like(p, 6.0)
     sharding.mean_over_microbatches(params, microbatches)
     assert all(torch.equal(p.grad, torch.full_like(p, 6.0 / microbatches)) for p in params if p.grad is not None)
+
+
+
+def _gathers_worker(rank: int, store: str, per_layer: bool, out: str) -> None:
+    """One of 2 ranks: a 3-layer stage under ZeRO-3 and full recomputation, two micro-batches' forward and backward;
+    rank 0 writes how many unit all-gathers (FSDP2's ``foreach_all_gather``) each ran."""
+    import json
+
+    import torch.distributed as dist
+    import torch.distributed.fsdp._fully_shard._fsdp_param_group as param_group
+    from torch.distributed.device_mesh import init_device_mesh
+
+    counts: list[int] = []
+    gather = param_group.foreach_all_gather
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        counts[-1] += 1
+        return gather(*args, **kwargs)
+
+    param_group.foreach_all_gather = counted
+    dist.init_process_group("gloo", store=dist.FileStore(store, 2), rank=rank, world_size=2)
+    torch.manual_seed(0)
+    sub = nn.Sequential(*(nn.Sequential(nn.Linear(8, 8), nn.ReLU()) for _ in range(3)))
+    root = sharding.with_recompute(sub, "full", None, per_layer)
+    sharding.fully_shard_stage(root, list(sub), init_device_mesh("cpu", (2,)), 3)
+    for _ in range(2):
+        counts.append(0)
+        root(torch.randn(4, 8, requires_grad=True)).sum().backward()
+    if rank == 0:
+        Path(out).write_text(json.dumps(counts))
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("per_layer", [True, False])
+def test_zero3_full_recomputation_gathers_each_unit_twice_a_micro_batch(tmp_path: Path, per_layer: bool) -> None:
+    """Under ZeRO-3 (FSDP2, resharded after forward) a unit is gathered in its forward and in its backward; the
+    forward its backward redoes runs on that gather, a region per layer or one for the stage alike, as the cost
+    model counts it (planner.costmodel.variant: the recomputed forward gathers nothing more)."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    out = tmp_path / "gathers.json"
+    mp.start_processes(_gathers_worker, args=(str(tmp_path / "store"), per_layer, str(out)), nprocs=2,
+                       join=True, start_method="spawn")
+    assert json.loads(out.read_text()) == [2 * 3, 2 * 3]  # each micro-batch: forward and backward, 3 units

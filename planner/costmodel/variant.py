@@ -30,7 +30,8 @@ and the scalar cost of one stage come from the same definition).
   backwards reduce-scatters its gradient (``A + (M-1) H``); stage 3 shards the weights
   too: every micro-batch all-gathers them in forward and again in backward and
   reduce-scatters the gradient (``3 Psi`` per micro-batch and iteration, section 7.2.2):
-  ``H`` added to each forward and backward and ``M H`` per iteration. Memory of each stage
+  ``H`` added to each forward and backward and ``M H`` per iteration; a forward redone by full
+  recomputation runs inside its backward on that backward's gather and adds none. Memory of each stage
   is in the table's ``static<z>``. Frozen weights (fine-tuning: ``LayerProfile.trainable_count``)
   have no gradients and no optimizer state, so ``A``, ``H`` and the partitions ``W / d`` below are the
   trainable weights'; only ZeRO-3's gathers move every weight (``wsync``: FSDP shards frozen ones too).
@@ -218,7 +219,7 @@ class VariantCost:
     its forward part, gradient synchronisation per iteration, static memory, activations kept
     per micro-batch in flight, workspace during a backward, the gradient all-reduce's flat copy
     after the last backward (module doc), and ``gather``: the part of ``time`` that is ZeRO-3's
-    collectives in each micro-batch's forward and backward (recomputation's forward gathers again)."""
+    collectives in each micro-batch's forward and backward (recomputation's forward gathers nothing more)."""
 
     time: Any
     fwd: Any
@@ -236,9 +237,10 @@ def variant_cost(agg: Mapping[str, Any], in_bytes: Any, variant: Variant, microb
     ZeRO collectives run as ``comms`` says, and full recomputation per layer where ``blockwise`` (module
     doc)."""
     time, fwd, whole, gather = _zero_times(agg, variant.zero, microbatches, sync_const, comms)
-    if variant.recompute == "full":
-        time, (act, work) = time + fwd - agg["fwd_head"], _checkpointed(agg, in_bytes, blockwise)
-        gather = gather + (fwd - agg["fwd"])  # the forward redone gathers its weights again
+    if variant.recompute == "full":  # the forward redone in each backward, on weights that backward gathered:
+        # FSDP unshards a unit in its pre-backward hook, before its recomputation (two gathers a unit a micro-batch
+        # with torch 2.13's FSDP2, a region per layer or one for the stage: tests/test_export_sharding.py)
+        time, (act, work) = time + agg["fwd"] - agg["fwd_head"], _checkpointed(agg, in_bytes, blockwise)
     elif variant.recompute == "selective":
         time, act, work = time + agg["core"], agg["act_sel"], 0.0 * in_bytes
     else:
