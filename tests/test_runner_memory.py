@@ -38,6 +38,45 @@ def test_the_peak_sees_a_tensor_freed_inside_the_block() -> None:
     assert peak[0] - base == pytest.approx(32 * MB, rel=0.1)
 
 
+def test_a_probe_sees_a_tensor_that_lives_only_while_it_is_filled() -> None:
+    """Shorter than the sampler can be trusted to see: the profiler's record of torch's allocations sees it."""
+    probe = memory.start([])
+    steps: list[int] = []
+
+    def step() -> None:
+        steps.append(1)
+        torch.ones(32 * MB // 4) + 1  # 32 MB, then the sum's 32 MB beside it, both freed at once
+
+    assert probe.peak_bytes(step) == pytest.approx(64 * MB, rel=0.1)
+    assert len(steps) == 3  # one sampled, two recorded
+
+
+def test_a_steady_steps_growth_counts_what_it_frees_of_the_last_step() -> None:
+    """A step that frees the last step's 16 MB, then holds a 24 MB transient, then keeps the next 16 MB: it grows 8 MB
+    past its start (read without the step before, the free of a block allocated before profiling began is not
+    reported, and the step read as growing by 24 MB)."""
+    kept = [torch.ones(16 * MB // 4)]
+
+    def step() -> None:
+        kept.clear()
+        a = torch.ones(8 * MB // 4)
+        b = torch.cat([a, a])  # 8 + 16 MB at once
+        del a, b
+        kept.append(torch.ones(16 * MB // 4))
+
+    assert memory.torch_growth_bytes(step) == pytest.approx(8 * MB, rel=0.01)
+
+
+def test_inside_another_profiler_the_growth_is_left_to_the_sampler() -> None:
+    from torch.profiler import profile
+
+    with profile() as outer:
+        got = memory.torch_growth_bytes(lambda: pytest.fail("no step is trained under another's profiler"))
+        torch.ones(MB)
+    assert got is None  # and the outer profiler's session kept whole:
+    assert any(e.name == "aten::ones" for e in outer.events())
+
+
 def test_layer_bytes_counts_parameters_and_buffers_and_a_tied_weight_once() -> None:
     emb, head = nn.Embedding(100, 16), nn.Linear(16, 100, bias=False)
     head.weight = emb.weight
@@ -51,7 +90,11 @@ def test_a_probe_counts_its_own_layers_and_what_the_step_allocates() -> None:
     probe = memory.start(own)
     assert probe.how == "heap" and probe.own_bytes == (512 * 512 + 512) * 4
     kept: list[torch.Tensor] = []
-    got = probe.peak_bytes(lambda: kept.append(torch.ones(16 * MB // 4)))
+    def step() -> None:  # a steady step: what the last one kept is freed, the next allocated
+        kept.clear()
+        kept.append(torch.ones(16 * MB // 4))
+
+    got = probe.peak_bytes(step)
     assert got - probe.own_bytes == pytest.approx(16 * MB, rel=0.1)
 
 

@@ -170,7 +170,7 @@ def train_plan(plan: ir.Plan, model: str, engine: str, steps: int, seed: int, lo
     """Train ``plan`` for ``steps`` timed steps in this (already joined) process group: this rank's
     ``losses``, ``iteration_s``, ``cpu_s``, the machine's ``machine_busy_s`` per step,
     ``terms`` (one profiled step, where ``profile_terms``), ``peak_memory_bytes`` (where
-    ``measure_memory``: on CPU one more untimed step, :mod:`planner.runner.memory`) and, where
+    ``measure_memory``: on CPU three more untimed steps, :mod:`planner.runner.memory`) and, where
     ``weights``, the projections of its layers' weights after the timed steps (``--check``:
     :mod:`planner.runner.fingerprint`)."""
     with build_turn(plan):  # planner.export.building: a server's processes build in turns where needed
