@@ -25,7 +25,6 @@ nothing is changed; off glibc (macOS, musl) there is nothing to set.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import platform
 
@@ -59,8 +58,7 @@ def keep_freed_memory() -> bool:
         return _state["kept"]
     kept = False
     if not _user_chose(os.environ) and platform.libc_ver()[0] == "glibc":
-        libc = ctypes.CDLL(ctypes.util.find_library("c"))
-        mallopt = getattr(libc, "mallopt", None)
+        mallopt = getattr(ctypes.CDLL(None), "mallopt", None)  # the process's own symbols: glibc's (no ldconfig run)
         if mallopt is not None:
             kept = bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and \
                 bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES))
