@@ -54,10 +54,12 @@ class ProfEvent(Protocol):
     """What :func:`classify` reads of a profiler event (torch's FunctionEvent has it)."""
 
     @property
-    def name(self) -> str: ...
+    def name(self) -> str:
+        """The operator's or range's name (``aten::linear``, ``c10d::send``, ``Optimizer.step#SGD.step``)."""
 
     @property
-    def cpu_children(self) -> Sequence[ProfEvent]: ...
+    def cpu_children(self) -> Sequence[ProfEvent]:
+        """The events it called, on the same thread."""
 
 
 def term_of(name: str) -> str | None:

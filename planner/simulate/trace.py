@@ -10,33 +10,18 @@ which Perfetto opens.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from planner.simulate.events import Event
 
-
-class Traced(Protocol):
-    """What the trace reads of a simulation (a :class:`planner.simulate.SimResult`)."""
-
-    @property
-    def schedule(self) -> str: ...
-    @property
-    def iteration_s(self) -> float: ...
-    @property
-    def bubble_fraction(self) -> float: ...
-    @property
-    def lanes(self) -> tuple[tuple[str, ...], ...]: ...
-    @property
-    def links(self) -> tuple[str, ...]: ...
-    @property
-    def events(self) -> tuple[Event, ...]: ...
-
+if TYPE_CHECKING:  # result.py calls this module's chrome_trace
+    from planner.simulate.result import SimResult
 
 Trace = list[dict[str, Any]]
 Tracks = dict[str, list[tuple[int, int]]]  # an event track -> the (pid, tid) threads it is drawn on
 
 
-def chrome_trace(result: Traced) -> dict[str, Any]:
+def chrome_trace(result: SimResult) -> dict[str, Any]:
     """Chrome trace event JSON (opens in Perfetto): one track per device and per link."""
     trace: Trace = [
         {"ph": "M", "pid": 1, "tid": 0, "name": "process_name", "args": {"name": "devices"}},
@@ -58,7 +43,7 @@ def chrome_trace(result: Traced) -> dict[str, Any]:
                           "bubble_fraction": result.bubble_fraction}}
 
 
-def _device_threads(result: Traced, trace: Trace) -> Tracks:
+def _device_threads(result: SimResult, trace: Trace) -> Tracks:
     """Name a thread per device of each lane, then per device of each lane with an
     all-reduce stream (``comm:<k>`` events); the threads each lane track is drawn on."""
     tids: Tracks = {}
