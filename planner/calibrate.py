@@ -77,7 +77,6 @@ from planner import ir
 from planner.calibrate_sharing import measure_sharing, sharing_model
 from planner.cores import check_threads, usable_cores
 from planner.errors import UsageError
-from planner.heap import keep_freed_memory
 from planner.runner.machine import IDLE_TIMEOUT_S, idle_timeout_s, machine_memory_bytes, wait_idle
 
 """How long calibrate waits for an idle machine before it measures (module doc)."""
@@ -208,7 +207,6 @@ def _measure_collectives(world: int, latency_s: float) -> dict[str, float]:
 def _worker(rank: int, world: int, init: str, threads: int, out: str) -> None:
     import torch.distributed as dist
 
-    keep_freed_memory()  # as planner run's workers: freed tensors reused (planner.heap)
     torch.set_num_threads(threads)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     res = _measure_p2p(rank)

@@ -232,7 +232,6 @@ def _engine_worker(rank: int, world: int, port: int, engine: str, plans_path: st
 
     from planner.runner.worker import init_group
 
-    keep_freed_memory()  # as planner run's workers (planner.heap)
     torch.set_num_threads(threads)
     init_group(engine)
     plans = [ir.Plan.from_dict(d) for d in json.loads(Path(plans_path).read_text())]

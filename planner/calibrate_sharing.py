@@ -61,7 +61,6 @@ from typing import Any
 import torch
 
 from planner import ir
-from planner.heap import keep_freed_memory
 
 ROUNDS, WINDOW_S = 5, 0.8
 """How many times each process's kernel is timed alone and with all computing, and for how long (at least one call).
@@ -253,7 +252,6 @@ def rank_sharing(kernel: Kernel, rank: int, world: int, rounds: int = ROUNDS, wi
 def _worker(rank: int, world: int, init: str, threads: int, model: SharingModel | None, out: str) -> None:
     import torch.distributed as dist
 
-    keep_freed_memory()  # as planner run's workers: freed tensors reused (planner.heap)
     torch.set_num_threads(threads)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     kernel = model_kernel(model) if model is not None else _benchmark_kernel()

@@ -16,7 +16,8 @@ the thresholds fixed 15.4-16.2 ms every step.
 :data:`MMAP_THRESHOLD_BYTES` come from the heap and are reused, and up to :data:`TRIM_THRESHOLD_BYTES` of free
 heap is kept rather than handed back (the memory stays the process's until it exits). The planner calls it
 where it times CPU work and where it runs a plan: a measured CPU profile (:func:`planner.profiler.profile_model`,
-the caller's process), ``planner run``'s workers, and ``planner calibrate``'s (links, shared cores, engines), so
+the caller's process), ``planner run``'s workers, and every worker :func:`planner.spawned.run_spawned` starts
+(``planner calibrate``'s: links, shared cores, engines), so
 that the profile and the run it predicts hold freed memory alike. Where the user set glibc's own
 ``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_`` or a ``glibc.malloc`` tunable, their setting stands and
 nothing is changed; off glibc (macOS, musl) there is nothing to set.
@@ -25,8 +26,10 @@ nothing is changed; off glibc (macOS, musl) there is nothing to set.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import platform
+from collections.abc import Mapping
 
 __all__ = ["MMAP_THRESHOLD_BYTES", "TRIM_THRESHOLD_BYTES", "USER_SETTINGS", "keep_freed_memory"]
 
@@ -43,24 +46,17 @@ TRIM_THRESHOLD_BYTES = 2**30
 USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
 """glibc's own variables for these settings: where the user set one, their choice stands."""
 
-_state: dict[str, bool] = {}
-
-
-def _user_chose(env: dict[str, str] | os._Environ[str]) -> bool:
+def _user_chose(env: Mapping[str, str]) -> bool:
     """Whether the environment already says how glibc's malloc keeps memory."""
     return any(name in env for name in USER_SETTINGS) or "glibc.malloc" in env.get("GLIBC_TUNABLES", "")
 
 
+@functools.cache
 def keep_freed_memory() -> bool:
-    """Fix glibc's malloc thresholds in this process (module doc), once; whether they are fixed by this call or an
-    earlier one. False where the user set them (theirs stand), or off glibc."""
-    if "kept" in _state:
-        return _state["kept"]
-    kept = False
-    if not _user_chose(os.environ) and platform.libc_ver()[0] == "glibc":
-        mallopt = getattr(ctypes.CDLL(None), "mallopt", None)  # the process's own symbols: glibc's (no ldconfig run)
-        if mallopt is not None:
-            kept = bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and \
-                bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES))
-    _state["kept"] = kept
-    return kept
+    """Fix glibc's malloc thresholds in this process (module doc), once; whether they are fixed. False where the user
+    set them (theirs stand), or off glibc."""
+    if _user_chose(os.environ) or platform.libc_ver()[0] != "glibc":
+        return False
+    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)  # the process's own symbols: glibc's (no ldconfig run)
+    return mallopt is not None and bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and \
+        bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES))

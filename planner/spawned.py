@@ -5,7 +5,8 @@ writes the group's result before the last barrier, so a result on disk is a fini
 worker can still die after it, as the group shuts down: a validation run of 2026-11-28 lost an hour
 when one of two processes measuring shared cores ended with SIGABRT ("terminate called without an active
 exception", a C++ thread torn down at exit) after its measurement was written. Such a result is kept;
-without one the failure is a :class:`~planner.errors.PlannerError` naming the workers' last line.
+without one the failure is a :class:`~planner.errors.PlannerError` naming the workers' last line. Every worker
+starts with freed memory kept for reuse (:func:`planner.heap.keep_freed_memory`), as ``planner run``'s do.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import PlannerError
+from planner.heap import keep_freed_memory
 
 __all__ = ["run_spawned"]
 
@@ -27,7 +29,7 @@ def run_spawned(worker: Callable[..., None], args: tuple[Any, ...], nprocs: int,
     import torch.multiprocessing as mp
 
     try:
-        mp.start_processes(worker, args=args, nprocs=nprocs, join=True, start_method="spawn")
+        mp.start_processes(_started, args=(worker, *args), nprocs=nprocs, join=True, start_method="spawn")
     except Exception as exc:
         doc = _result(out)
         if doc is None:
@@ -37,6 +39,12 @@ def run_spawned(worker: Callable[..., None], args: tuple[Any, ...], nprocs: int,
     if doc is None:
         raise error(f"{failed}: the workers wrote no result to {out}", hint)
     return doc
+
+
+def _started(rank: int, worker: Callable[..., None], *args: Any) -> None:
+    """One spawned process: freed memory kept for reuse, then ``worker(rank, *args)``."""
+    keep_freed_memory()
+    worker(rank, *args)
 
 
 def _result(out: str) -> Any:
