@@ -64,10 +64,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12)
     args = parser.parse_args()
     from planner.calibrate import calibrate
+    from planner.profiler.idle import Quiet
 
     profile = api.profile_model("mlp", batch_size=64, threads=1)
-    print(f"profile: mlp at batch 64, 1 thread; other work during its timing "
-          f"{profile.meta.get('background_cores')} cores, waited {profile.meta.get('waited_for_idle_s')} s")
+    quiet = Quiet.from_meta(profile.meta)
+    print(f"profile: mlp at batch 64, 1 thread; freed memory kept for reuse {profile.meta.get('freed_memory_kept')}"
+          + (f"; other work during its timing {quiet.background_cores or 0.0:.2f} cores, waited "
+             f"{quiet.waited_for_idle_s:.1f} s" if quiet is not None else ""))
     cluster, _ = calibrate(args.nproc, 1, profile=profile, engines=("deepspeed", "torch"))
     torch_overhead = cluster.engine_overhead("torch")
     print(f"cluster: {args.nproc} processes x {cluster.nodes[0].threads} thread(s); torch's per-collective cost "
