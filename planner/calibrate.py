@@ -13,12 +13,16 @@
   link's own cost, not the time a process waited for a core on a machine shared with other
   work (on an idle machine the fastest and the median differ by a few microseconds); and
   the bus bandwidth collectives reach over the links: an all-reduce, an all-gather and a
-  reduce-scatter of 4 MiB over all P (the median of 5 each), their bus bytes (``2(n-1)/n * S``,
-  ``(n-1)/n * S``) over their time less the ring's latencies; the all-reduce's is the links'
-  ``allreduce_bandwidth_Bps``, the all-gather's and reduce-scatter's together their
-  ``allgather_bandwidth_Bps`` (each one's time and bus bandwidth in ``meta``). gloo's collectives on
-  this project's 2-core VM reach a half (all-reduce) to a fifth (reduce-scatter) of the
-  point-to-point bandwidth, which is what a data-parallel or ZeRO step's gradients and weights pay.
+  reduce-scatter of 1, 4 and 16 MiB over all P (the median of 11 each), a line fitted through each
+  one's times over its bus bytes (``2(n-1)/n * S``, ``(n-1)/n * S``): its slope the bandwidth, its
+  intercept less the ring's latencies the fixed cost of a call; the all-reduce's bandwidth is the links'
+  ``allreduce_bandwidth_Bps`` and its fixed cost their ``collective_latency_s``, the all-gather's and
+  reduce-scatter's bandwidths together their ``allgather_bandwidth_Bps`` (each one's times, bandwidth and
+  fixed cost in ``meta``). gloo's collectives on this project's 2-core VM reach a half (all-reduce) to a
+  fifth (reduce-scatter) of the point-to-point bandwidth, which is what a data-parallel or ZeRO step's
+  gradients and weights pay, and each call costs about 1 ms besides: timed at 4 MiB alone, the
+  all-reduce's bandwidth read 0.77-1.6 GB/s from run to run and its 11.6 MB in a step was predicted
+  7.4 ms where it took 10.3-12.7 (docs/fidelity.md, "2026-11-30").
 * Memory: the machine's memory divided among the P processes; ``memory_bandwidth_Bps``
   per device is what one process reaches with ``threads`` threads adding two 32 MiB
   tensors into a third (STREAM "add", McCalpin 1995: 3 x 32 MiB moved per call), the
@@ -159,11 +163,13 @@ def _measure_p2p(rank: int) -> dict[str, float]:
     return {"latency_s": latency, "bandwidth_Bps": big.numel() * 4 / max(one_way - latency, 1e-9)}
 
 
-COLLECTIVE_BYTES = 4 * 1024 * 1024
-"""The size of each collective :func:`_measure_collectives` times (the all-gather's output, the others' input)."""
+COLLECTIVE_SIZES = (1024 * 1024, 4 * 1024 * 1024, 16 * 1024 * 1024)
+"""The sizes :func:`_measure_collectives` times each collective at (the all-gather's output, the others' input):
+the range a step's gradient buckets and FSDP units span on a CPU; the fit over them separates a call's fixed cost
+from its bandwidth (module doc)."""
 
 
-def _median_s(op: Callable[[], object], repeats: int = 5) -> float:
+def _median_s(op: Callable[[], object], repeats: int = 11) -> float:
     """The median of ``repeats`` timed calls of ``op`` after two untimed ones, every rank starting together."""
     import torch.distributed as dist
 
@@ -178,30 +184,55 @@ def _median_s(op: Callable[[], object], repeats: int = 5) -> float:
     return statistics.median(times)
 
 
-def _measure_collectives(world: int, latency_s: float) -> dict[str, float]:
-    """A 4 MiB all-reduce, all-gather and reduce-scatter over every rank, each with its bus bandwidth (nccl-tests'
-    ``busbw``: the ring formula's bandwidth, latency removed); the link's ``allgather_bandwidth_Bps`` is the
-    all-gather's and the reduce-scatter's bus bytes over their time (on this project's 2-core VM, gloo: all-reduce
-    0.9-1.6 GB/s, all-gather 0.8, reduce-scatter 0.4, which takes an all-reduce's time; point to point 2.5-4.9)."""
-    import torch.distributed as dist
+def fit_collective(bus_bytes: Sequence[float], times_s: Sequence[float], ring_latency_s: float) -> tuple[float, float]:
+    """A collective's bus bandwidth and fixed cost per call from its median times at several sizes: the least-squares
+    line ``time = fixed + ring_latency_s + bus_bytes / bandwidth`` (Hockney's alpha-beta over sizes, as nccl-tests'
+    sweep reads; the ring's per-step latencies are the point-to-point ones). Where the times do not grow with the
+    size (a noisy sweep), the largest size's bytes over its time less the ring's latencies, and no fixed cost."""
+    slope, intercept = statistics.linear_regression(bus_bytes, times_s) if len(set(bus_bytes)) > 1 else (0.0, 0.0)
+    if slope <= 0:
+        t, b = max(zip(times_s, bus_bytes, strict=True), key=lambda tb: tb[1])
+        return b / max(t - ring_latency_s, 1e-9), 0.0
+    return 1.0 / slope, max(intercept - ring_latency_s, 0.0)
 
+
+def _measure_collectives(world: int, latency_s: float) -> dict[str, float]:
+    """An all-reduce, all-gather and reduce-scatter over every rank at each of :data:`COLLECTIVE_SIZES`, each
+    collective's bus bandwidth and fixed cost per call fitted over the sizes (:func:`fit_collective`; nccl-tests'
+    ``busbw``: the ring formula's bandwidth); the link's ``allgather_bandwidth_Bps`` is the all-gather's and the
+    reduce-scatter's bus bytes over their time, its ``collective_latency_s`` the all-reduce's fixed cost (on this
+    project's 2-core VM, gloo: all-reduce 1.2-1.7 GB/s and about 1 ms a call, all-gather 0.8, reduce-scatter 0.4;
+    point to point 2.5-5.3)."""
     n = world
-    part = torch.zeros(COLLECTIVE_BYTES // 4 // n)
-    whole = torch.zeros(part.numel() * n)  # n equal shards
-    size = whole.numel() * 4
-    ops: dict[str, tuple[Callable[[], object], int]] = {  # each with its rings' count: an all-reduce is two
-        "allreduce": (lambda: dist.all_reduce(whole), 2),
-        "allgather": (lambda: dist.all_gather_single(whole, part), 1),
-        "reduce_scatter": (lambda: dist.reduce_scatter_single(part, whole), 1)}
-    out: dict[str, float] = {"collective_bytes": size}
-    for name, (op, rings) in ops.items():
-        t = _median_s(op)
-        out[f"{name}_s"] = t
-        out[f"{name}_bus_bandwidth_Bps"] = rings * (n - 1) / n * size / max(t - rings * (n - 1) * latency_s, 1e-9)
+    out: dict[str, float] = {}
+    for name, rings in (("allreduce", 2), ("allgather", 1), ("reduce_scatter", 1)):
+        bus, times = [], []
+        for size in COLLECTIVE_SIZES:
+            t = _median_s(_collective(name, size, n))
+            out[f"{name}_{size // 1024 // 1024}mib_s"] = t
+            bus.append(rings * (n - 1) / n * size)
+            times.append(t)
+        bw, fixed = fit_collective(bus, times, rings * (n - 1) * latency_s)
+        out[f"{name}_bus_bandwidth_Bps"], out[f"{name}_fixed_s"] = bw, fixed
     gather, scatter = out["allgather_bus_bandwidth_Bps"], out["reduce_scatter_bus_bandwidth_Bps"]
     out["allreduce_bandwidth_Bps"] = out["allreduce_bus_bandwidth_Bps"]
     out["allgather_bandwidth_Bps"] = 2 / (1 / gather + 1 / scatter)  # the pair's bus bytes over its time
+    out["collective_latency_s"] = out["allreduce_fixed_s"]
     return out
+
+
+def _collective(name: str, size: int, n: int) -> Callable[[], object]:
+    """One call of collective ``name`` over ``n`` ranks of ``size`` bytes (the all-gather's output, the others'
+    input: ``n`` equal shards)."""
+    import torch.distributed as dist
+
+    part = torch.zeros(size // 4 // n)
+    whole = torch.zeros(part.numel() * n)
+    if name == "allreduce":
+        return lambda: dist.all_reduce(whole)
+    if name == "allgather":
+        return lambda: dist.all_gather_single(whole, part)
+    return lambda: dist.reduce_scatter_single(part, whole)
 
 
 def _worker(rank: int, world: int, init: str, threads: int, out: str) -> None:
@@ -255,7 +286,7 @@ def calibrate(nproc: int, threads: int = 1, name: str | None = None, profile: ir
     flops = (profile.device_flops if profile is not None else compute["flops"]) * share
     memory = machine_memory_bytes() // nproc
     link = ir.Link(links["bandwidth_Bps"], links["latency_s"], links["allreduce_bandwidth_Bps"],
-                   links["allgather_bandwidth_Bps"])
+                   links["allgather_bandwidth_Bps"], links["collective_latency_s"])
     gpus = tuple(ir.GPU(f"cpu{i}", float(flops), memory, compute["memory_bandwidth_Bps"]) for i in range(nproc))
     node = dataclasses.replace(shared, gpus=gpus, threads=threads)  # run and export start processes with them
     cluster = ir.Cluster(name or f"calibrated-cpu-{nproc}x{threads}t", (node,),

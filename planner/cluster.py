@@ -116,9 +116,11 @@ def validate_cluster(cluster: ir.Cluster, source: str = "cluster") -> None:
             if bus is not None and not (math.isfinite(bus) and bus > 0):
                 raise ClusterError(f"{source}: links.{level}.{field} is {bus!r}",
                                    "use the positive bus bandwidth the collective reaches (bytes/s), or leave it out")
-        if not (math.isfinite(link.latency_s) and link.latency_s >= 0):
-            raise ClusterError(f"{source}: links.{level}.latency_s is {link.latency_s!r}",
-                               "a link needs a non-negative latency in seconds")
+        for field in ("latency_s", "collective_latency_s"):
+            value = getattr(link, field)
+            if not (math.isfinite(value) and value >= 0):
+                raise ClusterError(f"{source}: links.{level}.{field} is {value!r}",
+                                   "a link needs a non-negative latency in seconds")
     node_names = [n.name for n in cluster.nodes]
     if len(set(node_names)) != len(node_names):
         raise ClusterError(f"{source}: node names repeat: {node_names}", "give every node its own name")
@@ -168,8 +170,9 @@ def path_link(graph: Any, a: str, b: str) -> ir.Link | None:
     slow = min(edges, key=lambda e: e["bandwidth_Bps"])
     lat = max(e["latency_s"] for e in edges)
     ar, ag = (min(getattr(e["link"], kind) for e in edges) for kind in ("allreduce_Bps", "allgather_Bps"))
+    fixed = max(e["link"].collective_latency_s for e in edges)
     bw = slow["bandwidth_Bps"]
-    return ir.Link(bw, lat, None if ar == bw else ar, None if ag == bw else ag)
+    return ir.Link(bw, lat, None if ar == bw else ar, None if ag == bw else ag, fixed)
 
 
 # ----------------------------------------------------------------------------- groups

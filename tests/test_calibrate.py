@@ -9,9 +9,11 @@ from pathlib import Path
 
 import click
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from planner import ir
-from planner.calibrate import calibrate, cluster_doc, measure_flops, measure_memory_bandwidth
+from planner.calibrate import calibrate, cluster_doc, fit_collective, measure_flops, measure_memory_bandwidth
 from planner.errors import UsageError
 from tests.conftest import make_profile_dict
 
@@ -30,7 +32,8 @@ def test_calibrated_cluster_is_a_valid_cluster_of_p_devices() -> None:
     assert [g.name for g in back.gpus] == ["cpu0", "cpu1"]
     link = back.link("intra_node")
     assert link.bandwidth_Bps > 1e6 and 0 < link.latency_s < 0.1
-    assert meta["allreduce_s"] > 0 and meta["flops_source"] == "benchmark"
+    assert meta["allreduce_4mib_s"] > 0 and meta["flops_source"] == "benchmark"
+    assert link.collective_latency_s == meta["allreduce_fixed_s"] >= 0  # fitted over the sizes, in the file
     gather, scatter = meta["allgather_bus_bandwidth_Bps"], meta["reduce_scatter_bus_bandwidth_Bps"]
     assert link.allreduce_bandwidth_Bps == meta["allreduce_bus_bandwidth_Bps"] > 0
     assert link.allgather_bandwidth_Bps == pytest.approx(2 / (1 / gather + 1 / scatter))
@@ -63,6 +66,30 @@ def test_more_processes_than_cores_carry_their_measured_sharing_efficiency() -> 
     assert meta["core_share"] == pytest.approx(fair * node.sharing_efficiency) == node.core_share
     assert [g.flops for g in cluster.gpus] == pytest.approx([meta["flops"] * meta["core_share"]] * (cores + 1))
     assert ir.Cluster.from_dict(cluster_doc(cluster, meta)).nodes[0].sharing_efficiency == node.sharing_efficiency
+
+
+@given(st.floats(1e8, 1e11), st.floats(0.0, 0.01), st.floats(0.0, 0.001),
+       st.lists(st.floats(1e5, 1e9), min_size=2, max_size=5, unique=True))
+def test_a_collectives_sweep_gives_back_the_bandwidth_and_fixed_cost_that_made_it(
+        bandwidth_Bps: float, fixed_s: float, ring_s: float, bus_bytes: list[float]) -> None:
+    times = [fixed_s + ring_s + b / bandwidth_Bps for b in bus_bytes]
+    got_bw, got_fixed = fit_collective(bus_bytes, times, ring_s)
+    assert got_bw == pytest.approx(bandwidth_Bps, rel=1e-6)
+    assert got_fixed == pytest.approx(fixed_s, rel=1e-6, abs=1e-9)
+
+
+def test_a_sweep_that_does_not_grow_with_size_reads_the_largest_and_no_fixed_cost() -> None:
+    # gloo on a busy machine: the 16 MiB call faster than the smaller ones
+    bw, fixed = fit_collective([1e6, 4e6, 16e6], [0.010, 0.011, 0.009], 0.0002)
+    assert (bw, fixed) == (pytest.approx(16e6 / (0.009 - 0.0002)), 0.0)
+    bw, fixed = fit_collective([4e6], [0.004], 0.0)  # one size: nothing to separate
+    assert (bw, fixed) == (pytest.approx(1e9), 0.0)
+
+
+def test_a_fixed_cost_below_the_rings_latencies_is_none() -> None:
+    # the intercept (0.1 ms) is less than the ring's latencies (0.2 ms): no negative cost
+    bw, fixed = fit_collective([1e6, 2e6], [0.0001 + 1e-3, 0.0001 + 2e-3], 0.0002)
+    assert bw == pytest.approx(1e9) and fixed == 0.0
 
 
 def test_memory_bandwidth_benchmark_is_plausible() -> None:

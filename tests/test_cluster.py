@@ -112,6 +112,22 @@ def test_a_path_takes_the_slowest_collectives_bandwidths_on_it() -> None:
     assert across is not None and (across.bandwidth_Bps, across.allreduce_Bps, across.allgather_Bps) == (1e9, 5e8, 1e9)
 
 
+def test_a_links_fixed_cost_per_collective_is_carried_by_the_file_and_the_paths() -> None:
+    d = make_cluster_dict(2, 2)
+    d["links"]["intra_node"]["collective_latency_s"] = 1e-3
+    c = cluster_from_dict(d)
+    assert c.link("intra_node").collective_latency_s == 1e-3 and c.link("inter_node").collective_latency_s == 0.0
+    back = ir.Cluster.from_dict(c.to_dict())
+    assert back.link("intra_node").collective_latency_s == 1e-3
+    assert "collective_latency_s" not in back.to_dict()["links"]["inter_node"]  # a file without it is unchanged
+    g = hierarchy_graph(c)
+    across = path_link(g, "n0.g0", "n1.g1")
+    assert across is not None and across.collective_latency_s == 1e-3  # the larger on the path
+    d["links"]["intra_node"]["collective_latency_s"] = -1e-3
+    with pytest.raises(FormatError, match="collective_latency_s"):
+        ir.Cluster.from_dict(d)
+
+
 def test_groups_and_links() -> None:
     d = make_cluster_dict(2, 2)
     d["nodes"][1]["gpus"][0]["flops"] = 5e11

@@ -36,6 +36,27 @@ def test_ring_allreduce_formula() -> None:
     assert cm.p2p_s(1e9, link) == pytest.approx(1 + 1e-5)
 
 
+def test_every_collective_call_pays_its_links_fixed_cost_once() -> None:
+    """A link's ``collective_latency_s`` (calibrate's intercept over sizes) is added once to each ring
+    collective, whatever its size; a transfer does not pay it; a hierarchical all-reduce is one call, at the
+    larger of its links' costs."""
+    plain, fixed = ir.Link(1e9, 1e-5), ir.Link(1e9, 1e-5, collective_latency_s=1e-3)
+    for nbytes in (1e3, 1e9):
+        assert cm.ring_allreduce_s(nbytes, 4, fixed) == pytest.approx(cm.ring_allreduce_s(nbytes, 4, plain) + 1e-3)
+        assert cm.ring_allgather_s(nbytes, 4, fixed) == pytest.approx(cm.ring_allgather_s(nbytes, 4, plain) + 1e-3)
+    assert cm.p2p_s(1e9, fixed) == cm.p2p_s(1e9, plain)
+    assert cm.ring_allreduce_s(0.0, 4, fixed) == 0.0 and cm.ring_allreduce_s(1e9, 1, fixed) == 0.0
+    d = make_cluster_dict(2, 2)
+    d["links"]["intra_node"]["collective_latency_s"] = 2e-4
+    d["links"]["inter_node"]["collective_latency_s"] = 5e-4
+    c = cluster_from_dict(d)
+    before = cm.allreduce_s(4e8, group_of(_cluster(2, 2), [x.name for x in c.gpus]))
+    assert cm.allreduce_s(4e8, group_of(c, [x.name for x in c.gpus])) == pytest.approx(before + 5e-4)
+    inside = ["n0.g0", "n0.g1"]
+    assert cm.allreduce_s(4e8, group_of(c, inside)) == pytest.approx(
+        cm.allreduce_s(4e8, group_of(_cluster(2, 2), inside)) + 2e-4)
+
+
 def test_hierarchical_allreduce_across_servers() -> None:
     c = _cluster(2, 2)
     g = group_of(c, [x.name for x in c.gpus])

@@ -110,7 +110,7 @@ def _report(cluster: ir.Cluster, meta: dict[str, Any], out: str) -> None:
                f"{meta['memory_bandwidth_Bps'] / 1e9:.1f} GB/s, p2p "
                f"{link.bandwidth_Bps / 1e9:.2f} GB/s, latency {link.latency_s * 1e6:.0f} us, collectives "
                f"{link.allreduce_Bps / 1e9:.2f} GB/s (all-reduce), {link.allgather_Bps / 1e9:.2f} GB/s (all-gather, "
-               f"reduce-scatter) bus bandwidth; each process kept "
+               f"reduce-scatter) bus bandwidth and {link.collective_latency_s * 1e3:.3f} ms a call; each process kept "
                f"{meta['concurrent_share']:.2f} of its speed alone with all computing ({meta['sharing_kernel']}) "
                f"and spent {(meta['handoff_s'] or 0.0) * 1e3:.3f} ms more CPU on each hand-off than on idle cores; "
                f"wrote {out}", err=True)

@@ -195,12 +195,18 @@ class Link:
     all-reduces, ``allgather_bandwidth_Bps`` for all-gathers and reduce-scatters; None:
     ``bandwidth_Bps``. ``planner calibrate`` measures both (gloo's collectives on CPU reach a half to
     a fifth of its point-to-point bandwidth; NCCL's on NVLink most of it).
+
+    ``collective_latency_s``: what one collective call costs beyond its ring's per-step latencies and its bytes,
+    whatever its size (the library's own set-up of the call): the intercept of a collective's time over its
+    size, which ``planner calibrate`` fits from all-reduces of several sizes (gloo on this project's 2-core VM:
+    about 1 ms, where a 4-byte message takes 0.07 ms); 0 in the GPU presets (NCCL's few microseconds).
     """
 
     bandwidth_Bps: float
     latency_s: float
     allreduce_bandwidth_Bps: float | None = None
     allgather_bandwidth_Bps: float | None = None
+    collective_latency_s: float = 0.0
 
     BUS_FIELDS = ("allreduce_bandwidth_Bps", "allgather_bandwidth_Bps")
 
@@ -221,12 +227,16 @@ class Link:
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"bandwidth_Bps": self.bandwidth_Bps, "latency_s": self.latency_s}
         d.update({f: getattr(self, f) for f in self.BUS_FIELDS if getattr(self, f) is not None})
+        if self.collective_latency_s:
+            d["collective_latency_s"] = self.collective_latency_s
         return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str) -> Link:
-        bus = [_opt_num(d, f, where, positive=True) for f in cls.BUS_FIELDS]
-        return cls(_num(d, "bandwidth_Bps", where, positive=True), _num(d, "latency_s", where), *bus)
+        allreduce, allgather = (_opt_num(d, f, where, positive=True) for f in cls.BUS_FIELDS)
+        fixed = _opt_num(d, "collective_latency_s", where) or 0.0  # _num refuses a negative one
+        return cls(_num(d, "bandwidth_Bps", where, positive=True), _num(d, "latency_s", where), allreduce, allgather,
+                   fixed)
 
 
 LINK_LEVELS = ("intra_node", "inter_node")

@@ -164,8 +164,9 @@ def _cluster_defs() -> dict[str, Any]:
             "engine_overhead": overhead,
             "link": obj({"bandwidth_Bps": number(MAX_BYTES, lo=MIN_RATE, what="bytes/s"),
                          "latency_s": number(MAX_LATENCY_S, what="seconds")},
-                        {f: number(MAX_BYTES, lo=MIN_RATE, nullable=True, what="bytes/s")
-                         for f in ir.Link.BUS_FIELDS})}
+                        {**{f: number(MAX_BYTES, lo=MIN_RATE, nullable=True, what="bytes/s")
+                            for f in ir.Link.BUS_FIELDS},
+                         "collective_latency_s": number(MAX_LATENCY_S, what="seconds")})}
 
 
 def _stage(version: int) -> dict[str, Any]:
