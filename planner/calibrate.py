@@ -20,7 +20,7 @@
   reduce-scatter's bandwidths together their ``allgather_bandwidth_Bps`` (each one's times, bandwidth and
   fixed cost in ``meta``). gloo's collectives on this project's 2-core VM reach a half (all-reduce) to a
   fifth (reduce-scatter) of the point-to-point bandwidth, which is what a data-parallel or ZeRO step's
-  gradients and weights pay, and each call costs about 1 ms besides: timed at 4 MiB alone, the
+  gradients and weights pay, and each call costs 0.4-2.9 ms besides: timed at 4 MiB alone, the
   all-reduce's bandwidth read 0.77-1.6 GB/s from run to run and its 11.6 MB in a step was predicted
   7.4 ms where it took 10.3-12.7 (docs/fidelity.md, "2026-11-30").
 * Memory: the machine's memory divided among the P processes; ``memory_bandwidth_Bps``
@@ -201,7 +201,7 @@ def _measure_collectives(world: int, latency_s: float) -> dict[str, float]:
     collective's bus bandwidth and fixed cost per call fitted over the sizes (:func:`fit_collective`; nccl-tests'
     ``busbw``: the ring formula's bandwidth); the link's ``allgather_bandwidth_Bps`` is the all-gather's and the
     reduce-scatter's bus bytes over their time, its ``collective_latency_s`` the all-reduce's fixed cost (on this
-    project's 2-core VM, gloo: all-reduce 1.2-1.7 GB/s and about 1 ms a call, all-gather 0.8, reduce-scatter 0.4;
+    project's 2-core VM, gloo: all-reduce 1.4-2.3 GB/s and 0.4-2.9 ms a call, all-gather 0.8, reduce-scatter 0.4;
     point to point 2.5-5.3)."""
     n = world
     out: dict[str, float] = {}

@@ -199,7 +199,7 @@ class Link:
     ``collective_latency_s``: what one collective call costs beyond its ring's per-step latencies and its bytes,
     whatever its size (the library's own set-up of the call): the intercept of a collective's time over its
     size, which ``planner calibrate`` fits from all-reduces of several sizes (gloo on this project's 2-core VM:
-    about 1 ms, where a 4-byte message takes 0.07 ms); 0 in the GPU presets (NCCL's few microseconds).
+    0.4-2.9 ms, where a 4-byte message takes 0.07 ms); 0 in the GPU presets (NCCL's few microseconds).
     """
 
     bandwidth_Bps: float
