@@ -412,6 +412,50 @@ def test_a_data_parallel_stage_holds_its_engines_flat_gradient_copy(engine: str,
                                 engine=engine).grad_copy_bytes == alone  # else nothing to all-reduce
 
 
+@given(st.floats(0.0, 1e10), st.floats(0.5, 2.0), st.floats(0.0, 1e-9), st.integers(0, 3), st.booleans(),
+       st.booleans(), st.booleans())
+def test_the_flat_copy_takes_its_passes_over_every_gradient_byte_once_a_step(
+        grad: float, scale: float, per_byte_s: float, zero: int, synced: bool, alone: bool, held: bool) -> None:
+    """All ``G`` bytes as reduced, at ``copy_s_per_byte``, added to the step's synchronisation where the engine
+    copies (its ZeRO stages, the stage synchronising or the engine copying alone, buckets not held for good);
+    the cap bounds what is held at once, not what is copied."""
+    comms = cm.ZeroComms(copy_zero=(0,), copy_cap_bytes=1.0, copy_scale=scale, copy_alone=alone, copy_held=held,
+                         copy_s_per_byte=per_byte_s)
+    agg = {**AGG, "weight": grad, "grad": grad, "sync": 2.0 if synced else 0.0}
+    got = float(cm.variant_cost(agg, 0.1, cm.Variant("none", zero), 4, 0.0, comms).sync)
+    base = float(cm.variant_cost(agg, 0.1, cm.Variant("none", zero), 4, 0.0,
+                                 dataclasses.replace(comms, copy_s_per_byte=0.0)).sync)
+    share = 1.0 if synced else 2 / 3 if alone else 0.0  # a group of one scales nothing: two passes of three
+    assert got - base == pytest.approx(grad * scale * per_byte_s * share if zero == 0 and not held else 0.0,
+                                       abs=1e-12)
+
+
+def test_an_engines_flat_copy_is_timed_at_the_devices_memory_bandwidth() -> None:
+    """Three passes (flatten, scale, copy back), each a read and a write, at the slowest device's memory
+    bandwidth; DeepSpeed's even on one process; none where a device gives no bandwidth or the engine copies
+    nothing."""
+    from planner.grad_buffers import ALONE_COPY_PASSES, GRAD_COPY_PASSES
+
+    d = make_cluster_dict(1, 2, 10**14)
+    for g, bw in zip(d["nodes"][0]["gpus"], (2e10, 1e10), strict=True):
+        g["memory_bandwidth_Bps"] = bw
+    cluster = cluster_from_dict(d)
+    params = 10**6
+    one = ir.Stage((0, 1), (cluster.gpus[0].name,), ("dp",), 0)
+    both = ir.Stage((0, 1), tuple(g.name for g in cluster.gpus), ("dp",), 0)
+
+    def sync_s(stage: ir.Stage, engine: str, on: ir.Cluster = cluster) -> float:
+        return cm.stage_cost_values(_one_layer(params), on, stage, 2, "sgd", None, "fp32", engine=engine).allreduce_s
+
+    copy_s = 2 * GRAD_COPY_PASSES * 4 * params / 1e10
+    alone_s = 2 * ALONE_COPY_PASSES * 4 * params / 1e10  # flattened and copied back, nothing to scale
+    assert sync_s(one, "deepspeed") == pytest.approx(alone_s)  # flattened alone too, at the slower device's rate
+    assert sync_s(one, "torch") == 0.0  # nothing to all-reduce, nothing copied
+    assert sync_s(both, "torch") - sync_s(both, "any") == pytest.approx(copy_s)
+    plain = cluster_from_dict(make_cluster_dict(1, 2, 10**14))  # no memory bandwidth: not charged
+    assert sync_s(one, "deepspeed", plain) == 0.0
+
+
 @given(st.floats(1.0, 1e9), st.integers(1, 8), st.integers(0, 3), st.booleans(), st.booleans(), st.booleans())
 def test_autograd_holds_the_largest_layers_new_gradient_beside_the_kept_one_over_several_microbatches(
         unit: float, m: int, zero: int, sync_last: bool, trains: bool, engine: bool) -> None:

@@ -46,7 +46,7 @@ from dataclasses import replace
 from planner import ir
 from planner.costmodel.variant import PAPER, ZeroComms
 from planner.engines import CALIBRATED
-from planner.grad_buffers import deepspeed_bucket_params
+from planner.grad_buffers import GRAD_COPY_PASSES, GradCopy, deepspeed_bucket_params
 from planner.ir import EngineOverhead
 from planner.runnable import ENGINES
 from planner.schedule import schedule_kind
@@ -94,7 +94,18 @@ def zero_comms(cluster: ir.Cluster, engine: str, precision: str = "fp32", pipeli
                      master, 4.0 / weight_elem if copies else 0.0, prefetch, scale,
                      limits.compute_copy_zero if precision != "fp32" else (), limits.wide_reduce_zero,
                      copy_alone=copy.alone, accumulates=True,  # every engine here trains with PyTorch's autograd
-                     gathered_loss=limits.gathers_logits)
+                     gathered_loss=limits.gathers_logits, copy_s_per_byte=_copy_s_per_byte(cluster, copy))
+
+
+def _copy_s_per_byte(cluster: ir.Cluster, copy: GradCopy) -> float:
+    """Seconds per gradient byte of ``copy``'s passes (planner.grad_buffers.GRAD_COPY_PASSES, each a read and a
+    write) at the slowest memory bandwidth among the cluster's devices; 0 where the engine copies nothing, where its
+    buckets live with the model (DDP's, ``held``: filled by its backward hooks beside the backward, not charged) or
+    where a device gives no bandwidth."""
+    rates = [g.memory_bandwidth_Bps for g in cluster.gpus]
+    if not copy.zero or copy.held or not rates or any(r is None for r in rates):
+        return 0.0
+    return 2.0 * GRAD_COPY_PASSES / min(r for r in rates if r is not None)
 
 
 def unmeasured_note(cluster: ir.Cluster, engine: str) -> str | None:

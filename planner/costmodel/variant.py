@@ -75,7 +75,9 @@ and the scalar cost of one stage come from the same definition).
   reduced (``copy_scale`` times the weights' bytes: fp32 gradients of 16-bit weights are twice their bytes):
   after the last backward, when the activations are
   gone, so a stage's peak is ``static + max(activations in flight + workspace, copy)``
-  (``transient``). An engine whose buckets cover every gradient and live with the model
+  (``transient``); copying all ``G`` bytes a bucket at a time takes ``copy_s_per_byte`` a byte, added to
+  the step's synchronisation (flatten, scale and copy back read and write them: ``GRAD_COPY_PASSES``).
+  An engine whose buckets cover every gradient and live with the model
   (``copy_held``: DDP's, with its default ``gradient_as_bucket_view=False``; torchtitan's ZeRO-0)
   holds ``G`` more static bytes instead. DeepSpeed's ZeRO-1 holds two fp32 reduction buffers of ``reduce_bucket_size``
   elements through the step's backward (``zero1_buffer_bytes``, counted with its static bytes; the
@@ -106,6 +108,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from planner.grad_buffers import ALONE_COPY_PASSES, GRAD_COPY_PASSES
 
 
 @dataclass(frozen=True)
@@ -161,6 +165,10 @@ class ZeroComms:
     copy_alone: bool = False
     """Whether the flat copy is made even where the data-parallel group is one process (DeepSpeed's;
     :class:`planner.grad_buffers.GradCopy`)."""
+    copy_s_per_byte: float = 0.0
+    """Seconds per byte of gradients the flat copy moves, once a step with the synchronisation: its passes
+    (:data:`planner.grad_buffers.GRAD_COPY_PASSES`, each reading and writing them) over the devices' memory
+    bandwidth; 0 where that is unknown (module doc)."""
     accumulates: bool = False
     """Whether autograd adds each micro-batch's weight gradients into the ones kept (module doc): every engine
     the planner runs; not the paper's count."""
@@ -237,6 +245,7 @@ def variant_cost(agg: Mapping[str, Any], in_bytes: Any, variant: Variant, microb
     ZeRO collectives run as ``comms`` says, and full recomputation per layer where ``blockwise`` (module
     doc)."""
     time, fwd, whole, gather = _zero_times(agg, variant.zero, microbatches, sync_const, comms)
+    whole = whole + _copied(agg, variant.zero, comms) * comms.copy_s_per_byte  # the flat copy's passes
     if variant.recompute == "full":  # the forward redone in each backward, on weights that backward gathered:
         # FSDP unshards a unit in its pre-backward hook, before its recomputation (two gathers a unit a micro-batch
         # with torch 2.13's FSDP2, a region per layer or one for the stage: tests/test_export_sharding.py)
@@ -334,6 +343,16 @@ def _partition(agg: Mapping[str, Any]) -> Any:
     """``W / d``, the trainable weights' partition per device (all the weights where none is frozen): ZeRO-1
     and 2 differ by the gradients, ``G - G / d`` at the weights' precision (planner.costmodel.layers)."""
     return agg["grad"] - (agg["static1"] - agg["static2"])
+
+
+def _copied(agg: Mapping[str, Any], zero: int, comms: ZeroComms) -> Any:
+    """The gradients' bytes a step's flat-buffer all-reduce copies (all of them, a bucket at a time), where the
+    engine copies under ``zero`` (:func:`_copy`'s bucket), counted in :data:`GRAD_COPY_PASSES` passes (fewer
+    where a group of one copies alone: :data:`planner.grad_buffers.ALONE_COPY_PASSES`)."""
+    if zero not in comms.copy_zero or comms.copy_held or not comms.copy_s_per_byte:
+        return 0.0
+    alone = ALONE_COPY_PASSES / GRAD_COPY_PASSES if comms.copy_alone else 0.0  # nothing scaled by a group of one
+    return agg["grad"] * comms.copy_scale * np.where(agg["sync"] > 0, 1.0, alone)
 
 
 def _copy(agg: Mapping[str, Any], zero: int, comms: ZeroComms) -> Any:
