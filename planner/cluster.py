@@ -214,6 +214,15 @@ def index(cluster: ir.Cluster) -> Index:
                  tuple(node_of[d] for d in names))
 
 
+def memory_bandwidth_Bps(cluster: ir.Cluster, devices: Sequence[str]) -> float | None:
+    """The slowest memory bandwidth among ``devices``; None when any of them does not give one."""
+    gpu_of = index(cluster).gpu_of
+    values = [gpu_of[d].memory_bandwidth_Bps for d in devices if d in gpu_of]
+    if not values or any(v is None for v in values):
+        return None
+    return min(v for v in values if v is not None)
+
+
 @dataclass(frozen=True)
 class Group:
     """A device group as the cost model sees it.

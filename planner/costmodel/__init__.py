@@ -21,6 +21,7 @@ per concept, each citing its sources:
 
 from __future__ import annotations
 
+from planner.cluster import memory_bandwidth_Bps
 from planner.costmodel.collectives import (
     allreduce_coefficients,
     allreduce_s,
@@ -78,7 +79,6 @@ from planner.costmodel.stage import (
     cached_layer_table,
     grad_accumulation_s,
     loss_s,
-    memory_bandwidth_Bps,
     optimizer_step_s,
     stage_cost_values,
     stage_costs,

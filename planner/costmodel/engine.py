@@ -44,6 +44,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from planner import ir
+from planner.cluster import index, memory_bandwidth_Bps
 from planner.costmodel.variant import PAPER, ZeroComms
 from planner.engines import CALIBRATED
 from planner.grad_buffers import GRAD_COPY_PASSES, GradCopy, deepspeed_bucket_params
@@ -102,10 +103,8 @@ def _copy_s_per_byte(cluster: ir.Cluster, copy: GradCopy) -> float:
     write) at the slowest memory bandwidth among the cluster's devices; 0 where the engine copies nothing, where its
     buckets live with the model (DDP's, ``held``: filled by its backward hooks beside the backward, not charged) or
     where a device gives no bandwidth."""
-    rates = [g.memory_bandwidth_Bps for g in cluster.gpus]
-    if not copy.zero or copy.held or not rates or any(r is None for r in rates):
-        return 0.0
-    return 2.0 * GRAD_COPY_PASSES / min(r for r in rates if r is not None)
+    rate = memory_bandwidth_Bps(cluster, index(cluster).names)
+    return 0.0 if not copy.zero or copy.held or rate is None else 2.0 * GRAD_COPY_PASSES / rate
 
 
 def unmeasured_note(cluster: ir.Cluster, engine: str) -> str | None:

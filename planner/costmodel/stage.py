@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from planner import ir
-from planner.cluster import Group, group_of, index, link_between
+from planner.cluster import Group, group_of, link_between, memory_bandwidth_Bps
 from planner.costmodel.collectives import ring_allreduce_s
 from planner.costmodel.engine import charge_plan, zero_comms
 from planner.costmodel.layers import DP, FORM_INDEX, KEYS, MAX_KEYS, Grid, LayerTable, layer_table
@@ -85,15 +85,6 @@ def summarise(table: LayerTable, first: int, end: int, forms: Sequence[int]) -> 
     out = {key: float(v) for key, v in zip(KEYS, total, strict=True)}
     out["in_bytes"] = float(table.in_bytes[first]) / table.n
     return out
-
-
-def memory_bandwidth_Bps(cluster: ir.Cluster, devices: Sequence[str]) -> float | None:
-    """The slowest memory bandwidth among ``devices``; None when any of them does not give one."""
-    gpu_of = index(cluster).gpu_of
-    values = [gpu_of[d].memory_bandwidth_Bps for d in devices if d in gpu_of]
-    if not values or any(v is None for v in values):
-        return None
-    return min(v for v in values if v is not None)
 
 
 def optimizer_step_s(weight_bytes: float, state_bytes: float, nbytes: Bytes, bandwidth_Bps: float | None) -> float:
